@@ -1,0 +1,335 @@
+//! Typed snapshot from the generic node tree, with errors that name the offending field.
+//!
+//! Accepts every generation seen in the wild: G1 (segments + device_traces, no time), G1t, G2
+//! (allocator_settings, external_annotations), G3 (compile_context, user_metadata), the very old
+//! block `history` list, and a bare list of segments (`torch.cuda.memory_snapshot()`).
+
+use super::model::*;
+use super::node::{Arena, Node, NodeId};
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+type Result<T> = std::result::Result<T, FieldError>;
+
+struct Decoder<'a> {
+    arena: &'a Arena,
+    /// Frame lists by node id, and by the ids of their frame dicts: PyTorch writes each frame
+    /// dict once but a new list per trace entry, so lists with the same frames share one `Frames`.
+    frames: FxHashMap<NodeId, Frames>,
+    frame_lists: FxHashMap<Vec<NodeId>, Frames>,
+    frame_dicts: FxHashMap<NodeId, Frame>,
+}
+
+impl Decoder<'_> {
+    fn fail<T>(&self, path: &dyn Fn() -> String, message: impl Into<String>) -> Result<T> {
+        Err(FieldError { path: path(), message: message.into() })
+    }
+
+    fn field(&self, dict: NodeId, key: &str) -> Option<NodeId> {
+        self.arena.dict_get(dict, key).filter(|&v| !matches!(self.arena.get(v), Node::None))
+    }
+
+    fn required(&self, dict: NodeId, key: &str, path: &dyn Fn() -> String) -> Result<NodeId> {
+        match self.arena.get(dict) {
+            Node::Dict(_) => {}
+            other => return self.fail(path, format!("expected a dict, found {}", other.kind())),
+        }
+        match self.field(dict, key) {
+            Some(v) => Ok(v),
+            None => self.fail(&|| format!("{}.{key}", path()), "missing"),
+        }
+    }
+
+    fn wide_int(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<i128> {
+        match self.arena.get(id) {
+            Node::Int(i) => Ok(*i),
+            Node::Bool(b) => Ok(*b as i128),
+            other => self.fail(path, format!("expected an integer, found {}", other.kind())),
+        }
+    }
+
+    fn int(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<i64> {
+        let v = self.wide_int(id, path)?;
+        i64::try_from(v).or_else(|_| self.fail(path, format!("integer {v} does not fit 64 bits")))
+    }
+
+    /// Sizes and addresses: non-negative integers.
+    fn uint(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<u64> {
+        let v = self.wide_int(id, path)?;
+        u64::try_from(v).or_else(|_| self.fail(path, format!("expected a non-negative 64-bit integer, found {v}")))
+    }
+
+    /// Line numbers: PyTorch writes an unknown C++ line as size_t -1 (2^64 - 1); a Python -1 wraps to it too.
+    fn line(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<u64> {
+        let v = self.wide_int(id, path)?;
+        match (u64::try_from(v), i64::try_from(v)) {
+            (Ok(u), _) => Ok(u),
+            (_, Ok(i)) => Ok(i as u64),
+            _ => self.fail(path, format!("line {v} does not fit 64 bits")),
+        }
+    }
+
+    fn uint_field(&self, dict: NodeId, key: &str, path: &dyn Fn() -> String) -> Result<u64> {
+        let p = || format!("{}.{key}", path());
+        self.uint(self.required(dict, key, path)?, &p)
+    }
+
+    fn opt_uint_field(&self, dict: NodeId, key: &str, path: &dyn Fn() -> String) -> Result<Option<u64>> {
+        let p = || format!("{}.{key}", path());
+        self.field(dict, key).map(|v| self.uint(v, &p)).transpose()
+    }
+
+    fn opt_int_field(&self, dict: NodeId, key: &str, path: &dyn Fn() -> String) -> Result<Option<i64>> {
+        let p = || format!("{}.{key}", path());
+        self.field(dict, key).map(|v| self.int(v, &p)).transpose()
+    }
+
+    fn str<'b>(&'b self, id: NodeId, path: &dyn Fn() -> String) -> Result<&'b str> {
+        match self.arena.get(id) {
+            Node::Str(s) => Ok(s),
+            other => self.fail(path, format!("expected a string, found {}", other.kind())),
+        }
+    }
+
+    fn opt_string_field(&self, dict: NodeId, key: &str, path: &dyn Fn() -> String) -> Result<Option<String>> {
+        let p = || format!("{}.{key}", path());
+        self.field(dict, key).map(|v| self.str(v, &p).map(str::to_string)).transpose()
+    }
+
+    fn bool_field(&self, dict: NodeId, key: &str, default: bool, path: &dyn Fn() -> String) -> Result<bool> {
+        match self.field(dict, key) {
+            None => Ok(default),
+            Some(v) => match self.arena.get(v) {
+                Node::Bool(b) => Ok(*b),
+                Node::Int(i) => Ok(*i != 0),
+                other => self.fail(&|| format!("{}.{key}", path()), format!("expected a bool, found {}", other.kind())),
+            },
+        }
+    }
+
+    fn seq<'b>(&'b self, id: NodeId, path: &dyn Fn() -> String) -> Result<&'b [NodeId]> {
+        match self.arena.get(id) {
+            Node::List(items) | Node::Tuple(items) => Ok(items),
+            other => self.fail(path, format!("expected a list, found {}", other.kind())),
+        }
+    }
+
+    fn frames(&mut self, id: Option<NodeId>, path: &dyn Fn() -> String) -> Result<Frames> {
+        let Some(id) = id else { return Ok(no_frames()) };
+        if let Some(f) = self.frames.get(&id) {
+            return Ok(f.clone());
+        }
+        let items = self.seq(id, path)?.to_vec();
+        if let Some(f) = self.frame_lists.get(&items) {
+            let f = f.clone();
+            self.frames.insert(id, f.clone());
+            return Ok(f);
+        }
+        let mut frames = Vec::with_capacity(items.len());
+        for (i, &f) in items.iter().enumerate() {
+            if let Some(frame) = self.frame_dicts.get(&f) {
+                frames.push(frame.clone());
+                continue;
+            }
+            let p = || format!("{}[{i}]", path());
+            let frame = Frame {
+                filename: self.opt_string_field(f, "filename", &p)?.unwrap_or_default(),
+                line: match self.field(f, "line") {
+                    Some(l) => self.line(l, &|| format!("{}.line", p()))?,
+                    None => 0,
+                },
+                name: self.opt_string_field(f, "name", &p)?.unwrap_or_default(),
+            };
+            self.frame_dicts.insert(f, frame.clone());
+            frames.push(frame);
+        }
+        let frames: Frames = Arc::from(frames);
+        self.frames.insert(id, frames.clone());
+        self.frame_lists.insert(items, frames.clone());
+        Ok(frames)
+    }
+
+    fn block(&mut self, id: NodeId, next_address: u64, path: &dyn Fn() -> String) -> Result<Block> {
+        let size = self.uint_field(id, "size", path)?;
+        let address = self.opt_uint_field(id, "address", path)?.unwrap_or(next_address);
+        let state_id = self.required(id, "state", path)?;
+        let state = match self.str(state_id, &|| format!("{}.state", path()))? {
+            "active_allocated" => BlockState::ActiveAllocated,
+            // The `_snapshot` docstring's spelling of the same state.
+            "active_pending_free" | "active_awaiting_free" => BlockState::ActivePendingFree,
+            "inactive" => BlockState::Inactive,
+            other => return self.fail(&|| format!("{}.state", path()), format!("unknown block state {other:?}")),
+        };
+        let (requested_size, frames) = match self.field(id, "history") {
+            // PyTorch <= 2.0: the last history entry holds the live request and its stack.
+            Some(history) if self.field(id, "frames").is_none() => {
+                let hp = || format!("{}.history", path());
+                match self.seq(history, &hp)?.last().copied() {
+                    Some(last) => (
+                        self.opt_uint_field(last, "real_size", &hp)?.unwrap_or(0),
+                        self.frames(self.field(last, "frames"), &hp)?,
+                    ),
+                    None => (0, no_frames()),
+                }
+            }
+            _ => (
+                self.opt_uint_field(id, "requested_size", path)?.unwrap_or(size),
+                self.frames(self.field(id, "frames"), &|| format!("{}.frames", path()))?,
+            ),
+        };
+        Ok(Block { address, size, requested_size, state, frames })
+    }
+
+    fn segment(&mut self, id: NodeId, path: &dyn Fn() -> String) -> Result<Segment> {
+        let address = self.uint_field(id, "address", path)?;
+        let total_size = self.uint_field(id, "total_size", path)?;
+        let blocks_id = self.required(id, "blocks", path)?;
+        let block_ids = self.seq(blocks_id, &|| format!("{}.blocks", path()))?.to_vec();
+        let mut blocks = Vec::with_capacity(block_ids.len());
+        let mut next = address;
+        for (i, b) in block_ids.into_iter().enumerate() {
+            let block = self.block(b, next, &|| format!("{}.blocks[{i}]", path()))?;
+            next = block.address.saturating_add(block.size);
+            blocks.push(block);
+        }
+        let sum = |f: &dyn Fn(&Block) -> Option<u64>| blocks.iter().filter_map(f).sum::<u64>();
+        let segment_type = match self.field(id, "segment_type") {
+            Some(t) => match self.str(t, &|| format!("{}.segment_type", path()))? {
+                "small" => PoolKind::Small,
+                "large" => PoolKind::Large,
+                other => return self.fail(&|| format!("{}.segment_type", path()), format!("unknown pool {other:?}")),
+            },
+            None if total_size == 2 << 20 => PoolKind::Small,
+            None => PoolKind::Large,
+        };
+        let pool_id = match self.field(id, "segment_pool_id") {
+            Some(p) => {
+                let pp = || format!("{}.segment_pool_id", path());
+                match self.seq(p, &pp)? {
+                    &[a, b] => (self.int(a, &pp)?, self.int(b, &pp)?),
+                    _ => return self.fail(&pp, "expected a pair"),
+                }
+            }
+            None => (0, 0),
+        };
+        Ok(Segment {
+            device: self.opt_int_field(id, "device", path)?.unwrap_or(0),
+            address,
+            total_size,
+            allocated_size: match self.opt_uint_field(id, "allocated_size", path)? {
+                Some(v) => v,
+                None => sum(&|b| (b.state == BlockState::ActiveAllocated).then_some(b.size)),
+            },
+            active_size: match self.opt_uint_field(id, "active_size", path)? {
+                Some(v) => v,
+                None => sum(&|b| b.state.is_active().then_some(b.size)),
+            },
+            requested_size: match self.opt_uint_field(id, "requested_size", path)? {
+                Some(v) => v,
+                None => sum(&|b| b.state.is_active().then_some(b.requested_size)),
+            },
+            stream: self.opt_int_field(id, "stream", path)?.unwrap_or(0),
+            segment_type,
+            segment_pool_id: pool_id,
+            is_expandable: self.bool_field(id, "is_expandable", false, path)?,
+            frames: self.frames(self.field(id, "frames"), &|| format!("{}.frames", path()))?,
+            blocks,
+        })
+    }
+
+    fn entry(&mut self, id: NodeId, path: &dyn Fn() -> String) -> Result<TraceEntry> {
+        let action_id = self.required(id, "action", path)?;
+        let action_name = self.str(action_id, &|| format!("{}.action", path()))?;
+        let Some(action) = Action::from_name(action_name) else {
+            return self.fail(&|| format!("{}.action", path()), format!("unknown action {action_name:?}"));
+        };
+        let device_free = self.opt_uint_field(id, "device_free", path)?;
+        let addr = match (action, self.field(id, "addr")) {
+            (_, Some(a)) => self.uint(a, &|| format!("{}.addr", path()))?,
+            (Action::Oom | Action::Snapshot | Action::Annotate, None) => 0,
+            (_, None) => return self.fail(&|| format!("{}.addr", path()), "missing"),
+        };
+        let frames = match self.field(id, "frames") {
+            Some(f) => Some(self.frames(Some(f), &|| format!("{}.frames", path()))?),
+            None => None,
+        };
+        Ok(TraceEntry {
+            action,
+            addr,
+            size: self.opt_uint_field(id, "size", path)?.unwrap_or(0),
+            stream: self.opt_int_field(id, "stream", path)?.unwrap_or(0),
+            time_us: self.opt_int_field(id, "time_us", path)?,
+            frames,
+            device_free,
+            compile_context: self.opt_string_field(id, "compile_context", path)?,
+            user_metadata: self.opt_string_field(id, "user_metadata", path)?,
+        })
+    }
+
+    fn annotation(&mut self, id: NodeId, path: &dyn Fn() -> String) -> Result<Annotation> {
+        Ok(Annotation {
+            name: self.opt_string_field(id, "name", path)?.unwrap_or_default(),
+            stage: self.opt_string_field(id, "stage", path)?.unwrap_or_default(),
+            device: self.opt_int_field(id, "device", path)?.unwrap_or(0),
+            time_us: self.opt_int_field(id, "time_us", path)?,
+        })
+    }
+
+    fn segments(&mut self, list: NodeId) -> Result<Vec<Segment>> {
+        let ids = self.seq(list, &|| "segments".into())?.to_vec();
+        ids.into_iter()
+            .enumerate()
+            .map(|(i, s)| self.segment(s, &|| format!("segments[{i}]")))
+            .collect()
+    }
+
+    fn snapshot(&mut self, root: NodeId) -> Result<Snapshot> {
+        if let Node::List(_) = self.arena.get(root) {
+            return Ok(Snapshot { segments: self.segments(root)?, ..Snapshot::default() });
+        }
+        let top = || String::from("snapshot");
+        let segments_id = self.required(root, "segments", &top)?;
+        let segments = self.segments(segments_id)?;
+        let mut device_traces = Vec::new();
+        if let Some(traces) = self.field(root, "device_traces") {
+            let devices = self.seq(traces, &|| "device_traces".into())?.to_vec();
+            for (d, t) in devices.into_iter().enumerate() {
+                let entries = self.seq(t, &|| format!("device_traces[{d}]"))?.to_vec();
+                let mut trace = Vec::with_capacity(entries.len());
+                for (i, e) in entries.into_iter().enumerate() {
+                    trace.push(self.entry(e, &|| format!("device_traces[{d}][{i}]"))?);
+                }
+                device_traces.push(trace);
+            }
+        }
+        let allocator_settings = match self.field(root, "allocator_settings") {
+            Some(s) => match self.arena.to_json(s, 0) {
+                Some(serde_json::Value::Object(map)) => Some(map),
+                _ => return self.fail(&|| "allocator_settings".into(), "expected a dict of plain values"),
+            },
+            None => None,
+        };
+        let external_annotations = match self.field(root, "external_annotations") {
+            Some(list) => {
+                let ids = self.seq(list, &|| "external_annotations".into())?.to_vec();
+                let mut out = Vec::with_capacity(ids.len());
+                for (i, a) in ids.into_iter().enumerate() {
+                    out.push(self.annotation(a, &|| format!("external_annotations[{i}]"))?);
+                }
+                Some(out)
+            }
+            None => None,
+        };
+        Ok(Snapshot { segments, device_traces, allocator_settings, external_annotations })
+    }
+}
+
+pub fn snapshot(arena: &Arena, root: NodeId) -> Result<Snapshot> {
+    Decoder { arena, frames: FxHashMap::default(), frame_lists: FxHashMap::default(), frame_dicts: FxHashMap::default() }.snapshot(root)
+}

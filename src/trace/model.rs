@@ -1,0 +1,212 @@
+//! The snapshot model of `torch.cuda.memory._snapshot()` (reference section 4), as plain data.
+//!
+//! Field names follow PyTorch's dict keys so that serde writes JSON that MemoryViz loads as is.
+//! Optional fields are `Option`s: they are absent in older generations (G1 has no `time_us`,
+//! G1/G1t have no `allocator_settings`, G3 adds `compile_context` and `user_metadata`).
+
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// One stack frame, innermost first in a [`Frames`] list.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Frame {
+    pub filename: String,
+    /// Unsigned: PyTorch reports an unknown C++ line as 2^64 - 1.
+    pub line: u64,
+    pub name: String,
+}
+
+/// A shared stack. Real snapshots reference one frame list from many blocks and trace entries;
+/// sharing it keeps a loaded snapshot small and lets the pickle writer memoize it again.
+pub type Frames = Arc<[Frame]>;
+
+/// A whole snapshot: every device's segments plus each device's trace ring buffer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub segments: Vec<Segment>,
+    pub device_traces: Vec<Vec<TraceEntry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_settings: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_annotations: Option<Vec<Annotation>>,
+}
+
+/// Which pool a segment belongs to (`segment_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolKind {
+    Small,
+    Large,
+}
+
+/// One cudaMalloc (or one contiguous mapped range of an expandable segment).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    pub device: i64,
+    pub address: u64,
+    pub total_size: u64,
+    pub allocated_size: u64,
+    pub active_size: u64,
+    pub requested_size: u64,
+    pub stream: i64,
+    pub segment_type: PoolKind,
+    pub segment_pool_id: (i64, i64),
+    pub is_expandable: bool,
+    #[serde(default = "no_frames")]
+    pub frames: Frames,
+    pub blocks: Vec<Block>,
+}
+
+/// The state of a block inside a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    /// In use by a tensor.
+    ActiveAllocated,
+    /// Freed by the user, but still waiting on other streams (record_stream).
+    ActivePendingFree,
+    /// Free and cached.
+    Inactive,
+}
+
+impl BlockState {
+    pub fn is_active(self) -> bool {
+        !matches!(self, BlockState::Inactive)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Block {
+    pub address: u64,
+    pub size: u64,
+    pub requested_size: u64,
+    pub state: BlockState,
+    #[serde(default = "no_frames")]
+    pub frames: Frames,
+}
+
+/// What a trace entry records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+    /// A user annotation (newest PyTorch).
+    Annotate,
+}
+
+impl Action {
+    pub const ALL: [Action; 10] = [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+        Action::Snapshot,
+        Action::Oom,
+        Action::Annotate,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Snapshot => "snapshot",
+            Action::Oom => "oom",
+            Action::Annotate => "annotate",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Action> {
+        Action::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
+
+/// One entry of a device's trace ring buffer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceEntry {
+    pub action: Action,
+    /// Address; 0 for `snapshot`. PyTorch omits it for `oom`, where `device_free` stands instead.
+    #[serde(default)]
+    pub addr: u64,
+    pub size: u64,
+    pub stream: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_us: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frames: Option<Frames>,
+    /// Only on `oom`: bytes the device reported free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_free: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_context: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_metadata: Option<String>,
+}
+
+impl TraceEntry {
+    pub fn new(action: Action, addr: u64, size: u64, stream: i64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream,
+            time_us: None,
+            frames: None,
+            device_free: None,
+            compile_context: None,
+            user_metadata: None,
+        }
+    }
+}
+
+/// A record_function START/END marker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Annotation {
+    pub name: String,
+    pub stage: String,
+    pub device: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_us: Option<i64>,
+}
+
+pub fn no_frames() -> Frames {
+    Arc::from(Vec::new())
+}
+
+impl Snapshot {
+    /// Device indices that have segments or a trace.
+    pub fn devices(&self) -> Vec<i64> {
+        let mut devices: Vec<i64> = self.segments.iter().map(|s| s.device).collect();
+        devices.extend((0..self.device_traces.len() as i64).filter(|&d| !self.device_traces[d as usize].is_empty()));
+        devices.sort_unstable();
+        devices.dedup();
+        devices
+    }
+
+    pub fn segments_of(&self, device: i64) -> impl Iterator<Item = &Segment> {
+        self.segments.iter().filter(move |s| s.device == device)
+    }
+
+    pub fn trace_of(&self, device: i64) -> &[TraceEntry] {
+        usize::try_from(device)
+            .ok()
+            .and_then(|d| self.device_traces.get(d))
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+}
