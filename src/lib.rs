@@ -4,4 +4,5 @@
 //! `alloc` (PyTorch's caching allocator, device-agnostic), `report` (memory_stats and
 //! memory_summary), `replay` (feed a recorded trace through the allocator and compare).
 
+pub mod alloc;
 pub mod trace;

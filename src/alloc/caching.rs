@@ -1,0 +1,1382 @@
+//! PyTorch's native CUDA caching allocator (`DeviceCachingAllocator`), one device, no GPU types.
+//!
+//! The structure mirrors `c10/cuda/CUDACachingAllocator.cpp` so that each rule can be checked
+//! against it: `malloc` -> `get_free_block` / `alloc_block` / release-and-retry -> `alloc_found_block`;
+//! `free` -> `free_block` (coalescing); `release_cached_blocks` = `empty_cache`; expandable
+//! segments map pages into one growing address range per (stream, pool).
+
+use super::config::AllocatorConfig;
+use super::constants::*;
+use super::history::{History, RecordContext};
+use super::oom::OutOfMemoryError;
+use super::source::SegmentSource;
+use super::stats::{DeviceStats, StatType};
+use crate::trace::{self, Action, Frames, TraceEntry};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
+
+/// A stream, compared as an unsigned pointer like `cudaStream_t` (0 = the default stream).
+pub type Stream = u64;
+
+type BlockId = u32;
+const NONE: BlockId = BlockId::MAX;
+
+/// What `malloc` hands out: where the tensor's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// Device address of the block (the trace's `addr`).
+    pub ptr: u64,
+    /// Bytes the block occupies (rounded; may exceed the request by the unsplit remainder).
+    pub size: u64,
+    /// Base address of the segment that holds it; `ptr - segment` is the offset in that segment.
+    pub segment: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    #[error(transparent)]
+    OutOfMemory(#[from] Box<OutOfMemoryError>),
+    #[error("invalid device pointer: {0:#x} is not an allocation of this allocator")]
+    InvalidPointer(u64),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+#[derive(Debug, Clone)]
+struct Block {
+    stream: Stream,
+    size: u64,
+    requested_size: u64,
+    small: bool,
+    ptr: u64,
+    /// Base address of the segment (or expandable reservation) holding the block.
+    segment: u64,
+    allocated: bool,
+    /// False for the unmapped address space of an expandable segment.
+    mapped: bool,
+    prev: BlockId,
+    next: BlockId,
+    /// Outstanding cross-stream uses that must finish before the block is reusable.
+    event_count: u32,
+    gc_count_base: i64,
+    /// Index into `expandable`, or NONE.
+    expandable: BlockId,
+    stream_uses: Vec<Stream>,
+    context: Option<Frames>,
+    segment_context: Option<Frames>,
+    live: bool,
+}
+
+impl Block {
+    fn new(stream: Stream, size: u64, small: bool, ptr: u64, segment: u64) -> Block {
+        Block {
+            stream,
+            size,
+            requested_size: 0,
+            small,
+            ptr,
+            segment,
+            allocated: false,
+            mapped: true,
+            prev: NONE,
+            next: NONE,
+            event_count: 0,
+            gc_count_base: 0,
+            expandable: NONE,
+            stream_uses: Vec::new(),
+            context: None,
+            segment_context: None,
+            live: true,
+        }
+    }
+
+    fn is_split(&self) -> bool {
+        self.prev != NONE || self.next != NONE
+    }
+
+    fn is_expandable(&self) -> bool {
+        self.expandable != NONE
+    }
+}
+
+/// Free blocks of one pool, ordered like `BlockComparatorSize` (stream, size, address), and the
+/// unmapped ranges of expandable segments ordered like `BlockComparatorAddress`.
+#[derive(Debug, Default, Clone)]
+struct BlockPool {
+    blocks: BTreeMap<(Stream, u64, u64), BlockId>,
+    unmapped: BTreeMap<(Stream, u64), BlockId>,
+    get_free_blocks_call_count: i64,
+}
+
+/// One growing address range of an expandable segment, mapped in pages.
+#[derive(Debug, Clone)]
+struct ExpandableSegment {
+    base: u64,
+    page_size: u64,
+    max_pages: u64,
+    /// Which pages are backed; trailing unmapped pages are trimmed like PyTorch's handle list.
+    mapped: Vec<bool>,
+    live: bool,
+}
+
+impl ExpandableSegment {
+    fn size(&self) -> u64 {
+        self.max_pages * self.page_size
+    }
+    fn page_left(&self, p: u64) -> u64 {
+        (p - self.base) / self.page_size
+    }
+    fn page_right(&self, p: u64) -> u64 {
+        (p - self.base).div_ceil(self.page_size)
+    }
+    fn trim(&mut self) {
+        while self.mapped.last() == Some(&false) {
+            self.mapped.pop();
+        }
+    }
+}
+
+/// The pieces of a request, like PyTorch's `AllocParams`.
+struct Params {
+    stream: Stream,
+    size: u64,
+    small: bool,
+    alloc_size: u64,
+    block: BlockId,
+}
+
+/// One device's caching allocator.
+pub struct CachingAllocator<S: SegmentSource> {
+    config: AllocatorConfig,
+    device: i64,
+    /// Device memory in bytes (the card simulated, or the adapter's budget); None: unlimited.
+    capacity: Option<u64>,
+    /// Device memory used outside the allocator (CUDA context, other processes).
+    external_usage: u64,
+    allowed_memory_maximum: Option<u64>,
+    source: S,
+    blocks: Vec<Block>,
+    free_ids: Vec<BlockId>,
+    pools: [BlockPool; 2],
+    /// Blocks handed out and not yet freed, by address (PyTorch's `allocated_blocks`).
+    allocated: FxHashMap<u64, BlockId>,
+    /// Outstanding cross-stream events, per stream, oldest first, and how many at the front are done.
+    events: BTreeMap<Stream, (VecDeque<BlockId>, usize)>,
+    expandable: Vec<ExpandableSegment>,
+    total_allocated_memory: u64,
+    stats: DeviceStats,
+    history: History,
+}
+
+const SMALL: usize = 0;
+const LARGE: usize = 1;
+
+fn pool_index(small: bool) -> usize {
+    if small { SMALL } else { LARGE }
+}
+
+/// `round_size`: the block size a request of `size` bytes gets.
+pub fn round_size(size: u64, config: &AllocatorConfig) -> u64 {
+    if size < MIN_BLOCK_SIZE {
+        return MIN_BLOCK_SIZE;
+    }
+    let divisions = config.divisions_for(size);
+    if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
+        roundup_power2_next_division(size, divisions)
+    } else {
+        size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+    }
+}
+
+/// Rounds up to the next of `divisions` equal steps between two powers of two.
+pub fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let step = floor >> (63 - divisions.leading_zeros());
+    if step == 0 {
+        return floor << 1;
+    }
+    size.next_multiple_of(step)
+}
+
+/// `get_allocation_size`: the segment size requested when no cached block fits.
+pub fn allocation_size(rounded: u64) -> u64 {
+    if rounded <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if rounded < MIN_LARGE_ALLOC {
+        LARGE_BUFFER
+    } else {
+        rounded.next_multiple_of(ROUND_LARGE)
+    }
+}
+
+impl<S: SegmentSource> CachingAllocator<S> {
+    pub fn new(config: AllocatorConfig, source: S) -> CachingAllocator<S> {
+        let mut stats = DeviceStats::default();
+        stats.max_split_size = config.max_split_size_stat();
+        let mut allocator = CachingAllocator {
+            config,
+            device: 0,
+            capacity: None,
+            external_usage: 0,
+            allowed_memory_maximum: None,
+            source,
+            blocks: Vec::new(),
+            free_ids: Vec::new(),
+            pools: [BlockPool::default(), BlockPool::default()],
+            allocated: FxHashMap::default(),
+            events: BTreeMap::new(),
+            expandable: Vec::new(),
+            total_allocated_memory: 0,
+            stats,
+            history: History::default(),
+        };
+        allocator.update_allowed_maximum();
+        allocator
+    }
+
+    pub fn with_capacity(mut self, capacity: u64) -> Self {
+        self.set_capacity(Some(capacity));
+        self
+    }
+
+    pub fn with_device(mut self, device: i64) -> Self {
+        self.device = device;
+        self
+    }
+
+    pub fn set_capacity(&mut self, capacity: Option<u64>) {
+        self.capacity = capacity;
+        self.update_allowed_maximum();
+    }
+
+    pub fn capacity(&self) -> Option<u64> {
+        self.capacity
+    }
+
+    /// Memory the device uses outside this allocator (counted against capacity).
+    pub fn set_external_usage(&mut self, bytes: u64) {
+        self.external_usage = bytes;
+    }
+
+    /// `torch.cuda.set_per_process_memory_fraction`: reserved memory may not exceed
+    /// `fraction * capacity`; needs a capacity.
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(AllocError::Unsupported(format!("invalid fraction: {fraction}. Please set within [0, 1].")));
+        }
+        if self.capacity.is_none() {
+            return Err(AllocError::Unsupported("a memory fraction needs a device capacity".into()));
+        }
+        self.config.per_process_memory_fraction = Some(fraction);
+        self.update_allowed_maximum();
+        Ok(())
+    }
+
+    fn update_allowed_maximum(&mut self) {
+        self.allowed_memory_maximum = match (self.config.per_process_memory_fraction, self.capacity) {
+            (Some(f), Some(c)) => Some((f * c as f64) as u64),
+            _ => None,
+        };
+    }
+
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> i64 {
+        self.device
+    }
+
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    pub fn source_mut(&mut self) -> &mut S {
+        &mut self.source
+    }
+
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
+    pub fn reset_accumulated_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
+    /// Bytes the device has free by our accounting (PyTorch asks cudaMemGetInfo).
+    pub fn device_free(&self) -> u64 {
+        match self.capacity {
+            Some(c) => c.saturating_sub(self.total_allocated_memory + self.external_usage),
+            None => u64::MAX - self.total_allocated_memory,
+        }
+    }
+
+    // ---------------------------------------------------------------- block storage
+
+    fn b(&self, id: BlockId) -> &Block {
+        &self.blocks[id as usize]
+    }
+
+    fn bm(&mut self, id: BlockId) -> &mut Block {
+        &mut self.blocks[id as usize]
+    }
+
+    fn new_block(&mut self, block: Block) -> BlockId {
+        match self.free_ids.pop() {
+            Some(id) => {
+                self.blocks[id as usize] = block;
+                id
+            }
+            None => {
+                self.blocks.push(block);
+                (self.blocks.len() - 1) as BlockId
+            }
+        }
+    }
+
+    fn delete_block(&mut self, id: BlockId) {
+        let b = self.bm(id);
+        b.live = false;
+        b.context = None;
+        b.segment_context = None;
+        self.free_ids.push(id);
+    }
+
+    fn pool_insert(&mut self, id: BlockId) {
+        let b = &self.blocks[id as usize];
+        let pool = &mut self.pools[pool_index(b.small)];
+        let key = (b.stream, b.size, b.ptr);
+        let count = pool.get_free_blocks_call_count;
+        let inserted = pool.blocks.insert(key, id).is_none();
+        debug_assert!(inserted, "block inserted twice into its pool");
+        self.blocks[id as usize].gc_count_base = count;
+    }
+
+    fn pool_remove(&mut self, id: BlockId) {
+        let b = &self.blocks[id as usize];
+        self.pools[pool_index(b.small)].blocks.remove(&(b.stream, b.size, b.ptr));
+    }
+
+    fn unmapped_insert(&mut self, id: BlockId) {
+        let b = &self.blocks[id as usize];
+        self.pools[pool_index(b.small)].unmapped.insert((b.stream, b.ptr), id);
+    }
+
+    fn unmapped_remove(&mut self, id: BlockId) {
+        let b = &self.blocks[id as usize];
+        self.pools[pool_index(b.small)].unmapped.remove(&(b.stream, b.ptr));
+    }
+
+    fn record(&mut self, action: Action, addr: u64, size: u64, stream: Stream, frames: Option<Frames>) {
+        if self.history.is_recording() {
+            let mut entry = TraceEntry::new(action, addr, size, stream as i64);
+            if self.history.context() >= RecordContext::Alloc {
+                entry.frames = frames;
+            }
+            self.history.push(entry);
+        }
+    }
+
+    fn keep_state_context(&self, ctx: Option<Frames>) -> Option<Frames> {
+        if self.history.context() >= RecordContext::State { ctx } else { None }
+    }
+
+    // ---------------------------------------------------------------- malloc
+
+    /// Allocates `orig_size` bytes on `stream`. `ctx` is the stack to remember (frames).
+    pub fn malloc(&mut self, orig_size: u64, stream: Stream, ctx: Option<Frames>) -> Result<Allocation, AllocError> {
+        if orig_size >= ONE_EXABYTE {
+            return Err(OutOfMemoryError::more_than_exabyte(self.device).into());
+        }
+        let ctx = self.keep_state_context(ctx);
+        self.process_events(&ctx);
+        let size = round_size(orig_size, &self.config);
+        let small = size <= SMALL_SIZE;
+        let mut p = Params { stream, size, small, alloc_size: allocation_size(size), block: NONE };
+
+        let mut found = self.get_free_block(&mut p);
+        if !found {
+            if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
+                self.garbage_collect_cached_blocks(&ctx);
+            }
+            found = self.alloc_block(&mut p, false, &ctx)
+                || (self.release_available_cached_blocks(&p, &ctx) && self.alloc_block(&mut p, false, &ctx))
+                || (self.release_cached_blocks(&ctx) && self.alloc_block(&mut p, true, &ctx));
+        }
+        if !found {
+            let device_free = self.device_free();
+            if self.history.is_recording() {
+                let mut entry = TraceEntry::new(Action::Oom, 0, size, stream as i64);
+                entry.device_free = Some(device_free);
+                if self.history.context() >= RecordContext::Alloc {
+                    entry.frames = ctx.clone();
+                }
+                self.history.push(entry);
+            }
+            self.stats.num_ooms += 1;
+            let all = StatType::All;
+            return Err(Box::new(OutOfMemoryError {
+                device: self.device,
+                requested: orig_size,
+                tried_to_allocate: p.alloc_size,
+                total_capacity: self.capacity,
+                free: device_free,
+                allowed: self.allowed_memory_maximum,
+                allocated: self.stats.allocated_bytes.get(all).current as u64,
+                reserved: self.stats.reserved_bytes.get(all).current as u64,
+                expandable_segments: self.config.expandable_segments,
+                more_than_exabyte: false,
+            })
+            .into());
+        }
+        let split = self.should_split(p.block, p.size);
+        Ok(self.alloc_found_block(&p, orig_size, ctx, split))
+    }
+
+    fn should_split(&self, id: BlockId, size: u64) -> bool {
+        let b = self.b(id);
+        let remaining = b.size - size;
+        if b.small || self.config.expandable_segments {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            size < self.config.max_split_size && remaining > SMALL_SIZE
+        }
+    }
+
+    fn get_free_block(&mut self, p: &mut Params) -> bool {
+        let gc_on = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
+        let pool = &mut self.pools[pool_index(p.small)];
+        if gc_on {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let mut candidates = pool.blocks.range((p.stream, p.size, 0)..).take_while(|(k, _)| k.0 == p.stream);
+        let Some((_, &first)) = candidates.next() else { return false };
+        let mut id = first;
+        let blocks = &self.blocks;
+        if blocks[id as usize].is_expandable() {
+            if self.config.expandable_segments {
+                // Best fit counts the unmapped space right after a block as part of it.
+                let expandable_size = |id: BlockId| {
+                    let b = &blocks[id as usize];
+                    let next_unmapped = b.next != NONE && !blocks[b.next as usize].mapped;
+                    b.size + if next_unmapped { blocks[b.next as usize].size } else { 0 }
+                };
+                for (_, &next) in candidates {
+                    if blocks[id as usize].is_expandable() && expandable_size(next) < expandable_size(id) {
+                        id = next;
+                    } else {
+                        break;
+                    }
+                }
+            } else {
+                // Expandable segments were turned off: leave their blocks alone.
+                match candidates.map(|(_, &i)| i).find(|&i| !blocks[i as usize].is_expandable()) {
+                    Some(i) => id = i,
+                    None => return false,
+                }
+            }
+        }
+        let block_size = blocks[id as usize].size;
+        let max_split = self.config.max_split_size;
+        // An oversize block never serves a request that could split, nor one far smaller than itself.
+        if p.size < max_split && block_size >= max_split {
+            return false;
+        }
+        if p.size >= max_split && block_size >= p.size.saturating_add(self.config.max_non_split_rounding_size) {
+            return false;
+        }
+        self.pool_remove(id);
+        p.block = id;
+        true
+    }
+
+    fn alloc_found_block(&mut self, p: &Params, orig_size: u64, ctx: Option<Frames>, split: bool) -> Allocation {
+        let pool = StatType::for_pool(p.small);
+        let mut id = p.block;
+        let already_split = self.b(id).is_split();
+        let expandable = self.b(id).is_expandable();
+        if split {
+            let remaining = id;
+            let r = self.b(remaining).clone();
+            let mut block = Block::new(p.stream, p.size, p.small, r.ptr, r.segment);
+            block.expandable = r.expandable;
+            block.prev = r.prev;
+            block.next = remaining;
+            id = self.new_block(block);
+            if r.prev != NONE {
+                self.bm(r.prev).next = id;
+            }
+            let rem = self.bm(remaining);
+            rem.prev = id;
+            rem.ptr += p.size;
+            rem.size -= p.size;
+            let rem_size = rem.size;
+            self.pool_insert(remaining);
+            if !expandable {
+                if already_split {
+                    // An already-split free block shrinks by the allocated size.
+                    self.stats.inactive_split_bytes.decrease(pool, p.size);
+                } else {
+                    // A new free remainder splits off a previously whole block.
+                    self.stats.inactive_split_bytes.increase(pool, rem_size);
+                    self.stats.inactive_split.increase(pool, 1);
+                }
+            }
+        } else if already_split && !expandable {
+            let size = self.b(id).size;
+            self.stats.inactive_split_bytes.decrease(pool, size);
+            self.stats.inactive_split.decrease(pool, 1);
+        }
+        let b = self.bm(id);
+        b.allocated = true;
+        b.requested_size = orig_size;
+        b.context = ctx.clone();
+        let (ptr, size, segment) = (b.ptr, b.size, b.segment);
+        self.record(Action::Alloc, ptr, orig_size, p.stream, ctx);
+        self.allocated.insert(ptr, id);
+        let s = &mut self.stats;
+        s.allocation.increase(pool, 1);
+        s.allocated_bytes.increase(pool, size);
+        s.active.increase(pool, 1);
+        s.active_bytes.increase(pool, size);
+        s.requested_bytes.increase(pool, orig_size);
+        if size >= self.config.max_split_size {
+            s.oversize_allocations.increase(1);
+        }
+        Allocation { ptr, size, segment }
+    }
+
+    // ---------------------------------------------------------------- free
+
+    /// Frees the block at `ptr` (the tensor's last reference dropped). If other streams used it
+    /// (`record_stream`), it stays active until their work completes.
+    pub fn free(&mut self, ptr: u64, ctx: Option<Frames>) -> Result<(), AllocError> {
+        let id = self.allocated.remove(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        let ctx = if self.history.context() >= RecordContext::All { ctx } else { None };
+        let b = self.bm(id);
+        b.allocated = false;
+        let (size, requested, stream, small) = (b.size, b.requested_size, b.stream, b.small);
+        let frames = ctx.clone().or_else(|| b.context.clone());
+        let pool = StatType::for_pool(small);
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        self.record(Action::FreeRequested, ptr, requested, stream, frames);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if self.b(id).stream_uses.is_empty() {
+            self.free_block(id, &ctx);
+        } else {
+            self.insert_events(id);
+        }
+        Ok(())
+    }
+
+    /// `Tensor.record_stream`: the block was used on `stream` too; its reuse waits for that work.
+    pub fn record_stream(&mut self, ptr: u64, stream: Stream) -> Result<(), AllocError> {
+        let &id = self.allocated.get(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        let b = self.bm(id);
+        if b.stream != stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    fn insert_events(&mut self, id: BlockId) {
+        let streams = std::mem::take(&mut self.bm(id).stream_uses);
+        for stream in streams {
+            self.bm(id).event_count += 1;
+            self.events.entry(stream).or_default().0.push_back(id);
+        }
+    }
+
+    /// The device finished all work submitted so far on `stream`: its events are complete. As with
+    /// cudaEventQuery, the allocator notices at its next `malloc` (or `empty_cache`).
+    pub fn stream_work_completed(&mut self, stream: Stream) {
+        if let Some((queue, done)) = self.events.get_mut(&stream) {
+            *done = queue.len();
+        }
+    }
+
+    /// Completes every outstanding event of the block at `ptr` now (replay: the trace says when).
+    pub fn complete_pending_free(&mut self, ptr: u64, ctx: Option<Frames>) -> Result<(), AllocError> {
+        let id = self.pending_block_at(ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        for (queue, done) in self.events.values_mut() {
+            let before = queue.len();
+            let mut index = 0;
+            queue.retain(|&b| {
+                let keep = b != id;
+                if !keep && index < *done {
+                    *done -= 1;
+                }
+                index += 1;
+                keep
+            });
+            debug_assert!(queue.len() <= before);
+        }
+        self.events.retain(|_, (q, _)| !q.is_empty());
+        self.bm(id).event_count = 0;
+        let ctx = if self.history.context() >= RecordContext::All { ctx } else { None };
+        self.free_block(id, &ctx);
+        Ok(())
+    }
+
+    fn pending_block_at(&self, ptr: u64) -> Option<BlockId> {
+        self.events
+            .values()
+            .flat_map(|(q, _)| q.iter().copied())
+            .find(|&id| self.b(id).ptr == ptr && !self.b(id).allocated)
+    }
+
+    fn process_events(&mut self, ctx: &Option<Frames>) {
+        let mut to_free = Vec::new();
+        for (queue, done) in self.events.values_mut() {
+            for _ in 0..*done {
+                let id = queue.pop_front().expect("done <= len");
+                let b = &mut self.blocks[id as usize];
+                b.event_count -= 1;
+                if b.event_count == 0 {
+                    to_free.push(id);
+                }
+            }
+            *done = 0;
+        }
+        self.events.retain(|_, (q, _)| !q.is_empty());
+        for id in to_free {
+            self.free_block(id, ctx);
+        }
+    }
+
+    fn synchronize_and_free_events(&mut self, ctx: &Option<Frames>) {
+        self.stats.num_sync_all_streams += 1;
+        for queue in self.events.values_mut() {
+            queue.1 = queue.0.len();
+        }
+        self.process_events(ctx);
+    }
+
+    fn free_block(&mut self, id: BlockId, ctx: &Option<Frames>) {
+        let b = self.bm(id);
+        debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_empty());
+        let frames = ctx.clone().or_else(|| b.context.take());
+        b.context = None;
+        let (ptr, original_size, requested, stream, small, prev, next) =
+            (b.ptr, b.size, b.requested_size, b.stream, b.small, b.prev, b.next);
+        self.record(Action::FreeCompleted, ptr, requested, stream, frames);
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        for candidate in [prev, next] {
+            let subsumed = self.try_merge_blocks(id, candidate);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.pool_insert(id);
+        let b = self.b(id);
+        if b.is_split() {
+            net_blocks += 1;
+            net_bytes += b.size as i64;
+        }
+        let pool = StatType::for_pool(small);
+        let s = &mut self.stats;
+        // Fully free pages of expandable segments can always be returned, so they never count
+        // as inactive_split (as in PyTorch).
+        if !self.blocks[id as usize].is_expandable() {
+            if net_blocks > 0 {
+                s.inactive_split.increase(pool, net_blocks as u64);
+            } else if net_blocks < 0 {
+                s.inactive_split.decrease(pool, (-net_blocks) as u64);
+            }
+            if net_bytes > 0 {
+                s.inactive_split_bytes.increase(pool, net_bytes as u64);
+            } else if net_bytes < 0 {
+                s.inactive_split_bytes.decrease(pool, (-net_bytes) as u64);
+            }
+        }
+        s.active.decrease(pool, 1);
+        s.active_bytes.decrease(pool, original_size);
+        s.requested_bytes.decrease(pool, requested);
+    }
+
+    /// Merges free neighbour `src` into `dst`; returns the bytes subsumed (0: no merge).
+    fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> u64 {
+        if src == NONE {
+            return 0;
+        }
+        let s = self.b(src);
+        if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() || s.mapped != self.b(dst).mapped {
+            return 0;
+        }
+        let (s_ptr, s_size, s_prev, s_next, s_mapped) = (s.ptr, s.size, s.prev, s.next, s.mapped);
+        if s_mapped {
+            self.pool_remove(src);
+        } else {
+            self.unmapped_remove(src);
+        }
+        if self.b(dst).prev == src {
+            let seg_ctx = self.bm(src).segment_context.take();
+            let d = self.bm(dst);
+            d.ptr = s_ptr;
+            d.prev = s_prev;
+            d.segment_context = seg_ctx;
+            if s_prev != NONE {
+                self.bm(s_prev).next = dst;
+            }
+        } else {
+            self.bm(dst).next = s_next;
+            if s_next != NONE {
+                self.bm(s_next).prev = dst;
+            }
+        }
+        self.bm(dst).size += s_size;
+        self.delete_block(src);
+        s_size
+    }
+
+    // ---------------------------------------------------------------- getting memory
+
+    fn alloc_block(&mut self, p: &mut Params, is_retry: bool, ctx: &Option<Frames>) -> bool {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        let size = p.alloc_size;
+        if let Some(max) = self.allowed_memory_maximum {
+            if self.total_allocated_memory + size > max {
+                return false;
+            }
+        }
+        if self.config.expandable_segments && self.source.supports_expandable() {
+            return match self.try_allocate_expandable_block(p.stream, p.small, p.size, ctx) {
+                Some(id) => {
+                    p.block = id;
+                    true
+                }
+                None => false,
+            };
+        }
+        if !self.device_has_room(size) {
+            return false;
+        }
+        let Some(ptr) = self.source.allocate(size) else { return false };
+        self.total_allocated_memory += size;
+        let mut block = Block::new(p.stream, size, p.small, ptr, ptr);
+        block.segment_context = ctx.clone();
+        p.block = self.new_block(block);
+        let pool = StatType::for_pool(p.small);
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.record(Action::SegmentAlloc, ptr, size, p.stream, ctx.clone());
+        true
+    }
+
+    fn device_has_room(&self, bytes: u64) -> bool {
+        match self.capacity {
+            Some(c) => self.total_allocated_memory + self.external_usage + bytes <= c,
+            None => true,
+        }
+    }
+
+    /// Frees cached oversize blocks until `max(request, max_split_size)` bytes are returned.
+    fn release_available_cached_blocks(&mut self, p: &Params, ctx: &Option<Frames>) -> bool {
+        let max_split = self.config.max_split_size;
+        if max_split == u64::MAX {
+            return false;
+        }
+        let key_size = p.size.max(max_split);
+        let pool = &self.pools[pool_index(p.small)];
+        let blocks = &self.blocks;
+        let usable = |id: BlockId| !blocks[id as usize].is_expandable();
+        let single = pool
+            .blocks
+            .range((p.stream, key_size, 0)..)
+            .take_while(|(k, _)| k.0 == p.stream)
+            .map(|(_, &id)| id)
+            .find(|&id| usable(id));
+        if let Some(id) = single {
+            self.release_block(id, ctx);
+            return true;
+        }
+        // No single block is large enough: free oversize blocks from the largest down.
+        let mut victims = Vec::new();
+        let mut released = 0;
+        for (k, &id) in pool.blocks.range(..(p.stream, key_size, 0)).rev() {
+            if released >= key_size || k.0 != p.stream || k.1 < max_split {
+                break;
+            }
+            if usable(id) {
+                released += k.1;
+                victims.push(id);
+            }
+        }
+        for id in victims {
+            self.release_block(id, ctx);
+        }
+        released >= key_size
+    }
+
+    /// `empty_cache`: waits for outstanding events, then returns every whole free segment and
+    /// unmaps every free page of expandable segments. Partially used segments stay.
+    pub fn empty_cache(&mut self) {
+        self.release_cached_blocks(&None);
+    }
+
+    fn release_cached_blocks(&mut self, ctx: &Option<Frames>) -> bool {
+        self.synchronize_and_free_events(ctx);
+        self.release_blocks(false, ctx);
+        self.release_blocks(true, ctx);
+        true
+    }
+
+    fn release_blocks(&mut self, small: bool, ctx: &Option<Frames>) {
+        let ids: Vec<BlockId> = self.pools[pool_index(small)].blocks.values().copied().collect();
+        let mut to_unmap = Vec::new();
+        for id in ids {
+            let b = self.b(id);
+            if b.is_expandable() {
+                to_unmap.push(id);
+            } else if !b.is_split() {
+                self.release_block(id, ctx);
+            }
+        }
+        for id in to_unmap {
+            self.unmap_block(id, ctx);
+            if !self.b(id).is_split() {
+                self.release_expandable_segment(id);
+            }
+        }
+    }
+
+    fn release_block(&mut self, id: BlockId, ctx: &Option<Frames>) {
+        let b = self.b(id);
+        debug_assert!(!b.is_expandable() && !b.is_split());
+        let (ptr, size, stream, small) = (b.ptr, b.size, b.stream, b.small);
+        let frames = ctx.clone().or_else(|| b.segment_context.clone());
+        self.stats.num_device_free += 1;
+        self.record(Action::SegmentFree, ptr, size, stream, frames);
+        self.source.free(ptr, size);
+        self.total_allocated_memory -= size;
+        let pool = StatType::for_pool(small);
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.pool_remove(id);
+        self.delete_block(id);
+    }
+
+    /// Frees unsplit large cached blocks older than average until reserved memory is back under
+    /// `garbage_collection_threshold * allowed`.
+    fn garbage_collect_cached_blocks(&mut self, ctx: &Option<Frames>) {
+        let Some(allowed) = self.allowed_memory_maximum else { return };
+        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        if self.total_allocated_memory <= threshold {
+            return;
+        }
+        let target = self.total_allocated_memory - threshold;
+        let clock = self.pools[LARGE].get_free_blocks_call_count;
+        let freeable = |a: &Self| -> Vec<BlockId> {
+            a.pools[LARGE]
+                .blocks
+                .values()
+                .copied()
+                .filter(|&id| !a.b(id).is_split() && !a.b(id).is_expandable())
+                .collect()
+        };
+        let age = |a: &Self, id: BlockId| (clock - a.b(id).gc_count_base) as f64;
+        let mut candidates = freeable(self);
+        let mut total_age: f64 = candidates.iter().map(|&id| age(self, id)).sum();
+        let mut reclaimed = 0;
+        while reclaimed < target && !candidates.is_empty() {
+            let threshold_age = total_age / candidates.len() as f64;
+            let mut freed_any = false;
+            for id in std::mem::take(&mut candidates) {
+                if age(self, id) >= threshold_age {
+                    freed_any = true;
+                    reclaimed += self.b(id).size;
+                    total_age -= age(self, id);
+                    self.release_block(id, ctx);
+                } else {
+                    candidates.push(id);
+                }
+            }
+            if !freed_any {
+                break;
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- expandable segments
+
+    /// Lowest address with enough free + unmapped room on this stream, or a new segment.
+    fn find_expandable_block(&mut self, stream: Stream, small: bool, size: u64) -> Option<BlockId> {
+        let allocatable = |a: &Self, id: BlockId| {
+            id != NONE && {
+                let b = a.b(id);
+                !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
+            }
+        };
+        let has_room = |a: &Self, mut id: BlockId| {
+            let mut bytes = 0;
+            while bytes < size && allocatable(a, id) {
+                bytes += a.b(id).size;
+                id = a.b(id).next;
+            }
+            bytes >= size
+        };
+        let unmapped: Vec<BlockId> = self.pools[pool_index(small)]
+            .unmapped
+            .range((stream, 0)..)
+            .take_while(|(k, _)| k.0 == stream)
+            .map(|(_, &id)| id)
+            .collect();
+        for mut c in unmapped {
+            let prev = self.b(c).prev;
+            if allocatable(self, prev) {
+                c = prev;
+            }
+            if has_room(self, c) {
+                return Some(c);
+            }
+        }
+        let page_size = if small { SMALL_BUFFER } else { LARGE_BUFFER };
+        // Address space for 9/8 of the device, as PyTorch reserves.
+        let total = self.capacity.unwrap_or(DEFAULT_EXPANDABLE_SPAN);
+        let max_pages = (total + total / 8).div_ceil(page_size);
+        let base = self.source.reserve(max_pages * page_size)?;
+        self.expandable.push(ExpandableSegment { base, page_size, max_pages, mapped: Vec::new(), live: true });
+        let mut block = Block::new(stream, max_pages * page_size, small, base, base);
+        block.mapped = false;
+        block.expandable = (self.expandable.len() - 1) as BlockId;
+        let id = self.new_block(block);
+        self.unmapped_insert(id);
+        Some(id)
+    }
+
+    /// Maps pages covering `[ptr, ptr + size)`; returns the mapped range (size 0: refused).
+    fn es_map(&mut self, es: BlockId, ptr: u64, size: u64) -> (u64, u64) {
+        let seg = &self.expandable[es as usize];
+        let (begin, end) = (seg.page_left(ptr), seg.page_right(ptr + size));
+        debug_assert_eq!(seg.base + begin * seg.page_size, ptr);
+        let page = seg.page_size;
+        let range = |b: u64, e: u64| (seg.base + b * page, (e - b) * page);
+        if begin == end {
+            return range(begin, end);
+        }
+        let (start, bytes) = range(begin, end);
+        if !self.device_has_room(bytes) || !self.source.map(start, bytes) {
+            return (start, 0);
+        }
+        let seg = &mut self.expandable[es as usize];
+        if seg.mapped.len() < end as usize {
+            seg.mapped.resize(end as usize, false);
+        }
+        for i in begin..end {
+            debug_assert!(!seg.mapped[i as usize]);
+            seg.mapped[i as usize] = true;
+        }
+        (start, bytes)
+    }
+
+    /// Unmaps the whole pages inside `[ptr, ptr + size)`; returns the unmapped range.
+    fn es_unmap(&mut self, es: BlockId, ptr: u64, size: u64) -> (u64, u64) {
+        let seg = &mut self.expandable[es as usize];
+        let (begin, end) = (seg.page_right(ptr), seg.page_left(ptr + size));
+        if begin >= end {
+            return (ptr, 0);
+        }
+        for i in begin..end {
+            seg.mapped[i as usize] = false;
+        }
+        seg.trim();
+        let (start, bytes) = (seg.base + begin * seg.page_size, (end - begin) * seg.page_size);
+        self.source.unmap(start, bytes);
+        (start, bytes)
+    }
+
+    fn map_block(&mut self, id: BlockId, size: u64, ctx: &Option<Frames>) -> bool {
+        let b = self.b(id);
+        debug_assert!(!b.mapped && size <= b.size);
+        let (es, ptr, b_size, stream, small, segment) = (b.expandable, b.ptr, b.size, b.stream, b.small, b.segment);
+        let (mapped_ptr, mapped_size) = self.es_map(es, ptr, size);
+        if mapped_size == 0 {
+            return false;
+        }
+        self.unmapped_remove(id);
+        self.bm(id).mapped = true;
+        if mapped_size < b_size {
+            let mut rest = Block::new(stream, b_size - mapped_size, small, ptr + mapped_size, segment);
+            rest.mapped = false;
+            rest.expandable = es;
+            rest.prev = id;
+            rest.next = self.b(id).next;
+            let rest_id = self.new_block(rest);
+            let next = self.b(id).next;
+            if next != NONE {
+                self.bm(next).prev = rest_id;
+            }
+            self.bm(id).next = rest_id;
+            self.unmapped_insert(rest_id);
+            self.bm(id).size = mapped_size;
+        }
+        let (prev, next) = (self.b(id).prev, self.b(id).next);
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        self.pool_insert(id);
+        self.total_allocated_memory += mapped_size;
+        self.stats.reserved_bytes.increase(StatType::for_pool(small), mapped_size);
+        self.stats.num_device_alloc += 1;
+        self.record(Action::SegmentMap, mapped_ptr, mapped_size, stream, ctx.clone());
+        let b = self.bm(id);
+        if b.prev == NONE && b.segment_context.is_none() {
+            b.segment_context = ctx.clone();
+        }
+        true
+    }
+
+    fn try_allocate_expandable_block(&mut self, stream: Stream, small: bool, size: u64, ctx: &Option<Frames>) -> Option<BlockId> {
+        let mut candidate = self.find_expandable_block(stream, small, size)?;
+        if !self.b(candidate).mapped {
+            let want = self.b(candidate).size.min(size);
+            if !self.map_block(candidate, want, ctx) {
+                return None;
+            }
+        }
+        while self.b(candidate).size < size {
+            // candidate is free and followed by unmapped space: map some and merge.
+            let remaining = size - self.b(candidate).size;
+            let next = self.b(candidate).next;
+            let want = remaining.min(self.b(next).size);
+            if !self.map_block(next, want, ctx) {
+                return None;
+            }
+            candidate = next;
+        }
+        self.pool_remove(candidate);
+        Some(candidate)
+    }
+
+    fn unmap_block(&mut self, id: BlockId, ctx: &Option<Frames>) {
+        let b = self.b(id);
+        let (es, ptr, size, stream, small, segment) = (b.expandable, b.ptr, b.size, b.stream, b.small, b.segment);
+        let (uptr, usize_) = self.es_unmap(es, ptr, size);
+        if usize_ == 0 {
+            return;
+        }
+        self.pool_remove(id);
+        let before = uptr - ptr;
+        if before > 0 {
+            let mut free = Block::new(stream, before, small, ptr, segment);
+            free.expandable = es;
+            free.prev = self.b(id).prev;
+            free.next = id;
+            let fid = self.new_block(free);
+            let prev = self.b(id).prev;
+            if prev != NONE {
+                self.bm(prev).next = fid;
+            }
+            self.bm(id).prev = fid;
+            self.pool_insert(fid);
+        }
+        let after = size - (before + usize_);
+        if after > 0 {
+            let mut free = Block::new(stream, after, small, uptr + usize_, segment);
+            free.expandable = es;
+            free.prev = id;
+            free.next = self.b(id).next;
+            let fid = self.new_block(free);
+            let next = self.b(id).next;
+            if next != NONE {
+                self.bm(next).prev = fid;
+            }
+            self.bm(id).next = fid;
+            self.pool_insert(fid);
+        }
+        let b = self.bm(id);
+        b.ptr = uptr;
+        b.size = usize_;
+        b.mapped = false;
+        let frames = ctx.clone().or_else(|| b.segment_context.clone());
+        let (prev, next) = (b.prev, b.next);
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        self.unmapped_insert(id);
+        self.total_allocated_memory -= usize_;
+        self.stats.reserved_bytes.decrease(StatType::for_pool(small), usize_);
+        self.stats.num_device_free += 1;
+        self.record(Action::SegmentUnmap, uptr, usize_, stream, frames);
+    }
+
+    fn release_expandable_segment(&mut self, id: BlockId) {
+        let b = self.b(id);
+        let es = b.expandable;
+        debug_assert!(!b.mapped && b.size == self.expandable[es as usize].size());
+        let (base, size) = (self.expandable[es as usize].base, self.expandable[es as usize].size());
+        self.unmapped_remove(id);
+        self.expandable[es as usize].live = false;
+        self.source.release_reservation(base, size);
+        self.delete_block(id);
+    }
+
+    // ---------------------------------------------------------------- state
+
+    /// `torch.cuda.memory_snapshot()` for this device: segments sorted by address, one per
+    /// contiguous mapped range. Like PyTorch it records a `snapshot` trace entry.
+    pub fn snapshot_segments(&mut self) -> Vec<trace::Segment> {
+        let segments = self.segments();
+        let total_active: u64 = segments.iter().map(|s| s.active_size).sum();
+        self.record(Action::Snapshot, 0, total_active, 0, None);
+        segments
+    }
+
+    /// The current segments, without recording anything.
+    pub fn segments(&self) -> Vec<trace::Segment> {
+        let mut out = Vec::new();
+        for (i, head) in self.blocks.iter().enumerate() {
+            if !head.live || !head.mapped || (head.prev != NONE && self.b(head.prev).mapped) {
+                continue;
+            }
+            let mut seg = trace::Segment {
+                device: self.device,
+                address: head.ptr,
+                total_size: 0,
+                allocated_size: 0,
+                active_size: 0,
+                requested_size: 0,
+                stream: head.stream as i64,
+                segment_type: if head.small { trace::PoolKind::Small } else { trace::PoolKind::Large },
+                segment_pool_id: (0, 0),
+                is_expandable: head.is_expandable(),
+                frames: head.segment_context.clone().unwrap_or_else(trace::no_frames),
+                blocks: Vec::new(),
+            };
+            let mut id = i as BlockId;
+            while id != NONE && self.b(id).mapped {
+                let b = self.b(id);
+                let active = b.allocated || b.event_count > 0 || !b.stream_uses.is_empty();
+                seg.total_size += b.size;
+                if b.allocated {
+                    seg.allocated_size += b.size;
+                }
+                if active {
+                    seg.active_size += b.size;
+                    seg.requested_size += b.requested_size;
+                }
+                seg.blocks.push(trace::Block {
+                    address: b.ptr,
+                    size: b.size,
+                    requested_size: b.requested_size,
+                    state: if b.allocated {
+                        trace::BlockState::ActiveAllocated
+                    } else if active {
+                        trace::BlockState::ActivePendingFree
+                    } else {
+                        trace::BlockState::Inactive
+                    },
+                    frames: b.context.clone().unwrap_or_else(trace::no_frames),
+                });
+                id = b.next;
+            }
+            out.push(seg);
+        }
+        out.sort_by_key(|s| s.address);
+        out
+    }
+
+    /// The largest cached free block (`cacheInfo`), 0 if none.
+    pub fn largest_free_block(&self) -> u64 {
+        self.pools.iter().flat_map(|p| p.blocks.keys()).map(|k| k.1).max().unwrap_or(0)
+    }
+
+    /// Bytes reserved from the device (all pools).
+    pub fn reserved(&self) -> u64 {
+        self.total_allocated_memory
+    }
+
+    /// Puts a recorded state in place (replay starts from it): each segment with its blocks, as
+    /// a snapshot shows them. Stats then count this state as current, with peaks equal to it and
+    /// nothing accumulated. Only for an allocator that has not allocated yet.
+    pub fn restore(&mut self, segments: &[trace::Segment]) -> Result<(), AllocError> {
+        if !self.blocks.is_empty() {
+            return Err(AllocError::Unsupported("restore needs a fresh allocator".into()));
+        }
+        for seg in segments {
+            if seg.is_expandable {
+                return Err(AllocError::Unsupported(
+                    "restoring expandable segments is not supported; replay maps them from the trace".into(),
+                ));
+            }
+            let small = seg.segment_type == trace::PoolKind::Small;
+            let stream = seg.stream as Stream;
+            let pool = StatType::for_pool(small);
+            self.total_allocated_memory += seg.total_size;
+            self.stats.segment.increase(pool, 1);
+            self.stats.reserved_bytes.increase(pool, seg.total_size);
+            if seg.total_size >= self.config.max_split_size {
+                self.stats.oversize_segments.increase(1);
+            }
+            let mut prev = NONE;
+            let split = seg.blocks.len() > 1;
+            for blk in &seg.blocks {
+                let mut block = Block::new(stream, blk.size, small, blk.address, seg.address);
+                block.prev = prev;
+                block.requested_size = blk.requested_size;
+                block.context = Some(blk.frames.clone()).filter(|f| !f.is_empty());
+                if prev == NONE {
+                    block.segment_context = Some(seg.frames.clone()).filter(|f| !f.is_empty());
+                }
+                let id = self.new_block(block);
+                if prev != NONE {
+                    self.bm(prev).next = id;
+                }
+                prev = id;
+                match blk.state {
+                    trace::BlockState::Inactive => {
+                        self.pool_insert(id);
+                        if split {
+                            self.stats.inactive_split.increase(pool, 1);
+                            self.stats.inactive_split_bytes.increase(pool, blk.size);
+                        }
+                    }
+                    state => {
+                        let s = &mut self.stats;
+                        s.active.increase(pool, 1);
+                        s.active_bytes.increase(pool, blk.size);
+                        s.requested_bytes.increase(pool, blk.requested_size);
+                        if state == trace::BlockState::ActiveAllocated {
+                            self.blocks[id as usize].allocated = true;
+                            self.allocated.insert(blk.address, id);
+                            s.allocation.increase(pool, 1);
+                            s.allocated_bytes.increase(pool, blk.size);
+                            if blk.size >= self.config.max_split_size {
+                                s.oversize_allocations.increase(1);
+                            }
+                        } else {
+                            // Pending free: one outstanding event on an unknown stream.
+                            self.blocks[id as usize].event_count = 1;
+                            self.events.entry(Stream::MAX).or_default().0.push_back(id);
+                        }
+                    }
+                }
+            }
+        }
+        self.stats.reset_accumulated();
+        self.stats.reset_peak();
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- history
+
+    /// `torch.cuda.memory._record_memory_history`.
+    pub fn record_memory_history(&mut self, enabled: bool, context: RecordContext, max_entries: usize) {
+        self.history.configure(enabled, context, max_entries);
+    }
+
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    pub fn history_mut(&mut self) -> &mut History {
+        &mut self.history
+    }
+
+    /// Re-derives every current stat from the blocks and checks the pools, links and stats
+    /// agree (the invariants of PyTorch's `_check_memory_stat_consistency`). For tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut expected = DeviceStats::default();
+        let mut reserved_total = 0;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let id = i as BlockId;
+            if !b.live {
+                continue;
+            }
+            if b.prev != NONE && (self.b(b.prev).next != id || self.b(b.prev).ptr + self.b(b.prev).size != b.ptr) {
+                return Err(format!("block {:#x}: broken prev link", b.ptr));
+            }
+            if b.next != NONE && (self.b(b.next).prev != id || b.ptr + b.size != self.b(b.next).ptr) {
+                return Err(format!("block {:#x}: broken next link", b.ptr));
+            }
+            let pool = &self.pools[pool_index(b.small)];
+            let active = b.allocated || b.event_count > 0;
+            let in_blocks = pool.blocks.get(&(b.stream, b.size, b.ptr)) == Some(&id);
+            let in_unmapped = pool.unmapped.get(&(b.stream, b.ptr)) == Some(&id);
+            match (b.mapped, active) {
+                (true, false) if !in_blocks => return Err(format!("free block {:#x} missing from its pool", b.ptr)),
+                (true, true) if in_blocks => return Err(format!("active block {:#x} is in the free pool", b.ptr)),
+                (false, _) if !in_unmapped => return Err(format!("unmapped block {:#x} missing from its set", b.ptr)),
+                _ => {}
+            }
+            if b.allocated != self.allocated.contains_key(&b.ptr) {
+                return Err(format!("block {:#x}: allocated flag disagrees with the address map", b.ptr));
+            }
+            if !active && b.mapped {
+                for n in [b.prev, b.next] {
+                    if n != NONE && !self.b(n).allocated && self.b(n).event_count == 0 && self.b(n).mapped {
+                        return Err(format!("free blocks {:#x} and {:#x} were not coalesced", b.ptr, self.b(n).ptr));
+                    }
+                }
+            }
+            if !b.mapped {
+                continue;
+            }
+            let t = StatType::for_pool(b.small);
+            reserved_total += b.size;
+            expected.reserved_bytes.increase(t, b.size);
+            if b.prev == NONE && !b.is_expandable() {
+                expected.segment.increase(t, 1);
+            }
+            if b.allocated {
+                expected.allocation.increase(t, 1);
+                expected.allocated_bytes.increase(t, b.size);
+            }
+            if active {
+                expected.active.increase(t, 1);
+                expected.active_bytes.increase(t, b.size);
+                expected.requested_bytes.increase(t, b.requested_size);
+            } else if b.is_split() && !b.is_expandable() {
+                expected.inactive_split.increase(t, 1);
+                expected.inactive_split_bytes.increase(t, b.size);
+            }
+        }
+        if reserved_total != self.total_allocated_memory {
+            return Err(format!("reserved bytes {} != total_allocated_memory {}", reserved_total, self.total_allocated_memory));
+        }
+        for ((name, want), (_, have)) in expected.arrays().into_iter().zip(self.stats.arrays()) {
+            for t in StatType::ALL {
+                if want.get(t).current != have.get(t).current {
+                    return Err(format!(
+                        "{name}.{}.current is {} but the blocks say {}",
+                        t.key(),
+                        have.get(t).current,
+                        want.get(t).current
+                    ));
+                }
+                if have.get(t).peak < have.get(t).current {
+                    return Err(format!("{name}.{}: peak below current", t.key()));
+                }
+            }
+        }
+        let s = &self.stats;
+        let (alloc, active, reserved) =
+            (s.allocated_bytes.all().current, s.active_bytes.all().current, s.reserved_bytes.all().current);
+        if !(alloc <= active && active <= reserved) {
+            return Err(format!("allocated {alloc} <= active {active} <= reserved {reserved} does not hold"));
+        }
+        Ok(())
+    }
+}
+
+/// Address space an expandable segment reserves when the device has no stated capacity.
+const DEFAULT_EXPANDABLE_SPAN: u64 = 1 << 40;

@@ -1,0 +1,114 @@
+//! The out-of-memory error, carrying the facts of PyTorch's message.
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfMemoryError {
+    pub device: i64,
+    /// The caller's request in bytes.
+    pub requested: u64,
+    /// What the allocator tried to get from the device: the segment size (PyTorch prints this).
+    pub tried_to_allocate: u64,
+    /// Device capacity; None when the device has no stated size (only a source failure then).
+    pub total_capacity: Option<u64>,
+    pub free: u64,
+    /// `set_per_process_memory_fraction` limit, if any.
+    pub allowed: Option<u64>,
+    pub allocated: u64,
+    pub reserved: u64,
+    pub expandable_segments: bool,
+    pub more_than_exabyte: bool,
+}
+
+impl OutOfMemoryError {
+    pub fn more_than_exabyte(device: i64) -> Box<OutOfMemoryError> {
+        Box::new(OutOfMemoryError {
+            device,
+            requested: 0,
+            tried_to_allocate: 0,
+            total_capacity: None,
+            free: 0,
+            allowed: None,
+            allocated: 0,
+            reserved: 0,
+            expandable_segments: false,
+            more_than_exabyte: true,
+        })
+    }
+
+    /// Memory the allocator holds but no tensor uses: what fragmentation costs.
+    pub fn reserved_but_unallocated(&self) -> u64 {
+        self.reserved.saturating_sub(self.allocated)
+    }
+}
+
+/// PyTorch's `format_size`: bytes up to 1 KiB, then KiB, MiB, GiB with two decimals.
+pub fn format_size(size: u64) -> String {
+    const KIB: f64 = 1024.0;
+    let s = size as f64;
+    if size <= 1024 {
+        format!("{size} bytes")
+    } else if size <= 1 << 20 {
+        format!("{:.2} KiB", s / KIB)
+    } else if size <= 1 << 30 {
+        format!("{:.2} MiB", s / KIB / KIB)
+    } else {
+        format!("{:.2} GiB", s / KIB / KIB / KIB)
+    }
+}
+
+impl fmt::Display for OutOfMemoryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.more_than_exabyte {
+            return f.write_str("Out of memory. Tried to allocate more than 1EB memory.");
+        }
+        write!(f, "Out of memory. Tried to allocate {}. ", format_size(self.tried_to_allocate))?;
+        match self.total_capacity {
+            Some(total) => write!(
+                f,
+                "GPU {} has a total capacity of {} of which {} is free. ",
+                self.device,
+                format_size(total),
+                format_size(self.free)
+            )?,
+            None => write!(f, "GPU {} refused a new segment. ", self.device)?,
+        }
+        if let Some(allowed) = self.allowed {
+            write!(f, "{} allowed; ", format_size(allowed))?;
+        }
+        write!(
+            f,
+            "Of the allocated memory {} is allocated by tensormem, and {} is reserved by tensormem but unallocated.",
+            format_size(self.allocated),
+            format_size(self.reserved_but_unallocated())
+        )?;
+        // PyTorch prints this hint even when the setting is on (issue #173049); we do not.
+        if !self.expandable_segments {
+            f.write_str(
+                " If reserved but unallocated memory is large try setting \
+                 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+            )?;
+        }
+        f.write_str(
+            "  See documentation for Memory Management  \
+             (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+        )
+    }
+}
+
+impl std::error::Error for OutOfMemoryError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_size_matches_pytorch() {
+        assert_eq!(format_size(1024), "1024 bytes");
+        assert_eq!(format_size(1025), "1.00 KiB");
+        assert_eq!(format_size(20 << 20), "20.00 MiB");
+        assert_eq!(format_size((20 << 20) + 1), "20.00 MiB");
+        assert_eq!(format_size(80 << 30), "80.00 GiB");
+        assert_eq!(format_size(1 << 30), "1024.00 MiB");
+    }
+}
