@@ -5,4 +5,5 @@
 //! memory_summary), `replay` (feed a recorded trace through the allocator and compare).
 
 pub mod alloc;
+pub mod report;
 pub mod trace;
