@@ -5,5 +5,6 @@
 //! memory_summary), `replay` (feed a recorded trace through the allocator and compare).
 
 pub mod alloc;
+pub mod replay;
 pub mod report;
 pub mod trace;

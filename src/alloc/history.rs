@@ -89,6 +89,19 @@ impl History {
         out
     }
 
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Entries recorded since the buffer held `start` entries, as long as it has not wrapped.
+    pub fn since(&self, start: usize) -> &[TraceEntry] {
+        if self.next == 0 { &self.entries[start.min(self.entries.len())..] } else { &[] }
+    }
+
     pub fn clear(&mut self) {
         self.entries.clear();
         self.next = 0;

@@ -35,6 +35,8 @@ pub struct VirtualSegments {
     next: u64,
     /// Addresses the next segments should take when their sizes agree (replay's recorded layout).
     hints: std::collections::VecDeque<(u64, u64)>,
+    /// Address the next expandable reservation should take.
+    reservation_hint: Option<u64>,
 }
 
 /// Where virtual addresses start: high like real device pointers, easy to read in hex.
@@ -49,7 +51,7 @@ impl Default for VirtualSegments {
 
 impl VirtualSegments {
     pub fn starting_at(base: u64) -> VirtualSegments {
-        VirtualSegments { next: base.next_multiple_of(ALIGN), hints: Default::default() }
+        VirtualSegments { next: base.next_multiple_of(ALIGN), hints: Default::default(), reservation_hint: None }
     }
 
     /// The next segment (or reservation) of exactly `size` bytes takes `address`.
@@ -57,8 +59,14 @@ impl VirtualSegments {
         self.hints.push_back((address, size));
     }
 
+    /// The next expandable-segment reservation starts at `address`.
+    pub fn hint_reservation(&mut self, address: u64) {
+        self.reservation_hint = Some(address);
+    }
+
     pub fn clear_hints(&mut self) {
         self.hints.clear();
+        self.reservation_hint = None;
     }
 
     fn take(&mut self, size: u64) -> u64 {
@@ -82,7 +90,10 @@ impl SegmentSource for VirtualSegments {
     fn free(&mut self, _base: u64, _size: u64) {}
 
     fn reserve(&mut self, size: u64) -> Option<u64> {
-        Some(self.take(size))
+        Some(match self.reservation_hint.take() {
+            Some(addr) => addr,
+            None => self.take(size),
+        })
     }
 
     fn supports_expandable(&self) -> bool {

@@ -1,0 +1,402 @@
+//! Replay: rebuild a trace's starting state, feed its events through our allocator, and compare
+//! our decisions with the ones PyTorch recorded.
+//!
+//! Per device: the start state comes from undoing the trace from the final segments
+//! (`reconstruct`). Then every alloc / free_requested / free_completed goes through the allocator,
+//! on its stream. Two facts of real traces shape the loop: CUDA hands out segment addresses in no
+//! fixed order (best fit breaks ties by address), so a new segment takes the recorded address when
+//! the sizes agree; and a burst of segment_free (or segment_unmap) is a full cache release (a
+//! user's empty_cache and the flush after a failed cudaMalloc look alike), replayed as one.
+
+mod reconstruct;
+
+pub use reconstruct::{start_state, StartState};
+
+use crate::alloc::{AllocError, AllocatorConfig, ConfigError, RecordContext, VirtualAllocator, VirtualSegments};
+use crate::report;
+use crate::trace::{self, Action, BlockState, Snapshot, TraceEntry};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// How to replay: the file's own settings unless overridden, on a device of unlimited size
+/// unless a capacity is given.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// Settings to use instead of the file's `allocator_settings`.
+    pub config: Option<AllocatorConfig>,
+    /// Device memory in bytes; None: as much as the trace needs.
+    pub capacity: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("the snapshot's allocator_settings are unusable: {0}")]
+    Settings(#[from] ConfigError),
+    #[error("device {0} has neither segments nor a trace in this snapshot (devices present: {1})")]
+    NoSuchDevice(i64, String),
+}
+
+/// Segment and peak figures of one side of the comparison.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Figures {
+    pub segment_allocs: usize,
+    pub segment_frees: usize,
+    pub segment_maps: usize,
+    pub segment_unmaps: usize,
+    pub peak_reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Replayed {
+    #[serde(flatten)]
+    pub figures: Figures,
+    pub ooms: usize,
+    pub memory_stats: BTreeMap<String, i64>,
+}
+
+/// Where our allocator first decided differently from PyTorch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Divergence {
+    /// Index of the trace entry.
+    pub event: usize,
+    pub reason: String,
+}
+
+/// The outcome for one device.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceReplay {
+    pub device: i64,
+    pub events: usize,
+    pub settings: String,
+    pub expandable_segments: bool,
+    pub capacity: Option<u64>,
+    /// Reserved and allocated bytes at the start of the trace (reconstructed).
+    pub start_reserved_bytes: u64,
+    pub start_allocated_bytes: u64,
+    pub recorded: Figures,
+    pub replayed: Replayed,
+    /// Fraction of recorded device allocations (segment_alloc / segment_map) reproduced in order
+    /// with the same size.
+    pub segment_alloc_match: f64,
+    /// Fraction of allocs that got the recorded address.
+    pub address_match: f64,
+    /// Our final segments and blocks equal the snapshot's.
+    pub final_state_match: bool,
+    pub first_divergence: Option<Divergence>,
+    /// Where the recorded trace did not add up (a truncated or edited file).
+    pub warnings: Vec<String>,
+    /// memory_summary of our final state.
+    #[serde(skip)]
+    pub summary: String,
+}
+
+/// The allocator settings a snapshot was recorded with (defaults for files without them).
+pub fn recorded_config(snapshot: &Snapshot) -> Result<AllocatorConfig, ConfigError> {
+    match &snapshot.allocator_settings {
+        Some(settings) => AllocatorConfig::from_snapshot_settings(settings),
+        None => Ok(AllocatorConfig::default()),
+    }
+}
+
+/// Replays every device that has a trace or segments.
+pub fn replay_snapshot(snapshot: &Snapshot, options: &ReplayOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<DeviceReplay>, ReplayError> {
+    snapshot.devices().into_iter().map(|d| replay_device(snapshot, d, options, progress)).collect()
+}
+
+/// Replays one device. `progress(done, total)` is called every few thousand events.
+pub fn replay_device(
+    snapshot: &Snapshot,
+    device: i64,
+    options: &ReplayOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<DeviceReplay, ReplayError> {
+    let devices = snapshot.devices();
+    if !devices.contains(&device) {
+        let list = devices.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+        return Err(ReplayError::NoSuchDevice(device, if list.is_empty() { "none".into() } else { list }));
+    }
+    let recorded_config = recorded_config(snapshot)?;
+    let config = options.config.clone().unwrap_or_else(|| recorded_config.clone());
+    let trace = snapshot.trace_of(device);
+    let final_segments: Vec<&trace::Segment> = snapshot.segments_of(device).collect();
+    // Reconstruct with the rules the trace was recorded under.
+    let start = start_state(&final_segments, trace, &recorded_config);
+    let mut warnings = start.warnings.clone();
+    let (restorable, skipped): (Vec<_>, Vec<_>) = start.segments.iter().cloned().partition(|s| !s.is_expandable);
+    if !skipped.is_empty() {
+        warnings.push(format!(
+            "the trace starts with {} expandable mapped range(s) already in use; replay starts without them",
+            skipped.len()
+        ));
+    }
+
+    // Fresh virtual addresses start above everything the file mentions, so they never collide.
+    let highest = final_segments
+        .iter()
+        .map(|s| s.address + s.total_size)
+        .chain(trace.iter().map(|e| e.addr.saturating_add(e.size)))
+        .max()
+        .unwrap_or(0);
+    let source = VirtualSegments::starting_at(highest.max(crate::alloc::VIRTUAL_BASE) + (1 << 30));
+    let mut alloc = VirtualAllocator::new(config.clone(), source).with_device(device);
+    alloc.set_capacity(options.capacity);
+    alloc.restore(&restorable).expect("a fresh allocator restores");
+    alloc.record_memory_history(true, RecordContext::Never, usize::MAX);
+
+    let start_reserved = alloc.reserved();
+    let start_allocated = alloc.stats().allocated_bytes.all().current as u64;
+    let mut run = Run {
+        alloc,
+        trace,
+        ptrs: FxHashMap::default(),
+        failed: Default::default(),
+        pending_segment_events: Vec::new(),
+        recorded_device_allocs: Vec::new(),
+        divergence: None,
+        allocs: 0,
+        address_hits: 0,
+        ooms: 0,
+    };
+    let mut i = 0;
+    while i < trace.len() {
+        if i % 4096 == 0 {
+            progress(i, trace.len());
+        }
+        i = run.step(i);
+    }
+    progress(trace.len(), trace.len());
+
+    let recorded = recorded_figures(trace, &start);
+    let ours: Vec<(Action, u64)> = run
+        .alloc
+        .history()
+        .entries()
+        .iter()
+        .filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
+        .map(|e| (e.action, e.size))
+        .collect();
+    let matched = run.recorded_device_allocs.iter().zip(&ours).take_while(|(r, o)| r == o).count();
+    let segment_alloc_match = ratio(matched, run.recorded_device_allocs.len());
+    let history = run.alloc.history().entries();
+    let count = |a: Action| history.iter().filter(|e| e.action == a).count();
+    let stats = run.alloc.stats();
+    let replayed = Replayed {
+        figures: Figures {
+            segment_allocs: count(Action::SegmentAlloc),
+            segment_frees: count(Action::SegmentFree),
+            segment_maps: count(Action::SegmentMap),
+            segment_unmaps: count(Action::SegmentUnmap),
+            peak_reserved_bytes: stats.reserved_bytes.all().peak as u64,
+            peak_allocated_bytes: stats.allocated_bytes.all().peak as u64,
+        },
+        ooms: run.ooms,
+        memory_stats: report::memory_stats(stats),
+    };
+    let final_state_match = same_layout(&run.alloc.segments(), &final_segments);
+    let mut first_divergence = run.divergence.clone();
+    if first_divergence.is_none() && !final_state_match {
+        first_divergence = Some(Divergence { event: trace.len(), reason: "final segments differ from the snapshot's".into() });
+    }
+    Ok(DeviceReplay {
+        device,
+        events: trace.len(),
+        settings: config.to_string(),
+        expandable_segments: config.expandable_segments,
+        capacity: options.capacity,
+        start_reserved_bytes: start_reserved,
+        start_allocated_bytes: start_allocated,
+        recorded,
+        replayed,
+        segment_alloc_match,
+        address_match: ratio(run.address_hits, run.allocs),
+        final_state_match,
+        first_divergence,
+        warnings,
+        summary: report::memory_summary(run.alloc.stats(), device, false),
+    })
+}
+
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 { 1.0 } else { a as f64 / b as f64 }
+}
+
+/// What the trace alone shows: segment events and peaks, from the reconstructed start. Allocated
+/// bytes here are requested sizes (as MemoryViz's timeline draws them).
+fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
+    let mut reserved: u64 = start.segments.iter().map(|s| s.total_size).sum();
+    let mut allocated: u64 = start
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::ActiveAllocated)
+        .map(|b| b.requested_size)
+        .sum();
+    let mut f = Figures { peak_reserved_bytes: reserved, peak_allocated_bytes: allocated, ..Figures::default() };
+    for e in trace {
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => {
+                reserved += e.size;
+                if e.action == Action::SegmentAlloc { f.segment_allocs += 1 } else { f.segment_maps += 1 }
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                reserved = reserved.saturating_sub(e.size);
+                if e.action == Action::SegmentFree { f.segment_frees += 1 } else { f.segment_unmaps += 1 }
+            }
+            Action::Alloc => allocated += e.size,
+            Action::FreeRequested => allocated = allocated.saturating_sub(e.size),
+            _ => {}
+        }
+        f.peak_reserved_bytes = f.peak_reserved_bytes.max(reserved);
+        f.peak_allocated_bytes = f.peak_allocated_bytes.max(allocated);
+    }
+    f
+}
+
+/// Segments and blocks agree in address, size, pool, stream and state.
+fn same_layout(ours: &[trace::Segment], theirs: &[&trace::Segment]) -> bool {
+    let key = |s: &trace::Segment| {
+        (
+            s.address,
+            s.total_size,
+            s.segment_type,
+            s.stream,
+            s.is_expandable,
+            s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect::<Vec<_>>(),
+        )
+    };
+    let mut theirs: Vec<_> = theirs.iter().map(|s| key(s)).collect();
+    theirs.sort_by_key(|k| k.0);
+    ours.len() == theirs.len() && ours.iter().map(key).eq(theirs)
+}
+
+struct Run<'a> {
+    alloc: VirtualAllocator,
+    trace: &'a [TraceEntry],
+    /// Recorded address -> our address, for live allocations made during the replay.
+    ptrs: FxHashMap<u64, u64>,
+    /// Recorded allocations our allocator could not make (smaller capacity): their frees are skipped.
+    failed: std::collections::HashSet<u64>,
+    /// Recorded segment events since the last alloc, to compare with what our malloc did.
+    pending_segment_events: Vec<(Action, u64, u64)>,
+    recorded_device_allocs: Vec<(Action, u64)>,
+    divergence: Option<Divergence>,
+    allocs: usize,
+    address_hits: usize,
+    ooms: usize,
+}
+
+impl Run<'_> {
+    fn diverge(&mut self, event: usize, reason: String) {
+        if self.divergence.is_none() {
+            self.divergence = Some(Divergence { event, reason });
+        }
+    }
+
+    fn our_ptr(&self, recorded: u64) -> u64 {
+        self.ptrs.get(&recorded).copied().unwrap_or(recorded)
+    }
+
+    /// Handles the event at `i`; returns the index of the next one.
+    fn step(&mut self, i: usize) -> usize {
+        let e = &self.trace[i];
+        let stream = e.stream as u64;
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => {
+                self.recorded_device_allocs.push((e.action, e.size));
+                self.pending_segment_events.push((e.action, e.addr, e.size));
+                let source = self.alloc.source_mut();
+                if e.action == Action::SegmentAlloc {
+                    source.hint(e.addr, e.size);
+                } else {
+                    source.hint_reservation(e.addr);
+                }
+                i + 1
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                // A burst of releases is one cache flush.
+                let end = self.trace[i..]
+                    .iter()
+                    .position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
+                    .map_or(self.trace.len(), |n| i + n);
+                let before = self.alloc.history().len();
+                self.alloc.empty_cache();
+                let mut ours: Vec<(Action, u64, u64)> =
+                    self.alloc.history().since(before).iter().filter(|e| is_segment_event(e.action)).map(|e| (e.action, e.addr, e.size)).collect();
+                let mut recorded: Vec<(Action, u64, u64)> = self.trace[i..end].iter().map(|e| (e.action, e.addr, e.size)).collect();
+                ours.sort();
+                recorded.sort();
+                if ours != recorded {
+                    self.diverge(i, format!("cache release: recorded {} segment release(s), replay made {}", recorded.len(), ours.len()));
+                }
+                end
+            }
+            Action::Alloc => {
+                self.allocs += 1;
+                let before = self.alloc.history().len();
+                match self.alloc.malloc(e.size, stream, None) {
+                    Ok(a) => {
+                        if a.ptr == e.addr {
+                            self.address_hits += 1;
+                        } else {
+                            self.diverge(i, format!("alloc of {} bytes: recorded address {:#x}, replay gave {:#x}", e.size, e.addr, a.ptr));
+                        }
+                        if a.ptr == e.addr {
+                            self.ptrs.remove(&e.addr);
+                        } else {
+                            self.ptrs.insert(e.addr, a.ptr);
+                        }
+                        self.failed.remove(&e.addr);
+                    }
+                    Err(AllocError::OutOfMemory(_)) => {
+                        self.ooms += 1;
+                        self.failed.insert(e.addr);
+                        self.diverge(i, format!("alloc of {} bytes ran out of memory in the replay", e.size));
+                    }
+                    Err(err) => self.diverge(i, format!("alloc failed: {err}")),
+                }
+                let ours: Vec<(Action, u64, u64)> =
+                    self.alloc.history().since(before).iter().filter(|e| is_segment_event(e.action)).map(|e| (e.action, e.addr, e.size)).collect();
+                let recorded = std::mem::take(&mut self.pending_segment_events);
+                if ours != recorded {
+                    self.diverge(i, format!("alloc of {} bytes: recorded device memory calls {:?}, replay made {:?}", e.size, recorded, ours));
+                }
+                self.alloc.source_mut().clear_hints();
+                i + 1
+            }
+            Action::FreeRequested => {
+                if self.failed.remove(&e.addr) {
+                    return i + 1;
+                }
+                let ptr = self.our_ptr(e.addr);
+                let immediate = self.trace.get(i + 1).is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
+                if !immediate {
+                    // Used on another stream: stays active until the trace says it completed.
+                    let _ = self.alloc.record_stream(ptr, u64::MAX - 1);
+                }
+                if let Err(err) = self.alloc.free(ptr, None) {
+                    self.diverge(i, format!("free: {err}"));
+                }
+                if immediate {
+                    self.ptrs.remove(&e.addr);
+                    return i + 2;
+                }
+                i + 1
+            }
+            Action::FreeCompleted => {
+                let ptr = self.our_ptr(e.addr);
+                self.ptrs.remove(&e.addr);
+                if let Err(err) = self.alloc.complete_pending_free(ptr, None) {
+                    self.diverge(i, format!("free completion: {err}"));
+                }
+                i + 1
+            }
+            Action::Snapshot | Action::Oom | Action::Annotate => i + 1,
+        }
+    }
+}
+
+fn is_segment_event(a: Action) -> bool {
+    matches!(a, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
+}

@@ -1,0 +1,303 @@
+//! The allocator state at the start of a trace, found by undoing the trace's events from the
+//! snapshot's final segments (as MemoryViz does). Most real traces start mid-run: the ring
+//! buffer dropped their beginning.
+//!
+//! Undoing a free must re-create a block whose size the trace does not record (only the request).
+//! PyTorch's rules settle it: a small-pool or expandable block is exactly `round_size(request)`; a
+//! large-pool block is that size unless the free space after it is at most 1 MiB, which PyTorch
+//! would not have split off, so the block owns it. Hence in a large pool no free block of 1 MiB or
+//! less follows an active one; when undoing leaves such a gap, it belongs to the block before it.
+
+use crate::alloc::{round_size, AllocatorConfig};
+use crate::alloc::constants::{SMALL_BUFFER, SMALL_SIZE};
+use crate::trace::{self, Action, BlockState, Frames, PoolKind, TraceEntry};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone)]
+struct WBlock {
+    size: u64,
+    requested: u64,
+    state: BlockState,
+    frames: Frames,
+    /// Re-created by undoing a free: its extent was inferred, not read from the snapshot.
+    inferred: bool,
+}
+
+#[derive(Debug, Clone)]
+struct WSegment {
+    stream: i64,
+    small: bool,
+    expandable: bool,
+    frames: Frames,
+    blocks: BTreeMap<u64, WBlock>,
+}
+
+impl WSegment {
+    fn end(&self) -> u64 {
+        self.blocks.iter().next_back().map_or(0, |(a, b)| a + b.size)
+    }
+}
+
+/// The state at the start of the trace, plus what did not add up.
+#[derive(Debug, Clone, Default)]
+pub struct StartState {
+    pub segments: Vec<trace::Segment>,
+    pub warnings: Vec<String>,
+}
+
+struct Work<'a> {
+    config: &'a AllocatorConfig,
+    segments: BTreeMap<u64, WSegment>,
+    warnings: Vec<String>,
+}
+
+impl Work<'_> {
+    fn warn(&mut self, index: usize, e: &TraceEntry, what: &str) {
+        if self.warnings.len() < 20 {
+            self.warnings.push(format!("event {index} ({} at {:#x}): {what}", e.action.name(), e.addr));
+        }
+    }
+
+    fn segment_at(&mut self, addr: u64) -> Option<(u64, &mut WSegment)> {
+        let (&base, seg) = self.segments.range_mut(..=addr).next_back()?;
+        (addr < seg.end()).then_some((base, seg))
+    }
+
+    fn undo(&mut self, index: usize, e: &TraceEntry) {
+        match e.action {
+            Action::Alloc => self.undo_alloc(index, e),
+            Action::FreeRequested => {
+                let ok = self
+                    .segment_at(e.addr)
+                    .and_then(|(_, s)| s.blocks.get_mut(&e.addr))
+                    .filter(|b| b.state == BlockState::ActivePendingFree)
+                    .map(|b| b.state = BlockState::ActiveAllocated)
+                    .is_some();
+                if !ok {
+                    self.warn(index, e, "no pending block there to un-free");
+                }
+            }
+            Action::FreeCompleted => self.undo_free(index, e),
+            Action::SegmentAlloc | Action::SegmentMap => self.undo_segment_alloc(index, e),
+            Action::SegmentFree | Action::SegmentUnmap => self.undo_segment_free(e),
+            Action::Snapshot | Action::Oom | Action::Annotate => {}
+        }
+    }
+
+    fn undo_alloc(&mut self, index: usize, e: &TraceEntry) {
+        let Some((_, seg)) = self.segment_at(e.addr) else {
+            return self.warn(index, e, "no segment holds it");
+        };
+        match seg.blocks.get_mut(&e.addr) {
+            Some(b) if b.state == BlockState::ActiveAllocated => {
+                b.state = BlockState::Inactive;
+                b.inferred = false;
+                coalesce(seg, e.addr);
+            }
+            _ => self.warn(index, e, "no allocated block starts there"),
+        }
+    }
+
+    fn undo_free(&mut self, index: usize, e: &TraceEntry) {
+        let size = round_size(e.size, self.config);
+        let max_split = self.config.max_split_size;
+        let tolerance = self.config.max_non_split_rounding_size;
+        let Some((_, seg)) = self.segment_at(e.addr) else {
+            return self.warn(index, e, "no segment holds it");
+        };
+        let Some((&start, free)) = seg.blocks.range(..=e.addr).next_back() else {
+            return self.warn(index, e, "no block holds it");
+        };
+        let end = start + free.size;
+        if free.state != BlockState::Inactive || e.addr + size > end {
+            return self.warn(index, e, "its bytes are not free at that point");
+        }
+        let exact = seg.small || seg.expandable;
+        let slack = end - (e.addr + size);
+        let block_end = if exact {
+            e.addr + size
+        } else if size >= max_split {
+            // Oversize blocks are never split; they may exceed the request by the tolerance.
+            if end - e.addr < size + tolerance { end } else { e.addr + size }
+        } else if slack <= SMALL_SIZE {
+            end
+        } else {
+            e.addr + size
+        };
+        let frames = e.frames.clone().unwrap_or_else(trace::no_frames);
+        seg.blocks.remove(&start);
+        if start < e.addr {
+            seg.blocks.insert(start, free_block(e.addr - start));
+        }
+        seg.blocks.insert(
+            e.addr,
+            WBlock { size: block_end - e.addr, requested: e.size, state: BlockState::ActivePendingFree, frames, inferred: true },
+        );
+        if block_end < end {
+            seg.blocks.insert(block_end, free_block(end - block_end));
+        }
+        if !exact && start < e.addr && e.addr - start <= SMALL_SIZE {
+            absorb_gap(seg, start);
+        }
+    }
+
+    fn undo_segment_alloc(&mut self, index: usize, e: &TraceEntry) {
+        let Some((base, seg)) = self.segment_at(e.addr) else {
+            return self.warn(index, e, "no segment there");
+        };
+        let end = e.addr + e.size;
+        let free_over_range = seg
+            .blocks
+            .range(..end)
+            .filter(|(a, b)| **a + b.size > e.addr)
+            .all(|(_, b)| b.state == BlockState::Inactive);
+        if !free_over_range || end > seg.end() {
+            return self.warn(index, e, "the segment is not free at that point");
+        }
+        // Cut [addr, end) out; an expandable range may leave a left and a right part.
+        let seg = self.segments.remove(&base).unwrap();
+        let (mut left, mut right) = (BTreeMap::new(), BTreeMap::new());
+        for (a, b) in seg.blocks.iter() {
+            let b_end = a + b.size;
+            if b_end <= e.addr {
+                left.insert(*a, b.clone());
+            } else if *a >= end {
+                right.insert(*a, b.clone());
+            } else {
+                // A free block straddling the cut keeps its parts outside it.
+                if *a < e.addr {
+                    left.insert(*a, free_block(e.addr - a));
+                }
+                if b_end > end {
+                    right.insert(end, free_block(b_end - end));
+                }
+            }
+        }
+        for part in [left, right] {
+            if let Some(&start) = part.keys().next() {
+                self.segments.insert(start, WSegment { blocks: part, ..seg.clone() });
+            }
+        }
+    }
+
+    fn undo_segment_free(&mut self, e: &TraceEntry) {
+        let small = if e.action == Action::SegmentFree {
+            e.size == SMALL_BUFFER
+        } else {
+            // Unmapped pages: small-pool pages are 2 MiB, large-pool pages 20 MiB.
+            e.size % (20 << 20) != 0
+        };
+        let block = free_block(e.size);
+        let seg = WSegment {
+            stream: e.stream,
+            small,
+            expandable: e.action == Action::SegmentUnmap,
+            frames: e.frames.clone().unwrap_or_else(trace::no_frames),
+            blocks: BTreeMap::from([(e.addr, block)]),
+        };
+        self.segments.insert(e.addr, seg);
+        if e.action == Action::SegmentUnmap {
+            self.merge_expandable_neighbours(e.addr);
+        }
+    }
+
+    /// Mapped ranges of one expandable segment that touch are one snapshot segment.
+    fn merge_expandable_neighbours(&mut self, addr: u64) {
+        let mut base = addr;
+        if let Some((&prev, p)) = self.segments.range(..addr).next_back() {
+            if p.expandable && p.end() == addr {
+                let seg = self.segments.remove(&addr).unwrap();
+                let p = self.segments.get_mut(&prev).unwrap();
+                p.blocks.extend(seg.blocks);
+                coalesce(p, addr);
+                base = prev;
+            }
+        }
+        let end = self.segments[&base].end();
+        if let Some(next) = self.segments.remove(&end) {
+            if next.expandable {
+                let seg = self.segments.get_mut(&base).unwrap();
+                seg.blocks.extend(next.blocks);
+                coalesce(seg, end);
+            } else {
+                self.segments.insert(end, next);
+            }
+        }
+    }
+}
+
+fn free_block(size: u64) -> WBlock {
+    WBlock { size, requested: 0, state: BlockState::Inactive, frames: trace::no_frames(), inferred: false }
+}
+
+/// Merges the free block at `addr` with free neighbours.
+fn coalesce(seg: &mut WSegment, addr: u64) {
+    let mut addr = addr;
+    if let Some((&prev, p)) = seg.blocks.range(..addr).next_back() {
+        if p.state == BlockState::Inactive && seg.blocks[&addr].state == BlockState::Inactive {
+            let size = seg.blocks.remove(&addr).unwrap().size;
+            seg.blocks.get_mut(&prev).unwrap().size += size;
+            addr = prev;
+        }
+    }
+    let end = addr + seg.blocks[&addr].size;
+    if seg.blocks.get(&end).is_some_and(|n| n.state == BlockState::Inactive) && seg.blocks[&addr].state == BlockState::Inactive {
+        let size = seg.blocks.remove(&end).unwrap().size;
+        seg.blocks.get_mut(&addr).unwrap().size += size;
+    }
+}
+
+/// A free gap of at most 1 MiB at `gap` after an inferred active block belongs to that block.
+fn absorb_gap(seg: &mut WSegment, gap: u64) {
+    let gap_size = seg.blocks[&gap].size;
+    if let Some((_, prev)) = seg.blocks.range_mut(..gap).next_back() {
+        if prev.state != BlockState::Inactive && prev.inferred {
+            prev.size += gap_size;
+            seg.blocks.remove(&gap);
+        }
+    }
+}
+
+/// Undoes `trace` from `final_segments` (one device's) back to the trace's first event.
+pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], config: &AllocatorConfig) -> StartState {
+    let mut work = Work { config, segments: BTreeMap::new(), warnings: Vec::new() };
+    for s in final_segments {
+        let blocks = s
+            .blocks
+            .iter()
+            .map(|b| (b.address, WBlock { size: b.size, requested: b.requested_size, state: b.state, frames: b.frames.clone(), inferred: false }))
+            .collect();
+        let seg = WSegment { stream: s.stream, small: s.segment_type == PoolKind::Small, expandable: s.is_expandable, frames: s.frames.clone(), blocks };
+        work.segments.insert(s.address, seg);
+    }
+    for (index, e) in trace.iter().enumerate().rev() {
+        work.undo(index, e);
+    }
+    let segments = work
+        .segments
+        .iter()
+        .map(|(&address, s)| {
+            let blocks: Vec<trace::Block> = s
+                .blocks
+                .iter()
+                .map(|(&a, b)| trace::Block { address: a, size: b.size, requested_size: b.requested, state: b.state, frames: b.frames.clone() })
+                .collect();
+            let active = |b: &&trace::Block| b.state.is_active();
+            trace::Segment {
+                device: 0,
+                address,
+                total_size: blocks.iter().map(|b| b.size).sum(),
+                allocated_size: blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.size).sum(),
+                active_size: blocks.iter().filter(active).map(|b| b.size).sum(),
+                requested_size: blocks.iter().filter(active).map(|b| b.requested_size).sum(),
+                stream: s.stream,
+                segment_type: if s.small { PoolKind::Small } else { PoolKind::Large },
+                segment_pool_id: (0, 0),
+                is_expandable: s.expandable,
+                frames: s.frames.clone(),
+                blocks,
+            }
+        })
+        .collect();
+    StartState { segments, warnings: work.warnings }
+}
