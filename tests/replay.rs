@@ -1,22 +1,166 @@
-//! Replaying real PyTorch traces reproduces PyTorch's decisions.
+//! Replaying real PyTorch traces reproduces PyTorch's decisions; replaying under other settings
+//! answers "what if".
 
 mod common;
 
-use tensormem::replay::{replay_snapshot, ReplayOptions};
-use tensormem::trace;
+use tensormem::alloc::{AllocatorConfig, RecordContext, VirtualAllocator};
+use tensormem::replay::{replay_device, replay_snapshot, DeviceReplay, ReplayOptions};
+use tensormem::trace::{self, Action};
+
+fn replay(name: &str, options: &ReplayOptions) -> Option<Vec<DeviceReplay>> {
+    let path = common::fixture(name)?;
+    let snap = trace::load_file(&path).unwrap();
+    Some(replay_snapshot(&snap, options, &mut |_, _| {}).unwrap())
+}
+
+fn assert_faithful(name: &str, r: &DeviceReplay) {
+    assert_eq!(r.segment_alloc_match, 1.0, "{name} device {}: {:?}", r.device, r.first_divergence);
+    assert_eq!(r.address_match, 1.0, "{name} device {}: {:?}", r.device, r.first_divergence);
+    assert!(r.final_state_match, "{name} device {}: {:?}", r.device, r.first_divergence);
+    assert_eq!(r.first_divergence, None, "{name}");
+    assert!(r.warnings.is_empty(), "{name}: {:?}", r.warnings);
+    assert_eq!(r.recorded.peak_reserved_bytes, r.replayed.figures.peak_reserved_bytes, "{name}");
+    assert_eq!(r.recorded.segment_allocs, r.replayed.figures.segment_allocs, "{name}");
+    assert_eq!(r.recorded.segment_frees, r.replayed.figures.segment_frees, "{name}");
+    assert_eq!(r.replayed.ooms, 0);
+}
 
 #[test]
-fn print_fixture_replays() {
-    let Some(dir) = common::fixtures_dir() else { return };
-    for name in common::FIXTURES {
-        let snap = trace::load_file(&dir.join(name)).unwrap();
-        let results = replay_snapshot(&snap, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
-        for r in results {
-            eprintln!(
-                "{name} dev {}: events {} seg_match {:.4} addr {:.4} final {} peak rec {} rep {} div {:?} warn {:?}",
-                r.device, r.events, r.segment_alloc_match, r.address_match, r.final_state_match,
-                r.recorded.peak_reserved_bytes, r.replayed.figures.peak_reserved_bytes, r.first_divergence, r.warnings
-            );
-        }
+fn non_expandable_traces_reproduce_every_decision() {
+    // (file, events, recorded segment_allocs, peak reserved bytes)
+    for (name, events, segment_allocs, peak) in [
+        ("eor-nn-legacy-with-snapshots.pickle", 5803, 7, 134_217_728),
+        ("finetune-legacy.pickle", 10307, 152, 6_471_811_072),
+        ("gpt-ctx128-forward.pickle", 8227, 178, 17_878_220_800),
+        ("gpt-medium-ctx128-training.pickle", 19136, 0, 7_235_174_400),
+        ("small-state.pickle", 97, 9, 3_781_165_056),
+    ] {
+        let Some(results) = replay(name, &ReplayOptions::default()) else { return };
+        assert_eq!(results.len(), 1, "{name}");
+        let r = &results[0];
+        assert_eq!(r.events, events, "{name}");
+        assert_eq!(r.recorded.segment_allocs, segment_allocs, "{name}");
+        assert_eq!(r.replayed.figures.peak_reserved_bytes, peak, "{name}");
+        assert!(!r.expandable_segments);
+        assert_faithful(name, r);
     }
+}
+
+#[test]
+fn expandable_trace_is_replayed_through_the_expandable_path() {
+    let Some(results) = replay("expandable-3gpu-oom.pickle", &ReplayOptions::default()) else { return };
+    // Devices 0-2 have traces (device 3's is empty and it has no segments).
+    assert_eq!(results.iter().map(|r| r.device).collect::<Vec<_>>(), vec![0, 1, 2]);
+    // (segment_map, segment_unmap, peak reserved) per device, as recorded and as replayed.
+    let expected = [(0, 8_541_700_096u64), (1, 84_202_749_952), (2, 21_883_781_120)];
+    for (r, (device, peak)) in results.iter().zip(expected) {
+        assert_eq!(r.device, device);
+        assert!(r.expandable_segments);
+        assert_eq!(r.recorded.segment_allocs, 0, "expandable devices map pages instead");
+        assert_eq!(r.replayed.figures.segment_maps, r.recorded.segment_maps);
+        assert_eq!(r.replayed.figures.segment_unmaps, r.recorded.segment_unmaps);
+        assert_eq!(r.replayed.figures.peak_reserved_bytes, peak);
+        assert_eq!(r.replayed.memory_stats["segment.all.current"], 0, "mappings are not counted as segments");
+        assert_faithful("expandable-3gpu-oom.pickle", r);
+    }
+    // Device 1 released 3.96 GB of pages in one cache flush before its OOM; we release the same.
+    assert_eq!(results[1].recorded.segment_unmaps, 6);
+    assert_eq!(results[1].replayed.figures.segment_unmaps, 6);
+    assert_eq!(results.iter().map(|r| r.recorded.segment_maps).sum::<usize>(), 293);
+}
+
+#[test]
+fn state_only_snapshot_restores_expandable_ranges() {
+    let Some(results) = replay("tiny-settings.pickle", &ReplayOptions::default()) else { return };
+    let r = &results[0];
+    assert_eq!(r.events, 0);
+    assert!(r.final_state_match);
+    assert_eq!(r.start_reserved_bytes, 23_068_672);
+    assert_eq!(r.settings, "expandable_segments:True,max_split_size_mb:128");
+}
+
+#[test]
+fn a_smaller_card_runs_out_of_memory() {
+    let options = ReplayOptions { capacity: Some(8 << 30), ..Default::default() };
+    let Some(results) = replay("gpt-ctx128-forward.pickle", &options) else { return };
+    let r = &results[0];
+    assert!(r.replayed.ooms > 0, "a trace that peaks at 17.9 GB cannot fit 8 GiB");
+    // The trace starts mid-run with memory in use; beyond that the replay never exceeds the card.
+    assert!(r.replayed.figures.peak_reserved_bytes <= r.start_reserved_bytes.max(8 << 30));
+    assert!(r.first_divergence.as_ref().unwrap().reason.contains("out of memory"));
+    assert!(r.replayed.memory_stats["num_ooms"] > 0);
+}
+
+#[test]
+fn expandable_segments_change_the_layout_of_a_classic_trace() {
+    let options = ReplayOptions { config: Some(AllocatorConfig::parse("expandable_segments:True").unwrap()), ..Default::default() };
+    let Some(results) = replay("finetune-legacy.pickle", &options) else { return };
+    let r = &results[0];
+    assert!(r.expandable_segments);
+    assert_eq!(r.replayed.ooms, 0);
+    assert!(r.replayed.figures.segment_maps > 0);
+    assert!(r.segment_alloc_match < 1.0, "other settings make other decisions");
+    // Memory the trace's tensors need is the same; only its packing changes.
+    assert!(r.replayed.figures.peak_allocated_bytes > 0);
+}
+
+#[test]
+fn our_own_traces_replay_exactly_even_when_the_ring_buffer_dropped_their_start() {
+    // A workload with two streams, cross-stream frees, oversize blocks and cache flushes, recorded
+    // with a ring buffer too small to hold it all, so the replay must reconstruct its start.
+    for conf in ["", "max_split_size_mb:40", "roundup_power2_divisions:4", "expandable_segments:True"] {
+        let mut a = VirtualAllocator::virtual_with(AllocatorConfig::parse(conf).unwrap());
+        a.record_memory_history(true, RecordContext::Alloc, 3000);
+        let mut live: Vec<u64> = Vec::new();
+        let mut seed = 12345u64;
+        let mut rand = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for step in 0..4000 {
+            let r = rand();
+            if live.len() > 40 || (r % 3 == 0 && !live.is_empty()) {
+                let ptr = live.swap_remove((r as usize / 3) % live.len());
+                if r % 7 == 0 {
+                    a.record_stream(ptr, 99).unwrap();
+                }
+                a.free(ptr, None).unwrap();
+            } else {
+                let size = match r % 4 {
+                    0 => r % 4096,
+                    1 => r % (1 << 20),
+                    2 => r % (12 << 20),
+                    _ => r % (90 << 20),
+                };
+                let stream = if r % 5 == 0 { 7 } else { 0 };
+                live.push(a.malloc(size + 1, stream, None).unwrap().ptr);
+            }
+            a.check_invariants().unwrap_or_else(|e| panic!("{conf} step {step}: {e}"));
+            if step % 500 == 499 {
+                a.stream_work_completed(99);
+            }
+            if step % 1500 == 1499 {
+                a.empty_cache();
+            }
+        }
+        let snap = a.snapshot();
+        assert_eq!(snap.device_traces[0].len(), 3000);
+        let r = replay_device(&snap, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+        assert_faithful(conf, &r);
+        let stats = a.stats();
+        assert_eq!(r.replayed.memory_stats["allocated_bytes.all.current"], stats.allocated_bytes.all().current, "{conf}");
+        assert_eq!(r.replayed.memory_stats["reserved_bytes.all.current"], stats.reserved_bytes.all().current, "{conf}");
+        let releases = |a: Action| snap.device_traces[0].iter().filter(|e| e.action == a).count();
+        assert!(releases(Action::SegmentFree) + releases(Action::SegmentUnmap) > 0, "{conf}: the window holds cache flushes");
+    }
+}
+
+#[test]
+fn unknown_device_is_a_clear_error() {
+    let Some(path) = common::fixture("small-state.pickle") else { return };
+    let snap = trace::load_file(&path).unwrap();
+    let err = replay_device(&snap, 5, &ReplayOptions::default(), &mut |_, _| {}).unwrap_err();
+    assert_eq!(err.to_string(), "device 5 has neither segments nor a trace in this snapshot (devices present: 0)");
 }

@@ -636,21 +636,19 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn process_events(&mut self, ctx: &Option<Frames>) {
-        let mut to_free = Vec::new();
+        let mut completed = Vec::new();
         for (queue, done) in self.events.values_mut() {
-            for _ in 0..*done {
-                let id = queue.pop_front().expect("done <= len");
-                let b = &mut self.blocks[id as usize];
-                b.event_count -= 1;
-                if b.event_count == 0 {
-                    to_free.push(id);
-                }
-            }
+            completed.extend(queue.drain(..*done));
             *done = 0;
         }
         self.events.retain(|_, (q, _)| !q.is_empty());
-        for id in to_free {
-            self.free_block(id, ctx);
+        // One at a time, as PyTorch does: a neighbour still waiting on its events must not merge.
+        for id in completed {
+            let b = self.bm(id);
+            b.event_count -= 1;
+            if b.event_count == 0 {
+                self.free_block(id, ctx);
+            }
         }
     }
 
@@ -1141,6 +1139,19 @@ impl<S: SegmentSource> CachingAllocator<S> {
         segments
     }
 
+    /// `torch.cuda.memory._snapshot()` of this one device: segments, its trace, and the settings.
+    pub fn snapshot(&mut self) -> trace::Snapshot {
+        let segments = self.snapshot_segments();
+        let mut device_traces = vec![Vec::new(); self.device.max(0) as usize];
+        device_traces.push(self.history.entries());
+        trace::Snapshot {
+            segments,
+            device_traces,
+            allocator_settings: Some(self.config.to_snapshot_settings()),
+            external_annotations: Some(Vec::new()),
+        }
+    }
+
     /// The current segments, without recording anything.
     pub fn segments(&self) -> Vec<trace::Segment> {
         let mut out = Vec::new();
@@ -1206,75 +1217,136 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// Puts a recorded state in place (replay starts from it): each segment with its blocks, as
-    /// a snapshot shows them. Stats then count this state as current, with peaks equal to it and
-    /// nothing accumulated. Only for an allocator that has not allocated yet.
+    /// a snapshot shows them. Expandable ranges of one (stream, pool) become one expandable segment
+    /// starting at the lowest range, with unmapped space between ranges. Stats then count this
+    /// state as current, with peaks equal to it and nothing accumulated. Only for a fresh allocator.
     pub fn restore(&mut self, segments: &[trace::Segment]) -> Result<(), AllocError> {
         if !self.blocks.is_empty() {
             return Err(AllocError::Unsupported("restore needs a fresh allocator".into()));
         }
+        let mut expandable: BTreeMap<(Stream, bool), Vec<&trace::Segment>> = BTreeMap::new();
         for seg in segments {
-            if seg.is_expandable {
-                return Err(AllocError::Unsupported(
-                    "restoring expandable segments is not supported; replay maps them from the trace".into(),
-                ));
-            }
             let small = seg.segment_type == trace::PoolKind::Small;
-            let stream = seg.stream as Stream;
+            if seg.is_expandable {
+                expandable.entry((seg.stream as Stream, small)).or_default().push(seg);
+                continue;
+            }
             let pool = StatType::for_pool(small);
-            self.total_allocated_memory += seg.total_size;
             self.stats.segment.increase(pool, 1);
-            self.stats.reserved_bytes.increase(pool, seg.total_size);
             if seg.total_size >= self.config.max_split_size {
                 self.stats.oversize_segments.increase(1);
             }
-            let mut prev = NONE;
-            let split = seg.blocks.len() > 1;
-            for blk in &seg.blocks {
-                let mut block = Block::new(stream, blk.size, small, blk.address, seg.address);
-                block.prev = prev;
-                block.requested_size = blk.requested_size;
-                block.context = Some(blk.frames.clone()).filter(|f| !f.is_empty());
-                if prev == NONE {
-                    block.segment_context = Some(seg.frames.clone()).filter(|f| !f.is_empty());
-                }
-                let id = self.new_block(block);
-                if prev != NONE {
-                    self.bm(prev).next = id;
-                }
-                prev = id;
-                match blk.state {
-                    trace::BlockState::Inactive => {
-                        self.pool_insert(id);
-                        if split {
-                            self.stats.inactive_split.increase(pool, 1);
-                            self.stats.inactive_split_bytes.increase(pool, blk.size);
-                        }
-                    }
-                    state => {
-                        let s = &mut self.stats;
-                        s.active.increase(pool, 1);
-                        s.active_bytes.increase(pool, blk.size);
-                        s.requested_bytes.increase(pool, blk.requested_size);
-                        if state == trace::BlockState::ActiveAllocated {
-                            self.blocks[id as usize].allocated = true;
-                            self.allocated.insert(blk.address, id);
-                            s.allocation.increase(pool, 1);
-                            s.allocated_bytes.increase(pool, blk.size);
-                            if blk.size >= self.config.max_split_size {
-                                s.oversize_allocations.increase(1);
-                            }
-                        } else {
-                            // Pending free: one outstanding event on an unknown stream.
-                            self.blocks[id as usize].event_count = 1;
-                            self.events.entry(Stream::MAX).or_default().0.push_back(id);
-                        }
-                    }
-                }
+            let chain = seg.blocks.iter().map(Some).collect();
+            self.restore_chain(chain, seg, NONE, seg.blocks.len() > 1);
+        }
+        for ((_, small), mut ranges) in expandable {
+            if !self.source.supports_expandable() {
+                return Err(AllocError::Unsupported("this device cannot map expandable segments".into()));
             }
+            ranges.sort_by_key(|s| s.address);
+            let page_size = if small { SMALL_BUFFER } else { LARGE_BUFFER };
+            let base = ranges[0].address;
+            let last = ranges[ranges.len() - 1];
+            let used = last.address + last.total_size - base;
+            let total = self.capacity.unwrap_or(DEFAULT_EXPANDABLE_SPAN);
+            let max_pages = (total + total / 8).div_ceil(page_size).max(used.div_ceil(page_size));
+            let mut es = ExpandableSegment { base, page_size, max_pages, mapped: Vec::new(), live: true };
+            let unmapped = |addr: u64, size: u64| trace::Block { address: addr, size, requested_size: 0, state: trace::BlockState::Inactive, frames: trace::no_frames() };
+            let mut gaps = Vec::new();
+            let mut chain: Vec<Option<&trace::Block>> = Vec::new();
+            let mut at = base;
+            for seg in &ranges {
+                if (seg.address - base) % page_size != 0 || seg.total_size % page_size != 0 {
+                    return Err(AllocError::Unsupported(format!(
+                        "expandable range {:#x} (+{}) is not aligned to {page_size}-byte pages",
+                        seg.address, seg.total_size
+                    )));
+                }
+                if seg.address > at {
+                    gaps.push(unmapped(at, seg.address - at));
+                    chain.push(None);
+                }
+                let first = (seg.address - base) / page_size;
+                let pages = seg.total_size / page_size;
+                es.mapped.resize((first + pages) as usize, false);
+                es.mapped[first as usize..].fill(true);
+                chain.extend(seg.blocks.iter().map(Some));
+                at = seg.address + seg.total_size;
+            }
+            gaps.push(unmapped(at, base + max_pages * page_size - at));
+            chain.push(None);
+            self.expandable.push(es);
+            let index = (self.expandable.len() - 1) as BlockId;
+            let mut gaps = gaps.iter();
+            let chain = chain.into_iter().map(|b| b.or_else(|| gaps.next())).collect();
+            self.restore_chain(chain, ranges[0], index, true);
         }
         self.stats.reset_accumulated();
         self.stats.reset_peak();
         Ok(())
+    }
+
+    /// Links one segment's blocks in address order. In an expandable chain, blocks on unmapped
+    /// pages are the address space between (and after) the mapped ranges.
+    fn restore_chain(&mut self, chain: Vec<Option<&trace::Block>>, seg: &trace::Segment, expandable: BlockId, split: bool) {
+        let small = seg.segment_type == trace::PoolKind::Small;
+        let stream = seg.stream as Stream;
+        let pool = StatType::for_pool(small);
+        let mut prev = NONE;
+        for blk in chain.into_iter().flatten() {
+            let mut block = Block::new(stream, blk.size, small, blk.address, seg.address);
+            block.expandable = expandable;
+            block.prev = prev;
+            block.requested_size = blk.requested_size;
+            block.context = Some(blk.frames.clone()).filter(|f| !f.is_empty());
+            if expandable != NONE {
+                let es = &self.expandable[expandable as usize];
+                block.mapped = es.mapped.get(es.page_left(blk.address) as usize).copied().unwrap_or(false);
+            }
+            if prev == NONE {
+                block.segment_context = Some(seg.frames.clone()).filter(|f| !f.is_empty());
+            }
+            let mapped = block.mapped;
+            let id = self.new_block(block);
+            if prev != NONE {
+                self.bm(prev).next = id;
+            }
+            prev = id;
+            if !mapped {
+                self.unmapped_insert(id);
+                continue;
+            }
+            self.total_allocated_memory += blk.size;
+            self.stats.reserved_bytes.increase(pool, blk.size);
+            match blk.state {
+                trace::BlockState::Inactive => {
+                    self.pool_insert(id);
+                    if split && expandable == NONE {
+                        self.stats.inactive_split.increase(pool, 1);
+                        self.stats.inactive_split_bytes.increase(pool, blk.size);
+                    }
+                }
+                state => {
+                    let s = &mut self.stats;
+                    s.active.increase(pool, 1);
+                    s.active_bytes.increase(pool, blk.size);
+                    s.requested_bytes.increase(pool, blk.requested_size);
+                    if state == trace::BlockState::ActiveAllocated {
+                        self.blocks[id as usize].allocated = true;
+                        self.allocated.insert(blk.address, id);
+                        s.allocation.increase(pool, 1);
+                        s.allocated_bytes.increase(pool, blk.size);
+                        if blk.size >= self.config.max_split_size {
+                            s.oversize_allocations.increase(1);
+                        }
+                    } else {
+                        // Pending free: one outstanding event on an unknown stream.
+                        self.blocks[id as usize].event_count = 1;
+                        self.events.entry(Stream::MAX).or_default().0.push_back(id);
+                    }
+                }
+            }
+        }
     }
 
     // ---------------------------------------------------------------- history

@@ -124,13 +124,6 @@ pub fn replay_device(
     // Reconstruct with the rules the trace was recorded under.
     let start = start_state(&final_segments, trace, &recorded_config);
     let mut warnings = start.warnings.clone();
-    let (restorable, skipped): (Vec<_>, Vec<_>) = start.segments.iter().cloned().partition(|s| !s.is_expandable);
-    if !skipped.is_empty() {
-        warnings.push(format!(
-            "the trace starts with {} expandable mapped range(s) already in use; replay starts without them",
-            skipped.len()
-        ));
-    }
 
     // Fresh virtual addresses start above everything the file mentions, so they never collide.
     let highest = final_segments
@@ -142,7 +135,11 @@ pub fn replay_device(
     let source = VirtualSegments::starting_at(highest.max(crate::alloc::VIRTUAL_BASE) + (1 << 30));
     let mut alloc = VirtualAllocator::new(config.clone(), source).with_device(device);
     alloc.set_capacity(options.capacity);
-    alloc.restore(&restorable).expect("a fresh allocator restores");
+    if let Err(e) = alloc.restore(&start.segments) {
+        warnings.push(format!("the start state could not be restored ({e}); replay starts empty"));
+        alloc = VirtualAllocator::new(config.clone(), VirtualSegments::starting_at(highest + (1 << 30))).with_device(device);
+        alloc.set_capacity(options.capacity);
+    }
     alloc.record_memory_history(true, RecordContext::Never, usize::MAX);
 
     let start_reserved = alloc.reserved();
