@@ -357,7 +357,7 @@ impl Run<'_> {
                     self.alloc.history().since(before).iter().filter(|e| is_segment_event(e.action)).map(|e| (e.action, e.addr, e.size)).collect();
                 let recorded = std::mem::take(&mut self.pending_segment_events);
                 if ours != recorded {
-                    self.diverge(i, format!("alloc of {} bytes: recorded device memory calls {:?}, replay made {:?}", e.size, recorded, ours));
+                    self.diverge(i, format!("alloc of {} bytes: recorded {}; replay made {}", e.size, describe(&recorded), describe(&ours)));
                 }
                 self.alloc.source_mut().clear_hints();
                 i + 1
@@ -392,6 +392,19 @@ impl Run<'_> {
             Action::Snapshot | Action::Oom | Action::Annotate => i + 1,
         }
     }
+}
+
+/// "segment_alloc of 76.00 MiB at 0x7f0..., ..." for a divergence message.
+fn describe(events: &[(Action, u64, u64)]) -> String {
+    if events.is_empty() {
+        return "no device memory call".into();
+    }
+    let mut parts: Vec<String> =
+        events.iter().take(3).map(|(a, addr, size)| format!("{} of {} at {addr:#x}", a.name(), crate::alloc::format_size(*size))).collect();
+    if events.len() > 3 {
+        parts.push(format!("and {} more", events.len() - 3));
+    }
+    parts.join(", ")
 }
 
 fn is_segment_event(a: Action) -> bool {

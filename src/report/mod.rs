@@ -250,3 +250,47 @@ mod tests {
         assert_eq!(names, sorted);
     }
 }
+
+/// Parses a size such as `80GiB`, `512MB`, `1.5 GiB` or plain bytes (`1048576`).
+/// Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB) of 1000.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = (t[..split].trim(), t[split..].trim());
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a size (try 80GiB, 512MB or a byte count)"))?;
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(format!("unknown unit {unit:?} in {text:?} (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)")),
+    };
+    let bytes = value * scale;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("{text:?} is too large"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("80GiB"), Ok(80 << 30));
+        assert_eq!(parse_size("512MB"), Ok(512_000_000));
+        assert_eq!(parse_size("1.5 GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("2kib"), Ok(2048));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("5 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("-5GB").is_err());
+        assert!(parse_size("1e30").is_err());
+    }
+}
