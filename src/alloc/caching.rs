@@ -99,13 +99,67 @@ impl Block {
     }
 }
 
-/// Free blocks of one pool, ordered like `BlockComparatorSize` (stream, size, address), and the
-/// unmapped ranges of expandable segments ordered like `BlockComparatorAddress`.
+/// Free blocks of one pool, ordered like `BlockComparatorSize` (stream, size, address): one map
+/// per stream (streams in pointer order) keyed by size and address packed in a u128, which is
+/// what makes best fit cheap. Unmapped ranges of expandable segments are ordered like
+/// `BlockComparatorAddress` (stream, address).
 #[derive(Debug, Default, Clone)]
 struct BlockPool {
-    blocks: BTreeMap<(Stream, u64, u64), BlockId>,
+    streams: Vec<(Stream, BTreeMap<u128, BlockId>)>,
     unmapped: BTreeMap<(Stream, u64), BlockId>,
     get_free_blocks_call_count: i64,
+}
+
+fn size_key(size: u64, ptr: u64) -> u128 {
+    (size as u128) << 64 | ptr as u128
+}
+
+fn key_size(key: u128) -> u64 {
+    (key >> 64) as u64
+}
+
+impl BlockPool {
+    fn stream(&self, stream: Stream) -> Option<&BTreeMap<u128, BlockId>> {
+        self.streams.iter().find(|(s, _)| *s == stream).map(|(_, m)| m)
+    }
+
+    fn stream_mut(&mut self, stream: Stream) -> &mut BTreeMap<u128, BlockId> {
+        let i = match self.streams.iter().position(|(s, _)| *s >= stream) {
+            Some(i) if self.streams[i].0 == stream => i,
+            Some(i) => {
+                self.streams.insert(i, (stream, BTreeMap::new()));
+                i
+            }
+            None => {
+                self.streams.push((stream, BTreeMap::new()));
+                self.streams.len() - 1
+            }
+        };
+        &mut self.streams[i].1
+    }
+
+    fn insert(&mut self, stream: Stream, size: u64, ptr: u64, id: BlockId) -> bool {
+        self.stream_mut(stream).insert(size_key(size, ptr), id).is_none()
+    }
+
+    fn remove(&mut self, stream: Stream, size: u64, ptr: u64) {
+        if let Some((_, m)) = self.streams.iter_mut().find(|(s, _)| *s == stream) {
+            m.remove(&size_key(size, ptr));
+        }
+    }
+
+    fn get(&self, stream: Stream, size: u64, ptr: u64) -> Option<BlockId> {
+        self.stream(stream)?.get(&size_key(size, ptr)).copied()
+    }
+
+    /// Every free block in (stream, size, address) order.
+    fn ids(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.streams.iter().flat_map(|(_, m)| m.values().copied())
+    }
+
+    fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.streams.iter().flat_map(|(_, m)| m.keys().map(|&k| key_size(k)))
+    }
 }
 
 /// One growing address range of an expandable segment, mapped in pages.
@@ -352,16 +406,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn pool_insert(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
         let pool = &mut self.pools[pool_index(b.small)];
-        let key = (b.stream, b.size, b.ptr);
         let count = pool.get_free_blocks_call_count;
-        let inserted = pool.blocks.insert(key, id).is_none();
+        let inserted = pool.insert(b.stream, b.size, b.ptr, id);
         debug_assert!(inserted, "block inserted twice into its pool");
         self.blocks[id as usize].gc_count_base = count;
     }
 
     fn pool_remove(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        self.pools[pool_index(b.small)].blocks.remove(&(b.stream, b.size, b.ptr));
+        self.pools[pool_index(b.small)].remove(b.stream, b.size, b.ptr);
     }
 
     fn unmapped_insert(&mut self, id: BlockId) {
@@ -374,6 +427,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.pools[pool_index(b.small)].unmapped.remove(&(b.stream, b.ptr));
     }
 
+    #[inline]
     fn record(&mut self, action: Action, addr: u64, size: u64, stream: Stream, frames: Option<Frames>) {
         if self.history.is_recording() {
             let mut entry = TraceEntry::new(action, addr, size, stream as i64);
@@ -456,7 +510,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if gc_on {
             pool.get_free_blocks_call_count += 1;
         }
-        let mut candidates = pool.blocks.range((p.stream, p.size, 0)..).take_while(|(k, _)| k.0 == p.stream);
+        let Some(free) = pool.stream(p.stream) else { return false };
+        let mut candidates = free.range(size_key(p.size, 0)..);
         let Some((_, &first)) = candidates.next() else { return false };
         let mut id = first;
         let blocks = &self.blocks;
@@ -504,14 +559,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let expandable = self.b(id).is_expandable();
         if split {
             let remaining = id;
-            let r = self.b(remaining).clone();
-            let mut block = Block::new(p.stream, p.size, p.small, r.ptr, r.segment);
-            block.expandable = r.expandable;
-            block.prev = r.prev;
+            let r = self.b(remaining);
+            let (r_ptr, r_segment, r_expandable, r_prev) = (r.ptr, r.segment, r.expandable, r.prev);
+            let mut block = Block::new(p.stream, p.size, p.small, r_ptr, r_segment);
+            block.expandable = r_expandable;
+            block.prev = r_prev;
             block.next = remaining;
             id = self.new_block(block);
-            if r.prev != NONE {
-                self.bm(r.prev).next = id;
+            if r_prev != NONE {
+                self.bm(r_prev).next = id;
             }
             let rem = self.bm(remaining);
             rem.prev = id;
@@ -560,10 +616,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
     pub fn free(&mut self, ptr: u64, ctx: Option<Frames>) -> Result<(), AllocError> {
         let id = self.allocated.remove(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
         let ctx = if self.history.context() >= RecordContext::All { ctx } else { None };
-        let b = self.bm(id);
+        let recording = self.history.is_recording();
+        let b = &mut self.blocks[id as usize];
         b.allocated = false;
         let (size, requested, stream, small) = (b.size, b.requested_size, b.stream, b.small);
-        let frames = ctx.clone().or_else(|| b.context.clone());
+        let frames = if recording { ctx.clone().or_else(|| b.context.clone()) } else { None };
         let pool = StatType::for_pool(small);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
@@ -636,6 +693,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn process_events(&mut self, ctx: &Option<Frames>) {
+        if self.events.is_empty() {
+            return;
+        }
         let mut completed = Vec::new();
         for (queue, done) in self.events.values_mut() {
             completed.extend(queue.drain(..*done));
@@ -661,10 +721,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn free_block(&mut self, id: BlockId, ctx: &Option<Frames>) {
-        let b = self.bm(id);
+        let recording = self.history.is_recording();
+        let b = &mut self.blocks[id as usize];
         debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_empty());
-        let frames = ctx.clone().or_else(|| b.context.take());
-        b.context = None;
+        let context = b.context.take();
+        let frames = if recording { ctx.clone().or(context) } else { None };
         let (ptr, original_size, requested, stream, small, prev, next) =
             (b.ptr, b.size, b.requested_size, b.stream, b.small, b.prev, b.next);
         self.record(Action::FreeCompleted, ptr, requested, stream, frames);
@@ -796,12 +857,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let pool = &self.pools[pool_index(p.small)];
         let blocks = &self.blocks;
         let usable = |id: BlockId| !blocks[id as usize].is_expandable();
-        let single = pool
-            .blocks
-            .range((p.stream, key_size, 0)..)
-            .take_while(|(k, _)| k.0 == p.stream)
-            .map(|(_, &id)| id)
-            .find(|&id| usable(id));
+        let Some(free) = pool.stream(p.stream) else { return false };
+        let single = free.range(size_key(key_size, 0)..).map(|(_, &id)| id).find(|&id| usable(id));
         if let Some(id) = single {
             self.release_block(id, ctx);
             return true;
@@ -809,12 +866,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
         // No single block is large enough: free oversize blocks from the largest down.
         let mut victims = Vec::new();
         let mut released = 0;
-        for (k, &id) in pool.blocks.range(..(p.stream, key_size, 0)).rev() {
-            if released >= key_size || k.0 != p.stream || k.1 < max_split {
+        for (&k, &id) in free.range(..size_key(key_size, 0)).rev() {
+            if released >= key_size || self::key_size(k) < max_split {
                 break;
             }
             if usable(id) {
-                released += k.1;
+                released += self::key_size(k);
                 victims.push(id);
             }
         }
@@ -838,7 +895,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn release_blocks(&mut self, small: bool, ctx: &Option<Frames>) {
-        let ids: Vec<BlockId> = self.pools[pool_index(small)].blocks.values().copied().collect();
+        let ids: Vec<BlockId> = self.pools[pool_index(small)].ids().collect();
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.b(id);
@@ -887,9 +944,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let clock = self.pools[LARGE].get_free_blocks_call_count;
         let freeable = |a: &Self| -> Vec<BlockId> {
             a.pools[LARGE]
-                .blocks
-                .values()
-                .copied()
+                .ids()
                 .filter(|&id| !a.b(id).is_split() && !a.b(id).is_expandable())
                 .collect()
         };
@@ -1208,7 +1263,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// The largest cached free block (`cacheInfo`), 0 if none.
     pub fn largest_free_block(&self) -> u64 {
-        self.pools.iter().flat_map(|p| p.blocks.keys()).map(|k| k.1).max().unwrap_or(0)
+        self.pools.iter().flat_map(BlockPool::sizes).max().unwrap_or(0)
     }
 
     /// Bytes reserved from the device (all pools).
@@ -1382,7 +1437,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
             let pool = &self.pools[pool_index(b.small)];
             let active = b.allocated || b.event_count > 0;
-            let in_blocks = pool.blocks.get(&(b.stream, b.size, b.ptr)) == Some(&id);
+            let in_blocks = pool.get(b.stream, b.size, b.ptr) == Some(id);
             let in_unmapped = pool.unmapped.get(&(b.stream, b.ptr)) == Some(&id);
             match (b.mapped, active) {
                 (true, false) if !in_blocks => return Err(format!("free block {:#x} missing from its pool", b.ptr)),

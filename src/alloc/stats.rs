@@ -10,12 +10,14 @@ pub struct Stat {
 }
 
 impl Stat {
+    #[inline]
     pub fn increase(&mut self, amount: u64) {
         self.current += amount as i64;
         self.peak = self.peak.max(self.current);
         self.allocated += amount as i64;
     }
 
+    #[inline]
     pub fn decrease(&mut self, amount: u64) {
         self.current -= amount as i64;
         debug_assert!(self.current >= 0, "negative tracked stat (allocator logic error)");
@@ -62,11 +64,13 @@ pub struct StatArray(pub [Stat; 3]);
 
 impl StatArray {
     /// Changes the aggregate and the given pool's stat together, as every PyTorch update does.
+    #[inline]
     pub fn increase(&mut self, pool: StatType, amount: u64) {
         self.0[StatType::All as usize].increase(amount);
         self.0[pool as usize].increase(amount);
     }
 
+    #[inline]
     pub fn decrease(&mut self, pool: StatType, amount: u64) {
         self.0[StatType::All as usize].decrease(amount);
         self.0[pool as usize].decrease(amount);
