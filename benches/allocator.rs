@@ -31,20 +31,29 @@ fn main() {
     let pairs = rate(sizes.len() as u64, || {
         for &s in &sizes {
             let x = a.malloc(s, 0, None).unwrap();
-            a.free(black_box(x.ptr), None).unwrap();
+            a.free_allocation(black_box(&x), None).unwrap();
         }
     });
     println!("malloc+free pairs (cached, one live):   {:>8.2} M/s  (target >= 10)", pairs / 1e6);
+    // The same through the address-keyed API (PyTorch's outer `allocated_blocks` map).
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    let by_address = rate(sizes.len() as u64, || {
+        for &s in &sizes {
+            let x = a.malloc(s, 0, None).unwrap();
+            a.free(black_box(x.ptr), None).unwrap();
+        }
+    });
+    println!("  ... freeing by address:               {:>8.2} M/s", by_address / 1e6);
 
     // With 256 tensors alive, so best fit searches a populated pool and blocks split and merge.
     let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
-    let mut live: Vec<u64> = sizes.iter().take(256).map(|&s| a.malloc(s, 0, None).unwrap().ptr).collect();
+    let mut live: Vec<_> = sizes.iter().take(256).map(|&s| a.malloc(s, 0, None).unwrap()).collect();
     let mut i = 0usize;
     let churn = rate(sizes.len() as u64, || {
         for &s in &sizes {
             let slot = (i * 7919) % live.len();
-            a.free(live[slot], None).unwrap();
-            live[slot] = a.malloc(s, 0, None).unwrap().ptr;
+            a.free_allocation(&live[slot], None).unwrap();
+            live[slot] = a.malloc(s, 0, None).unwrap();
             i += 1;
         }
     });

@@ -8,6 +8,7 @@
 use super::config::AllocatorConfig;
 use super::constants::*;
 use super::history::{History, RecordContext};
+use super::index::{key, key_size, FreeIndex, Key};
 use super::oom::OutOfMemoryError;
 use super::source::SegmentSource;
 use super::stats::{DeviceStats, StatType};
@@ -21,7 +22,8 @@ pub type Stream = u64;
 type BlockId = u32;
 const NONE: BlockId = BlockId::MAX;
 
-/// What `malloc` hands out: where the tensor's bytes live.
+/// What `malloc` hands out: where the tensor's bytes live. It is also the handle that frees
+/// them (`free_allocation`), as PyTorch's device allocator frees a `Block*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Allocation {
     /// Device address of the block (the trace's `addr`).
@@ -30,6 +32,7 @@ pub struct Allocation {
     pub size: u64,
     /// Base address of the segment that holds it; `ptr - segment` is the offset in that segment.
     pub segment: u64,
+    block: BlockId,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,7 +64,8 @@ struct Block {
     gc_count_base: i64,
     /// Index into `expandable`, or NONE.
     expandable: BlockId,
-    stream_uses: Vec<Stream>,
+    /// Other streams that used the block (`record_stream`); rare, so boxed to keep blocks small.
+    stream_uses: Option<Box<Vec<Stream>>>,
     context: Option<Frames>,
     segment_context: Option<Frames>,
     live: bool,
@@ -83,7 +87,7 @@ impl Block {
             event_count: 0,
             gc_count_base: 0,
             expandable: NONE,
-            stream_uses: Vec::new(),
+            stream_uses: None,
             context: None,
             segment_context: None,
             live: true,
@@ -99,39 +103,30 @@ impl Block {
     }
 }
 
-/// Free blocks of one pool, ordered like `BlockComparatorSize` (stream, size, address): one map
-/// per stream (streams in pointer order) keyed by size and address packed in a u128, which is
-/// what makes best fit cheap. Unmapped ranges of expandable segments are ordered like
-/// `BlockComparatorAddress` (stream, address).
+/// Free blocks of one pool, ordered like `BlockComparatorSize` (stream, size, address): one
+/// index per stream, streams in pointer order. Unmapped ranges of expandable segments are ordered
+/// like `BlockComparatorAddress` (stream, address).
 #[derive(Debug, Default, Clone)]
 struct BlockPool {
-    streams: Vec<(Stream, BTreeMap<u128, BlockId>)>,
+    streams: Vec<(Stream, FreeIndex)>,
     unmapped: BTreeMap<(Stream, u64), BlockId>,
     get_free_blocks_call_count: i64,
 }
 
-fn size_key(size: u64, ptr: u64) -> u128 {
-    (size as u128) << 64 | ptr as u128
-}
-
-fn key_size(key: u128) -> u64 {
-    (key >> 64) as u64
-}
-
 impl BlockPool {
-    fn stream(&self, stream: Stream) -> Option<&BTreeMap<u128, BlockId>> {
+    fn stream(&self, stream: Stream) -> Option<&FreeIndex> {
         self.streams.iter().find(|(s, _)| *s == stream).map(|(_, m)| m)
     }
 
-    fn stream_mut(&mut self, stream: Stream) -> &mut BTreeMap<u128, BlockId> {
+    fn stream_mut(&mut self, stream: Stream) -> &mut FreeIndex {
         let i = match self.streams.iter().position(|(s, _)| *s >= stream) {
             Some(i) if self.streams[i].0 == stream => i,
             Some(i) => {
-                self.streams.insert(i, (stream, BTreeMap::new()));
+                self.streams.insert(i, (stream, FreeIndex::default()));
                 i
             }
             None => {
-                self.streams.push((stream, BTreeMap::new()));
+                self.streams.push((stream, FreeIndex::default()));
                 self.streams.len() - 1
             }
         };
@@ -139,26 +134,26 @@ impl BlockPool {
     }
 
     fn insert(&mut self, stream: Stream, size: u64, ptr: u64, id: BlockId) -> bool {
-        self.stream_mut(stream).insert(size_key(size, ptr), id).is_none()
+        self.stream_mut(stream).insert(key(size, ptr), id)
     }
 
     fn remove(&mut self, stream: Stream, size: u64, ptr: u64) {
         if let Some((_, m)) = self.streams.iter_mut().find(|(s, _)| *s == stream) {
-            m.remove(&size_key(size, ptr));
+            m.remove(key(size, ptr));
         }
     }
 
     fn get(&self, stream: Stream, size: u64, ptr: u64) -> Option<BlockId> {
-        self.stream(stream)?.get(&size_key(size, ptr)).copied()
+        self.stream(stream)?.get(key(size, ptr))
     }
 
     /// Every free block in (stream, size, address) order.
-    fn ids(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.streams.iter().flat_map(|(_, m)| m.values().copied())
+    fn ids(&self) -> Vec<BlockId> {
+        self.streams.iter().flat_map(|(_, m)| m.entries().into_iter().map(|(_, id)| id)).collect()
     }
 
-    fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.streams.iter().flat_map(|(_, m)| m.keys().map(|&k| key_size(k)))
+    fn largest(&self) -> u64 {
+        self.streams.iter().filter_map(|(_, m)| m.prev_before(Key::MAX)).map(|(k, _)| key_size(k)).max().unwrap_or(0)
     }
 }
 
@@ -212,8 +207,10 @@ pub struct CachingAllocator<S: SegmentSource> {
     blocks: Vec<Block>,
     free_ids: Vec<BlockId>,
     pools: [BlockPool; 2],
-    /// Blocks handed out and not yet freed, by address (PyTorch's `allocated_blocks`).
-    allocated: FxHashMap<u64, BlockId>,
+    /// Blocks handed out and not yet freed, by address (PyTorch's `allocated_blocks`, which lives
+    /// a layer above its device allocator). Built on the first call by address, so callers that
+    /// free by handle never pay for it.
+    pointer_index: Option<FxHashMap<u64, BlockId>>,
     /// Outstanding cross-stream events, per stream, oldest first, and how many at the front are done.
     events: BTreeMap<Stream, (VecDeque<BlockId>, usize)>,
     expandable: Vec<ExpandableSegment>,
@@ -280,7 +277,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             blocks: Vec::new(),
             free_ids: Vec::new(),
             pools: [BlockPool::default(), BlockPool::default()],
-            allocated: FxHashMap::default(),
+            pointer_index: None,
             events: BTreeMap::new(),
             expandable: Vec::new(),
             total_allocated_memory: 0,
@@ -455,43 +452,51 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let small = size <= SMALL_SIZE;
         let mut p = Params { stream, size, small, alloc_size: allocation_size(size), block: NONE };
 
-        let mut found = self.get_free_block(&mut p);
-        if !found {
-            if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
-                self.garbage_collect_cached_blocks(&ctx);
-            }
-            found = self.alloc_block(&mut p, false, &ctx)
-                || (self.release_available_cached_blocks(&p, &ctx) && self.alloc_block(&mut p, false, &ctx))
-                || (self.release_cached_blocks(&ctx) && self.alloc_block(&mut p, true, &ctx));
-        }
-        if !found {
-            let device_free = self.device_free();
-            if self.history.is_recording() {
-                let mut entry = TraceEntry::new(Action::Oom, 0, size, stream as i64);
-                entry.device_free = Some(device_free);
-                if self.history.context() >= RecordContext::Alloc {
-                    entry.frames = ctx.clone();
-                }
-                self.history.push(entry);
-            }
-            self.stats.num_ooms += 1;
-            let all = StatType::All;
-            return Err(Box::new(OutOfMemoryError {
-                device: self.device,
-                requested: orig_size,
-                tried_to_allocate: p.alloc_size,
-                total_capacity: self.capacity,
-                free: device_free,
-                allowed: self.allowed_memory_maximum,
-                allocated: self.stats.allocated_bytes.get(all).current as u64,
-                reserved: self.stats.reserved_bytes.get(all).current as u64,
-                expandable_segments: self.config.expandable_segments,
-                more_than_exabyte: false,
-            })
-            .into());
+        if !self.get_free_block(&mut p) {
+            self.get_new_block(&mut p, orig_size, &ctx)?;
         }
         let split = self.should_split(p.block, p.size);
         Ok(self.alloc_found_block(&p, orig_size, ctx, split))
+    }
+
+    /// The slow path: no cached block fits. Asks the device, frees cache and retries as PyTorch
+    /// does, and fails with an out-of-memory error when nothing helps.
+    #[cold]
+    #[inline(never)]
+    fn get_new_block(&mut self, p: &mut Params, orig_size: u64, ctx: &Option<Frames>) -> Result<(), AllocError> {
+        if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
+            self.garbage_collect_cached_blocks(ctx);
+        }
+        let found = self.alloc_block(p, false, ctx)
+            || (self.release_available_cached_blocks(p, ctx) && self.alloc_block(p, false, ctx))
+            || (self.release_cached_blocks(ctx) && self.alloc_block(p, true, ctx));
+        if found {
+            return Ok(());
+        }
+        let device_free = self.device_free();
+        if self.history.is_recording() {
+            let mut entry = TraceEntry::new(Action::Oom, 0, p.size, p.stream as i64);
+            entry.device_free = Some(device_free);
+            if self.history.context() >= RecordContext::Alloc {
+                entry.frames = ctx.clone();
+            }
+            self.history.push(entry);
+        }
+        self.stats.num_ooms += 1;
+        let all = StatType::All;
+        Err(Box::new(OutOfMemoryError {
+            device: self.device,
+            requested: orig_size,
+            tried_to_allocate: p.alloc_size,
+            total_capacity: self.capacity,
+            free: device_free,
+            allowed: self.allowed_memory_maximum,
+            allocated: self.stats.allocated_bytes.get(all).current as u64,
+            reserved: self.stats.reserved_bytes.get(all).current as u64,
+            expandable_segments: self.config.expandable_segments,
+            more_than_exabyte: false,
+        })
+        .into())
     }
 
     fn should_split(&self, id: BlockId, size: u64) -> bool {
@@ -511,9 +516,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             pool.get_free_blocks_call_count += 1;
         }
         let Some(free) = pool.stream(p.stream) else { return false };
-        let mut candidates = free.range(size_key(p.size, 0)..);
-        let Some((_, &first)) = candidates.next() else { return false };
-        let mut id = first;
+        let Some((mut k, mut id)) = free.lower_bound(key(p.size, 0)) else { return false };
         let blocks = &self.blocks;
         if blocks[id as usize].is_expandable() {
             if self.config.expandable_segments {
@@ -523,18 +526,23 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     let next_unmapped = b.next != NONE && !blocks[b.next as usize].mapped;
                     b.size + if next_unmapped { blocks[b.next as usize].size } else { 0 }
                 };
-                for (_, &next) in candidates {
+                while let Some((nk, next)) = free.next_after(k) {
                     if blocks[id as usize].is_expandable() && expandable_size(next) < expandable_size(id) {
-                        id = next;
+                        (k, id) = (nk, next);
                     } else {
                         break;
                     }
                 }
             } else {
                 // Expandable segments were turned off: leave their blocks alone.
-                match candidates.map(|(_, &i)| i).find(|&i| !blocks[i as usize].is_expandable()) {
-                    Some(i) => id = i,
-                    None => return false,
+                loop {
+                    match free.next_after(k) {
+                        Some((nk, next)) => (k, id) = (nk, next),
+                        None => return false,
+                    }
+                    if !blocks[id as usize].is_expandable() {
+                        break;
+                    }
                 }
             }
         }
@@ -596,7 +604,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         b.context = ctx.clone();
         let (ptr, size, segment) = (b.ptr, b.size, b.segment);
         self.record(Action::Alloc, ptr, orig_size, p.stream, ctx);
-        self.allocated.insert(ptr, id);
+        if let Some(index) = &mut self.pointer_index {
+            index.insert(ptr, id);
+        }
         let s = &mut self.stats;
         s.allocation.increase(pool, 1);
         s.allocated_bytes.increase(pool, size);
@@ -606,20 +616,50 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if size >= self.config.max_split_size {
             s.oversize_allocations.increase(1);
         }
-        Allocation { ptr, size, segment }
+        Allocation { ptr, size, segment, block: id }
     }
 
     // ---------------------------------------------------------------- free
 
-    /// Frees the block at `ptr` (the tensor's last reference dropped). If other streams used it
+    fn pointer_index(&mut self) -> &mut FxHashMap<u64, BlockId> {
+        let blocks = &self.blocks;
+        self.pointer_index.get_or_insert_with(|| {
+            blocks.iter().enumerate().filter(|(_, b)| b.live && b.allocated).map(|(i, b)| (b.ptr, i as BlockId)).collect()
+        })
+    }
+
+    /// The allocated block an `Allocation` names, if it is still allocated.
+    fn allocated_block(&self, a: &Allocation) -> Result<BlockId, AllocError> {
+        match self.blocks.get(a.block as usize) {
+            Some(b) if b.live && b.allocated && b.ptr == a.ptr => Ok(a.block),
+            _ => Err(AllocError::InvalidPointer(a.ptr)),
+        }
+    }
+
+    /// Frees an allocation (the tensor's last reference dropped). If other streams used it
     /// (`record_stream`), it stays active until their work completes.
+    pub fn free_allocation(&mut self, a: &Allocation, ctx: Option<Frames>) -> Result<(), AllocError> {
+        let id = self.allocated_block(a)?;
+        if let Some(index) = &mut self.pointer_index {
+            index.remove(&a.ptr);
+        }
+        self.free_block_id(id, ctx);
+        Ok(())
+    }
+
+    /// Frees the allocation at address `ptr`.
     pub fn free(&mut self, ptr: u64, ctx: Option<Frames>) -> Result<(), AllocError> {
-        let id = self.allocated.remove(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        let id = self.pointer_index().remove(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        self.free_block_id(id, ctx);
+        Ok(())
+    }
+
+    fn free_block_id(&mut self, id: BlockId, ctx: Option<Frames>) {
         let ctx = if self.history.context() >= RecordContext::All { ctx } else { None };
         let recording = self.history.is_recording();
         let b = &mut self.blocks[id as usize];
         b.allocated = false;
-        let (size, requested, stream, small) = (b.size, b.requested_size, b.stream, b.small);
+        let (ptr, size, requested, stream, small) = (b.ptr, b.size, b.requested_size, b.stream, b.small);
         let frames = if recording { ctx.clone().or_else(|| b.context.clone()) } else { None };
         let pool = StatType::for_pool(small);
         self.stats.allocation.decrease(pool, 1);
@@ -628,26 +668,40 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        if self.b(id).stream_uses.is_empty() {
+        if self.b(id).stream_uses.is_none() {
             self.free_block(id, &ctx);
         } else {
             self.insert_events(id);
         }
+    }
+
+    /// `Tensor.record_stream` by address: the block was used on `stream` too; its reuse waits for
+    /// that work.
+    pub fn record_stream(&mut self, ptr: u64, stream: Stream) -> Result<(), AllocError> {
+        let id = *self.pointer_index().get(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
+        self.add_stream_use(id, stream);
         Ok(())
     }
 
-    /// `Tensor.record_stream`: the block was used on `stream` too; its reuse waits for that work.
-    pub fn record_stream(&mut self, ptr: u64, stream: Stream) -> Result<(), AllocError> {
-        let &id = self.allocated.get(&ptr).ok_or(AllocError::InvalidPointer(ptr))?;
-        let b = self.bm(id);
-        if b.stream != stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
-        }
+    /// `record_stream` for an allocation handle.
+    pub fn record_stream_allocation(&mut self, a: &Allocation, stream: Stream) -> Result<(), AllocError> {
+        let id = self.allocated_block(a)?;
+        self.add_stream_use(id, stream);
         Ok(())
+    }
+
+    fn add_stream_use(&mut self, id: BlockId, stream: Stream) {
+        let b = self.bm(id);
+        if b.stream != stream {
+            let uses = b.stream_uses.get_or_insert_with(Default::default);
+            if !uses.contains(&stream) {
+                uses.push(stream);
+            }
+        }
     }
 
     fn insert_events(&mut self, id: BlockId) {
-        let streams = std::mem::take(&mut self.bm(id).stream_uses);
+        let streams = self.bm(id).stream_uses.take().map(|b| *b).unwrap_or_default();
         for stream in streams {
             self.bm(id).event_count += 1;
             self.events.entry(stream).or_default().0.push_back(id);
@@ -723,7 +777,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn free_block(&mut self, id: BlockId, ctx: &Option<Frames>) {
         let recording = self.history.is_recording();
         let b = &mut self.blocks[id as usize];
-        debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_empty());
+        debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_none());
         let context = b.context.take();
         let frames = if recording { ctx.clone().or(context) } else { None };
         let (ptr, original_size, requested, stream, small, prev, next) =
@@ -771,7 +825,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return 0;
         }
         let s = self.b(src);
-        if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() || s.mapped != self.b(dst).mapped {
+        if s.allocated || s.event_count > 0 || s.stream_uses.is_some() || s.mapped != self.b(dst).mapped {
             return 0;
         }
         let (s_ptr, s_size, s_prev, s_next, s_mapped) = (s.ptr, s.size, s.prev, s.next, s.mapped);
@@ -853,32 +907,40 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if max_split == u64::MAX {
             return false;
         }
-        let key_size = p.size.max(max_split);
+        let key_size_ = p.size.max(max_split);
         let pool = &self.pools[pool_index(p.small)];
         let blocks = &self.blocks;
         let usable = |id: BlockId| !blocks[id as usize].is_expandable();
         let Some(free) = pool.stream(p.stream) else { return false };
-        let single = free.range(size_key(key_size, 0)..).map(|(_, &id)| id).find(|&id| usable(id));
-        if let Some(id) = single {
+        let mut single = free.lower_bound(key(key_size_, 0));
+        while let Some((k, id)) = single {
+            if usable(id) {
+                break;
+            }
+            single = free.next_after(k);
+        }
+        if let Some((_, id)) = single {
             self.release_block(id, ctx);
             return true;
         }
         // No single block is large enough: free oversize blocks from the largest down.
         let mut victims = Vec::new();
         let mut released = 0;
-        for (&k, &id) in free.range(..size_key(key_size, 0)).rev() {
-            if released >= key_size || self::key_size(k) < max_split {
+        let mut below = free.prev_before(key(key_size_, 0));
+        while let Some((k, id)) = below {
+            if released >= key_size_ || key_size(k) < max_split {
                 break;
             }
             if usable(id) {
-                released += self::key_size(k);
+                released += key_size(k);
                 victims.push(id);
             }
+            below = free.prev_before(k);
         }
         for id in victims {
             self.release_block(id, ctx);
         }
-        released >= key_size
+        released >= key_size_
     }
 
     /// `empty_cache`: waits for outstanding events, then returns every whole free segment and
@@ -895,7 +957,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn release_blocks(&mut self, small: bool, ctx: &Option<Frames>) {
-        let ids: Vec<BlockId> = self.pools[pool_index(small)].ids().collect();
+        let ids: Vec<BlockId> = self.pools[pool_index(small)].ids();
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.b(id);
@@ -945,6 +1007,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let freeable = |a: &Self| -> Vec<BlockId> {
             a.pools[LARGE]
                 .ids()
+                .into_iter()
                 .filter(|&id| !a.b(id).is_split() && !a.b(id).is_expandable())
                 .collect()
         };
@@ -978,7 +1041,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let allocatable = |a: &Self, id: BlockId| {
             id != NONE && {
                 let b = a.b(id);
-                !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
+                !b.allocated && b.event_count == 0 && b.stream_uses.is_none()
             }
         };
         let has_room = |a: &Self, mut id: BlockId| {
@@ -1231,7 +1294,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let mut id = i as BlockId;
             while id != NONE && self.b(id).mapped {
                 let b = self.b(id);
-                let active = b.allocated || b.event_count > 0 || !b.stream_uses.is_empty();
+                let active = b.allocated || b.event_count > 0 || !b.stream_uses.is_none();
                 seg.total_size += b.size;
                 if b.allocated {
                     seg.allocated_size += b.size;
@@ -1263,7 +1326,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// The largest cached free block (`cacheInfo`), 0 if none.
     pub fn largest_free_block(&self) -> u64 {
-        self.pools.iter().flat_map(BlockPool::sizes).max().unwrap_or(0)
+        self.pools.iter().map(BlockPool::largest).max().unwrap_or(0)
     }
 
     /// Bytes reserved from the device (all pools).
@@ -1388,7 +1451,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     s.requested_bytes.increase(pool, blk.requested_size);
                     if state == trace::BlockState::ActiveAllocated {
                         self.blocks[id as usize].allocated = true;
-                        self.allocated.insert(blk.address, id);
+                        if let Some(index) = &mut self.pointer_index {
+                            index.insert(blk.address, id);
+                        }
                         s.allocation.increase(pool, 1);
                         s.allocated_bytes.increase(pool, blk.size);
                         if blk.size >= self.config.max_split_size {
@@ -1445,7 +1510,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 (false, _) if !in_unmapped => return Err(format!("unmapped block {:#x} missing from its set", b.ptr)),
                 _ => {}
             }
-            if b.allocated != self.allocated.contains_key(&b.ptr) {
+            if self.pointer_index.as_ref().is_some_and(|index| b.allocated != (index.get(&b.ptr) == Some(&id))) {
                 return Err(format!("block {:#x}: allocated flag disagrees with the address map", b.ptr));
             }
             if !active && b.mapped {

@@ -7,6 +7,7 @@ mod caching;
 mod config;
 pub mod constants;
 mod history;
+mod index;
 mod oom;
 mod source;
 mod stats;
