@@ -232,10 +232,11 @@ pub fn round_size(size: u64, config: &AllocatorConfig) -> u64 {
         return MIN_BLOCK_SIZE;
     }
     let divisions = config.divisions_for(size);
-    if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
+    // Saturating: replay may meet any size; malloc refuses anything near the top anyway.
+    if divisions > 1 && size > MIN_BLOCK_SIZE.saturating_mul(divisions) {
         roundup_power2_next_division(size, divisions)
     } else {
-        size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+        size.div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
     }
 }
 
@@ -247,9 +248,9 @@ pub fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
     let floor = 1u64 << (63 - size.leading_zeros());
     let step = floor >> (63 - divisions.leading_zeros());
     if step == 0 {
-        return floor << 1;
+        return floor.saturating_mul(2);
     }
-    size.next_multiple_of(step)
+    size.checked_next_multiple_of(step).unwrap_or(u64::MAX)
 }
 
 /// `get_allocation_size`: the segment size requested when no cached block fits.
@@ -259,7 +260,7 @@ pub fn allocation_size(rounded: u64) -> u64 {
     } else if rounded < MIN_LARGE_ALLOC {
         LARGE_BUFFER
     } else {
-        rounded.next_multiple_of(ROUND_LARGE)
+        rounded.checked_next_multiple_of(ROUND_LARGE).unwrap_or(u64::MAX)
     }
 }
 

@@ -51,7 +51,7 @@ impl Default for VirtualSegments {
 
 impl VirtualSegments {
     pub fn starting_at(base: u64) -> VirtualSegments {
-        VirtualSegments { next: base.next_multiple_of(ALIGN), hints: Default::default(), reservation_hint: None }
+        VirtualSegments { next: base.checked_next_multiple_of(ALIGN).unwrap_or(base), hints: Default::default(), reservation_hint: None }
     }
 
     /// The next segment (or reservation) of exactly `size` bytes takes `address`.
@@ -69,31 +69,32 @@ impl VirtualSegments {
         self.reservation_hint = None;
     }
 
-    fn take(&mut self, size: u64) -> u64 {
+    /// None when the address space is exhausted.
+    fn take(&mut self, size: u64) -> Option<u64> {
         if let Some(&(addr, hinted)) = self.hints.front() {
-            if hinted == size {
+            if hinted == size && addr.checked_add(size).is_some() {
                 self.hints.pop_front();
-                return addr;
+                return Some(addr);
             }
         }
         let base = self.next;
-        self.next = (self.next + size).next_multiple_of(ALIGN);
-        base
+        self.next = self.next.checked_add(size)?.checked_next_multiple_of(ALIGN)?;
+        Some(base)
     }
 }
 
 impl SegmentSource for VirtualSegments {
     fn allocate(&mut self, size: u64) -> Option<u64> {
-        Some(self.take(size))
+        self.take(size)
     }
 
     fn free(&mut self, _base: u64, _size: u64) {}
 
     fn reserve(&mut self, size: u64) -> Option<u64> {
-        Some(match self.reservation_hint.take() {
-            Some(addr) => addr,
-            None => self.take(size),
-        })
+        match self.reservation_hint.take() {
+            Some(addr) if addr.checked_add(size).is_some() => Some(addr),
+            _ => self.take(size),
+        }
     }
 
     fn supports_expandable(&self) -> bool {

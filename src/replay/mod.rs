@@ -35,6 +35,8 @@ pub enum ReplayError {
     Settings(#[from] ConfigError),
     #[error("device {0} has neither segments nor a trace in this snapshot (devices present: {1})")]
     NoSuchDevice(i64, String),
+    #[error("the snapshot cannot be replayed: {0}")]
+    Layout(String),
 }
 
 /// Segment and peak figures of one side of the comparison.
@@ -117,6 +119,7 @@ pub fn replay_device(
         let list = devices.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
         return Err(ReplayError::NoSuchDevice(device, if list.is_empty() { "none".into() } else { list }));
     }
+    snapshot.check_layout().map_err(ReplayError::Layout)?;
     let recorded_config = recorded_config(snapshot)?;
     let config = options.config.clone().unwrap_or_else(|| recorded_config.clone());
     let trace = snapshot.trace_of(device);
@@ -128,16 +131,16 @@ pub fn replay_device(
     // Fresh virtual addresses start above everything the file mentions, so they never collide.
     let highest = final_segments
         .iter()
-        .map(|s| s.address + s.total_size)
+        .map(|s| s.address.saturating_add(s.total_size))
         .chain(trace.iter().map(|e| e.addr.saturating_add(e.size)))
         .max()
         .unwrap_or(0);
-    let source = VirtualSegments::starting_at(highest.max(crate::alloc::VIRTUAL_BASE) + (1 << 30));
+    let source = VirtualSegments::starting_at(highest.max(crate::alloc::VIRTUAL_BASE).saturating_add(1 << 30));
     let mut alloc = VirtualAllocator::new(config.clone(), source).with_device(device);
     alloc.set_capacity(options.capacity);
     if let Err(e) = alloc.restore(&start.segments) {
         warnings.push(format!("the start state could not be restored ({e}); replay starts empty"));
-        alloc = VirtualAllocator::new(config.clone(), VirtualSegments::starting_at(highest + (1 << 30))).with_device(device);
+        alloc = VirtualAllocator::new(config.clone(), VirtualSegments::starting_at(highest.saturating_add(1 << 30))).with_device(device);
         alloc.set_capacity(options.capacity);
     }
     alloc.record_memory_history(true, RecordContext::Never, usize::MAX);
@@ -222,26 +225,25 @@ fn ratio(a: usize, b: usize) -> f64 {
 /// What the trace alone shows: segment events and peaks, from the reconstructed start. Allocated
 /// bytes here are requested sizes (as MemoryViz's timeline draws them).
 fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
-    let mut reserved: u64 = start.segments.iter().map(|s| s.total_size).sum();
+    let mut reserved: u64 = start.segments.iter().fold(0u64, |sum, s| sum.saturating_add(s.total_size));
     let mut allocated: u64 = start
         .segments
         .iter()
         .flat_map(|s| &s.blocks)
         .filter(|b| b.state == BlockState::ActiveAllocated)
-        .map(|b| b.requested_size)
-        .sum();
+        .fold(0u64, |sum, b| sum.saturating_add(b.requested_size));
     let mut f = Figures { peak_reserved_bytes: reserved, peak_allocated_bytes: allocated, ..Figures::default() };
     for e in trace {
         match e.action {
             Action::SegmentAlloc | Action::SegmentMap => {
-                reserved += e.size;
+                reserved = reserved.saturating_add(e.size);
                 if e.action == Action::SegmentAlloc { f.segment_allocs += 1 } else { f.segment_maps += 1 }
             }
             Action::SegmentFree | Action::SegmentUnmap => {
                 reserved = reserved.saturating_sub(e.size);
                 if e.action == Action::SegmentFree { f.segment_frees += 1 } else { f.segment_unmaps += 1 }
             }
-            Action::Alloc => allocated += e.size,
+            Action::Alloc => allocated = allocated.saturating_add(e.size),
             Action::FreeRequested => allocated = allocated.saturating_sub(e.size),
             _ => {}
         }

@@ -79,7 +79,7 @@ impl Work<'_> {
             }
             Action::FreeCompleted => self.undo_free(index, e),
             Action::SegmentAlloc | Action::SegmentMap => self.undo_segment_alloc(index, e),
-            Action::SegmentFree | Action::SegmentUnmap => self.undo_segment_free(e),
+            Action::SegmentFree | Action::SegmentUnmap => self.undo_segment_free(index, e),
             Action::Snapshot | Action::Oom | Action::Annotate => {}
         }
     }
@@ -109,7 +109,7 @@ impl Work<'_> {
             return self.warn(index, e, "no block holds it");
         };
         let end = start + free.size;
-        if free.state != BlockState::Inactive || e.addr + size > end {
+        if free.state != BlockState::Inactive || e.addr.saturating_add(size) > end {
             return self.warn(index, e, "its bytes are not free at that point");
         }
         let exact = seg.small || seg.expandable;
@@ -118,7 +118,7 @@ impl Work<'_> {
             e.addr + size
         } else if size >= max_split {
             // Oversize blocks are never split; they may exceed the request by the tolerance.
-            if end - e.addr < size + tolerance { end } else { e.addr + size }
+            if end - e.addr < size.saturating_add(tolerance) { end } else { e.addr + size }
         } else if slack <= SMALL_SIZE {
             end
         } else {
@@ -145,7 +145,7 @@ impl Work<'_> {
         let Some((base, seg)) = self.segment_at(e.addr) else {
             return self.warn(index, e, "no segment there");
         };
-        let end = e.addr + e.size;
+        let end = e.addr.saturating_add(e.size);
         let free_over_range = seg
             .blocks
             .range(..end)
@@ -180,7 +180,14 @@ impl Work<'_> {
         }
     }
 
-    fn undo_segment_free(&mut self, e: &TraceEntry) {
+    fn undo_segment_free(&mut self, index: usize, e: &TraceEntry) {
+        let Some(end) = e.addr.checked_add(e.size).filter(|_| e.size > 0) else {
+            return self.warn(index, e, "impossible range");
+        };
+        let overlaps = self.segments.range(..end).next_back().is_some_and(|(_, s)| s.end() > e.addr);
+        if overlaps {
+            return self.warn(index, e, "the range overlaps a segment that exists at that point");
+        }
         let small = if e.action == Action::SegmentFree {
             e.size == SMALL_BUFFER
         } else {

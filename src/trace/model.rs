@@ -210,3 +210,38 @@ impl Snapshot {
             .unwrap_or(&[])
     }
 }
+
+impl Snapshot {
+    /// Checks that the segments describe memory that can exist: blocks tile each segment from its
+    /// address with no gap or overlap, and segments of one device do not overlap. A snapshot that
+    /// fails cannot be replayed; the message names the first problem.
+    pub fn check_layout(&self) -> Result<(), String> {
+        let mut by_device: std::collections::BTreeMap<i64, Vec<(u64, u64)>> = Default::default();
+        for (i, s) in self.segments.iter().enumerate() {
+            let end = s.address.checked_add(s.total_size).ok_or_else(|| format!("segments[{i}]: address + total_size overflows"))?;
+            let mut at = s.address;
+            for (j, b) in s.blocks.iter().enumerate() {
+                if b.address != at {
+                    return Err(format!("segments[{i}].blocks[{j}] starts at {:#x}, expected {at:#x} (blocks must tile the segment)", b.address));
+                }
+                if b.size == 0 {
+                    return Err(format!("segments[{i}].blocks[{j}] has size 0"));
+                }
+                at = at.checked_add(b.size).ok_or_else(|| format!("segments[{i}].blocks[{j}]: address + size overflows"))?;
+            }
+            if at != end || s.blocks.is_empty() {
+                return Err(format!("segments[{i}] at {:#x}: blocks cover {} bytes of {}", s.address, at - s.address, s.total_size));
+            }
+            by_device.entry(s.device).or_default().push((s.address, end));
+        }
+        for (device, mut ranges) in by_device {
+            ranges.sort_unstable();
+            for w in ranges.windows(2) {
+                if w[1].0 < w[0].1 {
+                    return Err(format!("device {device}: segments at {:#x} and {:#x} overlap", w[0].0, w[1].0));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -112,7 +112,7 @@ pub fn parse(data: &[u8]) -> Result<(Arena, NodeId), PickleError> {
 
     loop {
         r.op_start = r.pos;
-        let op = r.u8().map_err(|_| r.err("file ends before STOP"))?;
+        let op = r.u8().map_err(|_| r.err("the file ends before the pickle does (truncated?)"))?;
         if let Some(name) = forbidden_opcode(op) {
             return Err(r.err(format!(
                 "opcode {name} (0x{op:02x}) would import or call Python code; snapshots never need it, so it is refused"

@@ -1,0 +1,158 @@
+//! Malformed input gives a clear error and never a panic: explicit cases, then byte mutations of
+//! real pickles and value mutations of valid JSON, each loaded and (when it loads) replayed.
+
+mod common;
+
+use proptest::prelude::*;
+use tensormem::alloc::AllocatorConfig;
+use tensormem::replay::{replay_snapshot, ReplayOptions};
+use tensormem::trace;
+
+fn load_err(data: &[u8]) -> String {
+    trace::load(data).unwrap_err().to_string()
+}
+
+/// Loads, and replays what loads: neither may panic.
+fn exercise(data: &[u8]) {
+    if let Ok(snap) = trace::load(data) {
+        let capacity = ReplayOptions { capacity: Some(1 << 30), ..Default::default() };
+        for options in [ReplayOptions::default(), capacity] {
+            let _ = replay_snapshot(&snap, &options, &mut |_, _| {});
+        }
+        let _ = trace::to_pickle(&snap);
+    }
+}
+
+#[test]
+fn explicit_malformed_inputs() {
+    assert_eq!(load_err(b""), "not a snapshot: the file is empty");
+    assert!(load_err(b"hello").contains("starts with byte 0x68"));
+    // Truncated pickle.
+    assert!(load_err(b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments").contains("truncated"));
+    // Protocol garbage.
+    assert!(load_err(b"\x80\x09.").contains("unsupported pickle protocol 9"));
+    assert!(load_err(b"\x80\x04\xff.").contains("unknown opcode 0xff"));
+    // A pickle that would call os.system.
+    let evil = b"\x80\x04\x95\x1d\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x94\x8c\x06system\x94\x93\x94\x8c\x02id\x94\x85\x94R\x94.";
+    let err = load_err(evil);
+    assert!(err.contains("STACK_GLOBAL") && err.contains("refused"), "{err}");
+    // Wrong types and impossible values, named by their path.
+    assert_eq!(load_err(br#"{"segments": 5}"#), "segments: expected a list, found an integer");
+    assert_eq!(
+        load_err(br#"{"segments": [{"address": 0, "total_size": "big", "blocks": []}]}"#),
+        "segments[0].total_size: expected an integer, found a string"
+    );
+    assert_eq!(
+        load_err(br#"{"segments": [{"address": -4096, "total_size": 512, "blocks": []}]}"#),
+        "segments[0].address: expected a non-negative 64-bit integer, found -4096"
+    );
+    assert_eq!(
+        load_err(br#"{"segments": [{"address": 0, "total_size": 1e30, "blocks": []}]}"#),
+        "segments[0].total_size: expected an integer, found a float"
+    );
+    assert_eq!(
+        load_err(br#"{"segments": [], "device_traces": [[{"action": "teleport", "addr": 0, "size": 1}]]}"#),
+        "device_traces[0][0].action: unknown action \"teleport\""
+    );
+    assert!(load_err(br#"{"segments": []"#).starts_with("bad JSON"));
+    // Absurd nesting: serde_json stops at its recursion limit; the pickle reader never recurses.
+    let deep = "[".repeat(100_000);
+    assert!(load_err(deep.as_bytes()).contains("recursion limit"));
+    let mut deep_pickle = b"\x80\x04".to_vec();
+    deep_pickle.extend(std::iter::repeat_n(b']', 200_000));
+    deep_pickle.extend(std::iter::repeat_n(b'a', 199_999));
+    deep_pickle.push(b'.');
+    assert_eq!(load_err(&deep_pickle), "segments[0]: expected a dict, found a list");
+    // Declared lengths larger than the file allocate nothing.
+    assert!(load_err(b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7f").contains("remain"));
+}
+
+#[test]
+fn impossible_layouts_are_refused_by_replay() {
+    let overlapping = br#"{"segments": [
+        {"address": 0, "total_size": 2097152, "stream": 0, "segment_type": "small", "blocks": [{"size": 2097152, "state": "inactive"}]},
+        {"address": 1048576, "total_size": 2097152, "stream": 0, "segment_type": "small", "blocks": [{"size": 2097152, "state": "inactive"}]}
+    ], "device_traces": [[]]}"#;
+    let snap = trace::load(overlapping).unwrap();
+    let err = replay_snapshot(&snap, &ReplayOptions::default(), &mut |_, _| {}).unwrap_err();
+    assert_eq!(err.to_string(), "the snapshot cannot be replayed: device 0: segments at 0x0 and 0x100000 overlap");
+    let gap = br#"{"segments": [{"address": 0, "total_size": 4096, "blocks": [{"size": 512, "state": "inactive"}]}]}"#;
+    let err = replay_snapshot(&trace::load(gap).unwrap(), &ReplayOptions::default(), &mut |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("blocks cover 512 bytes of 4096"), "{err}");
+}
+
+#[test]
+fn every_truncation_of_a_real_pickle_is_an_error() {
+    let Some(path) = common::fixture("tiny-settings.pickle") else { return };
+    let data = std::fs::read(path).unwrap();
+    for cut in 0..data.len() {
+        assert!(trace::load(&data[..cut]).is_err(), "a pickle cut at {cut} of {} bytes loaded", data.len());
+    }
+}
+
+/// A valid JSON snapshot with a trace, made by our allocator (small enough to mutate often).
+fn small_json_snapshot() -> String {
+    let snap = tensormem::scenarios::variable_batch_inference(AllocatorConfig::default(), None).unwrap();
+    let mut snap = snap;
+    snap.device_traces[0].truncate(120);
+    trace::to_json(&snap)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn byte_mutations_of_real_pickles_never_panic(
+        which in 0usize..2,
+        edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..4), 1..12),
+    ) {
+        let name = ["tiny-settings.pickle", "small-state.pickle"][which];
+        let Some(path) = common::fixture(name) else { return Ok(()) };
+        let mut data = std::fs::read(path).unwrap();
+        for (at, byte, kind) in edits {
+            let i = at.index(data.len().max(1));
+            match kind {
+                0 if !data.is_empty() => data[i] = byte,
+                1 if !data.is_empty() => data[i] ^= 1 << (byte % 8),
+                2 => data.insert(i.min(data.len()), byte),
+                _ => data.truncate(i),
+            }
+        }
+        exercise(&data);
+    }
+
+    #[test]
+    fn value_mutations_of_valid_json_never_panic(
+        edits in prop::collection::vec((any::<prop::sample::Index>(), prop_oneof![
+            Just("-1".to_string()), Just("0".to_string()), Just("18446744073709551615".to_string()),
+            Just("9223372036854775807".to_string()), Just("512".to_string()), Just("1.5".to_string()),
+            Just("\"x\"".to_string()), Just("null".to_string()), Just("[]".to_string()),
+            (0u64..1 << 40).prop_map(|v| v.to_string()),
+        ]), 1..6),
+    ) {
+        let json = small_json_snapshot();
+        // Replace whole numbers in the text: sizes, addresses, streams, lines.
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        let bytes = json.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i].is_ascii_digit() && i > 0 && (bytes[i - 1] == b':' || bytes[i - 1] == b'[' || bytes[i - 1] == b',') {
+                let start = i;
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
+                spans.push((start, i));
+            } else {
+                i += 1;
+            }
+        }
+        let mut chosen: Vec<((usize, usize), String)> = edits.into_iter().map(|(at, v)| (spans[at.index(spans.len())], v)).collect();
+        chosen.sort_by_key(|c| std::cmp::Reverse(c.0.0));
+        chosen.dedup_by_key(|c| c.0);
+        let mut text = json.clone();
+        for ((a, b), v) in chosen {
+            text.replace_range(a..b, &v);
+        }
+        exercise(text.as_bytes());
+    }
+}
