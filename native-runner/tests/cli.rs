@@ -1,0 +1,129 @@
+//! The command line as a user meets it: output, JSON, exit codes, error lines.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn tensormem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tensormem")).args(args).output().expect("the binary runs")
+}
+
+fn fixture(name: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("TENSORMEM_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/pytorch-snapshots"));
+    if dir.is_dir() {
+        return Some(dir.join(name));
+    }
+    assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "fixtures missing at {}", dir.display());
+    None
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn replay_json_reports_pytorchs_decisions() {
+    let Some(path) = fixture("gpt-ctx128-forward.pickle") else { return };
+    let out = tensormem(&["replay", path.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "one JSON object per device");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(v["device"], 0);
+    assert_eq!(v["events"], 8227);
+    assert_eq!(v["recorded"]["segment_allocs"], 178);
+    assert_eq!(v["replayed"]["segment_allocs"], 178);
+    assert_eq!(v["recorded"]["peak_reserved_bytes"], 17_878_220_800u64);
+    assert_eq!(v["replayed"]["peak_reserved_bytes"], 17_878_220_800u64);
+    assert_eq!(v["segment_alloc_match"], 1.0);
+    assert_eq!(v["address_match"], 1.0);
+    assert_eq!(v["final_state_match"], true);
+    assert!(v["first_divergence"].is_null());
+    assert_eq!(v["replayed"]["ooms"], 0);
+    assert_eq!(v["replayed"]["memory_stats"]["num_device_alloc"], 178);
+    assert!(v["replayed"]["memory_stats"]["allocated_bytes.all.peak"].as_i64().unwrap() > 0);
+    assert!(stderr(&out).is_empty(), "no progress bar in --json: {}", stderr(&out));
+}
+
+#[test]
+fn replay_table_and_what_if() {
+    let Some(path) = fixture("small-state.pickle") else { return };
+    let out = tensormem(&["replay", path.to_str().unwrap(), "--alloc-conf", "expandable_segments:True", "--capacity", "4GiB", "--summary"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("settings expandable_segments:True, capacity 4.00 GiB"), "{text}");
+    assert!(text.contains("first divergence: event"), "other settings make other decisions: {text}");
+    assert!(text.contains("PyTorch CUDA memory summary, device ID 0"), "{text}");
+}
+
+#[test]
+fn summary_prints_pytorchs_table_and_trace_peaks() {
+    let Some(path) = fixture("small-state.pickle") else { return };
+    let out = tensormem(&["summary", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("|===="), "{text}");
+    assert!(text.contains("| GPU reserved memory   |   3606 MiB |"), "{text}");
+    assert!(text.contains("trace: 97 events; peak reserved 3.52 GiB (3781165056 bytes)"), "{text}");
+    let json = tensormem(&["summary", path.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&json).trim()).unwrap();
+    assert_eq!(v["memory_stats"]["segment.all.current"], 9);
+    assert_eq!(v["trace_peak_reserved_bytes"], 3_781_165_056u64);
+}
+
+#[test]
+fn bad_input_gives_one_clear_line_and_a_nonzero_status() {
+    let out = tensormem(&["replay", "/nonexistent/file.pickle"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr(&out).trim(), "error: /nonexistent/file.pickle: cannot read /nonexistent/file.pickle: No such file or directory (os error 2)");
+    let dir = std::env::temp_dir().join(format!("tensormem-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("garbage.pickle");
+    std::fs::write(&garbage, b"\x80\x04\x8c\x05posix\x94\x8c\x06system\x94\x93.").unwrap();
+    let out = tensormem(&["replay", garbage.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("STACK_GLOBAL") && !err.contains("panicked"), "{err}");
+    let out = tensormem(&["replay", garbage.to_str().unwrap(), "--alloc-conf", "max_split_size_mb:1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("max_split_size_mb too small, must be >= 20"));
+    let out = tensormem(&["replay", garbage.to_str().unwrap(), "--capacity", "lots"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is not a size"));
+    let out = tensormem(&["replay", garbage.to_str().unwrap(), "--device", "3"]);
+    assert_eq!(out.status.code(), Some(1));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn demo_writes_a_snapshot_that_loads_and_replays() {
+    let dir = std::env::temp_dir().join(format!("tensormem-demo-{}", std::process::id()));
+    let out_file = dir.join("demo.json");
+    let out = tensormem(&["demo", "--out", out_file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("segment decisions matched 100.00%, addresses matched 100.00%, final state identical"), "{text}");
+    assert!(text.contains("Reserved at the end: 714.00 MiB with classic segments, 380.00 MiB with expandable segments"), "{text}");
+    let replay = tensormem(&["replay", out_file.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&replay).trim()).unwrap();
+    assert_eq!(v["final_state_match"], true);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn help_names_every_command() {
+    let out = tensormem(&["--help"]);
+    let text = stdout(&out);
+    for cmd in ["replay", "summary", "demo"] {
+        assert!(text.contains(cmd), "{text}");
+    }
+    let out = tensormem(&["replay", "--help"]);
+    assert!(stdout(&out).contains("--alloc-conf"));
+}
