@@ -10,9 +10,15 @@ if [ "${CI:-}" = "true" ] && [ ! -d "$TENSORMEM_FIXTURES" ]; then
   echo "error: fixture folder $TENSORMEM_FIXTURES is missing" >&2
   exit 1
 fi
-
-echo "== cargo test (workspace: library, allocator rules and properties, fixtures, replay, malformed input, CLI)"
-cargo test --workspace --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 
 echo "== benchmarks compile"
 cargo check --benches --locked --quiet
+
+echo "== cargo test (library, allocator rules and properties, fixtures, replay, malformed input, CLI)"
+cargo test --workspace --locked 2>&1 | tee "$log"
+
+# One closing line for the whole run.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

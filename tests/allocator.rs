@@ -438,3 +438,19 @@ fn restore_rebuilds_a_recorded_state() {
     b.free(x.ptr, None).unwrap();
     b.check_invariants().unwrap();
 }
+
+#[test]
+fn segment_address_hints_never_land_on_memory_in_use() {
+    let mut a = allocator("");
+    let x = a.malloc(30 * MIB, 0, None).unwrap();
+    // Replay hints a recorded address; if our state diverged, it may be taken. It must be refused.
+    a.source_mut().hint(x.segment + 10 * MIB, 40 * MIB);
+    let y = a.malloc(40 * MIB, 0, None).unwrap();
+    assert!(y.ptr >= x.ptr + 30 * MIB, "{:#x} overlaps {:#x}", y.ptr, x.ptr);
+    a.free(x.ptr, None).unwrap();
+    a.empty_cache();
+    a.source_mut().hint(x.segment, 20 * MIB);
+    let z = a.malloc(20 * MIB, 0, None).unwrap();
+    assert_eq!(z.ptr, x.ptr, "a freed range can be taken again");
+    check(&a);
+}

@@ -156,3 +156,13 @@ proptest! {
         exercise(text.as_bytes());
     }
 }
+
+/// Found by `cargo fuzz`: a mutated trace made replay hint a segment address that its (diverged)
+/// state still used; two segments overlapped and the pool broke. Now the hint is refused.
+#[test]
+fn fuzz_regression_overlapping_segment_hint() {
+    let data = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/fuzz-overlapping-segment-hint.json")).unwrap();
+    let snap = trace::load(&data).unwrap();
+    let results = replay_snapshot(&snap, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+    assert!(results[0].first_divergence.is_some());
+}

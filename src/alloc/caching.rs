@@ -1343,12 +1343,22 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if !self.blocks.is_empty() {
             return Err(AllocError::Unsupported("restore needs a fresh allocator".into()));
         }
+        if !self.source.supports_expandable() && segments.iter().any(|s| s.is_expandable) {
+            return Err(AllocError::Unsupported("this device cannot map expandable segments".into()));
+        }
         let mut expandable: BTreeMap<(Stream, bool), Vec<&trace::Segment>> = BTreeMap::new();
+        let starts: std::collections::BTreeSet<u64> = segments.iter().map(|s| s.address).collect();
         for seg in segments {
             let small = seg.segment_type == trace::PoolKind::Small;
             if seg.is_expandable {
                 expandable.entry((seg.stream as Stream, small)).or_default().push(seg);
                 continue;
+            }
+            if !self.source.adopt(seg.address, seg.total_size) {
+                return Err(AllocError::Unsupported(format!(
+                    "segment at {:#x} overlaps another, or this device cannot take over existing memory",
+                    seg.address
+                )));
             }
             let pool = StatType::for_pool(small);
             self.stats.segment.increase(pool, 1);
@@ -1359,16 +1369,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.restore_chain(chain, seg, NONE, seg.blocks.len() > 1);
         }
         for ((_, small), mut ranges) in expandable {
-            if !self.source.supports_expandable() {
-                return Err(AllocError::Unsupported("this device cannot map expandable segments".into()));
-            }
             ranges.sort_by_key(|s| s.address);
             let page_size = if small { SMALL_BUFFER } else { LARGE_BUFFER };
             let base = ranges[0].address;
             let last = ranges[ranges.len() - 1];
             let used = last.address + last.total_size - base;
             let total = self.capacity.unwrap_or(DEFAULT_EXPANDABLE_SPAN);
-            let max_pages = (total + total / 8).div_ceil(page_size).max(used.div_ceil(page_size));
+            // The reservation may not run into the next range in use above it.
+            let room = starts.range(base + used..).next().map_or(u64::MAX, |&next| next - base);
+            let max_pages = ((total + total / 8) / page_size).min(room / page_size).max(used.div_ceil(page_size));
             let mut es = ExpandableSegment { base, page_size, max_pages, mapped: Vec::new(), live: true };
             let unmapped = |addr: u64, size: u64| trace::Block { address: addr, size, requested_size: 0, state: trace::BlockState::Inactive, frames: trace::no_frames() };
             let mut gaps = Vec::new();
@@ -1384,6 +1393,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 if seg.address > at {
                     gaps.push(unmapped(at, seg.address - at));
                     chain.push(None);
+                }
+                if !self.source.adopt(seg.address, seg.total_size) {
+                    return Err(AllocError::Unsupported(format!("expandable range at {:#x} overlaps other memory", seg.address)));
                 }
                 let first = (seg.address - base) / page_size;
                 let pages = seg.total_size / page_size;

@@ -25,6 +25,10 @@ pub trait SegmentSource {
     fn supports_expandable(&self) -> bool {
         false
     }
+    /// Takes over a range that already exists (a restored state); false if the source cannot.
+    fn adopt(&mut self, _base: u64, _size: u64) -> bool {
+        false
+    }
 }
 
 /// Plain address ranges: the simulation device, tests and replay. Addresses are handed out upward
@@ -37,6 +41,39 @@ pub struct VirtualSegments {
     hints: std::collections::VecDeque<(u64, u64)>,
     /// Address the next expandable reservation should take.
     reservation_hint: Option<u64>,
+    /// Memory in use: segments and mapped pages. A hint never lands on it, and mapping never
+    /// overlaps it. (Reservations are address space only: fresh addresses skip past them.)
+    used: RangeSet,
+}
+
+/// Disjoint address ranges.
+#[derive(Debug, Clone, Default)]
+struct RangeSet(std::collections::BTreeMap<u64, u64>);
+
+impl RangeSet {
+    fn is_free(&self, addr: u64, size: u64) -> bool {
+        let Some(end) = addr.checked_add(size) else { return false };
+        self.0.range(..end).next_back().is_none_or(|(&b, &s)| b + s <= addr)
+    }
+
+    fn insert(&mut self, addr: u64, size: u64) {
+        self.0.insert(addr, size);
+    }
+
+    /// Removes `[addr, addr + size)`, splitting ranges that stick out of it.
+    fn remove(&mut self, addr: u64, size: u64) {
+        let end = addr.saturating_add(size);
+        let hit: Vec<(u64, u64)> = self.0.range(..end).rev().map(|(&b, &s)| (b, s)).take_while(|&(b, s)| b + s > addr).collect();
+        for (b, s) in hit {
+            self.0.remove(&b);
+            if b < addr {
+                self.0.insert(b, addr - b);
+            }
+            if b + s > end {
+                self.0.insert(end, b + s - end);
+            }
+        }
+    }
 }
 
 /// Where virtual addresses start: high like real device pointers, easy to read in hex.
@@ -51,7 +88,7 @@ impl Default for VirtualSegments {
 
 impl VirtualSegments {
     pub fn starting_at(base: u64) -> VirtualSegments {
-        VirtualSegments { next: base.checked_next_multiple_of(ALIGN).unwrap_or(base), hints: Default::default(), reservation_hint: None }
+        VirtualSegments { next: base.checked_next_multiple_of(ALIGN).unwrap_or(base), hints: Default::default(), reservation_hint: None, used: RangeSet::default() }
     }
 
     /// The next segment (or reservation) of exactly `size` bytes takes `address`.
@@ -69,32 +106,61 @@ impl VirtualSegments {
         self.reservation_hint = None;
     }
 
-    /// None when the address space is exhausted.
-    fn take(&mut self, size: u64) -> Option<u64> {
-        if let Some(&(addr, hinted)) = self.hints.front() {
-            if hinted == size && addr.checked_add(size).is_some() {
-                self.hints.pop_front();
-                return Some(addr);
+    /// An address for `size` bytes: the hinted one if nothing there is in use, else fresh
+    /// address space. None when the address space is exhausted.
+    fn take(&mut self, size: u64, hint: Option<u64>) -> Option<u64> {
+        match hint.filter(|&a| self.used.is_free(a, size)) {
+            Some(addr) => Some(addr),
+            None => {
+                let base = self.next;
+                self.next = self.next.checked_add(size)?.checked_next_multiple_of(ALIGN)?;
+                Some(base)
             }
         }
-        let base = self.next;
-        self.next = self.next.checked_add(size)?.checked_next_multiple_of(ALIGN)?;
-        Some(base)
     }
 }
 
 impl SegmentSource for VirtualSegments {
     fn allocate(&mut self, size: u64) -> Option<u64> {
-        self.take(size)
+        let hint = match self.hints.front() {
+            Some(&(addr, hinted)) if hinted == size => {
+                self.hints.pop_front();
+                Some(addr)
+            }
+            _ => None,
+        };
+        let base = self.take(size, hint)?;
+        self.used.insert(base, size);
+        Some(base)
     }
 
-    fn free(&mut self, _base: u64, _size: u64) {}
+    fn free(&mut self, base: u64, size: u64) {
+        self.used.remove(base, size);
+    }
 
     fn reserve(&mut self, size: u64) -> Option<u64> {
-        match self.reservation_hint.take() {
-            Some(addr) if addr.checked_add(size).is_some() => Some(addr),
-            _ => self.take(size),
+        let hint = self.reservation_hint.take();
+        self.take(size, hint)
+    }
+
+    fn map(&mut self, addr: u64, size: u64) -> bool {
+        if !self.used.is_free(addr, size) {
+            return false;
         }
+        self.used.insert(addr, size);
+        true
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) {
+        self.used.remove(addr, size);
+    }
+
+    fn adopt(&mut self, base: u64, size: u64) -> bool {
+        if !self.used.is_free(base, size) {
+            return false;
+        }
+        self.used.insert(base, size);
+        true
     }
 
     fn supports_expandable(&self) -> bool {
