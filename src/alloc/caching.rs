@@ -393,6 +393,32 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
+    /// Links a new block right after `id` in its segment (PyTorch's `Block::splice`).
+    fn insert_after(&mut self, id: BlockId, mut block: Block) -> BlockId {
+        let next = self.b(id).next;
+        block.prev = id;
+        block.next = next;
+        let new = self.new_block(block);
+        if next != NONE {
+            self.bm(next).prev = new;
+        }
+        self.bm(id).next = new;
+        new
+    }
+
+    /// Links a new block right before `id` in its segment.
+    fn insert_before(&mut self, id: BlockId, mut block: Block) -> BlockId {
+        let prev = self.b(id).prev;
+        block.prev = prev;
+        block.next = id;
+        let new = self.new_block(block);
+        if prev != NONE {
+            self.bm(prev).next = new;
+        }
+        self.bm(id).prev = new;
+        new
+    }
+
     fn delete_block(&mut self, id: BlockId) {
         let b = self.bm(id);
         b.live = false;
@@ -567,19 +593,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let already_split = self.b(id).is_split();
         let expandable = self.b(id).is_expandable();
         if split {
+            // The allocated part takes the low addresses; the remainder stays free above it.
             let remaining = id;
             let r = self.b(remaining);
-            let (r_ptr, r_segment, r_expandable, r_prev) = (r.ptr, r.segment, r.expandable, r.prev);
-            let mut block = Block::new(p.stream, p.size, p.small, r_ptr, r_segment);
-            block.expandable = r_expandable;
-            block.prev = r_prev;
-            block.next = remaining;
-            id = self.new_block(block);
-            if r_prev != NONE {
-                self.bm(r_prev).next = id;
-            }
+            let mut block = Block::new(p.stream, p.size, p.small, r.ptr, r.segment);
+            block.expandable = r.expandable;
+            id = self.insert_before(remaining, block);
             let rem = self.bm(remaining);
-            rem.prev = id;
             rem.ptr += p.size;
             rem.size -= p.size;
             let rem_size = rem.size;
@@ -1137,14 +1157,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let mut rest = Block::new(stream, b_size - mapped_size, small, ptr + mapped_size, segment);
             rest.mapped = false;
             rest.expandable = es;
-            rest.prev = id;
-            rest.next = self.b(id).next;
-            let rest_id = self.new_block(rest);
-            let next = self.b(id).next;
-            if next != NONE {
-                self.bm(next).prev = rest_id;
-            }
-            self.bm(id).next = rest_id;
+            let rest_id = self.insert_after(id, rest);
             self.unmapped_insert(rest_id);
             self.bm(id).size = mapped_size;
         }
@@ -1193,33 +1206,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return;
         }
         self.pool_remove(id);
+        // Free pages' worth of bytes on either side stay mapped, as free blocks.
         let before = uptr - ptr;
-        if before > 0 {
-            let mut free = Block::new(stream, before, small, ptr, segment);
-            free.expandable = es;
-            free.prev = self.b(id).prev;
-            free.next = id;
-            let fid = self.new_block(free);
-            let prev = self.b(id).prev;
-            if prev != NONE {
-                self.bm(prev).next = fid;
-            }
-            self.bm(id).prev = fid;
-            self.pool_insert(fid);
-        }
         let after = size - (before + usize_);
-        if after > 0 {
-            let mut free = Block::new(stream, after, small, uptr + usize_, segment);
-            free.expandable = es;
-            free.prev = id;
-            free.next = self.b(id).next;
-            let fid = self.new_block(free);
-            let next = self.b(id).next;
-            if next != NONE {
-                self.bm(next).prev = fid;
+        for (at, bytes, is_before) in [(ptr, before, true), (uptr + usize_, after, false)] {
+            if bytes > 0 {
+                let mut free = Block::new(stream, bytes, small, at, segment);
+                free.expandable = es;
+                let fid = if is_before { self.insert_before(id, free) } else { self.insert_after(id, free) };
+                self.pool_insert(fid);
             }
-            self.bm(id).next = fid;
-            self.pool_insert(fid);
         }
         let b = self.bm(id);
         b.ptr = uptr;
