@@ -34,7 +34,18 @@ fn main() {
             a.free_allocation(black_box(&x), None).unwrap();
         }
     });
-    println!("malloc+free pairs (cached, one live):   {:>8.2} M/s  (target >= 10)", pairs / 1e6);
+    // Baseline measured in the same run on the same sizes: the system allocator (glibc malloc/free).
+    let system = rate(sizes.len() as u64, || {
+        for &s in &sizes {
+            let layout = std::alloc::Layout::from_size_align(s as usize, 512).unwrap();
+            // SAFETY: a non-zero layout, freed right away with the same layout.
+            unsafe {
+                let p = std::alloc::alloc(layout);
+                std::alloc::dealloc(black_box(p), layout);
+            }
+        }
+    });
+    println!("malloc+free pairs (cached, one live):   {:>8.2} M/s  (target >= 10); {:.2}x the system allocator ({:.2} M/s)", pairs / 1e6, pairs / system, system / 1e6);
     // The same through the address-keyed API (PyTorch's outer `allocated_blocks` map).
     let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
     let by_address = rate(sizes.len() as u64, || {
