@@ -6,7 +6,13 @@
 //! `scenarios` (named workloads).
 
 pub mod alloc;
+pub mod device;
+pub(crate) mod kernels;
 pub mod replay;
 pub mod report;
 pub mod scenarios;
+pub mod tensor;
 pub mod trace;
+
+pub use device::{Device, DeviceError, GpuOptions, SimOptions};
+pub use tensor::{DType, Tensor, TensorError};

@@ -1,0 +1,82 @@
+// Elementwise kernels over strided, broadcast tensors. Specialised by the kernels layer:
+//   {{ENABLE}} "enable f16;" when f16 runs natively; {{OUT}}, {{A}}, {{B}} element types;
+//   {{BINARY}} the result from x (a's element) and y (b's element); {{UNARY}} from x, s (the
+//   scalar) and i (the linear index); {{FILL}} from s. Every entry compiles with the module, so
+//   the kernels layer gives the unused ones a trivial expression.
+//   {{SCALAR}} how s is read from info[SCALAR_AT].
+// info: [0] numel, [1] ndim, [2..10] output shape, then for out, a, b: offset and 8 strides.
+{{ENABLE}}
+
+const SHAPE: u32 = 2u;
+const OUT_AT: u32 = 10u;
+const A_AT: u32 = 19u;
+const B_AT: u32 = 28u;
+const SCALAR_AT: u32 = 37u;
+
+@group(0) @binding(0) var<storage, read> info: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<{{OUT}}>;
+@group(0) @binding(2) var<storage, read_write> a: array<{{A}}>;
+@group(0) @binding(3) var<storage, read_write> b: array<{{B}}>;
+
+// Element offset of linear output index i in the tensor whose offset and strides start at base.
+fn offset_of(i: u32, base: u32) -> u32 {
+    var rem = i;
+    var off = info[base];
+    let ndim = info[1];
+    for (var d = i32(ndim) - 1; d >= 0; d = d - 1) {
+        let n = info[SHAPE + u32(d)];
+        off = off + (rem % n) * info[base + 1u + u32(d)];
+        rem = rem / n;
+    }
+    return off;
+}
+
+// erf to 1.5e-7 (Abramowitz and Stegun 7.1.26): WGSL has no erf, and PyTorch's gelu uses it.
+fn erf_approx(x: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    let poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t;
+    return sign(x) * (1.0 - poly * exp(-x * x));
+}
+
+// pow with PyTorch's results for negative bases and integer exponents (WGSL's pow is undefined
+// for x < 0).
+fn pow_signed(x: f32, y: f32) -> f32 {
+    if (y == 0.0) { return 1.0; }
+    if (x == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u), y < 0.0); }
+    if (y == round(y)) {
+        let r = exp2(y * log2(abs(x)));
+        return select(r, -r, x < 0.0 && abs(y % 2.0) == 1.0);
+    }
+    return exp2(y * log2(x));
+}
+
+fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.x + gid.y * nwg.x * 64u;
+}
+
+@compute @workgroup_size(64)
+fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= info[0]) { return; }
+    let x = a[offset_of(i, A_AT)];
+    let y = b[offset_of(i, B_AT)];
+    out[offset_of(i, OUT_AT)] = {{BINARY}};
+}
+
+@compute @workgroup_size(64)
+fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= info[0]) { return; }
+    let x = a[offset_of(i, A_AT)];
+    let s = {{SCALAR}};
+    out[offset_of(i, OUT_AT)] = {{UNARY}};
+}
+
+// Writes the scalar everywhere (fill_, zeros, ones, full).
+@compute @workgroup_size(64)
+fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= info[0]) { return; }
+    let s = {{SCALAR}};
+    out[offset_of(i, OUT_AT)] = {{FILL}};
+}

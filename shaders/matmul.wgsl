@@ -1,0 +1,75 @@
+// Batched matrix multiply C[b] = A[b] @ B[b] over strided, broadcast inputs.
+// Specialised: {{ENABLE}}, {{T}} element type, {{ACC}} accumulator type, {{TILE}} tile edge.
+// info: [0] M, [1] N, [2] K, [3] batch count, [4] batch ndim, [5..9] batch shape (4 dims),
+//       [9] A offset, [10..14] A batch strides, [14] A row stride, [15] A col stride,
+//       [16] B offset, [17..21] B batch strides, [21] B row stride, [22] B col stride,
+//       [23] C offset, [24..28] C batch strides, [28] C row stride, [29] C col stride.
+{{ENABLE}}
+
+@group(0) @binding(0) var<storage, read> info: array<u32>;
+@group(0) @binding(1) var<storage, read_write> c: array<{{T}}>;
+@group(0) @binding(2) var<storage, read_write> a: array<{{T}}>;
+@group(0) @binding(3) var<storage, read_write> b: array<{{T}}>;
+
+// Offset of batch `batch` for the tensor whose batch strides start at `base`.
+fn batch_offset(batch: u32, base: u32) -> u32 {
+    var rem = batch;
+    var off = info[base - 1u];
+    for (var d = i32(info[4]) - 1; d >= 0; d = d - 1) {
+        let n = info[5u + u32(d)];
+        off = off + (rem % n) * info[base + u32(d)];
+        rem = rem / n;
+    }
+    return off;
+}
+
+// One invocation per output element: the baseline the tiled kernel is measured against.
+@compute @workgroup_size(8, 8)
+fn naive(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let m = info[0]; let n = info[1]; let k = info[2];
+    let row = gid.y; let col = gid.x; let batch = gid.z;
+    if (row >= m || col >= n || batch >= info[3]) { return; }
+    let ao = batch_offset(batch, 10u) + row * info[14];
+    let bo = batch_offset(batch, 17u) + col * info[22];
+    var acc: {{ACC}} = {{ACC}}(0);
+    for (var i = 0u; i < k; i = i + 1u) {
+        acc = acc + {{ACC}}(a[ao + i * info[15]]) * {{ACC}}(b[bo + i * info[21]]);
+    }
+    c[batch_offset(batch, 24u) + row * info[28] + col * info[29]] = {{T}}(acc);
+}
+
+const TILE: u32 = {{TILE}}u;
+var<workgroup> tile_a: array<array<{{ACC}}, {{TILE}}>, {{TILE}}>;
+var<workgroup> tile_b: array<array<{{ACC}}, {{TILE}}>, {{TILE}}>;
+
+// Workgroup tiling: each workgroup stages TILE x TILE blocks of A and B in shared memory, so
+// each element is read from global memory once per tile instead of once per product.
+@compute @workgroup_size({{TILE}}, {{TILE}})
+fn tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let m = info[0]; let n = info[1]; let k = info[2];
+    let row = wid.y * TILE + lid.y;
+    let col = wid.x * TILE + lid.x;
+    let batch = wid.z;
+    let ao = batch_offset(batch, 10u);
+    let bo = batch_offset(batch, 17u);
+    var acc: {{ACC}} = {{ACC}}(0);
+    let tiles = (k + TILE - 1u) / TILE;
+    for (var t = 0u; t < tiles; t = t + 1u) {
+        let ak = t * TILE + lid.x;
+        let bk = t * TILE + lid.y;
+        var av: {{ACC}} = {{ACC}}(0);
+        var bv: {{ACC}} = {{ACC}}(0);
+        if (row < m && ak < k) { av = {{ACC}}(a[ao + row * info[14] + ak * info[15]]); }
+        if (col < n && bk < k) { bv = {{ACC}}(b[bo + bk * info[21] + col * info[22]]); }
+        tile_a[lid.y][lid.x] = av;
+        tile_b[lid.y][lid.x] = bv;
+        workgroupBarrier();
+        for (var i = 0u; i < TILE; i = i + 1u) {
+            acc = acc + tile_a[lid.y][i] * tile_b[i][lid.x];
+        }
+        workgroupBarrier();
+    }
+    if (row < m && col < n) {
+        c[batch_offset(batch, 24u) + row * info[28] + col * info[29]] = {{T}}(acc);
+    }
+}

@@ -1,0 +1,272 @@
+//! The wgpu side of a GPU device: adapter, limits, one buffer per allocator segment, the pending
+//! command encoder, uploads and readback.
+
+use crate::alloc::{SegmentSource, VirtualSegments};
+use rustc_hash::FxHashMap;
+use std::cell::{Cell, RefCell};
+
+use super::DeviceError;
+
+/// How to open a GPU device.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// Bytes the device may reserve (the card's memory, or a browser budget). None: the adapter's
+    /// `max_buffer_size` times 4, a guess, since no API reports free GPU memory.
+    pub capacity: Option<u64>,
+    /// Store f16 packed in u32 words even when the adapter has `shader-f16` (the path browsers
+    /// without it take; tests use this to check both).
+    pub disable_native_f16: bool,
+}
+
+/// What the adapter is and what it allows.
+#[derive(Debug, Clone)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub native_f16: bool,
+    pub max_buffer_size: u64,
+    pub max_storage_buffer_binding_size: u64,
+    pub min_storage_buffer_offset_alignment: u32,
+    pub max_compute_workgroup_size_x: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroups_per_dimension: u32,
+    pub max_storage_buffers_per_shader_stage: u32,
+}
+
+/// One wgpu buffer per segment, addressed by the segment's virtual base address.
+pub struct GpuSegments {
+    device: wgpu::Device,
+    addresses: VirtualSegments,
+    buffers: FxHashMap<u64, wgpu::Buffer>,
+    max_buffer_size: u64,
+}
+
+impl GpuSegments {
+    pub fn buffer(&self, segment: u64) -> Option<&wgpu::Buffer> {
+        self.buffers.get(&segment)
+    }
+}
+
+impl SegmentSource for GpuSegments {
+    fn allocate(&mut self, size: u64) -> Option<u64> {
+        if size > self.max_buffer_size {
+            return None;
+        }
+        let base = self.addresses.allocate(size)?;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tensormem segment"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.buffers.insert(base, buffer);
+        Some(base)
+    }
+
+    fn free(&mut self, base: u64, size: u64) {
+        if let Some(b) = self.buffers.remove(&base) {
+            b.destroy();
+        }
+        self.addresses.free(base, size);
+    }
+}
+
+pub struct GpuContext {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) summary: AdapterSummary,
+    pub(crate) limits: wgpu::Limits,
+    /// Commands recorded but not yet submitted.
+    pub(crate) encoder: RefCell<Option<wgpu::CommandEncoder>>,
+    pub(crate) pending_dispatches: Cell<u32>,
+    pub(crate) pipelines: RefCell<FxHashMap<String, std::rc::Rc<crate::kernels::Pipeline>>>,
+    /// Readback staging buffers live and at their peak, in bytes (their own pool, like PyTorch's
+    /// pinned host allocator).
+    pub(crate) staging_current: Cell<u64>,
+    pub(crate) staging_peak: Cell<u64>,
+}
+
+/// Submit once this many dispatches are pending (bounds encoder memory on long programs).
+const MAX_PENDING_DISPATCHES: u32 = 256;
+
+impl GpuContext {
+    pub async fn open(options: &GpuOptions) -> Result<(GpuContext, GpuSegments), DeviceError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| DeviceError::NoAdapter(e.to_string()))?;
+        let info = adapter.get_info();
+        let native_f16 = adapter.features().contains(wgpu::Features::SHADER_F16) && !options.disable_native_f16;
+        let features = if native_f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+        // Ask for everything the adapter offers: tensors want the largest buffers it allows.
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("tensormem"),
+                required_features: features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| DeviceError::NoAdapter(format!("request_device failed: {e}")))?;
+        let align = limits.min_storage_buffer_offset_alignment;
+        // Blocks are 512-byte aligned inside a segment; every known adapter needs at most 256.
+        if 512 % align != 0 {
+            return Err(DeviceError::Unsupported(format!(
+                "adapter needs storage offsets aligned to {align} bytes; tensormem's 512-byte blocks cannot bind there"
+            )));
+        }
+        let summary = AdapterSummary {
+            name: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            native_f16,
+            max_buffer_size: limits.max_buffer_size,
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size as u64,
+            min_storage_buffer_offset_alignment: align,
+            max_compute_workgroup_size_x: limits.max_compute_workgroup_size_x,
+            max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+        };
+        let segments = GpuSegments {
+            device: device.clone(),
+            addresses: VirtualSegments::default(),
+            buffers: FxHashMap::default(),
+            max_buffer_size: limits.max_buffer_size,
+        };
+        let ctx = GpuContext {
+            device,
+            queue,
+            summary,
+            limits,
+            encoder: RefCell::new(None),
+            pending_dispatches: Cell::new(0),
+            pipelines: RefCell::new(FxHashMap::default()),
+            staging_current: Cell::new(0),
+            staging_peak: Cell::new(0),
+        };
+        Ok((ctx, segments))
+    }
+
+    /// Runs `f` on the pending encoder (created on demand); submits when many are pending.
+    pub(crate) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        {
+            let mut slot = self.encoder.borrow_mut();
+            let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tensormem ops") }));
+            f(encoder);
+        }
+        self.pending_dispatches.set(self.pending_dispatches.get() + 1);
+        if self.pending_dispatches.get() >= MAX_PENDING_DISPATCHES {
+            self.submit();
+        }
+    }
+
+    /// Submits recorded work. Needed before `queue.write_buffer` into memory that recorded work
+    /// may still read: WebGPU runs a write_buffer before any command buffer submitted after it.
+    pub(crate) fn submit(&self) {
+        if let Some(encoder) = self.encoder.borrow_mut().take() {
+            self.queue.submit([encoder.finish()]);
+        }
+        self.pending_dispatches.set(0);
+    }
+
+    pub(crate) fn has_pending_work(&self) -> bool {
+        self.encoder.borrow().is_some()
+    }
+
+    pub(crate) fn upload(&self, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        // The block may have belonged to a tensor that pending commands still read.
+        if self.has_pending_work() {
+            self.submit();
+        }
+        // write_buffer wants a multiple of 4 bytes; blocks always have room for the padding.
+        if bytes.len() % 4 == 0 {
+            self.queue.write_buffer(buffer, offset, bytes);
+        } else {
+            let mut padded = bytes.to_vec();
+            padded.resize(bytes.len().next_multiple_of(4), 0);
+            self.queue.write_buffer(buffer, offset, &padded);
+        }
+    }
+
+    /// Copies `[offset, offset + len)` of `buffer` to the host.
+    pub(crate) async fn read(&self, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, DeviceError> {
+        let padded = len.next_multiple_of(4).max(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tensormem readback"),
+            size: padded,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.staging_current.set(self.staging_current.get() + padded);
+        self.staging_peak.set(self.staging_peak.get().max(self.staging_current.get()));
+        self.record(|e| e.copy_buffer_to_buffer(buffer, offset, &staging, 0, padded));
+        self.submit();
+        let result = self.map_and_copy(&staging, len).await;
+        staging.destroy();
+        self.staging_current.set(self.staging_current.get() - padded);
+        result
+    }
+
+    async fn map_and_copy(&self, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>, DeviceError> {
+        let (sender, receiver) = oneshot();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| sender.send(r));
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| DeviceError::Lost(format!("waiting for the GPU failed: {e}")))?;
+        receiver.await.map_err(|e| DeviceError::Lost(format!("readback failed: {e}")))?;
+        let view = staging.get_mapped_range(..).map_err(|e| DeviceError::Lost(format!("readback mapping failed: {e}")))?;
+        let bytes = view[..len as usize].to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(bytes)
+    }
+}
+
+/// A one-value channel whose receiving end is a future: map_async's callback fires from
+/// `device.poll` natively and from the browser's event loop on the web.
+fn oneshot<T: Send + 'static>() -> (Sender<T>, Receiver<T>) {
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(Slot { value: None, waker: None }));
+    (Sender(shared.clone()), Receiver(shared))
+}
+
+struct Slot<T> {
+    value: Option<T>,
+    waker: Option<std::task::Waker>,
+}
+
+struct Sender<T>(std::sync::Arc<std::sync::Mutex<Slot<T>>>);
+struct Receiver<T>(std::sync::Arc<std::sync::Mutex<Slot<T>>>);
+
+impl<T> Sender<T> {
+    fn send(self, value: T) {
+        let mut slot = self.0.lock().unwrap();
+        slot.value = Some(value);
+        if let Some(w) = slot.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+impl<T> std::future::Future for Receiver<T> {
+    type Output = T;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let mut slot = self.0.lock().unwrap();
+        match slot.value.take() {
+            Some(v) => std::task::Poll::Ready(v),
+            None => {
+                slot.waker = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+}

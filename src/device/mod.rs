@@ -1,0 +1,286 @@
+//! A device: GPU (wgpu: Vulkan, Metal, DX12, or WebGPU in the browser) or Sim (shapes only). Both
+//! hand every tensor a block from the same caching allocator, so both produce the same trace.
+
+mod gpu;
+mod sim;
+
+pub use gpu::{AdapterSummary, GpuOptions};
+pub use sim::{SimOptions, PRESETS};
+
+use crate::alloc::{
+    AllocError, Allocation, AllocatorConfig, CachingAllocator, ConfigError, RecordContext, SegmentSource, VirtualSegments,
+};
+use crate::report;
+use crate::trace::{Frame, Frames, Snapshot};
+use gpu::{GpuContext, GpuSegments};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("no GPU adapter: {0}")]
+    NoAdapter(String),
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("the GPU device was lost: {0}")]
+    Lost(String),
+}
+
+/// Where a device's segments come from.
+pub enum Segments {
+    Virtual(VirtualSegments),
+    Gpu(GpuSegments),
+}
+
+impl SegmentSource for Segments {
+    fn allocate(&mut self, size: u64) -> Option<u64> {
+        match self {
+            Segments::Virtual(v) => v.allocate(size),
+            Segments::Gpu(g) => g.allocate(size),
+        }
+    }
+    fn free(&mut self, base: u64, size: u64) {
+        match self {
+            Segments::Virtual(v) => v.free(base, size),
+            Segments::Gpu(g) => g.free(base, size),
+        }
+    }
+    fn reserve(&mut self, size: u64) -> Option<u64> {
+        match self {
+            Segments::Virtual(v) => v.reserve(size),
+            Segments::Gpu(_) => None,
+        }
+    }
+    fn release_reservation(&mut self, base: u64, size: u64) {
+        if let Segments::Virtual(v) = self {
+            v.release_reservation(base, size)
+        }
+    }
+    fn map(&mut self, addr: u64, size: u64) -> bool {
+        match self {
+            Segments::Virtual(v) => v.map(addr, size),
+            Segments::Gpu(_) => false,
+        }
+    }
+    fn unmap(&mut self, addr: u64, size: u64) {
+        if let Segments::Virtual(v) = self {
+            v.unmap(addr, size)
+        }
+    }
+    fn supports_expandable(&self) -> bool {
+        matches!(self, Segments::Virtual(_))
+    }
+}
+
+pub(crate) enum Backend {
+    Gpu(GpuContext),
+    Sim,
+}
+
+pub(crate) struct DeviceInner {
+    pub(crate) backend: Backend,
+    pub(crate) alloc: RefCell<CachingAllocator<Segments>>,
+    name: String,
+    next_storage: Cell<u64>,
+    /// Module names pushed by nn layers (`gpt.h.3.attn`), recorded with each allocation.
+    scope: RefCell<Vec<String>>,
+}
+
+/// A device handle; cheap to clone (tensors keep one).
+#[derive(Clone)]
+pub struct Device(pub(crate) Rc<DeviceInner>);
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.0.name)
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Device) -> bool {
+        Rc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Device {
+    /// A GPU device on whatever adapter wgpu finds (lavapipe counts). Allocator settings come
+    /// from `PYTORCH_CUDA_ALLOC_CONF` natively; expandable segments need virtual memory mapping,
+    /// which WebGPU lacks, so they are refused here.
+    pub async fn gpu(options: GpuOptions) -> Result<Device, DeviceError> {
+        let config = if cfg!(target_arch = "wasm32") { AllocatorConfig::default() } else { AllocatorConfig::from_env()? };
+        Device::gpu_with(options, config).await
+    }
+
+    pub async fn gpu_with(options: GpuOptions, config: AllocatorConfig) -> Result<Device, DeviceError> {
+        if config.expandable_segments {
+            return Err(DeviceError::Unsupported(
+                "expandable_segments needs virtual memory mapping, which WebGPU does not offer; use the sim device to study it".into(),
+            ));
+        }
+        let (ctx, segments) = GpuContext::open(&options).await?;
+        let capacity = options.capacity.unwrap_or(ctx.summary.max_buffer_size.saturating_mul(4));
+        let name = format!("gpu ({}, {})", ctx.summary.name, ctx.summary.backend);
+        let alloc = CachingAllocator::new(config, Segments::Gpu(segments)).with_capacity(capacity);
+        Ok(Device::from_parts(Backend::Gpu(ctx), alloc, name))
+    }
+
+    /// The simulation device: same allocator, same ops and trace, no memory behind the blocks.
+    pub fn sim(options: SimOptions) -> Device {
+        Device::sim_with(options, AllocatorConfig::default())
+    }
+
+    pub fn sim_with(options: SimOptions, config: AllocatorConfig) -> Device {
+        let alloc = CachingAllocator::new(config, Segments::Virtual(VirtualSegments::default())).with_capacity(options.capacity);
+        Device::from_parts(Backend::Sim, alloc, format!("sim ({})", options.name))
+    }
+
+    fn from_parts(backend: Backend, mut alloc: CachingAllocator<Segments>, name: String) -> Device {
+        alloc.record_memory_history(true, RecordContext::All, 100_000);
+        Device(Rc::new(DeviceInner { backend, alloc: RefCell::new(alloc), name, next_storage: Cell::new(1), scope: RefCell::new(Vec::new()) }))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    pub fn is_sim(&self) -> bool {
+        matches!(self.0.backend, Backend::Sim)
+    }
+
+    /// The adapter, for a GPU device.
+    pub fn adapter(&self) -> Option<&AdapterSummary> {
+        match &self.0.backend {
+            Backend::Gpu(g) => Some(&g.summary),
+            Backend::Sim => None,
+        }
+    }
+
+    pub(crate) fn gpu_context(&self) -> Option<&GpuContext> {
+        match &self.0.backend {
+            Backend::Gpu(g) => Some(g),
+            Backend::Sim => None,
+        }
+    }
+
+    pub(crate) fn next_storage_id(&self) -> u64 {
+        let id = self.0.next_storage.get();
+        self.0.next_storage.set(id + 1);
+        id
+    }
+
+    /// Allocates a block for `bytes` bytes, recording the op and scope as its stack.
+    #[track_caller]
+    pub(crate) fn allocate(&self, bytes: u64, op: &str) -> Result<Allocation, DeviceError> {
+        if let Backend::Gpu(g) = &self.0.backend {
+            let limit = g.summary.max_storage_buffer_binding_size;
+            if bytes > limit {
+                return Err(DeviceError::Unsupported(format!(
+                    "a tensor of {bytes} bytes exceeds this adapter's max_storage_buffer_binding_size of {limit} bytes"
+                )));
+            }
+        }
+        let frames = self.frames(op, std::panic::Location::caller());
+        Ok(self.0.alloc.borrow_mut().malloc(bytes, 0, Some(frames))?)
+    }
+
+    pub(crate) fn release(&self, block: &Allocation) {
+        // A failure here means the block was freed twice: a bug, but not worth a panic in Drop.
+        let _ = self.0.alloc.borrow_mut().free_allocation(block, None);
+    }
+
+    fn frames(&self, op: &str, at: &std::panic::Location) -> Frames {
+        let scope = self.0.scope.borrow();
+        let mut frames = vec![Frame { filename: at.file().to_string(), line: at.line() as u64, name: op.to_string() }];
+        if !scope.is_empty() {
+            frames.push(Frame { filename: String::new(), line: 0, name: scope.join(".") });
+        }
+        Arc::from(frames)
+    }
+
+    /// Names the module that the following allocations belong to, until the guard drops.
+    pub fn scope(&self, name: &str) -> ScopeGuard {
+        self.0.scope.borrow_mut().push(name.to_string());
+        ScopeGuard(self.clone())
+    }
+
+    // ------------------------------------------------------------------ torch.cuda names
+
+    pub fn memory_allocated(&self) -> u64 {
+        self.0.alloc.borrow().stats().allocated_bytes.all().current as u64
+    }
+
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.0.alloc.borrow().stats().allocated_bytes.all().peak as u64
+    }
+
+    pub fn memory_reserved(&self) -> u64 {
+        self.0.alloc.borrow().stats().reserved_bytes.all().current as u64
+    }
+
+    pub fn max_memory_reserved(&self) -> u64 {
+        self.0.alloc.borrow().stats().reserved_bytes.all().peak as u64
+    }
+
+    pub fn reset_peak_memory_stats(&self) {
+        self.0.alloc.borrow_mut().reset_peak_stats();
+    }
+
+    pub fn empty_cache(&self) {
+        if let Some(g) = self.gpu_context() {
+            // Recorded work may still use the cached buffers that are about to be destroyed.
+            g.submit();
+        }
+        self.0.alloc.borrow_mut().empty_cache();
+    }
+
+    pub fn memory_stats(&self) -> std::collections::BTreeMap<String, i64> {
+        report::memory_stats(self.0.alloc.borrow().stats())
+    }
+
+    pub fn memory_summary(&self) -> String {
+        report::memory_summary(self.0.alloc.borrow().stats(), 0, false)
+    }
+
+    /// `_record_memory_history(enabled, context, max_entries)`.
+    pub fn record_memory_history(&self, enabled: bool, context: RecordContext, max_entries: usize) {
+        self.0.alloc.borrow_mut().record_memory_history(enabled, context, max_entries);
+    }
+
+    /// `torch.cuda.memory._snapshot()`.
+    pub fn snapshot(&self) -> Snapshot {
+        self.0.alloc.borrow_mut().snapshot()
+    }
+
+    pub fn capacity(&self) -> Option<u64> {
+        self.0.alloc.borrow().capacity()
+    }
+
+    /// Readback staging bytes (current, peak): their own pool, like PyTorch's pinned host memory.
+    pub fn staging_memory(&self) -> (u64, u64) {
+        match &self.0.backend {
+            Backend::Gpu(g) => (g.staging_current.get(), g.staging_peak.get()),
+            Backend::Sim => (0, 0),
+        }
+    }
+
+    /// Submits recorded GPU work (no-op on sim).
+    pub fn synchronize(&self) {
+        if let Some(g) = self.gpu_context() {
+            g.submit();
+        }
+    }
+}
+
+/// Pops a scope name when dropped.
+pub struct ScopeGuard(Device);
+
+impl Drop for ScopeGuard {
+    fn drop(&mut self) {
+        self.0.0.scope.borrow_mut().pop();
+    }
+}

@@ -1,0 +1,180 @@
+//! Op -> WGSL pipeline + dispatch. One generic path: a kernel is a shader family (one file in
+//! `shaders/`), an entry point and a specialisation (`{{NAME}}` placeholders: dtype, expression,
+//! tile sizes). Pipelines are cached by that key. Every dispatch binds a small metadata array
+//! (shapes, strides, offsets, scalars) at binding 0 and the tensors after it.
+
+use crate::device::DeviceError;
+use std::rc::Rc;
+use wgpu::util::DeviceExt;
+
+pub(crate) use crate::device::Device;
+
+/// A shader file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Family {
+    Elementwise,
+    Reduce,
+    Matmul,
+}
+
+impl Family {
+    fn source(self) -> &'static str {
+        match self {
+            Family::Elementwise => include_str!("../../shaders/elementwise.wgsl"),
+            Family::Reduce => include_str!("../../shaders/reduce.wgsl"),
+            Family::Matmul => include_str!("../../shaders/matmul.wgsl"),
+        }
+    }
+}
+
+/// What to compile: a family, an entry point and the values of its placeholders.
+#[derive(Debug, Clone)]
+pub(crate) struct Kernel {
+    pub family: Family,
+    pub entry: &'static str,
+    pub spec: Vec<(&'static str, String)>,
+}
+
+impl Kernel {
+    pub fn new(family: Family, entry: &'static str) -> Kernel {
+        Kernel { family, entry, spec: Vec::new() }
+    }
+
+    pub fn with(mut self, name: &'static str, value: impl Into<String>) -> Kernel {
+        self.spec.push((name, value.into()));
+        self
+    }
+
+    fn key(&self, tensors: usize) -> String {
+        let mut key = format!("{:?}/{}/{}", self.family, self.entry, tensors);
+        for (k, v) in &self.spec {
+            key.push_str(&format!(";{k}={v}"));
+        }
+        key
+    }
+
+    /// The family's source with every placeholder replaced.
+    fn specialize(&self) -> Result<String, DeviceError> {
+        let mut text = self.family.source().to_string();
+        for (name, value) in &self.spec {
+            text = text.replace(&format!("{{{{{name}}}}}"), value);
+        }
+        match text.find("{{") {
+            Some(at) => Err(DeviceError::Unsupported(format!(
+                "kernel {:?}/{} leaves placeholder {} unspecified",
+                self.family,
+                self.entry,
+                &text[at..(at + 24).min(text.len())]
+            ))),
+            None => Ok(text),
+        }
+    }
+}
+
+pub(crate) struct Pipeline {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// A tensor's bytes as a binding: its segment's buffer, the block's offset and a size.
+pub(crate) struct Arg {
+    pub buffer: wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// Threads per workgroup for 1-D kernels; every adapter allows 64 (WebGPU's minimum is 256).
+pub(crate) const WORKGROUP: u32 = 64;
+
+fn pipeline(device: &Device, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipeline>, DeviceError> {
+    let ctx = device.gpu_context().expect("kernels run on GPU devices");
+    let key = kernel.key(tensors);
+    if let Some(p) = ctx.pipelines.borrow().get(&key) {
+        return Ok(p.clone());
+    }
+    let source = kernel.specialize()?;
+    let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(&key),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Storage { read_only }, has_dynamic_offset: false, min_binding_size: None },
+        count: None,
+    };
+    // Tensors bind read_write even when only read: WebGPU forbids one buffer (a segment) bound
+    // read-only and writable in the same dispatch, and tensors often share a segment.
+    let entries: Vec<_> = std::iter::once(storage(0, true)).chain((1..=tensors as u32).map(|b| storage(b, false))).collect();
+    let layout = ctx.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&key), entries: &entries });
+    let pipeline_layout = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(&key),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(&key),
+        layout: Some(&pipeline_layout),
+        module: &module,
+        entry_point: Some(kernel.entry),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let p = Rc::new(Pipeline { pipeline, layout });
+    ctx.pipelines.borrow_mut().insert(key, p.clone());
+    Ok(p)
+}
+
+/// Records one dispatch of `threads` invocations of a 1-D kernel (`workgroup` per group; groups
+/// spread over x and y when x alone would exceed the adapter's limit).
+pub(crate) fn dispatch(device: &Device, kernel: &Kernel, meta: &[u32], args: &[Arg], threads: u64, workgroup: u32) -> Result<(), DeviceError> {
+    if threads == 0 {
+        return Ok(());
+    }
+    let ctx = device.gpu_context().expect("kernels run on GPU devices");
+    let groups = threads.div_ceil(workgroup as u64);
+    let max = ctx.limits.max_compute_workgroups_per_dimension as u64;
+    let x = groups.min(max);
+    let y = groups.div_ceil(x);
+    if y > max {
+        return Err(DeviceError::Unsupported(format!("{threads} threads exceed this adapter's dispatch limits")));
+    }
+    dispatch_groups(device, kernel, meta, args, [x as u32, y as u32, 1])
+}
+
+/// Records one dispatch of exactly `groups` workgroups.
+pub(crate) fn dispatch_groups(device: &Device, kernel: &Kernel, meta: &[u32], args: &[Arg], groups: [u32; 3]) -> Result<(), DeviceError> {
+    let ctx = device.gpu_context().expect("kernels run on GPU devices");
+    let max = ctx.limits.max_compute_workgroups_per_dimension;
+    if groups.iter().any(|&g| g > max) {
+        return Err(DeviceError::Unsupported(format!("dispatch of {groups:?} workgroups exceeds this adapter's limit of {max} per dimension")));
+    }
+    if groups.contains(&0) {
+        return Ok(());
+    }
+    let p = pipeline(device, kernel, args.len())?;
+    let meta_buffer = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("tensormem kernel metadata"),
+        contents: bytemuck::cast_slice(if meta.is_empty() { &[0u32] } else { meta }),
+        usage: wgpu::BufferUsages::STORAGE,
+    });
+    let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: meta_buffer.as_entire_binding() }];
+    for (i, a) in args.iter().enumerate() {
+        entries.push(wgpu::BindGroupEntry {
+            binding: i as u32 + 1,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &a.buffer,
+                offset: a.offset,
+                size: wgpu::BufferSize::new(a.size.next_multiple_of(4).max(4)),
+            }),
+        });
+    }
+    let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.layout, entries: &entries });
+    ctx.record(|encoder| {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.entry), timestamp_writes: None });
+        pass.set_pipeline(&p.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    });
+    Ok(())
+}

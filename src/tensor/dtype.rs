@@ -1,0 +1,79 @@
+//! Element types. Four run on the GPU (f32, f16, i32, u32); the others exist so that the
+//! simulation device can account for the memory of programs that use them (a bf16 model, int64
+//! token ids) exactly.
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    F64,
+    I64,
+    I32,
+    U32,
+    I8,
+    U8,
+    Bool,
+}
+
+impl DType {
+    /// Bytes per element, as PyTorch's `element_size()`.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::F64 => "float64",
+            DType::I64 => "int64",
+            DType::I32 => "int32",
+            DType::U32 => "uint32",
+            DType::I8 => "int8",
+            DType::U8 => "uint8",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// Whether GPU kernels exist for it.
+    pub fn runs_on_gpu(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::I32 | DType::U32)
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Host element types that can move to and from a tensor.
+pub trait Element: bytemuck::Pod + Copy + PartialEq + fmt::Debug + 'static {
+    const DTYPE: DType;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+impl Element for u32 {
+    const DTYPE: DType = DType::U32;
+}

@@ -1,0 +1,296 @@
+//! Tensor = shared storage (one allocator block, freed when the last reference drops) + layout
+//! (shape, strides, offset) + dtype. Views share storage; ops allocate their outputs and
+//! temporaries through the device's allocator, where they appear in the trace.
+
+mod dtype;
+mod layout;
+mod ops;
+
+pub use dtype::{DType, Element};
+pub use ops::MatmulKernel;
+pub use layout::{broadcast_shapes, Layout, MAX_DIMS};
+
+use crate::alloc::Allocation;
+use crate::device::{Device, DeviceError};
+use crate::kernels::Arg;
+use std::rc::Rc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    #[error("shape error: {0}")]
+    Shape(String),
+    #[error("dtype error: {0}")]
+    DType(String),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl From<crate::alloc::AllocError> for TensorError {
+    fn from(e: crate::alloc::AllocError) -> TensorError {
+        TensorError::Device(DeviceError::Alloc(e))
+    }
+}
+
+pub type Result<T> = std::result::Result<T, TensorError>;
+
+/// Memory behind a tensor: one block of the device's allocator (none for zero bytes, as in
+/// PyTorch). Freed when the last tensor that uses it drops.
+pub(crate) struct Storage {
+    device: Device,
+    block: Option<Allocation>,
+    bytes: u64,
+    id: u64,
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Some(block) = &self.block {
+            self.device.release(block);
+        }
+    }
+}
+
+pub struct Tensor {
+    storage: Rc<Storage>,
+    layout: Layout,
+    dtype: DType,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {}, strides {:?}, storage #{})", self.layout.shape, self.dtype, self.layout.strides, self.storage.id)
+    }
+}
+
+impl Device {
+    /// A new uninitialised contiguous tensor: one allocation.
+    #[track_caller]
+    pub(crate) fn empty_tensor(&self, shape: &[usize], dtype: DType, op: &str) -> Result<Tensor> {
+        if shape.len() > MAX_DIMS {
+            return Err(TensorError::Shape(format!("{} dims; at most {MAX_DIMS} are supported", shape.len())));
+        }
+        let numel = shape.iter().try_fold(1u64, |acc, &n| acc.checked_mul(n as u64));
+        let bytes = numel
+            .and_then(|n| n.checked_mul(dtype.size() as u64))
+            .ok_or_else(|| TensorError::Shape(format!("shape {shape:?} has more bytes than fit 64 bits")))?;
+        let block = if bytes == 0 { None } else { Some(self.allocate(bytes, op)?) };
+        let storage = Storage { device: self.clone(), block, bytes, id: self.next_storage_id() };
+        Ok(Tensor { storage: Rc::new(storage), layout: Layout::contiguous(shape), dtype })
+    }
+
+    /// `torch.zeros`.
+    #[track_caller]
+    pub fn zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        self.full(shape, 0.0, dtype)
+    }
+
+    /// `torch.ones`.
+    #[track_caller]
+    pub fn ones(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        self.full(shape, 1.0, dtype)
+    }
+
+    /// `torch.full`.
+    #[track_caller]
+    pub fn full(&self, shape: &[usize], value: f64, dtype: DType) -> Result<Tensor> {
+        let t = self.empty_tensor(shape, dtype, "full")?;
+        t.fill_(value)?;
+        Ok(t)
+    }
+
+    /// `torch.tensor(data).reshape(shape)`: uploads host data.
+    #[track_caller]
+    pub fn from_slice<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        let numel: usize = shape.iter().product();
+        if numel != data.len() {
+            return Err(TensorError::Shape(format!("{} values cannot fill shape {shape:?} ({numel} elements)", data.len())));
+        }
+        let t = self.empty_tensor(shape, T::DTYPE, "from_slice")?;
+        if let (Some(ctx), Some(arg)) = (self.gpu_context(), t.arg()?) {
+            ctx.upload(&arg.buffer, arg.offset, bytemuck::cast_slice(data));
+        }
+        Ok(t)
+    }
+
+    /// `torch.arange(n)`.
+    #[track_caller]
+    pub fn arange(&self, n: usize, dtype: DType) -> Result<Tensor> {
+        let t = self.empty_tensor(&[n], dtype, "arange")?;
+        t.unary_into(&t, ops::Unary::Index, 0.0)?;
+        Ok(t)
+    }
+}
+
+impl Tensor {
+    pub fn shape(&self) -> &[usize] {
+        &self.layout.shape
+    }
+
+    pub fn strides(&self) -> &[usize] {
+        &self.layout.strides
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.layout.ndim()
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.storage.device
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+
+    /// Address of the first element (`data_ptr()`); 0 for a tensor without bytes.
+    pub fn data_ptr(&self) -> u64 {
+        self.storage.block.map_or(0, |b| b.ptr + (self.layout.offset * self.dtype.size()) as u64)
+    }
+
+    /// Identifies the storage: views of one tensor share it.
+    pub fn storage_id(&self) -> u64 {
+        self.storage.id
+    }
+
+    /// Bytes of the storage (the request, before the allocator's rounding).
+    pub fn storage_bytes(&self) -> u64 {
+        self.storage.bytes
+    }
+
+    /// Another reference to the same tensor (Python's `y = x`): no memory.
+    pub fn share(&self) -> Tensor {
+        self.view_with(self.layout.clone())
+    }
+
+    fn view_with(&self, layout: Layout) -> Tensor {
+        Tensor { storage: self.storage.clone(), layout, dtype: self.dtype }
+    }
+
+    /// The storage as a kernel binding (None for zero bytes).
+    pub(crate) fn arg(&self) -> Result<Option<Arg>> {
+        let Some(block) = self.storage.block else { return Ok(None) };
+        let alloc = self.device().0.alloc.borrow();
+        let crate::device::Segments::Gpu(segments) = alloc.source() else {
+            return Err(TensorError::Unsupported("the simulation device has no memory behind its tensors".into()));
+        };
+        let buffer = segments.buffer(block.segment).expect("every block lives in a segment buffer").clone();
+        Ok(Some(Arg { buffer, offset: block.ptr - block.segment, size: self.storage.bytes }))
+    }
+
+    // ------------------------------------------------------------------ views (no memory)
+
+    pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
+        Ok(self.view_with(self.layout.transpose(d0, d1)?))
+    }
+
+    /// Transpose of a 2-D tensor (`x.t()`).
+    pub fn t(&self) -> Result<Tensor> {
+        if self.ndim() > 2 {
+            return Err(TensorError::Shape(format!("t() expects at most 2 dims, got {}", self.ndim())));
+        }
+        if self.ndim() < 2 {
+            return Ok(self.share());
+        }
+        self.transpose(0, 1)
+    }
+
+    pub fn permute(&self, dims: &[isize]) -> Result<Tensor> {
+        Ok(self.view_with(self.layout.permute(dims)?))
+    }
+
+    pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
+        Ok(self.view_with(self.layout.narrow(dim, start, len)?))
+    }
+
+    pub fn select(&self, dim: isize, index: usize) -> Result<Tensor> {
+        Ok(self.view_with(self.layout.select(dim, index)?))
+    }
+
+    pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
+        Ok(self.view_with(self.layout.unsqueeze(dim)?))
+    }
+
+    pub fn squeeze(&self, dim: Option<isize>) -> Result<Tensor> {
+        Ok(self.view_with(self.layout.squeeze(dim)?))
+    }
+
+    pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
+        Ok(self.view_with(self.layout.expand(shape)?))
+    }
+
+    /// `view`: another shape over the same memory, or an error when that needs a copy.
+    pub fn view(&self, shape: &[isize]) -> Result<Tensor> {
+        let shape = layout::infer_shape(shape, self.numel())?;
+        Ok(self.view_with(self.layout.view(&shape)?))
+    }
+
+    /// `reshape`: a view when possible, otherwise a contiguous copy (which allocates).
+    #[track_caller]
+    pub fn reshape(&self, shape: &[isize]) -> Result<Tensor> {
+        let dims = layout::infer_shape(shape, self.numel())?;
+        match self.layout.view(&dims) {
+            Ok(l) => Ok(self.view_with(l)),
+            Err(_) => self.contiguous()?.view(shape),
+        }
+    }
+
+    /// `contiguous`: self if already contiguous (no memory), else a copy.
+    #[track_caller]
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.share());
+        }
+        self.clone()
+    }
+
+    /// PyTorch's `clone()`: always a new tensor with its own memory.
+    #[allow(clippy::should_implement_trait)]
+    #[track_caller]
+    pub fn clone(&self) -> Result<Tensor> {
+        let out = self.device().empty_tensor(self.shape(), self.dtype, "clone")?;
+        out.unary_into(self, ops::Unary::Identity, 0.0)?;
+        Ok(out)
+    }
+
+    /// Copies to the host (`tensor.tolist()` / `.cpu().numpy()`). A non-contiguous tensor is
+    /// first made contiguous on the device (a temporary). Errors on the simulation device.
+    pub async fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(TensorError::DType(format!("to_vec::<{}> of a {} tensor; convert with to(dtype) first", T::DTYPE, self.dtype)));
+        }
+        let Some(ctx) = self.device().gpu_context() else {
+            return Err(TensorError::Unsupported("readback on the simulation device: it has shapes but no data".into()));
+        };
+        if self.numel() == 0 {
+            return Ok(Vec::new());
+        }
+        let dense = self.contiguous()?;
+        let arg = dense.arg()?.expect("non-empty tensors have a block");
+        let start = (dense.layout.offset * self.dtype.size()) as u64;
+        let len = (self.numel() * self.dtype.size()) as u64;
+        let bytes = ctx.read(&arg.buffer, arg.offset + start, len).await?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// `item()`: the single value of a one-element tensor.
+    pub async fn item<T: Element>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            return Err(TensorError::Shape(format!("item() needs one element, the tensor has {}", self.numel())));
+        }
+        Ok(self.to_vec::<T>().await?[0])
+    }
+}

@@ -1,0 +1,616 @@
+//! Ops with PyTorch's names and broadcasting. Each reads strided inputs directly; each output is
+//! one allocation; in-place ops allocate nothing. On the simulation device the same allocations
+//! happen and the kernels are skipped.
+
+use super::layout::{broadcast_shapes, wrap_dim, Layout, MAX_DIMS};
+use super::{DType, Result, Tensor, TensorError};
+use crate::kernels::{self, Family, Kernel, WORKGROUP};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unary {
+    Identity,
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Relu,
+    Gelu,
+    Silu,
+    Tanh,
+    Sigmoid,
+    /// The element's linear index (arange).
+    Index,
+    AddScalar,
+    SubScalar,
+    MulScalar,
+    DivScalar,
+    PowScalar,
+    MaxScalar,
+    MinScalar,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reduction {
+    Sum,
+    Mean,
+    Max,
+    Min,
+}
+
+fn wgsl_type(dtype: DType) -> Result<&'static str> {
+    Ok(match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::I32 => "i32",
+        DType::U32 => "u32",
+        other => return Err(TensorError::DType(format!("{other} tensors exist for memory accounting only; GPU kernels take float32, float16, int32 and uint32"))),
+    })
+}
+
+impl Unary {
+    fn name(self) -> &'static str {
+        match self {
+            Unary::Identity => "copy",
+            Unary::Neg => "neg",
+            Unary::Abs => "abs",
+            Unary::Exp => "exp",
+            Unary::Log => "log",
+            Unary::Sqrt => "sqrt",
+            Unary::Rsqrt => "rsqrt",
+            Unary::Relu => "relu",
+            Unary::Gelu => "gelu",
+            Unary::Silu => "silu",
+            Unary::Tanh => "tanh",
+            Unary::Sigmoid => "sigmoid",
+            Unary::Index => "arange",
+            Unary::AddScalar => "add",
+            Unary::SubScalar => "sub",
+            Unary::MulScalar => "mul",
+            Unary::DivScalar => "div",
+            Unary::PowScalar => "pow",
+            Unary::MaxScalar => "clamp_min",
+            Unary::MinScalar => "clamp_max",
+        }
+    }
+
+    /// The WGSL expression, from x (element), s (scalar) and i (linear index).
+    fn expr(self, dtype: DType) -> Result<String> {
+        let t = wgsl_type(dtype)?;
+        let float = dtype.is_float();
+        // Transcendentals compute in f32 (f16 has too little range for exp in the middle of gelu).
+        let f = |e: &str| if dtype == DType::F32 { e.replace('X', "x") } else { format!("{t}({})", e.replace('X', "f32(x)")) };
+        Ok(match self {
+            Unary::Identity => "x".into(),
+            Unary::Neg if dtype != DType::U32 => "-x".into(),
+            Unary::Abs => "abs(x)".into(),
+            Unary::Relu => format!("max(x, {t}(0))"),
+            Unary::Index => format!("{t}(i)"),
+            Unary::AddScalar => "x + s".into(),
+            Unary::SubScalar => "x - s".into(),
+            Unary::MulScalar => "x * s".into(),
+            Unary::DivScalar => "x / s".into(),
+            Unary::MaxScalar => "max(x, s)".into(),
+            Unary::MinScalar => "min(x, s)".into(),
+            Unary::Exp if float => f("exp(X)"),
+            Unary::Log if float => f("log(X)"),
+            Unary::Sqrt if float => f("sqrt(X)"),
+            Unary::Rsqrt if float => f("inverseSqrt(X)"),
+            Unary::Tanh if float => f("tanh(X)"),
+            Unary::Sigmoid if float => f("1.0 / (1.0 + exp(-X))"),
+            Unary::Silu if float => f("X / (1.0 + exp(-X))"),
+            Unary::Gelu if float => f("0.5 * X * (1.0 + erf_approx(X * 0.7071067811865476))"),
+            Unary::PowScalar if float => f("pow_signed(X, f32(s))"),
+            other => return Err(TensorError::DType(format!("{} is not defined for {dtype} tensors", other.name()))),
+        })
+    }
+}
+
+impl Binary {
+    fn name(self) -> &'static str {
+        match self {
+            Binary::Add => "add",
+            Binary::Sub => "sub",
+            Binary::Mul => "mul",
+            Binary::Div => "div",
+            Binary::Pow => "pow",
+            Binary::Maximum => "maximum",
+            Binary::Minimum => "minimum",
+        }
+    }
+
+    fn expr(self, dtype: DType) -> Result<String> {
+        let t = wgsl_type(dtype)?;
+        Ok(match self {
+            Binary::Add => "x + y".into(),
+            Binary::Sub => "x - y".into(),
+            Binary::Mul => "x * y".into(),
+            Binary::Div => "x / y".into(),
+            Binary::Maximum => "max(x, y)".into(),
+            Binary::Minimum => "min(x, y)".into(),
+            Binary::Pow if dtype.is_float() => format!("{t}(pow_signed(f32(x), f32(y)))"),
+            Binary::Pow => return Err(TensorError::DType(format!("pow is not defined for {dtype} tensors"))),
+        })
+    }
+}
+
+/// Specialisation shared by every elementwise kernel of one dtype.
+fn elementwise(entry: &'static str, dtype: DType, expr: String, device: &crate::device::Device) -> Result<Kernel> {
+    let t = wgsl_type(dtype)?;
+    let enable = f16_enable(dtype, device)?;
+    let scalar = match dtype {
+        DType::F32 => "bitcast<f32>(info[SCALAR_AT])".to_string(),
+        DType::F16 => "f16(bitcast<f32>(info[SCALAR_AT]))".to_string(),
+        DType::I32 => "bitcast<i32>(info[SCALAR_AT])".to_string(),
+        _ => "info[SCALAR_AT]".to_string(),
+    };
+    let pick = |name: &str, trivial: &str| if name == entry { expr.clone() } else { trivial.to_string() };
+    Ok(Kernel::new(Family::Elementwise, entry)
+        .with("ENABLE", enable)
+        .with("OUT", t)
+        .with("A", t)
+        .with("B", t)
+        .with("SCALAR", scalar)
+        .with("BINARY", pick("binary", "x"))
+        .with("UNARY", pick("unary", "x"))
+        .with("FILL", pick("fill", "s")))
+}
+
+fn f16_enable(dtype: DType, device: &crate::device::Device) -> Result<&'static str> {
+    if dtype != DType::F16 {
+        return Ok("");
+    }
+    match device.adapter() {
+        Some(a) if a.native_f16 => Ok("enable f16;"),
+        _ => Err(TensorError::Unsupported(
+            "float16 kernels on an adapter without shader-f16 (the packed-u32 path) are not implemented yet".into(),
+        )),
+    }
+}
+
+fn scalar_bits(value: f64, dtype: DType) -> u32 {
+    match dtype {
+        DType::F32 | DType::F16 => (value as f32).to_bits(),
+        DType::I32 => (value as i32) as u32,
+        _ => value as u32,
+    }
+}
+
+/// `[offset, strides..]` padded to MAX_DIMS.
+fn push_layout(meta: &mut Vec<u32>, l: &Layout) {
+    meta.push(l.offset as u32);
+    for d in 0..MAX_DIMS {
+        meta.push(l.strides.get(d).copied().unwrap_or(0) as u32);
+    }
+}
+
+fn push_shape(meta: &mut Vec<u32>, shape: &[usize]) {
+    for d in 0..MAX_DIMS {
+        meta.push(shape.get(d).copied().unwrap_or(1) as u32);
+    }
+}
+
+fn check_u32(t: &Tensor) -> Result<()> {
+    if t.layout.storage_span() > u32::MAX as usize {
+        return Err(TensorError::Unsupported(format!("tensor of {} elements: kernels index with 32 bits", t.layout.storage_span())));
+    }
+    Ok(())
+}
+
+impl Tensor {
+    fn same_device(&self, other: &Tensor) -> Result<()> {
+        if self.device() != other.device() {
+            return Err(TensorError::Unsupported("tensors are on different devices".into()));
+        }
+        Ok(())
+    }
+
+    /// Writes `op(src)` into `self`'s elements (shapes must agree; src may broadcast).
+    pub(crate) fn unary_into(&self, src: &Tensor, op: Unary, scalar: f64) -> Result<()> {
+        self.same_device(src)?;
+        if src.dtype != self.dtype {
+            return Err(TensorError::DType(format!("{} of a {} tensor into a {} tensor", op.name(), src.dtype, self.dtype)));
+        }
+        let expr = op.expr(self.dtype)?;
+        let src_layout = src.layout.expand(self.shape())?;
+        let device = self.device().clone();
+        if device.is_sim() || self.numel() == 0 {
+            return Ok(());
+        }
+        check_u32(self)?;
+        check_u32(src)?;
+        let kernel = elementwise("unary", self.dtype, expr, &device)?;
+        let mut meta = vec![self.numel() as u32, self.ndim() as u32];
+        push_shape(&mut meta, self.shape());
+        push_layout(&mut meta, &self.layout);
+        push_layout(&mut meta, &src_layout);
+        push_layout(&mut meta, &src_layout);
+        meta.push(scalar_bits(scalar, self.dtype));
+        let args = [self.arg()?.unwrap(), src.arg()?.unwrap()];
+        Ok(kernels::dispatch(&device, &kernel, &meta, &args, self.numel() as u64, WORKGROUP)?)
+    }
+
+    fn binary_into(&self, a: &Tensor, b: &Tensor, op: Binary) -> Result<()> {
+        self.same_device(a)?;
+        self.same_device(b)?;
+        if a.dtype != b.dtype || a.dtype != self.dtype {
+            return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), a.dtype, b.dtype)));
+        }
+        let expr = op.expr(self.dtype)?;
+        let (la, lb) = (a.layout.expand(self.shape())?, b.layout.expand(self.shape())?);
+        let device = self.device().clone();
+        if device.is_sim() || self.numel() == 0 {
+            return Ok(());
+        }
+        for t in [self, a, b] {
+            check_u32(t)?;
+        }
+        let kernel = elementwise("binary", self.dtype, expr, &device)?;
+        let mut meta = vec![self.numel() as u32, self.ndim() as u32];
+        push_shape(&mut meta, self.shape());
+        push_layout(&mut meta, &self.layout);
+        push_layout(&mut meta, &la);
+        push_layout(&mut meta, &lb);
+        meta.push(0);
+        let args = [self.arg()?.unwrap(), a.arg()?.unwrap(), b.arg()?.unwrap()];
+        Ok(kernels::dispatch(&device, &kernel, &meta, &args, self.numel() as u64, WORKGROUP)?)
+    }
+
+    #[track_caller]
+    fn unary(&self, op: Unary, scalar: f64) -> Result<Tensor> {
+        op.expr(self.dtype)?;
+        let out = self.device().empty_tensor(self.shape(), self.dtype, op.name())?;
+        out.unary_into(self, op, scalar)?;
+        Ok(out)
+    }
+
+    #[track_caller]
+    fn binary(&self, other: &Tensor, op: Binary) -> Result<Tensor> {
+        let shape = broadcast_shapes(self.shape(), other.shape())?;
+        if self.dtype != other.dtype {
+            return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), self.dtype, other.dtype)));
+        }
+        op.expr(self.dtype)?;
+        let out = self.device().empty_tensor(&shape, self.dtype, op.name())?;
+        out.binary_into(self, other, op)?;
+        Ok(out)
+    }
+
+    fn binary_inplace(&self, other: &Tensor, op: Binary) -> Result<&Tensor> {
+        let shape = broadcast_shapes(self.shape(), other.shape())?;
+        if shape != self.shape() {
+            return Err(TensorError::Shape(format!(
+                "in-place {} cannot change the shape {:?} (the other operand broadcasts to {shape:?})",
+                op.name(),
+                self.shape()
+            )));
+        }
+        self.binary_into(self, other, op)?;
+        Ok(self)
+    }
+
+    fn unary_inplace(&self, op: Unary, scalar: f64) -> Result<&Tensor> {
+        self.unary_into(self, op, scalar)?;
+        Ok(self)
+    }
+
+    /// `fill_`: every element becomes `value`; allocates nothing.
+    pub fn fill_(&self, value: f64) -> Result<&Tensor> {
+        let device = self.device().clone();
+        if device.is_sim() || self.numel() == 0 {
+            wgsl_type(self.dtype).or_else(|e| if device.is_sim() { Ok("") } else { Err(e) })?;
+            return Ok(self);
+        }
+        check_u32(self)?;
+        let kernel = elementwise("fill", self.dtype, "s".into(), &device)?;
+        let mut meta = vec![self.numel() as u32, self.ndim() as u32];
+        push_shape(&mut meta, self.shape());
+        push_layout(&mut meta, &self.layout);
+        push_layout(&mut meta, &self.layout);
+        push_layout(&mut meta, &self.layout);
+        meta.push(scalar_bits(value, self.dtype));
+        kernels::dispatch(&device, &kernel, &meta, &[self.arg()?.unwrap()], self.numel() as u64, WORKGROUP)?;
+        Ok(self)
+    }
+
+    pub fn zero_(&self) -> Result<&Tensor> {
+        self.fill_(0.0)
+    }
+
+    /// `copy_`: writes `src` (broadcast to self's shape) into self's elements.
+    pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
+        self.unary_into(src, Unary::Identity, 0.0)?;
+        Ok(self)
+    }
+}
+
+macro_rules! binary_ops {
+    ($($name:ident, $inplace:ident, $scalar:ident => $op:expr, $sop:expr;)*) => {
+        impl Tensor {
+            $(
+                #[track_caller]
+                pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
+                    self.binary(other, $op)
+                }
+
+                pub fn $inplace(&self, other: &Tensor) -> Result<&Tensor> {
+                    self.binary_inplace(other, $op)
+                }
+
+                /// With a Python number: no device memory for the scalar, as in PyTorch.
+                #[track_caller]
+                pub fn $scalar(&self, value: f64) -> Result<Tensor> {
+                    self.unary($sop, value)
+                }
+            )*
+        }
+    };
+}
+
+binary_ops! {
+    add, add_, add_scalar => Binary::Add, Unary::AddScalar;
+    sub, sub_, sub_scalar => Binary::Sub, Unary::SubScalar;
+    mul, mul_, mul_scalar => Binary::Mul, Unary::MulScalar;
+    div, div_, div_scalar => Binary::Div, Unary::DivScalar;
+    pow, pow_, pow_scalar => Binary::Pow, Unary::PowScalar;
+    maximum, maximum_, clamp_min => Binary::Maximum, Unary::MaxScalar;
+    minimum, minimum_, clamp_max => Binary::Minimum, Unary::MinScalar;
+}
+
+macro_rules! unary_ops {
+    ($($name:ident, $inplace:ident => $op:expr;)*) => {
+        impl Tensor {
+            $(
+                #[track_caller]
+                pub fn $name(&self) -> Result<Tensor> {
+                    self.unary($op, 0.0)
+                }
+
+                pub fn $inplace(&self) -> Result<&Tensor> {
+                    self.unary_inplace($op, 0.0)
+                }
+            )*
+        }
+    };
+}
+
+unary_ops! {
+    neg, neg_ => Unary::Neg;
+    abs, abs_ => Unary::Abs;
+    exp, exp_ => Unary::Exp;
+    log, log_ => Unary::Log;
+    sqrt, sqrt_ => Unary::Sqrt;
+    rsqrt, rsqrt_ => Unary::Rsqrt;
+    relu, relu_ => Unary::Relu;
+    gelu, gelu_ => Unary::Gelu;
+    silu, silu_ => Unary::Silu;
+    tanh, tanh_ => Unary::Tanh;
+    sigmoid, sigmoid_ => Unary::Sigmoid;
+}
+
+impl Tensor {
+    /// Reduces one dimension into a new tensor.
+    #[track_caller]
+    fn reduce_dim(&self, dim: usize, keepdim: bool, op: Reduction) -> Result<Tensor> {
+        let (name, acc_init_step_finish) = self.reduction_spec(op)?;
+        let mut out_shape = self.shape().to_vec();
+        let n = out_shape[dim];
+        out_shape[dim] = 1;
+        let out = self.device().empty_tensor(&out_shape, self.dtype, name)?;
+        let device = self.device().clone();
+        if !device.is_sim() && out.numel() > 0 {
+            if n == 0 && matches!(op, Reduction::Max | Reduction::Min) {
+                return Err(TensorError::Shape(format!("{name} over an empty dimension has no identity")));
+            }
+            check_u32(self)?;
+            let (acc, init, step, finish) = acc_init_step_finish;
+            let t = wgsl_type(self.dtype)?;
+            let kernel = Kernel::new(Family::Reduce, "reduce")
+                .with("ENABLE", f16_enable(self.dtype, &device)?)
+                .with("OUT", t)
+                .with("A", t)
+                .with("ACC", acc)
+                .with("INIT", init)
+                .with("STEP", step)
+                .with("FINISH", finish);
+            let mut meta = vec![out.numel() as u32, self.ndim() as u32];
+            push_shape(&mut meta, &out_shape);
+            push_layout(&mut meta, &out.layout);
+            push_layout(&mut meta, &self.layout);
+            meta.push(dim as u32);
+            meta.push(n as u32);
+            let args = [out.arg()?.unwrap(), self.arg()?.unwrap()];
+            kernels::dispatch(&device, &kernel, &meta, &args, out.numel() as u64, WORKGROUP)?;
+        }
+        if keepdim { Ok(out) } else { out.squeeze(Some(dim as isize)) }
+    }
+
+    fn reduction_spec(&self, op: Reduction) -> Result<(&'static str, (String, String, String, String))> {
+        let t = wgsl_type(self.dtype)?;
+        let float = self.dtype.is_float();
+        // Floats accumulate in f32 (f16 sums lose too much otherwise); integers in their type.
+        let acc = if float { "f32" } else { t };
+        let cast = |e: &str| format!("{acc}({e})");
+        let (lowest, highest) = match self.dtype {
+            DType::I32 => ("-2147483647 - 1", "2147483647"),
+            DType::U32 => ("0u", "4294967295u"),
+            _ => ("-3.4028235e38", "3.4028235e38"),
+        };
+        Ok(match op {
+            Reduction::Sum => ("sum", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), format!("{t}(acc)"))),
+            Reduction::Mean if float => ("mean", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), format!("{t}(acc / f32(n))"))),
+            Reduction::Mean => return Err(TensorError::DType(format!("mean of {} tensors: PyTorch requires a floating dtype", self.dtype))),
+            Reduction::Max => ("max", (acc.into(), cast(lowest), format!("acc = max(acc, {});", cast("x")), format!("{t}(acc)"))),
+            Reduction::Min => ("min", (acc.into(), cast(highest), format!("acc = min(acc, {});", cast("x")), format!("{t}(acc)"))),
+        })
+    }
+
+    /// Reduces several dimensions, one at a time; the intermediate results are temporaries.
+    #[track_caller]
+    fn reduce(&self, dims: &[isize], keepdim: bool, op: Reduction) -> Result<Tensor> {
+        let mut dims: Vec<usize> = if dims.is_empty() {
+            (0..self.ndim()).collect()
+        } else {
+            dims.iter().map(|&d| wrap_dim(d, self.ndim())).collect::<Result<_>>()?
+        };
+        dims.sort_unstable();
+        dims.dedup();
+        if self.ndim() == 0 {
+            return self.clone();
+        }
+        // Mean of several dims is a sum, then one division by the product of their sizes.
+        let count: usize = dims.iter().map(|&d| self.shape()[d]).product();
+        let per_step = if op == Reduction::Mean { Reduction::Sum } else { op };
+        let mut current = self.share();
+        for (i, &d) in dims.iter().enumerate().rev() {
+            let last = i == 0;
+            let step = if last && op == Reduction::Mean && dims.len() == 1 { Reduction::Mean } else { per_step };
+            current = current.reduce_dim(d, true, step)?;
+            if last && op == Reduction::Mean && dims.len() > 1 {
+                current.div_scalar_(count as f64)?;
+            }
+        }
+        if keepdim {
+            return Ok(current);
+        }
+        let shape: Vec<usize> = (0..self.ndim()).filter(|d| !dims.contains(d)).map(|d| self.shape()[d]).collect();
+        Ok(current.view_with(Layout { shape: shape.clone(), strides: Layout::contiguous(&shape).strides, offset: current.layout.offset }))
+    }
+
+    fn div_scalar_(&self, value: f64) -> Result<&Tensor> {
+        self.unary_inplace(Unary::DivScalar, value)
+    }
+
+    /// `sum(dims, keepdim)`; empty `dims` reduces everything.
+    #[track_caller]
+    pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, Reduction::Sum)
+    }
+
+    #[track_caller]
+    pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, Reduction::Mean)
+    }
+
+    /// `amax(dims, keepdim)`: maximum values.
+    #[track_caller]
+    pub fn max(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, Reduction::Max)
+    }
+
+    #[track_caller]
+    pub fn min(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, Reduction::Min)
+    }
+
+    /// `matmul` with PyTorch's rules: 1-D operands gain and lose a dimension, batch dimensions
+    /// broadcast. Inputs are read through their strides: a transposed operand needs no copy.
+    #[track_caller]
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        self.matmul_with(other, MatmulKernel::Tiled)
+    }
+
+    #[track_caller]
+    pub fn matmul_with(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
+        self.same_device(other)?;
+        if self.dtype != other.dtype {
+            return Err(TensorError::DType(format!("matmul of {} and {}", self.dtype, other.dtype)));
+        }
+        if !self.dtype.is_float() {
+            return Err(TensorError::DType(format!("matmul of {} tensors is not supported (floats only)", self.dtype)));
+        }
+        if self.ndim() == 0 || other.ndim() == 0 {
+            return Err(TensorError::Shape("matmul needs at least 1-D operands".into()));
+        }
+        let a = if self.ndim() == 1 { self.unsqueeze(0)? } else { self.share() };
+        let b = if other.ndim() == 1 { other.unsqueeze(1)? } else { other.share() };
+        let (m, k) = (a.shape()[a.ndim() - 2], a.shape()[a.ndim() - 1]);
+        let (k2, n) = (b.shape()[b.ndim() - 2], b.shape()[b.ndim() - 1]);
+        if k != k2 {
+            return Err(TensorError::Shape(format!("matmul: {:?} @ {:?}: inner dimensions {k} and {k2} differ", self.shape(), other.shape())));
+        }
+        let batch = broadcast_shapes(&a.shape()[..a.ndim() - 2], &b.shape()[..b.ndim() - 2])?;
+        if batch.len() > 4 {
+            return Err(TensorError::Shape(format!("matmul supports up to 4 batch dimensions, got {}", batch.len())));
+        }
+        let with_batch = |t: &Tensor, rows: usize, cols: usize| -> Result<Layout> {
+            let mut shape = batch.clone();
+            shape.extend([rows, cols]);
+            t.layout.expand(&shape)
+        };
+        let (la, lb) = (with_batch(&a, m, k)?, with_batch(&b, k, n)?);
+        let mut out_shape = batch.clone();
+        out_shape.extend([m, n]);
+        let out = self.device().empty_tensor(&out_shape, self.dtype, "matmul")?;
+        let device = self.device().clone();
+        let batches: usize = batch.iter().product();
+        if !device.is_sim() && out.numel() > 0 {
+            for t in [&a, &b, &out] {
+                check_u32(t)?;
+            }
+            let t = wgsl_type(self.dtype)?;
+            let tile = 16u32;
+            let kernel = Kernel::new(Family::Matmul, kind.entry())
+                .with("ENABLE", f16_enable(self.dtype, &device)?)
+                .with("T", t)
+                .with("ACC", "f32")
+                .with("TILE", tile.to_string());
+            let mut meta = vec![m as u32, n as u32, k as u32, batches as u32, batch.len() as u32];
+            for d in 0..4 {
+                meta.push(batch.get(d).copied().unwrap_or(1) as u32);
+            }
+            for l in [&la, &lb, &out.layout] {
+                let nb = batch.len();
+                meta.push(l.offset as u32);
+                for d in 0..4 {
+                    meta.push(if d < nb { l.strides[d] as u32 } else { 0 });
+                }
+                meta.push(l.strides[nb] as u32);
+                meta.push(l.strides[nb + 1] as u32);
+            }
+            let args = [out.arg()?.unwrap(), a.arg()?.unwrap(), b.arg()?.unwrap()];
+            let groups = match kind {
+                MatmulKernel::Naive => [(n as u32).div_ceil(8), (m as u32).div_ceil(8), batches as u32],
+                MatmulKernel::Tiled => [(n as u32).div_ceil(tile), (m as u32).div_ceil(tile), batches as u32],
+            };
+            kernels::dispatch_groups(&device, &kernel, &meta, &args, groups)?;
+        }
+        // 1-D operands lose their added dimension again.
+        let mut result = out;
+        if other.ndim() == 1 {
+            result = result.squeeze(Some(-1))?;
+        }
+        if self.ndim() == 1 {
+            result = result.squeeze(Some(if other.ndim() == 1 { -1 } else { -2 }))?;
+        }
+        Ok(result)
+    }
+}
+
+/// Which matmul kernel: the tiled one, or the naive baseline benchmarks compare it with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulKernel {
+    Naive,
+    Tiled,
+}
+
+impl MatmulKernel {
+    fn entry(self) -> &'static str {
+        match self {
+            MatmulKernel::Naive => "naive",
+            MatmulKernel::Tiled => "tiled",
+        }
+    }
+}

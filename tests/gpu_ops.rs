@@ -1,0 +1,411 @@
+//! Kernels against a plain-Rust reference on random shapes, strided views and broadcasting, on
+//! whatever adapter wgpu finds (lavapipe here). Under CI=true a missing adapter fails the run.
+
+use tensormem::tensor::{Element, Layout};
+use tensormem::{DType, Device, GpuOptions, SimOptions, Tensor};
+
+fn gpu() -> Option<Device> {
+    match pollster::block_on(Device::gpu(GpuOptions::default())) {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!("skipping GPU test: {e}");
+            None
+        }
+        Err(e) => panic!("no GPU adapter under CI: {e}"),
+    }
+}
+
+fn read<T: Element>(t: &Tensor) -> Vec<T> {
+    pollster::block_on(t.to_vec::<T>()).unwrap()
+}
+
+/// Deterministic pseudo-random numbers (xorshift), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> usize {
+        (self.next() % n) as usize
+    }
+    fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| (self.next() % 20_000) as f32 / 10_000.0 - 1.0).collect()
+    }
+    fn shape(&mut self, ndim: usize) -> Vec<usize> {
+        (0..ndim).map(|_| 1 + self.below(5)).collect()
+    }
+}
+
+/// The logical elements of a layout over `base`, row-major: what a correct kernel reads.
+fn gather<T: Copy>(base: &[T], layout: &Layout) -> Vec<T> {
+    let n = layout.numel();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut rem = i;
+        let mut off = layout.offset;
+        for d in (0..layout.ndim()).rev() {
+            off += (rem % layout.shape[d]) * layout.strides[d];
+            rem /= layout.shape[d];
+        }
+        out.push(base[off]);
+    }
+    out
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let ok = (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * (1.0 + y.abs());
+        assert!(ok, "{what}: element {i}: got {x}, expected {y}");
+    }
+}
+
+/// A random view of a fresh tensor: transposed, narrowed or plain. Returns it with its base data.
+fn random_view(dev: &Device, rng: &mut Rng, shape: &[usize]) -> (Tensor, Vec<f32>) {
+    match rng.below(3) {
+        0 if shape.len() >= 2 => {
+            // Build the transposed shape, then transpose back: same logical shape, swapped strides.
+            let mut s = shape.to_vec();
+            let n = s.len();
+            s.swap(n - 1, n - 2);
+            let data = rng.f32s(s.iter().product());
+            let t = dev.from_slice(&data, &s).unwrap().transpose(-1, -2).unwrap();
+            (t, data)
+        }
+        1 => {
+            // A narrowed slice of a larger tensor along dim 0.
+            let mut s = shape.to_vec();
+            s[0] += 2;
+            let data = rng.f32s(s.iter().product());
+            let t = dev.from_slice(&data, &s).unwrap().narrow(0, 1, shape[0]).unwrap();
+            (t, data)
+        }
+        _ => {
+            let data = rng.f32s(shape.iter().product());
+            (dev.from_slice(&data, shape).unwrap(), data)
+        }
+    }
+}
+
+#[test]
+fn upload_and_readback_round_trip() {
+    let Some(dev) = gpu() else { return };
+    let data: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
+    let t = dev.from_slice(&data, &[10, 100]).unwrap();
+    assert_eq!(read::<f32>(&t), data);
+    let ints: Vec<i32> = (-5..6).collect();
+    assert_eq!(read::<i32>(&dev.from_slice(&ints, &[11]).unwrap()), ints);
+    // A non-contiguous view reads back in logical order (through a temporary copy).
+    let tt = t.t().unwrap();
+    assert_eq!(read::<f32>(&tt), gather(&data, tt.layout()));
+    assert!(dev.staging_memory().1 >= 4000, "readback staging is accounted: {:?}", dev.staging_memory());
+    assert_eq!(dev.staging_memory().0, 0, "and released");
+}
+
+#[test]
+fn binary_ops_broadcast_over_strided_views() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(0x5eed);
+    for case in 0..40 {
+        let ndim = 1 + rng.below(4);
+        let out_shape = rng.shape(ndim);
+        // b broadcasts: some dims become 1, and it may have fewer dims.
+        let mut b_shape: Vec<usize> = out_shape.iter().map(|&n| if rng.below(3) == 0 { 1 } else { n }).collect();
+        if rng.below(2) == 0 && b_shape.len() > 1 {
+            b_shape.remove(0);
+        }
+        let (a, a_base) = random_view(&dev, &mut rng, &out_shape);
+        let (b, b_base) = random_view(&dev, &mut rng, &b_shape);
+        let xa = gather(&a_base, a.layout());
+        let xb = gather(&b_base, &b.layout().expand(&out_shape).unwrap());
+        let ops: [(&str, fn(&Tensor, &Tensor) -> tensormem::tensor::Result<Tensor>, fn(f32, f32) -> f32); 6] = [
+            ("add", Tensor::add, |x, y| x + y),
+            ("sub", Tensor::sub, |x, y| x - y),
+            ("mul", Tensor::mul, |x, y| x * y),
+            ("div", Tensor::div, |x, y| x / y),
+            ("maximum", Tensor::maximum, f32::max),
+            ("minimum", Tensor::minimum, f32::min),
+        ];
+        for (name, op, reference) in ops {
+            let out = op(&a, &b).unwrap();
+            assert_eq!(out.shape(), &out_shape[..]);
+            let expected: Vec<f32> = xa.iter().zip(&xb).map(|(&x, &y)| reference(x, y)).collect();
+            close(&read::<f32>(&out), &expected, 1e-6, &format!("case {case} {name} {out_shape:?} with {b_shape:?}"));
+        }
+    }
+}
+
+#[test]
+fn unary_and_scalar_ops_match_the_reference() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(42);
+    let shape = [3, 7, 5];
+    let (x, base) = random_view(&dev, &mut rng, &shape);
+    let v = gather(&base, x.layout());
+    let erf = |x: f64| {
+        // Reference erf by series (exact enough for |x| < 3).
+        let mut sum = 0.0;
+        let mut term = x;
+        for n in 0..60 {
+            sum += term / (2 * n + 1) as f64;
+            term *= -x * x / (n + 1) as f64;
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    };
+    let cases: Vec<(&str, Tensor, Box<dyn Fn(f32) -> f32>)> = vec![
+        ("neg", x.neg().unwrap(), Box::new(|x| -x)),
+        ("abs", x.abs().unwrap(), Box::new(f32::abs)),
+        ("exp", x.exp().unwrap(), Box::new(f32::exp)),
+        ("relu", x.relu().unwrap(), Box::new(|x| x.max(0.0))),
+        ("tanh", x.tanh().unwrap(), Box::new(f32::tanh)),
+        ("sigmoid", x.sigmoid().unwrap(), Box::new(|x| 1.0 / (1.0 + (-x).exp()))),
+        ("silu", x.silu().unwrap(), Box::new(|x| x / (1.0 + (-x).exp()))),
+        ("gelu", x.gelu().unwrap(), Box::new(move |x| (0.5 * x as f64 * (1.0 + erf(x as f64 / 2f64.sqrt()))) as f32)),
+        ("abs.sqrt", x.abs().unwrap().sqrt().unwrap(), Box::new(|x| x.abs().sqrt())),
+        ("add 2.5", x.add_scalar(2.5).unwrap(), Box::new(|x| x + 2.5)),
+        ("mul -3", x.mul_scalar(-3.0).unwrap(), Box::new(|x| x * -3.0)),
+        ("pow 3", x.pow_scalar(3.0).unwrap(), Box::new(|x| x.powi(3))),
+        ("pow 2", x.pow_scalar(2.0).unwrap(), Box::new(|x| x * x)),
+        ("clamp_min", x.clamp_min(0.25).unwrap(), Box::new(|x| x.max(0.25))),
+    ];
+    for (name, out, reference) in cases {
+        let expected: Vec<f32> = v.iter().map(|&x| reference(x)).collect();
+        close(&read::<f32>(&out), &expected, 2e-5, name);
+    }
+    let log = x.abs().unwrap().add_scalar(0.1).unwrap().log().unwrap();
+    close(&read::<f32>(&log), &v.iter().map(|x| (x.abs() + 0.1).ln()).collect::<Vec<_>>(), 2e-5, "log");
+}
+
+#[test]
+fn in_place_ops_write_through_views_and_allocate_nothing() {
+    let Some(dev) = gpu() else { return };
+    let data: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let x = dev.from_slice(&data, &[3, 4]).unwrap();
+    let ones = dev.ones(&[4], DType::F32).unwrap();
+    let before = dev.memory_allocated();
+    x.t().unwrap().mul_(&dev.full(&[4, 1], 2.0, DType::F32).unwrap()).unwrap();
+    assert_eq!(dev.memory_allocated(), before, "the temporary full() is freed; mul_ allocated nothing");
+    x.add_(&ones).unwrap();
+    x.narrow(1, 0, 1).unwrap().relu_().unwrap();
+    let expected: Vec<f32> = data.iter().map(|&v| v * 2.0 + 1.0).collect();
+    assert_eq!(read::<f32>(&x), expected);
+    x.narrow(0, 1, 1).unwrap().fill_(-1.0).unwrap();
+    let got = read::<f32>(&x);
+    assert_eq!(&got[4..8], &[-1.0; 4]);
+    assert_eq!(dev.memory_allocated(), before);
+    let err = x.add_(&dev.ones(&[2, 3, 4], DType::F32).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("cannot change the shape"), "{err}");
+}
+
+#[test]
+fn reductions_over_dims() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(7);
+    for case in 0..12 {
+        let ndim = 1 + rng.below(3);
+        let shape = rng.shape(ndim);
+        let (x, base) = random_view(&dev, &mut rng, &shape);
+        let v = gather(&base, x.layout());
+        let dim = rng.below(shape.len() as u64);
+        let outer: usize = shape[..dim].iter().product();
+        let n = shape[dim];
+        let inner: usize = shape[dim + 1..].iter().product();
+        let fold = |f: &dyn Fn(&[f32]) -> f32| -> Vec<f32> {
+            let mut out = Vec::new();
+            for o in 0..outer {
+                for i in 0..inner {
+                    let column: Vec<f32> = (0..n).map(|k| v[(o * n + k) * inner + i]).collect();
+                    out.push(f(&column));
+                }
+            }
+            out
+        };
+        let d = dim as isize;
+        close(&read::<f32>(&x.sum(&[d], false).unwrap()), &fold(&|c| c.iter().sum()), 1e-5, &format!("case {case} sum {shape:?} dim {dim}"));
+        close(&read::<f32>(&x.mean(&[d], true).unwrap()), &fold(&|c| c.iter().sum::<f32>() / c.len() as f32), 1e-5, "mean");
+        close(&read::<f32>(&x.max(&[d], false).unwrap()), &fold(&|c| c.iter().cloned().fold(f32::MIN, f32::max)), 0.0, "max");
+        close(&read::<f32>(&x.min(&[d], false).unwrap()), &fold(&|c| c.iter().cloned().fold(f32::MAX, f32::min)), 0.0, "min");
+        let kept = x.sum(&[d], true).unwrap();
+        assert_eq!(kept.shape()[dim], 1);
+    }
+    let x = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    assert_eq!(read::<f32>(&x.sum(&[], false).unwrap()), vec![21.0]);
+    assert_eq!(read::<f32>(&x.mean(&[0, 1], false).unwrap()), vec![3.5]);
+}
+
+fn reference_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+        }
+    }
+    c
+}
+
+#[test]
+fn matmul_tiled_and_naive_match_the_reference() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(99);
+    for case in 0..10 {
+        let (m, k, n) = (1 + rng.below(40), 1 + rng.below(40), 1 + rng.below(40));
+        let (a, a_base) = random_view(&dev, &mut rng, &[m, k]);
+        let (b, b_base) = random_view(&dev, &mut rng, &[k, n]);
+        let expected = reference_matmul(&gather(&a_base, a.layout()), &gather(&b_base, b.layout()), m, k, n);
+        for kind in [tensormem::tensor::MatmulKernel::Tiled, tensormem::tensor::MatmulKernel::Naive] {
+            let c = a.matmul_with(&b, kind).unwrap();
+            assert_eq!(c.shape(), &[m, n]);
+            close(&read::<f32>(&c), &expected, 1e-5, &format!("case {case} {kind:?} {m}x{k}x{n}"));
+        }
+    }
+    // Batched with broadcasting: [2, 1, 3, 4] @ [5, 4, 2] -> [2, 5, 3, 2].
+    let a_data = rng.f32s(2 * 3 * 4);
+    let b_data = rng.f32s(5 * 4 * 2);
+    let a = dev.from_slice(&a_data, &[2, 1, 3, 4]).unwrap();
+    let b = dev.from_slice(&b_data, &[5, 4, 2]).unwrap();
+    let c = a.matmul(&b).unwrap();
+    assert_eq!(c.shape(), &[2, 5, 3, 2]);
+    let got = read::<f32>(&c);
+    for i in 0..2 {
+        for j in 0..5 {
+            let expected = reference_matmul(&a_data[i * 12..(i + 1) * 12], &b_data[j * 8..(j + 1) * 8], 3, 4, 2);
+            close(&got[(i * 5 + j) * 6..(i * 5 + j + 1) * 6], &expected, 1e-5, "batched");
+        }
+    }
+    // Vector cases lose the added dimension.
+    let v = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+    assert_eq!(v.matmul(&v).unwrap().shape(), &[] as &[usize]);
+    assert_eq!(read::<f32>(&v.matmul(&v).unwrap()), vec![30.0]);
+    assert!(a.matmul(&a).unwrap_err().to_string().contains("inner dimensions 4 and 3 differ"));
+}
+
+#[test]
+fn float16_runs_natively_where_the_adapter_has_shader_f16() {
+    let Some(dev) = gpu() else { return };
+    use half::f16;
+    let data: Vec<f16> = (0..64).map(|i| f16::from_f32(i as f32 * 0.25 - 4.0)).collect();
+    let x = dev.from_slice(&data, &[8, 8]).unwrap();
+    assert_eq!(x.storage_bytes(), 128);
+    if !dev.adapter().unwrap().native_f16 {
+        assert!(x.relu().is_err(), "without shader-f16 the packed path is pending");
+        return;
+    }
+    let y = x.t().unwrap().add(&x).unwrap().relu().unwrap();
+    let got = read::<f16>(&y);
+    for r in 0..8 {
+        for c in 0..8 {
+            let expected = (data[c * 8 + r].to_f32() + data[r * 8 + c].to_f32()).max(0.0);
+            assert_eq!(got[r * 8 + c].to_f32(), expected);
+        }
+    }
+    let s = x.sum(&[1], false).unwrap();
+    let expected: Vec<f32> = (0..8).map(|r| (0..8).map(|c| data[r * 8 + c].to_f32()).sum()).collect();
+    close(&read::<f16>(&s).iter().map(|v| v.to_f32()).collect::<Vec<_>>(), &expected, 1e-3, "f16 sum");
+    let m = x.matmul(&x).unwrap();
+    assert_eq!(m.dtype(), DType::F16);
+}
+
+#[test]
+fn exact_memory_facts() {
+    let Some(dev) = gpu() else { return };
+    let x = dev.zeros(&[1000, 1000], DType::F32).unwrap();
+    assert_eq!(dev.memory_allocated(), 4_000_256, "4,000,000 bytes rounded to 512");
+    assert_eq!(dev.memory_reserved(), 20 << 20, "from one 20 MiB segment");
+    let before = dev.memory_allocated();
+    let v = x.t().unwrap().narrow(0, 10, 100).unwrap().unsqueeze(0).unwrap();
+    assert_eq!(dev.memory_allocated(), before, "views allocate nothing");
+    assert_eq!(v.storage_id(), x.storage_id());
+    assert_eq!(v.data_ptr(), x.data_ptr() + 10 * 4);
+    let y = dev.ones(&[1000, 1000], DType::F32).unwrap();
+    let allocated = dev.memory_allocated();
+    let z = x.add(&y).unwrap();
+    assert_eq!(dev.memory_allocated(), allocated + 4_000_256, "x + y allocates exactly one output");
+    z.add_(&y).unwrap();
+    assert_eq!(dev.memory_allocated(), allocated + 4_000_256, "add_ allocates nothing");
+    let c = x.t().unwrap().contiguous().unwrap();
+    assert_eq!(dev.memory_allocated(), allocated + 2 * 4_000_256, "contiguous() of a transpose copies");
+    assert_ne!(c.storage_id(), x.storage_id());
+    let same = x.contiguous().unwrap();
+    assert_eq!(same.storage_id(), x.storage_id(), "contiguous() of a contiguous tensor is itself");
+    drop((z, c));
+    assert_eq!(dev.memory_allocated(), allocated);
+    assert_eq!(read::<f32>(&y.sum(&[], false).unwrap()), vec![1_000_000.0]);
+}
+
+#[test]
+fn a_freed_block_reused_for_an_upload_does_not_corrupt_pending_work() {
+    let Some(dev) = gpu() else { return };
+    // x's block is read by a recorded (unsubmitted) op; x is then freed and a new upload of the
+    // same size takes its block. WebGPU runs write_buffer before commands submitted after it, so
+    // without a submit first the pending op would read the new data.
+    let x = dev.from_slice(&[1.0f32; 256], &[256]).unwrap();
+    let x_ptr = x.data_ptr();
+    let y = x.mul_scalar(2.0).unwrap();
+    drop(x);
+    let z = dev.from_slice(&[7.0f32; 256], &[256]).unwrap();
+    assert_eq!(z.data_ptr(), x_ptr, "the upload reuses the freed block (the hazard's precondition)");
+    assert_eq!(read::<f32>(&y), vec![2.0; 256]);
+    assert_eq!(read::<f32>(&z), vec![7.0; 256]);
+}
+
+#[test]
+fn operands_in_one_segment_bind_without_validation_errors() {
+    let Some(dev) = gpu() else { return };
+    // Three small tensors share one 2 MiB segment, i.e. one wgpu buffer, in a single dispatch.
+    let a = dev.from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let b = dev.from_slice(&[10.0f32, 20.0, 30.0], &[3]).unwrap();
+    let reserved = dev.memory_reserved();
+    let c = a.add(&b).unwrap();
+    assert_eq!(dev.memory_reserved(), reserved, "same segment");
+    assert_eq!(read::<f32>(&c), vec![11.0, 22.0, 33.0]);
+    // In-place on a view of the same storage as the other operand.
+    a.add_(&a).unwrap();
+    assert_eq!(read::<f32>(&a), vec![2.0, 4.0, 6.0]);
+}
+
+#[test]
+fn the_sim_device_records_the_same_trace_as_the_gpu() {
+    let Some(gpu_dev) = gpu() else { return };
+    let sim_dev = Device::sim(SimOptions::preset("H100-80GB"));
+    fn program(dev: &Device) -> Vec<(tensormem::trace::Action, u64)> {
+        let x = dev.ones(&[300, 500], DType::F32).unwrap();
+        let w = dev.ones(&[500, 200], DType::F32).unwrap();
+        let h = x.matmul(&w).unwrap().relu().unwrap();
+        let loss = h.mul(&h).unwrap().mean(&[0, 1], false).unwrap();
+        let t = x.t().unwrap().contiguous().unwrap();
+        drop((h, t));
+        let _keep = (x, w, loss);
+        dev.snapshot().device_traces[0].iter().map(|e| (e.action, e.size)).collect()
+    }
+    let on_gpu = program(&gpu_dev);
+    let on_sim = program(&sim_dev);
+    assert_eq!(on_gpu, on_sim);
+    assert!(on_gpu.len() > 10);
+    assert!(pollster::block_on(sim_dev.ones(&[2], DType::F32).unwrap().to_vec::<f32>()).unwrap_err().to_string().contains("simulation device"));
+}
+
+#[test]
+fn clear_errors_for_bad_input() {
+    let Some(dev) = gpu() else { return };
+    let x = dev.ones(&[2, 3], DType::F32).unwrap();
+    let i = dev.from_slice(&[1i32, 2, 3], &[3]).unwrap();
+    assert!(x.add(&i).unwrap_err().to_string().contains("convert one with to(dtype)"));
+    assert!(x.add(&dev.ones(&[4], DType::F32).unwrap()).unwrap_err().to_string().contains("cannot broadcast"));
+    assert!(x.view(&[4, -1]).unwrap_err().to_string().contains("invalid for 6 elements"));
+    assert!(dev.from_slice(&[1.0f32; 5], &[2, 3]).unwrap_err().to_string().contains("cannot fill"));
+    let before = dev.memory_allocated();
+    assert!(dev.zeros(&[2], DType::BF16).unwrap_err().to_string().contains("memory accounting only"));
+    assert_eq!(dev.memory_allocated(), before, "the failed op's output was freed");
+    let sim = Device::sim(SimOptions::preset("A100-40GB"));
+    let bf16 = sim.zeros(&[4096, 4096], DType::BF16).unwrap();
+    assert_eq!(sim.memory_allocated(), 4096 * 4096 * 2, "bf16 exists on the sim device for accounting");
+    drop(bf16);
+    assert!(pollster::block_on(x.to_vec::<i32>()).unwrap_err().to_string().contains("to_vec::<int32> of a float32 tensor"));
+    let limit = dev.adapter().unwrap().max_storage_buffer_binding_size;
+    let too_big = dev.zeros(&[(limit / 4 + 1) as usize], DType::F32).unwrap_err().to_string();
+    assert!(too_big.contains("max_storage_buffer_binding_size"), "{too_big}");
+}
