@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test of the project. Installs what the tests need (today: only the Rust toolchain,
-# which the machine has; the engine's GPU and browser tests will add lavapipe and Chromium here).
+# Runs every test of the project. Installs what the tests need: Mesa's lavapipe (a software
+# Vulkan driver) so the GPU tests have an adapter on machines without a GPU.
 # The real PyTorch snapshots are read from $TENSORMEM_FIXTURES (default ../shared/fixtures/...);
 # under CI=true a missing folder fails the run instead of skipping those tests.
 set -euo pipefail
@@ -10,13 +10,24 @@ if [ "${CI:-}" = "true" ] && [ ! -d "$TENSORMEM_FIXTURES" ]; then
   echo "error: fixture folder $TENSORMEM_FIXTURES is missing" >&2
   exit 1
 fi
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+  echo "== installing Mesa's software Vulkan driver (lavapipe)"
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+fi
+# Mesa warns on every device creation without a runtime dir; any private directory will do.
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR:-}" ]; then
+  export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/tensormem-xdg-$(id -u)"
+  mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 echo "== benchmarks compile"
 cargo check --benches --locked --quiet
 
-echo "== cargo test (library, allocator rules and properties, fixtures, replay, malformed input, CLI)"
+echo "== cargo test (allocator rules and properties, fixtures, replay, malformed input, CLI, GPU kernels on the first adapter)"
 cargo test --workspace --locked 2>&1 | tee "$log"
 
 # One closing line for the whole run.
