@@ -3,6 +3,8 @@
 //! Errors go to stderr as one line with a non-zero exit (1: bad input or a failed run, 2: bad
 //! usage), never as a panic trace.
 
+mod bench;
+
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
@@ -52,6 +54,20 @@ enum Command {
         #[arg(long)]
         device: Option<i64>,
         /// memory_stats() and peaks as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The GPU adapter wgpu finds: name, backend, features and limits.
+    Info {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Matmul (tiled vs naive kernel), elementwise bandwidth, and the caching allocator vs
+    /// creating a buffer per tensor, measured in one run on the first adapter.
+    Bench {
+        /// Square matmul sizes.
+        #[arg(long, value_delimiter = ',', default_values_t = [128usize, 256, 512])]
+        sizes: Vec<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -142,7 +158,74 @@ fn run(command: Command) -> Result<(), Failure> {
             Ok(())
         }
         Command::Demo { out } => demo(&out),
+        Command::Info { json } => info(json),
+        Command::Bench { sizes, json } => {
+            let dev = open_gpu()?;
+            let report = bench::run(&dev, &sizes, &mut |step| {
+                if !json {
+                    eprintln!("  {step}...");
+                }
+            })
+            .map_err(|e| Failure(e, 1))?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("adapter: {}", report.adapter);
+                for m in &report.matmul {
+                    println!(
+                        "matmul {}x{}x{}: tiled {:.2} GFLOP/s, naive {:.2} GFLOP/s ({:.2}x)",
+                        m.m, m.n, m.k, m.gflops, m.naive_gflops, m.gflops / m.naive_gflops
+                    );
+                }
+                println!("elementwise: {:.2} GB/s", report.elementwise_gbps);
+                println!(
+                    "1 MiB tensor: cached alloc+free {:.0}/s, wgpu create+destroy buffer {:.0}/s ({:.0}x)",
+                    report.alloc_free_per_s,
+                    report.create_buffer_per_s,
+                    report.alloc_free_per_s / report.create_buffer_per_s
+                );
+            }
+            Ok(())
+        }
     }
+}
+
+fn open_gpu() -> Result<tensormem::Device, Failure> {
+    pollster::block_on(tensormem::Device::gpu(tensormem::GpuOptions::default())).map_err(|e| Failure(e.to_string(), 1))
+}
+
+fn info(json: bool) -> Result<(), Failure> {
+    let dev = open_gpu()?;
+    let a = dev.adapter().expect("a GPU device has an adapter");
+    let value = serde_json::json!({
+        "name": a.name,
+        "backend": a.backend,
+        "device_type": a.device_type,
+        "driver": a.driver,
+        "shader_f16": a.native_f16,
+        "limits": {
+            "max_buffer_size": a.max_buffer_size,
+            "max_storage_buffer_binding_size": a.max_storage_buffer_binding_size,
+            "min_storage_buffer_offset_alignment": a.min_storage_buffer_offset_alignment,
+            "max_compute_workgroup_size_x": a.max_compute_workgroup_size_x,
+            "max_compute_invocations_per_workgroup": a.max_compute_invocations_per_workgroup,
+            "max_compute_workgroups_per_dimension": a.max_compute_workgroups_per_dimension,
+            "max_storage_buffers_per_shader_stage": a.max_storage_buffers_per_shader_stage,
+        },
+        "capacity": dev.capacity(),
+    });
+    if json {
+        println!("{value}");
+    } else {
+        println!("adapter:  {} ({}, {})", a.name, a.backend, a.device_type);
+        println!("driver:   {}", a.driver);
+        println!("f16:      {}", if a.native_f16 { "shader-f16 (native)" } else { "packed in u32 words (no shader-f16)" });
+        for (k, v) in value["limits"].as_object().unwrap() {
+            println!("{k:<40} {v}");
+        }
+        println!("capacity assumed for the allocator: {}", dev.capacity().map_or("unlimited".into(), format_size));
+    }
+    Ok(())
 }
 
 fn load(path: &Path) -> Result<Snapshot, Failure> {

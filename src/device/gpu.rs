@@ -178,6 +178,18 @@ impl GpuContext {
         self.pending_dispatches.set(0);
     }
 
+    /// Waits for everything submitted so far.
+    pub(crate) async fn wait_idle(&self) -> Result<(), DeviceError> {
+        let (sender, receiver) = oneshot();
+        self.queue.on_submitted_work_done(move || sender.send(()));
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| DeviceError::Lost(format!("waiting for the GPU failed: {e}")))?;
+        receiver.await;
+        Ok(())
+    }
+
     pub(crate) fn has_pending_work(&self) -> bool {
         self.encoder.borrow().is_some()
     }

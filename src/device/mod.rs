@@ -274,6 +274,33 @@ impl Device {
             g.submit();
         }
     }
+
+    /// Submits recorded work and waits until the GPU has finished it (`torch.cuda.synchronize`).
+    pub async fn wait(&self) -> Result<(), DeviceError> {
+        if let Some(g) = self.gpu_context() {
+            g.submit();
+            g.wait_idle().await?;
+        }
+        Ok(())
+    }
+
+    /// Seconds to create and destroy a raw wgpu buffer of `size` bytes, averaged over `count`:
+    /// the cost the caching allocator saves (benchmark baseline).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn time_buffer_creation(&self, size: u64, count: u32) -> Option<f64> {
+        let g = self.gpu_context()?;
+        let start = std::time::Instant::now();
+        for _ in 0..count {
+            let b = g.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            b.destroy();
+        }
+        Some(start.elapsed().as_secs_f64() / count as f64)
+    }
 }
 
 /// Pops a scope name when dropped.

@@ -80,6 +80,12 @@ impl Device {
         Ok(Tensor { storage: Rc::new(storage), layout: Layout::contiguous(shape), dtype })
     }
 
+    /// `torch.empty`: allocates without writing (contents are whatever the block held).
+    #[track_caller]
+    pub fn empty(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        self.empty_tensor(shape, dtype, "empty")
+    }
+
     /// `torch.zeros`.
     #[track_caller]
     pub fn zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
