@@ -30,6 +30,8 @@ cargo check --benches --locked --quiet
 echo "== cargo test (allocator rules and properties, fixtures, replay, malformed input, CLI, GPU kernels on the first adapter)"
 cargo test --workspace --locked 2>&1 | tee "$log"
 
+bash scripts/test-web.sh 2>&1 | tee -a "$log"
+
 # One closing line for the whole run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

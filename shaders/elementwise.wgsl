@@ -1,5 +1,5 @@
 // Elementwise kernels over strided, broadcast tensors. Specialised by the kernels layer:
-//   {{ENABLE}} "enable f16;" when f16 runs natively; {{OUT}}, {{A}}, {{B}} element types;
+//   {{ENABLE}} "enable f16;" when f16 runs natively; {{T}} the element type;
 //   {{BINARY}} the result from x (a's element) and y (b's element); {{UNARY}} from x, s (the
 //   scalar) and i (the linear index); {{FILL}} from s. Every entry compiles with the module, so
 //   the kernels layer gives the unused ones a trivial expression.
@@ -14,9 +14,10 @@ const B_AT: u32 = 28u;
 const SCALAR_AT: u32 = 37u;
 
 @group(0) @binding(0) var<storage, read> info: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<{{OUT}}>;
-@group(0) @binding(2) var<storage, read_write> a: array<{{A}}>;
-@group(0) @binding(3) var<storage, read_write> b: array<{{B}}>;
+// Operands sharing a segment share a binding: {{OUT_BUF}}, {{A_BUF}}, {{B_BUF}} name theirs.
+@group(0) @binding(1) var<storage, read_write> buf0: array<{{T}}>;
+@group(0) @binding(2) var<storage, read_write> buf1: array<{{T}}>;
+@group(0) @binding(3) var<storage, read_write> buf2: array<{{T}}>;
 
 // Element offset of linear output index i in the tensor whose offset and strides start at base.
 fn offset_of(i: u32, base: u32) -> u32 {
@@ -42,7 +43,8 @@ fn erf_approx(x: f32) -> f32 {
 // for x < 0).
 fn pow_signed(x: f32, y: f32) -> f32 {
     if (y == 0.0) { return 1.0; }
-    if (x == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u), y < 0.0); }
+    // 0 to a negative power is inf; computed at run time (a constant inf is a shader error).
+    if (x == 0.0) { return select(0.0, 1.0 / x, y < 0.0); }
     if (y == round(y)) {
         let r = exp2(y * log2(abs(x)));
         return select(r, -r, x < 0.0 && abs(y % 2.0) == 1.0);
@@ -58,18 +60,18 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
-    let x = a[offset_of(i, A_AT)];
-    let y = b[offset_of(i, B_AT)];
-    out[offset_of(i, OUT_AT)] = {{BINARY}};
+    let x = {{A_BUF}}[offset_of(i, A_AT)];
+    let y = {{B_BUF}}[offset_of(i, B_AT)];
+    {{OUT_BUF}}[offset_of(i, OUT_AT)] = {{BINARY}};
 }
 
 @compute @workgroup_size(64)
 fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
-    let x = a[offset_of(i, A_AT)];
+    let x = {{A_BUF}}[offset_of(i, A_AT)];
     let s = {{SCALAR}};
-    out[offset_of(i, OUT_AT)] = {{UNARY}};
+    {{OUT_BUF}}[offset_of(i, OUT_AT)] = {{UNARY}};
 }
 
 // Writes the scalar everywhere (fill_, zeros, ones, full).
@@ -78,5 +80,5 @@ fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
     let s = {{SCALAR}};
-    out[offset_of(i, OUT_AT)] = {{FILL}};
+    {{OUT_BUF}}[offset_of(i, OUT_AT)] = {{FILL}};
 }

@@ -1,5 +1,5 @@
 // Reductions over one dimension, with strided input. One invocation per output element loops
-// over the reduced dimension. Specialised: {{ENABLE}}, {{OUT}}, {{A}}, {{ACC}} accumulator type,
+// over the reduced dimension. Specialised: {{ENABLE}}, {{T}} element type, {{ACC}} accumulator type,
 // {{INIT}} its start value, {{STEP}} combining acc with x (and k, the index), {{FINISH}} the
 // output from acc (and n, the length).
 // info: [0] output numel, [1] ndim, [2..10] output shape (reduced dim has size 1),
@@ -8,8 +8,9 @@
 {{ENABLE}}
 
 @group(0) @binding(0) var<storage, read> info: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<{{OUT}}>;
-@group(0) @binding(2) var<storage, read_write> a: array<{{A}}>;
+// {{OUT_BUF}} and {{A_BUF}} name the operands' bindings (one when they share a segment).
+@group(0) @binding(1) var<storage, read_write> buf0: array<{{T}}>;
+@group(0) @binding(2) var<storage, read_write> buf1: array<{{T}}>;
 
 fn offset_of(i: u32, base: u32) -> u32 {
     var rem = i;
@@ -31,8 +32,8 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let n = info[29];
     var acc: {{ACC}} = {{INIT}};
     for (var k = 0u; k < n; k = k + 1u) {
-        let x = a[base + k * stride];
+        let x = {{A_BUF}}[base + k * stride];
         {{STEP}}
     }
-    out[offset_of(i, 10u)] = {{FINISH}};
+    {{OUT_BUF}}[offset_of(i, 10u)] = {{FINISH}};
 }

@@ -365,6 +365,9 @@ fn operands_in_one_segment_bind_without_validation_errors() {
     // In-place on a view of the same storage as the other operand.
     a.add_(&a).unwrap();
     assert_eq!(read::<f32>(&a), vec![2.0, 4.0, 6.0]);
+    // The same tensor twice in one dispatch: bound once (Dawn rejects overlapping writable bindings).
+    let m = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    assert_eq!(read::<f32>(&m.matmul(&m.t().unwrap()).unwrap()), vec![14.0, 32.0, 32.0, 77.0]);
 }
 
 #[test]

@@ -86,6 +86,9 @@ pub struct GpuContext {
     /// pinned host allocator).
     pub(crate) staging_current: Cell<u64>,
     pub(crate) staging_peak: Cell<u64>,
+    /// Validation errors wgpu reported outside an error scope (in the browser they arrive late):
+    /// turned into `DeviceError`s instead of wgpu's default panic.
+    pub(crate) errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// Submit once this many dispatches are pending (bounds encoder memory on long programs).
@@ -142,7 +145,11 @@ impl GpuContext {
             buffers: FxHashMap::default(),
             max_buffer_size: limits.max_buffer_size,
         };
+        let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = errors.clone();
+        device.on_uncaptured_error(std::sync::Arc::new(move |e: wgpu::Error| sink.lock().unwrap().push(e.to_string())));
         let ctx = GpuContext {
+            errors,
             device,
             queue,
             summary,
@@ -176,6 +183,15 @@ impl GpuContext {
             self.queue.submit([encoder.finish()]);
         }
         self.pending_dispatches.set(0);
+    }
+
+    /// The first validation error wgpu reported since the last check, as an error.
+    pub(crate) fn take_error(&self) -> Result<(), DeviceError> {
+        let mut errors = self.errors.lock().unwrap();
+        match errors.drain(..).next() {
+            Some(e) => Err(DeviceError::Unsupported(format!("the GPU rejected a command: {e}"))),
+            None => Ok(()),
+        }
     }
 
     /// Waits for everything submitted so far.
@@ -225,6 +241,7 @@ impl GpuContext {
         let result = self.map_and_copy(&staging, len).await;
         staging.destroy();
         self.staging_current.set(self.staging_current.get() - padded);
+        self.take_error()?;
         result
     }
 

@@ -76,11 +76,62 @@ pub(crate) struct Pipeline {
     layout: wgpu::BindGroupLayout,
 }
 
-/// A tensor's bytes as a binding: its segment's buffer, the block's offset and a size.
+/// A tensor's bytes: its segment's buffer, the block's offset in it and a size.
+#[derive(Clone)]
 pub(crate) struct Arg {
     pub buffer: wgpu::Buffer,
+    pub segment: u64,
     pub offset: u64,
     pub size: u64,
+}
+
+/// The operands of one dispatch as bindings. WebGPU forbids two writable bindings whose ranges
+/// overlap, and operands often share a segment (one buffer), or are the same tensor; so each
+/// distinct segment is bound once, over the range its operands span, and each operand gets its
+/// binding's name and its element offset inside it.
+pub(crate) struct Bindings {
+    ranges: Vec<Arg>,
+    operands: Vec<(usize, u32)>,
+}
+
+impl Bindings {
+    pub fn new(operands: &[Arg], element_size: u64) -> Result<Bindings, DeviceError> {
+        let mut ranges: Vec<Arg> = Vec::new();
+        for a in operands {
+            match ranges.iter_mut().find(|r| r.segment == a.segment) {
+                Some(r) => {
+                    let end = (r.offset + r.size).max(a.offset + a.size);
+                    r.offset = r.offset.min(a.offset);
+                    r.size = end - r.offset;
+                }
+                None => ranges.push(a.clone()),
+            }
+        }
+        let operands = operands
+            .iter()
+            .map(|a| {
+                let k = ranges.iter().position(|r| r.segment == a.segment).unwrap();
+                let base = (a.offset - ranges[k].offset) / element_size;
+                u32::try_from(base).map(|b| (k, b)).map_err(|_| DeviceError::Unsupported("operands too far apart in one segment".into()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Bindings { ranges, operands })
+    }
+
+    /// Number of operands.
+    pub fn len(&self) -> usize {
+        self.operands.len()
+    }
+
+    /// The WGSL variable that holds operand `i`.
+    pub fn name(&self, i: usize) -> String {
+        format!("buf{}", self.operands[i].0)
+    }
+
+    /// Operand `i`'s first element inside its binding.
+    pub fn base(&self, i: usize) -> u32 {
+        self.operands[i].1
+    }
 }
 
 /// Threads per workgroup for 1-D kernels; every adapter allows 64 (WebGPU's minimum is 256).
@@ -120,6 +171,8 @@ fn pipeline(device: &Device, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipel
         compilation_options: Default::default(),
         cache: None,
     });
+    // Natively a shader that does not validate is reported right here.
+    ctx.take_error()?;
     let p = Rc::new(Pipeline { pipeline, layout });
     ctx.pipelines.borrow_mut().insert(key, p.clone());
     Ok(p)
@@ -127,7 +180,7 @@ fn pipeline(device: &Device, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipel
 
 /// Records one dispatch of `threads` invocations of a 1-D kernel (`workgroup` per group; groups
 /// spread over x and y when x alone would exceed the adapter's limit).
-pub(crate) fn dispatch(device: &Device, kernel: &Kernel, meta: &[u32], args: &[Arg], threads: u64, workgroup: u32) -> Result<(), DeviceError> {
+pub(crate) fn dispatch(device: &Device, kernel: &Kernel, meta: &[u32], args: &Bindings, threads: u64, workgroup: u32) -> Result<(), DeviceError> {
     if threads == 0 {
         return Ok(());
     }
@@ -143,7 +196,7 @@ pub(crate) fn dispatch(device: &Device, kernel: &Kernel, meta: &[u32], args: &[A
 }
 
 /// Records one dispatch of exactly `groups` workgroups.
-pub(crate) fn dispatch_groups(device: &Device, kernel: &Kernel, meta: &[u32], args: &[Arg], groups: [u32; 3]) -> Result<(), DeviceError> {
+pub(crate) fn dispatch_groups(device: &Device, kernel: &Kernel, meta: &[u32], args: &Bindings, groups: [u32; 3]) -> Result<(), DeviceError> {
     let ctx = device.gpu_context().expect("kernels run on GPU devices");
     let max = ctx.limits.max_compute_workgroups_per_dimension;
     if groups.iter().any(|&g| g > max) {
@@ -152,14 +205,21 @@ pub(crate) fn dispatch_groups(device: &Device, kernel: &Kernel, meta: &[u32], ar
     if groups.contains(&0) {
         return Ok(());
     }
-    let p = pipeline(device, kernel, args.len())?;
+    let limit = ctx.summary.max_storage_buffer_binding_size;
+    if let Some(r) = args.ranges.iter().find(|r| r.size > limit) {
+        return Err(DeviceError::Unsupported(format!(
+            "operands span {} bytes of one segment, more than max_storage_buffer_binding_size ({limit})",
+            r.size
+        )));
+    }
+    let p = pipeline(device, kernel, args.ranges.len())?;
     let meta_buffer = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some("tensormem kernel metadata"),
         contents: bytemuck::cast_slice(if meta.is_empty() { &[0u32] } else { meta }),
         usage: wgpu::BufferUsages::STORAGE,
     });
     let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: meta_buffer.as_entire_binding() }];
-    for (i, a) in args.iter().enumerate() {
+    for (i, a) in args.ranges.iter().enumerate() {
         entries.push(wgpu::BindGroupEntry {
             binding: i as u32 + 1,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {

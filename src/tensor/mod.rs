@@ -194,7 +194,7 @@ impl Tensor {
             return Err(TensorError::Unsupported("the simulation device has no memory behind its tensors".into()));
         };
         let buffer = segments.buffer(block.segment).expect("every block lives in a segment buffer").clone();
-        Ok(Some(Arg { buffer, offset: block.ptr - block.segment, size: self.storage.bytes }))
+        Ok(Some(Arg { buffer, segment: block.segment, offset: block.ptr - block.segment, size: self.storage.bytes }))
     }
 
     // ------------------------------------------------------------------ views (no memory)

@@ -4,7 +4,7 @@
 
 use super::layout::{broadcast_shapes, wrap_dim, Layout, MAX_DIMS};
 use super::{DType, Result, Tensor, TensorError};
-use crate::kernels::{self, Family, Kernel, WORKGROUP};
+use crate::kernels::{self, Bindings, Family, Kernel, WORKGROUP};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unary {
@@ -147,7 +147,7 @@ impl Binary {
 }
 
 /// Specialisation shared by every elementwise kernel of one dtype.
-fn elementwise(entry: &'static str, dtype: DType, expr: String, device: &crate::device::Device) -> Result<Kernel> {
+fn elementwise(entry: &'static str, dtype: DType, expr: String, device: &crate::device::Device, b: &Bindings) -> Result<Kernel> {
     let t = wgsl_type(dtype)?;
     let enable = f16_enable(dtype, device)?;
     let scalar = match dtype {
@@ -157,11 +157,13 @@ fn elementwise(entry: &'static str, dtype: DType, expr: String, device: &crate::
         _ => "info[SCALAR_AT]".to_string(),
     };
     let pick = |name: &str, trivial: &str| if name == entry { expr.clone() } else { trivial.to_string() };
+    let operand = |i: usize| if i < b.len() { b.name(i) } else { b.name(0) };
     Ok(Kernel::new(Family::Elementwise, entry)
         .with("ENABLE", enable)
-        .with("OUT", t)
-        .with("A", t)
-        .with("B", t)
+        .with("T", t)
+        .with("OUT_BUF", operand(0))
+        .with("A_BUF", operand(1))
+        .with("B_BUF", operand(2))
         .with("SCALAR", scalar)
         .with("BINARY", pick("binary", "x"))
         .with("UNARY", pick("unary", "x"))
@@ -188,9 +190,15 @@ fn scalar_bits(value: f64, dtype: DType) -> u32 {
     }
 }
 
-/// `[offset, strides..]` padded to MAX_DIMS.
-fn push_layout(meta: &mut Vec<u32>, l: &Layout) {
-    meta.push(l.offset as u32);
+/// Binds the operands (in order) for one dispatch.
+fn bind(tensors: &[&Tensor]) -> Result<Bindings> {
+    let args = tensors.iter().map(|t| Ok(t.arg()?.expect("non-empty operands have a block"))).collect::<Result<Vec<_>>>()?;
+    Ok(Bindings::new(&args, tensors[0].dtype.size() as u64)?)
+}
+
+/// `[offset, strides..]` padded to MAX_DIMS; `base` is where the operand starts in its binding.
+fn push_layout(meta: &mut Vec<u32>, l: &Layout, base: u32) {
+    meta.push(base + l.offset as u32);
     for d in 0..MAX_DIMS {
         meta.push(l.strides.get(d).copied().unwrap_or(0) as u32);
     }
@@ -231,15 +239,15 @@ impl Tensor {
         }
         check_u32(self)?;
         check_u32(src)?;
-        let kernel = elementwise("unary", self.dtype, expr, &device)?;
+        let b = bind(&[self, src])?;
+        let kernel = elementwise("unary", self.dtype, expr, &device, &b)?;
         let mut meta = vec![self.numel() as u32, self.ndim() as u32];
         push_shape(&mut meta, self.shape());
-        push_layout(&mut meta, &self.layout);
-        push_layout(&mut meta, &src_layout);
-        push_layout(&mut meta, &src_layout);
+        push_layout(&mut meta, &self.layout, b.base(0));
+        push_layout(&mut meta, &src_layout, b.base(1));
+        push_layout(&mut meta, &src_layout, b.base(1));
         meta.push(scalar_bits(scalar, self.dtype));
-        let args = [self.arg()?.unwrap(), src.arg()?.unwrap()];
-        Ok(kernels::dispatch(&device, &kernel, &meta, &args, self.numel() as u64, WORKGROUP)?)
+        Ok(kernels::dispatch(&device, &kernel, &meta, &b, self.numel() as u64, WORKGROUP)?)
     }
 
     fn binary_into(&self, a: &Tensor, b: &Tensor, op: Binary) -> Result<()> {
@@ -257,15 +265,15 @@ impl Tensor {
         for t in [self, a, b] {
             check_u32(t)?;
         }
-        let kernel = elementwise("binary", self.dtype, expr, &device)?;
+        let bound = bind(&[self, a, b])?;
+        let kernel = elementwise("binary", self.dtype, expr, &device, &bound)?;
         let mut meta = vec![self.numel() as u32, self.ndim() as u32];
         push_shape(&mut meta, self.shape());
-        push_layout(&mut meta, &self.layout);
-        push_layout(&mut meta, &la);
-        push_layout(&mut meta, &lb);
+        push_layout(&mut meta, &self.layout, bound.base(0));
+        push_layout(&mut meta, &la, bound.base(1));
+        push_layout(&mut meta, &lb, bound.base(2));
         meta.push(0);
-        let args = [self.arg()?.unwrap(), a.arg()?.unwrap(), b.arg()?.unwrap()];
-        Ok(kernels::dispatch(&device, &kernel, &meta, &args, self.numel() as u64, WORKGROUP)?)
+        Ok(kernels::dispatch(&device, &kernel, &meta, &bound, self.numel() as u64, WORKGROUP)?)
     }
 
     #[track_caller]
@@ -314,14 +322,15 @@ impl Tensor {
             return Ok(self);
         }
         check_u32(self)?;
-        let kernel = elementwise("fill", self.dtype, "s".into(), &device)?;
+        let b = bind(&[self])?;
+        let kernel = elementwise("fill", self.dtype, "s".into(), &device, &b)?;
         let mut meta = vec![self.numel() as u32, self.ndim() as u32];
         push_shape(&mut meta, self.shape());
-        push_layout(&mut meta, &self.layout);
-        push_layout(&mut meta, &self.layout);
-        push_layout(&mut meta, &self.layout);
+        for _ in 0..3 {
+            push_layout(&mut meta, &self.layout, b.base(0));
+        }
         meta.push(scalar_bits(value, self.dtype));
-        kernels::dispatch(&device, &kernel, &meta, &[self.arg()?.unwrap()], self.numel() as u64, WORKGROUP)?;
+        kernels::dispatch(&device, &kernel, &meta, &b, self.numel() as u64, WORKGROUP)?;
         Ok(self)
     }
 
@@ -417,22 +426,23 @@ impl Tensor {
             check_u32(self)?;
             let (acc, init, step, finish) = acc_init_step_finish;
             let t = wgsl_type(self.dtype)?;
+            let b = bind(&[&out, self])?;
             let kernel = Kernel::new(Family::Reduce, "reduce")
                 .with("ENABLE", f16_enable(self.dtype, &device)?)
-                .with("OUT", t)
-                .with("A", t)
+                .with("T", t)
+                .with("OUT_BUF", b.name(0))
+                .with("A_BUF", b.name(1))
                 .with("ACC", acc)
                 .with("INIT", init)
                 .with("STEP", step)
                 .with("FINISH", finish);
             let mut meta = vec![out.numel() as u32, self.ndim() as u32];
             push_shape(&mut meta, &out_shape);
-            push_layout(&mut meta, &out.layout);
-            push_layout(&mut meta, &self.layout);
+            push_layout(&mut meta, &out.layout, b.base(0));
+            push_layout(&mut meta, &self.layout, b.base(1));
             meta.push(dim as u32);
             meta.push(n as u32);
-            let args = [out.arg()?.unwrap(), self.arg()?.unwrap()];
-            kernels::dispatch(&device, &kernel, &meta, &args, out.numel() as u64, WORKGROUP)?;
+            kernels::dispatch(&device, &kernel, &meta, &b, out.numel() as u64, WORKGROUP)?;
         }
         if keepdim { Ok(out) } else { out.squeeze(Some(dim as isize)) }
     }
@@ -562,30 +572,33 @@ impl Tensor {
             }
             let t = wgsl_type(self.dtype)?;
             let tile = 16u32;
+            let bound = bind(&[&out, &a, &b])?;
             let kernel = Kernel::new(Family::Matmul, kind.entry())
                 .with("ENABLE", f16_enable(self.dtype, &device)?)
                 .with("T", t)
+                .with("C_BUF", bound.name(0))
+                .with("A_BUF", bound.name(1))
+                .with("B_BUF", bound.name(2))
                 .with("ACC", "f32")
                 .with("TILE", tile.to_string());
             let mut meta = vec![m as u32, n as u32, k as u32, batches as u32, batch.len() as u32];
             for d in 0..4 {
                 meta.push(batch.get(d).copied().unwrap_or(1) as u32);
             }
-            for l in [&la, &lb, &out.layout] {
+            for (l, base) in [(&la, bound.base(1)), (&lb, bound.base(2)), (&out.layout, bound.base(0))] {
                 let nb = batch.len();
-                meta.push(l.offset as u32);
+                meta.push(base + l.offset as u32);
                 for d in 0..4 {
                     meta.push(if d < nb { l.strides[d] as u32 } else { 0 });
                 }
                 meta.push(l.strides[nb] as u32);
                 meta.push(l.strides[nb + 1] as u32);
             }
-            let args = [out.arg()?.unwrap(), a.arg()?.unwrap(), b.arg()?.unwrap()];
             let groups = match kind {
                 MatmulKernel::Naive => [(n as u32).div_ceil(8), (m as u32).div_ceil(8), batches as u32],
                 MatmulKernel::Tiled => [(n as u32).div_ceil(tile), (m as u32).div_ceil(tile), batches as u32],
             };
-            kernels::dispatch_groups(&device, &kernel, &meta, &args, groups)?;
+            kernels::dispatch_groups(&device, &kernel, &meta, &bound, groups)?;
         }
         // 1-D operands lose their added dimension again.
         let mut result = out;
