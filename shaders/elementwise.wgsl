@@ -1,5 +1,5 @@
 // Elementwise kernels over strided, broadcast tensors. Specialised by the kernels layer:
-//   {{ENABLE}} "enable f16;" when f16 runs natively; {{T}} the element type;
+//   {{ENABLE}} "enable f16;" when f16 runs natively; {{T}} the type of values in registers;
 //   {{BINARY}} the result from x (a's element) and y (b's element); {{UNARY}} from x, s (the
 //   scalar) and i (the linear index); {{FILL}} from s. Every entry compiles with the module, so
 //   the kernels layer gives the unused ones a trivial expression.
@@ -14,10 +14,9 @@ const B_AT: u32 = 28u;
 const SCALAR_AT: u32 = 37u;
 
 @group(0) @binding(0) var<storage, read> info: array<u32>;
-// Operands sharing a segment share a binding: {{OUT_BUF}}, {{A_BUF}}, {{B_BUF}} name theirs.
-@group(0) @binding(1) var<storage, read_write> buf0: array<{{T}}>;
-@group(0) @binding(2) var<storage, read_write> buf1: array<{{T}}>;
-@group(0) @binding(3) var<storage, read_write> buf2: array<{{T}}>;
+// Operands sharing a segment share a binding: {{OUT_BUF}}, {{A_BUF}}, {{B_BUF}} name theirs;
+// BUFFERS declares buf0..buf2 with load_bufK / store_bufK for the dtype's storage.
+{{BUFFERS}}
 
 // Element offset of linear output index i in the tensor whose offset and strides start at base.
 fn offset_of(i: u32, base: u32) -> u32 {
@@ -60,18 +59,18 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
-    let x = {{A_BUF}}[offset_of(i, A_AT)];
-    let y = {{B_BUF}}[offset_of(i, B_AT)];
-    {{OUT_BUF}}[offset_of(i, OUT_AT)] = {{BINARY}};
+    let x = load_{{A_BUF}}(offset_of(i, A_AT));
+    let y = load_{{B_BUF}}(offset_of(i, B_AT));
+    store_{{OUT_BUF}}(offset_of(i, OUT_AT), {{BINARY}});
 }
 
 @compute @workgroup_size(64)
 fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
-    let x = {{A_BUF}}[offset_of(i, A_AT)];
+    let x = load_{{A_BUF}}(offset_of(i, A_AT));
     let s = {{SCALAR}};
-    {{OUT_BUF}}[offset_of(i, OUT_AT)] = {{UNARY}};
+    store_{{OUT_BUF}}(offset_of(i, OUT_AT), {{UNARY}});
 }
 
 // Writes the scalar everywhere (fill_, zeros, ones, full).
@@ -80,5 +79,5 @@ fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
     let s = {{SCALAR}};
-    {{OUT_BUF}}[offset_of(i, OUT_AT)] = {{FILL}};
+    store_{{OUT_BUF}}(offset_of(i, OUT_AT), {{FILL}});
 }

@@ -9,8 +9,7 @@
 
 @group(0) @binding(0) var<storage, read> info: array<u32>;
 // {{OUT_BUF}} and {{A_BUF}} name the operands' bindings (one when they share a segment).
-@group(0) @binding(1) var<storage, read_write> buf0: array<{{T}}>;
-@group(0) @binding(2) var<storage, read_write> buf1: array<{{T}}>;
+{{BUFFERS}}
 
 fn offset_of(i: u32, base: u32) -> u32 {
     var rem = i;
@@ -32,8 +31,8 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let n = info[29];
     var acc: {{ACC}} = {{INIT}};
     for (var k = 0u; k < n; k = k + 1u) {
-        let x = {{A_BUF}}[base + k * stride];
+        let x = load_{{A_BUF}}(base + k * stride);
         {{STEP}}
     }
-    {{OUT_BUF}}[offset_of(i, 10u)] = {{FINISH}};
+    store_{{OUT_BUF}}(offset_of(i, 10u), {{FINISH}});
 }

@@ -283,30 +283,49 @@ fn matmul_tiled_and_naive_match_the_reference() {
     assert!(a.matmul(&a).unwrap_err().to_string().contains("inner dimensions 4 and 3 differ"));
 }
 
-#[test]
-fn float16_runs_natively_where_the_adapter_has_shader_f16() {
-    let Some(dev) = gpu() else { return };
+/// The f16 program both ways: natively (shader-f16) and packed two to a u32 word, the path of
+/// adapters without shader-f16 such as the browser's software one.
+fn f16_program(dev: &Device) {
     use half::f16;
-    let data: Vec<f16> = (0..64).map(|i| f16::from_f32(i as f32 * 0.25 - 4.0)).collect();
-    let x = dev.from_slice(&data, &[8, 8]).unwrap();
-    assert_eq!(x.storage_bytes(), 128);
-    if !dev.adapter().unwrap().native_f16 {
-        assert!(x.relu().is_err(), "without shader-f16 the packed path is pending");
-        return;
-    }
-    let y = x.t().unwrap().add(&x).unwrap().relu().unwrap();
+    let data: Vec<f16> = (0..63).map(|i| f16::from_f32(i as f32 * 0.25 - 4.0)).collect();
+    // 7x9: odd sizes, so elements straddle u32 words and rows start at odd element offsets.
+    let x = dev.from_slice(&data, &[7, 9]).unwrap();
+    assert_eq!(x.storage_bytes(), 126);
+    assert_eq!(read::<f16>(&x), data);
+    let y = x.narrow(1, 1, 7).unwrap().t().unwrap().add(&x.narrow(1, 2, 7).unwrap().t().unwrap()).unwrap().relu().unwrap();
     let got = read::<f16>(&y);
-    for r in 0..8 {
-        for c in 0..8 {
-            let expected = (data[c * 8 + r].to_f32() + data[r * 8 + c].to_f32()).max(0.0);
-            assert_eq!(got[r * 8 + c].to_f32(), expected);
+    for r in 0..7 {
+        for c in 0..7 {
+            let expected = (data[c * 9 + r + 1].to_f32() + data[c * 9 + r + 2].to_f32()).max(0.0);
+            assert_eq!(got[r * 7 + c].to_f32(), expected, "({r}, {c})");
         }
     }
+    // In place on a strided column: neighbouring halves of each word must survive.
+    x.narrow(1, 3, 1).unwrap().fill_(1.5).unwrap();
+    let after = read::<f16>(&x);
+    for (i, v) in after.iter().enumerate() {
+        let expected = if i % 9 == 3 { 1.5 } else { data[i].to_f32() };
+        assert_eq!(v.to_f32(), expected, "element {i}");
+    }
     let s = x.sum(&[1], false).unwrap();
-    let expected: Vec<f32> = (0..8).map(|r| (0..8).map(|c| data[r * 8 + c].to_f32()).sum()).collect();
+    let expected: Vec<f32> = (0..7).map(|r| (0..9).map(|c| after[r * 9 + c].to_f32()).sum()).collect();
     close(&read::<f16>(&s).iter().map(|v| v.to_f32()).collect::<Vec<_>>(), &expected, 1e-3, "f16 sum");
-    let m = x.matmul(&x).unwrap();
-    assert_eq!(m.dtype(), DType::F16);
+    let m = x.matmul(&x.t().unwrap()).unwrap();
+    assert_eq!((m.dtype(), m.shape()), (DType::F16, &[7usize, 7][..]));
+    let mm = read::<f16>(&m);
+    let reference: f32 = (0..9).map(|c| after[c].to_f32() * after[9 + c].to_f32()).sum();
+    assert!((mm[1].to_f32() - reference).abs() <= 0.02 * reference.abs().max(1.0), "{} vs {reference}", mm[1]);
+}
+
+#[test]
+fn float16_natively_and_packed() {
+    let Some(dev) = gpu() else { return };
+    if dev.adapter().unwrap().native_f16 {
+        f16_program(&dev);
+    }
+    let packed = pollster::block_on(Device::gpu(GpuOptions { disable_native_f16: true, ..Default::default() })).unwrap();
+    assert!(!packed.adapter().unwrap().native_f16);
+    f16_program(&packed);
 }
 
 #[test]

@@ -50,3 +50,20 @@ fn the_sim_device_runs_in_the_browser() {
     let _y = x.matmul(&x).unwrap();
     assert_eq!(dev.memory_allocated(), 2 * 4 * 1024 * 1024);
 }
+
+#[wasm_bindgen_test]
+async fn float16_runs_packed_without_shader_f16() {
+    use half::f16;
+    let dev = gpu().await;
+    let data: Vec<f16> = (0..15).map(|i| f16::from_f32(i as f32 - 7.0)).collect();
+    let x = dev.from_slice(&data, &[3, 5]).unwrap();
+    let y = x.t().unwrap().relu().unwrap().mul_scalar(0.5).unwrap();
+    let got = y.to_vec::<f16>().await.unwrap();
+    for r in 0..5 {
+        for c in 0..3 {
+            assert_eq!(got[r * 3 + c].to_f32(), data[c * 5 + r].to_f32().max(0.0) * 0.5);
+        }
+    }
+    let s = x.sum(&[], false).unwrap().item::<f16>().await.unwrap();
+    assert_eq!(s.to_f32(), (0..15).map(|i| i as f32 - 7.0).sum::<f32>());
+}

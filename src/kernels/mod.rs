@@ -45,6 +45,12 @@ impl Kernel {
         self
     }
 
+    /// Element access for `buffers` bindings: sets {{ENABLE}}, {{T}} (the value type) and
+    /// {{BUFFERS}} (declarations with load/store functions).
+    pub fn with_access(self, access: Access, buffers: usize) -> Kernel {
+        self.with("ENABLE", access.enable).with("T", access.value).with("BUFFERS", access.declarations(buffers))
+    }
+
     fn key(&self, tensors: usize) -> String {
         let mut key = format!("{:?}/{}/{}", self.family, self.entry, tensors);
         for (k, v) in &self.spec {
@@ -68,6 +74,59 @@ impl Kernel {
             ))),
             None => Ok(text),
         }
+    }
+}
+
+/// How kernels hold one dtype's elements. Natively each element is an array element. f16 on an
+/// adapter without `shader-f16` (the browser's software adapter) is stored two to a u32 word:
+/// reads unpack, and writes replace their half of the word with a compare-and-swap loop, since
+/// the neighbouring half may belong to another invocation (or to no operand at all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Access {
+    /// The WGSL type values have in registers.
+    pub value: &'static str,
+    storage: &'static str,
+    enable: &'static str,
+    packed: bool,
+}
+
+impl Access {
+    pub fn native(value: &'static str) -> Access {
+        Access { value, storage: value, enable: if value == "f16" { "enable f16;" } else { "" }, packed: false }
+    }
+
+    pub fn packed_f16() -> Access {
+        Access { value: "f32", storage: "atomic<u32>", enable: "", packed: true }
+    }
+
+    /// Binding declarations `buf0..` at bindings 1.. with `load_bufK(i)` and `store_bufK(i, v)`.
+    fn declarations(&self, buffers: usize) -> String {
+        let mut out = String::new();
+        for k in 0..buffers {
+            let decl = format!("@group(0) @binding({}) var<storage, read_write> buf{k}: array<{}>;\n", k + 1, self.storage);
+            out.push_str(&decl);
+            if self.packed {
+                out.push_str(&format!(
+                    "fn load_buf{k}(i: u32) -> f32 {{ return unpack2x16float(atomicLoad(&buf{k}[i >> 1u]))[i & 1u]; }}\n\
+                     fn store_buf{k}(i: u32, v: f32) {{\n\
+                         let shift = (i & 1u) * 16u;\n\
+                         let bits = (pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu) << shift;\n\
+                         var old = atomicLoad(&buf{k}[i >> 1u]);\n\
+                         loop {{\n\
+                             let r = atomicCompareExchangeWeak(&buf{k}[i >> 1u], old, (old & ~(0xffffu << shift)) | bits);\n\
+                             if (r.exchanged) {{ break; }}\n\
+                             old = r.old_value;\n\
+                         }}\n\
+                     }}\n"
+                ));
+            } else {
+                out.push_str(&format!(
+                    "fn load_buf{k}(i: u32) -> {v} {{ return buf{k}[i]; }}\nfn store_buf{k}(i: u32, v: {v}) {{ buf{k}[i] = v; }}\n",
+                    v = self.value
+                ));
+            }
+        }
+        out
     }
 }
 
@@ -144,8 +203,9 @@ fn pipeline(device: &Device, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipel
         return Ok(p.clone());
     }
     let source = kernel.specialize()?;
+    let label = format!("{:?}/{}", kernel.family, kernel.entry);
     let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(&key),
+        label: Some(&label),
         source: wgpu::ShaderSource::Wgsl(source.into()),
     });
     let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
@@ -157,14 +217,14 @@ fn pipeline(device: &Device, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipel
     // Tensors bind read_write even when only read: WebGPU forbids one buffer (a segment) bound
     // read-only and writable in the same dispatch, and tensors often share a segment.
     let entries: Vec<_> = std::iter::once(storage(0, true)).chain((1..=tensors as u32).map(|b| storage(b, false))).collect();
-    let layout = ctx.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&key), entries: &entries });
+    let layout = ctx.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&label), entries: &entries });
     let pipeline_layout = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-        label: Some(&key),
+        label: Some(&label),
         bind_group_layouts: &[Some(&layout)],
         immediate_size: 0,
     });
     let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(&key),
+        label: Some(&label),
         layout: Some(&pipeline_layout),
         module: &module,
         entry_point: Some(kernel.entry),

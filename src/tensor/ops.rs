@@ -4,7 +4,7 @@
 
 use super::layout::{broadcast_shapes, wrap_dim, Layout, MAX_DIMS};
 use super::{DType, Result, Tensor, TensorError};
-use crate::kernels::{self, Bindings, Family, Kernel, WORKGROUP};
+use crate::kernels::{self, Access, Bindings, Family, Kernel, WORKGROUP};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unary {
@@ -86,12 +86,11 @@ impl Unary {
         }
     }
 
-    /// The WGSL expression, from x (element), s (scalar) and i (linear index).
-    fn expr(self, dtype: DType) -> Result<String> {
-        let t = wgsl_type(dtype)?;
+    /// The WGSL expression, from x (element), s (scalar) and i (linear index), in value type `t`.
+    fn expr(self, dtype: DType, t: &str) -> Result<String> {
         let float = dtype.is_float();
         // Transcendentals compute in f32 (f16 has too little range for exp in the middle of gelu).
-        let f = |e: &str| if dtype == DType::F32 { e.replace('X', "x") } else { format!("{t}({})", e.replace('X', "f32(x)")) };
+        let f = |e: &str| if t == "f32" { e.replace('X', "x") } else { format!("{t}({})", e.replace('X', "f32(x)")) };
         Ok(match self {
             Unary::Identity => "x".into(),
             Unary::Neg if dtype != DType::U32 => "-x".into(),
@@ -131,8 +130,7 @@ impl Binary {
         }
     }
 
-    fn expr(self, dtype: DType) -> Result<String> {
-        let t = wgsl_type(dtype)?;
+    fn expr(self, dtype: DType, t: &str) -> Result<String> {
         Ok(match self {
             Binary::Add => "x + y".into(),
             Binary::Sub => "x - y".into(),
@@ -147,20 +145,17 @@ impl Binary {
 }
 
 /// Specialisation shared by every elementwise kernel of one dtype.
-fn elementwise(entry: &'static str, dtype: DType, expr: String, device: &crate::device::Device, b: &Bindings) -> Result<Kernel> {
-    let t = wgsl_type(dtype)?;
-    let enable = f16_enable(dtype, device)?;
-    let scalar = match dtype {
-        DType::F32 => "bitcast<f32>(info[SCALAR_AT])".to_string(),
-        DType::F16 => "f16(bitcast<f32>(info[SCALAR_AT]))".to_string(),
-        DType::I32 => "bitcast<i32>(info[SCALAR_AT])".to_string(),
-        _ => "info[SCALAR_AT]".to_string(),
+fn elementwise(entry: &'static str, access: Access, expr: String, b: &Bindings) -> Result<Kernel> {
+    let scalar = match access.value {
+        "f32" => "bitcast<f32>(info[SCALAR_AT])",
+        "f16" => "f16(bitcast<f32>(info[SCALAR_AT]))",
+        "i32" => "bitcast<i32>(info[SCALAR_AT])",
+        _ => "info[SCALAR_AT]",
     };
     let pick = |name: &str, trivial: &str| if name == entry { expr.clone() } else { trivial.to_string() };
     let operand = |i: usize| if i < b.len() { b.name(i) } else { b.name(0) };
     Ok(Kernel::new(Family::Elementwise, entry)
-        .with("ENABLE", enable)
-        .with("T", t)
+        .with_access(access, 3)
         .with("OUT_BUF", operand(0))
         .with("A_BUF", operand(1))
         .with("B_BUF", operand(2))
@@ -170,16 +165,13 @@ fn elementwise(entry: &'static str, dtype: DType, expr: String, device: &crate::
         .with("FILL", pick("fill", "s")))
 }
 
-fn f16_enable(dtype: DType, device: &crate::device::Device) -> Result<&'static str> {
-    if dtype != DType::F16 {
-        return Ok("");
-    }
-    match device.adapter() {
-        Some(a) if a.native_f16 => Ok("enable f16;"),
-        _ => Err(TensorError::Unsupported(
-            "float16 kernels on an adapter without shader-f16 (the packed-u32 path) are not implemented yet".into(),
-        )),
-    }
+/// How kernels hold `dtype` on this device: f16 packed in u32 words where `shader-f16` is missing.
+fn access(dtype: DType, device: &crate::device::Device) -> Result<Access> {
+    let t = wgsl_type(dtype)?;
+    Ok(match device.adapter() {
+        Some(a) if dtype == DType::F16 && !a.native_f16 => Access::packed_f16(),
+        _ => Access::native(t),
+    })
 }
 
 fn scalar_bits(value: f64, dtype: DType) -> u32 {
@@ -231,7 +223,7 @@ impl Tensor {
         if src.dtype != self.dtype {
             return Err(TensorError::DType(format!("{} of a {} tensor into a {} tensor", op.name(), src.dtype, self.dtype)));
         }
-        let expr = op.expr(self.dtype)?;
+        op.expr(self.dtype, wgsl_type(self.dtype)?)?;
         let src_layout = src.layout.expand(self.shape())?;
         let device = self.device().clone();
         if device.is_sim() || self.numel() == 0 {
@@ -240,7 +232,8 @@ impl Tensor {
         check_u32(self)?;
         check_u32(src)?;
         let b = bind(&[self, src])?;
-        let kernel = elementwise("unary", self.dtype, expr, &device, &b)?;
+        let access = access(self.dtype, &device)?;
+        let kernel = elementwise("unary", access, op.expr(self.dtype, access.value)?, &b)?;
         let mut meta = vec![self.numel() as u32, self.ndim() as u32];
         push_shape(&mut meta, self.shape());
         push_layout(&mut meta, &self.layout, b.base(0));
@@ -256,7 +249,7 @@ impl Tensor {
         if a.dtype != b.dtype || a.dtype != self.dtype {
             return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), a.dtype, b.dtype)));
         }
-        let expr = op.expr(self.dtype)?;
+        op.expr(self.dtype, wgsl_type(self.dtype)?)?;
         let (la, lb) = (a.layout.expand(self.shape())?, b.layout.expand(self.shape())?);
         let device = self.device().clone();
         if device.is_sim() || self.numel() == 0 {
@@ -266,7 +259,8 @@ impl Tensor {
             check_u32(t)?;
         }
         let bound = bind(&[self, a, b])?;
-        let kernel = elementwise("binary", self.dtype, expr, &device, &bound)?;
+        let access = access(self.dtype, &device)?;
+        let kernel = elementwise("binary", access, op.expr(self.dtype, access.value)?, &bound)?;
         let mut meta = vec![self.numel() as u32, self.ndim() as u32];
         push_shape(&mut meta, self.shape());
         push_layout(&mut meta, &self.layout, bound.base(0));
@@ -278,7 +272,7 @@ impl Tensor {
 
     #[track_caller]
     fn unary(&self, op: Unary, scalar: f64) -> Result<Tensor> {
-        op.expr(self.dtype)?;
+        op.expr(self.dtype, wgsl_type(self.dtype)?)?;
         let out = self.device().empty_tensor(self.shape(), self.dtype, op.name())?;
         out.unary_into(self, op, scalar)?;
         Ok(out)
@@ -290,7 +284,7 @@ impl Tensor {
         if self.dtype != other.dtype {
             return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), self.dtype, other.dtype)));
         }
-        op.expr(self.dtype)?;
+        op.expr(self.dtype, wgsl_type(self.dtype)?)?;
         let out = self.device().empty_tensor(&shape, self.dtype, op.name())?;
         out.binary_into(self, other, op)?;
         Ok(out)
@@ -323,7 +317,7 @@ impl Tensor {
         }
         check_u32(self)?;
         let b = bind(&[self])?;
-        let kernel = elementwise("fill", self.dtype, "s".into(), &device, &b)?;
+        let kernel = elementwise("fill", access(self.dtype, &device)?, "s".into(), &b)?;
         let mut meta = vec![self.numel() as u32, self.ndim() as u32];
         push_shape(&mut meta, self.shape());
         for _ in 0..3 {
@@ -425,11 +419,11 @@ impl Tensor {
             }
             check_u32(self)?;
             let (acc, init, step, finish) = acc_init_step_finish;
-            let t = wgsl_type(self.dtype)?;
             let b = bind(&[&out, self])?;
+            let access = access(self.dtype, &device)?;
+            let finish = finish.replace("{T}", access.value);
             let kernel = Kernel::new(Family::Reduce, "reduce")
-                .with("ENABLE", f16_enable(self.dtype, &device)?)
-                .with("T", t)
+                .with_access(access, 2)
                 .with("OUT_BUF", b.name(0))
                 .with("A_BUF", b.name(1))
                 .with("ACC", acc)
@@ -459,11 +453,11 @@ impl Tensor {
             _ => ("-3.4028235e38", "3.4028235e38"),
         };
         Ok(match op {
-            Reduction::Sum => ("sum", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), format!("{t}(acc)"))),
-            Reduction::Mean if float => ("mean", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), format!("{t}(acc / f32(n))"))),
+            Reduction::Sum => ("sum", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), "{T}(acc)".into())),
+            Reduction::Mean if float => ("mean", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), "{T}(acc / f32(n))".into())),
             Reduction::Mean => return Err(TensorError::DType(format!("mean of {} tensors: PyTorch requires a floating dtype", self.dtype))),
-            Reduction::Max => ("max", (acc.into(), cast(lowest), format!("acc = max(acc, {});", cast("x")), format!("{t}(acc)"))),
-            Reduction::Min => ("min", (acc.into(), cast(highest), format!("acc = min(acc, {});", cast("x")), format!("{t}(acc)"))),
+            Reduction::Max => ("max", (acc.into(), cast(lowest), format!("acc = max(acc, {});", cast("x")), "{T}(acc)".into())),
+            Reduction::Min => ("min", (acc.into(), cast(highest), format!("acc = min(acc, {});", cast("x")), "{T}(acc)".into())),
         })
     }
 
@@ -570,12 +564,10 @@ impl Tensor {
             for t in [&a, &b, &out] {
                 check_u32(t)?;
             }
-            let t = wgsl_type(self.dtype)?;
             let tile = 16u32;
             let bound = bind(&[&out, &a, &b])?;
             let kernel = Kernel::new(Family::Matmul, kind.entry())
-                .with("ENABLE", f16_enable(self.dtype, &device)?)
-                .with("T", t)
+                .with_access(access(self.dtype, &device)?, 3)
                 .with("C_BUF", bound.name(0))
                 .with("A_BUF", bound.name(1))
                 .with("B_BUF", bound.name(2))
