@@ -1,21 +1,23 @@
 // Elementwise kernels over strided, broadcast tensors. Specialised by the kernels layer:
 //   {{ENABLE}} "enable f16;" when f16 runs natively; {{T}} the type of values in registers;
-//   {{BINARY}} the result from x (a's element) and y (b's element); {{UNARY}} from x, s (the
+//   {{BINARY}} the result from x (a's element) and y (b's element); {{TERNARY}} from x, y, z
+//   (c's element) and s; {{UNARY}} from x, s (the
 //   scalar) and i (the linear index); {{FILL}} from s. Every entry compiles with the module, so
 //   the kernels layer gives the unused ones a trivial expression.
 //   {{SCALAR}} how s is read from info[SCALAR_AT].
-// info: [0] numel, [1] ndim, [2..10] output shape, then for out, a, b: offset and 8 strides.
+// info: [0] numel, [1] ndim, [2..10] output shape, then for out, a, b, c: offset and 8 strides,
+//       then the scalar's bits.
 {{ENABLE}}
 
 const SHAPE: u32 = 2u;
 const OUT_AT: u32 = 10u;
 const A_AT: u32 = 19u;
 const B_AT: u32 = 28u;
-const SCALAR_AT: u32 = 37u;
+const C_AT: u32 = 37u;
+const SCALAR_AT: u32 = 46u;
 
 @group(0) @binding(0) var<storage, read> info: array<u32>;
-// Operands sharing a segment share a binding: {{OUT_BUF}}, {{A_BUF}}, {{B_BUF}} name theirs;
-// BUFFERS declares buf0..buf2 with load_bufK / store_bufK for the dtype's storage.
+// BUFFERS declares the bindings and load_x / store_x for the operands out, a, b, c.
 {{BUFFERS}}
 
 // Element offset of linear output index i in the tensor whose offset and strides start at base.
@@ -59,18 +61,29 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
-    let x = load_{{A_BUF}}(offset_of(i, A_AT));
-    let y = load_{{B_BUF}}(offset_of(i, B_AT));
-    store_{{OUT_BUF}}(offset_of(i, OUT_AT), {{BINARY}});
+    let x = load_a(offset_of(i, A_AT));
+    let y = load_b(offset_of(i, B_AT));
+    store_out(offset_of(i, OUT_AT), {{BINARY}});
 }
 
 @compute @workgroup_size(64)
 fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
-    let x = load_{{A_BUF}}(offset_of(i, A_AT));
+    let x = load_a(offset_of(i, A_AT));
     let s = {{SCALAR}};
-    store_{{OUT_BUF}}(offset_of(i, OUT_AT), {{UNARY}});
+    store_out(offset_of(i, OUT_AT), {{UNARY}});
+}
+
+@compute @workgroup_size(64)
+fn ternary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= info[0]) { return; }
+    let x = load_a(offset_of(i, A_AT));
+    let y = load_b(offset_of(i, B_AT));
+    let z = load_c(offset_of(i, C_AT));
+    let s = {{SCALAR}};
+    store_out(offset_of(i, OUT_AT), {{TERNARY}});
 }
 
 // Writes the scalar everywhere (fill_, zeros, ones, full).
@@ -79,5 +92,5 @@ fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
     let s = {{SCALAR}};
-    store_{{OUT_BUF}}(offset_of(i, OUT_AT), {{FILL}});
+    store_out(offset_of(i, OUT_AT), {{FILL}});
 }

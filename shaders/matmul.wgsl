@@ -7,7 +7,7 @@
 {{ENABLE}}
 
 @group(0) @binding(0) var<storage, read> info: array<u32>;
-// {{C_BUF}}, {{A_BUF}}, {{B_BUF}} name the operands' bindings (shared when they share a segment).
+// BUFFERS declares the bindings and load_x / store_x for the operands c, a, b.
 {{BUFFERS}}
 
 // Offset of batch `batch` for the tensor whose batch strides start at `base`.
@@ -32,9 +32,9 @@ fn naive(@builtin(global_invocation_id) gid: vec3<u32>) {
     let bo = batch_offset(batch, 17u) + col * info[22];
     var acc: {{ACC}} = {{ACC}}(0);
     for (var i = 0u; i < k; i = i + 1u) {
-        acc = acc + {{ACC}}(load_{{A_BUF}}(ao + i * info[15])) * {{ACC}}(load_{{B_BUF}}(bo + i * info[21]));
+        acc = acc + {{ACC}}(load_a(ao + i * info[15])) * {{ACC}}(load_b(bo + i * info[21]));
     }
-    store_{{C_BUF}}(batch_offset(batch, 24u) + row * info[28] + col * info[29], {{T}}(acc));
+    store_c(batch_offset(batch, 24u) + row * info[28] + col * info[29], {{T}}(acc));
 }
 
 const TILE: u32 = {{TILE}}u;
@@ -58,8 +58,8 @@ fn tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocatio
         let bk = t * TILE + lid.y;
         var av: {{ACC}} = {{ACC}}(0);
         var bv: {{ACC}} = {{ACC}}(0);
-        if (row < m && ak < k) { av = {{ACC}}(load_{{A_BUF}}(ao + row * info[14] + ak * info[15])); }
-        if (col < n && bk < k) { bv = {{ACC}}(load_{{B_BUF}}(bo + bk * info[21] + col * info[22])); }
+        if (row < m && ak < k) { av = {{ACC}}(load_a(ao + row * info[14] + ak * info[15])); }
+        if (col < n && bk < k) { bv = {{ACC}}(load_b(bo + bk * info[21] + col * info[22])); }
         tile_a[lid.y][lid.x] = av;
         tile_b[lid.y][lid.x] = bv;
         workgroupBarrier();
@@ -69,6 +69,6 @@ fn tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocatio
         workgroupBarrier();
     }
     if (row < m && col < n) {
-        store_{{C_BUF}}(batch_offset(batch, 24u) + row * info[28] + col * info[29], {{T}}(acc));
+        store_c(batch_offset(batch, 24u) + row * info[28] + col * info[29], {{T}}(acc));
     }
 }

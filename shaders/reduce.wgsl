@@ -8,7 +8,7 @@
 {{ENABLE}}
 
 @group(0) @binding(0) var<storage, read> info: array<u32>;
-// {{OUT_BUF}} and {{A_BUF}} name the operands' bindings (one when they share a segment).
+// BUFFERS declares the bindings and load_x / store_x for the operands out and a.
 {{BUFFERS}}
 
 fn offset_of(i: u32, base: u32) -> u32 {
@@ -31,8 +31,8 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let n = info[29];
     var acc: {{ACC}} = {{INIT}};
     for (var k = 0u; k < n; k = k + 1u) {
-        let x = load_{{A_BUF}}(base + k * stride);
+        let x = load_a(base + k * stride);
         {{STEP}}
     }
-    store_{{OUT_BUF}}(offset_of(i, 10u), {{FINISH}});
+    store_out(offset_of(i, 10u), {{FINISH}});
 }

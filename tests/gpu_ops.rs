@@ -431,3 +431,42 @@ fn clear_errors_for_bad_input() {
     let too_big = dev.zeros(&[(limit / 4 + 1) as usize], DType::F32).unwrap_err().to_string();
     assert!(too_big.contains("max_storage_buffer_binding_size"), "{too_big}");
 }
+
+#[test]
+fn comparisons_where_casts_and_addcmul() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(2024);
+    // 5x7: bool outputs pack four to a word, so rows straddle words.
+    let (x, xb) = random_view(&dev, &mut rng, &[5, 7]);
+    let (y, yb) = random_view(&dev, &mut rng, &[7]);
+    let xv = gather(&xb, x.layout());
+    let yv = gather(&yb, &y.layout().expand(&[5, 7]).unwrap());
+    let mask = x.gt(&y).unwrap();
+    assert_eq!(mask.dtype(), DType::Bool);
+    assert_eq!(mask.storage_bytes(), 35, "one byte per element, as in PyTorch");
+    let picked = mask.where_(&x, &y).unwrap();
+    let expected: Vec<f32> = xv.iter().zip(&yv).map(|(&a, &b)| if a > b { a } else { b }).collect();
+    assert_eq!(read::<f32>(&picked), expected);
+    assert_eq!(read::<f32>(&x.maximum(&y).unwrap()), expected);
+    // A bool mask read back through a cast, and an int round trip that truncates toward zero.
+    let as_int = mask.to(DType::I32).unwrap();
+    assert_eq!(read::<i32>(&as_int), xv.iter().zip(&yv).map(|(a, b)| (a > b) as i32).collect::<Vec<_>>());
+    let scaled = x.mul_scalar(10.0).unwrap().to(DType::I32).unwrap();
+    assert_eq!(read::<i32>(&scaled), xv.iter().map(|v| (v * 10.0) as i32).collect::<Vec<_>>());
+    assert_eq!(read::<f32>(&scaled.to(DType::F32).unwrap()), xv.iter().map(|v| (v * 10.0).trunc()).collect::<Vec<_>>());
+    // Equality of a tensor with itself, transposed view against its copy.
+    let xt = x.t().unwrap();
+    let same = xt.eq(&xt.contiguous().unwrap()).unwrap().to(DType::U32).unwrap();
+    assert_eq!(read::<u32>(&same), vec![1; 35]);
+    // int8 keeps its sign through the packed path.
+    let small = dev.from_slice(&[-3i32, 5, -128, 127, 0], &[5]).unwrap().to(DType::I8).unwrap();
+    assert_eq!(small.storage_bytes(), 5);
+    assert_eq!(read::<i32>(&small.to(DType::I32).unwrap()), vec![-3, 5, -128, 127, 0]);
+    // addcmul_ in place: p += 0.5 * g * g.
+    let p = dev.ones(&[5, 7], DType::F32).unwrap();
+    let before = dev.memory_allocated();
+    p.addcmul_(&x, &x, 0.5).unwrap();
+    assert_eq!(dev.memory_allocated(), before);
+    close(&read::<f32>(&p), &xv.iter().map(|v| 1.0 + 0.5 * v * v).collect::<Vec<_>>(), 1e-6, "addcmul_");
+    assert!(x.where_(&x, &y).unwrap_err().to_string().contains("bool condition"));
+}

@@ -4,6 +4,7 @@
 //! (shapes, strides, offsets, scalars) at binding 0 and the tensors after it.
 
 use crate::device::DeviceError;
+use crate::tensor::DType;
 use std::rc::Rc;
 use wgpu::util::DeviceExt;
 
@@ -45,10 +46,14 @@ impl Kernel {
         self
     }
 
-    /// Element access for `buffers` bindings: sets {{ENABLE}}, {{T}} (the value type) and
-    /// {{BUFFERS}} (declarations with load/store functions).
-    pub fn with_access(self, access: Access, buffers: usize) -> Kernel {
-        self.with("ENABLE", access.enable).with("T", access.value).with("BUFFERS", access.declarations(buffers))
+    /// The operands, named as the shader names them (`out`, `a`, ...), in binding order: sets
+    /// BUFFERS (declarations and load/store functions), ENABLE (f16) and T (the first operand's
+    /// value type).
+    pub fn with_operands(self, device: &Device, bindings: &Bindings, operands: &[(&str, DType)]) -> Result<Kernel, DeviceError> {
+        let native_f16 = device.adapter().is_some_and(|a| a.native_f16);
+        let enable = if native_f16 && operands.iter().any(|o| o.1 == DType::F16) { "enable f16;" } else { "" };
+        let t = value_type(operands[0].1, native_f16)?;
+        Ok(self.with("ENABLE", enable).with("T", t).with("BUFFERS", declarations(bindings, operands, native_f16)?))
     }
 
     fn key(&self, tensors: usize) -> String {
@@ -77,57 +82,78 @@ impl Kernel {
     }
 }
 
-/// How kernels hold one dtype's elements. Natively each element is an array element. f16 on an
-/// adapter without `shader-f16` (the browser's software adapter) is stored two to a u32 word:
-/// reads unpack, and writes replace their half of the word with a compare-and-swap loop, since
-/// the neighbouring half may belong to another invocation (or to no operand at all).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Access {
-    /// The WGSL type values have in registers.
-    pub value: &'static str,
-    storage: &'static str,
-    enable: &'static str,
-    packed: bool,
+/// The type values of `dtype` have in registers: what `load_x` returns and `store_x` takes.
+/// f16 is f16 where the adapter has `shader-f16`, else f32; 8-bit types widen to 32 bits.
+pub(crate) fn value_type(dtype: DType, native_f16: bool) -> Result<&'static str, DeviceError> {
+    Ok(match dtype {
+        DType::F32 => "f32",
+        DType::F16 if native_f16 => "f16",
+        DType::F16 => "f32",
+        DType::I32 | DType::I8 => "i32",
+        DType::U32 | DType::U8 | DType::Bool => "u32",
+        other => return Err(DeviceError::Unsupported(format!("{other} tensors exist for memory accounting only; GPU kernels take float32, float16, int32, uint32, int8, uint8 and bool"))),
+    })
 }
 
-impl Access {
-    pub fn native(value: &'static str) -> Access {
-        Access { value, storage: value, enable: if value == "f16" { "enable f16;" } else { "" }, packed: false }
+/// The array element type when each element is one array element (else: packed in u32 words).
+fn whole_element(dtype: DType, native_f16: bool) -> Option<&'static str> {
+    match dtype {
+        DType::F32 => Some("f32"),
+        DType::I32 => Some("i32"),
+        DType::U32 => Some("u32"),
+        DType::F16 if native_f16 => Some("f16"),
+        _ => None,
     }
+}
 
-    pub fn packed_f16() -> Access {
-        Access { value: "f32", storage: "atomic<u32>", enable: "", packed: true }
-    }
-
-    /// Binding declarations `buf0..` at bindings 1.. with `load_bufK(i)` and `store_bufK(i, v)`.
-    fn declarations(&self, buffers: usize) -> String {
-        let mut out = String::new();
-        for k in 0..buffers {
-            let decl = format!("@group(0) @binding({}) var<storage, read_write> buf{k}: array<{}>;\n", k + 1, self.storage);
-            out.push_str(&decl);
-            if self.packed {
-                out.push_str(&format!(
-                    "fn load_buf{k}(i: u32) -> f32 {{ return unpack2x16float(atomicLoad(&buf{k}[i >> 1u]))[i & 1u]; }}\n\
-                     fn store_buf{k}(i: u32, v: f32) {{\n\
-                         let shift = (i & 1u) * 16u;\n\
-                         let bits = (pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu) << shift;\n\
-                         var old = atomicLoad(&buf{k}[i >> 1u]);\n\
-                         loop {{\n\
-                             let r = atomicCompareExchangeWeak(&buf{k}[i >> 1u], old, (old & ~(0xffffu << shift)) | bits);\n\
-                             if (r.exchanged) {{ break; }}\n\
-                             old = r.old_value;\n\
-                         }}\n\
-                     }}\n"
-                ));
-            } else {
-                out.push_str(&format!(
-                    "fn load_buf{k}(i: u32) -> {v} {{ return buf{k}[i]; }}\nfn store_buf{k}(i: u32, v: {v}) {{ buf{k}[i] = v; }}\n",
-                    v = self.value
-                ));
-            }
+/// Binding declarations (`buf0..` at bindings 1..) and, per operand `x`, `load_x(i)` and
+/// `store_x(i, v)` in element units. A binding whose operands all have one whole-element type is
+/// an array of it. Otherwise (f16 without `shader-f16`, 8-bit types, or operands of different
+/// types sharing a segment) it is an array of atomic u32 words: loads extract the element, and
+/// stores of sub-word elements replace their lane with a compare-and-swap loop, since the rest of
+/// the word may belong to another invocation, or to no operand at all.
+fn declarations(bindings: &Bindings, operands: &[(&str, DType)], native_f16: bool) -> Result<String, DeviceError> {
+    let mut out = String::new();
+    let buffers = bindings.ranges.len();
+    let mut words = vec![false; buffers];
+    for k in 0..buffers {
+        let types: Vec<DType> = operands.iter().enumerate().filter(|(i, _)| bindings.operands[*i].0 == k).map(|(_, o)| o.1).collect();
+        let whole = whole_element(types[0], native_f16).filter(|_| types.iter().all(|&t| t == types[0]));
+        words[k] = whole.is_none();
+        let element = whole.unwrap_or("atomic<u32>");
+        out.push_str(&format!("@group(0) @binding({}) var<storage, read_write> buf{k}: array<{element}>;\n", k + 1));
+        if words[k] {
+            out.push_str(&format!(
+                "fn cas_buf{k}(w: u32, mask: u32, bits: u32) {{\n  var old = atomicLoad(&buf{k}[w]);\n  loop {{\n    let r = atomicCompareExchangeWeak(&buf{k}[w], old, (old & ~mask) | (bits & mask));\n    if (r.exchanged) {{ break; }}\n    old = r.old_value;\n  }}\n}}\n"
+            ));
         }
-        out
     }
+    for (i, &(name, dtype)) in operands.iter().enumerate() {
+        let k = bindings.operands[i].0;
+        let v = value_type(dtype, native_f16)?;
+        let buf = format!("buf{k}");
+        let (load, store) = if !words[k] {
+            (format!("return {buf}[i];"), format!("{buf}[i] = v;"))
+        } else {
+            match dtype.size() {
+                4 => (format!("return bitcast<{v}>(atomicLoad(&{buf}[i]));"), format!("atomicStore(&{buf}[i], bitcast<u32>(v));")),
+                2 => (
+                    format!("return {v}(unpack2x16float(atomicLoad(&{buf}[i >> 1u]))[i & 1u]);"),
+                    format!("let shift = (i & 1u) * 16u;\n  cas_{buf}(i >> 1u, 0xffffu << shift, (pack2x16float(vec2<f32>(f32(v), 0.0)) & 0xffffu) << shift);"),
+                ),
+                _ => {
+                    let load = if dtype == DType::I8 {
+                        format!("return bitcast<i32>(atomicLoad(&{buf}[i >> 2u]) << (24u - (i & 3u) * 8u)) >> 24u;")
+                    } else {
+                        format!("return (atomicLoad(&{buf}[i >> 2u]) >> ((i & 3u) * 8u)) & 0xffu;")
+                    };
+                    (load, format!("let shift = (i & 3u) * 8u;\n  cas_{buf}(i >> 2u, 0xffu << shift, (bitcast<u32>(v) & 0xffu) << shift);"))
+                }
+            }
+        };
+        out.push_str(&format!("fn load_{name}(i: u32) -> {v} {{\n  {load}\n}}\nfn store_{name}(i: u32, v: {v}) {{\n  {store}\n}}\n"));
+    }
+    Ok(out)
 }
 
 pub(crate) struct Pipeline {
@@ -154,7 +180,7 @@ pub(crate) struct Bindings {
 }
 
 impl Bindings {
-    pub fn new(operands: &[Arg], element_size: u64) -> Result<Bindings, DeviceError> {
+    pub fn new(operands: &[Arg], element_sizes: &[u64]) -> Result<Bindings, DeviceError> {
         let mut ranges: Vec<Arg> = Vec::new();
         for a in operands {
             match ranges.iter_mut().find(|r| r.segment == a.segment) {
@@ -168,23 +194,14 @@ impl Bindings {
         }
         let operands = operands
             .iter()
-            .map(|a| {
+            .zip(element_sizes)
+            .map(|(a, &element_size)| {
                 let k = ranges.iter().position(|r| r.segment == a.segment).unwrap();
                 let base = (a.offset - ranges[k].offset) / element_size;
                 u32::try_from(base).map(|b| (k, b)).map_err(|_| DeviceError::Unsupported("operands too far apart in one segment".into()))
             })
             .collect::<Result<_, _>>()?;
         Ok(Bindings { ranges, operands })
-    }
-
-    /// Number of operands.
-    pub fn len(&self) -> usize {
-        self.operands.len()
-    }
-
-    /// The WGSL variable that holds operand `i`.
-    pub fn name(&self, i: usize) -> String {
-        format!("buf{}", self.operands[i].0)
     }
 
     /// Operand `i`'s first element inside its binding.

@@ -4,11 +4,13 @@
 
 use super::layout::{broadcast_shapes, wrap_dim, Layout, MAX_DIMS};
 use super::{DType, Result, Tensor, TensorError};
-use crate::kernels::{self, Access, Bindings, Family, Kernel, WORKGROUP};
+use crate::kernels::{self, value_type, Bindings, Family, Kernel, WORKGROUP};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unary {
     Identity,
+    /// Conversion to the output's dtype (`to(dtype)`).
+    Cast,
     Neg,
     Abs,
     Exp,
@@ -40,6 +42,12 @@ pub(crate) enum Binary {
     Pow,
     Maximum,
     Minimum,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,20 +58,18 @@ enum Reduction {
     Min,
 }
 
-fn wgsl_type(dtype: DType) -> Result<&'static str> {
-    Ok(match dtype {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::I32 => "i32",
-        DType::U32 => "u32",
-        other => return Err(TensorError::DType(format!("{other} tensors exist for memory accounting only; GPU kernels take float32, float16, int32 and uint32"))),
-    })
+/// The value type of `dtype` in kernels (f32 stands in for f16 when checking before a device
+/// is involved); errors name the dtypes that run on the GPU.
+fn values(dtype: DType, device: &crate::device::Device) -> Result<&'static str> {
+    let native = device.adapter().is_none_or(|a| a.native_f16);
+    Ok(value_type(dtype, native)?)
 }
 
 impl Unary {
     fn name(self) -> &'static str {
         match self {
             Unary::Identity => "copy",
+            Unary::Cast => "to",
             Unary::Neg => "neg",
             Unary::Abs => "abs",
             Unary::Exp => "exp",
@@ -86,13 +92,17 @@ impl Unary {
         }
     }
 
-    /// The WGSL expression, from x (element), s (scalar) and i (linear index), in value type `t`.
-    fn expr(self, dtype: DType, t: &str) -> Result<String> {
+    /// The WGSL expression from x (element of value type `t`), s (scalar) and i (linear index),
+    /// giving a value of type `out` (which differs from `t` only for Cast).
+    fn expr(self, dtype: DType, t: &str, out: &str, out_dtype: DType) -> Result<String> {
         let float = dtype.is_float();
         // Transcendentals compute in f32 (f16 has too little range for exp in the middle of gelu).
         let f = |e: &str| if t == "f32" { e.replace('X', "x") } else { format!("{t}({})", e.replace('X', "f32(x)")) };
         Ok(match self {
             Unary::Identity => "x".into(),
+            Unary::Cast if out_dtype == DType::Bool => format!("select(0u, 1u, x != {t}(0))"),
+            // WGSL's float-to-int conversion truncates toward zero, as PyTorch's does.
+            Unary::Cast => format!("{out}(x)"),
             Unary::Neg if dtype != DType::U32 => "-x".into(),
             Unary::Abs => "abs(x)".into(),
             Unary::Relu => format!("max(x, {t}(0))"),
@@ -127,10 +137,25 @@ impl Binary {
             Binary::Pow => "pow",
             Binary::Maximum => "maximum",
             Binary::Minimum => "minimum",
+            Binary::Eq => "eq",
+            Binary::Ne => "ne",
+            Binary::Lt => "lt",
+            Binary::Le => "le",
+            Binary::Gt => "gt",
+            Binary::Ge => "ge",
+        }
+    }
+
+    /// Comparisons give bool tensors (one byte per element, as in PyTorch).
+    fn out_dtype(self, input: DType) -> DType {
+        match self {
+            Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge => DType::Bool,
+            _ => input,
         }
     }
 
     fn expr(self, dtype: DType, t: &str) -> Result<String> {
+        let compare = |op: &str| format!("select(0u, 1u, x {op} y)");
         Ok(match self {
             Binary::Add => "x + y".into(),
             Binary::Sub => "x - y".into(),
@@ -138,46 +163,32 @@ impl Binary {
             Binary::Div => "x / y".into(),
             Binary::Maximum => "max(x, y)".into(),
             Binary::Minimum => "min(x, y)".into(),
+            Binary::Eq => compare("=="),
+            Binary::Ne => compare("!="),
+            Binary::Lt => compare("<"),
+            Binary::Le => compare("<="),
+            Binary::Gt => compare(">"),
+            Binary::Ge => compare(">="),
             Binary::Pow if dtype.is_float() => format!("{t}(pow_signed(f32(x), f32(y)))"),
             Binary::Pow => return Err(TensorError::DType(format!("pow is not defined for {dtype} tensors"))),
         })
     }
 }
 
-/// Specialisation shared by every elementwise kernel of one dtype.
-fn elementwise(entry: &'static str, access: Access, expr: String, b: &Bindings) -> Result<Kernel> {
-    let scalar = match access.value {
+/// How the scalar `s` is read, for value type `t`.
+fn scalar_expr(t: &str) -> &'static str {
+    match t {
         "f32" => "bitcast<f32>(info[SCALAR_AT])",
         "f16" => "f16(bitcast<f32>(info[SCALAR_AT]))",
         "i32" => "bitcast<i32>(info[SCALAR_AT])",
         _ => "info[SCALAR_AT]",
-    };
-    let pick = |name: &str, trivial: &str| if name == entry { expr.clone() } else { trivial.to_string() };
-    let operand = |i: usize| if i < b.len() { b.name(i) } else { b.name(0) };
-    Ok(Kernel::new(Family::Elementwise, entry)
-        .with_access(access, 3)
-        .with("OUT_BUF", operand(0))
-        .with("A_BUF", operand(1))
-        .with("B_BUF", operand(2))
-        .with("SCALAR", scalar)
-        .with("BINARY", pick("binary", "x"))
-        .with("UNARY", pick("unary", "x"))
-        .with("FILL", pick("fill", "s")))
+    }
 }
 
-/// How kernels hold `dtype` on this device: f16 packed in u32 words where `shader-f16` is missing.
-fn access(dtype: DType, device: &crate::device::Device) -> Result<Access> {
-    let t = wgsl_type(dtype)?;
-    Ok(match device.adapter() {
-        Some(a) if dtype == DType::F16 && !a.native_f16 => Access::packed_f16(),
-        _ => Access::native(t),
-    })
-}
-
-fn scalar_bits(value: f64, dtype: DType) -> u32 {
-    match dtype {
-        DType::F32 | DType::F16 => (value as f32).to_bits(),
-        DType::I32 => (value as i32) as u32,
+fn scalar_bits(value: f64, t: &str) -> u32 {
+    match t {
+        "f32" | "f16" => (value as f32).to_bits(),
+        "i32" => (value as i32) as u32,
         _ => value as u32,
     }
 }
@@ -185,7 +196,7 @@ fn scalar_bits(value: f64, dtype: DType) -> u32 {
 /// Binds the operands (in order) for one dispatch.
 fn bind(tensors: &[&Tensor]) -> Result<Bindings> {
     let args = tensors.iter().map(|t| Ok(t.arg()?.expect("non-empty operands have a block"))).collect::<Result<Vec<_>>>()?;
-    Ok(Bindings::new(&args, tensors[0].dtype.size() as u64)?)
+    Ok(Bindings::new(&args, &tensors.iter().map(|t| t.dtype.size() as u64).collect::<Vec<_>>())?)
 }
 
 /// `[offset, strides..]` padded to MAX_DIMS; `base` is where the operand starts in its binding.
@@ -209,6 +220,15 @@ fn check_u32(t: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// Which elementwise entry, with its expression (the others get a trivial one: every entry
+/// compiles with the module).
+enum Entry {
+    Unary(String),
+    Binary(String),
+    Ternary(String),
+    Fill,
+}
+
 impl Tensor {
     fn same_device(&self, other: &Tensor) -> Result<()> {
         if self.device() != other.device() {
@@ -217,62 +237,82 @@ impl Tensor {
         Ok(())
     }
 
-    /// Writes `op(src)` into `self`'s elements (shapes must agree; src may broadcast).
-    pub(crate) fn unary_into(&self, src: &Tensor, op: Unary, scalar: f64) -> Result<()> {
-        self.same_device(src)?;
-        if src.dtype != self.dtype {
-            return Err(TensorError::DType(format!("{} of a {} tensor into a {} tensor", op.name(), src.dtype, self.dtype)));
+    /// Runs one elementwise kernel writing `self`'s elements from up to three inputs broadcast
+    /// to `self`'s shape. `scalar` is read with the first input's value type (self's for fill).
+    fn elementwise(&self, entry: Entry, inputs: &[&Tensor], scalar: f64) -> Result<()> {
+        for t in inputs {
+            self.same_device(t)?;
         }
-        op.expr(self.dtype, wgsl_type(self.dtype)?)?;
-        let src_layout = src.layout.expand(self.shape())?;
+        let layouts = inputs.iter().map(|t| t.layout.expand(self.shape())).collect::<Result<Vec<_>>>()?;
         let device = self.device().clone();
         if device.is_sim() || self.numel() == 0 {
             return Ok(());
         }
         check_u32(self)?;
-        check_u32(src)?;
-        let b = bind(&[self, src])?;
-        let access = access(self.dtype, &device)?;
-        let kernel = elementwise("unary", access, op.expr(self.dtype, access.value)?, &b)?;
+        for t in inputs {
+            check_u32(t)?;
+        }
+        // Unused operand slots repeat the output, so every accessor the module declares exists.
+        let mut operands: Vec<&Tensor> = vec![self];
+        operands.extend(inputs);
+        while operands.len() < 4 {
+            operands.push(self);
+        }
+        let b = bind(&operands)?;
+        let names = ["out", "a", "b", "c"];
+        let spec: Vec<(&str, DType)> = names.iter().zip(&operands).map(|(&n, t)| (n, t.dtype)).collect();
+        let scalar_type = values(operands[if inputs.is_empty() { 0 } else { 1 }].dtype, &device)?;
+        let (entry_name, expr) = match entry {
+            Entry::Unary(e) => ("unary", e),
+            Entry::Binary(e) => ("binary", e),
+            Entry::Ternary(e) => ("ternary", e),
+            Entry::Fill => ("fill", "s".to_string()),
+        };
+        let pick = |name: &str, trivial: &str| if name == entry_name { expr.clone() } else { trivial.to_string() };
+        let out_t = values(self.dtype, &device)?;
+        let kernel = Kernel::new(Family::Elementwise, entry_name)
+            .with_operands(&device, &b, &spec)?
+            .with("SCALAR", scalar_expr(scalar_type))
+            .with("UNARY", pick("unary", &format!("{out_t}(x)")))
+            .with("BINARY", pick("binary", &format!("{out_t}(x)")))
+            .with("TERNARY", pick("ternary", &format!("{out_t}(x)")))
+            .with("FILL", pick("fill", &format!("{out_t}(s)")));
         let mut meta = vec![self.numel() as u32, self.ndim() as u32];
         push_shape(&mut meta, self.shape());
         push_layout(&mut meta, &self.layout, b.base(0));
-        push_layout(&mut meta, &src_layout, b.base(1));
-        push_layout(&mut meta, &src_layout, b.base(1));
-        meta.push(scalar_bits(scalar, self.dtype));
+        for slot in 0..3 {
+            match layouts.get(slot) {
+                Some(l) => push_layout(&mut meta, l, b.base(slot + 1)),
+                None => push_layout(&mut meta, &self.layout, b.base(0)),
+            }
+        }
+        meta.push(scalar_bits(scalar, scalar_type));
         Ok(kernels::dispatch(&device, &kernel, &meta, &b, self.numel() as u64, WORKGROUP)?)
     }
 
+    /// Writes `op(src)` into `self`'s elements (shapes must agree; src may broadcast).
+    pub(crate) fn unary_into(&self, src: &Tensor, op: Unary, scalar: f64) -> Result<()> {
+        if src.dtype != self.dtype && op != Unary::Cast {
+            return Err(TensorError::DType(format!("{} of a {} tensor into a {} tensor", op.name(), src.dtype, self.dtype)));
+        }
+        let device = self.device().clone();
+        let (t, out) = (values(src.dtype, &device)?, values(self.dtype, &device)?);
+        let expr = op.expr(src.dtype, t, out, self.dtype)?;
+        self.elementwise(Entry::Unary(expr), &[src], scalar)
+    }
+
     fn binary_into(&self, a: &Tensor, b: &Tensor, op: Binary) -> Result<()> {
-        self.same_device(a)?;
-        self.same_device(b)?;
-        if a.dtype != b.dtype || a.dtype != self.dtype {
+        if a.dtype != b.dtype || op.out_dtype(a.dtype) != self.dtype {
             return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), a.dtype, b.dtype)));
         }
-        op.expr(self.dtype, wgsl_type(self.dtype)?)?;
-        let (la, lb) = (a.layout.expand(self.shape())?, b.layout.expand(self.shape())?);
-        let device = self.device().clone();
-        if device.is_sim() || self.numel() == 0 {
-            return Ok(());
-        }
-        for t in [self, a, b] {
-            check_u32(t)?;
-        }
-        let bound = bind(&[self, a, b])?;
-        let access = access(self.dtype, &device)?;
-        let kernel = elementwise("binary", access, op.expr(self.dtype, access.value)?, &bound)?;
-        let mut meta = vec![self.numel() as u32, self.ndim() as u32];
-        push_shape(&mut meta, self.shape());
-        push_layout(&mut meta, &self.layout, bound.base(0));
-        push_layout(&mut meta, &la, bound.base(1));
-        push_layout(&mut meta, &lb, bound.base(2));
-        meta.push(0);
-        Ok(kernels::dispatch(&device, &kernel, &meta, &bound, self.numel() as u64, WORKGROUP)?)
+        let expr = op.expr(a.dtype, values(a.dtype, self.device())?)?;
+        self.elementwise(Entry::Binary(expr), &[a, b], 0.0)
     }
 
     #[track_caller]
     fn unary(&self, op: Unary, scalar: f64) -> Result<Tensor> {
-        op.expr(self.dtype, wgsl_type(self.dtype)?)?;
+        let t = values(self.dtype, self.device())?;
+        op.expr(self.dtype, t, t, self.dtype)?;
         let out = self.device().empty_tensor(self.shape(), self.dtype, op.name())?;
         out.unary_into(self, op, scalar)?;
         Ok(out)
@@ -284,8 +324,8 @@ impl Tensor {
         if self.dtype != other.dtype {
             return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), self.dtype, other.dtype)));
         }
-        op.expr(self.dtype, wgsl_type(self.dtype)?)?;
-        let out = self.device().empty_tensor(&shape, self.dtype, op.name())?;
+        op.expr(self.dtype, values(self.dtype, self.device())?)?;
+        let out = self.device().empty_tensor(&shape, op.out_dtype(self.dtype), op.name())?;
         out.binary_into(self, other, op)?;
         Ok(out)
     }
@@ -310,21 +350,8 @@ impl Tensor {
 
     /// `fill_`: every element becomes `value`; allocates nothing.
     pub fn fill_(&self, value: f64) -> Result<&Tensor> {
-        let device = self.device().clone();
-        if device.is_sim() || self.numel() == 0 {
-            wgsl_type(self.dtype).or_else(|e| if device.is_sim() { Ok("") } else { Err(e) })?;
-            return Ok(self);
-        }
-        check_u32(self)?;
-        let b = bind(&[self])?;
-        let kernel = elementwise("fill", access(self.dtype, &device)?, "s".into(), &b)?;
-        let mut meta = vec![self.numel() as u32, self.ndim() as u32];
-        push_shape(&mut meta, self.shape());
-        for _ in 0..3 {
-            push_layout(&mut meta, &self.layout, b.base(0));
-        }
-        meta.push(scalar_bits(value, self.dtype));
-        kernels::dispatch(&device, &kernel, &meta, &b, self.numel() as u64, WORKGROUP)?;
+        values(self.dtype, self.device()).or_else(|e| if self.device().is_sim() { Ok("") } else { Err(e) })?;
+        self.elementwise(Entry::Fill, &[], value)?;
         Ok(self)
     }
 
@@ -332,11 +359,72 @@ impl Tensor {
         self.fill_(0.0)
     }
 
-    /// `copy_`: writes `src` (broadcast to self's shape) into self's elements.
+    /// `copy_`: writes `src` (broadcast to self's shape, converted to self's dtype) into self.
     pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
-        self.unary_into(src, Unary::Identity, 0.0)?;
+        self.unary_into(src, if src.dtype == self.dtype { Unary::Identity } else { Unary::Cast }, 0.0)?;
         Ok(self)
     }
+
+    /// `to(dtype)`: a converted copy (self when the dtype already matches, as in PyTorch).
+    #[track_caller]
+    pub fn to(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype {
+            return Ok(self.share());
+        }
+        let out = self.device().empty_tensor(self.shape(), dtype, "to")?;
+        out.unary_into(self, Unary::Cast, 0.0)?;
+        Ok(out)
+    }
+
+    /// `torch.where(self, a, b)`: `self` is a bool condition; all three broadcast.
+    #[track_caller]
+    pub fn where_(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        if self.dtype != DType::Bool {
+            return Err(TensorError::DType(format!("where needs a bool condition, got {}", self.dtype)));
+        }
+        if a.dtype != b.dtype {
+            return Err(TensorError::DType(format!("where of {} and {}", a.dtype, b.dtype)));
+        }
+        let shape = broadcast_shapes(&broadcast_shapes(self.shape(), a.shape())?, b.shape())?;
+        let out = self.device().empty_tensor(&shape, a.dtype, "where")?;
+        out.elementwise(Entry::Ternary("select(z, y, x != 0u)".into()), &[self, a, b], 0.0)?;
+        Ok(out)
+    }
+
+    /// `addcmul_(t1, t2, value)`: self += value * t1 * t2, in place.
+    pub fn addcmul_(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Result<&Tensor> {
+        if t1.dtype != self.dtype || t2.dtype != self.dtype {
+            return Err(TensorError::DType(format!("addcmul_ of {}, {} and {}", self.dtype, t1.dtype, t2.dtype)));
+        }
+        if !self.dtype.is_float() {
+            return Err(TensorError::DType(format!("addcmul_ of {} tensors", self.dtype)));
+        }
+        self.elementwise(Entry::Ternary("x + s * y * z".into()), &[self, t1, t2], value)?;
+        Ok(self)
+    }
+}
+
+macro_rules! compare_ops {
+    ($($name:ident => $op:expr;)*) => {
+        impl Tensor {
+            $(
+                /// Elementwise comparison (broadcasting): a bool tensor.
+                #[track_caller]
+                pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
+                    self.binary(other, $op)
+                }
+            )*
+        }
+    };
+}
+
+compare_ops! {
+    eq => Binary::Eq;
+    ne => Binary::Ne;
+    lt => Binary::Lt;
+    le => Binary::Le;
+    gt => Binary::Gt;
+    ge => Binary::Ge;
 }
 
 macro_rules! binary_ops {
@@ -420,12 +508,9 @@ impl Tensor {
             check_u32(self)?;
             let (acc, init, step, finish) = acc_init_step_finish;
             let b = bind(&[&out, self])?;
-            let access = access(self.dtype, &device)?;
-            let finish = finish.replace("{T}", access.value);
+            let finish = finish.replace("{T}", values(self.dtype, &device)?);
             let kernel = Kernel::new(Family::Reduce, "reduce")
-                .with_access(access, 2)
-                .with("OUT_BUF", b.name(0))
-                .with("A_BUF", b.name(1))
+                .with_operands(&device, &b, &[("out", self.dtype), ("a", self.dtype)])?
                 .with("ACC", acc)
                 .with("INIT", init)
                 .with("STEP", step)
@@ -442,7 +527,7 @@ impl Tensor {
     }
 
     fn reduction_spec(&self, op: Reduction) -> Result<(&'static str, (String, String, String, String))> {
-        let t = wgsl_type(self.dtype)?;
+        let t = values(self.dtype, self.device())?;
         let float = self.dtype.is_float();
         // Floats accumulate in f32 (f16 sums lose too much otherwise); integers in their type.
         let acc = if float { "f32" } else { t };
@@ -567,10 +652,7 @@ impl Tensor {
             let tile = 16u32;
             let bound = bind(&[&out, &a, &b])?;
             let kernel = Kernel::new(Family::Matmul, kind.entry())
-                .with_access(access(self.dtype, &device)?, 3)
-                .with("C_BUF", bound.name(0))
-                .with("A_BUF", bound.name(1))
-                .with("B_BUF", bound.name(2))
+                .with_operands(&device, &bound, &[("c", self.dtype), ("a", self.dtype), ("b", self.dtype)])?
                 .with("ACC", "f32")
                 .with("TILE", tile.to_string());
             let mut meta = vec![m as u32, n as u32, k as u32, batches as u32, batch.len() as u32];
