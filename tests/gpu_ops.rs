@@ -470,3 +470,57 @@ fn comparisons_where_casts_and_addcmul() {
     close(&read::<f32>(&p), &xv.iter().map(|v| 1.0 + 0.5 * v * v).collect::<Vec<_>>(), 1e-6, "addcmul_");
     assert!(x.where_(&x, &y).unwrap_err().to_string().contains("bool condition"));
 }
+
+#[test]
+fn softmax_layer_norm_var_argmax() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(77);
+    let (x, base) = random_view(&dev, &mut rng, &[4, 6]);
+    let v = gather(&base, x.layout());
+    let rows: Vec<&[f32]> = v.chunks(6).collect();
+    let softmax: Vec<f32> = rows
+        .iter()
+        .flat_map(|r| {
+            let m = r.iter().cloned().fold(f32::MIN, f32::max);
+            let s: f32 = r.iter().map(|x| (x - m).exp()).sum();
+            r.iter().map(move |x| (x - m).exp() / s)
+        })
+        .collect();
+    close(&read::<f32>(&x.softmax(-1).unwrap()), &softmax, 1e-6, "softmax");
+    close(&read::<f32>(&x.log_softmax(1).unwrap()), &softmax.iter().map(|p| p.ln()).collect::<Vec<_>>(), 1e-5, "log_softmax");
+    // Over dim 0 (a strided walk).
+    let col_sums = read::<f32>(&x.softmax(0).unwrap().sum(&[0], false).unwrap());
+    close(&col_sums, &[1.0; 6], 1e-6, "softmax over dim 0 sums to 1");
+    let w = dev.from_slice(&[1.0f32, 2.0, 0.5, 1.0, -1.0, 3.0], &[6]).unwrap();
+    let b = dev.from_slice(&[0.0f32, 0.1, 0.2, 0.3, 0.4, 0.5], &[6]).unwrap();
+    let before = dev.memory_allocated();
+    let y = x.layer_norm(&w, &b, 1e-5).unwrap();
+    assert_eq!(dev.memory_allocated(), before + 512, "one output; the saved mean and rstd are freed");
+    let (wv, bv) = (read::<f32>(&w), read::<f32>(&b));
+    let expected: Vec<f32> = rows
+        .iter()
+        .flat_map(|r| {
+            let mean = r.iter().sum::<f32>() / 6.0;
+            let var = r.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / 6.0;
+            let rstd = 1.0 / (var + 1e-5).sqrt();
+            r.iter().enumerate().map(|(k, x)| (x - mean) * rstd * wv[k] + bv[k]).collect::<Vec<_>>()
+        })
+        .collect();
+    close(&read::<f32>(&y), &expected, 1e-5, "layer_norm");
+    let var: Vec<f32> = rows
+        .iter()
+        .map(|r| {
+            let mean = r.iter().sum::<f32>() / 6.0;
+            r.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / 5.0
+        })
+        .collect();
+    close(&read::<f32>(&x.var(1, 1.0, false).unwrap()), &var, 1e-5, "var");
+    let argmax = x.argmax(1, false).unwrap();
+    assert_eq!(argmax.dtype(), DType::I64);
+    assert_eq!(argmax.storage_bytes(), 32, "int64: 8 bytes per index");
+    let expected: Vec<i64> = rows
+        .iter()
+        .map(|r| r.iter().enumerate().fold((0, f32::MIN), |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) }).0 as i64)
+        .collect();
+    assert_eq!(read::<i64>(&argmax), expected);
+}

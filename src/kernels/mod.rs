@@ -16,6 +16,7 @@ pub(crate) enum Family {
     Elementwise,
     Reduce,
     Matmul,
+    Rows,
 }
 
 impl Family {
@@ -24,6 +25,7 @@ impl Family {
             Family::Elementwise => include_str!("../../shaders/elementwise.wgsl"),
             Family::Reduce => include_str!("../../shaders/reduce.wgsl"),
             Family::Matmul => include_str!("../../shaders/matmul.wgsl"),
+            Family::Rows => include_str!("../../shaders/rows.wgsl"),
         }
     }
 }
@@ -89,7 +91,8 @@ pub(crate) fn value_type(dtype: DType, native_f16: bool) -> Result<&'static str,
         DType::F32 => "f32",
         DType::F16 if native_f16 => "f16",
         DType::F16 => "f32",
-        DType::I32 | DType::I8 => "i32",
+        // int64 holds indices and token ids: kernels use the low 32 bits (checked on upload).
+        DType::I32 | DType::I8 | DType::I64 => "i32",
         DType::U32 | DType::U8 | DType::Bool => "u32",
         other => return Err(DeviceError::Unsupported(format!("{other} tensors exist for memory accounting only; GPU kernels take float32, float16, int32, uint32, int8, uint8 and bool"))),
     })
@@ -136,6 +139,10 @@ fn declarations(bindings: &Bindings, operands: &[(&str, DType)], native_f16: boo
             (format!("return {buf}[i];"), format!("{buf}[i] = v;"))
         } else {
             match dtype.size() {
+                8 => (
+                    format!("return bitcast<i32>(atomicLoad(&{buf}[i * 2u]));"),
+                    format!("atomicStore(&{buf}[i * 2u], bitcast<u32>(v));\n  atomicStore(&{buf}[i * 2u + 1u], select(0u, 0xffffffffu, v < 0));"),
+                ),
                 4 => (format!("return bitcast<{v}>(atomicLoad(&{buf}[i]));"), format!("atomicStore(&{buf}[i], bitcast<u32>(v));")),
                 2 => (
                     format!("return {v}(unpack2x16float(atomicLoad(&{buf}[i >> 1u]))[i & 1u]);"),
@@ -151,7 +158,8 @@ fn declarations(bindings: &Bindings, operands: &[(&str, DType)], native_f16: boo
                 }
             }
         };
-        out.push_str(&format!("fn load_{name}(i: u32) -> {v} {{\n  {load}\n}}\nfn store_{name}(i: u32, v: {v}) {{\n  {store}\n}}\n"));
+        // `x_t` names operand x's value type, so shared code can convert to it.
+        out.push_str(&format!("alias {name}_t = {v};\nfn load_{name}(i: u32) -> {v} {{\n  {load}\n}}\nfn store_{name}(i: u32, v: {v}) {{\n  {store}\n}}\n"));
     }
     Ok(out)
 }

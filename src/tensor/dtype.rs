@@ -77,3 +77,6 @@ impl Element for i32 {
 impl Element for u32 {
     const DTYPE: DType = DType::U32;
 }
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+}
