@@ -6,7 +6,7 @@
 //   the kernels layer gives the unused ones a trivial expression.
 //   {{SCALAR}} how s is read from info[SCALAR_AT].
 // info: [0] numel, [1] ndim, [2..10] output shape, then for out, a, b, c: offset and 8 strides,
-//       then the scalar's bits.
+//       then the scalar's bits, then a random seed.
 {{ENABLE}}
 
 const SHAPE: u32 = 2u;
@@ -15,6 +15,7 @@ const A_AT: u32 = 19u;
 const B_AT: u32 = 28u;
 const C_AT: u32 = 37u;
 const SCALAR_AT: u32 = 46u;
+const SEED_AT: u32 = 47u;
 
 @group(0) @binding(0) var<storage, read> info: array<u32>;
 // BUFFERS declares the bindings and load_x / store_x for the operands out, a, b, c.
@@ -51,6 +52,25 @@ fn pow_signed(x: f32, y: f32) -> f32 {
         return select(r, -r, x < 0.0 && abs(y % 2.0) == 1.0);
     }
     return exp2(y * log2(x));
+}
+
+// A counter-based generator: element i of a call with seed s always gets the same numbers,
+// whatever the dispatch shape (a PCG hash, applied twice).
+fn pcg(x: u32) -> u32 {
+    let state = x * 747796405u + 2891336453u;
+    let word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
+    return (word >> 22u) ^ word;
+}
+
+// Uniform in [0, 1) with 24 random bits; `lane` draws independent numbers for one element.
+fn uniform(i: u32, lane: u32) -> f32 {
+    return f32(pcg(pcg(i * 2u + lane) ^ info[SEED_AT]) >> 8u) * (1.0 / 16777216.0);
+}
+
+// Standard normal by Box-Muller.
+fn normal(i: u32) -> f32 {
+    let u1 = max(uniform(i, 0u), 1.0e-7);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * uniform(i, 1u));
 }
 
 fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
@@ -93,4 +113,25 @@ fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (i >= info[0]) { return; }
     let s = {{SCALAR}};
     store_out(offset_of(i, OUT_AT), {{FILL}});
+}
+
+// index_select along info[SCALAR_AT]: out[.., j, ..] = a[.., b[j], ..]; indices are clamped
+// into range (PyTorch raises a device-side assert instead).
+@compute @workgroup_size(64)
+fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= info[0]) { return; }
+    let dim = info[SCALAR_AT];
+    var rem = i;
+    var src = info[A_AT];
+    for (var d = i32(info[1]) - 1; d >= 0; d = d - 1) {
+        let n = info[SHAPE + u32(d)];
+        var c = rem % n;
+        rem = rem / n;
+        if (u32(d) == dim) {
+            c = u32(clamp(i32(load_b(info[B_AT] + c * info[B_AT + 1u])), 0, i32(info[C_AT]) - 1));
+        }
+        src = src + c * info[A_AT + 1u + u32(d)];
+    }
+    store_out(offset_of(i, OUT_AT), out_t(load_a(src)));
 }

@@ -524,3 +524,44 @@ fn softmax_layer_norm_var_argmax() {
         .collect();
     assert_eq!(read::<i64>(&argmax), expected);
 }
+
+#[test]
+fn cat_stack_index_select_embedding_and_random() {
+    let Some(dev) = gpu() else { return };
+    let a = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    let b = dev.from_slice(&[5.0f32, 6.0], &[1, 2]).unwrap();
+    let before = dev.memory_allocated();
+    let c = Tensor::cat(&[&a, &b.share(), &a.t().unwrap()], 0).unwrap();
+    assert_eq!(dev.memory_allocated(), before + 512, "cat allocates its output only");
+    assert_eq!(c.shape(), &[5, 2]);
+    assert_eq!(read::<f32>(&c), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 1.0, 3.0, 2.0, 4.0]);
+    let s = Tensor::stack(&[&a, &a], 1).unwrap();
+    assert_eq!(s.shape(), &[2, 2, 2]);
+    assert_eq!(read::<f32>(&s), vec![1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0]);
+    assert!(Tensor::cat(&[&a, &dev.ones(&[2, 3], DType::F32).unwrap()], 0).unwrap_err().to_string().contains("does not match"));
+    // Embedding: int64 ids of shape [2, 3] pick rows of a [5, 4] table; the table read transposed.
+    let table: Vec<f32> = (0..20).map(|v| v as f32).collect();
+    let w = dev.from_slice(&table, &[4, 5]).unwrap().t().unwrap();
+    let ids = dev.from_slice(&[4i64, 0, 2, 2, 1, 3], &[2, 3]).unwrap();
+    let e = w.embedding(&ids).unwrap();
+    assert_eq!(e.shape(), &[2, 3, 4]);
+    let wv = gather(&table, w.layout());
+    let expected: Vec<f32> = [4, 0, 2, 2, 1, 3].iter().flat_map(|&r| wv[r * 4..r * 4 + 4].to_vec()).collect();
+    assert_eq!(read::<f32>(&e), expected);
+    let cols = w.index_select(1, &dev.from_slice(&[3i32, 1], &[2]).unwrap()).unwrap();
+    assert_eq!(read::<f32>(&cols), (0..5).flat_map(|r| [wv[r * 4 + 3], wv[r * 4 + 1]]).collect::<Vec<_>>());
+    // Random numbers: reproducible by seed, and with the right moments.
+    dev.manual_seed(7);
+    let u = read::<f32>(&dev.rand(&[100_000], DType::F32).unwrap());
+    let n = read::<f32>(&dev.randn(&[100_000], DType::F32).unwrap());
+    dev.manual_seed(7);
+    assert_eq!(read::<f32>(&dev.rand(&[100_000], DType::F32).unwrap()), u, "same seed, same numbers");
+    assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
+    let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+    let var = |v: &[f32]| {
+        let m = mean(v);
+        v.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>() / v.len() as f64
+    };
+    assert!((mean(&u) - 0.5).abs() < 0.01 && (var(&u) - 1.0 / 12.0).abs() < 0.005, "uniform {} {}", mean(&u), var(&u));
+    assert!(mean(&n).abs() < 0.02 && (var(&n) - 1.0).abs() < 0.03, "normal {} {}", mean(&n), var(&n));
+}

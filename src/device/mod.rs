@@ -87,6 +87,8 @@ pub(crate) struct DeviceInner {
     pub(crate) alloc: RefCell<CachingAllocator<Segments>>,
     name: String,
     next_storage: Cell<u64>,
+    /// The random generator's state: a seed and how many calls drew from it.
+    rng: Cell<(u64, u64)>,
     /// Module names pushed by nn layers (`gpt.h.3.attn`), recorded with each allocation.
     scope: RefCell<Vec<String>>,
 }
@@ -141,7 +143,14 @@ impl Device {
 
     fn from_parts(backend: Backend, mut alloc: CachingAllocator<Segments>, name: String) -> Device {
         alloc.record_memory_history(true, RecordContext::All, 100_000);
-        Device(Rc::new(DeviceInner { backend, alloc: RefCell::new(alloc), name, next_storage: Cell::new(1), scope: RefCell::new(Vec::new()) }))
+        Device(Rc::new(DeviceInner {
+            backend,
+            alloc: RefCell::new(alloc),
+            name,
+            next_storage: Cell::new(1),
+            rng: Cell::new((0, 0)),
+            scope: RefCell::new(Vec::new()),
+        }))
     }
 
     pub fn name(&self) -> &str {
@@ -165,6 +174,19 @@ impl Device {
             Backend::Gpu(g) => Some(g),
             Backend::Sim => None,
         }
+    }
+
+    /// `torch.manual_seed`: the same seed gives the same random tensors.
+    pub fn manual_seed(&self, seed: u64) {
+        self.0.rng.set((seed, 0));
+    }
+
+    /// A seed for the next random op (each call draws a fresh stream).
+    pub(crate) fn next_seed(&self) -> u32 {
+        let (seed, calls) = self.0.rng.get();
+        self.0.rng.set((seed, calls + 1));
+        let mixed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ calls.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        (mixed ^ (mixed >> 32)) as u32
     }
 
     pub(crate) fn next_storage_id(&self) -> u64 {
