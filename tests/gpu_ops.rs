@@ -565,3 +565,27 @@ fn cat_stack_index_select_embedding_and_random() {
     assert!((mean(&u) - 0.5).abs() < 0.01 && (var(&u) - 1.0 / 12.0).abs() < 0.005, "uniform {} {}", mean(&u), var(&u));
     assert!(mean(&n).abs() < 0.02 && (var(&n) - 1.0).abs() < 0.03, "normal {} {}", mean(&n), var(&n));
 }
+
+#[test]
+fn zero_size_and_size_one_dimensions() {
+    let Some(dev) = gpu() else { return };
+    let before = dev.memory_allocated();
+    let empty = dev.zeros(&[0, 3], DType::F32).unwrap();
+    assert_eq!(dev.memory_allocated(), before, "zero bytes allocate nothing, as in PyTorch");
+    assert_eq!(empty.data_ptr(), 0);
+    let ones = dev.ones(&[1, 3], DType::F32).unwrap();
+    let sum = empty.add(&ones).unwrap();
+    assert_eq!(sum.shape(), &[0, 3]);
+    assert!(read::<f32>(&sum).is_empty());
+    assert_eq!(read::<f32>(&empty.sum(&[0], false).unwrap()), vec![0.0; 3], "an empty sum is 0");
+    let m = dev.zeros(&[2, 0], DType::F32).unwrap().matmul(&dev.zeros(&[0, 4], DType::F32).unwrap()).unwrap();
+    assert_eq!(m.shape(), &[2, 4]);
+    assert!(Tensor::cat(&[&empty, &ones], 0).is_ok());
+    // Size-1 dims broadcast both ways, and bmm checks its shapes.
+    let col = dev.from_slice(&[1.0f32, 2.0], &[2, 1]).unwrap();
+    let row = dev.from_slice(&[10.0f32, 20.0, 30.0], &[1, 3]).unwrap();
+    assert_eq!(read::<f32>(&col.mul(&row).unwrap()), vec![10.0, 20.0, 30.0, 20.0, 40.0, 60.0]);
+    let a = dev.ones(&[3, 2, 4], DType::F32).unwrap();
+    assert_eq!(a.bmm(&dev.ones(&[3, 4, 5], DType::F32).unwrap()).unwrap().shape(), &[3, 2, 5]);
+    assert!(a.bmm(&dev.ones(&[2, 4, 5], DType::F32).unwrap()).is_err());
+}

@@ -195,7 +195,10 @@ fn scalar_bits(value: f64, t: &str) -> u32 {
 
 /// Binds the operands (in order) for one dispatch.
 fn bind(tensors: &[&Tensor]) -> Result<Bindings> {
-    let args = tensors.iter().map(|t| Ok(t.arg()?.expect("non-empty operands have a block"))).collect::<Result<Vec<_>>>()?;
+    let args = tensors
+        .iter()
+        .map(|t| t.arg()?.ok_or_else(|| TensorError::Unsupported("an empty tensor cannot be a kernel operand".into())))
+        .collect::<Result<Vec<_>>>()?;
     Ok(Bindings::new(&args, &tensors.iter().map(|t| t.dtype.size() as u64).collect::<Vec<_>>())?)
 }
 
@@ -509,6 +512,15 @@ impl Tensor {
         out_shape[dim] = 1;
         let out = self.device().empty_tensor(&out_shape, self.dtype, name)?;
         let device = self.device().clone();
+        if self.numel() == 0 && out.numel() > 0 {
+            // Reducing nothing: the identity (PyTorch: sum 0, mean NaN; max and min raise).
+            match op {
+                Reduction::Sum => out.fill_(0.0)?,
+                Reduction::Mean => out.fill_(f64::NAN)?,
+                _ => return Err(TensorError::Shape(format!("{name} over an empty dimension has no identity"))),
+            };
+            return if keepdim { Ok(out) } else { out.squeeze(Some(dim as isize)) };
+        }
         if !device.is_sim() && out.numel() > 0 {
             if n == 0 && matches!(op, Reduction::Max | Reduction::Min) {
                 return Err(TensorError::Shape(format!("{name} over an empty dimension has no identity")));
@@ -619,6 +631,15 @@ impl Tensor {
         self.matmul_with(other, MatmulKernel::Tiled)
     }
 
+    /// `bmm`: batched matmul of two 3-D tensors with equal batch sizes.
+    #[track_caller]
+    pub fn bmm(&self, other: &Tensor) -> Result<Tensor> {
+        if self.ndim() != 3 || other.ndim() != 3 || self.shape()[0] != other.shape()[0] {
+            return Err(TensorError::Shape(format!("bmm needs [b, n, m] @ [b, m, p], got {:?} @ {:?}", self.shape(), other.shape())));
+        }
+        self.matmul(other)
+    }
+
     #[track_caller]
     pub fn matmul_with(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
         self.same_device(other)?;
@@ -653,7 +674,10 @@ impl Tensor {
         let out = self.device().empty_tensor(&out_shape, self.dtype, "matmul")?;
         let device = self.device().clone();
         let batches: usize = batch.iter().product();
-        if !device.is_sim() && out.numel() > 0 {
+        if k == 0 {
+            // A sum over nothing.
+            out.fill_(0.0)?;
+        } else if !device.is_sim() && out.numel() > 0 {
             for t in [&a, &b, &out] {
                 check_u32(t)?;
             }
