@@ -31,7 +31,7 @@ struct Stats { m: f32, sum: f32 }
 
 // Running max and sum of exp(x - max) over the row (one pass, rescaling as the max grows).
 fn softmax_stats(a0: u32, sa: u32, n: u32) -> Stats {
-    var m = -3.4028235e38;
+    var m = bitcast<f32>(0xff7fffffu); // -FLT_MAX (a decimal literal may round past it)
     var sum = 0.0;
     for (var k = 0u; k < n; k = k + 1u) {
         let x = f32(load_a(a0 + k * sa));

@@ -555,7 +555,8 @@ impl Tensor {
         let (lowest, highest) = match self.dtype {
             DType::I32 => ("-2147483647 - 1", "2147483647"),
             DType::U32 => ("0u", "4294967295u"),
-            _ => ("-3.4028235e38", "3.4028235e38"),
+            // ±FLT_MAX by bits: a decimal literal may round past f32's range (Tint rejects it).
+            _ => ("bitcast<f32>(0xff7fffffu)", "bitcast<f32>(0x7f7fffffu)"),
         };
         Ok(match op {
             Reduction::Sum => ("sum", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), "{T}(acc)".into())),

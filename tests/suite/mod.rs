@@ -1,0 +1,547 @@
+//! The op suite: every kernel against a plain-Rust reference on random shapes, strided views,
+//! broadcasting, size-1 and zero-size dimensions. Each check is an async function of a device, run
+//! natively on the first adapter (`tests/gpu_ops.rs`, lavapipe here) and in headless Chromium's
+//! WebGPU (`tests/web.rs`), whose limits and features differ (no shader-f16, 256-byte offsets).
+#![allow(dead_code)]
+
+use tensormem::tensor::{Element, Layout};
+use tensormem::{DType, Device, SimOptions, Tensor};
+
+pub async fn read<T: Element>(t: &Tensor) -> Vec<T> {
+    t.to_vec::<T>().await.unwrap()
+}
+
+/// Deterministic pseudo-random numbers (xorshift), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> usize {
+        (self.next() % n) as usize
+    }
+    fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| (self.next() % 20_000) as f32 / 10_000.0 - 1.0).collect()
+    }
+    fn shape(&mut self, ndim: usize) -> Vec<usize> {
+        (0..ndim).map(|_| 1 + self.below(5)).collect()
+    }
+}
+
+/// The logical elements of a layout over `base`, row-major: what a correct kernel reads.
+fn gather<T: Copy>(base: &[T], layout: &Layout) -> Vec<T> {
+    let n = layout.numel();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut rem = i;
+        let mut off = layout.offset;
+        for d in (0..layout.ndim()).rev() {
+            off += (rem % layout.shape[d]) * layout.strides[d];
+            rem /= layout.shape[d];
+        }
+        out.push(base[off]);
+    }
+    out
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let ok = (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * (1.0 + y.abs());
+        assert!(ok, "{what}: element {i}: got {x}, expected {y}");
+    }
+}
+
+/// A random view of a fresh tensor: transposed, narrowed or plain. Returns it with its base data.
+fn random_view(dev: &Device, rng: &mut Rng, shape: &[usize]) -> (Tensor, Vec<f32>) {
+    match rng.below(3) {
+        0 if shape.len() >= 2 => {
+            // Build the transposed shape, then transpose back: same logical shape, swapped strides.
+            let mut s = shape.to_vec();
+            let n = s.len();
+            s.swap(n - 1, n - 2);
+            let data = rng.f32s(s.iter().product());
+            let t = dev.from_slice(&data, &s).unwrap().transpose(-1, -2).unwrap();
+            (t, data)
+        }
+        1 => {
+            // A narrowed slice of a larger tensor along dim 0.
+            let mut s = shape.to_vec();
+            s[0] += 2;
+            let data = rng.f32s(s.iter().product());
+            let t = dev.from_slice(&data, &s).unwrap().narrow(0, 1, shape[0]).unwrap();
+            (t, data)
+        }
+        _ => {
+            let data = rng.f32s(shape.iter().product());
+            (dev.from_slice(&data, shape).unwrap(), data)
+        }
+    }
+}
+
+pub async fn upload_and_readback_round_trip(dev: &Device) {
+    let data: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
+    let t = dev.from_slice(&data, &[10, 100]).unwrap();
+    assert_eq!(read::<f32>(&t).await, data);
+    let ints: Vec<i32> = (-5..6).collect();
+    assert_eq!(read::<i32>(&dev.from_slice(&ints, &[11]).unwrap()).await, ints);
+    // A non-contiguous view reads back in logical order (through a temporary copy).
+    let tt = t.t().unwrap();
+    assert_eq!(read::<f32>(&tt).await, gather(&data, tt.layout()));
+    assert!(dev.staging_memory().1 >= 4000, "readback staging is accounted: {:?}", dev.staging_memory());
+    assert_eq!(dev.staging_memory().0, 0, "and released");
+}
+
+pub async fn binary_ops_broadcast_over_strided_views(dev: &Device) {
+    let mut rng = Rng(0x5eed);
+    for case in 0..40 {
+        let ndim = 1 + rng.below(4);
+        let out_shape = rng.shape(ndim);
+        // b broadcasts: some dims become 1, and it may have fewer dims.
+        let mut b_shape: Vec<usize> = out_shape.iter().map(|&n| if rng.below(3) == 0 { 1 } else { n }).collect();
+        if rng.below(2) == 0 && b_shape.len() > 1 {
+            b_shape.remove(0);
+        }
+        let (a, a_base) = random_view(&dev, &mut rng, &out_shape);
+        let (b, b_base) = random_view(&dev, &mut rng, &b_shape);
+        let xa = gather(&a_base, a.layout());
+        let xb = gather(&b_base, &b.layout().expand(&out_shape).unwrap());
+        let ops: [(&str, fn(&Tensor, &Tensor) -> tensormem::tensor::Result<Tensor>, fn(f32, f32) -> f32); 6] = [
+            ("add", Tensor::add, |x, y| x + y),
+            ("sub", Tensor::sub, |x, y| x - y),
+            ("mul", Tensor::mul, |x, y| x * y),
+            ("div", Tensor::div, |x, y| x / y),
+            ("maximum", Tensor::maximum, f32::max),
+            ("minimum", Tensor::minimum, f32::min),
+        ];
+        for (name, op, reference) in ops {
+            let out = op(&a, &b).unwrap();
+            assert_eq!(out.shape(), &out_shape[..]);
+            let expected: Vec<f32> = xa.iter().zip(&xb).map(|(&x, &y)| reference(x, y)).collect();
+            close(&read::<f32>(&out).await, &expected, 1e-6, &format!("case {case} {name} {out_shape:?} with {b_shape:?}"));
+        }
+    }
+}
+
+pub async fn unary_and_scalar_ops_match_the_reference(dev: &Device) {
+    let mut rng = Rng(42);
+    let shape = [3, 7, 5];
+    let (x, base) = random_view(&dev, &mut rng, &shape);
+    let v = gather(&base, x.layout());
+    let erf = |x: f64| {
+        // Reference erf by series (exact enough for |x| < 3).
+        let mut sum = 0.0;
+        let mut term = x;
+        for n in 0..60 {
+            sum += term / (2 * n + 1) as f64;
+            term *= -x * x / (n + 1) as f64;
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    };
+    let cases: Vec<(&str, Tensor, Box<dyn Fn(f32) -> f32>)> = vec![
+        ("neg", x.neg().unwrap(), Box::new(|x| -x)),
+        ("abs", x.abs().unwrap(), Box::new(f32::abs)),
+        ("exp", x.exp().unwrap(), Box::new(f32::exp)),
+        ("relu", x.relu().unwrap(), Box::new(|x| x.max(0.0))),
+        ("tanh", x.tanh().unwrap(), Box::new(f32::tanh)),
+        ("sigmoid", x.sigmoid().unwrap(), Box::new(|x| 1.0 / (1.0 + (-x).exp()))),
+        ("silu", x.silu().unwrap(), Box::new(|x| x / (1.0 + (-x).exp()))),
+        ("gelu", x.gelu().unwrap(), Box::new(move |x| (0.5 * x as f64 * (1.0 + erf(x as f64 / 2f64.sqrt()))) as f32)),
+        ("abs.sqrt", x.abs().unwrap().sqrt().unwrap(), Box::new(|x| x.abs().sqrt())),
+        ("add 2.5", x.add_scalar(2.5).unwrap(), Box::new(|x| x + 2.5)),
+        ("mul -3", x.mul_scalar(-3.0).unwrap(), Box::new(|x| x * -3.0)),
+        ("pow 3", x.pow_scalar(3.0).unwrap(), Box::new(|x| x.powi(3))),
+        ("pow 2", x.pow_scalar(2.0).unwrap(), Box::new(|x| x * x)),
+        ("clamp_min", x.clamp_min(0.25).unwrap(), Box::new(|x| x.max(0.25))),
+    ];
+    for (name, out, reference) in cases {
+        let expected: Vec<f32> = v.iter().map(|&x| reference(x)).collect();
+        close(&read::<f32>(&out).await, &expected, 2e-5, name);
+    }
+    let log = x.abs().unwrap().add_scalar(0.1).unwrap().log().unwrap();
+    close(&read::<f32>(&log).await, &v.iter().map(|x| (x.abs() + 0.1).ln()).collect::<Vec<_>>(), 2e-5, "log");
+}
+
+pub async fn in_place_ops_write_through_views_and_allocate_nothing(dev: &Device) {
+    let data: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let x = dev.from_slice(&data, &[3, 4]).unwrap();
+    let ones = dev.ones(&[4], DType::F32).unwrap();
+    let before = dev.memory_allocated();
+    x.t().unwrap().mul_(&dev.full(&[4, 1], 2.0, DType::F32).unwrap()).unwrap();
+    assert_eq!(dev.memory_allocated(), before, "the temporary full() is freed; mul_ allocated nothing");
+    x.add_(&ones).unwrap();
+    x.narrow(1, 0, 1).unwrap().relu_().unwrap();
+    let expected: Vec<f32> = data.iter().map(|&v| v * 2.0 + 1.0).collect();
+    assert_eq!(read::<f32>(&x).await, expected);
+    x.narrow(0, 1, 1).unwrap().fill_(-1.0).unwrap();
+    let got = read::<f32>(&x).await;
+    assert_eq!(&got[4..8], &[-1.0; 4]);
+    assert_eq!(dev.memory_allocated(), before);
+    let err = x.add_(&dev.ones(&[2, 3, 4], DType::F32).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("cannot change the shape"), "{err}");
+}
+
+pub async fn reductions_over_dims(dev: &Device) {
+    let mut rng = Rng(7);
+    for case in 0..12 {
+        let ndim = 1 + rng.below(3);
+        let shape = rng.shape(ndim);
+        let (x, base) = random_view(&dev, &mut rng, &shape);
+        let v = gather(&base, x.layout());
+        let dim = rng.below(shape.len() as u64);
+        let outer: usize = shape[..dim].iter().product();
+        let n = shape[dim];
+        let inner: usize = shape[dim + 1..].iter().product();
+        let fold = |f: &dyn Fn(&[f32]) -> f32| -> Vec<f32> {
+            let mut out = Vec::new();
+            for o in 0..outer {
+                for i in 0..inner {
+                    let column: Vec<f32> = (0..n).map(|k| v[(o * n + k) * inner + i]).collect();
+                    out.push(f(&column));
+                }
+            }
+            out
+        };
+        let d = dim as isize;
+        close(&read::<f32>(&x.sum(&[d], false).unwrap()).await, &fold(&|c| c.iter().sum()), 1e-5, &format!("case {case} sum {shape:?} dim {dim}"));
+        close(&read::<f32>(&x.mean(&[d], true).unwrap()).await, &fold(&|c| c.iter().sum::<f32>() / c.len() as f32), 1e-5, "mean");
+        close(&read::<f32>(&x.max(&[d], false).unwrap()).await, &fold(&|c| c.iter().cloned().fold(f32::MIN, f32::max)), 0.0, "max");
+        close(&read::<f32>(&x.min(&[d], false).unwrap()).await, &fold(&|c| c.iter().cloned().fold(f32::MAX, f32::min)), 0.0, "min");
+        let kept = x.sum(&[d], true).unwrap();
+        assert_eq!(kept.shape()[dim], 1);
+    }
+    let x = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    assert_eq!(read::<f32>(&x.sum(&[], false).unwrap()).await, vec![21.0]);
+    assert_eq!(read::<f32>(&x.mean(&[0, 1], false).unwrap()).await, vec![3.5]);
+}
+
+fn reference_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+        }
+    }
+    c
+}
+
+pub async fn matmul_tiled_and_naive_match_the_reference(dev: &Device) {
+    let mut rng = Rng(99);
+    for case in 0..10 {
+        let (m, k, n) = (1 + rng.below(40), 1 + rng.below(40), 1 + rng.below(40));
+        let (a, a_base) = random_view(&dev, &mut rng, &[m, k]);
+        let (b, b_base) = random_view(&dev, &mut rng, &[k, n]);
+        let expected = reference_matmul(&gather(&a_base, a.layout()), &gather(&b_base, b.layout()), m, k, n);
+        for kind in [tensormem::tensor::MatmulKernel::Tiled, tensormem::tensor::MatmulKernel::Naive] {
+            let c = a.matmul_with(&b, kind).unwrap();
+            assert_eq!(c.shape(), &[m, n]);
+            close(&read::<f32>(&c).await, &expected, 1e-5, &format!("case {case} {kind:?} {m}x{k}x{n}"));
+        }
+    }
+    // Batched with broadcasting: [2, 1, 3, 4] @ [5, 4, 2] -> [2, 5, 3, 2].
+    let a_data = rng.f32s(2 * 3 * 4);
+    let b_data = rng.f32s(5 * 4 * 2);
+    let a = dev.from_slice(&a_data, &[2, 1, 3, 4]).unwrap();
+    let b = dev.from_slice(&b_data, &[5, 4, 2]).unwrap();
+    let c = a.matmul(&b).unwrap();
+    assert_eq!(c.shape(), &[2, 5, 3, 2]);
+    let got = read::<f32>(&c).await;
+    for i in 0..2 {
+        for j in 0..5 {
+            let expected = reference_matmul(&a_data[i * 12..(i + 1) * 12], &b_data[j * 8..(j + 1) * 8], 3, 4, 2);
+            close(&got[(i * 5 + j) * 6..(i * 5 + j + 1) * 6], &expected, 1e-5, "batched");
+        }
+    }
+    // Vector cases lose the added dimension.
+    let v = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+    assert_eq!(v.matmul(&v).unwrap().shape(), &[] as &[usize]);
+    assert_eq!(read::<f32>(&v.matmul(&v).unwrap()).await, vec![30.0]);
+    assert!(a.matmul(&a).unwrap_err().to_string().contains("inner dimensions 4 and 3 differ"));
+}
+
+/// The f16 program both ways: natively (shader-f16) and packed two to a u32 word, the path of
+/// adapters without shader-f16 such as the browser's software one.
+pub async fn f16_program(dev: &Device) {
+    use half::f16;
+    let data: Vec<f16> = (0..63).map(|i| f16::from_f32(i as f32 * 0.25 - 4.0)).collect();
+    // 7x9: odd sizes, so elements straddle u32 words and rows start at odd element offsets.
+    let x = dev.from_slice(&data, &[7, 9]).unwrap();
+    assert_eq!(x.storage_bytes(), 126);
+    assert_eq!(read::<f16>(&x).await, data);
+    let y = x.narrow(1, 1, 7).unwrap().t().unwrap().add(&x.narrow(1, 2, 7).unwrap().t().unwrap()).unwrap().relu().unwrap();
+    let got = read::<f16>(&y).await;
+    for r in 0..7 {
+        for c in 0..7 {
+            let expected = (data[c * 9 + r + 1].to_f32() + data[c * 9 + r + 2].to_f32()).max(0.0);
+            assert_eq!(got[r * 7 + c].to_f32(), expected, "({r}, {c})");
+        }
+    }
+    // In place on a strided column: neighbouring halves of each word must survive.
+    x.narrow(1, 3, 1).unwrap().fill_(1.5).unwrap();
+    let after = read::<f16>(&x).await;
+    for (i, v) in after.iter().enumerate() {
+        let expected = if i % 9 == 3 { 1.5 } else { data[i].to_f32() };
+        assert_eq!(v.to_f32(), expected, "element {i}");
+    }
+    let s = x.sum(&[1], false).unwrap();
+    let expected: Vec<f32> = (0..7).map(|r| (0..9).map(|c| after[r * 9 + c].to_f32()).sum()).collect();
+    close(&read::<f16>(&s).await.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), &expected, 1e-3, "f16 sum");
+    let m = x.matmul(&x.t().unwrap()).unwrap();
+    assert_eq!((m.dtype(), m.shape()), (DType::F16, &[7usize, 7][..]));
+    let mm = read::<f16>(&m).await;
+    let reference: f32 = (0..9).map(|c| after[c].to_f32() * after[9 + c].to_f32()).sum();
+    assert!((mm[1].to_f32() - reference).abs() <= 0.02 * reference.abs().max(1.0), "{} vs {reference}", mm[1]);
+}
+
+/// f16 on this device's path (native where shader-f16 exists, else packed).
+pub async fn float16(dev: &Device) {
+    f16_program(dev).await;
+}
+
+pub async fn exact_memory_facts(dev: &Device) {
+    let x = dev.zeros(&[1000, 1000], DType::F32).unwrap();
+    assert_eq!(dev.memory_allocated(), 4_000_256, "4,000,000 bytes rounded to 512");
+    assert_eq!(dev.memory_reserved(), 20 << 20, "from one 20 MiB segment");
+    let before = dev.memory_allocated();
+    let v = x.t().unwrap().narrow(0, 10, 100).unwrap().unsqueeze(0).unwrap();
+    assert_eq!(dev.memory_allocated(), before, "views allocate nothing");
+    assert_eq!(v.storage_id(), x.storage_id());
+    assert_eq!(v.data_ptr(), x.data_ptr() + 10 * 4);
+    let y = dev.ones(&[1000, 1000], DType::F32).unwrap();
+    let allocated = dev.memory_allocated();
+    let z = x.add(&y).unwrap();
+    assert_eq!(dev.memory_allocated(), allocated + 4_000_256, "x + y allocates exactly one output");
+    z.add_(&y).unwrap();
+    assert_eq!(dev.memory_allocated(), allocated + 4_000_256, "add_ allocates nothing");
+    let c = x.t().unwrap().contiguous().unwrap();
+    assert_eq!(dev.memory_allocated(), allocated + 2 * 4_000_256, "contiguous() of a transpose copies");
+    assert_ne!(c.storage_id(), x.storage_id());
+    let same = x.contiguous().unwrap();
+    assert_eq!(same.storage_id(), x.storage_id(), "contiguous() of a contiguous tensor is itself");
+    drop((z, c));
+    assert_eq!(dev.memory_allocated(), allocated);
+    assert_eq!(read::<f32>(&y.sum(&[], false).unwrap()).await, vec![1_000_000.0]);
+}
+
+pub async fn a_freed_block_reused_for_an_upload_does_not_corrupt_pending_work(dev: &Device) {
+    // x's block is read by a recorded (unsubmitted) op; x is then freed and a new upload of the
+    // same size takes its block. WebGPU runs write_buffer before commands submitted after it, so
+    // without a submit first the pending op would read the new data.
+    let x = dev.from_slice(&[1.0f32; 256], &[256]).unwrap();
+    let x_ptr = x.data_ptr();
+    let y = x.mul_scalar(2.0).unwrap();
+    drop(x);
+    let z = dev.from_slice(&[7.0f32; 256], &[256]).unwrap();
+    assert_eq!(z.data_ptr(), x_ptr, "the upload reuses the freed block (the hazard's precondition)");
+    assert_eq!(read::<f32>(&y).await, vec![2.0; 256]);
+    assert_eq!(read::<f32>(&z).await, vec![7.0; 256]);
+}
+
+pub async fn operands_in_one_segment_bind_without_validation_errors(dev: &Device) {
+    // Three small tensors share one 2 MiB segment, i.e. one wgpu buffer, in a single dispatch.
+    let a = dev.from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let b = dev.from_slice(&[10.0f32, 20.0, 30.0], &[3]).unwrap();
+    let reserved = dev.memory_reserved();
+    let c = a.add(&b).unwrap();
+    assert_eq!(dev.memory_reserved(), reserved, "same segment");
+    assert_eq!(read::<f32>(&c).await, vec![11.0, 22.0, 33.0]);
+    // In-place on a view of the same storage as the other operand.
+    a.add_(&a).unwrap();
+    assert_eq!(read::<f32>(&a).await, vec![2.0, 4.0, 6.0]);
+    // The same tensor twice in one dispatch: bound once (Dawn rejects overlapping writable bindings).
+    let m = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    assert_eq!(read::<f32>(&m.matmul(&m.t().unwrap()).unwrap()).await, vec![14.0, 32.0, 32.0, 77.0]);
+}
+
+pub async fn the_sim_device_records_the_same_trace_as_the_gpu(gpu_dev: &Device) {
+    let sim_dev = Device::sim(SimOptions::preset("H100-80GB"));
+    fn program(dev: &Device) -> Vec<(tensormem::trace::Action, u64)> {
+        let x = dev.ones(&[300, 500], DType::F32).unwrap();
+        let w = dev.ones(&[500, 200], DType::F32).unwrap();
+        let h = x.matmul(&w).unwrap().relu().unwrap();
+        let loss = h.mul(&h).unwrap().mean(&[0, 1], false).unwrap();
+        let t = x.t().unwrap().contiguous().unwrap();
+        drop((h, t));
+        let _keep = (x, w, loss);
+        dev.snapshot().device_traces[0].iter().map(|e| (e.action, e.size)).collect()
+    }
+    let on_gpu = program(gpu_dev);
+    let on_sim = program(&sim_dev);
+    assert_eq!(on_gpu, on_sim);
+    assert!(on_gpu.len() > 10);
+    assert!(sim_dev.ones(&[2], DType::F32).unwrap().to_vec::<f32>().await.unwrap_err().to_string().contains("simulation device"));
+}
+
+pub async fn clear_errors_for_bad_input(dev: &Device) {
+    let x = dev.ones(&[2, 3], DType::F32).unwrap();
+    let i = dev.from_slice(&[1i32, 2, 3], &[3]).unwrap();
+    assert!(x.add(&i).unwrap_err().to_string().contains("convert one with to(dtype)"));
+    assert!(x.add(&dev.ones(&[4], DType::F32).unwrap()).unwrap_err().to_string().contains("cannot broadcast"));
+    assert!(x.view(&[4, -1]).unwrap_err().to_string().contains("invalid for 6 elements"));
+    assert!(dev.from_slice(&[1.0f32; 5], &[2, 3]).unwrap_err().to_string().contains("cannot fill"));
+    let before = dev.memory_allocated();
+    assert!(dev.zeros(&[2], DType::BF16).unwrap_err().to_string().contains("memory accounting only"));
+    assert_eq!(dev.memory_allocated(), before, "the failed op's output was freed");
+    let sim = Device::sim(SimOptions::preset("A100-40GB"));
+    let bf16 = sim.zeros(&[4096, 4096], DType::BF16).unwrap();
+    assert_eq!(sim.memory_allocated(), 4096 * 4096 * 2, "bf16 exists on the sim device for accounting");
+    drop(bf16);
+    assert!(x.to_vec::<i32>().await.unwrap_err().to_string().contains("to_vec::<int32> of a float32 tensor"));
+    let limit = dev.adapter().unwrap().max_storage_buffer_binding_size;
+    let too_big = dev.zeros(&[(limit / 4 + 1) as usize], DType::F32).unwrap_err().to_string();
+    assert!(too_big.contains("max_storage_buffer_binding_size"), "{too_big}");
+}
+
+pub async fn comparisons_where_casts_and_addcmul(dev: &Device) {
+    let mut rng = Rng(2024);
+    // 5x7: bool outputs pack four to a word, so rows straddle words.
+    let (x, xb) = random_view(&dev, &mut rng, &[5, 7]);
+    let (y, yb) = random_view(&dev, &mut rng, &[7]);
+    let xv = gather(&xb, x.layout());
+    let yv = gather(&yb, &y.layout().expand(&[5, 7]).unwrap());
+    let mask = x.gt(&y).unwrap();
+    assert_eq!(mask.dtype(), DType::Bool);
+    assert_eq!(mask.storage_bytes(), 35, "one byte per element, as in PyTorch");
+    let picked = mask.where_(&x, &y).unwrap();
+    let expected: Vec<f32> = xv.iter().zip(&yv).map(|(&a, &b)| if a > b { a } else { b }).collect();
+    assert_eq!(read::<f32>(&picked).await, expected);
+    assert_eq!(read::<f32>(&x.maximum(&y).unwrap()).await, expected);
+    // A bool mask read back through a cast, and an int round trip that truncates toward zero.
+    let as_int = mask.to(DType::I32).unwrap();
+    assert_eq!(read::<i32>(&as_int).await, xv.iter().zip(&yv).map(|(a, b)| (a > b) as i32).collect::<Vec<_>>());
+    let scaled = x.mul_scalar(10.0).unwrap().to(DType::I32).unwrap();
+    assert_eq!(read::<i32>(&scaled).await, xv.iter().map(|v| (v * 10.0) as i32).collect::<Vec<_>>());
+    assert_eq!(read::<f32>(&scaled.to(DType::F32).unwrap()).await, xv.iter().map(|v| (v * 10.0).trunc()).collect::<Vec<_>>());
+    // Equality of a tensor with itself, transposed view against its copy.
+    let xt = x.t().unwrap();
+    let same = xt.eq(&xt.contiguous().unwrap()).unwrap().to(DType::U32).unwrap();
+    assert_eq!(read::<u32>(&same).await, vec![1; 35]);
+    // int8 keeps its sign through the packed path.
+    let small = dev.from_slice(&[-3i32, 5, -128, 127, 0], &[5]).unwrap().to(DType::I8).unwrap();
+    assert_eq!(small.storage_bytes(), 5);
+    assert_eq!(read::<i32>(&small.to(DType::I32).unwrap()).await, vec![-3, 5, -128, 127, 0]);
+    // addcmul_ in place: p += 0.5 * g * g.
+    let p = dev.ones(&[5, 7], DType::F32).unwrap();
+    let before = dev.memory_allocated();
+    p.addcmul_(&x, &x, 0.5).unwrap();
+    assert_eq!(dev.memory_allocated(), before);
+    close(&read::<f32>(&p).await, &xv.iter().map(|v| 1.0 + 0.5 * v * v).collect::<Vec<_>>(), 1e-6, "addcmul_");
+    assert!(x.where_(&x, &y).unwrap_err().to_string().contains("bool condition"));
+}
+
+pub async fn softmax_layer_norm_var_argmax(dev: &Device) {
+    let mut rng = Rng(77);
+    let (x, base) = random_view(&dev, &mut rng, &[4, 6]);
+    let v = gather(&base, x.layout());
+    let rows: Vec<&[f32]> = v.chunks(6).collect();
+    let softmax: Vec<f32> = rows
+        .iter()
+        .flat_map(|r| {
+            let m = r.iter().cloned().fold(f32::MIN, f32::max);
+            let s: f32 = r.iter().map(|x| (x - m).exp()).sum();
+            r.iter().map(move |x| (x - m).exp() / s)
+        })
+        .collect();
+    close(&read::<f32>(&x.softmax(-1).unwrap()).await, &softmax, 1e-6, "softmax");
+    close(&read::<f32>(&x.log_softmax(1).unwrap()).await, &softmax.iter().map(|p| p.ln()).collect::<Vec<_>>(), 1e-5, "log_softmax");
+    // Over dim 0 (a strided walk).
+    let col_sums = read::<f32>(&x.softmax(0).unwrap().sum(&[0], false).unwrap()).await;
+    close(&col_sums, &[1.0; 6], 1e-6, "softmax over dim 0 sums to 1");
+    let w = dev.from_slice(&[1.0f32, 2.0, 0.5, 1.0, -1.0, 3.0], &[6]).unwrap();
+    let b = dev.from_slice(&[0.0f32, 0.1, 0.2, 0.3, 0.4, 0.5], &[6]).unwrap();
+    let before = dev.memory_allocated();
+    let y = x.layer_norm(&w, &b, 1e-5).unwrap();
+    assert_eq!(dev.memory_allocated(), before + 512, "one output; the saved mean and rstd are freed");
+    let (wv, bv) = (read::<f32>(&w).await, read::<f32>(&b).await);
+    let expected: Vec<f32> = rows
+        .iter()
+        .flat_map(|r| {
+            let mean = r.iter().sum::<f32>() / 6.0;
+            let var = r.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / 6.0;
+            let rstd = 1.0 / (var + 1e-5).sqrt();
+            r.iter().enumerate().map(|(k, x)| (x - mean) * rstd * wv[k] + bv[k]).collect::<Vec<_>>()
+        })
+        .collect();
+    close(&read::<f32>(&y).await, &expected, 1e-5, "layer_norm");
+    let var: Vec<f32> = rows
+        .iter()
+        .map(|r| {
+            let mean = r.iter().sum::<f32>() / 6.0;
+            r.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / 5.0
+        })
+        .collect();
+    close(&read::<f32>(&x.var(1, 1.0, false).unwrap()).await, &var, 1e-5, "var");
+    let argmax = x.argmax(1, false).unwrap();
+    assert_eq!(argmax.dtype(), DType::I64);
+    assert_eq!(argmax.storage_bytes(), 32, "int64: 8 bytes per index");
+    let expected: Vec<i64> = rows
+        .iter()
+        .map(|r| r.iter().enumerate().fold((0, f32::MIN), |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) }).0 as i64)
+        .collect();
+    assert_eq!(read::<i64>(&argmax).await, expected);
+}
+
+pub async fn cat_stack_index_select_embedding_and_random(dev: &Device) {
+    let a = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    let b = dev.from_slice(&[5.0f32, 6.0], &[1, 2]).unwrap();
+    let before = dev.memory_allocated();
+    let c = Tensor::cat(&[&a, &b.share(), &a.t().unwrap()], 0).unwrap();
+    assert_eq!(dev.memory_allocated(), before + 512, "cat allocates its output only");
+    assert_eq!(c.shape(), &[5, 2]);
+    assert_eq!(read::<f32>(&c).await, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 1.0, 3.0, 2.0, 4.0]);
+    let s = Tensor::stack(&[&a, &a], 1).unwrap();
+    assert_eq!(s.shape(), &[2, 2, 2]);
+    assert_eq!(read::<f32>(&s).await, vec![1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0]);
+    assert!(Tensor::cat(&[&a, &dev.ones(&[2, 3], DType::F32).unwrap()], 0).unwrap_err().to_string().contains("does not match"));
+    // Embedding: int64 ids of shape [2, 3] pick rows of a [5, 4] table; the table read transposed.
+    let table: Vec<f32> = (0..20).map(|v| v as f32).collect();
+    let w = dev.from_slice(&table, &[4, 5]).unwrap().t().unwrap();
+    let ids = dev.from_slice(&[4i64, 0, 2, 2, 1, 3], &[2, 3]).unwrap();
+    let e = w.embedding(&ids).unwrap();
+    assert_eq!(e.shape(), &[2, 3, 4]);
+    let wv = gather(&table, w.layout());
+    let expected: Vec<f32> = [4, 0, 2, 2, 1, 3].iter().flat_map(|&r| wv[r * 4..r * 4 + 4].to_vec()).collect();
+    assert_eq!(read::<f32>(&e).await, expected);
+    let cols = w.index_select(1, &dev.from_slice(&[3i32, 1], &[2]).unwrap()).unwrap();
+    assert_eq!(read::<f32>(&cols).await, (0..5).flat_map(|r| [wv[r * 4 + 3], wv[r * 4 + 1]]).collect::<Vec<_>>());
+    // Random numbers: reproducible by seed, and with the right moments.
+    dev.manual_seed(7);
+    let u = read::<f32>(&dev.rand(&[100_000], DType::F32).unwrap()).await;
+    let n = read::<f32>(&dev.randn(&[100_000], DType::F32).unwrap()).await;
+    dev.manual_seed(7);
+    assert_eq!(read::<f32>(&dev.rand(&[100_000], DType::F32).unwrap()).await, u, "same seed, same numbers");
+    assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
+    let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+    let var = |v: &[f32]| {
+        let m = mean(v);
+        v.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>() / v.len() as f64
+    };
+    assert!((mean(&u) - 0.5).abs() < 0.01 && (var(&u) - 1.0 / 12.0).abs() < 0.005, "uniform {} {}", mean(&u), var(&u));
+    assert!(mean(&n).abs() < 0.02 && (var(&n) - 1.0).abs() < 0.03, "normal {} {}", mean(&n), var(&n));
+}
+
+pub async fn zero_size_and_size_one_dimensions(dev: &Device) {
+    let before = dev.memory_allocated();
+    let empty = dev.zeros(&[0, 3], DType::F32).unwrap();
+    assert_eq!(dev.memory_allocated(), before, "zero bytes allocate nothing, as in PyTorch");
+    assert_eq!(empty.data_ptr(), 0);
+    let ones = dev.ones(&[1, 3], DType::F32).unwrap();
+    let sum = empty.add(&ones).unwrap();
+    assert_eq!(sum.shape(), &[0, 3]);
+    assert!(read::<f32>(&sum).await.is_empty());
+    assert_eq!(read::<f32>(&empty.sum(&[0], false).unwrap()).await, vec![0.0; 3], "an empty sum is 0");
+    let m = dev.zeros(&[2, 0], DType::F32).unwrap().matmul(&dev.zeros(&[0, 4], DType::F32).unwrap()).unwrap();
+    assert_eq!(m.shape(), &[2, 4]);
+    assert!(Tensor::cat(&[&empty, &ones], 0).is_ok());
+    // Size-1 dims broadcast both ways, and bmm checks its shapes.
+    let col = dev.from_slice(&[1.0f32, 2.0], &[2, 1]).unwrap();
+    let row = dev.from_slice(&[10.0f32, 20.0, 30.0], &[1, 3]).unwrap();
+    assert_eq!(read::<f32>(&col.mul(&row).unwrap()).await, vec![10.0, 20.0, 30.0, 20.0, 40.0, 60.0]);
+    let a = dev.ones(&[3, 2, 4], DType::F32).unwrap();
+    assert_eq!(a.bmm(&dev.ones(&[3, 4, 5], DType::F32).unwrap()).unwrap().shape(), &[3, 2, 5]);
+    assert!(a.bmm(&dev.ones(&[2, 4, 5], DType::F32).unwrap()).is_err());
+}
