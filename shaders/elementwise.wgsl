@@ -74,10 +74,10 @@ fn normal(i: u32) -> f32 {
 }
 
 fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * 64u;
+    return gid.x + gid.y * nwg.x * 256u;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
@@ -86,7 +86,7 @@ fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     store_out(offset_of(i, OUT_AT), {{BINARY}});
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
@@ -95,7 +95,7 @@ fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     store_out(offset_of(i, OUT_AT), {{UNARY}});
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn ternary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
@@ -107,7 +107,7 @@ fn ternary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 }
 
 // Writes the scalar everywhere (fill_, zeros, ones, full).
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }
@@ -117,7 +117,7 @@ fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 
 // index_select along info[SCALAR_AT]: out[.., j, ..] = a[.., b[j], ..]; indices are clamped
 // into range (PyTorch raises a device-side assert instead).
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info[0]) { return; }

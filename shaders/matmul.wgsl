@@ -72,3 +72,58 @@ fn tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocatio
         store_c(batch_offset(batch, 24u) + row * info[28] + col * info[29], {{T}}(acc));
     }
 }
+
+// Register blocking: a 16x16 workgroup computes a 64x64 tile of C, each invocation a 4x4
+// block held in registers, so each value loaded from shared memory feeds four products.
+const BT: u32 = 64u;
+const BK: u32 = 16u;
+var<workgroup> block_a: array<array<{{ACC}}, 64>, 16>; // [k][row]
+var<workgroup> block_b: array<array<{{ACC}}, 64>, 16>; // [k][col]
+
+@compute @workgroup_size(16, 16)
+fn blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let m = info[0]; let n = info[1]; let k = info[2];
+    let batch = wid.z;
+    let ao = batch_offset(batch, 10u);
+    let bo = batch_offset(batch, 17u);
+    let row0 = wid.y * BT;
+    let col0 = wid.x * BT;
+    let flat = lid.y * 16u + lid.x;
+    var acc: array<array<{{ACC}}, 4>, 4>;
+    for (var r = 0u; r < 4u; r = r + 1u) {
+        for (var c = 0u; c < 4u; c = c + 1u) { acc[r][c] = {{ACC}}(0); }
+    }
+    for (var k0 = 0u; k0 < k; k0 = k0 + BK) {
+        // 256 invocations stage 64x16 of A and 16x64 of B: four elements each.
+        for (var e = 0u; e < 4u; e = e + 1u) {
+            let idx = flat * 4u + e;
+            let ar = idx / BK; let ak = idx % BK;
+            var av = {{ACC}}(0);
+            if (row0 + ar < m && k0 + ak < k) { av = {{ACC}}(load_a(ao + (row0 + ar) * info[14] + (k0 + ak) * info[15])); }
+            block_a[ak][ar] = av;
+            let bk = idx / BT; let bc = idx % BT;
+            var bv = {{ACC}}(0);
+            if (k0 + bk < k && col0 + bc < n) { bv = {{ACC}}(load_b(bo + (k0 + bk) * info[21] + (col0 + bc) * info[22])); }
+            block_b[bk][bc] = bv;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk = kk + 1u) {
+            var a4: array<{{ACC}}, 4>;
+            var b4: array<{{ACC}}, 4>;
+            for (var r = 0u; r < 4u; r = r + 1u) { a4[r] = block_a[kk][lid.y * 4u + r]; }
+            for (var c = 0u; c < 4u; c = c + 1u) { b4[c] = block_b[kk][lid.x * 4u + c]; }
+            for (var r = 0u; r < 4u; r = r + 1u) {
+                for (var c = 0u; c < 4u; c = c + 1u) { acc[r][c] = acc[r][c] + a4[r] * b4[c]; }
+            }
+        }
+        workgroupBarrier();
+    }
+    let co = batch_offset(batch, 24u);
+    for (var r = 0u; r < 4u; r = r + 1u) {
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            let row = row0 + lid.y * 4u + r;
+            let col = col0 + lid.x * 4u + c;
+            if (row < m && col < n) { store_c(co + row * info[28] + col * info[29], {{T}}(acc[r][c])); }
+        }
+    }
+}

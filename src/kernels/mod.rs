@@ -218,8 +218,11 @@ impl Bindings {
     }
 }
 
-/// Threads per workgroup for 1-D kernels; every adapter allows 64 (WebGPU's minimum is 256).
+/// Threads per workgroup for 1-D kernels that loop per invocation (reduce, rows).
 pub(crate) const WORKGROUP: u32 = 64;
+/// Threads per workgroup for elementwise kernels: WebGPU guarantees 256, and fewer, larger
+/// workgroups cost less to schedule (notably on CPU drivers).
+pub(crate) const ELEMENTWISE_WORKGROUP: u32 = 256;
 
 fn pipeline(device: &Device, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipeline>, DeviceError> {
     let ctx = device.gpu_context().expect("kernels run on GPU devices");

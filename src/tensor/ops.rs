@@ -4,7 +4,7 @@
 
 use super::layout::{broadcast_shapes, wrap_dim, Layout, MAX_DIMS};
 use super::{DType, Result, Tensor, TensorError};
-use crate::kernels::{self, value_type, Bindings, Family, Kernel, WORKGROUP};
+use crate::kernels::{self, value_type, Bindings, Family, Kernel, ELEMENTWISE_WORKGROUP, WORKGROUP};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unary {
@@ -287,18 +287,27 @@ impl Tensor {
             .with("BINARY", pick("binary", &format!("{out_t}(x)")))
             .with("TERNARY", pick("ternary", &format!("{out_t}(x)")))
             .with("FILL", pick("fill", &format!("{out_t}(s)")));
-        let mut meta = vec![self.numel() as u32, self.ndim() as u32];
-        push_shape(&mut meta, self.shape());
-        push_layout(&mut meta, &self.layout, b.base(0));
+        // When every operand is contiguous in the same shape, index them as flat arrays: the
+        // kernel then skips the per-dimension index arithmetic.
+        let flat = self.is_contiguous() && layouts.iter().all(|l| l.is_contiguous());
+        let as_flat = |l: &Layout| Layout { shape: vec![l.numel()], strides: vec![1], offset: l.offset };
+        let (out_layout, layouts) = if flat {
+            (as_flat(&self.layout), layouts.iter().map(as_flat).collect())
+        } else {
+            (self.layout.clone(), layouts)
+        };
+        let mut meta = vec![self.numel() as u32, out_layout.ndim() as u32];
+        push_shape(&mut meta, &out_layout.shape);
+        push_layout(&mut meta, &out_layout, b.base(0));
         for slot in 0..3 {
             match layouts.get(slot) {
                 Some(l) => push_layout(&mut meta, l, b.base(slot + 1)),
-                None => push_layout(&mut meta, &self.layout, b.base(0)),
+                None => push_layout(&mut meta, &out_layout, b.base(0)),
             }
         }
         meta.push(scalar_bits(scalar, scalar_type));
         meta.push(seed);
-        Ok(kernels::dispatch(&device, &kernel, &meta, &b, self.numel() as u64, WORKGROUP)?)
+        Ok(kernels::dispatch(&device, &kernel, &meta, &b, self.numel() as u64, ELEMENTWISE_WORKGROUP)?)
     }
 
     /// Writes `op(src)` into `self`'s elements (shapes must agree; src may broadcast).
@@ -629,7 +638,9 @@ impl Tensor {
     /// broadcast. Inputs are read through their strides: a transposed operand needs no copy.
     #[track_caller]
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
-        self.matmul_with(other, MatmulKernel::Tiled)
+        // Register blocking pays once the output fills its 64x64 tiles; small products tile.
+        let big = self.shape().iter().rev().nth(1).is_some_and(|&m| m >= 64) && other.shape().last().is_some_and(|&n| n >= 64);
+        self.matmul_with(other, if big { MatmulKernel::Blocked } else { MatmulKernel::Tiled })
     }
 
     /// `bmm`: batched matmul of two 3-D tensors with equal batch sizes.
@@ -704,6 +715,7 @@ impl Tensor {
             let groups = match kind {
                 MatmulKernel::Naive => [(n as u32).div_ceil(8), (m as u32).div_ceil(8), batches as u32],
                 MatmulKernel::Tiled => [(n as u32).div_ceil(tile), (m as u32).div_ceil(tile), batches as u32],
+                MatmulKernel::Blocked => [(n as u32).div_ceil(64), (m as u32).div_ceil(64), batches as u32],
             };
             kernels::dispatch_groups(&device, &kernel, &meta, &bound, groups)?;
         }
@@ -719,11 +731,15 @@ impl Tensor {
     }
 }
 
-/// Which matmul kernel: the tiled one, or the naive baseline benchmarks compare it with.
+/// Which matmul kernel: `matmul` picks Blocked or Tiled by size; Naive is the baseline the
+/// benchmark compares them with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatmulKernel {
     Naive,
+    /// 16x16 workgroup tiles in shared memory.
     Tiled,
+    /// 64x64 tiles, 4x4 outputs per invocation in registers.
+    Blocked,
 }
 
 impl MatmulKernel {
@@ -731,6 +747,7 @@ impl MatmulKernel {
         match self {
             MatmulKernel::Naive => "naive",
             MatmulKernel::Tiled => "tiled",
+            MatmulKernel::Blocked => "blocked",
         }
     }
 }
@@ -955,7 +972,7 @@ impl Tensor {
         meta.extend(std::iter::repeat_n(0, MAX_DIMS));
         meta.push(d as u32);
         meta.push(0);
-        kernels::dispatch(&device, &kernel, &meta, &b, out.numel() as u64, WORKGROUP)?;
+        kernels::dispatch(&device, &kernel, &meta, &b, out.numel() as u64, ELEMENTWISE_WORKGROUP)?;
         Ok(out)
     }
 
