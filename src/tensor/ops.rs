@@ -643,6 +643,22 @@ impl Tensor {
         self.matmul_with(other, if big { MatmulKernel::Blocked } else { MatmulKernel::Tiled })
     }
 
+    /// Self if its last two dimensions are row- or column-major with a valid leading dimension
+    /// (`is_blas_compatible_*_order` in PyTorch), else a contiguous copy.
+    #[track_caller]
+    fn blas_compatible(&self) -> Result<Tensor> {
+        let nd = self.ndim();
+        let (rows, cols) = (self.shape()[nd - 2], self.shape()[nd - 1]);
+        let (s0, s1) = (self.strides()[nd - 2], self.strides()[nd - 1]);
+        let row_major = (s1 == 1 || cols == 1) && s0 >= cols.max(1);
+        let col_major = (s0 == 1 || rows == 1) && s1 >= rows.max(1);
+        if row_major || col_major || self.numel() == 0 {
+            Ok(self.share())
+        } else {
+            self.clone()
+        }
+    }
+
     /// `bmm`: batched matmul of two 3-D tensors with equal batch sizes.
     #[track_caller]
     pub fn bmm(&self, other: &Tensor) -> Result<Tensor> {
@@ -666,6 +682,11 @@ impl Tensor {
         }
         let a = if self.ndim() == 1 { self.unsqueeze(0)? } else { self.share() };
         let b = if other.ndim() == 1 { other.unsqueeze(1)? } else { other.share() };
+        // PyTorch hands BLAS only matrices that are row- or column-major with a valid leading
+        // dimension, and copies the others first; the copy is real memory, so do the same
+        // (our kernels could read any strides).
+        let a = a.blas_compatible()?;
+        let b = b.blas_compatible()?;
         let (m, k) = (a.shape()[a.ndim() - 2], a.shape()[a.ndim() - 1]);
         let (k2, n) = (b.shape()[b.ndim() - 2], b.shape()[b.ndim() - 1]);
         if k != k2 {

@@ -256,6 +256,26 @@ pub async fn matmul_tiled_and_naive_match_the_reference(dev: &Device) {
             close(&got[(i * 5 + j) * 6..(i * 5 + j + 1) * 6], &expected, 1e-5, "batched");
         }
     }
+    // A transposed input is read in place; a broadcast (stride-0) one is copied first, as PyTorch
+    // does before calling BLAS, and the copy shows in the memory history.
+    let x = dev.ones(&[64, 32], DType::F32).unwrap();
+    let w = dev.ones(&[16, 32], DType::F32).unwrap();
+    let allocated = dev.memory_allocated();
+    let y = x.matmul(&w.t().unwrap()).unwrap();
+    assert_eq!(dev.memory_allocated(), allocated + 4096, "x @ w.t(): only the [64, 16] output");
+    drop(y);
+    let row = dev.ones(&[32], DType::F32).unwrap();
+    let broadcast = row.unsqueeze(0).unwrap().expand(&[16, 32]).unwrap().t().unwrap();
+    let events_before = dev.snapshot().device_traces[0].len();
+    let y = x.matmul(&broadcast).unwrap();
+    let trace = dev.snapshot().device_traces[0][events_before..].to_vec();
+    let allocs: Vec<(u64, String)> = trace
+        .iter()
+        .filter(|e| e.action == tensormem::trace::Action::Alloc)
+        .map(|e| (e.size, e.frames.as_ref().unwrap()[0].name.clone()))
+        .collect();
+    assert_eq!(allocs, vec![(2048, "clone".to_string()), (4096, "matmul".to_string())], "the copy, then the output");
+    assert_eq!(read::<f32>(&y).await, vec![32.0; 64 * 16]);
     // Vector cases lose the added dimension.
     let v = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
     assert_eq!(v.matmul(&v).unwrap().shape(), &[] as &[usize]);
