@@ -21,7 +21,7 @@ fn rate(per_call: u64, mut f: impl FnMut()) -> f64 {
 fn main() {
     // The size mix of a transformer step: small scalars, mid activations, large weights/grads.
     let sizes: Vec<u64> = (0..1024u64).map(|i| match i % 8 {
-        0 | 1 | 2 => 4 + i * 8,
+        0..=2 => 4 + i * 8,
         3 | 4 => 300_000 + i * 512,
         5 | 6 => 4 << 20,
         _ => 64 << 20,

@@ -40,7 +40,7 @@ fn time_per_call(dev: &Device, budget: f64, mut f: impl FnMut() -> Result<(), St
     while calls < 2 || start.elapsed().as_secs_f64() < budget {
         f()?;
         calls += 1;
-        if calls % 4 == 0 {
+        if calls.is_multiple_of(4) {
             wait(dev)?;
         }
     }

@@ -882,11 +882,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.stats.num_alloc_retries += 1;
         }
         let size = p.alloc_size;
-        if let Some(max) = self.allowed_memory_maximum {
-            if self.total_allocated_memory + size > max {
+        if let Some(max) = self.allowed_memory_maximum
+            && self.total_allocated_memory + size > max {
                 return false;
             }
-        }
         if self.config.expandable_segments && self.source.supports_expandable() {
             return match self.try_allocate_expandable_block(p.stream, p.small, p.size, ctx) {
                 Some(id) => {
@@ -1291,7 +1290,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let mut id = i as BlockId;
             while id != NONE && self.b(id).mapped {
                 let b = self.b(id);
-                let active = b.allocated || b.event_count > 0 || !b.stream_uses.is_none();
+                let active = b.allocated || b.event_count > 0 || b.stream_uses.is_some();
                 seg.total_size += b.size;
                 if b.allocated {
                     seg.allocated_size += b.size;

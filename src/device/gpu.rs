@@ -216,7 +216,7 @@ impl GpuContext {
             self.submit();
         }
         // write_buffer wants a multiple of 4 bytes; blocks always have room for the padding.
-        if bytes.len() % 4 == 0 {
+        if bytes.len().is_multiple_of(4) {
             self.queue.write_buffer(buffer, offset, bytes);
         } else {
             let mut padded = bytes.to_vec();

@@ -192,7 +192,7 @@ impl Work<'_> {
             e.size == SMALL_BUFFER
         } else {
             // Unmapped pages: small-pool pages are 2 MiB, large-pool pages 20 MiB.
-            e.size % (20 << 20) != 0
+            !e.size.is_multiple_of(20 << 20)
         };
         let block = free_block(e.size);
         let seg = WSegment {
@@ -211,15 +211,14 @@ impl Work<'_> {
     /// Mapped ranges of one expandable segment that touch are one snapshot segment.
     fn merge_expandable_neighbours(&mut self, addr: u64) {
         let mut base = addr;
-        if let Some((&prev, p)) = self.segments.range(..addr).next_back() {
-            if p.expandable && p.end() == addr {
+        if let Some((&prev, p)) = self.segments.range(..addr).next_back()
+            && p.expandable && p.end() == addr {
                 let seg = self.segments.remove(&addr).unwrap();
                 let p = self.segments.get_mut(&prev).unwrap();
                 p.blocks.extend(seg.blocks);
                 coalesce(p, addr);
                 base = prev;
             }
-        }
         let end = self.segments[&base].end();
         if let Some(next) = self.segments.remove(&end) {
             if next.expandable {
@@ -240,13 +239,12 @@ fn free_block(size: u64) -> WBlock {
 /// Merges the free block at `addr` with free neighbours.
 fn coalesce(seg: &mut WSegment, addr: u64) {
     let mut addr = addr;
-    if let Some((&prev, p)) = seg.blocks.range(..addr).next_back() {
-        if p.state == BlockState::Inactive && seg.blocks[&addr].state == BlockState::Inactive {
+    if let Some((&prev, p)) = seg.blocks.range(..addr).next_back()
+        && p.state == BlockState::Inactive && seg.blocks[&addr].state == BlockState::Inactive {
             let size = seg.blocks.remove(&addr).unwrap().size;
             seg.blocks.get_mut(&prev).unwrap().size += size;
             addr = prev;
         }
-    }
     let end = addr + seg.blocks[&addr].size;
     if seg.blocks.get(&end).is_some_and(|n| n.state == BlockState::Inactive) && seg.blocks[&addr].state == BlockState::Inactive {
         let size = seg.blocks.remove(&end).unwrap().size;
@@ -257,12 +255,11 @@ fn coalesce(seg: &mut WSegment, addr: u64) {
 /// A free gap of at most 1 MiB at `gap` after an inferred active block belongs to that block.
 fn absorb_gap(seg: &mut WSegment, gap: u64) {
     let gap_size = seg.blocks[&gap].size;
-    if let Some((_, prev)) = seg.blocks.range_mut(..gap).next_back() {
-        if prev.state != BlockState::Inactive && prev.inferred {
+    if let Some((_, prev)) = seg.blocks.range_mut(..gap).next_back()
+        && prev.state != BlockState::Inactive && prev.inferred {
             prev.size += gap_size;
             seg.blocks.remove(&gap);
         }
-    }
 }
 
 /// Undoes `trace` from `final_segments` (one device's) back to the trace's first event.

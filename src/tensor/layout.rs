@@ -235,7 +235,7 @@ pub fn infer_shape(shape: &[isize], numel: usize) -> Result<Vec<usize>, TensorEr
     let known: usize = shape.iter().filter(|&&s| s >= 0).map(|&s| s as usize).product();
     let mut out: Vec<usize> = shape.iter().map(|&s| s.max(0) as usize).collect();
     if let Some(&i) = unknown.first() {
-        if known == 0 || numel % known != 0 {
+        if known == 0 || !numel.is_multiple_of(known) {
             return Err(TensorError::Shape(format!("shape {shape:?} is invalid for {numel} elements")));
         }
         out[i] = numel / known;

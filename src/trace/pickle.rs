@@ -329,7 +329,7 @@ fn pop_to_mark(stack: &mut Vec<Slot>, r: &Reader) -> Result<Vec<NodeId>, PickleE
 }
 
 fn pairs(items: Vec<NodeId>, r: &Reader) -> Result<Vec<(NodeId, NodeId)>, PickleError> {
-    if items.len() % 2 != 0 {
+    if !items.len().is_multiple_of(2) {
         return Err(r.err("odd number of items for a dict"));
     }
     Ok(items.chunks_exact(2).map(|kv| (kv[0], kv[1])).collect())

@@ -106,8 +106,8 @@ pub async fn binary_ops_broadcast_over_strided_views(dev: &Device) {
         if rng.below(2) == 0 && b_shape.len() > 1 {
             b_shape.remove(0);
         }
-        let (a, a_base) = random_view(&dev, &mut rng, &out_shape);
-        let (b, b_base) = random_view(&dev, &mut rng, &b_shape);
+        let (a, a_base) = random_view(dev, &mut rng, &out_shape);
+        let (b, b_base) = random_view(dev, &mut rng, &b_shape);
         let xa = gather(&a_base, a.layout());
         let xb = gather(&b_base, &b.layout().expand(&out_shape).unwrap());
         let ops: [(&str, fn(&Tensor, &Tensor) -> tensormem::tensor::Result<Tensor>, fn(f32, f32) -> f32); 6] = [
@@ -130,7 +130,7 @@ pub async fn binary_ops_broadcast_over_strided_views(dev: &Device) {
 pub async fn unary_and_scalar_ops_match_the_reference(dev: &Device) {
     let mut rng = Rng(42);
     let shape = [3, 7, 5];
-    let (x, base) = random_view(&dev, &mut rng, &shape);
+    let (x, base) = random_view(dev, &mut rng, &shape);
     let v = gather(&base, x.layout());
     let erf = |x: f64| {
         // Reference erf by series (exact enough for |x| < 3).
@@ -190,7 +190,7 @@ pub async fn reductions_over_dims(dev: &Device) {
     for case in 0..12 {
         let ndim = 1 + rng.below(3);
         let shape = rng.shape(ndim);
-        let (x, base) = random_view(&dev, &mut rng, &shape);
+        let (x, base) = random_view(dev, &mut rng, &shape);
         let v = gather(&base, x.layout());
         let dim = rng.below(shape.len() as u64);
         let outer: usize = shape[..dim].iter().product();
@@ -233,8 +233,8 @@ pub async fn matmul_tiled_and_naive_match_the_reference(dev: &Device) {
     let mut rng = Rng(99);
     for case in 0..10 {
         let (m, k, n) = (1 + rng.below(90), 1 + rng.below(40), 1 + rng.below(90));
-        let (a, a_base) = random_view(&dev, &mut rng, &[m, k]);
-        let (b, b_base) = random_view(&dev, &mut rng, &[k, n]);
+        let (a, a_base) = random_view(dev, &mut rng, &[m, k]);
+        let (b, b_base) = random_view(dev, &mut rng, &[k, n]);
         let expected = reference_matmul(&gather(&a_base, a.layout()), &gather(&b_base, b.layout()), m, k, n);
         for kind in [tensormem::tensor::MatmulKernel::Blocked, tensormem::tensor::MatmulKernel::Tiled, tensormem::tensor::MatmulKernel::Naive] {
             let c = a.matmul_with(&b, kind).unwrap();
@@ -455,8 +455,8 @@ pub async fn clear_errors_for_bad_input(dev: &Device) {
 pub async fn comparisons_where_casts_and_addcmul(dev: &Device) {
     let mut rng = Rng(2024);
     // 5x7: bool outputs pack four to a word, so rows straddle words.
-    let (x, xb) = random_view(&dev, &mut rng, &[5, 7]);
-    let (y, yb) = random_view(&dev, &mut rng, &[7]);
+    let (x, xb) = random_view(dev, &mut rng, &[5, 7]);
+    let (y, yb) = random_view(dev, &mut rng, &[7]);
     let xv = gather(&xb, x.layout());
     let yv = gather(&yb, &y.layout().expand(&[5, 7]).unwrap());
     let mask = x.gt(&y).unwrap();
@@ -491,7 +491,7 @@ pub async fn comparisons_where_casts_and_addcmul(dev: &Device) {
 
 pub async fn softmax_layer_norm_var_argmax(dev: &Device) {
     let mut rng = Rng(77);
-    let (x, base) = random_view(&dev, &mut rng, &[4, 6]);
+    let (x, base) = random_view(dev, &mut rng, &[4, 6]);
     let v = gather(&base, x.layout());
     let rows: Vec<&[f32]> = v.chunks(6).collect();
     let softmax: Vec<f32> = rows
