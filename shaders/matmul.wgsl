@@ -127,3 +127,50 @@ fn blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
         }
     }
 }
+
+// `blocked` with 128-bit loads: used when A's rows and B's rows are contiguous and 16-byte
+// aligned (K and N multiples of 4), each operand in a binding of its own declared vec4<f32>.
+@compute @workgroup_size(16, 16)
+fn blocked_vec4(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let m = info[0]; let n = info[1]; let k = info[2];
+    let batch = wid.z;
+    let ao = batch_offset(batch, 10u);
+    let bo = batch_offset(batch, 17u);
+    let row0 = wid.y * BT;
+    let col0 = wid.x * BT;
+    let flat = lid.y * 16u + lid.x;
+    var acc: array<array<{{ACC}}, 4>, 4>;
+    for (var r = 0u; r < 4u; r = r + 1u) {
+        for (var c = 0u; c < 4u; c = c + 1u) { acc[r][c] = {{ACC}}(0); }
+    }
+    for (var k0 = 0u; k0 < k; k0 = k0 + BK) {
+        // A: 64 rows x 16 k as 4 vec4 per row; B: 16 k x 64 cols as 16 vec4 per k.
+        let ar = flat / 4u; let ak = (flat % 4u) * 4u;
+        var av = vec4<f32>(0.0);
+        if (row0 + ar < m && k0 + ak < k) { av = load4_a((ao + (row0 + ar) * info[14] + k0 + ak) / 4u); }
+        for (var j = 0u; j < 4u; j = j + 1u) { block_a[ak + j][ar] = {{ACC}}(av[j]); }
+        let bk = flat / 16u; let bc = (flat % 16u) * 4u;
+        var bv = vec4<f32>(0.0);
+        if (k0 + bk < k && col0 + bc < n) { bv = load4_b((bo + (k0 + bk) * info[21] + col0 + bc) / 4u); }
+        for (var j = 0u; j < 4u; j = j + 1u) { block_b[bk][bc + j] = {{ACC}}(bv[j]); }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk = kk + 1u) {
+            var a4: array<{{ACC}}, 4>;
+            var b4: array<{{ACC}}, 4>;
+            for (var r = 0u; r < 4u; r = r + 1u) { a4[r] = block_a[kk][lid.y * 4u + r]; }
+            for (var c = 0u; c < 4u; c = c + 1u) { b4[c] = block_b[kk][lid.x * 4u + c]; }
+            for (var r = 0u; r < 4u; r = r + 1u) {
+                for (var c = 0u; c < 4u; c = c + 1u) { acc[r][c] = acc[r][c] + a4[r] * b4[c]; }
+            }
+        }
+        workgroupBarrier();
+    }
+    let co = batch_offset(batch, 24u);
+    for (var r = 0u; r < 4u; r = r + 1u) {
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            let row = row0 + lid.y * 4u + r;
+            let col = col0 + lid.x * 4u + c;
+            if (row < m && col < n) { store_c(co + row * info[28] + col * info[29], {{T}}(acc[r][c])); }
+        }
+    }
+}

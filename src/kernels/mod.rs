@@ -52,10 +52,16 @@ impl Kernel {
     /// BUFFERS (declarations and load/store functions), ENABLE (f16) and T (the first operand's
     /// value type).
     pub fn with_operands(self, device: &Device, bindings: &Bindings, operands: &[(&str, DType)]) -> Result<Kernel, DeviceError> {
+        self.with_operands_vec4(device, bindings, operands, &[])
+    }
+
+    /// As `with_operands`, declaring the named f32 operands as `array<vec4<f32>>` (with
+    /// `load4_x`), for kernels that load 128 bits at a time. The caller checks alignment.
+    pub fn with_operands_vec4(self, device: &Device, bindings: &Bindings, operands: &[(&str, DType)], vec4: &[&str]) -> Result<Kernel, DeviceError> {
         let native_f16 = device.adapter().is_some_and(|a| a.native_f16);
         let enable = if native_f16 && operands.iter().any(|o| o.1 == DType::F16) { "enable f16;" } else { "" };
         let t = value_type(operands[0].1, native_f16)?;
-        Ok(self.with("ENABLE", enable).with("T", t).with("BUFFERS", declarations(bindings, operands, native_f16)?))
+        Ok(self.with("ENABLE", enable).with("T", t).with("BUFFERS", declarations(bindings, operands, native_f16, vec4)?))
     }
 
     fn key(&self, tensors: usize) -> String {
@@ -115,15 +121,19 @@ fn whole_element(dtype: DType, native_f16: bool) -> Option<&'static str> {
 /// types sharing a segment) it is an array of atomic u32 words: loads extract the element, and
 /// stores of sub-word elements replace their lane with a compare-and-swap loop, since the rest of
 /// the word may belong to another invocation, or to no operand at all.
-fn declarations(bindings: &Bindings, operands: &[(&str, DType)], native_f16: bool) -> Result<String, DeviceError> {
+fn declarations(bindings: &Bindings, operands: &[(&str, DType)], native_f16: bool, vec4: &[&str]) -> Result<String, DeviceError> {
     let mut out = String::new();
     let buffers = bindings.ranges.len();
     let mut words = vec![false; buffers];
+    let mut quads = vec![false; buffers];
     for k in 0..buffers {
-        let types: Vec<DType> = operands.iter().enumerate().filter(|(i, _)| bindings.operands[*i].0 == k).map(|(_, o)| o.1).collect();
+        let members: Vec<usize> = (0..operands.len()).filter(|&i| bindings.operands[i].0 == k).collect();
+        let types: Vec<DType> = members.iter().map(|&i| operands[i].1).collect();
         let whole = whole_element(types[0], native_f16).filter(|_| types.iter().all(|&t| t == types[0]));
         words[k] = whole.is_none();
-        let element = whole.unwrap_or("atomic<u32>");
+        // 128-bit loads for an f32 operand that has its binding to itself.
+        quads[k] = members.len() == 1 && types[0] == DType::F32 && vec4.contains(&operands[members[0]].0);
+        let element = if quads[k] { "vec4<f32>" } else { whole.unwrap_or("atomic<u32>") };
         out.push_str(&format!("@group(0) @binding({}) var<storage, read_write> buf{k}: array<{element}>;\n", k + 1));
         if words[k] {
             out.push_str(&format!(
@@ -135,7 +145,10 @@ fn declarations(bindings: &Bindings, operands: &[(&str, DType)], native_f16: boo
         let k = bindings.operands[i].0;
         let v = value_type(dtype, native_f16)?;
         let buf = format!("buf{k}");
-        let (load, store) = if !words[k] {
+        let (load, store) = if quads[k] {
+            out.push_str(&format!("fn load4_{name}(i4: u32) -> vec4<f32> {{ return {buf}[i4]; }}\n"));
+            (format!("return {buf}[i >> 2u][i & 3u];"), format!("{buf}[i >> 2u][i & 3u] = v;"))
+        } else if !words[k] {
             (format!("return {buf}[i];"), format!("{buf}[i] = v;"))
         } else {
             match dtype.size() {
@@ -158,6 +171,12 @@ fn declarations(bindings: &Bindings, operands: &[(&str, DType)], native_f16: boo
                 }
             }
         };
+        if !quads[k] {
+            // Kernels with 128-bit loads compile with the module even when another entry runs.
+            out.push_str(&format!(
+                "fn load4_{name}(i4: u32) -> vec4<f32> {{ let i = i4 * 4u; return vec4<f32>(f32(load_{name}(i)), f32(load_{name}(i + 1u)), f32(load_{name}(i + 2u)), f32(load_{name}(i + 3u))); }}\n"
+            ));
+        }
         // `x_t` names operand x's value type, so shared code can convert to it.
         out.push_str(&format!("alias {name}_t = {v};\nfn load_{name}(i: u32) -> {v} {{\n  {load}\n}}\nfn store_{name}(i: u32, v: {v}) {{\n  {store}\n}}\n"));
     }
@@ -189,27 +208,36 @@ pub(crate) struct Bindings {
 
 impl Bindings {
     pub fn new(operands: &[Arg], element_sizes: &[u64]) -> Result<Bindings, DeviceError> {
+        // Operands whose bytes overlap (the same tensor twice, views of one storage) share a
+        // binding; disjoint blocks bind separately even within one buffer.
+        let overlaps = |r: &Arg, a: &Arg| r.segment == a.segment && a.offset < r.offset + r.size && r.offset < a.offset + a.size;
         let mut ranges: Vec<Arg> = Vec::new();
         for a in operands {
-            match ranges.iter_mut().find(|r| r.segment == a.segment) {
-                Some(r) => {
-                    let end = (r.offset + r.size).max(a.offset + a.size);
-                    r.offset = r.offset.min(a.offset);
-                    r.size = end - r.offset;
-                }
-                None => ranges.push(a.clone()),
+            let mut merged = a.clone();
+            while let Some(i) = ranges.iter().position(|r| overlaps(r, &merged)) {
+                let r = ranges.swap_remove(i);
+                let end = (r.offset + r.size).max(merged.offset + merged.size);
+                merged.offset = r.offset.min(merged.offset);
+                merged.size = end - merged.offset;
             }
+            ranges.push(merged);
         }
         let operands = operands
             .iter()
             .zip(element_sizes)
             .map(|(a, &element_size)| {
-                let k = ranges.iter().position(|r| r.segment == a.segment).unwrap();
+                let k = ranges.iter().position(|r| overlaps(r, a)).expect("every operand lies in a range");
                 let base = (a.offset - ranges[k].offset) / element_size;
                 u32::try_from(base).map(|b| (k, b)).map_err(|_| DeviceError::Unsupported("operands too far apart in one segment".into()))
             })
             .collect::<Result<_, _>>()?;
         Ok(Bindings { ranges, operands })
+    }
+
+    /// Whether operand `i` has its binding to itself.
+    pub fn exclusive(&self, i: usize) -> bool {
+        let k = self.operands[i].0;
+        self.operands.iter().filter(|o| o.0 == k).count() == 1
     }
 
     /// Operand `i`'s first element inside its binding.

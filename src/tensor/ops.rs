@@ -716,8 +716,21 @@ impl Tensor {
             }
             let tile = 16u32;
             let bound = bind(&[&out, &a, &b])?;
-            let kernel = Kernel::new(Family::Matmul, kind.entry())
-                .with_operands(&device, &bound, &[("c", self.dtype), ("a", self.dtype), ("b", self.dtype)])?
+            // 128-bit loads when both operands' rows are contiguous and 16-byte aligned.
+            let nb = batch.len();
+            let quad = |l: &Layout, base: u32, cols: usize, i: usize| {
+                self.dtype == DType::F32
+                    && bound.exclusive(i)
+                    && l.strides[nb + 1] == 1
+                    && cols % 4 == 0
+                    && l.strides[nb] % 4 == 0
+                    && (base as usize + l.offset) % 4 == 0
+                    && l.strides[..nb].iter().all(|s| s % 4 == 0)
+            };
+            let vec4 = kind == MatmulKernel::Blocked && quad(&la, bound.base(1), k, 1) && quad(&lb, bound.base(2), n, 2);
+            let entry = if vec4 { "blocked_vec4" } else { kind.entry() };
+            let kernel = Kernel::new(Family::Matmul, entry)
+                .with_operands_vec4(&device, &bound, &[("c", self.dtype), ("a", self.dtype), ("b", self.dtype)], if vec4 { &["a", "b"] } else { &[] })?
                 .with("ACC", "f32")
                 .with("TILE", tile.to_string());
             let mut meta = vec![m as u32, n as u32, k as u32, batches as u32, batch.len() as u32];

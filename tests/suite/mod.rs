@@ -242,6 +242,17 @@ pub async fn matmul_tiled_and_naive_match_the_reference(dev: &Device) {
             close(&read::<f32>(&c).await, &expected, 1e-5, &format!("case {case} {kind:?} {m}x{k}x{n}"));
         }
     }
+    // Aligned rows take 128-bit loads; a slice starting one column in cannot, and must agree.
+    let (m, k, n) = (70, 36, 68);
+    let a_data = rng.f32s(m * k);
+    let wide = rng.f32s(k * (n + 4));
+    let a = dev.from_slice(&a_data, &[m, k]).unwrap();
+    let w = dev.from_slice(&wide, &[k, n + 4]).unwrap();
+    for start in [0, 1] {
+        let b = w.narrow(1, start, n).unwrap();
+        let expected = reference_matmul(&a_data, &gather(&wide, b.layout()), m, k, n);
+        close(&read::<f32>(&a.matmul(&b).unwrap()).await, &expected, 1e-5, &format!("aligned matmul from column {start}"));
+    }
     // Batched with broadcasting: [2, 1, 3, 4] @ [5, 4, 2] -> [2, 5, 3, 2].
     let a_data = rng.f32s(2 * 3 * 4);
     let b_data = rng.f32s(5 * 4 * 2);
