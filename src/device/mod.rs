@@ -91,6 +91,11 @@ pub(crate) struct DeviceInner {
     rng: Cell<(u64, u64)>,
     /// Module names pushed by nn layers (`gpt.h.3.attn`), recorded with each allocation.
     scope: RefCell<Vec<String>>,
+    /// Stacks already built, by call site, op and scope: most allocations repeat one, and
+    /// sharing it keeps recording cheap (as PyTorch's pickles share frames).
+    frame_cache: RefCell<rustc_hash::FxHashMap<(usize, u32, usize, Arc<str>), Frames>>,
+    /// The scope stack joined with dots, rebuilt when it changes.
+    scope_path: RefCell<Arc<str>>,
 }
 
 /// A device handle; cheap to clone (tensors keep one).
@@ -150,6 +155,8 @@ impl Device {
             next_storage: Cell::new(1),
             rng: Cell::new((0, 0)),
             scope: RefCell::new(Vec::new()),
+            frame_cache: RefCell::new(rustc_hash::FxHashMap::default()),
+            scope_path: RefCell::new(Arc::from("")),
         }))
     }
 
@@ -197,7 +204,7 @@ impl Device {
 
     /// Allocates a block for `bytes` bytes, recording the op and scope as its stack.
     #[track_caller]
-    pub(crate) fn allocate(&self, bytes: u64, op: &str) -> Result<Allocation, DeviceError> {
+    pub(crate) fn allocate(&self, bytes: u64, op: &'static str) -> Result<Allocation, DeviceError> {
         if let Backend::Gpu(g) = &self.0.backend {
             let limit = g.summary.max_storage_buffer_binding_size;
             if bytes > limit {
@@ -215,18 +222,34 @@ impl Device {
         let _ = self.0.alloc.borrow_mut().free_allocation(block, None);
     }
 
-    fn frames(&self, op: &str, at: &std::panic::Location) -> Frames {
-        let scope = self.0.scope.borrow();
-        let mut frames = vec![Frame { filename: at.file().to_string(), line: at.line() as u64, name: op.to_string() }];
-        if !scope.is_empty() {
-            frames.push(Frame { filename: String::new(), line: 0, name: scope.join(".") });
+    fn frames(&self, op: &'static str, at: &'static std::panic::Location) -> Frames {
+        let path = self.0.scope_path.borrow().clone();
+        // Call sites and op names are static strings: their addresses identify them.
+        let key = (at.file().as_ptr() as usize, at.line(), op.as_ptr() as usize ^ (op.len() << 48), path);
+        if let Some(f) = self.0.frame_cache.borrow().get(&key) {
+            return f.clone();
         }
-        Arc::from(frames)
+        let mut frames = vec![Frame { filename: at.file().to_string(), line: at.line() as u64, name: op.to_string() }];
+        if !key.3.is_empty() {
+            frames.push(Frame { filename: String::new(), line: 0, name: key.3.to_string() });
+        }
+        let frames: Frames = Arc::from(frames);
+        let mut cache = self.0.frame_cache.borrow_mut();
+        if cache.len() >= 4096 {
+            cache.clear();
+        }
+        cache.insert(key, frames.clone());
+        frames
+    }
+
+    fn rebuild_scope_path(&self) {
+        *self.0.scope_path.borrow_mut() = Arc::from(self.0.scope.borrow().join("."));
     }
 
     /// Names the module that the following allocations belong to, until the guard drops.
     pub fn scope(&self, name: &str) -> ScopeGuard {
         self.0.scope.borrow_mut().push(name.to_string());
+        self.rebuild_scope_path();
         ScopeGuard(self.clone())
     }
 
@@ -331,5 +354,6 @@ pub struct ScopeGuard(Device);
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
         self.0.0.scope.borrow_mut().pop();
+        self.0.rebuild_scope_path();
     }
 }

@@ -67,7 +67,7 @@ impl std::fmt::Debug for Tensor {
 impl Device {
     /// A new uninitialised contiguous tensor: one allocation.
     #[track_caller]
-    pub(crate) fn empty_tensor(&self, shape: &[usize], dtype: DType, op: &str) -> Result<Tensor> {
+    pub(crate) fn empty_tensor(&self, shape: &[usize], dtype: DType, op: &'static str) -> Result<Tensor> {
         if shape.len() > MAX_DIMS {
             return Err(TensorError::Shape(format!("{} dims; at most {MAX_DIMS} are supported", shape.len())));
         }

@@ -1038,7 +1038,7 @@ impl crate::device::Device {
     }
 
     #[track_caller]
-    fn random(&self, shape: &[usize], dtype: DType, op: &str, expr: &str) -> Result<Tensor> {
+    fn random(&self, shape: &[usize], dtype: DType, op: &'static str, expr: &str) -> Result<Tensor> {
         if !dtype.is_float() {
             return Err(TensorError::DType(format!("{op} makes floating tensors, not {dtype}")));
         }

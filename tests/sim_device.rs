@@ -1,0 +1,45 @@
+//! The simulation device: shapes only, the same allocator, a card of any size.
+
+use tensormem::trace::Action;
+use tensormem::{DType, Device, SimOptions};
+
+#[test]
+fn a_7b_parameter_model_fits_only_where_it_fits() {
+    // 7e9 bf16 parameters: 14 GB. An 80 GB card holds them; a 16 GB T4 holds them barely, twice not.
+    let h100 = Device::sim(SimOptions::preset("H100-80GB"));
+    let params = h100.empty(&[7_000_000_000], DType::BF16).unwrap();
+    // The segment is the request rounded to 2 MiB; the 586,752 bytes left are under 1 MiB, so
+    // the block is not split and keeps them: allocated counts them too, as in PyTorch.
+    assert_eq!(h100.memory_reserved(), 14_000_586_752);
+    assert_eq!(h100.memory_allocated(), 14_000_586_752);
+    let grads = h100.empty(&[7_000_000_000], DType::BF16).unwrap();
+    drop((params, grads));
+    let t4 = Device::sim(SimOptions::preset("T4-16GB"));
+    let _params = t4.empty(&[7_000_000_000], DType::BF16).unwrap();
+    let err = t4.empty(&[7_000_000_000], DType::BF16).unwrap_err().to_string();
+    assert!(err.contains("Tried to allocate 13.04 GiB") && err.contains("total capacity of 14.74 GiB"), "{err}");
+    assert_eq!(SimOptions::find("t4-16gb").unwrap().capacity, 15_828_320_256);
+    assert!(SimOptions::find("no-such-card").is_none());
+}
+
+#[test]
+fn allocations_carry_the_op_the_call_site_and_the_module_scope() {
+    let dev = Device::sim(SimOptions::preset("A100-40GB"));
+    let x = dev.ones(&[64, 64], DType::F32).unwrap();
+    let y = {
+        let _gpt = dev.scope("gpt");
+        let _block = dev.scope("h.3");
+        x.matmul(&x).unwrap()
+    };
+    let z = x.relu().unwrap();
+    let trace = dev.snapshot().device_traces[0].clone();
+    let allocs: Vec<_> = trace.iter().filter(|e| e.action == Action::Alloc).map(|e| e.frames.clone().unwrap()).collect();
+    assert_eq!(allocs.len(), 3);
+    assert_eq!(allocs[0][0].name, "full");
+    assert_eq!(allocs[1][0].name, "matmul");
+    assert_eq!(allocs[1][1].name, "gpt.h.3", "nested scopes join with dots");
+    assert!(allocs[1][0].filename.ends_with("sim_device.rs"), "the Rust call site: {}", allocs[1][0].filename);
+    assert_eq!(allocs[2][0].name, "relu");
+    assert_eq!(allocs[2].len(), 1, "the scope ended with its guards");
+    drop((y, z));
+}
