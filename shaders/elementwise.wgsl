@@ -17,22 +17,9 @@ const C_AT: u32 = 37u;
 const SCALAR_AT: u32 = 46u;
 const SEED_AT: u32 = 47u;
 
-@group(0) @binding(0) var<storage, read> info: array<u32>;
+{{COMMON}}
 // BUFFERS declares the bindings and load_x / store_x for the operands out, a, b, c.
 {{BUFFERS}}
-
-// Element offset of linear output index i in the tensor whose offset and strides start at base.
-fn offset_of(i: u32, base: u32) -> u32 {
-    var rem = i;
-    var off = info[base];
-    let ndim = info[1];
-    for (var d = i32(ndim) - 1; d >= 0; d = d - 1) {
-        let n = info[SHAPE + u32(d)];
-        off = off + (rem % n) * info[base + 1u + u32(d)];
-        rem = rem / n;
-    }
-    return off;
-}
 
 // erf to 1.5e-7 (Abramowitz and Stegun 7.1.26): WGSL has no erf, and PyTorch's gelu uses it.
 fn erf_approx(x: f32) -> f32 {

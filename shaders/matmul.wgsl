@@ -6,7 +6,7 @@
 //       [23] C offset, [24..28] C batch strides, [28] C row stride, [29] C col stride.
 {{ENABLE}}
 
-@group(0) @binding(0) var<storage, read> info: array<u32>;
+{{COMMON}}
 // BUFFERS declares the bindings and load_x / store_x for the operands c, a, b.
 {{BUFFERS}}
 
@@ -80,6 +80,31 @@ const BK: u32 = 16u;
 var<workgroup> block_a: array<array<{{ACC}}, 64>, 16>; // [k][row]
 var<workgroup> block_b: array<array<{{ACC}}, 64>, 16>; // [k][col]
 
+// Adds the staged 64x16 by 16x64 product into this invocation's 4x4 block.
+fn multiply_staged(lid: vec3<u32>, acc: ptr<function, array<array<{{ACC}}, 4>, 4>>) {
+    for (var kk = 0u; kk < BK; kk = kk + 1u) {
+        var a4: array<{{ACC}}, 4>;
+        var b4: array<{{ACC}}, 4>;
+        for (var r = 0u; r < 4u; r = r + 1u) { a4[r] = block_a[kk][lid.y * 4u + r]; }
+        for (var c = 0u; c < 4u; c = c + 1u) { b4[c] = block_b[kk][lid.x * 4u + c]; }
+        for (var r = 0u; r < 4u; r = r + 1u) {
+            for (var c = 0u; c < 4u; c = c + 1u) { (*acc)[r][c] = (*acc)[r][c] + a4[r] * b4[c]; }
+        }
+    }
+}
+
+// Writes this invocation's 4x4 block of C (inside the matrix).
+fn store_block(lid: vec3<u32>, batch: u32, row0: u32, col0: u32, acc: ptr<function, array<array<{{ACC}}, 4>, 4>>) {
+    let co = batch_offset(batch, 24u);
+    for (var r = 0u; r < 4u; r = r + 1u) {
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            let row = row0 + lid.y * 4u + r;
+            let col = col0 + lid.x * 4u + c;
+            if (row < info[0] && col < info[1]) { store_c(co + row * info[28] + col * info[29], {{T}}((*acc)[r][c])); }
+        }
+    }
+}
+
 @compute @workgroup_size(16, 16)
 fn blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let m = info[0]; let n = info[1]; let k = info[2];
@@ -107,25 +132,10 @@ fn blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
             block_b[bk][bc] = bv;
         }
         workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk = kk + 1u) {
-            var a4: array<{{ACC}}, 4>;
-            var b4: array<{{ACC}}, 4>;
-            for (var r = 0u; r < 4u; r = r + 1u) { a4[r] = block_a[kk][lid.y * 4u + r]; }
-            for (var c = 0u; c < 4u; c = c + 1u) { b4[c] = block_b[kk][lid.x * 4u + c]; }
-            for (var r = 0u; r < 4u; r = r + 1u) {
-                for (var c = 0u; c < 4u; c = c + 1u) { acc[r][c] = acc[r][c] + a4[r] * b4[c]; }
-            }
-        }
+        multiply_staged(lid, &acc);
         workgroupBarrier();
     }
-    let co = batch_offset(batch, 24u);
-    for (var r = 0u; r < 4u; r = r + 1u) {
-        for (var c = 0u; c < 4u; c = c + 1u) {
-            let row = row0 + lid.y * 4u + r;
-            let col = col0 + lid.x * 4u + c;
-            if (row < m && col < n) { store_c(co + row * info[28] + col * info[29], {{T}}(acc[r][c])); }
-        }
-    }
+    store_block(lid, batch, row0, col0, &acc);
 }
 
 // `blocked` with 128-bit loads: used when A's rows and B's rows are contiguous and 16-byte
@@ -154,23 +164,8 @@ fn blocked_vec4(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
         if (k0 + bk < k && col0 + bc < n) { bv = load4_b((bo + (k0 + bk) * info[21] + col0 + bc) / 4u); }
         for (var j = 0u; j < 4u; j = j + 1u) { block_b[bk][bc + j] = {{ACC}}(bv[j]); }
         workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk = kk + 1u) {
-            var a4: array<{{ACC}}, 4>;
-            var b4: array<{{ACC}}, 4>;
-            for (var r = 0u; r < 4u; r = r + 1u) { a4[r] = block_a[kk][lid.y * 4u + r]; }
-            for (var c = 0u; c < 4u; c = c + 1u) { b4[c] = block_b[kk][lid.x * 4u + c]; }
-            for (var r = 0u; r < 4u; r = r + 1u) {
-                for (var c = 0u; c < 4u; c = c + 1u) { acc[r][c] = acc[r][c] + a4[r] * b4[c]; }
-            }
-        }
+        multiply_staged(lid, &acc);
         workgroupBarrier();
     }
-    let co = batch_offset(batch, 24u);
-    for (var r = 0u; r < 4u; r = r + 1u) {
-        for (var c = 0u; c < 4u; c = c + 1u) {
-            let row = row0 + lid.y * 4u + r;
-            let col = col0 + lid.x * 4u + c;
-            if (row < m && col < n) { store_c(co + row * info[28] + col * info[29], {{T}}(acc[r][c])); }
-        }
-    }
+    store_block(lid, batch, row0, col0, &acc);
 }

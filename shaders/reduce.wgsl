@@ -7,20 +7,9 @@
 //       [28] reduced dim, [29] its length.
 {{ENABLE}}
 
-@group(0) @binding(0) var<storage, read> info: array<u32>;
+{{COMMON}}
 // BUFFERS declares the bindings and load_x / store_x for the operands out and a.
 {{BUFFERS}}
-
-fn offset_of(i: u32, base: u32) -> u32 {
-    var rem = i;
-    var off = info[base];
-    for (var d = i32(info[1]) - 1; d >= 0; d = d - 1) {
-        let n = info[2u + u32(d)];
-        off = off + (rem % n) * info[base + 1u + u32(d)];
-        rem = rem / n;
-    }
-    return off;
-}
 
 @compute @workgroup_size(64)
 fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -9,19 +9,8 @@
 // mean and rstd; entries that do not use some get stand-ins, since every entry compiles).
 {{ENABLE}}
 
-@group(0) @binding(0) var<storage, read> info: array<u32>;
+{{COMMON}}
 {{BUFFERS}}
-
-fn offset_of(i: u32, base: u32) -> u32 {
-    var rem = i;
-    var off = info[base];
-    for (var d = i32(info[1]) - 1; d >= 0; d = d - 1) {
-        let n = info[2u + u32(d)];
-        off = off + (rem % n) * info[base + 1u + u32(d)];
-        rem = rem / n;
-    }
-    return off;
-}
 
 fn row(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 64u;

@@ -93,7 +93,7 @@ pub(crate) struct DeviceInner {
     scope: RefCell<Vec<String>>,
     /// Stacks already built, by call site, op and scope: most allocations repeat one, and
     /// sharing it keeps recording cheap (as PyTorch's pickles share frames).
-    frame_cache: RefCell<rustc_hash::FxHashMap<(usize, u32, usize, Arc<str>), Frames>>,
+    frame_cache: RefCell<rustc_hash::FxHashMap<(usize, u32, usize, usize, Arc<str>), Frames>>,
     /// The scope stack joined with dots, rebuilt when it changes.
     scope_path: RefCell<Arc<str>>,
 }
@@ -225,13 +225,13 @@ impl Device {
     fn frames(&self, op: &'static str, at: &'static std::panic::Location) -> Frames {
         let path = self.0.scope_path.borrow().clone();
         // Call sites and op names are static strings: their addresses identify them.
-        let key = (at.file().as_ptr() as usize, at.line(), op.as_ptr() as usize ^ (op.len() << 48), path);
+        let key = (at.file().as_ptr() as usize, at.line(), op.as_ptr() as usize, op.len(), path);
         if let Some(f) = self.0.frame_cache.borrow().get(&key) {
             return f.clone();
         }
         let mut frames = vec![Frame { filename: at.file().to_string(), line: at.line() as u64, name: op.to_string() }];
-        if !key.3.is_empty() {
-            frames.push(Frame { filename: String::new(), line: 0, name: key.3.to_string() });
+        if !key.4.is_empty() {
+            frames.push(Frame { filename: String::new(), line: 0, name: key.4.to_string() });
         }
         let frames: Frames = Arc::from(frames);
         let mut cache = self.0.frame_cache.borrow_mut();

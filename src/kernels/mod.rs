@@ -74,7 +74,7 @@ impl Kernel {
 
     /// The family's source with every placeholder replaced.
     fn specialize(&self) -> Result<String, DeviceError> {
-        let mut text = self.family.source().to_string();
+        let mut text = self.family.source().replace("{{COMMON}}", include_str!("../../shaders/common.wgsl"));
         for (name, value) in &self.spec {
             text = text.replace(&format!("{{{{{name}}}}}"), value);
         }
