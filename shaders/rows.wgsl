@@ -16,6 +16,15 @@ fn row(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 64u;
 }
 
+// Where row r starts in the input (a0) and output (o0), their strides along the walked
+// dimension (sa, so) and its length n.
+struct Walk { a0: u32, sa: u32, o0: u32, so: u32, n: u32 }
+
+fn walk(r: u32) -> Walk {
+    let d = info[28];
+    return Walk(offset_of(r, 19u), info[20u + d], offset_of(r, 10u), info[11u + d], info[29]);
+}
+
 struct Stats { m: f32, sum: f32 }
 
 // Running max and sum of exp(x - max) over the row (one pass, rescaling as the max grows).
@@ -37,9 +46,8 @@ fn softmax_stats(a0: u32, sa: u32, n: u32) -> Stats {
 fn softmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
     if (r >= info[0]) { return; }
-    let d = info[28]; let n = info[29];
-    let a0 = offset_of(r, 19u); let sa = info[20u + d];
-    let o0 = offset_of(r, 10u); let so = info[11u + d];
+    let w = walk(r);
+    let a0 = w.a0; let sa = w.sa; let o0 = w.o0; let so = w.so; let n = w.n;
     let st = softmax_stats(a0, sa, n);
     for (var k = 0u; k < n; k = k + 1u) {
         store_out(o0 + k * so, {{T}}(exp(f32(load_a(a0 + k * sa)) - st.m) / st.sum));
@@ -50,9 +58,8 @@ fn softmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 fn log_softmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
     if (r >= info[0]) { return; }
-    let d = info[28]; let n = info[29];
-    let a0 = offset_of(r, 19u); let sa = info[20u + d];
-    let o0 = offset_of(r, 10u); let so = info[11u + d];
+    let w = walk(r);
+    let a0 = w.a0; let sa = w.sa; let o0 = w.o0; let so = w.so; let n = w.n;
     let st = softmax_stats(a0, sa, n);
     let shift = st.m + log(st.sum);
     for (var k = 0u; k < n; k = k + 1u) {
@@ -79,9 +86,8 @@ fn moments(a0: u32, sa: u32, n: u32) -> vec2<f32> {
 fn layer_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
     if (r >= info[0]) { return; }
-    let d = info[28]; let n = info[29];
-    let a0 = offset_of(r, 19u); let sa = info[20u + d];
-    let o0 = offset_of(r, 10u); let so = info[11u + d];
+    let w = walk(r);
+    let a0 = w.a0; let sa = w.sa; let o0 = w.o0; let so = w.so; let n = w.n;
     let mo = moments(a0, sa, n);
     let rstd = inverseSqrt(mo.y / f32(n) + bitcast<f32>(info[30]));
     store_mean(info[35] + r, mean_t(mo.x));
@@ -98,8 +104,8 @@ fn layer_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 fn variance(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
     if (r >= info[0]) { return; }
-    let d = info[28]; let n = info[29];
-    let a0 = offset_of(r, 19u); let sa = info[20u + d];
+    let w = walk(r);
+    let a0 = w.a0; let sa = w.sa; let n = w.n;
     let mo = moments(a0, sa, n);
     store_out(offset_of(r, 10u), {{T}}(mo.y / max(f32(n) - bitcast<f32>(info[30]), 0.0)));
 }
@@ -109,8 +115,8 @@ fn variance(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 fn argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
     if (r >= info[0]) { return; }
-    let d = info[28]; let n = info[29];
-    let a0 = offset_of(r, 19u); let sa = info[20u + d];
+    let w = walk(r);
+    let a0 = w.a0; let sa = w.sa; let n = w.n;
     var best = 0u;
     var m = f32(load_a(a0));
     for (var k = 1u; k < n; k = k + 1u) {
