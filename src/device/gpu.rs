@@ -35,12 +35,17 @@ pub struct AdapterSummary {
     pub max_storage_buffers_per_shader_stage: u32,
 }
 
+/// Buffers of released segments, destroyed at the next submit: the allocator may release a
+/// segment (inside `malloc`'s free-and-retry path) while recorded commands still use it.
+type Retired = std::rc::Rc<RefCell<Vec<wgpu::Buffer>>>;
+
 /// One wgpu buffer per segment, addressed by the segment's virtual base address.
 pub struct GpuSegments {
     device: wgpu::Device,
     addresses: VirtualSegments,
     buffers: FxHashMap<u64, wgpu::Buffer>,
     max_buffer_size: u64,
+    retired: Retired,
 }
 
 impl GpuSegments {
@@ -67,7 +72,7 @@ impl SegmentSource for GpuSegments {
 
     fn free(&mut self, base: u64, size: u64) {
         if let Some(b) = self.buffers.remove(&base) {
-            b.destroy();
+            self.retired.borrow_mut().push(b);
         }
         self.addresses.free(base, size);
     }
@@ -86,6 +91,7 @@ pub struct GpuContext {
     /// pinned host allocator).
     pub(crate) staging_current: Cell<u64>,
     pub(crate) staging_peak: Cell<u64>,
+    retired: Retired,
     /// Validation errors wgpu reported outside an error scope (in the browser they arrive late):
     /// turned into `DeviceError`s instead of wgpu's default panic.
     pub(crate) errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
@@ -139,11 +145,13 @@ impl GpuContext {
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
         };
+        let retired = Retired::default();
         let segments = GpuSegments {
             device: device.clone(),
             addresses: VirtualSegments::default(),
             buffers: FxHashMap::default(),
             max_buffer_size: limits.max_buffer_size,
+            retired: retired.clone(),
         };
         let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = errors.clone();
@@ -159,6 +167,7 @@ impl GpuContext {
             pipelines: RefCell::new(FxHashMap::default()),
             staging_current: Cell::new(0),
             staging_peak: Cell::new(0),
+            retired,
         };
         Ok((ctx, segments))
     }
@@ -183,6 +192,10 @@ impl GpuContext {
             self.queue.submit([encoder.finish()]);
         }
         self.pending_dispatches.set(0);
+        // Submitted work keeps what it uses alive; nothing recorded can name these any more.
+        for buffer in self.retired.borrow_mut().drain(..) {
+            buffer.destroy();
+        }
     }
 
     /// The first validation error wgpu reported since the last check, as an error.

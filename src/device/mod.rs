@@ -276,11 +276,11 @@ impl Device {
     }
 
     pub fn empty_cache(&self) {
+        self.0.alloc.borrow_mut().empty_cache();
         if let Some(g) = self.gpu_context() {
-            // Recorded work may still use the cached buffers that are about to be destroyed.
+            // Submits recorded work, then destroys the released segments' buffers.
             g.submit();
         }
-        self.0.alloc.borrow_mut().empty_cache();
     }
 
     pub fn memory_stats(&self) -> std::collections::BTreeMap<String, i64> {

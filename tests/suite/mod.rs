@@ -612,3 +612,19 @@ pub async fn zero_size_and_size_one_dimensions(dev: &Device) {
     assert_eq!(a.bmm(&dev.ones(&[3, 4, 5], DType::F32).unwrap()).unwrap().shape(), &[3, 2, 5]);
     assert!(a.bmm(&dev.ones(&[2, 4, 5], DType::F32).unwrap()).is_err());
 }
+
+/// The allocator may release a cached segment inside `malloc` (its free-and-retry path) while
+/// recorded, unsubmitted commands still read that segment's buffer: the buffer must outlive them.
+pub async fn a_segment_released_under_pending_work_stays_valid_for_it(_dev: &Device) {
+    let dev = Device::gpu(tensormem::GpuOptions { capacity: Some(64 << 20), ..Default::default() }).await.unwrap();
+    let x = dev.full(&[6 << 20], 1.0, DType::F32).unwrap(); // 24 MiB: its own segment
+    let y = x.mul_scalar(2.0).unwrap(); // recorded, not submitted; reads x's buffer
+    drop(x); // x's segment is now cached and free
+    assert_eq!(dev.memory_reserved(), 48 << 20);
+    // 30 MiB does not fit beside 48 MiB on a 64 MiB card: the cache (x's segment) is released.
+    let z = dev.empty(&[30 << 18], DType::F32).unwrap();
+    assert_eq!(dev.memory_reserved(), 54 << 20);
+    let got = read::<f32>(&y).await;
+    assert!(got.iter().all(|&v| v == 2.0), "the pending op read a destroyed buffer");
+    drop(z);
+}
