@@ -105,64 +105,52 @@ fn store_block(lid: vec3<u32>, batch: u32, row0: u32, col0: u32, acc: ptr<functi
     }
 }
 
-@compute @workgroup_size(16, 16)
-fn blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+// Stages A's 64x16 and B's 16x64 slices at k0 into workgroup memory: 256 invocations load four
+// elements each, one at a time.
+fn stage_scalar(flat: u32, ao: u32, bo: u32, row0: u32, col0: u32, k0: u32) {
     let m = info[0]; let n = info[1]; let k = info[2];
-    let batch = wid.z;
-    let ao = batch_offset(batch, 10u);
-    let bo = batch_offset(batch, 17u);
-    let row0 = wid.y * BT;
-    let col0 = wid.x * BT;
-    let flat = lid.y * 16u + lid.x;
-    var acc: array<array<{{ACC}}, 4>, 4>;
-    for (var r = 0u; r < 4u; r = r + 1u) {
-        for (var c = 0u; c < 4u; c = c + 1u) { acc[r][c] = {{ACC}}(0); }
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        let idx = flat * 4u + e;
+        let ar = idx / BK; let ak = idx % BK;
+        var av = {{ACC}}(0);
+        if (row0 + ar < m && k0 + ak < k) { av = {{ACC}}(load_a(ao + (row0 + ar) * info[14] + (k0 + ak) * info[15])); }
+        block_a[ak][ar] = av;
+        let bk = idx / BT; let bc = idx % BT;
+        var bv = {{ACC}}(0);
+        if (k0 + bk < k && col0 + bc < n) { bv = {{ACC}}(load_b(bo + (k0 + bk) * info[21] + (col0 + bc) * info[22])); }
+        block_b[bk][bc] = bv;
     }
-    for (var k0 = 0u; k0 < k; k0 = k0 + BK) {
-        // 256 invocations stage 64x16 of A and 16x64 of B: four elements each.
-        for (var e = 0u; e < 4u; e = e + 1u) {
-            let idx = flat * 4u + e;
-            let ar = idx / BK; let ak = idx % BK;
-            var av = {{ACC}}(0);
-            if (row0 + ar < m && k0 + ak < k) { av = {{ACC}}(load_a(ao + (row0 + ar) * info[14] + (k0 + ak) * info[15])); }
-            block_a[ak][ar] = av;
-            let bk = idx / BT; let bc = idx % BT;
-            var bv = {{ACC}}(0);
-            if (k0 + bk < k && col0 + bc < n) { bv = {{ACC}}(load_b(bo + (k0 + bk) * info[21] + (col0 + bc) * info[22])); }
-            block_b[bk][bc] = bv;
-        }
-        workgroupBarrier();
-        multiply_staged(lid, &acc);
-        workgroupBarrier();
-    }
-    store_block(lid, batch, row0, col0, &acc);
 }
 
-// `blocked` with 128-bit loads: used when A's rows and B's rows are contiguous and 16-byte
-// aligned (K and N multiples of 4), each operand in a binding of its own declared vec4<f32>.
-@compute @workgroup_size(16, 16)
-fn blocked_vec4(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+// The same with one 128-bit load of A and of B per invocation: used when both operands' rows
+// are contiguous and 16-byte aligned (K and N multiples of 4), each in a binding of its own
+// declared vec4<f32>.
+fn stage_vec4(flat: u32, ao: u32, bo: u32, row0: u32, col0: u32, k0: u32) {
     let m = info[0]; let n = info[1]; let k = info[2];
+    let ar = flat / 4u; let ak = (flat % 4u) * 4u;
+    var av = vec4<f32>(0.0);
+    if (row0 + ar < m && k0 + ak < k) { av = load4_a((ao + (row0 + ar) * info[14] + k0 + ak) / 4u); }
+    for (var j = 0u; j < 4u; j = j + 1u) { block_a[ak + j][ar] = {{ACC}}(av[j]); }
+    let bk = flat / 16u; let bc = (flat % 16u) * 4u;
+    var bv = vec4<f32>(0.0);
+    if (k0 + bk < k && col0 + bc < n) { bv = load4_b((bo + (k0 + bk) * info[21] + col0 + bc) / 4u); }
+    for (var j = 0u; j < 4u; j = j + 1u) { block_b[bk][bc + j] = {{ACC}}(bv[j]); }
+}
+
+// Register blocking over the staged tiles; STAGE (specialised) is stage_scalar or stage_vec4.
+@compute @workgroup_size(16, 16)
+fn blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let batch = wid.z;
     let ao = batch_offset(batch, 10u);
     let bo = batch_offset(batch, 17u);
     let row0 = wid.y * BT;
     let col0 = wid.x * BT;
-    let flat = lid.y * 16u + lid.x;
     var acc: array<array<{{ACC}}, 4>, 4>;
     for (var r = 0u; r < 4u; r = r + 1u) {
         for (var c = 0u; c < 4u; c = c + 1u) { acc[r][c] = {{ACC}}(0); }
     }
-    for (var k0 = 0u; k0 < k; k0 = k0 + BK) {
-        // A: 64 rows x 16 k as 4 vec4 per row; B: 16 k x 64 cols as 16 vec4 per k.
-        let ar = flat / 4u; let ak = (flat % 4u) * 4u;
-        var av = vec4<f32>(0.0);
-        if (row0 + ar < m && k0 + ak < k) { av = load4_a((ao + (row0 + ar) * info[14] + k0 + ak) / 4u); }
-        for (var j = 0u; j < 4u; j = j + 1u) { block_a[ak + j][ar] = {{ACC}}(av[j]); }
-        let bk = flat / 16u; let bc = (flat % 16u) * 4u;
-        var bv = vec4<f32>(0.0);
-        if (k0 + bk < k && col0 + bc < n) { bv = load4_b((bo + (k0 + bk) * info[21] + col0 + bc) / 4u); }
-        for (var j = 0u; j < 4u; j = j + 1u) { block_b[bk][bc + j] = {{ACC}}(bv[j]); }
+    for (var k0 = 0u; k0 < info[2]; k0 = k0 + BK) {
+        {{STAGE}}(lid.y * 16u + lid.x, ao, bo, row0, col0, k0);
         workgroupBarrier();
         multiply_staged(lid, &acc);
         workgroupBarrier();

@@ -728,8 +728,8 @@ impl Tensor {
                     && l.strides[..nb].iter().all(|s| s % 4 == 0)
             };
             let vec4 = kind == MatmulKernel::Blocked && quad(&la, bound.base(1), k, 1) && quad(&lb, bound.base(2), n, 2);
-            let entry = if vec4 { "blocked_vec4" } else { kind.entry() };
-            let kernel = Kernel::new(Family::Matmul, entry)
+            let kernel = Kernel::new(Family::Matmul, kind.entry())
+                .with("STAGE", if vec4 { "stage_vec4" } else { "stage_scalar" })
                 .with_operands_vec4(&device, &bound, &[("c", self.dtype), ("a", self.dtype), ("b", self.dtype)], if vec4 { &["a", "b"] } else { &[] })?
                 .with("ACC", "f32")
                 .with("TILE", tile.to_string());
