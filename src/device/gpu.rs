@@ -92,6 +92,11 @@ pub struct GpuContext {
     pub(crate) staging_current: Cell<u64>,
     pub(crate) staging_peak: Cell<u64>,
     retired: Retired,
+    /// Kernel metadata of the dispatches recorded since the last submit: one buffer per batch,
+    /// filled by write_buffer right before the batch is submitted.
+    metadata: RefCell<Option<(wgpu::Buffer, Vec<u8>)>>,
+    /// Bytes between two dispatches' metadata (the storage offset alignment, at least 256).
+    metadata_stride: u64,
     /// Validation errors wgpu reported outside an error scope (in the browser they arrive late):
     /// turned into `DeviceError`s instead of wgpu's default panic.
     pub(crate) errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
@@ -168,6 +173,8 @@ impl GpuContext {
             staging_current: Cell::new(0),
             staging_peak: Cell::new(0),
             retired,
+            metadata: RefCell::new(None),
+            metadata_stride: (align as u64).max(256),
         };
         Ok((ctx, segments))
     }
@@ -187,7 +194,36 @@ impl GpuContext {
 
     /// Submits recorded work. Needed before `queue.write_buffer` into memory that recorded work
     /// may still read: WebGPU runs a write_buffer before any command buffer submitted after it.
+    /// A place for one dispatch's metadata in the current batch's buffer: (buffer, offset, size).
+    pub(crate) fn metadata_slot(&self, bytes: &[u8]) -> Result<(wgpu::Buffer, u64, u64), DeviceError> {
+        let stride = self.metadata_stride;
+        if bytes.len() as u64 > stride {
+            return Err(DeviceError::Unsupported(format!("kernel metadata of {} bytes exceeds {stride}", bytes.len())));
+        }
+        let full = self.metadata.borrow().as_ref().is_some_and(|(b, d)| d.len() as u64 + stride > b.size());
+        if full {
+            self.submit();
+        }
+        let mut slot = self.metadata.borrow_mut();
+        let (buffer, data) = slot.get_or_insert_with(|| {
+            let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tensormem kernel metadata"),
+                size: stride * MAX_PENDING_DISPATCHES as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            (buffer, Vec::new())
+        });
+        let offset = data.len() as u64;
+        data.extend_from_slice(bytes);
+        data.resize((offset + stride) as usize, 0);
+        Ok((buffer.clone(), offset, (bytes.len() as u64).next_multiple_of(4)))
+    }
+
     pub(crate) fn submit(&self) {
+        if let Some((buffer, data)) = self.metadata.borrow_mut().take() {
+            self.queue.write_buffer(&buffer, 0, &data);
+        }
         if let Some(encoder) = self.encoder.borrow_mut().take() {
             self.queue.submit([encoder.finish()]);
         }

@@ -6,7 +6,6 @@
 use crate::device::DeviceError;
 use crate::tensor::DType;
 use std::rc::Rc;
-use wgpu::util::DeviceExt;
 
 pub(crate) use crate::device::Device;
 
@@ -329,12 +328,11 @@ pub(crate) fn dispatch_groups(device: &Device, kernel: &Kernel, meta: &[u32], ar
         )));
     }
     let p = pipeline(device, kernel, args.ranges.len())?;
-    let meta_buffer = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some("tensormem kernel metadata"),
-        contents: bytemuck::cast_slice(if meta.is_empty() { &[0u32] } else { meta }),
-        usage: wgpu::BufferUsages::STORAGE,
-    });
-    let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: meta_buffer.as_entire_binding() }];
+    let (meta_buffer, meta_offset, meta_size) = ctx.metadata_slot(bytemuck::cast_slice(if meta.is_empty() { &[0u32] } else { meta }))?;
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &meta_buffer, offset: meta_offset, size: wgpu::BufferSize::new(meta_size) }),
+    }];
     for (i, a) in args.ranges.iter().enumerate() {
         entries.push(wgpu::BindGroupEntry {
             binding: i as u32 + 1,

@@ -628,3 +628,14 @@ pub async fn a_segment_released_under_pending_work_stays_valid_for_it(_dev: &Dev
     assert!(got.iter().all(|&v| v == 2.0), "the pending op read a destroyed buffer");
     drop(z);
 }
+
+/// More dispatches than one batch holds: metadata of every batch reaches its own commands.
+pub async fn long_programs_span_several_batches(dev: &Device) {
+    let x = dev.zeros(&[1000], DType::F32).unwrap();
+    let one = dev.ones(&[1], DType::F32).unwrap();
+    for _ in 0..700 {
+        x.add_(&one).unwrap();
+    }
+    let twice = x.mul_scalar(2.0).unwrap();
+    assert_eq!(read::<f32>(&twice).await, vec![1400.0; 1000]);
+}
