@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The main job. Until the web page exists, it records an example snapshot with tensormem's
-# allocator and replays it under two allocator settings (see README.md).
+# The main job: builds the web page (wasm) and serves it on http://127.0.0.1:8080/ (open it in a
+# browser). Arguments go to `tensormem serve`: a snapshot file to open, --port N.
+#   bash scripts/run.sh                      # the page, on a default scenario already run
+#   bash scripts/run.sh my_snapshot.pickle   # the page with that snapshot loaded
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo run --release --locked -p native-runner -- demo "$@"
+bash scripts/build-web.sh
+cargo build --locked --release -p native-runner
+exec target/release/tensormem serve "$@"

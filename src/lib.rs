@@ -3,7 +3,8 @@
 //! Modules follow the data flow from the bottom up: `trace` (pure data, snapshot formats),
 //! `alloc` (PyTorch's caching allocator, device-agnostic), `report` (memory_stats and
 //! memory_summary), `replay` (feed a recorded trace through the allocator and compare),
-//! `scenarios` (named workloads).
+//! `scenarios` (named workloads), `timeline` (a trace laid out for the page); `web` is the
+//! page's wasm-bindgen surface.
 
 pub mod alloc;
 pub mod device;
@@ -12,7 +13,10 @@ pub mod replay;
 pub mod report;
 pub mod scenarios;
 pub mod tensor;
+pub mod timeline;
 pub mod trace;
+#[cfg(target_arch = "wasm32")]
+pub mod web;
 
 pub use device::{Device, DeviceError, GpuOptions, SimOptions};
 pub use tensor::{DType, Tensor, TensorError};

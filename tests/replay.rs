@@ -164,3 +164,59 @@ fn unknown_device_is_a_clear_error() {
     let err = replay_device(&snap, 5, &ReplayOptions::default(), &mut |_, _| {}).unwrap_err();
     assert_eq!(err.to_string(), "device 5 has neither segments nor a trace in this snapshot (devices present: 0)");
 }
+
+#[test]
+fn a_replaced_start_lets_settings_and_capacity_shape_a_trace_recorded_after_warm_up() {
+    use tensormem::replay::StartMode;
+    const GIB: u64 = 1 << 30;
+    let name = "gpt-medium-ctx128-training.pickle";
+    // Recorded start: every segment is already reserved (6.74 GiB), so a 6.6 GiB card is out of
+    // memory before the first event, and nothing else can change.
+    let recorded = ReplayOptions { capacity: Some(66 * GIB / 10), ..Default::default() };
+    let Some(results) = replay(name, &recorded) else { return };
+    assert_eq!(results[0].start, StartMode::Recorded);
+    assert!(results[0].out_of_memory_at_start.as_deref().unwrap().contains("replaced start"));
+
+    // Replaced start: the live tensors are placed afresh; the peak then needs more than 6.6 GiB.
+    let replaced = ReplayOptions { capacity: Some(66 * GIB / 10), start: StartMode::Replaced, ..Default::default() };
+    let r = &replay(name, &replaced).unwrap()[0];
+    assert_eq!(r.start, StartMode::Replaced);
+    assert!(r.out_of_memory_at_start.is_none(), "{:?}", r.out_of_memory_at_start);
+    assert!(r.replayed.ooms > 0);
+    assert!(r.replayed.figures.peak_reserved_bytes <= 66 * GIB / 10);
+    // Live bytes at the start are the recorded ones, whatever the placement.
+    assert_eq!(r.start_allocated_bytes, results[0].start_allocated_bytes);
+
+    // Expandable segments from a replaced start reserve less than the recorded run's peak.
+    let expandable = ReplayOptions {
+        config: Some(AllocatorConfig::parse("expandable_segments:True").unwrap()),
+        start: StartMode::Replaced,
+        curves: true,
+        ..Default::default()
+    };
+    let r = &replay(name, &expandable).unwrap()[0];
+    assert_eq!(r.replayed.ooms, 0);
+    assert!(r.replayed.figures.peak_reserved_bytes < r.recorded.peak_reserved_bytes);
+    assert_eq!(r.reserved_curve.len(), r.events + 1);
+    assert_eq!(r.reserved_curve.iter().cloned().fold(0.0, f64::max) as u64, r.replayed.figures.peak_reserved_bytes);
+
+    // A card smaller than what is live at the start: out of memory at the start, said so.
+    let tiny = ReplayOptions { capacity: Some(GIB), start: StartMode::Replaced, ..Default::default() };
+    let r = &replay(name, &tiny).unwrap()[0];
+    assert!(r.out_of_memory_at_start.as_deref().unwrap().contains("live at the start"), "{:?}", r.out_of_memory_at_start);
+}
+
+#[test]
+fn a_replayed_trace_can_be_saved_and_reloaded() {
+    let Some(path) = common::fixture("small-state.pickle") else { return };
+    let snap = trace::load_file(&path).unwrap();
+    let options = ReplayOptions { keep_snapshot: true, ..Default::default() };
+    let r = replay_device(&snap, 0, &options, &mut |_, _| {}).unwrap();
+    let replayed = r.snapshot.clone().unwrap();
+    let again = trace::load(&trace::to_pickle(&replayed)).unwrap();
+    // Replaying the replayed trace gives the same peaks.
+    let r2 = replay_device(&again, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+    assert_eq!(r2.replayed.figures.peak_reserved_bytes, r.replayed.figures.peak_reserved_bytes);
+    assert_eq!(r2.replayed.figures.peak_allocated_bytes, r.replayed.figures.peak_allocated_bytes);
+    assert_eq!(again.trace_of(0).iter().filter(|e| e.action == Action::Alloc).count(), snap.trace_of(0).iter().filter(|e| e.action == Action::Alloc).count());
+}

@@ -4,6 +4,7 @@
 //! usage), never as a panic trace.
 
 mod bench;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -11,7 +12,8 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tensormem::alloc::{format_size, AllocatorConfig};
-use tensormem::replay::{self, DeviceReplay, ReplayOptions};
+use tensormem::replay::{self, DeviceReplay, ReplayOptions, StartMode};
+use tensormem::scenarios::{self, RunRequest};
 use tensormem::report;
 use tensormem::trace::{self, Snapshot};
 
@@ -47,6 +49,43 @@ enum Command {
         /// Also print memory_summary() of the replayed final state.
         #[arg(long)]
         summary: bool,
+        /// Start state: `recorded` (the file's segments and blocks, exact) or `replaced` (only the
+        /// live allocations, placed afresh under the new settings; cached blocks not carried over).
+        #[arg(long, value_name = "recorded|replaced", default_value = "recorded", value_parser = start_arg)]
+        start: StartMode,
+        /// Write the replayed trace (with the recorded stacks) as a snapshot: .pickle or .json.
+        #[arg(long, value_name = "OUT")]
+        snapshot: Option<PathBuf>,
+    },
+    /// List the scenarios, with their parameters and variants.
+    Scenarios {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a scenario on a simulated card: labelled steps with allocated and reserved bytes.
+    Run {
+        /// Scenario name (see `tensormem scenarios`).
+        name: String,
+        /// `mistake` or `fix`, for scenarios that show a mistake (default: mistake).
+        #[arg(long)]
+        variant: Option<String>,
+        /// Parameter values: --set layers=4 --set hidden=2048, or --set layers=4,hidden=2048.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// sim:PRESET (e.g. sim:H100-80GB) or sim:SIZE (e.g. sim:24GiB).
+        #[arg(long, default_value = "sim:H100-80GB")]
+        device: String,
+        /// Device memory, overriding the card's.
+        #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+        capacity: Option<u64>,
+        /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, on top of the variant's.
+        #[arg(long, value_name = "STR")]
+        alloc_conf: Option<String>,
+        /// Write the run's trace as a snapshot: .pickle or .json.
+        #[arg(long, value_name = "OUT")]
+        snapshot: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
     },
     /// memory_summary() of a snapshot's final state, plus the peaks its trace shows.
     Summary {
@@ -78,10 +117,31 @@ enum Command {
         #[arg(long, default_value = "target/tensormem-demo/variable-batch.pickle")]
         out: PathBuf,
     },
+    /// Serve the web page (www/, with the wasm build in www/pkg/) over HTTP on this machine.
+    ///
+    /// Prints one line with the page's URL, then serves until killed. With FILE, the page opens
+    /// with that snapshot loaded (the file is served at /snapshot/<its name>).
+    Serve {
+        /// Snapshot to open in the page: pickle (torch.cuda.memory._dump_snapshot) or JSON.
+        file: Option<PathBuf>,
+        /// Port to listen on; 0 picks a free one.
+        #[arg(long, value_name = "N", default_value_t = 8080)]
+        port: u16,
+        /// Address to listen on.
+        #[arg(long, value_name = "H", default_value = "127.0.0.1")]
+        host: String,
+        /// Folder to serve (default: www in the current directory, else the workspace's www).
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
+    },
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
     report::parse_size(s)
+}
+
+fn start_arg(s: &str) -> Result<StartMode, String> {
+    StartMode::parse(s)
 }
 
 /// A failure to report: message and exit status.
@@ -106,13 +166,20 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Replay { file, device, alloc_conf, capacity, json, summary } => {
+        Command::Replay { file, device, alloc_conf, capacity, json, summary, start, snapshot: out } => {
             let config = alloc_conf
                 .map(|c| AllocatorConfig::parse(&c).map_err(|e| Failure(e.to_string(), 2)))
                 .transpose()?;
             let snapshot = load(&file)?;
-            let options = ReplayOptions { config, capacity };
+            let options = ReplayOptions { config, capacity, start, keep_snapshot: out.is_some(), ..Default::default() };
             let results = replay_with_progress(&snapshot, device, &options, !json)?;
+            if let Some(out) = &out {
+                let replayed = merge_snapshots(results.iter().filter_map(|r| r.snapshot.clone()));
+                save(&replayed, out)?;
+                if !json {
+                    println!("wrote the replayed trace to {}", out.display());
+                }
+            }
             for r in &results {
                 if json {
                     println!("{}", serde_json::to_string(r)?);
@@ -158,7 +225,41 @@ fn run(command: Command) -> Result<(), Failure> {
             Ok(())
         }
         Command::Demo { out } => demo(&out),
+        Command::Scenarios { json } => {
+            let list = scenarios::list();
+            if json {
+                println!("{}", serde_json::to_string(&list)?);
+            } else {
+                for s in list {
+                    let variants = if s.variants.is_empty() { String::new() } else { format!(" [--variant {}]", s.variants.join("|")) };
+                    println!("{}{variants}: {}", s.name, s.title);
+                    for p in s.parameters {
+                        println!("    --set {}={:<12} {}", p.name, p.default, p.help);
+                    }
+                }
+            }
+            Ok(())
+        }
+        Command::Run { name, variant, set, device, capacity, alloc_conf, snapshot, json } => {
+            let mut values = std::collections::BTreeMap::new();
+            for item in set.iter().flat_map(|s| split_settings(s)) {
+                let (k, v) = item.split_once('=').ok_or_else(|| Failure(format!("--set expects KEY=VALUE, got {item:?}"), 2))?;
+                values.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            let request = RunRequest { scenario: name, variant, set: values, device: Some(device), capacity, alloc_conf };
+            let result = scenarios::run(&request).map_err(|e| Failure(e.to_string(), 2))?;
+            if let Some(out) = &snapshot {
+                save(&result.snapshot, out)?;
+            }
+            if json {
+                println!("{}", serde_json::to_string(&result)?);
+            } else {
+                print_run(&result);
+            }
+            if result.out_of_memory.is_some() { Err(Failure("the scenario ran out of memory (see above)".into(), 1)) } else { Ok(()) }
+        }
         Command::Info { json } => info(json),
+        Command::Serve { file, port, host, root } => serve::run(file.as_deref(), &host, port, root.as_deref()).map_err(|e| Failure(e, 1)),
         Command::Bench { sizes, json } => {
             let dev = open_gpu()?;
             let report = bench::run(&dev, &sizes, &mut |step| {
@@ -234,6 +335,64 @@ fn info(json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `--set a=1,b=2`: splits on commas that start a new `key=` (a value may hold commas, as in
+/// `batches=32,31,33`).
+fn split_settings(text: &str) -> Vec<String> {
+    let mut items: Vec<String> = Vec::new();
+    for part in text.split(',') {
+        match items.last_mut() {
+            Some(last) if !part.contains('=') => {
+                last.push(',');
+                last.push_str(part);
+            }
+            _ => items.push(part.to_string()),
+        }
+    }
+    items
+}
+
+fn print_run(r: &scenarios::RunResult) {
+    let variant = r.variant.as_deref().map(|v| format!(" ({v})")).unwrap_or_default();
+    println!("{}{variant} on {} ({}), settings {}", r.scenario, r.device, format_size(r.capacity_bytes), r.settings);
+    let params: Vec<String> = r.parameters.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("parameters: {}", params.join(" "));
+    println!("  {:<24} {:>14} {:>14} {:>14}", "step", "allocated", "reserved", "max allocated");
+    for s in &r.steps {
+        println!("  {:<24} {:>14} {:>14} {:>14}", s.label, format_size(s.allocated_bytes), format_size(s.reserved_bytes), format_size(s.max_allocated_bytes));
+    }
+    println!("peak allocated {} ({} bytes), peak reserved {} ({} bytes)", format_size(r.peak_allocated_bytes), r.peak_allocated_bytes, format_size(r.peak_reserved_bytes), r.peak_reserved_bytes);
+    if let Some(e) = &r.out_of_memory {
+        println!("out of memory: {e}");
+    }
+    println!("\n{}", r.explanation);
+}
+
+/// One snapshot from per-device replays (each holds its own device's trace).
+fn merge_snapshots(parts: impl Iterator<Item = Snapshot>) -> Snapshot {
+    let mut merged = Snapshot::default();
+    for part in parts {
+        merged.segments.extend(part.segments);
+        if merged.device_traces.len() < part.device_traces.len() {
+            merged.device_traces.resize(part.device_traces.len(), Vec::new());
+        }
+        for (d, t) in part.device_traces.into_iter().enumerate() {
+            if !t.is_empty() {
+                merged.device_traces[d] = t;
+            }
+        }
+        merged.allocator_settings = part.allocator_settings;
+        merged.external_annotations = part.external_annotations;
+    }
+    merged
+}
+
+fn save(snapshot: &Snapshot, out: &Path) -> Result<(), Failure> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Failure(format!("cannot create {}: {e}", dir.display()), 1))?;
+    }
+    trace::save_file(snapshot, out).map_err(|e| Failure(e.to_string(), 1))
+}
+
 fn load(path: &Path) -> Result<Snapshot, Failure> {
     trace::load_file(path).map_err(|e| Failure(format!("{}: {e}", path.display()), 1))
 }
@@ -274,7 +433,14 @@ fn replay_with_progress(snapshot: &Snapshot, device: Option<i64>, options: &Repl
 fn print_replay(r: &DeviceReplay) {
     let capacity = r.capacity.map_or("unlimited".to_string(), format_size);
     println!("device {}: {} events, settings {}, capacity {}", r.device, r.events, r.settings, capacity);
-    println!("  start (rebuilt from the final state): {} reserved, {} allocated", format_size(r.start_reserved_bytes), format_size(r.start_allocated_bytes));
+    let start = match r.start {
+        StartMode::Recorded => "recorded (rebuilt from the final state)",
+        StartMode::Replaced => "replaced (live allocations placed afresh, no cached blocks)",
+    };
+    println!("  start {start}: {} reserved, {} allocated", format_size(r.start_reserved_bytes), format_size(r.start_allocated_bytes));
+    if let Some(oom) = &r.out_of_memory_at_start {
+        println!("  OUT OF MEMORY AT THE START: {oom}");
+    }
     println!("  {:<28} {:>16} {:>16}", "", "recorded", "replayed");
     let rows: [(&str, String, String); 6] = [
         ("segment allocs (cudaMalloc)", r.recorded.segment_allocs.to_string(), r.replayed.figures.segment_allocs.to_string()),
@@ -305,17 +471,14 @@ fn print_replay(r: &DeviceReplay) {
 fn demo(out: &Path) -> Result<(), Failure> {
     println!("Recording batched inference with a wobbling batch size (tensormem's allocator, virtual device)...");
     let snapshot = tensormem::scenarios::variable_batch_inference(AllocatorConfig::default(), None)?;
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Failure(format!("cannot create {}: {e}", dir.display()), 1))?;
-    }
-    trace::save_file(&snapshot, out)?;
+    save(&snapshot, out)?;
     println!("wrote {} ({} trace events); pytorch.org/memory_viz opens it too\n", out.display(), snapshot.device_traces[0].len());
     let reloaded = load(out)?;
     let mut expandable = None;
     for (title, conf) in [("as recorded (default settings)", None), ("what if: expandable_segments:True", Some("expandable_segments:True"))] {
         println!("== replay {title}");
         let config = conf.map(|c| AllocatorConfig::parse(c).expect("valid"));
-        let r = replay::replay_device(&reloaded, 0, &ReplayOptions { config, capacity: None }, &mut |_, _| {})?;
+        let r = replay::replay_device(&reloaded, 0, &ReplayOptions { config, ..Default::default() }, &mut |_, _| {})?;
         print_replay(&r);
         println!();
         expandable = Some(r.replayed.figures.peak_reserved_bytes);

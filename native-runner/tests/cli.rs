@@ -127,3 +127,70 @@ fn help_names_every_command() {
     let out = tensormem(&["replay", "--help"]);
     assert!(stdout(&out).contains("--alloc-conf"));
 }
+
+#[test]
+fn run_json_has_the_contract_fields_and_the_fix_reserves_less() {
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["run", "variable-batch", "--json", "--set", "layers=4,batches=32,31,40"];
+        args.extend_from_slice(extra);
+        let out = tensormem(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_str(stdout(&out).trim()).unwrap()
+    };
+    let mistake = run(&[]);
+    for key in ["scenario", "variant", "device", "parameters", "model_parameters", "steps", "peak_allocated_bytes", "peak_reserved_bytes", "explanation"] {
+        assert!(mistake.get(key).is_some(), "missing {key}: {mistake}");
+    }
+    assert_eq!(mistake["scenario"], "variable-batch");
+    assert_eq!(mistake["variant"], "mistake");
+    assert_eq!(mistake["device"], "sim:H100-80GB");
+    assert_eq!(mistake["parameters"]["layers"], 4);
+    assert_eq!(mistake["parameters"]["batches"], serde_json::json!([32, 31, 40]));
+    let steps = mistake["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 4);
+    assert_eq!(steps[1]["label"], "batch 32");
+    // 4 layers of 2 x 1024 x 4096 x 4 bytes: 128 MiB of weights after every step.
+    assert_eq!(steps[0]["allocated_bytes"], 128u64 << 20);
+    assert_eq!(steps[3]["allocated_bytes"], 128u64 << 20);
+    // Batch 40: input 20 MiB + fc1 80 MiB + fc2 20 MiB on top of the weights.
+    assert_eq!(steps[3]["max_allocated_bytes"], (128u64 + 120) << 20);
+    assert_eq!(mistake["peak_allocated_bytes"], (128u64 + 120) << 20);
+    let fix = run(&["--variant", "fix"]);
+    assert_eq!(fix["variant"], "fix");
+    assert!(fix["peak_reserved_bytes"].as_u64().unwrap() < mistake["peak_reserved_bytes"].as_u64().unwrap());
+}
+
+#[test]
+fn run_errors_are_one_line_and_name_the_choices() {
+    for (args, needle) in [
+        (vec!["run", "nope"], "known: variable-batch"),
+        (vec!["run", "variable-batch", "--set", "foo=1"], "parameters: layers"),
+        (vec!["run", "variable-batch", "--variant", "maybe"], "mistake or fix"),
+        (vec!["run", "variable-batch", "--device", "sim:huge"], "sim:PRESET"),
+        (vec!["run", "variable-batch", "--set", "layers=x"], "whole number"),
+    ] {
+        let out = tensormem(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr(&out);
+        assert!(err.starts_with("error: ") && err.contains(needle) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    // A card too small: the run reports the out-of-memory error and exits 1.
+    let out = tensormem(&["run", "variable-batch", "--device", "sim:200MiB"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("out of memory: "), "{}", stdout(&out));
+}
+
+#[test]
+fn replay_with_a_replaced_start_reports_it_and_writes_the_replayed_trace() {
+    let Some(path) = fixture("small-state.pickle") else { return };
+    let dir = std::env::temp_dir().join(format!("tensormem-cli-{}", std::process::id()));
+    let out_file = dir.join("replayed.json");
+    let out = tensormem(&["replay", path.to_str().unwrap(), "--start", "replaced", "--snapshot", out_file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("start replaced"), "{}", stdout(&out));
+    let again = tensormem(&["replay", out_file.to_str().unwrap(), "--json"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let bad = tensormem(&["replay", path.to_str().unwrap(), "--start", "sideways"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(dir);
+}

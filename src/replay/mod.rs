@@ -27,6 +27,35 @@ pub struct ReplayOptions {
     pub config: Option<AllocatorConfig>,
     /// Device memory in bytes; None: as much as the trace needs.
     pub capacity: Option<u64>,
+    pub start: StartMode,
+    /// Also record reserved and allocated bytes at every position (for drawing).
+    pub curves: bool,
+    /// Keep the replayed trace (with the recorded stacks) to write it as a snapshot.
+    pub keep_snapshot: bool,
+}
+
+/// Which state the replay starts from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartMode {
+    /// The recorded segments and blocks at the start of the trace, as PyTorch had them. Exact, but
+    /// a trace recorded after warm-up then starts with every segment it will need already
+    /// reserved, so other settings or a smaller card change nothing.
+    #[default]
+    Recorded,
+    /// Only the allocations live at the start, placed afresh by the allocator under the replay's
+    /// settings (in address order); cached free blocks are not carried over.
+    Replaced,
+}
+
+impl StartMode {
+    pub fn parse(text: &str) -> Result<StartMode, String> {
+        match text {
+            "" | "recorded" => Ok(StartMode::Recorded),
+            "replaced" => Ok(StartMode::Replaced),
+            other => Err(format!("unknown start {other:?}: use recorded or replaced")),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,9 +118,22 @@ pub struct DeviceReplay {
     pub first_divergence: Option<Divergence>,
     /// Where the recorded trace did not add up (a truncated or edited file).
     pub warnings: Vec<String>,
+    pub start: StartMode,
+    /// The start state itself did not fit the capacity: the run was out of memory before its
+    /// first event.
+    pub out_of_memory_at_start: Option<String>,
     /// memory_summary of our final state.
     #[serde(skip)]
     pub summary: String,
+    /// Reserved and allocated bytes at each position (0: the start, i + 1: after event i), when
+    /// asked for.
+    #[serde(skip)]
+    pub reserved_curve: Vec<f64>,
+    #[serde(skip)]
+    pub allocated_curve: Vec<f64>,
+    /// The replayed trace and final state, when asked for.
+    #[serde(skip)]
+    pub snapshot: Option<Snapshot>,
 }
 
 /// The allocator settings a snapshot was recorded with (defaults for files without them).
@@ -138,15 +180,7 @@ pub fn replay_device(
     let source = VirtualSegments::starting_at(highest.max(crate::alloc::VIRTUAL_BASE).saturating_add(1 << 30));
     let mut alloc = VirtualAllocator::new(config.clone(), source).with_device(device);
     alloc.set_capacity(options.capacity);
-    if let Err(e) = alloc.restore(&start.segments) {
-        warnings.push(format!("the start state could not be restored ({e}); replay starts empty"));
-        alloc = VirtualAllocator::new(config.clone(), VirtualSegments::starting_at(highest.saturating_add(1 << 30))).with_device(device);
-        alloc.set_capacity(options.capacity);
-    }
-    alloc.record_memory_history(true, RecordContext::Never, usize::MAX);
-
-    let start_reserved = alloc.reserved();
-    let start_allocated = alloc.stats().allocated_bytes.all().current as u64;
+    let context = if options.keep_snapshot { RecordContext::All } else { RecordContext::Never };
     let mut run = Run {
         alloc,
         trace,
@@ -158,13 +192,55 @@ pub fn replay_device(
         allocs: 0,
         address_hits: 0,
         ooms: 0,
+        keep_frames: options.keep_snapshot,
     };
+    let mut out_of_memory_at_start = None;
+    match options.start {
+        StartMode::Recorded => {
+            if let Err(e) = run.alloc.restore(&start.segments) {
+                warnings.push(format!("the start state could not be restored ({e}); replay starts empty"));
+                run.alloc = VirtualAllocator::new(config.clone(), VirtualSegments::starting_at(highest.saturating_add(1 << 30))).with_device(device);
+                run.alloc.set_capacity(options.capacity);
+            }
+            let reserved = run.alloc.reserved();
+            if let Some(capacity) = options.capacity.filter(|&c| c < reserved) {
+                out_of_memory_at_start = Some(format!(
+                    "the recorded start state alone reserves {}, more than the capacity of {}; try the replaced start",
+                    crate::alloc::format_size(reserved),
+                    crate::alloc::format_size(capacity)
+                ));
+            }
+            run.alloc.record_memory_history(true, context, usize::MAX);
+        }
+        StartMode::Replaced => {
+            // Recorded from the start, so the snapshot shows how the live blocks were placed.
+            run.alloc.record_memory_history(true, context, usize::MAX);
+            out_of_memory_at_start = run.replace_start(&start.segments);
+        }
+    }
+    if out_of_memory_at_start.is_some() {
+        run.ooms += 1;
+    }
+
+    let start_reserved = run.alloc.reserved();
+    let start_allocated = run.alloc.stats().allocated_bytes.all().current as u64;
+    let mut reserved_curve = Vec::new();
+    let mut allocated_curve = Vec::new();
+    let mut sample = |alloc: &VirtualAllocator, upto: usize| {
+        if options.curves {
+            let stats = alloc.stats();
+            reserved_curve.resize(upto, stats.reserved_bytes.all().current as f64);
+            allocated_curve.resize(upto, stats.allocated_bytes.all().current as f64);
+        }
+    };
+    sample(&run.alloc, 1);
     let mut i = 0;
     while i < trace.len() {
         if i % 4096 == 0 {
             progress(i, trace.len());
         }
         i = run.step(i);
+        sample(&run.alloc, i + 1);
     }
     progress(trace.len(), trace.len());
 
@@ -195,6 +271,7 @@ pub fn replay_device(
         memory_stats: report::memory_stats(stats),
     };
     let final_state_match = same_layout(&run.alloc.segments(), &final_segments);
+    let snapshot = options.keep_snapshot.then(|| run.alloc.snapshot());
     let mut first_divergence = run.divergence.clone();
     if first_divergence.is_none() && !final_state_match {
         first_divergence = Some(Divergence { event: trace.len(), reason: "final segments differ from the snapshot's".into() });
@@ -214,7 +291,12 @@ pub fn replay_device(
         final_state_match,
         first_divergence,
         warnings,
+        start: options.start,
+        out_of_memory_at_start,
         summary: report::memory_summary(run.alloc.stats(), device, false),
+        reserved_curve,
+        allocated_curve,
+        snapshot,
     })
 }
 
@@ -224,7 +306,7 @@ fn ratio(a: usize, b: usize) -> f64 {
 
 /// What the trace alone shows: segment events and peaks, from the reconstructed start. Allocated
 /// bytes here are requested sizes (as MemoryViz's timeline draws them).
-fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
+pub(crate) fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
     let mut reserved: u64 = start.segments.iter().fold(0u64, |sum, s| sum.saturating_add(s.total_size));
     let mut allocated: u64 = start
         .segments
@@ -284,9 +366,42 @@ struct Run<'a> {
     allocs: usize,
     address_hits: usize,
     ooms: usize,
+    /// Pass the recorded stacks to the allocator (for a replayed snapshot).
+    keep_frames: bool,
 }
 
 impl Run<'_> {
+    /// Places the allocations live at the start (`segments` as reconstructed) with this run's
+    /// allocator, in address order; blocks waiting on another stream stay pending. Returns the
+    /// out-of-memory message if they do not all fit.
+    fn replace_start(&mut self, segments: &[trace::Segment]) -> Option<String> {
+        let mut blocks: Vec<(&trace::Block, i64)> =
+            segments.iter().flat_map(|s| s.blocks.iter().filter(|b| b.state.is_active()).map(move |b| (b, s.stream))).collect();
+        blocks.sort_by_key(|(b, _)| b.address);
+        let mut oom = None;
+        for (b, stream) in blocks {
+            let frames = self.keep_frames.then(|| b.frames.clone());
+            match self.alloc.malloc(b.requested_size, stream as u64, frames) {
+                Ok(a) => {
+                    if a.ptr != b.address {
+                        self.ptrs.insert(b.address, a.ptr);
+                    }
+                    if b.state == BlockState::ActivePendingFree {
+                        let _ = self.alloc.record_stream(a.ptr, u64::MAX - 1);
+                        let _ = self.alloc.free(a.ptr, None);
+                    }
+                }
+                Err(e) => {
+                    self.failed.insert(b.address);
+                    if oom.is_none() {
+                        oom = Some(format!("the allocations live at the start of the trace do not fit: {e}"));
+                    }
+                }
+            }
+        }
+        oom
+    }
+
     fn diverge(&mut self, event: usize, reason: String) {
         if self.divergence.is_none() {
             self.divergence = Some(Divergence { event, reason });
@@ -334,7 +449,8 @@ impl Run<'_> {
             Action::Alloc => {
                 self.allocs += 1;
                 let before = self.alloc.history().len();
-                match self.alloc.malloc(e.size, stream, None) {
+                let frames = if self.keep_frames { e.frames.clone() } else { None };
+                match self.alloc.malloc(e.size, stream, frames) {
                     Ok(a) => {
                         if a.ptr == e.addr {
                             self.address_hits += 1;

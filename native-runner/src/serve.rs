@@ -1,0 +1,406 @@
+//! `tensormem serve`: a small static HTTP/1.1 server for the web page (`www/`, with the wasm build
+//! in `www/pkg/`) and, optionally, one snapshot file at `/snapshot/<basename>`.
+//!
+//! GET and HEAD only, one thread per connection, `Connection: close` after every response. Paths
+//! are percent-decoded, checked component by component, canonicalized and kept inside the root:
+//! nothing outside it is ever served. An error on one connection (a client that goes away
+//! mid-response, say) ends that connection only.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest request head (request line and headers) accepted.
+const MAX_HEAD: u64 = 16 * 1024;
+
+/// What the server serves: the canonical web root and the optional snapshot.
+struct Site {
+    root: PathBuf,
+    /// Decoded URL path (`/snapshot/<basename>` as bytes) and the file's canonical path.
+    snapshot: Option<(Vec<u8>, PathBuf)>,
+}
+
+/// Runs the server until the process is killed. Errors are for start-up only (bad FILE, no page,
+/// cannot listen).
+pub fn run(file: Option<&Path>, host: &str, port: u16, root: Option<&Path>) -> Result<(), String> {
+    let snapshot = file.map(snapshot_route).transpose()?;
+    let root = find_root(root)?;
+    let listener = TcpListener::bind((host, port))
+        .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+    let mut url = format!("http://{}/", display_addr(addr));
+    if let Some((path, _)) = &snapshot {
+        url.push_str("?file=");
+        url.push_str(&percent_encode(path));
+    }
+    // A closed stdout must not stop the server: the URL is a courtesy to whoever started it.
+    let mut out = io::stdout().lock();
+    let _ = writeln!(out, "tensormem: serving {url}").and_then(|()| out.flush());
+    drop(out);
+
+    let site = Arc::new(Site { root, snapshot });
+    for stream in listener.incoming() {
+        match stream {
+            Ok(stream) => {
+                let site = Arc::clone(&site);
+                let spawned = std::thread::Builder::new()
+                    .name("tensormem-serve".into())
+                    .spawn(move || {
+                        if let Err(e) = handle(&site, &stream)
+                            && !is_disconnect(&e)
+                        {
+                            eprintln!("tensormem serve: connection error: {e}");
+                        }
+                    });
+                if let Err(e) = spawned {
+                    eprintln!("tensormem serve: cannot start a connection thread: {e}");
+                }
+            }
+            Err(e) => {
+                // Usually out of file descriptors: back off instead of spinning.
+                eprintln!("tensormem serve: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The canonical web root: `--root`, else `www` in the current directory, else the workspace's
+/// `www` next to this package. It must hold an index.html.
+fn find_root(root: Option<&Path>) -> Result<PathBuf, String> {
+    let chosen = match root {
+        Some(r) => r.to_path_buf(),
+        None => {
+            let candidates = [
+                PathBuf::from("www"),
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../www"),
+            ];
+            // The first with a page, else the first that exists (for the error message).
+            let with_page = candidates.iter().find(|c| c.join("index.html").is_file());
+            let existing = candidates.iter().find(|c| c.is_dir());
+            with_page.or(existing).unwrap_or(&candidates[1]).clone()
+        }
+    };
+    let build_hint = "build the page first with `bash scripts/run.sh` (or pass --root DIR)";
+    let canonical = chosen.canonicalize().map_err(|e| {
+        format!(
+            "web page folder {} not found ({e}): {build_hint}",
+            chosen.display()
+        )
+    })?;
+    if !canonical.join("index.html").is_file() {
+        return Err(format!(
+            "no index.html in {}: {build_hint}",
+            canonical.display()
+        ));
+    }
+    Ok(canonical)
+}
+
+/// Checks that FILE can be served and returns its URL path (`/snapshot/<basename>`, decoded) and
+/// canonical path.
+fn snapshot_route(file: &Path) -> Result<(Vec<u8>, PathBuf), String> {
+    let f = File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file", file.display()));
+    }
+    let canonical = file
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let name = canonical
+        .file_name()
+        .ok_or_else(|| format!("{}: no file name", file.display()))?;
+    let mut path = b"/snapshot/".to_vec();
+    path.extend_from_slice(name.as_encoded_bytes());
+    Ok((path, canonical))
+}
+
+/// `0.0.0.0` and `::` are not addresses a browser should be sent to: print loopback instead.
+fn display_addr(addr: SocketAddr) -> String {
+    let mut shown = addr;
+    if addr.ip().is_unspecified() {
+        shown.set_ip(match addr {
+            SocketAddr::V4(_) => [127, 0, 0, 1].into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    shown.to_string()
+}
+
+fn is_disconnect(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::TimedOut
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// A response decided from the request: status, content type and what to send as the body.
+enum Reply {
+    File {
+        file: File,
+        len: u64,
+        mime: &'static str,
+    },
+    Error(u16),
+}
+
+/// Serves one request on `stream`, then closes it.
+fn handle(site: &Site, stream: &TcpStream) -> io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(60)))?;
+    let mut reader = BufReader::new(stream.take(MAX_HEAD));
+    let (head_only, reply) = match read_request(&mut reader)? {
+        Ok((method, target)) => {
+            let head_only = method == "HEAD";
+            let reply = if method != "GET" && !head_only {
+                Reply::Error(405)
+            } else {
+                route(site, &target)
+            };
+            (head_only, reply)
+        }
+        Err(status) => (false, Reply::Error(status)),
+    };
+    send(stream, head_only, reply)?;
+    // Close gracefully: stop writing, then drain what the client still sends (a body we did not
+    // read) so the kernel does not answer it with a reset that could discard our response.
+    let _ = stream.shutdown(Shutdown::Write);
+    let mut rest = reader.into_inner().into_inner();
+    let _ = rest.set_read_timeout(Some(Duration::from_millis(500)));
+    let _ = io::copy(&mut (&mut rest).take(1 << 20), &mut io::sink());
+    Ok(())
+}
+
+/// Reads the request line and the headers. `Ok(Err(status))` is a malformed request.
+fn read_request<R: BufRead>(reader: &mut R) -> io::Result<Result<(String, String), u16>> {
+    let mut line = Vec::new();
+    reader.read_until(b'\n', &mut line)?;
+    if !line.ends_with(b"\n") {
+        // Closed early or too long.
+        return Ok(Err(if line.is_empty() { 400 } else { 431 }));
+    }
+    let Ok(request_line) = std::str::from_utf8(&line) else {
+        return Ok(Err(400));
+    };
+    let mut parts = request_line.split_ascii_whitespace();
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Ok(Err(400));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Ok(Err(505));
+    }
+    let request = (method.to_string(), target.to_string());
+    // Headers are not needed, but read them so the connection closes cleanly.
+    loop {
+        let mut header = Vec::new();
+        reader.read_until(b'\n', &mut header)?;
+        if !header.ends_with(b"\n") {
+            // Closed before the blank line, or headers too long.
+            return Ok(Err(if header.is_empty() { 400 } else { 431 }));
+        }
+        if header == b"\r\n" || header == b"\n" {
+            return Ok(Ok(request));
+        }
+    }
+}
+
+/// Maps a request target to a file inside the root (or the snapshot), or to an error status.
+fn route(site: &Site, target: &str) -> Reply {
+    if !target.starts_with('/') {
+        return Reply::Error(400);
+    }
+    let path = target.split(['?', '#']).next().unwrap_or("");
+    let Some(decoded) = percent_decode(path.as_bytes()) else {
+        return Reply::Error(400);
+    };
+    if let Some((snapshot_path, file)) = &site.snapshot
+        && decoded == *snapshot_path
+    {
+        return open(file, "application/octet-stream");
+    }
+    match resolve(&site.root, &decoded) {
+        Some(file) => {
+            let mime = mime_type(&file);
+            open(&file, mime)
+        }
+        None => Reply::Error(404),
+    }
+}
+
+/// The canonical file under `root` that a decoded URL path names, if it is safe to serve.
+fn resolve(root: &Path, decoded: &[u8]) -> Option<PathBuf> {
+    if decoded.contains(&0) || decoded.contains(&b'\\') {
+        return None;
+    }
+    let text = std::str::from_utf8(decoded).ok()?;
+    let mut relative = PathBuf::new();
+    for segment in text.split('/').filter(|s| !s.is_empty() && *s != ".") {
+        let mut components = Path::new(segment).components();
+        match (components.next(), components.next()) {
+            (Some(Component::Normal(c)), None) if c == OsStr::new(segment) => relative.push(c),
+            _ => return None, // `..`, a drive or root prefix, or anything else odd.
+        }
+    }
+    let mut candidate = root.join(&relative);
+    if candidate.is_dir() {
+        candidate.push("index.html");
+    }
+    let canonical = candidate.canonicalize().ok()?;
+    (canonical.starts_with(root) && canonical.is_file()).then_some(canonical)
+}
+
+fn open(path: &Path, mime: &'static str) -> Reply {
+    let Ok(file) = File::open(path) else {
+        return Reply::Error(404);
+    };
+    match file.metadata() {
+        Ok(meta) if meta.is_file() => Reply::File {
+            file,
+            len: meta.len(),
+            mime,
+        },
+        _ => Reply::Error(404),
+    }
+}
+
+fn send(mut stream: &TcpStream, head_only: bool, reply: Reply) -> io::Result<()> {
+    let (status, mime, len, file) = match reply {
+        Reply::File { file, len, mime } => (200, mime, len, Some(file)),
+        Reply::Error(status) => (
+            status,
+            "text/plain; charset=utf-8",
+            reason(status).len() as u64 + 1,
+            None,
+        ),
+    };
+    let mut head = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: {mime}\r\nContent-Length: {len}\r\n\
+         Cache-Control: no-cache\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n",
+        reason(status)
+    );
+    if status == 405 {
+        head.push_str("Allow: GET, HEAD\r\n");
+    }
+    head.push_str("\r\n");
+    if !head_only && file.is_none() {
+        head.push_str(reason(status));
+        head.push('\n');
+    }
+    stream.write_all(head.as_bytes())?;
+    if let (false, Some(file)) = (head_only, file) {
+        // At most the announced length, even if the file grew meanwhile.
+        io::copy(&mut file.take(len), &mut stream)?;
+    }
+    Ok(())
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        505 => "HTTP Version Not Supported",
+        _ => "Error",
+    }
+}
+
+fn mime_type(path: &Path) -> &'static str {
+    let ext = path
+        .extension()
+        .and_then(OsStr::to_str)
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    match ext.as_str() {
+        "html" | "htm" => "text/html; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "wasm" => "application/wasm",
+        "json" => "application/json",
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "ico" => "image/x-icon",
+        "txt" => "text/plain; charset=utf-8",
+        _ => "application/octet-stream", // .pickle, .pkl and the rest
+    }
+}
+
+/// `%XX` escapes to bytes; `None` for a malformed escape.
+fn percent_decode(s: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+/// Escapes every byte but RFC 3986's unreserved characters and `/`.
+fn percent_encode(s: &[u8]) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &b in s {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_and_encode() {
+        assert_eq!(percent_decode(b"/a%20b").unwrap(), b"/a b");
+        assert_eq!(percent_decode(b"/%2e%2E/x").unwrap(), b"/../x");
+        assert!(percent_decode(b"/%2").is_none());
+        assert!(percent_decode(b"/%zz").is_none());
+        assert!(percent_decode(b"/%+1").is_none());
+        assert_eq!(
+            percent_encode(b"/snapshot/my snap#1.pickle"),
+            "/snapshot/my%20snap%231.pickle"
+        );
+    }
+
+    #[test]
+    fn mime_types() {
+        assert_eq!(mime_type(Path::new("a/b.WASM")), "application/wasm");
+        assert_eq!(
+            mime_type(Path::new("x.mjs")),
+            "text/javascript; charset=utf-8"
+        );
+        assert_eq!(mime_type(Path::new("x.pkl")), "application/octet-stream");
+        assert_eq!(mime_type(Path::new("Makefile")), "application/octet-stream");
+    }
+}

@@ -1,0 +1,388 @@
+//! The page's model of one device's trace: every allocation as a band stacked as MemoryViz stacks
+//! them, the allocated and reserved curves, markers and warnings. Pure data (flat arrays ready to
+//! hand to JavaScript as typed arrays); tested natively.
+//!
+//! The x axis counts positions: x = 0 is the state at the start of the trace (rebuilt from the
+//! final segments, as replay does), x = i + 1 the state after event i. An allocation lives over
+//! `[start, end)`. Live allocations are stacked in the order they were made; when one is freed,
+//! everything above it drops by its size, so a band is a run of rectangles ("pieces"), one per
+//! height it held. The top of the stack is the allocated curve, in requested bytes as MemoryViz
+//! and `tensormem replay`'s recorded figures count them.
+
+use crate::replay::{self, recorded_config, start_state};
+use crate::trace::{Action, BlockState, Frame, Frames, Snapshot};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+/// One device's trace, laid out for drawing.
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    pub device: i64,
+    /// Trace entries; positions run from 0 to `events` inclusive.
+    pub events: usize,
+    /// Requested bytes live at each position (the top of the stack).
+    pub allocated: Vec<f64>,
+    /// Reserved bytes (segments) at each position.
+    pub reserved: Vec<f64>,
+    /// Microseconds at each position (the event's `time_us`; NaN where the trace has none).
+    pub time_us: Vec<f64>,
+    pub allocations: Allocations,
+    pub pieces: Pieces,
+    /// Distinct frames, and each stack as a run of frame indices (innermost first).
+    pub frames: Vec<Frame>,
+    pub stack_offsets: Vec<u32>,
+    pub stack_frames: Vec<u32>,
+    /// Groups (what a band is coloured by): the top user frame of its stack.
+    pub groups: Vec<Group>,
+    pub markers: Vec<Marker>,
+    pub summary: TimelineSummary,
+}
+
+/// Struct-of-arrays over allocations, indexed by allocation id.
+#[derive(Debug, Clone, Default)]
+pub struct Allocations {
+    pub size: Vec<f64>,
+    pub addr: Vec<f64>,
+    pub stream: Vec<f64>,
+    pub start: Vec<u32>,
+    /// Exclusive; `events + 1` for allocations still live at the end.
+    pub end: Vec<u32>,
+    /// Index into the stack table; `u32::MAX` without frames.
+    pub stack: Vec<u32>,
+    pub group: Vec<u32>,
+}
+
+/// Struct-of-arrays over rectangles `[x0, x1) x [y, y + size of alloc)`.
+#[derive(Debug, Clone, Default)]
+pub struct Pieces {
+    pub x0: Vec<u32>,
+    pub x1: Vec<u32>,
+    pub y: Vec<f64>,
+    pub alloc: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Group {
+    pub name: String,
+    /// Requested bytes of this group live at the peak of allocated memory.
+    pub bytes_at_peak: u64,
+    pub allocations: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Marker {
+    pub x: u32,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TimelineSummary {
+    pub device: i64,
+    pub events: usize,
+    pub allocations: usize,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// First position where allocated memory reaches its peak.
+    pub peak_x: u32,
+    pub start_allocated_bytes: u64,
+    pub start_reserved_bytes: u64,
+    pub final_allocated_bytes: u64,
+    pub final_reserved_bytes: u64,
+    pub has_time: bool,
+    pub settings: String,
+    pub warnings: Vec<String>,
+}
+
+const NO_STACK: u32 = u32::MAX;
+
+/// The group of allocations live at the start whose blocks carry no stack.
+pub const BEFORE_TRACE: &str = "(allocated before the trace, no stack)";
+/// The group of allocations recorded without a stack.
+pub const NO_FRAMES: &str = "(no stack recorded)";
+
+/// Lays out one device's trace. Fails only on a device the snapshot does not have or on settings
+/// that cannot be parsed; a trace that does not add up still gets a timeline, with warnings.
+pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
+    let devices = snapshot.devices();
+    if !devices.contains(&device) {
+        let list = devices.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+        return Err(replay::ReplayError::NoSuchDevice(device, if list.is_empty() { "none".into() } else { list }));
+    }
+    let config = recorded_config(snapshot)?;
+    let trace = snapshot.trace_of(device);
+    let final_segments: Vec<_> = snapshot.segments_of(device).collect();
+    let start = start_state(&final_segments, trace, &config);
+    let figures = replay::recorded_figures(trace, &start);
+
+    let mut b = Builder::default();
+    b.t.device = device;
+    b.t.events = trace.len();
+    let mut warnings = start.warnings.clone();
+
+    // Allocations live at the start, in address order.
+    let mut reserved: u64 = 0;
+    let mut allocated: u64 = 0;
+    for s in &start.segments {
+        reserved = reserved.saturating_add(s.total_size);
+        for blk in s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated) {
+            allocated = allocated.saturating_add(blk.requested_size);
+            b.push_alloc(0, blk.address, blk.requested_size, s.stream, Some(&blk.frames));
+        }
+    }
+    b.t.summary.start_allocated_bytes = allocated;
+    b.t.summary.start_reserved_bytes = reserved;
+    b.t.allocated.push(allocated as f64);
+    b.t.reserved.push(reserved as f64);
+    let first_time = trace.iter().find_map(|e| e.time_us);
+    b.t.time_us.push(first_time.map_or(f64::NAN, |t| t as f64));
+
+    let mut last_metadata: Option<&str> = None;
+    let mut any_frames = false;
+    for (i, e) in trace.iter().enumerate() {
+        let x = i as u32 + 1;
+        any_frames |= e.frames.as_ref().is_some_and(|f| !f.is_empty());
+        match e.action {
+            Action::Alloc => {
+                allocated = allocated.saturating_add(e.size);
+                b.push_alloc(x, e.addr, e.size, e.stream, e.frames.as_ref());
+            }
+            Action::FreeRequested => {
+                allocated = allocated.saturating_sub(e.size);
+                b.free(x, e.addr);
+            }
+            Action::SegmentAlloc | Action::SegmentMap => reserved = reserved.saturating_add(e.size),
+            Action::SegmentFree | Action::SegmentUnmap => reserved = reserved.saturating_sub(e.size),
+            Action::Annotate => {
+                let text = e.user_metadata.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| "annotation".into());
+                b.t.markers.push(Marker { x, text });
+            }
+            Action::Oom => b.t.markers.push(Marker { x, text: format!("out of memory ({} requested)", crate::alloc::format_size(e.size)) }),
+            Action::FreeCompleted | Action::Snapshot => {}
+        }
+        if e.action != Action::Annotate {
+            if let Some(m) = e.user_metadata.as_deref().filter(|m| !m.is_empty() && Some(*m) != last_metadata) {
+                b.t.markers.push(Marker { x, text: m.to_string() });
+                last_metadata = Some(m);
+            }
+        }
+        b.t.allocated.push(allocated as f64);
+        b.t.reserved.push(reserved as f64);
+        b.t.time_us.push(e.time_us.map_or(f64::NAN, |t| t as f64));
+    }
+    let end = trace.len() as u32 + 1;
+    b.close_all(end);
+
+    if b.t.summary.start_reserved_bytes > 0 && !trace.is_empty() {
+        warnings.insert(
+            0,
+            format!(
+                "The trace does not start at the beginning: {} were already reserved and {} allocated when it starts (the ring buffer of _record_memory_history dropped older events, or recording began mid-run).",
+                crate::alloc::format_size(b.t.summary.start_reserved_bytes),
+                crate::alloc::format_size(b.t.summary.start_allocated_bytes)
+            ),
+        );
+    }
+    if trace.is_empty() {
+        warnings.push("This snapshot has no trace for this device (recorded without _record_memory_history): only its final state is shown.".into());
+    } else if !any_frames {
+        warnings.push(
+            "No trace entry has stack frames: the snapshot was recorded with context=None (or stacks='python' without frames); record with _record_memory_history(context='all') to see where memory came from.".into(),
+        );
+    }
+
+    let peak_x = b.t.allocated.iter().position(|&a| a as u64 == figures.peak_allocated_bytes).unwrap_or(0) as u32;
+    b.finish_groups(peak_x);
+    b.t.summary = TimelineSummary {
+        device,
+        events: trace.len(),
+        allocations: b.t.allocations.size.len(),
+        peak_allocated_bytes: figures.peak_allocated_bytes,
+        peak_reserved_bytes: figures.peak_reserved_bytes,
+        peak_x,
+        final_allocated_bytes: allocated,
+        final_reserved_bytes: reserved,
+        has_time: b.t.time_us.iter().any(|t| !t.is_nan()),
+        settings: config.to_string(),
+        warnings,
+        ..b.t.summary
+    };
+    Ok(b.t)
+}
+
+#[derive(Default)]
+struct Builder {
+    t: Timeline,
+    /// Live allocations, bottom of the stack first.
+    live: Vec<u32>,
+    /// Position of each allocation in `live` (valid while it is live).
+    position: Vec<u32>,
+    /// Start and height of each live allocation's current piece.
+    piece_start: Vec<u32>,
+    offset: Vec<f64>,
+    /// Address -> live allocation.
+    by_addr: FxHashMap<u64, u32>,
+    stack_ids: FxHashMap<*const Frame, u32>,
+    frame_ids: FxHashMap<Frame, u32>,
+    group_ids: FxHashMap<String, u32>,
+    /// Height of the stack.
+    top: f64,
+}
+
+impl Builder {
+    fn push_alloc(&mut self, x: u32, addr: u64, size: u64, stream: i64, frames: Option<&Frames>) {
+        let id = self.t.allocations.size.len() as u32;
+        let stack = frames.filter(|f| !f.is_empty()).map_or(NO_STACK, |f| self.stack_id(f));
+        let group_name = match frames.and_then(|f| group_name(f)) {
+            Some(name) => name,
+            None if x == 0 => BEFORE_TRACE.to_string(),
+            None => NO_FRAMES.to_string(),
+        };
+        let group = self.group_id(group_name);
+        let a = &mut self.t.allocations;
+        a.size.push(size as f64);
+        a.addr.push(addr as f64);
+        a.stream.push(stream as f64);
+        a.start.push(x);
+        a.end.push(u32::MAX);
+        a.stack.push(stack);
+        a.group.push(group);
+        self.position.push(self.live.len() as u32);
+        self.piece_start.push(x);
+        self.offset.push(self.top);
+        self.live.push(id);
+        // A reused address means the earlier allocation's free was not recorded: close it.
+        if let Some(old) = self.by_addr.insert(addr, id) {
+            self.remove(x, old);
+        }
+        self.top += size as f64;
+    }
+
+    fn free(&mut self, x: u32, addr: u64) {
+        if let Some(id) = self.by_addr.remove(&addr) {
+            self.remove(x, id);
+        }
+    }
+
+    /// Ends allocation `id` at `x`; everything above it drops by its size (a new piece each).
+    fn remove(&mut self, x: u32, id: u32) {
+        let p = self.position[id as usize] as usize;
+        if self.live.get(p) != Some(&id) {
+            return;
+        }
+        self.close_piece(x, id);
+        self.t.allocations.end[id as usize] = x;
+        let size = self.t.allocations.size[id as usize];
+        self.live.remove(p);
+        for q in p..self.live.len() {
+            let above = self.live[q];
+            self.close_piece(x, above);
+            self.position[above as usize] = q as u32;
+            self.offset[above as usize] -= size;
+        }
+        self.top -= size;
+    }
+
+    fn close_piece(&mut self, x: u32, id: u32) {
+        let start = self.piece_start[id as usize];
+        if x > start {
+            let y = self.offset[id as usize];
+            let p = &mut self.t.pieces;
+            p.x0.push(start);
+            p.x1.push(x);
+            p.y.push(y);
+            p.alloc.push(id);
+        }
+        self.piece_start[id as usize] = x;
+    }
+
+    fn close_all(&mut self, end: u32) {
+        for q in 0..self.live.len() {
+            let id = self.live[q];
+            self.close_piece(end, id);
+            self.t.allocations.end[id as usize] = end;
+        }
+    }
+
+    fn stack_id(&mut self, frames: &Frames) -> u32 {
+        let key = frames.as_ptr();
+        if let Some(&id) = self.stack_ids.get(&key) {
+            return id;
+        }
+        let id = self.t.stack_offsets.len() as u32;
+        self.t.stack_offsets.push(self.t.stack_frames.len() as u32);
+        for f in frames.iter() {
+            let next = self.frame_ids.len() as u32;
+            let fid = *self.frame_ids.entry(f.clone()).or_insert_with(|| {
+                self.t.frames.push(f.clone());
+                next
+            });
+            self.t.stack_frames.push(fid);
+        }
+        self.stack_ids.insert(key, id);
+        id
+    }
+
+    fn group_id(&mut self, name: String) -> u32 {
+        let next = self.group_ids.len() as u32;
+        *self.group_ids.entry(name.clone()).or_insert_with(|| {
+            self.t.groups.push(Group { name, bytes_at_peak: 0, allocations: 0 });
+            next
+        })
+    }
+
+    fn finish_groups(&mut self, peak_x: u32) {
+        self.t.stack_offsets.push(self.t.stack_frames.len() as u32);
+        let a = &self.t.allocations;
+        for i in 0..a.size.len() {
+            let g = &mut self.t.groups[a.group[i] as usize];
+            g.allocations += 1;
+            if a.start[i] <= peak_x && peak_x < a.end[i] {
+                g.bytes_at_peak += a.size[i] as u64;
+            }
+        }
+    }
+}
+
+/// The frame a user would recognise as theirs: the first Python frame outside torch itself, else
+/// the first Python frame, else the first frame with a name.
+pub fn user_frame(frames: &[Frame]) -> Option<&Frame> {
+    let python = |f: &&Frame| f.filename.ends_with(".py");
+    frames
+        .iter()
+        .filter(python)
+        .find(|f| !f.filename.contains("/torch/") && !f.filename.starts_with("<frozen"))
+        .or_else(|| frames.iter().find(python))
+        .or_else(|| frames.iter().find(|f| !f.name.is_empty()))
+}
+
+/// What a band is coloured and grouped by: the user's Python frame; for stacks without one (the
+/// autograd engine runs backward on its own C++ thread) the autograd node or the ATen op.
+fn group_name(frames: &[Frame]) -> Option<String> {
+    if let Some(f) = user_frame(frames).filter(|f| f.filename.ends_with(".py")) {
+        return Some(format!("{} ({}:{})", f.name, short_path(&f.filename), f.line));
+    }
+    let between = |name: &str, start: &str, end: &str| -> Option<String> {
+        let rest = &name[name.find(start)? + start.len()..];
+        Some(rest[..rest.find(end)?].to_string())
+    };
+    if let Some(node) = frames.iter().find_map(|f| between(&f.name, "torch::autograd::generated::", "::apply(")) {
+        return Some(format!("{node} (autograd backward)"));
+    }
+    if let Some(op) = frames.iter().find_map(|f| f.name.strip_prefix("at::_ops::").and_then(|r| r.split("::").next().map(str::to_string))) {
+        return Some(format!("aten::{op}"));
+    }
+    const PLUMBING: [&str; 4] = ["torch::unwind", "torch::CapturedTraceback", "torch::cuda::", "c10::"];
+    frames.iter().find(|f| !f.name.is_empty() && !PLUMBING.iter().any(|p| f.name.starts_with(p))).map(|f| f.name.clone())
+}
+
+/// The last two components of a path: enough to recognise a file.
+pub fn short_path(path: &str) -> &str {
+    let mut cut = path.len();
+    for _ in 0..2 {
+        match path[..cut].rfind('/') {
+            Some(i) => cut = i,
+            None => return path,
+        }
+    }
+    &path[cut + 1..]
+}

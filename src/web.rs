@@ -1,0 +1,157 @@
+//! The one wasm-bindgen surface the page (`www/`) uses. It runs inside the page's Web Worker:
+//! parse a snapshot, lay out a device's timeline as flat arrays, replay under other settings,
+//! run a scenario, export. Results cross to JavaScript as typed arrays and JSON strings.
+
+use crate::replay::{self, ReplayOptions, StartMode};
+use crate::scenarios::{self, RunRequest};
+use crate::timeline::{self, Timeline};
+use crate::trace::{self, Snapshot};
+use std::collections::BTreeMap;
+use wasm_bindgen::prelude::*;
+
+fn js_error(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+/// A loaded snapshot (a file, or a scenario's recording).
+#[wasm_bindgen]
+pub struct LoadedTrace {
+    snapshot: Snapshot,
+    /// `tensormem run --json` of the scenario that recorded it.
+    run_json: Option<String>,
+}
+
+#[wasm_bindgen]
+impl LoadedTrace {
+    /// Parses a pickle (protocols 2-5) or JSON snapshot.
+    pub fn parse(bytes: &[u8]) -> Result<LoadedTrace, JsError> {
+        let snapshot = trace::load(bytes).map_err(js_error)?;
+        Ok(LoadedTrace { snapshot, run_json: None })
+    }
+
+    /// Device indices with segments or a trace.
+    pub fn devices(&self) -> Vec<i32> {
+        self.snapshot.devices().into_iter().map(|d| d as i32).collect()
+    }
+
+    pub fn timeline(&self, device: i32) -> Result<TimelineArrays, JsError> {
+        timeline::build(&self.snapshot, device as i64).map(|t| TimelineArrays { t }).map_err(js_error)
+    }
+
+    /// Replays one device under other settings; `start` is `recorded` or `replaced`. Returns
+    /// `tensormem replay --json`'s object plus `reserved_curve` / `allocated_curve` per position.
+    pub fn replay(&self, device: i32, alloc_conf: &str, capacity: &str, start: &str) -> Result<String, JsError> {
+        let config = match alloc_conf.trim() {
+            "" => None,
+            text => Some(crate::alloc::AllocatorConfig::parse(text).map_err(js_error)?),
+        };
+        let capacity = match capacity.trim() {
+            "" => None,
+            text => Some(crate::report::parse_size(text).map_err(js_error)?),
+        };
+        let start = StartMode::parse(start).map_err(js_error)?;
+        let options = ReplayOptions { config, capacity, start, curves: true, keep_snapshot: false };
+        let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
+        serde_json::to_string(&serde_json::json!({ "replay": r, "reserved_curve": r.reserved_curve, "allocated_curve": r.allocated_curve }))
+            .map_err(js_error)
+    }
+
+    /// The snapshot as a protocol-4 pickle (pytorch.org/memory_viz opens it).
+    pub fn to_pickle(&self) -> Vec<u8> {
+        trace::to_pickle(&self.snapshot)
+    }
+
+    pub fn to_json(&self) -> String {
+        trace::to_json(&self.snapshot)
+    }
+
+    /// The scenario run that recorded this trace, as `tensormem run --json` prints it.
+    pub fn run_json(&self) -> Option<String> {
+        self.run_json.clone()
+    }
+}
+
+/// One device's timeline; each `take_*` hands over one array (call each once).
+#[wasm_bindgen]
+pub struct TimelineArrays {
+    t: Timeline,
+}
+
+macro_rules! take {
+    ($($name:ident: $ty:ty = $($field:ident).+;)*) => {
+        #[wasm_bindgen]
+        impl TimelineArrays {
+            $(pub fn $name(&mut self) -> $ty { std::mem::take(&mut self.t.$($field).+) })*
+        }
+    };
+}
+
+take! {
+    take_allocated: Vec<f64> = allocated;
+    take_reserved: Vec<f64> = reserved;
+    take_time_us: Vec<f64> = time_us;
+    take_alloc_size: Vec<f64> = allocations.size;
+    take_alloc_addr: Vec<f64> = allocations.addr;
+    take_alloc_stream: Vec<f64> = allocations.stream;
+    take_alloc_start: Vec<u32> = allocations.start;
+    take_alloc_end: Vec<u32> = allocations.end;
+    take_alloc_stack: Vec<u32> = allocations.stack;
+    take_alloc_group: Vec<u32> = allocations.group;
+    take_piece_x0: Vec<u32> = pieces.x0;
+    take_piece_x1: Vec<u32> = pieces.x1;
+    take_piece_y: Vec<f64> = pieces.y;
+    take_piece_alloc: Vec<u32> = pieces.alloc;
+    take_stack_offsets: Vec<u32> = stack_offsets;
+    take_stack_frames: Vec<u32> = stack_frames;
+}
+
+#[wasm_bindgen]
+impl TimelineArrays {
+    /// `{summary, groups, markers, frames: [[name, filename, line], ...]}`.
+    pub fn meta_json(&self) -> String {
+        let frames: Vec<(&str, &str, u64)> = self.t.frames.iter().map(|f| (f.name.as_str(), f.filename.as_str(), f.line)).collect();
+        serde_json::json!({
+            "summary": self.t.summary,
+            "groups": self.t.groups,
+            "markers": self.t.markers,
+            "frames": frames,
+        })
+        .to_string()
+    }
+}
+
+/// Every scenario with its parameters, variants and explanation, and the simulated cards.
+#[wasm_bindgen]
+pub fn scenarios_json() -> String {
+    let presets: Vec<_> = crate::device::PRESETS.iter().map(|(name, bytes)| serde_json::json!({ "name": name, "bytes": bytes })).collect();
+    serde_json::json!({ "scenarios": scenarios::list(), "presets": presets }).to_string()
+}
+
+/// Runs a scenario on a simulated card. `request` is JSON: `{scenario, variant?, set?: {name:
+/// value}, device?: "sim:H100-80GB", capacity?: "24GiB", alloc_conf?: "..."}`.
+#[wasm_bindgen]
+pub fn run_scenario(request: &str) -> Result<LoadedTrace, JsError> {
+    #[derive(serde::Deserialize)]
+    struct Request {
+        scenario: String,
+        variant: Option<String>,
+        #[serde(default)]
+        set: BTreeMap<String, String>,
+        device: Option<String>,
+        capacity: Option<String>,
+        alloc_conf: Option<String>,
+    }
+    let r: Request = serde_json::from_str(request).map_err(js_error)?;
+    let capacity = r.capacity.filter(|c| !c.trim().is_empty()).map(|c| crate::report::parse_size(&c)).transpose().map_err(js_error)?;
+    let request = RunRequest {
+        scenario: r.scenario,
+        variant: r.variant.filter(|v| !v.is_empty()),
+        set: r.set,
+        device: r.device,
+        capacity,
+        alloc_conf: r.alloc_conf.filter(|c| !c.trim().is_empty()),
+    };
+    let result = scenarios::run(&request).map_err(js_error)?;
+    let run_json = serde_json::to_string(&result).map_err(js_error)?;
+    Ok(LoadedTrace { snapshot: result.snapshot, run_json: Some(run_json) })
+}
