@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the project. Installs what the tests need: Mesa's lavapipe (a software
-# Vulkan driver) so the GPU tests have an adapter on machines without a GPU.
+# Vulkan driver) so the GPU tests have an adapter on machines without a GPU; the browser tests
+# (scripts/test-web.sh, scripts/test-e2e.sh) install Chromium, wasm-bindgen-cli and playwright-core.
 # The real PyTorch snapshots are read from $TENSORMEM_FIXTURES (default ../shared/fixtures/...);
 # under CI=true a missing folder fails the run instead of skipping those tests.
 set -euo pipefail
@@ -31,6 +32,8 @@ echo "== cargo test (allocator rules and properties, fixtures, replay, malformed
 cargo test --workspace --locked 2>&1 | tee "$log"
 
 bash scripts/test-web.sh 2>&1 | tee -a "$log"
+
+bash scripts/test-e2e.sh 2>&1 | tee -a "$log"
 
 # One closing line for the whole run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

@@ -52,7 +52,12 @@ impl LoadedTrace {
         let start = StartMode::parse(start).map_err(js_error)?;
         let options = ReplayOptions { config, capacity, start, curves: true, keep_snapshot: false };
         let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
-        serde_json::to_string(&serde_json::json!({ "replay": r, "reserved_curve": r.reserved_curve, "allocated_curve": r.allocated_curve }))
+        serde_json::to_string(&serde_json::json!({
+            "replay": r,
+            "reserved_curve": r.reserved_curve,
+            "allocated_curve": r.allocated_curve,
+            "memory_summary": r.summary,
+        }))
             .map_err(js_error)
     }
 

@@ -183,6 +183,9 @@ fn a_replaced_start_lets_settings_and_capacity_shape_a_trace_recorded_after_warm
     assert_eq!(r.start, StartMode::Replaced);
     assert!(r.out_of_memory_at_start.is_none(), "{:?}", r.out_of_memory_at_start);
     assert!(r.replayed.ooms > 0);
+    let first_oom = r.first_oom_event.unwrap();
+    assert!(first_oom > 0, "the start fits; an allocation later in the trace does not");
+    assert!(r.first_divergence.as_ref().unwrap().reason.contains("out of memory") || r.first_divergence.as_ref().unwrap().event < first_oom);
     assert!(r.replayed.figures.peak_reserved_bytes <= 66 * GIB / 10);
     // Live bytes at the start are the recorded ones, whatever the placement.
     assert_eq!(r.start_allocated_bytes, results[0].start_allocated_bytes);

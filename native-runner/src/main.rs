@@ -459,6 +459,9 @@ fn print_replay(r: &DeviceReplay) {
         r.address_match * 100.0,
         if r.final_state_match { "identical" } else { "different" }
     );
+    if let Some(i) = r.first_oom_event {
+        println!("  first out of memory: event {i}");
+    }
     match &r.first_divergence {
         None => println!("  first divergence: none"),
         Some(d) => println!("  first divergence: event {}: {}", d.event, d.reason),

@@ -116,6 +116,8 @@ pub struct DeviceReplay {
     /// Our final segments and blocks equal the snapshot's.
     pub final_state_match: bool,
     pub first_divergence: Option<Divergence>,
+    /// Index of the first trace entry whose allocation ran out of memory in the replay.
+    pub first_oom_event: Option<usize>,
     /// Where the recorded trace did not add up (a truncated or edited file).
     pub warnings: Vec<String>,
     pub start: StartMode,
@@ -193,6 +195,9 @@ pub fn replay_device(
         address_hits: 0,
         ooms: 0,
         keep_frames: options.keep_snapshot,
+        // From a replaced start every address differs by construction.
+        compare_addresses: options.start == StartMode::Recorded,
+        first_oom_event: None,
     };
     let mut out_of_memory_at_start = None;
     match options.start {
@@ -290,6 +295,7 @@ pub fn replay_device(
         address_match: ratio(run.address_hits, run.allocs),
         final_state_match,
         first_divergence,
+        first_oom_event: run.first_oom_event,
         warnings,
         start: options.start,
         out_of_memory_at_start,
@@ -368,6 +374,8 @@ struct Run<'a> {
     ooms: usize,
     /// Pass the recorded stacks to the allocator (for a replayed snapshot).
     keep_frames: bool,
+    compare_addresses: bool,
+    first_oom_event: Option<usize>,
 }
 
 impl Run<'_> {
@@ -454,7 +462,7 @@ impl Run<'_> {
                     Ok(a) => {
                         if a.ptr == e.addr {
                             self.address_hits += 1;
-                        } else {
+                        } else if self.compare_addresses {
                             self.diverge(i, format!("alloc of {} bytes: recorded address {:#x}, replay gave {:#x}", e.size, e.addr, a.ptr));
                         }
                         if a.ptr == e.addr {
@@ -466,6 +474,7 @@ impl Run<'_> {
                     }
                     Err(AllocError::OutOfMemory(_)) => {
                         self.ooms += 1;
+                        self.first_oom_event.get_or_insert(i);
                         self.failed.insert(e.addr);
                         self.diverge(i, format!("alloc of {} bytes ran out of memory in the replay", e.size));
                     }

@@ -1,0 +1,245 @@
+// End-to-end tests of the page served by `tensormem serve`, in headless Chromium (playwright-core
+// driving the system Chromium). Run by scripts/test-e2e.sh, which builds the page and the binary.
+// Screenshots of every state land in target/e2e-screenshots/.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync, existsSync } from 'node:fs';
+import { join, resolve, dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+const bin = process.env.TENSORMEM_BIN || join(root, 'target/release/tensormem');
+const fixtures = process.env.TENSORMEM_FIXTURES || resolve(root, '../shared/fixtures/pytorch-snapshots');
+const shots = join(root, 'target/e2e-screenshots');
+const scratch = join(root, 'target/e2e-files');
+mkdirSync(shots, { recursive: true });
+mkdirSync(scratch, { recursive: true });
+export const CHROMIUM_ARGS = ['--enable-unsafe-webgpu', '--disable-background-networking', '--disable-component-update',
+  '--disable-sync', '--no-first-run', '--disable-quic', ...(process.getuid && process.getuid() === 0 ? ['--no-sandbox'] : [])];
+
+let server;
+let baseUrl;
+let browser;
+
+function serve(args = []) {
+  return new Promise((ok, fail) => {
+    const child = spawn(bin, ['serve', '--port', '0', ...args], { cwd: root, stdio: ['ignore', 'pipe', 'inherit'] });
+    child.stdout.setEncoding('utf8');
+    child.stdout.once('data', (line) => {
+      const m = /serving (\S+)/.exec(line);
+      if (m) ok({ child, url: m[1] }); else fail(new Error(`unexpected first line: ${line}`));
+    });
+    child.once('exit', (code) => fail(new Error(`tensormem serve exited with ${code}`)));
+  });
+}
+
+before(async () => {
+  ({ child: server, url: baseUrl } = await serve());
+  browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: CHROMIUM_ARGS });
+});
+after(async () => {
+  await browser?.close();
+  server?.kill();
+});
+
+async function newPage() {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1000 }, acceptDownloads: true });
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  page.errors = errors;
+  return page;
+}
+
+// Waits for the n-th `tensormem:painted` mark (one per newly loaded trace).
+async function painted(page, n = 1) {
+  await page.waitForFunction((k) => performance.getEntriesByName('tensormem:painted').length >= k, n, { timeout: 60000 });
+}
+
+async function peaks(page) {
+  return {
+    allocated: Number(await page.getAttribute('[data-testid=peak-allocated]', 'data-bytes')),
+    reserved: Number(await page.getAttribute('[data-testid=peak-reserved]', 'data-bytes')),
+  };
+}
+
+async function openFile(page, path, paints) {
+  await page.setInputFiles('[data-testid=open-file]', path);
+  await painted(page, paints);
+}
+
+// What the CLI reports as recorded, per device.
+function cliPeaks(path) {
+  const out = execFileSync(bin, ['replay', path, '--json'], { encoding: 'utf8', maxBuffer: 1 << 26 });
+  return out.trim().split('\n').map((l) => JSON.parse(l)).map((r) => ({
+    device: r.device, allocated: r.recorded.peak_allocated_bytes, reserved: r.recorded.peak_reserved_bytes,
+  }));
+}
+
+// Fraction of the timeline canvas's pixels that are not blank.
+async function inkedFraction(page) {
+  return page.$eval('[data-testid=timeline]', (c) => {
+    const { data } = c.getContext('2d').getImageData(0, 0, c.width, c.height);
+    let inked = 0;
+    for (let i = 3; i < data.length; i += 4 * 7) if (data[i] > 0) inked++;
+    return inked / (data.length / (4 * 7));
+  });
+}
+
+test('the default page runs the default scenario and draws its timeline', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  const p = await peaks(page);
+  assert.ok(p.allocated > 0 && p.reserved >= p.allocated, JSON.stringify(p));
+  assert.ok(await inkedFraction(page) > 0.1, 'the timeline has bands');
+  assert.equal(await page.isVisible('[data-testid=error]'), false);
+  // Hovering a band names it.
+  const box = await page.locator('[data-testid=timeline]').boundingBox();
+  await page.mouse.move(box.x + box.width * 0.5, box.y + box.height - 40);
+  await page.waitForSelector('#tooltip:not([hidden])');
+  assert.match(await page.textContent('#tooltip'), /MiB|KiB/);
+  await page.mouse.click(box.x + box.width * 0.5, box.y + box.height - 40);
+  assert.match(await page.textContent('#details'), /address/);
+  await page.screenshot({ path: join(shots, 'default-scenario.png'), fullPage: true });
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('every fixture loads and shows the peaks the CLI reports', async () => {
+  const files = readdirSync(fixtures).filter((f) => /\.(pickle|json)$/.test(f)).sort();
+  assert.ok(files.length >= 7, `fixtures in ${fixtures}`);
+  const page = await newPage();
+  await page.goto(baseUrl);
+  let paints = await painted(page).then(() => 1);
+  for (const f of files) {
+    const path = join(fixtures, f);
+    const expected = cliPeaks(path);
+    paints += 1;
+    await openFile(page, path, paints);
+    const shown = await peaks(page);
+    assert.deepEqual(shown, { allocated: expected[0].allocated, reserved: expected[0].reserved }, f);
+    assert.equal(await page.isVisible('[data-testid=error]'), false, f);
+    assert.equal(await page.textContent('#source-name'), f);
+    await page.screenshot({ path: join(shots, `fixture-${f}.png`) });
+    // A multi-device file switches devices, and each device shows its own peaks.
+    if (expected.length > 1) {
+      assert.equal(await page.isVisible('[data-testid=device-select]'), true, f);
+      for (const d of expected.slice(1)) {
+        paints += 1;
+        await page.selectOption('[data-testid=device-select]', String(d.device));
+        await painted(page, paints);
+        assert.deepEqual(await peaks(page), { allocated: d.allocated, reserved: d.reserved }, `${f} device ${d.device}`);
+      }
+      await page.screenshot({ path: join(shots, `fixture-${f}-device-${expected.at(-1).device}.png`) });
+    }
+  }
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('a truncated file and a non-pickle show an error, and the next file still loads', async () => {
+  const good = join(fixtures, 'small-state.pickle');
+  const bytes = readFileSync(good);
+  const truncated = join(scratch, 'truncated.pickle');
+  writeFileSync(truncated, bytes.subarray(0, Math.floor(bytes.length / 2)));
+  const notPickle = join(scratch, 'notes.txt');
+  writeFileSync(notPickle, 'these are my notes, not a snapshot\n');
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  for (const [path, pattern] of [[truncated, /truncated|end of (the )?(data|file|input)|unexpected end/i], [notPickle, /not a snapshot|expected a pickle/i]]) {
+    await page.setInputFiles('[data-testid=open-file]', path);
+    await page.waitForSelector('[data-testid=error]:not([hidden])');
+    assert.match(await page.textContent('[data-testid=error]'), pattern);
+    await page.screenshot({ path: join(shots, `error-${path.split('/').pop()}.png`) });
+  }
+  await openFile(page, good, 2);
+  assert.equal(await page.isVisible('[data-testid=error]'), false);
+  assert.deepEqual(await peaks(page), { allocated: cliPeaks(good)[0].allocated, reserved: cliPeaks(good)[0].reserved });
+  await page.close();
+});
+
+test('a scenario run with changed parameters shows what tensormem run --json reports', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await page.selectOption('[data-testid=scenario-select]', 'variable-batch');
+  await page.fill('input[data-param=layers]', '4');
+  await page.fill('input[data-param=batches]', '32,31,40,36');
+  await page.selectOption('#variant-select', 'fix');
+  await page.selectOption('#card-select', 'T4-16GB');
+  await page.click('[data-testid=run-scenario]');
+  await painted(page, 2);
+  const shown = JSON.parse(await page.getAttribute('#scenario-result', 'data-run'));
+  const cli = JSON.parse(execFileSync(bin, ['run', 'variable-batch', '--variant', 'fix', '--set', 'layers=4', '--set', 'batches=32,31,40,36',
+    '--device', 'sim:T4-16GB', '--json'], { encoding: 'utf8' }));
+  for (const key of ['scenario', 'variant', 'device', 'parameters', 'steps', 'peak_allocated_bytes', 'peak_reserved_bytes', 'explanation']) {
+    assert.deepEqual(shown[key], cli[key], key);
+  }
+  assert.equal(Number(await page.getAttribute('[data-testid=scenario-peak-allocated]', 'data-bytes')), cli.peak_allocated_bytes);
+  assert.equal(Number(await page.getAttribute('[data-testid=scenario-peak-reserved]', 'data-bytes')), cli.peak_reserved_bytes);
+  assert.equal(await page.locator('[data-testid=scenario-steps] tr').count(), cli.steps.length + 1);
+  await page.screenshot({ path: join(shots, 'scenario-run.png'), fullPage: true });
+  await page.close();
+});
+
+test('an exported snapshot reloads with the same peaks, as pickle and as JSON', async () => {
+  const source = join(fixtures, 'gpt-ctx128-forward.pickle');
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await openFile(page, source, 2);
+  const before = await peaks(page);
+  let paints = 2;
+  for (const button of ['#export-pickle', '#export-json']) {
+    const [download] = await Promise.all([page.waitForEvent('download'), page.click(button)]);
+    const saved = join(scratch, download.suggestedFilename());
+    await download.saveAs(saved);
+    assert.ok(existsSync(saved));
+    paints += 1;
+    await openFile(page, saved, paints);
+    assert.deepEqual(await peaks(page), before, button);
+    // The CLI reads the export the same way.
+    assert.deepEqual(cliPeaks(saved).map((d) => ({ allocated: d.allocated, reserved: d.reserved }))[0], before, button);
+  }
+  await page.close();
+});
+
+test('tensormem serve FILE opens the page with that snapshot loaded, and what-if replays it', async () => {
+  const file = join(fixtures, 'gpt-medium-ctx128-training.pickle');
+  const { child, url } = await serve([file]);
+  try {
+    assert.match(url, /\?file=\/snapshot\/gpt-medium-ctx128-training\.pickle$/);
+    const page = await newPage();
+    await page.goto(url);
+    await painted(page);
+    assert.deepEqual(await peaks(page), { allocated: cliPeaks(file)[0].allocated, reserved: cliPeaks(file)[0].reserved });
+    assert.match(await page.textContent('#warnings'), /does not start at the beginning/);
+    // A 6.6 GiB card from a replaced start: the trace runs out of memory.
+    await page.fill('#whatif-capacity', '6.6GiB');
+    await page.selectOption('#whatif-start', 'replaced');
+    await page.click('#whatif-run');
+    await page.waitForSelector('#whatif-result table');
+    assert.match(await page.textContent('#whatif-result'), /ran out of memory/);
+    assert.match(await page.textContent('#summary'), /PyTorch CUDA memory summary|Allocated memory/);
+    await page.screenshot({ path: join(shots, 'whatif-capacity.png'), fullPage: true });
+    // Expandable segments reserve less than the recorded run.
+    await page.fill('#whatif-capacity', '');
+    await page.fill('#whatif-conf', 'expandable_segments:True');
+    await page.click('#whatif-run');
+    await page.waitForFunction(() => /expandable_segments:True/.test(document.querySelector('#whatif-result').textContent));
+    const whatIf = Number(await page.getAttribute('[data-testid=whatif-peak-reserved]', 'data-bytes'));
+    assert.ok(whatIf < (await peaks(page)).reserved, `${whatIf}`);
+    // A bad setting is a clear error, and the page keeps its trace.
+    await page.fill('#whatif-conf', 'expandable_segments:Maybe');
+    await page.click('#whatif-run');
+    await page.waitForSelector('[data-testid=error]:not([hidden])');
+    assert.match(await page.textContent('[data-testid=error]'), /expandable_segments/);
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  } finally {
+    child.kill();
+  }
+});

@@ -1,0 +1,340 @@
+// The page: inputs (file picker, drag and drop, ?file= URL, scenarios), the figures and test
+// hooks, and the panels around the timeline. Heavy work goes to the worker (worker.js).
+import { Timeline, formatBytes } from './timeline.js';
+
+const $ = (id) => document.getElementById(id);
+const escape = (s) => String(s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
+
+// ---- the worker, as promises
+const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+let nextId = 1;
+const waiting = new Map();
+worker.onmessage = (event) => {
+  const m = event.data;
+  if (m.type === 'progress') return showProgress(m.phase, m.fraction);
+  const w = waiting.get(m.id);
+  if (!w) return;
+  waiting.delete(m.id);
+  if (m.error !== undefined) w.reject(new Error(m.error)); else w.resolve(m.result);
+};
+worker.onerror = (e) => showError(`the page's worker failed: ${e.message || 'unknown error'}`);
+function ask(type, payload = {}) {
+  return new Promise((resolve, reject) => {
+    const id = nextId++;
+    waiting.set(id, { resolve, reject });
+    worker.postMessage({ id, type, ...payload });
+  });
+}
+
+// ---- status: progress and errors
+function showProgress(phase, fraction) {
+  $('progress').hidden = false;
+  $('progress-fill').style.width = `${Math.round(Math.min(1, fraction) * 100)}%`;
+  $('progress-text').textContent = phase;
+}
+function hideProgress() { $('progress').hidden = true; }
+function showError(message, headline = 'Something went wrong.') {
+  hideProgress();
+  $('error-headline').textContent = headline;
+  $('error-text').textContent = message;
+  $('error').hidden = false;
+}
+function clearError() { $('error').hidden = true; }
+$('error-close').onclick = clearError;
+
+// ---- state
+const timeline = new Timeline($('timeline'), $('tooltip'));
+let current = null; // {name, devices, run}
+let device = 0;
+let scenarios = null;
+
+function stackOf(id) {
+  const { arrays: a, meta } = timeline.data;
+  const s = a.allocStack[id];
+  if (s === 0xffffffff) return [];
+  const frames = [];
+  for (let k = a.stackOffsets[s]; k < a.stackOffsets[s + 1]; k++) frames.push(meta.frames[a.stackFrames[k]]);
+  return frames;
+}
+const isPython = (f) => f[1].endsWith('.py');
+const frameText = (f) => (f[1] && f[1] !== '??' ? `${f[0]}  ${f[1]}:${f[2]}` : f[0]);
+
+function lifetime(id) {
+  const a = timeline.data.arrays;
+  const end = a.allocEnd[id] >= timeline.positions ? 'still live at the end' : `freed at event ${a.allocEnd[id] - 1}`;
+  const start = a.allocStart[id] === 0 ? 'live when the trace starts' : `allocated at event ${a.allocStart[id] - 1}`;
+  return `${start}, ${end}`;
+}
+
+timeline.describe = (id) => {
+  const { arrays: a, meta } = timeline.data;
+  const frames = stackOf(id);
+  const shown = (frames.some(isPython) ? frames.filter(isPython) : frames).slice(0, 5);
+  return `<b>${formatBytes(a.allocSize[id])}</b> · ${escape(meta.groups[a.allocGroup[id]].name)}<br>`
+    + `address 0x${a.allocAddr[id].toString(16)} · stream ${a.allocStream[id]}<br>${lifetime(id)}`
+    + (shown.length ? `<div class="frames">${shown.map((f) => escape(frameText(f))).join('<br>')}</div>` : '');
+};
+
+function showDetails(id) {
+  if (id == null) {
+    $('details').innerHTML = '<p class="muted">Hover a band to see what it is; click to pin it and read its whole stack.</p>';
+    return;
+  }
+  const { arrays: a, meta } = timeline.data;
+  const frames = stackOf(id);
+  $('details').innerHTML = `<dl class="kv">
+      <dt>size</dt><dd>${formatBytes(a.allocSize[id])} (${a.allocSize[id].toLocaleString('en-US')} bytes requested)</dd>
+      <dt>address</dt><dd>0x${a.allocAddr[id].toString(16)}</dd>
+      <dt>stream</dt><dd>${a.allocStream[id]}</dd>
+      <dt>lifetime</dt><dd>${lifetime(id)}</dd>
+      <dt>group</dt><dd>${escape(meta.groups[a.allocGroup[id]].name)}</dd>
+    </dl>`
+    + (frames.length
+      ? `<div class="stack">${frames.map((f) => `<div class="${isPython(f) ? 'py' : 'cpp'}">${escape(frameText(f))}</div>`).join('')}</div>`
+      : '<p class="muted">No stack was recorded for this block.</p>');
+}
+
+function showLive(position) {
+  const { arrays: a, meta } = timeline.data;
+  const live = [];
+  const byGroup = new Map();
+  let hiddenCount = 0;
+  let hiddenBytes = 0;
+  for (let i = 0; i < a.allocSize.length; i++) {
+    if (a.allocStart[i] > position || a.allocEnd[i] <= position) continue;
+    const g = a.allocGroup[i];
+    if (timeline.hidden.has(g)) { hiddenCount++; hiddenBytes += a.allocSize[i]; continue; }
+    live.push(i);
+    byGroup.set(g, (byGroup.get(g) || 0) + a.allocSize[i]);
+  }
+  live.sort((x, y) => a.allocSize[y] - a.allocSize[x]);
+  const total = a.allocated[position];
+  $('live-title').textContent = `Live at event ${Math.max(0, position - 1)}${position === meta.summary.peak_x ? ' (the peak)' : ''}: ${formatBytes(total)} in ${live.length + hiddenCount} allocations`;
+  const groups = [...byGroup.entries()].sort((x, y) => y[1] - x[1]).slice(0, 8);
+  const max = groups.length ? groups[0][1] : 1;
+  const groupRows = groups.map(([g, bytes]) => `<tr><td class="bar-cell"><i style="width:${(100 * bytes) / max}%"></i><span>${escape(meta.groups[g].name)}</span></td><td class="num">${formatBytes(bytes)}</td></tr>`).join('');
+  const rows = live.slice(0, 10).map((i) => `<tr class="clickable" data-alloc="${i}"><td class="num">${formatBytes(a.allocSize[i])}</td><td>${escape(meta.groups[a.allocGroup[i]].name)}</td></tr>`).join('');
+  $('live').innerHTML = `<table><tr><th>by where it was allocated</th><th class="num">bytes</th></tr>${groupRows}</table>`
+    + `<table style="margin-top:8px"><tr><th class="num">size</th><th>largest allocations</th></tr>${rows}</table>`
+    + (hiddenCount ? `<p class="muted">${hiddenCount} allocations (${formatBytes(hiddenBytes)}) hidden by the legend filter.</p>` : '');
+  for (const tr of $('live').querySelectorAll('tr[data-alloc]')) {
+    tr.onclick = () => { timeline.pinned = Number(tr.dataset.alloc); showDetails(timeline.pinned); timeline.requestDraw(); };
+  }
+  $('cursor-label').textContent = `at event ${Math.max(0, position - 1)}`;
+  $('cursor-allocated').textContent = formatBytes(total);
+  $('cursor-reserved').textContent = `allocated · ${formatBytes(a.reserved[position])} reserved`;
+}
+
+function showLegend() {
+  const { meta } = timeline.data;
+  const shown = timeline.groupOrder.slice(0, 24);
+  $('legend').innerHTML = shown.map((g) => `<button data-group="${g}" class="${timeline.hidden.has(g) ? 'off' : ''}" title="click to hide or show">`
+    + `<i style="background:${timeline.groupColor[g]}"></i>${escape(meta.groups[g].name)} <span class="count">${formatBytes(meta.groups[g].bytes_at_peak)} at peak · ${meta.groups[g].allocations}</span></button>`).join('')
+    + (timeline.groupOrder.length > shown.length ? `<span class="count">and ${timeline.groupOrder.length - shown.length} smaller groups</span>` : '');
+  for (const b of $('legend').querySelectorAll('button')) {
+    b.onclick = () => { timeline.toggleGroup(Number(b.dataset.group)); showLegend(); showLive(timeline.cursor); };
+  }
+}
+
+function setPeak(el, bytes) {
+  el.dataset.bytes = String(bytes);
+  el.textContent = formatBytes(bytes);
+  el.title = `${bytes.toLocaleString('en-US')} bytes`;
+}
+
+async function showDevice(d) {
+  device = d;
+  const data = await ask('timeline', { device: d });
+  hideProgress();
+  const s = data.meta.summary;
+  setPeak($('peak-allocated'), s.peak_allocated_bytes);
+  setPeak($('peak-reserved'), s.peak_reserved_bytes);
+  $('trace-events').textContent = `${s.events.toLocaleString('en-US')} events · ${s.allocations.toLocaleString('en-US')} allocations`;
+  $('trace-settings').textContent = `device ${s.device} · settings ${s.settings}`;
+  $('warnings').innerHTML = s.warnings.map((w) => `<li>${escape(w)}</li>`).join('');
+  $('axis-select').querySelector('option[value=time]').disabled = !s.has_time;
+  timeline.setData(data);
+  timeline.setAxis($('axis-select').value);
+  showLegend();
+  showDetails(null);
+  showLive(timeline.cursor);
+  $('whatif-result').innerHTML = '';
+  $('replay-key').hidden = true;
+  $('summary').textContent = 'Run a what-if replay to see the allocator\'s table.';
+  timeline.requestDraw(() => performance.mark('tensormem:painted'));
+}
+
+async function loaded(info) {
+  current = info;
+  $('source-name').textContent = info.name;
+  $('source-name').title = info.name;
+  const select = $('device-select');
+  select.innerHTML = info.devices.map((d) => `<option value="${d}">cuda:${d}</option>`).join('');
+  $('device-box').hidden = info.devices.length < 2;
+  if (!info.devices.length) throw new Error('the snapshot has no segments and no trace for any device');
+  await showDevice(info.devices[0]);
+  if (info.run) showRun(JSON.parse(info.run));
+}
+
+async function load(request, payload) {
+  clearError();
+  showProgress('starting', 0);
+  try {
+    await loaded(await ask(request, payload));
+  } catch (e) {
+    showError(e.message, request === 'runScenario' ? 'The scenario could not run.' : 'Could not load this file.');
+  } finally {
+    hideProgress();
+  }
+}
+
+// ---- inputs
+$('open-file').addEventListener('change', (e) => {
+  const file = e.target.files[0];
+  if (file) load('openFile', { file });
+  e.target.value = '';
+});
+$('device-select').addEventListener('change', (e) => showDevice(Number(e.target.value)).catch((err) => showError(err.message, 'Could not show this device.')));
+$('axis-select').addEventListener('change', (e) => timeline.setAxis(e.target.value));
+let dragDepth = 0;
+window.addEventListener('dragenter', (e) => { e.preventDefault(); dragDepth++; $('drop').hidden = false; });
+window.addEventListener('dragleave', () => { if (--dragDepth <= 0) { dragDepth = 0; $('drop').hidden = true; } });
+window.addEventListener('dragover', (e) => e.preventDefault());
+window.addEventListener('drop', (e) => {
+  e.preventDefault();
+  dragDepth = 0;
+  $('drop').hidden = true;
+  const file = e.dataTransfer.files[0];
+  if (file) load('openFile', { file });
+});
+timeline.on('cursor', (position) => showLive(position));
+timeline.on('pin', (id) => showDetails(id));
+
+// ---- export
+async function exportTrace(format) {
+  if (!current) return;
+  try {
+    const data = await ask('exportTrace', { format });
+    const blob = new Blob([data], { type: format === 'json' ? 'application/json' : 'application/octet-stream' });
+    const a = document.createElement('a');
+    a.href = URL.createObjectURL(blob);
+    a.download = `${current.name.replace(/(\.tensormem)?\.(pickle|pkl|json)$/i, '').replace(/[^\w.-]+/g, '_')}.tensormem.${format === 'json' ? 'json' : 'pickle'}`;
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+  } catch (e) {
+    showError(e.message, 'Export failed.');
+  }
+}
+$('export-pickle').onclick = () => exportTrace('pickle');
+$('export-json').onclick = () => exportTrace('json');
+
+// ---- what if
+$('whatif-run').onclick = async () => {
+  if (!current) return;
+  clearError();
+  $('whatif-run').disabled = true;
+  try {
+    const out = await ask('replay', {
+      device, allocConf: $('whatif-conf').value, capacity: $('whatif-capacity').value, start: $('whatif-start').value,
+    });
+    const r = out.replay;
+    const divergence = r.first_divergence;
+    const recordedPeak = r.recorded.peak_reserved_bytes;
+    const replayedPeak = r.replayed.peak_reserved_bytes;
+    let oomPosition = null;
+    if (r.out_of_memory_at_start) oomPosition = 0;
+    else if (r.first_oom_event != null) oomPosition = r.first_oom_event + 1;
+    timeline.setReplay({ reserved_curve: out.reserved_curve, oomPosition });
+    $('replay-key').hidden = false;
+    const diff = replayedPeak - recordedPeak;
+    $('whatif-result').innerHTML = `
+      <p class="result-line">Settings <b>${escape(r.settings)}</b>, capacity <b>${r.capacity == null ? 'unlimited' : formatBytes(r.capacity)}</b>, start <b>${r.start}</b>.</p>
+      <table>
+        <tr><th></th><th class="num">recorded</th><th class="num">what if</th></tr>
+        <tr><td>peak reserved</td><td class="num">${formatBytes(recordedPeak)}</td><td class="num" data-testid="whatif-peak-reserved" data-bytes="${replayedPeak}">${formatBytes(replayedPeak)}</td></tr>
+        <tr><td>segment allocations</td><td class="num">${r.recorded.segment_allocs + r.recorded.segment_maps}</td><td class="num">${r.replayed.segment_allocs + r.replayed.segment_maps}</td></tr>
+        <tr><td>out of memory</td><td class="num">–</td><td class="num">${r.replayed.ooms}</td></tr>
+      </table>
+      <p class="result-line">${diff === 0 ? 'Same peak reserved as recorded.' : `Peak reserved ${diff < 0 ? 'falls' : 'rises'} by <b>${formatBytes(Math.abs(diff))}</b>.`}</p>
+      ${r.out_of_memory_at_start ? `<p class="result-line oom">Out of memory at the start: ${escape(r.out_of_memory_at_start)}</p>` : ''}
+      ${!r.out_of_memory_at_start && r.replayed.ooms ? `<p class="result-line oom">${r.replayed.ooms} allocation(s) ran out of memory; the first at event ${r.first_oom_event} (marked on the timeline).</p>` : ''}
+      <p class="result-line muted">${divergence ? `First divergence from PyTorch's decisions: event ${divergence.event}: ${escape(divergence.reason)}` : (r.start === 'replaced' ? 'Same device memory calls as recorded (addresses differ: the start was replaced).' : 'The replay made exactly PyTorch\'s decisions.')}</p>`;
+    $('summary').textContent = out.memory_summary;
+    $('summary').classList.remove('muted');
+  } catch (e) {
+    showError(e.message, 'The what-if replay failed.');
+  } finally {
+    $('whatif-run').disabled = false;
+    hideProgress();
+  }
+};
+
+// ---- scenarios
+function selectedScenario() {
+  return scenarios.scenarios.find((s) => s.name === $('scenario-select').value);
+}
+
+function showScenarioForm() {
+  const s = selectedScenario();
+  $('variant-select').innerHTML = s.variants.length ? s.variants.map((v) => `<option>${v}</option>`).join('') : '<option value="">–</option>';
+  $('variant-select').disabled = !s.variants.length;
+  $('scenario-params').innerHTML = s.parameters.map((p) => `<label title="${escape(p.help)}">${escape(p.name)} <input data-param="${escape(p.name)}" value="${escape(p.default)}" size="${Math.max(4, Math.min(30, p.default.length + 2))}"></label>`).join('');
+  $('scenario-explanation').textContent = s.explanation;
+}
+
+function scenarioRequest() {
+  const set = {};
+  const s = selectedScenario();
+  for (const input of $('scenario-params').querySelectorAll('input[data-param]')) {
+    const p = s.parameters.find((q) => q.name === input.dataset.param);
+    if (input.value.trim() !== p.default) set[p.name] = input.value.trim();
+  }
+  const card = $('card-select').value;
+  return {
+    scenario: s.name,
+    variant: $('variant-select').value || null,
+    set,
+    device: card === 'custom' ? `sim:${$('custom-card').value.trim()}` : `sim:${card}`,
+  };
+}
+
+function showRun(run) {
+  const rows = run.steps.map((s) => `<tr><td>${escape(s.label)}</td><td class="num">${formatBytes(s.allocated_bytes)}</td><td class="num">${formatBytes(s.reserved_bytes)}</td><td class="num">${formatBytes(s.max_allocated_bytes)}</td></tr>`).join('');
+  $('scenario-result').innerHTML = `
+    <p class="result-line">${escape(run.scenario)}${run.variant ? ` (${run.variant})` : ''} on ${escape(run.device)} (${formatBytes(run.capacity_bytes)}), settings ${escape(run.settings)}</p>
+    <p class="result-line">max_memory_allocated <b data-testid="scenario-peak-allocated" data-bytes="${run.peak_allocated_bytes}">${formatBytes(run.peak_allocated_bytes)}</b>
+      · max_memory_reserved <b data-testid="scenario-peak-reserved" data-bytes="${run.peak_reserved_bytes}">${formatBytes(run.peak_reserved_bytes)}</b></p>
+    ${run.out_of_memory ? `<p class="result-line oom">${escape(run.out_of_memory)}</p>` : ''}
+    <table data-testid="scenario-steps"><tr><th>step</th><th class="num">allocated</th><th class="num">reserved</th><th class="num">max allocated</th></tr>${rows}</table>`;
+  $('scenario-result').dataset.run = JSON.stringify(run);
+}
+
+async function runScenario() {
+  await load('runScenario', { request: scenarioRequest() });
+}
+
+async function setUpScenarios() {
+  scenarios = await ask('scenarios');
+  $('scenario-select').innerHTML = scenarios.scenarios.map((s) => `<option value="${s.name}">${escape(s.name)}: ${escape(s.title)}</option>`).join('');
+  $('card-select').innerHTML = scenarios.presets.map((p) => `<option value="${p.name}">${p.name} (${formatBytes(p.bytes)})</option>`).join('') + '<option value="custom">custom size…</option>';
+  $('scenario-select').onchange = showScenarioForm;
+  $('card-select').onchange = () => { $('custom-card-box').hidden = $('card-select').value !== 'custom'; };
+  $('run-scenario').onclick = runScenario;
+  showScenarioForm();
+}
+
+// ---- start: a snapshot named in the URL (tensormem serve FILE), else the default scenario
+async function start() {
+  try {
+    await setUpScenarios();
+  } catch (e) {
+    showError(`the page could not start its wasm: ${e.message}`);
+    return;
+  }
+  const file = new URLSearchParams(location.search).get('file');
+  if (file) await load('openUrl', { url: file });
+  else await runScenario();
+}
+start();

@@ -1,0 +1,493 @@
+// The active memory timeline: every allocation a band (a run of rectangles laid out by the wasm
+// side, stacked as MemoryViz stacks them), reserved memory as a line above, optional what-if
+// curve, the peak, markers and a cursor. Canvas 2D, one path per colour group per frame; a band
+// narrower or thinner than a pixel is still drawn a pixel wide, so nothing disappears at any zoom.
+
+export const BEFORE_TRACE = '(allocated before the trace, no stack)';
+export const NO_FRAMES = '(no stack recorded)';
+
+const PALETTE = [
+  '#4e79a7', '#f28e2b', '#59a14f', '#b07aa1', '#76b7b2', '#edc948', '#ff9da7', '#9c755f',
+  '#6f9fd8', '#e15759', '#8cd17d', '#d4a6c8', '#86bcb6', '#f1ce63', '#a0cbe8', '#ffbe7d',
+];
+const GREYS = { [BEFORE_TRACE]: '#b9c0cc', [NO_FRAMES]: '#8e96a3' };
+const MARGIN = { left: 74, right: 16, top: 18, bottom: 30 };
+
+export function formatBytes(bytes) {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let v = Math.abs(bytes);
+  let u = 0;
+  while (v >= 1024 && u < units.length - 1) { v /= 1024; u += 1; }
+  const sign = bytes < 0 ? '-' : '';
+  return u === 0 ? `${sign}${v} B` : `${sign}${v.toFixed(2)} ${units[u]}`;
+}
+
+function formatTime(us) {
+  const a = Math.abs(us);
+  if (a >= 1e6) return `${(us / 1e6).toFixed(a >= 1e7 ? 1 : 2)} s`;
+  if (a >= 1e3) return `${(us / 1e3).toFixed(a >= 1e4 ? 0 : 1)} ms`;
+  return `${Math.round(us)} µs`;
+}
+
+// "Nice" tick values covering [lo, hi] with about `count` steps.
+function ticks(lo, hi, count, binary) {
+  const span = hi - lo;
+  if (!(span > 0)) return [lo];
+  const raw = span / count;
+  let step;
+  if (binary && raw >= 1024) {
+    step = 2 ** Math.ceil(Math.log2(raw));
+    if (step / 2 >= raw) step /= 2;
+  } else {
+    const p = 10 ** Math.floor(Math.log10(raw));
+    step = [1, 2, 5, 10].map((m) => m * p).find((s) => s >= raw);
+  }
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(v);
+  return out;
+}
+
+export class Timeline {
+  constructor(canvas, tooltip) {
+    this.canvas = canvas;
+    this.tooltip = tooltip;
+    this.ctx = canvas.getContext('2d');
+    this.data = null;
+    this.hidden = new Set();
+    this.axis = 'event';
+    this.cursor = null;
+    this.pinned = null;
+    this.hover = null;
+    this.replay = null;
+    this.listeners = {};
+    this.pending = false;
+    this.attachEvents();
+    new ResizeObserver(() => this.requestDraw()).observe(canvas);
+  }
+
+  on(name, fn) { this.listeners[name] = fn; }
+  emit(name, value) { if (this.listeners[name]) this.listeners[name](value); }
+
+  // data: {arrays, meta} from the worker.
+  setData(data) {
+    const { arrays: a, meta } = data;
+    this.data = data;
+    this.positions = a.allocated.length; // events + 1
+    this.hidden = new Set();
+    this.replay = null;
+    this.pinned = null;
+    this.hover = null;
+    // Colours: the groups biggest at the peak get the distinct ones.
+    const order = meta.groups.map((g, i) => i).sort((x, y) => meta.groups[y].bytes_at_peak - meta.groups[x].bytes_at_peak);
+    this.groupOrder = order;
+    this.groupColor = new Array(meta.groups.length);
+    let next = 0;
+    for (const g of order) {
+      const name = meta.groups[g].name;
+      this.groupColor[g] = GREYS[name] || PALETTE[next++ % PALETTE.length];
+    }
+    // Pieces bucketed by group: one path per colour when drawing.
+    const groups = meta.groups.length;
+    const counts = new Uint32Array(groups + 1);
+    for (let i = 0; i < a.pieceAlloc.length; i++) counts[a.allocGroup[a.pieceAlloc[i]] + 1]++;
+    for (let g = 0; g < groups; g++) counts[g + 1] += counts[g];
+    this.groupStart = counts.slice();
+    this.byGroup = new Uint32Array(a.pieceAlloc.length);
+    const fill = counts.slice();
+    for (let i = 0; i < a.pieceAlloc.length; i++) this.byGroup[fill[a.allocGroup[a.pieceAlloc[i]]]++] = i;
+    this.setAxis(this.axis);
+    this.cursor = meta.summary.peak_x;
+    this.requestDraw();
+  }
+
+  // x coordinate (axis units) of every position, and one past the end.
+  setAxis(axis) {
+    if (!this.data) { this.axis = axis; return; }
+    const { timeUs } = this.data.arrays;
+    const hasTime = this.data.meta.summary.has_time;
+    this.axis = axis === 'time' && hasTime ? 'time' : 'event';
+    const n = this.positions;
+    const xs = new Float64Array(n + 1);
+    if (this.axis === 'time') {
+      let first = NaN;
+      for (let i = 0; i < n; i++) if (!Number.isNaN(timeUs[i])) { first = timeUs[i]; break; }
+      let last = 0;
+      for (let i = 0; i < n; i++) {
+        const t = Number.isNaN(timeUs[i]) ? last : Math.max(last, timeUs[i] - first);
+        xs[i] = t;
+        last = t;
+      }
+      xs[n] = last + Math.max(1, last / n);
+    } else {
+      for (let i = 0; i <= n; i++) xs[i] = i;
+    }
+    this.xs = xs;
+    this.resetView();
+  }
+
+  resetView() {
+    this.view = [0, this.xs[this.positions]];
+    this.requestDraw();
+  }
+
+  setReplay(replay) {
+    this.replay = replay;
+    this.requestDraw();
+  }
+
+  toggleGroup(g) {
+    if (this.hidden.has(g)) this.hidden.delete(g); else this.hidden.add(g);
+    this.requestDraw();
+  }
+
+  requestDraw(after) {
+    if (after) (this.afterDraw ||= []).push(after);
+    if (this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => {
+      this.pending = false;
+      this.draw();
+      const callbacks = this.afterDraw || [];
+      this.afterDraw = [];
+      for (const f of callbacks) f();
+    });
+  }
+
+  // ---- geometry
+  get plot() {
+    const w = this.canvas.clientWidth;
+    const h = this.canvas.clientHeight;
+    return { x: MARGIN.left, y: MARGIN.top, w: Math.max(10, w - MARGIN.left - MARGIN.right), h: Math.max(10, h - MARGIN.top - MARGIN.bottom) };
+  }
+
+  yMax() {
+    const s = this.data.meta.summary;
+    let m = Math.max(s.peak_reserved_bytes, s.peak_allocated_bytes, 1);
+    if (this.replay) for (const v of this.replay.reserved_curve) m = Math.max(m, v);
+    return m * 1.06;
+  }
+
+  pxOfX(x, p = this.plot) {
+    return p.x + ((x - this.view[0]) / (this.view[1] - this.view[0])) * p.w;
+  }
+
+  xOfPx(px, p = this.plot) {
+    return this.view[0] + ((px - p.x) / p.w) * (this.view[1] - this.view[0]);
+  }
+
+  // The position whose column holds axis coordinate x.
+  positionAt(x) {
+    const xs = this.xs;
+    let lo = 0;
+    let hi = this.positions - 1;
+    if (x <= xs[0]) return 0;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (xs[mid] <= x) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
+
+  // The allocation drawn at canvas point (px, py), or null.
+  hitTest(px, py) {
+    if (!this.data) return null;
+    const p = this.plot;
+    if (px < p.x || px > p.x + p.w || py < p.y || py > p.y + p.h) return null;
+    const a = this.data.arrays;
+    const pos = this.positionAt(this.xOfPx(px, p));
+    const bytes = ((p.y + p.h - py) / p.h) * this.yMax();
+    // Slack of one pixel so thin bands can be hovered.
+    const slack = this.yMax() / p.h;
+    let best = null;
+    for (let i = 0; i < a.pieceX0.length; i++) {
+      if (a.pieceX0[i] > pos || a.pieceX1[i] <= pos) continue;
+      const id = a.pieceAlloc[i];
+      if (this.hidden.has(a.allocGroup[id])) continue;
+      const y = a.pieceY[i];
+      const size = a.allocSize[id];
+      if (bytes >= y - slack && bytes < y + size + slack) {
+        const exact = bytes >= y && bytes < y + size;
+        if (exact) return id;
+        best = id;
+      }
+    }
+    return best;
+  }
+
+  // ---- drawing
+  draw() {
+    const c = this.canvas;
+    const dpr = window.devicePixelRatio || 1;
+    const w = c.clientWidth;
+    const h = c.clientHeight;
+    if (c.width !== Math.round(w * dpr) || c.height !== Math.round(h * dpr)) {
+      c.width = Math.round(w * dpr);
+      c.height = Math.round(h * dpr);
+    }
+    const ctx = this.ctx;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, w, h);
+    if (!this.data) {
+      ctx.fillStyle = '#98a2b3';
+      ctx.font = '14px system-ui, sans-serif';
+      ctx.fillText('Open a snapshot or run a scenario.', MARGIN.left, 40);
+      return;
+    }
+    const p = this.plot;
+    const ymax = this.yMax();
+    const sy = p.h / ymax;
+    const base = p.y + p.h;
+    this.drawAxes(ctx, p, ymax);
+
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(p.x, p.y, p.w, p.h);
+    ctx.clip();
+    const a = this.data.arrays;
+    const xs = this.xs;
+    const [v0, v1] = this.view;
+    const sx = p.w / (v1 - v0);
+    for (const g of this.groupOrder) {
+      if (this.hidden.has(g)) continue;
+      ctx.fillStyle = this.groupColor[g];
+      ctx.beginPath();
+      for (let k = this.groupStart[g]; k < this.groupStart[g + 1]; k++) {
+        const i = this.byGroup[k];
+        const xa = xs[a.pieceX0[i]];
+        const xb = xs[a.pieceX1[i]];
+        if (xb < v0 || xa > v1) continue;
+        const size = a.allocSize[a.pieceAlloc[i]];
+        const left = p.x + (xa - v0) * sx;
+        const width = Math.max((xb - xa) * sx, 1);
+        const height = Math.max(size * sy, 1);
+        ctx.rect(left, base - (a.pieceY[i] + size) * sy, width, height);
+      }
+      ctx.fill();
+    }
+    this.outline(ctx, this.pinned, '#111827', 2);
+    if (this.hover !== this.pinned) this.outline(ctx, this.hover, '#ffffff', 1.5);
+
+    this.curve(ctx, a.reserved, '#d0453a', 1.6, []);
+    if (this.replay) {
+      this.curve(ctx, this.replay.reserved_curve, '#111827', 1.6, [5, 3]);
+      const oom = this.replay.oomPosition;
+      if (oom != null) this.vline(ctx, oom, '#a3261b', 'out of memory', [2, 2]);
+    }
+    const s = this.data.meta.summary;
+    this.vline(ctx, s.peak_x, 'rgba(17,24,39,.55)', `peak ${formatBytes(s.peak_allocated_bytes)}`, [3, 3]);
+    for (const m of this.data.meta.markers) this.marker(ctx, m);
+    if (this.cursor != null) this.vline(ctx, this.cursor, '#3a5bd9', null, []);
+    ctx.restore();
+  }
+
+  outline(ctx, id, color, width) {
+    if (id == null) return;
+    const a = this.data.arrays;
+    const p = this.plot;
+    const sy = p.h / this.yMax();
+    const base = p.y + p.h;
+    ctx.strokeStyle = color;
+    ctx.lineWidth = width;
+    ctx.beginPath();
+    for (let i = 0; i < a.pieceAlloc.length; i++) {
+      if (a.pieceAlloc[i] !== id) continue;
+      const left = this.pxOfX(this.xs[a.pieceX0[i]], p);
+      const right = this.pxOfX(this.xs[a.pieceX1[i]], p);
+      const size = a.allocSize[id];
+      ctx.rect(left, base - (a.pieceY[i] + size) * sy, Math.max(right - left, 1), Math.max(size * sy, 1));
+    }
+    ctx.stroke();
+  }
+
+  // A step curve over positions, decimated to the max per pixel column.
+  curve(ctx, values, color, width, dash) {
+    const p = this.plot;
+    const sy = p.h / this.yMax();
+    const base = p.y + p.h;
+    const xs = this.xs;
+    const n = Math.min(values.length, this.positions);
+    const first = Math.max(0, this.positionAt(this.view[0]));
+    ctx.strokeStyle = color;
+    ctx.lineWidth = width;
+    ctx.setLineDash(dash);
+    ctx.beginPath();
+    let column = -Infinity;
+    let columnMax = 0;
+    let started = false;
+    const flush = (px) => {
+      const y = base - columnMax * sy;
+      if (!started) { ctx.moveTo(px, y); started = true; } else ctx.lineTo(px, y);
+    };
+    for (let i = first; i < n; i++) {
+      const left = this.pxOfX(xs[i], p);
+      if (left > p.x + p.w) break;
+      const right = this.pxOfX(xs[i + 1], p);
+      const col = Math.floor(left);
+      if (col !== column) {
+        if (started) ctx.lineTo(left, base - columnMax * sy);
+        column = col;
+        columnMax = values[i];
+        flush(left);
+      } else {
+        columnMax = Math.max(columnMax, values[i]);
+      }
+      ctx.lineTo(right, base - columnMax * sy);
+    }
+    ctx.stroke();
+    ctx.setLineDash([]);
+  }
+
+  vline(ctx, position, color, label, dash) {
+    const p = this.plot;
+    const x = this.pxOfX(this.xs[Math.min(position, this.positions - 1)], p);
+    if (x < p.x || x > p.x + p.w) return;
+    ctx.strokeStyle = color;
+    ctx.lineWidth = 1.2;
+    ctx.setLineDash(dash);
+    ctx.beginPath();
+    ctx.moveTo(x + 0.5, p.y);
+    ctx.lineTo(x + 0.5, p.y + p.h);
+    ctx.stroke();
+    ctx.setLineDash([]);
+    if (label) {
+      ctx.fillStyle = color;
+      ctx.font = '11px system-ui, sans-serif';
+      const width = ctx.measureText(label).width;
+      const lx = x + 4 + width > p.x + p.w ? x - 4 - width : x + 4;
+      ctx.fillText(label, lx, p.y + 11);
+    }
+  }
+
+  marker(ctx, m) {
+    const p = this.plot;
+    const x = this.pxOfX(this.xs[Math.min(m.x, this.positions - 1)], p);
+    if (x < p.x || x > p.x + p.w) return;
+    ctx.fillStyle = '#7a5200';
+    ctx.beginPath();
+    ctx.moveTo(x - 4, p.y);
+    ctx.lineTo(x + 4, p.y);
+    ctx.lineTo(x, p.y + 6);
+    ctx.fill();
+  }
+
+  drawAxes(ctx, p, ymax) {
+    ctx.font = '11px system-ui, sans-serif';
+    ctx.fillStyle = '#667085';
+    ctx.strokeStyle = '#eceef2';
+    ctx.lineWidth = 1;
+    ctx.textAlign = 'right';
+    ctx.textBaseline = 'middle';
+    for (const v of ticks(0, ymax / 1.06, 5, true)) {
+      const y = Math.round(p.y + p.h - (v / ymax) * p.h) + 0.5;
+      ctx.beginPath();
+      ctx.moveTo(p.x, y);
+      ctx.lineTo(p.x + p.w, y);
+      ctx.stroke();
+      ctx.fillText(formatBytes(v), p.x - 6, y);
+    }
+    ctx.textAlign = 'center';
+    ctx.textBaseline = 'top';
+    const [v0, v1] = this.view;
+    for (const v of ticks(v0, v1, Math.max(2, Math.floor(p.w / 110)), false)) {
+      const x = this.pxOfX(v, p);
+      if (x < p.x - 1 || x > p.x + p.w + 1) continue;
+      ctx.fillText(this.axis === 'time' ? formatTime(v) : String(Math.round(v)), x, p.y + p.h + 8);
+    }
+    ctx.textBaseline = 'alphabetic';
+    ctx.strokeStyle = '#c9ced8';
+    ctx.strokeRect(p.x + 0.5, p.y + 0.5, p.w, p.h);
+  }
+
+  // ---- interaction
+  attachEvents() {
+    const c = this.canvas;
+    let drag = null;
+    c.addEventListener('wheel', (e) => {
+      if (!this.data) return;
+      e.preventDefault();
+      const rect = c.getBoundingClientRect();
+      const x = this.xOfPx(e.clientX - rect.left);
+      const factor = Math.exp(Math.sign(e.deltaY) * Math.min(Math.abs(e.deltaY), 200) * 0.0025);
+      this.zoomAround(x, factor);
+    }, { passive: false });
+    c.addEventListener('pointerdown', (e) => {
+      if (!this.data) return;
+      c.setPointerCapture(e.pointerId);
+      drag = { x: e.clientX, view: this.view.slice(), moved: false };
+    });
+    c.addEventListener('pointermove', (e) => {
+      if (!this.data) return;
+      const rect = c.getBoundingClientRect();
+      if (drag) {
+        const dx = e.clientX - drag.x;
+        if (Math.abs(dx) > 3) drag.moved = true;
+        if (drag.moved) {
+          const span = drag.view[1] - drag.view[0];
+          const shift = (-dx / this.plot.w) * span;
+          this.setView(drag.view[0] + shift, drag.view[1] + shift);
+          return;
+        }
+      }
+      this.hoverAt(e.clientX - rect.left, e.clientY - rect.top);
+    });
+    c.addEventListener('pointerup', (e) => {
+      if (!this.data || !drag) return;
+      const moved = drag.moved;
+      drag = null;
+      if (moved) return;
+      const rect = c.getBoundingClientRect();
+      const px = e.clientX - rect.left;
+      const py = e.clientY - rect.top;
+      const p = this.plot;
+      if (px < p.x || px > p.x + p.w) return;
+      this.cursor = this.positionAt(this.xOfPx(px));
+      this.pinned = this.hitTest(px, py);
+      this.emit('cursor', this.cursor);
+      this.emit('pin', this.pinned);
+      this.requestDraw();
+    });
+    c.addEventListener('pointerleave', () => {
+      this.hover = null;
+      this.tooltip.hidden = true;
+      this.requestDraw();
+    });
+    c.addEventListener('dblclick', () => this.resetView());
+  }
+
+  zoomAround(x, factor) {
+    const [v0, v1] = this.view;
+    this.setView(x - (x - v0) * factor, x + (v1 - x) * factor);
+  }
+
+  setView(a, b) {
+    const full = this.xs[this.positions];
+    const minSpan = Math.min(full, this.axis === 'time' ? 1 : 4);
+    let span = Math.max(b - a, minSpan);
+    span = Math.min(span, full);
+    a = Math.max(0, Math.min(a, full - span));
+    this.view = [a, a + span];
+    this.requestDraw();
+  }
+
+  hoverAt(px, py) {
+    const id = this.hitTest(px, py);
+    if (id !== this.hover) {
+      this.hover = id;
+      this.requestDraw();
+    }
+    if (id == null) {
+      this.tooltip.hidden = true;
+      return;
+    }
+    this.emit('hover', id);
+    this.tooltip.innerHTML = this.describe ? this.describe(id) : '';
+    this.tooltip.hidden = false;
+    const wrap = this.canvas.getBoundingClientRect();
+    const tw = this.tooltip.offsetWidth;
+    const th = this.tooltip.offsetHeight;
+    const left = px + 16 + tw > wrap.width ? px - 16 - tw : px + 16;
+    const top = Math.min(Math.max(4, py - th / 2), wrap.height - th - 4);
+    this.tooltip.style.left = `${Math.max(0, left)}px`;
+    this.tooltip.style.top = `${top}px`;
+  }
+}
