@@ -44,6 +44,8 @@ $('error-close').onclick = clearError;
 
 // ---- state
 const timeline = new Timeline($('timeline'), $('tooltip'));
+// For the browser benchmark and debugging from the console.
+window.__tensormem = { timeline };
 let current = null; // {name, devices, run}
 let device = 0;
 let scenarios = null;
@@ -145,6 +147,7 @@ function setPeak(el, bytes) {
 async function showDevice(d) {
   device = d;
   const data = await ask('timeline', { device: d });
+  performance.mark('tensormem:timeline-received');
   hideProgress();
   const s = data.meta.summary;
   setPeak($('peak-allocated'), s.peak_allocated_bytes);
@@ -177,10 +180,13 @@ async function loaded(info) {
 }
 
 async function load(request, payload) {
+  performance.mark('tensormem:file-chosen');
   clearError();
   showProgress('starting', 0);
   try {
-    await loaded(await ask(request, payload));
+    const info = await ask(request, payload);
+    performance.mark('tensormem:parsed');
+    await loaded(info);
   } catch (e) {
     showError(e.message, request === 'runScenario' ? 'The scenario could not run.' : 'Could not load this file.');
   } finally {

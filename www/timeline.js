@@ -81,20 +81,37 @@ export class Timeline {
     const order = meta.groups.map((g, i) => i).sort((x, y) => meta.groups[y].bytes_at_peak - meta.groups[x].bytes_at_peak);
     this.groupOrder = order;
     this.groupColor = new Array(meta.groups.length);
+    this.groupPixel = new Uint32Array(meta.groups.length);
     let next = 0;
     for (const g of order) {
       const name = meta.groups[g].name;
       this.groupColor[g] = GREYS[name] || PALETTE[next++ % PALETTE.length];
+      // RGBA bytes in memory order, read as one little-endian word.
+      const hex = parseInt(this.groupColor[g].slice(1), 16);
+      this.groupPixel[g] = (0xff << 24 | (hex & 0xff) << 16 | (hex >> 8 & 0xff) << 8 | hex >> 16) >>> 0;
     }
-    // Pieces bucketed by group: one path per colour when drawing.
+    // Pieces by allocation (each allocation's pieces stay in x order), to outline one band
+    // without scanning them all.
+    const perAlloc = new Uint32Array(a.allocSize.length + 1);
+    for (let i = 0; i < a.pieceAlloc.length; i++) perAlloc[a.pieceAlloc[i] + 1]++;
+    for (let k = 0; k < a.allocSize.length; k++) perAlloc[k + 1] += perAlloc[k];
+    this.allocPieceStart = perAlloc.slice();
+    this.byAlloc = new Uint32Array(a.pieceAlloc.length);
+    for (let i = 0; i < a.pieceAlloc.length; i++) this.byAlloc[perAlloc[a.pieceAlloc[i]]++] = i;
+    // And by group, allocation after allocation: one path per colour when drawing, and an
+    // allocation's consecutive pieces side by side so the ones inside a pixel column merge.
     const groups = meta.groups.length;
     const counts = new Uint32Array(groups + 1);
-    for (let i = 0; i < a.pieceAlloc.length; i++) counts[a.allocGroup[a.pieceAlloc[i]] + 1]++;
+    for (let id = 0; id < a.allocSize.length; id++) counts[a.allocGroup[id] + 1] += this.allocPieceStart[id + 1] - this.allocPieceStart[id];
     for (let g = 0; g < groups; g++) counts[g + 1] += counts[g];
     this.groupStart = counts.slice();
     this.byGroup = new Uint32Array(a.pieceAlloc.length);
     const fill = counts.slice();
-    for (let i = 0; i < a.pieceAlloc.length; i++) this.byGroup[fill[a.allocGroup[a.pieceAlloc[i]]]++] = i;
+    for (let id = 0; id < a.allocSize.length; id++) {
+      const g = a.allocGroup[id];
+      for (let k = this.allocPieceStart[id]; k < this.allocPieceStart[id + 1]; k++) this.byGroup[fill[g]++] = this.byAlloc[k];
+    }
+    this.layer = null;
     this.setAxis(this.axis);
     this.cursor = meta.summary.peak_x;
     this.requestDraw();
@@ -132,6 +149,7 @@ export class Timeline {
 
   setReplay(replay) {
     this.replay = replay;
+    this.layer = null;
     this.requestDraw();
   }
 
@@ -146,7 +164,10 @@ export class Timeline {
     this.pending = true;
     requestAnimationFrame(() => {
       this.pending = false;
+      const started = performance.now();
       this.draw();
+      // The browser benchmark (tests/e2e/bench.mjs) reads how long each frame's drawing took.
+      if (window.__frameTimes) window.__frameTimes.push(performance.now() - started);
       const callbacks = this.afterDraw || [];
       this.afterDraw = [];
       for (const f of callbacks) f();
@@ -215,6 +236,12 @@ export class Timeline {
   }
 
   // ---- drawing
+  //
+  // Two layers. The bands and curves are rendered into an offscreen "layer" covering the view and
+  // one view-width on each side; while the user pans and zooms, frames only copy the layer into
+  // place (a few milliseconds whatever the trace size), and the layer is re-rendered at full
+  // quality once the view has settled. Axes, cursor, peak, markers and outlines are drawn on top
+  // every frame.
   draw() {
     const c = this.canvas;
     const dpr = window.devicePixelRatio || 1;
@@ -235,49 +262,115 @@ export class Timeline {
     }
     const p = this.plot;
     const ymax = this.yMax();
-    const sy = p.h / ymax;
-    const base = p.y + p.h;
     this.drawAxes(ctx, p, ymax);
+    const layer = this.layer;
+    const [v0, v1] = this.view;
+    const usable = layer && layer.key === this.layerKey(p, ymax, dpr) && layer.x0 <= v0 && layer.x1 >= v1;
+    if (!usable) this.renderLayer(p, ymax, dpr);
+    const l = this.layer;
+    // Copy the part of the layer under the view, scaled to the plot.
+    const scale = l.canvas.width / (l.x1 - l.x0);
+    const sx = (v0 - l.x0) * scale;
+    const sw = (v1 - v0) * scale;
+    ctx.drawImage(l.canvas, sx, 0, Math.max(sw, 1e-6), l.canvas.height, p.x, p.y, p.w, p.h);
+    const exact = Math.abs(sw / dpr - p.w) < 0.5;
+    clearTimeout(this.settle);
+    if (!exact) this.settle = setTimeout(() => { this.layer = null; this.requestDraw(); }, 120);
 
     ctx.save();
     ctx.beginPath();
     ctx.rect(p.x, p.y, p.w, p.h);
     ctx.clip();
-    const a = this.data.arrays;
-    const xs = this.xs;
-    const [v0, v1] = this.view;
-    const sx = p.w / (v1 - v0);
-    for (const g of this.groupOrder) {
-      if (this.hidden.has(g)) continue;
-      ctx.fillStyle = this.groupColor[g];
-      ctx.beginPath();
-      for (let k = this.groupStart[g]; k < this.groupStart[g + 1]; k++) {
-        const i = this.byGroup[k];
-        const xa = xs[a.pieceX0[i]];
-        const xb = xs[a.pieceX1[i]];
-        if (xb < v0 || xa > v1) continue;
-        const size = a.allocSize[a.pieceAlloc[i]];
-        const left = p.x + (xa - v0) * sx;
-        const width = Math.max((xb - xa) * sx, 1);
-        const height = Math.max(size * sy, 1);
-        ctx.rect(left, base - (a.pieceY[i] + size) * sy, width, height);
-      }
-      ctx.fill();
-    }
     this.outline(ctx, this.pinned, '#111827', 2);
     if (this.hover !== this.pinned) this.outline(ctx, this.hover, '#ffffff', 1.5);
-
-    this.curve(ctx, a.reserved, '#d0453a', 1.6, []);
-    if (this.replay) {
-      this.curve(ctx, this.replay.reserved_curve, '#111827', 1.6, [5, 3]);
-      const oom = this.replay.oomPosition;
-      if (oom != null) this.vline(ctx, oom, '#a3261b', 'out of memory', [2, 2]);
-    }
+    if (this.replay && this.replay.oomPosition != null) this.vline(ctx, this.replay.oomPosition, '#a3261b', 'out of memory', [2, 2]);
     const s = this.data.meta.summary;
     this.vline(ctx, s.peak_x, 'rgba(17,24,39,.55)', `peak ${formatBytes(s.peak_allocated_bytes)}`, [3, 3]);
     for (const m of this.data.meta.markers) this.marker(ctx, m);
     if (this.cursor != null) this.vline(ctx, this.cursor, '#3a5bd9', null, []);
     ctx.restore();
+  }
+
+  // What a layer depends on besides the view.
+  layerKey(p, ymax, dpr) {
+    return `${p.w}x${p.h}@${dpr}|${ymax}|${[...this.hidden].join(',')}|${this.axis}|${this.replay ? 'r' : ''}`;
+  }
+
+  // Renders bands and curves for the view plus one view-width each side, at the view's scale.
+  // Bands are rasterised here into a pixel buffer (canvas paths of a million rectangles take
+  // seconds to fill); every band covers at least one pixel.
+  renderLayer(p, ymax, dpr) {
+    const [v0, v1] = this.view;
+    const span = v1 - v0;
+    const full = this.xs[this.positions];
+    const x0 = Math.max(0, v0 - span);
+    const x1 = Math.min(full, v1 + span);
+    const width = Math.max(1, Math.round(((x1 - x0) / span) * p.w * dpr));
+    const height = Math.max(1, Math.round(p.h * dpr));
+    const canvas = this.layer?.canvas || document.createElement('canvas');
+    canvas.width = width;
+    canvas.height = height;
+    const ctx = canvas.getContext('2d');
+    const image = new ImageData(width, height);
+    const pixels = new Uint32Array(image.data.buffer);
+    const a = this.data.arrays;
+    const xs = this.xs;
+    const sx = width / (x1 - x0);
+    const sy = height / ymax;
+
+    // Fills device pixels [left, right) x [top, bottom), at least one pixel each way.
+    const fill = (color, left, right, top, bottom) => {
+      let c0 = Math.max(0, Math.floor(left));
+      let c1 = Math.min(width, Math.max(c0 + 1, Math.round(right)));
+      let r0 = Math.max(0, Math.floor(top));
+      let r1 = Math.min(height, Math.max(r0 + 1, Math.round(bottom)));
+      if (c0 >= width || c1 <= 0 || r0 >= height || r1 <= 0) return;
+      for (let r = r0; r < r1; r++) pixels.fill(color, r * width + c0, r * width + c1);
+
+    };
+    // An allocation's pieces that share a pixel column (or sit at one height side by side) become
+    // one rectangle covering them all: sub-pixel detail is aggregated, never dropped.
+    for (const g of this.groupOrder) {
+      if (this.hidden.has(g)) continue;
+      const color = this.groupPixel[g];
+      let alloc = -1;
+      let left = 0;
+      let right = 0;
+      let top = 0;
+      let bottom = 0;
+      for (let k = this.groupStart[g]; k < this.groupStart[g + 1]; k++) {
+        const i = this.byGroup[k];
+        const xa = xs[a.pieceX0[i]];
+        const xb = xs[a.pieceX1[i]];
+        if (xb < x0 || xa > x1) continue;
+        const id = a.pieceAlloc[i];
+        const size = a.allocSize[id];
+        const l = (xa - x0) * sx;
+        const r = (xb - x0) * sx;
+        const t = height - (a.pieceY[i] + size) * sy;
+        const b = t + size * sy;
+        const sameColumn = id === alloc && Math.floor(l) <= Math.floor(right) && l - right < 1;
+        if (sameColumn && (right - left < 1 || r - l < 1 || (t === top && b === bottom))) {
+          right = Math.max(right, r);
+          top = Math.min(top, t);
+          bottom = Math.max(bottom, b);
+          continue;
+        }
+        if (alloc >= 0) fill(color, left, right, top, bottom);
+        alloc = id;
+        left = l;
+        right = r;
+        top = t;
+        bottom = b;
+      }
+      if (alloc >= 0) fill(color, left, right, top, bottom);
+    }
+    ctx.putImageData(image, 0, 0);
+    const frame = { x0, x1, sx: sx / dpr, sy: sy / dpr, h: p.h };
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    this.curve(ctx, frame, a.reserved, '#d0453a', 1.6, []);
+    if (this.replay) this.curve(ctx, frame, this.replay.reserved_curve, '#111827', 1.6, [5, 3]);
+    this.layer = { canvas, x0, x1, key: this.layerKey(p, ymax, dpr) };
   }
 
   outline(ctx, id, color, width) {
@@ -289,8 +382,8 @@ export class Timeline {
     ctx.strokeStyle = color;
     ctx.lineWidth = width;
     ctx.beginPath();
-    for (let i = 0; i < a.pieceAlloc.length; i++) {
-      if (a.pieceAlloc[i] !== id) continue;
+    for (let k = this.allocPieceStart[id]; k < this.allocPieceStart[id + 1]; k++) {
+      const i = this.byAlloc[k];
       const left = this.pxOfX(this.xs[a.pieceX0[i]], p);
       const right = this.pxOfX(this.xs[a.pieceX1[i]], p);
       const size = a.allocSize[id];
@@ -299,40 +392,50 @@ export class Timeline {
     ctx.stroke();
   }
 
-  // A step curve over positions, decimated to the max per pixel column.
-  curve(ctx, values, color, width, dash) {
-    const p = this.plot;
-    const sy = p.h / this.yMax();
-    const base = p.y + p.h;
+  // A step curve over positions in the layer's frame; where several positions share a pixel
+  // column, the column's maximum (peaks are never lost).
+  curve(ctx, f, values, color, width, dash) {
     const xs = this.xs;
     const n = Math.min(values.length, this.positions);
-    const first = Math.max(0, this.positionAt(this.view[0]));
+    const limit = (f.x1 - f.x0) * f.sx;
     ctx.strokeStyle = color;
     ctx.lineWidth = width;
     ctx.setLineDash(dash);
     ctx.beginPath();
-    let column = -Infinity;
-    let columnMax = 0;
     let started = false;
-    const flush = (px) => {
-      const y = base - columnMax * sy;
-      if (!started) { ctx.moveTo(px, y); started = true; } else ctx.lineTo(px, y);
+    const point = (x, y) => {
+      if (started) ctx.lineTo(x, y); else { ctx.moveTo(x, y); started = true; }
     };
-    for (let i = first; i < n; i++) {
-      const left = this.pxOfX(xs[i], p);
-      if (left > p.x + p.w) break;
-      const right = this.pxOfX(xs[i + 1], p);
+    let column = null;
+    let columnMax = 0;
+    const flush = () => {
+      if (column === null) return;
+      const y = f.h - columnMax * f.sy;
+      point(column, y);
+      point(column + 1, y);
+      column = null;
+    };
+    for (let i = Math.max(0, this.positionAt(f.x0) - 1); i < n; i++) {
+      const left = (xs[i] - f.x0) * f.sx;
+      if (left > limit) break;
+      const right = (xs[i + 1] - f.x0) * f.sx;
+      if (right - left >= 1) {
+        flush();
+        const y = f.h - values[i] * f.sy;
+        point(left, y);
+        point(right, y);
+        continue;
+      }
       const col = Math.floor(left);
       if (col !== column) {
-        if (started) ctx.lineTo(left, base - columnMax * sy);
+        flush();
         column = col;
         columnMax = values[i];
-        flush(left);
-      } else {
-        columnMax = Math.max(columnMax, values[i]);
+      } else if (values[i] > columnMax) {
+        columnMax = values[i];
       }
-      ctx.lineTo(right, base - columnMax * sy);
     }
+    flush();
     ctx.stroke();
     ctx.setLineDash([]);
   }

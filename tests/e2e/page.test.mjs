@@ -8,6 +8,7 @@ import { mkdirSync, readdirSync, readFileSync, writeFileSync, existsSync } from 
 import { join, resolve, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
+import { CHROMIUM_ARGS } from './chromium.mjs';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 const bin = process.env.TENSORMEM_BIN || join(root, 'target/release/tensormem');
@@ -16,8 +17,6 @@ const shots = join(root, 'target/e2e-screenshots');
 const scratch = join(root, 'target/e2e-files');
 mkdirSync(shots, { recursive: true });
 mkdirSync(scratch, { recursive: true });
-export const CHROMIUM_ARGS = ['--enable-unsafe-webgpu', '--disable-background-networking', '--disable-component-update',
-  '--disable-sync', '--no-first-run', '--disable-quic', ...(process.getuid && process.getuid() === 0 ? ['--no-sandbox'] : [])];
 
 let server;
 let baseUrl;

@@ -1,0 +1,85 @@
+//! Writes a synthetic training-loop snapshot with about N trace entries, for the page's browser
+//! benchmark (MemoryViz struggles at 1 M entries; the page must not).
+//!
+//! `cargo run --release --example synth_snapshot -- ENTRIES OUT.pickle`
+//!
+//! The program is what a transformer training loop does to the allocator, step after step:
+//! parameters and optimizer state live throughout; each step allocates per-layer activations in
+//! forward (some temporaries freed at once), frees them in reverse in backward while gradients
+//! appear, then the optimizer's temporaries. Stacks are a few dozen Python frames deep, shared as
+//! real snapshots share them.
+
+use std::sync::Arc;
+use tensormem::alloc::{AllocatorConfig, RecordContext, VirtualAllocator};
+use tensormem::trace::{self, Frame, Frames};
+
+fn stack(file: &str, function: &str, line: u64, depth: usize) -> Frames {
+    let mut frames = vec![Frame { filename: format!("/home/user/project/{file}"), line, name: function.into() }];
+    for d in 0..depth {
+        frames.push(Frame { filename: "/usr/lib/python3.12/site-packages/torch/nn/modules/module.py".into(), line: 1700 + d as u64, name: "_call_impl".into() });
+    }
+    frames.push(Frame { filename: "/home/user/project/train.py".into(), line: 88, name: "main".into() });
+    Arc::from(frames)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some(entries), Some(out)) = (args.get(1).and_then(|n| n.parse::<usize>().ok()), args.get(2)) else {
+        eprintln!("usage: synth_snapshot ENTRIES OUT.pickle|OUT.json");
+        std::process::exit(2);
+    };
+    const LAYERS: usize = 24;
+    const HIDDEN: u64 = 1024;
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::All, entries);
+    let forward: Vec<Frames> = (0..LAYERS).map(|l| stack("model.py", &format!("forward_layer_{l}"), 100 + l as u64, 6)).collect();
+    let temp = stack("model.py", "attention_scores", 140, 8);
+    let grads: Vec<Frames> = (0..LAYERS).map(|l| stack("model.py", &format!("backward_layer_{l}"), 300 + l as u64, 3)).collect();
+    let optim = stack("optimizer.py", "step", 74, 2);
+
+    let params: Vec<_> = (0..LAYERS).map(|_| a.malloc(12 * HIDDEN * HIDDEN * 2, 0, Some(stack("model.py", "__init__", 20, 2))).unwrap()).collect();
+    let mut state = Vec::new();
+    let mut step = 0u64;
+    while a.history().len() < entries {
+        // Batches wobble a little so the cache is exercised.
+        let batch = 8 + (step * 7 % 5);
+        let act = batch * 512 * HIDDEN * 2;
+        let mut saved = Vec::new();
+        for l in 0..LAYERS {
+            let scores = a.malloc(act * 2, 0, Some(temp.clone())).unwrap();
+            for k in 0..4 {
+                saved.push(a.malloc(act / (k + 1), 0, Some(forward[l].clone())).unwrap());
+            }
+            a.free(scores.ptr, None).unwrap();
+        }
+        let mut grad_list = Vec::new();
+        for l in (0..LAYERS).rev() {
+            let g = a.malloc(12 * HIDDEN * HIDDEN * 2, 0, Some(grads[l].clone())).unwrap();
+            grad_list.push(g);
+            for _ in 0..4 {
+                let s = saved.pop().unwrap();
+                a.free(s.ptr, None).unwrap();
+            }
+        }
+        if state.is_empty() {
+            for _ in 0..2 * LAYERS {
+                state.push(a.malloc(12 * HIDDEN * HIDDEN * 4, 0, Some(optim.clone())).unwrap());
+            }
+        }
+        for _ in 0..LAYERS {
+            let t = a.malloc(12 * HIDDEN * HIDDEN * 4, 0, Some(optim.clone())).unwrap();
+            a.free(t.ptr, None).unwrap();
+        }
+        for g in grad_list {
+            a.free(g.ptr, None).unwrap();
+        }
+        step += 1;
+    }
+    let snapshot = a.snapshot();
+    trace::save_file(&snapshot, std::path::Path::new(out)).unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    });
+    let n = snapshot.device_traces.iter().map(Vec::len).sum::<usize>();
+    println!("wrote {out}: {n} trace entries, {step} training steps, {} parameters tensors", params.len());
+}

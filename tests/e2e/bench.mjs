@@ -1,0 +1,89 @@
+// Browser benchmark of the page (a script, not a test): for each snapshot given, the time from
+// choosing the file to `tensormem:painted`, then frame times while panning and zooming, and the
+// renderer's peak memory. Run by scripts/bench-web.sh, which builds everything and generates the
+// synthetic 100 k and 1 M entry snapshots.
+//
+//   node bench.mjs URL FILE...
+import { chromium } from 'playwright-core';
+import { readFileSync, readdirSync, statSync } from 'node:fs';
+import { basename } from 'node:path';
+import { CHROMIUM_ARGS } from './chromium.mjs';
+
+const [url, ...files] = process.argv.slice(2);
+if (!url || !files.length) {
+  console.error('usage: node bench.mjs URL FILE...');
+  process.exit(2);
+}
+
+// Peak resident memory of Chromium's renderer processes (VmHWM), in bytes.
+function rendererPeak() {
+  let peak = 0;
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
+      if (!cmd.includes('--type=renderer')) continue;
+      const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+      if (m) peak = Math.max(peak, Number(m[1]) * 1024);
+    } catch { /* the process ended */ }
+  }
+  return peak;
+}
+
+const stats = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  const at = (q) => s[Math.min(s.length - 1, Math.floor(q * s.length))];
+  return { median: at(0.5), p95: at(0.95), max: s[s.length - 1], frames: s.length };
+};
+
+const results = [];
+for (const file of files) {
+  // A fresh browser per file, so each renderer's peak memory is its own.
+  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: CHROMIUM_ARGS });
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+  await page.goto(url);
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:painted').length >= 1, null, { timeout: 120000 });
+  await page.setInputFiles('[data-testid=open-file]', file);
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:painted').length >= 2, null, { timeout: 600000 });
+  const load = await page.evaluate(() => {
+    const chosen = performance.getEntriesByName('tensormem:file-chosen').at(-1).startTime;
+    const painted = performance.getEntriesByName('tensormem:painted').at(-1).startTime;
+    return painted - chosen;
+  });
+  const events = await page.textContent('#trace-events');
+  // Where the time went: file chosen -> parsed (worker) -> timeline laid out (worker) -> painted.
+  const phases = await page.evaluate(() => {
+    const at = (name) => performance.getEntriesByName(`tensormem:${name}`).at(-1).startTime;
+    const chosen = at('file-chosen');
+    return { parsed: Math.round(at('parsed') - chosen), laid_out: Math.round(at('timeline-received') - chosen), painted: Math.round(at('painted') - chosen) };
+  });
+
+  // Pan and zoom for a while; the page records how long each frame's drawing took.
+  await page.evaluate(() => { window.__frameTimes = []; });
+  const box = await page.locator('[data-testid=timeline]').boundingBox();
+  const cx = box.x + box.width / 2;
+  const cy = box.y + box.height / 2;
+  await page.mouse.move(cx, cy);
+  for (let i = 0; i < 20; i++) { await page.mouse.wheel(0, -120); await page.waitForTimeout(16); }
+  // A pause: the view settles and is re-rendered at full quality (counted in the frame times).
+  await page.waitForTimeout(300);
+  for (let round = 0; round < 3; round++) {
+    await page.mouse.move(cx, cy);
+    await page.mouse.down();
+    for (let i = 0; i < 30; i++) { await page.mouse.move(cx + (round % 2 ? 1 : -1) * i * 12, cy); await page.waitForTimeout(16); }
+    await page.mouse.up();
+  }
+  for (let i = 0; i < 20; i++) { await page.mouse.wheel(0, 120); await page.waitForTimeout(16); }
+  await page.waitForTimeout(200);
+  const frameTimes = await page.evaluate(() => window.__frameTimes);
+  const frames = stats(frameTimes);
+  const peak = rendererPeak();
+  await browser.close();
+  const r = {
+    file: basename(file), megabytes: +(statSync(file).size / 1048576).toFixed(1), events,
+    choose_to_painted_ms: Math.round(load), phases_ms: phases, frame_ms_median: +frames.median.toFixed(1), frame_ms_p95: +frames.p95.toFixed(1),
+    frame_ms_max: +frames.max.toFixed(1), frames: frames.frames, renderer_peak_mb: Math.round(peak / 1048576),
+  };
+  results.push(r);
+  console.log(JSON.stringify(r));
+}
+console.table(results);
