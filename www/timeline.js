@@ -317,16 +317,13 @@ export class Timeline {
     const xs = this.xs;
     const sx = width / (x1 - x0);
     const sy = height / ymax;
-
     // Fills device pixels [left, right) x [top, bottom), at least one pixel each way.
     const fill = (color, left, right, top, bottom) => {
-      let c0 = Math.max(0, Math.floor(left));
-      let c1 = Math.min(width, Math.max(c0 + 1, Math.round(right)));
-      let r0 = Math.max(0, Math.floor(top));
-      let r1 = Math.min(height, Math.max(r0 + 1, Math.round(bottom)));
-      if (c0 >= width || c1 <= 0 || r0 >= height || r1 <= 0) return;
-      for (let r = r0; r < r1; r++) pixels.fill(color, r * width + c0, r * width + c1);
-
+      const c0 = Math.floor(left);
+      const c1 = Math.min(width, Math.max(c0 + 1, Math.round(right)));
+      const r0 = Math.floor(top);
+      const r1 = Math.min(height, Math.max(r0 + 1, Math.round(bottom)));
+      for (let r = Math.max(0, r0); r < r1; r++) pixels.fill(color, r * width + Math.max(0, c0), r * width + c1);
     };
     // An allocation's pieces that share a pixel column (or sit at one height side by side) become
     // one rectangle covering them all: sub-pixel detail is aggregated, never dropped.
