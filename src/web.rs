@@ -50,7 +50,7 @@ impl LoadedTrace {
             text => Some(crate::report::parse_size(text).map_err(js_error)?),
         };
         let start = StartMode::parse(start).map_err(js_error)?;
-        let options = ReplayOptions { config, capacity, start, curves: true, keep_snapshot: false };
+        let options = ReplayOptions { config, capacity, start, curves: true, ..Default::default() };
         let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
         serde_json::to_string(&serde_json::json!({
             "replay": r,
@@ -59,6 +59,30 @@ impl LoadedTrace {
             "memory_summary": r.summary,
         }))
             .map_err(js_error)
+    }
+
+    /// The allocator's state after the first `position` trace entries, replayed with the file's
+    /// own settings: `{events_replayed, segments: [{address, total_size, stream, segment_type,
+    /// is_expandable, blocks: [{address, size, requested_size, state}]}], memory_summary}`.
+    pub fn state_at(&self, device: i32, position: u32) -> Result<String, JsError> {
+        let options = ReplayOptions { until: Some(position as usize), ..Default::default() };
+        let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
+        let segments: Vec<_> = r
+            .segments
+            .iter()
+            .map(|s| {
+                let blocks: Vec<_> = s
+                    .blocks
+                    .iter()
+                    .map(|b| serde_json::json!({ "address": b.address, "size": b.size, "requested_size": b.requested_size, "state": b.state }))
+                    .collect();
+                serde_json::json!({
+                    "address": s.address, "total_size": s.total_size, "stream": s.stream,
+                    "segment_type": s.segment_type, "is_expandable": s.is_expandable, "blocks": blocks,
+                })
+            })
+            .collect();
+        Ok(serde_json::json!({ "events_replayed": r.events_replayed, "segments": segments, "memory_summary": r.summary }).to_string())
     }
 
     /// The snapshot as a protocol-4 pickle (pytorch.org/memory_viz opens it).

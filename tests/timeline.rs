@@ -113,3 +113,22 @@ fn a_device_the_file_lacks_is_a_clear_error() {
     let e = timeline::build(&snap, 3).unwrap_err().to_string();
     assert!(e.contains("device 3") && e.contains("none"), "{e}");
 }
+
+#[test]
+fn the_allocator_state_at_any_position_holds_exactly_the_live_bands() {
+    use tensormem::trace::BlockState;
+    let Some(path) = common::fixture("gpt-ctx128-forward.pickle") else { return };
+    let snap = trace::load_file(&path).unwrap();
+    let t = timeline::build(&snap, 0).unwrap();
+    for position in [0usize, 1, 1000, t.summary.peak_x as usize, 5000, t.events] {
+        let options = ReplayOptions { until: Some(position), ..Default::default() };
+        let r = replay_device(&snap, 0, &options, &mut |_, _| {}).unwrap();
+        // A free's two entries are replayed together, so the replay may stop one entry later.
+        let at = r.events_replayed;
+        assert!(at == position || at == position + 1, "{at} vs {position}");
+        let requested: u64 = r.segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.requested_size).sum();
+        assert_eq!(requested as f64, t.allocated[at], "position {position}");
+        let reserved: u64 = r.segments.iter().map(|s| s.total_size).sum();
+        assert_eq!(reserved as f64, t.reserved[at], "position {position}");
+    }
+}

@@ -1,6 +1,7 @@
 // The page: inputs (file picker, drag and drop, ?file= URL, scenarios), the figures and test
 // hooks, and the panels around the timeline. Heavy work goes to the worker (worker.js).
 import { Timeline, formatBytes } from './timeline.js';
+import { drawSegments, describeState } from './segments.js';
 
 const $ = (id) => document.getElementById(id);
 const escape = (s) => String(s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
@@ -122,9 +123,35 @@ function showLive(position) {
   for (const tr of $('live').querySelectorAll('tr[data-alloc]')) {
     tr.onclick = () => { timeline.pinned = Number(tr.dataset.alloc); showDetails(timeline.pinned); timeline.requestDraw(); };
   }
+  showState(position);
   $('cursor-label').textContent = `at event ${Math.max(0, position - 1)}`;
   $('cursor-allocated').textContent = formatBytes(total);
   $('cursor-reserved').textContent = `allocated · ${formatBytes(a.reserved[position])} reserved`;
+}
+
+// The allocator's segments and blocks at the cursor (replayed in the worker up to it). Only the
+// latest request is drawn when the user clicks faster than the replay.
+let stateRequest = 0;
+async function showState(position) {
+  const ticket = ++stateRequest;
+  const forDevice = device;
+  let state;
+  try {
+    state = await ask('stateAt', { device: forDevice, position });
+  } catch (e) {
+    $('state-figures').textContent = `The allocator state could not be rebuilt here: ${e.message}`;
+    return;
+  }
+  if (ticket !== stateRequest) return;
+  const { arrays: a } = timeline.data;
+  const colors = new Map();
+  for (let i = 0; i < a.allocSize.length; i++) {
+    if (a.allocStart[i] <= position && position < a.allocEnd[i]) colors.set(a.allocAddr[i], timeline.groupColor[a.allocGroup[i]]);
+  }
+  $('state-title').textContent = `Allocator state after event ${Math.max(0, state.events_replayed - 1)}`;
+  $('state-figures').innerHTML = describeState(state);
+  drawSegments($('segments'), state, (address) => colors.get(address) || '#8e96a3');
+  $('summary').textContent = state.memory_summary;
 }
 
 function showLegend() {
@@ -163,7 +190,6 @@ async function showDevice(d) {
   showLive(timeline.cursor);
   $('whatif-result').innerHTML = '';
   $('replay-key').hidden = true;
-  $('summary').textContent = 'Run a what-if replay to see the allocator\'s table.';
   timeline.requestDraw(() => performance.mark('tensormem:painted'));
 }
 
@@ -266,9 +292,8 @@ $('whatif-run').onclick = async () => {
       <p class="result-line">${diff === 0 ? 'Same peak reserved as recorded.' : `Peak reserved ${diff < 0 ? 'falls' : 'rises'} by <b>${formatBytes(Math.abs(diff))}</b>.`}</p>
       ${r.out_of_memory_at_start ? `<p class="result-line oom">Out of memory at the start: ${escape(r.out_of_memory_at_start)}</p>` : ''}
       ${!r.out_of_memory_at_start && r.replayed.ooms ? `<p class="result-line oom">${r.replayed.ooms} allocation(s) ran out of memory; the first at event ${r.first_oom_event} (marked on the timeline).</p>` : ''}
+      <details><summary>memory_summary() at the end of the what-if run</summary><pre class="summary">${escape(out.memory_summary)}</pre></details>
       <p class="result-line muted">${divergence ? `First divergence from PyTorch's decisions: event ${divergence.event}: ${escape(divergence.reason)}` : (r.start === 'replaced' ? 'Same device memory calls as recorded (addresses differ: the start was replaced).' : 'The replay made exactly PyTorch\'s decisions.')}</p>`;
-    $('summary').textContent = out.memory_summary;
-    $('summary').classList.remove('muted');
   } catch (e) {
     showError(e.message, 'The what-if replay failed.');
   } finally {

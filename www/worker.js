@@ -102,6 +102,9 @@ const handlers = {
     progress('replaying through the allocator', 1);
     return JSON.parse(loaded.replay(device, allocConf, capacity, start));
   },
+  async stateAt({ device, position }) {
+    return JSON.parse(loaded.state_at(device, position));
+  },
   async exportTrace({ format }) {
     if (format === 'json') return loaded.to_json();
     const bytes = loaded.to_pickle();

@@ -32,6 +32,8 @@ pub struct ReplayOptions {
     pub curves: bool,
     /// Keep the replayed trace (with the recorded stacks) to write it as a snapshot.
     pub keep_snapshot: bool,
+    /// Stop after this many trace entries (the state at a cursor); None: the whole trace.
+    pub until: Option<usize>,
 }
 
 /// Which state the replay starts from.
@@ -136,6 +138,11 @@ pub struct DeviceReplay {
     /// The replayed trace and final state, when asked for.
     #[serde(skip)]
     pub snapshot: Option<Snapshot>,
+    /// Trace entries replayed (all of them, or where `until` stopped it).
+    pub events_replayed: usize,
+    /// The allocator's segments where the replay stopped.
+    #[serde(skip)]
+    pub segments: Vec<trace::Segment>,
 }
 
 /// The allocator settings a snapshot was recorded with (defaults for files without them).
@@ -239,15 +246,16 @@ pub fn replay_device(
         }
     };
     sample(&run.alloc, 1);
+    let end = options.until.map_or(trace.len(), |u| u.min(trace.len()));
     let mut i = 0;
-    while i < trace.len() {
+    while i < end {
         if i % 4096 == 0 {
-            progress(i, trace.len());
+            progress(i, end);
         }
         i = run.step(i);
         sample(&run.alloc, i + 1);
     }
-    progress(trace.len(), trace.len());
+    progress(end, end);
 
     let recorded = recorded_figures(trace, &start);
     let ours: Vec<(Action, u64)> = run
@@ -275,7 +283,8 @@ pub fn replay_device(
         ooms: run.ooms,
         memory_stats: report::memory_stats(stats),
     };
-    let final_state_match = same_layout(&run.alloc.segments(), &final_segments);
+    let segments = run.alloc.segments();
+    let final_state_match = i >= trace.len() && same_layout(&segments, &final_segments);
     let snapshot = options.keep_snapshot.then(|| run.alloc.snapshot());
     let mut first_divergence = run.divergence.clone();
     if first_divergence.is_none() && !final_state_match {
@@ -303,6 +312,8 @@ pub fn replay_device(
         reserved_curve,
         allocated_curve,
         snapshot,
+        events_replayed: i,
+        segments,
     })
 }
 
