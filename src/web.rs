@@ -149,6 +149,12 @@ impl TimelineArrays {
     }
 }
 
+/// A size as the command line takes it (`80GiB`, `512MB`, bytes), for the page's inputs.
+#[wasm_bindgen]
+pub fn parse_size(text: &str) -> Result<f64, JsError> {
+    crate::report::parse_size(text).map(|b| b as f64).map_err(js_error)
+}
+
 /// Every scenario with its parameters, variants and explanation, and the simulated cards.
 #[wasm_bindgen]
 pub fn scenarios_json() -> String {

@@ -2,6 +2,8 @@
 // hooks, and the panels around the timeline. Heavy work goes to the worker (worker.js).
 import { Timeline, formatBytes } from './timeline.js';
 import { drawSegments, describeState } from './segments.js';
+import { applyFilter, streamsOf } from './filter.js';
+import { Icicle, buildTree } from './icicle.js';
 
 const $ = (id) => document.getElementById(id);
 const escape = (s) => String(s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
@@ -47,6 +49,7 @@ $('error-close').onclick = clearError;
 const timeline = new Timeline($('timeline'), $('tooltip'));
 // For the browser benchmark and debugging from the console.
 window.__tensormem = { timeline };
+const icicle = new Icicle($('icicle'), $('icicle-tooltip'));
 let current = null; // {name, devices, run}
 let device = 0;
 let scenarios = null;
@@ -106,11 +109,15 @@ function showLive(position) {
   for (let i = 0; i < a.allocSize.length; i++) {
     if (a.allocStart[i] > position || a.allocEnd[i] <= position) continue;
     const g = a.allocGroup[i];
-    if (timeline.hidden.has(g)) { hiddenCount++; hiddenBytes += a.allocSize[i]; continue; }
+    if (timeline.isHidden(i)) { hiddenCount++; hiddenBytes += a.allocSize[i]; continue; }
     live.push(i);
     byGroup.set(g, (byGroup.get(g) || 0) + a.allocSize[i]);
   }
   live.sort((x, y) => a.allocSize[y] - a.allocSize[x]);
+  icicle.setTree(buildTree(live.map((i) => ({
+    bytes: a.allocSize[i], frames: stackOf(i), group: meta.groups[a.allocGroup[i]].name, color: timeline.groupColor[a.allocGroup[i]],
+  })), $('icicle-python').checked));
+  $('icicle-title').textContent = `What is live after event ${Math.max(0, position - 1)}, by stack`;
   const total = a.allocated[position];
   $('live-title').textContent = `Live at event ${Math.max(0, position - 1)}${position === meta.summary.peak_x ? ' (the peak)' : ''}: ${formatBytes(total)} in ${live.length + hiddenCount} allocations`;
   const groups = [...byGroup.entries()].sort((x, y) => y[1] - x[1]).slice(0, 8);
@@ -119,7 +126,7 @@ function showLive(position) {
   const rows = live.slice(0, 10).map((i) => `<tr class="clickable" data-alloc="${i}"><td class="num">${formatBytes(a.allocSize[i])}</td><td>${escape(meta.groups[a.allocGroup[i]].name)}</td></tr>`).join('');
   $('live').innerHTML = `<table><tr><th>by where it was allocated</th><th class="num">bytes</th></tr>${groupRows}</table>`
     + `<table style="margin-top:8px"><tr><th class="num">size</th><th>largest allocations</th></tr>${rows}</table>`
-    + (hiddenCount ? `<p class="muted">${hiddenCount} allocations (${formatBytes(hiddenBytes)}) hidden by the legend filter.</p>` : '');
+    + (hiddenCount ? `<p class="muted">${hiddenCount} allocations live here (${formatBytes(hiddenBytes)}) are hidden by the filter or the legend.</p>` : '');
   for (const tr of $('live').querySelectorAll('tr[data-alloc]')) {
     tr.onclick = () => { timeline.pinned = Number(tr.dataset.alloc); showDetails(timeline.pinned); timeline.requestDraw(); };
   }
@@ -185,6 +192,8 @@ async function showDevice(d) {
   $('axis-select').querySelector('option[value=time]').disabled = !s.has_time;
   timeline.setData(data);
   timeline.setAxis($('axis-select').value);
+  resetFilters(data);
+  if ($('filter-text').value || $('filter-min').value || $('filter-max').value || $('filter-range').checked) await updateFilter();
   showLegend();
   showDetails(null);
   showLive(timeline.cursor);
@@ -241,6 +250,52 @@ window.addEventListener('drop', (e) => {
 });
 timeline.on('cursor', (position) => showLive(position));
 timeline.on('pin', (id) => showDetails(id));
+
+$('icicle-python').addEventListener('change', () => showLive(timeline.cursor));
+
+// ---- search and filter
+let filterTicket = 0;
+async function sizeOf(input) {
+  const text = input.value.trim();
+  input.classList.remove('bad');
+  if (!text) return null;
+  try {
+    return await ask('parseSize', { text });
+  } catch (e) {
+    input.classList.add('bad');
+    input.title = e.message;
+    return null;
+  }
+}
+async function updateFilter() {
+  if (!timeline.data) return;
+  const ticket = ++filterTicket;
+  const [min, max] = [await sizeOf($('filter-min')), await sizeOf($('filter-max'))];
+  if (ticket !== filterTicket) return;
+  const stream = $('filter-stream').value === '' ? null : Number($('filter-stream').value);
+  const range = $('filter-range').checked ? [timeline.positionAt(timeline.view[0]), timeline.positionAt(timeline.view[1]) + 1] : null;
+  const result = applyFilter({ text: $('filter-text').value, min, max, stream, range }, timeline.data);
+  timeline.setMask(result.mask);
+  const total = timeline.data.arrays.allocSize.length;
+  const count = $('filter-count');
+  count.classList.toggle('active', result.hidden > 0);
+  count.textContent = result.hidden
+    ? `showing ${(total - result.hidden).toLocaleString('en-US')} of ${total.toLocaleString('en-US')} allocations; ${result.hidden.toLocaleString('en-US')} hidden (${formatBytes(result.hiddenBytes)})`
+    : `${total.toLocaleString('en-US')} allocations`;
+  showLive(timeline.cursor);
+}
+let filterTimer;
+for (const id of ['filter-text', 'filter-min', 'filter-max']) {
+  $(id).addEventListener('input', () => { clearTimeout(filterTimer); filterTimer = setTimeout(updateFilter, 200); });
+}
+$('filter-stream').addEventListener('change', updateFilter);
+$('filter-range').addEventListener('change', updateFilter);
+
+function resetFilters(data) {
+  $('filter-stream').innerHTML = '<option value="">all streams</option>' + streamsOf(data).map((s) => `<option value="${s}">stream ${s}</option>`).join('');
+  $('filter-count').textContent = `${data.arrays.allocSize.length.toLocaleString('en-US')} allocations`;
+  $('filter-count').classList.remove('active');
+}
 
 // ---- export
 async function exportTrace(format) {

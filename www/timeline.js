@@ -74,6 +74,8 @@ export class Timeline {
     this.data = data;
     this.positions = a.allocated.length; // events + 1
     this.hidden = new Set();
+    this.mask = null;
+    this.maskVersion = 0;
     this.replay = null;
     this.pinned = null;
     this.hover = null;
@@ -153,6 +155,17 @@ export class Timeline {
     this.requestDraw();
   }
 
+  // Allocations hidden by the search filter (1 = hidden), or null.
+  setMask(mask) {
+    this.mask = mask;
+    this.maskVersion++;
+    this.requestDraw();
+  }
+
+  isHidden(id) {
+    return this.hidden.has(this.data.arrays.allocGroup[id]) || (this.mask !== null && this.mask[id] === 1);
+  }
+
   toggleGroup(g) {
     if (this.hidden.has(g)) this.hidden.delete(g); else this.hidden.add(g);
     this.requestDraw();
@@ -223,7 +236,7 @@ export class Timeline {
     for (let i = 0; i < a.pieceX0.length; i++) {
       if (a.pieceX0[i] > pos || a.pieceX1[i] <= pos) continue;
       const id = a.pieceAlloc[i];
-      if (this.hidden.has(a.allocGroup[id])) continue;
+      if (this.isHidden(id)) continue;
       const y = a.pieceY[i];
       const size = a.allocSize[id];
       if (bytes >= y - slack && bytes < y + size + slack) {
@@ -293,7 +306,7 @@ export class Timeline {
 
   // What a layer depends on besides the view.
   layerKey(p, ymax, dpr) {
-    return `${p.w}x${p.h}@${dpr}|${ymax}|${[...this.hidden].join(',')}|${this.axis}|${this.replay ? 'r' : ''}`;
+    return `${p.w}x${p.h}@${dpr}|${ymax}|${[...this.hidden].join(',')}|${this.maskVersion}|${this.axis}`;
   }
 
   // Renders bands and curves for the view plus one view-width each side, at the view's scale.
@@ -317,6 +330,7 @@ export class Timeline {
     const xs = this.xs;
     const sx = width / (x1 - x0);
     const sy = height / ymax;
+    const mask = this.mask;
     // Fills device pixels [left, right) x [top, bottom), at least one pixel each way.
     const fill = (color, left, right, top, bottom) => {
       const c0 = Math.floor(left);
@@ -327,9 +341,11 @@ export class Timeline {
     };
     // An allocation's pieces that share a pixel column (or sit at one height side by side) become
     // one rectangle covering them all: sub-pixel detail is aggregated, never dropped.
+    // Hidden allocations (legend or filter) stay as faint ghosts, so the picture keeps its shape.
+    const ghost = 0xfff3f0ee;
     for (const g of this.groupOrder) {
-      if (this.hidden.has(g)) continue;
-      const color = this.groupPixel[g];
+      const groupHidden = this.hidden.has(g);
+      let color = groupHidden ? ghost : this.groupPixel[g];
       let alloc = -1;
       let left = 0;
       let right = 0;
@@ -355,6 +371,7 @@ export class Timeline {
         }
         if (alloc >= 0) fill(color, left, right, top, bottom);
         alloc = id;
+        if (!groupHidden) color = mask !== null && mask[id] === 1 ? ghost : this.groupPixel[g];
         left = l;
         right = r;
         top = t;

@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { LoadedTrace, run_scenario, scenarios_json } from './pkg/tensormem.js';
+import init, { LoadedTrace, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
 
 const ready = init();
 let loaded = null; // the current LoadedTrace
@@ -101,6 +101,9 @@ const handlers = {
   async replay({ device, allocConf, capacity, start }) {
     progress('replaying through the allocator', 1);
     return JSON.parse(loaded.replay(device, allocConf, capacity, start));
+  },
+  async parseSize({ text }) {
+    return parse_size(text);
   },
   async stateAt({ device, position }) {
     return JSON.parse(loaded.state_at(device, position));

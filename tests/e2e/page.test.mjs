@@ -216,10 +216,41 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     await painted(page);
     assert.deepEqual(await peaks(page), { allocated: cliPeaks(file)[0].allocated, reserved: cliPeaks(file)[0].reserved });
     assert.match(await page.textContent('#warnings'), /does not start at the beginning/);
+    // What is live at the peak, by stack: the user's outermost Python frame carries most of it.
+    await page.locator('#icicle').scrollIntoViewIfNeeded();
+    const icicle = await page.locator('#icicle').boundingBox();
+    assert.ok(icicle.height >= 5 * 20, `${icicle.height}`);
+    await page.mouse.move(icicle.x + 100, icicle.y + 30);
+    await page.waitForSelector('#icicle-tooltip:not([hidden])');
+    assert.match(await page.textContent('#icicle-tooltip'), /<module> \(cs336_systems\/nsys_profile\.py:249\): 3\.\d+ GiB/);
     // The allocator's state at the peak: its segments, and what is cached free.
     await page.waitForFunction(() => /segments/.test(document.querySelector('#state-figures').textContent));
     assert.match(await page.textContent('#state-figures'), /^\d+ segments, 6\.74 GiB reserved: 6\.53 GiB requested by live tensors, .* cached free \(largest block .*fragmentation \d+%\)/);
     assert.match(await page.textContent('#summary'), /PyTorch CUDA memory summary/);
+    // Search: only the optimizer's allocations, then only the big ones; hidden ones are counted.
+    const total = Number((await page.textContent('#filter-count')).replace(/\D/g, ''));
+    assert.equal(total, 7190);
+    await page.fill('#filter-text', 'optimizer.py');
+    await page.waitForFunction(() => /hidden/.test(document.querySelector('#filter-count').textContent));
+    const [shown, of, hidden] = (await page.textContent('#filter-count')).match(/[\d,]+/g).map((n) => Number(n.replace(/,/g, '')));
+    assert.equal(of, total);
+    assert.equal(shown + hidden, total);
+    assert.ok(shown > 0 && hidden > 0);
+    // The largest allocation still shown has optimizer.py in its stack.
+    await page.click('#live tr[data-alloc]');
+    assert.match(await page.textContent('#details .stack'), /optimizer\.py/);
+    assert.match(await page.textContent('#live'), /hidden by the filter/);
+    await page.fill('#filter-min', '30MiB');
+    await page.waitForFunction((n) => !document.querySelector('#filter-count').textContent.startsWith(`showing ${n.toLocaleString('en-US')} `), shown);
+    for (const size of await page.locator('#live tr[data-alloc] td.num').allTextContents()) {
+      assert.ok(/GiB/.test(size) || Number(size.split(' ')[0]) >= 30, size);
+    }
+    await page.fill('#filter-max', 'lots');
+    await page.waitForSelector('#filter-max.bad');
+    await page.screenshot({ path: join(shots, 'filtered.png') });
+    for (const id of ['#filter-text', '#filter-min', '#filter-max']) await page.fill(id, '');
+    await page.waitForFunction(() => !/hidden/.test(document.querySelector('#filter-count').textContent));
+
     // A 6.6 GiB card from a replaced start: the trace runs out of memory.
     await page.fill('#whatif-capacity', '6.6GiB');
     await page.selectOption('#whatif-start', 'replaced');
