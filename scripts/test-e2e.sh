@@ -21,5 +21,7 @@ set +e
 (cd tests/e2e && node --test --test-reporter=spec page.test.mjs) 2>&1 | tee target/e2e.log
 status=${PIPESTATUS[0]}
 set -e
-awk '/^ℹ pass/ { p = $3 } /^ℹ fail/ { f = $3 } END { printf "test result: %s. %d passed; %d failed (page, headless Chromium)\n", (f ? "FAILED" : "ok"), p, f }' target/e2e.log
+# A run that died before its summary counts as one failure.
+awk -v status="$status" '/^ℹ pass/ { p = $3 } /^ℹ fail/ { f = $3 }
+     END { if (status != 0 && f == 0) f = 1; printf "test result: %s. %d passed; %d failed (page, headless Chromium)\n", (f ? "FAILED" : "ok"), p, f }' target/e2e.log
 exit "$status"

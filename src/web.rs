@@ -41,16 +41,7 @@ impl LoadedTrace {
     /// Replays one device under other settings; `start` is `recorded` or `replaced`. Returns
     /// `tensormem replay --json`'s object plus `reserved_curve` / `allocated_curve` per position.
     pub fn replay(&self, device: i32, alloc_conf: &str, capacity: &str, start: &str) -> Result<String, JsError> {
-        let config = match alloc_conf.trim() {
-            "" => None,
-            text => Some(crate::alloc::AllocatorConfig::parse(text).map_err(js_error)?),
-        };
-        let capacity = match capacity.trim() {
-            "" => None,
-            text => Some(crate::report::parse_size(text).map_err(js_error)?),
-        };
-        let start = StartMode::parse(start).map_err(js_error)?;
-        let options = ReplayOptions { config, capacity, start, curves: true, ..Default::default() };
+        let options = ReplayOptions { curves: true, ..what_if(alloc_conf, capacity, start)? };
         let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
         serde_json::to_string(&serde_json::json!({
             "replay": r,
@@ -58,7 +49,15 @@ impl LoadedTrace {
             "allocated_curve": r.allocated_curve,
             "memory_summary": r.summary,
         }))
-            .map_err(js_error)
+        .map_err(js_error)
+    }
+
+    /// The same what-if replay, as a trace of its own (to compare with, or to export).
+    pub fn replayed(&self, device: i32, alloc_conf: &str, capacity: &str, start: &str) -> Result<LoadedTrace, JsError> {
+        let options = ReplayOptions { keep_snapshot: true, ..what_if(alloc_conf, capacity, start)? };
+        let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
+        let snapshot = r.snapshot.ok_or_else(|| JsError::new("the replay kept no trace"))?;
+        Ok(LoadedTrace { snapshot, run_json: None })
     }
 
     /// The allocator's state after the first `position` trace entries, replayed with the file's
@@ -98,6 +97,20 @@ impl LoadedTrace {
     pub fn run_json(&self) -> Option<String> {
         self.run_json.clone()
     }
+}
+
+/// Replay options from the page's what-if inputs (empty means: the file's own).
+fn what_if(alloc_conf: &str, capacity: &str, start: &str) -> Result<ReplayOptions, JsError> {
+    let config = match alloc_conf.trim() {
+        "" => None,
+        text => Some(crate::alloc::AllocatorConfig::parse(text).map_err(js_error)?),
+    };
+    let capacity = match capacity.trim() {
+        "" => None,
+        text => Some(crate::report::parse_size(text).map_err(js_error)?),
+    };
+    let start = StartMode::parse(start).map_err(js_error)?;
+    Ok(ReplayOptions { config, capacity, start, ..Default::default() })
 }
 
 /// One device's timeline; each `take_*` hands over one array (call each once).

@@ -38,3 +38,23 @@ fn float16_packed_even_where_shader_f16_exists() {
     assert!(!packed.adapter().unwrap().native_f16);
     pollster::block_on(suite::f16_program(&packed));
 }
+
+/// A GPU device stamps its trace with the wall clock, in microseconds since the epoch as PyTorch does.
+#[test]
+fn gpu_trace_entries_carry_wall_time() {
+    let Some(dev) = gpu() else { return };
+    let now_us = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64;
+    let start = now_us();
+    let x = dev.ones(&[64, 64], tensormem::DType::F32).unwrap();
+    let y = x.matmul(&x).unwrap().relu().unwrap();
+    drop((x, y));
+    let snapshot = dev.snapshot();
+    let end = now_us();
+    let times: Vec<i64> = snapshot.device_traces[0].iter().map(|e| e.time_us.expect("every entry is timed")).collect();
+    assert!(times.len() >= 7, "{times:?}");
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "non-decreasing: {times:?}");
+    assert!(start <= times[0] && times[times.len() - 1] <= end, "{start} <= {times:?} <= {end}");
+    assert_eq!(dev.time_source(), tensormem::alloc::TimeSource::Wall);
+    let recording = snapshot.tensormem.unwrap();
+    assert_eq!((recording.time.as_str(), recording.device.as_str()), ("wall", dev.name()));
+}

@@ -66,7 +66,7 @@ fn training_trace_warns_that_it_starts_mid_run_and_groups_by_user_frame() {
     let snap = trace::load_file(&path).unwrap();
     let t = timeline::build(&snap, 0).unwrap();
     assert_eq!(t.events, 19136);
-    assert_eq!(t.summary.start_reserved_bytes, 7_235_174_400 - 0); // no segment event in the trace
+    assert_eq!(t.summary.start_reserved_bytes, 7_235_174_400); // no segment event in the trace
     assert!(t.summary.warnings[0].contains("does not start at the beginning"), "{:?}", t.summary.warnings);
     assert!(t.summary.has_time);
     // Bands are coloured by the user's own code (cs336_basics/model.py), not torch internals.
@@ -117,18 +117,64 @@ fn a_device_the_file_lacks_is_a_clear_error() {
 #[test]
 fn the_allocator_state_at_any_position_holds_exactly_the_live_bands() {
     use tensormem::trace::BlockState;
-    let Some(path) = common::fixture("gpt-ctx128-forward.pickle") else { return };
-    let snap = trace::load_file(&path).unwrap();
-    let t = timeline::build(&snap, 0).unwrap();
-    for position in [0usize, 1, 1000, t.summary.peak_x as usize, 5000, t.events] {
-        let options = ReplayOptions { until: Some(position), ..Default::default() };
-        let r = replay_device(&snap, 0, &options, &mut |_, _| {}).unwrap();
-        // A free's two entries are replayed together, so the replay may stop one entry later.
-        let at = r.events_replayed;
-        assert!(at == position || at == position + 1, "{at} vs {position}");
-        let requested: u64 = r.segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.requested_size).sum();
-        assert_eq!(requested as f64, t.allocated[at], "position {position}");
-        let reserved: u64 = r.segments.iter().map(|s| s.total_size).sum();
-        assert_eq!(reserved as f64, t.reserved[at], "position {position}");
+    let Some(dir) = common::fixtures_dir() else { return };
+    for name in common::FIXTURES {
+        let snap = trace::load_file(&dir.join(name)).unwrap();
+        for device in snap.devices() {
+            let t = timeline::build(&snap, device).unwrap();
+            let stride = (t.events / 40).max(1);
+            for position in (0..=t.events).step_by(stride).chain([t.summary.peak_x as usize, t.events]) {
+                let options = ReplayOptions { until: Some(position), ..Default::default() };
+                let r = replay_device(&snap, device, &options, &mut |_, _| {}).unwrap();
+                // The replay stops exactly there, or just before a step it cannot split (a cache
+                // flush, or a segment recorded ahead of the alloc that made it).
+                let at = r.events_replayed;
+                assert!(at <= position && position - at <= 8, "{name}: {at} vs {position}");
+                let requested: u64 =
+                    r.segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.requested_size).sum();
+                assert_eq!(requested as f64, t.allocated[at], "{name} device {device} position {position}");
+                let reserved: u64 = r.segments.iter().map(|s| s.total_size).sum();
+                assert_eq!(reserved as f64, t.reserved[at], "{name} device {device} position {position}");
+            }
+        }
     }
+}
+
+#[test]
+fn the_state_inside_a_burst_of_releases_is_the_one_before_it() {
+    let Some(path) = common::fixture("expandable-3gpu-oom.pickle") else { return };
+    let snap = trace::load_file(&path).unwrap();
+    let t = timeline::build(&snap, 1).unwrap();
+    // Device 1 unmaps six pages in a row (events 414..420) before its OOM: positions inside that
+    // run stop before it, and say so; every other position is replayed exactly.
+    let mut halted = 0;
+    for position in 405..=425usize {
+        let options = ReplayOptions { until: Some(position), ..Default::default() };
+        let r = replay_device(&snap, 1, &options, &mut |_, _| {}).unwrap();
+        let at = r.events_replayed;
+        assert!(at <= position);
+        if at < position {
+            halted += 1;
+        }
+        let reserved: u64 = r.segments.iter().map(|s| s.total_size).sum();
+        assert_eq!(reserved as f64, t.reserved[at], "position {position} (replayed to {at})");
+    }
+    assert!(halted > 0, "the run of unmaps is in this range");
+}
+
+#[test]
+fn a_trace_that_does_not_add_up_says_so() {
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::All, 1000);
+    let x = a.malloc(1 << 20, 0, None).unwrap();
+    a.free(x.ptr, None).unwrap();
+    let _y = a.malloc(1 << 20, 0, None).unwrap();
+    let mut snap = a.snapshot();
+    // Drop the free pair: the second alloc reuses x's address without a recorded free.
+    snap.device_traces[0].retain(|e| !matches!(e.action, trace::Action::FreeRequested | trace::Action::FreeCompleted));
+    let t = timeline::build(&snap, 0).unwrap();
+    assert!(t.summary.warnings.iter().any(|w| w.contains("does not add up") && w.contains("1 address")), "{:?}", t.summary.warnings);
+    // The clean trace has no such warning.
+    let t = timeline::build(&a.snapshot(), 0).unwrap();
+    assert!(!t.summary.warnings.iter().any(|w| w.contains("does not add up")), "{:?}", t.summary.warnings);
 }

@@ -27,6 +27,14 @@ fn the_sim_device_runs_in_the_browser() {
     assert_eq!(dev.memory_allocated(), 2 * 4 * 1024 * 1024);
 }
 
+#[wasm_bindgen_test]
+async fn gpu_entries_carry_the_browsers_wall_time() {
+    let dev = gpu().await;
+    let _x = dev.ones(&[16], DType::F32).unwrap();
+    let t = dev.snapshot().device_traces[0][0].time_us.unwrap();
+    // Between 2024 and 2100: the browser's clock, in microseconds rather than milliseconds.
+    assert!((1_704_067_200_000_000..4_102_444_800_000_000).contains(&t), "{t}");
+}
 
 mod suite;
 

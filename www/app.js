@@ -4,6 +4,7 @@ import { Timeline, formatBytes } from './timeline.js';
 import { drawSegments, describeState } from './segments.js';
 import { applyFilter, streamsOf } from './filter.js';
 import { Icicle, buildTree } from './icicle.js';
+import { showComparison } from './compare.js';
 
 const $ = (id) => document.getElementById(id);
 const escape = (s) => String(s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
@@ -50,8 +51,11 @@ const timeline = new Timeline($('timeline'), $('tooltip'));
 // For the browser benchmark and debugging from the console.
 window.__tensormem = { timeline };
 const icicle = new Icicle($('icicle'), $('icicle-tooltip'));
-let current = null; // {name, devices, run}
+// The trace on screen: its worker id, name, devices and scenario run ({trace, name, devices, run}),
+// and the device shown. Set only once a trace's timeline has been laid out and drawn.
+let current = null;
 let device = 0;
+let loadTicket = 0;
 let scenarios = null;
 
 function stackOf(id) {
@@ -63,6 +67,8 @@ function stackOf(id) {
   return frames;
 }
 const isPython = (f) => f[1].endsWith('.py');
+// Position 0 is the state when the trace starts; position p the state after event p - 1.
+const after = (position) => (position === 0 ? 'at the start of the trace' : `after event ${position - 1}`);
 const frameText = (f) => (f[1] && f[1] !== '??' ? `${f[0]}  ${f[1]}:${f[2]}` : f[0]);
 
 function lifetime(id) {
@@ -117,9 +123,9 @@ function showLive(position) {
   icicle.setTree(buildTree(live.map((i) => ({
     bytes: a.allocSize[i], frames: stackOf(i), group: meta.groups[a.allocGroup[i]].name, color: timeline.groupColor[a.allocGroup[i]],
   })), $('icicle-python').checked));
-  $('icicle-title').textContent = `What is live after event ${Math.max(0, position - 1)}, by stack`;
+  $('icicle-title').textContent = `What is live ${after(position)}, by stack`;
   const total = a.allocated[position];
-  $('live-title').textContent = `Live at event ${Math.max(0, position - 1)}${position === meta.summary.peak_x ? ' (the peak)' : ''}: ${formatBytes(total)} in ${live.length + hiddenCount} allocations`;
+  $('live-title').textContent = `Live ${after(position)}${position === meta.summary.peak_x ? ' (the peak)' : ''}: ${formatBytes(total)} in ${live.length + hiddenCount} allocations`;
   const groups = [...byGroup.entries()].sort((x, y) => y[1] - x[1]).slice(0, 8);
   const max = groups.length ? groups[0][1] : 1;
   const groupRows = groups.map(([g, bytes]) => `<tr><td class="bar-cell"><i style="width:${(100 * bytes) / max}%"></i><span>${escape(meta.groups[g].name)}</span></td><td class="num">${formatBytes(bytes)}</td></tr>`).join('');
@@ -131,7 +137,7 @@ function showLive(position) {
     tr.onclick = () => { timeline.pinned = Number(tr.dataset.alloc); showDetails(timeline.pinned); timeline.requestDraw(); };
   }
   showState(position);
-  $('cursor-label').textContent = `at event ${Math.max(0, position - 1)}`;
+  $('cursor-label').textContent = after(position);
   $('cursor-allocated').textContent = formatBytes(total);
   $('cursor-reserved').textContent = `allocated · ${formatBytes(a.reserved[position])} reserved`;
 }
@@ -139,12 +145,14 @@ function showLive(position) {
 // The allocator's segments and blocks at the cursor (replayed in the worker up to it). Only the
 // latest request is drawn when the user clicks faster than the replay.
 let stateRequest = 0;
+let lastState = { key: null, state: null };
 async function showState(position) {
   const ticket = ++stateRequest;
-  const forDevice = device;
-  let state;
+  const key = `${current.trace}:${device}:${position}`;
+  let state = lastState.key === key ? lastState.state : null;
   try {
-    state = await ask('stateAt', { device: forDevice, position });
+    state ||= await ask('stateAt', { trace: current.trace, device, position });
+    lastState = { key, state };
   } catch (e) {
     $('state-figures').textContent = `The allocator state could not be rebuilt here: ${e.message}`;
     return;
@@ -155,7 +163,7 @@ async function showState(position) {
   for (let i = 0; i < a.allocSize.length; i++) {
     if (a.allocStart[i] <= position && position < a.allocEnd[i]) colors.set(a.allocAddr[i], timeline.groupColor[a.allocGroup[i]]);
   }
-  $('state-title').textContent = `Allocator state after event ${Math.max(0, state.events_replayed - 1)}`;
+  $('state-title').textContent = `Allocator state ${after(state.events_replayed)}`;
   $('state-figures').innerHTML = describeState(state);
   drawSegments($('segments'), state, (address) => colors.get(address) || '#8e96a3');
   $('summary').textContent = state.memory_summary;
@@ -178,20 +186,25 @@ function setPeak(el, bytes) {
   el.title = `${bytes.toLocaleString('en-US')} bytes`;
 }
 
-async function showDevice(d) {
-  device = d;
-  const data = await ask('timeline', { device: d });
+// Lays out and draws one device of a trace. `ticket` (a load's number) makes a stale answer a
+// no-op: the newest load always wins.
+async function showDevice(info, d, ticket = loadTicket) {
+  const data = await ask('timeline', { trace: info.trace, device: d });
+  if (ticket !== loadTicket) return false;
   performance.mark('tensormem:timeline-received');
   hideProgress();
+  current = info;
+  device = d;
   const s = data.meta.summary;
   setPeak($('peak-allocated'), s.peak_allocated_bytes);
   setPeak($('peak-reserved'), s.peak_reserved_bytes);
   $('trace-events').textContent = `${s.events.toLocaleString('en-US')} events · ${s.allocations.toLocaleString('en-US')} allocations`;
-  $('trace-settings').textContent = `device ${s.device} · settings ${s.settings}`;
+  $('trace-settings').textContent = `device ${s.device} · settings ${s.settings}${s.time_source ? ` · time ${s.time_source}` : ''}`;
   $('warnings').innerHTML = s.warnings.map((w) => `<li>${escape(w)}</li>`).join('');
   $('axis-select').querySelector('option[value=time]').disabled = !s.has_time;
   timeline.setData(data);
   timeline.setAxis($('axis-select').value);
+  $('axis-select').value = timeline.axis;
   resetFilters(data);
   if ($('filter-text').value || $('filter-min').value || $('filter-max').value || $('filter-range').checked) await updateFilter();
   showLegend();
@@ -199,33 +212,37 @@ async function showDevice(d) {
   showLive(timeline.cursor);
   $('whatif-result').innerHTML = '';
   $('replay-key').hidden = true;
+  $('compare-result').innerHTML = '';
+  $('export-other').hidden = true;
   timeline.requestDraw(() => performance.mark('tensormem:painted'));
+  return true;
 }
 
-async function loaded(info) {
-  current = info;
-  $('source-name').textContent = info.name;
-  $('source-name').title = info.name;
-  const select = $('device-select');
-  select.innerHTML = info.devices.map((d) => `<option value="${d}">cuda:${d}</option>`).join('');
-  $('device-box').hidden = info.devices.length < 2;
-  if (!info.devices.length) throw new Error('the snapshot has no segments and no trace for any device');
-  await showDevice(info.devices[0]);
-  if (info.run) showRun(JSON.parse(info.run));
-}
-
+// Opens a trace (a file, a URL or a scenario run) in the worker and shows it; the previous trace
+// stays on screen, and usable, until the new one is drawn.
 async function load(request, payload) {
   performance.mark('tensormem:file-chosen');
+  const ticket = ++loadTicket;
   clearError();
   showProgress('starting', 0);
+  let info = null;
   try {
-    const info = await ask(request, payload);
+    info = await ask(request, payload);
     performance.mark('tensormem:parsed');
-    await loaded(info);
+    if (ticket !== loadTicket) return void ask('drop', { trace: info.trace });
+    if (!info.devices.length) throw new Error('the snapshot has no segments and no trace for any device');
+    if (!(await showDevice(info, info.devices[0], ticket))) return void ask('drop', { trace: info.trace });
+    await ask('use', { trace: info.trace });
+    $('source-name').textContent = info.name;
+    $('source-name').title = info.name;
+    $('device-select').innerHTML = info.devices.map((d) => `<option value="${d}">cuda:${d}</option>`).join('');
+    $('device-box').hidden = info.devices.length < 2;
+    if (info.run) showRun(JSON.parse(info.run));
   } catch (e) {
-    showError(e.message, request === 'runScenario' ? 'The scenario could not run.' : 'Could not load this file.');
+    if (info && current !== info) ask('drop', { trace: info.trace });
+    if (ticket === loadTicket) showError(e.message, request === 'runScenario' ? 'The scenario could not run.' : 'Could not load this file.');
   } finally {
-    hideProgress();
+    if (ticket === loadTicket) hideProgress();
   }
 }
 
@@ -235,7 +252,9 @@ $('open-file').addEventListener('change', (e) => {
   if (file) load('openFile', { file });
   e.target.value = '';
 });
-$('device-select').addEventListener('change', (e) => showDevice(Number(e.target.value)).catch((err) => showError(err.message, 'Could not show this device.')));
+$('device-select').addEventListener('change', (e) => {
+  showDevice(current, Number(e.target.value), ++loadTicket).catch((err) => showError(err.message, 'Could not show this device.'));
+});
 $('axis-select').addEventListener('change', (e) => timeline.setAxis(e.target.value));
 let dragDepth = 0;
 window.addEventListener('dragenter', (e) => { e.preventDefault(); dragDepth++; $('drop').hidden = false; });
@@ -298,24 +317,57 @@ function resetFilters(data) {
 }
 
 // ---- export
+function download(data, name, format) {
+  const blob = new Blob([data], { type: format === 'json' ? 'application/json' : 'application/octet-stream' });
+  const a = document.createElement('a');
+  a.href = URL.createObjectURL(blob);
+  a.download = `${name.replace(/(\.tensormem)?\.(pickle|pkl|json)$/i, '').replace(/[^\w.-]+/g, '_')}.tensormem.${format === 'json' ? 'json' : 'pickle'}`;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+}
 async function exportTrace(format) {
   if (!current) return;
   try {
-    const data = await ask('exportTrace', { format });
-    const blob = new Blob([data], { type: format === 'json' ? 'application/json' : 'application/octet-stream' });
-    const a = document.createElement('a');
-    a.href = URL.createObjectURL(blob);
-    a.download = `${current.name.replace(/(\.tensormem)?\.(pickle|pkl|json)$/i, '').replace(/[^\w.-]+/g, '_')}.tensormem.${format === 'json' ? 'json' : 'pickle'}`;
-    document.body.appendChild(a);
-    a.click();
-    a.remove();
-    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+    download(await ask('exportTrace', { trace: current.trace, format }), current.name, format);
   } catch (e) {
     showError(e.message, 'Export failed.');
   }
 }
 $('export-pickle').onclick = () => exportTrace('pickle');
 $('export-json').onclick = () => exportTrace('json');
+
+// ---- compare
+let compared = null;
+async function compare(request, payload) {
+  if (!current || !timeline.data) return;
+  clearError();
+  try {
+    compared = await ask(request, { trace: current.trace, device, ...payload });
+    showComparison($('compare-result'), { name: current.name, meta: timeline.data.meta, arrays: timeline.data.arrays }, compared);
+    $('export-other').hidden = request !== 'compareWhatIf';
+  } catch (e) {
+    showError(e.message, 'The comparison failed.');
+  } finally {
+    hideProgress();
+  }
+}
+$('compare-file').addEventListener('change', (e) => {
+  const file = e.target.files[0];
+  if (file) compare('compareFile', { file });
+  e.target.value = '';
+});
+$('compare-whatif').onclick = () => compare('compareWhatIf', {
+  allocConf: $('whatif-conf').value, capacity: $('whatif-capacity').value, start: $('whatif-start').value,
+});
+$('export-other').onclick = async () => {
+  try {
+    download(await ask('exportOther', { format: 'pickle' }), compared ? compared.name : 'what-if', 'pickle');
+  } catch (e) {
+    showError(e.message, 'Export failed.');
+  }
+};
 
 // ---- what if
 $('whatif-run').onclick = async () => {
@@ -324,7 +376,7 @@ $('whatif-run').onclick = async () => {
   $('whatif-run').disabled = true;
   try {
     const out = await ask('replay', {
-      device, allocConf: $('whatif-conf').value, capacity: $('whatif-capacity').value, start: $('whatif-start').value,
+      trace: current.trace, device, allocConf: $('whatif-conf').value, capacity: $('whatif-capacity').value, start: $('whatif-start').value,
     });
     const r = out.replay;
     const divergence = r.first_divergence;

@@ -505,9 +505,11 @@ export class Timeline {
     ctx.textAlign = 'center';
     ctx.textBaseline = 'top';
     const [v0, v1] = this.view;
-    for (const v of ticks(v0, v1, Math.max(2, Math.floor(p.w / 110)), false)) {
-      const x = this.pxOfX(v, p);
-      if (x < p.x - 1 || x > p.x + p.w + 1) continue;
+    // Event ticks name events: event e is the step from position e to e + 1.
+    const shift = this.axis === 'time' ? 0 : 1;
+    for (const v of ticks(v0 - shift, v1 - shift, Math.max(2, Math.floor(p.w / 110)), false)) {
+      const x = this.pxOfX(v + shift, p);
+      if (x < p.x - 1 || x > p.x + p.w + 1 || v < 0) continue;
       ctx.fillText(this.axis === 'time' ? formatTime(v) : String(Math.round(v)), x, p.y + p.h + 8);
     }
     ctx.textBaseline = 'alphabetic';

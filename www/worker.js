@@ -4,7 +4,12 @@
 import init, { LoadedTrace, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
 
 const ready = init();
-let loaded = null; // the current LoadedTrace
+// Traces by id: the page's current one, candidates still being opened, and the compared one.
+// The page says which candidate became current ('use') so that a slow load finishing after a
+// newer one never replaces it.
+const traces = new Map();
+let nextTrace = 1;
+let other = null; // the trace the current one is compared with
 
 function progress(phase, fraction) {
   postMessage({ type: 'progress', phase, fraction });
@@ -32,25 +37,26 @@ async function readAll(stream, total, what) {
   return bytes;
 }
 
-async function open(bytes, name) {
+function get(id) {
+  const t = traces.get(id);
+  if (!t) throw new Error('this trace is no longer open');
+  return t;
+}
+
+function add(t, name) {
+  const id = nextTrace++;
+  traces.set(id, t);
+  return { trace: id, name, devices: Array.from(t.devices()), run: t.run_json() ?? null };
+}
+
+function open(bytes, name) {
   progress(`parsing ${name} (${(bytes.length / 1048576).toFixed(1)} MB)`, 1);
-  const t = LoadedTrace.parse(bytes);
-  replace(t);
-  return describe(name);
+  return add(LoadedTrace.parse(bytes), name);
 }
 
-function replace(t) {
-  if (loaded) loaded.free();
-  loaded = t;
-}
-
-function describe(name) {
-  return { name, devices: Array.from(loaded.devices()), run: loaded.run_json() ?? null };
-}
-
-function timeline(device) {
+function timeline(trace, device) {
   progress('laying out the timeline', 1);
-  const t = loaded.timeline(device);
+  const t = get(trace).timeline(device);
   const arrays = {
     allocated: t.take_allocated(),
     reserved: t.take_reserved(),
@@ -74,43 +80,86 @@ function timeline(device) {
   return { result: { device, arrays, meta }, transfer: Object.values(arrays).map((a) => a.buffer) };
 }
 
+// The second trace of a comparison: its curves and who held memory at its peak.
+function describeOther(name, device) {
+  const devices = Array.from(other.devices());
+  const d = devices.includes(device) ? device : devices[0];
+  if (d === undefined) throw new Error(`${name} has no segments and no trace`);
+  const t = other.timeline(d);
+  const arrays = { allocated: t.take_allocated(), reserved: t.take_reserved() };
+  const meta = JSON.parse(t.meta_json());
+  t.free();
+  const result = { name, device: d, arrays, summary: meta.summary, groups: meta.groups };
+  return { result, transfer: [arrays.allocated.buffer, arrays.reserved.buffer] };
+}
+
+function replaceOther(t) {
+  if (other) other.free();
+  other = t;
+}
+
 const handlers = {
   async scenarios() {
     return JSON.parse(scenarios_json());
   },
   async openFile({ file }) {
-    const bytes = await readAll(file.stream(), file.size, file.name);
-    return open(bytes, file.name);
+    return open(await readAll(file.stream(), file.size, file.name), file.name);
   },
   async openUrl({ url }) {
     const response = await fetch(url);
     if (!response.ok) throw new Error(`${url}: the server answered ${response.status} ${response.statusText}`);
     const total = Number(response.headers.get('content-length')) || 0;
     const name = decodeURIComponent(url.split('/').pop() || url);
-    const bytes = await readAll(response.body, total, name);
-    return open(bytes, name);
+    return open(await readAll(response.body, total, name), name);
   },
   async runScenario({ request }) {
     progress(`running ${request.scenario}`, 1);
-    replace(run_scenario(JSON.stringify(request)));
-    return describe(`scenario ${request.scenario}${request.variant ? ` (${request.variant})` : ''}`);
+    return add(run_scenario(JSON.stringify(request)), `scenario ${request.scenario}${request.variant ? ` (${request.variant})` : ''}`);
   },
-  async timeline({ device }) {
-    return timeline(device);
+  // The candidate `trace` is now the page's: every other trace is closed.
+  async use({ trace }) {
+    for (const [id, t] of traces) {
+      if (id !== trace) { t.free(); traces.delete(id); }
+    }
   },
-  async replay({ device, allocConf, capacity, start }) {
+  // A candidate the page gave up on (a newer load won, or it could not be shown).
+  async drop({ trace }) {
+    const t = traces.get(trace);
+    if (t) { t.free(); traces.delete(trace); }
+  },
+  async timeline({ trace, device }) {
+    return timeline(trace, device);
+  },
+  async replay({ trace, device, allocConf, capacity, start }) {
     progress('replaying through the allocator', 1);
-    return JSON.parse(loaded.replay(device, allocConf, capacity, start));
+    return JSON.parse(get(trace).replay(device, allocConf, capacity, start));
+  },
+  async compareFile({ file, device }) {
+    const bytes = await readAll(file.stream(), file.size, file.name);
+    progress(`parsing ${file.name}`, 1);
+    replaceOther(LoadedTrace.parse(bytes));
+    return describeOther(file.name, device);
+  },
+  async compareWhatIf({ trace, device, allocConf, capacity, start }) {
+    progress('replaying through the allocator', 1);
+    replaceOther(get(trace).replayed(device, allocConf, capacity, start));
+    return describeOther(`what if ${allocConf || 'the same settings'}${capacity ? ` on ${capacity}` : ''} (${start} start)`, device);
+  },
+  async exportOther({ format }) {
+    if (!other) throw new Error('nothing to export: compare with a what-if run first');
+    if (format === 'json') return other.to_json();
+    const bytes = other.to_pickle();
+    return { result: bytes, transfer: [bytes.buffer] };
   },
   async parseSize({ text }) {
     return parse_size(text);
   },
-  async stateAt({ device, position }) {
-    return JSON.parse(loaded.state_at(device, position));
+  async stateAt({ trace, device, position }) {
+    return JSON.parse(get(trace).state_at(device, position));
   },
-  async exportTrace({ format }) {
-    if (format === 'json') return loaded.to_json();
-    const bytes = loaded.to_pickle();
+  async exportTrace({ trace, format }) {
+    if (format === 'json') return get(trace).to_json();
+    const bytes = get(trace).to_pickle();
     return { result: bytes, transfer: [bytes.buffer] };
   },
 };

@@ -155,12 +155,27 @@ impl<E: std::fmt::Display> From<E> for Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve { .. }) {
+        quiet_on_closed_pipe();
+    }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(message, code)) => {
             eprintln!("error: {message}");
             ExitCode::from(code)
         }
+    }
+}
+
+/// `tensormem summary FILE | head` must end quietly when `head` closes the pipe, as other Unix
+/// tools do: Rust ignores SIGPIPE, so a write fails and `println!` panics; restoring the default
+/// lets the signal end the process. (The server keeps ignoring it: a client hanging up is a write
+/// error on that connection only.)
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to its default at start-up, before any thread runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

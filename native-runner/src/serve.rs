@@ -5,6 +5,11 @@
 //! are percent-decoded, checked component by component, canonicalized and kept inside the root:
 //! nothing outside it is ever served. An error on one connection (a client that goes away
 //! mid-response, say) ends that connection only.
+//!
+//! Bound to a loopback address (the default), it answers only requests addressed to this machine
+//! by name (`Host: 127.0.0.1`, `localhost`, `[::1]`): a web page elsewhere cannot use DNS
+//! rebinding to read the snapshot through the user's browser. Connections are capped and a
+//! request head must arrive within a deadline, so slow clients cannot pile up threads.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -12,16 +17,24 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// Longest request head (request line and headers) accepted.
 const MAX_HEAD: u64 = 16 * 1024;
+/// Connections served at once; more get 503 at once.
+const MAX_CONNECTIONS: usize = 64;
+/// Time a client has to send its whole request head.
+const HEAD_DEADLINE: Duration = Duration::from_secs(10);
 
 /// What the server serves: the canonical web root and the optional snapshot.
 struct Site {
     root: PathBuf,
     /// Decoded URL path (`/snapshot/<basename>` as bytes) and the file's canonical path.
     snapshot: Option<(Vec<u8>, PathBuf)>,
+    /// Listening on loopback: only requests naming this machine are answered.
+    loopback: bool,
+    active: AtomicUsize,
 }
 
 /// Runs the server until the process is killed. Errors are for start-up only (bad FILE, no page,
@@ -44,22 +57,30 @@ pub fn run(file: Option<&Path>, host: &str, port: u16, root: Option<&Path>) -> R
     let _ = writeln!(out, "tensormem: serving {url}").and_then(|()| out.flush());
     drop(out);
 
-    let site = Arc::new(Site { root, snapshot });
+    let site = Arc::new(Site { root, snapshot, loopback: addr.ip().is_loopback(), active: AtomicUsize::new(0) });
     for stream in listener.incoming() {
         match stream {
             Ok(stream) => {
-                let site = Arc::clone(&site);
+                if site.active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    site.active.fetch_sub(1, Ordering::SeqCst);
+                    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+                    let _ = send(&stream, false, Reply::Error(503));
+                    continue;
+                }
+                let for_thread = Arc::clone(&site);
                 let spawned = std::thread::Builder::new()
                     .name("tensormem-serve".into())
                     .spawn(move || {
-                        if let Err(e) = handle(&site, &stream)
+                        if let Err(e) = handle(&for_thread, &stream)
                             && !is_disconnect(&e)
                         {
                             eprintln!("tensormem serve: connection error: {e}");
                         }
+                        for_thread.active.fetch_sub(1, Ordering::SeqCst);
                     });
                 if let Err(e) = spawned {
                     eprintln!("tensormem serve: cannot start a connection thread: {e}");
+                    site.active.fetch_sub(1, Ordering::SeqCst);
                 }
             }
             Err(e) => {
@@ -161,13 +182,15 @@ enum Reply {
 
 /// Serves one request on `stream`, then closes it.
 fn handle(site: &Site, stream: &TcpStream) -> io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     stream.set_write_timeout(Some(Duration::from_secs(60)))?;
-    let mut reader = BufReader::new(stream.take(MAX_HEAD));
+    let deadline = Deadline { stream, until: Instant::now() + HEAD_DEADLINE };
+    let mut reader = BufReader::new(deadline.take(MAX_HEAD));
     let (head_only, reply) = match read_request(&mut reader)? {
-        Ok((method, target)) => {
+        Ok((method, target, host)) => {
             let head_only = method == "HEAD";
-            let reply = if method != "GET" && !head_only {
+            let reply = if site.loopback && !host.as_deref().is_none_or(names_this_machine) {
+                Reply::Error(421)
+            } else if method != "GET" && !head_only {
                 Reply::Error(405)
             } else {
                 route(site, &target)
@@ -180,14 +203,42 @@ fn handle(site: &Site, stream: &TcpStream) -> io::Result<()> {
     // Close gracefully: stop writing, then drain what the client still sends (a body we did not
     // read) so the kernel does not answer it with a reset that could discard our response.
     let _ = stream.shutdown(Shutdown::Write);
-    let mut rest = reader.into_inner().into_inner();
+    let mut rest = reader.into_inner().into_inner().stream;
     let _ = rest.set_read_timeout(Some(Duration::from_millis(500)));
     let _ = io::copy(&mut (&mut rest).take(1 << 20), &mut io::sink());
     Ok(())
 }
 
-/// Reads the request line and the headers. `Ok(Err(status))` is a malformed request.
-fn read_request<R: BufRead>(reader: &mut R) -> io::Result<Result<(String, String), u16>> {
+/// A stream whose reads fail once the deadline has passed, however slowly the bytes trickle in.
+struct Deadline<'a> {
+    stream: &'a TcpStream,
+    until: Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "request head too slow"));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+/// `Host: 127.0.0.1:8080`, `localhost`, `[::1]:8080`: a name for this machine (any port).
+fn names_this_machine(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Reads the request line and the headers: method, target and the Host header if any.
+/// `Ok(Err(status))` is a malformed request.
+type Request = (String, String, Option<String>);
+fn read_request<R: BufRead>(reader: &mut R) -> io::Result<Result<Request, u16>> {
     let mut line = Vec::new();
     reader.read_until(b'\n', &mut line)?;
     if !line.ends_with(b"\n") {
@@ -206,8 +257,8 @@ fn read_request<R: BufRead>(reader: &mut R) -> io::Result<Result<(String, String
     if !version.starts_with("HTTP/1.") {
         return Ok(Err(505));
     }
-    let request = (method.to_string(), target.to_string());
-    // Headers are not needed, but read them so the connection closes cleanly.
+    let (method, target) = (method.to_string(), target.to_string());
+    let mut host = None;
     loop {
         let mut header = Vec::new();
         reader.read_until(b'\n', &mut header)?;
@@ -216,7 +267,12 @@ fn read_request<R: BufRead>(reader: &mut R) -> io::Result<Result<(String, String
             return Ok(Err(if header.is_empty() { 400 } else { 431 }));
         }
         if header == b"\r\n" || header == b"\n" {
-            return Ok(Ok(request));
+            return Ok(Ok((method, target, host)));
+        }
+        if let Some((name, value)) = std::str::from_utf8(&header).ok().and_then(|h| h.split_once(':'))
+            && name.trim().eq_ignore_ascii_case("host")
+        {
+            host = Some(value.trim().to_string());
         }
     }
 }
@@ -317,7 +373,9 @@ fn reason(status: u16) -> &'static str {
         400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        421 => "Misdirected Request",
         431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         505 => "HTTP Version Not Supported",
         _ => "Error",
     }

@@ -168,6 +168,8 @@ fn run_errors_are_one_line_and_name_the_choices() {
         (vec!["run", "variable-batch", "--variant", "maybe"], "mistake or fix"),
         (vec!["run", "variable-batch", "--device", "sim:huge"], "sim:PRESET"),
         (vec!["run", "variable-batch", "--set", "layers=x"], "whole number"),
+        (vec!["run", "variable-batch", "--set", "hidden=3037000500"], "larger than 16 EiB"),
+        (vec!["run", "variable-batch", "--set", "hidden=4294967296"], "larger than 16 EiB"),
     ] {
         let out = tensormem(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -193,4 +195,26 @@ fn replay_with_a_replaced_start_reports_it_and_writes_the_replayed_trace() {
     let bad = tensormem(&["replay", path.to_str().unwrap(), "--start", "sideways"]);
     assert_eq!(bad.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_closed_pipe_ends_the_program_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    // The reader takes a few bytes and hangs up while the program is still printing (3,000
+    // steps: far more than a pipe buffers).
+    let batches: Vec<String> = (0..3000).map(|b| (b % 50 + 1).to_string()).collect();
+    let batches = batches.join(",");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tensormem"))
+        .args(["run", "variable-batch", "--set", &format!("layers=1,batches={batches}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // stdout is dropped here: the pipe is closed.
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
 }

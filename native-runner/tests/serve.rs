@@ -230,7 +230,7 @@ fn serves_the_page_with_types_and_headers() {
     // HTTP/1.0 and HEAD.
     let r = server.raw(b"GET /app.js HTTP/1.0\r\n\r\n");
     assert_eq!((r.status, r.text().as_str()), (200, "console.log(1);\n"));
-    let r = server.raw(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n");
+    let r = server.raw(b"HEAD / HTTP/1.1\r\nHost: localhost\r\n\r\n");
     assert_eq!(r.status, 200);
     assert_eq!(
         r.header("content-length"),
@@ -240,7 +240,7 @@ fn serves_the_page_with_types_and_headers() {
 
     let r = server.get("/missing.js");
     assert_eq!(r.status, 404);
-    let r = server.raw(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello");
+    let r = server.raw(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\nhello");
     assert_eq!(r.status, 405);
     assert_eq!(r.header("allow"), Some("GET, HEAD"));
     let r = server.raw(b"DELETE /index.html HTTP/1.1\r\n\r\n");
@@ -320,6 +320,18 @@ fn serves_the_snapshot_file_at_its_route() {
     assert_eq!(r.header("content-length"), Some("100000"));
     assert!(r.body == bytes, "the snapshot's bytes");
 
+    // A page on another site that rebinds its name to 127.0.0.1 still names itself in Host: it
+    // gets nothing. Names of this machine, with or without a port, are served.
+    for host in ["evil.example", "evil.example:8080", "192.168.1.10"] {
+        let r = server.raw(format!("GET /snapshot/my%20snap%231.pickle HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes());
+        assert_eq!(r.status, 421, "{host}: {}", r.head);
+        assert!(r.body.len() < 1000, "{host}: no snapshot bytes");
+    }
+    for host in ["localhost", "LOCALHOST:1234", "127.0.0.1", "[::1]:8080"] {
+        let r = server.raw(format!("GET /snapshot/my%20snap%231.pickle HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes());
+        assert_eq!(r.status, 200, "{host}: {}", r.head);
+    }
+
     // Only that exact path maps to the file.
     for target in [
         "/snapshot/",
@@ -342,7 +354,7 @@ fn a_client_leaving_mid_response_does_not_stop_the_server() {
     for _ in 0..5 {
         let mut stream = TcpStream::connect(&server.addr).unwrap();
         stream
-            .write_all(b"GET /big.pickle HTTP/1.1\r\nHost: x\r\n\r\n")
+            .write_all(b"GET /big.pickle HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .unwrap();
         let mut some = [0u8; 4096];
         let _ = stream.read(&mut some).unwrap();

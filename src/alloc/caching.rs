@@ -65,6 +65,7 @@ struct Block {
     /// Index into `expandable`, or NONE.
     expandable: BlockId,
     /// Other streams that used the block (`record_stream`); rare, so boxed to keep blocks small.
+    #[allow(clippy::box_collection)]
     stream_uses: Option<Box<Vec<Stream>>>,
     context: Option<Frames>,
     segment_context: Option<Frames>,
@@ -266,8 +267,7 @@ pub fn allocation_size(rounded: u64) -> u64 {
 
 impl<S: SegmentSource> CachingAllocator<S> {
     pub fn new(config: AllocatorConfig, source: S) -> CachingAllocator<S> {
-        let mut stats = DeviceStats::default();
-        stats.max_split_size = config.max_split_size_stat();
+        let stats = DeviceStats { max_split_size: config.max_split_size_stat(), ..Default::default() };
         let mut allocator = CachingAllocator {
             config,
             device: 0,
@@ -1263,7 +1263,17 @@ impl<S: SegmentSource> CachingAllocator<S> {
             device_traces,
             allocator_settings: Some(self.config.to_snapshot_settings()),
             external_annotations: Some(Vec::new()),
+            tensormem: None,
         }
+    }
+
+    /// `snapshot()` of tensormem's own recording on `device`: its `tensormem` key says which
+    /// clock the entries' `time_us` come from.
+    pub fn snapshot_on(&mut self, device: &str) -> trace::Snapshot {
+        let mut snapshot = self.snapshot();
+        snapshot.tensormem =
+            self.history.time_source().name().map(|time| trace::Recording { time: time.into(), device: device.into() });
+        snapshot
     }
 
     /// The current segments, without recording anything.
@@ -1486,6 +1496,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     pub fn history(&self) -> &History {
         &self.history
+    }
+
+    /// Moves a modelled clock forward: the program says how long its work took.
+    pub fn advance_time_us(&mut self, us: f64) {
+        self.history.advance_time_us(us);
     }
 
     pub fn history_mut(&mut self) -> &mut History {

@@ -2,6 +2,60 @@
 
 use crate::trace::TraceEntry;
 
+/// Where modelled clocks start: 2026-01-01T00:00:00Z in microseconds since the Unix epoch, so
+/// viewers show a plausible date rather than 1970.
+pub const MODELLED_EPOCH_US: i64 = 1_767_225_600_000_000;
+
+/// Where the `time_us` of new trace entries comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum TimeSource {
+    /// Entries carry no time (replay, which re-decides a recorded run rather than running one).
+    #[default]
+    None,
+    /// The system clock in microseconds since the Unix epoch, as PyTorch records.
+    Wall,
+    /// A modelled clock at [`MODELLED_EPOCH_US`] + `elapsed_us`; it moves only by
+    /// [`History::advance_time_us`]. Fractional, so that many short ops add up.
+    Modelled { elapsed_us: f64 },
+}
+
+impl TimeSource {
+    /// A modelled clock at its start.
+    pub fn modelled() -> TimeSource {
+        TimeSource::Modelled { elapsed_us: 0.0 }
+    }
+
+    /// The current time in whole microseconds since the Unix epoch.
+    pub fn now_us(&self) -> Option<i64> {
+        match *self {
+            TimeSource::None => None,
+            TimeSource::Wall => Some(wall_clock_us()),
+            TimeSource::Modelled { elapsed_us } => Some(MODELLED_EPOCH_US + elapsed_us as i64),
+        }
+    }
+
+    /// How snapshots name it (their `tensormem.time`); None when entries carry no time.
+    pub fn name(&self) -> Option<&'static str> {
+        match self {
+            TimeSource::None => None,
+            TimeSource::Wall => Some("wall"),
+            TimeSource::Modelled { .. } => Some("modelled"),
+        }
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn wall_clock_us() -> i64 {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    since_epoch.as_micros() as i64
+}
+
+/// `std::time` panics on wasm32: the browser's clock instead (milliseconds, fractional).
+#[cfg(target_arch = "wasm32")]
+fn wall_clock_us() -> i64 {
+    (js_sys::Date::now() * 1000.0) as i64
+}
+
 /// How much stack context is kept (PyTorch's `context` argument).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub enum RecordContext {
@@ -36,7 +90,7 @@ pub struct History {
     max_entries: usize,
     entries: Vec<TraceEntry>,
     next: usize,
-    clock: Option<fn() -> i64>,
+    time: TimeSource,
 }
 
 impl History {
@@ -56,9 +110,20 @@ impl History {
         }
     }
 
-    /// Timestamps for new entries (`time_us`); without a clock entries carry none.
-    pub fn set_clock(&mut self, clock: Option<fn() -> i64>) {
-        self.clock = clock;
+    /// Where new entries' `time_us` comes from.
+    pub fn set_time_source(&mut self, time: TimeSource) {
+        self.time = time;
+    }
+
+    pub fn time_source(&self) -> TimeSource {
+        self.time
+    }
+
+    /// Moves a modelled clock forward by `us` microseconds (other clocks ignore it).
+    pub fn advance_time_us(&mut self, us: f64) {
+        if let TimeSource::Modelled { elapsed_us } = &mut self.time {
+            *elapsed_us += us.max(0.0);
+        }
     }
 
     pub fn is_recording(&self) -> bool {
@@ -69,9 +134,10 @@ impl History {
         self.context
     }
 
+    /// Records `entry`, stamped with the current time unless it already carries one.
     pub fn push(&mut self, mut entry: TraceEntry) {
         if entry.time_us.is_none() {
-            entry.time_us = self.clock.map(|c| c());
+            entry.time_us = self.time.now_us();
         }
         if self.entries.len() < self.max_entries {
             self.entries.push(entry);

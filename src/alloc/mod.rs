@@ -14,7 +14,7 @@ mod stats;
 
 pub use caching::{allocation_size, round_size, roundup_power2_next_division, AllocError, Allocation, CachingAllocator, Stream};
 pub use config::{AllocatorConfig, ConfigError, ROUNDUP_INTERVALS};
-pub use history::{History, RecordContext};
+pub use history::{History, RecordContext, TimeSource, MODELLED_EPOCH_US};
 pub use oom::{format_size, OutOfMemoryError};
 pub use source::{SegmentSource, VirtualSegments, VIRTUAL_BASE};
 pub use stats::{DeviceStats, Stat, StatArray, StatType};

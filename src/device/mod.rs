@@ -5,10 +5,11 @@ mod gpu;
 mod sim;
 
 pub use gpu::{AdapterSummary, GpuOptions};
-pub use sim::{SimOptions, PRESETS};
+pub use sim::{SimOptions, Speed, PRESETS};
 
 use crate::alloc::{
-    AllocError, Allocation, AllocatorConfig, CachingAllocator, ConfigError, RecordContext, SegmentSource, VirtualSegments,
+    AllocError, Allocation, AllocatorConfig, CachingAllocator, ConfigError, RecordContext, SegmentSource, TimeSource,
+    VirtualSegments,
 };
 use crate::report;
 use crate::trace::{Frame, Frames, Snapshot};
@@ -77,10 +78,16 @@ impl SegmentSource for Segments {
     }
 }
 
+// One per device, behind an Rc: boxing the GPU context would save nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
     Gpu(GpuContext),
-    Sim,
+    /// Runs no kernels; its modelled clock charges each op by the card's speed.
+    Sim(Speed),
 }
+
+/// A cached stack's key: call site (file address, line), op name (address, length), scope path.
+type FrameKey = (usize, u32, usize, usize, Arc<str>);
 
 pub(crate) struct DeviceInner {
     pub(crate) backend: Backend,
@@ -93,7 +100,7 @@ pub(crate) struct DeviceInner {
     scope: RefCell<Vec<String>>,
     /// Stacks already built, by call site, op and scope: most allocations repeat one, and
     /// sharing it keeps recording cheap (as PyTorch's pickles share frames).
-    frame_cache: RefCell<rustc_hash::FxHashMap<(usize, u32, usize, usize, Arc<str>), Frames>>,
+    frame_cache: RefCell<rustc_hash::FxHashMap<FrameKey, Frames>>,
     /// The scope stack joined with dots, rebuilt when it changes.
     scope_path: RefCell<Arc<str>>,
 }
@@ -143,11 +150,17 @@ impl Device {
 
     pub fn sim_with(options: SimOptions, config: AllocatorConfig) -> Device {
         let alloc = CachingAllocator::new(config, Segments::Virtual(VirtualSegments::default())).with_capacity(options.capacity);
-        Device::from_parts(Backend::Sim, alloc, format!("sim ({})", options.name))
+        Device::from_parts(Backend::Sim(options.speed), alloc, options.device_name())
     }
 
     fn from_parts(backend: Backend, mut alloc: CachingAllocator<Segments>, name: String) -> Device {
         alloc.record_memory_history(true, RecordContext::All, 100_000);
+        // A GPU's entries happen at real times; the sim device's at modelled ones.
+        let time = match backend {
+            Backend::Gpu(_) => TimeSource::Wall,
+            Backend::Sim(_) => TimeSource::modelled(),
+        };
+        alloc.history_mut().set_time_source(time);
         Device(Rc::new(DeviceInner {
             backend,
             alloc: RefCell::new(alloc),
@@ -165,21 +178,21 @@ impl Device {
     }
 
     pub fn is_sim(&self) -> bool {
-        matches!(self.0.backend, Backend::Sim)
+        matches!(self.0.backend, Backend::Sim(_))
     }
 
     /// The adapter, for a GPU device.
     pub fn adapter(&self) -> Option<&AdapterSummary> {
         match &self.0.backend {
             Backend::Gpu(g) => Some(&g.summary),
-            Backend::Sim => None,
+            Backend::Sim(_) => None,
         }
     }
 
     pub(crate) fn gpu_context(&self) -> Option<&GpuContext> {
         match &self.0.backend {
             Backend::Gpu(g) => Some(g),
-            Backend::Sim => None,
+            Backend::Sim(_) => None,
         }
     }
 
@@ -296,9 +309,28 @@ impl Device {
         self.0.alloc.borrow_mut().record_memory_history(enabled, context, max_entries);
     }
 
-    /// `torch.cuda.memory._snapshot()`.
+    /// `torch.cuda.memory._snapshot()`, plus the `tensormem` key naming this device and its clock.
     pub fn snapshot(&self) -> Snapshot {
-        self.0.alloc.borrow_mut().snapshot()
+        self.0.alloc.borrow_mut().snapshot_on(&self.0.name)
+    }
+
+    /// The clock of the trace's `time_us`: wall on a GPU, modelled on the sim device.
+    pub fn time_source(&self) -> TimeSource {
+        self.0.alloc.borrow().history().time_source()
+    }
+
+    /// Moves the sim device's modelled clock forward by `us` microseconds, for work the ops do
+    /// not show (a GPU device's wall clock ignores it).
+    pub fn advance_time_us(&self, us: f64) {
+        self.0.alloc.borrow_mut().advance_time_us(us);
+    }
+
+    /// What the sim device does instead of launching a kernel: advances its modelled clock by
+    /// the op's cost on the card (see [`Speed::op_time_us`]).
+    pub(crate) fn model_op(&self, bytes: u64, flops: u64, half: bool) {
+        if let Backend::Sim(speed) = &self.0.backend {
+            self.advance_time_us(speed.op_time_us(bytes, flops, half));
+        }
     }
 
     pub fn capacity(&self) -> Option<u64> {
@@ -309,7 +341,7 @@ impl Device {
     pub fn staging_memory(&self) -> (u64, u64) {
         match &self.0.backend {
             Backend::Gpu(g) => (g.staging_current.get(), g.staging_peak.get()),
-            Backend::Sim => (0, 0),
+            Backend::Sim(_) => (0, 0),
         }
     }
 

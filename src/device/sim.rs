@@ -1,39 +1,85 @@
-//! The simulation device's settings: the card being simulated.
+//! The simulation device's settings: the card being simulated, its memory and its speed.
 
-/// Cards with their memory as `torch.cuda.get_device_properties().total_memory` reports it
-/// (a little under the marketing size: the driver keeps some).
-pub const PRESETS: [(&str, u64); 8] = [
-    ("H100-80GB", 85_045_379_072),
-    ("A100-80GB", 85_051_572_224),
-    ("A100-40GB", 42_505_273_344),
-    ("RTX4090-24GB", 25_386_352_640),
-    ("L4-24GB", 23_580_639_232),
-    ("T4-16GB", 15_828_320_256),
-    ("M2-16GB-unified", 17_179_869_184),
-    ("browser-2GB", 2 << 30),
+/// A card's published peak speeds: the sim device's modelled clock charges each op by them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Speed {
+    /// Memory bandwidth, bytes per second.
+    pub bandwidth: f64,
+    /// Dense f32 FLOP/s on the ordinary cores (no tensor cores, no TF32).
+    pub f32_flops: f64,
+    /// Dense f16/bf16 FLOP/s (tensor cores with f32 accumulation where the card has them).
+    pub half_flops: f64,
+}
+
+impl Speed {
+    /// One op's modelled time in microseconds, a roofline: bound by memory (`bytes` read and
+    /// written over the bandwidth) or by compute (`flops` at the peak rate of its precision),
+    /// whichever takes longer. Peak figures, so a lower bound: real kernels reach less.
+    pub fn op_time_us(&self, bytes: u64, flops: u64, half: bool) -> f64 {
+        let peak = if half { self.half_flops } else { self.f32_flops };
+        (bytes as f64 / self.bandwidth).max(flops as f64 / peak) * 1e6
+    }
+}
+
+/// NVIDIA H100 SXM5: 3.35 TB/s HBM3, 67 TFLOP/s f32, 989.4 TFLOP/s dense bf16 (H100 datasheet
+/// and Hopper whitepaper). Also the speed of custom sizes and of budgets that are no card.
+const H100: Speed = Speed { bandwidth: 3.35e12, f32_flops: 67e12, half_flops: 989.4e12 };
+
+/// Name, memory as `torch.cuda.get_device_properties().total_memory` reports it (a little under
+/// the marketing size: the driver keeps some), and speed. Sources: NVIDIA's datasheets (A100:
+/// SXM4 figures; L4's and H100's bf16 are the dense halves of their "with sparsity" figures),
+/// the Ada Lovelace whitepaper for the RTX 4090 (bf16 with f32 accumulation), Apple's M2
+/// announcement (100 GB/s, 3.6 TFLOP/s; no separate f16 figure is published). T4 has no bf16
+/// tensor cores: its f16 figure stands in.
+const CARDS: [(&str, u64, Speed); 8] = [
+    ("H100-80GB", 85_045_379_072, H100),
+    ("A100-80GB", 85_051_572_224, Speed { bandwidth: 2.039e12, f32_flops: 19.5e12, half_flops: 312e12 }),
+    ("A100-40GB", 42_505_273_344, Speed { bandwidth: 1.555e12, f32_flops: 19.5e12, half_flops: 312e12 }),
+    ("RTX4090-24GB", 25_386_352_640, Speed { bandwidth: 1.008e12, f32_flops: 82.6e12, half_flops: 165.2e12 }),
+    ("L4-24GB", 23_580_639_232, Speed { bandwidth: 300e9, f32_flops: 30.3e12, half_flops: 121e12 }),
+    ("T4-16GB", 15_828_320_256, Speed { bandwidth: 320e9, f32_flops: 8.1e12, half_flops: 65e12 }),
+    ("M2-16GB-unified", 17_179_869_184, Speed { bandwidth: 100e9, f32_flops: 3.6e12, half_flops: 3.6e12 }),
+    ("browser-2GB", 2 << 30, H100),
 ];
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The presets' names and memory (the page lists these pairs).
+pub const PRESETS: [(&str, u64); CARDS.len()] = {
+    let mut out = [("", 0); CARDS.len()];
+    let mut i = 0;
+    while i < CARDS.len() {
+        out[i] = (CARDS[i].0, CARDS[i].1);
+        i += 1;
+    }
+    out
+};
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct SimOptions {
     pub name: String,
     /// Device memory in bytes.
     pub capacity: u64,
+    pub speed: Speed,
 }
 
 impl SimOptions {
     /// A preset by name (case-insensitive); unknown names fall back to a custom-named 80 GiB card.
     pub fn preset(name: &str) -> SimOptions {
-        SimOptions::find(name).unwrap_or(SimOptions { name: name.to_string(), capacity: 80 << 30 })
+        SimOptions::find(name).unwrap_or(SimOptions { name: name.to_string(), capacity: 80 << 30, speed: H100 })
     }
 
     pub fn find(name: &str) -> Option<SimOptions> {
-        PRESETS
+        CARDS
             .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|&(n, capacity)| SimOptions { name: n.to_string(), capacity })
+            .find(|(n, ..)| n.eq_ignore_ascii_case(name))
+            .map(|&(n, capacity, speed)| SimOptions { name: n.to_string(), capacity, speed })
     }
 
     pub fn custom(capacity: u64) -> SimOptions {
-        SimOptions { name: format!("custom {}", crate::alloc::format_size(capacity)), capacity }
+        SimOptions { name: format!("custom {}", crate::alloc::format_size(capacity)), capacity, speed: H100 }
+    }
+
+    /// The device's name: `sim (H100-80GB)`.
+    pub fn device_name(&self) -> String {
+        format!("sim ({})", self.name)
     }
 }

@@ -195,6 +195,10 @@ pub fn replay_device(
         trace,
         ptrs: FxHashMap::default(),
         failed: Default::default(),
+        failed_pending: Default::default(),
+        stop: trace.len(),
+        halted: false,
+        pending_since: None,
         pending_segment_events: Vec::new(),
         recorded_device_allocs: Vec::new(),
         divergence: None,
@@ -247,8 +251,9 @@ pub fn replay_device(
     };
     sample(&run.alloc, 1);
     let end = options.until.map_or(trace.len(), |u| u.min(trace.len()));
+    run.stop = end;
     let mut i = 0;
-    while i < end {
+    while i < end && !run.halted {
         if i % 4096 == 0 {
             progress(i, end);
         }
@@ -312,7 +317,9 @@ pub fn replay_device(
         reserved_curve,
         allocated_curve,
         snapshot,
-        events_replayed: i,
+        // A segment the trace records before the alloc that caused it is only made by that
+        // alloc: stopped in between, the state is the one before the segment event.
+        events_replayed: run.pending_since.unwrap_or(i),
         segments,
     })
 }
@@ -376,6 +383,14 @@ struct Run<'a> {
     ptrs: FxHashMap<u64, u64>,
     /// Recorded allocations our allocator could not make (smaller capacity): their frees are skipped.
     failed: std::collections::HashSet<u64>,
+    /// Of those, the ones freed on another stream whose completion is still to come.
+    failed_pending: std::collections::HashSet<u64>,
+    /// Where to stop (`until`): no event at or after it is replayed, not even half a pair.
+    stop: usize,
+    /// The stop fell inside a burst of segment releases: the replay ends before the burst.
+    halted: bool,
+    /// Index of the first recorded segment event still waiting for the alloc that made it.
+    pending_since: Option<usize>,
     /// Recorded segment events since the last alloc, to compare with what our malloc did.
     pending_segment_events: Vec<(Action, u64, u64)>,
     recorded_device_allocs: Vec<(Action, u64)>,
@@ -411,7 +426,11 @@ impl Run<'_> {
                     }
                 }
                 Err(e) => {
-                    self.failed.insert(b.address);
+                    if b.state == BlockState::ActivePendingFree {
+                        self.failed_pending.insert(b.address);
+                    } else {
+                        self.failed.insert(b.address);
+                    }
                     if oom.is_none() {
                         oom = Some(format!("the allocations live at the start of the trace do not fit: {e}"));
                     }
@@ -437,6 +456,7 @@ impl Run<'_> {
         let stream = e.stream as u64;
         match e.action {
             Action::SegmentAlloc | Action::SegmentMap => {
+                self.pending_since.get_or_insert(i);
                 self.recorded_device_allocs.push((e.action, e.size));
                 self.pending_segment_events.push((e.action, e.addr, e.size));
                 let source = self.alloc.source_mut();
@@ -453,6 +473,11 @@ impl Run<'_> {
                     .iter()
                     .position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
                     .map_or(self.trace.len(), |n| i + n);
+                if end > self.stop {
+                    // Half a cache flush cannot be replayed: the state is the one before it.
+                    self.halted = true;
+                    return i;
+                }
                 let before = self.alloc.history().len();
                 self.alloc.empty_cache();
                 let mut ours: Vec<(Action, u64, u64)> =
@@ -494,6 +519,7 @@ impl Run<'_> {
                 let ours: Vec<(Action, u64, u64)> =
                     self.alloc.history().since(before).iter().filter(|e| is_segment_event(e.action)).map(|e| (e.action, e.addr, e.size)).collect();
                 let recorded = std::mem::take(&mut self.pending_segment_events);
+                self.pending_since = None;
                 if ours != recorded {
                     self.diverge(i, format!("alloc of {} bytes: recorded {}; replay made {}", e.size, describe(&recorded), describe(&ours)));
                 }
@@ -501,11 +527,18 @@ impl Run<'_> {
                 i + 1
             }
             Action::FreeRequested => {
+                let completes_next = self.trace.get(i + 1).is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
                 if self.failed.remove(&e.addr) {
+                    // Never allocated in this replay: skip its free and, later, its completion.
+                    if completes_next {
+                        return i + 2;
+                    }
+                    self.failed_pending.insert(e.addr);
                     return i + 1;
                 }
                 let ptr = self.our_ptr(e.addr);
-                let immediate = self.trace.get(i + 1).is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
+                // Stopping between the two halves of a free leaves the block pending, as it was.
+                let immediate = completes_next && i + 1 < self.stop;
                 if !immediate {
                     // Used on another stream: stays active until the trace says it completed.
                     let _ = self.alloc.record_stream(ptr, u64::MAX - 1);
@@ -520,6 +553,9 @@ impl Run<'_> {
                 i + 1
             }
             Action::FreeCompleted => {
+                if self.failed_pending.remove(&e.addr) {
+                    return i + 1;
+                }
                 let ptr = self.our_ptr(e.addr);
                 self.ptrs.remove(&e.addr);
                 if let Err(err) = self.alloc.complete_pending_free(ptr, None) {

@@ -2,10 +2,11 @@
 //!
 //! Each scenario has parameters with defaults, optional `mistake` / `fix` variants, and an
 //! explanation; a run records labelled steps (allocated and reserved after each) and the whole
-//! trace as a snapshot. For now the scenarios are allocator-level programs (tensor-sized requests
-//! with stacks) on a simulated card; tensor-level ones arrive with autograd.
+//! trace as a snapshot, timed by a clock modelled on the card's speed. For now the scenarios are
+//! allocator-level programs (tensor-sized requests with stacks) on a simulated card; tensor-level
+//! ones arrive with autograd.
 
-use crate::alloc::{format_size, AllocError, AllocatorConfig, ConfigError, RecordContext, VirtualAllocator};
+use crate::alloc::{format_size, AllocError, AllocatorConfig, ConfigError, RecordContext, TimeSource, VirtualAllocator};
 use crate::device::SimOptions;
 use crate::trace::{Frame, Frames, Snapshot};
 use serde::Serialize;
@@ -161,10 +162,7 @@ pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
     if let Some(conf) = &request.alloc_conf {
         config.apply(conf)?;
     }
-    let mut alloc = VirtualAllocator::virtual_with(config.clone());
-    alloc.set_capacity(Some(capacity));
-    alloc.record_memory_history(true, RecordContext::All, 1 << 22);
-    let mut rec = Recorder { alloc, steps: Vec::new(), peaks: (0, 0) };
+    let mut rec = Recorder::new(config.clone(), Some(capacity), &card);
     let mut parameters = BTreeMap::new();
 
     let outcome = match info.name {
@@ -178,6 +176,14 @@ pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
                 .map_err(|_| bad(format!("batches must be a comma-separated list of whole numbers, got {:?}", value("batches"))))?;
             if layers == 0 || hidden == 0 || seq == 0 || batches.is_empty() || batches.contains(&0) || layers > 1000 || batches.len() > 10_000 {
                 return Err(bad("layers, hidden, seq and every batch must be positive (at most 1000 layers and 10000 batches)".into()));
+            }
+            // The largest figures the program computes must fit in 64 bits (16 EiB): a card
+            // that small is refused later with an out-of-memory error, an overflow never.
+            let max_batch = batches.iter().copied().max().unwrap_or(1);
+            let product = |factors: &[u64]| factors.iter().try_fold(1u64, |p, &f| p.checked_mul(f));
+            let fits = [product(&[64, hidden, hidden]), product(&[80, max_batch, seq, hidden]), product(&[16, max_batch, seq, hidden, hidden])];
+            if fits.iter().any(Option::is_none) {
+                return Err(bad(format!("hidden={hidden}, seq={seq} and batch {max_batch} make tensors larger than 16 EiB")));
             }
             parameters.insert("layers".into(), layers.into());
             parameters.insert("hidden".into(), hidden.into());
@@ -194,6 +200,7 @@ pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
     };
     rec.fold_peaks();
     let (peak_allocated_bytes, peak_reserved_bytes) = rec.peaks;
+    let snapshot = rec.snapshot();
     let mut explanation = info.explanation.to_string();
     if let Some(e) = &out_of_memory {
         explanation = format!("Out of memory on {} ({}): {e}\n\n{explanation}", card.name, format_size(capacity));
@@ -211,19 +218,39 @@ pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
         peak_reserved_bytes,
         out_of_memory,
         explanation,
-        snapshot: rec.alloc.snapshot(),
+        snapshot,
     })
 }
 
-/// The allocator plus the labelled steps taken so far.
+/// The allocator plus the labelled steps taken so far, on a simulated card.
 struct Recorder {
     alloc: VirtualAllocator,
     steps: Vec<Step>,
     /// Peak allocated and reserved over the whole run (the allocator's peaks restart each step).
     peaks: (u64, u64),
+    card: SimOptions,
 }
 
 impl Recorder {
+    /// Records everything, at times modelled on `card` (whose memory `capacity` may override).
+    fn new(config: AllocatorConfig, capacity: Option<u64>, card: &SimOptions) -> Recorder {
+        let mut alloc = VirtualAllocator::virtual_with(config);
+        alloc.set_capacity(capacity);
+        alloc.record_memory_history(true, RecordContext::All, 1 << 22);
+        alloc.history_mut().set_time_source(TimeSource::modelled());
+        Recorder { alloc, steps: Vec::new(), peaks: (0, 0), card: card.clone() }
+    }
+
+    /// The program ran f32 work moving `bytes` and doing `flops`: the clock moves by its cost
+    /// on the card, the sim device's cost model.
+    fn run(&mut self, bytes: u64, flops: u64) {
+        self.alloc.advance_time_us(self.card.speed.op_time_us(bytes, flops, false));
+    }
+
+    fn snapshot(&mut self) -> Snapshot {
+        self.alloc.snapshot_on(&self.card.device_name())
+    }
+
     fn step(&mut self, label: String) {
         let stats = self.alloc.stats();
         self.steps.push(Step {
@@ -252,9 +279,11 @@ fn frames(name: &str, line: u64) -> Frames {
 /// through `layers` MLP blocks; a slightly larger batch no longer fits the cached blocks of the
 /// previous ones, so new segments pile up and reserved memory drifts above allocated.
 fn variable_batch(rec: &mut Recorder, layers: u64, hidden: u64, seq: u64, batches: &[u64]) -> Result<(), AllocError> {
+    // fc1 [hidden, 4 hidden] and fc2 [4 hidden, hidden], f32.
+    let layer_weights = 2 * hidden * 4 * hidden * 4;
     let mut weights = Vec::new();
     for layer in 0..layers {
-        weights.push(rec.alloc.malloc(2 * hidden * 4 * hidden * 4, 0, Some(frames(&format!("layers.{layer}.weights"), 20)))?);
+        weights.push(rec.alloc.malloc(layer_weights, 0, Some(frames(&format!("layers.{layer}.weights"), 20)))?);
     }
     rec.step("weights loaded".into());
     for &batch in batches {
@@ -263,6 +292,10 @@ fn variable_batch(rec: &mut Recorder, layers: u64, hidden: u64, seq: u64, batche
         for layer in 0..layers {
             let hidden_act = rec.alloc.malloc(4 * activation, 0, Some(frames(&format!("layers.{layer}.fc1"), 33)))?;
             let y = rec.alloc.malloc(activation, 0, Some(frames(&format!("layers.{layer}.fc2"), 34)))?;
+            // fc1 reads x and its weights and writes the 4x wider activation; fc2 reads that and
+            // its weights and writes y. Every token multiplies and adds each f32 weight once:
+            // 2 FLOPs per 4 bytes.
+            rec.run(10 * activation + layer_weights, (batch * seq).saturating_mul(layer_weights / 2));
             rec.alloc.free(hidden_act.ptr, None)?;
             rec.alloc.free(x.ptr, None)?;
             x = y;
@@ -274,15 +307,12 @@ fn variable_batch(rec: &mut Recorder, layers: u64, hidden: u64, seq: u64, batche
 }
 
 /// The variable-batch program with its default parameters under `config`, on an unlimited card
-/// (or `capacity`): `tensormem demo`'s recording.
+/// (or `capacity`) as fast as an H100: `tensormem demo`'s recording.
 pub fn variable_batch_inference(config: AllocatorConfig, capacity: Option<u64>) -> Result<Snapshot, AllocError> {
-    let mut alloc = VirtualAllocator::virtual_with(config);
-    alloc.set_capacity(capacity);
-    alloc.record_memory_history(true, RecordContext::All, 1 << 20);
-    let mut rec = Recorder { alloc, steps: Vec::new(), peaks: (0, 0) };
+    let mut rec = Recorder::new(config, capacity, &SimOptions::preset("H100-80GB"));
     let batches = [32u64, 31, 33, 30, 34, 29, 36, 31, 38, 27, 40, 33];
     variable_batch(&mut rec, 8, 1024, 128, &batches)?;
-    Ok(rec.alloc.snapshot())
+    Ok(rec.snapshot())
 }
 
 #[cfg(test)]

@@ -50,6 +50,9 @@ pub(crate) enum Binary {
     Ge,
 }
 
+/// A reduction's name and its kernel's ACC, INIT, STEP and FINISH substitutions.
+type ReductionSpec = (&'static str, (String, String, String, String));
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reduction {
     Sum,
@@ -242,6 +245,21 @@ impl Tensor {
         Ok(())
     }
 
+    /// Whether the op writing `self` from `inputs` launches a kernel: on a GPU, when there is
+    /// anything to write. The sim device launches nothing; it charges its modelled clock by the
+    /// bytes the op moves (`self` written, each input read once) and by `flops`. Only matmul
+    /// passes FLOPs: the other ops do a few per element, far below any card's FLOP-per-byte
+    /// balance (20 for f32 on an H100), so their bytes bound them.
+    fn launches(&self, inputs: &[&Tensor], flops: u64) -> bool {
+        let device = self.device();
+        if !device.is_sim() {
+            return self.numel() > 0;
+        }
+        let bytes = std::iter::once(self).chain(inputs.iter().copied()).map(|t| (t.numel() * t.dtype.size()) as u64).sum();
+        device.model_op(bytes, flops, matches!(self.dtype, DType::F16 | DType::BF16));
+        false
+    }
+
     /// Runs one elementwise kernel writing `self`'s elements from up to three inputs broadcast
     /// to `self`'s shape. `scalar` is read with the first input's value type (self's for fill).
     fn elementwise(&self, entry: Entry, inputs: &[&Tensor], scalar: f64) -> Result<()> {
@@ -249,10 +267,10 @@ impl Tensor {
             self.same_device(t)?;
         }
         let layouts = inputs.iter().map(|t| t.layout.expand(self.shape())).collect::<Result<Vec<_>>>()?;
-        let device = self.device().clone();
-        if device.is_sim() || self.numel() == 0 {
+        if !self.launches(inputs, 0) {
             return Ok(());
         }
+        let device = self.device().clone();
         check_u32(self)?;
         for t in inputs {
             check_u32(t)?;
@@ -530,7 +548,7 @@ impl Tensor {
             };
             return if keepdim { Ok(out) } else { out.squeeze(Some(dim as isize)) };
         }
-        if !device.is_sim() && out.numel() > 0 {
+        if out.launches(&[self], 0) {
             if n == 0 && matches!(op, Reduction::Max | Reduction::Min) {
                 return Err(TensorError::Shape(format!("{name} over an empty dimension has no identity")));
             }
@@ -555,7 +573,7 @@ impl Tensor {
         if keepdim { Ok(out) } else { out.squeeze(Some(dim as isize)) }
     }
 
-    fn reduction_spec(&self, op: Reduction) -> Result<(&'static str, (String, String, String, String))> {
+    fn reduction_spec(&self, op: Reduction) -> Result<ReductionSpec> {
         let t = values(self.dtype, self.device())?;
         let float = self.dtype.is_float();
         // Floats accumulate in f32 (f16 sums lose too much otherwise); integers in their type.
@@ -707,10 +725,12 @@ impl Tensor {
         let out = self.device().empty_tensor(&out_shape, self.dtype, "matmul")?;
         let device = self.device().clone();
         let batches: usize = batch.iter().product();
+        // A multiply and an add per term.
+        let flops = [batches, m, n, k].iter().fold(2u64, |f, &d| f.saturating_mul(d as u64));
         if k == 0 {
             // A sum over nothing.
             out.fill_(0.0)?;
-        } else if !device.is_sim() && out.numel() > 0 {
+        } else if out.launches(&[&a, &b], flops) {
             for t in [&a, &b, &out] {
                 check_u32(t)?;
             }
@@ -722,10 +742,10 @@ impl Tensor {
                 self.dtype == DType::F32
                     && bound.exclusive(i)
                     && l.strides[nb + 1] == 1
-                    && cols % 4 == 0
-                    && l.strides[nb] % 4 == 0
-                    && (base as usize + l.offset) % 4 == 0
-                    && l.strides[..nb].iter().all(|s| s % 4 == 0)
+                    && cols.is_multiple_of(4)
+                    && l.strides[nb].is_multiple_of(4)
+                    && (base as usize + l.offset).is_multiple_of(4)
+                    && l.strides[..nb].iter().all(|s| s.is_multiple_of(4))
             };
             let vec4 = kind == MatmulKernel::Blocked && quad(&la, bound.base(1), k, 1) && quad(&lb, bound.base(2), n, 2);
             let kernel = Kernel::new(Family::Matmul, kind.entry())
@@ -814,7 +834,9 @@ impl Tensor {
     fn rows(&self, kind: Rows, out: &Tensor, dim: usize, param: f32, extras: &[&Tensor]) -> Result<()> {
         let device = self.device().clone();
         let n = self.shape()[dim];
-        if device.is_sim() || out.numel() == 0 {
+        let mut operands: Vec<&Tensor> = vec![out, self];
+        operands.extend(extras);
+        if !out.launches(&operands[1..], 0) {
             return Ok(());
         }
         if n == 0 {
@@ -824,8 +846,6 @@ impl Tensor {
             self.same_device(t)?;
             check_u32(t)?;
         }
-        let mut operands: Vec<&Tensor> = vec![out, self];
-        operands.extend(extras);
         while operands.len() < 6 {
             operands.push(out);
         }
@@ -976,7 +996,8 @@ impl Tensor {
         let out = self.device().empty_tensor(&shape, self.dtype, "index_select")?;
         let device = self.device().clone();
         self.same_device(index)?;
-        if device.is_sim() || out.numel() == 0 {
+        // It reads the index and only the selected rows: as many bytes as it writes.
+        if !out.launches(&[index, &out], 0) {
             return Ok(out);
         }
         if self.shape()[d] == 0 {

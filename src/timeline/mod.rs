@@ -89,6 +89,9 @@ pub struct TimelineSummary {
     pub final_allocated_bytes: u64,
     pub final_reserved_bytes: u64,
     pub has_time: bool,
+    /// How the times were taken, for traces tensormem recorded: "modelled on sim (H100-80GB)" or
+    /// "wall clock on gpu (...)"; None for PyTorch's own (wall clock).
+    pub time_source: Option<String>,
     pub settings: String,
     pub warnings: Vec<String>,
 }
@@ -159,11 +162,9 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
             Action::Oom => b.t.markers.push(Marker { x, text: format!("out of memory ({} requested)", crate::alloc::format_size(e.size)) }),
             Action::FreeCompleted | Action::Snapshot => {}
         }
-        if e.action != Action::Annotate {
-            if let Some(m) = e.user_metadata.as_deref().filter(|m| !m.is_empty() && Some(*m) != last_metadata) {
-                b.t.markers.push(Marker { x, text: m.to_string() });
-                last_metadata = Some(m);
-            }
+        if let Some(m) = e.user_metadata.as_deref().filter(|m| e.action != Action::Annotate && !m.is_empty() && Some(*m) != last_metadata) {
+            b.t.markers.push(Marker { x, text: m.to_string() });
+            last_metadata = Some(m);
         }
         b.t.allocated.push(allocated as f64);
         b.t.reserved.push(reserved as f64);
@@ -181,6 +182,12 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
                 crate::alloc::format_size(b.t.summary.start_allocated_bytes)
             ),
         );
+    }
+    if b.reused_without_free + b.unknown_frees > 0 {
+        warnings.push(format!(
+            "The trace does not add up ({} address(es) allocated again without a recorded free, {} free(s) of addresses never allocated): it was edited or truncated, so the bands and the allocated curve can disagree.",
+            b.reused_without_free, b.unknown_frees
+        ));
     }
     if trace.is_empty() {
         warnings.push("This snapshot has no trace for this device (recorded without _record_memory_history): only its final state is shown.".into());
@@ -202,6 +209,10 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
         final_allocated_bytes: allocated,
         final_reserved_bytes: reserved,
         has_time: b.t.time_us.iter().any(|t| !t.is_nan()),
+        time_source: snapshot.tensormem.as_ref().map(|r| match r.time.as_str() {
+            "wall" => format!("wall clock on {}", r.device),
+            other => format!("{other} on {}", r.device),
+        }),
         settings: config.to_string(),
         warnings,
         ..b.t.summary
@@ -226,6 +237,10 @@ struct Builder {
     group_ids: FxHashMap<String, u32>,
     /// Height of the stack.
     top: f64,
+    /// Where the trace does not add up: an address allocated again without a recorded free, and
+    /// frees of addresses that were never allocated.
+    reused_without_free: usize,
+    unknown_frees: usize,
 }
 
 impl Builder {
@@ -252,14 +267,16 @@ impl Builder {
         self.live.push(id);
         // A reused address means the earlier allocation's free was not recorded: close it.
         if let Some(old) = self.by_addr.insert(addr, id) {
+            self.reused_without_free += 1;
             self.remove(x, old);
         }
         self.top += size as f64;
     }
 
     fn free(&mut self, x: u32, addr: u64) {
-        if let Some(id) = self.by_addr.remove(&addr) {
-            self.remove(x, id);
+        match self.by_addr.remove(&addr) {
+            Some(id) => self.remove(x, id),
+            None => self.unknown_frees += 1,
         }
     }
 

@@ -326,7 +326,17 @@ impl Decoder<'_> {
             }
             None => None,
         };
-        Ok(Snapshot { segments, device_traces, allocator_settings, external_annotations })
+        let tensormem = match self.field(root, "tensormem").filter(|&t| matches!(self.arena.get(t), Node::Dict(_))) {
+            Some(t) => {
+                let p = || String::from("tensormem");
+                Some(Recording {
+                    time: self.opt_string_field(t, "time", &p)?.unwrap_or_default(),
+                    device: self.opt_string_field(t, "device", &p)?.unwrap_or_default(),
+                })
+            }
+            None => None,
+        };
+        Ok(Snapshot { segments, device_traces, allocator_settings, external_annotations, tensormem })
     }
 }
 

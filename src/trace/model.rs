@@ -29,6 +29,20 @@ pub struct Snapshot {
     pub allocator_settings: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_annotations: Option<Vec<Annotation>>,
+    /// Only in snapshots tensormem recorded: which clock stamped `time_us`. A top-level key of
+    /// its own, which PyTorch's MemoryViz and `_memory_viz.py` ignore (they read keys by name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensormem: Option<Recording>,
+}
+
+/// How tensormem recorded a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recording {
+    /// `"wall"`: the system clock (a GPU device); `"modelled"`: a clock that advances by each
+    /// op's modelled cost on the simulated card, from 2026-01-01T00:00:00Z.
+    pub time: String,
+    /// The device, as `Device::name()` gives it: `sim (H100-80GB)`, `gpu (llvmpipe, Vulkan)`.
+    pub device: String,
 }
 
 /// Which pool a segment belongs to (`segment_type`).

@@ -285,6 +285,15 @@ impl PickleWriter {
                     })
                 });
             }
+            if let Some(r) = &s.tensormem {
+                w.str("tensormem");
+                w.dict(|w| {
+                    w.str("time");
+                    w.str(&r.time);
+                    w.str("device");
+                    w.str(&r.device);
+                });
+            }
         });
     }
 }

@@ -102,6 +102,12 @@ test('the default page runs the default scenario and draws its timeline', async 
   await page.mouse.click(box.x + box.width * 0.5, box.y + box.height - 40);
   assert.match(await page.textContent('#details'), /address/);
   await page.screenshot({ path: join(shots, 'default-scenario.png'), fullPage: true });
+  // tensormem's own traces carry time: modelled on the simulated card, and said so.
+  assert.match(await page.textContent('#trace-settings'), /time modelled on sim \(H100-80GB\)/);
+  await page.selectOption('#axis-select', 'time');
+  await page.waitForTimeout(100);
+  assert.equal(await page.$eval('#axis-select', (s) => s.value), 'time');
+  await page.locator('[data-testid=timeline]').screenshot({ path: join(shots, 'default-scenario-time-axis.png') });
   assert.deepEqual(page.errors, []);
   await page.close();
 });
@@ -157,6 +163,16 @@ test('a truncated file and a non-pickle show an error, and the next file still l
   await openFile(page, good, 2);
   assert.equal(await page.isVisible('[data-testid=error]'), false);
   assert.deepEqual(await peaks(page), { allocated: cliPeaks(good)[0].allocated, reserved: cliPeaks(good)[0].reserved });
+  // Two files chosen in quick succession: the last one chosen wins, even if the first, bigger
+  // one finishes parsing later.
+  const big = join(fixtures, 'gpt-medium-ctx128-training.pickle');
+  const small = join(fixtures, 'tiny-settings.pickle');
+  await page.setInputFiles('[data-testid=open-file]', big);
+  await page.setInputFiles('[data-testid=open-file]', small);
+  await page.waitForFunction(() => document.querySelector('#source-name').textContent === 'tiny-settings.pickle');
+  await page.waitForTimeout(1500);
+  assert.equal(await page.textContent('#source-name'), 'tiny-settings.pickle');
+  assert.equal(Number(await page.getAttribute('[data-testid=peak-reserved]', 'data-bytes')), cliPeaks(small)[0].reserved);
   await page.close();
 });
 
@@ -266,6 +282,25 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     await page.waitForFunction(() => /expandable_segments:True/.test(document.querySelector('#whatif-result').textContent));
     const whatIf = Number(await page.getAttribute('[data-testid=whatif-peak-reserved]', 'data-bytes'));
     assert.ok(whatIf < (await peaks(page)).reserved, `${whatIf}`);
+    // Compare the trace with its what-if run: B's peak is the what-if's, and the what-if trace
+    // can be saved and read back by the CLI with the same peak.
+    await page.click('#compare-whatif');
+    await page.waitForSelector('[data-testid=compare-peak-reserved]');
+    assert.equal(Number(await page.getAttribute('[data-testid=compare-peak-reserved]', 'data-bytes')), whatIf);
+    assert.equal(await page.isVisible('#export-other'), true);
+    const [download] = await Promise.all([page.waitForEvent('download'), page.click('#export-other')]);
+    const saved = join(scratch, 'what-if.pickle');
+    await download.saveAs(saved);
+    assert.equal(cliPeaks(saved)[0].reserved, whatIf);
+    await page.locator('#compare-card').screenshot({ path: join(shots, 'compare-what-if.png') });
+    // Compare with another file: its peaks, and where the peaks differ.
+    const otherFile = join(fixtures, 'gpt-ctx128-forward.pickle');
+    await page.setInputFiles('#compare-file', otherFile);
+    await page.waitForFunction(() => /gpt-ctx128-forward/.test(document.querySelector('#compare-result').textContent));
+    assert.equal(Number(await page.getAttribute('[data-testid=compare-peak-allocated]', 'data-bytes')), cliPeaks(otherFile)[0].allocated);
+    assert.ok(await page.locator('[data-testid=compare-attribution] tr').count() > 2);
+    await page.locator('#compare-card').screenshot({ path: join(shots, 'compare-files.png') });
+
     // A bad setting is a clear error, and the page keeps its trace.
     await page.fill('#whatif-conf', 'expandable_segments:Maybe');
     await page.click('#whatif-run');

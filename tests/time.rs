@@ -1,0 +1,75 @@
+//! Trace timestamps: the sim device and the scenarios run on a clock modelled on the card's
+//! speed; snapshots say which clock stamped them. (The GPU's wall clock: tests/gpu_ops.rs.)
+
+use tensormem::alloc::{TimeSource, MODELLED_EPOCH_US};
+use tensormem::scenarios::{self, RunRequest};
+use tensormem::trace::{self, Action, Recording};
+use tensormem::{DType, Device, SimOptions};
+
+fn elapsed_us(dev: &Device) -> f64 {
+    match dev.time_source() {
+        TimeSource::Modelled { elapsed_us } => elapsed_us,
+        other => panic!("the sim device runs on modelled time, not {other:?}"),
+    }
+}
+
+#[test]
+fn a_sim_matmul_advances_the_clock_by_its_roofline_cost() {
+    let dev = Device::sim(SimOptions::preset("H100-80GB"));
+    // `empty` runs no op, so the clock stays at its start.
+    let x = dev.empty(&[1024, 1024], DType::F32).unwrap();
+    assert_eq!(elapsed_us(&dev), 0.0);
+    let y = x.matmul(&x).unwrap();
+    // max(3 x 4 MiB / 3.35 TB/s = 3.756 us, 2 x 1024^3 FLOP / 67 TFLOP/s = 32.052 us): compute bound.
+    let f32_matmul = elapsed_us(&dev);
+    assert!((f32_matmul - 32.051_994_746_268_66).abs() < 1e-9, "{f32_matmul}");
+    drop(y);
+    let trace = dev.snapshot().device_traces[0].clone();
+    let time_of = |a: Action| trace.iter().find(|e| e.action == a).and_then(|e| e.time_us).unwrap();
+    // The output is allocated before the kernel runs and freed after it.
+    assert_eq!(time_of(Action::Alloc), MODELLED_EPOCH_US);
+    assert_eq!(time_of(Action::FreeRequested), MODELLED_EPOCH_US + 32);
+
+    // bf16 runs at the tensor-core rate: 2 x 1024^3 FLOP / 989.4 TFLOP/s = 2.170 us, still
+    // above its bytes (3 x 2 MiB / 3.35 TB/s = 1.878 us).
+    let h = dev.empty(&[1024, 1024], DType::BF16).unwrap();
+    let _ = h.matmul(&h).unwrap();
+    assert!((elapsed_us(&dev) - f32_matmul - 2.170_490_851_020_82).abs() < 1e-9);
+    // A custom size is as fast as an H100.
+    assert_eq!(SimOptions::custom(24 << 30).speed, SimOptions::preset("H100-80GB").speed);
+}
+
+#[test]
+fn the_variable_batch_scenario_runs_on_modelled_time_that_survives_pickle_and_json() {
+    let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
+    let trace = &run.snapshot.device_traces[0];
+    let times: Vec<i64> = trace.iter().map(|e| e.time_us.expect("every entry is timed")).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]));
+    assert_eq!(times[0], MODELLED_EPOCH_US, "the weights load at the start");
+    // Each batch's input is allocated after the previous batch ran.
+    let inputs: Vec<i64> = trace
+        .iter()
+        .filter(|e| e.action == Action::Alloc && e.frames.as_ref().is_some_and(|f| f[0].name == "input"))
+        .map(|e| e.time_us.unwrap())
+        .collect();
+    assert_eq!(inputs.len(), 12);
+    assert!(inputs.windows(2).all(|w| w[0] < w[1]), "{inputs:?}");
+    // Every layer is compute bound: batch x 128 tokens x 8 Mi f32 weights x 2 FLOP / 67 TFLOP/s
+    // = batch x 32.052 us; 8 layers over batches summing to 394 take 101,027.9 us.
+    assert_eq!(times[times.len() - 1], MODELLED_EPOCH_US + 101_027);
+
+    let recording = Some(Recording { time: "modelled".into(), device: "sim (H100-80GB)".into() });
+    assert_eq!(run.snapshot.tensormem, recording);
+    for bytes in [trace::to_pickle(&run.snapshot), trace::to_json(&run.snapshot).into_bytes()] {
+        let back = trace::load(&bytes).unwrap();
+        assert_eq!(back.tensormem, recording);
+        let back_times: Vec<i64> = back.device_traces[0].iter().filter_map(|e| e.time_us).collect();
+        assert_eq!(back_times, times);
+    }
+}
+
+#[test]
+fn the_reader_ignores_top_level_keys_it_does_not_know() {
+    let snapshot = trace::load(br#"{"segments": [], "device_traces": [[]], "from_the_future": {"x": 1}}"#).unwrap();
+    assert_eq!(snapshot.tensormem, None);
+}
