@@ -13,9 +13,9 @@ if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$version" ];
 fi
 
 echo "== building the page's wasm (release)"
-cargo build --locked --release --lib --target wasm32-unknown-unknown
+cargo build --locked --profile wasm-release --lib --target wasm32-unknown-unknown
 rm -rf www/pkg
-wasm-bindgen --target web --no-typescript --out-dir www/pkg target/wasm32-unknown-unknown/release/tensormem.wasm
+wasm-bindgen --target web --no-typescript --out-dir www/pkg target/wasm32-unknown-unknown/wasm-release/tensormem.wasm
 if command -v wasm-opt >/dev/null; then
   wasm-opt -Oz --enable-bulk-memory --enable-nontrapping-float-to-int --enable-sign-ext --enable-mutable-globals \
     www/pkg/tensormem_bg.wasm -o www/pkg/tensormem_bg.wasm.opt && mv www/pkg/tensormem_bg.wasm.opt www/pkg/tensormem_bg.wasm

@@ -143,6 +143,9 @@ take! {
     take_piece_x1: Vec<u32> = pieces.x1;
     take_piece_y: Vec<f64> = pieces.y;
     take_piece_alloc: Vec<u32> = pieces.alloc;
+    take_group_pieces: Vec<u32> = pieces.group_start;
+    take_alloc_first_piece: Vec<u32> = allocations.first_piece;
+    take_alloc_piece_count: Vec<u32> = allocations.piece_count;
     take_stack_offsets: Vec<u32> = stack_offsets;
     take_stack_frames: Vec<u32> = stack_frames;
 }

@@ -45,6 +45,23 @@ fn every_fixture_stacks_exactly_and_shows_the_replay_peaks() {
             assert_eq!(t.reserved.iter().cloned().fold(0.0, f64::max) as u64, t.summary.peak_reserved_bytes, "{name}");
             assert_eq!(t.allocated[t.summary.peak_x as usize] as u64, t.summary.peak_allocated_bytes);
             assert_stacked(name, &t);
+            // Pieces come grouped: each group's run holds its allocations' pieces, each
+            // allocation's pieces side by side in x order.
+            let p = &t.pieces;
+            for g in 0..t.groups.len() {
+                for k in p.group_start[g]..p.group_start[g + 1] {
+                    assert_eq!(t.allocations.group[p.alloc[k as usize] as usize] as usize, g);
+                }
+            }
+            for id in 0..t.allocations.size.len() {
+                let (first, count) = (t.allocations.first_piece[id] as usize, t.allocations.piece_count[id] as usize);
+                for k in first..first + count {
+                    assert_eq!(p.alloc[k] as usize, id);
+                    if k > first {
+                        assert_eq!(p.x0[k], p.x1[k - 1], "{name}: allocation {id}'s pieces are contiguous in x");
+                    }
+                }
+            }
             // Every allocation is drawn: it has a piece, or it lives nowhere (freed where made).
             let mut drawn = vec![false; t.allocations.size.len()];
             for &a in &t.pieces.alloc {

@@ -92,27 +92,6 @@ export class Timeline {
       const hex = parseInt(this.groupColor[g].slice(1), 16);
       this.groupPixel[g] = (0xff << 24 | (hex & 0xff) << 16 | (hex >> 8 & 0xff) << 8 | hex >> 16) >>> 0;
     }
-    // Pieces by allocation (each allocation's pieces stay in x order), to outline one band
-    // without scanning them all.
-    const perAlloc = new Uint32Array(a.allocSize.length + 1);
-    for (let i = 0; i < a.pieceAlloc.length; i++) perAlloc[a.pieceAlloc[i] + 1]++;
-    for (let k = 0; k < a.allocSize.length; k++) perAlloc[k + 1] += perAlloc[k];
-    this.allocPieceStart = perAlloc.slice();
-    this.byAlloc = new Uint32Array(a.pieceAlloc.length);
-    for (let i = 0; i < a.pieceAlloc.length; i++) this.byAlloc[perAlloc[a.pieceAlloc[i]]++] = i;
-    // And by group, allocation after allocation: one path per colour when drawing, and an
-    // allocation's consecutive pieces side by side so the ones inside a pixel column merge.
-    const groups = meta.groups.length;
-    const counts = new Uint32Array(groups + 1);
-    for (let id = 0; id < a.allocSize.length; id++) counts[a.allocGroup[id] + 1] += this.allocPieceStart[id + 1] - this.allocPieceStart[id];
-    for (let g = 0; g < groups; g++) counts[g + 1] += counts[g];
-    this.groupStart = counts.slice();
-    this.byGroup = new Uint32Array(a.pieceAlloc.length);
-    const fill = counts.slice();
-    for (let id = 0; id < a.allocSize.length; id++) {
-      const g = a.allocGroup[id];
-      for (let k = this.allocPieceStart[id]; k < this.allocPieceStart[id + 1]; k++) this.byGroup[fill[g]++] = this.byAlloc[k];
-    }
     this.layer = null;
     this.setAxis(this.axis);
     this.cursor = meta.summary.peak_x;
@@ -351,8 +330,8 @@ export class Timeline {
       let right = 0;
       let top = 0;
       let bottom = 0;
-      for (let k = this.groupStart[g]; k < this.groupStart[g + 1]; k++) {
-        const i = this.byGroup[k];
+      // The wasm side ordered the pieces by group, then allocation, then x.
+      for (let i = a.groupPieces[g]; i < a.groupPieces[g + 1]; i++) {
         const xa = xs[a.pieceX0[i]];
         const xb = xs[a.pieceX1[i]];
         if (xb < x0 || xa > x1) continue;
@@ -396,8 +375,7 @@ export class Timeline {
     ctx.strokeStyle = color;
     ctx.lineWidth = width;
     ctx.beginPath();
-    for (let k = this.allocPieceStart[id]; k < this.allocPieceStart[id + 1]; k++) {
-      const i = this.byAlloc[k];
+    for (let i = a.allocFirstPiece[id]; i < a.allocFirstPiece[id] + a.allocPieceCount[id]; i++) {
       const left = this.pxOfX(this.xs[a.pieceX0[i]], p);
       const right = this.pxOfX(this.xs[a.pieceX1[i]], p);
       const size = a.allocSize[id];

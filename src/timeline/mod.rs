@@ -50,15 +50,22 @@ pub struct Allocations {
     /// Index into the stack table; `u32::MAX` without frames.
     pub stack: Vec<u32>,
     pub group: Vec<u32>,
+    /// The allocation's pieces: `pieces[first_piece .. first_piece + piece_count]`, in x order.
+    pub first_piece: Vec<u32>,
+    pub piece_count: Vec<u32>,
 }
 
-/// Struct-of-arrays over rectangles `[x0, x1) x [y, y + size of alloc)`.
+/// Struct-of-arrays over rectangles `[x0, x1) x [y, y + size of alloc)`, ordered by group, then
+/// allocation, then x: a group's pieces are one run (one colour to draw), and an allocation's
+/// pieces sit side by side (so the ones sharing a pixel column merge into one rectangle).
 #[derive(Debug, Clone, Default)]
 pub struct Pieces {
     pub x0: Vec<u32>,
     pub x1: Vec<u32>,
     pub y: Vec<f64>,
     pub alloc: Vec<u32>,
+    /// Group `g`'s pieces are `group_start[g] .. group_start[g + 1]`.
+    pub group_start: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -199,6 +206,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
 
     let peak_x = b.t.allocated.iter().position(|&a| a as u64 == figures.peak_allocated_bytes).unwrap_or(0) as u32;
     b.finish_groups(peak_x);
+    b.order_pieces();
     b.t.summary = TimelineSummary {
         device,
         events: trace.len(),
@@ -345,6 +353,55 @@ impl Builder {
             self.t.groups.push(Group { name, bytes_at_peak: 0, allocations: 0 });
             next
         })
+    }
+
+    /// Sorts the pieces by (group, allocation), keeping each allocation's pieces in x order (they
+    /// were closed in time order): two counting sorts, linear in the pieces.
+    fn order_pieces(&mut self) {
+        let a = &mut self.t.allocations;
+        let groups = self.t.groups.len();
+        let mut group_start = vec![0u32; groups + 1];
+        for &g in &a.group {
+            group_start[g as usize + 1] += 1;
+        }
+        for g in 0..groups {
+            group_start[g + 1] += group_start[g];
+        }
+        let mut by_group = vec![0u32; a.size.len()];
+        let mut fill = group_start.clone();
+        for (id, &g) in a.group.iter().enumerate() {
+            by_group[fill[g as usize] as usize] = id as u32;
+            fill[g as usize] += 1;
+        }
+        let p = &self.t.pieces;
+        a.piece_count = vec![0; a.size.len()];
+        for &id in &p.alloc {
+            a.piece_count[id as usize] += 1;
+        }
+        a.first_piece = vec![0; a.size.len()];
+        let mut pieces_of_group = vec![0u32; groups + 1];
+        let mut at = 0u32;
+        for &id in &by_group {
+            a.first_piece[id as usize] = at;
+            at += a.piece_count[id as usize];
+            pieces_of_group[a.group[id as usize] as usize + 1] += a.piece_count[id as usize];
+        }
+        for g in 0..groups {
+            pieces_of_group[g + 1] += pieces_of_group[g];
+        }
+        let n = p.alloc.len();
+        let mut sorted = Pieces { x0: vec![0; n], x1: vec![0; n], y: vec![0.0; n], alloc: vec![0; n], group_start: pieces_of_group };
+        let mut next = a.first_piece.clone();
+        for i in 0..n {
+            let id = p.alloc[i] as usize;
+            let k = next[id] as usize;
+            next[id] += 1;
+            sorted.x0[k] = p.x0[i];
+            sorted.x1[k] = p.x1[i];
+            sorted.y[k] = p.y[i];
+            sorted.alloc[k] = p.alloc[i];
+        }
+        self.t.pieces = sorted;
     }
 
     fn finish_groups(&mut self, peak_x: u32) {
