@@ -35,7 +35,7 @@ impl LoadedTrace {
     }
 
     pub fn timeline(&self, device: i32) -> Result<TimelineArrays, JsError> {
-        timeline::build(&self.snapshot, device as i64).map(|t| TimelineArrays { t }).map_err(js_error)
+        timeline::build(&self.snapshot, device as i64).map(|t| TimelineArrays { t, xs: Vec::new() }).map_err(js_error)
     }
 
     /// Replays one device under other settings; `start` is `recorded` or `replaced`. Returns
@@ -113,41 +113,71 @@ fn what_if(alloc_conf: &str, capacity: &str, start: &str) -> Result<ReplayOption
     Ok(ReplayOptions { config, capacity, start, ..Default::default() })
 }
 
-/// One device's timeline; each `take_*` hands over one array (call each once).
+/// One device's timeline. The page gets copies of its arrays (for hit testing and the panels);
+/// the worker keeps it to rasterise views of it.
 #[wasm_bindgen]
 pub struct TimelineArrays {
     t: Timeline,
+    /// Axis coordinate of every position (events or microseconds), set by the page.
+    xs: Vec<f64>,
 }
 
-macro_rules! take {
+macro_rules! copy {
     ($($name:ident: $ty:ty = $($field:ident).+;)*) => {
         #[wasm_bindgen]
         impl TimelineArrays {
-            $(pub fn $name(&mut self) -> $ty { std::mem::take(&mut self.t.$($field).+) })*
+            $(pub fn $name(&self) -> $ty { self.t.$($field).+.clone() })*
         }
     };
 }
 
-take! {
-    take_allocated: Vec<f64> = allocated;
-    take_reserved: Vec<f64> = reserved;
-    take_time_us: Vec<f64> = time_us;
-    take_alloc_size: Vec<f64> = allocations.size;
-    take_alloc_addr: Vec<f64> = allocations.addr;
-    take_alloc_stream: Vec<f64> = allocations.stream;
-    take_alloc_start: Vec<u32> = allocations.start;
-    take_alloc_end: Vec<u32> = allocations.end;
-    take_alloc_stack: Vec<u32> = allocations.stack;
-    take_alloc_group: Vec<u32> = allocations.group;
-    take_piece_x0: Vec<u32> = pieces.x0;
-    take_piece_x1: Vec<u32> = pieces.x1;
-    take_piece_y: Vec<f64> = pieces.y;
-    take_piece_alloc: Vec<u32> = pieces.alloc;
-    take_group_pieces: Vec<u32> = pieces.group_start;
-    take_alloc_first_piece: Vec<u32> = allocations.first_piece;
-    take_alloc_piece_count: Vec<u32> = allocations.piece_count;
-    take_stack_offsets: Vec<u32> = stack_offsets;
-    take_stack_frames: Vec<u32> = stack_frames;
+copy! {
+    allocated: Vec<f64> = allocated;
+    reserved: Vec<f64> = reserved;
+    time_us: Vec<f64> = time_us;
+    alloc_size: Vec<f64> = allocations.size;
+    alloc_addr: Vec<f64> = allocations.addr;
+    alloc_stream: Vec<f64> = allocations.stream;
+    alloc_start: Vec<u32> = allocations.start;
+    alloc_end: Vec<u32> = allocations.end;
+    alloc_stack: Vec<u32> = allocations.stack;
+    alloc_group: Vec<u32> = allocations.group;
+    alloc_first_piece: Vec<u32> = allocations.first_piece;
+    alloc_piece_count: Vec<u32> = allocations.piece_count;
+    piece_x0: Vec<u32> = pieces.x0;
+    piece_x1: Vec<u32> = pieces.x1;
+    piece_y: Vec<f64> = pieces.y;
+    piece_alloc: Vec<u32> = pieces.alloc;
+    group_pieces: Vec<u32> = pieces.group_start;
+    stack_offsets: Vec<u32> = stack_offsets;
+    stack_frames: Vec<u32> = stack_frames;
+}
+
+#[wasm_bindgen]
+impl TimelineArrays {
+    /// The x axis: the coordinate of every position and one past the end (`events + 2` values).
+    pub fn set_axis(&mut self, xs: Vec<f64>) {
+        self.xs = xs;
+    }
+
+    /// The bands of `[x0, x1)` (axis units) as `width x height` RGBA words; see
+    /// `timeline::raster`. `hidden[alloc] = 1` draws that allocation as a ghost.
+    #[allow(clippy::too_many_arguments)]
+    pub fn raster(&self, x0: f64, x1: f64, width: u32, height: u32, ymax: f64, group_order: Vec<u32>, group_color: Vec<u32>, hidden: Vec<u8>, ghost: u32) -> Vec<u32> {
+        let r = crate::timeline::raster::Raster {
+            xs: &self.xs,
+            x0,
+            x1,
+            width: width as usize,
+            height: height as usize,
+            ymax,
+            group_order: &group_order,
+            group_color: &group_color,
+            hidden: &hidden,
+            ghost,
+        };
+        crate::timeline::raster::rasterize(&self.t, &r)
+    }
 }
 
 #[wasm_bindgen]

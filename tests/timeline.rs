@@ -195,3 +195,81 @@ fn a_trace_that_does_not_add_up_says_so() {
     let t = timeline::build(&a.snapshot(), 0).unwrap();
     assert!(!t.summary.warnings.iter().any(|w| w.contains("does not add up")), "{:?}", t.summary.warnings);
 }
+
+/// Rasterises the whole trace with one colour per group (its index + 1).
+fn raster_all(t: &Timeline, width: usize, height: usize) -> Vec<u32> {
+    use tensormem::timeline::raster::{rasterize, Raster};
+    let xs: Vec<f64> = (0..t.events + 2).map(|x| x as f64).collect();
+    // As the page draws them: the groups biggest at the peak first, so small ones land on top.
+    let mut order: Vec<u32> = (0..t.groups.len() as u32).collect();
+    order.sort_by_key(|&g| std::cmp::Reverse(t.groups[g as usize].bytes_at_peak));
+    let colors: Vec<u32> = (1..=t.groups.len() as u32).collect();
+    let ymax = t.summary.peak_allocated_bytes.max(1) as f64;
+    rasterize(t, &Raster { xs: &xs, x0: 0.0, x1: (t.events + 1) as f64, width, height, ymax, group_order: &order, group_color: &colors, hidden: &[], ghost: u32::MAX })
+}
+
+#[test]
+fn every_group_is_represented_at_any_size_of_image() {
+    let Some(dir) = common::fixtures_dir() else { return };
+    for name in ["gpt-medium-ctx128-training.pickle", "finetune-legacy.pickle"] {
+        let snap = trace::load_file(&dir.join(name)).unwrap();
+        let t = timeline::build(&snap, 0).unwrap();
+        for (width, height) in [(1400, 440), (64, 40), (3, 2)] {
+            let pixels = raster_all(&t, width, height);
+            let mut seen = vec![false; t.groups.len() + 1];
+            for &p in &pixels {
+                seen[p as usize] = true;
+            }
+            let missing: Vec<&str> = t
+                .groups
+                .iter()
+                .enumerate()
+                .filter(|&(g, _)| t.pieces.group_start[g] < t.pieces.group_start[g + 1] && !seen[g + 1])
+                .map(|(_, group)| group.name.as_str())
+                .collect();
+            // Where more allocations than pixels meet, one colour wins a pixel; at a normal
+            // size nearly every group keeps some pixel of its own.
+            if width >= 1400 {
+                assert!(missing.len() * 10 <= t.groups.len(), "{name}: {} of {} groups without a pixel: {missing:?}", missing.len(), t.groups.len());
+            }
+            // Nothing live is ever left blank: in every column, the highest painted pixel is the
+            // highest allocated byte over the positions in that column (to a pixel).
+            let positions_per_column = (t.events + 1) as f64 / width as f64;
+            let sy = height as f64 / t.summary.peak_allocated_bytes as f64;
+            for c in 0..width {
+                let first = (c as f64 * positions_per_column).floor() as usize;
+                let last = (((c + 1) as f64 * positions_per_column).ceil() as usize).min(t.events + 1);
+                let top_bytes = t.allocated[first..last].iter().cloned().fold(0.0, f64::max);
+                let painted = (0..height).find(|&row| pixels[row * width + c] != 0);
+                if top_bytes * sy < 0.5 {
+                    continue;
+                }
+                let expected = (height as f64 - top_bytes * sy).floor().max(0.0) as usize;
+                let row = painted.unwrap_or_else(|| panic!("{name} {width}x{height}: column {c} is blank, {top_bytes} bytes live"));
+                assert!(row.abs_diff(expected) <= 1, "{name} {width}x{height}: column {c}: painted from row {row}, expected {expected}");
+            }
+            assert!(pixels.iter().any(|&p| p != 0), "{name} {width}x{height}");
+        }
+    }
+}
+
+#[test]
+fn a_byte_next_to_a_gigabyte_still_gets_its_pixel() {
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::All, 100_000);
+    let f = |name: &str| Arc::from(vec![Frame { filename: "train.py".into(), line: 1, name: name.into() }]);
+    let _big = a.malloc(1 << 30, 0, Some(f("big"))).unwrap();
+    for _ in 0..2000 {
+        let tiny = a.malloc(1, 0, Some(f("tiny"))).unwrap();
+        a.free(tiny.ptr, None).unwrap();
+    }
+    let t = timeline::build(&a.snapshot(), 0).unwrap();
+    let pixels = raster_all(&t, 100, 50);
+    let tiny = t.groups.iter().position(|g| g.name.starts_with("tiny")).unwrap() as u32 + 1;
+    let big = t.groups.iter().position(|g| g.name.starts_with("big")).unwrap() as u32 + 1;
+    // 2000 one-byte allocations, each living two events out of ~8000, on top of 1 GiB: smaller
+    // than a pixel every way, drawn anyway.
+    let tiny_pixels = pixels.iter().filter(|&&p| p == tiny).count();
+    assert!(tiny_pixels >= 50, "{tiny_pixels}");
+    assert!(pixels.iter().filter(|&&p| p == big).count() > 50 * 40);
+}

@@ -48,6 +48,11 @@ $('error-close').onclick = clearError;
 
 // ---- state
 const timeline = new Timeline($('timeline'), $('tooltip'));
+// The worker rasterises the bands of the trace on screen.
+timeline.backend = {
+  setAxis: (xs) => ask('setAxis', { trace: current.trace, xs }),
+  raster: (request) => ask('raster', { trace: current.trace, ...request }),
+};
 // For the browser benchmark and debugging from the console.
 window.__tensormem = { timeline };
 const icicle = new Icicle($('icicle'), $('icicle-tooltip'));
@@ -106,7 +111,7 @@ function showDetails(id) {
       : '<p class="muted">No stack was recorded for this block.</p>');
 }
 
-function showLive(position) {
+function showLive(position, withState = true) {
   const { arrays: a, meta } = timeline.data;
   const live = [];
   const byGroup = new Map();
@@ -136,7 +141,7 @@ function showLive(position) {
   for (const tr of $('live').querySelectorAll('tr[data-alloc]')) {
     tr.onclick = () => { timeline.pinned = Number(tr.dataset.alloc); showDetails(timeline.pinned); timeline.requestDraw(); };
   }
-  showState(position);
+  if (withState) showState(position);
   $('cursor-label').textContent = after(position);
   $('cursor-allocated').textContent = formatBytes(total);
   $('cursor-reserved').textContent = `allocated · ${formatBytes(a.reserved[position])} reserved`;
@@ -202,19 +207,23 @@ async function showDevice(info, d, ticket = loadTicket) {
   $('trace-settings').textContent = `device ${s.device} · settings ${s.settings}${s.time_source ? ` · time ${s.time_source}` : ''}`;
   $('warnings').innerHTML = s.warnings.map((w) => `<li>${escape(w)}</li>`).join('');
   $('axis-select').querySelector('option[value=time]').disabled = !s.has_time;
-  timeline.setData(data);
-  timeline.setAxis($('axis-select').value);
+  timeline.axis = $('axis-select').value;
+  const painted = timeline.setData(data);
   $('axis-select').value = timeline.axis;
   resetFilters(data);
   if ($('filter-text').value || $('filter-min').value || $('filter-max').value || $('filter-range').checked) await updateFilter();
   showLegend();
   showDetails(null);
-  showLive(timeline.cursor);
+  // The allocator state replays the trace up to the cursor in the worker: after the first paint.
+  showLive(timeline.cursor, false);
   $('whatif-result').innerHTML = '';
   $('replay-key').hidden = true;
   $('compare-result').innerHTML = '';
   $('export-other').hidden = true;
-  timeline.requestDraw(() => performance.mark('tensormem:painted'));
+  painted.then(() => {
+    performance.mark('tensormem:painted');
+    if (current === info) showState(timeline.cursor);
+  });
   return true;
 }
 

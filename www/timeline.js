@@ -12,6 +12,8 @@ const PALETTE = [
 ];
 const GREYS = { [BEFORE_TRACE]: '#b9c0cc', [NO_FRAMES]: '#8e96a3' };
 const MARGIN = { left: 74, right: 16, top: 18, bottom: 30 };
+// Hidden allocations stay as faint ghosts (#eef0f3), so the picture keeps its shape.
+const GHOST = 0xfff3f0ee;
 
 export function formatBytes(bytes) {
   const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
@@ -74,6 +76,9 @@ export class Timeline {
     this.data = data;
     this.positions = a.allocated.length; // events + 1
     this.hidden = new Set();
+    this.layer = null;
+    this.pending = null;
+    this.layerTicket = (this.layerTicket || 0) + 1;
     this.mask = null;
     this.maskVersion = 0;
     this.replay = null;
@@ -92,10 +97,12 @@ export class Timeline {
       const hex = parseInt(this.groupColor[g].slice(1), 16);
       this.groupPixel[g] = (0xff << 24 | (hex & 0xff) << 16 | (hex >> 8 & 0xff) << 8 | hex >> 16) >>> 0;
     }
-    this.layer = null;
-    this.setAxis(this.axis);
     this.cursor = meta.summary.peak_x;
-    this.requestDraw();
+    this.setAxis(this.axis);
+    // Ask for the first image now, ahead of the panels' own requests to the worker.
+    this.draw();
+    // Resolved once the first image of this trace is on screen at its exact scale.
+    return new Promise((resolve) => { this.onPainted = resolve; });
   }
 
   // x coordinate (axis units) of every position, and one past the end.
@@ -120,6 +127,8 @@ export class Timeline {
       for (let i = 0; i <= n; i++) xs[i] = i;
     }
     this.xs = xs;
+    this.layer = null;
+    this.backend.setAxis(xs.slice());
     this.resetView();
   }
 
@@ -130,7 +139,7 @@ export class Timeline {
 
   setReplay(replay) {
     this.replay = replay;
-    this.layer = null;
+    this.replayVersion = (this.replayVersion || 0) + 1;
     this.requestDraw();
   }
 
@@ -255,19 +264,33 @@ export class Timeline {
     const p = this.plot;
     const ymax = this.yMax();
     this.drawAxes(ctx, p, ymax);
-    const layer = this.layer;
     const [v0, v1] = this.view;
-    const usable = layer && layer.key === this.layerKey(p, ymax, dpr) && layer.x0 <= v0 && layer.x1 >= v1;
-    if (!usable) this.renderLayer(p, ymax, dpr);
+    const key = this.layerKey(p, ymax, dpr);
     const l = this.layer;
-    // Copy the part of the layer under the view, scaled to the plot.
-    const scale = l.canvas.width / (l.x1 - l.x0);
-    const sx = (v0 - l.x0) * scale;
-    const sw = (v1 - v0) * scale;
-    ctx.drawImage(l.canvas, sx, 0, Math.max(sw, 1e-6), l.canvas.height, p.x, p.y, p.w, p.h);
-    const exact = Math.abs(sw / dpr - p.w) < 0.5;
+    const covers = (x) => x && x.key === key && x.x0 <= v0 && x.x1 >= v1;
+    if (!covers(l) && !covers(this.pending)) this.requestLayer(p, ymax, dpr);
+    // Until the exact image arrives, the last one is stretched into place.
+    let exact = false;
+    if (l) {
+      const scale = l.canvas.width / (l.x1 - l.x0);
+      const sx = (v0 - l.x0) * scale;
+      const sw = (v1 - v0) * scale;
+      ctx.save();
+      ctx.beginPath();
+      ctx.rect(p.x, p.y, p.w, p.h);
+      ctx.clip();
+      const left = p.x - (sx / sw) * p.w;
+      ctx.drawImage(l.canvas, left, p.y, (l.canvas.width / sw) * p.w, p.h);
+      ctx.restore();
+      exact = l.key === key && Math.abs(sw / dpr - p.w) < 0.5;
+      if (exact && this.onPainted) {
+        const done = this.onPainted;
+        this.onPainted = null;
+        done();
+      }
+    }
     clearTimeout(this.settle);
-    if (!exact) this.settle = setTimeout(() => { this.layer = null; this.requestDraw(); }, 120);
+    if (l && !exact) this.settle = setTimeout(() => this.requestLayer(this.plot, this.yMax(), dpr), 120);
 
     ctx.save();
     ctx.beginPath();
@@ -285,13 +308,13 @@ export class Timeline {
 
   // What a layer depends on besides the view.
   layerKey(p, ymax, dpr) {
-    return `${p.w}x${p.h}@${dpr}|${ymax}|${[...this.hidden].join(',')}|${this.maskVersion}|${this.axis}`;
+    return `${p.w}x${p.h}@${dpr}|${ymax}|${[...this.hidden].join(',')}|${this.maskVersion}|${this.axis}|${this.replayVersion || 0}`;
   }
 
-  // Renders bands and curves for the view plus one view-width each side, at the view's scale.
-  // Bands are rasterised here into a pixel buffer (canvas paths of a million rectangles take
-  // seconds to fill); every band covers at least one pixel.
-  renderLayer(p, ymax, dpr) {
+  // Asks the worker for the bands of the view plus one view-width each side, at the view's
+  // scale (rasterised in wasm: see src/timeline/raster.rs); the reserved curves are drawn on the
+  // image when it arrives. Only the newest request is kept.
+  requestLayer(p, ymax, dpr) {
     const [v0, v1] = this.view;
     const span = v1 - v0;
     const full = this.xs[this.positions];
@@ -299,71 +322,39 @@ export class Timeline {
     const x1 = Math.min(full, v1 + span);
     const width = Math.max(1, Math.round(((x1 - x0) / span) * p.w * dpr));
     const height = Math.max(1, Math.round(p.h * dpr));
-    const canvas = this.layer?.canvas || document.createElement('canvas');
-    canvas.width = width;
-    canvas.height = height;
-    const ctx = canvas.getContext('2d');
-    const image = new ImageData(width, height);
-    const pixels = new Uint32Array(image.data.buffer);
+    const key = this.layerKey(p, ymax, dpr);
+    const ticket = ++this.layerTicket;
+    this.pending = { x0, x1, key };
+    const data = this.data;
+    this.backend.raster({
+      x0, x1, width, height, ymax, order: Uint32Array.from(this.groupOrder), colors: this.groupPixel, hidden: this.hiddenAllocations(), ghost: GHOST,
+    }).then((pixels) => {
+      if (ticket !== this.layerTicket || data !== this.data) return;
+      const canvas = document.createElement('canvas');
+      canvas.width = width;
+      canvas.height = height;
+      const ctx = canvas.getContext('2d');
+      ctx.putImageData(new ImageData(new Uint8ClampedArray(pixels.buffer), width, height), 0, 0);
+      const frame = { x0, x1, sx: width / (x1 - x0) / dpr, sy: height / ymax / dpr, h: p.h };
+      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+      this.curve(ctx, frame, data.arrays.reserved, '#d0453a', 1.6, []);
+      if (this.replay) this.curve(ctx, frame, this.replay.reserved_curve, '#111827', 1.6, [5, 3]);
+      this.layer = { canvas, x0, x1, key };
+      this.pending = null;
+      this.requestDraw();
+    }, (e) => {
+      if (ticket === this.layerTicket) this.pending = null;
+      console.error('tensormem: the timeline image failed', e);
+    });
+  }
+
+  // 1 for every allocation drawn as a ghost (its group hidden in the legend, or filtered out).
+  hiddenAllocations() {
     const a = this.data.arrays;
-    const xs = this.xs;
-    const sx = width / (x1 - x0);
-    const sy = height / ymax;
-    const mask = this.mask;
-    // Fills device pixels [left, right) x [top, bottom), at least one pixel each way.
-    const fill = (color, left, right, top, bottom) => {
-      const c0 = Math.floor(left);
-      const c1 = Math.min(width, Math.max(c0 + 1, Math.round(right)));
-      const r0 = Math.floor(top);
-      const r1 = Math.min(height, Math.max(r0 + 1, Math.round(bottom)));
-      for (let r = Math.max(0, r0); r < r1; r++) pixels.fill(color, r * width + Math.max(0, c0), r * width + c1);
-    };
-    // An allocation's pieces that share a pixel column (or sit at one height side by side) become
-    // one rectangle covering them all: sub-pixel detail is aggregated, never dropped.
-    // Hidden allocations (legend or filter) stay as faint ghosts, so the picture keeps its shape.
-    const ghost = 0xfff3f0ee;
-    for (const g of this.groupOrder) {
-      const groupHidden = this.hidden.has(g);
-      let color = groupHidden ? ghost : this.groupPixel[g];
-      let alloc = -1;
-      let left = 0;
-      let right = 0;
-      let top = 0;
-      let bottom = 0;
-      // The wasm side ordered the pieces by group, then allocation, then x.
-      for (let i = a.groupPieces[g]; i < a.groupPieces[g + 1]; i++) {
-        const xa = xs[a.pieceX0[i]];
-        const xb = xs[a.pieceX1[i]];
-        if (xb < x0 || xa > x1) continue;
-        const id = a.pieceAlloc[i];
-        const size = a.allocSize[id];
-        const l = (xa - x0) * sx;
-        const r = (xb - x0) * sx;
-        const t = height - (a.pieceY[i] + size) * sy;
-        const b = t + size * sy;
-        const sameColumn = id === alloc && Math.floor(l) <= Math.floor(right) && l - right < 1;
-        if (sameColumn && (right - left < 1 || r - l < 1 || (t === top && b === bottom))) {
-          right = Math.max(right, r);
-          top = Math.min(top, t);
-          bottom = Math.max(bottom, b);
-          continue;
-        }
-        if (alloc >= 0) fill(color, left, right, top, bottom);
-        alloc = id;
-        if (!groupHidden) color = mask !== null && mask[id] === 1 ? ghost : this.groupPixel[g];
-        left = l;
-        right = r;
-        top = t;
-        bottom = b;
-      }
-      if (alloc >= 0) fill(color, left, right, top, bottom);
-    }
-    ctx.putImageData(image, 0, 0);
-    const frame = { x0, x1, sx: sx / dpr, sy: sy / dpr, h: p.h };
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    this.curve(ctx, frame, a.reserved, '#d0453a', 1.6, []);
-    if (this.replay) this.curve(ctx, frame, this.replay.reserved_curve, '#111827', 1.6, [5, 3]);
-    this.layer = { canvas, x0, x1, key: this.layerKey(p, ymax, dpr) };
+    if (this.hidden.size === 0 && this.mask === null) return new Uint8Array(0);
+    const out = this.mask ? this.mask.slice() : new Uint8Array(a.allocSize.length);
+    if (this.hidden.size) for (let id = 0; id < out.length; id++) if (this.hidden.has(a.allocGroup[id])) out[id] = 1;
+    return out;
   }
 
   outline(ctx, id, color, width) {

@@ -10,7 +10,11 @@ const ready = init().then(() => {
   const warm = run_scenario(JSON.stringify({ scenario: 'variable-batch', set: { layers: '24' } }));
   for (let k = 0; k < 3; k++) {
     const again = LoadedTrace.parse(warm.to_pickle());
-    again.timeline(0).free();
+    const t = again.timeline(0);
+    const n = t.allocated().length;
+    t.set_axis(Float64Array.from({ length: n + 1 }, (_, i) => i));
+    t.raster(0, n, 1200, 400, 2e9, Uint32Array.from({ length: 64 }, (_, i) => i), new Uint32Array(64).fill(1), new Uint8Array(0), 0);
+    t.free();
     again.free();
   }
   warm.free();
@@ -48,6 +52,13 @@ async function readAll(stream, total, what) {
   return bytes;
 }
 
+function close(id) {
+  traces.get(id)?.free();
+  traces.delete(id);
+  views.get(id)?.free();
+  views.delete(id);
+}
+
 function get(id) {
   const t = traces.get(id);
   if (!t) throw new Error('this trace is no longer open');
@@ -65,33 +76,43 @@ function open(bytes, name) {
   return add(LoadedTrace.parse(bytes), name);
 }
 
+// The laid-out timeline of each open trace (its current device), kept to rasterise views of it.
+const views = new Map();
+
 function timeline(trace, device) {
   progress('laying out the timeline', 1);
   const t = get(trace).timeline(device);
+  views.get(trace)?.free();
+  views.set(trace, t);
   const arrays = {
-    allocated: t.take_allocated(),
-    reserved: t.take_reserved(),
-    timeUs: t.take_time_us(),
-    allocSize: t.take_alloc_size(),
-    allocAddr: t.take_alloc_addr(),
-    allocStream: t.take_alloc_stream(),
-    allocStart: t.take_alloc_start(),
-    allocEnd: t.take_alloc_end(),
-    allocStack: t.take_alloc_stack(),
-    allocGroup: t.take_alloc_group(),
-    pieceX0: t.take_piece_x0(),
-    pieceX1: t.take_piece_x1(),
-    pieceY: t.take_piece_y(),
-    pieceAlloc: t.take_piece_alloc(),
-    groupPieces: t.take_group_pieces(),
-    allocFirstPiece: t.take_alloc_first_piece(),
-    allocPieceCount: t.take_alloc_piece_count(),
-    stackOffsets: t.take_stack_offsets(),
-    stackFrames: t.take_stack_frames(),
+    allocated: t.allocated(),
+    reserved: t.reserved(),
+    timeUs: t.time_us(),
+    allocSize: t.alloc_size(),
+    allocAddr: t.alloc_addr(),
+    allocStream: t.alloc_stream(),
+    allocStart: t.alloc_start(),
+    allocEnd: t.alloc_end(),
+    allocStack: t.alloc_stack(),
+    allocGroup: t.alloc_group(),
+    allocFirstPiece: t.alloc_first_piece(),
+    allocPieceCount: t.alloc_piece_count(),
+    pieceX0: t.piece_x0(),
+    pieceX1: t.piece_x1(),
+    pieceY: t.piece_y(),
+    pieceAlloc: t.piece_alloc(),
+    groupPieces: t.group_pieces(),
+    stackOffsets: t.stack_offsets(),
+    stackFrames: t.stack_frames(),
   };
   const meta = JSON.parse(t.meta_json());
-  t.free();
   return { result: { device, arrays, meta }, transfer: Object.values(arrays).map((a) => a.buffer) };
+}
+
+function view(trace) {
+  const v = views.get(trace);
+  if (!v) throw new Error('this trace is no longer open');
+  return v;
 }
 
 // The second trace of a comparison: its curves and who held memory at its peak.
@@ -100,7 +121,7 @@ function describeOther(name, device) {
   const d = devices.includes(device) ? device : devices[0];
   if (d === undefined) throw new Error(`${name} has no segments and no trace`);
   const t = other.timeline(d);
-  const arrays = { allocated: t.take_allocated(), reserved: t.take_reserved() };
+  const arrays = { allocated: t.allocated(), reserved: t.reserved() };
   const meta = JSON.parse(t.meta_json());
   t.free();
   const result = { name, device: d, arrays, summary: meta.summary, groups: meta.groups };
@@ -132,14 +153,18 @@ const handlers = {
   },
   // The candidate `trace` is now the page's: every other trace is closed.
   async use({ trace }) {
-    for (const [id, t] of traces) {
-      if (id !== trace) { t.free(); traces.delete(id); }
-    }
+    for (const id of [...traces.keys()]) if (id !== trace) close(id);
   },
   // A candidate the page gave up on (a newer load won, or it could not be shown).
   async drop({ trace }) {
-    const t = traces.get(trace);
-    if (t) { t.free(); traces.delete(trace); }
+    close(trace);
+  },
+  async setAxis({ trace, xs }) {
+    view(trace).set_axis(xs);
+  },
+  async raster({ trace, x0, x1, width, height, ymax, order, colors, hidden, ghost }) {
+    const pixels = view(trace).raster(x0, x1, width, height, ymax, order, colors, hidden, ghost);
+    return { result: pixels, transfer: [pixels.buffer] };
   },
   async timeline({ trace, device }) {
     return timeline(trace, device);

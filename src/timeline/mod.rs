@@ -9,6 +9,8 @@
 //! height it held. The top of the stack is the allocated curve, in requested bytes as MemoryViz
 //! and `tensormem replay`'s recorded figures count them.
 
+pub mod raster;
+
 use crate::replay::{self, recorded_config, start_state};
 use crate::trace::{Action, BlockState, Frame, Frames, Snapshot};
 use rustc_hash::FxHashMap;
