@@ -122,35 +122,37 @@ pub struct TimelineArrays {
     xs: Vec<f64>,
 }
 
+// Each array goes straight from wasm memory into a new JS typed array (no Rust-side copy: a
+// 1 M-event trace has millions of pieces).
 macro_rules! copy {
-    ($($name:ident: $ty:ty = $($field:ident).+;)*) => {
+    ($($name:ident: $js:ident = $($field:ident).+;)*) => {
         #[wasm_bindgen]
         impl TimelineArrays {
-            $(pub fn $name(&self) -> $ty { self.t.$($field).+.clone() })*
+            $(pub fn $name(&self) -> js_sys::$js { js_sys::$js::from(&self.t.$($field).+[..]) })*
         }
     };
 }
 
 copy! {
-    allocated: Vec<f64> = allocated;
-    reserved: Vec<f64> = reserved;
-    time_us: Vec<f64> = time_us;
-    alloc_size: Vec<f64> = allocations.size;
-    alloc_addr: Vec<f64> = allocations.addr;
-    alloc_stream: Vec<f64> = allocations.stream;
-    alloc_start: Vec<u32> = allocations.start;
-    alloc_end: Vec<u32> = allocations.end;
-    alloc_stack: Vec<u32> = allocations.stack;
-    alloc_group: Vec<u32> = allocations.group;
-    alloc_first_piece: Vec<u32> = allocations.first_piece;
-    alloc_piece_count: Vec<u32> = allocations.piece_count;
-    piece_x0: Vec<u32> = pieces.x0;
-    piece_x1: Vec<u32> = pieces.x1;
-    piece_y: Vec<f64> = pieces.y;
-    piece_alloc: Vec<u32> = pieces.alloc;
-    group_pieces: Vec<u32> = pieces.group_start;
-    stack_offsets: Vec<u32> = stack_offsets;
-    stack_frames: Vec<u32> = stack_frames;
+    allocated: Float64Array = allocated;
+    reserved: Float64Array = reserved;
+    time_us: Float64Array = time_us;
+    alloc_size: Float64Array = allocations.size;
+    alloc_addr: Float64Array = allocations.addr;
+    alloc_stream: Float64Array = allocations.stream;
+    alloc_start: Uint32Array = allocations.start;
+    alloc_end: Uint32Array = allocations.end;
+    alloc_stack: Uint32Array = allocations.stack;
+    alloc_group: Uint32Array = allocations.group;
+    alloc_first_piece: Uint32Array = allocations.first_piece;
+    alloc_piece_count: Uint32Array = allocations.piece_count;
+    piece_x0: Uint32Array = pieces.x0;
+    piece_x1: Uint32Array = pieces.x1;
+    piece_y: Float64Array = pieces.y;
+    piece_alloc: Uint32Array = pieces.alloc;
+    group_pieces: Uint32Array = pieces.group_start;
+    stack_offsets: Uint32Array = stack_offsets;
+    stack_frames: Uint32Array = stack_frames;
 }
 
 #[wasm_bindgen]

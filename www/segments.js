@@ -8,7 +8,9 @@ import { formatBytes } from './timeline.js';
 const ROW = 18;
 const LABEL = 150;
 const NOTE = 250;
-const MAX_ROWS = 400;
+// Rows drawn (the figures count every segment): the segments holding the most cached free memory
+// first, where fragmentation lives.
+const MAX_ROWS = 120;
 
 // Figures of one segment, or of all of them together.
 export function figures(segments) {
@@ -36,7 +38,8 @@ export function describeState(state) {
 }
 
 export function drawSegments(canvas, state, colorOf) {
-  const segments = [...state.segments].sort((x, y) => x.address - y.address);
+  const free = (s) => s.blocks.reduce((sum, b) => sum + (b.state === 'inactive' ? b.size : 0), 0);
+  const segments = state.segments.map((s) => ({ ...s, free: free(s) })).sort((x, y) => y.free - x.free || x.address - y.address);
   const rows = Math.min(segments.length, MAX_ROWS);
   const dpr = window.devicePixelRatio || 1;
   const width = canvas.clientWidth || canvas.parentElement.clientWidth;
@@ -96,6 +99,6 @@ export function drawSegments(canvas, state, colorOf) {
   }
   if (segments.length > rows) {
     ctx.fillStyle = '#667085';
-    ctx.fillText(`and ${segments.length - rows} more segments (figures above count them all)`, LABEL, 2 + rows * ROW + ROW / 2);
+    ctx.fillText(`and ${segments.length - rows} more segments with less cached free memory (the figures above count them all)`, LABEL, 2 + rows * ROW + ROW / 2);
   }
 }

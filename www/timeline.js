@@ -330,7 +330,10 @@ export class Timeline {
       x0, x1, width, height, ymax, order: Uint32Array.from(this.groupOrder), colors: this.groupPixel, hidden: this.hiddenAllocations(), ghost: GHOST,
     }).then((pixels) => {
       if (ticket !== this.layerTicket || data !== this.data) return;
-      const canvas = document.createElement('canvas');
+      // Two canvases take turns (the one on screen, the one being filled): no canvas per frame
+      // for the garbage collector to find later.
+      const canvas = this.spare || document.createElement('canvas');
+      this.spare = this.layer ? this.layer.canvas : null;
       canvas.width = width;
       canvas.height = height;
       const ctx = canvas.getContext('2d');
