@@ -191,6 +191,7 @@ impl TimelineArrays {
             "summary": self.t.summary,
             "groups": self.t.groups,
             "markers": self.t.markers,
+            "spans": self.t.spans,
             "frames": frames,
         })
         .to_string()

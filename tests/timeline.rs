@@ -273,3 +273,21 @@ fn a_byte_next_to_a_gigabyte_still_gets_its_pixel() {
     assert!(tiny_pixels >= 50, "{tiny_pixels}");
     assert!(pixels.iter().filter(|&&p| p == big).count() > 50 * 40);
 }
+
+#[test]
+fn record_function_scopes_become_ranges_of_positions() {
+    let Some(path) = common::fixture("gpt-medium-ctx128-training.pickle") else { return };
+    let snap = trace::load_file(&path).unwrap();
+    let t = timeline::build(&snap, 0).unwrap();
+    // The optimizer step is annotated START/END: one range, where the optimizer's allocations are.
+    assert_eq!(t.spans.len(), 1, "{:?}", t.spans);
+    let step = &t.spans[0];
+    assert_eq!(step.name, "Optimizer.step#AdamW.step");
+    assert!(step.x0 < step.x1 && step.x1 as usize <= t.events + 1);
+    let times = |x: u32| t.time_us[x as usize];
+    assert!(times(step.x0) >= 1_783_874_495_959_433.0 && times(step.x0 - 1) < 1_783_874_495_959_433.0);
+    // Allocations made inside it come from the optimizer.
+    let inside: Vec<usize> = (0..t.allocations.size.len()).filter(|&i| t.allocations.start[i] > step.x0 && t.allocations.start[i] < step.x1).collect();
+    assert!(!inside.is_empty());
+    assert!(inside.iter().all(|&i| t.groups[t.allocations.group[i] as usize].name.contains("optimizer.py")), "allocations inside the step");
+}

@@ -1,13 +1,13 @@
 // The page: inputs (file picker, drag and drop, ?file= URL, scenarios), the figures and test
 // hooks, and the panels around the timeline. Heavy work goes to the worker (worker.js).
-import { Timeline, formatBytes } from './timeline.js';
+import { Timeline } from './timeline.js';
+import { escapeHtml as escape, formatBytes } from './format.js';
 import { drawSegments, describeState } from './segments.js';
 import { applyFilter, streamsOf } from './filter.js';
 import { Icicle, buildTree } from './icicle.js';
 import { showComparison } from './compare.js';
 
 const $ = (id) => document.getElementById(id);
-const escape = (s) => String(s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
 
 // ---- the worker, as promises
 const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });

@@ -1,9 +1,8 @@
 // Comparing the loaded trace (A) with another (B): both allocated and reserved curves on one
 // event axis, and the difference of the two peaks attributed to where memory was allocated (the
 // groups of each timeline: the user's frame, or the autograd node).
-import { formatBytes } from './timeline.js';
+import { escapeHtml as escape, formatBytes } from './format.js';
 
-const escape = (s) => String(s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
 
 function signed(bytes) {
   return bytes === 0 ? '0 B' : `${bytes > 0 ? '+' : '−'}${formatBytes(Math.abs(bytes))}`;

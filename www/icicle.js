@@ -1,7 +1,7 @@
 // What is live at the cursor as an icicle chart: the stacks of the live allocations merged from
 // the outermost frame down, each frame as wide as the bytes allocated beneath it. Python frames
 // only by default (the C++ frames of a PyTorch stack are the same dispatcher plumbing everywhere).
-import { formatBytes } from './timeline.js';
+import { formatBytes } from './format.js';
 
 const ROW = 20;
 const MAX_DEPTH = 28;

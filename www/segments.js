@@ -3,7 +3,7 @@
 // free blocks light, blocks freed but waiting on another stream yellow), and the figures that
 // explain reserved-but-unallocated memory: rounding waste, cached free bytes, the largest free
 // block, fragmentation.
-import { formatBytes } from './timeline.js';
+import { formatBytes } from './format.js';
 
 const ROW = 18;
 const LABEL = 150;

@@ -1,7 +1,9 @@
 // The active memory timeline: every allocation a band (a run of rectangles laid out by the wasm
-// side, stacked as MemoryViz stacks them), reserved memory as a line above, optional what-if
-// curve, the peak, markers and a cursor. Canvas 2D, one path per colour group per frame; a band
-// narrower or thinner than a pixel is still drawn a pixel wide, so nothing disappears at any zoom.
+// side, stacked as MemoryViz stacks them), reserved memory as a line above, the what-if curve,
+// the peak, markers, record_function scopes and a cursor. The bands are rasterised by the worker
+// (src/timeline/raster.rs) into an image covering the view and a view-width each side; frames
+// only place that image, so panning and zooming cost the same whatever the trace size.
+import { escapeHtml, formatBytes } from './format.js';
 
 export const BEFORE_TRACE = '(allocated before the trace, no stack)';
 export const NO_FRAMES = '(no stack recorded)';
@@ -14,15 +16,6 @@ const GREYS = { [BEFORE_TRACE]: '#b9c0cc', [NO_FRAMES]: '#8e96a3' };
 const MARGIN = { left: 74, right: 16, top: 18, bottom: 30 };
 // Hidden allocations stay as faint ghosts (#eef0f3), so the picture keeps its shape.
 const GHOST = 0xfff3f0ee;
-
-export function formatBytes(bytes) {
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
-  let v = Math.abs(bytes);
-  let u = 0;
-  while (v >= 1024 && u < units.length - 1) { v /= 1024; u += 1; }
-  const sign = bytes < 0 ? '-' : '';
-  return u === 0 ? `${sign}${v} B` : `${sign}${v.toFixed(2)} ${units[u]}`;
-}
 
 function formatTime(us) {
   const a = Math.abs(us);
@@ -302,6 +295,7 @@ export class Timeline {
     const s = this.data.meta.summary;
     this.vline(ctx, s.peak_x, 'rgba(17,24,39,.55)', `peak ${formatBytes(s.peak_allocated_bytes)}`, [3, 3]);
     for (const m of this.data.meta.markers) this.marker(ctx, m);
+    this.drawSpans(ctx, p);
     if (this.cursor != null) this.vline(ctx, this.cursor, '#3a5bd9', null, []);
     ctx.restore();
   }
@@ -447,6 +441,39 @@ export class Timeline {
     }
   }
 
+  // record_function scopes: bars along the bottom of the plot (nested ones above), named where
+  // there is room.
+  spanBox(span, p = this.plot) {
+    const left = Math.max(p.x, this.pxOfX(this.xs[span.x0], p));
+    const right = Math.min(p.x + p.w, this.pxOfX(this.xs[Math.min(span.x1, this.positions)], p));
+    return { left, right, top: p.y + p.h - 7 - span.depth * 7, height: 5 };
+  }
+
+  drawSpans(ctx, p) {
+    const spans = this.data.meta.spans || [];
+    ctx.font = '10px system-ui, sans-serif';
+    ctx.textBaseline = 'bottom';
+    for (const span of spans) {
+      const b = this.spanBox(span, p);
+      if (b.right < p.x || b.left > p.x + p.w) continue;
+      ctx.fillStyle = 'rgba(122, 82, 0, 0.75)';
+      ctx.fillRect(b.left, b.top, Math.max(b.right - b.left, 1), b.height);
+      if (b.right - b.left > 90 && span.depth === 0) {
+        ctx.fillStyle = '#5c3d00';
+        ctx.fillText(span.name, b.left + 2, b.top - 1, b.right - b.left - 4);
+      }
+    }
+    ctx.textBaseline = 'alphabetic';
+  }
+
+  spanAt(px, py) {
+    for (const span of this.data.meta.spans || []) {
+      const b = this.spanBox(span);
+      if (px >= b.left - 1 && px <= b.right + 1 && py >= b.top - 1 && py <= b.top + b.height + 1) return span;
+    }
+    return null;
+  }
+
   marker(ctx, m) {
     const p = this.plot;
     const x = this.pxOfX(this.xs[Math.min(m.x, this.positions - 1)], p);
@@ -561,6 +588,11 @@ export class Timeline {
   }
 
   hoverAt(px, py) {
+    const span = this.spanAt(px, py);
+    if (span) {
+      this.showTooltip(px, py, `<b>${escapeHtml(span.name)}</b><br>record_function scope, events ${Math.max(0, span.x0 - 1)} to ${Math.max(0, span.x1 - 1)}`);
+      return;
+    }
     const id = this.hitTest(px, py);
     if (id !== this.hover) {
       this.hover = id;
@@ -571,7 +603,11 @@ export class Timeline {
       return;
     }
     this.emit('hover', id);
-    this.tooltip.innerHTML = this.describe ? this.describe(id) : '';
+    this.showTooltip(px, py, this.describe ? this.describe(id) : '');
+  }
+
+  showTooltip(px, py, html) {
+    this.tooltip.innerHTML = html;
     this.tooltip.hidden = false;
     const wrap = this.canvas.getBoundingClientRect();
     const tw = this.tooltip.offsetWidth;

@@ -37,7 +37,18 @@ pub struct Timeline {
     /// Groups (what a band is coloured by): the top user frame of its stack.
     pub groups: Vec<Group>,
     pub markers: Vec<Marker>,
+    /// `record_function` ranges (the snapshot's external annotations) placed on the positions.
+    pub spans: Vec<Span>,
     pub summary: TimelineSummary,
+}
+
+/// A named range of positions: a `record_function` scope from START to END, nested `depth` deep.
+#[derive(Debug, Clone, Serialize)]
+pub struct Span {
+    pub x0: u32,
+    pub x1: u32,
+    pub depth: u32,
+    pub name: String,
 }
 
 /// Struct-of-arrays over allocations, indexed by allocation id.
@@ -206,6 +217,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
         );
     }
 
+    b.t.spans = spans(snapshot, device, &b.t.time_us);
     let peak_x = b.t.allocated.iter().position(|&a| a as u64 == figures.peak_allocated_bytes).unwrap_or(0) as u32;
     b.finish_groups(peak_x);
     b.order_pieces();
@@ -417,6 +429,33 @@ impl Builder {
             }
         }
     }
+}
+
+/// The snapshot's `record_function` annotations for `device` as position ranges: each START is
+/// matched with the next END of the same name (nested scopes nest), a time falls at the first
+/// position recorded at or after it, and a scope never closed runs to the end.
+fn spans(snapshot: &Snapshot, device: i64, time_us: &[f64]) -> Vec<Span> {
+    let Some(annotations) = &snapshot.external_annotations else { return Vec::new() };
+    let end = time_us.len() as u32;
+    let position = |t: i64| time_us.partition_point(|&x| x.is_nan() || x < t as f64) as u32;
+    let mut open: Vec<(String, u32)> = Vec::new();
+    let mut out = Vec::new();
+    let mut sorted: Vec<_> = annotations.iter().filter(|a| a.device == device && a.time_us.is_some()).collect();
+    sorted.sort_by_key(|a| a.time_us);
+    for a in sorted {
+        let x = position(a.time_us.unwrap_or(0)).min(end);
+        if a.stage == "START" {
+            open.push((a.name.clone(), x));
+        } else if let Some(i) = open.iter().rposition(|(name, _)| *name == a.name) {
+            let (name, x0) = open.remove(i);
+            out.push(Span { x0, x1: x.max(x0), depth: i as u32, name });
+        }
+    }
+    for (depth, (name, x0)) in open.into_iter().enumerate() {
+        out.push(Span { x0, x1: end, depth: depth as u32, name });
+    }
+    out.sort_by_key(|s| (s.x0, s.depth));
+    out
 }
 
 /// The frame a user would recognise as theirs: the first Python frame outside torch itself, else

@@ -232,6 +232,16 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     await painted(page);
     assert.deepEqual(await peaks(page), { allocated: cliPeaks(file)[0].allocated, reserved: cliPeaks(file)[0].reserved });
     assert.match(await page.textContent('#warnings'), /does not start at the beginning/);
+    // The record_function scope of the optimizer step is drawn, and named on hover.
+    const span = await page.evaluate(() => {
+      const t = window.__tensormem.timeline;
+      const b = t.spanBox(t.data.meta.spans[0]);
+      const r = t.canvas.getBoundingClientRect();
+      return { x: r.left + (b.left + b.right) / 2, y: r.top + b.top + 2 };
+    });
+    await page.mouse.move(span.x, span.y);
+    await page.waitForSelector('#tooltip:not([hidden])');
+    assert.match(await page.textContent('#tooltip'), /Optimizer\.step#AdamW\.step/);
     // What is live at the peak, by stack: the user's outermost Python frame carries most of it.
     await page.locator('#icicle').scrollIntoViewIfNeeded();
     const icicle = await page.locator('#icicle').boundingBox();
