@@ -34,6 +34,19 @@ impl LoadedTrace {
         self.snapshot.devices().into_iter().map(|d| d as i32).collect()
     }
 
+    /// A label per device for the device selector: `cuda:1 · out of memory` where its trace
+    /// records an OOM.
+    pub fn device_labels(&self) -> Vec<String> {
+        self.snapshot
+            .devices()
+            .into_iter()
+            .map(|d| {
+                let oom = self.snapshot.trace_of(d).iter().any(|e| e.action == crate::trace::Action::Oom);
+                format!("cuda:{d}{}", if oom { " · out of memory" } else { "" })
+            })
+            .collect()
+    }
+
     pub fn timeline(&self, device: i32) -> Result<TimelineArrays, JsError> {
         timeline::build(&self.snapshot, device as i64).map(|t| TimelineArrays { t, xs: Vec::new() }).map_err(js_error)
     }

@@ -26,7 +26,7 @@ fn exercise(data: &[u8]) {
 #[test]
 fn explicit_malformed_inputs() {
     assert_eq!(load_err(b""), "not a snapshot: the file is empty");
-    assert!(load_err(b"hello").contains("starts with byte 0x68"));
+    assert!(load_err(b"hello").contains("looks like text (first byte 0x68)"));
     // Truncated pickle.
     assert!(load_err(b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments").contains("truncated"));
     // Protocol garbage.

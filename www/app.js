@@ -106,9 +106,19 @@ function showDetails(id) {
       <dt>lifetime</dt><dd>${lifetime(id)}</dd>
       <dt>group</dt><dd>${escape(meta.groups[a.allocGroup[id]].name)}</dd>
     </dl>`
-    + (frames.length
-      ? `<div class="stack">${frames.map((f) => `<div class="${isPython(f) ? 'py' : 'cpp'}">${escape(frameText(f))}</div>`).join('')}</div>`
-      : '<p class="muted">No stack was recorded for this block.</p>');
+    + stackHtml(frames);
+}
+
+// The user's Python frames first; the C++ frames (the same dispatcher plumbing in every PyTorch
+// stack) folded below them.
+function stackHtml(frames) {
+  if (!frames.length) return '<p class="muted">No stack was recorded for this block.</p>';
+  const python = frames.filter(isPython);
+  const cpp = frames.filter((f) => !isPython(f));
+  const lines = (list, cls) => list.map((f) => `<div class="${cls}">${escape(frameText(f))}</div>`).join('');
+  if (!python.length) return `<div class="stack">${lines(cpp, 'py')}</div>`;
+  return `<div class="stack">${lines(python, 'py')}</div>`
+    + (cpp.length ? `<details class="cpp-frames"><summary>${cpp.length} C++ frames</summary><div class="stack">${lines(cpp, 'cpp')}</div></details>` : '');
 }
 
 function showLive(position, withState = true) {
@@ -178,7 +188,7 @@ function showLegend() {
   const { meta } = timeline.data;
   const shown = timeline.groupOrder.slice(0, 24);
   $('legend').innerHTML = shown.map((g) => `<button data-group="${g}" class="${timeline.hidden.has(g) ? 'off' : ''}" title="click to hide or show">`
-    + `<i style="background:${timeline.groupColor[g]}"></i>${escape(meta.groups[g].name)} <span class="count">${formatBytes(meta.groups[g].bytes_at_peak)} at peak · ${meta.groups[g].allocations}</span></button>`).join('')
+    + `<i style="background:${timeline.groupColor[g]}"></i>${escape(meta.groups[g].name)} <span class="count">${formatBytes(meta.groups[g].bytes_at_peak)} at peak · ${meta.groups[g].allocations} allocs</span></button>`).join('')
     + (timeline.groupOrder.length > shown.length ? `<span class="count">and ${timeline.groupOrder.length - shown.length} smaller groups</span>` : '');
   for (const b of $('legend').querySelectorAll('button')) {
     b.onclick = () => { timeline.toggleGroup(Number(b.dataset.group)); showLegend(); showLive(timeline.cursor); };
@@ -244,7 +254,7 @@ async function load(request, payload) {
     await ask('use', { trace: info.trace });
     $('source-name').textContent = info.name;
     $('source-name').title = info.name;
-    $('device-select').innerHTML = info.devices.map((d) => `<option value="${d}">cuda:${d}</option>`).join('');
+    $('device-select').innerHTML = info.devices.map((d, k) => `<option value="${d}">${escape(info.deviceLabels[k])}</option>`).join('');
     $('device-box').hidden = info.devices.length < 2;
     if (info.run) showRun(JSON.parse(info.run));
   } catch (e) {
@@ -405,11 +415,12 @@ $('whatif-run').onclick = async () => {
         <tr><td>segment allocations</td><td class="num">${r.recorded.segment_allocs + r.recorded.segment_maps}</td><td class="num">${r.replayed.segment_allocs + r.replayed.segment_maps}</td></tr>
         <tr><td>out of memory</td><td class="num">–</td><td class="num">${r.replayed.ooms}</td></tr>
       </table>
-      <p class="result-line">${diff === 0 ? 'Same peak reserved as recorded.' : `Peak reserved ${diff < 0 ? 'falls' : 'rises'} by <b>${formatBytes(Math.abs(diff))}</b>.`}</p>
+      ${r.replayed.ooms || r.out_of_memory_at_start ? '' : `<p class="result-line">${diff === 0 ? 'Same peak reserved as recorded.' : `Peak reserved ${diff < 0 ? 'falls' : 'rises'} by <b>${formatBytes(Math.abs(diff))}</b>.`}</p>`}
       ${r.out_of_memory_at_start ? `<p class="result-line oom">Out of memory at the start: ${escape(r.out_of_memory_at_start)}</p>` : ''}
-      ${!r.out_of_memory_at_start && r.replayed.ooms ? `<p class="result-line oom">${r.replayed.ooms} allocation(s) ran out of memory; the first at event ${r.first_oom_event} (marked on the timeline).</p>` : ''}
+      ${!r.out_of_memory_at_start && r.replayed.ooms ? `<p class="result-line oom">PyTorch would have stopped with "CUDA out of memory" at event ${r.first_oom_event} (marked on the timeline). The replay went on without the ${r.replayed.ooms} allocation(s) that did not fit, so the figures after that point are not a run that could happen.</p>` : ''}
       <details><summary>memory_summary() at the end of the what-if run</summary><pre class="summary">${escape(out.memory_summary)}</pre></details>
-      <p class="result-line muted">${divergence ? `First divergence from PyTorch's decisions: event ${divergence.event}: ${escape(divergence.reason)}` : (r.start === 'replaced' ? 'Same device memory calls as recorded (addresses differ: the start was replaced).' : 'The replay made exactly PyTorch\'s decisions.')}</p>`;
+      ${divergence ? `<details><summary>Where the replay first decided differently from the recording</summary><p class="result-line muted">Event ${divergence.event}: ${escape(divergence.reason)}</p></details>`
+    : `<p class="result-line muted">${r.start === 'replaced' ? 'Same device memory calls as recorded (addresses differ: the start was replaced).' : 'The replay made exactly PyTorch\'s decisions.'}</p>`}`;
   } catch (e) {
     showError(e.message, 'The what-if replay failed.');
   } finally {

@@ -33,7 +33,7 @@ export function describeState(state) {
   const pct = (x) => `${(x * 100).toFixed(0)}%`;
   return `<b>${state.segments.length}</b> segments, <b>${formatBytes(f.reserved)}</b> reserved: `
     + `${formatBytes(f.requested)} requested by live tensors, ${formatBytes(f.waste)} rounding waste, `
-    + `${formatBytes(f.free)} cached free (largest block ${formatBytes(f.largest)}, fragmentation ${pct(f.fragmentation)})`
+    + `${formatBytes(f.free)} cached free (largest block ${formatBytes(f.largest)}; fragmentation ${pct(f.fragmentation)}, the share of free bytes outside the largest free block)`
     + (f.pending ? `, ${formatBytes(f.pending)} freed but waiting on other streams` : '') + '.';
 }
 
@@ -66,7 +66,7 @@ export function drawSegments(canvas, state, colorOf) {
     const scale = w / s.total_size;
     ctx.fillStyle = '#667085';
     ctx.textAlign = 'right';
-    ctx.fillText(`${formatBytes(s.total_size)} ${s.segment_type}${s.is_expandable ? ' exp.' : ''} s${s.stream}`, LABEL - 8, y + ROW / 2);
+    ctx.fillText(`${formatBytes(s.total_size)} ${s.segment_type}${s.is_expandable ? ' expandable' : ''}${s.stream ? ` stream ${s.stream}` : ''}`, LABEL - 8, y + ROW / 2);
     ctx.textAlign = 'left';
     const x0 = LABEL;
     for (const b of s.blocks) {

@@ -289,7 +289,7 @@ export class Timeline {
     ctx.beginPath();
     ctx.rect(p.x, p.y, p.w, p.h);
     ctx.clip();
-    this.outline(ctx, this.pinned, '#111827', 2);
+    this.outline(ctx, this.pinned, '#e11d48', 2);
     if (this.hover !== this.pinned) this.outline(ctx, this.hover, '#ffffff', 1.5);
     if (this.replay && this.replay.oomPosition != null) this.vline(ctx, this.replay.oomPosition, '#a3261b', 'out of memory', [2, 2]);
     const s = this.data.meta.summary;
@@ -475,6 +475,7 @@ export class Timeline {
   }
 
   marker(ctx, m) {
+    if (m.text.startsWith('out of memory')) return this.vline(ctx, m.x, '#a3261b', 'OOM', [2, 2]);
     const p = this.plot;
     const x = this.pxOfX(this.xs[Math.min(m.x, this.positions - 1)], p);
     if (x < p.x || x > p.x + p.w) return;

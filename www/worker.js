@@ -68,7 +68,7 @@ function get(id) {
 function add(t, name) {
   const id = nextTrace++;
   traces.set(id, t);
-  return { trace: id, name, devices: Array.from(t.devices()), run: t.run_json() ?? null };
+  return { trace: id, name, devices: Array.from(t.devices()), deviceLabels: t.device_labels(), run: t.run_json() ?? null };
 }
 
 function open(bytes, name) {

@@ -179,7 +179,12 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
                 let text = e.user_metadata.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| "annotation".into());
                 b.t.markers.push(Marker { x, text });
             }
-            Action::Oom => b.t.markers.push(Marker { x, text: format!("out of memory ({} requested)", crate::alloc::format_size(e.size)) }),
+            Action::Oom => {
+                let free = e.device_free.map(|f| format!(" with {} free on the device", crate::alloc::format_size(f))).unwrap_or_default();
+                let text = format!("out of memory: {} requested{free}", crate::alloc::format_size(e.size));
+                warnings.push(format!("This trace records an out-of-memory error at event {i}: {text}. The marker on the timeline shows where."));
+                b.t.markers.push(Marker { x, text });
+            }
             Action::FreeCompleted | Action::Snapshot => {}
         }
         if let Some(m) = e.user_metadata.as_deref().filter(|m| e.action != Action::Annotate && !m.is_empty() && Some(*m) != last_metadata) {
@@ -197,7 +202,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
         warnings.insert(
             0,
             format!(
-                "The trace does not start at the beginning: {} were already reserved and {} allocated when it starts (the ring buffer of _record_memory_history dropped older events, or recording began mid-run).",
+                "The trace does not start at the beginning: {} were already reserved and {} allocated when it starts (the ring buffer of _record_memory_history dropped older events, or recording began mid-run). Record with a larger max_entries, e.g. torch.cuda.memory._record_memory_history(max_entries=1_000_000), to see where that memory came from.",
                 crate::alloc::format_size(b.t.summary.start_reserved_bytes),
                 crate::alloc::format_size(b.t.summary.start_allocated_bytes)
             ),

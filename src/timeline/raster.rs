@@ -1,9 +1,10 @@
 //! Rasterises a timeline's bands into RGBA pixels, for the page's worker (the main thread only
 //! copies the image into place, whatever the trace size).
 //!
-//! Every allocation covers at least one pixel: an allocation's pieces that fall in one pixel
-//! column (or sit side by side at one height) become one rectangle covering them all, so detail
-//! smaller than a pixel is aggregated, never dropped.
+//! An allocation's pieces that fall in one pixel column (or sit side by side at one height)
+//! become one rectangle covering them all. Bands of a pixel or more get the pixels whose centres
+//! they cover (each its true share); slivers smaller than a pixel fill what no full band covers,
+//! so the picture never shows empty space where memory was live.
 
 use super::Timeline;
 
@@ -35,30 +36,27 @@ pub fn rasterize(t: &Timeline, r: &Raster) -> Vec<u32> {
     }
     let sx = width as f64 / (r.x1 - r.x0);
     let sy = height as f64 / r.ymax;
-    let mut fill = |color: u32, left: f64, right: f64, top: f64, bottom: f64| {
-        // Every pixel the rectangle touches (conservative: neighbours may share an edge pixel,
-        // the one drawn later wins it).
-        let c0 = left.floor();
-        let c1 = right.ceil().max(c0 + 1.0).min(width as f64);
-        let r0 = top.floor();
-        let r1 = bottom.ceil().max(r0 + 1.0).min(height as f64);
-        let (c0, r0) = (c0.max(0.0) as usize, r0.max(0.0) as usize);
-        let (c1, r1) = (c1.max(0.0) as usize, r1.max(0.0) as usize);
-        if c0 >= c1 {
-            return;
-        }
-        for row in r0..r1 {
-            pixels[row * width + c0..row * width + c1].fill(color);
-        }
+    // A pixel belongs to the rectangle that covers its centre, so bands at least a pixel tall and
+    // wide tile the image exactly, each with its true share of pixels. Rectangles smaller than a
+    // pixel either way cover no centre reliably: they are kept for a second pass that gives each
+    // the pixels it touches but only where no full-size band lies, the biggest (bytes x time)
+    // last, so a sliver never paints over what holds most of a pixel, yet never vanishes into
+    // empty space either.
+    let span = |lo: f64, hi: f64, limit: usize| -> (usize, usize) {
+        let a = (lo.round().max(0.0) as usize).min(limit);
+        let b = (hi.round().max(0.0) as usize).min(limit);
+        (a, b)
     };
-    // Rectangles thinner or narrower than a pixel are drawn last, on top of the big ones, so a
-    // short-lived or tiny allocation is not painted over by its neighbours.
-    let mut small: Vec<(u32, f64, f64, f64, f64)> = Vec::new();
-    let mut draw = |fill: &mut dyn FnMut(u32, f64, f64, f64, f64), color: u32, l: f64, r: f64, t: f64, b: f64| {
-        if r - l < 1.0 || b - t < 1.0 {
-            small.push((color, l, r, t, b));
+    let mut small: Vec<(f64, u32, f64, f64, f64, f64)> = Vec::new();
+    let mut draw = |color: u32, l: f64, r: f64, t: f64, b: f64| {
+        let (c0, c1) = span(l, r, width);
+        let (r0, r1) = span(t, b, height);
+        if c1 > c0 && r1 > r0 {
+            for row in r0..r1 {
+                pixels[row * width + c0..row * width + c1].fill(color);
+            }
         } else {
-            fill(color, l, r, t, b);
+            small.push(((r - l) * (b - t), color, l, r, t, b));
         }
     };
     let p = &t.pieces;
@@ -93,17 +91,29 @@ pub fn rasterize(t: &Timeline, r: &Raster) -> Vec<u32> {
                 continue;
             }
             if let Some((_, color, cl, cr, ct, cb)) = current {
-                draw(&mut fill, color, cl, cr, ct, cb);
+                draw(color, cl, cr, ct, cb);
             }
             let hidden = r.hidden.get(id as usize).is_some_and(|&h| h != 0);
             current = Some((id, if hidden { r.ghost } else { group_color }, l, rr, top, bottom));
         }
         if let Some((_, color, cl, cr, ct, cb)) = current {
-            draw(&mut fill, color, cl, cr, ct, cb);
+            draw(color, cl, cr, ct, cb);
         }
     }
-    for (color, l, r, t, b) in small {
-        fill(color, l, r, t, b);
+    let solid: Vec<bool> = pixels.iter().map(|&p| p != 0).collect();
+    small.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (_, color, l, r, t, b) in small {
+        let c0 = (l.floor().max(0.0) as usize).min(width - 1);
+        let c1 = (r.ceil() as usize).clamp(c0 + 1, width);
+        let r0 = (t.floor().max(0.0) as usize).min(height - 1);
+        let r1 = (b.ceil() as usize).clamp(r0 + 1, height);
+        for row in r0..r1 {
+            for c in c0..c1 {
+                if !solid[row * width + c] {
+                    pixels[row * width + c] = color;
+                }
+            }
+        }
     }
     pixels
 }

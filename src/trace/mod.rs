@@ -63,8 +63,9 @@ pub fn load(data: &[u8]) -> Result<Snapshot, TraceError> {
             node::Arena::from_json(&value)
         }
         Some(b) => {
+            let looks_like = if data.iter().take(512).all(|c| c.is_ascii_graphic() || c.is_ascii_whitespace()) { "text" } else { "binary data" };
             return Err(TraceError::UnknownFormat(format!(
-                "starts with byte 0x{b:02x}; expected a pickle (0x80) or JSON ('{{')"
+                "it looks like {looks_like} (first byte 0x{b:02x}), but a snapshot is a pickle from torch.cuda.memory._dump_snapshot (first byte 0x80) or its JSON"
             )));
         }
         None => return Err(TraceError::UnknownFormat("the file is empty".into())),

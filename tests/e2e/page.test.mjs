@@ -138,6 +138,14 @@ test('every fixture loads and shows the peaks the CLI reports', async () => {
         assert.deepEqual(await peaks(page), { allocated: d.allocated, reserved: d.reserved }, `${f} device ${d.device}`);
       }
       await page.screenshot({ path: join(shots, `fixture-${f}-device-${expected.at(-1).device}.png`) });
+      if (f === 'expandable-3gpu-oom.pickle') {
+        // Device 1 ran out of memory: said in the device list, in a warning, and on the timeline.
+        assert.match(await page.textContent('[data-testid=device-select] option[value="1"]'), /out of memory/);
+        await page.selectOption('[data-testid=device-select]', '1');
+        paints += 1;
+        await painted(page, paints);
+        assert.match(await page.textContent('#warnings'), /out-of-memory error at event \d+: out of memory: 4\.94 GiB requested with 91\.\d+ MiB free/);
+      }
     }
   }
   assert.deepEqual(page.errors, []);
@@ -251,7 +259,7 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     assert.match(await page.textContent('#icicle-tooltip'), /<module> \(cs336_systems\/nsys_profile\.py:249\): 3\.\d+ GiB/);
     // The allocator's state at the peak: its segments, and what is cached free.
     await page.waitForFunction(() => /segments/.test(document.querySelector('#state-figures').textContent));
-    assert.match(await page.textContent('#state-figures'), /^\d+ segments, 6\.74 GiB reserved: 6\.53 GiB requested by live tensors, .* cached free \(largest block .*fragmentation \d+%\)/);
+    assert.match(await page.textContent('#state-figures'), /^\d+ segments, 6\.74 GiB reserved: 6\.53 GiB requested by live tensors, .* cached free \(largest block .*fragmentation \d+%, the share of free bytes outside the largest free block\)/);
     assert.match(await page.textContent('#summary'), /PyTorch CUDA memory summary/);
     // Search: only the optimizer's allocations, then only the big ones; hidden ones are counted.
     const total = Number((await page.textContent('#filter-count')).replace(/\D/g, ''));
@@ -282,7 +290,7 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     await page.selectOption('#whatif-start', 'replaced');
     await page.click('#whatif-run');
     await page.waitForSelector('#whatif-result table');
-    assert.match(await page.textContent('#whatif-result'), /ran out of memory/);
+    assert.match(await page.textContent('#whatif-result'), /would have stopped with "CUDA out of memory" at event \d+/);
     assert.match(await page.textContent('#whatif-result'), /PyTorch CUDA memory summary/);
     await page.screenshot({ path: join(shots, 'whatif-capacity.png'), fullPage: true });
     // Expandable segments reserve less than the recorded run.
