@@ -2,6 +2,7 @@
 // event axis, and the difference of the two peaks attributed to where memory was allocated (the
 // groups of each timeline: the user's frame, or the autograd node).
 import { escapeHtml as escape, formatBytes } from './format.js';
+import { prepareCanvas } from './canvas.js';
 
 
 function signed(bytes) {
@@ -45,22 +46,15 @@ export function showComparison(container, a, b) {
 }
 
 function drawCurves(canvas, a, b) {
-  const dpr = window.devicePixelRatio || 1;
-  const width = canvas.clientWidth || canvas.parentElement.clientWidth;
   const height = 220;
-  const margin = { left: 74, right: 12, top: 10, bottom: 22 };
-  canvas.style.height = `${height}px`;
-  canvas.width = Math.round(width * dpr);
-  canvas.height = Math.round(height * dpr);
-  const ctx = canvas.getContext('2d');
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  const margin = { left: 74, right: 24, top: 10, bottom: 22 };
+  const { ctx, width } = prepareCanvas(canvas, height);
   const w = width - margin.left - margin.right;
   const h = height - margin.top - margin.bottom;
   const n = Math.max(a.allocated.length, b.allocated.length);
   let ymax = 1;
   for (const arr of [a.allocated, a.reserved, b.allocated, b.reserved]) for (const v of arr) if (v > ymax) ymax = v;
   ymax *= 1.06;
-  ctx.font = '11px system-ui, sans-serif';
   ctx.fillStyle = '#667085';
   ctx.textAlign = 'right';
   ctx.textBaseline = 'middle';

@@ -2,6 +2,7 @@
 // the outermost frame down, each frame as wide as the bytes allocated beneath it. Python frames
 // only by default (the C++ frames of a PyTorch stack are the same dispatcher plumbing everywhere).
 import { formatBytes } from './format.js';
+import { prepareCanvas } from './canvas.js';
 
 const ROW = 20;
 const MAX_DEPTH = 28;
@@ -84,18 +85,8 @@ export class Icicle {
 
   draw() {
     const c = this.canvas;
-    const dpr = window.devicePixelRatio || 1;
-    const width = c.clientWidth || c.parentElement.clientWidth;
-    this.boxes = this.layout(width);
-    const height = Math.max(ROW, ...this.boxes.map((b) => b.y + ROW));
-    c.style.height = `${height}px`;
-    c.width = Math.round(width * dpr);
-    c.height = Math.round(height * dpr);
-    const ctx = c.getContext('2d');
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, width, height);
-    ctx.font = '11px system-ui, sans-serif';
-    ctx.textBaseline = 'middle';
+    this.boxes = this.layout(c.clientWidth || c.parentElement.clientWidth);
+    const { ctx } = prepareCanvas(c, Math.max(ROW, ...this.boxes.map((b) => b.y + ROW)));
     for (const { node, x, y, w } of this.boxes) {
       ctx.fillStyle = node.color;
       ctx.fillRect(x + 0.5, y + 0.5, Math.max(w - 1, 0.5), ROW - 1);

@@ -4,6 +4,7 @@
 // explain reserved-but-unallocated memory: rounding waste, cached free bytes, the largest free
 // block, fragmentation.
 import { formatBytes } from './format.js';
+import { prepareCanvas } from './canvas.js';
 
 const ROW = 18;
 const LABEL = 150;
@@ -41,17 +42,7 @@ export function drawSegments(canvas, state, colorOf) {
   const free = (s) => s.blocks.reduce((sum, b) => sum + (b.state === 'inactive' ? b.size : 0), 0);
   const segments = state.segments.map((s) => ({ ...s, free: free(s) })).sort((x, y) => y.free - x.free || x.address - y.address);
   const rows = Math.min(segments.length, MAX_ROWS);
-  const dpr = window.devicePixelRatio || 1;
-  const width = canvas.clientWidth || canvas.parentElement.clientWidth;
-  const height = Math.max(1, rows + (segments.length > rows ? 1 : 0)) * ROW + 4;
-  canvas.style.height = `${height}px`;
-  canvas.width = Math.round(width * dpr);
-  canvas.height = Math.round(height * dpr);
-  const ctx = canvas.getContext('2d');
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.clearRect(0, 0, width, height);
-  ctx.font = '11px system-ui, sans-serif';
-  ctx.textBaseline = 'middle';
+  const { ctx, width } = prepareCanvas(canvas, Math.max(1, rows + (segments.length > rows ? 1 : 0)) * ROW + 4);
   const largest = Math.max(1, ...segments.map((s) => s.total_size));
   const barWidth = Math.max(50, width - LABEL - NOTE - 16);
   if (!segments.length) {
