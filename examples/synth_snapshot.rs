@@ -45,10 +45,10 @@ fn main() {
         let batch = 8 + (step * 7 % 5);
         let act = batch * 512 * HIDDEN * 2;
         let mut saved = Vec::new();
-        for l in 0..LAYERS {
+        for layer in &forward {
             let scores = a.malloc(act * 2, 0, Some(temp.clone())).unwrap();
             for k in 0..4 {
-                saved.push(a.malloc(act / (k + 1), 0, Some(forward[l].clone())).unwrap());
+                saved.push(a.malloc(act / (k + 1), 0, Some(layer.clone())).unwrap());
             }
             a.free(scores.ptr, None).unwrap();
         }
