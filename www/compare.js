@@ -70,7 +70,10 @@ function drawCurves(canvas, a, b) {
   }
   ctx.textAlign = 'center';
   ctx.textBaseline = 'top';
-  for (let k = 0; k <= 4; k++) ctx.fillText(String(Math.round(((n - 1) * k) / 4)), margin.left + (w * k) / 4, margin.top + h + 6);
+  for (let k = 0; k <= 4; k++) {
+    ctx.textAlign = k === 0 ? 'left' : k === 4 ? 'right' : 'center';
+    ctx.fillText(String(Math.round(((n - 1) * k) / 4)), margin.left + (w * k) / 4, margin.top + h + 6);
+  }
   // Each curve: the maximum of every pixel column, so no peak is lost.
   const line = (values, color, dash) => {
     ctx.strokeStyle = color;

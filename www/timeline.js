@@ -433,10 +433,14 @@ export class Timeline {
     ctx.stroke();
     ctx.setLineDash([]);
     if (label) {
-      ctx.fillStyle = color;
       ctx.font = '11px system-ui, sans-serif';
+      ctx.textAlign = 'left';
+      ctx.textBaseline = 'alphabetic';
       const width = ctx.measureText(label).width;
-      const lx = x + 4 + width > p.x + p.w ? x - 4 - width : x + 4;
+      const lx = x + 5 + width > p.x + p.w ? x - 5 - width : x + 5;
+      ctx.fillStyle = 'rgba(255, 255, 255, 0.85)';
+      ctx.fillRect(lx - 2, p.y + 1, width + 4, 13);
+      ctx.fillStyle = color;
       ctx.fillText(label, lx, p.y + 11);
     }
   }
