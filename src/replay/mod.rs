@@ -153,6 +153,16 @@ pub fn recorded_config(snapshot: &Snapshot) -> Result<AllocatorConfig, ConfigErr
     }
 }
 
+/// The device must have segments or a trace in the snapshot; the error lists those that do.
+pub fn check_device(snapshot: &Snapshot, device: i64) -> Result<(), ReplayError> {
+    let devices = snapshot.devices();
+    if devices.contains(&device) {
+        return Ok(());
+    }
+    let list = devices.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+    Err(ReplayError::NoSuchDevice(device, if list.is_empty() { "none".into() } else { list }))
+}
+
 /// Replays every device that has a trace or segments.
 pub fn replay_snapshot(snapshot: &Snapshot, options: &ReplayOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<DeviceReplay>, ReplayError> {
     snapshot.devices().into_iter().map(|d| replay_device(snapshot, d, options, progress)).collect()
@@ -165,11 +175,7 @@ pub fn replay_device(
     options: &ReplayOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<DeviceReplay, ReplayError> {
-    let devices = snapshot.devices();
-    if !devices.contains(&device) {
-        let list = devices.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
-        return Err(ReplayError::NoSuchDevice(device, if list.is_empty() { "none".into() } else { list }));
-    }
+    check_device(snapshot, device)?;
     snapshot.check_layout().map_err(ReplayError::Layout)?;
     let recorded_config = recorded_config(snapshot)?;
     let config = options.config.clone().unwrap_or_else(|| recorded_config.clone());

@@ -126,11 +126,7 @@ pub const NO_FRAMES: &str = "(no stack recorded)";
 /// Lays out one device's trace. Fails only on a device the snapshot does not have or on settings
 /// that cannot be parsed; a trace that does not add up still gets a timeline, with warnings.
 pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
-    let devices = snapshot.devices();
-    if !devices.contains(&device) {
-        let list = devices.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
-        return Err(replay::ReplayError::NoSuchDevice(device, if list.is_empty() { "none".into() } else { list }));
-    }
+    replay::check_device(snapshot, device)?;
     let config = recorded_config(snapshot)?;
     let trace = snapshot.trace_of(device);
     let final_segments: Vec<_> = snapshot.segments_of(device).collect();
