@@ -4,18 +4,9 @@
 // (src/timeline/raster.rs) into an image covering the view and a view-width each side; frames
 // only place that image, so panning and zooming cost the same whatever the trace size.
 import { escapeHtml, formatBytes } from './format.js';
+import { colorGroups, topBytes, GHOST } from './palette.js';
 
-export const BEFORE_TRACE = '(allocated before the trace, no stack)';
-export const NO_FRAMES = '(no stack recorded)';
-
-const PALETTE = [
-  '#4e79a7', '#f28e2b', '#59a14f', '#b07aa1', '#76b7b2', '#edc948', '#ff9da7', '#9c755f',
-  '#6f9fd8', '#e15759', '#8cd17d', '#d4a6c8', '#86bcb6', '#f1ce63', '#a0cbe8', '#ffbe7d',
-];
-const GREYS = { [BEFORE_TRACE]: '#b9c0cc', [NO_FRAMES]: '#8e96a3' };
 const MARGIN = { left: 74, right: 16, top: 18, bottom: 30 };
-// Hidden allocations stay as faint ghosts (#eef0f3), so the picture keeps its shape.
-const GHOST = 0xfff3f0ee;
 
 function formatTime(us) {
   const a = Math.abs(us);
@@ -77,22 +68,20 @@ export class Timeline {
     this.replay = null;
     this.pinned = null;
     this.hover = null;
-    // Colours: the groups biggest at the peak get the distinct ones.
-    const order = meta.groups.map((g, i) => i).sort((x, y) => meta.groups[y].bytes_at_peak - meta.groups[x].bytes_at_peak);
+    const { order, colors, pixels } = colorGroups(meta.groups);
     this.groupOrder = order;
-    this.groupColor = new Array(meta.groups.length);
-    this.groupPixel = new Uint32Array(meta.groups.length);
-    let next = 0;
-    for (const g of order) {
-      const name = meta.groups[g].name;
-      this.groupColor[g] = GREYS[name] || PALETTE[next++ % PALETTE.length];
-      // RGBA bytes in memory order, read as one little-endian word.
-      const hex = parseInt(this.groupColor[g].slice(1), 16);
-      this.groupPixel[g] = (0xff << 24 | (hex & 0xff) << 16 | (hex >> 8 & 0xff) << 8 | hex >> 16) >>> 0;
-    }
+    this.groupColor = colors;
+    this.groupPixel = pixels;
     this.cursor = meta.summary.peak_x;
     this.setAxis(this.axis);
-    // Ask for the first image now, ahead of the panels' own requests to the worker.
+    // The worker drew the whole trace with the timeline (see worker.js): use it if it fits.
+    const first = data.firstImage;
+    const p = this.plot;
+    const dpr = window.devicePixelRatio || 1;
+    if (first && this.axis === 'event' && first.width === Math.round(p.w * dpr) && first.height === Math.round(p.h * dpr)) {
+      this.acceptLayer(first.pixels, first.width, first.height, 0, this.xs[this.positions], this.yMax(), dpr);
+    }
+    // Otherwise ask for it now, ahead of the panels' own requests to the worker.
     this.draw();
     // Resolved once the first image of this trace is on screen at its exact scale.
     return new Promise((resolve) => { this.onPainted = resolve; });
@@ -176,10 +165,9 @@ export class Timeline {
   }
 
   yMax() {
-    const s = this.data.meta.summary;
-    let m = Math.max(s.peak_reserved_bytes, s.peak_allocated_bytes, 1);
-    if (this.replay) for (const v of this.replay.reserved_curve) m = Math.max(m, v);
-    return m * 1.06;
+    let replayPeak = 0;
+    if (this.replay) for (const v of this.replay.reserved_curve) replayPeak = Math.max(replayPeak, v);
+    return topBytes(this.data.meta.summary, replayPeak);
   }
 
   pxOfX(x, p = this.plot) {
@@ -321,28 +309,34 @@ export class Timeline {
     this.pending = { x0, x1, key };
     const data = this.data;
     this.backend.raster({
-      x0, x1, width, height, ymax, order: Uint32Array.from(this.groupOrder), colors: this.groupPixel, hidden: this.hiddenAllocations(), ghost: GHOST,
+      x0, x1, width, height, ymax, order: this.groupOrder, colors: this.groupPixel, hidden: this.hiddenAllocations(), ghost: GHOST,
     }).then((pixels) => {
       if (ticket !== this.layerTicket || data !== this.data) return;
-      // Two canvases take turns (the one on screen, the one being filled): no canvas per frame
-      // for the garbage collector to find later.
-      const canvas = this.spare || document.createElement('canvas');
-      this.spare = this.layer ? this.layer.canvas : null;
-      canvas.width = width;
-      canvas.height = height;
-      const ctx = canvas.getContext('2d');
-      ctx.putImageData(new ImageData(new Uint8ClampedArray(pixels.buffer), width, height), 0, 0);
-      const frame = { x0, x1, sx: width / (x1 - x0) / dpr, sy: height / ymax / dpr, h: p.h };
-      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-      this.curve(ctx, frame, data.arrays.reserved, '#d0453a', 1.6, []);
-      if (this.replay) this.curve(ctx, frame, this.replay.reserved_curve, '#111827', 1.6, [5, 3]);
-      this.layer = { canvas, x0, x1, key };
+      this.acceptLayer(pixels, width, height, x0, x1, ymax, dpr);
       this.pending = null;
       this.requestDraw();
     }, (e) => {
       if (ticket === this.layerTicket) this.pending = null;
       console.error('tensormem: the timeline image failed', e);
     });
+  }
+
+  // Makes a rasterised image of [x0, x1) the layer, with the reserved curves drawn on it.
+  acceptLayer(pixels, width, height, x0, x1, ymax, dpr) {
+    // Two canvases take turns (the one on screen, the one being filled): no canvas per frame
+    // for the garbage collector to find later.
+    const canvas = this.spare || document.createElement('canvas');
+    this.spare = this.layer ? this.layer.canvas : null;
+    canvas.width = width;
+    canvas.height = height;
+    const ctx = canvas.getContext('2d');
+    ctx.putImageData(new ImageData(new Uint8ClampedArray(pixels.buffer), width, height), 0, 0);
+    const p = this.plot;
+    const frame = { x0, x1, sx: width / (x1 - x0) / dpr, sy: height / ymax / dpr, h: p.h };
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    this.curve(ctx, frame, this.data.arrays.reserved, '#d0453a', 1.6, []);
+    if (this.replay) this.curve(ctx, frame, this.replay.reserved_curve, '#111827', 1.6, [5, 3]);
+    this.layer = { canvas, x0, x1, key: this.layerKey(p, ymax, dpr) };
   }
 
   // 1 for every allocation drawn as a ghost (its group hidden in the legend, or filtered out).

@@ -2,6 +2,7 @@
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
 import init, { LoadedTrace, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
+import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
 // own: the engine compiles wasm in tiers, and the first large file would otherwise pay for the
@@ -79,7 +80,9 @@ function open(bytes, name) {
 // The laid-out timeline of each open trace (its current device), kept to rasterise views of it.
 const views = new Map();
 
-function timeline(trace, device) {
+// `first` ({width, height} in device pixels), when the page will draw by event index: the whole
+// trace is rasterised right away and sent with the timeline, saving the page a round trip.
+function timeline(trace, device, first) {
   progress('laying out the timeline', 1);
   const t = get(trace).timeline(device);
   views.get(trace)?.free();
@@ -106,7 +109,17 @@ function timeline(trace, device) {
     stackFrames: t.stack_frames(),
   };
   const meta = JSON.parse(t.meta_json());
-  return { result: { device, arrays, meta }, transfer: Object.values(arrays).map((a) => a.buffer) };
+  const transfer = Object.values(arrays).map((a) => a.buffer);
+  let firstImage = null;
+  if (first) {
+    const n = arrays.allocated.length;
+    t.set_axis(Float64Array.from({ length: n + 1 }, (_, i) => i));
+    const { order, pixels: colors } = colorGroups(meta.groups);
+    const pixels = t.raster(0, n, first.width, first.height, topBytes(meta.summary), order, colors, new Uint8Array(0), GHOST);
+    firstImage = { pixels, width: first.width, height: first.height };
+    transfer.push(pixels.buffer);
+  }
+  return { result: { device, arrays, meta, firstImage }, transfer };
 }
 
 function view(trace) {
@@ -168,8 +181,8 @@ const handlers = {
     const pixels = view(trace).raster(x0, x1, width, height, ymax, order, colors, hidden, ghost);
     return { result: pixels, transfer: [pixels.buffer] };
   },
-  async timeline({ trace, device }) {
-    return timeline(trace, device);
+  async timeline({ trace, device, first }) {
+    return timeline(trace, device, first);
   },
   async replay({ trace, device, allocConf, capacity, start }) {
     progress('replaying through the allocator', 1);

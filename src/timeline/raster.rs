@@ -100,17 +100,20 @@ pub fn rasterize(t: &Timeline, r: &Raster) -> Vec<u32> {
             draw(color, cl, cr, ct, cb);
         }
     }
-    let solid: Vec<bool> = pixels.iter().map(|&p| p != 0).collect();
-    small.sort_by(|a, b| a.0.total_cmp(&b.0));
-    for (_, color, l, r, t, b) in small {
+    // Each pixel left empty by the full bands goes to the biggest sliver touching it (no sort:
+    // the biggest area seen so far is kept per pixel; full bands count as infinitely big).
+    let mut best: Vec<f32> = pixels.iter().map(|&p| if p != 0 { f32::INFINITY } else { -1.0 }).collect();
+    for (area, color, l, r, t, b) in small {
+        let area = area as f32;
         let c0 = (l.floor().max(0.0) as usize).min(width - 1);
         let c1 = (r.ceil() as usize).clamp(c0 + 1, width);
         let r0 = (t.floor().max(0.0) as usize).min(height - 1);
         let r1 = (b.ceil() as usize).clamp(r0 + 1, height);
         for row in r0..r1 {
-            for c in c0..c1 {
-                if !solid[row * width + c] {
-                    pixels[row * width + c] = color;
+            for i in row * width + c0..row * width + c1 {
+                if area > best[i] {
+                    best[i] = area;
+                    pixels[i] = color;
                 }
             }
         }

@@ -1,0 +1,34 @@
+// The colours of the groups (what a band is coloured by), shared by the page and its worker so
+// the worker can draw a trace's first image before the page asks: the groups biggest at the
+// peak get the distinct colours, the bands without a stack grey.
+
+export const BEFORE_TRACE = '(allocated before the trace, no stack)';
+export const NO_FRAMES = '(no stack recorded)';
+
+const PALETTE = [
+  '#4e79a7', '#f28e2b', '#59a14f', '#b07aa1', '#76b7b2', '#edc948', '#ff9da7', '#9c755f',
+  '#6f9fd8', '#e15759', '#8cd17d', '#d4a6c8', '#86bcb6', '#f1ce63', '#a0cbe8', '#ffbe7d',
+];
+const GREYS = { [BEFORE_TRACE]: '#b9c0cc', [NO_FRAMES]: '#8e96a3' };
+// Hidden allocations stay as faint ghosts (#eef0f3), so the picture keeps its shape.
+export const GHOST = 0xfff3f0ee;
+
+// groups: the timeline's [{name, bytes_at_peak}] -> the drawing order, CSS colours, and the
+// same colours as RGBA words (red in the low byte) for pixel buffers.
+export function colorGroups(groups) {
+  const order = groups.map((g, i) => i).sort((x, y) => groups[y].bytes_at_peak - groups[x].bytes_at_peak);
+  const colors = new Array(groups.length);
+  const pixels = new Uint32Array(groups.length);
+  let next = 0;
+  for (const g of order) {
+    colors[g] = GREYS[groups[g].name] || PALETTE[next++ % PALETTE.length];
+    const hex = parseInt(colors[g].slice(1), 16);
+    pixels[g] = (0xff << 24 | (hex & 0xff) << 16 | (hex >> 8 & 0xff) << 8 | hex >> 16) >>> 0;
+  }
+  return { order: Uint32Array.from(order), colors, pixels };
+}
+
+// The top of the timeline's y axis: the peaks plus 6% headroom.
+export function topBytes(summary, extra = 0) {
+  return Math.max(summary.peak_reserved_bytes, summary.peak_allocated_bytes, extra, 1) * 1.06;
+}
