@@ -52,14 +52,14 @@ impl LoadedTrace {
     }
 
     /// Replays one device under other settings; `start` is `recorded` or `replaced`. Returns
-    /// `tensormem replay --json`'s object plus `reserved_curve` / `allocated_curve` per position.
+    /// `tensormem replay --json`'s object plus `reserved_curve` (bytes at every position) and the
+    /// `memory_summary` at the end.
     pub fn replay(&self, device: i32, alloc_conf: &str, capacity: &str, start: &str) -> Result<String, JsError> {
         let options = ReplayOptions { curves: true, ..what_if(alloc_conf, capacity, start)? };
         let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
         serde_json::to_string(&serde_json::json!({
             "replay": r,
             "reserved_curve": r.reserved_curve,
-            "allocated_curve": r.allocated_curve,
             "memory_summary": r.summary,
         }))
         .map_err(js_error)

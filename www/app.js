@@ -186,7 +186,7 @@ async function showState(position) {
 
 function showLegend() {
   const { meta } = timeline.data;
-  const shown = timeline.groupOrder.slice(0, 24);
+  const shown = Array.from(timeline.groupOrder.slice(0, 24));
   $('legend').innerHTML = shown.map((g) => `<button data-group="${g}" class="${timeline.hidden.has(g) ? 'off' : ''}" title="click to hide or show">`
     + `<i style="background:${timeline.groupColor[g]}"></i>${escape(meta.groups[g].name)} <span class="count">${formatBytes(meta.groups[g].bytes_at_peak)} at peak · ${meta.groups[g].allocations} allocs</span></button>`).join('')
     + (timeline.groupOrder.length > shown.length ? `<span class="count">and ${timeline.groupOrder.length - shown.length} smaller groups</span>` : '');

@@ -1,7 +1,7 @@
 // Comparing the loaded trace (A) with another (B): both allocated and reserved curves on one
 // event axis, and the difference of the two peaks attributed to where memory was allocated (the
 // groups of each timeline: the user's frame, or the autograd node).
-import { escapeHtml as escape, formatBytes } from './format.js';
+import { escapeHtml as escape, formatBytes, ticks } from './format.js';
 import { prepareCanvas } from './canvas.js';
 
 
@@ -58,8 +58,7 @@ function drawCurves(canvas, a, b) {
   ctx.fillStyle = '#667085';
   ctx.textAlign = 'right';
   ctx.textBaseline = 'middle';
-  for (let k = 0; k <= 4; k++) {
-    const v = (ymax / 1.06) * (k / 4);
+  for (const v of ticks(0, ymax / 1.06, 4, true)) {
     const y = margin.top + h - (v / ymax) * h;
     ctx.fillText(formatBytes(Math.round(v)), margin.left - 6, y);
     ctx.strokeStyle = '#eceef2';
@@ -70,10 +69,11 @@ function drawCurves(canvas, a, b) {
   }
   ctx.textAlign = 'center';
   ctx.textBaseline = 'top';
-  for (let k = 0; k <= 4; k++) {
-    ctx.textAlign = k === 0 ? 'left' : k === 4 ? 'right' : 'center';
-    ctx.fillText(String(Math.round(((n - 1) * k) / 4)), margin.left + (w * k) / 4, margin.top + h + 6);
-  }
+  const events = ticks(0, n - 1, 5, false);
+  events.forEach((v, k) => {
+    ctx.textAlign = k === 0 ? 'left' : k === events.length - 1 && v > (n - 1) * 0.9 ? 'right' : 'center';
+    ctx.fillText(String(v), margin.left + (v / Math.max(1, n - 1)) * w, margin.top + h + 6);
+  });
   // Each curve: the maximum of every pixel column, so no peak is lost.
   const line = (values, color, dash) => {
     ctx.strokeStyle = color;

@@ -13,3 +13,21 @@ export function formatBytes(bytes) {
   const sign = bytes < 0 ? '-' : '';
   return u === 0 ? `${sign}${v} B` : `${sign}${v.toFixed(2)} ${units[u]}`;
 }
+
+// "Nice" tick values covering [lo, hi] with about `count` steps (powers of two for bytes).
+export function ticks(lo, hi, count, binary) {
+  const span = hi - lo;
+  if (!(span > 0)) return [lo];
+  const raw = span / count;
+  let step;
+  if (binary && raw >= 1024) {
+    step = 2 ** Math.ceil(Math.log2(raw));
+    if (step / 2 >= raw) step /= 2;
+  } else {
+    const p = 10 ** Math.floor(Math.log10(raw));
+    step = [1, 2, 5, 10].map((m) => m * p).find((s) => s >= raw);
+  }
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(v);
+  return out;
+}

@@ -3,7 +3,7 @@
 // the peak, markers, record_function scopes and a cursor. The bands are rasterised by the worker
 // (src/timeline/raster.rs) into an image covering the view and a view-width each side; frames
 // only place that image, so panning and zooming cost the same whatever the trace size.
-import { escapeHtml, formatBytes } from './format.js';
+import { escapeHtml, formatBytes, ticks } from './format.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 const MARGIN = { left: 74, right: 16, top: 18, bottom: 30 };
@@ -13,24 +13,6 @@ function formatTime(us) {
   if (a >= 1e6) return `${(us / 1e6).toFixed(a >= 1e7 ? 1 : 2)} s`;
   if (a >= 1e3) return `${(us / 1e3).toFixed(a >= 1e4 ? 0 : 1)} ms`;
   return `${Math.round(us)} µs`;
-}
-
-// "Nice" tick values covering [lo, hi] with about `count` steps.
-function ticks(lo, hi, count, binary) {
-  const span = hi - lo;
-  if (!(span > 0)) return [lo];
-  const raw = span / count;
-  let step;
-  if (binary && raw >= 1024) {
-    step = 2 ** Math.ceil(Math.log2(raw));
-    if (step / 2 >= raw) step /= 2;
-  } else {
-    const p = 10 ** Math.floor(Math.log10(raw));
-    step = [1, 2, 5, 10].map((m) => m * p).find((s) => s >= raw);
-  }
-  const out = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(v);
-  return out;
 }
 
 export class Timeline {
@@ -46,7 +28,10 @@ export class Timeline {
     this.hover = null;
     this.replay = null;
     this.listeners = {};
-    this.pending = false;
+    // A frame is already queued with requestAnimationFrame.
+    this.frameQueued = false;
+    // The image asked of the worker and not back yet ({x0, x1, key}), if any.
+    this.pendingLayer = null;
     this.attachEvents();
     new ResizeObserver(() => this.requestDraw()).observe(canvas);
   }
@@ -61,7 +46,7 @@ export class Timeline {
     this.positions = a.allocated.length; // events + 1
     this.hidden = new Set();
     this.layer = null;
-    this.pending = null;
+    this.pendingLayer = null;
     this.layerTicket = (this.layerTicket || 0) + 1;
     this.mask = null;
     this.maskVersion = 0;
@@ -141,19 +126,15 @@ export class Timeline {
     this.requestDraw();
   }
 
-  requestDraw(after) {
-    if (after) (this.afterDraw ||= []).push(after);
-    if (this.pending) return;
-    this.pending = true;
+  requestDraw() {
+    if (this.frameQueued) return;
+    this.frameQueued = true;
     requestAnimationFrame(() => {
-      this.pending = false;
+      this.frameQueued = false;
       const started = performance.now();
       this.draw();
       // The browser benchmark (tests/e2e/bench.mjs) reads how long each frame's drawing took.
       if (window.__frameTimes) window.__frameTimes.push(performance.now() - started);
-      const callbacks = this.afterDraw || [];
-      this.afterDraw = [];
-      for (const f of callbacks) f();
     });
   }
 
@@ -249,7 +230,7 @@ export class Timeline {
     const key = this.layerKey(p, ymax, dpr);
     const l = this.layer;
     const covers = (x) => x && x.key === key && x.x0 <= v0 && x.x1 >= v1;
-    if (!covers(l) && !covers(this.pending)) this.requestLayer(p, ymax, dpr);
+    if (!covers(l) && !covers(this.pendingLayer)) this.requestLayer(p, ymax, dpr);
     // Until the exact image arrives, the last one is stretched into place.
     let exact = false;
     if (l) {
@@ -306,17 +287,17 @@ export class Timeline {
     const height = Math.max(1, Math.round(p.h * dpr));
     const key = this.layerKey(p, ymax, dpr);
     const ticket = ++this.layerTicket;
-    this.pending = { x0, x1, key };
+    this.pendingLayer = { x0, x1, key };
     const data = this.data;
     this.backend.raster({
       x0, x1, width, height, ymax, order: this.groupOrder, colors: this.groupPixel, hidden: this.hiddenAllocations(), ghost: GHOST,
     }).then((pixels) => {
       if (ticket !== this.layerTicket || data !== this.data) return;
       this.acceptLayer(pixels, width, height, x0, x1, ymax, dpr);
-      this.pending = null;
+      this.pendingLayer = null;
       this.requestDraw();
     }, (e) => {
-      if (ticket === this.layerTicket) this.pending = null;
+      if (ticket === this.layerTicket) this.pendingLayer = null;
       console.error('tensormem: the timeline image failed', e);
     });
   }

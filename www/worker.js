@@ -169,6 +169,8 @@ const handlers = {
   // The candidate `trace` is now the page's: every other trace is closed.
   async use({ trace }) {
     for (const id of [...traces.keys()]) if (id !== trace) close(id);
+    // The page clears its comparison with a new trace.
+    replaceOther(null);
   },
   // A candidate the page gave up on (a newer load won, or it could not be shown).
   async drop({ trace }) {

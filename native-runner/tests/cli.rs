@@ -167,6 +167,7 @@ fn run_errors_are_one_line_and_name_the_choices() {
         (vec!["run", "variable-batch", "--set", "foo=1"], "parameters: layers"),
         (vec!["run", "variable-batch", "--variant", "maybe"], "mistake or fix"),
         (vec!["run", "variable-batch", "--device", "sim:huge"], "sim:PRESET"),
+        (vec!["run", "variable-batch", "--device", "gpu"], "simulated card only"),
         (vec!["run", "variable-batch", "--set", "layers=x"], "whole number"),
         (vec!["run", "variable-batch", "--set", "hidden=3037000500"], "larger than 16 EiB"),
         (vec!["run", "variable-batch", "--set", "hidden=4294967296"], "larger than 16 EiB"),

@@ -28,7 +28,7 @@ pub struct ReplayOptions {
     /// Device memory in bytes; None: as much as the trace needs.
     pub capacity: Option<u64>,
     pub start: StartMode,
-    /// Also record reserved and allocated bytes at every position (for drawing).
+    /// Also record reserved bytes at every position (for drawing).
     pub curves: bool,
     /// Keep the replayed trace (with the recorded stacks) to write it as a snapshot.
     pub keep_snapshot: bool,
@@ -129,12 +129,9 @@ pub struct DeviceReplay {
     /// memory_summary of our final state.
     #[serde(skip)]
     pub summary: String,
-    /// Reserved and allocated bytes at each position (0: the start, i + 1: after event i), when
-    /// asked for.
+    /// Reserved bytes at each position (0: the start, i + 1: after event i), when asked for.
     #[serde(skip)]
     pub reserved_curve: Vec<f64>,
-    #[serde(skip)]
-    pub allocated_curve: Vec<f64>,
     /// The replayed trace and final state, when asked for.
     #[serde(skip)]
     pub snapshot: Option<Snapshot>,
@@ -235,9 +232,11 @@ pub fn replay_device(
             run.alloc.record_memory_history(true, context, usize::MAX);
         }
         StartMode::Replaced => {
-            // Recorded from the start, so the snapshot shows how the live blocks were placed.
+            // The placed blocks keep their stacks, but the trace starts after them: the replayed
+            // trace then has the file's events (plus its own segment calls), so the two line up.
             run.alloc.record_memory_history(true, context, usize::MAX);
             out_of_memory_at_start = run.replace_start(&start.segments);
+            run.alloc.history_mut().clear();
         }
     }
     if out_of_memory_at_start.is_some() {
@@ -247,12 +246,9 @@ pub fn replay_device(
     let start_reserved = run.alloc.reserved();
     let start_allocated = run.alloc.stats().allocated_bytes.all().current as u64;
     let mut reserved_curve = Vec::new();
-    let mut allocated_curve = Vec::new();
     let mut sample = |alloc: &VirtualAllocator, upto: usize| {
         if options.curves {
-            let stats = alloc.stats();
-            reserved_curve.resize(upto, stats.reserved_bytes.all().current as f64);
-            allocated_curve.resize(upto, stats.allocated_bytes.all().current as f64);
+            reserved_curve.resize(upto, alloc.reserved() as f64);
         }
     };
     sample(&run.alloc, 1);
@@ -321,7 +317,6 @@ pub fn replay_device(
         out_of_memory_at_start,
         summary: report::memory_summary(run.alloc.stats(), device, false),
         reserved_curve,
-        allocated_curve,
         snapshot,
         // A segment the trace records before the alloc that caused it is only made by that
         // alloc: stopped in between, the state is the one before the segment event.

@@ -87,6 +87,8 @@ pub enum ScenarioError {
     Parameter { scenario: String, message: String },
     #[error("unknown device {0:?}: use sim:PRESET (one of {1}) or sim:SIZE such as sim:24GiB")]
     Device(String, String),
+    #[error("the scenarios of this release are allocator programs that run on a simulated card only: use --device sim:PRESET or sim:SIZE")]
+    NoGpu,
     #[error(transparent)]
     Settings(#[from] ConfigError),
 }
@@ -121,10 +123,7 @@ pub fn parse_device(text: &str) -> Result<SimOptions, ScenarioError> {
     let body = text.strip_prefix("sim:").unwrap_or(text);
     let presets = || crate::device::PRESETS.iter().map(|p| p.0).collect::<Vec<_>>().join(", ");
     if text == "gpu" {
-        return Err(ScenarioError::Device(
-            text.into(),
-            format!("{} (the scenarios of this release are allocator programs, simulated only)", presets()),
-        ));
+        return Err(ScenarioError::NoGpu);
     }
     if let Some(preset) = SimOptions::find(body) {
         return Ok(preset);

@@ -240,6 +240,9 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     await painted(page);
     assert.deepEqual(await peaks(page), { allocated: cliPeaks(file)[0].allocated, reserved: cliPeaks(file)[0].reserved });
     assert.match(await page.textContent('#warnings'), /does not start at the beginning/);
+    // The legend names the groups, biggest at the peak first.
+    assert.match(await page.textContent('#legend button'), /^\(allocated before the trace, no stack\) 1\.59 GiB at peak · 226 allocs/);
+    assert.match(await page.textContent('#legend'), /step \(cs336_basics\/optimizer\.py:74\) 1\.54 GiB at peak/);
     // The record_function scope of the optimizer step is drawn, and named on hover.
     const span = await page.evaluate(() => {
       const t = window.__tensormem.timeline;
@@ -305,6 +308,12 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     await page.click('#compare-whatif');
     await page.waitForSelector('[data-testid=compare-peak-reserved]');
     assert.equal(Number(await page.getAttribute('[data-testid=compare-peak-reserved]', 'data-bytes')), whatIf);
+    // The what-if run has the file's events, plus the segment calls its own allocator made (the
+    // recording had every segment already reserved), so the curves line up.
+    const [eventsA, eventsB] = (await page.locator('.compare-figures tr:nth-child(4) td.num').allTextContents()).map((t) => Number(t.replace(/,/g, '')));
+    assert.equal(eventsA, 19136);
+    assert.ok(eventsB >= eventsA && eventsB - eventsA < 200, `${eventsB}`);
+    assert.match(await page.textContent('#compare-result'), /same bytes are live at both peaks|Where the peaks differ/);
     assert.equal(await page.isVisible('#export-other'), true);
     const [download] = await Promise.all([page.waitForEvent('download'), page.click('#export-other')]);
     const saved = join(scratch, 'what-if.pickle');
