@@ -28,6 +28,12 @@ trap 'rm -f "$log"' EXIT
 echo "== benchmarks compile"
 cargo check --benches --locked --quiet
 
+echo "== clippy (warnings are errors), native and wasm"
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+cargo clippy --workspace --all-targets --locked --quiet -- -D warnings
+cargo clippy --lib --target wasm32-unknown-unknown --locked --quiet -- -D warnings
+
 echo "== cargo test (allocator rules and properties, fixtures, replay, malformed input, CLI, GPU kernels on the first adapter)"
 cargo test --workspace --locked 2>&1 | tee "$log"
 

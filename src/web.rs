@@ -13,6 +13,32 @@ fn js_error(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
 }
 
+/// Reads a snapshot fed in chunks as the file streams in (pickles are parsed on the way; the file
+/// is never held whole).
+#[wasm_bindgen]
+pub struct TraceLoader {
+    loader: Option<trace::Loader>,
+}
+
+#[wasm_bindgen]
+impl TraceLoader {
+    /// `total`: the file's size in bytes, or 0 when unknown.
+    #[wasm_bindgen(constructor)]
+    pub fn new(total: f64) -> TraceLoader {
+        let total = (total > 0.0).then_some(total as usize);
+        TraceLoader { loader: Some(trace::Loader::new(total)) }
+    }
+
+    pub fn feed(&mut self, chunk: &[u8]) -> Result<(), JsError> {
+        self.loader.as_mut().ok_or_else(|| JsError::new("the loader has finished"))?.feed(chunk).map_err(js_error)
+    }
+
+    pub fn finish(&mut self) -> Result<LoadedTrace, JsError> {
+        let loader = self.loader.take().ok_or_else(|| JsError::new("the loader has finished"))?;
+        Ok(LoadedTrace { snapshot: loader.finish().map_err(js_error)?, run_json: None })
+    }
+}
+
 /// A loaded snapshot (a file, or a scenario's recording).
 #[wasm_bindgen]
 pub struct LoadedTrace {
@@ -48,7 +74,7 @@ impl LoadedTrace {
     }
 
     pub fn timeline(&self, device: i32) -> Result<TimelineArrays, JsError> {
-        timeline::build(&self.snapshot, device as i64).map(|t| TimelineArrays { t, xs: Vec::new() }).map_err(js_error)
+        timeline::build(&self.snapshot, device as i64).map(|t| TimelineArrays { t, xs: Vec::new(), hidden: Vec::new() }).map_err(js_error)
     }
 
     /// Replays one device under other settings; `start` is `recorded` or `replaced`. Returns
@@ -133,6 +159,8 @@ pub struct TimelineArrays {
     t: Timeline,
     /// Axis coordinate of every position (events or microseconds), set by the page.
     xs: Vec<f64>,
+    /// The last image's hidden allocations (1 = hidden), for `hit_test`.
+    hidden: Vec<u8>,
 }
 
 // Each array goes straight from wasm memory into a new JS typed array (no Rust-side copy: a
@@ -157,13 +185,6 @@ copy! {
     alloc_end: Uint32Array = allocations.end;
     alloc_stack: Uint32Array = allocations.stack;
     alloc_group: Uint32Array = allocations.group;
-    alloc_first_piece: Uint32Array = allocations.first_piece;
-    alloc_piece_count: Uint32Array = allocations.piece_count;
-    piece_x0: Uint32Array = pieces.x0;
-    piece_x1: Uint32Array = pieces.x1;
-    piece_y: Float64Array = pieces.y;
-    piece_alloc: Uint32Array = pieces.alloc;
-    group_pieces: Uint32Array = pieces.group_start;
     stack_offsets: Uint32Array = stack_offsets;
     stack_frames: Uint32Array = stack_frames;
 }
@@ -178,7 +199,9 @@ impl TimelineArrays {
     /// The bands of `[x0, x1)` (axis units) as `width x height` RGBA words; see
     /// `timeline::raster`. `hidden[alloc] = 1` draws that allocation as a ghost.
     #[allow(clippy::too_many_arguments)]
-    pub fn raster(&self, x0: f64, x1: f64, width: u32, height: u32, ymax: f64, group_order: Vec<u32>, group_color: Vec<u32>, hidden: Vec<u8>, ghost: u32) -> Vec<u32> {
+    pub fn raster(&mut self, x0: f64, x1: f64, width: u32, height: u32, ymax: f64, group_order: Vec<u32>, group_color: Vec<u32>, hidden: Vec<u8>, ghost: u32) -> Vec<u32> {
+        // Kept for `hit_test`: what is hidden is what the page shows as ghosts.
+        self.hidden = hidden;
         let r = crate::timeline::raster::Raster {
             xs: &self.xs,
             x0,
@@ -188,10 +211,21 @@ impl TimelineArrays {
             ymax,
             group_order: &group_order,
             group_color: &group_color,
-            hidden: &hidden,
+            hidden: &self.hidden,
             ghost,
         };
         crate::timeline::raster::rasterize(&self.t, &r)
+    }
+
+    /// The allocation under the pointer (position, height in bytes, slack in bytes), skipping
+    /// those hidden in the last image; `u32::MAX` for none. See `Timeline::hit_test`.
+    pub fn hit_test(&self, pos: u32, bytes: f64, slack: f64) -> u32 {
+        self.t.hit_test(pos, bytes, slack, &self.hidden).unwrap_or(u32::MAX)
+    }
+
+    /// An allocation's rectangles as `[x0, x1, y]` triples, to outline it.
+    pub fn pieces_of(&self, alloc: u32) -> Vec<f64> {
+        self.t.pieces_of(alloc)
     }
 }
 

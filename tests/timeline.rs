@@ -280,3 +280,32 @@ fn a_byte_next_to_a_gigabyte_is_never_lost_in_empty_space() {
     assert!(tiny_pixels >= 90, "{tiny_pixels}");
     assert_eq!(pixels.iter().filter(|&&p| p == big).count(), 100 * 47);
 }
+
+#[test]
+fn the_pointer_finds_the_band_under_it() {
+    let Some(path) = common::fixture("gpt-medium-ctx128-training.pickle") else { return };
+    let snap = trace::load_file(&path).unwrap();
+    let t = timeline::build(&snap, 0).unwrap();
+    let a = &t.allocations;
+    let mut hidden = vec![0u8; a.size.len()];
+    for id in (0..a.size.len()).step_by(7) {
+        // The middle of each of its rectangles, at the first and last position it covers.
+        let pieces = t.pieces_of(id as u32);
+        assert_eq!(pieces.len(), 3 * a.piece_count[id] as usize);
+        for p in pieces.chunks_exact(3) {
+            let (x0, x1, y) = (p[0] as u32, p[1] as u32, p[2]);
+            for pos in [x0, x1 - 1] {
+                assert_eq!(t.hit_test(pos, y + a.size[id] / 2.0, 0.0, &[]), Some(id as u32), "allocation {id} at {pos}");
+                // The exact band wins over a neighbour within the slack.
+                assert_eq!(t.hit_test(pos, y, 1e9, &[]), Some(id as u32), "allocation {id} at {pos}, its bottom edge");
+            }
+        }
+        // Hidden, it is not found; and nothing is found above the allocated curve.
+        hidden[id] = 1;
+        let p = t.pieces_of(id as u32);
+        assert_ne!(t.hit_test(p[0] as u32, p[2] + a.size[id] / 2.0, 0.0, &hidden), Some(id as u32));
+        hidden[id] = 0;
+        let pos = a.start[id];
+        assert_eq!(t.hit_test(pos, t.allocated[pos as usize] + 1.0, 0.0, &[]), None);
+    }
+}

@@ -52,9 +52,11 @@ const timeline = new Timeline($('timeline'), $('tooltip'));
 timeline.backend = {
   setAxis: (xs) => ask('setAxis', { trace: current.trace, xs }),
   raster: (request) => ask('raster', { trace: current.trace, ...request }),
+  hitTest: (request) => ask('hitTest', { trace: current.trace, ...request }),
+  pieces: (id) => ask('pieces', { trace: current.trace, id }),
 };
 // For the browser benchmark and debugging from the console.
-window.__tensormem = { timeline };
+window.__tensormem = { timeline, ask: (type, payload) => ask(type, payload) };
 const icicle = new Icicle($('icicle'), $('icicle-tooltip'));
 // The trace on screen: its worker id, name, devices and scenario run ({trace, name, devices, run}),
 // and the device shown. Set only once a trace's timeline has been laid out and drawn.

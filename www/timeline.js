@@ -53,6 +53,8 @@ export class Timeline {
     this.replay = null;
     this.pinned = null;
     this.hover = null;
+    this.pieceCache = new Map();
+    this.hoverTicket = (this.hoverTicket || 0) + 1;
     const { order, colors, pixels } = colorGroups(meta.groups);
     this.groupOrder = order;
     this.groupColor = colors;
@@ -172,30 +174,31 @@ export class Timeline {
     return lo;
   }
 
-  // The allocation drawn at canvas point (px, py), or null.
+  // The allocation drawn at canvas point (px, py): the worker holds the bands and answers with
+  // its id or null (allocations hidden in the image on screen are skipped there too).
   hitTest(px, py) {
-    if (!this.data) return null;
     const p = this.plot;
-    if (px < p.x || px > p.x + p.w || py < p.y || py > p.y + p.h) return null;
-    const a = this.data.arrays;
+    if (!this.data || px < p.x || px > p.x + p.w || py < p.y || py > p.y + p.h) return Promise.resolve(null);
     const pos = this.positionAt(this.xOfPx(px, p));
     const bytes = ((p.y + p.h - py) / p.h) * this.yMax();
     // Slack of one pixel so thin bands can be hovered.
-    const slack = this.yMax() / p.h;
-    let best = null;
-    for (let i = 0; i < a.pieceX0.length; i++) {
-      if (a.pieceX0[i] > pos || a.pieceX1[i] <= pos) continue;
-      const id = a.pieceAlloc[i];
-      if (this.isHidden(id)) continue;
-      const y = a.pieceY[i];
-      const size = a.allocSize[id];
-      if (bytes >= y - slack && bytes < y + size + slack) {
-        const exact = bytes >= y && bytes < y + size;
-        if (exact) return id;
-        best = id;
-      }
-    }
-    return best;
+    return this.backend.hitTest({ pos, bytes, slack: this.yMax() / p.h });
+  }
+
+  // An allocation's rectangles ([x0, x1, y] triples), fetched from the worker once; null until
+  // they arrive (the outline is drawn then).
+  piecesOf(id) {
+    const known = this.pieceCache.get(id);
+    if (known !== undefined) return known;
+    if (this.pieceCache.size > 64) this.pieceCache.clear();
+    this.pieceCache.set(id, null);
+    const data = this.data;
+    this.backend.pieces(id).then((pieces) => {
+      if (data !== this.data) return;
+      this.pieceCache.set(id, pieces);
+      this.requestDraw();
+    }, () => this.pieceCache.delete(id));
+    return null;
   }
 
   // ---- drawing
@@ -331,18 +334,19 @@ export class Timeline {
 
   outline(ctx, id, color, width) {
     if (id == null) return;
-    const a = this.data.arrays;
+    const pieces = this.piecesOf(id);
+    if (!pieces) return;
     const p = this.plot;
     const sy = p.h / this.yMax();
     const base = p.y + p.h;
+    const size = this.data.arrays.allocSize[id];
     ctx.strokeStyle = color;
     ctx.lineWidth = width;
     ctx.beginPath();
-    for (let i = a.allocFirstPiece[id]; i < a.allocFirstPiece[id] + a.allocPieceCount[id]; i++) {
-      const left = this.pxOfX(this.xs[a.pieceX0[i]], p);
-      const right = this.pxOfX(this.xs[a.pieceX1[i]], p);
-      const size = a.allocSize[id];
-      ctx.rect(left, base - (a.pieceY[i] + size) * sy, Math.max(right - left, 1), Math.max(size * sy, 1));
+    for (let i = 0; i < pieces.length; i += 3) {
+      const left = this.pxOfX(this.xs[pieces[i]], p);
+      const right = this.pxOfX(this.xs[pieces[i + 1]], p);
+      ctx.rect(left, base - (pieces[i + 2] + size) * sy, Math.max(right - left, 1), Math.max(size * sy, 1));
     }
     ctx.stroke();
   }
@@ -539,12 +543,19 @@ export class Timeline {
       const p = this.plot;
       if (px < p.x || px > p.x + p.w) return;
       this.cursor = this.positionAt(this.xOfPx(px));
-      this.pinned = this.hitTest(px, py);
       this.emit('cursor', this.cursor);
-      this.emit('pin', this.pinned);
       this.requestDraw();
+      const data = this.data;
+      this.hitTest(px, py).then((id) => {
+        if (data !== this.data) return;
+        this.pinned = id;
+        this.emit('pin', id);
+        this.requestDraw();
+      });
     });
     c.addEventListener('pointerleave', () => {
+      this.hoverTicket++;
+      this.hoverNext = null;
       this.hover = null;
       this.tooltip.hidden = true;
       this.requestDraw();
@@ -573,7 +584,24 @@ export class Timeline {
       this.showTooltip(px, py, `<b>${escapeHtml(span.name)}</b><br>record_function scope, events ${Math.max(0, span.x0 - 1)} to ${Math.max(0, span.x1 - 1)}`);
       return;
     }
-    const id = this.hitTest(px, py);
+    // One question to the worker at a time; a move while it is out asks again for the newest point.
+    if (this.hoverBusy) {
+      this.hoverNext = [px, py];
+      return;
+    }
+    this.hoverBusy = true;
+    const ticket = this.hoverTicket;
+    const data = this.data;
+    this.hitTest(px, py).then((id) => {
+      this.hoverBusy = false;
+      const next = this.hoverNext;
+      this.hoverNext = null;
+      if (ticket === this.hoverTicket && data === this.data) this.showHover(id, px, py);
+      if (next) this.hoverAt(...next);
+    }, () => { this.hoverBusy = false; });
+  }
+
+  showHover(id, px, py) {
     if (id !== this.hover) {
       this.hover = id;
       this.requestDraw();

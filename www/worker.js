@@ -1,13 +1,15 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { LoadedTrace, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
+import init, { LoadedTrace, TraceLoader, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
 // own: the engine compiles wasm in tiers, and the first large file would otherwise pay for the
 // slow first tier (measured: 65 ms instead of 12 ms to parse the 3 MB training fixture).
-const ready = init().then(() => {
+let wasm = null;
+const ready = init().then((exports) => {
+  wasm = exports;
   const warm = run_scenario(JSON.stringify({ scenario: 'variable-batch', set: { layers: '24' } }));
   for (let k = 0; k < 3; k++) {
     const again = LoadedTrace.parse(warm.to_pickle());
@@ -31,26 +33,32 @@ function progress(phase, fraction) {
   postMessage({ type: 'progress', phase, fraction });
 }
 
-// Reads a stream to one buffer, reporting progress against the expected size.
-async function readAll(stream, total, what) {
+// Parses a snapshot as it streams in (a file or a download): each chunk goes straight to the
+// wasm parser, so neither the file's bytes nor its node tree is ever held whole.
+async function loadStream(stream, total, name) {
+  const loader = new TraceLoader(total || 0);
   const reader = stream.getReader();
-  const chunks = [];
   let received = 0;
   let lastReport = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    chunks.push(value);
-    received += value.length;
-    if (total && received - lastReport > total / 50) {
-      lastReport = received;
-      progress(`reading ${what}`, received / total);
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      loader.feed(value);
+      received += value.length;
+      if (received - lastReport > (total || 1 << 24) / 50) {
+        lastReport = received;
+        progress(`reading ${name} (${(received / 1048576).toFixed(1)} MB)`, total ? received / total : 0.5);
+      }
     }
+    progress(`indexing ${name}`, 1);
+    return loader.finish();
+  } catch (e) {
+    reader.cancel().catch(() => {});
+    throw e;
+  } finally {
+    loader.free();
   }
-  const bytes = new Uint8Array(received);
-  let at = 0;
-  for (const c of chunks) { bytes.set(c, at); at += c.length; }
-  return bytes;
 }
 
 function close(id) {
@@ -72,10 +80,6 @@ function add(t, name) {
   return { trace: id, name, devices: Array.from(t.devices()), deviceLabels: t.device_labels(), run: t.run_json() ?? null };
 }
 
-function open(bytes, name) {
-  progress(`parsing ${name} (${(bytes.length / 1048576).toFixed(1)} MB)`, 1);
-  return add(LoadedTrace.parse(bytes), name);
-}
 
 // The laid-out timeline of each open trace (its current device), kept to rasterise views of it.
 const views = new Map();
@@ -98,13 +102,6 @@ function timeline(trace, device, first) {
     allocEnd: t.alloc_end(),
     allocStack: t.alloc_stack(),
     allocGroup: t.alloc_group(),
-    allocFirstPiece: t.alloc_first_piece(),
-    allocPieceCount: t.alloc_piece_count(),
-    pieceX0: t.piece_x0(),
-    pieceX1: t.piece_x1(),
-    pieceY: t.piece_y(),
-    pieceAlloc: t.piece_alloc(),
-    groupPieces: t.group_pieces(),
     stackOffsets: t.stack_offsets(),
     stackFrames: t.stack_frames(),
   };
@@ -151,16 +148,15 @@ const handlers = {
     return JSON.parse(scenarios_json());
   },
   async openFile({ file }) {
-    // A local file reads in one piece (no chunks to join: one copy of the bytes, not two).
-    progress(`reading ${file.name}`, 0.5);
-    return open(new Uint8Array(await file.arrayBuffer()), file.name);
+    return add(await loadStream(file.stream(), file.size, file.name), file.name);
   },
   async openUrl({ url }) {
     const response = await fetch(url);
     if (!response.ok) throw new Error(`${url}: the server answered ${response.status} ${response.statusText}`);
-    const total = Number(response.headers.get('content-length')) || 0;
+    // A compressed body's length is not the file's.
+    const total = response.headers.get('content-encoding') ? 0 : Number(response.headers.get('content-length')) || 0;
     const name = decodeURIComponent(url.split('/').pop() || url);
-    return open(await readAll(response.body, total, name), name);
+    return add(await loadStream(response.body, total, name), name);
   },
   async runScenario({ request }) {
     progress(`running ${request.scenario}`, 1);
@@ -183,6 +179,13 @@ const handlers = {
     const pixels = view(trace).raster(x0, x1, width, height, ymax, order, colors, hidden, ghost);
     return { result: pixels, transfer: [pixels.buffer] };
   },
+  async hitTest({ trace, pos, bytes, slack }) {
+    const id = view(trace).hit_test(pos, bytes, slack);
+    return id === 0xffffffff ? null : id;
+  },
+  async pieces({ trace, id }) {
+    return view(trace).pieces_of(id);
+  },
   async timeline({ trace, device, first }) {
     return timeline(trace, device, first);
   },
@@ -191,9 +194,7 @@ const handlers = {
     return JSON.parse(get(trace).replay(device, allocConf, capacity, start));
   },
   async compareFile({ file, device }) {
-    const bytes = new Uint8Array(await file.arrayBuffer());
-    progress(`parsing ${file.name}`, 1);
-    replaceOther(LoadedTrace.parse(bytes));
+    replaceOther(await loadStream(file.stream(), file.size, file.name));
     return describeOther(file.name, device);
   },
   async compareWhatIf({ trace, device, allocConf, capacity, start }) {
@@ -206,6 +207,10 @@ const handlers = {
     if (format === 'json') return other.to_json();
     const bytes = other.to_pickle();
     return { result: bytes, transfer: [bytes.buffer] };
+  },
+  // For the browser benchmark: the size of wasm's linear memory (it never shrinks).
+  async memory() {
+    return { wasmBytes: wasm.memory.buffer.byteLength };
   },
   async parseSize({ text }) {
     return parse_size(text);

@@ -47,7 +47,9 @@ pub fn memory_summary(stats: &DeviceStats, device: i64, abbreviated: bool) -> St
         rule('='),
         "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".into(),
     ];
-    let metrics: [(&str, &str, fn(i64, i64) -> String); 9] = [
+    // (memory_stats key, row title, how to format a value)
+    type Metric = (&'static str, &'static str, fn(i64, i64) -> String);
+    let metrics: [Metric; 9] = [
         ("allocated_bytes", "Allocated memory", format_bytes),
         ("active_bytes", "Active memory", format_bytes),
         ("requested_bytes", "Requested memory", format_bytes),

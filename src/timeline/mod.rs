@@ -125,6 +125,43 @@ pub const NO_FRAMES: &str = "(no stack recorded)";
 
 /// Lays out one device's trace. Fails only on a device the snapshot does not have or on settings
 /// that cannot be parsed; a trace that does not add up still gets a timeline, with warnings.
+impl Timeline {
+    /// The allocation whose band covers height `bytes` at position `pos`, or failing that one
+    /// within `slack` bytes of it (thin bands stay pointable); allocations with `hidden[id] != 0`
+    /// are skipped. What the page's pointer is over.
+    pub fn hit_test(&self, pos: u32, bytes: f64, slack: f64, hidden: &[u8]) -> Option<u32> {
+        let a = &self.allocations;
+        let mut near = None;
+        for id in 0..a.size.len() {
+            if a.start[id] > pos || a.end[id] <= pos || hidden.get(id).is_some_and(|&h| h != 0) {
+                continue;
+            }
+            let pieces = a.first_piece[id] as usize..(a.first_piece[id] + a.piece_count[id]) as usize;
+            // The pieces are in x order and tile the allocation's lifetime.
+            let at = pieces.start + self.pieces.x1[pieces.clone()].partition_point(|&x1| x1 <= pos);
+            if at >= pieces.end || self.pieces.x0[at] > pos {
+                continue;
+            }
+            let (y, size) = (self.pieces.y[at], a.size[id]);
+            if bytes >= y && bytes < y + size {
+                return Some(id as u32);
+            }
+            if bytes >= y - slack && bytes < y + size + slack {
+                near = Some(id as u32);
+            }
+        }
+        near
+    }
+
+    /// An allocation's rectangles as `[x0, x1, y]` triples (positions, bytes).
+    pub fn pieces_of(&self, alloc: u32) -> Vec<f64> {
+        let a = &self.allocations;
+        let Some(&first) = a.first_piece.get(alloc as usize) else { return Vec::new() };
+        let range = first as usize..(first + a.piece_count[alloc as usize]) as usize;
+        range.flat_map(|i| [self.pieces.x0[i] as f64, self.pieces.x1[i] as f64, self.pieces.y[i]]).collect()
+    }
+}
+
 pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
     replay::check_device(snapshot, device)?;
     let config = recorded_config(snapshot)?;
@@ -172,7 +209,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
             Action::SegmentAlloc | Action::SegmentMap => reserved = reserved.saturating_add(e.size),
             Action::SegmentFree | Action::SegmentUnmap => reserved = reserved.saturating_sub(e.size),
             Action::Annotate => {
-                let text = e.user_metadata.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| "annotation".into());
+                let text = e.user_metadata.as_deref().filter(|m| !m.is_empty()).unwrap_or("annotation").to_string();
                 b.t.markers.push(Marker { x, text });
             }
             Action::Oom => {

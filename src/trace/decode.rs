@@ -5,7 +5,8 @@
 //! block `history` list, and a bare list of segments (`torch.cuda.memory_snapshot()`).
 
 use super::model::*;
-use super::node::{Arena, Node, NodeId};
+use super::node::{is_compacted, Arena, Node, NodeId, COMPACTED};
+use super::pickle::Compact;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
@@ -17,13 +18,86 @@ pub struct FieldError {
 
 type Result<T> = std::result::Result<T, FieldError>;
 
-struct Decoder<'a> {
-    arena: &'a Arena,
+/// What decoding remembers across nodes.
+#[derive(Default)]
+struct Caches {
     /// Frame lists by node id, and by the ids of their frame dicts: PyTorch writes each frame
     /// dict once but a new list per trace entry, so lists with the same frames share one `Frames`.
     frames: FxHashMap<NodeId, Frames>,
     frame_lists: FxHashMap<Vec<NodeId>, Frames>,
     frame_dicts: FxHashMap<NodeId, Frame>,
+    /// Strings repeated on every entry (`compile_context` "N/A", `user_metadata` ""), stored once.
+    strings: FxHashMap<NodeId, Arc<str>>,
+}
+
+/// Decodes trace entries while the pickle is parsed (`pickle::Compact`): each entry dict becomes a
+/// `TraceEntry` as soon as it is appended to its list, and its nodes are freed, so a 1 M entry
+/// snapshot never exists as a node tree (peak heap while loading one: 296 MB before, 221 MB
+/// now, of which 107 MB are the entries themselves; `examples/load_memory.rs` measures it).
+#[derive(Default)]
+pub struct EntryCompactor {
+    caches: Caches,
+    /// Entries by the list they were appended to, in order.
+    lists: FxHashMap<NodeId, Chunked>,
+}
+
+/// A growing list of entries in fixed chunks: growing never copies the whole (a doubling `Vec`
+/// of 1 M entries would briefly hold 1.5 times their size), and `into_vec` frees chunk by chunk.
+#[derive(Default)]
+struct Chunked {
+    chunks: Vec<Vec<Option<TraceEntry>>>,
+    len: usize,
+}
+
+impl Chunked {
+    const CHUNK: usize = 1 << 15;
+
+    fn push(&mut self, entry: TraceEntry) {
+        if self.len.is_multiple_of(Self::CHUNK) {
+            self.chunks.push(Vec::with_capacity(Self::CHUNK));
+        }
+        self.chunks.last_mut().expect("a chunk was just made").push(Some(entry));
+        self.len += 1;
+    }
+
+    fn take(&mut self, i: usize) -> Option<TraceEntry> {
+        self.chunks.get_mut(i / Self::CHUNK)?.get_mut(i % Self::CHUNK)?.take()
+    }
+
+    /// Every entry, in order (each is taken once, so all are there).
+    fn into_vec(self) -> Vec<TraceEntry> {
+        let mut out = Vec::with_capacity(self.len);
+        for chunk in self.chunks {
+            out.extend(chunk.into_iter().flatten());
+        }
+        out
+    }
+}
+
+impl Compact for EntryCompactor {
+    fn compact(&mut self, arena: &Arena, list: NodeId, item: NodeId, release: &mut Vec<NodeId>) -> Option<u32> {
+        let Node::Dict(fields) = arena.get(item) else { return None };
+        if !matches!(arena.dict_get(item, "action").map(|a| arena.get(a)), Some(Node::Str(_))) {
+            return None;
+        }
+        // A bad entry stays a node: decoding it again at the end names its path.
+        let entry = Decoder { arena, c: &mut self.caches }.entry(item, &String::new).ok()?;
+        release.push(item);
+        release.extend(fields.iter().map(|&(_, value)| value));
+        let entries = self.lists.entry(list).or_default();
+        entries.push(entry);
+        Some((entries.len - 1) as u32)
+    }
+
+    fn released(&mut self, id: NodeId) {
+        self.caches.frames.remove(&id);
+        self.caches.strings.remove(&id);
+    }
+}
+
+struct Decoder<'a> {
+    arena: &'a Arena,
+    c: &'a mut Caches,
 }
 
 impl Decoder<'_> {
@@ -102,6 +176,16 @@ impl Decoder<'_> {
         self.field(dict, key).map(|v| self.str(v, &p).map(str::to_string)).transpose()
     }
 
+    fn opt_shared_str(&mut self, dict: NodeId, key: &str, path: &dyn Fn() -> String) -> Result<Option<Arc<str>>> {
+        let Some(v) = self.field(dict, key) else { return Ok(None) };
+        if let Some(s) = self.c.strings.get(&v) {
+            return Ok(Some(s.clone()));
+        }
+        let s: Arc<str> = self.str(v, &|| format!("{}.{key}", path()))?.into();
+        self.c.strings.insert(v, s.clone());
+        Ok(Some(s))
+    }
+
     fn bool_field(&self, dict: NodeId, key: &str, default: bool, path: &dyn Fn() -> String) -> Result<bool> {
         match self.field(dict, key) {
             None => Ok(default),
@@ -122,18 +206,18 @@ impl Decoder<'_> {
 
     fn frames(&mut self, id: Option<NodeId>, path: &dyn Fn() -> String) -> Result<Frames> {
         let Some(id) = id else { return Ok(no_frames()) };
-        if let Some(f) = self.frames.get(&id) {
+        if let Some(f) = self.c.frames.get(&id) {
             return Ok(f.clone());
         }
         let items = self.seq(id, path)?.to_vec();
-        if let Some(f) = self.frame_lists.get(&items) {
+        if let Some(f) = self.c.frame_lists.get(&items) {
             let f = f.clone();
-            self.frames.insert(id, f.clone());
+            self.c.frames.insert(id, f.clone());
             return Ok(f);
         }
         let mut frames = Vec::with_capacity(items.len());
         for (i, &f) in items.iter().enumerate() {
-            if let Some(frame) = self.frame_dicts.get(&f) {
+            if let Some(frame) = self.c.frame_dicts.get(&f) {
                 frames.push(frame.clone());
                 continue;
             }
@@ -146,12 +230,12 @@ impl Decoder<'_> {
                 },
                 name: self.opt_string_field(f, "name", &p)?.unwrap_or_default(),
             };
-            self.frame_dicts.insert(f, frame.clone());
+            self.c.frame_dicts.insert(f, frame.clone());
             frames.push(frame);
         }
         let frames: Frames = Arc::from(frames);
-        self.frames.insert(id, frames.clone());
-        self.frame_lists.insert(items, frames.clone());
+        self.c.frames.insert(id, frames.clone());
+        self.c.frame_lists.insert(items, frames.clone());
         Ok(frames)
     }
 
@@ -267,8 +351,8 @@ impl Decoder<'_> {
             time_us: self.opt_int_field(id, "time_us", path)?,
             frames,
             device_free,
-            compile_context: self.opt_string_field(id, "compile_context", path)?,
-            user_metadata: self.opt_string_field(id, "user_metadata", path)?,
+            compile_context: self.opt_shared_str(id, "compile_context", path)?,
+            user_metadata: self.opt_shared_str(id, "user_metadata", path)?,
         })
     }
 
@@ -289,7 +373,7 @@ impl Decoder<'_> {
             .collect()
     }
 
-    fn snapshot(&mut self, root: NodeId) -> Result<Snapshot> {
+    fn snapshot(&mut self, root: NodeId, compacted: &mut FxHashMap<NodeId, Chunked>) -> Result<Snapshot> {
         if let Node::List(_) = self.arena.get(root) {
             return Ok(Snapshot { segments: self.segments(root)?, ..Snapshot::default() });
         }
@@ -300,10 +384,24 @@ impl Decoder<'_> {
         if let Some(traces) = self.field(root, "device_traces") {
             let devices = self.seq(traces, &|| "device_traces".into())?.to_vec();
             for (d, t) in devices.into_iter().enumerate() {
-                let entries = self.seq(t, &|| format!("device_traces[{d}]"))?.to_vec();
-                let mut trace = Vec::with_capacity(entries.len());
-                for (i, e) in entries.into_iter().enumerate() {
-                    trace.push(self.entry(e, &|| format!("device_traces[{d}][{i}]"))?);
+                let items = self.seq(t, &|| format!("device_traces[{d}]"))?;
+                let mut done = compacted.remove(&t).unwrap_or_default();
+                // The usual case: every entry was decoded while parsing, in order.
+                if done.len == items.len() && items.iter().enumerate().all(|(i, &e)| e == COMPACTED | i as u32) {
+                    device_traces.push(done.into_vec());
+                    continue;
+                }
+                let items = items.to_vec();
+                let mut trace = Vec::with_capacity(items.len());
+                for (i, e) in items.into_iter().enumerate() {
+                    let p = || format!("device_traces[{d}][{i}]");
+                    trace.push(match is_compacted(e) {
+                        true => match done.take((e & !COMPACTED) as usize) {
+                            Some(entry) => entry,
+                            None => return self.fail(&p, "the same trace entry appears twice"),
+                        },
+                        false => self.entry(e, &p)?,
+                    });
                 }
                 device_traces.push(trace);
             }
@@ -340,6 +438,8 @@ impl Decoder<'_> {
     }
 }
 
-pub fn snapshot(arena: &Arena, root: NodeId) -> Result<Snapshot> {
-    Decoder { arena, frames: FxHashMap::default(), frame_lists: FxHashMap::default(), frame_dicts: FxHashMap::default() }.snapshot(root)
+/// The typed snapshot of a parsed tree, with the entries `compactor` decoded during the parse.
+pub fn snapshot(arena: &Arena, root: NodeId, compactor: EntryCompactor) -> Result<Snapshot> {
+    let EntryCompactor { mut caches, mut lists } = compactor;
+    Decoder { arena, c: &mut caches }.snapshot(root, &mut lists)
 }

@@ -55,27 +55,110 @@ impl Format {
 
 /// Parses a snapshot from bytes, pickle or JSON.
 pub fn load(data: &[u8]) -> Result<Snapshot, TraceError> {
-    let first = data.iter().copied().find(|b| !b.is_ascii_whitespace());
-    let (arena, root) = match first {
-        Some(0x80) => pickle::parse(data)?,
-        Some(b'{') | Some(b'[') => {
-            let value: serde_json::Value = serde_json::from_slice(data)?;
-            node::Arena::from_json(&value)
-        }
-        Some(b) => {
-            let looks_like = if data.iter().take(512).all(|c| c.is_ascii_graphic() || c.is_ascii_whitespace()) { "text" } else { "binary data" };
-            return Err(TraceError::UnknownFormat(format!(
-                "it looks like {looks_like} (first byte 0x{b:02x}), but a snapshot is a pickle from torch.cuda.memory._dump_snapshot (first byte 0x80) or its JSON"
-            )));
-        }
-        None => return Err(TraceError::UnknownFormat("the file is empty".into())),
-    };
-    Ok(decode::snapshot(&arena, root)?)
+    let mut loader = Loader::new(Some(data.len()));
+    loader.feed(data)?;
+    loader.finish()
 }
 
+/// Reads a snapshot fed in chunks, as a file streams in. A pickle is parsed as it arrives and its
+/// trace entries are decoded on the way, so the whole file is never held (neither its bytes nor
+/// its node tree); JSON is gathered and parsed at the end.
+pub struct Loader {
+    state: LoaderState,
+    total: Option<usize>,
+}
+
+enum LoaderState {
+    /// Nothing but whitespace yet: the format is not known.
+    Start(Vec<u8>),
+    Pickle(Box<pickle::Parser>, decode::EntryCompactor),
+    Json(Vec<u8>),
+}
+
+impl Loader {
+    /// `total`: the file's length when known.
+    pub fn new(total: Option<usize>) -> Loader {
+        Loader { state: LoaderState::Start(Vec::new()), total }
+    }
+
+    pub fn feed(&mut self, chunk: &[u8]) -> Result<(), TraceError> {
+        match &mut self.state {
+            LoaderState::Start(seen) => {
+                let Some(first) = chunk.iter().copied().find(|b| !b.is_ascii_whitespace()) else {
+                    seen.extend_from_slice(chunk);
+                    return Ok(());
+                };
+                match first {
+                    0x80 => {
+                        let mut parser = Box::new(pickle::Parser::new(self.total));
+                        let mut compactor = decode::EntryCompactor::default();
+                        parser.feed(seen, &mut compactor)?;
+                        parser.feed(chunk, &mut compactor)?;
+                        self.state = LoaderState::Pickle(parser, compactor);
+                    }
+                    b'{' | b'[' => {
+                        let mut bytes = std::mem::take(seen);
+                        bytes.extend_from_slice(chunk);
+                        self.state = LoaderState::Json(bytes);
+                    }
+                    b => {
+                        let looks_like = if chunk.iter().take(512).all(|c| c.is_ascii_graphic() || c.is_ascii_whitespace()) { "text" } else { "binary data" };
+                        return Err(TraceError::UnknownFormat(format!(
+                            "it looks like {looks_like} (first byte 0x{b:02x}), but a snapshot is a pickle from torch.cuda.memory._dump_snapshot (first byte 0x80) or its JSON"
+                        )));
+                    }
+                }
+            }
+            LoaderState::Pickle(parser, compactor) => parser.feed(chunk, compactor)?,
+            LoaderState::Json(bytes) => bytes.extend_from_slice(chunk),
+        }
+        Ok(())
+    }
+
+    /// Bytes fed so far.
+    pub fn position(&self) -> usize {
+        match &self.state {
+            LoaderState::Start(b) | LoaderState::Json(b) => b.len(),
+            LoaderState::Pickle(p, _) => p.position(),
+        }
+    }
+
+    pub fn finish(self) -> Result<Snapshot, TraceError> {
+        match self.state {
+            LoaderState::Start(_) => Err(TraceError::UnknownFormat("the file is empty".into())),
+            LoaderState::Pickle(parser, mut compactor) => {
+                let (arena, root) = parser.finish(&mut compactor)?;
+                Ok(decode::snapshot(&arena, root, compactor)?)
+            }
+            LoaderState::Json(bytes) => {
+                let value: serde_json::Value = serde_json::from_slice(&bytes)?;
+                drop(bytes);
+                let (arena, root) = node::Arena::from_json(&value);
+                drop(value);
+                Ok(decode::snapshot(&arena, root, decode::EntryCompactor::default())?)
+            }
+        }
+    }
+}
+
+/// Reads a snapshot file as a stream (a 1 GB pickle is never held whole).
 pub fn load_file(path: &Path) -> Result<Snapshot, TraceError> {
-    let data = std::fs::read(path).map_err(|source| TraceError::Io { path: path.display().to_string(), source })?;
-    load(&data)
+    use std::io::Read;
+    let io = |source| TraceError::Io { path: path.display().to_string(), source };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let total = file.metadata().ok().map(|m| m.len() as usize);
+    let mut loader = Loader::new(total);
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io(e)),
+        };
+        loader.feed(&chunk[..n])?;
+    }
+    loader.finish()
 }
 
 pub fn save_file(snapshot: &Snapshot, path: &Path) -> Result<(), TraceError> {

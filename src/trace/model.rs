@@ -167,9 +167,9 @@ pub struct TraceEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_free: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compile_context: Option<String>,
+    pub compile_context: Option<Arc<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_metadata: Option<String>,
+    pub user_metadata: Option<Arc<str>>,
 }
 
 impl TraceEntry {

@@ -6,6 +6,14 @@
 
 pub type NodeId = u32;
 
+/// A list item with this bit set is not a node: it is the index of an item that a
+/// `pickle::Compact` stored in typed form while parsing (a trace entry, see `decode.rs`).
+pub const COMPACTED: NodeId = 1 << 31;
+
+pub fn is_compacted(id: NodeId) -> bool {
+    id & COMPACTED != 0
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Node {
     None,
@@ -21,6 +29,8 @@ pub enum Node {
     Tuple(Vec<NodeId>),
     Dict(Vec<(NodeId, NodeId)>),
     Set(Vec<NodeId>),
+    /// What `Arena::get` answers for a compacted list item.
+    Compacted,
 }
 
 impl Node {
@@ -37,6 +47,7 @@ impl Node {
             Node::Tuple(_) => "a tuple",
             Node::Dict(_) => "a dict",
             Node::Set(_) => "a set",
+            Node::Compacted => "a trace entry",
         }
     }
 }
@@ -44,19 +55,39 @@ impl Node {
 #[derive(Debug, Default)]
 pub struct Arena {
     nodes: Vec<Node>,
+    /// Released slots, reused by `push`.
+    free: Vec<NodeId>,
 }
 
 impl Arena {
     pub fn with_capacity(n: usize) -> Arena {
-        Arena { nodes: Vec::with_capacity(n) }
+        Arena { nodes: Vec::with_capacity(n), free: Vec::new() }
     }
 
     pub fn push(&mut self, node: Node) -> NodeId {
+        if let Some(id) = self.free.pop() {
+            self.nodes[id as usize] = node;
+            return id;
+        }
         self.nodes.push(node);
         (self.nodes.len() - 1) as NodeId
     }
 
+    /// Slots in use or free.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Frees a node no one refers to any more; its slot is reused.
+    pub fn release(&mut self, id: NodeId) {
+        self.nodes[id as usize] = Node::None;
+        self.free.push(id);
+    }
+
     pub fn get(&self, id: NodeId) -> &Node {
+        if is_compacted(id) {
+            return &Node::Compacted;
+        }
         &self.nodes[id as usize]
     }
 
@@ -122,7 +153,7 @@ impl Arena {
                 (_, Ok(v)) => Value::from(v),
                 _ => return None,
             },
-            Node::BigInt | Node::Bytes(_) => return None,
+            Node::BigInt | Node::Bytes(_) | Node::Compacted => return None,
             Node::Float(f) => serde_json::Number::from_f64(*f).map(Value::Number).unwrap_or(Value::Null),
             Node::Str(s) => Value::String(s.to_string()),
             Node::List(items) | Node::Tuple(items) | Node::Set(items) => {

@@ -5,7 +5,7 @@
 //! entries are node ids, so shared objects stay shared (see `node.rs`). Declared lengths are checked
 //! against the bytes that remain, so a hostile file cannot make us allocate more than it is long.
 
-use super::node::{Arena, Node, NodeId};
+use super::node::{is_compacted, Arena, Node, NodeId, COMPACTED};
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,137 +47,353 @@ enum Slot {
     Mark,
 }
 
+/// Turns a finished container into typed data while the file is still being read, so that the
+/// arena never holds the millions of trace-entry dicts of a large snapshot at once (see
+/// `decode::EntryCompactor`). Called for each item appended to a list.
+pub trait Compact {
+    /// If `item`, just appended to `list`, can be stored in typed form, stores it and returns its
+    /// index among the items compacted into that list; `release` receives the nodes it consumed
+    /// (the item first, then its children), which the parser frees where nothing else refers to them.
+    fn compact(&mut self, arena: &Arena, list: NodeId, item: NodeId, release: &mut Vec<NodeId>) -> Option<u32>;
+    /// `id` was freed (its slot will be reused): forget anything cached under it.
+    fn released(&mut self, _id: NodeId) {}
+}
+
+/// Compacts nothing: the whole file stays a node tree.
+#[cfg(test)]
+pub struct KeepAll;
+
+#[cfg(test)]
+impl Compact for KeepAll {
+    fn compact(&mut self, _: &Arena, _: NodeId, _: NodeId, _: &mut Vec<NodeId>) -> Option<u32> {
+        None
+    }
+}
+
+/// Why a step stopped early.
+enum Halt {
+    /// The opcode continues past the bytes fed so far.
+    NeedMore,
+    Error(PickleError),
+}
+
+impl From<PickleError> for Halt {
+    fn from(e: PickleError) -> Halt {
+        Halt::Error(e)
+    }
+}
+
 struct Reader<'a> {
     data: &'a [u8],
     pos: usize,
     op_start: usize,
+    /// Absolute offset of `data[0]` in the file.
+    base: usize,
+    /// The file's whole length (declared lengths are checked against it).
+    total: usize,
+    /// `data` reaches the end of the file: a short read is a truncation, not a wait.
+    at_end: bool,
 }
 
 impl<'a> Reader<'a> {
     fn err(&self, message: impl Into<String>) -> PickleError {
-        PickleError { offset: self.op_start, message: message.into() }
+        PickleError { offset: self.base + self.op_start, message: message.into() }
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], PickleError> {
-        if n > self.data.len() - self.pos {
-            return Err(self.err(format!(
-                "needs {n} bytes but only {} remain (truncated file or bad length)",
-                self.data.len() - self.pos
-            )));
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Halt> {
+        let in_file = self.total.saturating_sub(self.base + self.pos);
+        let here = self.data.len() - self.pos;
+        if n > here {
+            if self.at_end || n > in_file {
+                let remain = if self.at_end { here } else { in_file };
+                return Err(Halt::Error(self.err(format!(
+                    "needs {n} bytes but only {remain} remain (truncated file or bad length)"
+                ))));
+            }
+            return Err(Halt::NeedMore);
         }
         let bytes = &self.data[self.pos..self.pos + n];
         self.pos += n;
         Ok(bytes)
     }
 
-    fn u8(&mut self) -> Result<u8, PickleError> {
+    fn u8(&mut self) -> Result<u8, Halt> {
         Ok(self.take(1)?[0])
     }
 
-    fn u16(&mut self) -> Result<u16, PickleError> {
+    fn u16(&mut self) -> Result<u16, Halt> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
     }
 
-    fn u32(&mut self) -> Result<u32, PickleError> {
+    fn u32(&mut self) -> Result<u32, Halt> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
     }
 
-    fn u64_len(&mut self) -> Result<usize, PickleError> {
-        let n = u64::from_le_bytes(self.take(8)?.try_into().unwrap());
-        usize::try_from(n).map_err(|_| self.err("length does not fit in memory"))
+    fn u64_len(&mut self) -> Result<usize, Halt> {
+        let v = u64::from_le_bytes(self.take(8)?.try_into().unwrap());
+        usize::try_from(v).map_err(|_| Halt::Error(self.err(format!("length {v} does not fit this machine"))))
     }
 
-    fn utf8(&mut self, n: usize) -> Result<Box<str>, PickleError> {
+    fn utf8(&mut self, n: usize) -> Result<Box<str>, Halt> {
         let bytes = self.take(n)?;
-        std::str::from_utf8(bytes).map(Into::into).map_err(|_| self.err("string is not valid UTF-8"))
+        std::str::from_utf8(bytes).map(Into::into).map_err(|e| Halt::Error(self.err(format!("string is not UTF-8: {e}"))))
     }
 }
 
-/// Parses a pickle into an arena of plain values and returns the root.
+/// Parses a whole pickle held in memory.
+#[cfg(test)]
 pub fn parse(data: &[u8]) -> Result<(Arena, NodeId), PickleError> {
-    let mut r = Reader { data, pos: 0, op_start: 0 };
-    // Roughly one node per 3 bytes in real snapshots; the cap keeps a tiny hostile file cheap.
-    let mut arena = Arena::with_capacity((data.len() / 4).min(1 << 20));
-    let mut stack: Vec<Slot> = Vec::new();
-    let mut memo: Vec<Option<NodeId>> = Vec::new();
-    // A memo index beyond this cannot come from a real pickler (they number entries in order).
-    let memo_limit = data.len().saturating_mul(2) + 16;
+    let mut parser = Parser::new(Some(data.len()));
+    parser.feed(data, &mut KeepAll)?;
+    parser.finish(&mut KeepAll)
+}
 
-    macro_rules! push {
-        ($node:expr) => {{
-            let id = arena.push($node);
-            stack.push(Slot::Value(id));
-        }};
+/// Memo slots: a node id, or one of these.
+const MEMO_EMPTY: u32 = u32::MAX;
+/// The memoized object was compacted and freed; reading it again is refused.
+const MEMO_RELEASED: u32 = u32::MAX - 1;
+/// `memo_slot` of a node referenced from more than one place: it is never freed.
+const SHARED: u32 = u32::MAX;
+const NOT_MEMOIZED: u32 = u32::MAX - 1;
+
+/// A pickle reader fed in chunks (a file read as a stream): each `feed` runs every opcode whose
+/// bytes have arrived and keeps the incomplete tail for the next.
+pub struct Parser {
+    /// Bytes of an opcode not complete yet.
+    pending: Vec<u8>,
+    /// Absolute offset of `pending[0]`.
+    base: usize,
+    total: usize,
+    arena: Arena,
+    stack: Vec<Slot>,
+    memo: Vec<u32>,
+    /// Per node: the memo index that refers to it, `NOT_MEMOIZED`, or `SHARED` once anything
+    /// (BINGET, DUP, a second memo write) refers to it a second time.
+    memo_slot: Vec<u32>,
+    release: Vec<NodeId>,
+    stopped: bool,
+}
+
+impl Parser {
+    /// `total`: the file's length when known (lengths beyond it are errors at once).
+    pub fn new(total: Option<usize>) -> Parser {
+        let total = total.unwrap_or(usize::MAX);
+        Parser {
+            pending: Vec::new(),
+            base: 0,
+            total,
+            // Roughly one node per 3 bytes in real snapshots; the cap keeps a tiny hostile file cheap.
+            arena: Arena::with_capacity((total / 4).min(1 << 16)),
+            stack: Vec::new(),
+            memo: Vec::new(),
+            memo_slot: Vec::new(),
+            release: Vec::new(),
+            stopped: false,
+        }
     }
 
-    loop {
-        r.op_start = r.pos;
-        let op = r.u8().map_err(|_| r.err("the file ends before the pickle does (truncated?)"))?;
+    /// Bytes fed so far.
+    pub fn position(&self) -> usize {
+        self.base + self.pending.len()
+    }
+
+    pub fn feed(&mut self, chunk: &[u8], compact: &mut dyn Compact) -> Result<(), PickleError> {
+        if self.pending.is_empty() {
+            let used = self.run(chunk, false, compact)?;
+            self.base += used;
+            self.pending.extend_from_slice(&chunk[used..]);
+        } else {
+            let mut data = std::mem::take(&mut self.pending);
+            data.extend_from_slice(chunk);
+            let used = self.run(&data, false, compact)?;
+            self.base += used;
+            data.drain(..used);
+            self.pending = data;
+        }
+        Ok(())
+    }
+
+    /// Ends the input: the pickle must have stopped, with nothing but zero padding after.
+    pub fn finish(mut self, compact: &mut dyn Compact) -> Result<(Arena, NodeId), PickleError> {
+        let data = std::mem::take(&mut self.pending);
+        self.total = self.base + data.len();
+        self.run(&data, true, compact)?;
+        match self.stack.as_slice() {
+            [Slot::Value(root)] => Ok((self.arena, *root)),
+            _ => Err(PickleError { offset: self.total, message: "STOP with a stack that does not hold exactly one value".into() }),
+        }
+    }
+
+    /// Runs the opcodes complete in `data` (which starts at `self.base`); returns how many bytes
+    /// they used.
+    fn run(&mut self, data: &[u8], at_end: bool, compact: &mut dyn Compact) -> Result<usize, PickleError> {
+        let mut r = Reader { data, pos: 0, op_start: 0, base: self.base, total: self.total, at_end };
+        if self.stopped {
+            if data.iter().any(|&b| b != 0) {
+                // Trailing garbage after STOP is almost certainly a concatenation or corruption.
+                return Err(PickleError { offset: self.base + data.iter().position(|&b| b != 0).unwrap_or(0), message: "data continues after STOP".into() });
+            }
+            return Ok(data.len());
+        }
+        loop {
+            r.op_start = r.pos;
+            if r.pos == data.len() && !at_end {
+                return Ok(r.pos);
+            }
+            match self.step(&mut r, compact) {
+                Ok(true) => continue,
+                Ok(false) => {
+                    self.stopped = true;
+                    let rest = &data[r.pos..];
+                    if let Some(i) = rest.iter().position(|&b| b != 0) {
+                        return Err(PickleError { offset: self.base + r.pos + i, message: "data continues after STOP".into() });
+                    }
+                    return Ok(data.len());
+                }
+                Err(Halt::NeedMore) => return Ok(r.op_start),
+                Err(Halt::Error(e)) => return Err(e),
+            }
+        }
+    }
+
+    fn push(&mut self, node: Node) {
+        let id = self.arena.push(node);
+        let i = id as usize;
+        if i >= self.memo_slot.len() {
+            self.memo_slot.resize(i + 1, NOT_MEMOIZED);
+        }
+        self.memo_slot[i] = NOT_MEMOIZED;
+        self.stack.push(Slot::Value(id));
+    }
+
+    /// A second reference to `id` exists: it must never be freed.
+    fn share(&mut self, id: NodeId) {
+        self.memo_slot[id as usize] = SHARED;
+    }
+
+    fn memoize(&mut self, idx: usize, r: &Reader) -> Result<(), Halt> {
+        let top = top_value(&self.stack, r)?;
+        if idx >= self.memo.len() {
+            self.memo.resize(idx + 1, MEMO_EMPTY);
+        }
+        self.memo[idx] = top;
+        let slot = &mut self.memo_slot[top as usize];
+        *slot = if *slot == NOT_MEMOIZED { idx as u32 } else { SHARED };
+        Ok(())
+    }
+
+    /// Items were appended to `list`: offer each to the compactor.
+    fn appended(&mut self, list: NodeId, from: usize, compact: &mut dyn Compact) {
+        let Node::List(items) = self.arena.get(list) else { return };
+        let n = items.len();
+        for at in from..n {
+            let Node::List(items) = self.arena.get(list) else { return };
+            let item = items[at];
+            if self.memo_slot[item as usize] == SHARED || is_compacted(item) {
+                continue;
+            }
+            self.release.clear();
+            let mut release = std::mem::take(&mut self.release);
+            if let Some(k) = compact.compact(&self.arena, list, item, &mut release) {
+                if let Node::List(items) = self.arena.get_mut(list) {
+                    items[at] = COMPACTED | k;
+                }
+                // The item goes, and whatever of its own no one else can reach: children
+                // never memoized (a memoized child, like a string, may be read again later).
+                for (n, &id) in release.iter().enumerate() {
+                    if is_compacted(id) {
+                        continue;
+                    }
+                    match self.memo_slot[id as usize] {
+                        SHARED => continue,
+                        NOT_MEMOIZED => {}
+                        _ if n > 0 => continue,
+                        // Unless a later PUT reused the index for another object.
+                        idx if self.memo[idx as usize] == id => self.memo[idx as usize] = MEMO_RELEASED,
+                        _ => {}
+                    }
+                    self.arena.release(id);
+                    compact.released(id);
+                }
+            }
+            self.release = release;
+        }
+    }
+
+    /// Runs one opcode; `Ok(false)` at STOP.
+    fn step(&mut self, r: &mut Reader, compact: &mut dyn Compact) -> Result<bool, Halt> {
+        let op = r.u8()?;
+        if self.arena.len() >= (COMPACTED - 1) as usize {
+            return Err(r.err("more objects than node ids").into());
+        }
         if let Some(name) = forbidden_opcode(op) {
-            return Err(r.err(format!(
-                "opcode {name} (0x{op:02x}) would import or call Python code; snapshots never need it, so it is refused"
-            )));
+            return Err(r
+                .err(format!(
+                    "opcode {name} (0x{op:02x}) would import or call Python code; snapshots never need it, so it is refused"
+                ))
+                .into());
         }
         match op {
             0x80 => {
                 let proto = r.u8()?;
                 if !(2..=5).contains(&proto) {
-                    return Err(r.err(format!("unsupported pickle protocol {proto} (2 to 5 are read)")));
+                    return Err(r.err(format!("unsupported pickle protocol {proto} (2 to 5 are read)")).into());
                 }
             }
             0x95 => {
                 r.take(8)?; // FRAME: a length hint only
             }
-            b'.' => break,
-            b'(' => stack.push(Slot::Mark),
+            b'.' => return Ok(false),
+            b'(' => self.stack.push(Slot::Mark),
             b'0' => {
-                pop_value(&mut stack, &r)?;
+                pop_value(&mut self.stack, r)?;
             }
             b'1' => {
-                pop_to_mark(&mut stack, &r)?;
+                pop_to_mark(&mut self.stack, r)?;
             }
             b'2' => {
-                let top = top_value(&stack, &r)?;
-                stack.push(Slot::Value(top));
+                let top = top_value(&self.stack, r)?;
+                self.share(top);
+                self.stack.push(Slot::Value(top));
             }
-            b'N' => push!(Node::None),
-            0x88 => push!(Node::Bool(true)),
-            0x89 => push!(Node::Bool(false)),
+            b'N' => self.push(Node::None),
+            0x88 => self.push(Node::Bool(true)),
+            0x89 => self.push(Node::Bool(false)),
             b'J' => {
                 let v = i32::from_le_bytes(r.take(4)?.try_into().unwrap());
-                push!(Node::Int(v as i128))
+                self.push(Node::Int(v as i128))
             }
             b'K' => {
                 let v = r.u8()?;
-                push!(Node::Int(v as i128))
+                self.push(Node::Int(v as i128))
             }
             b'M' => {
                 let v = r.u16()?;
-                push!(Node::Int(v as i128))
+                self.push(Node::Int(v as i128))
             }
             0x8a | 0x8b => {
                 let n = if op == 0x8a { r.u8()? as usize } else { r.u32()? as usize };
                 let bytes = r.take(n)?;
-                push!(long_from_bytes(bytes))
+                self.push(long_from_bytes(bytes))
             }
             b'G' => {
                 let v = f64::from_be_bytes(r.take(8)?.try_into().unwrap());
-                push!(Node::Float(v))
+                self.push(Node::Float(v))
             }
             0x8c => {
                 let n = r.u8()? as usize;
                 let s = r.utf8(n)?;
-                push!(Node::Str(s))
+                self.push(Node::Str(s))
             }
             b'X' => {
                 let n = r.u32()? as usize;
                 let s = r.utf8(n)?;
-                push!(Node::Str(s))
+                self.push(Node::Str(s))
             }
             0x8d => {
                 let n = r.u64_len()?;
                 let s = r.utf8(n)?;
-                push!(Node::Str(s))
+                self.push(Node::Str(s))
             }
             b'C' | b'B' | 0x8e | 0x96 => {
                 let n = match op {
@@ -186,113 +402,114 @@ pub fn parse(data: &[u8]) -> Result<(Arena, NodeId), PickleError> {
                     _ => r.u64_len()?,
                 };
                 r.take(n)?;
-                push!(Node::Bytes(n))
+                self.push(Node::Bytes(n))
             }
-            b'}' => push!(Node::Dict(Vec::new())),
-            b']' => push!(Node::List(Vec::new())),
-            b')' => push!(Node::Tuple(Vec::new())),
-            0x8f => push!(Node::Set(Vec::new())),
+            b'}' => self.push(Node::Dict(Vec::new())),
+            b']' => self.push(Node::List(Vec::new())),
+            b')' => self.push(Node::Tuple(Vec::new())),
+            0x8f => self.push(Node::Set(Vec::new())),
             b't' => {
-                let items = pop_to_mark(&mut stack, &r)?;
-                push!(Node::Tuple(items))
+                let items = pop_to_mark(&mut self.stack, r)?;
+                self.push(Node::Tuple(items))
             }
             b'l' => {
-                let items = pop_to_mark(&mut stack, &r)?;
-                push!(Node::List(items))
+                let items = pop_to_mark(&mut self.stack, r)?;
+                self.push(Node::List(items));
+                let list = top_value(&self.stack, r)?;
+                self.appended(list, 0, compact);
             }
             0x91 => {
-                let items = pop_to_mark(&mut stack, &r)?;
-                push!(Node::Set(items))
+                let items = pop_to_mark(&mut self.stack, r)?;
+                self.push(Node::Set(items))
             }
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
                 let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
-                    items.push(pop_value(&mut stack, &r)?);
+                    items.push(pop_value(&mut self.stack, r)?);
                 }
                 items.reverse();
-                push!(Node::Tuple(items))
+                self.push(Node::Tuple(items))
             }
             b'd' => {
-                let items = pop_to_mark(&mut stack, &r)?;
-                let entries = pairs(items, &r)?;
-                push!(Node::Dict(entries))
+                let items = pop_to_mark(&mut self.stack, r)?;
+                let entries = pairs(items, r)?;
+                self.push(Node::Dict(entries))
             }
-            b'a' => {
-                let item = pop_value(&mut stack, &r)?;
-                let list = top_value(&stack, &r)?;
-                match arena.get_mut(list) {
-                    Node::List(items) => items.push(item),
-                    other => return Err(r.err(format!("APPEND to {}", other.kind()))),
-                }
-            }
-            b'e' => {
-                let new_items = pop_to_mark(&mut stack, &r)?;
-                let list = top_value(&stack, &r)?;
-                match arena.get_mut(list) {
-                    Node::List(items) => items.extend(new_items),
-                    other => return Err(r.err(format!("APPENDS to {}", other.kind()))),
-                }
+            b'a' | b'e' => {
+                let new_items = if op == b'a' { vec![pop_value(&mut self.stack, r)?] } else { pop_to_mark(&mut self.stack, r)? };
+                let list = top_value(&self.stack, r)?;
+                let from = match self.arena.get_mut(list) {
+                    Node::List(items) => {
+                        let from = items.len();
+                        items.extend(new_items);
+                        from
+                    }
+                    other => return Err(r.err(format!("APPEND to {}", other.kind())).into()),
+                };
+                self.appended(list, from, compact);
             }
             0x90 => {
-                let new_items = pop_to_mark(&mut stack, &r)?;
-                let set = top_value(&stack, &r)?;
-                match arena.get_mut(set) {
+                let new_items = pop_to_mark(&mut self.stack, r)?;
+                let set = top_value(&self.stack, r)?;
+                match self.arena.get_mut(set) {
                     Node::Set(items) => items.extend(new_items),
-                    other => return Err(r.err(format!("ADDITEMS to {}", other.kind()))),
+                    other => return Err(r.err(format!("ADDITEMS to {}", other.kind())).into()),
                 }
             }
             b's' => {
-                let value = pop_value(&mut stack, &r)?;
-                let key = pop_value(&mut stack, &r)?;
-                let dict = top_value(&stack, &r)?;
-                dict_insert(&mut arena, dict, vec![(key, value)], &r)?;
+                let value = pop_value(&mut self.stack, r)?;
+                let key = pop_value(&mut self.stack, r)?;
+                let dict = top_value(&self.stack, r)?;
+                dict_insert(&mut self.arena, dict, vec![(key, value)], r)?;
             }
             b'u' => {
-                let items = pop_to_mark(&mut stack, &r)?;
-                let entries = pairs(items, &r)?;
-                let dict = top_value(&stack, &r)?;
-                dict_insert(&mut arena, dict, entries, &r)?;
+                let items = pop_to_mark(&mut self.stack, r)?;
+                let entries = pairs(items, r)?;
+                let dict = top_value(&self.stack, r)?;
+                dict_insert(&mut self.arena, dict, entries, r)?;
             }
             0x94 => {
-                let top = top_value(&stack, &r)?;
-                memo.push(Some(top));
+                let idx = self.memo.len();
+                self.memoize(idx, r)?;
             }
             b'q' | b'r' => {
                 let idx = if op == b'q' { r.u8()? as usize } else { r.u32()? as usize };
-                let top = top_value(&stack, &r)?;
-                if idx > memo_limit {
-                    return Err(r.err(format!("memo index {idx} is absurd for a file of {} bytes", data.len())));
+                // A memo index beyond this cannot come from a real pickler (they number entries in order).
+                if idx > self.total.saturating_mul(2).saturating_add(16).min(u32::MAX as usize - 2) {
+                    return Err(r.err(format!("memo index {idx} is absurd for a file of {} bytes", self.total)).into());
                 }
-                if idx >= memo.len() {
-                    memo.resize(idx + 1, None);
-                }
-                memo[idx] = Some(top);
+                self.memoize(idx, r)?;
             }
             b'h' | b'j' => {
                 let idx = if op == b'h' { r.u8()? as usize } else { r.u32()? as usize };
-                match memo.get(idx).copied().flatten() {
-                    Some(id) => stack.push(Slot::Value(id)),
-                    None => return Err(r.err(format!("memo entry {idx} is read before it is written"))),
+                match self.memo.get(idx).copied().unwrap_or(MEMO_EMPTY) {
+                    MEMO_EMPTY => return Err(r.err(format!("memo entry {idx} is read before it is written")).into()),
+                    MEMO_RELEASED => {
+                        return Err(r
+                            .err(format!(
+                                "memo entry {idx} (a trace entry) is referenced a second time; PyTorch never writes that, and tensormem has already decoded and freed it"
+                            ))
+                            .into())
+                    }
+                    id => {
+                        self.share(id);
+                        self.stack.push(Slot::Value(id));
+                    }
                 }
             }
-            0x97 | 0x98 => return Err(r.err("out-of-band buffers (protocol 5) are not supported")),
+            0x97 | 0x98 => return Err(r.err("out-of-band buffers (protocol 5) are not supported").into()),
             b'I' | b'L' | b'F' | b'S' | b'V' | b'T' | b'U' | b'g' | b'p' => {
-                return Err(r.err(format!(
-                    "text opcode '{}' belongs to pickle protocol 0/1; snapshots use protocol 2 or later",
-                    op as char
-                )));
+                return Err(r
+                    .err(format!(
+                        "text opcode '{}' belongs to pickle protocol 0/1; snapshots use protocol 2 or later",
+                        op as char
+                    ))
+                    .into());
             }
-            _ => return Err(r.err(format!("unknown opcode 0x{op:02x}"))),
+            _ => return Err(r.err(format!("unknown opcode 0x{op:02x}")).into()),
         }
-    }
-    if r.pos != data.len() && data[r.pos..].iter().any(|&b| b != 0) {
-        // Trailing garbage after STOP is almost certainly a concatenation or corruption.
-        return Err(PickleError { offset: r.pos, message: "data continues after STOP".into() });
-    }
-    match stack.as_slice() {
-        [Slot::Value(root)] => Ok((arena, *root)),
-        _ => Err(PickleError { offset: r.pos, message: "STOP with a stack that does not hold exactly one value".into() }),
+        Ok(true)
     }
 }
 

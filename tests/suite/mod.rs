@@ -110,7 +110,8 @@ pub async fn binary_ops_broadcast_over_strided_views(dev: &Device) {
         let (b, b_base) = random_view(dev, &mut rng, &b_shape);
         let xa = gather(&a_base, a.layout());
         let xb = gather(&b_base, &b.layout().expand(&out_shape).unwrap());
-        let ops: [(&str, fn(&Tensor, &Tensor) -> tensormem::tensor::Result<Tensor>, fn(f32, f32) -> f32); 6] = [
+        type BinaryCase = (&'static str, fn(&Tensor, &Tensor) -> tensormem::tensor::Result<Tensor>, fn(f32, f32) -> f32);
+        let ops: [BinaryCase; 6] = [
             ("add", Tensor::add, |x, y| x + y),
             ("sub", Tensor::sub, |x, y| x - y),
             ("mul", Tensor::mul, |x, y| x * y),
@@ -142,7 +143,8 @@ pub async fn unary_and_scalar_ops_match_the_reference(dev: &Device) {
         }
         sum * 2.0 / std::f64::consts::PI.sqrt()
     };
-    let cases: Vec<(&str, Tensor, Box<dyn Fn(f32) -> f32>)> = vec![
+    type UnaryCase = (&'static str, Tensor, Box<dyn Fn(f32) -> f32>);
+    let cases: Vec<UnaryCase> = vec![
         ("neg", x.neg().unwrap(), Box::new(|x| -x)),
         ("abs", x.abs().unwrap(), Box::new(f32::abs)),
         ("exp", x.exp().unwrap(), Box::new(f32::exp)),
