@@ -187,6 +187,8 @@ copy! {
     alloc_group: Uint32Array = allocations.group;
     stack_offsets: Uint32Array = stack_offsets;
     stack_frames: Uint32Array = stack_frames;
+    scope_offsets: Uint32Array = scope_offsets;
+    scope_frames: Uint32Array = scope_frames;
 }
 
 #[wasm_bindgen]

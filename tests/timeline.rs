@@ -309,3 +309,26 @@ fn the_pointer_finds_the_band_under_it() {
         assert_eq!(t.hit_test(pos, t.allocated[pos as usize] + 1.0, 0.0, &[]), None);
     }
 }
+
+#[test]
+fn module_scope_is_the_chain_of_module_calls_then_the_allocating_line() {
+    let Some(path) = common::fixture("gpt-medium-ctx128-training.pickle") else { return };
+    let snap = trace::load_file(&path).unwrap();
+    let t = timeline::build(&snap, 0).unwrap();
+    let scope_of = |s: usize| -> Vec<String> {
+        let frames = &t.scope_frames[t.scope_offsets[s] as usize..t.scope_offsets[s + 1] as usize];
+        frames.iter().rev().map(|&f| format!("{}:{} {}", t.frames[f as usize].filename.rsplit('/').next().unwrap(), t.frames[f as usize].line, t.frames[f as usize].name)).collect()
+    };
+    let scopes: Vec<Vec<String>> = (0..t.stack_offsets.len() - 1).map(scope_of).collect();
+    // The script calls the model at nsys_profile.py:142; the model's forward calls a block at
+    // model.py:253, whose forward calls a layer at model.py:382, which allocates at model.py:101.
+    let expected = ["nsys_profile.py:142 memory_profile", "model.py:253 forward", "model.py:382 forward", "model.py:101 forward"];
+    assert!(scopes.iter().any(|s| s == &expected), "no stack has the scope {expected:?}: {:?}", &scopes[..20]);
+    // Backward on the autograd thread and the optimizer step are inside no module.
+    let empty = scopes.iter().filter(|s| s.is_empty()).count();
+    assert!(empty > 0 && empty < scopes.len(), "{empty} of {} stacks have no module scope", scopes.len());
+    // Every scope's module-call lines are Python frames outside torch/nn/modules/module.py.
+    for s in &scopes {
+        assert!(s.iter().all(|f| f.contains(".py:") && !f.starts_with("module.py:")), "{s:?}");
+    }
+}

@@ -56,8 +56,8 @@ timeline.backend = {
   pieces: (id) => ask('pieces', { trace: current.trace, id }),
 };
 // For the browser benchmark and debugging from the console.
-window.__tensormem = { timeline, ask: (type, payload) => ask(type, payload) };
 const icicle = new Icicle($('icicle'), $('icicle-tooltip'));
+window.__tensormem = { timeline, icicle, ask: (type, payload) => ask(type, payload) };
 // The trace on screen: its worker id, name, devices and scenario run ({trace, name, devices, run}),
 // and the device shown. Set only once a trace's timeline has been laid out and drawn.
 let current = null;
@@ -73,6 +73,17 @@ function stackOf(id) {
   for (let k = a.stackOffsets[s]; k < a.stackOffsets[s + 1]; k++) frames.push(meta.frames[a.stackFrames[k]]);
   return frames;
 }
+// The allocation's nn.Module scope, innermost first: the lines that called each module, then the
+// line that allocated (src/timeline/mod.rs, module_scope).
+function scopeOf(id) {
+  const { arrays: a, meta } = timeline.data;
+  const s = a.allocStack[id];
+  if (s === 0xffffffff) return [];
+  const frames = [];
+  for (let k = a.scopeOffsets[s]; k < a.scopeOffsets[s + 1]; k++) frames.push(meta.frames[a.scopeFrames[k]]);
+  return frames;
+}
+const scopeText = (frames) => frames.map((f) => `${f[1].split('/').pop()}:${f[2]}`).reverse().join(' › ');
 const isPython = (f) => f[1].endsWith('.py');
 // Position 0 is the state when the trace starts; position p the state after event p - 1.
 const after = (position) => (position === 0 ? 'at the start of the trace' : `after event ${position - 1}`);
@@ -89,8 +100,10 @@ timeline.describe = (id) => {
   const { arrays: a, meta } = timeline.data;
   const frames = stackOf(id);
   const shown = (frames.some(isPython) ? frames.filter(isPython) : frames).slice(0, 5);
+  const scope = scopeOf(id);
   return `<b>${formatBytes(a.allocSize[id])}</b> · ${escape(meta.groups[a.allocGroup[id]].name)}<br>`
     + `address 0x${a.allocAddr[id].toString(16)} · stream ${a.allocStream[id]}<br>${lifetime(id)}`
+    + (scope.length ? `<br>module scope: ${escape(scopeText(scope))}` : '')
     + (shown.length ? `<div class="frames">${shown.map((f) => escape(frameText(f))).join('<br>')}</div>` : '');
 };
 
@@ -107,6 +120,7 @@ function showDetails(id) {
       <dt>stream</dt><dd>${a.allocStream[id]}</dd>
       <dt>lifetime</dt><dd>${lifetime(id)}</dd>
       <dt>group</dt><dd>${escape(meta.groups[a.allocGroup[id]].name)}</dd>
+      <dt>module scope</dt><dd>${scopeOf(id).length ? escape(scopeText(scopeOf(id))) : '<span class="muted">inside no nn.Module call</span>'}</dd>
     </dl>`
     + stackHtml(frames);
 }
@@ -137,10 +151,13 @@ function showLive(position, withState = true) {
     byGroup.set(g, (byGroup.get(g) || 0) + a.allocSize[i]);
   }
   live.sort((x, y) => a.allocSize[y] - a.allocSize[x]);
+  // By stack (Python frames or all), or by module scope: the tree's levels are then the lines
+  // that called each nn.Module, down to the line that allocated.
+  const by = $('icicle-by').value;
   icicle.setTree(buildTree(live.map((i) => ({
-    bytes: a.allocSize[i], frames: stackOf(i), group: meta.groups[a.allocGroup[i]].name, color: timeline.groupColor[a.allocGroup[i]],
-  })), $('icicle-python').checked));
-  $('icicle-title').textContent = `What is live ${after(position)}, by stack`;
+    bytes: a.allocSize[i], frames: by === 'module' ? scopeOf(i) : stackOf(i), group: meta.groups[a.allocGroup[i]].name, color: timeline.groupColor[a.allocGroup[i]],
+  })), by === 'python'));
+  $('icicle-title').textContent = `What is live ${after(position)}, by ${by === 'module' ? 'module scope' : 'stack'}`;
   const total = a.allocated[position];
   $('live-title').textContent = `Live ${after(position)}${position === meta.summary.peak_x ? ' (the peak)' : ''}: ${formatBytes(total)} in ${live.length + hiddenCount} allocations`;
   const groups = [...byGroup.entries()].sort((x, y) => y[1] - x[1]).slice(0, 8);
@@ -295,7 +312,7 @@ window.addEventListener('drop', (e) => {
 timeline.on('cursor', (position) => showLive(position));
 timeline.on('pin', (id) => showDetails(id));
 
-$('icicle-python').addEventListener('change', () => showLive(timeline.cursor));
+$('icicle-by').addEventListener('change', () => showLive(timeline.cursor));
 
 // ---- search and filter
 let filterTicket = 0;

@@ -53,6 +53,8 @@ export class Icicle {
   setTree(root) {
     this.root = root;
     this.focus = root;
+    // A tooltip about the old tree would name what is no longer drawn.
+    this.tooltip.hidden = true;
     this.draw();
   }
 

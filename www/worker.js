@@ -104,6 +104,8 @@ function timeline(trace, device, first) {
     allocGroup: t.alloc_group(),
     stackOffsets: t.stack_offsets(),
     stackFrames: t.stack_frames(),
+    scopeOffsets: t.scope_offsets(),
+    scopeFrames: t.scope_frames(),
   };
   const meta = JSON.parse(t.meta_json());
   const transfer = Object.values(arrays).map((a) => a.buffer);

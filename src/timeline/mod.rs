@@ -34,6 +34,10 @@ pub struct Timeline {
     pub frames: Vec<Frame>,
     pub stack_offsets: Vec<u32>,
     pub stack_frames: Vec<u32>,
+    /// Each stack's module scope (see [`module_scope`]) as frame indices, innermost first:
+    /// stack `s` has `scope_frames[scope_offsets[s] .. scope_offsets[s + 1]]`.
+    pub scope_offsets: Vec<u32>,
+    pub scope_frames: Vec<u32>,
     /// Groups (what a band is coloured by): the top user frame of its stack.
     pub groups: Vec<Group>,
     pub markers: Vec<Marker>,
@@ -387,6 +391,7 @@ impl Builder {
         }
         let id = self.t.stack_offsets.len() as u32;
         self.t.stack_offsets.push(self.t.stack_frames.len() as u32);
+        let first = self.t.stack_frames.len();
         for f in frames.iter() {
             let next = self.frame_ids.len() as u32;
             let fid = *self.frame_ids.entry(f.clone()).or_insert_with(|| {
@@ -394,6 +399,10 @@ impl Builder {
                 next
             });
             self.t.stack_frames.push(fid);
+        }
+        self.t.scope_offsets.push(self.t.scope_frames.len() as u32);
+        for i in module_scope(frames).into_iter().rev() {
+            self.t.scope_frames.push(self.t.stack_frames[first + i]);
         }
         self.stack_ids.insert(key, id);
         id
@@ -458,6 +467,7 @@ impl Builder {
 
     fn finish_groups(&mut self, peak_x: u32) {
         self.t.stack_offsets.push(self.t.stack_frames.len() as u32);
+        self.t.scope_offsets.push(self.t.scope_frames.len() as u32);
         let a = &self.t.allocations;
         for i in 0..a.size.len() {
             let g = &mut self.t.groups[a.group[i] as usize];
@@ -494,6 +504,41 @@ fn spans(snapshot: &Snapshot, device: i64, time_us: &[f64]) -> Vec<Span> {
     }
     out.sort_by_key(|s| (s.x0, s.depth));
     out
+}
+
+/// Where a stack sits among `nn.Module` calls, outermost first, as indices into `frames`
+/// (innermost first): for each module call, the Python line that called the module
+/// (`self.attn(x)`), then the line inside the innermost module's `forward` that allocated.
+/// Empty outside any module (an optimizer step, backward on the autograd thread). A snapshot
+/// names no module classes; these lines are what identifies a module instance.
+pub fn module_scope(frames: &[Frame]) -> Vec<usize> {
+    // Python frames only: with context='all' the interpreter's C++ frames sit between them.
+    let py: Vec<usize> = (0..frames.len()).filter(|&i| frames[i].filename.ends_with(".py")).collect();
+    let in_module_py = |k: usize| frames[py[k]].filename.ends_with("torch/nn/modules/module.py");
+    let mut scope = Vec::new();
+    let mut leaf = None;
+    let mut k = 0;
+    while k < py.len() {
+        if in_module_py(k) && frames[py[k]].name.ends_with("_call_impl") {
+            if leaf.is_none() && k > 0 {
+                leaf = Some(py[k - 1]);
+            }
+            // Past `_call_impl` and `_wrapped_call_impl`: the caller of the module.
+            let mut j = k;
+            while j < py.len() && in_module_py(j) {
+                j += 1;
+            }
+            if j < py.len() {
+                scope.push(py[j]);
+            }
+            k = j;
+        } else {
+            k += 1;
+        }
+    }
+    scope.reverse();
+    scope.extend(leaf);
+    scope
 }
 
 /// The frame a user would recognise as theirs: the first Python frame outside torch itself, else

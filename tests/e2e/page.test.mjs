@@ -260,6 +260,16 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     await page.mouse.move(icicle.x + 100, icicle.y + 30);
     await page.waitForSelector('#icicle-tooltip:not([hidden])');
     assert.match(await page.textContent('#icicle-tooltip'), /<module> \(cs336_systems\/nsys_profile\.py:249\): 3\.\d+ GiB/);
+    // By module scope: the lines that called each nn.Module, outermost first.
+    await page.selectOption('#icicle-by', 'module');
+    await page.waitForFunction(() => /by module scope/.test(document.querySelector('#icicle-title').textContent));
+    const scopes = await page.evaluate(() => {
+      const labels = (node, depth) => (depth === 0 ? [node.label] : [...node.children.values()].flatMap((c) => labels(c, depth - 1)));
+      return labels(window.__tensormem.icicle.root, 3);
+    });
+    assert.ok(scopes.some((l) => /^forward \(cs336_basics\/model\.py:\d+\)$/.test(l)), JSON.stringify(scopes));
+    assert.ok((await page.evaluate(() => [...window.__tensormem.icicle.root.children.values()].map((c) => c.label))).some((l) => /^memory_profile \(cs336_systems\/nsys_profile\.py:142\)$/.test(l)));
+    await page.locator('#icicle-card').screenshot({ path: join(shots, 'icicle-module-scope.png') });
     // The allocator's state at the peak: its segments, and what is cached free.
     await page.waitForFunction(() => /segments/.test(document.querySelector('#state-figures').textContent));
     assert.match(await page.textContent('#state-figures'), /^\d+ segments, 6\.74 GiB reserved: 6\.53 GiB requested by live tensors, .* cached free \(largest block .*fragmentation \d+%, the share of free bytes outside the largest free block\)/);
