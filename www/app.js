@@ -65,24 +65,19 @@ let device = 0;
 let loadTicket = 0;
 let scenarios = null;
 
-function stackOf(id) {
+// An allocation's frames from one of the timeline's frame tables (innermost first): its stack,
+// or its nn.Module scope (the lines that called each module, then the line that allocated; see
+// module_scope in src/timeline/mod.rs).
+function framesOf(id, offsets, table) {
   const { arrays: a, meta } = timeline.data;
   const s = a.allocStack[id];
   if (s === 0xffffffff) return [];
   const frames = [];
-  for (let k = a.stackOffsets[s]; k < a.stackOffsets[s + 1]; k++) frames.push(meta.frames[a.stackFrames[k]]);
+  for (let k = offsets[s]; k < offsets[s + 1]; k++) frames.push(meta.frames[table[k]]);
   return frames;
 }
-// The allocation's nn.Module scope, innermost first: the lines that called each module, then the
-// line that allocated (src/timeline/mod.rs, module_scope).
-function scopeOf(id) {
-  const { arrays: a, meta } = timeline.data;
-  const s = a.allocStack[id];
-  if (s === 0xffffffff) return [];
-  const frames = [];
-  for (let k = a.scopeOffsets[s]; k < a.scopeOffsets[s + 1]; k++) frames.push(meta.frames[a.scopeFrames[k]]);
-  return frames;
-}
+const stackOf = (id) => framesOf(id, timeline.data.arrays.stackOffsets, timeline.data.arrays.stackFrames);
+const scopeOf = (id) => framesOf(id, timeline.data.arrays.scopeOffsets, timeline.data.arrays.scopeFrames);
 const scopeText = (frames) => frames.map((f) => `${f[1].split('/').pop()}:${f[2]}`).reverse().join(' › ');
 const isPython = (f) => f[1].endsWith('.py');
 // Position 0 is the state when the trace starts; position p the state after event p - 1.

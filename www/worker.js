@@ -61,6 +61,19 @@ async function loadStream(stream, total, name) {
   }
 }
 
+// A file below this size is read in one piece and parsed in one call (streaming it costs a
+// task hop per 64 KB chunk: 83 instead of 44 ms to parse the 3 MB training fixture); above it,
+// streaming keeps the file's bytes from ever being held whole.
+const STREAM_ABOVE = 16 << 20;
+
+async function loadFile(file) {
+  if (file.size > STREAM_ABOVE) return loadStream(file.stream(), file.size, file.name);
+  progress(`reading ${file.name}`, 0.5);
+  const bytes = new Uint8Array(await file.arrayBuffer());
+  progress(`parsing ${file.name} (${(bytes.length / 1048576).toFixed(1)} MB)`, 1);
+  return LoadedTrace.parse(bytes);
+}
+
 function close(id) {
   traces.get(id)?.free();
   traces.delete(id);
@@ -150,7 +163,7 @@ const handlers = {
     return JSON.parse(scenarios_json());
   },
   async openFile({ file }) {
-    return add(await loadStream(file.stream(), file.size, file.name), file.name);
+    return add(await loadFile(file), file.name);
   },
   async openUrl({ url }) {
     const response = await fetch(url);
@@ -196,7 +209,7 @@ const handlers = {
     return JSON.parse(get(trace).replay(device, allocConf, capacity, start));
   },
   async compareFile({ file, device }) {
-    replaceOther(await loadStream(file.stream(), file.size, file.name));
+    replaceOther(await loadFile(file));
     return describeOther(file.name, device);
   },
   async compareWhatIf({ trace, device, allocConf, capacity, start }) {

@@ -450,19 +450,31 @@ impl Builder {
         for g in 0..groups {
             pieces_of_group[g + 1] += pieces_of_group[g];
         }
-        let n = p.alloc.len();
-        let mut sorted = Pieces { x0: vec![0; n], x1: vec![0; n], y: vec![0.0; n], alloc: vec![0; n], group_start: pieces_of_group };
+        // Where each piece goes; the arrays are permuted one at a time, so that at most one
+        // array is held twice (a 1 M event trace has millions of pieces).
         let mut next = a.first_piece.clone();
-        for i in 0..n {
-            let id = p.alloc[i] as usize;
-            let k = next[id] as usize;
-            next[id] += 1;
-            sorted.x0[k] = p.x0[i];
-            sorted.x1[k] = p.x1[i];
-            sorted.y[k] = p.y[i];
-            sorted.alloc[k] = p.alloc[i];
+        let dest: Vec<u32> = p
+            .alloc
+            .iter()
+            .map(|&id| {
+                next[id as usize] += 1;
+                next[id as usize] - 1
+            })
+            .collect();
+        drop(next);
+        fn permute<T: Copy + Default>(values: &mut Vec<T>, dest: &[u32]) {
+            let mut out = vec![T::default(); values.len()];
+            for (i, &v) in values.iter().enumerate() {
+                out[dest[i] as usize] = v;
+            }
+            *values = out;
         }
-        self.t.pieces = sorted;
+        let p = &mut self.t.pieces;
+        permute(&mut p.x0, &dest);
+        permute(&mut p.x1, &dest);
+        permute(&mut p.y, &dest);
+        permute(&mut p.alloc, &dest);
+        p.group_start = pieces_of_group;
     }
 
     fn finish_groups(&mut self, peak_x: u32) {
