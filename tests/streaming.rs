@@ -138,3 +138,25 @@ proptest! {
         prop_assert!(load_in_chunks(&data, &sizes).unwrap() == whole);
     }
 }
+
+#[test]
+fn a_stream_of_unknown_length_still_refuses_absurd_sizes() {
+    // LONG_BINPUT 4e9 after a few bytes: a memo that large would be 16 GB.
+    let mut loader = Loader::new(None);
+    let err = loader.feed(b"\x80\x04]r\x00\x28\x6b\xee.").unwrap_err().to_string();
+    assert!(err.contains("memo index 4000000000 is absurd after 8 bytes"), "{err}");
+    // A string longer than what can follow is a wait, not an allocation, until the end says so.
+    let mut loader = Loader::new(None);
+    loader.feed(b"\x80\x04\x8d\xff\xff\xff\xff\xff\x00\x00\x00abc").unwrap();
+    assert!(loader.finish().unwrap_err().to_string().contains("remain (truncated file or bad length)"));
+}
+
+#[test]
+fn a_pickle_cut_between_opcodes_says_the_file_ends_early() {
+    let data = snapshot_pickle(|p| {
+        p.entry("alloc", Some(4096), 512, 10);
+    });
+    let cut = &data[..data.len() - 1];
+    assert_eq!(trace::load(cut).unwrap_err().to_string(), format!("bad pickle at byte {}: the file ends before the pickle does (truncated?)", cut.len()));
+    assert_eq!(load_in_chunks(cut, &[5]).unwrap_err(), trace::load(cut).unwrap_err().to_string());
+}

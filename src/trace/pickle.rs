@@ -237,8 +237,11 @@ impl Parser {
         }
         loop {
             r.op_start = r.pos;
-            if r.pos == data.len() && !at_end {
-                return Ok(r.pos);
+            if r.pos == data.len() {
+                if !at_end {
+                    return Ok(r.pos);
+                }
+                return Err(r.err("the file ends before the pickle does (truncated?)"));
             }
             match self.step(&mut r, compact) {
                 Ok(true) => continue,
@@ -475,9 +478,11 @@ impl Parser {
             }
             b'q' | b'r' => {
                 let idx = if op == b'q' { r.u8()? as usize } else { r.u32()? as usize };
-                // A memo index beyond this cannot come from a real pickler (they number entries in order).
-                if idx > self.total.saturating_mul(2).saturating_add(16).min(u32::MAX as usize - 2) {
-                    return Err(r.err(format!("memo index {idx} is absurd for a file of {} bytes", self.total)).into());
+                // A real pickler numbers memo entries in order, one per opcode at least, so an
+                // index beyond the bytes read so far is hostile (and would size the memo by it).
+                let read = self.base + r.pos;
+                if idx > read.saturating_mul(2).saturating_add(16).min(u32::MAX as usize - 2) {
+                    return Err(r.err(format!("memo index {idx} is absurd after {read} bytes of pickle")).into());
                 }
                 self.memoize(idx, r)?;
             }
