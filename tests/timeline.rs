@@ -152,6 +152,10 @@ fn the_allocator_state_at_any_position_holds_exactly_the_live_bands() {
                 assert_eq!(requested as f64, t.allocated[at], "{name} device {device} position {position}");
                 let reserved: u64 = r.segments.iter().map(|s| s.total_size).sum();
                 assert_eq!(reserved as f64, t.reserved[at], "{name} device {device} position {position}");
+                // Stopped before the end, the final state is not compared: no divergence there.
+                if position < t.events {
+                    assert!(r.first_divergence.as_ref().is_none_or(|d| d.event < t.events), "{name}: {:?}", r.first_divergence);
+                }
             }
         }
     }
@@ -331,4 +335,37 @@ fn module_scope_is_the_chain_of_module_calls_then_the_allocating_line() {
     for s in &scopes {
         assert!(s.iter().all(|f| f.contains(".py:") && !f.starts_with("module.py:")), "{s:?}");
     }
+}
+
+#[test]
+fn a_stack_is_one_entry_of_the_stack_table_however_the_file_shares_it() {
+    let Some(path) = common::fixture("gpt-medium-ctx128-training.pickle") else { return };
+    let from_pickle = trace::load_file(&path).unwrap();
+    // JSON repeats every stack as separate frame objects; the pickle shares them.
+    let from_json = trace::load(trace::to_json(&from_pickle).as_bytes()).unwrap();
+    let (p, j) = (timeline::build(&from_pickle, 0).unwrap(), timeline::build(&from_json, 0).unwrap());
+    assert_eq!(j.stack_offsets.len(), p.stack_offsets.len());
+    assert_eq!(j.stack_frames, p.stack_frames);
+    assert_eq!(j.allocations.group, p.allocations.group);
+    // And the loaded JSON keeps one copy of each stack.
+    let lists = |s: &trace::Snapshot| s.device_traces[0].iter().filter_map(|e| e.frames.as_ref()).map(|f| f.as_ptr()).collect::<std::collections::HashSet<_>>().len();
+    assert_eq!(lists(&from_json), lists(&from_pickle));
+}
+
+#[test]
+fn groups_the_trace_lacks_are_skipped_when_drawing() {
+    use tensormem::timeline::raster::{rasterize, Raster};
+    let Some(path) = common::fixture("small-state.pickle") else { return };
+    let t = timeline::build(&trace::load_file(&path).unwrap(), 0).unwrap();
+    let n = t.groups.len() as u32;
+    let xs: Vec<f64> = (0..t.events + 2).map(|x| x as f64).collect();
+    let draw = |order: &[u32], colors: &[u32]| {
+        rasterize(&t, &Raster { xs: &xs, x0: 0.0, x1: (t.events + 1) as f64, width: 300, height: 100, ymax: t.summary.peak_allocated_bytes.max(1) as f64, group_order: order, group_color: colors, hidden: &[], ghost: 0 })
+    };
+    let order: Vec<u32> = (0..n).collect();
+    let colors: Vec<u32> = (1..=n).collect();
+    // A page that still holds the previous trace's longer palette names groups past the end.
+    let longer_order: Vec<u32> = (0..n + 5).collect();
+    let longer_colors: Vec<u32> = (1..=n + 5).collect();
+    assert_eq!(draw(&longer_order, &longer_colors), draw(&order, &colors));
 }

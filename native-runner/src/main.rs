@@ -187,9 +187,9 @@ fn run(command: Command) -> Result<(), Failure> {
                 .transpose()?;
             let snapshot = load(&file)?;
             let options = ReplayOptions { config, capacity, start, keep_snapshot: out.is_some(), ..Default::default() };
-            let results = replay_with_progress(&snapshot, device, &options, !json)?;
+            let mut results = replay_with_progress(&snapshot, device, &options, !json)?;
             if let Some(out) = &out {
-                let replayed = merge_snapshots(results.iter().filter_map(|r| r.snapshot.clone()));
+                let replayed = merge_snapshots(results.iter_mut().filter_map(|r| r.snapshot.take()));
                 save(&replayed, out)?;
                 if !json {
                     println!("wrote the replayed trace to {}", out.display());
@@ -397,6 +397,7 @@ fn merge_snapshots(parts: impl Iterator<Item = Snapshot>) -> Snapshot {
         }
         merged.allocator_settings = part.allocator_settings;
         merged.external_annotations = part.external_annotations;
+        merged.tensormem = part.tensormem.or(merged.tensormem);
     }
     merged
 }

@@ -291,10 +291,12 @@ pub fn replay_device(
         memory_stats: report::memory_stats(stats),
     };
     let segments = run.alloc.segments();
-    let final_state_match = i >= trace.len() && same_layout(&segments, &final_segments);
+    let reached_end = i >= trace.len();
+    let final_state_match = reached_end && same_layout(&segments, &final_segments);
     let snapshot = options.keep_snapshot.then(|| run.alloc.snapshot());
     let mut first_divergence = run.divergence.clone();
-    if first_divergence.is_none() && !final_state_match {
+    // Stopped early (`until`), the final state is not compared, so nothing diverged there.
+    if first_divergence.is_none() && reached_end && !final_state_match {
         first_divergence = Some(Divergence { event: trace.len(), reason: "final segments differ from the snapshot's".into() });
     }
     Ok(DeviceReplay {
@@ -331,7 +333,7 @@ fn ratio(a: usize, b: usize) -> f64 {
 
 /// What the trace alone shows: segment events and peaks, from the reconstructed start. Allocated
 /// bytes here are requested sizes (as MemoryViz's timeline draws them).
-pub(crate) fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
+fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
     let mut reserved: u64 = start.segments.iter().fold(0u64, |sum, s| sum.saturating_add(s.total_size));
     let mut allocated: u64 = start
         .segments

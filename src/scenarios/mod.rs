@@ -108,7 +108,7 @@ pub fn list() -> Vec<ScenarioInfo> {
             Parameter { name: "layers", default: "8", help: "MLP blocks (weights 2 x hidden x 4 hidden x 4 bytes each)" },
             Parameter { name: "hidden", default: "1024", help: "hidden size" },
             Parameter { name: "seq", default: "128", help: "tokens per sequence" },
-            Parameter { name: "batches", default: "32,31,33,30,34,29,36,31,38,27,40,33", help: "batch size of each step" },
+            Parameter { name: "batches", default: DEFAULT_BATCHES, help: "batch size of each step" },
         ],
         variants: vec!["mistake", "fix"],
     }]
@@ -277,6 +277,9 @@ fn frames(name: &str, line: u64) -> Frames {
 /// segments were made for (PyTorch's Note [Expandable Segments]). Each step pushes activations
 /// through `layers` MLP blocks; a slightly larger batch no longer fits the cached blocks of the
 /// previous ones, so new segments pile up and reserved memory drifts above allocated.
+/// The variable-batch scenario's default batch sizes: a wobble around 32.
+const DEFAULT_BATCHES: &str = "32,31,33,30,34,29,36,31,38,27,40,33";
+
 fn variable_batch(rec: &mut Recorder, layers: u64, hidden: u64, seq: u64, batches: &[u64]) -> Result<(), AllocError> {
     // fc1 [hidden, 4 hidden] and fc2 [4 hidden, hidden], f32.
     let layer_weights = 2 * hidden * 4 * hidden * 4;
@@ -309,7 +312,7 @@ fn variable_batch(rec: &mut Recorder, layers: u64, hidden: u64, seq: u64, batche
 /// (or `capacity`) as fast as an H100: `tensormem demo`'s recording.
 pub fn variable_batch_inference(config: AllocatorConfig, capacity: Option<u64>) -> Result<Snapshot, AllocError> {
     let mut rec = Recorder::new(config, capacity, &SimOptions::preset("H100-80GB"));
-    let batches = [32u64, 31, 33, 30, 34, 29, 36, 31, 38, 27, 40, 33];
+    let batches: Vec<u64> = DEFAULT_BATCHES.split(',').map(|b| b.parse().expect("the default batches are numbers")).collect();
     variable_batch(&mut rec, 8, 1024, 128, &batches)?;
     Ok(rec.snapshot())
 }

@@ -172,7 +172,6 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
     let trace = snapshot.trace_of(device);
     let final_segments: Vec<_> = snapshot.segments_of(device).collect();
     let start = start_state(&final_segments, trace, &config);
-    let figures = replay::recorded_figures(trace, &start);
 
     let mut b = Builder::default();
     b.t.device = device;
@@ -193,6 +192,9 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
     b.t.summary.start_reserved_bytes = reserved;
     b.t.allocated.push(allocated as f64);
     b.t.reserved.push(reserved as f64);
+    // The peaks, counted in bytes as `tensormem replay` counts them as recorded (a test holds
+    // the two equal), and the first position at the allocated peak.
+    let (mut peak_allocated, mut peak_reserved, mut peak_x) = (allocated, reserved, 0u32);
     let first_time = trace.iter().find_map(|e| e.time_us);
     b.t.time_us.push(first_time.map_or(f64::NAN, |t| t as f64));
 
@@ -231,6 +233,10 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
         b.t.allocated.push(allocated as f64);
         b.t.reserved.push(reserved as f64);
         b.t.time_us.push(e.time_us.map_or(f64::NAN, |t| t as f64));
+        if allocated > peak_allocated {
+            (peak_allocated, peak_x) = (allocated, x);
+        }
+        peak_reserved = peak_reserved.max(reserved);
     }
     let end = trace.len() as u32 + 1;
     b.close_all(end);
@@ -260,15 +266,14 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
     }
 
     b.t.spans = spans(snapshot, device, &b.t.time_us);
-    let peak_x = b.t.allocated.iter().position(|&a| a as u64 == figures.peak_allocated_bytes).unwrap_or(0) as u32;
     b.finish_groups(peak_x);
     b.order_pieces();
     b.t.summary = TimelineSummary {
         device,
         events: trace.len(),
         allocations: b.t.allocations.size.len(),
-        peak_allocated_bytes: figures.peak_allocated_bytes,
-        peak_reserved_bytes: figures.peak_reserved_bytes,
+        peak_allocated_bytes: peak_allocated,
+        peak_reserved_bytes: peak_reserved,
         peak_x,
         final_allocated_bytes: allocated,
         final_reserved_bytes: reserved,
@@ -296,7 +301,12 @@ struct Builder {
     offset: Vec<f64>,
     /// Address -> live allocation.
     by_addr: FxHashMap<u64, u32>,
+    /// Stacks by the address of their shared frame list (a loaded pickle shares one per stack),
+    /// then by content (JSON and recorded traces may repeat a stack in separate lists).
     stack_ids: FxHashMap<*const Frame, u32>,
+    stacks_by_content: FxHashMap<Frames, u32>,
+    /// Each stack's group, when its frames name one.
+    stack_group: Vec<Option<u32>>,
     frame_ids: FxHashMap<Frame, u32>,
     group_ids: FxHashMap<String, u32>,
     /// Height of the stack.
@@ -311,12 +321,11 @@ impl Builder {
     fn push_alloc(&mut self, x: u32, addr: u64, size: u64, stream: i64, frames: Option<&Frames>) {
         let id = self.t.allocations.size.len() as u32;
         let stack = frames.filter(|f| !f.is_empty()).map_or(NO_STACK, |f| self.stack_id(f));
-        let group_name = match frames.and_then(|f| group_name(f)) {
-            Some(name) => name,
-            None if x == 0 => BEFORE_TRACE.to_string(),
-            None => NO_FRAMES.to_string(),
+        let group = match self.stack_group.get(stack as usize).copied().flatten() {
+            Some(g) => g,
+            None if x == 0 => self.group_id(BEFORE_TRACE),
+            None => self.group_id(NO_FRAMES),
         };
-        let group = self.group_id(group_name);
         let a = &mut self.t.allocations;
         a.size.push(size as f64);
         a.addr.push(addr as f64);
@@ -389,6 +398,10 @@ impl Builder {
         if let Some(&id) = self.stack_ids.get(&key) {
             return id;
         }
+        if let Some(&id) = self.stacks_by_content.get(frames) {
+            self.stack_ids.insert(key, id);
+            return id;
+        }
         let id = self.t.stack_offsets.len() as u32;
         self.t.stack_offsets.push(self.t.stack_frames.len() as u32);
         let first = self.t.stack_frames.len();
@@ -404,16 +417,21 @@ impl Builder {
         for i in module_scope(frames).into_iter().rev() {
             self.t.scope_frames.push(self.t.stack_frames[first + i]);
         }
+        let group = group_name(frames).map(|name| self.group_id(&name));
+        self.stack_group.push(group);
         self.stack_ids.insert(key, id);
+        self.stacks_by_content.insert(frames.clone(), id);
         id
     }
 
-    fn group_id(&mut self, name: String) -> u32 {
-        let next = self.group_ids.len() as u32;
-        *self.group_ids.entry(name.clone()).or_insert_with(|| {
-            self.t.groups.push(Group { name, bytes_at_peak: 0, allocations: 0 });
-            next
-        })
+    fn group_id(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.group_ids.get(name) {
+            return id;
+        }
+        let id = self.group_ids.len() as u32;
+        self.group_ids.insert(name.to_string(), id);
+        self.t.groups.push(Group { name: name.to_string(), bytes_at_peak: 0, allocations: 0 });
+        id
     }
 
     /// Sorts the pieces by (group, allocation), keeping each allocation's pieces in x order (they

@@ -63,8 +63,9 @@ pub fn rasterize(t: &Timeline, r: &Raster) -> Vec<u32> {
     let sizes = &t.allocations.size;
     for &g in r.group_order {
         let g = g as usize;
-        let Some(&group_color) = r.group_color.get(g) else { continue };
-        let (start, end) = (p.group_start[g] as usize, p.group_start[g + 1] as usize);
+        // The page names groups by index: one this trace lacks is skipped, not a panic.
+        let (Some(&group_color), Some(&[start, end])) = (r.group_color.get(g), p.group_start.get(g..g + 2)) else { continue };
+        let (start, end) = (start as usize, end as usize);
         // The rectangle being grown for the current allocation: (alloc, colour, l, r, t, b).
         let mut current: Option<(u32, u32, f64, f64, f64, f64)> = None;
         for i in start..end {

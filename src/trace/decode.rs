@@ -26,6 +26,9 @@ struct Caches {
     frames: FxHashMap<NodeId, Frames>,
     frame_lists: FxHashMap<Vec<NodeId>, Frames>,
     frame_dicts: FxHashMap<NodeId, Frame>,
+    /// Every distinct stack once, by content: a JSON snapshot repeats a stack as separate
+    /// lists of separate frame objects, which the caches above cannot see are the same.
+    by_content: rustc_hash::FxHashSet<Frames>,
     /// Strings repeated on every entry (`compile_context` "N/A", `user_metadata` ""), stored once.
     strings: FxHashMap<NodeId, Arc<str>>,
 }
@@ -234,6 +237,13 @@ impl Decoder<'_> {
             frames.push(frame);
         }
         let frames: Frames = Arc::from(frames);
+        let frames = match self.c.by_content.get(&frames) {
+            Some(same) => same.clone(),
+            None => {
+                self.c.by_content.insert(frames.clone());
+                frames
+            }
+        };
         self.c.frames.insert(id, frames.clone());
         self.c.frame_lists.insert(items, frames.clone());
         Ok(frames)

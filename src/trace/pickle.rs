@@ -292,7 +292,7 @@ impl Parser {
         for at in from..n {
             let Node::List(items) = self.arena.get(list) else { return };
             let item = items[at];
-            if self.memo_slot[item as usize] == SHARED || is_compacted(item) {
+            if is_compacted(item) || self.memo_slot[item as usize] == SHARED {
                 continue;
             }
             self.release.clear();
