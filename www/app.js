@@ -6,6 +6,7 @@ import { drawSegments, describeState } from './segments.js';
 import { applyFilter, streamsOf } from './filter.js';
 import { Icicle, buildTree } from './icicle.js';
 import { showComparison } from './compare.js';
+import { UNKNOWN } from './palette.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -21,7 +22,14 @@ worker.onmessage = (event) => {
   waiting.delete(m.id);
   if (m.error !== undefined) w.reject(new Error(m.error)); else w.resolve(m.result);
 };
-worker.onerror = (e) => showError(`the page's worker failed: ${e.message || 'unknown error'}`);
+// The worker itself failed (it could not start, or it died): nothing it was asked will be
+// answered, so every waiting request fails with the reason and the page's buttons come back.
+worker.onerror = (e) => {
+  const reason = `the page's worker failed: ${e.message || 'unknown error'}`;
+  for (const w of waiting.values()) w.reject(new Error(reason));
+  waiting.clear();
+  showError(reason);
+};
 function ask(type, payload = {}) {
   return new Promise((resolve, reject) => {
     const id = nextId++;
@@ -48,12 +56,12 @@ $('error-close').onclick = clearError;
 
 // ---- state
 const timeline = new Timeline($('timeline'), $('tooltip'));
-// The worker rasterises the bands of the trace on screen.
+// The worker rasterises and hit-tests the timeline on screen (its view id names it).
 timeline.backend = {
-  setAxis: (xs) => ask('setAxis', { trace: current.trace, xs }),
-  raster: (request) => ask('raster', { trace: current.trace, ...request }),
-  hitTest: (request) => ask('hitTest', { trace: current.trace, ...request }),
-  pieces: (id) => ask('pieces', { trace: current.trace, id }),
+  setAxis: (xs) => ask('setAxis', { view: timeline.data.view, xs }),
+  raster: (request) => ask('raster', { view: timeline.data.view, ...request }),
+  hitTest: (request) => ask('hitTest', { view: timeline.data.view, ...request }),
+  pieces: (id) => ask('pieces', { view: timeline.data.view, id }),
 };
 // For the browser benchmark and debugging from the console.
 const icicle = new Icicle($('icicle'), $('icicle-tooltip'));
@@ -183,7 +191,10 @@ async function showState(position) {
     state ||= await ask('stateAt', { trace: current.trace, device, position });
     lastState = { key, state };
   } catch (e) {
+    if (ticket !== stateRequest) return;
     $('state-figures').textContent = `The allocator state could not be rebuilt here: ${e.message}`;
+    $('segments').getContext('2d').clearRect(0, 0, $('segments').width, $('segments').height);
+    $('summary').textContent = '';
     return;
   }
   if (ticket !== stateRequest) return;
@@ -194,7 +205,7 @@ async function showState(position) {
   }
   $('state-title').textContent = `Allocator state ${after(state.events_replayed)}`;
   $('state-figures').innerHTML = describeState(state);
-  drawSegments($('segments'), state, (address) => colors.get(address) || '#8e96a3');
+  drawSegments($('segments'), state, (address) => colors.get(address) || UNKNOWN);
   $('summary').textContent = state.memory_summary;
 }
 
@@ -268,8 +279,9 @@ async function load(request, payload) {
     performance.mark('tensormem:parsed');
     if (ticket !== loadTicket) return void ask('drop', { trace: info.trace });
     if (!info.devices.length) throw new Error('the snapshot has no segments and no trace for any device');
+    const previous = current;
     if (!(await showDevice(info, info.devices[0], ticket))) return void ask('drop', { trace: info.trace });
-    await ask('use', { trace: info.trace });
+    await ask('use', { trace: info.trace, previous: previous?.trace });
     $('source-name').textContent = info.name;
     $('source-name').title = info.name;
     $('device-select').innerHTML = info.devices.map((d, k) => `<option value="${d}">${escape(info.deviceLabels[k])}</option>`).join('');
@@ -277,7 +289,9 @@ async function load(request, payload) {
     if (info.run) showRun(JSON.parse(info.run));
   } catch (e) {
     if (info && current !== info) ask('drop', { trace: info.trace });
-    if (ticket === loadTicket) showError(e.message, request === 'runScenario' ? 'The scenario could not run.' : 'Could not load this file.');
+    const name = payload.file?.name || payload.url?.split('/').pop();
+    const still = current ? ` Still showing ${current.name}.` : '';
+    if (ticket === loadTicket) showError(e.message, request === 'runScenario' ? `The scenario could not run.${still}` : `Could not load ${name || 'this file'}.${still}`);
   } finally {
     if (ticket === loadTicket) hideProgress();
   }
@@ -306,6 +320,7 @@ window.addEventListener('drop', (e) => {
 });
 timeline.on('cursor', (position) => showLive(position));
 timeline.on('pin', (id) => showDetails(id));
+timeline.on('error', (e) => showError(e.message, 'The timeline could not be drawn.'));
 
 $('icicle-by').addEventListener('change', () => showLive(timeline.cursor));
 
@@ -377,17 +392,23 @@ $('export-json').onclick = () => exportTrace('json');
 
 // ---- compare
 let compared = null;
+// Only the newest comparison of the trace still on screen is shown.
+let compareTicket = 0;
 async function compare(request, payload) {
   if (!current || !timeline.data) return;
   clearError();
+  const ticket = ++compareTicket;
+  const data = timeline.data;
   try {
-    compared = await ask(request, { trace: current.trace, device, ...payload });
+    const answer = await ask(request, { trace: current.trace, device, ...payload });
+    if (ticket !== compareTicket || data !== timeline.data) return;
+    compared = answer;
     showComparison($('compare-result'), { name: current.name, meta: timeline.data.meta, arrays: timeline.data.arrays }, compared);
     $('export-other').hidden = request !== 'compareWhatIf';
   } catch (e) {
-    showError(e.message, 'The comparison failed.');
+    if (ticket === compareTicket) showError(e.message, 'The comparison failed.');
   } finally {
-    hideProgress();
+    if (ticket === compareTicket) hideProgress();
   }
 }
 $('compare-file').addEventListener('change', (e) => {

@@ -3,6 +3,7 @@
 // groups of each timeline: the user's frame, or the autograd node).
 import { escapeHtml as escape, formatBytes, ticks } from './format.js';
 import { prepareCanvas } from './canvas.js';
+import { HEADROOM } from './palette.js';
 
 
 function signed(bytes) {
@@ -54,11 +55,11 @@ function drawCurves(canvas, a, b) {
   const n = Math.max(a.allocated.length, b.allocated.length);
   let ymax = 1;
   for (const arr of [a.allocated, a.reserved, b.allocated, b.reserved]) for (const v of arr) if (v > ymax) ymax = v;
-  ymax *= 1.06;
+  ymax *= HEADROOM;
   ctx.fillStyle = '#667085';
   ctx.textAlign = 'right';
   ctx.textBaseline = 'middle';
-  for (const v of ticks(0, ymax / 1.06, 4, true)) {
+  for (const v of ticks(0, ymax / HEADROOM, 4, true)) {
     const y = margin.top + h - (v / ymax) * h;
     ctx.fillText(formatBytes(Math.round(v)), margin.left - 6, y);
     ctx.strokeStyle = '#eceef2';

@@ -9,7 +9,9 @@ const PALETTE = [
   '#4e79a7', '#f28e2b', '#59a14f', '#b07aa1', '#76b7b2', '#edc948', '#ff9da7', '#9c755f',
   '#6f9fd8', '#e15759', '#8cd17d', '#d4a6c8', '#86bcb6', '#f1ce63', '#a0cbe8', '#ffbe7d',
 ];
-const GREYS = { [BEFORE_TRACE]: '#b9c0cc', [NO_FRAMES]: '#8e96a3' };
+// Memory whose owner is unknown: no stack, or a block no live allocation explains.
+export const UNKNOWN = '#8e96a3';
+const GREYS = { [BEFORE_TRACE]: '#b9c0cc', [NO_FRAMES]: UNKNOWN };
 // Hidden allocations stay as faint ghosts (#eef0f3), so the picture keeps its shape.
 export const GHOST = 0xfff3f0ee;
 
@@ -28,7 +30,10 @@ export function colorGroups(groups) {
   return { order: Uint32Array.from(order), colors, pixels };
 }
 
-// The top of the timeline's y axis: the peaks plus 6% headroom.
+// Charts leave 6% above their highest value.
+export const HEADROOM = 1.06;
+
+// The top of the timeline's y axis: the peaks plus the headroom.
 export function topBytes(summary, extra = 0) {
-  return Math.max(summary.peak_reserved_bytes, summary.peak_allocated_bytes, extra, 1) * 1.06;
+  return Math.max(summary.peak_reserved_bytes, summary.peak_allocated_bytes, extra, 1) * HEADROOM;
 }

@@ -4,7 +4,7 @@
 // (src/timeline/raster.rs) into an image covering the view and a view-width each side; frames
 // only place that image, so panning and zooming cost the same whatever the trace size.
 import { escapeHtml, formatBytes, ticks } from './format.js';
-import { colorGroups, topBytes, GHOST } from './palette.js';
+import { colorGroups, topBytes, GHOST, HEADROOM } from './palette.js';
 
 const MARGIN = { left: 74, right: 16, top: 18, bottom: 30 };
 
@@ -108,6 +108,9 @@ export class Timeline {
 
   setReplay(replay) {
     this.replay = replay;
+    // Its peak sets the y scale with the trace's (found once, not on every frame).
+    this.replayPeak = 0;
+    if (replay) for (const v of replay.reserved_curve) this.replayPeak = Math.max(this.replayPeak, v);
     this.replayVersion = (this.replayVersion || 0) + 1;
     this.requestDraw();
   }
@@ -148,9 +151,7 @@ export class Timeline {
   }
 
   yMax() {
-    let replayPeak = 0;
-    if (this.replay) for (const v of this.replay.reserved_curve) replayPeak = Math.max(replayPeak, v);
-    return topBytes(this.data.meta.summary, replayPeak);
+    return topBytes(this.data.meta.summary, this.replay ? this.replayPeak : 0);
   }
 
   pxOfX(x, p = this.plot) {
@@ -300,8 +301,9 @@ export class Timeline {
       this.pendingLayer = null;
       this.requestDraw();
     }, (e) => {
-      if (ticket === this.layerTicket) this.pendingLayer = null;
-      console.error('tensormem: the timeline image failed', e);
+      if (ticket !== this.layerTicket || data !== this.data) return;
+      this.pendingLayer = null;
+      this.emit('error', e);
     });
   }
 
@@ -450,8 +452,9 @@ export class Timeline {
   }
 
   spanAt(px, py) {
+    const p = this.plot;
     for (const span of this.data.meta.spans || []) {
-      const b = this.spanBox(span);
+      const b = this.spanBox(span, p);
       if (px >= b.left - 1 && px <= b.right + 1 && py >= b.top - 1 && py <= b.top + b.height + 1) return span;
     }
     return null;
@@ -477,7 +480,7 @@ export class Timeline {
     ctx.lineWidth = 1;
     ctx.textAlign = 'right';
     ctx.textBaseline = 'middle';
-    for (const v of ticks(0, ymax / 1.06, 5, true)) {
+    for (const v of ticks(0, ymax / HEADROOM, 5, true)) {
       const y = Math.round(p.y + p.h - (v / ymax) * p.h) + 0.5;
       ctx.beginPath();
       ctx.moveTo(p.x, y);
@@ -551,7 +554,7 @@ export class Timeline {
         this.pinned = id;
         this.emit('pin', id);
         this.requestDraw();
-      });
+      }, () => {}); // asked of a timeline the page has since left
     });
     c.addEventListener('pointerleave', () => {
       this.hoverTicket++;
@@ -581,6 +584,9 @@ export class Timeline {
   hoverAt(px, py) {
     const span = this.spanAt(px, py);
     if (span) {
+      // A band's answer still on its way must not replace this tooltip.
+      this.hoverTicket++;
+      this.hoverNext = null;
       this.showTooltip(px, py, `<b>${escapeHtml(span.name)}</b><br>record_function scope, events ${Math.max(0, span.x0 - 1)} to ${Math.max(0, span.x1 - 1)}`);
       return;
     }

@@ -77,8 +77,7 @@ async function loadFile(file) {
 function close(id) {
   traces.get(id)?.free();
   traces.delete(id);
-  views.get(id)?.free();
-  views.delete(id);
+  for (const [v, { trace, t }] of views) if (trace === id) { t.free(); views.delete(v); }
 }
 
 function get(id) {
@@ -94,16 +93,20 @@ function add(t, name) {
 }
 
 
-// The laid-out timeline of each open trace (its current device), kept to rasterise views of it.
+// Laid-out timelines by view id ({trace, t}): the newest of each open trace (the device shown),
+// kept to rasterise and hit-test it. Requests name the view they were made for, so one made for
+// a device the page has just left is refused instead of answered from the new one.
 const views = new Map();
+let nextView = 1;
 
 // `first` ({width, height} in device pixels), when the page will draw by event index: the whole
 // trace is rasterised right away and sent with the timeline, saving the page a round trip.
 function timeline(trace, device, first) {
   progress('laying out the timeline', 1);
   const t = get(trace).timeline(device);
-  views.get(trace)?.free();
-  views.set(trace, t);
+  for (const [v, old] of views) if (old.trace === trace) { old.t.free(); views.delete(v); }
+  const viewId = nextView++;
+  views.set(viewId, { trace, t });
   const arrays = {
     allocated: t.allocated(),
     reserved: t.reserved(),
@@ -131,13 +134,13 @@ function timeline(trace, device, first) {
     firstImage = { pixels, width: first.width, height: first.height };
     transfer.push(pixels.buffer);
   }
-  return { result: { device, arrays, meta, firstImage }, transfer };
+  return { result: { view: viewId, device, arrays, meta, firstImage }, transfer };
 }
 
-function view(trace) {
-  const v = views.get(trace);
-  if (!v) throw new Error('this trace is no longer open');
-  return v;
+function view(id) {
+  const v = views.get(id);
+  if (!v) throw new Error('this timeline is no longer shown');
+  return v.t;
 }
 
 // The second trace of a comparison: its curves and who held memory at its peak.
@@ -166,7 +169,12 @@ const handlers = {
     return add(await loadFile(file), file.name);
   },
   async openUrl({ url }) {
-    const response = await fetch(url);
+    let response;
+    try {
+      response = await fetch(url);
+    } catch (e) {
+      throw new Error(`${url} could not be fetched (${e.message}): is the server that served this page (tensormem serve) still running?`);
+    }
     if (!response.ok) throw new Error(`${url}: the server answered ${response.status} ${response.statusText}`);
     // A compressed body's length is not the file's.
     const total = response.headers.get('content-encoding') ? 0 : Number(response.headers.get('content-length')) || 0;
@@ -177,9 +185,10 @@ const handlers = {
     progress(`running ${request.scenario}`, 1);
     return add(run_scenario(JSON.stringify(request)), `scenario ${request.scenario}${request.variant ? ` (${request.variant})` : ''}`);
   },
-  // The candidate `trace` is now the page's: every other trace is closed.
-  async use({ trace }) {
-    for (const id of [...traces.keys()]) if (id !== trace) close(id);
+  // The candidate `trace` is now the page's, and `previous` (the one it replaces) is closed; candidates still loading are left to their own
+  // 'use' or 'drop'.
+  async use({ trace, previous }) {
+    if (previous !== undefined && previous !== trace) close(previous);
     // The page clears its comparison with a new trace.
     replaceOther(null);
   },
@@ -187,19 +196,19 @@ const handlers = {
   async drop({ trace }) {
     close(trace);
   },
-  async setAxis({ trace, xs }) {
-    view(trace).set_axis(xs);
+  async setAxis({ view: v, xs }) {
+    view(v).set_axis(xs);
   },
-  async raster({ trace, x0, x1, width, height, ymax, order, colors, hidden, ghost }) {
-    const pixels = view(trace).raster(x0, x1, width, height, ymax, order, colors, hidden, ghost);
+  async raster({ view: v, x0, x1, width, height, ymax, order, colors, hidden, ghost }) {
+    const pixels = view(v).raster(x0, x1, width, height, ymax, order, colors, hidden, ghost);
     return { result: pixels, transfer: [pixels.buffer] };
   },
-  async hitTest({ trace, pos, bytes, slack }) {
-    const id = view(trace).hit_test(pos, bytes, slack);
+  async hitTest({ view: v, pos, bytes, slack }) {
+    const id = view(v).hit_test(pos, bytes, slack);
     return id === 0xffffffff ? null : id;
   },
-  async pieces({ trace, id }) {
-    return view(trace).pieces_of(id);
+  async pieces({ view: v, id }) {
+    return view(v).pieces_of(id);
   },
   async timeline({ trace, device, first }) {
     return timeline(trace, device, first);

@@ -106,8 +106,9 @@ impl<'a> Reader<'a> {
         if n > here {
             if self.at_end || n > in_file {
                 let remain = if self.at_end { here } else { in_file };
+                let plural = if n == 1 { "" } else { "s" };
                 return Err(Halt::Error(self.err(format!(
-                    "needs {n} bytes but only {remain} remain (truncated file or bad length)"
+                    "needs {n} byte{plural} but only {remain} remain (truncated file or bad length)"
                 ))));
             }
             return Err(Halt::NeedMore);
