@@ -100,6 +100,8 @@ test('the default page runs the default scenario and draws its timeline', async 
   await page.waitForSelector('#tooltip:not([hidden])');
   assert.match(await page.textContent('#tooltip'), /MiB|KiB/);
   await page.mouse.click(box.x + box.width * 0.5, box.y + box.height - 40);
+  // The worker answers which band was clicked; the details follow.
+  await page.waitForFunction(() => /address/.test(document.querySelector('#details').textContent), null, { timeout: 5000 });
   assert.match(await page.textContent('#details'), /address/);
   await page.screenshot({ path: join(shots, 'default-scenario.png'), fullPage: true });
   // tensormem's own traces carry time: modelled on the simulated card, and said so.
