@@ -265,10 +265,11 @@ pub fn scenarios_json() -> String {
     serde_json::json!({ "scenarios": scenarios::list(), "presets": presets }).to_string()
 }
 
-/// Runs a scenario on a simulated card. `request` is JSON: `{scenario, variant?, set?: {name:
-/// value}, device?: "sim:H100-80GB", capacity?: "24GiB", alloc_conf?: "..."}`.
+/// Runs a scenario on a simulated card or, with `device: "gpu"`, on this browser's WebGPU
+/// adapter (real kernels). `request` is JSON: `{scenario, variant?, set?: {name: value},
+/// device?: "sim:H100-80GB" | "gpu", capacity?: "24GiB", alloc_conf?: "..."}`.
 #[wasm_bindgen]
-pub fn run_scenario(request: &str) -> Result<LoadedTrace, JsError> {
+pub async fn run_scenario(request: String) -> Result<LoadedTrace, JsError> {
     #[derive(serde::Deserialize)]
     struct Request {
         scenario: String,
@@ -279,7 +280,7 @@ pub fn run_scenario(request: &str) -> Result<LoadedTrace, JsError> {
         capacity: Option<String>,
         alloc_conf: Option<String>,
     }
-    let r: Request = serde_json::from_str(request).map_err(js_error)?;
+    let r: Request = serde_json::from_str(&request).map_err(js_error)?;
     let capacity = r.capacity.filter(|c| !c.trim().is_empty()).map(|c| crate::report::parse_size(&c)).transpose().map_err(js_error)?;
     let request = RunRequest {
         scenario: r.scenario,
@@ -289,7 +290,7 @@ pub fn run_scenario(request: &str) -> Result<LoadedTrace, JsError> {
         capacity,
         alloc_conf: r.alloc_conf.filter(|c| !c.trim().is_empty()),
     };
-    let result = scenarios::run(&request).map_err(js_error)?;
+    let result = scenarios::run_anywhere(&request).await.map_err(js_error)?;
     let run_json = serde_json::to_string(&result).map_err(js_error)?;
     Ok(LoadedTrace { snapshot: result.snapshot, run_json: Some(run_json) })
 }

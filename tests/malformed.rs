@@ -54,6 +54,10 @@ fn explicit_malformed_inputs() {
         load_err(br#"{"segments": [], "device_traces": [[{"action": "teleport", "addr": 0, "size": 1}]]}"#),
         "device_traces[0][0].action: unknown action \"teleport\""
     );
+    assert_eq!(
+        load_err(br#"{"segments": [], "device_traces": [[{"action": "alloc", "addr": 0, "size": 1, "category": "weights"}]]}"#),
+        "device_traces[0][0].category: unknown category \"weights\""
+    );
     assert!(load_err(br#"{"segments": []"#).starts_with("bad JSON"));
     // Absurd nesting: serde_json stops at its recursion limit; the pickle reader never recurses.
     let deep = "[".repeat(100_000);

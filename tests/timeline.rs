@@ -97,6 +97,37 @@ fn training_trace_warns_that_it_starts_mid_run_and_groups_by_user_frame() {
     assert!(groups.iter().any(|g| g.name == "BmmBackward0 (autograd backward)"), "{:?}", &groups[..10]);
     // Stacks are interned: far fewer distinct frames than frame references.
     assert!(t.frames.len() * 10 < t.stack_frames.len(), "{} frames for {} references", t.frames.len(), t.stack_frames.len());
+    // PyTorch's snapshots carry no categories: every group is a frame.
+    assert!(t.groups.iter().all(|g| !g.category));
+}
+
+/// tensormem's own traces say what their memory is for: those allocations are grouped by
+/// category, the rest by the engine op and the program line that called it.
+#[test]
+fn engine_traces_group_by_category_where_known_and_by_call_site_otherwise() {
+    use tensormem::scenarios::{self, RunRequest};
+    let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
+    let t = timeline::build(&run.snapshot, 0).unwrap();
+    let group = |name: &str| t.groups.iter().find(|g| g.name == name).unwrap_or_else(|| panic!("no group {name}: {:?}", t.groups));
+    const MIB: u64 = 1 << 20;
+    // 8 layers of fc1 [1024, 4096] and fc2 [4096, 1024] f32 weights: 16 x 16 MiB, all live at the peak.
+    let parameters = group("parameter");
+    assert!(parameters.category);
+    assert_eq!((parameters.allocations, parameters.bytes_at_peak), (16, 256 * MIB));
+    // One input per batch; at the peak (batch 40) the current block's input: 40 x 128 x 1024 x 4 bytes.
+    let input = group("input");
+    assert!(input.category);
+    assert_eq!((input.allocations, input.bytes_at_peak), (12, 20 * MIB));
+    // Each layer's two matmuls, named by their call site (the same line for every layer, as one
+    // line of a Python forward is): 12 batches x 8 layers each.
+    let matmuls: Vec<_> = t.groups.iter().filter(|g| g.name.starts_with("matmul (scenarios/mod.rs:")).collect();
+    assert_eq!(matmuls.len(), 2, "{:?}", t.groups);
+    assert!(matmuls.iter().all(|g| !g.category && g.allocations == 96));
+    // At the peak: fc1's output (80 MiB, 4 x wider) and fc2's (20 MiB).
+    let mut at_peak: Vec<u64> = matmuls.iter().map(|g| g.bytes_at_peak).collect();
+    at_peak.sort();
+    assert_eq!(at_peak, vec![20 * MIB, 80 * MIB]);
+    assert_eq!(t.groups.len(), 4, "no empty groups: {:?}", t.groups);
 }
 
 #[test]

@@ -122,7 +122,7 @@ function showDetails(id) {
       <dt>address</dt><dd>0x${a.allocAddr[id].toString(16)}</dd>
       <dt>stream</dt><dd>${a.allocStream[id]}</dd>
       <dt>lifetime</dt><dd>${lifetime(id)}</dd>
-      <dt>group</dt><dd>${escape(meta.groups[a.allocGroup[id]].name)}</dd>
+      <dt>${meta.groups[a.allocGroup[id]].category ? 'category' : 'group'}</dt><dd>${escape(meta.groups[a.allocGroup[id]].name)}</dd>
       <dt>module scope</dt><dd>${scopeOf(id).length ? escape(scopeText(scopeOf(id))) : '<span class="muted">inside no nn.Module call</span>'}</dd>
     </dl>`
     + stackHtml(frames);
@@ -212,8 +212,11 @@ async function showState(position) {
 function showLegend() {
   const { meta } = timeline.data;
   const shown = Array.from(timeline.groupOrder.slice(0, 24));
-  $('legend').innerHTML = shown.map((g) => `<button data-group="${g}" class="${timeline.hidden.has(g) ? 'off' : ''}" title="click to hide or show">`
-    + `<i style="background:${timeline.groupColor[g]}"></i>${escape(meta.groups[g].name)} <span class="count">${formatBytes(meta.groups[g].bytes_at_peak)} at peak · ${meta.groups[g].allocations} allocs</span></button>`).join('')
+  // A category (what the memory is for) reads differently from a frame (where it was made).
+  const label = (group) => group.category ? `<b class="category">${escape(group.name)}</b>` : escape(group.name);
+  const atPeak = (bytes) => bytes ? `${formatBytes(bytes)} at peak` : 'none at peak';
+  $('legend').innerHTML = shown.map((g) => `<button data-group="${g}" data-category="${meta.groups[g].category}" class="${timeline.hidden.has(g) ? 'off' : ''}" title="click to hide or show">`
+    + `<i style="background:${timeline.groupColor[g]}"></i>${label(meta.groups[g])} <span class="count">${atPeak(meta.groups[g].bytes_at_peak)} · ${meta.groups[g].allocations} allocs</span></button>`).join('')
     + (timeline.groupOrder.length > shown.length ? `<span class="count">and ${timeline.groupOrder.length - shown.length} smaller groups</span>` : '');
   for (const b of $('legend').querySelectorAll('button')) {
     b.onclick = () => { timeline.toggleGroup(Number(b.dataset.group)); showLegend(); showLive(timeline.cursor); };
@@ -493,7 +496,7 @@ function scenarioRequest() {
     scenario: s.name,
     variant: $('variant-select').value || null,
     set,
-    device: card === 'custom' ? `sim:${$('custom-card').value.trim()}` : `sim:${card}`,
+    device: card === 'gpu' ? 'gpu' : card === 'custom' ? `sim:${$('custom-card').value.trim()}` : `sim:${card}`,
   };
 }
 
@@ -515,7 +518,10 @@ async function runScenario() {
 async function setUpScenarios() {
   scenarios = await ask('scenarios');
   $('scenario-select').innerHTML = scenarios.scenarios.map((s) => `<option value="${s.name}">${escape(s.name)}: ${escape(s.title)}</option>`).join('');
-  $('card-select').innerHTML = scenarios.presets.map((p) => `<option value="${p.name}">${p.name} (${formatBytes(p.bytes)})</option>`).join('') + '<option value="custom">custom size…</option>';
+  // WebGPU in a worker is what the scenario needs; a page without it still lists the option, disabled, to say why.
+  const webgpu = 'gpu' in navigator;
+  const gpuOption = `<option value="gpu"${webgpu ? '' : ' disabled'}>this browser's GPU (WebGPU${webgpu ? ', real kernels' : ': not available here'})</option>`;
+  $('card-select').innerHTML = scenarios.presets.map((p) => `<option value="${p.name}">simulated ${p.name} (${formatBytes(p.bytes)})</option>`).join('') + '<option value="custom">simulated card of custom size…</option>' + gpuOption;
   $('scenario-select').onchange = showScenarioForm;
   $('card-select').onchange = () => { $('custom-card-box').hidden = $('card-select').value !== 'custom'; };
   $('run-scenario').onclick = runScenario;

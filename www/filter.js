@@ -22,18 +22,22 @@ export function applyFilter(filter, data) {
   const stacks = a.stackOffsets.length - 1;
   const stackMatches = new Int8Array(Math.max(stacks, 0)).fill(-1);
   const groupText = meta.groups.map((g) => g.name.toLowerCase());
+  const stackText = (s) => {
+    let text = '';
+    for (let k = a.stackOffsets[s]; k < a.stackOffsets[s + 1]; k++) {
+      const f = meta.frames[a.stackFrames[k]];
+      text += `\n${f[0]}\n${f[1]}:${f[2]}`;
+    }
+    return text.toLowerCase();
+  };
   const matches = (id) => {
     const s = a.allocStack[id];
-    const group = groupText[a.allocGroup[id]];
-    if (s === 0xffffffff) return match(group);
-    if (stackMatches[s] < 0) {
-      let text = group;
-      for (let k = a.stackOffsets[s]; k < a.stackOffsets[s + 1]; k++) {
-        const f = meta.frames[a.stackFrames[k]];
-        text += `\n${f[0]}\n${f[1]}:${f[2]}`;
-      }
-      stackMatches[s] = match(text.toLowerCase()) ? 1 : 0;
-    }
+    const g = a.allocGroup[id];
+    if (s === 0xffffffff) return match(groupText[g]);
+    // A frame group follows from the stack, so one answer per stack holds; a category does
+    // not (one line can allocate a parameter and, later, a temporary).
+    if (meta.groups[g].category) return match(groupText[g] + stackText(s));
+    if (stackMatches[s] < 0) stackMatches[s] = match(groupText[g] + stackText(s)) ? 1 : 0;
     return stackMatches[s] === 1;
   };
   const mask = new Uint8Array(n);

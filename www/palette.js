@@ -12,10 +12,16 @@ const PALETTE = [
 // Memory whose owner is unknown: no stack, or a block no live allocation explains.
 export const UNKNOWN = '#8e96a3';
 const GREYS = { [BEFORE_TRACE]: '#b9c0cc', [NO_FRAMES]: UNKNOWN };
+// Categories (tensormem's own traces) keep torch.profiler's memory-timeline colours, so a
+// band means the same thing on both plots (its input black, softened here to dark grey).
+const CATEGORIES = {
+  parameter: '#006400', 'optimizer state': '#daa520', input: '#3c3c3c', temporary: '#9370db',
+  activation: '#ff0000', gradient: '#0000cd', 'autograd detail': '#4169e1',
+};
 // Hidden allocations stay as faint ghosts (#eef0f3), so the picture keeps its shape.
 export const GHOST = 0xfff3f0ee;
 
-// groups: the timeline's [{name, bytes_at_peak}] -> the drawing order, CSS colours, and the
+// groups: the timeline's [{name, category, bytes_at_peak}] -> the drawing order, CSS colours, and the
 // same colours as RGBA words (red in the low byte) for pixel buffers.
 export function colorGroups(groups) {
   const order = groups.map((g, i) => i).sort((x, y) => groups[y].bytes_at_peak - groups[x].bytes_at_peak);
@@ -23,7 +29,8 @@ export function colorGroups(groups) {
   const pixels = new Uint32Array(groups.length);
   let next = 0;
   for (const g of order) {
-    colors[g] = GREYS[groups[g].name] || PALETTE[next++ % PALETTE.length];
+    const { name, category } = groups[g];
+    colors[g] = (category && CATEGORIES[name]) || GREYS[name] || PALETTE[next++ % PALETTE.length];
     const hex = parseInt(colors[g].slice(1), 16);
     pixels[g] = (0xff << 24 | (hex & 0xff) << 16 | (hex >> 8 & 0xff) << 8 | hex >> 16) >>> 0;
   }

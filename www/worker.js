@@ -8,9 +8,9 @@ import { colorGroups, topBytes, GHOST } from './palette.js';
 // own: the engine compiles wasm in tiers, and the first large file would otherwise pay for the
 // slow first tier (measured: 65 ms instead of 12 ms to parse the 3 MB training fixture).
 let wasm = null;
-const ready = init().then((exports) => {
+const ready = init().then(async (exports) => {
   wasm = exports;
-  const warm = run_scenario(JSON.stringify({ scenario: 'variable-batch', set: { layers: '24' } }));
+  const warm = await run_scenario(JSON.stringify({ scenario: 'variable-batch', set: { layers: '24' } }));
   for (let k = 0; k < 3; k++) {
     const again = LoadedTrace.parse(warm.to_pickle());
     const t = again.timeline(0);
@@ -182,8 +182,9 @@ const handlers = {
     return add(await loadStream(response.body, total, name), name);
   },
   async runScenario({ request }) {
-    progress(`running ${request.scenario}`, 1);
-    return add(run_scenario(JSON.stringify(request)), `scenario ${request.scenario}${request.variant ? ` (${request.variant})` : ''}`);
+    const where = request.device === 'gpu' ? ' on this browser\'s GPU' : '';
+    progress(`running ${request.scenario}${where}`, 1);
+    return add(await run_scenario(JSON.stringify(request)), `scenario ${request.scenario}${request.variant ? ` (${request.variant})` : ''}`);
   },
   // The candidate `trace` is now the page's, and `previous` (the one it replaces) is closed; candidates still loading are left to their own
   // 'use' or 'drop'.

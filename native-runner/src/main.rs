@@ -72,7 +72,7 @@ enum Command {
         /// Parameter values: --set layers=4 --set hidden=2048, or --set layers=4,hidden=2048.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
-        /// sim:PRESET (e.g. sim:H100-80GB) or sim:SIZE (e.g. sim:24GiB).
+        /// gpu (this machine's adapter, real kernels), sim:PRESET (e.g. sim:H100-80GB) or sim:SIZE (e.g. sim:24GiB).
         #[arg(long, default_value = "sim:H100-80GB")]
         device: String,
         /// Device memory, overriding the card's.
@@ -262,7 +262,7 @@ fn run(command: Command) -> Result<(), Failure> {
                 values.insert(k.trim().to_string(), v.trim().to_string());
             }
             let request = RunRequest { scenario: name, variant, set: values, device: Some(device), capacity, alloc_conf };
-            let result = scenarios::run(&request).map_err(|e| Failure(e.to_string(), 2))?;
+            let result = pollster::block_on(scenarios::run_anywhere(&request)).map_err(|e| Failure(e.to_string(), 2))?;
             if let Some(out) = &snapshot {
                 save(&result.snapshot, out)?;
             }

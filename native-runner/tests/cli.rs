@@ -167,10 +167,12 @@ fn run_errors_are_one_line_and_name_the_choices() {
         (vec!["run", "variable-batch", "--set", "foo=1"], "parameters: layers"),
         (vec!["run", "variable-batch", "--variant", "maybe"], "mistake or fix"),
         (vec!["run", "variable-batch", "--device", "sim:huge"], "sim:PRESET"),
-        (vec!["run", "variable-batch", "--device", "gpu"], "simulated card only"),
+        (vec!["run", "variable-batch", "--device", "gpu", "--variant", "fix"], "expandable_segments needs virtual memory mapping"),
+        (vec!["run", "variable-batch", "--device", "tpu"], "use gpu, sim:PRESET"),
         (vec!["run", "variable-batch", "--set", "layers=x"], "whole number"),
-        (vec!["run", "variable-batch", "--set", "hidden=3037000500"], "larger than 16 EiB"),
-        (vec!["run", "variable-batch", "--set", "hidden=4294967296"], "larger than 16 EiB"),
+        (vec!["run", "variable-batch", "--set", "hidden=3037000500"], "larger than tensormem can index"),
+        (vec!["run", "variable-batch", "--set", "hidden=4294967296"], "larger than tensormem can index"),
+        (vec!["run", "variable-batch", "--set", "seq=100000000000"], "larger than tensormem can index"),
     ] {
         let out = tensormem(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

@@ -1089,7 +1089,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let page_size = if small { SMALL_BUFFER } else { LARGE_BUFFER };
         // Address space for 9/8 of the device, as PyTorch reserves.
-        let total = self.capacity.unwrap_or(DEFAULT_EXPANDABLE_SPAN);
+        // A capacity beyond any address space (`--capacity 16EiB`) reserves the largest span
+        // a 64-bit address space takes instead of overflowing.
+        let total = self.capacity.unwrap_or(DEFAULT_EXPANDABLE_SPAN).min(MAX_EXPANDABLE_SPAN);
         let max_pages = (total + total / 8).div_ceil(page_size);
         let base = self.source.reserve(max_pages * page_size)?;
         self.expandable.push(ExpandableSegment { base, page_size, max_pages, mapped: Vec::new(), live: true });
@@ -1379,7 +1381,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let base = ranges[0].address;
             let last = ranges[ranges.len() - 1];
             let used = last.address + last.total_size - base;
-            let total = self.capacity.unwrap_or(DEFAULT_EXPANDABLE_SPAN);
+            let total = self.capacity.unwrap_or(DEFAULT_EXPANDABLE_SPAN).min(MAX_EXPANDABLE_SPAN);
             // The reservation may not run into the next range in use above it.
             let room = starts.range(base + used..).next().map_or(u64::MAX, |&next| next - base);
             let max_pages = ((total + total / 8) / page_size).min(room / page_size).max(used.div_ceil(page_size));
@@ -1595,3 +1597,6 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
 /// Address space an expandable segment reserves when the device has no stated capacity.
 const DEFAULT_EXPANDABLE_SPAN: u64 = 1 << 40;
+/// The largest device an expandable segment spans (2^56 bytes: more than any card, and 9/8 of
+/// it in pages still fits in 64-bit addresses).
+const MAX_EXPANDABLE_SPAN: u64 = 1 << 56;

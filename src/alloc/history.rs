@@ -1,6 +1,6 @@
 //! Allocation history: PyTorch's `_record_memory_history` ring buffer of trace entries.
 
-use crate::trace::TraceEntry;
+use crate::trace::{Action, Category, TraceEntry};
 
 /// Where modelled clocks start: 2026-01-01T00:00:00Z in microseconds since the Unix epoch, so
 /// viewers show a plausible date rather than 1970.
@@ -91,6 +91,8 @@ pub struct History {
     entries: Vec<TraceEntry>,
     next: usize,
     time: TimeSource,
+    /// The category stamped on new `alloc` entries (what the engine is allocating for).
+    category: Option<Category>,
 }
 
 impl History {
@@ -126,6 +128,12 @@ impl History {
         }
     }
 
+    /// Stamps the following `alloc` entries with `category` (None: unclassified); returns the
+    /// category it replaces, so that a caller can restore it.
+    pub fn set_category(&mut self, category: Option<Category>) -> Option<Category> {
+        std::mem::replace(&mut self.category, category)
+    }
+
     pub fn is_recording(&self) -> bool {
         self.enabled
     }
@@ -138,6 +146,9 @@ impl History {
     pub fn push(&mut self, mut entry: TraceEntry) {
         if entry.time_us.is_none() {
             entry.time_us = self.time.now_us();
+        }
+        if entry.action == Action::Alloc && entry.category.is_none() {
+            entry.category = self.category;
         }
         if self.entries.len() < self.max_entries {
             self.entries.push(entry);

@@ -137,8 +137,12 @@ impl GpuContext {
             )));
         }
         let summary = AdapterSummary {
-            name: info.name.clone(),
-            backend: format!("{:?}", info.backend),
+            // Browsers hide the adapter's name (fingerprinting); say what is known instead.
+            name: if info.name.is_empty() { "browser WebGPU adapter".to_string() } else { info.name.clone() },
+            backend: match info.backend {
+                wgpu::Backend::BrowserWebGpu => "WebGPU".to_string(),
+                other => format!("{other:?}"),
+            },
             device_type: format!("{:?}", info.device_type),
             driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
             native_f16,

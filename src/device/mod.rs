@@ -12,7 +12,7 @@ use crate::alloc::{
     VirtualSegments,
 };
 use crate::report;
-use crate::trace::{Frame, Frames, Snapshot};
+use crate::trace::{Category, Frame, Frames, Snapshot};
 use gpu::{GpuContext, GpuSegments};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -266,6 +266,14 @@ impl Device {
         ScopeGuard(self.clone())
     }
 
+    /// Classifies the following allocations as `category` (parameter, gradient, ...: what the
+    /// page colours them by) until the guard drops, which restores the one before.
+    #[must_use = "the category holds only while the guard lives"]
+    pub fn category(&self, category: Category) -> CategoryGuard {
+        let before = self.0.alloc.borrow_mut().history_mut().set_category(Some(category));
+        CategoryGuard { device: self.clone(), before }
+    }
+
     // ------------------------------------------------------------------ torch.cuda names
 
     pub fn memory_allocated(&self) -> u64 {
@@ -377,6 +385,18 @@ impl Device {
             b.destroy();
         }
         Some(start.elapsed().as_secs_f64() / count as f64)
+    }
+}
+
+/// Restores the category that was in force before [`Device::category`].
+pub struct CategoryGuard {
+    device: Device,
+    before: Option<Category>,
+}
+
+impl Drop for CategoryGuard {
+    fn drop(&mut self) {
+        self.device.0.alloc.borrow_mut().history_mut().set_category(self.before);
     }
 }
 

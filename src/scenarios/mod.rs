@@ -2,16 +2,17 @@
 //!
 //! Each scenario has parameters with defaults, optional `mistake` / `fix` variants, and an
 //! explanation; a run records labelled steps (allocated and reserved after each) and the whole
-//! trace as a snapshot, timed by a clock modelled on the card's speed. For now the scenarios are
-//! allocator-level programs (tensor-sized requests with stacks) on a simulated card; tensor-level
-//! ones arrive with autograd.
+//! trace as a snapshot. Scenarios are tensor programs: the same program runs on a simulated card
+//! (timed by a clock modelled on the card's speed) or on the GPU (real kernels, wall clock), and
+//! allocates identically on both.
 
-use crate::alloc::{format_size, AllocError, AllocatorConfig, ConfigError, RecordContext, TimeSource, VirtualAllocator};
-use crate::device::SimOptions;
-use crate::trace::{Frame, Frames, Snapshot};
+use crate::alloc::{format_size, AllocatorConfig, ConfigError, RecordContext};
+use crate::device::{DeviceError, SimOptions};
+use crate::tensor::TensorError;
+use crate::trace::{Category, Snapshot};
+use crate::{DType, Device, GpuOptions};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// A scenario as the list shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -85,10 +86,12 @@ pub enum ScenarioError {
     Unknown(String, String),
     #[error("scenario {scenario}: {message}")]
     Parameter { scenario: String, message: String },
-    #[error("unknown device {0:?}: use sim:PRESET (one of {1}) or sim:SIZE such as sim:24GiB")]
+    #[error("unknown device {0:?}: use gpu, sim:PRESET (one of {1}) or sim:SIZE such as sim:24GiB")]
     Device(String, String),
-    #[error("the scenarios of this release are allocator programs that run on a simulated card only: use --device sim:PRESET or sim:SIZE")]
-    NoGpu,
+    #[error("a scenario on the GPU runs asynchronously (scenarios::run_anywhere); scenarios::run takes sim devices only")]
+    GpuIsAsync,
+    #[error(transparent)]
+    Gpu(#[from] DeviceError),
     #[error(transparent)]
     Settings(#[from] ConfigError),
 }
@@ -122,17 +125,30 @@ pub fn find(name: &str) -> Option<ScenarioInfo> {
 pub fn parse_device(text: &str) -> Result<SimOptions, ScenarioError> {
     let body = text.strip_prefix("sim:").unwrap_or(text);
     let presets = || crate::device::PRESETS.iter().map(|p| p.0).collect::<Vec<_>>().join(", ");
-    if text == "gpu" {
-        return Err(ScenarioError::NoGpu);
-    }
     if let Some(preset) = SimOptions::find(body) {
         return Ok(preset);
     }
     crate::report::parse_size(body).map(SimOptions::custom).map_err(|_| ScenarioError::Device(text.into(), presets()))
 }
 
-/// Runs a scenario.
-pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
+/// A request checked and resolved: the scenario, its variant, the parameter values, the
+/// allocator settings and the card, before any device exists.
+struct Plan {
+    info: ScenarioInfo,
+    variant: Option<String>,
+    config: AllocatorConfig,
+    /// The simulated card; None for the GPU (`--device gpu`).
+    card: Option<SimOptions>,
+    capacity: Option<u64>,
+    parameters: BTreeMap<String, serde_json::Value>,
+    program: Program,
+}
+
+enum Program {
+    VariableBatch { layers: u64, hidden: u64, seq: u64, batches: Vec<u64> },
+}
+
+fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
     let names = || list().iter().map(|s| s.name).collect::<Vec<_>>().join(", ");
     let info = find(&request.scenario).ok_or_else(|| ScenarioError::Unknown(request.scenario.clone(), names()))?;
     let bad = |message: String| ScenarioError::Parameter { scenario: info.name.into(), message };
@@ -152,8 +168,11 @@ pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
     let value = |name: &str| -> &str {
         request.set.get(name).map(String::as_str).unwrap_or_else(|| info.parameters.iter().find(|p| p.name == name).map_or("", |p| p.default))
     };
-    let card = parse_device(request.device.as_deref().unwrap_or("sim:H100-80GB"))?;
-    let capacity = request.capacity.unwrap_or(card.capacity);
+    let card = match request.device.as_deref().unwrap_or("sim:H100-80GB") {
+        "gpu" => None,
+        other => Some(parse_device(other)?),
+    };
+    let capacity = request.capacity.or(card.as_ref().map(|c| c.capacity));
     let mut config = AllocatorConfig::default();
     if variant.as_deref() == Some("fix") && info.name == "variable-batch" {
         config.apply("expandable_segments:True")?;
@@ -161,10 +180,8 @@ pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
     if let Some(conf) = &request.alloc_conf {
         config.apply(conf)?;
     }
-    let mut rec = Recorder::new(config.clone(), Some(capacity), &card);
     let mut parameters = BTreeMap::new();
-
-    let outcome = match info.name {
+    let program = match info.name {
         "variable-batch" => {
             let int = |name: &str| value(name).trim().parse::<u64>().map_err(|_| bad(format!("{name} must be a whole number, got {:?}", value(name))));
             let (layers, hidden, seq) = (int("layers")?, int("hidden")?, int("seq")?);
@@ -176,145 +193,179 @@ pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
             if layers == 0 || hidden == 0 || seq == 0 || batches.is_empty() || batches.contains(&0) || layers > 1000 || batches.len() > 10_000 {
                 return Err(bad("layers, hidden, seq and every batch must be positive (at most 1000 layers and 10000 batches)".into()));
             }
-            // The largest figures the program computes must fit in 64 bits (16 EiB): a card
-            // that small is refused later with an out-of-memory error, an overflow never.
+            // Every dimension must be an index (usize, 32 bits in wasm) and every tensor's bytes
+            // fit in 64 bits: a card too small is refused with an out-of-memory error, an
+            // overflow never.
             let max_batch = batches.iter().copied().max().unwrap_or(1);
             let product = |factors: &[u64]| factors.iter().try_fold(1u64, |p, &f| p.checked_mul(f));
-            let fits = [product(&[64, hidden, hidden]), product(&[80, max_batch, seq, hidden]), product(&[16, max_batch, seq, hidden, hidden])];
-            if fits.iter().any(Option::is_none) {
-                return Err(bad(format!("hidden={hidden}, seq={seq} and batch {max_batch} make tensors larger than 16 EiB")));
+            let dims = [product(&[4, hidden]), product(&[max_batch, seq])];
+            let bytes = [product(&[64, hidden, hidden]), product(&[80, max_batch, seq, hidden]), product(&[16, max_batch, seq, hidden, hidden])];
+            if dims.iter().any(|d| d.is_none_or(|d| d > u32::MAX as u64)) || bytes.iter().any(Option::is_none) {
+                return Err(bad(format!("hidden={hidden}, seq={seq} and batch {max_batch} make tensors larger than tensormem can index")));
             }
             parameters.insert("layers".into(), layers.into());
             parameters.insert("hidden".into(), hidden.into());
             parameters.insert("seq".into(), seq.into());
             parameters.insert("batches".into(), serde_json::Value::from(batches.clone()));
-            variable_batch(&mut rec, layers, hidden, seq, &batches)
+            Program::VariableBatch { layers, hidden, seq, batches }
         }
         _ => unreachable!("every listed scenario has a program"),
     };
-    let out_of_memory = match outcome {
-        Ok(()) => None,
-        Err(AllocError::OutOfMemory(e)) => Some(e.to_string()),
-        Err(e) => Some(e.to_string()),
-    };
-    rec.fold_peaks();
-    let (peak_allocated_bytes, peak_reserved_bytes) = rec.peaks;
-    let snapshot = rec.snapshot();
-    let mut explanation = info.explanation.to_string();
-    if let Some(e) = &out_of_memory {
-        explanation = format!("Out of memory on {} ({}): {e}\n\n{explanation}", card.name, format_size(capacity));
-    }
-    Ok(RunResult {
-        scenario: info.name.into(),
-        variant,
-        device: format!("sim:{}", card.name),
-        capacity_bytes: capacity,
-        settings: config.to_string(),
-        parameters,
-        model_parameters: None,
-        steps: rec.steps,
-        peak_allocated_bytes,
-        peak_reserved_bytes,
-        out_of_memory,
-        explanation,
-        snapshot,
-    })
+    Ok(Plan { info, variant, config, card, capacity, parameters, program })
 }
 
-/// The allocator plus the labelled steps taken so far, on a simulated card.
+/// Runs a scenario on a simulated card (`sim:...`, the default).
+pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
+    let plan = plan(request)?;
+    let Some(card) = plan.card.clone() else { return Err(ScenarioError::GpuIsAsync) };
+    let card = SimOptions { capacity: plan.capacity.unwrap_or(card.capacity), ..card };
+    let device = Device::sim_with(card, plan.config.clone());
+    Ok(plan.run_on(device))
+}
+
+/// Runs a scenario on this machine's GPU (natively through wgpu, in a browser through WebGPU)
+/// or, for a `sim:` device, on the simulated card.
+pub async fn run_anywhere(request: &RunRequest) -> Result<RunResult, ScenarioError> {
+    let plan = plan(request)?;
+    if plan.card.is_some() {
+        return run(request);
+    }
+    let device = Device::gpu_with(GpuOptions { capacity: plan.capacity, ..Default::default() }, plan.config.clone()).await?;
+    let result = plan.run_on(device.clone());
+    // The figures are the allocator's, known already; waiting makes the last times real.
+    device.wait().await?;
+    Ok(result)
+}
+
+impl Plan {
+    fn run_on(self, device: Device) -> RunResult {
+        let mut rec = Recorder::new(device);
+        let outcome = match &self.program {
+            Program::VariableBatch { layers, hidden, seq, batches } => variable_batch(&mut rec, *layers, *hidden, *seq, batches),
+        };
+        let out_of_memory = outcome.err().map(|e| e.to_string());
+        rec.fold_peaks();
+        let (peak_allocated_bytes, peak_reserved_bytes) = rec.peaks;
+        let dev = &rec.device;
+        let capacity = dev.capacity().unwrap_or(0);
+        let device = match &self.card {
+            Some(card) => format!("sim:{}", card.name),
+            None => dev.name().to_string(),
+        };
+        let mut explanation = self.info.explanation.to_string();
+        if let Some(e) = &out_of_memory {
+            explanation = format!("Out of memory on {device} ({}): {e}\n\n{explanation}", format_size(capacity));
+        }
+        RunResult {
+            scenario: self.info.name.into(),
+            variant: self.variant,
+            device,
+            capacity_bytes: capacity,
+            settings: self.config.to_string(),
+            parameters: self.parameters,
+            model_parameters: None,
+            peak_allocated_bytes,
+            peak_reserved_bytes,
+            out_of_memory,
+            explanation,
+            snapshot: dev.snapshot(),
+            steps: rec.steps,
+        }
+    }
+}
+
+/// A device recording everything, plus the labelled steps taken so far.
 struct Recorder {
-    alloc: VirtualAllocator,
+    device: Device,
     steps: Vec<Step>,
-    /// Peak allocated and reserved over the whole run (the allocator's peaks restart each step).
+    /// Peak allocated and reserved over the whole run (the device's peaks restart each step).
     peaks: (u64, u64),
-    card: SimOptions,
 }
 
 impl Recorder {
-    /// Records everything, at times modelled on `card` (whose memory `capacity` may override).
-    fn new(config: AllocatorConfig, capacity: Option<u64>, card: &SimOptions) -> Recorder {
-        let mut alloc = VirtualAllocator::virtual_with(config);
-        alloc.set_capacity(capacity);
-        alloc.record_memory_history(true, RecordContext::All, 1 << 22);
-        alloc.history_mut().set_time_source(TimeSource::modelled());
-        Recorder { alloc, steps: Vec::new(), peaks: (0, 0), card: card.clone() }
-    }
-
-    /// The program ran f32 work moving `bytes` and doing `flops`: the clock moves by its cost
-    /// on the card, the sim device's cost model.
-    fn run(&mut self, bytes: u64, flops: u64) {
-        self.alloc.advance_time_us(self.card.speed.op_time_us(bytes, flops, false));
-    }
-
-    fn snapshot(&mut self) -> Snapshot {
-        self.alloc.snapshot_on(&self.card.device_name())
+    fn new(device: Device) -> Recorder {
+        device.record_memory_history(true, RecordContext::All, 1 << 22);
+        Recorder { device, steps: Vec::new(), peaks: (0, 0) }
     }
 
     fn step(&mut self, label: String) {
-        let stats = self.alloc.stats();
+        let dev = &self.device;
         self.steps.push(Step {
             label,
-            allocated_bytes: stats.allocated_bytes.all().current as u64,
-            reserved_bytes: stats.reserved_bytes.all().current as u64,
-            max_allocated_bytes: stats.allocated_bytes.all().peak as u64,
+            allocated_bytes: dev.memory_allocated(),
+            reserved_bytes: dev.memory_reserved(),
+            max_allocated_bytes: dev.max_memory_allocated(),
         });
         self.fold_peaks();
-        self.alloc.reset_peak_stats();
+        self.device.reset_peak_memory_stats();
     }
 
     fn fold_peaks(&mut self) {
-        let stats = self.alloc.stats();
-        self.peaks.0 = self.peaks.0.max(stats.allocated_bytes.all().peak as u64);
-        self.peaks.1 = self.peaks.1.max(stats.reserved_bytes.all().peak as u64);
+        self.peaks.0 = self.peaks.0.max(self.device.max_memory_allocated());
+        self.peaks.1 = self.peaks.1.max(self.device.max_memory_reserved());
     }
 }
 
-fn frames(name: &str, line: u64) -> Frames {
-    Arc::from(vec![Frame { filename: "scenarios/variable_batch.py".into(), line, name: name.into() }])
-}
-
-/// Batched inference whose batch size wobbles from step to step: the pattern that expandable
-/// segments were made for (PyTorch's Note [Expandable Segments]). Each step pushes activations
-/// through `layers` MLP blocks; a slightly larger batch no longer fits the cached blocks of the
-/// previous ones, so new segments pile up and reserved memory drifts above allocated.
 /// The variable-batch scenario's default batch sizes: a wobble around 32.
 const DEFAULT_BATCHES: &str = "32,31,33,30,34,29,36,31,38,27,40,33";
 
-fn variable_batch(rec: &mut Recorder, layers: u64, hidden: u64, seq: u64, batches: &[u64]) -> Result<(), AllocError> {
-    // fc1 [hidden, 4 hidden] and fc2 [4 hidden, hidden], f32.
-    let layer_weights = 2 * hidden * 4 * hidden * 4;
+/// Batched inference whose batch size wobbles from step to step: the pattern that expandable
+/// segments were made for (PyTorch's Note [Expandable Segments]). Each step pushes a batch of
+/// `seq`-token sequences through `layers` MLP blocks (fc1 to 4 x hidden, GELU in place, fc2
+/// back); a slightly larger batch no longer fits the cached blocks of the previous ones, so
+/// new segments pile up and reserved memory drifts above allocated.
+fn variable_batch(rec: &mut Recorder, layers: u64, hidden: u64, seq: u64, batches: &[u64]) -> Result<(), TensorError> {
+    let dev = rec.device.clone();
+    let (hidden, wide) = (hidden as usize, 4 * hidden as usize);
     let mut weights = Vec::new();
-    for layer in 0..layers {
-        weights.push(rec.alloc.malloc(layer_weights, 0, Some(frames(&format!("layers.{layer}.weights"), 20)))?);
+    {
+        let _parameters = dev.category(Category::Parameter);
+        for layer in 0..layers {
+            let _layer = dev.scope(&format!("layers.{layer}"));
+            let fc1 = {
+                let _fc1 = dev.scope("fc1");
+                dev.randn(&[hidden, wide], DType::F32)?
+            };
+            let _fc2 = dev.scope("fc2");
+            weights.push((fc1, dev.randn(&[wide, hidden], DType::F32)?));
+        }
     }
     rec.step("weights loaded".into());
     for &batch in batches {
-        let activation = batch * seq * hidden * 4;
-        let mut x = rec.alloc.malloc(activation, 0, Some(frames("input", 30)))?;
-        for layer in 0..layers {
-            let hidden_act = rec.alloc.malloc(4 * activation, 0, Some(frames(&format!("layers.{layer}.fc1"), 33)))?;
-            let y = rec.alloc.malloc(activation, 0, Some(frames(&format!("layers.{layer}.fc2"), 34)))?;
-            // fc1 reads x and its weights and writes the 4x wider activation; fc2 reads that and
-            // its weights and writes y. Every token multiplies and adds each f32 weight once:
-            // 2 FLOPs per 4 bytes.
-            rec.run(10 * activation + layer_weights, (batch * seq).saturating_mul(layer_weights / 2));
-            rec.alloc.free(hidden_act.ptr, None)?;
-            rec.alloc.free(x.ptr, None)?;
+        let tokens = (batch * seq) as usize;
+        let mut x = {
+            let (_input, _scope) = (dev.category(Category::Input), dev.scope("input"));
+            dev.randn(&[tokens, hidden], DType::F32)?
+        };
+        for (layer, (fc1, fc2)) in weights.iter().enumerate() {
+            let _layer = dev.scope(&format!("layers.{layer}"));
+            let h = {
+                let _fc1 = dev.scope("fc1");
+                let h = x.matmul(fc1)?;
+                h.gelu_()?;
+                h
+            };
+            let _fc2 = dev.scope("fc2");
+            let y = h.matmul(fc2)?;
+            // The wide activation is freed first, then the block's input (replaced by y).
+            drop(h);
             x = y;
         }
-        rec.alloc.free(x.ptr, None)?;
+        drop(x);
         rec.step(format!("batch {batch}"));
     }
     Ok(())
 }
 
-/// The variable-batch program with its default parameters under `config`, on an unlimited card
-/// (or `capacity`) as fast as an H100: `tensormem demo`'s recording.
-pub fn variable_batch_inference(config: AllocatorConfig, capacity: Option<u64>) -> Result<Snapshot, AllocError> {
-    let mut rec = Recorder::new(config, capacity, &SimOptions::preset("H100-80GB"));
+/// The variable-batch program with its default parameters under `config`, on a simulated H100
+/// (with `capacity` instead of its 80 GB if given): `tensormem demo`'s recording.
+pub fn variable_batch_inference(config: AllocatorConfig, capacity: Option<u64>) -> Result<Snapshot, TensorError> {
+    let h100 = SimOptions::preset("H100-80GB");
+    let card = SimOptions { capacity: capacity.unwrap_or(h100.capacity), ..h100 };
+    let mut rec = Recorder::new(Device::sim_with(card, config));
     let batches: Vec<u64> = DEFAULT_BATCHES.split(',').map(|b| b.parse().expect("the default batches are numbers")).collect();
     variable_batch(&mut rec, 8, 1024, 128, &batches)?;
-    Ok(rec.snapshot())
+    Ok(rec.device.snapshot())
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 pub mod raster;
 
 use crate::replay::{self, recorded_config, start_state};
-use crate::trace::{Action, BlockState, Frame, Frames, Snapshot};
+use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -38,7 +38,8 @@ pub struct Timeline {
     /// stack `s` has `scope_frames[scope_offsets[s] .. scope_offsets[s + 1]]`.
     pub scope_offsets: Vec<u32>,
     pub scope_frames: Vec<u32>,
-    /// Groups (what a band is coloured by): the top user frame of its stack.
+    /// Groups (what a band is coloured by): the allocation's category where the trace names one
+    /// (tensormem's own traces), otherwise the top user frame of its stack.
     pub groups: Vec<Group>,
     pub markers: Vec<Marker>,
     /// `record_function` ranges (the snapshot's external annotations) placed on the positions.
@@ -88,6 +89,8 @@ pub struct Pieces {
 #[derive(Debug, Clone, Serialize)]
 pub struct Group {
     pub name: String,
+    /// Whether the group is a category (parameter, gradient, ...) rather than a frame.
+    pub category: bool,
     /// Requested bytes of this group live at the peak of allocated memory.
     pub bytes_at_peak: u64,
     pub allocations: u32,
@@ -185,7 +188,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
         reserved = reserved.saturating_add(s.total_size);
         for blk in s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated) {
             allocated = allocated.saturating_add(blk.requested_size);
-            b.push_alloc(0, blk.address, blk.requested_size, s.stream, Some(&blk.frames));
+            b.push_alloc(0, blk.address, blk.requested_size, s.stream, Some(&blk.frames), None);
         }
     }
     b.t.summary.start_allocated_bytes = allocated;
@@ -206,7 +209,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
         match e.action {
             Action::Alloc => {
                 allocated = allocated.saturating_add(e.size);
-                b.push_alloc(x, e.addr, e.size, e.stream, e.frames.as_ref());
+                b.push_alloc(x, e.addr, e.size, e.stream, e.frames.as_ref(), e.category);
             }
             Action::FreeRequested => {
                 allocated = allocated.saturating_sub(e.size);
@@ -305,10 +308,12 @@ struct Builder {
     /// then by content (JSON and recorded traces may repeat a stack in separate lists).
     stack_ids: FxHashMap<*const Frame, u32>,
     stacks_by_content: FxHashMap<Frames, u32>,
-    /// Each stack's group, when its frames name one.
-    stack_group: Vec<Option<u32>>,
+    /// Each stack's group once looked up (`Some(None)`: its frames name none).
+    stack_group: Vec<Option<Option<u32>>>,
     frame_ids: FxHashMap<Frame, u32>,
-    group_ids: FxHashMap<String, u32>,
+    group_ids: FxHashMap<(String, bool), u32>,
+    /// Each category's group once one is used, by `Category as usize`.
+    category_groups: [Option<u32>; Category::ALL.len()],
     /// Height of the stack.
     top: f64,
     /// Where the trace does not add up: an address allocated again without a recorded free, and
@@ -318,10 +323,15 @@ struct Builder {
 }
 
 impl Builder {
-    fn push_alloc(&mut self, x: u32, addr: u64, size: u64, stream: i64, frames: Option<&Frames>) {
+    fn push_alloc(&mut self, x: u32, addr: u64, size: u64, stream: i64, frames: Option<&Frames>, category: Option<Category>) {
         let id = self.t.allocations.size.len() as u32;
         let stack = frames.filter(|f| !f.is_empty()).map_or(NO_STACK, |f| self.stack_id(f));
-        let group = match self.stack_group.get(stack as usize).copied().flatten() {
+        let named = match (category, frames) {
+            (Some(c), _) => Some(self.category_group(c)),
+            (None, Some(f)) if stack != NO_STACK => self.stack_group(stack, f),
+            (None, _) => None,
+        };
+        let group = match named {
             Some(g) => g,
             None if x == 0 => self.group_id(BEFORE_TRACE),
             None => self.group_id(NO_FRAMES),
@@ -417,20 +427,45 @@ impl Builder {
         for i in module_scope(frames).into_iter().rev() {
             self.t.scope_frames.push(self.t.stack_frames[first + i]);
         }
-        let group = group_name(frames).map(|name| self.group_id(&name));
-        self.stack_group.push(group);
+        self.stack_group.push(None);
         self.stack_ids.insert(key, id);
         self.stacks_by_content.insert(frames.clone(), id);
         id
     }
 
     fn group_id(&mut self, name: &str) -> u32 {
-        if let Some(&id) = self.group_ids.get(name) {
+        self.named_group(name, false)
+    }
+
+    /// The group a stack's frames name, found the first time an allocation without a category
+    /// needs it (so that stacks of categorised allocations add no empty groups).
+    fn stack_group(&mut self, stack: u32, frames: &Frames) -> Option<u32> {
+        if let Some(known) = self.stack_group[stack as usize] {
+            return known;
+        }
+        let group = group_name(frames).map(|name| self.group_id(&name));
+        self.stack_group[stack as usize] = Some(group);
+        group
+    }
+
+    fn category_group(&mut self, category: Category) -> u32 {
+        if let Some(id) = self.category_groups[category as usize] {
+            return id;
+        }
+        let id = self.named_group(&category.label(), true);
+        self.category_groups[category as usize] = Some(id);
+        id
+    }
+
+    /// Frame and category groups have separate names: a function called `input` is not the
+    /// input category.
+    fn named_group(&mut self, name: &str, category: bool) -> u32 {
+        if let Some(&id) = self.group_ids.get(&(name.to_string(), category)) {
             return id;
         }
         let id = self.group_ids.len() as u32;
-        self.group_ids.insert(name.to_string(), id);
-        self.t.groups.push(Group { name: name.to_string(), bytes_at_peak: 0, allocations: 0 });
+        self.group_ids.insert((name.to_string(), category), id);
+        self.t.groups.push(Group { name: name.to_string(), category, bytes_at_peak: 0, allocations: 0 });
         id
     }
 
@@ -587,6 +622,11 @@ pub fn user_frame(frames: &[Frame]) -> Option<&Frame> {
 /// autograd engine runs backward on its own C++ thread) the autograd node or the ATen op.
 fn group_name(frames: &[Frame]) -> Option<String> {
     if let Some(f) = user_frame(frames).filter(|f| f.filename.ends_with(".py")) {
+        return Some(format!("{} ({}:{})", f.name, short_path(&f.filename), f.line));
+    }
+    // tensormem's engine: the op and the line of the program that called it, as a Python
+    // stack names the line of `forward` (the module path is in the stack, as its scope).
+    if let Some(f) = frames.first().filter(|f| f.filename.ends_with(".rs")) {
         return Some(format!("{} ({}:{})", f.name, short_path(&f.filename), f.line));
     }
     let between = |name: &str, start: &str, end: &str| -> Option<String> {

@@ -363,6 +363,13 @@ impl Decoder<'_> {
             device_free,
             compile_context: self.opt_shared_str(id, "compile_context", path)?,
             user_metadata: self.opt_shared_str(id, "user_metadata", path)?,
+            category: match self.opt_shared_str(id, "category", path)? {
+                None => None,
+                Some(name) => match Category::from_name(&name) {
+                    Some(c) => Some(c),
+                    None => return self.fail(&|| format!("{}.category", path()), format!("unknown category {name:?}")),
+                },
+            },
         })
     }
 

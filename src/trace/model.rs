@@ -170,6 +170,10 @@ pub struct TraceEntry {
     pub compile_context: Option<Arc<str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_metadata: Option<Arc<str>>,
+    /// tensormem's own key, on `alloc` entries the engine could classify: what the memory is
+    /// for, in torch.profiler's memory-timeline categories. PyTorch's snapshots never carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<Category>,
 }
 
 impl TraceEntry {
@@ -184,7 +188,56 @@ impl TraceEntry {
             device_free: None,
             compile_context: None,
             user_metadata: None,
+            category: None,
         }
+    }
+}
+
+/// What an allocation holds, as torch.profiler's memory timeline (`_memory_profiler.Category`)
+/// names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    Parameter,
+    Gradient,
+    OptimizerState,
+    Activation,
+    Temporary,
+    Input,
+    AutogradDetail,
+}
+
+impl Category {
+    pub const ALL: [Category; 7] = [
+        Category::Parameter,
+        Category::Gradient,
+        Category::OptimizerState,
+        Category::Activation,
+        Category::Temporary,
+        Category::Input,
+        Category::AutogradDetail,
+    ];
+
+    /// The key as written in a snapshot: `optimizer_state`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Parameter => "parameter",
+            Category::Gradient => "gradient",
+            Category::OptimizerState => "optimizer_state",
+            Category::Activation => "activation",
+            Category::Temporary => "temporary",
+            Category::Input => "input",
+            Category::AutogradDetail => "autograd_detail",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Category> {
+        Category::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// As a person reads it: `optimizer state`.
+    pub fn label(self) -> String {
+        self.name().replace('_', " ")
     }
 }
 

@@ -251,6 +251,10 @@ impl PickleWriter {
                 w.str("user_metadata");
                 w.str(m);
             }
+            if let Some(c) = e.category {
+                w.str("category");
+                w.str(c.name());
+            }
             if let Some(f) = &e.frames {
                 w.str("frames");
                 w.frames(f);

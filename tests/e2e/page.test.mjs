@@ -210,6 +210,39 @@ test('a scenario run with changed parameters shows what tensormem run --json rep
   await page.close();
 });
 
+test('a scenario runs on this browser\'s WebGPU adapter and allocates exactly as on the simulated card', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  // The default scenario's trace says what its memory is for: the legend shows categories.
+  const legend = page.locator('#legend button[data-category=true]');
+  assert.deepEqual((await legend.allTextContents()).map((t) => t.split(' ')[0]).sort(), ['input', 'parameter']);
+  await page.selectOption('[data-testid=scenario-select]', 'variable-batch');
+  for (const [name, value] of [['layers', '2'], ['hidden', '64'], ['seq', '8'], ['batches', '4,5,3,6']]) {
+    await page.fill(`input[data-param=${name}]`, value);
+  }
+  await page.selectOption('#variant-select', 'mistake');
+  await page.selectOption('#card-select', 'gpu');
+  await page.click('[data-testid=run-scenario]');
+  await painted(page, 2);
+  const shown = JSON.parse(await page.getAttribute('#scenario-result', 'data-run'));
+  assert.match(shown.device, /^gpu \(/);
+  const cli = JSON.parse(execFileSync(bin, ['run', 'variable-batch', '--set', 'layers=2', '--set', 'hidden=64', '--set', 'seq=8',
+    '--set', 'batches=4,5,3,6', '--device', 'sim:H100-80GB', '--json'], { encoding: 'utf8' }));
+  for (const key of ['scenario', 'variant', 'parameters', 'steps', 'peak_allocated_bytes', 'peak_reserved_bytes']) {
+    assert.deepEqual(shown[key], cli[key], key);
+  }
+  assert.equal(Number(await page.getAttribute('[data-testid=peak-allocated]', 'data-bytes')), cli.peak_allocated_bytes);
+  await page.screenshot({ path: join(shots, 'scenario-webgpu.png'), fullPage: true });
+  // Expandable segments need virtual memory mapping, which WebGPU lacks: said, and the page stays.
+  await page.selectOption('#variant-select', 'fix');
+  await page.click('[data-testid=run-scenario]');
+  await page.waitForSelector('[data-testid=error]:visible');
+  assert.match(await page.textContent('[data-testid=error]'), /expandable_segments needs virtual memory mapping/);
+  assert.match(shown.device, /^gpu/);
+  await page.close();
+});
+
 test('an exported snapshot reloads with the same peaks, as pickle and as JSON', async () => {
   const source = join(fixtures, 'gpt-ctx128-forward.pickle');
   const page = await newPage();
