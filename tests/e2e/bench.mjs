@@ -15,36 +15,26 @@ if (!url || !files.length) {
   process.exit(2);
 }
 
-// Peak resident memory of Chromium's renderer processes (VmHWM), in bytes.
-function rendererPeak() {
-  let peak = 0;
-  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
-    try {
-      const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
-      if (!cmd.includes('--type=renderer')) continue;
-      const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-      if (m) peak = Math.max(peak, Number(m[1]) * 1024);
-    } catch { /* the process ended */ }
-  }
-  return peak;
-}
-
-// Chrome's own measure (its task manager's "memory footprint"): private memory, RssAnon +
-// RssShmem, of the page's renderer (the largest; Chromium keeps spare ones), without the shared
-// library pages VmHWM counts. Linux keeps no peak of it, so it is sampled every 20 ms.
-function rendererPrivate() {
+// The largest value of `measure(kb)` over Chromium's renderer processes (it keeps spare ones;
+// the page's is the largest), where kb(KEY) reads a /proc/PID/status field in kB.
+function largestRenderer(measure) {
   let largest = 0;
   for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
     try {
-      const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
-      if (!cmd.includes('--type=renderer')) continue;
+      if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('--type=renderer')) continue;
       const status = readFileSync(`/proc/${pid}/status`, 'utf8');
       const kb = (key) => Number(new RegExp(`${key}:\\s+(\\d+) kB`).exec(status)?.[1] || 0);
-      largest = Math.max(largest, (kb('RssAnon') + kb('RssShmem')) * 1024);
+      largest = Math.max(largest, measure(kb) * 1024);
     } catch { /* the process ended */ }
   }
   return largest;
 }
+
+// Peak resident memory (VmHWM), in bytes: counts ~120 MB of Chromium's shared library pages.
+const rendererPeak = () => largestRenderer((kb) => kb('VmHWM'));
+// Chrome's own measure (its task manager's "memory footprint"): private memory, RssAnon +
+// RssShmem. Linux keeps no peak of it, so the benchmark samples it every 20 ms.
+const rendererPrivate = () => largestRenderer((kb) => kb('RssAnon') + kb('RssShmem'));
 
 const stats = (xs) => {
   const s = [...xs].sort((a, b) => a - b);
