@@ -454,3 +454,20 @@ fn segment_address_hints_never_land_on_memory_in_use() {
     assert_eq!(z.ptr, x.ptr, "a freed range can be taken again");
     check(&a);
 }
+
+/// An expandable segment reserves address space for 9/8 of the device: a capacity near 2^64
+/// (a what-if of an absurd card) reserves the largest span instead of overflowing.
+#[test]
+fn expandable_segments_on_a_card_of_any_capacity() {
+    for capacity in [u64::MAX, u64::MAX / 2, 1 << 60] {
+        let mut a = allocator("expandable_segments:True");
+        a.set_capacity(Some(capacity));
+        let x = a.malloc(30 * MIB, 0, None).unwrap();
+        let y = a.malloc(100, 0, None).unwrap();
+        // Large pool: two 20 MiB pages mapped; small pool: one 2 MiB page.
+        assert_eq!(cur(&a.stats().reserved_bytes), (2 * 20 + 2) as i64 * MIB as i64, "capacity {capacity}");
+        a.free(x.ptr, None).unwrap();
+        a.free(y.ptr, None).unwrap();
+        check(&a);
+    }
+}

@@ -76,3 +76,15 @@ fn the_reader_ignores_top_level_keys_it_does_not_know() {
     let snapshot = trace::load(br#"{"segments": [], "device_traces": [[]], "from_the_future": {"x": 1}}"#).unwrap();
     assert_eq!(snapshot.tensormem, None);
 }
+
+/// A replay (what-if, `replay --snapshot`) says what each allocation is for, as the recording did.
+#[test]
+fn a_replayed_trace_keeps_the_categories() {
+    use tensormem::replay::{replay_device, ReplayOptions};
+    let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
+    let options = ReplayOptions { keep_snapshot: true, config: Some(tensormem::alloc::AllocatorConfig::parse("expandable_segments:True").unwrap()), ..Default::default() };
+    let replayed = replay_device(&run.snapshot, 0, &options, &mut |_, _| {}).unwrap().snapshot.unwrap();
+    let categories = |s: &trace::Snapshot| s.device_traces[0].iter().filter(|e| e.action == Action::Alloc).map(|e| e.category).collect::<Vec<_>>();
+    assert_eq!(categories(&replayed), categories(&run.snapshot));
+    assert_eq!(categories(&replayed).iter().filter(|c| **c == Some(Category::Parameter)).count(), 16);
+}

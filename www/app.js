@@ -518,8 +518,9 @@ async function runScenario() {
 async function setUpScenarios() {
   scenarios = await ask('scenarios');
   $('scenario-select').innerHTML = scenarios.scenarios.map((s) => `<option value="${s.name}">${escape(s.name)}: ${escape(s.title)}</option>`).join('');
-  // WebGPU in a worker is what the scenario needs; a page without it still lists the option, disabled, to say why.
-  const webgpu = 'gpu' in navigator;
+  // The worker reports whether it has WebGPU (the scenario runs there); without it the option
+  // is still listed, disabled, to say why.
+  const { webgpu } = scenarios;
   const gpuOption = `<option value="gpu"${webgpu ? '' : ' disabled'}>this browser's GPU (WebGPU${webgpu ? ', real kernels' : ': not available here'})</option>`;
   $('card-select').innerHTML = scenarios.presets.map((p) => `<option value="${p.name}">simulated ${p.name} (${formatBytes(p.bytes)})</option>`).join('') + '<option value="custom">simulated card of custom size…</option>' + gpuOption;
   $('scenario-select').onchange = showScenarioForm;

@@ -163,7 +163,8 @@ function replaceOther(t) {
 
 const handlers = {
   async scenarios() {
-    return JSON.parse(scenarios_json());
+    // Scenarios run here, so WebGPU must be exposed to this worker (not only to the page).
+    return { ...JSON.parse(scenarios_json()), webgpu: 'gpu' in self.navigator };
   },
   async openFile({ file }) {
     return add(await loadFile(file), file.name);

@@ -1089,7 +1089,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let page_size = if small { SMALL_BUFFER } else { LARGE_BUFFER };
         // Address space for 9/8 of the device, as PyTorch reserves.
-        // A capacity beyond any address space (`--capacity 16EiB`) reserves the largest span
+        // A capacity beyond any address space (near 2^64 bytes) reserves the largest span
         // a 64-bit address space takes instead of overflowing.
         let total = self.capacity.unwrap_or(DEFAULT_EXPANDABLE_SPAN).min(MAX_EXPANDABLE_SPAN);
         let max_pages = (total + total / 8).div_ceil(page_size);

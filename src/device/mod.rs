@@ -360,11 +360,13 @@ impl Device {
         }
     }
 
-    /// Submits recorded work and waits until the GPU has finished it (`torch.cuda.synchronize`).
+    /// Submits recorded work and waits until the GPU has finished it (`torch.cuda.synchronize`);
+    /// like it, reports an error the GPU raised meanwhile (a rejected command).
     pub async fn wait(&self) -> Result<(), DeviceError> {
         if let Some(g) = self.gpu_context() {
             g.submit();
             g.wait_idle().await?;
+            g.take_error()?;
         }
         Ok(())
     }

@@ -497,7 +497,11 @@ impl Run<'_> {
                 self.allocs += 1;
                 let before = self.alloc.history().len();
                 let frames = if self.keep_frames { e.frames.clone() } else { None };
-                match self.alloc.malloc(e.size, stream, frames) {
+                // The replayed entry says what the memory is for, as the recorded one did.
+                self.alloc.history_mut().set_category(e.category);
+                let result = self.alloc.malloc(e.size, stream, frames);
+                self.alloc.history_mut().set_category(None);
+                match result {
                     Ok(a) => {
                         if a.ptr == e.addr {
                             self.address_hits += 1;

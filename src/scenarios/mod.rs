@@ -6,7 +6,7 @@
 //! (timed by a clock modelled on the card's speed) or on the GPU (real kernels, wall clock), and
 //! allocates identically on both.
 
-use crate::alloc::{format_size, AllocatorConfig, ConfigError, RecordContext};
+use crate::alloc::{format_size, AllocError, AllocatorConfig, ConfigError, RecordContext};
 use crate::device::{DeviceError, SimOptions};
 use crate::tensor::TensorError;
 use crate::trace::{Category, Snapshot};
@@ -39,7 +39,7 @@ pub struct RunRequest {
     pub variant: Option<String>,
     /// Overrides, `name -> value` as typed (`--set layers=4`).
     pub set: BTreeMap<String, String>,
-    /// `sim:PRESET` or `sim:SIZE` (default `sim:H100-80GB`).
+    /// `gpu`, `sim:PRESET` or `sim:SIZE` (default `sim:H100-80GB`).
     pub device: Option<String>,
     /// Overrides the card's memory.
     pub capacity: Option<u64>,
@@ -92,6 +92,8 @@ pub enum ScenarioError {
     GpuIsAsync,
     #[error(transparent)]
     Gpu(#[from] DeviceError),
+    #[error("scenario {scenario} failed: {error}")]
+    Failed { scenario: String, error: TensorError },
     #[error(transparent)]
     Settings(#[from] ConfigError),
 }
@@ -216,11 +218,7 @@ fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
 
 /// Runs a scenario on a simulated card (`sim:...`, the default).
 pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
-    let plan = plan(request)?;
-    let Some(card) = plan.card.clone() else { return Err(ScenarioError::GpuIsAsync) };
-    let card = SimOptions { capacity: plan.capacity.unwrap_or(card.capacity), ..card };
-    let device = Device::sim_with(card, plan.config.clone());
-    Ok(plan.run_on(device))
+    plan(request)?.run_on_sim()
 }
 
 /// Runs a scenario on this machine's GPU (natively through wgpu, in a browser through WebGPU)
@@ -228,22 +226,35 @@ pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
 pub async fn run_anywhere(request: &RunRequest) -> Result<RunResult, ScenarioError> {
     let plan = plan(request)?;
     if plan.card.is_some() {
-        return run(request);
+        return plan.run_on_sim();
     }
     let device = Device::gpu_with(GpuOptions { capacity: plan.capacity, ..Default::default() }, plan.config.clone()).await?;
-    let result = plan.run_on(device.clone());
-    // The figures are the allocator's, known already; waiting makes the last times real.
+    let result = plan.run_on(device.clone())?;
+    // As torch.cuda.synchronize does, waiting reports a command the GPU rejected meanwhile.
     device.wait().await?;
     Ok(result)
 }
 
 impl Plan {
-    fn run_on(self, device: Device) -> RunResult {
+    fn run_on_sim(self) -> Result<RunResult, ScenarioError> {
+        let Some(card) = self.card.clone() else { return Err(ScenarioError::GpuIsAsync) };
+        let card = SimOptions { capacity: self.capacity.unwrap_or(card.capacity), ..card };
+        let device = Device::sim_with(card, self.config.clone());
+        self.run_on(device)
+    }
+
+    /// Runs the program; running out of memory is a result (the steps before it are kept), any
+    /// other failure an error.
+    fn run_on(self, device: Device) -> Result<RunResult, ScenarioError> {
         let mut rec = Recorder::new(device);
         let outcome = match &self.program {
             Program::VariableBatch { layers, hidden, seq, batches } => variable_batch(&mut rec, *layers, *hidden, *seq, batches),
         };
-        let out_of_memory = outcome.err().map(|e| e.to_string());
+        let out_of_memory = match outcome {
+            Ok(()) => None,
+            Err(TensorError::Device(DeviceError::Alloc(AllocError::OutOfMemory(e)))) => Some(e.to_string()),
+            Err(e) => return Err(ScenarioError::Failed { scenario: self.info.name.into(), error: e }),
+        };
         rec.fold_peaks();
         let (peak_allocated_bytes, peak_reserved_bytes) = rec.peaks;
         let dev = &rec.device;
@@ -256,7 +267,7 @@ impl Plan {
         if let Some(e) = &out_of_memory {
             explanation = format!("Out of memory on {device} ({}): {e}\n\n{explanation}", format_size(capacity));
         }
-        RunResult {
+        Ok(RunResult {
             scenario: self.info.name.into(),
             variant: self.variant,
             device,
@@ -270,7 +281,7 @@ impl Plan {
             explanation,
             snapshot: dev.snapshot(),
             steps: rec.steps,
-        }
+        })
     }
 }
 
@@ -378,7 +389,7 @@ mod tests {
         let expandable = variable_batch_inference(AllocatorConfig::parse("expandable_segments:True").unwrap(), None).unwrap();
         let reserved = |s: &Snapshot| s.segments.iter().map(|s| s.total_size).sum::<u64>();
         const MIB: u64 = 1 << 20;
-        // Peak live bytes: 8 x 32 MiB of weights, then at batch 40 an input (20 MiB), the fc1
+        // Peak live bytes: 16 x 16 MiB of weights, then at batch 40 an input (20 MiB), the fc1
         // activation (80 MiB) and the fc2 output (20 MiB) at once: 376 MiB. One expandable segment
         // holds exactly that, in 20 MiB pages: 19 pages.
         assert_eq!(reserved(&expandable), 19 * 20 * MIB);

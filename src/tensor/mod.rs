@@ -75,6 +75,11 @@ impl Device {
         let bytes = numel
             .and_then(|n| n.checked_mul(dtype.size() as u64))
             .ok_or_else(|| TensorError::Shape(format!("shape {shape:?} has more bytes than fit 64 bits")))?;
+        // Element indices are usize: 32 bits in wasm, where a tensor is limited to 2^32 - 1
+        // elements (16 GiB of f32; still room for a 7B model's largest weight).
+        if numel.is_some_and(|n| usize::try_from(n).is_err()) {
+            return Err(TensorError::Shape(format!("shape {shape:?} has more elements than this platform indexes ({})", usize::MAX)));
+        }
         let block = if bytes == 0 { None } else { Some(self.allocate(bytes, op)?) };
         let storage = Storage { device: self.clone(), block, bytes, id: self.next_storage_id() };
         Ok(Tensor { storage: Rc::new(storage), layout: Layout::contiguous(shape), dtype })
@@ -164,7 +169,7 @@ impl Tensor {
 
     /// Address of the first element (`data_ptr()`); 0 for a tensor without bytes.
     pub fn data_ptr(&self) -> u64 {
-        self.storage.block.map_or(0, |b| b.ptr + (self.layout.offset * self.dtype.size()) as u64)
+        self.storage.block.map_or(0, |b| b.ptr + self.layout.offset as u64 * self.dtype.size() as u64)
     }
 
     /// Identifies the storage: views of one tensor share it.
@@ -286,8 +291,8 @@ impl Tensor {
         }
         let dense = self.contiguous()?;
         let arg = dense.arg()?.expect("non-empty tensors have a block");
-        let start = (dense.layout.offset * self.dtype.size()) as u64;
-        let len = (self.numel() * self.dtype.size()) as u64;
+        let start = dense.layout.offset as u64 * self.dtype.size() as u64;
+        let len = self.numel() as u64 * self.dtype.size() as u64;
         let bytes = ctx.read(&arg.buffer, arg.offset + start, len).await?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }

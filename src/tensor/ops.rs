@@ -255,7 +255,8 @@ impl Tensor {
         if !device.is_sim() {
             return self.numel() > 0;
         }
-        let bytes = std::iter::once(self).chain(inputs.iter().copied()).map(|t| (t.numel() * t.dtype.size()) as u64).sum();
+        // In u64: on wasm32 a usize product wraps at 4 GiB, and the sim device's tensors go far beyond.
+        let bytes = std::iter::once(self).chain(inputs.iter().copied()).map(|t| t.numel() as u64 * t.dtype.size() as u64).sum();
         device.model_op(bytes, flops, matches!(self.dtype, DType::F16 | DType::BF16));
         false
     }

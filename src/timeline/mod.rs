@@ -311,7 +311,8 @@ struct Builder {
     /// Each stack's group once looked up (`Some(None)`: its frames name none).
     stack_group: Vec<Option<Option<u32>>>,
     frame_ids: FxHashMap<Frame, u32>,
-    group_ids: FxHashMap<(String, bool), u32>,
+    /// Frame groups by name.
+    group_ids: FxHashMap<String, u32>,
     /// Each category's group once one is used, by `Category as usize`.
     category_groups: [Option<u32>; Category::ALL.len()],
     /// Height of the stack.
@@ -433,8 +434,29 @@ impl Builder {
         id
     }
 
+    /// The frame group named `name` (frame and category groups are apart: a function called
+    /// `input` is not the input category).
     fn group_id(&mut self, name: &str) -> u32 {
-        self.named_group(name, false)
+        if let Some(&id) = self.group_ids.get(name) {
+            return id;
+        }
+        let id = self.new_group(name, false);
+        self.group_ids.insert(name.to_string(), id);
+        id
+    }
+
+    fn category_group(&mut self, category: Category) -> u32 {
+        if let Some(id) = self.category_groups[category as usize] {
+            return id;
+        }
+        let id = self.new_group(&category.label(), true);
+        self.category_groups[category as usize] = Some(id);
+        id
+    }
+
+    fn new_group(&mut self, name: &str, category: bool) -> u32 {
+        self.t.groups.push(Group { name: name.to_string(), category, bytes_at_peak: 0, allocations: 0 });
+        self.t.groups.len() as u32 - 1
     }
 
     /// The group a stack's frames name, found the first time an allocation without a category
@@ -446,27 +468,6 @@ impl Builder {
         let group = group_name(frames).map(|name| self.group_id(&name));
         self.stack_group[stack as usize] = Some(group);
         group
-    }
-
-    fn category_group(&mut self, category: Category) -> u32 {
-        if let Some(id) = self.category_groups[category as usize] {
-            return id;
-        }
-        let id = self.named_group(&category.label(), true);
-        self.category_groups[category as usize] = Some(id);
-        id
-    }
-
-    /// Frame and category groups have separate names: a function called `input` is not the
-    /// input category.
-    fn named_group(&mut self, name: &str, category: bool) -> u32 {
-        if let Some(&id) = self.group_ids.get(&(name.to_string(), category)) {
-            return id;
-        }
-        let id = self.group_ids.len() as u32;
-        self.group_ids.insert((name.to_string(), category), id);
-        self.t.groups.push(Group { name: name.to_string(), category, bytes_at_peak: 0, allocations: 0 });
-        id
     }
 
     /// Sorts the pieces by (group, allocation), keeping each allocation's pieces in x order (they

@@ -15,13 +15,19 @@ if (!url || !files.length) {
   process.exit(2);
 }
 
-// The largest value of `measure(kb)` over Chromium's renderer processes (it keeps spare ones;
-// the page's is the largest), where kb(KEY) reads a /proc/PID/status field in kB.
-function largestRenderer(measure) {
+// Chromium's renderer processes (it keeps spare ones; the page's is the largest), found once
+// per browser: the memory sampler then reads only their status files.
+function rendererPids() {
+  return readdirSync('/proc').filter((p) => /^\d+$/.test(p)).filter((pid) => {
+    try { return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('--type=renderer'); } catch { return false; }
+  });
+}
+
+// The largest value of `measure(kb)` over `pids`, where kb(KEY) reads a /proc/PID/status field in kB.
+function largestRenderer(pids, measure) {
   let largest = 0;
-  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+  for (const pid of pids) {
     try {
-      if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('--type=renderer')) continue;
       const status = readFileSync(`/proc/${pid}/status`, 'utf8');
       const kb = (key) => Number(new RegExp(`${key}:\\s+(\\d+) kB`).exec(status)?.[1] || 0);
       largest = Math.max(largest, measure(kb) * 1024);
@@ -31,10 +37,11 @@ function largestRenderer(measure) {
 }
 
 // Peak resident memory (VmHWM), in bytes: counts ~120 MB of Chromium's shared library pages.
-const rendererPeak = () => largestRenderer((kb) => kb('VmHWM'));
+const rendererPeak = (pids) => largestRenderer(pids, (kb) => kb('VmHWM'));
 // Chrome's own measure (its task manager's "memory footprint"): private memory, RssAnon +
-// RssShmem. Linux keeps no peak of it, so the benchmark samples it every 20 ms.
-const rendererPrivate = () => largestRenderer((kb) => kb('RssAnon') + kb('RssShmem'));
+// RssShmem. Linux keeps no peak of it, so the benchmark samples it every 20 ms while the file
+// loads (not while frames are timed) and once after.
+const rendererPrivate = (pids) => largestRenderer(pids, (kb) => kb('RssAnon') + kb('RssShmem'));
 
 const stats = (xs) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -49,8 +56,9 @@ for (const file of files) {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
   await page.goto(url);
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:painted').length >= 1, null, { timeout: 120000 });
+  const pids = rendererPids();
   let privatePeak = 0;
-  const sampler = setInterval(() => { privatePeak = Math.max(privatePeak, rendererPrivate()); }, 20);
+  const sampler = setInterval(() => { privatePeak = Math.max(privatePeak, rendererPrivate(pids)); }, 20);
   await page.setInputFiles('[data-testid=open-file]', file);
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:painted').length >= 2, null, { timeout: 600000 });
   const load = await page.evaluate(() => {
@@ -67,6 +75,7 @@ for (const file of files) {
     return { parsed: Math.round(at('parsed') - chosen), laid_out: Math.round(at('timeline-received') - chosen), painted: Math.round(at('painted') - chosen) };
   });
 
+  clearInterval(sampler);
   // Pan and zoom for a while; the page records how long each frame's drawing took.
   await page.evaluate(() => { window.__frameTimes = []; });
   const box = await page.locator('[data-testid=timeline]').boundingBox();
@@ -86,9 +95,8 @@ for (const file of files) {
   await page.waitForTimeout(200);
   const frameTimes = await page.evaluate(() => window.__frameTimes);
   const frames = stats(frameTimes);
-  const peak = rendererPeak();
-  clearInterval(sampler);
-  privatePeak = Math.max(privatePeak, rendererPrivate());
+  const peak = rendererPeak(pids);
+  privatePeak = Math.max(privatePeak, rendererPrivate(pids));
   await browser.close();
   const r = {
     file: basename(file), megabytes: +(statSync(file).size / 1048576).toFixed(1), events,
