@@ -141,6 +141,7 @@ struct Plan {
     config: AllocatorConfig,
     /// The simulated card; None for the GPU (`--device gpu`).
     card: Option<SimOptions>,
+    /// The memory asked for instead of the card's (or, on a GPU, of the adapter's guess).
     capacity: Option<u64>,
     parameters: BTreeMap<String, serde_json::Value>,
     program: Program,
@@ -174,7 +175,6 @@ fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
         "gpu" => None,
         other => Some(parse_device(other)?),
     };
-    let capacity = request.capacity.or(card.as_ref().map(|c| c.capacity));
     let mut config = AllocatorConfig::default();
     if variant.as_deref() == Some("fix") && info.name == "variable-batch" {
         config.apply("expandable_segments:True")?;
@@ -213,7 +213,7 @@ fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
         }
         _ => unreachable!("every listed scenario has a program"),
     };
-    Ok(Plan { info, variant, config, card, capacity, parameters, program })
+    Ok(Plan { info, variant, config, card, capacity: request.capacity, parameters, program })
 }
 
 /// Runs a scenario on a simulated card (`sim:...`, the default).
