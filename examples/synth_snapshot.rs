@@ -7,10 +7,10 @@
 //! parameters and optimizer state live throughout; each step allocates per-layer activations in
 //! forward (some temporaries freed at once), frees them in reverse in backward while gradients
 //! appear, then the optimizer's temporaries. Stacks are a few dozen Python frames deep, shared as
-//! real snapshots share them.
+//! real snapshots share them. Entries carry a modelled `time_us`, as real traces carry a time.
 
 use std::sync::Arc;
-use tensormem::alloc::{AllocatorConfig, RecordContext, VirtualAllocator};
+use tensormem::alloc::{AllocatorConfig, RecordContext, TimeSource, VirtualAllocator};
 use tensormem::trace::{self, Frame, Frames};
 
 fn stack(file: &str, function: &str, line: u64, depth: usize) -> Frames {
@@ -32,6 +32,7 @@ fn main() {
     const HIDDEN: u64 = 1024;
     let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
     a.record_memory_history(true, RecordContext::All, entries);
+    a.history_mut().set_time_source(TimeSource::modelled());
     let forward: Vec<Frames> = (0..LAYERS).map(|l| stack("model.py", &format!("forward_layer_{l}"), 100 + l as u64, 6)).collect();
     let temp = stack("model.py", "attention_scores", 140, 8);
     let grads: Vec<Frames> = (0..LAYERS).map(|l| stack("model.py", &format!("backward_layer_{l}"), 300 + l as u64, 3)).collect();
@@ -46,6 +47,7 @@ fn main() {
         let act = batch * 512 * HIDDEN * 2;
         let mut saved = Vec::new();
         for layer in &forward {
+            a.history_mut().advance_time_us(180.0);
             let scores = a.malloc(act * 2, 0, Some(temp.clone())).unwrap();
             for k in 0..4 {
                 saved.push(a.malloc(act / (k + 1), 0, Some(layer.clone())).unwrap());
@@ -54,6 +56,7 @@ fn main() {
         }
         let mut grad_list = Vec::new();
         for l in (0..LAYERS).rev() {
+            a.history_mut().advance_time_us(360.0);
             let g = a.malloc(12 * HIDDEN * HIDDEN * 2, 0, Some(grads[l].clone())).unwrap();
             grad_list.push(g);
             for _ in 0..4 {
@@ -67,6 +70,7 @@ fn main() {
             }
         }
         for _ in 0..LAYERS {
+            a.history_mut().advance_time_us(40.0);
             let t = a.malloc(12 * HIDDEN * HIDDEN * 4, 0, Some(optim.clone())).unwrap();
             a.free(t.ptr, None).unwrap();
         }

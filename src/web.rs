@@ -157,7 +157,7 @@ fn what_if(alloc_conf: &str, capacity: &str, start: &str) -> Result<ReplayOption
 #[wasm_bindgen]
 pub struct TimelineArrays {
     t: Timeline,
-    /// Axis coordinate of every position (events or microseconds), set by the page.
+    /// Axis coordinate of every position (microseconds), set by the page; empty for the event axis.
     xs: Vec<f64>,
     /// The last image's hidden allocations (1 = hidden), for `hit_test`.
     hidden: Vec<u8>,
@@ -193,7 +193,8 @@ copy! {
 
 #[wasm_bindgen]
 impl TimelineArrays {
-    /// The x axis: the coordinate of every position and one past the end (`events + 2` values).
+    /// The x axis: the coordinate of every position and one past the end (`events + 2` values),
+    /// or none for the event axis (a position is its own coordinate).
     pub fn set_axis(&mut self, xs: Vec<f64>) {
         self.xs = xs;
     }

@@ -221,7 +221,7 @@ fn out_of_memory_frees_the_cache_retries_then_fails_with_pytorchs_facts() {
     assert_eq!(a.stats().num_ooms, 1);
     assert_eq!(a.stats().num_alloc_retries, 2);
     let oom = a.history().entries().into_iter().find(|e| e.action == Action::Oom).unwrap();
-    assert_eq!((oom.size, oom.device_free), (40 * MIB, Some(30 * MIB)));
+    assert_eq!((oom.size, oom.device_free()), (40 * MIB, Some(30 * MIB)));
     // A small request still fits: "Tried to allocate" names the segment, 2 MiB.
     a.malloc(100, 0, None).unwrap();
     a.free(y.ptr, None).unwrap();

@@ -70,3 +70,19 @@ fn pickle_and_json_round_trip() {
         }
     }
 }
+
+/// A G3 snapshot writes `compile_context` and `user_metadata` on every entry: every entry with
+/// the same values shares one copy, and they are written back as they were read.
+#[test]
+fn the_keys_every_entry_repeats_are_stored_once() {
+    let Some(path) = common::fixture("gpt-medium-ctx128-training.pickle") else { return };
+    let snap = trace::load_file(&path).unwrap();
+    let entries = &snap.device_traces[0];
+    assert!(entries.iter().all(|e| e.compile_context().is_some()), "a G3 trace names a compile context on every entry");
+    let distinct: std::collections::HashSet<_> = entries.iter().filter_map(|e| e.extra.as_ref()).map(std::sync::Arc::as_ptr).collect();
+    let values: std::collections::HashSet<_> = entries.iter().filter_map(|e| e.extra.as_deref()).collect();
+    assert_eq!(distinct.len(), values.len(), "one copy per distinct set of values");
+    assert!(distinct.len() < 10, "{} copies for {} entries", distinct.len(), entries.len());
+    let again = trace::load(&trace::to_pickle(&snap)).unwrap();
+    assert_eq!(again.device_traces, snap.device_traces);
+}

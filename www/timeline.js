@@ -66,7 +66,7 @@ export class Timeline {
     const p = this.plot;
     const dpr = window.devicePixelRatio || 1;
     if (first && this.axis === 'event' && first.width === Math.round(p.w * dpr) && first.height === Math.round(p.h * dpr)) {
-      this.acceptLayer(first.pixels, first.width, first.height, 0, this.xs[this.positions], this.yMax(), dpr);
+      this.acceptLayer(first.pixels, first.width, first.height, 0, this.xAt(this.positions), this.yMax(), dpr);
     }
     // Otherwise ask for it now, ahead of the panels' own requests to the worker.
     this.draw();
@@ -74,15 +74,18 @@ export class Timeline {
     return new Promise((resolve) => { this.onPainted = resolve; });
   }
 
-  // x coordinate (axis units) of every position, and one past the end.
+  // x coordinate (axis units) of every position, and one past the end: `xs` on the time axis;
+  // on the event axis a position is its own coordinate and no array is held (a 1 M event trace
+  // would hold 8 MB here and again in the worker).
   setAxis(axis) {
     if (!this.data) { this.axis = axis; return; }
     const { timeUs } = this.data.arrays;
     const hasTime = this.data.meta.summary.has_time;
     this.axis = axis === 'time' && hasTime ? 'time' : 'event';
     const n = this.positions;
-    const xs = new Float64Array(n + 1);
+    let xs = null;
     if (this.axis === 'time') {
+      xs = new Float64Array(n + 1);
       let first = NaN;
       for (let i = 0; i < n; i++) if (!Number.isNaN(timeUs[i])) { first = timeUs[i]; break; }
       let last = 0;
@@ -92,17 +95,21 @@ export class Timeline {
         last = t;
       }
       xs[n] = last + Math.max(1, last / n);
-    } else {
-      for (let i = 0; i <= n; i++) xs[i] = i;
     }
     this.xs = xs;
     this.layer = null;
-    this.backend.setAxis(xs.slice());
+    // The worker takes an empty array for the event axis.
+    this.backend.setAxis(xs ? xs.slice() : new Float64Array(0));
     this.resetView();
   }
 
+  // The axis coordinate of position i (i = positions: one past the end).
+  xAt(i) {
+    return this.xs ? this.xs[i] : i;
+  }
+
   resetView() {
-    this.view = [0, this.xs[this.positions]];
+    this.view = [0, this.xAt(this.positions)];
     this.requestDraw();
   }
 
@@ -165,6 +172,7 @@ export class Timeline {
   // The position whose column holds axis coordinate x.
   positionAt(x) {
     const xs = this.xs;
+    if (!xs) return Math.max(0, Math.min(this.positions - 1, Math.floor(x)));
     let lo = 0;
     let hi = this.positions - 1;
     if (x <= xs[0]) return 0;
@@ -284,7 +292,7 @@ export class Timeline {
   requestLayer(p, ymax, dpr) {
     const [v0, v1] = this.view;
     const span = v1 - v0;
-    const full = this.xs[this.positions];
+    const full = this.xAt(this.positions);
     const x0 = Math.max(0, v0 - span);
     const x1 = Math.min(full, v1 + span);
     const width = Math.max(1, Math.round(((x1 - x0) / span) * p.w * dpr));
@@ -346,8 +354,8 @@ export class Timeline {
     ctx.lineWidth = width;
     ctx.beginPath();
     for (let i = 0; i < pieces.length; i += 3) {
-      const left = this.pxOfX(this.xs[pieces[i]], p);
-      const right = this.pxOfX(this.xs[pieces[i + 1]], p);
+      const left = this.pxOfX(this.xAt(pieces[i]), p);
+      const right = this.pxOfX(this.xAt(pieces[i + 1]), p);
       ctx.rect(left, base - (pieces[i + 2] + size) * sy, Math.max(right - left, 1), Math.max(size * sy, 1));
     }
     ctx.stroke();
@@ -357,6 +365,7 @@ export class Timeline {
   // column, the column's maximum (peaks are never lost).
   curve(ctx, f, values, color, width, dash) {
     const xs = this.xs;
+    const xAt = xs ? (i) => xs[i] : (i) => i;
     const n = Math.min(values.length, this.positions);
     const limit = (f.x1 - f.x0) * f.sx;
     ctx.strokeStyle = color;
@@ -377,9 +386,9 @@ export class Timeline {
       column = null;
     };
     for (let i = Math.max(0, this.positionAt(f.x0) - 1); i < n; i++) {
-      const left = (xs[i] - f.x0) * f.sx;
+      const left = (xAt(i) - f.x0) * f.sx;
       if (left > limit) break;
-      const right = (xs[i + 1] - f.x0) * f.sx;
+      const right = (xAt(i + 1) - f.x0) * f.sx;
       if (right - left >= 1) {
         flush();
         const y = f.h - values[i] * f.sy;
@@ -403,7 +412,7 @@ export class Timeline {
 
   vline(ctx, position, color, label, dash) {
     const p = this.plot;
-    const x = this.pxOfX(this.xs[Math.min(position, this.positions - 1)], p);
+    const x = this.pxOfX(this.xAt(Math.min(position, this.positions - 1)), p);
     if (x < p.x || x > p.x + p.w) return;
     ctx.strokeStyle = color;
     ctx.lineWidth = 1.2;
@@ -429,8 +438,8 @@ export class Timeline {
   // record_function scopes: bars along the bottom of the plot (nested ones above), named where
   // there is room.
   spanBox(span, p = this.plot) {
-    const left = Math.max(p.x, this.pxOfX(this.xs[span.x0], p));
-    const right = Math.min(p.x + p.w, this.pxOfX(this.xs[Math.min(span.x1, this.positions)], p));
+    const left = Math.max(p.x, this.pxOfX(this.xAt(span.x0), p));
+    const right = Math.min(p.x + p.w, this.pxOfX(this.xAt(Math.min(span.x1, this.positions)), p));
     return { left, right, top: p.y + p.h - 7 - span.depth * 7, height: 5 };
   }
 
@@ -463,7 +472,7 @@ export class Timeline {
   marker(ctx, m) {
     if (m.text.startsWith('out of memory')) return this.vline(ctx, m.x, '#a3261b', 'OOM', [2, 2]);
     const p = this.plot;
-    const x = this.pxOfX(this.xs[Math.min(m.x, this.positions - 1)], p);
+    const x = this.pxOfX(this.xAt(Math.min(m.x, this.positions - 1)), p);
     if (x < p.x || x > p.x + p.w) return;
     ctx.fillStyle = '#7a5200';
     ctx.beginPath();
@@ -572,7 +581,7 @@ export class Timeline {
   }
 
   setView(a, b) {
-    const full = this.xs[this.positions];
+    const full = this.xAt(this.positions);
     const minSpan = Math.min(full, this.axis === 'time' ? 1 : 4);
     let span = Math.max(b - a, minSpan);
     span = Math.min(span, full);

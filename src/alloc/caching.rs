@@ -12,7 +12,7 @@ use super::index::{key, key_size, FreeIndex, Key};
 use super::oom::OutOfMemoryError;
 use super::source::SegmentSource;
 use super::stats::{DeviceStats, StatType};
-use crate::trace::{self, Action, Frames, TraceEntry};
+use crate::trace::{self, Action, EntryExtra, Frames, TraceEntry};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -502,8 +502,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let device_free = self.device_free();
         if self.history.is_recording() {
-            let mut entry = TraceEntry::new(Action::Oom, 0, p.size, p.stream as i64);
-            entry.device_free = Some(device_free);
+            let mut entry = TraceEntry::new(Action::Oom, 0, p.size, p.stream as i64)
+                .with_extra(EntryExtra { device_free: Some(device_free), ..Default::default() });
             if self.history.context() >= RecordContext::Alloc {
                 entry.frames = ctx.clone();
             }

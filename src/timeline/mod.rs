@@ -11,8 +11,8 @@
 
 pub mod raster;
 
-use crate::replay::{self, recorded_config, start_state};
-use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot};
+use crate::replay::{self, recorded_config, start_state, StartState};
+use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot, TraceEntry};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -71,19 +71,29 @@ pub struct Allocations {
     /// The allocation's pieces: `pieces[first_piece .. first_piece + piece_count]`, in x order.
     pub first_piece: Vec<u32>,
     pub piece_count: Vec<u32>,
+    /// Allocation ids by group (one colour to draw): group `g` has
+    /// `by_group[group_start[g] .. group_start[g + 1]]`, in id order.
+    pub by_group: Vec<u32>,
+    pub group_start: Vec<u32>,
 }
 
-/// Struct-of-arrays over rectangles `[x0, x1) x [y, y + size of alloc)`, ordered by group, then
-/// allocation, then x: a group's pieces are one run (one colour to draw), and an allocation's
-/// pieces sit side by side (so the ones sharing a pixel column merge into one rectangle).
+/// Struct-of-arrays over rectangles, by allocation, then x. An allocation's pieces tile its
+/// lifetime, so a piece is only where it starts and its height: it ends where the allocation's
+/// next piece starts, or where the allocation ends (a 1 M event trace has millions of pieces).
 #[derive(Debug, Clone, Default)]
 pub struct Pieces {
     pub x0: Vec<u32>,
-    pub x1: Vec<u32>,
-    pub y: Vec<f64>,
-    pub alloc: Vec<u32>,
-    /// Group `g`'s pieces are `group_start[g] .. group_start[g + 1]`.
-    pub group_start: Vec<u32>,
+    /// Bytes below it (the bottom of its rectangle). A drawing coordinate, so f32 (its rounding,
+    /// under 1e-7 of the height, is far below a pixel; the bytes themselves are in `allocations`).
+    pub y: Vec<f32>,
+}
+
+/// One rectangle of an allocation's band: `[x0, x1) x [y, y + size)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Piece {
+    pub x0: u32,
+    pub x1: u32,
+    pub y: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -138,34 +148,50 @@ impl Timeline {
     /// are skipped. What the page's pointer is over.
     pub fn hit_test(&self, pos: u32, bytes: f64, slack: f64, hidden: &[u8]) -> Option<u32> {
         let a = &self.allocations;
+        // (bottom, id) of the band holding `bytes`: where f32 heights let two bands overlap by a
+        // rounding error, the upper one, whose bottom is the true boundary (on a tie, the later
+        // allocation: live bands stack in the order they were made).
+        let mut under: Option<(f64, u32)> = None;
         let mut near = None;
         for id in 0..a.size.len() {
             if a.start[id] > pos || a.end[id] <= pos || hidden.get(id).is_some_and(|&h| h != 0) {
                 continue;
             }
-            let pieces = a.first_piece[id] as usize..(a.first_piece[id] + a.piece_count[id]) as usize;
-            // The pieces are in x order and tile the allocation's lifetime.
-            let at = pieces.start + self.pieces.x1[pieces.clone()].partition_point(|&x1| x1 <= pos);
-            if at >= pieces.end || self.pieces.x0[at] > pos {
-                continue;
-            }
-            let (y, size) = (self.pieces.y[at], a.size[id]);
+            let first = a.first_piece[id] as usize;
+            let starts = &self.pieces.x0[first..first + a.piece_count[id] as usize];
+            // The pieces tile the allocation's lifetime, which covers `pos`: the last that
+            // starts at or before it holds it.
+            let Some(at) = starts.partition_point(|&x0| x0 <= pos).checked_sub(1) else { continue };
+            let (y, size) = (self.pieces.y[first + at] as f64, a.size[id]);
             if bytes >= y && bytes < y + size {
-                return Some(id as u32);
-            }
-            if bytes >= y - slack && bytes < y + size + slack {
+                if under.is_none_or(|(bottom, _)| y >= bottom) {
+                    under = Some((y, id as u32));
+                }
+            } else if bytes >= y - slack && bytes < y + size + slack {
                 near = Some(id as u32);
             }
         }
-        near
+        under.map(|(_, id)| id).or(near)
+    }
+
+    /// An allocation's rectangles, in x order.
+    pub fn pieces(&self, alloc: u32) -> impl Iterator<Item = Piece> + '_ {
+        let a = &self.allocations;
+        let id = alloc as usize;
+        let (first, count) = match (a.first_piece.get(id), a.piece_count.get(id)) {
+            (Some(&f), Some(&c)) => (f as usize, c as usize),
+            _ => (0, 0),
+        };
+        (first..first + count).map(move |k| Piece {
+            x0: self.pieces.x0[k],
+            x1: if k + 1 < first + count { self.pieces.x0[k + 1] } else { a.end[id] },
+            y: self.pieces.y[k] as f64,
+        })
     }
 
     /// An allocation's rectangles as `[x0, x1, y]` triples (positions, bytes).
     pub fn pieces_of(&self, alloc: u32) -> Vec<f64> {
-        let a = &self.allocations;
-        let Some(&first) = a.first_piece.get(alloc as usize) else { return Vec::new() };
-        let range = first as usize..(first + a.piece_count[alloc as usize]) as usize;
-        range.flat_map(|i| [self.pieces.x0[i] as f64, self.pieces.x1[i] as f64, self.pieces.y[i]]).collect()
+        self.pieces(alloc).flat_map(|p| [p.x0 as f64, p.x1 as f64, p.y]).collect()
     }
 }
 
@@ -179,6 +205,9 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
     let mut b = Builder::default();
     b.t.device = device;
     b.t.events = trace.len();
+    // Sized once: a 1 M event trace would otherwise hold its largest arrays twice while growing.
+    let live_at_start = start.segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::ActiveAllocated).count();
+    b.reserve(trace.len() + 1, live_at_start + trace.iter().filter(|e| e.action == Action::Alloc).count());
     let mut warnings = start.warnings.clone();
 
     // Allocations live at the start, in address order.
@@ -211,25 +240,22 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
                 allocated = allocated.saturating_add(e.size);
                 b.push_alloc(x, e.addr, e.size, e.stream, e.frames.as_ref(), e.category);
             }
-            Action::FreeRequested => {
-                allocated = allocated.saturating_sub(e.size);
-                b.free(x, e.addr);
-            }
+            Action::FreeRequested => allocated = allocated.saturating_sub(e.size),
             Action::SegmentAlloc | Action::SegmentMap => reserved = reserved.saturating_add(e.size),
             Action::SegmentFree | Action::SegmentUnmap => reserved = reserved.saturating_sub(e.size),
             Action::Annotate => {
-                let text = e.user_metadata.as_deref().filter(|m| !m.is_empty()).unwrap_or("annotation").to_string();
+                let text = e.user_metadata().filter(|m| !m.is_empty()).unwrap_or("annotation").to_string();
                 b.t.markers.push(Marker { x, text });
             }
             Action::Oom => {
-                let free = e.device_free.map(|f| format!(" with {} free on the device", crate::alloc::format_size(f))).unwrap_or_default();
+                let free = e.device_free().map(|f| format!(" with {} free on the device", crate::alloc::format_size(f))).unwrap_or_default();
                 let text = format!("out of memory: {} requested{free}", crate::alloc::format_size(e.size));
                 warnings.push(format!("This trace records an out-of-memory error at event {i}: {text}. The marker on the timeline shows where."));
                 b.t.markers.push(Marker { x, text });
             }
             Action::FreeCompleted | Action::Snapshot => {}
         }
-        if let Some(m) = e.user_metadata.as_deref().filter(|m| e.action != Action::Annotate && !m.is_empty() && Some(*m) != last_metadata) {
+        if let Some(m) = e.user_metadata().filter(|m| e.action != Action::Annotate && !m.is_empty() && Some(*m) != last_metadata) {
             b.t.markers.push(Marker { x, text: m.to_string() });
             last_metadata = Some(m);
         }
@@ -241,8 +267,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
         }
         peak_reserved = peak_reserved.max(reserved);
     }
-    let end = trace.len() as u32 + 1;
-    b.close_all(end);
+    let stacked = b.stack_bands(&start, trace);
 
     if b.t.summary.start_reserved_bytes > 0 && !trace.is_empty() {
         warnings.insert(
@@ -254,10 +279,10 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
             ),
         );
     }
-    if b.reused_without_free + b.unknown_frees > 0 {
+    if stacked.reused_without_free + stacked.unknown_frees > 0 {
         warnings.push(format!(
             "The trace does not add up ({} address(es) allocated again without a recorded free, {} free(s) of addresses never allocated): it was edited or truncated, so the bands and the allocated curve can disagree.",
-            b.reused_without_free, b.unknown_frees
+            stacked.reused_without_free, stacked.unknown_frees
         ));
     }
     if trace.is_empty() {
@@ -270,7 +295,6 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
 
     b.t.spans = spans(snapshot, device, &b.t.time_us);
     b.finish_groups(peak_x);
-    b.order_pieces();
     b.t.summary = TimelineSummary {
         device,
         events: trace.len(),
@@ -295,15 +319,6 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
 #[derive(Default)]
 struct Builder {
     t: Timeline,
-    /// Live allocations, bottom of the stack first.
-    live: Vec<u32>,
-    /// Position of each allocation in `live` (valid while it is live).
-    position: Vec<u32>,
-    /// Start and height of each live allocation's current piece.
-    piece_start: Vec<u32>,
-    offset: Vec<f64>,
-    /// Address -> live allocation.
-    by_addr: FxHashMap<u64, u32>,
     /// Stacks by the address of their shared frame list (a loaded pickle shares one per stack),
     /// then by content (JSON and recorded traces may repeat a stack in separate lists).
     stack_ids: FxHashMap<*const Frame, u32>,
@@ -315,17 +330,24 @@ struct Builder {
     group_ids: FxHashMap<String, u32>,
     /// Each category's group once one is used, by `Category as usize`.
     category_groups: [Option<u32>; Category::ALL.len()],
-    /// Height of the stack.
-    top: f64,
-    /// Where the trace does not add up: an address allocated again without a recorded free, and
-    /// frees of addresses that were never allocated.
-    reused_without_free: usize,
-    unknown_frees: usize,
 }
 
 impl Builder {
+    fn reserve(&mut self, positions: usize, allocations: usize) {
+        let t = &mut self.t;
+        for curve in [&mut t.allocated, &mut t.reserved, &mut t.time_us] {
+            curve.reserve_exact(positions);
+        }
+        let a = &mut t.allocations;
+        for v in [&mut a.size, &mut a.addr, &mut a.stream] {
+            v.reserve_exact(allocations);
+        }
+        for v in [&mut a.start, &mut a.stack, &mut a.group] {
+            v.reserve_exact(allocations);
+        }
+    }
+
     fn push_alloc(&mut self, x: u32, addr: u64, size: u64, stream: i64, frames: Option<&Frames>, category: Option<Category>) {
-        let id = self.t.allocations.size.len() as u32;
         let stack = frames.filter(|f| !f.is_empty()).map_or(NO_STACK, |f| self.stack_id(f));
         let named = match (category, frames) {
             (Some(c), _) => Some(self.category_group(c)),
@@ -342,66 +364,38 @@ impl Builder {
         a.addr.push(addr as f64);
         a.stream.push(stream as f64);
         a.start.push(x);
-        a.end.push(u32::MAX);
         a.stack.push(stack);
         a.group.push(group);
-        self.position.push(self.live.len() as u32);
-        self.piece_start.push(x);
-        self.offset.push(self.top);
-        self.live.push(id);
-        // A reused address means the earlier allocation's free was not recorded: close it.
-        if let Some(old) = self.by_addr.insert(addr, id) {
-            self.reused_without_free += 1;
-            self.remove(x, old);
-        }
-        self.top += size as f64;
     }
 
-    fn free(&mut self, x: u32, addr: u64) {
-        match self.by_addr.remove(&addr) {
-            Some(id) => self.remove(x, id),
-            None => self.unknown_frees += 1,
+    /// Stacks the bands (see [`Stacking`]) twice: once to count each allocation's pieces and find
+    /// where it ends, once to write the pieces where they belong, so that millions of pieces are
+    /// never held twice to be sorted.
+    fn stack_bands(&mut self, start: &StartState, trace: &[TraceEntry]) -> Stacking {
+        let a = &mut self.t.allocations;
+        let mut counting = Stacking::new(a.size.len());
+        let mut count = vec![0u32; a.size.len()];
+        counting.run(&a.size, start, trace, &mut |id, _, _| count[id as usize] += 1);
+        a.first_piece = Vec::with_capacity(count.len());
+        let mut total = 0u32;
+        for &c in &count {
+            a.first_piece.push(total);
+            total += c;
         }
-    }
+        a.piece_count = count;
+        a.end = std::mem::take(&mut counting.end);
 
-    /// Ends allocation `id` at `x`; everything above it drops by its size (a new piece each).
-    fn remove(&mut self, x: u32, id: u32) {
-        let p = self.position[id as usize] as usize;
-        if self.live.get(p) != Some(&id) {
-            return;
-        }
-        self.close_piece(x, id);
-        self.t.allocations.end[id as usize] = x;
-        let size = self.t.allocations.size[id as usize];
-        self.live.remove(p);
-        for q in p..self.live.len() {
-            let above = self.live[q];
-            self.close_piece(x, above);
-            self.position[above as usize] = q as u32;
-            self.offset[above as usize] -= size;
-        }
-        self.top -= size;
-    }
-
-    fn close_piece(&mut self, x: u32, id: u32) {
-        let start = self.piece_start[id as usize];
-        if x > start {
-            let y = self.offset[id as usize];
-            let p = &mut self.t.pieces;
-            p.x0.push(start);
-            p.x1.push(x);
-            p.y.push(y);
-            p.alloc.push(id);
-        }
-        self.piece_start[id as usize] = x;
-    }
-
-    fn close_all(&mut self, end: u32) {
-        for q in 0..self.live.len() {
-            let id = self.live[q];
-            self.close_piece(end, id);
-            self.t.allocations.end[id as usize] = end;
-        }
+        let p = &mut self.t.pieces;
+        p.x0 = vec![0; total as usize];
+        p.y = vec![0.0; total as usize];
+        let mut next = a.first_piece.clone();
+        Stacking::new(a.size.len()).run(&a.size, start, trace, &mut |id, x0, y| {
+            let k = next[id as usize] as usize;
+            next[id as usize] += 1;
+            p.x0[k] = x0;
+            p.y[k] = y as f32;
+        });
+        counting
     }
 
     fn stack_id(&mut self, frames: &Frames) -> u32 {
@@ -470,71 +464,10 @@ impl Builder {
         group
     }
 
-    /// Sorts the pieces by (group, allocation), keeping each allocation's pieces in x order (they
-    /// were closed in time order): two counting sorts, linear in the pieces.
-    fn order_pieces(&mut self) {
-        let a = &mut self.t.allocations;
-        let groups = self.t.groups.len();
-        let mut group_start = vec![0u32; groups + 1];
-        for &g in &a.group {
-            group_start[g as usize + 1] += 1;
-        }
-        for g in 0..groups {
-            group_start[g + 1] += group_start[g];
-        }
-        let mut by_group = vec![0u32; a.size.len()];
-        let mut fill = group_start.clone();
-        for (id, &g) in a.group.iter().enumerate() {
-            by_group[fill[g as usize] as usize] = id as u32;
-            fill[g as usize] += 1;
-        }
-        let p = &self.t.pieces;
-        a.piece_count = vec![0; a.size.len()];
-        for &id in &p.alloc {
-            a.piece_count[id as usize] += 1;
-        }
-        a.first_piece = vec![0; a.size.len()];
-        let mut pieces_of_group = vec![0u32; groups + 1];
-        let mut at = 0u32;
-        for &id in &by_group {
-            a.first_piece[id as usize] = at;
-            at += a.piece_count[id as usize];
-            pieces_of_group[a.group[id as usize] as usize + 1] += a.piece_count[id as usize];
-        }
-        for g in 0..groups {
-            pieces_of_group[g + 1] += pieces_of_group[g];
-        }
-        // Where each piece goes; the arrays are permuted one at a time, so that at most one
-        // array is held twice (a 1 M event trace has millions of pieces).
-        let mut next = a.first_piece.clone();
-        let dest: Vec<u32> = p
-            .alloc
-            .iter()
-            .map(|&id| {
-                next[id as usize] += 1;
-                next[id as usize] - 1
-            })
-            .collect();
-        drop(next);
-        fn permute<T: Copy + Default>(values: &mut Vec<T>, dest: &[u32]) {
-            let mut out = vec![T::default(); values.len()];
-            for (i, &v) in values.iter().enumerate() {
-                out[dest[i] as usize] = v;
-            }
-            *values = out;
-        }
-        let p = &mut self.t.pieces;
-        permute(&mut p.x0, &dest);
-        permute(&mut p.x1, &dest);
-        permute(&mut p.y, &dest);
-        permute(&mut p.alloc, &dest);
-        p.group_start = pieces_of_group;
-    }
-
     fn finish_groups(&mut self, peak_x: u32) {
         self.t.stack_offsets.push(self.t.stack_frames.len() as u32);
         self.t.scope_offsets.push(self.t.scope_frames.len() as u32);
-        let a = &self.t.allocations;
+        let a = &mut self.t.allocations;
         for i in 0..a.size.len() {
             let g = &mut self.t.groups[a.group[i] as usize];
             g.allocations += 1;
@@ -542,6 +475,131 @@ impl Builder {
                 g.bytes_at_peak += a.size[i] as u64;
             }
         }
+        // Allocations by group (a counting sort).
+        let mut group_start = vec![0u32; self.t.groups.len() + 1];
+        for (g, group) in self.t.groups.iter().enumerate() {
+            group_start[g + 1] = group_start[g] + group.allocations;
+        }
+        let mut fill = group_start.clone();
+        a.by_group = vec![0; a.size.len()];
+        for (id, &g) in a.group.iter().enumerate() {
+            a.by_group[fill[g as usize] as usize] = id as u32;
+            fill[g as usize] += 1;
+        }
+        a.group_start = group_start;
+    }
+}
+
+/// Stacks live allocations as MemoryViz does, in the order they were made: when one ends,
+/// everything above it drops by its size, closing a piece each. Fed the same allocations and
+/// frees the timeline was built from (the blocks live at the start, then the trace).
+struct Stacking {
+    /// Live allocations, bottom of the stack first.
+    live: Vec<u32>,
+    /// Position of each allocation in `live` (valid while it is live).
+    position: Vec<u32>,
+    /// Start and height of each live allocation's current piece.
+    piece_start: Vec<u32>,
+    offset: Vec<f64>,
+    /// Where each allocation ends (exclusive).
+    end: Vec<u32>,
+    /// Address -> live allocation.
+    by_addr: FxHashMap<u64, u32>,
+    /// Height of the stack.
+    top: f64,
+    /// Where the trace does not add up: an address allocated again without a recorded free, and
+    /// frees of addresses that were never allocated.
+    reused_without_free: usize,
+    unknown_frees: usize,
+}
+
+/// Called for each piece closed: (allocation, x0, y). Pieces of one allocation come in x order.
+type PieceSink<'a> = dyn FnMut(u32, u32, f64) + 'a;
+
+impl Stacking {
+    fn new(allocations: usize) -> Stacking {
+        Stacking {
+            live: Vec::new(),
+            position: vec![0; allocations],
+            piece_start: vec![0; allocations],
+            offset: vec![0.0; allocations],
+            end: vec![0; allocations],
+            by_addr: FxHashMap::default(),
+            top: 0.0,
+            reused_without_free: 0,
+            unknown_frees: 0,
+        }
+    }
+
+    /// `size`: every allocation's size, in the order `build` made them.
+    fn run(&mut self, size: &[f64], start: &StartState, trace: &[TraceEntry], piece: &mut PieceSink) {
+        let mut id = 0u32;
+        for s in &start.segments {
+            for blk in s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated) {
+                self.push(0, id, blk.address, size, piece);
+                id += 1;
+            }
+        }
+        for (i, e) in trace.iter().enumerate() {
+            let x = i as u32 + 1;
+            match e.action {
+                Action::Alloc => {
+                    self.push(x, id, e.addr, size, piece);
+                    id += 1;
+                }
+                Action::FreeRequested => match self.by_addr.remove(&e.addr) {
+                    Some(old) => self.remove(x, old, size, piece),
+                    None => self.unknown_frees += 1,
+                },
+                _ => {}
+            }
+        }
+        let end = trace.len() as u32 + 1;
+        for q in 0..self.live.len() {
+            let id = self.live[q];
+            self.close_piece(end, id, piece);
+            self.end[id as usize] = end;
+        }
+    }
+
+    fn push(&mut self, x: u32, id: u32, addr: u64, size: &[f64], piece: &mut PieceSink) {
+        self.position[id as usize] = self.live.len() as u32;
+        self.piece_start[id as usize] = x;
+        self.offset[id as usize] = self.top;
+        self.live.push(id);
+        // A reused address means the earlier allocation's free was not recorded: close it.
+        if let Some(old) = self.by_addr.insert(addr, id) {
+            self.reused_without_free += 1;
+            self.remove(x, old, size, piece);
+        }
+        self.top += size[id as usize];
+    }
+
+    /// Ends allocation `id` at `x`; everything above it drops by its size (a new piece each).
+    fn remove(&mut self, x: u32, id: u32, size: &[f64], piece: &mut PieceSink) {
+        let p = self.position[id as usize] as usize;
+        if self.live.get(p) != Some(&id) {
+            return;
+        }
+        self.close_piece(x, id, piece);
+        self.end[id as usize] = x;
+        let size = size[id as usize];
+        self.live.remove(p);
+        for q in p..self.live.len() {
+            let above = self.live[q];
+            self.close_piece(x, above, piece);
+            self.position[above as usize] = q as u32;
+            self.offset[above as usize] -= size;
+        }
+        self.top -= size;
+    }
+
+    fn close_piece(&mut self, x: u32, id: u32, piece: &mut PieceSink) {
+        let start = self.piece_start[id as usize];
+        if x > start {
+            piece(id, start, self.offset[id as usize]);
+        }
+        self.piece_start[id as usize] = x;
     }
 }
 

@@ -11,7 +11,8 @@ use super::Timeline;
 /// One image to draw: the x range (in axis units: event positions, or microseconds), its size in
 /// pixels, the byte height of the top row, and the colours (RGBA words, red in the low byte).
 pub struct Raster<'a> {
-    /// Axis coordinate of every position, one past the end included (`events + 2` values).
+    /// Axis coordinate of every position, one past the end included (`events + 2` values);
+    /// empty: the event axis, where a position is its own coordinate.
     pub xs: &'a [f64],
     pub x0: f64,
     pub x1: f64,
@@ -31,7 +32,7 @@ pub struct Raster<'a> {
 pub fn rasterize(t: &Timeline, r: &Raster) -> Vec<u32> {
     let (width, height) = (r.width, r.height);
     let mut pixels = vec![0u32; width * height];
-    if width == 0 || height == 0 || r.x1 <= r.x0 || r.ymax <= 0.0 || r.xs.len() < t.events + 2 {
+    if width == 0 || height == 0 || r.x1 <= r.x0 || r.ymax <= 0.0 || (!r.xs.is_empty() && r.xs.len() < t.events + 2) {
         return pixels;
     }
     let sx = width as f64 / (r.x1 - r.x0);
@@ -47,7 +48,9 @@ pub fn rasterize(t: &Timeline, r: &Raster) -> Vec<u32> {
         let b = (hi.round().max(0.0) as usize).min(limit);
         (a, b)
     };
-    let mut small: Vec<(f64, u32, f64, f64, f64, f64)> = Vec::new();
+    // Pixel coordinates as f32 (a canvas is at most 32767 pixels wide): at full zoom a 1 M event
+    // trace has hundreds of thousands of slivers.
+    let mut small: Vec<(f32, u32, f32, f32, f32, f32)> = Vec::new();
     let mut draw = |color: u32, l: f64, r: f64, t: f64, b: f64| {
         let (c0, c1) = span(l, r, width);
         let (r0, r1) = span(t, b, height);
@@ -56,56 +59,54 @@ pub fn rasterize(t: &Timeline, r: &Raster) -> Vec<u32> {
                 pixels[row * width + c0..row * width + c1].fill(color);
             }
         } else {
-            small.push(((r - l) * (b - t), color, l, r, t, b));
+            small.push((((r - l) * (b - t)) as f32, color, l as f32, r as f32, t as f32, b as f32));
         }
     };
-    let p = &t.pieces;
-    let sizes = &t.allocations.size;
+    let x_at = |position: u32| if r.xs.is_empty() { position as f64 } else { r.xs[position as usize] };
+    let a = &t.allocations;
     for &g in r.group_order {
         let g = g as usize;
         // The page names groups by index: one this trace lacks is skipped, not a panic.
-        let (Some(&group_color), Some(&[start, end])) = (r.group_color.get(g), p.group_start.get(g..g + 2)) else { continue };
-        let (start, end) = (start as usize, end as usize);
-        // The rectangle being grown for the current allocation: (alloc, colour, l, r, t, b).
-        let mut current: Option<(u32, u32, f64, f64, f64, f64)> = None;
-        for i in start..end {
-            let xa = r.xs[p.x0[i] as usize];
-            let xb = r.xs[p.x1[i] as usize];
-            if xb < r.x0 || xa > r.x1 {
-                continue;
+        let (Some(&group_color), Some(&[start, end])) = (r.group_color.get(g), a.group_start.get(g..g + 2)) else { continue };
+        for &id in &a.by_group[start as usize..end as usize] {
+            let size = a.size[id as usize];
+            let hidden = r.hidden.get(id as usize).is_some_and(|&h| h != 0);
+            let color = if hidden { r.ghost } else { group_color };
+            // The rectangle being grown: (l, r, t, b).
+            let mut current: Option<(f64, f64, f64, f64)> = None;
+            for p in t.pieces(id) {
+                let (xa, xb) = (x_at(p.x0), x_at(p.x1));
+                if xb < r.x0 || xa > r.x1 {
+                    continue;
+                }
+                let (l, rr) = ((xa - r.x0) * sx, (xb - r.x0) * sx);
+                let top = height as f64 - (p.y + size) * sy;
+                let bottom = top + size * sy;
+                // Merge into the current rectangle: the next piece at the same height, or, while
+                // the rectangle is narrower than a pixel, the next piece that ends in the same column.
+                if let Some((cl, cr, ct, cb)) = current.as_mut()
+                    && l - *cr < 1.0
+                    && ((top == *ct && bottom == *cb) || (*cr - *cl < 1.0 && rr <= cl.floor() + 1.0))
+                {
+                    *cr = cr.max(rr);
+                    *ct = ct.min(top);
+                    *cb = cb.max(bottom);
+                    continue;
+                }
+                if let Some((cl, cr, ct, cb)) = current {
+                    draw(color, cl, cr, ct, cb);
+                }
+                current = Some((l, rr, top, bottom));
             }
-            let id = p.alloc[i];
-            let size = sizes[id as usize];
-            let (l, rr) = ((xa - r.x0) * sx, (xb - r.x0) * sx);
-            let top = height as f64 - (p.y[i] + size) * sy;
-            let bottom = top + size * sy;
-            // Merge into the current rectangle: the next piece at the same height, or, while the
-            // rectangle is narrower than a pixel, the next piece that ends in the same column.
-            if let Some((alloc, _, cl, cr, ct, cb)) = current.as_mut()
-                && *alloc == id
-                && l - *cr < 1.0
-                && ((top == *ct && bottom == *cb) || (*cr - *cl < 1.0 && rr <= cl.floor() + 1.0))
-            {
-                *cr = cr.max(rr);
-                *ct = ct.min(top);
-                *cb = cb.max(bottom);
-                continue;
-            }
-            if let Some((_, color, cl, cr, ct, cb)) = current {
+            if let Some((cl, cr, ct, cb)) = current {
                 draw(color, cl, cr, ct, cb);
             }
-            let hidden = r.hidden.get(id as usize).is_some_and(|&h| h != 0);
-            current = Some((id, if hidden { r.ghost } else { group_color }, l, rr, top, bottom));
-        }
-        if let Some((_, color, cl, cr, ct, cb)) = current {
-            draw(color, cl, cr, ct, cb);
         }
     }
     // Each pixel left empty by the full bands goes to the biggest sliver touching it (no sort:
     // the biggest area seen so far is kept per pixel; full bands count as infinitely big).
     let mut best: Vec<f32> = pixels.iter().map(|&p| if p != 0 { f32::INFINITY } else { -1.0 }).collect();
     for (area, color, l, r, t, b) in small {
-        let area = area as f32;
         let c0 = (l.floor().max(0.0) as usize).min(width - 1);
         let c1 = (r.ceil() as usize).clamp(c0 + 1, width);
         let r0 = (t.floor().max(0.0) as usize).min(height - 1);

@@ -31,6 +31,19 @@ struct Caches {
     by_content: rustc_hash::FxHashSet<Frames>,
     /// Strings repeated on every entry (`compile_context` "N/A", `user_metadata` ""), stored once.
     strings: FxHashMap<NodeId, Arc<str>>,
+    /// Each distinct set of an entry's rarer keys once.
+    extras: rustc_hash::FxHashSet<Arc<EntryExtra>>,
+}
+
+impl Caches {
+    fn shared_extra(&mut self, extra: EntryExtra) -> Arc<EntryExtra> {
+        if let Some(known) = self.extras.get(&extra) {
+            return known.clone();
+        }
+        let extra = Arc::new(extra);
+        self.extras.insert(extra.clone());
+        extra
+    }
 }
 
 /// Decodes trace entries while the pickle is parsed (`pickle::Compact`): each entry dict becomes a
@@ -353,6 +366,11 @@ impl Decoder<'_> {
             Some(f) => Some(self.frames(Some(f), &|| format!("{}.frames", path()))?),
             None => None,
         };
+        let extra = EntryExtra {
+            device_free,
+            compile_context: self.opt_shared_str(id, "compile_context", path)?,
+            user_metadata: self.opt_shared_str(id, "user_metadata", path)?,
+        };
         Ok(TraceEntry {
             action,
             addr,
@@ -360,9 +378,7 @@ impl Decoder<'_> {
             stream: self.opt_int_field(id, "stream", path)?.unwrap_or(0),
             time_us: self.opt_int_field(id, "time_us", path)?,
             frames,
-            device_free,
-            compile_context: self.opt_shared_str(id, "compile_context", path)?,
-            user_metadata: self.opt_shared_str(id, "user_metadata", path)?,
+            extra: (extra != EntryExtra::default()).then(|| self.c.shared_extra(extra)),
             category: match self.opt_shared_str(id, "category", path)? {
                 None => None,
                 Some(name) => match Category::from_name(&name) {

@@ -71,7 +71,7 @@ pub struct Loader {
 enum LoaderState {
     /// Nothing but whitespace yet: the format is not known.
     Start(Vec<u8>),
-    Pickle(Box<pickle::Parser>, decode::EntryCompactor),
+    Pickle(Box<pickle::Parser>, Box<decode::EntryCompactor>),
     Json(Vec<u8>),
 }
 
@@ -91,9 +91,9 @@ impl Loader {
                 match first {
                     0x80 => {
                         let mut parser = Box::new(pickle::Parser::new(self.total));
-                        let mut compactor = decode::EntryCompactor::default();
-                        parser.feed(seen, &mut compactor)?;
-                        parser.feed(chunk, &mut compactor)?;
+                        let mut compactor = Box::<decode::EntryCompactor>::default();
+                        parser.feed(seen, &mut *compactor)?;
+                        parser.feed(chunk, &mut *compactor)?;
                         self.state = LoaderState::Pickle(parser, compactor);
                     }
                     b'{' | b'[' => {
@@ -109,7 +109,7 @@ impl Loader {
                     }
                 }
             }
-            LoaderState::Pickle(parser, compactor) => parser.feed(chunk, compactor)?,
+            LoaderState::Pickle(parser, compactor) => parser.feed(chunk, &mut **compactor)?,
             LoaderState::Json(bytes) => bytes.extend_from_slice(chunk),
         }
         Ok(())
@@ -127,8 +127,8 @@ impl Loader {
         match self.state {
             LoaderState::Start(_) => Err(TraceError::UnknownFormat("the file is empty".into())),
             LoaderState::Pickle(parser, mut compactor) => {
-                let (arena, root) = parser.finish(&mut compactor)?;
-                Ok(decode::snapshot(&arena, root, compactor)?)
+                let (arena, root) = parser.finish(&mut *compactor)?;
+                Ok(decode::snapshot(&arena, root, *compactor)?)
             }
             LoaderState::Json(bytes) => {
                 let value: serde_json::Value = serde_json::from_slice(&bytes)?;

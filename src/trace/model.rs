@@ -21,7 +21,7 @@ pub struct Frame {
 pub type Frames = Arc<[Frame]>;
 
 /// A whole snapshot: every device's segments plus each device's trace ring buffer.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Snapshot {
     pub segments: Vec<Segment>,
     pub device_traces: Vec<Vec<TraceEntry>>,
@@ -150,46 +150,70 @@ impl Action {
     }
 }
 
-/// One entry of a device's trace ring buffer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One entry of a device's trace ring buffer. Kept small (56 bytes on wasm32): a page holds a
+/// million of them, so the keys most entries lack live apart, in a shared [`EntryExtra`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TraceEntry {
     pub action: Action,
     /// Address; 0 for `snapshot`. PyTorch omits it for `oom`, where `device_free` stands instead.
-    #[serde(default)]
     pub addr: u64,
     pub size: u64,
     pub stream: i64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub time_us: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub frames: Option<Frames>,
-    /// Only on `oom`: bytes the device reported free.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device_free: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compile_context: Option<Arc<str>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_metadata: Option<Arc<str>>,
     /// tensormem's own key, on `alloc` entries the engine could classify: what the memory is
     /// for, in torch.profiler's memory-timeline categories. PyTorch's snapshots never carry it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub category: Option<Category>,
+    /// `device_free`, `compile_context`, `user_metadata`, where the entry has any.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<Arc<EntryExtra>>,
+}
+
+/// The keys of a trace entry that most entries lack, or share: a decoder gives every entry with
+/// the same values one `EntryExtra` (a G3 snapshot writes `compile_context: "N/A"` and
+/// `user_metadata: ""` on every entry).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct EntryExtra {
+    /// Only on `oom`: bytes the device reported free.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_free: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compile_context: Option<Arc<str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_metadata: Option<Arc<str>>,
+}
+
+impl EntryExtra {
+    fn is_empty(&self) -> bool {
+        *self == EntryExtra::default()
+    }
 }
 
 impl TraceEntry {
     pub fn new(action: Action, addr: u64, size: u64, stream: i64) -> TraceEntry {
-        TraceEntry {
-            action,
-            addr,
-            size,
-            stream,
-            time_us: None,
-            frames: None,
-            device_free: None,
-            compile_context: None,
-            user_metadata: None,
-            category: None,
-        }
+        TraceEntry { action, addr, size, stream, time_us: None, frames: None, category: None, extra: None }
+    }
+
+    /// Sets the rarer keys (none set: no `EntryExtra` at all).
+    pub fn with_extra(mut self, extra: EntryExtra) -> TraceEntry {
+        self.extra = (!extra.is_empty()).then(|| Arc::new(extra));
+        self
+    }
+
+    /// Only on `oom`: bytes the device reported free.
+    pub fn device_free(&self) -> Option<u64> {
+        self.extra.as_ref()?.device_free
+    }
+
+    pub fn compile_context(&self) -> Option<&str> {
+        self.extra.as_ref()?.compile_context.as_deref()
+    }
+
+    pub fn user_metadata(&self) -> Option<&str> {
+        self.extra.as_ref()?.user_metadata.as_deref()
     }
 }
 
@@ -310,5 +334,28 @@ impl Snapshot {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The page holds a million entries: 56 bytes each on wasm32 (72 natively), where the rarer
+    /// keys inline made 88.
+    #[test]
+    fn a_trace_entry_stays_small() {
+        let expected = if cfg!(target_pointer_width = "64") { 72 } else { 56 };
+        assert_eq!(std::mem::size_of::<TraceEntry>(), expected);
+    }
+
+    #[test]
+    fn the_rarer_keys_are_written_as_keys_of_the_entry() {
+        let oom = TraceEntry::new(Action::Oom, 0, 1024, 7).with_extra(EntryExtra { device_free: Some(512), user_metadata: Some("step 3".into()), ..Default::default() });
+        let json = serde_json::to_value(&oom).unwrap();
+        assert_eq!(json, serde_json::json!({"action": "oom", "addr": 0, "size": 1024, "stream": 7, "device_free": 512, "user_metadata": "step 3"}));
+        assert_eq!((oom.device_free(), oom.user_metadata(), oom.compile_context()), (Some(512), Some("step 3"), None));
+        // None set: no shared part at all.
+        assert!(TraceEntry::new(Action::Alloc, 0, 1, 0).with_extra(EntryExtra::default()).extra.is_none());
     }
 }

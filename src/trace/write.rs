@@ -228,7 +228,7 @@ impl PickleWriter {
         self.dict(|w| {
             w.str("action");
             w.str(e.action.name());
-            if let Some(free) = e.device_free {
+            if let Some(free) = e.device_free() {
                 w.str("device_free");
                 w.uint(free);
             } else {
@@ -243,11 +243,11 @@ impl PickleWriter {
                 w.str("time_us");
                 w.int(t);
             }
-            if let Some(c) = &e.compile_context {
+            if let Some(c) = e.compile_context() {
                 w.str("compile_context");
                 w.str(c);
             }
-            if let Some(m) = &e.user_metadata {
+            if let Some(m) = e.user_metadata() {
                 w.str("user_metadata");
                 w.str(m);
             }

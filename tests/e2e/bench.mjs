@@ -67,7 +67,7 @@ for (const file of files) {
     return painted - chosen;
   });
   const events = await page.textContent('#trace-events');
-  const { wasmBytes } = await page.evaluate(() => window.__tensormem.ask('memory'));
+  const { wasmBytes, parsed: wasmParsed, laidOut: wasmLaidOut } = await page.evaluate(() => window.__tensormem.ask('memory'));
   // Where the time went: file chosen -> parsed (worker) -> timeline laid out (worker) -> painted.
   const phases = await page.evaluate(() => {
     const at = (name) => performance.getEntriesByName(`tensormem:${name}`).at(-1).startTime;
@@ -101,7 +101,7 @@ for (const file of files) {
   const r = {
     file: basename(file), megabytes: +(statSync(file).size / 1048576).toFixed(1), events,
     choose_to_painted_ms: Math.round(load), phases_ms: phases, frame_ms_median: +frames.median.toFixed(1), frame_ms_p95: +frames.p95.toFixed(1),
-    frame_ms_max: +frames.max.toFixed(1), frames: frames.frames, renderer_peak_mb: Math.round(peak / 1048576), renderer_private_peak_mb: Math.round(privatePeak / 1048576), wasm_memory_mb: Math.round(wasmBytes / 1048576),
+    frame_ms_max: +frames.max.toFixed(1), frames: frames.frames, renderer_peak_mb: Math.round(peak / 1048576), renderer_private_peak_mb: Math.round(privatePeak / 1048576), wasm_memory_mb: Math.round(wasmBytes / 1048576), wasm_mb_parsed: Math.round(wasmParsed / 1048576), wasm_mb_laid_out: Math.round(wasmLaidOut / 1048576),
   };
   results.push(r);
   console.log(JSON.stringify(r));
