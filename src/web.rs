@@ -73,8 +73,43 @@ impl LoadedTrace {
             .collect()
     }
 
+    /// One device's timeline, without its curves: see [`LoadedTrace::curves`].
     pub fn timeline(&self, device: i32) -> Result<TimelineArrays, JsError> {
-        timeline::build(&self.snapshot, device as i64).map(|t| TimelineArrays { t, xs: Vec::new(), hidden: Vec::new() }).map_err(js_error)
+        timeline::build_without_curves(&self.snapshot, device as i64).map(|t| TimelineArrays { t, xs: Vec::new(), hidden: Vec::new() }).map_err(js_error)
+    }
+
+    /// The curves of `view` (a timeline of this trace) as three new Float64Arrays, `[allocated,
+    /// reserved, time_us]`, one value a position. Filled a chunk at a time, so that wasm memory
+    /// never holds them whole (24 MB for a 1 M event trace, beside its bands).
+    pub fn curves(&self, view: &TimelineArrays) -> Result<js_sys::Array, JsError> {
+        let (t, s) = (&view.t, &view.t.summary);
+        let trace = self.snapshot.trace_of(t.device);
+        if trace.len() != t.events {
+            return Err(JsError::new("this timeline was not laid out from this trace"));
+        }
+        let n = trace.len() + 1;
+        let out: [js_sys::Float64Array; 3] = std::array::from_fn(|_| js_sys::Float64Array::new_with_length(n as u32));
+        const CHUNK: usize = 1 << 16;
+        let mut chunk: [Vec<f64>; 3] = std::array::from_fn(|_| Vec::with_capacity(CHUNK));
+        let mut at = 0u32;
+        let flush = |chunk: &mut [Vec<f64>; 3], at: &mut u32| {
+            let end = *at + chunk[0].len() as u32;
+            for (array, values) in out.iter().zip(chunk.iter_mut()) {
+                array.subarray(*at, end).copy_from(values);
+                values.clear();
+            }
+            *at = end;
+        };
+        for p in timeline::curves(trace, s.start_allocated_bytes, s.start_reserved_bytes) {
+            chunk[0].push(p.allocated as f64);
+            chunk[1].push(p.reserved as f64);
+            chunk[2].push(p.time_us);
+            if chunk[0].len() == CHUNK {
+                flush(&mut chunk, &mut at);
+            }
+        }
+        flush(&mut chunk, &mut at);
+        Ok(out.into_iter().collect())
     }
 
     /// Replays one device under other settings; `start` is `recorded` or `replaced`. Returns
@@ -175,9 +210,6 @@ macro_rules! copy {
 }
 
 copy! {
-    allocated: Float64Array = allocated;
-    reserved: Float64Array = reserved;
-    time_us: Float64Array = time_us;
     alloc_size: Float64Array = allocations.size;
     alloc_addr: Float64Array = allocations.addr;
     alloc_stream: Float64Array = allocations.stream;
@@ -193,6 +225,11 @@ copy! {
 
 #[wasm_bindgen]
 impl TimelineArrays {
+    /// Trace entries; positions run from 0 to `events` inclusive.
+    pub fn events(&self) -> u32 {
+        self.t.events as u32
+    }
+
     /// The x axis: the coordinate of every position and one past the end (`events + 2` values),
     /// or none for the event axis (a position is its own coordinate).
     pub fn set_axis(&mut self, xs: Vec<f64>) {

@@ -36,6 +36,35 @@ async fn gpu_entries_carry_the_browsers_wall_time() {
     assert!((1_704_067_200_000_000..4_102_444_800_000_000).contains(&t), "{t}");
 }
 
+/// The curves the page gets chunk by chunk from the worker are the timeline's own, across more
+/// than one chunk (65,536 positions).
+#[wasm_bindgen_test]
+fn the_page_gets_the_timelines_curves() {
+    use tensormem::alloc::{AllocatorConfig, RecordContext, TimeSource, VirtualAllocator};
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::Alloc, 1 << 20);
+    a.history_mut().set_time_source(TimeSource::modelled());
+    let mut live = Vec::new();
+    for i in 0..40_000u64 {
+        a.history_mut().advance_time_us(3.0);
+        live.push(a.malloc(512 * (1 + i % 7), 0, None).unwrap());
+        if i % 3 != 0 {
+            let b = live.swap_remove((i as usize * 7919) % live.len());
+            a.free(b.ptr, None).unwrap();
+        }
+    }
+    let snapshot = a.snapshot();
+    let expected = tensormem::timeline::build(&snapshot, 0).unwrap();
+    assert!(expected.allocated.len() > 1 << 16);
+    let loaded = tensormem::web::LoadedTrace::parse(&tensormem::trace::to_pickle(&snapshot)).unwrap();
+    let view = loaded.timeline(0).unwrap();
+    let curves = loaded.curves(&view).unwrap();
+    let got = |k: u32| js_sys::Float64Array::from(curves.get(k)).to_vec();
+    assert_eq!(got(0), expected.allocated);
+    assert_eq!(got(1), expected.reserved);
+    assert_eq!(got(2), expected.time_us);
+}
+
 mod suite;
 
 macro_rules! in_browser {

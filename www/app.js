@@ -256,15 +256,15 @@ async function showDevice(info, d, ticket = loadTicket) {
   if ($('filter-text').value || $('filter-min').value || $('filter-max').value || $('filter-range').checked) await updateFilter();
   showLegend();
   showDetails(null);
-  // The allocator state replays the trace up to the cursor in the worker: after the first paint.
-  showLive(timeline.cursor, false);
   $('whatif-result').innerHTML = '';
   $('replay-key').hidden = true;
   $('compare-result').innerHTML = '';
   $('export-other').hidden = true;
+  // What is live at the cursor (the peak) and the allocator state there (replayed in the
+  // worker): after the first paint, which does not wait for them.
   painted.then(() => {
     performance.mark('tensormem:painted');
-    if (current === info) showState(timeline.cursor);
+    if (current === info) showLive(timeline.cursor);
   });
   return true;
 }

@@ -16,7 +16,8 @@ const ready = init().then(async (exports) => {
   for (let k = 0; k < 3; k++) {
     const again = LoadedTrace.parse(warm.to_pickle());
     const t = again.timeline(0);
-    const n = t.allocated().length;
+    again.curves(t);
+    const n = t.events() + 1;
     t.raster(0, n, 1200, 400, 2e9, Uint32Array.from({ length: 64 }, (_, i) => i), new Uint32Array(64).fill(1), new Uint8Array(0), 0);
     t.free();
     again.free();
@@ -126,14 +127,16 @@ let nextView = 1;
 // trace is rasterised right away and sent with the timeline, saving the page a round trip.
 function timeline(trace, device, first) {
   progress('laying out the timeline', 1);
-  const t = get(trace).timeline(device);
+  const loaded = get(trace);
+  const t = loaded.timeline(device);
   for (const [v, old] of views) if (old.trace === trace) { old.t.free(); views.delete(v); }
   const viewId = nextView++;
   views.set(viewId, { trace, t });
+  const [allocated, reserved, timeUs] = loaded.curves(t);
   const arrays = {
-    allocated: t.allocated(),
-    reserved: t.reserved(),
-    timeUs: t.time_us(),
+    allocated,
+    reserved,
+    timeUs,
     allocSize: t.alloc_size(),
     allocAddr: t.alloc_addr(),
     allocStream: t.alloc_stream(),
@@ -171,7 +174,8 @@ function describeOther(name, device) {
   const d = devices.includes(device) ? device : devices[0];
   if (d === undefined) throw new Error(`${name} has no segments and no trace`);
   const t = other.timeline(d);
-  const arrays = { allocated: t.allocated(), reserved: t.reserved() };
+  const [allocated, reserved] = other.curves(t);
+  const arrays = { allocated, reserved };
   const meta = JSON.parse(t.meta_json());
   t.free();
   const result = { name, device: d, arrays, summary: meta.summary, groups: meta.groups };

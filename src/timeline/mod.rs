@@ -22,7 +22,8 @@ pub struct Timeline {
     pub device: i64,
     /// Trace entries; positions run from 0 to `events` inclusive.
     pub events: usize,
-    /// Requested bytes live at each position (the top of the stack).
+    /// Requested bytes live at each position (the top of the stack). The three curves are empty
+    /// when built without them ([`build_without_curves`]; [`curves`] gives them one by one).
     pub allocated: Vec<f64>,
     /// Reserved bytes (segments) at each position.
     pub reserved: Vec<f64>,
@@ -196,6 +197,44 @@ impl Timeline {
 }
 
 pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
+    build_with(snapshot, device, true)
+}
+
+/// The timeline without its three curves (8 bytes a position each): the page's worker hands them
+/// to JavaScript straight from [`curves`], so that wasm memory never holds them beside the bands.
+pub fn build_without_curves(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
+    build_with(snapshot, device, false)
+}
+
+/// One position of the curves: requested bytes live, bytes reserved, and the time (NaN where
+/// the trace has none).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CurvePoint {
+    pub allocated: u64,
+    pub reserved: u64,
+    pub time_us: f64,
+}
+
+/// The curves at every position of `trace` (`trace.len() + 1` points), from the state at its
+/// start: the running sums `tensormem replay` counts as recorded. Position 0 takes the first
+/// time in the trace.
+pub fn curves(trace: &[TraceEntry], start_allocated: u64, start_reserved: u64) -> impl Iterator<Item = CurvePoint> + '_ {
+    let first_time = trace.iter().find_map(|e| e.time_us);
+    let start = CurvePoint { allocated: start_allocated, reserved: start_reserved, time_us: first_time.map_or(f64::NAN, |t| t as f64) };
+    std::iter::once(start).chain(trace.iter().scan(start, |at, e| {
+        match e.action {
+            Action::Alloc => at.allocated = at.allocated.saturating_add(e.size),
+            Action::FreeRequested => at.allocated = at.allocated.saturating_sub(e.size),
+            Action::SegmentAlloc | Action::SegmentMap => at.reserved = at.reserved.saturating_add(e.size),
+            Action::SegmentFree | Action::SegmentUnmap => at.reserved = at.reserved.saturating_sub(e.size),
+            _ => {}
+        }
+        at.time_us = e.time_us.map_or(f64::NAN, |t| t as f64);
+        Some(*at)
+    }))
+}
+
+fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool) -> Result<Timeline, replay::ReplayError> {
     replay::check_device(snapshot, device)?;
     let config = recorded_config(snapshot)?;
     let trace = snapshot.trace_of(device);
@@ -207,7 +246,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
     b.t.events = trace.len();
     // Sized once: a 1 M event trace would otherwise hold its largest arrays twice while growing.
     let live_at_start = start.segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::ActiveAllocated).count();
-    b.reserve(trace.len() + 1, live_at_start + trace.iter().filter(|e| e.action == Action::Alloc).count());
+    b.reserve(if keep_curves { trace.len() + 1 } else { 0 }, live_at_start + trace.iter().filter(|e| e.action == Action::Alloc).count());
     let mut warnings = start.warnings.clone();
 
     // Allocations live at the start, in address order.
@@ -222,13 +261,23 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
     }
     b.t.summary.start_allocated_bytes = allocated;
     b.t.summary.start_reserved_bytes = reserved;
-    b.t.allocated.push(allocated as f64);
-    b.t.reserved.push(reserved as f64);
     // The peaks, counted in bytes as `tensormem replay` counts them as recorded (a test holds
     // the two equal), and the first position at the allocated peak.
     let (mut peak_allocated, mut peak_reserved, mut peak_x) = (allocated, reserved, 0u32);
-    let first_time = trace.iter().find_map(|e| e.time_us);
-    b.t.time_us.push(first_time.map_or(f64::NAN, |t| t as f64));
+    let mut has_time = false;
+    for (x, at) in curves(trace, allocated, reserved).enumerate() {
+        if keep_curves {
+            b.t.allocated.push(at.allocated as f64);
+            b.t.reserved.push(at.reserved as f64);
+            b.t.time_us.push(at.time_us);
+        }
+        if at.allocated > peak_allocated {
+            (peak_allocated, peak_x) = (at.allocated, x as u32);
+        }
+        peak_reserved = peak_reserved.max(at.reserved);
+        (allocated, reserved) = (at.allocated, at.reserved);
+        has_time |= !at.time_us.is_nan();
+    }
 
     let mut last_metadata: Option<&str> = None;
     let mut any_frames = false;
@@ -236,13 +285,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
         let x = i as u32 + 1;
         any_frames |= e.frames.as_ref().is_some_and(|f| !f.is_empty());
         match e.action {
-            Action::Alloc => {
-                allocated = allocated.saturating_add(e.size);
-                b.push_alloc(x, e.addr, e.size, e.stream, e.frames.as_ref(), e.category);
-            }
-            Action::FreeRequested => allocated = allocated.saturating_sub(e.size),
-            Action::SegmentAlloc | Action::SegmentMap => reserved = reserved.saturating_add(e.size),
-            Action::SegmentFree | Action::SegmentUnmap => reserved = reserved.saturating_sub(e.size),
+            Action::Alloc => b.push_alloc(x, e.addr, e.size, e.stream, e.frames.as_ref(), e.category),
             Action::Annotate => {
                 let text = e.user_metadata().filter(|m| !m.is_empty()).unwrap_or("annotation").to_string();
                 b.t.markers.push(Marker { x, text });
@@ -253,19 +296,12 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
                 warnings.push(format!("This trace records an out-of-memory error at event {i}: {text}. The marker on the timeline shows where."));
                 b.t.markers.push(Marker { x, text });
             }
-            Action::FreeCompleted | Action::Snapshot => {}
+            _ => {}
         }
         if let Some(m) = e.user_metadata().filter(|m| e.action != Action::Annotate && !m.is_empty() && Some(*m) != last_metadata) {
             b.t.markers.push(Marker { x, text: m.to_string() });
             last_metadata = Some(m);
         }
-        b.t.allocated.push(allocated as f64);
-        b.t.reserved.push(reserved as f64);
-        b.t.time_us.push(e.time_us.map_or(f64::NAN, |t| t as f64));
-        if allocated > peak_allocated {
-            (peak_allocated, peak_x) = (allocated, x);
-        }
-        peak_reserved = peak_reserved.max(reserved);
     }
     let stacked = b.stack_bands(&start, trace);
 
@@ -293,7 +329,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
         );
     }
 
-    b.t.spans = spans(snapshot, device, &b.t.time_us);
+    b.t.spans = spans(snapshot, device, trace);
     b.finish_groups(peak_x);
     b.t.summary = TimelineSummary {
         device,
@@ -304,7 +340,7 @@ pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::Repla
         peak_x,
         final_allocated_bytes: allocated,
         final_reserved_bytes: reserved,
-        has_time: b.t.time_us.iter().any(|t| !t.is_nan()),
+        has_time,
         time_source: snapshot.tensormem.as_ref().map(|r| match r.time.as_str() {
             "wall" => format!("wall clock on {}", r.device),
             other => format!("{other} on {}", r.device),
@@ -606,8 +642,9 @@ impl Stacking {
 /// The snapshot's `record_function` annotations for `device` as position ranges: each START is
 /// matched with the next END of the same name (nested scopes nest), a time falls at the first
 /// position recorded at or after it, and a scope never closed runs to the end.
-fn spans(snapshot: &Snapshot, device: i64, time_us: &[f64]) -> Vec<Span> {
+fn spans(snapshot: &Snapshot, device: i64, trace: &[TraceEntry]) -> Vec<Span> {
     let Some(annotations) = &snapshot.external_annotations else { return Vec::new() };
+    let time_us: Vec<f64> = curves(trace, 0, 0).map(|p| p.time_us).collect();
     let end = time_us.len() as u32;
     let position = |t: i64| time_us.partition_point(|&x| x.is_nan() || x < t as f64) as u32;
     let mut open: Vec<(String, u32)> = Vec::new();
