@@ -17,6 +17,7 @@ const waiting = new Map();
 worker.onmessage = (event) => {
   const m = event.data;
   if (m.type === 'progress') return showProgress(m.phase, m.fraction);
+  if (m.type === 'firstImage') return timeline.acceptFirstImage(m);
   const w = waiting.get(m.id);
   if (!w) return;
   waiting.delete(m.id);
@@ -250,7 +251,7 @@ async function showDevice(info, d, ticket = loadTicket) {
   $('warnings').innerHTML = s.warnings.map((w) => `<li>${escape(w)}</li>`).join('');
   $('axis-select').querySelector('option[value=time]').disabled = !s.has_time;
   timeline.axis = $('axis-select').value;
-  const painted = timeline.setData(data);
+  const painted = timeline.setData(data, first);
   $('axis-select').value = timeline.axis;
   resetFilters(data);
   if ($('filter-text').value || $('filter-min').value || $('filter-max').value || $('filter-range').checked) await updateFilter();

@@ -39,8 +39,9 @@ export class Timeline {
   on(name, fn) { this.listeners[name] = fn; }
   emit(name, value) { if (this.listeners[name]) this.listeners[name](value); }
 
-  // data: {arrays, meta} from the worker.
-  setData(data) {
+  // data: {view, arrays, meta} from the worker; `first` ({width, height}): the worker is drawing
+  // the whole trace by event index at that size and will post it (see acceptFirstImage).
+  setData(data, first = null) {
     const { arrays: a, meta } = data;
     this.data = data;
     this.positions = a.allocated.length; // events + 1
@@ -61,14 +62,14 @@ export class Timeline {
     this.groupPixel = pixels;
     this.cursor = meta.summary.peak_x;
     this.setAxis(this.axis);
-    // The worker drew the whole trace with the timeline (see worker.js): use it if it fits.
-    const first = data.firstImage;
-    const p = this.plot;
-    const dpr = window.devicePixelRatio || 1;
-    if (first && this.axis === 'event' && first.width === Math.round(p.w * dpr) && first.height === Math.round(p.h * dpr)) {
-      this.acceptLayer(first.pixels, first.width, first.height, 0, this.xAt(this.positions), this.yMax(), dpr);
+    // The worker is drawing the whole trace (see worker.js): wait for that image rather than ask
+    // for the same again; otherwise ask now, ahead of the panels' own requests to the worker.
+    this.firstImage = null;
+    if (first && this.axis === 'event') {
+      const key = this.layerKey(this.plot, this.yMax(), window.devicePixelRatio || 1);
+      this.firstImage = { ...first, pending: { x0: 0, x1: this.xAt(this.positions), key } };
+      this.pendingLayer = this.firstImage.pending;
     }
-    // Otherwise ask for it now, ahead of the panels' own requests to the worker.
     this.draw();
     // Resolved once the first image of this trace is on screen at its exact scale.
     return new Promise((resolve) => { this.onPainted = resolve; });
@@ -313,6 +314,22 @@ export class Timeline {
       this.pendingLayer = null;
       this.emit('error', e);
     });
+  }
+
+  // The worker's image of the whole trace, drawn right after it laid out the timeline: the
+  // layer, if it is still the one the view needs (the window may have been resized meanwhile).
+  acceptFirstImage({ view, pixels, width, height }) {
+    const expected = this.firstImage;
+    if (!this.data || this.data.view !== view || !expected) return;
+    this.firstImage = null;
+    if (this.pendingLayer === expected.pending) this.pendingLayer = null;
+    const p = this.plot;
+    const dpr = window.devicePixelRatio || 1;
+    const fits = width === Math.round(p.w * dpr) && height === Math.round(p.h * dpr);
+    if (pixels && fits && this.layerKey(p, this.yMax(), dpr) === expected.pending.key) {
+      this.acceptLayer(pixels, width, height, 0, this.xAt(this.positions), this.yMax(), dpr);
+    }
+    this.draw();
   }
 
   // Makes a rasterised image of [x0, x1) the layer, with the reserved curves drawn on it.

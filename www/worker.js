@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { LoadedTrace, TraceLoader, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
+import init, { TraceLoader, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
@@ -13,8 +13,14 @@ const wasmAt = { parsed: 0, laidOut: 0 };
 const ready = init().then(async (exports) => {
   wasm = exports;
   const warm = await run_scenario(JSON.stringify({ scenario: 'variable-batch', set: { layers: '24' } }));
+  const bytes = warm.to_pickle();
   for (let k = 0; k < 3; k++) {
-    const again = LoadedTrace.parse(warm.to_pickle());
+    // Fed in two chunks, as files are.
+    const loader = new TraceLoader(bytes.length);
+    loader.feed(bytes.subarray(0, bytes.length >> 1));
+    loader.feed(bytes.subarray(bytes.length >> 1));
+    const again = loader.finish();
+    loader.free();
     const t = again.timeline(0);
     again.curves(t);
     const n = t.events() + 1;
@@ -85,17 +91,8 @@ async function loadStream(stream, total, name) {
   }
 }
 
-// A file below this size is read in one piece and parsed in one call (streaming it costs a
-// task hop per 64 KB chunk: 83 instead of 44 ms to parse the 3 MB training fixture); above it,
-// streaming keeps the file's bytes from ever being held whole.
-const STREAM_ABOVE = 16 << 20;
-
 async function loadFile(file) {
-  if (file.size > STREAM_ABOVE) return loadStream(file.stream(), file.size, file.name);
-  progress(`reading ${file.name}`, 0.5);
-  const bytes = new Uint8Array(await file.arrayBuffer());
-  progress(`parsing ${file.name} (${(bytes.length / 1048576).toFixed(1)} MB)`, 1);
-  return LoadedTrace.parse(bytes);
+  return loadStream(file.stream(), file.size, file.name);
 }
 
 function close(id) {
@@ -151,15 +148,19 @@ function timeline(trace, device, first) {
   };
   const meta = JSON.parse(t.meta_json());
   const transfer = Object.values(arrays).map((a) => a.buffer);
-  let firstImage = null;
-  if (first) {
-    const n = arrays.allocated.length;
-    const { order, pixels: colors } = colorGroups(meta.groups);
-    const pixels = t.raster(0, n, first.width, first.height, topBytes(meta.summary), order, colors, new Uint8Array(0), GHOST);
-    firstImage = { pixels, width: first.width, height: first.height };
-    transfer.push(pixels.buffer);
-  }
-  return { result: { view: viewId, device, arrays, meta, firstImage }, transfer };
+  // The first image is drawn after the timeline is posted, so that the page sets itself up
+  // while this worker draws (two cores at work), and posted on its own as 'firstImage'.
+  // Without it (an error) the page asks for the image itself.
+  const after = first && (() => {
+    try {
+      const { order, pixels: colors } = colorGroups(meta.groups);
+      const pixels = t.raster(0, t.events() + 1, first.width, first.height, topBytes(meta.summary), order, colors, new Uint8Array(0), GHOST);
+      postMessage({ type: 'firstImage', view: viewId, pixels, width: first.width, height: first.height }, [pixels.buffer]);
+    } catch {
+      postMessage({ type: 'firstImage', view: viewId, pixels: null });
+    }
+  });
+  return { result: { view: viewId, device, arrays, meta }, transfer, after };
 }
 
 function view(id) {
@@ -290,6 +291,8 @@ onmessage = async (event) => {
     const out = await handlers[type](event.data);
     if (out && out.transfer) postMessage({ id, result: out.result }, out.transfer);
     else postMessage({ id, result: out });
+    // Work the answer does not wait for (see timeline()).
+    if (out && out.after) out.after();
   } catch (e) {
     postMessage({ id, error: String(e && e.message ? e.message : e) });
   }
