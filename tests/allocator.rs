@@ -328,6 +328,22 @@ fn invalid_free_is_an_error() {
 }
 
 #[test]
+fn a_stale_allocation_handle_frees_nothing() {
+    let mut a = allocator("");
+    let first = a.malloc(1000, 0, None).unwrap();
+    let copy = first;
+    a.free_allocation(&first, None).unwrap();
+    // The cached block goes to the next request of its size: same block, same address.
+    let second = a.malloc(1000, 0, None).unwrap();
+    assert_eq!(second.ptr, copy.ptr);
+    assert_eq!(a.free_allocation(&copy, None).unwrap_err(), AllocError::InvalidPointer(copy.ptr), "a stale copy must not free the new owner");
+    assert_eq!(a.stats().allocation.all().current, 1);
+    a.free_allocation(&second, None).unwrap();
+    assert_eq!(a.stats().allocation.all().current, 0);
+    check(&a);
+}
+
+#[test]
 fn peak_and_accumulated_resets() {
     let mut a = allocator("");
     let x = a.malloc(30 * MIB, 0, None).unwrap();

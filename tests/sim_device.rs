@@ -43,3 +43,27 @@ fn allocations_carry_the_op_the_call_site_and_the_module_scope() {
     assert_eq!(allocs[2].len(), 1, "the scope ended with its guards");
     drop((y, z));
 }
+
+#[test]
+fn a_scope_ends_with_its_guard_whatever_order_guards_drop_in() {
+    let dev = Device::sim(SimOptions::preset("A100-40GB"));
+    let scope_of_next_alloc = |dev: &Device| {
+        let _t = dev.empty(&[1], DType::F32).unwrap();
+        let trace = dev.snapshot().device_traces[0].clone();
+        let frames = trace.iter().rev().find(|e| e.action == Action::Alloc).unwrap().frames.clone().unwrap();
+        frames.get(1).map(|f| f.name.clone()).unwrap_or_default()
+    };
+    let outer = dev.scope("gpt");
+    let inner = dev.scope("h.0");
+    assert_eq!(scope_of_next_alloc(&dev), "gpt.h.0");
+    // The outer guard dropped first ends both scopes; the inner one then has nothing to end.
+    drop(outer);
+    assert_eq!(scope_of_next_alloc(&dev), "");
+    let other = dev.scope("lm_head");
+    let deeper = dev.scope("proj");
+    drop(inner);
+    assert_eq!(scope_of_next_alloc(&dev), "lm_head.proj", "a late inner guard does not end newer scopes");
+    drop(other);
+    assert_eq!(scope_of_next_alloc(&dev), "");
+    drop(deeper);
+}

@@ -33,6 +33,10 @@ pub struct Allocation {
     /// Base address of the segment that holds it; `ptr - segment` is the offset in that segment.
     pub segment: u64,
     block: BlockId,
+    /// Which handing-out of the block this is: a stale copy (the block was freed and given to
+    /// another tensor since) no longer matches, so freeing it fails instead of freeing the new
+    /// owner's memory.
+    generation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,6 +74,8 @@ struct Block {
     context: Option<Frames>,
     segment_context: Option<Frames>,
     live: bool,
+    /// The generation of the last `Allocation` handed out for it.
+    generation: u64,
 }
 
 impl Block {
@@ -92,6 +98,7 @@ impl Block {
             context: None,
             segment_context: None,
             live: true,
+            generation: 0,
         }
     }
 
@@ -218,6 +225,8 @@ pub struct CachingAllocator<S: SegmentSource> {
     total_allocated_memory: u64,
     stats: DeviceStats,
     history: History,
+    /// Allocations handed out so far: each one's generation.
+    handed_out: u64,
 }
 
 const SMALL: usize = 0;
@@ -284,6 +293,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             total_allocated_memory: 0,
             stats,
             history: History::default(),
+            handed_out: 0,
         };
         allocator.update_allowed_maximum();
         allocator
@@ -619,8 +629,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.stats.inactive_split_bytes.decrease(pool, size);
             self.stats.inactive_split.decrease(pool, 1);
         }
+        self.handed_out += 1;
+        let generation = self.handed_out;
         let b = self.bm(id);
         b.allocated = true;
+        b.generation = generation;
         b.requested_size = orig_size;
         b.context = ctx.clone();
         let (ptr, size, segment) = (b.ptr, b.size, b.segment);
@@ -637,7 +650,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if size >= self.config.max_split_size {
             s.oversize_allocations.increase(1);
         }
-        Allocation { ptr, size, segment, block: id }
+        Allocation { ptr, size, segment, block: id, generation }
     }
 
     // ---------------------------------------------------------------- free
@@ -652,7 +665,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// The allocated block an `Allocation` names, if it is still allocated.
     fn allocated_block(&self, a: &Allocation) -> Result<BlockId, AllocError> {
         match self.blocks.get(a.block as usize) {
-            Some(b) if b.live && b.allocated && b.ptr == a.ptr => Ok(a.block),
+            Some(b) if b.live && b.allocated && b.ptr == a.ptr && b.generation == a.generation => Ok(a.block),
             _ => Err(AllocError::InvalidPointer(a.ptr)),
         }
     }

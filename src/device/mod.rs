@@ -97,7 +97,10 @@ pub(crate) struct DeviceInner {
     /// The random generator's state: a seed and how many calls drew from it.
     rng: Cell<(u64, u64)>,
     /// Module names pushed by nn layers (`gpt.h.3.attn`), recorded with each allocation.
-    scope: RefCell<Vec<String>>,
+    /// Each with the number of the guard that opened it.
+    scope: RefCell<Vec<(String, u64)>>,
+    /// Guards opened so far.
+    scopes_opened: Cell<u64>,
     /// Stacks already built, by call site, op and scope: most allocations repeat one, and
     /// sharing it keeps recording cheap (as PyTorch's pickles share frames).
     frame_cache: RefCell<rustc_hash::FxHashMap<FrameKey, Frames>>,
@@ -168,6 +171,7 @@ impl Device {
             next_storage: Cell::new(1),
             rng: Cell::new((0, 0)),
             scope: RefCell::new(Vec::new()),
+            scopes_opened: Cell::new(0),
             frame_cache: RefCell::new(rustc_hash::FxHashMap::default()),
             scope_path: RefCell::new(Arc::from("")),
         }))
@@ -256,14 +260,20 @@ impl Device {
     }
 
     fn rebuild_scope_path(&self) {
-        *self.0.scope_path.borrow_mut() = Arc::from(self.0.scope.borrow().join("."));
+        let scope = self.0.scope.borrow();
+        let names: Vec<&str> = scope.iter().map(|(name, _)| name.as_str()).collect();
+        *self.0.scope_path.borrow_mut() = Arc::from(names.join("."));
     }
 
     /// Names the module that the following allocations belong to, until the guard drops.
+    /// Guards nest: dropping one ends its scope and any opened inside it, whatever the order.
+    #[must_use = "the scope holds only while the guard lives (`let _ = ` drops it at once)"]
     pub fn scope(&self, name: &str) -> ScopeGuard {
-        self.0.scope.borrow_mut().push(name.to_string());
+        let number = self.0.scopes_opened.get() + 1;
+        self.0.scopes_opened.set(number);
+        self.0.scope.borrow_mut().push((name.to_string(), number));
         self.rebuild_scope_path();
-        ScopeGuard(self.clone())
+        ScopeGuard { device: self.clone(), number }
     }
 
     /// Classifies the following allocations as `category` (parameter, gradient, ...: what the
@@ -402,12 +412,20 @@ impl Drop for CategoryGuard {
     }
 }
 
-/// Pops a scope name when dropped.
-pub struct ScopeGuard(Device);
+/// Ends its scope when dropped, with the scopes opened inside it; a guard whose scope an outer
+/// guard already ended has nothing left to end.
+pub struct ScopeGuard {
+    device: Device,
+    number: u64,
+}
 
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
-        self.0.0.scope.borrow_mut().pop();
-        self.0.rebuild_scope_path();
+        let mut scope = self.device.0.scope.borrow_mut();
+        if let Some(at) = scope.iter().position(|&(_, n)| n == self.number) {
+            scope.truncate(at);
+            drop(scope);
+            self.device.rebuild_scope_path();
+        }
     }
 }

@@ -119,7 +119,10 @@ impl Device {
             return Err(TensorError::Shape(format!("{} values cannot fill shape {shape:?} ({numel} elements)", data.len())));
         }
         let t = self.empty_tensor(shape, T::DTYPE, "from_slice")?;
-        if let (Some(ctx), Some(arg)) = (self.gpu_context(), t.arg()?) {
+        // The sim device keeps shapes, not data: the upload is only its modelled cost.
+        if t.launches(&[], 0)
+            && let (Some(ctx), Some(arg)) = (self.gpu_context(), t.arg()?)
+        {
             ctx.upload(&arg.buffer, arg.offset, bytemuck::cast_slice(data));
         }
         Ok(t)

@@ -250,7 +250,7 @@ impl Tensor {
     /// bytes the op moves (`self` written, each input read once) and by `flops`. Only matmul
     /// passes FLOPs: the other ops do a few per element, far below any card's FLOP-per-byte
     /// balance (20 for f32 on an H100), so their bytes bound them.
-    fn launches(&self, inputs: &[&Tensor], flops: u64) -> bool {
+    pub(super) fn launches(&self, inputs: &[&Tensor], flops: u64) -> bool {
         let device = self.device();
         if !device.is_sim() {
             return self.numel() > 0;
@@ -837,11 +837,15 @@ impl Tensor {
         let n = self.shape()[dim];
         let mut operands: Vec<&Tensor> = vec![out, self];
         operands.extend(extras);
+        // Checked before anything runs, so that the sim device refuses what the GPU refuses.
+        if n == 0 && out.numel() > 0 {
+            return Err(TensorError::Shape(match kind {
+                Rows::Argmax => format!("argmax(): Expected reduction dim {dim} to have non-zero size."),
+                _ => format!("{} over an empty dimension", kind.entry()),
+            }));
+        }
         if !out.launches(&operands[1..], 0) {
             return Ok(());
-        }
-        if n == 0 {
-            return Err(TensorError::Shape(format!("{} over an empty dimension", kind.entry())));
         }
         for t in [self, out].into_iter().chain(extras.iter().copied()) {
             self.same_device(t)?;
@@ -935,6 +939,15 @@ impl Tensor {
     #[track_caller]
     pub fn var(&self, dim: isize, correction: f64, keepdim: bool) -> Result<Tensor> {
         self.float_only("var")?;
+        let d = wrap_dim(dim, self.ndim())?;
+        if self.shape()[d] == 0 {
+            // The variance of nothing is NaN in PyTorch (with a warning), not an error.
+            let mut shape = self.shape().to_vec();
+            shape[d] = 1;
+            let out = self.device().empty_tensor(&shape, self.dtype, Rows::Variance.entry())?;
+            out.fill_(f64::NAN)?;
+            return if keepdim { Ok(out) } else { out.squeeze(Some(d as isize)) };
+        }
         self.reduce_rows(Rows::Variance, dim, keepdim, self.dtype, correction as f32)
     }
 

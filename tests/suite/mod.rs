@@ -593,6 +593,29 @@ pub async fn cat_stack_index_select_embedding_and_random(dev: &Device) {
     assert!(mean(&n).abs() < 0.02 && (var(&n) - 1.0).abs() < 0.03, "normal {} {}", mean(&n), var(&n));
 }
 
+/// What the GPU refuses the sim device refuses, and what it accepts (an upload) the sim device
+/// accepts, with the same allocations.
+pub async fn the_sim_device_answers_as_the_gpu(dev: &Device) {
+    let sim = Device::sim(SimOptions::preset("H100-80GB"));
+    for d in [dev, &sim] {
+        let before = d.snapshot().device_traces[0].len();
+        let t = d.from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+        let entries: Vec<_> = d.snapshot().device_traces[0][before..].iter().map(|e| (e.action, e.size)).filter(|(a, _)| *a == tensormem::trace::Action::Alloc || *a == tensormem::trace::Action::FreeRequested).collect();
+        assert_eq!(entries, vec![(tensormem::trace::Action::Alloc, 12)], "{}: an upload is one allocation, kept", d.name());
+        drop(t);
+        let empty = d.zeros(&[3, 0], DType::F32).unwrap();
+        let err = empty.argmax(1, false).unwrap_err().to_string();
+        assert!(err.contains("Expected reduction dim 1 to have non-zero size"), "{}: {err}", d.name());
+        let v = empty.var(1, 1.0, false).unwrap();
+        assert_eq!(v.shape(), &[3]);
+        if !d.is_sim() {
+            assert!(read::<f32>(&v).await.iter().all(|x| x.is_nan()), "the variance of nothing is NaN");
+        }
+        // Over an empty dimension of an empty result there is nothing to refuse.
+        assert_eq!(d.zeros(&[0, 0], DType::F32).unwrap().argmax(1, false).unwrap().shape(), &[0]);
+    }
+}
+
 pub async fn zero_size_and_size_one_dimensions(dev: &Device) {
     let before = dev.memory_allocated();
     let empty = dev.zeros(&[0, 3], DType::F32).unwrap();
