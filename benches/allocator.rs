@@ -4,7 +4,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 use tensormem::alloc::{AllocatorConfig, VirtualAllocator};
-use tensormem::replay::{replay_device, ReplayOptions};
+use tensormem::replay::{ReplayOptions, replay_device};
 
 /// Runs `f` (which does `per_call` units of work) until about a second has passed; units/s.
 fn rate(per_call: u64, mut f: impl FnMut()) -> f64 {
@@ -20,12 +20,14 @@ fn rate(per_call: u64, mut f: impl FnMut()) -> f64 {
 
 fn main() {
     // The size mix of a transformer step: small scalars, mid activations, large weights/grads.
-    let sizes: Vec<u64> = (0..1024u64).map(|i| match i % 8 {
-        0..=2 => 4 + i * 8,
-        3 | 4 => 300_000 + i * 512,
-        5 | 6 => 4 << 20,
-        _ => 64 << 20,
-    }).collect();
+    let sizes: Vec<u64> = (0..1024u64)
+        .map(|i| match i % 8 {
+            0..=2 => 4 + i * 8,
+            3 | 4 => 300_000 + i * 512,
+            5 | 6 => 4 << 20,
+            _ => 64 << 20,
+        })
+        .collect();
 
     let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
     let pairs = rate(sizes.len() as u64, || {
@@ -45,7 +47,12 @@ fn main() {
             }
         }
     });
-    println!("malloc+free pairs (cached, one live):   {:>8.2} M/s  (target >= 10); {:.2}x the system allocator ({:.2} M/s)", pairs / 1e6, pairs / system, system / 1e6);
+    println!(
+        "malloc+free pairs (cached, one live):   {:>8.2} M/s  (target >= 10); {:.2}x the system allocator ({:.2} M/s)",
+        pairs / 1e6,
+        pairs / system,
+        system / 1e6
+    );
     // The same through the address-keyed API (PyTorch's outer `allocated_blocks` map).
     let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
     let by_address = rate(sizes.len() as u64, || {

@@ -16,7 +16,11 @@ use tensormem::trace::{self, Frame, Frames};
 fn stack(file: &str, function: &str, line: u64, depth: usize) -> Frames {
     let mut frames = vec![Frame { filename: format!("/home/user/project/{file}"), line, name: function.into() }];
     for d in 0..depth {
-        frames.push(Frame { filename: "/usr/lib/python3.12/site-packages/torch/nn/modules/module.py".into(), line: 1700 + d as u64, name: "_call_impl".into() });
+        frames.push(Frame {
+            filename: "/usr/lib/python3.12/site-packages/torch/nn/modules/module.py".into(),
+            line: 1700 + d as u64,
+            name: "_call_impl".into(),
+        });
     }
     frames.push(Frame { filename: "/home/user/project/train.py".into(), line: 88, name: "main".into() });
     Arc::from(frames)

@@ -239,7 +239,18 @@ impl TimelineArrays {
     /// The bands of `[x0, x1)` (axis units) as `width x height` RGBA words; see
     /// `timeline::raster`. `hidden[alloc] = 1` draws that allocation as a ghost.
     #[allow(clippy::too_many_arguments)]
-    pub fn raster(&mut self, x0: f64, x1: f64, width: u32, height: u32, ymax: f64, group_order: Vec<u32>, group_color: Vec<u32>, hidden: Vec<u8>, ghost: u32) -> Result<Vec<u32>, JsError> {
+    pub fn raster(
+        &mut self,
+        x0: f64,
+        x1: f64,
+        width: u32,
+        height: u32,
+        ymax: f64,
+        group_order: Vec<u32>,
+        group_color: Vec<u32>,
+        hidden: Vec<u8>,
+        ghost: u32,
+    ) -> Result<Vec<u32>, JsError> {
         // A canvas is at most 32767 pixels a side and 268 M pixels in Chromium; anything larger
         // is a bug in the caller, said as such rather than an abort on allocation.
         if (width as u64) * (height as u64) > 1 << 28 {

@@ -370,13 +370,7 @@ fn expandable_segments_map_pages_into_one_growing_segment() {
     let y = a.malloc(30 * MIB, 0, None).unwrap();
     assert_eq!(y.ptr, x.ptr + 5 * MIB, "the segment grows in place");
     assert_eq!(cur(&a.stats().reserved_bytes), 40 * MIB as i64);
-    let maps: Vec<(u64, u64)> = a
-        .history()
-        .entries()
-        .iter()
-        .filter(|e| e.action == Action::SegmentMap)
-        .map(|e| (e.addr, e.size))
-        .collect();
+    let maps: Vec<(u64, u64)> = a.history().entries().iter().filter(|e| e.action == Action::SegmentMap).map(|e| (e.addr, e.size)).collect();
     assert_eq!(maps, vec![(x.ptr, 20 * MIB), (x.ptr + 20 * MIB, 20 * MIB)]);
     let segs = a.segments();
     assert_eq!(segs.len(), 1);

@@ -14,12 +14,7 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let size = prop_oneof![
-        0u64..2048,
-        0u64..(1 << 20),
-        (1u64 << 20)..(12 << 20),
-        (10u64 << 20)..(200 << 20),
-    ];
+    let size = prop_oneof![0u64..2048, 0u64..(1 << 20), (1u64 << 20)..(12 << 20), (10u64 << 20)..(200 << 20),];
     prop_oneof![
         6 => (size, prop_oneof![Just(0u64), Just(3u64)]).prop_map(|(size, stream)| Op::Malloc { size, stream }),
         4 => any::<usize>().prop_map(|pick| Op::Free { pick }),

@@ -1,6 +1,7 @@
 //! The op suite natively, on whatever adapter wgpu finds (lavapipe here). Under CI=true a
 //! missing adapter fails the run.
 
+mod common;
 mod suite;
 
 use tensormem::{Device, GpuOptions};
@@ -9,7 +10,7 @@ fn gpu() -> Option<Device> {
     match pollster::block_on(Device::gpu(GpuOptions::default())) {
         Ok(d) => Some(d),
         Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
-            eprintln!("skipping GPU test: {e}");
+            common::skip(format!("no GPU adapter ({e})"));
             None
         }
         Err(e) => panic!("no GPU adapter under CI: {e}"),
@@ -28,7 +29,27 @@ macro_rules! native {
     };
 }
 
-native!(long_programs_span_several_batches, a_segment_released_under_pending_work_stays_valid_for_it, upload_and_readback_round_trip, binary_ops_broadcast_over_strided_views, unary_and_scalar_ops_match_the_reference, in_place_ops_write_through_views_and_allocate_nothing, reductions_over_dims, matmul_tiled_and_naive_match_the_reference, float16, exact_memory_facts, a_freed_block_reused_for_an_upload_does_not_corrupt_pending_work, operands_in_one_segment_bind_without_validation_errors, clear_errors_for_bad_input, comparisons_where_casts_and_addcmul, softmax_layer_norm_var_argmax, cat_stack_index_select_embedding_and_random, zero_size_and_size_one_dimensions, the_sim_device_records_the_same_trace_as_the_gpu, the_sim_device_answers_as_the_gpu);
+native!(
+    long_programs_span_several_batches,
+    a_segment_released_under_pending_work_stays_valid_for_it,
+    upload_and_readback_round_trip,
+    binary_ops_broadcast_over_strided_views,
+    unary_and_scalar_ops_match_the_reference,
+    in_place_ops_write_through_views_and_allocate_nothing,
+    reductions_over_dims,
+    matmul_tiled_and_naive_match_the_reference,
+    float16,
+    exact_memory_facts,
+    a_freed_block_reused_for_an_upload_does_not_corrupt_pending_work,
+    operands_in_one_segment_bind_without_validation_errors,
+    clear_errors_for_bad_input,
+    comparisons_where_casts_and_addcmul,
+    softmax_layer_norm_var_argmax,
+    cat_stack_index_select_embedding_and_random,
+    zero_size_and_size_one_dimensions,
+    the_sim_device_records_the_same_trace_as_the_gpu,
+    the_sim_device_answers_as_the_gpu
+);
 
 /// Both f16 paths on one machine: native shader-f16 and the packed words browsers without it use.
 #[test]
@@ -77,9 +98,7 @@ fn a_scenario_allocates_identically_on_the_gpu_and_the_sim_device() {
     assert!(on_gpu.device.starts_with("gpu ("), "{}", on_gpu.device);
     assert_eq!(on_gpu.steps, on_sim.steps);
     assert_eq!((on_gpu.peak_allocated_bytes, on_gpu.peak_reserved_bytes), (on_sim.peak_allocated_bytes, on_sim.peak_reserved_bytes));
-    let events = |r: &scenarios::RunResult| {
-        r.snapshot.device_traces[0].iter().map(|e| (e.action, e.size, e.category, e.frames.clone())).collect::<Vec<_>>()
-    };
+    let events = |r: &scenarios::RunResult| r.snapshot.device_traces[0].iter().map(|e| (e.action, e.size, e.category, e.frames.clone())).collect::<Vec<_>>();
     assert_eq!(events(&on_gpu), events(&on_sim));
     // 2 weights per layer, then per batch an input and per layer two outputs, each freed.
     let allocs = on_gpu.snapshot.device_traces[0].iter().filter(|e| e.action == tensormem::trace::Action::Alloc).count();

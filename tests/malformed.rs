@@ -5,7 +5,7 @@ mod common;
 
 use proptest::prelude::*;
 use tensormem::alloc::AllocatorConfig;
-use tensormem::replay::{replay_snapshot, ReplayOptions};
+use tensormem::replay::{ReplayOptions, replay_snapshot};
 use tensormem::trace;
 
 fn load_err(data: &[u8]) -> String {
@@ -46,10 +46,7 @@ fn explicit_malformed_inputs() {
         load_err(br#"{"segments": [{"address": -4096, "total_size": 512, "blocks": []}]}"#),
         "segments[0].address: expected a non-negative 64-bit integer, found -4096"
     );
-    assert_eq!(
-        load_err(br#"{"segments": [{"address": 0, "total_size": 1e30, "blocks": []}]}"#),
-        "segments[0].total_size: expected an integer, found a float"
-    );
+    assert_eq!(load_err(br#"{"segments": [{"address": 0, "total_size": 1e30, "blocks": []}]}"#), "segments[0].total_size: expected an integer, found a float");
     assert_eq!(
         load_err(br#"{"segments": [], "device_traces": [[{"action": "teleport", "addr": 0, "size": 1}]]}"#),
         "device_traces[0][0].action: unknown action \"teleport\""

@@ -4,7 +4,7 @@
 mod common;
 
 use tensormem::alloc::{AllocatorConfig, RecordContext, VirtualAllocator};
-use tensormem::replay::{replay_device, replay_snapshot, DeviceReplay, ReplayOptions};
+use tensormem::replay::{DeviceReplay, ReplayOptions, replay_device, replay_snapshot};
 use tensormem::trace::{self, Action};
 
 fn replay(name: &str, options: &ReplayOptions) -> Option<Vec<DeviceReplay>> {

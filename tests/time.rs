@@ -1,7 +1,7 @@
 //! Trace timestamps: the sim device and the scenarios run on a clock modelled on the card's
 //! speed; snapshots say which clock stamped them. (The GPU's wall clock: tests/gpu_ops.rs.)
 
-use tensormem::alloc::{TimeSource, MODELLED_EPOCH_US};
+use tensormem::alloc::{MODELLED_EPOCH_US, TimeSource};
 use tensormem::scenarios::{self, RunRequest};
 use tensormem::trace::{self, Action, Category, Recording};
 use tensormem::{DType, Device, SimOptions};
@@ -80,9 +80,13 @@ fn the_reader_ignores_top_level_keys_it_does_not_know() {
 /// A replay (what-if, `replay --snapshot`) says what each allocation is for, as the recording did.
 #[test]
 fn a_replayed_trace_keeps_the_categories() {
-    use tensormem::replay::{replay_device, ReplayOptions};
+    use tensormem::replay::{ReplayOptions, replay_device};
     let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
-    let options = ReplayOptions { keep_snapshot: true, config: Some(tensormem::alloc::AllocatorConfig::parse("expandable_segments:True").unwrap()), ..Default::default() };
+    let options = ReplayOptions {
+        keep_snapshot: true,
+        config: Some(tensormem::alloc::AllocatorConfig::parse("expandable_segments:True").unwrap()),
+        ..Default::default()
+    };
     let replayed = replay_device(&run.snapshot, 0, &options, &mut |_, _| {}).unwrap().snapshot.unwrap();
     let categories = |s: &trace::Snapshot| s.device_traces[0].iter().filter(|e| e.action == Action::Alloc).map(|e| e.category).collect::<Vec<_>>();
     assert_eq!(categories(&replayed), categories(&run.snapshot));

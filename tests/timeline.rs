@@ -3,11 +3,11 @@
 
 mod common;
 
+use std::sync::Arc;
 use tensormem::alloc::{AllocatorConfig, RecordContext, VirtualAllocator};
-use tensormem::replay::{replay_device, ReplayOptions};
+use tensormem::replay::{ReplayOptions, replay_device};
 use tensormem::timeline::{self, Timeline};
 use tensormem::trace::{self, Frame};
-use std::sync::Arc;
 
 /// At every position, the pieces live there tile [0, allocated) exactly.
 fn assert_stacked(name: &str, t: &Timeline) {
@@ -240,13 +240,16 @@ fn raster_all(t: &Timeline, width: usize, height: usize) -> Vec<u32> {
 
 /// The same, with the axis given as every position's coordinate (empty: the event axis).
 fn raster_on(t: &Timeline, xs: &[f64], width: usize, height: usize) -> Vec<u32> {
-    use tensormem::timeline::raster::{rasterize, Raster};
+    use tensormem::timeline::raster::{Raster, rasterize};
     // As the page draws them: the groups biggest at the peak first.
     let mut order: Vec<u32> = (0..t.groups.len() as u32).collect();
     order.sort_by_key(|&g| std::cmp::Reverse(t.groups[g as usize].bytes_at_peak));
     let colors: Vec<u32> = (1..=t.groups.len() as u32).collect();
     let ymax = t.summary.peak_allocated_bytes.max(1) as f64 * 1.06;
-    rasterize(t, &Raster { xs, x0: 0.0, x1: (t.events + 1) as f64, width, height, ymax, group_order: &order, group_color: &colors, hidden: &[], ghost: u32::MAX })
+    rasterize(
+        t,
+        &Raster { xs, x0: 0.0, x1: (t.events + 1) as f64, width, height, ymax, group_order: &order, group_color: &colors, hidden: &[], ghost: u32::MAX },
+    )
 }
 
 #[test]
@@ -287,7 +290,13 @@ fn the_image_is_faithful_to_the_bytes() {
             let expected = area[g] / total_area;
             let got = painted[g + 1] as f64 / total_painted as f64;
             if expected > 0.02 {
-                assert!(got > expected * 0.7 && got < expected * 1.3, "{name}: {:?} holds {:.1}% of bytes x time but {:.1}% of pixels", group.name, expected * 100.0, got * 100.0);
+                assert!(
+                    got > expected * 0.7 && got < expected * 1.3,
+                    "{name}: {:?} holds {:.1}% of bytes x time but {:.1}% of pixels",
+                    group.name,
+                    expected * 100.0,
+                    got * 100.0
+                );
             }
             assert!(got < expected * 3.0 + 0.005, "{name}: {:?} holds {:.2}% of bytes x time but {:.2}% of pixels", group.name, expected * 100.0, got * 100.0);
         }
@@ -307,7 +316,12 @@ fn the_image_is_faithful_to_the_bytes() {
             }
             let row = (0..height).find(|&row| pixels[row * width + c] != 0);
             let row = row.unwrap_or_else(|| panic!("{name}: column {c} is blank, {highest} bytes live"));
-            assert!(row + 1 >= row_of(highest) && row <= row_of(centre) + 1, "{name}: column {c}: painted from row {row}, stack from {} to {}", row_of(highest), row_of(centre));
+            assert!(
+                row + 1 >= row_of(highest) && row <= row_of(centre) + 1,
+                "{name}: column {c}: painted from row {row}, stack from {} to {}",
+                row_of(highest),
+                row_of(centre)
+            );
         }
     }
 }
@@ -375,7 +389,11 @@ fn module_scope_is_the_chain_of_module_calls_then_the_allocating_line() {
     let t = timeline::build(&snap, 0).unwrap();
     let scope_of = |s: usize| -> Vec<String> {
         let frames = &t.scope_frames[t.scope_offsets[s] as usize..t.scope_offsets[s + 1] as usize];
-        frames.iter().rev().map(|&f| format!("{}:{} {}", t.frames[f as usize].filename.rsplit('/').next().unwrap(), t.frames[f as usize].line, t.frames[f as usize].name)).collect()
+        frames
+            .iter()
+            .rev()
+            .map(|&f| format!("{}:{} {}", t.frames[f as usize].filename.rsplit('/').next().unwrap(), t.frames[f as usize].line, t.frames[f as usize].name))
+            .collect()
     };
     let scopes: Vec<Vec<String>> = (0..t.stack_offsets.len() - 1).map(scope_of).collect();
     // The script calls the model at nsys_profile.py:142; the model's forward calls a block at
@@ -402,19 +420,34 @@ fn a_stack_is_one_entry_of_the_stack_table_however_the_file_shares_it() {
     assert_eq!(j.stack_frames, p.stack_frames);
     assert_eq!(j.allocations.group, p.allocations.group);
     // And the loaded JSON keeps one copy of each stack.
-    let lists = |s: &trace::Snapshot| s.device_traces[0].iter().filter_map(|e| e.frames.as_ref()).map(|f| f.as_ptr()).collect::<std::collections::HashSet<_>>().len();
+    let lists =
+        |s: &trace::Snapshot| s.device_traces[0].iter().filter_map(|e| e.frames.as_ref()).map(|f| f.as_ptr()).collect::<std::collections::HashSet<_>>().len();
     assert_eq!(lists(&from_json), lists(&from_pickle));
 }
 
 #[test]
 fn groups_the_trace_lacks_are_skipped_when_drawing() {
-    use tensormem::timeline::raster::{rasterize, Raster};
+    use tensormem::timeline::raster::{Raster, rasterize};
     let Some(path) = common::fixture("small-state.pickle") else { return };
     let t = timeline::build(&trace::load_file(&path).unwrap(), 0).unwrap();
     let n = t.groups.len() as u32;
     let xs: Vec<f64> = (0..t.events + 2).map(|x| x as f64).collect();
     let draw = |order: &[u32], colors: &[u32]| {
-        rasterize(&t, &Raster { xs: &xs, x0: 0.0, x1: (t.events + 1) as f64, width: 300, height: 100, ymax: t.summary.peak_allocated_bytes.max(1) as f64, group_order: order, group_color: colors, hidden: &[], ghost: 0 })
+        rasterize(
+            &t,
+            &Raster {
+                xs: &xs,
+                x0: 0.0,
+                x1: (t.events + 1) as f64,
+                width: 300,
+                height: 100,
+                ymax: t.summary.peak_allocated_bytes.max(1) as f64,
+                group_order: order,
+                group_color: colors,
+                hidden: &[],
+                ghost: 0,
+            },
+        )
     };
     let order: Vec<u32> = (0..n).collect();
     let colors: Vec<u32> = (1..=n).collect();

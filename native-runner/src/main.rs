@@ -11,10 +11,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tensormem::alloc::{format_size, AllocatorConfig};
+use tensormem::alloc::{AllocatorConfig, format_size};
 use tensormem::replay::{self, DeviceReplay, ReplayOptions, StartMode};
-use tensormem::scenarios::{self, RunRequest};
 use tensormem::report;
+use tensormem::scenarios::{self, RunRequest};
 use tensormem::trace::{self, Snapshot};
 
 #[derive(Parser)]
@@ -182,9 +182,7 @@ fn quiet_on_closed_pipe() {
 fn run(command: Command) -> Result<(), Failure> {
     match command {
         Command::Replay { file, device, alloc_conf, capacity, json, summary, start, snapshot: out } => {
-            let config = alloc_conf
-                .map(|c| AllocatorConfig::parse(&c).map_err(|e| Failure(e.to_string(), 2)))
-                .transpose()?;
+            let config = alloc_conf.map(|c| AllocatorConfig::parse(&c).map_err(|e| Failure(e.to_string(), 2))).transpose()?;
             let snapshot = load(&file)?;
             let options = ReplayOptions { config, capacity, start, keep_snapshot: out.is_some(), ..Default::default() };
             let mut results = replay_with_progress(&snapshot, device, &options, !json)?;
@@ -375,7 +373,13 @@ fn print_run(r: &scenarios::RunResult) {
     for s in &r.steps {
         println!("  {:<24} {:>14} {:>14} {:>14}", s.label, format_size(s.allocated_bytes), format_size(s.reserved_bytes), format_size(s.max_allocated_bytes));
     }
-    println!("peak allocated {} ({} bytes), peak reserved {} ({} bytes)", format_size(r.peak_allocated_bytes), r.peak_allocated_bytes, format_size(r.peak_reserved_bytes), r.peak_reserved_bytes);
+    println!(
+        "peak allocated {} ({} bytes), peak reserved {} ({} bytes)",
+        format_size(r.peak_allocated_bytes),
+        r.peak_allocated_bytes,
+        format_size(r.peak_reserved_bytes),
+        r.peak_reserved_bytes
+    );
     if let Some(e) = &r.out_of_memory {
         println!("out of memory: {e}");
     }
@@ -461,7 +465,11 @@ fn print_replay(r: &DeviceReplay) {
     let rows: [(&str, String, String); 6] = [
         ("segment allocs (cudaMalloc)", r.recorded.segment_allocs.to_string(), r.replayed.figures.segment_allocs.to_string()),
         ("segment frees", r.recorded.segment_frees.to_string(), r.replayed.figures.segment_frees.to_string()),
-        ("pages mapped / unmapped", format!("{} / {}", r.recorded.segment_maps, r.recorded.segment_unmaps), format!("{} / {}", r.replayed.figures.segment_maps, r.replayed.figures.segment_unmaps)),
+        (
+            "pages mapped / unmapped",
+            format!("{} / {}", r.recorded.segment_maps, r.recorded.segment_unmaps),
+            format!("{} / {}", r.replayed.figures.segment_maps, r.replayed.figures.segment_unmaps),
+        ),
         ("peak reserved", format_size(r.recorded.peak_reserved_bytes), format_size(r.replayed.figures.peak_reserved_bytes)),
         ("peak allocated", format!("{} req.", format_size(r.recorded.peak_allocated_bytes)), format_size(r.replayed.figures.peak_allocated_bytes)),
         ("out of memory", "-".into(), r.replayed.ooms.to_string()),
@@ -504,11 +512,7 @@ fn demo(out: &Path) -> Result<(), Failure> {
     }
     let classic: u64 = snapshot.segments.iter().map(|s| s.total_size).sum();
     if let Some(e) = expandable {
-        println!(
-            "Reserved at the end: {} with classic segments, {} with expandable segments (peak).",
-            format_size(classic),
-            format_size(e)
-        );
+        println!("Reserved at the end: {} with classic segments, {} with expandable segments (peak).", format_size(classic), format_size(e));
     }
     println!("Try: tensormem replay {} --capacity 600MiB", out.display());
     Ok(())

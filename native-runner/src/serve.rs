@@ -42,11 +42,8 @@ struct Site {
 pub fn run(file: Option<&Path>, host: &str, port: u16, root: Option<&Path>) -> Result<(), String> {
     let snapshot = file.map(snapshot_route).transpose()?;
     let root = find_root(root)?;
-    let listener = TcpListener::bind((host, port))
-        .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+    let listener = TcpListener::bind((host, port)).map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
     let mut url = format!("http://{}/", display_addr(addr));
     if let Some((path, _)) = &snapshot {
         url.push_str("?file=");
@@ -68,16 +65,14 @@ pub fn run(file: Option<&Path>, host: &str, port: u16, root: Option<&Path>) -> R
                     continue;
                 }
                 let for_thread = Arc::clone(&site);
-                let spawned = std::thread::Builder::new()
-                    .name("tensormem-serve".into())
-                    .spawn(move || {
-                        if let Err(e) = handle(&for_thread, &stream)
-                            && !is_disconnect(&e)
-                        {
-                            eprintln!("tensormem serve: connection error: {e}");
-                        }
-                        for_thread.active.fetch_sub(1, Ordering::SeqCst);
-                    });
+                let spawned = std::thread::Builder::new().name("tensormem-serve".into()).spawn(move || {
+                    if let Err(e) = handle(&for_thread, &stream)
+                        && !is_disconnect(&e)
+                    {
+                        eprintln!("tensormem serve: connection error: {e}");
+                    }
+                    for_thread.active.fetch_sub(1, Ordering::SeqCst);
+                });
                 if let Err(e) = spawned {
                     eprintln!("tensormem serve: cannot start a connection thread: {e}");
                     site.active.fetch_sub(1, Ordering::SeqCst);
@@ -99,10 +94,7 @@ fn find_root(root: Option<&Path>) -> Result<PathBuf, String> {
     let chosen = match root {
         Some(r) => r.to_path_buf(),
         None => {
-            let candidates = [
-                PathBuf::from("www"),
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../www"),
-            ];
+            let candidates = [PathBuf::from("www"), Path::new(env!("CARGO_MANIFEST_DIR")).join("../www")];
             // The first with a page, else the first that exists (for the error message).
             let with_page = candidates.iter().find(|c| c.join("index.html").is_file());
             let existing = candidates.iter().find(|c| c.is_dir());
@@ -110,17 +102,9 @@ fn find_root(root: Option<&Path>) -> Result<PathBuf, String> {
         }
     };
     let build_hint = "build the page first with `bash scripts/run.sh` (or pass --root DIR)";
-    let canonical = chosen.canonicalize().map_err(|e| {
-        format!(
-            "web page folder {} not found ({e}): {build_hint}",
-            chosen.display()
-        )
-    })?;
+    let canonical = chosen.canonicalize().map_err(|e| format!("web page folder {} not found ({e}): {build_hint}", chosen.display()))?;
     if !canonical.join("index.html").is_file() {
-        return Err(format!(
-            "no index.html in {}: {build_hint}",
-            canonical.display()
-        ));
+        return Err(format!("no index.html in {}: {build_hint}", canonical.display()));
     }
     Ok(canonical)
 }
@@ -129,18 +113,12 @@ fn find_root(root: Option<&Path>) -> Result<PathBuf, String> {
 /// canonical path.
 fn snapshot_route(file: &Path) -> Result<(Vec<u8>, PathBuf), String> {
     let f = File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
-    let meta = f
-        .metadata()
-        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let meta = f.metadata().map_err(|e| format!("{}: {e}", file.display()))?;
     if !meta.is_file() {
         return Err(format!("{}: not a regular file", file.display()));
     }
-    let canonical = file
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", file.display()))?;
-    let name = canonical
-        .file_name()
-        .ok_or_else(|| format!("{}: no file name", file.display()))?;
+    let canonical = file.canonicalize().map_err(|e| format!("{}: {e}", file.display()))?;
+    let name = canonical.file_name().ok_or_else(|| format!("{}: no file name", file.display()))?;
     let mut path = b"/snapshot/".to_vec();
     path.extend_from_slice(name.as_encoded_bytes());
     Ok((path, canonical))
@@ -172,11 +150,7 @@ fn is_disconnect(e: &io::Error) -> bool {
 
 /// A response decided from the request: status, content type and what to send as the body.
 enum Reply {
-    File {
-        file: File,
-        len: u64,
-        mime: &'static str,
-    },
+    File { file: File, len: u64, mime: &'static str },
     Error(u16),
 }
 
@@ -249,9 +223,7 @@ fn read_request<R: BufRead>(reader: &mut R) -> io::Result<Result<Request, u16>> 
         return Ok(Err(400));
     };
     let mut parts = request_line.split_ascii_whitespace();
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
         return Ok(Err(400));
     };
     if !version.starts_with("HTTP/1.") {
@@ -327,11 +299,7 @@ fn open(path: &Path, mime: &'static str) -> Reply {
         return Reply::Error(404);
     };
     match file.metadata() {
-        Ok(meta) if meta.is_file() => Reply::File {
-            file,
-            len: meta.len(),
-            mime,
-        },
+        Ok(meta) if meta.is_file() => Reply::File { file, len: meta.len(), mime },
         _ => Reply::Error(404),
     }
 }
@@ -339,12 +307,7 @@ fn open(path: &Path, mime: &'static str) -> Reply {
 fn send(mut stream: &TcpStream, head_only: bool, reply: Reply) -> io::Result<()> {
     let (status, mime, len, file) = match reply {
         Reply::File { file, len, mime } => (200, mime, len, Some(file)),
-        Reply::Error(status) => (
-            status,
-            "text/plain; charset=utf-8",
-            reason(status).len() as u64 + 1,
-            None,
-        ),
+        Reply::Error(status) => (status, "text/plain; charset=utf-8", reason(status).len() as u64 + 1, None),
     };
     let mut head = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: {mime}\r\nContent-Length: {len}\r\n\
@@ -382,11 +345,7 @@ fn reason(status: u16) -> &'static str {
 }
 
 fn mime_type(path: &Path) -> &'static str {
-    let ext = path
-        .extension()
-        .and_then(OsStr::to_str)
-        .map(str::to_ascii_lowercase)
-        .unwrap_or_default();
+    let ext = path.extension().and_then(OsStr::to_str).map(str::to_ascii_lowercase).unwrap_or_default();
     match ext.as_str() {
         "html" | "htm" => "text/html; charset=utf-8",
         "js" | "mjs" => "text/javascript; charset=utf-8",
@@ -445,19 +404,13 @@ mod tests {
         assert!(percent_decode(b"/%2").is_none());
         assert!(percent_decode(b"/%zz").is_none());
         assert!(percent_decode(b"/%+1").is_none());
-        assert_eq!(
-            percent_encode(b"/snapshot/my snap#1.pickle"),
-            "/snapshot/my%20snap%231.pickle"
-        );
+        assert_eq!(percent_encode(b"/snapshot/my snap#1.pickle"), "/snapshot/my%20snap%231.pickle");
     }
 
     #[test]
     fn mime_types() {
         assert_eq!(mime_type(Path::new("a/b.WASM")), "application/wasm");
-        assert_eq!(
-            mime_type(Path::new("x.mjs")),
-            "text/javascript; charset=utf-8"
-        );
+        assert_eq!(mime_type(Path::new("x.mjs")), "text/javascript; charset=utf-8");
         assert_eq!(mime_type(Path::new("x.pkl")), "application/octet-stream");
         assert_eq!(mime_type(Path::new("Makefile")), "application/octet-stream");
     }

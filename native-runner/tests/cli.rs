@@ -1,22 +1,14 @@
 //! The command line as a user meets it: output, JSON, exit codes, error lines.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn tensormem(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tensormem")).args(args).output().expect("the binary runs")
 }
 
-fn fixture(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("TENSORMEM_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/pytorch-snapshots"));
-    if dir.is_dir() {
-        return Some(dir.join(name));
-    }
-    assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "fixtures missing at {}", dir.display());
-    None
-}
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::fixture;
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()

@@ -16,8 +16,7 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(name: &str) -> TempDir {
-        let dir =
-            std::env::temp_dir().join(format!("tensormem-serve-{}-{name}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("tensormem-serve-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
@@ -62,12 +61,7 @@ struct Server {
 impl Server {
     fn start(args: &[&str], cwd: Option<&Path>) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_tensormem"));
-        command
-            .arg("serve")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        command.arg("serve").args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         if let Some(dir) = cwd {
             command.current_dir(dir);
         }
@@ -79,21 +73,11 @@ impl Server {
             let _ = BufReader::new(stdout).read_line(&mut line);
             let _ = send.send(line);
         });
-        let mut server = Server {
-            child,
-            url: String::new(),
-            addr: String::new(),
-        };
-        let line = receive
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the server prints its URL");
+        let mut server = Server { child, url: String::new(), addr: String::new() };
+        let line = receive.recv_timeout(Duration::from_secs(60)).expect("the server prints its URL");
         let line = line.trim_end().to_string();
-        let url = line
-            .strip_prefix("tensormem: serving ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}: {}", server.stderr()));
-        let rest = url
-            .strip_prefix("http://127.0.0.1:")
-            .expect("a loopback URL");
+        let url = line.strip_prefix("tensormem: serving ").unwrap_or_else(|| panic!("unexpected first line {line:?}: {}", server.stderr()));
+        let rest = url.strip_prefix("http://127.0.0.1:").expect("a loopback URL");
         let port: u16 = rest.split('/').next().unwrap().parse().expect("a port");
         assert_ne!(port, 0);
         server.url = url.to_string();
@@ -115,9 +99,7 @@ impl Server {
     /// Sends `raw` as the whole request and reads the response until the server closes.
     fn raw(&self, raw: &[u8]) -> Response {
         let mut stream = TcpStream::connect(&self.addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         stream.write_all(raw).unwrap();
         let mut bytes = Vec::new();
         stream.read_to_end(&mut bytes).unwrap();
@@ -144,22 +126,11 @@ struct Response {
 
 impl Response {
     fn parse(bytes: &[u8]) -> Response {
-        let split = bytes
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(bytes)));
+        let split = bytes.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(bytes)));
         let head = String::from_utf8(bytes[..split].to_vec()).unwrap();
-        let status = head
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("bad status line in {head:?}"));
+        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("bad status line in {head:?}"));
         assert!(head.starts_with("HTTP/1.1 "), "{head}");
-        Response {
-            status,
-            head,
-            body: bytes[split + 4..].to_vec(),
-        }
+        Response { status, head, body: bytes[split + 4..].to_vec() }
     }
 
     fn header(&self, name: &str) -> Option<&str> {
@@ -175,11 +146,7 @@ impl Response {
 }
 
 fn tensormem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tensormem"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the binary runs")
+    Command::new(env!("CARGO_BIN_EXE_tensormem")).args(args).stdin(Stdio::null()).output().expect("the binary runs")
 }
 
 fn root_arg(site: &TempDir) -> String {
@@ -190,20 +157,13 @@ fn root_arg(site: &TempDir) -> String {
 fn serves_the_page_with_types_and_headers() {
     let site = TempDir::site("page");
     let server = Server::start(&["--port", "0", "--root", &root_arg(&site)], None);
-    assert!(
-        server.url.ends_with('/') && !server.url.contains('?'),
-        "{}",
-        server.url
-    );
+    assert!(server.url.ends_with('/') && !server.url.contains('?'), "{}", server.url);
 
     let r = server.get("/");
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(r.text(), INDEX);
     assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
-    assert_eq!(
-        r.header("content-length"),
-        Some(INDEX.len().to_string().as_str())
-    );
+    assert_eq!(r.header("content-length"), Some(INDEX.len().to_string().as_str()));
     assert_eq!(r.header("cache-control"), Some("no-cache"));
     assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
     assert_eq!(r.header("connection"), Some("close"));
@@ -217,10 +177,7 @@ fn serves_the_page_with_types_and_headers() {
     assert_eq!(r.body, b"\0asm\x01\0\0\0");
 
     let r = server.get("/app.js");
-    assert_eq!(
-        r.header("content-type"),
-        Some("text/javascript; charset=utf-8")
-    );
+    assert_eq!(r.header("content-type"), Some("text/javascript; charset=utf-8"));
     let r = server.get("/pkg/style.css");
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-type"), Some("text/css; charset=utf-8"));
@@ -232,10 +189,7 @@ fn serves_the_page_with_types_and_headers() {
     assert_eq!((r.status, r.text().as_str()), (200, "console.log(1);\n"));
     let r = server.raw(b"HEAD / HTTP/1.1\r\nHost: localhost\r\n\r\n");
     assert_eq!(r.status, 200);
-    assert_eq!(
-        r.header("content-length"),
-        Some(INDEX.len().to_string().as_str())
-    );
+    assert_eq!(r.header("content-length"), Some(INDEX.len().to_string().as_str()));
     assert!(r.body.is_empty());
 
     let r = server.get("/missing.js");
@@ -301,16 +255,7 @@ fn serves_the_snapshot_file_at_its_route() {
     let snapshot = site.path().join("my snap#1.pickle");
     let bytes: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(&snapshot, &bytes).unwrap();
-    let server = Server::start(
-        &[
-            snapshot.to_str().unwrap(),
-            "--port",
-            "0",
-            "--root",
-            &root_arg(&site),
-        ],
-        None,
-    );
+    let server = Server::start(&[snapshot.to_str().unwrap(), "--port", "0", "--root", &root_arg(&site)], None);
     let (_, query) = server.url.split_once('?').expect("a query in the URL");
     assert_eq!(query, "file=/snapshot/my%20snap%231.pickle");
 
@@ -333,13 +278,7 @@ fn serves_the_snapshot_file_at_its_route() {
     }
 
     // Only that exact path maps to the file.
-    for target in [
-        "/snapshot/",
-        "/snapshot/other.pickle",
-        "/snapshot/my%20snap%231.pickle/",
-        "/snapshot/../my%20snap%231.pickle",
-        "/my%20snap%231.pickle",
-    ] {
+    for target in ["/snapshot/", "/snapshot/other.pickle", "/snapshot/my%20snap%231.pickle/", "/snapshot/../my%20snap%231.pickle", "/my%20snap%231.pickle"] {
         assert_eq!(server.get(target).status, 404, "{target}");
     }
     assert_eq!(server.get("/").status, 200);
@@ -353,9 +292,7 @@ fn a_client_leaving_mid_response_does_not_stop_the_server() {
     let mut server = Server::start(&["--port", "0", "--root", &root_arg(&site)], None);
     for _ in 0..5 {
         let mut stream = TcpStream::connect(&server.addr).unwrap();
-        stream
-            .write_all(b"GET /big.pickle HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .unwrap();
+        stream.write_all(b"GET /big.pickle HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
         let mut some = [0u8; 4096];
         let _ = stream.read(&mut some).unwrap();
         drop(stream);
@@ -384,14 +321,7 @@ fn default_root_is_www_in_the_current_directory() {
 fn a_missing_snapshot_is_a_clear_error() {
     let site = TempDir::site("missing-file");
     let missing = site.path().join("nope.pickle");
-    let out = tensormem(&[
-        "serve",
-        missing.to_str().unwrap(),
-        "--port",
-        "0",
-        "--root",
-        &root_arg(&site),
-    ]);
+    let out = tensormem(&["serve", missing.to_str().unwrap(), "--port", "0", "--root", &root_arg(&site)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("nope.pickle"), "{stderr}");
@@ -399,14 +329,7 @@ fn a_missing_snapshot_is_a_clear_error() {
     assert!(out.stdout.is_empty(), "no URL printed");
 
     // A folder is not a snapshot either.
-    let out = tensormem(&[
-        "serve",
-        site.root().to_str().unwrap(),
-        "--port",
-        "0",
-        "--root",
-        &root_arg(&site),
-    ]);
+    let out = tensormem(&["serve", site.root().to_str().unwrap(), "--port", "0", "--root", &root_arg(&site)]);
     assert_eq!(out.status.code(), Some(1));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }

@@ -8,7 +8,7 @@
 use super::config::AllocatorConfig;
 use super::constants::*;
 use super::history::{History, RecordContext};
-use super::index::{key, key_size, FreeIndex, Key};
+use super::index::{FreeIndex, Key, key, key_size};
 use super::oom::OutOfMemoryError;
 use super::source::SegmentSource;
 use super::stats::{DeviceStats, StatType};
@@ -512,8 +512,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let device_free = self.device_free();
         if self.history.is_recording() {
-            let mut entry = TraceEntry::new(Action::Oom, 0, p.size, p.stream as i64)
-                .with_extra(EntryExtra { device_free: Some(device_free), ..Default::default() });
+            let mut entry =
+                TraceEntry::new(Action::Oom, 0, p.size, p.stream as i64).with_extra(EntryExtra { device_free: Some(device_free), ..Default::default() });
             if self.history.context() >= RecordContext::Alloc {
                 entry.frames = ctx.clone();
             }
@@ -539,11 +539,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn should_split(&self, id: BlockId, size: u64) -> bool {
         let b = self.b(id);
         let remaining = b.size - size;
-        if b.small || self.config.expandable_segments {
-            remaining >= MIN_BLOCK_SIZE
-        } else {
-            size < self.config.max_split_size && remaining > SMALL_SIZE
-        }
+        if b.small || self.config.expandable_segments { remaining >= MIN_BLOCK_SIZE } else { size < self.config.max_split_size && remaining > SMALL_SIZE }
     }
 
     fn get_free_block(&mut self, p: &mut Params) -> bool {
@@ -657,9 +653,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     fn pointer_index(&mut self) -> &mut FxHashMap<u64, BlockId> {
         let blocks = &self.blocks;
-        self.pointer_index.get_or_insert_with(|| {
-            blocks.iter().enumerate().filter(|(_, b)| b.live && b.allocated).map(|(i, b)| (b.ptr, i as BlockId)).collect()
-        })
+        self.pointer_index.get_or_insert_with(|| blocks.iter().enumerate().filter(|(_, b)| b.live && b.allocated).map(|(i, b)| (b.ptr, i as BlockId)).collect())
     }
 
     /// The allocated block an `Allocation` names, if it is still allocated.
@@ -774,10 +768,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn pending_block_at(&self, ptr: u64) -> Option<BlockId> {
-        self.events
-            .values()
-            .flat_map(|(q, _)| q.iter().copied())
-            .find(|&id| self.b(id).ptr == ptr && !self.b(id).allocated)
+        self.events.values().flat_map(|(q, _)| q.iter().copied()).find(|&id| self.b(id).ptr == ptr && !self.b(id).allocated)
     }
 
     fn process_events(&mut self, ctx: &Option<Frames>) {
@@ -814,8 +805,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_none());
         let context = b.context.take();
         let frames = if recording { ctx.clone().or(context) } else { None };
-        let (ptr, original_size, requested, stream, small, prev, next) =
-            (b.ptr, b.size, b.requested_size, b.stream, b.small, b.prev, b.next);
+        let (ptr, original_size, requested, stream, small, prev, next) = (b.ptr, b.size, b.requested_size, b.stream, b.small, b.prev, b.next);
         self.record(Action::FreeCompleted, ptr, requested, stream, frames);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
@@ -896,9 +886,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let size = p.alloc_size;
         if let Some(max) = self.allowed_memory_maximum
-            && self.total_allocated_memory + size > max {
-                return false;
-            }
+            && self.total_allocated_memory + size > max
+        {
+            return false;
+        }
         if self.config.expandable_segments && self.source.supports_expandable() {
             return match self.try_allocate_expandable_block(p.stream, p.small, p.size, ctx) {
                 Some(id) => {
@@ -1037,13 +1028,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let target = self.total_allocated_memory - threshold;
         let clock = self.pools[LARGE].get_free_blocks_call_count;
-        let freeable = |a: &Self| -> Vec<BlockId> {
-            a.pools[LARGE]
-                .ids()
-                .into_iter()
-                .filter(|&id| !a.b(id).is_split() && !a.b(id).is_expandable())
-                .collect()
-        };
+        let freeable = |a: &Self| -> Vec<BlockId> { a.pools[LARGE].ids().into_iter().filter(|&id| !a.b(id).is_split() && !a.b(id).is_expandable()).collect() };
         let age = |a: &Self, id: BlockId| (clock - a.b(id).gc_count_base) as f64;
         let mut candidates = freeable(self);
         let mut total_age: f64 = candidates.iter().map(|&id| age(self, id)).sum();
@@ -1085,12 +1070,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
             bytes >= size
         };
-        let unmapped: Vec<BlockId> = self.pools[pool_index(small)]
-            .unmapped
-            .range((stream, 0)..)
-            .take_while(|(k, _)| k.0 == stream)
-            .map(|(_, &id)| id)
-            .collect();
+        let unmapped: Vec<BlockId> =
+            self.pools[pool_index(small)].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &id)| id).collect();
         for mut c in unmapped {
             let prev = self.b(c).prev;
             if allocatable(self, prev) {
@@ -1286,8 +1267,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// clock the entries' `time_us` come from.
     pub fn snapshot_on(&mut self, device: &str) -> trace::Snapshot {
         let mut snapshot = self.snapshot();
-        snapshot.tensormem =
-            self.history.time_source().name().map(|time| trace::Recording { time: time.into(), device: device.into() });
+        snapshot.tensormem = self.history.time_source().name().map(|time| trace::Recording { time: time.into(), device: device.into() });
         snapshot
     }
 
@@ -1399,7 +1379,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let room = starts.range(base + used..).next().map_or(u64::MAX, |&next| next - base);
             let max_pages = ((total + total / 8) / page_size).min(room / page_size).max(used.div_ceil(page_size));
             let mut es = ExpandableSegment { base, page_size, max_pages, mapped: Vec::new(), live: true };
-            let unmapped = |addr: u64, size: u64| trace::Block { address: addr, size, requested_size: 0, state: trace::BlockState::Inactive, frames: trace::no_frames() };
+            let unmapped =
+                |addr: u64, size: u64| trace::Block { address: addr, size, requested_size: 0, state: trace::BlockState::Inactive, frames: trace::no_frames() };
             let mut gaps = Vec::new();
             let mut chain: Vec<Option<&trace::Block>> = Vec::new();
             let mut at = base;
@@ -1586,12 +1567,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         for ((name, want), (_, have)) in expected.arrays().into_iter().zip(self.stats.arrays()) {
             for t in StatType::ALL {
                 if want.get(t).current != have.get(t).current {
-                    return Err(format!(
-                        "{name}.{}.current is {} but the blocks say {}",
-                        t.key(),
-                        have.get(t).current,
-                        want.get(t).current
-                    ));
+                    return Err(format!("{name}.{}.current is {} but the blocks say {}", t.key(), have.get(t).current, want.get(t).current));
                 }
                 if have.get(t).peak < have.get(t).current {
                     return Err(format!("{name}.{}: peak below current", t.key()));
@@ -1599,8 +1575,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
         }
         let s = &self.stats;
-        let (alloc, active, reserved) =
-            (s.allocated_bytes.all().current, s.active_bytes.all().current, s.reserved_bytes.all().current);
+        let (alloc, active, reserved) = (s.allocated_bytes.all().current, s.active_bytes.all().current, s.reserved_bytes.all().current);
         if !(alloc <= active && active <= reserved) {
             return Err(format!("allocated {alloc} <= active {active} <= reserved {reserved} does not hold"));
         }

@@ -311,10 +311,7 @@ mod tests {
 
     #[test]
     fn parses_every_common_key() {
-        let c = AllocatorConfig::parse(
-            "max_split_size_mb:128, roundup_power2_divisions:4,garbage_collection_threshold:0.8,expandable_segments:True",
-        )
-        .unwrap();
+        let c = AllocatorConfig::parse("max_split_size_mb:128, roundup_power2_divisions:4,garbage_collection_threshold:0.8,expandable_segments:True").unwrap();
         assert_eq!(c.max_split_size, 128 * MB);
         assert_eq!(c.roundup_power2_divisions, [4; 16]);
         assert_eq!(c.garbage_collection_threshold, 0.8);

@@ -12,11 +12,11 @@ mod oom;
 mod source;
 mod stats;
 
-pub use caching::{allocation_size, round_size, roundup_power2_next_division, AllocError, Allocation, CachingAllocator, Stream};
+pub use caching::{AllocError, Allocation, CachingAllocator, Stream, allocation_size, round_size, roundup_power2_next_division};
 pub use config::{AllocatorConfig, ConfigError, ROUNDUP_INTERVALS};
-pub use history::{History, RecordContext, TimeSource, MODELLED_EPOCH_US};
-pub use oom::{format_size, OutOfMemoryError};
-pub use source::{SegmentSource, VirtualSegments, VIRTUAL_BASE};
+pub use history::{History, MODELLED_EPOCH_US, RecordContext, TimeSource};
+pub use oom::{OutOfMemoryError, format_size};
+pub use source::{SegmentSource, VIRTUAL_BASE, VirtualSegments};
 pub use stats::{DeviceStats, Stat, StatArray, StatType};
 
 /// The allocator over virtual segments: the simulation device, tests and replay.

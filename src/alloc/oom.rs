@@ -64,13 +64,7 @@ impl fmt::Display for OutOfMemoryError {
         }
         write!(f, "Out of memory. Tried to allocate {}. ", format_size(self.tried_to_allocate))?;
         match self.total_capacity {
-            Some(total) => write!(
-                f,
-                "GPU {} has a total capacity of {} of which {} is free. ",
-                self.device,
-                format_size(total),
-                format_size(self.free)
-            )?,
+            Some(total) => write!(f, "GPU {} has a total capacity of {} of which {} is free. ", self.device, format_size(total), format_size(self.free))?,
             None => write!(f, "GPU {} refused a new segment. ", self.device)?,
         }
         if let Some(allowed) = self.allowed {

@@ -88,7 +88,12 @@ impl Default for VirtualSegments {
 
 impl VirtualSegments {
     pub fn starting_at(base: u64) -> VirtualSegments {
-        VirtualSegments { next: base.checked_next_multiple_of(ALIGN).unwrap_or(base), hints: Default::default(), reservation_hint: None, used: RangeSet::default() }
+        VirtualSegments {
+            next: base.checked_next_multiple_of(ALIGN).unwrap_or(base),
+            hints: Default::default(),
+            reservation_hint: None,
+            used: RangeSet::default(),
+        }
     }
 
     /// The next segment (or reservation) of exactly `size` bytes takes `address`.

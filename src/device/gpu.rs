@@ -109,10 +109,7 @@ impl GpuContext {
     pub async fn open(options: &GpuOptions) -> Result<(GpuContext, GpuSegments), DeviceError> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions {
-                power_preference: wgpu::PowerPreference::HighPerformance,
-                ..Default::default()
-            })
+            .request_adapter(&wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() })
             .await
             .map_err(|e| DeviceError::NoAdapter(e.to_string()))?;
         let info = adapter.get_info();
@@ -252,9 +249,7 @@ impl GpuContext {
         let (sender, receiver) = oneshot();
         self.queue.on_submitted_work_done(move || sender.send(()));
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| DeviceError::Lost(format!("waiting for the GPU failed: {e}")))?;
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| DeviceError::Lost(format!("waiting for the GPU failed: {e}")))?;
         receiver.await;
         Ok(())
     }
@@ -302,9 +297,7 @@ impl GpuContext {
         let (sender, receiver) = oneshot();
         staging.map_async(wgpu::MapMode::Read, .., move |r| sender.send(r));
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| DeviceError::Lost(format!("waiting for the GPU failed: {e}")))?;
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| DeviceError::Lost(format!("waiting for the GPU failed: {e}")))?;
         receiver.await.map_err(|e| DeviceError::Lost(format!("readback failed: {e}")))?;
         let view = staging.get_mapped_range(..).map_err(|e| DeviceError::Lost(format!("readback mapping failed: {e}")))?;
         let bytes = view[..len as usize].to_vec();

@@ -5,12 +5,9 @@ mod gpu;
 mod sim;
 
 pub use gpu::{AdapterSummary, GpuOptions};
-pub use sim::{SimOptions, Speed, PRESETS};
+pub use sim::{PRESETS, SimOptions, Speed};
 
-use crate::alloc::{
-    AllocError, Allocation, AllocatorConfig, CachingAllocator, ConfigError, RecordContext, SegmentSource, TimeSource,
-    VirtualSegments,
-};
+use crate::alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator, ConfigError, RecordContext, SegmentSource, TimeSource, VirtualSegments};
 use crate::report;
 use crate::trace::{Category, Frame, Frames, Snapshot};
 use gpu::{GpuContext, GpuSegments};

@@ -68,10 +68,7 @@ impl SimOptions {
     }
 
     pub fn find(name: &str) -> Option<SimOptions> {
-        CARDS
-            .iter()
-            .find(|(n, ..)| n.eq_ignore_ascii_case(name))
-            .map(|&(n, capacity, speed)| SimOptions { name: n.to_string(), capacity, speed })
+        CARDS.iter().find(|(n, ..)| n.eq_ignore_ascii_case(name)).map(|&(n, capacity, speed)| SimOptions { name: n.to_string(), capacity, speed })
     }
 
     pub fn custom(capacity: u64) -> SimOptions {

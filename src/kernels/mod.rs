@@ -99,7 +99,11 @@ pub(crate) fn value_type(dtype: DType, native_f16: bool) -> Result<&'static str,
         // int64 holds indices and token ids: kernels use the low 32 bits (checked on upload).
         DType::I32 | DType::I8 | DType::I64 => "i32",
         DType::U32 | DType::U8 | DType::Bool => "u32",
-        other => return Err(DeviceError::Unsupported(format!("{other} tensors exist for memory accounting only; GPU kernels take float32, float16, int32, uint32, int8, uint8 and bool"))),
+        other => {
+            return Err(DeviceError::Unsupported(format!(
+                "{other} tensors exist for memory accounting only; GPU kernels take float32, float16, int32, uint32, int8, uint8 and bool"
+            )));
+        }
     })
 }
 
@@ -259,10 +263,7 @@ fn pipeline(device: &Device, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipel
     }
     let source = kernel.specialize()?;
     let label = format!("{:?}/{}", kernel.family, kernel.entry);
-    let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(&label),
-        source: wgpu::ShaderSource::Wgsl(source.into()),
-    });
+    let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) });
     let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
@@ -273,11 +274,8 @@ fn pipeline(device: &Device, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipel
     // read-only and writable in the same dispatch, and tensors often share a segment.
     let entries: Vec<_> = std::iter::once(storage(0, true)).chain((1..=tensors as u32).map(|b| storage(b, false))).collect();
     let layout = ctx.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&label), entries: &entries });
-    let pipeline_layout = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-        label: Some(&label),
-        bind_group_layouts: &[Some(&layout)],
-        immediate_size: 0,
-    });
+    let pipeline_layout =
+        ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some(&label), bind_group_layouts: &[Some(&layout)], immediate_size: 0 });
     let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&label),
         layout: Some(&pipeline_layout),
@@ -322,10 +320,7 @@ pub(crate) fn dispatch_groups(device: &Device, kernel: &Kernel, meta: &[u32], ar
     }
     let limit = ctx.summary.max_storage_buffer_binding_size;
     if let Some(r) = args.ranges.iter().find(|r| r.size > limit) {
-        return Err(DeviceError::Unsupported(format!(
-            "operands span {} bytes of one segment, more than max_storage_buffer_binding_size ({limit})",
-            r.size
-        )));
+        return Err(DeviceError::Unsupported(format!("operands span {} bytes of one segment, more than max_storage_buffer_binding_size ({limit})", r.size)));
     }
     let p = pipeline(device, kernel, args.ranges.len())?;
     let (meta_buffer, meta_offset, meta_size) = ctx.metadata_slot(bytemuck::cast_slice(if meta.is_empty() { &[0u32] } else { meta }))?;

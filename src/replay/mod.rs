@@ -10,7 +10,7 @@
 
 mod reconstruct;
 
-pub use reconstruct::{start_state, StartState};
+pub use reconstruct::{StartState, start_state};
 
 use crate::alloc::{AllocError, AllocatorConfig, ConfigError, RecordContext, VirtualAllocator, VirtualSegments};
 use crate::report;
@@ -166,12 +166,7 @@ pub fn replay_snapshot(snapshot: &Snapshot, options: &ReplayOptions, progress: &
 }
 
 /// Replays one device. `progress(done, total)` is called every few thousand events.
-pub fn replay_device(
-    snapshot: &Snapshot,
-    device: i64,
-    options: &ReplayOptions,
-    progress: &mut dyn FnMut(usize, usize),
-) -> Result<DeviceReplay, ReplayError> {
+pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<DeviceReplay, ReplayError> {
     check_device(snapshot, device)?;
     snapshot.check_layout().map_err(ReplayError::Layout)?;
     let recorded_config = recorded_config(snapshot)?;
@@ -183,12 +178,8 @@ pub fn replay_device(
     let mut warnings = start.warnings.clone();
 
     // Fresh virtual addresses start above everything the file mentions, so they never collide.
-    let highest = final_segments
-        .iter()
-        .map(|s| s.address.saturating_add(s.total_size))
-        .chain(trace.iter().map(|e| e.addr.saturating_add(e.size)))
-        .max()
-        .unwrap_or(0);
+    let highest =
+        final_segments.iter().map(|s| s.address.saturating_add(s.total_size)).chain(trace.iter().map(|e| e.addr.saturating_add(e.size))).max().unwrap_or(0);
     let source = VirtualSegments::starting_at(highest.max(crate::alloc::VIRTUAL_BASE).saturating_add(1 << 30));
     let mut alloc = VirtualAllocator::new(config.clone(), source).with_device(device);
     alloc.set_capacity(options.capacity);
@@ -265,14 +256,8 @@ pub fn replay_device(
     progress(end, end);
 
     let recorded = recorded_figures(trace, &start);
-    let ours: Vec<(Action, u64)> = run
-        .alloc
-        .history()
-        .entries()
-        .iter()
-        .filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
-        .map(|e| (e.action, e.size))
-        .collect();
+    let ours: Vec<(Action, u64)> =
+        run.alloc.history().entries().iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)).map(|e| (e.action, e.size)).collect();
     let matched = run.recorded_device_allocs.iter().zip(&ours).take_while(|(r, o)| r == o).count();
     let segment_alloc_match = ratio(matched, run.recorded_device_allocs.len());
     let history = run.alloc.history().entries();
@@ -365,14 +350,7 @@ fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
 /// Segments and blocks agree in address, size, pool, stream and state.
 fn same_layout(ours: &[trace::Segment], theirs: &[&trace::Segment]) -> bool {
     let key = |s: &trace::Segment| {
-        (
-            s.address,
-            s.total_size,
-            s.segment_type,
-            s.stream,
-            s.is_expandable,
-            s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect::<Vec<_>>(),
-        )
+        (s.address, s.total_size, s.segment_type, s.stream, s.is_expandable, s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect::<Vec<_>>())
     };
     let mut theirs: Vec<_> = theirs.iter().map(|s| key(s)).collect();
     theirs.sort_by_key(|k| k.0);
@@ -472,10 +450,8 @@ impl Run<'_> {
             }
             Action::SegmentFree | Action::SegmentUnmap => {
                 // A burst of releases is one cache flush.
-                let end = self.trace[i..]
-                    .iter()
-                    .position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
-                    .map_or(self.trace.len(), |n| i + n);
+                let end =
+                    self.trace[i..].iter().position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)).map_or(self.trace.len(), |n| i + n);
                 if end > self.stop {
                     // Half a cache flush cannot be replayed: the state is the one before it.
                     self.halted = true;

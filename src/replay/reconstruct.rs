@@ -8,8 +8,8 @@
 //! would not have split off, so the block owns it. Hence in a large pool no free block of 1 MiB or
 //! less follows an active one; when undoing leaves such a gap, it belongs to the block before it.
 
-use crate::alloc::{round_size, AllocatorConfig};
 use crate::alloc::constants::{SMALL_BUFFER, SMALL_SIZE};
+use crate::alloc::{AllocatorConfig, round_size};
 use crate::trace::{self, Action, BlockState, Frames, PoolKind, TraceEntry};
 use std::collections::BTreeMap;
 
@@ -129,10 +129,7 @@ impl Work<'_> {
         if start < e.addr {
             seg.blocks.insert(start, free_block(e.addr - start));
         }
-        seg.blocks.insert(
-            e.addr,
-            WBlock { size: block_end - e.addr, requested: e.size, state: BlockState::ActivePendingFree, frames, inferred: true },
-        );
+        seg.blocks.insert(e.addr, WBlock { size: block_end - e.addr, requested: e.size, state: BlockState::ActivePendingFree, frames, inferred: true });
         if block_end < end {
             seg.blocks.insert(block_end, free_block(end - block_end));
         }
@@ -146,11 +143,7 @@ impl Work<'_> {
             return self.warn(index, e, "no segment there");
         };
         let end = e.addr.saturating_add(e.size);
-        let free_over_range = seg
-            .blocks
-            .range(..end)
-            .filter(|(a, b)| **a + b.size > e.addr)
-            .all(|(_, b)| b.state == BlockState::Inactive);
+        let free_over_range = seg.blocks.range(..end).filter(|(a, b)| **a + b.size > e.addr).all(|(_, b)| b.state == BlockState::Inactive);
         if !free_over_range || end > seg.end() {
             return self.warn(index, e, "the segment is not free at that point");
         }
@@ -212,13 +205,15 @@ impl Work<'_> {
     fn merge_expandable_neighbours(&mut self, addr: u64) {
         let mut base = addr;
         if let Some((&prev, p)) = self.segments.range(..addr).next_back()
-            && p.expandable && p.end() == addr {
-                let seg = self.segments.remove(&addr).unwrap();
-                let p = self.segments.get_mut(&prev).unwrap();
-                p.blocks.extend(seg.blocks);
-                coalesce(p, addr);
-                base = prev;
-            }
+            && p.expandable
+            && p.end() == addr
+        {
+            let seg = self.segments.remove(&addr).unwrap();
+            let p = self.segments.get_mut(&prev).unwrap();
+            p.blocks.extend(seg.blocks);
+            coalesce(p, addr);
+            base = prev;
+        }
         let end = self.segments[&base].end();
         if let Some(next) = self.segments.remove(&end) {
             if next.expandable {
@@ -240,11 +235,13 @@ fn free_block(size: u64) -> WBlock {
 fn coalesce(seg: &mut WSegment, addr: u64) {
     let mut addr = addr;
     if let Some((&prev, p)) = seg.blocks.range(..addr).next_back()
-        && p.state == BlockState::Inactive && seg.blocks[&addr].state == BlockState::Inactive {
-            let size = seg.blocks.remove(&addr).unwrap().size;
-            seg.blocks.get_mut(&prev).unwrap().size += size;
-            addr = prev;
-        }
+        && p.state == BlockState::Inactive
+        && seg.blocks[&addr].state == BlockState::Inactive
+    {
+        let size = seg.blocks.remove(&addr).unwrap().size;
+        seg.blocks.get_mut(&prev).unwrap().size += size;
+        addr = prev;
+    }
     let end = addr + seg.blocks[&addr].size;
     if seg.blocks.get(&end).is_some_and(|n| n.state == BlockState::Inactive) && seg.blocks[&addr].state == BlockState::Inactive {
         let size = seg.blocks.remove(&end).unwrap().size;
@@ -256,10 +253,12 @@ fn coalesce(seg: &mut WSegment, addr: u64) {
 fn absorb_gap(seg: &mut WSegment, gap: u64) {
     let gap_size = seg.blocks[&gap].size;
     if let Some((_, prev)) = seg.blocks.range_mut(..gap).next_back()
-        && prev.state != BlockState::Inactive && prev.inferred {
-            prev.size += gap_size;
-            seg.blocks.remove(&gap);
-        }
+        && prev.state != BlockState::Inactive
+        && prev.inferred
+    {
+        prev.size += gap_size;
+        seg.blocks.remove(&gap);
+    }
 }
 
 /// Undoes `trace` from `final_segments` (one device's) back to the trace's first event.

@@ -40,10 +40,7 @@ pub fn memory_summary(stats: &DeviceStats, device: i64, abbreviated: bool) -> St
         rule('='),
         format!("{:18}PyTorch CUDA memory summary, device ID {:<17} ", "", device),
         rule('-'),
-        format!(
-            "{:12}CUDA OOMs: {:<12} | {:7}cudaMalloc retries: {:<8}  ",
-            "", stats.num_ooms, "", stats.num_alloc_retries
-        ),
+        format!("{:12}CUDA OOMs: {:<12} | {:7}cudaMalloc retries: {:<8}  ", "", stats.num_ooms, "", stats.num_alloc_retries),
         rule('='),
         "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".into(),
     ];
@@ -151,11 +148,7 @@ mod tests {
             stat(4 * MIB, 5 * MIB, 1000 * MIB, 996 * MIB),
             stat(596 * MIB, 895 * MIB, 49000 * MIB, 48404 * MIB),
         ]);
-        s.allocation = StatArray([
-            stat(420, 900, 1_200_000, 1_199_580),
-            stat(300, 600, 1_000_000, 999_700),
-            stat(120, 300, 200_000, 199_880),
-        ]);
+        s.allocation = StatArray([stat(420, 900, 1_200_000, 1_199_580), stat(300, 600, 1_000_000, 999_700), stat(120, 300, 200_000, 199_880)]);
         s
     }
 

@@ -6,7 +6,7 @@
 //! (timed by a clock modelled on the card's speed) or on the GPU (real kernels, wall clock), and
 //! allocates identically on both.
 
-use crate::alloc::{format_size, AllocError, AllocatorConfig, ConfigError, RecordContext};
+use crate::alloc::{AllocError, AllocatorConfig, ConfigError, RecordContext, format_size};
 use crate::device::{DeviceError, SimOptions};
 use crate::tensor::TensorError;
 use crate::trace::{Category, Snapshot};

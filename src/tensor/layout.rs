@@ -75,20 +75,13 @@ impl Layout {
                 return Err(TensorError::Shape(format!("permute: dim {d} repeats")));
             }
         }
-        Ok(Layout {
-            shape: dims.iter().map(|&d| self.shape[d]).collect(),
-            strides: dims.iter().map(|&d| self.strides[d]).collect(),
-            offset: self.offset,
-        })
+        Ok(Layout { shape: dims.iter().map(|&d| self.shape[d]).collect(), strides: dims.iter().map(|&d| self.strides[d]).collect(), offset: self.offset })
     }
 
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Layout, TensorError> {
         let d = self.dim(dim)?;
         if start + len > self.shape[d] {
-            return Err(TensorError::Shape(format!(
-                "narrow: start {start} + length {len} exceeds dimension {d} of size {}",
-                self.shape[d]
-            )));
+            return Err(TensorError::Shape(format!("narrow: start {start} + length {len} exceeds dimension {d} of size {}", self.shape[d])));
         }
         let mut l = self.clone();
         l.offset += start * self.strides[d];
@@ -217,9 +210,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, TensorEr
             (1, y) => y,
             (x, 1) => x,
             _ => {
-                return Err(TensorError::Shape(format!(
-                    "shapes {a:?} and {b:?} cannot broadcast: dimension {i} is {x} vs {y}"
-                )));
+                return Err(TensorError::Shape(format!("shapes {a:?} and {b:?} cannot broadcast: dimension {i} is {x} vs {y}")));
             }
         };
     }

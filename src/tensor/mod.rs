@@ -7,8 +7,8 @@ mod layout;
 mod ops;
 
 pub use dtype::{DType, Element};
+pub use layout::{Layout, MAX_DIMS, broadcast_shapes};
 pub use ops::MatmulKernel;
-pub use layout::{broadcast_shapes, Layout, MAX_DIMS};
 
 use crate::alloc::Allocation;
 use crate::device::{Device, DeviceError};

@@ -2,9 +2,9 @@
 //! one allocation; in-place ops allocate nothing. On the simulation device the same allocations
 //! happen and the kernels are skipped.
 
-use super::layout::{broadcast_shapes, wrap_dim, Layout, MAX_DIMS};
+use super::layout::{Layout, MAX_DIMS, broadcast_shapes, wrap_dim};
 use super::{DType, Result, Tensor, TensorError};
-use crate::kernels::{self, value_type, Bindings, Family, Kernel, ELEMENTWISE_WORKGROUP, WORKGROUP};
+use crate::kernels::{self, Bindings, ELEMENTWISE_WORKGROUP, Family, Kernel, WORKGROUP, value_type};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unary {
@@ -310,11 +310,7 @@ impl Tensor {
         // kernel then skips the per-dimension index arithmetic.
         let flat = self.is_contiguous() && layouts.iter().all(|l| l.is_contiguous());
         let as_flat = |l: &Layout| Layout { shape: vec![l.numel()], strides: vec![1], offset: l.offset };
-        let (out_layout, layouts) = if flat {
-            (as_flat(&self.layout), layouts.iter().map(as_flat).collect())
-        } else {
-            (self.layout.clone(), layouts)
-        };
+        let (out_layout, layouts) = if flat { (as_flat(&self.layout), layouts.iter().map(as_flat).collect()) } else { (self.layout.clone(), layouts) };
         let mut meta = vec![self.numel() as u32, out_layout.ndim() as u32];
         push_shape(&mut meta, &out_layout.shape);
         push_layout(&mut meta, &out_layout, b.base(0));
@@ -598,11 +594,8 @@ impl Tensor {
     /// Reduces several dimensions, one at a time; the intermediate results are temporaries.
     #[track_caller]
     fn reduce(&self, dims: &[isize], keepdim: bool, op: Reduction) -> Result<Tensor> {
-        let mut dims: Vec<usize> = if dims.is_empty() {
-            (0..self.ndim()).collect()
-        } else {
-            dims.iter().map(|&d| wrap_dim(d, self.ndim())).collect::<Result<_>>()?
-        };
+        let mut dims: Vec<usize> =
+            if dims.is_empty() { (0..self.ndim()).collect() } else { dims.iter().map(|&d| wrap_dim(d, self.ndim())).collect::<Result<_>>()? };
         dims.sort_unstable();
         dims.dedup();
         if self.ndim() == 0 {
@@ -671,11 +664,7 @@ impl Tensor {
         let (s0, s1) = (self.strides()[nd - 2], self.strides()[nd - 1]);
         let row_major = (s1 == 1 || cols == 1) && s0 >= cols.max(1);
         let col_major = (s0 == 1 || rows == 1) && s1 >= rows.max(1);
-        if row_major || col_major || self.numel() == 0 {
-            Ok(self.share())
-        } else {
-            self.clone()
-        }
+        if row_major || col_major || self.numel() == 0 { Ok(self.share()) } else { self.clone() }
     }
 
     /// `bmm`: batched matmul of two 3-D tensors with equal batch sizes.

@@ -11,7 +11,7 @@
 
 pub mod raster;
 
-use crate::replay::{self, recorded_config, start_state, StartState};
+use crate::replay::{self, StartState, recorded_config, start_state};
 use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot, TraceEntry};
 use rustc_hash::FxHashMap;
 use serde::Serialize;

@@ -5,7 +5,7 @@
 //! block `history` list, and a bare list of segments (`torch.cuda.memory_snapshot()`).
 
 use super::model::*;
-use super::node::{is_compacted, Arena, Node, NodeId, COMPACTED};
+use super::node::{Arena, COMPACTED, Node, NodeId, is_compacted};
 use super::pickle::Compact;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -278,17 +278,11 @@ impl Decoder<'_> {
             Some(history) if self.field(id, "frames").is_none() => {
                 let hp = || format!("{}.history", path());
                 match self.seq(history, &hp)?.last().copied() {
-                    Some(last) => (
-                        self.opt_uint_field(last, "real_size", &hp)?.unwrap_or(0),
-                        self.frames(self.field(last, "frames"), &hp)?,
-                    ),
+                    Some(last) => (self.opt_uint_field(last, "real_size", &hp)?.unwrap_or(0), self.frames(self.field(last, "frames"), &hp)?),
                     None => (0, no_frames()),
                 }
             }
-            _ => (
-                self.opt_uint_field(id, "requested_size", path)?.unwrap_or(size),
-                self.frames(self.field(id, "frames"), &|| format!("{}.frames", path()))?,
-            ),
+            _ => (self.opt_uint_field(id, "requested_size", path)?.unwrap_or(size), self.frames(self.field(id, "frames"), &|| format!("{}.frames", path()))?),
         };
         Ok(Block { address, size, requested_size, state, frames })
     }
@@ -400,10 +394,7 @@ impl Decoder<'_> {
 
     fn segments(&mut self, list: NodeId) -> Result<Vec<Segment>> {
         let ids = self.seq(list, &|| "segments".into())?.to_vec();
-        ids.into_iter()
-            .enumerate()
-            .map(|(i, s)| self.segment(s, &|| format!("segments[{i}]")))
-            .collect()
+        ids.into_iter().enumerate().map(|(i, s)| self.segment(s, &|| format!("segments[{i}]"))).collect()
     }
 
     fn snapshot(&mut self, root: NodeId, compacted: &mut FxHashMap<NodeId, Chunked>) -> Result<Snapshot> {

@@ -294,11 +294,7 @@ impl Snapshot {
     }
 
     pub fn trace_of(&self, device: i64) -> &[TraceEntry] {
-        usize::try_from(device)
-            .ok()
-            .and_then(|d| self.device_traces.get(d))
-            .map(Vec::as_slice)
-            .unwrap_or(&[])
+        usize::try_from(device).ok().and_then(|d| self.device_traces.get(d)).map(Vec::as_slice).unwrap_or(&[])
     }
 }
 
@@ -351,7 +347,11 @@ mod tests {
 
     #[test]
     fn the_rarer_keys_are_written_as_keys_of_the_entry() {
-        let oom = TraceEntry::new(Action::Oom, 0, 1024, 7).with_extra(EntryExtra { device_free: Some(512), user_metadata: Some("step 3".into()), ..Default::default() });
+        let oom = TraceEntry::new(Action::Oom, 0, 1024, 7).with_extra(EntryExtra {
+            device_free: Some(512),
+            user_metadata: Some("step 3".into()),
+            ..Default::default()
+        });
         let json = serde_json::to_value(&oom).unwrap();
         assert_eq!(json, serde_json::json!({"action": "oom", "addr": 0, "size": 1024, "stream": 7, "device_free": 512, "user_metadata": "step 3"}));
         assert_eq!((oom.device_free(), oom.user_metadata(), oom.compile_context()), (Some(512), Some("step 3"), None));

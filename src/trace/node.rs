@@ -98,11 +98,7 @@ impl Arena {
     /// Looks a string key up in a dict node (the last entry wins, as in Python).
     pub fn dict_get(&self, dict: NodeId, key: &str) -> Option<NodeId> {
         match self.get(dict) {
-            Node::Dict(entries) => entries
-                .iter()
-                .rev()
-                .find(|(k, _)| matches!(self.get(*k), Node::Str(s) if &**s == key))
-                .map(|&(_, v)| v),
+            Node::Dict(entries) => entries.iter().rev().find(|(k, _)| matches!(self.get(*k), Node::Str(s) if &**s == key)).map(|&(_, v)| v),
             _ => None,
         }
     }

@@ -5,7 +5,7 @@
 //! entries are node ids, so shared objects stay shared (see `node.rs`). Declared lengths are checked
 //! against the bytes that remain, so a hostile file cannot make us allocate more than it is long.
 
-use super::node::{is_compacted, Arena, Node, NodeId, COMPACTED};
+use super::node::{Arena, COMPACTED, Node, NodeId, is_compacted};
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,9 +107,7 @@ impl<'a> Reader<'a> {
             if self.at_end || n > in_file {
                 let remain = if self.at_end { here } else { in_file };
                 let plural = if n == 1 { "" } else { "s" };
-                return Err(Halt::Error(self.err(format!(
-                    "needs {n} byte{plural} but only {remain} remain (truncated file or bad length)"
-                ))));
+                return Err(Halt::Error(self.err(format!("needs {n} byte{plural} but only {remain} remain (truncated file or bad length)"))));
             }
             return Err(Halt::NeedMore);
         }
@@ -331,11 +329,7 @@ impl Parser {
             return Err(r.err("more objects than node ids").into());
         }
         if let Some(name) = forbidden_opcode(op) {
-            return Err(r
-                .err(format!(
-                    "opcode {name} (0x{op:02x}) would import or call Python code; snapshots never need it, so it is refused"
-                ))
-                .into());
+            return Err(r.err(format!("opcode {name} (0x{op:02x}) would import or call Python code; snapshots never need it, so it is refused")).into());
         }
         match op {
             0x80 => {
@@ -506,12 +500,7 @@ impl Parser {
             }
             0x97 | 0x98 => return Err(r.err("out-of-band buffers (protocol 5) are not supported").into()),
             b'I' | b'L' | b'F' | b'S' | b'V' | b'T' | b'U' | b'g' | b'p' => {
-                return Err(r
-                    .err(format!(
-                        "text opcode '{}' belongs to pickle protocol 0/1; snapshots use protocol 2 or later",
-                        op as char
-                    ))
-                    .into());
+                return Err(r.err(format!("text opcode '{}' belongs to pickle protocol 0/1; snapshots use protocol 2 or later", op as char)).into());
             }
             _ => return Err(r.err(format!("unknown opcode 0x{op:02x}")).into()),
         }
@@ -536,10 +525,7 @@ fn top_value(stack: &[Slot], r: &Reader) -> Result<NodeId, PickleError> {
 }
 
 fn pop_to_mark(stack: &mut Vec<Slot>, r: &Reader) -> Result<Vec<NodeId>, PickleError> {
-    let mark = stack
-        .iter()
-        .rposition(|s| matches!(s, Slot::Mark))
-        .ok_or_else(|| r.err("no MARK on the stack"))?;
+    let mark = stack.iter().rposition(|s| matches!(s, Slot::Mark)).ok_or_else(|| r.err("no MARK on the stack"))?;
     let items = stack
         .drain(mark + 1..)
         .map(|s| match s {

@@ -130,9 +130,10 @@ impl PickleWriter {
     fn frames(&mut self, frames: &Frames) {
         let key = frames.as_ptr();
         if !frames.is_empty()
-            && let Some(&idx) = self.shared.get(&key) {
-                return self.get(idx);
-            }
+            && let Some(&idx) = self.shared.get(&key)
+        {
+            return self.get(idx);
+        }
         self.out.push(b']');
         let idx = self.memoize();
         if !frames.is_empty() {

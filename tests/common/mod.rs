@@ -6,17 +6,28 @@ use std::path::PathBuf;
 /// The folder of real PyTorch snapshots: `TENSORMEM_FIXTURES`, or `../shared/fixtures/pytorch-snapshots`.
 /// Returns None (test skipped with a note) when missing, except under CI where that is a failure.
 pub fn fixtures_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("TENSORMEM_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/pytorch-snapshots"));
+    // The workspace root (this file also serves native-runner's tests) holds Cargo.lock.
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.ancestors().find(|d| d.join("Cargo.lock").is_file()).unwrap_or(&manifest).to_path_buf();
+    let dir = std::env::var_os("TENSORMEM_FIXTURES").map(PathBuf::from).unwrap_or_else(|| root.join("../shared/fixtures/pytorch-snapshots"));
     if dir.is_dir() {
         return Some(dir);
     }
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("fixture folder {} is missing (set TENSORMEM_FIXTURES); CI requires it", dir.display());
     }
-    eprintln!("skipping: fixture folder {} not found", dir.display());
+    skip(format!("fixture folder {} not found (set TENSORMEM_FIXTURES)", dir.display()));
     None
+}
+
+/// Says that the running test cannot run here and why, on a line of its own that the test
+/// harness does not capture: `SKIPPED name: reason` (scripts/test.sh counts them). The caller
+/// then returns; under CI=true callers fail instead.
+pub fn skip(reason: impl std::fmt::Display) {
+    use std::io::Write;
+    let name = std::thread::current().name().unwrap_or("a test").to_string();
+    // One write, so that the line stays whole among the harness's own output.
+    let _ = std::io::stderr().write_all(format!("SKIPPED {name}: {reason}\n").as_bytes());
 }
 
 pub fn fixture(name: &str) -> Option<PathBuf> {

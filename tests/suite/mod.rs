@@ -282,11 +282,8 @@ pub async fn matmul_tiled_and_naive_match_the_reference(dev: &Device) {
     let events_before = dev.snapshot().device_traces[0].len();
     let y = x.matmul(&broadcast).unwrap();
     let trace = dev.snapshot().device_traces[0][events_before..].to_vec();
-    let allocs: Vec<(u64, String)> = trace
-        .iter()
-        .filter(|e| e.action == tensormem::trace::Action::Alloc)
-        .map(|e| (e.size, e.frames.as_ref().unwrap()[0].name.clone()))
-        .collect();
+    let allocs: Vec<(u64, String)> =
+        trace.iter().filter(|e| e.action == tensormem::trace::Action::Alloc).map(|e| (e.size, e.frames.as_ref().unwrap()[0].name.clone())).collect();
     assert_eq!(allocs, vec![(2048, "clone".to_string()), (4096, "matmul".to_string())], "the copy, then the output");
     assert_eq!(read::<f32>(&y).await, vec![32.0; 64 * 16]);
     // Vector cases lose the added dimension.
@@ -547,10 +544,8 @@ pub async fn softmax_layer_norm_var_argmax(dev: &Device) {
     let argmax = x.argmax(1, false).unwrap();
     assert_eq!(argmax.dtype(), DType::I64);
     assert_eq!(argmax.storage_bytes(), 32, "int64: 8 bytes per index");
-    let expected: Vec<i64> = rows
-        .iter()
-        .map(|r| r.iter().enumerate().fold((0, f32::MIN), |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) }).0 as i64)
-        .collect();
+    let expected: Vec<i64> =
+        rows.iter().map(|r| r.iter().enumerate().fold((0, f32::MIN), |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) }).0 as i64).collect();
     assert_eq!(read::<i64>(&argmax).await, expected);
 }
 
@@ -600,7 +595,11 @@ pub async fn the_sim_device_answers_as_the_gpu(dev: &Device) {
     for d in [dev, &sim] {
         let before = d.snapshot().device_traces[0].len();
         let t = d.from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
-        let entries: Vec<_> = d.snapshot().device_traces[0][before..].iter().map(|e| (e.action, e.size)).filter(|(a, _)| *a == tensormem::trace::Action::Alloc || *a == tensormem::trace::Action::FreeRequested).collect();
+        let entries: Vec<_> = d.snapshot().device_traces[0][before..]
+            .iter()
+            .map(|e| (e.action, e.size))
+            .filter(|(a, _)| *a == tensormem::trace::Action::Alloc || *a == tensormem::trace::Action::FreeRequested)
+            .collect();
         assert_eq!(entries, vec![(tensormem::trace::Action::Alloc, 12)], "{}: an upload is one allocation, kept", d.name());
         drop(t);
         let empty = d.zeros(&[3, 0], DType::F32).unwrap();
