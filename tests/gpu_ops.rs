@@ -48,7 +48,8 @@ native!(
     cat_stack_index_select_embedding_and_random,
     zero_size_and_size_one_dimensions,
     the_sim_device_records_the_same_trace_as_the_gpu,
-    the_sim_device_answers_as_the_gpu
+    the_sim_device_answers_as_the_gpu,
+    matmul_allocates_what_aten_allocates
 );
 
 /// Both f16 paths on one machine: native shader-f16 and the packed words browsers without it use.

@@ -97,5 +97,6 @@ in_browser!(
     cat_stack_index_select_embedding_and_random,
     zero_size_and_size_one_dimensions,
     the_sim_device_records_the_same_trace_as_the_gpu,
-    the_sim_device_answers_as_the_gpu
+    the_sim_device_answers_as_the_gpu,
+    matmul_allocates_what_aten_allocates
 );

@@ -50,6 +50,9 @@ pub(crate) enum Binary {
     Ge,
 }
 
+/// Reductions of at least this many elements per output run a workgroup per output.
+const WIDE_REDUCTION: usize = 2048;
+
 /// A reduction's name and its kernel's ACC, INIT, STEP and FINISH substitutions.
 type ReductionSpec = (&'static str, (String, String, String, String));
 
@@ -527,33 +530,39 @@ unary_ops! {
 }
 
 impl Tensor {
-    /// Reduces one dimension into a new tensor.
+    /// Reduces `dims` (all of them when empty) into one new tensor, as ATen does: one kernel,
+    /// one output allocation, however many dimensions.
     #[track_caller]
-    fn reduce_dim(&self, dim: usize, keepdim: bool, op: Reduction) -> Result<Tensor> {
-        let (name, acc_init_step_finish) = self.reduction_spec(op)?;
+    fn reduce(&self, dims: &[isize], keepdim: bool, op: Reduction) -> Result<Tensor> {
+        let mut dims: Vec<usize> =
+            if dims.is_empty() { (0..self.ndim()).collect() } else { dims.iter().map(|&d| wrap_dim(d, self.ndim())).collect::<Result<_>>()? };
+        dims.sort_unstable();
+        dims.dedup();
+        if self.ndim() == 0 {
+            return self.clone();
+        }
+        let (name, (acc, init, step, finish)) = self.reduction_spec(op)?;
         let mut out_shape = self.shape().to_vec();
-        let n = out_shape[dim];
-        out_shape[dim] = 1;
+        for &d in &dims {
+            out_shape[d] = 1;
+        }
+        let n: usize = dims.iter().map(|&d| self.shape()[d]).product();
         let out = self.device().empty_tensor(&out_shape, self.dtype, name)?;
         let device = self.device().clone();
-        if self.numel() == 0 && out.numel() > 0 {
+        if n == 0 && out.numel() > 0 {
             // Reducing nothing: the identity (PyTorch: sum 0, mean NaN; max and min raise).
             match op {
                 Reduction::Sum => out.fill_(0.0)?,
                 Reduction::Mean => out.fill_(f64::NAN)?,
                 _ => return Err(TensorError::Shape(format!("{name} over an empty dimension has no identity"))),
             };
-            return if keepdim { Ok(out) } else { out.squeeze(Some(dim as isize)) };
-        }
-        if out.launches(&[self], 0) {
-            if n == 0 && matches!(op, Reduction::Max | Reduction::Min) {
-                return Err(TensorError::Shape(format!("{name} over an empty dimension has no identity")));
-            }
+        } else if out.launches(&[self], 0) {
             check_u32(self)?;
-            let (acc, init, step, finish) = acc_init_step_finish;
             let b = bind(&[&out, self])?;
             let finish = finish.replace("{T}", values(self.dtype, &device)?);
-            let kernel = Kernel::new(Family::Reduce, "reduce")
+            // Long reductions get a workgroup each (see shaders/reduce.wgsl).
+            let wide = n >= WIDE_REDUCTION;
+            let kernel = Kernel::new(Family::Reduce, if wide { "reduce_wide" } else { "reduce" })
                 .with_operands(&device, &b, &[("out", self.dtype), ("a", self.dtype)])?
                 .with("ACC", acc)
                 .with("INIT", init)
@@ -563,11 +572,25 @@ impl Tensor {
             push_shape(&mut meta, &out_shape);
             push_layout(&mut meta, &out.layout, b.base(0));
             push_layout(&mut meta, &self.layout, b.base(1));
-            meta.push(dim as u32);
-            meta.push(n as u32);
-            kernels::dispatch(&device, &kernel, &meta, &b, out.numel() as u64, WORKGROUP)?;
+            // The reduced dimensions' sizes and input strides, innermost last.
+            meta.extend([dims.len() as u32, n as u32]);
+            for i in 0..MAX_DIMS {
+                meta.push(dims.get(i).map_or(1, |&d| self.shape()[d] as u32));
+            }
+            for i in 0..MAX_DIMS {
+                meta.push(dims.get(i).map_or(0, |&d| self.strides()[d] as u32));
+            }
+            if wide {
+                kernels::dispatch(&device, &kernel, &meta, &b, out.numel() as u64 * 256, 256)?;
+            } else {
+                kernels::dispatch(&device, &kernel, &meta, &b, out.numel() as u64, WORKGROUP)?;
+            }
         }
-        if keepdim { Ok(out) } else { out.squeeze(Some(dim as isize)) }
+        if keepdim {
+            return Ok(out);
+        }
+        let shape: Vec<usize> = (0..self.ndim()).filter(|d| !dims.contains(d)).map(|d| self.shape()[d]).collect();
+        Ok(out.view_with(Layout { shape: shape.clone(), strides: Layout::contiguous(&shape).strides, offset: out.layout.offset }))
     }
 
     fn reduction_spec(&self, op: Reduction) -> Result<ReductionSpec> {
@@ -589,39 +612,6 @@ impl Tensor {
             Reduction::Max => ("max", (acc.into(), cast(lowest), format!("acc = max(acc, {});", cast("x")), "{T}(acc)".into())),
             Reduction::Min => ("min", (acc.into(), cast(highest), format!("acc = min(acc, {});", cast("x")), "{T}(acc)".into())),
         })
-    }
-
-    /// Reduces several dimensions, one at a time; the intermediate results are temporaries.
-    #[track_caller]
-    fn reduce(&self, dims: &[isize], keepdim: bool, op: Reduction) -> Result<Tensor> {
-        let mut dims: Vec<usize> =
-            if dims.is_empty() { (0..self.ndim()).collect() } else { dims.iter().map(|&d| wrap_dim(d, self.ndim())).collect::<Result<_>>()? };
-        dims.sort_unstable();
-        dims.dedup();
-        if self.ndim() == 0 {
-            return self.clone();
-        }
-        // Mean of several dims is a sum, then one division by the product of their sizes.
-        let count: usize = dims.iter().map(|&d| self.shape()[d]).product();
-        let per_step = if op == Reduction::Mean { Reduction::Sum } else { op };
-        let mut current = self.share();
-        for (i, &d) in dims.iter().enumerate().rev() {
-            let last = i == 0;
-            let step = if last && op == Reduction::Mean && dims.len() == 1 { Reduction::Mean } else { per_step };
-            current = current.reduce_dim(d, true, step)?;
-            if last && op == Reduction::Mean && dims.len() > 1 {
-                current.div_scalar_(count as f64)?;
-            }
-        }
-        if keepdim {
-            return Ok(current);
-        }
-        let shape: Vec<usize> = (0..self.ndim()).filter(|d| !dims.contains(d)).map(|d| self.shape()[d]).collect();
-        Ok(current.view_with(Layout { shape: shape.clone(), strides: Layout::contiguous(&shape).strides, offset: current.layout.offset }))
-    }
-
-    fn div_scalar_(&self, value: f64) -> Result<&Tensor> {
-        self.unary_inplace(Unary::DivScalar, value)
     }
 
     /// `sum(dims, keepdim)`; empty `dims` reduces everything.
@@ -646,8 +636,11 @@ impl Tensor {
         self.reduce(dims, keepdim, Reduction::Min)
     }
 
-    /// `matmul` with PyTorch's rules: 1-D operands gain and lose a dimension, batch dimensions
-    /// broadcast. Inputs are read through their strides: a transposed operand needs no copy.
+    /// `matmul` with PyTorch's rules (ATen's `_matmul_impl`): 1-D operands gain and lose a
+    /// dimension, a stack of matrices times a matrix folds into one product, and batch
+    /// dimensions broadcast by expanding both operands and flattening their batches, which
+    /// copies an operand whose expanded batches cannot be flattened in place. The copies are
+    /// real memory, so they happen here as they do there.
     #[track_caller]
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         // Register blocking pays once the output fills its 64x64 tiles; small products tile.
@@ -676,6 +669,11 @@ impl Tensor {
         self.matmul(other)
     }
 
+    /// The last two dimensions swapped (`mT`).
+    fn mt(&self) -> Result<Tensor> {
+        self.transpose(-2, -1)
+    }
+
     #[track_caller]
     pub fn matmul_with(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
         self.same_device(other)?;
@@ -685,31 +683,94 @@ impl Tensor {
         if !self.dtype.is_float() {
             return Err(TensorError::DType(format!("matmul of {} tensors is not supported (floats only)", self.dtype)));
         }
-        if self.ndim() == 0 || other.ndim() == 0 {
-            return Err(TensorError::Shape("matmul needs at least 1-D operands".into()));
+        let (d1, d2) = (self.ndim(), other.ndim());
+        if d1 == 0 || d2 == 0 {
+            return Err(TensorError::Shape(format!("both arguments to matmul need to be at least 1D, but they are {d1}D and {d2}D")));
         }
-        let a = if self.ndim() == 1 { self.unsqueeze(0)? } else { self.share() };
-        let b = if other.ndim() == 1 { other.unsqueeze(1)? } else { other.share() };
-        // PyTorch hands BLAS only matrices that are row- or column-major with a valid leading
-        // dimension, and copies the others first; the copy is real memory, so do the same
-        // (our kernels could read any strides).
-        let a = a.blas_compatible()?;
-        let b = b.blas_compatible()?;
+        let k1 = self.shape()[d1 - 1];
+        let k2 = if d2 == 1 { other.shape()[0] } else { other.shape()[d2 - 2] };
+        if k1 != k2 {
+            return Err(TensorError::Shape(format!("matmul: {:?} @ {:?}: inner dimensions {k1} and {k2} differ", self.shape(), other.shape())));
+        }
+        match (d1, d2) {
+            // dot, mv, vector-matrix, mm: one product of matrices.
+            (1, 1) => self.unsqueeze(0)?.mm(&other.unsqueeze(1)?, kind)?.view(&[]),
+            (2, 1) => self.mm(&other.unsqueeze(1)?, kind)?.squeeze(Some(-1)),
+            (1, 2) => self.unsqueeze(0)?.mm(other, kind)?.squeeze(Some(0)),
+            (2, 2) => self.mm(other, kind),
+            _ if self.should_fold(other) => {
+                // The stack of matrices becomes one tall matrix (a view: should_fold checked).
+                let transpose = d2 > d1;
+                let t1 = if transpose { other.mt()? } else { self.share() };
+                let t2 = if !transpose {
+                    other.share()
+                } else if d1 == 2 {
+                    self.t()?
+                } else {
+                    self.share()
+                };
+                let mut out_shape: Vec<isize> = t1.shape()[..t1.ndim() - 1].iter().map(|&n| n as isize).collect();
+                let folded: usize = t1.shape()[..t1.ndim() - 1].iter().product();
+                let k = *t1.shape().last().expect("at least 3 dims");
+                let t1_folded = t1.reshape(&[folded as isize, k as isize])?;
+                if t2.ndim() == 2 {
+                    out_shape.push(t2.shape()[1] as isize);
+                    let out = t1_folded.mm(&t2, kind)?.view(&out_shape)?;
+                    if transpose { out.mt()?.contiguous() } else { Ok(out) }
+                } else {
+                    t1_folded.mm(&t2.unsqueeze(1)?, kind)?.view(&out_shape)
+                }
+            }
+            _ => {
+                let n = if d1 > 1 { self.shape()[d1 - 2] } else { 1 };
+                let p = if d2 > 1 { other.shape()[d2 - 1] } else { 1 };
+                let batch = broadcast_shapes(&self.shape()[..d1.saturating_sub(2)], &other.shape()[..d2.saturating_sub(2)])?;
+                let batches: usize = batch.iter().product();
+                let with = |tail: &[usize]| batch.iter().chain(tail).copied().collect::<Vec<usize>>();
+                let t1 = self.expand(&with(&[n, k1]))?.reshape(&[batches as isize, n as isize, k1 as isize])?;
+                let t2 = if d2 == 1 {
+                    other.expand(&with(&[k2]))?.reshape(&[batches as isize, k2 as isize])?.unsqueeze(2)?
+                } else {
+                    other.expand(&with(&[k2, p]))?.reshape(&[batches as isize, k2 as isize, p as isize])?
+                };
+                let mut out_shape: Vec<isize> = batch.iter().map(|&b| b as isize).collect();
+                if d1 > 1 {
+                    out_shape.push(n as isize);
+                }
+                if d2 > 1 {
+                    out_shape.push(p as isize);
+                }
+                t1.mm(&t2, kind)?.view(&out_shape)
+            }
+        }
+    }
+
+    /// ATen's `should_fold`: whether a stack of matrices times a matrix (or vector) is done as one
+    /// product, folding the stack's batches into rows, which needs no copy when the batch
+    /// dimensions are contiguous with each other.
+    fn should_fold(&self, other: &Tensor) -> bool {
+        let larger = self.ndim() >= other.ndim();
+        let Ok(t1) = (if larger { Ok(self.share()) } else { other.mt() }) else { return false };
+        let small = if larger { other.ndim() } else { self.ndim() };
+        if !(t1.ndim() >= 3 && small <= 2) || self.ndim() == 2 {
+            return false;
+        }
+        if t1.numel() == 0 {
+            return true;
+        }
+        (0..t1.ndim() - 2).all(|i| t1.strides()[i] == t1.strides()[i + 1] * t1.shape()[i + 1])
+    }
+
+    /// `mm` (2-D operands) or `bmm` (3-D, equal batches): one output allocation, after copies of
+    /// operands cuBLAS could not take as they are.
+    #[track_caller]
+    fn mm(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
+        let a = self.blas_compatible()?;
+        let b = other.blas_compatible()?;
+        let batch: Vec<usize> = a.shape()[..a.ndim() - 2].to_vec();
         let (m, k) = (a.shape()[a.ndim() - 2], a.shape()[a.ndim() - 1]);
-        let (k2, n) = (b.shape()[b.ndim() - 2], b.shape()[b.ndim() - 1]);
-        if k != k2 {
-            return Err(TensorError::Shape(format!("matmul: {:?} @ {:?}: inner dimensions {k} and {k2} differ", self.shape(), other.shape())));
-        }
-        let batch = broadcast_shapes(&a.shape()[..a.ndim() - 2], &b.shape()[..b.ndim() - 2])?;
-        if batch.len() > 4 {
-            return Err(TensorError::Shape(format!("matmul supports up to 4 batch dimensions, got {}", batch.len())));
-        }
-        let with_batch = |t: &Tensor, rows: usize, cols: usize| -> Result<Layout> {
-            let mut shape = batch.clone();
-            shape.extend([rows, cols]);
-            t.layout.expand(&shape)
-        };
-        let (la, lb) = (with_batch(&a, m, k)?, with_batch(&b, k, n)?);
+        let n = b.shape()[b.ndim() - 1];
+        let (la, lb) = (a.layout.clone(), b.layout.clone());
         let mut out_shape = batch.clone();
         out_shape.extend([m, n]);
         let out = self.device().empty_tensor(&out_shape, self.dtype, "matmul")?;
@@ -763,15 +824,7 @@ impl Tensor {
             };
             kernels::dispatch_groups(&device, &kernel, &meta, &bound, groups)?;
         }
-        // 1-D operands lose their added dimension again.
-        let mut result = out;
-        if other.ndim() == 1 {
-            result = result.squeeze(Some(-1))?;
-        }
-        if self.ndim() == 1 {
-            result = result.squeeze(Some(if other.ndim() == 1 { -1 } else { -2 }))?;
-        }
-        Ok(result)
+        Ok(out)
     }
 }
 

@@ -219,6 +219,56 @@ pub async fn reductions_over_dims(dev: &Device) {
     let x = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
     assert_eq!(read::<f32>(&x.sum(&[], false).unwrap()).await, vec![21.0]);
     assert_eq!(read::<f32>(&x.mean(&[0, 1], false).unwrap()).await, vec![3.5]);
+    // Several dimensions at once, on strided views: one output allocation, as in ATen.
+    for case in 0..10 {
+        let ndim = 2 + rng.below(3);
+        let shape = rng.shape(ndim);
+        let (x, base) = random_view(dev, &mut rng, &shape);
+        let v = gather(&base, x.layout());
+        let dims: Vec<usize> = (0..ndim).filter(|_| rng.below(2) == 1).collect();
+        let dims = if dims.is_empty() { vec![ndim - 1] } else { dims };
+        // The reference: every element added into the output element with the reduced coordinates zeroed.
+        let out_shape: Vec<usize> = (0..ndim).map(|d| if dims.contains(&d) { 1 } else { shape[d] }).collect();
+        let (mut sums, mut maxes) = (vec![0.0f32; out_shape.iter().product()], vec![f32::MIN; out_shape.iter().product()]);
+        for (flat, &value) in v.iter().enumerate() {
+            let (mut rem, mut out_index, mut out_stride) = (flat, 0, 1);
+            for d in (0..ndim).rev() {
+                let coord = rem % shape[d];
+                rem /= shape[d];
+                if !dims.contains(&d) {
+                    out_index += coord * out_stride;
+                }
+                out_stride *= out_shape[d];
+            }
+            sums[out_index] += value;
+            maxes[out_index] = maxes[out_index].max(value);
+        }
+        let count: usize = dims.iter().map(|&d| shape[d]).product();
+        let signed: Vec<isize> = dims.iter().map(|&d| d as isize - if case % 2 == 0 { ndim as isize } else { 0 }).collect();
+        let allocs_before = allocations(dev);
+        let sum = x.sum(&signed, false).unwrap();
+        assert_eq!(allocations(dev) - allocs_before, 1, "case {case}: a sum over {dims:?} of {shape:?} allocates its output only");
+        close(&read::<f32>(&sum).await, &sums, 1e-4, &format!("case {case} sum over {dims:?} of {shape:?}"));
+        let means: Vec<f32> = sums.iter().map(|s| s / count as f32).collect();
+        close(&read::<f32>(&x.mean(&signed, true).unwrap()).await, &means, 1e-4, "mean");
+        close(&read::<f32>(&x.max(&signed, false).unwrap()).await, &maxes, 0.0, "max");
+        assert_eq!(x.mean(&signed, true).unwrap().shape(), &out_shape[..]);
+    }
+    // Long reductions (a workgroup per output), over a transposed view: [3, 70000] read as rows
+    // of a [70000, 3] tensor, and the whole of it.
+    let data = rng.f32s(3 * 70_000);
+    let x = dev.from_slice(&data, &[70_000, 3]).unwrap().t().unwrap();
+    let rows: Vec<f32> = (0..3).map(|r| (0..70_000).map(|c| data[c * 3 + r] as f64).sum::<f64>() as f32).collect();
+    close(&read::<f32>(&x.sum(&[1], false).unwrap()).await, &rows, 1e-3, "long rows");
+    let maxes: Vec<f32> = (0..3).map(|r| (0..70_000).map(|c| data[c * 3 + r]).fold(f32::MIN, f32::max)).collect();
+    close(&read::<f32>(&x.max(&[-1], false).unwrap()).await, &maxes, 0.0, "long maxes");
+    let total: f64 = data.iter().map(|&v| v as f64).sum();
+    close(&read::<f32>(&x.mean(&[], false).unwrap()).await, &[(total / data.len() as f64) as f32], 1e-4, "mean of everything");
+}
+
+/// Allocations made on `dev` so far (`memory_stats()["allocation.all.allocated"]`).
+fn allocations(dev: &Device) -> i64 {
+    dev.memory_stats()["allocation.all.allocated"]
 }
 
 fn reference_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
@@ -229,6 +279,69 @@ fn reference_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f
         }
     }
     c
+}
+
+/// Requested bytes of each allocation `dev` makes while `f` runs.
+fn allocations_during<T>(dev: &Device, f: impl FnOnce() -> T) -> (T, Vec<u64>) {
+    let before = dev.snapshot().device_traces[0].len();
+    let out = f();
+    let sizes = dev.snapshot().device_traces[0][before..].iter().filter(|e| e.action == tensormem::trace::Action::Alloc).map(|e| e.size).collect();
+    (out, sizes)
+}
+
+/// matmul allocates what ATen's `_matmul_impl` allocates: a stack of matrices times a matrix
+/// folds into one product (no copy), and broadcast batches are expanded and flattened, which
+/// copies an operand whose expanded batches cannot be flattened as a view.
+pub async fn matmul_allocates_what_aten_allocates(dev: &Device) {
+    let mut rng = Rng(5);
+    // (a's shape, b's shape, the output's shape, the bytes allocated, in order)
+    type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [u64]);
+    let cases: [Case; 7] = [
+        // Batches [4, 1] and [1, 6] broadcast to [4, 6]: neither expansion flattens in place.
+        (&[4, 1, 3, 5], &[1, 6, 5, 2], &[4, 6, 3, 2], &[24 * 3 * 5 * 4, 24 * 5 * 2 * 4, 24 * 3 * 2 * 4]),
+        // Folded into one [24, 5] @ [5, 6].
+        (&[2, 3, 4, 5], &[5, 6], &[2, 3, 4, 6], &[24 * 6 * 4]),
+        (&[2, 3, 4, 5], &[2, 3, 5, 6], &[2, 3, 4, 6], &[6 * 4 * 6 * 4]),
+        // A batch of one expands to a stride-0 batch: a view.
+        (&[1, 4, 5], &[7, 5, 6], &[7, 4, 6], &[7 * 4 * 6 * 4]),
+        (&[4, 5], &[3, 5, 6], &[3, 4, 6], &[3 * 4 * 6 * 4]),
+        (&[5], &[3, 5, 6], &[3, 6], &[3 * 6 * 4]),
+        (&[3, 4, 5], &[5], &[3, 4], &[3 * 4 * 4]),
+    ];
+    for (a_shape, b_shape, out_shape, bytes) in cases {
+        let (a_data, b_data) = (rng.f32s(a_shape.iter().product()), rng.f32s(b_shape.iter().product()));
+        let a = dev.from_slice(&a_data, a_shape).unwrap();
+        let b = dev.from_slice(&b_data, b_shape).unwrap();
+        let (c, sizes) = allocations_during(dev, || a.matmul(&b).unwrap());
+        assert_eq!(c.shape(), out_shape, "{a_shape:?} @ {b_shape:?}");
+        assert_eq!(sizes, bytes, "{a_shape:?} @ {b_shape:?}: the allocations");
+        assert_eq!(c.storage_bytes(), *bytes.last().unwrap(), "the output is the last allocation; the copies are gone");
+        // The values: each output matrix from its broadcast operands.
+        let (k, n) = (*a_shape.last().unwrap(), if b_shape.len() == 1 { 1 } else { *b_shape.last().unwrap() });
+        let m = if a_shape.len() == 1 { 1 } else { a_shape[a_shape.len() - 2] };
+        let batch: Vec<usize> = out_shape[..out_shape.len() - (a_shape.len() > 1) as usize - (b_shape.len() > 1) as usize].to_vec();
+        let matrix_of = |shape: &[usize], data: &[f32], rows: usize, cols: usize, index: &[usize]| -> Vec<f32> {
+            let own = &shape[..shape.len().saturating_sub(2)];
+            let skip = batch.len() - own.len().min(batch.len());
+            let mut at = 0;
+            for (d, &size) in own.iter().enumerate() {
+                at = at * size + if size == 1 { 0 } else { index[skip + d] };
+            }
+            data[at * rows * cols..(at + 1) * rows * cols].to_vec()
+        };
+        let got = read::<f32>(&c).await;
+        let batches: usize = batch.iter().product();
+        for flat in 0..batches {
+            let mut index = vec![0; batch.len()];
+            let mut rem = flat;
+            for d in (0..batch.len()).rev() {
+                index[d] = rem % batch[d];
+                rem /= batch[d];
+            }
+            let expected = reference_matmul(&matrix_of(a_shape, &a_data, m, k, &index), &matrix_of(b_shape, &b_data, k, n, &index), m, k, n);
+            close(&got[flat * m * n..(flat + 1) * m * n], &expected, 1e-5, &format!("{a_shape:?} @ {b_shape:?} batch {index:?}"));
+        }
+    }
 }
 
 pub async fn matmul_tiled_and_naive_match_the_reference(dev: &Device) {
