@@ -67,3 +67,20 @@ fn a_scope_ends_with_its_guard_whatever_order_guards_drop_in() {
     assert_eq!(scope_of_next_alloc(&dev), "");
     drop(deeper);
 }
+
+#[test]
+fn a_tensor_is_a_handle_with_an_identity_and_views_are_tensors_of_their_own() {
+    let dev = Device::sim(SimOptions::preset("A100-40GB"));
+    let x = dev.ones(&[256, 256], DType::F32).unwrap();
+    let y = x.share();
+    assert!(y.same(&x) && y.id() == x.id(), "y = x names the same tensor");
+    let v = x.t().unwrap();
+    assert!(!v.same(&x) && v.id() != x.id(), "a view is another tensor");
+    assert_eq!(v.storage_id(), x.storage_id(), "over the same storage");
+    let held = dev.memory_allocated();
+    drop(x);
+    drop(y);
+    assert_eq!(dev.memory_allocated(), held, "the view keeps the storage alive");
+    drop(v);
+    assert_eq!(dev.memory_allocated(), 0, "the last handle frees it");
+}

@@ -91,6 +91,7 @@ pub(crate) struct DeviceInner {
     pub(crate) alloc: RefCell<CachingAllocator<Segments>>,
     name: String,
     next_storage: Cell<u64>,
+    next_tensor: Cell<u64>,
     /// The random generator's state: a seed and how many calls drew from it.
     rng: Cell<(u64, u64)>,
     /// Module names pushed by nn layers (`gpt.h.3.attn`), recorded with each allocation.
@@ -166,6 +167,7 @@ impl Device {
             alloc: RefCell::new(alloc),
             name,
             next_storage: Cell::new(1),
+            next_tensor: Cell::new(1),
             rng: Cell::new((0, 0)),
             scope: RefCell::new(Vec::new()),
             scopes_opened: Cell::new(0),
@@ -213,6 +215,12 @@ impl Device {
     pub(crate) fn next_storage_id(&self) -> u64 {
         let id = self.0.next_storage.get();
         self.0.next_storage.set(id + 1);
+        id
+    }
+
+    pub(crate) fn next_tensor_id(&self) -> u64 {
+        let id = self.0.next_tensor.get();
+        self.0.next_tensor.set(id + 1);
         id
     }
 

@@ -52,15 +52,37 @@ impl Drop for Storage {
     }
 }
 
-pub struct Tensor {
+/// A tensor: a cheap handle (`Tensor::share` clones it, as Python's `y = x` names the same
+/// object) to one record with an identity. Views are tensors of their own over the same storage.
+/// Autograd keeps handles to the tensors it saves: real allocations held alive, which is what
+/// the memory history shows.
+pub struct Tensor(Rc<TensorImpl>);
+
+/// What a tensor handle points to. Field access goes through `Deref`.
+pub struct TensorImpl {
+    id: u64,
     storage: Rc<Storage>,
     layout: Layout,
     dtype: DType,
 }
 
+impl std::ops::Deref for Tensor {
+    type Target = TensorImpl;
+    fn deref(&self) -> &TensorImpl {
+        &self.0
+    }
+}
+
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor({:?}, {}, strides {:?}, storage #{})", self.layout.shape, self.dtype, self.layout.strides, self.storage.id)
+        write!(f, "Tensor #{}({:?}, {}, strides {:?}, storage #{})", self.id, self.layout.shape, self.dtype, self.layout.strides, self.storage.id)
+    }
+}
+
+impl Tensor {
+    fn from_parts(storage: Rc<Storage>, layout: Layout, dtype: DType) -> Tensor {
+        let id = storage.device.next_tensor_id();
+        Tensor(Rc::new(TensorImpl { id, storage, layout, dtype }))
     }
 }
 
@@ -82,7 +104,7 @@ impl Device {
         }
         let block = if bytes == 0 { None } else { Some(self.allocate(bytes, op)?) };
         let storage = Storage { device: self.clone(), block, bytes, id: self.next_storage_id() };
-        Ok(Tensor { storage: Rc::new(storage), layout: Layout::contiguous(shape), dtype })
+        Ok(Tensor::from_parts(Rc::new(storage), Layout::contiguous(shape), dtype))
     }
 
     /// `torch.empty`: allocates without writing (contents are whatever the block held).
@@ -185,13 +207,23 @@ impl Tensor {
         self.storage.bytes
     }
 
-    /// Another reference to the same tensor (Python's `y = x`): no memory.
+    /// Another handle to the same tensor (Python's `y = x`): same identity, no memory.
     pub fn share(&self) -> Tensor {
-        self.view_with(self.layout.clone())
+        Tensor(self.0.clone())
+    }
+
+    /// Identifies the tensor: handles of one tensor share it; each view has its own.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether two handles name the same tensor (Python's `is`).
+    pub fn same(&self, other: &Tensor) -> bool {
+        Rc::ptr_eq(&self.0, &other.0)
     }
 
     fn view_with(&self, layout: Layout) -> Tensor {
-        Tensor { storage: self.storage.clone(), layout, dtype: self.dtype }
+        Tensor::from_parts(self.storage.clone(), layout, self.dtype)
     }
 
     /// The storage as a kernel binding (None for zero bytes).
