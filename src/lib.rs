@@ -8,6 +8,7 @@
 
 pub mod alloc;
 pub mod device;
+pub mod dtype;
 pub(crate) mod kernels;
 pub mod replay;
 pub mod report;

@@ -86,7 +86,7 @@ pub struct GpuContext {
     /// Commands recorded but not yet submitted.
     pub(crate) encoder: RefCell<Option<wgpu::CommandEncoder>>,
     pub(crate) pending_dispatches: Cell<u32>,
-    pub(crate) pipelines: RefCell<FxHashMap<String, std::rc::Rc<crate::kernels::Pipeline>>>,
+    pub(crate) pipelines: RefCell<FxHashMap<String, std::rc::Rc<super::launch::Pipeline>>>,
     /// Readback staging buffers live and at their peak, in bytes (their own pool, like PyTorch's
     /// pinned host allocator).
     pub(crate) staging_current: Cell<u64>,

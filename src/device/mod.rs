@@ -2,9 +2,11 @@
 //! hand every tensor a block from the same caching allocator, so both produce the same trace.
 
 mod gpu;
+mod launch;
 mod sim;
 
 pub use gpu::{AdapterSummary, GpuOptions};
+pub(crate) use launch::{Arg, Bindings};
 pub use sim::{PRESETS, SimOptions, Speed};
 
 use crate::alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator, ConfigError, RecordContext, SegmentSource, TimeSource, VirtualSegments};
@@ -27,6 +29,8 @@ pub enum DeviceError {
     Unsupported(String),
     #[error("the GPU device was lost: {0}")]
     Lost(String),
+    #[error(transparent)]
+    Kernel(#[from] crate::kernels::KernelError),
 }
 
 /// Where a device's segments come from.

@@ -1,13 +1,15 @@
-//! Op -> WGSL pipeline + dispatch. One generic path: a kernel is a shader family (one file in
-//! `shaders/`), an entry point and a specialisation (`{{NAME}}` placeholders: dtype, expression,
-//! tile sizes). Pipelines are cached by that key. Every dispatch binds a small metadata array
-//! (shapes, strides, offsets, scalars) at binding 0 and the tensors after it.
+//! Kernels as code generation: a kernel is a shader family (one file in `shaders/`), an entry
+//! point and a specialisation (`{{NAME}}` placeholders: dtype, expression, tile sizes). This
+//! module writes the WGSL and knows nothing of devices; the device compiles it (caching the
+//! pipeline by the kernel's key) and launches it (`device::gpu`). Every dispatch binds a small
+//! metadata array (shapes, strides, offsets, scalars) at binding 0 and the tensors after it.
 
-use crate::device::DeviceError;
-use crate::tensor::DType;
-use std::rc::Rc;
+use crate::dtype::DType;
 
-pub(crate) use crate::device::Device;
+/// What code generation refuses: a dtype no kernel takes, operands it cannot address.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct KernelError(pub String);
 
 /// A shader file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,21 +51,21 @@ impl Kernel {
 
     /// The operands, named as the shader names them (`out`, `a`, ...), in binding order: sets
     /// BUFFERS (declarations and load/store functions), ENABLE (f16) and T (the first operand's
-    /// value type).
-    pub fn with_operands(self, device: &Device, bindings: &Bindings, operands: &[(&str, DType)]) -> Result<Kernel, DeviceError> {
-        self.with_operands_vec4(device, bindings, operands, &[])
+    /// value type). `native_f16`: the adapter has `shader-f16`.
+    pub fn with_operands(self, native_f16: bool, bindings: &BindingPlan, operands: &[(&str, DType)]) -> Result<Kernel, KernelError> {
+        self.with_operands_vec4(native_f16, bindings, operands, &[])
     }
 
     /// As `with_operands`, declaring the named f32 operands as `array<vec4<f32>>` (with
     /// `load4_x`), for kernels that load 128 bits at a time. The caller checks alignment.
-    pub fn with_operands_vec4(self, device: &Device, bindings: &Bindings, operands: &[(&str, DType)], vec4: &[&str]) -> Result<Kernel, DeviceError> {
-        let native_f16 = device.adapter().is_some_and(|a| a.native_f16);
+    pub fn with_operands_vec4(self, native_f16: bool, bindings: &BindingPlan, operands: &[(&str, DType)], vec4: &[&str]) -> Result<Kernel, KernelError> {
         let enable = if native_f16 && operands.iter().any(|o| o.1 == DType::F16) { "enable f16;" } else { "" };
         let t = value_type(operands[0].1, native_f16)?;
         Ok(self.with("ENABLE", enable).with("T", t).with("BUFFERS", declarations(bindings, operands, native_f16, vec4)?))
     }
 
-    fn key(&self, tensors: usize) -> String {
+    /// What identifies the compiled pipeline.
+    pub fn key(&self, tensors: usize) -> String {
         let mut key = format!("{:?}/{}/{}", self.family, self.entry, tensors);
         for (k, v) in &self.spec {
             key.push_str(&format!(";{k}={v}"));
@@ -72,18 +74,15 @@ impl Kernel {
     }
 
     /// The family's source with every placeholder replaced.
-    fn specialize(&self) -> Result<String, DeviceError> {
+    pub fn specialize(&self) -> Result<String, KernelError> {
         let mut text = self.family.source().replace("{{COMMON}}", include_str!("../../shaders/common.wgsl"));
         for (name, value) in &self.spec {
             text = text.replace(&format!("{{{{{name}}}}}"), value);
         }
         match text.find("{{") {
-            Some(at) => Err(DeviceError::Unsupported(format!(
-                "kernel {:?}/{} leaves placeholder {} unspecified",
-                self.family,
-                self.entry,
-                &text[at..(at + 24).min(text.len())]
-            ))),
+            Some(at) => {
+                Err(KernelError(format!("kernel {:?}/{} leaves placeholder {} unspecified", self.family, self.entry, &text[at..(at + 24).min(text.len())])))
+            }
             None => Ok(text),
         }
     }
@@ -91,7 +90,7 @@ impl Kernel {
 
 /// The type values of `dtype` have in registers: what `load_x` returns and `store_x` takes.
 /// f16 is f16 where the adapter has `shader-f16`, else f32; 8-bit types widen to 32 bits.
-pub(crate) fn value_type(dtype: DType, native_f16: bool) -> Result<&'static str, DeviceError> {
+pub(crate) fn value_type(dtype: DType, native_f16: bool) -> Result<&'static str, KernelError> {
     Ok(match dtype {
         DType::F32 => "f32",
         DType::F16 if native_f16 => "f16",
@@ -100,7 +99,7 @@ pub(crate) fn value_type(dtype: DType, native_f16: bool) -> Result<&'static str,
         DType::I32 | DType::I8 | DType::I64 => "i32",
         DType::U32 | DType::U8 | DType::Bool => "u32",
         other => {
-            return Err(DeviceError::Unsupported(format!(
+            return Err(KernelError(format!(
                 "{other} tensors exist for memory accounting only; GPU kernels take float32, float16, int32, uint32, int8, uint8 and bool"
             )));
         }
@@ -124,7 +123,7 @@ fn whole_element(dtype: DType, native_f16: bool) -> Option<&'static str> {
 /// types sharing a segment) it is an array of atomic u32 words: loads extract the element, and
 /// stores of sub-word elements replace their lane with a compare-and-swap loop, since the rest of
 /// the word may belong to another invocation, or to no operand at all.
-fn declarations(bindings: &Bindings, operands: &[(&str, DType)], native_f16: bool, vec4: &[&str]) -> Result<String, DeviceError> {
+fn declarations(bindings: &BindingPlan, operands: &[(&str, DType)], native_f16: bool, vec4: &[&str]) -> Result<String, KernelError> {
     let mut out = String::new();
     let buffers = bindings.ranges.len();
     let mut words = vec![false; buffers];
@@ -186,42 +185,32 @@ fn declarations(bindings: &Bindings, operands: &[(&str, DType)], native_f16: boo
     Ok(out)
 }
 
-pub(crate) struct Pipeline {
-    pipeline: wgpu::ComputePipeline,
-    layout: wgpu::BindGroupLayout,
-}
-
-/// A tensor's bytes: its segment's buffer, the block's offset in it and a size.
-#[derive(Clone)]
-pub(crate) struct Arg {
-    pub buffer: wgpu::Buffer,
-    pub segment: u64,
-    pub offset: u64,
-    pub size: u64,
-}
-
-/// The operands of one dispatch as bindings. WebGPU forbids two writable bindings whose ranges
-/// overlap, and operands often share a segment (one buffer), or are the same tensor; so each
-/// distinct segment is bound once, over the range its operands span, and each operand gets its
-/// binding's name and its element offset inside it.
-pub(crate) struct Bindings {
-    ranges: Vec<Arg>,
+/// Where a dispatch's operands bind. WebGPU forbids two writable bindings whose ranges overlap,
+/// and operands often share a segment (one buffer), or are the same tensor; so each distinct
+/// range is bound once, over what its operands span, and each operand gets its binding and its
+/// element offset inside it. Pure data: the device puts buffers behind the ranges.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BindingPlan {
+    /// Each binding's (segment, byte offset, byte size).
+    pub ranges: Vec<(u64, u64, u64)>,
+    /// Each operand's binding and first element in it.
     operands: Vec<(usize, u32)>,
 }
 
-impl Bindings {
-    pub fn new(operands: &[Arg], element_sizes: &[u64]) -> Result<Bindings, DeviceError> {
+impl BindingPlan {
+    /// `operands`: each one's (segment, byte offset, byte size) and element size.
+    pub fn new(operands: &[(u64, u64, u64)], element_sizes: &[u64]) -> Result<BindingPlan, KernelError> {
         // Operands whose bytes overlap (the same tensor twice, views of one storage) share a
         // binding; disjoint blocks bind separately even within one buffer.
-        let overlaps = |r: &Arg, a: &Arg| r.segment == a.segment && a.offset < r.offset + r.size && r.offset < a.offset + a.size;
-        let mut ranges: Vec<Arg> = Vec::new();
+        let overlaps = |r: &(u64, u64, u64), a: &(u64, u64, u64)| r.0 == a.0 && a.1 < r.1 + r.2 && r.1 < a.1 + a.2;
+        let mut ranges: Vec<(u64, u64, u64)> = Vec::new();
         for a in operands {
-            let mut merged = a.clone();
+            let mut merged = *a;
             while let Some(i) = ranges.iter().position(|r| overlaps(r, &merged)) {
                 let r = ranges.swap_remove(i);
-                let end = (r.offset + r.size).max(merged.offset + merged.size);
-                merged.offset = r.offset.min(merged.offset);
-                merged.size = end - merged.offset;
+                let end = (r.1 + r.2).max(merged.1 + merged.2);
+                merged.1 = r.1.min(merged.1);
+                merged.2 = end - merged.1;
             }
             ranges.push(merged);
         }
@@ -230,11 +219,11 @@ impl Bindings {
             .zip(element_sizes)
             .map(|(a, &element_size)| {
                 let k = ranges.iter().position(|r| overlaps(r, a)).expect("every operand lies in a range");
-                let base = (a.offset - ranges[k].offset) / element_size;
-                u32::try_from(base).map(|b| (k, b)).map_err(|_| DeviceError::Unsupported("operands too far apart in one segment".into()))
+                let base = (a.1 - ranges[k].1) / element_size;
+                u32::try_from(base).map(|b| (k, b)).map_err(|_| KernelError("operands too far apart in one segment".into()))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Bindings { ranges, operands })
+        Ok(BindingPlan { ranges, operands })
     }
 
     /// Whether operand `i` has its binding to itself.
@@ -255,95 +244,12 @@ pub(crate) const WORKGROUP: u32 = 64;
 /// workgroups cost less to schedule (notably on CPU drivers).
 pub(crate) const ELEMENTWISE_WORKGROUP: u32 = 256;
 
-fn pipeline(device: &Device, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipeline>, DeviceError> {
-    let ctx = device.gpu_context().expect("kernels run on GPU devices");
-    let key = kernel.key(tensors);
-    if let Some(p) = ctx.pipelines.borrow().get(&key) {
-        return Ok(p.clone());
-    }
-    let source = kernel.specialize()?;
-    let label = format!("{:?}/{}", kernel.family, kernel.entry);
-    let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) });
-    let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Storage { read_only }, has_dynamic_offset: false, min_binding_size: None },
-        count: None,
-    };
-    // Tensors bind read_write even when only read: WebGPU forbids one buffer (a segment) bound
-    // read-only and writable in the same dispatch, and tensors often share a segment.
-    let entries: Vec<_> = std::iter::once(storage(0, true)).chain((1..=tensors as u32).map(|b| storage(b, false))).collect();
-    let layout = ctx.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&label), entries: &entries });
-    let pipeline_layout =
-        ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some(&label), bind_group_layouts: &[Some(&layout)], immediate_size: 0 });
-    let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(&label),
-        layout: Some(&pipeline_layout),
-        module: &module,
-        entry_point: Some(kernel.entry),
-        compilation_options: Default::default(),
-        cache: None,
-    });
-    // Natively a shader that does not validate is reported right here.
-    ctx.take_error()?;
-    let p = Rc::new(Pipeline { pipeline, layout });
-    ctx.pipelines.borrow_mut().insert(key, p.clone());
-    Ok(p)
-}
-
-/// Records one dispatch of `threads` invocations of a 1-D kernel (`workgroup` per group; groups
-/// spread over x and y when x alone would exceed the adapter's limit).
-pub(crate) fn dispatch(device: &Device, kernel: &Kernel, meta: &[u32], args: &Bindings, threads: u64, workgroup: u32) -> Result<(), DeviceError> {
-    if threads == 0 {
-        return Ok(());
-    }
-    let ctx = device.gpu_context().expect("kernels run on GPU devices");
-    let groups = threads.div_ceil(workgroup as u64);
-    let max = ctx.limits.max_compute_workgroups_per_dimension as u64;
-    let x = groups.min(max);
-    let y = groups.div_ceil(x);
-    if y > max {
-        return Err(DeviceError::Unsupported(format!("{threads} threads exceed this adapter's dispatch limits")));
-    }
-    dispatch_groups(device, kernel, meta, args, [x as u32, y as u32, 1])
-}
-
-/// Records one dispatch of exactly `groups` workgroups.
-pub(crate) fn dispatch_groups(device: &Device, kernel: &Kernel, meta: &[u32], args: &Bindings, groups: [u32; 3]) -> Result<(), DeviceError> {
-    let ctx = device.gpu_context().expect("kernels run on GPU devices");
-    let max = ctx.limits.max_compute_workgroups_per_dimension;
-    if groups.iter().any(|&g| g > max) {
-        return Err(DeviceError::Unsupported(format!("dispatch of {groups:?} workgroups exceeds this adapter's limit of {max} per dimension")));
-    }
-    if groups.contains(&0) {
-        return Ok(());
-    }
-    let limit = ctx.summary.max_storage_buffer_binding_size;
-    if let Some(r) = args.ranges.iter().find(|r| r.size > limit) {
-        return Err(DeviceError::Unsupported(format!("operands span {} bytes of one segment, more than max_storage_buffer_binding_size ({limit})", r.size)));
-    }
-    let p = pipeline(device, kernel, args.ranges.len())?;
-    let (meta_buffer, meta_offset, meta_size) = ctx.metadata_slot(bytemuck::cast_slice(if meta.is_empty() { &[0u32] } else { meta }))?;
-    let mut entries = vec![wgpu::BindGroupEntry {
-        binding: 0,
-        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &meta_buffer, offset: meta_offset, size: wgpu::BufferSize::new(meta_size) }),
-    }];
-    for (i, a) in args.ranges.iter().enumerate() {
-        entries.push(wgpu::BindGroupEntry {
-            binding: i as u32 + 1,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &a.buffer,
-                offset: a.offset,
-                size: wgpu::BufferSize::new(a.size.next_multiple_of(4).max(4)),
-            }),
-        });
-    }
-    let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.layout, entries: &entries });
-    ctx.record(|encoder| {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.entry), timestamp_writes: None });
-        pass.set_pipeline(&p.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-    });
-    Ok(())
+/// How many workgroups a launch runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Grid {
+    /// `threads` invocations of a 1-D kernel, `workgroup` per group (groups spread over x and y
+    /// when x alone would exceed the adapter's limit).
+    Threads { threads: u64, workgroup: u32 },
+    /// Exactly these workgroups.
+    Groups([u32; 3]),
 }

@@ -2,17 +2,16 @@
 //! (shape, strides, offset) + dtype. Views share storage; ops allocate their outputs and
 //! temporaries through the device's allocator, where they appear in the trace.
 
-mod dtype;
 mod layout;
 mod ops;
 
-pub use dtype::{DType, Element};
+pub use crate::dtype::{DType, Element};
 pub use layout::{Layout, MAX_DIMS, broadcast_shapes};
 pub use ops::MatmulKernel;
 
 use crate::alloc::Allocation;
+use crate::device::Arg;
 use crate::device::{Device, DeviceError};
-use crate::kernels::Arg;
 use std::rc::Rc;
 
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +24,12 @@ pub enum TensorError {
     Device(#[from] DeviceError),
     #[error("{0}")]
     Unsupported(String),
+}
+
+impl From<crate::kernels::KernelError> for TensorError {
+    fn from(e: crate::kernels::KernelError) -> TensorError {
+        TensorError::Device(DeviceError::Kernel(e))
+    }
 }
 
 impl From<crate::alloc::AllocError> for TensorError {

@@ -1,0 +1,134 @@
+//! Launching kernels on a GPU device: the kernels module writes WGSL (`crate::kernels`); the
+//! device compiles it once per kernel key (its pipeline cache), binds the operands' buffers and
+//! records the dispatch.
+
+use super::{Device, DeviceError};
+use crate::kernels::{BindingPlan, Grid, Kernel};
+use std::rc::Rc;
+
+pub(crate) struct Pipeline {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// A tensor's bytes: its segment's buffer, the block's offset in it and a size.
+#[derive(Clone)]
+pub(crate) struct Arg {
+    pub buffer: wgpu::Buffer,
+    pub segment: u64,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// The operands of one dispatch: where they bind (see [`BindingPlan`]) and the buffer behind
+/// each binding.
+pub(crate) struct Bindings {
+    pub plan: BindingPlan,
+    buffers: Vec<wgpu::Buffer>,
+}
+
+impl Bindings {
+    pub fn new(operands: &[Arg], element_sizes: &[u64]) -> Result<Bindings, DeviceError> {
+        let spans: Vec<(u64, u64, u64)> = operands.iter().map(|a| (a.segment, a.offset, a.size)).collect();
+        let plan = BindingPlan::new(&spans, element_sizes)?;
+        let buffers = plan
+            .ranges
+            .iter()
+            .map(|&(segment, ..)| operands.iter().find(|a| a.segment == segment).expect("a range is some operand's").buffer.clone())
+            .collect();
+        Ok(Bindings { plan, buffers })
+    }
+}
+
+impl Device {
+    /// Whether kernels may use f16 in registers (the adapter has `shader-f16`).
+    pub(crate) fn native_f16(&self) -> bool {
+        self.adapter().is_some_and(|a| a.native_f16)
+    }
+
+    fn pipeline(&self, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipeline>, DeviceError> {
+        let ctx = self.gpu_context().expect("kernels run on GPU devices");
+        let key = kernel.key(tensors);
+        if let Some(p) = ctx.pipelines.borrow().get(&key) {
+            return Ok(p.clone());
+        }
+        let source = kernel.specialize()?;
+        let label = format!("{:?}/{}", kernel.family, kernel.entry);
+        let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) });
+        let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Storage { read_only }, has_dynamic_offset: false, min_binding_size: None },
+            count: None,
+        };
+        // Tensors bind read_write even when only read: WebGPU forbids one buffer (a segment) bound
+        // read-only and writable in the same dispatch, and tensors often share a segment.
+        let entries: Vec<_> = std::iter::once(storage(0, true)).chain((1..=tensors as u32).map(|b| storage(b, false))).collect();
+        let layout = ctx.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&label), entries: &entries });
+        let pipeline_layout =
+            ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some(&label), bind_group_layouts: &[Some(&layout)], immediate_size: 0 });
+        let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some(kernel.entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        // Natively a shader that does not validate is reported right here.
+        ctx.take_error()?;
+        let p = Rc::new(Pipeline { pipeline, layout });
+        ctx.pipelines.borrow_mut().insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Records one dispatch of `kernel` over `args` with its metadata, respecting the adapter's
+    /// limits (a launch beyond them is an error, not a crash).
+    pub(crate) fn launch(&self, kernel: &Kernel, meta: &[u32], args: &Bindings, grid: Grid) -> Result<(), DeviceError> {
+        let ctx = self.gpu_context().expect("kernels run on GPU devices");
+        let max = ctx.limits.max_compute_workgroups_per_dimension;
+        let groups = match grid {
+            Grid::Threads { threads: 0, .. } => return Ok(()),
+            Grid::Threads { threads, workgroup } => {
+                let groups = threads.div_ceil(workgroup as u64);
+                let x = groups.min(max as u64);
+                let y = groups.div_ceil(x);
+                if y > max as u64 {
+                    return Err(DeviceError::Unsupported(format!("{threads} threads exceed this adapter's dispatch limits")));
+                }
+                [x as u32, y as u32, 1]
+            }
+            Grid::Groups(groups) => groups,
+        };
+        if groups.iter().any(|&g| g > max) {
+            return Err(DeviceError::Unsupported(format!("dispatch of {groups:?} workgroups exceeds this adapter's limit of {max} per dimension")));
+        }
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let limit = ctx.summary.max_storage_buffer_binding_size;
+        if let Some(r) = args.plan.ranges.iter().find(|r| r.2 > limit) {
+            return Err(DeviceError::Unsupported(format!("operands span {} bytes of one segment, more than max_storage_buffer_binding_size ({limit})", r.2)));
+        }
+        let p = self.pipeline(kernel, args.plan.ranges.len())?;
+        let (meta_buffer, meta_offset, meta_size) = ctx.metadata_slot(bytemuck::cast_slice(if meta.is_empty() { &[0u32] } else { meta }))?;
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &meta_buffer, offset: meta_offset, size: wgpu::BufferSize::new(meta_size) }),
+        }];
+        for (i, (&(_, offset, size), buffer)) in args.plan.ranges.iter().zip(&args.buffers).enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset, size: wgpu::BufferSize::new(size.next_multiple_of(4).max(4)) }),
+            });
+        }
+        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.layout, entries: &entries });
+        ctx.record(|encoder| {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.entry), timestamp_writes: None });
+            pass.set_pipeline(&p.pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        });
+        Ok(())
+    }
+}

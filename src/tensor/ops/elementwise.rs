@@ -1,0 +1,455 @@
+//! Elementwise ops: unary, binary (broadcasting), ternary, fill; their in-place forms.
+
+use super::{bind, check_u32, push_layout, push_shape, values};
+use crate::kernels::{ELEMENTWISE_WORKGROUP, Family, Grid, Kernel};
+use crate::tensor::layout::{Layout, broadcast_shapes};
+use crate::tensor::{DType, Result, Tensor, TensorError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unary {
+    Identity,
+    /// Conversion to the output's dtype (`to(dtype)`).
+    Cast,
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Relu,
+    Gelu,
+    Silu,
+    Tanh,
+    Sigmoid,
+    /// The element's linear index (arange).
+    Index,
+    AddScalar,
+    SubScalar,
+    MulScalar,
+    DivScalar,
+    PowScalar,
+    MaxScalar,
+    MinScalar,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl Unary {
+    fn name(self) -> &'static str {
+        match self {
+            Unary::Identity => "copy",
+            Unary::Cast => "to",
+            Unary::Neg => "neg",
+            Unary::Abs => "abs",
+            Unary::Exp => "exp",
+            Unary::Log => "log",
+            Unary::Sqrt => "sqrt",
+            Unary::Rsqrt => "rsqrt",
+            Unary::Relu => "relu",
+            Unary::Gelu => "gelu",
+            Unary::Silu => "silu",
+            Unary::Tanh => "tanh",
+            Unary::Sigmoid => "sigmoid",
+            Unary::Index => "arange",
+            Unary::AddScalar => "add",
+            Unary::SubScalar => "sub",
+            Unary::MulScalar => "mul",
+            Unary::DivScalar => "div",
+            Unary::PowScalar => "pow",
+            Unary::MaxScalar => "clamp_min",
+            Unary::MinScalar => "clamp_max",
+        }
+    }
+
+    /// The WGSL expression from x (element of value type `t`), s (scalar) and i (linear index),
+    /// giving a value of type `out` (which differs from `t` only for Cast).
+    fn expr(self, dtype: DType, t: &str, out: &str, out_dtype: DType) -> Result<String> {
+        let float = dtype.is_float();
+        // Transcendentals compute in f32 (f16 has too little range for exp in the middle of gelu).
+        let f = |e: &str| if t == "f32" { e.replace('X', "x") } else { format!("{t}({})", e.replace('X', "f32(x)")) };
+        Ok(match self {
+            Unary::Identity => "x".into(),
+            Unary::Cast if out_dtype == DType::Bool => format!("select(0u, 1u, x != {t}(0))"),
+            // WGSL's float-to-int conversion truncates toward zero, as PyTorch's does.
+            Unary::Cast => format!("{out}(x)"),
+            Unary::Neg if dtype != DType::U32 => "-x".into(),
+            Unary::Abs => "abs(x)".into(),
+            Unary::Relu => format!("max(x, {t}(0))"),
+            Unary::Index => format!("{t}(i)"),
+            Unary::AddScalar => "x + s".into(),
+            Unary::SubScalar => "x - s".into(),
+            Unary::MulScalar => "x * s".into(),
+            Unary::DivScalar => "x / s".into(),
+            Unary::MaxScalar => "max(x, s)".into(),
+            Unary::MinScalar => "min(x, s)".into(),
+            Unary::Exp if float => f("exp(X)"),
+            Unary::Log if float => f("log(X)"),
+            Unary::Sqrt if float => f("sqrt(X)"),
+            Unary::Rsqrt if float => f("inverseSqrt(X)"),
+            Unary::Tanh if float => f("tanh(X)"),
+            Unary::Sigmoid if float => f("1.0 / (1.0 + exp(-X))"),
+            Unary::Silu if float => f("X / (1.0 + exp(-X))"),
+            Unary::Gelu if float => f("0.5 * X * (1.0 + erf_approx(X * 0.7071067811865476))"),
+            Unary::PowScalar if float => f("pow_signed(X, f32(s))"),
+            other => return Err(TensorError::DType(format!("{} is not defined for {dtype} tensors", other.name()))),
+        })
+    }
+}
+
+impl Binary {
+    fn name(self) -> &'static str {
+        match self {
+            Binary::Add => "add",
+            Binary::Sub => "sub",
+            Binary::Mul => "mul",
+            Binary::Div => "div",
+            Binary::Pow => "pow",
+            Binary::Maximum => "maximum",
+            Binary::Minimum => "minimum",
+            Binary::Eq => "eq",
+            Binary::Ne => "ne",
+            Binary::Lt => "lt",
+            Binary::Le => "le",
+            Binary::Gt => "gt",
+            Binary::Ge => "ge",
+        }
+    }
+
+    /// Comparisons give bool tensors (one byte per element, as in PyTorch).
+    fn out_dtype(self, input: DType) -> DType {
+        match self {
+            Binary::Eq | Binary::Ne | Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge => DType::Bool,
+            _ => input,
+        }
+    }
+
+    fn expr(self, dtype: DType, t: &str) -> Result<String> {
+        let compare = |op: &str| format!("select(0u, 1u, x {op} y)");
+        Ok(match self {
+            Binary::Add => "x + y".into(),
+            Binary::Sub => "x - y".into(),
+            Binary::Mul => "x * y".into(),
+            Binary::Div => "x / y".into(),
+            Binary::Maximum => "max(x, y)".into(),
+            Binary::Minimum => "min(x, y)".into(),
+            Binary::Eq => compare("=="),
+            Binary::Ne => compare("!="),
+            Binary::Lt => compare("<"),
+            Binary::Le => compare("<="),
+            Binary::Gt => compare(">"),
+            Binary::Ge => compare(">="),
+            Binary::Pow if dtype.is_float() => format!("{t}(pow_signed(f32(x), f32(y)))"),
+            Binary::Pow => return Err(TensorError::DType(format!("pow is not defined for {dtype} tensors"))),
+        })
+    }
+}
+
+/// How the scalar `s` is read, for value type `t`.
+fn scalar_expr(t: &str) -> &'static str {
+    match t {
+        "f32" => "bitcast<f32>(info[SCALAR_AT])",
+        "f16" => "f16(bitcast<f32>(info[SCALAR_AT]))",
+        "i32" => "bitcast<i32>(info[SCALAR_AT])",
+        _ => "info[SCALAR_AT]",
+    }
+}
+
+fn scalar_bits(value: f64, t: &str) -> u32 {
+    match t {
+        "f32" | "f16" => (value as f32).to_bits(),
+        "i32" => (value as i32) as u32,
+        _ => value as u32,
+    }
+}
+
+/// Which elementwise entry, with its expression (the others get a trivial one: every entry
+/// compiles with the module).
+pub(super) enum Entry {
+    Unary(String),
+    Binary(String),
+    Ternary(String),
+    Fill,
+    /// Random numbers from `expr` (using `uniform(i, lane)` / `normal(i)`) and a seed.
+    Random(String, u32),
+}
+
+impl Tensor {
+    /// Runs one elementwise kernel writing `self`'s elements from up to three inputs broadcast
+    /// to `self`'s shape. `scalar` is read with the first input's value type (self's for fill).
+    pub(super) fn elementwise(&self, entry: Entry, inputs: &[&Tensor], scalar: f64) -> Result<()> {
+        for t in inputs {
+            self.same_device(t)?;
+        }
+        let layouts = inputs.iter().map(|t| t.layout.expand(self.shape())).collect::<Result<Vec<_>>>()?;
+        if !self.launches(inputs, 0) {
+            return Ok(());
+        }
+        let device = self.device().clone();
+        check_u32(self)?;
+        for t in inputs {
+            check_u32(t)?;
+        }
+        // Unused operand slots repeat the output, so every accessor the module declares exists.
+        let mut operands: Vec<&Tensor> = vec![self];
+        operands.extend(inputs);
+        while operands.len() < 4 {
+            operands.push(self);
+        }
+        let b = bind(&operands)?;
+        let names = ["out", "a", "b", "c"];
+        let spec: Vec<(&str, DType)> = names.iter().zip(&operands).map(|(&n, t)| (n, t.dtype)).collect();
+        let scalar_type = values(operands[if inputs.is_empty() { 0 } else { 1 }].dtype, &device)?;
+        let mut seed = 0;
+        let (entry_name, expr) = match entry {
+            Entry::Unary(e) => ("unary", e),
+            Entry::Binary(e) => ("binary", e),
+            Entry::Ternary(e) => ("ternary", e),
+            Entry::Fill => ("fill", "s".to_string()),
+            Entry::Random(e, s) => {
+                seed = s;
+                ("fill", e)
+            }
+        };
+        let pick = |name: &str, trivial: &str| if name == entry_name { expr.clone() } else { trivial.to_string() };
+        let out_t = values(self.dtype, &device)?;
+        let kernel = Kernel::new(Family::Elementwise, entry_name)
+            .with_operands(device.native_f16(), &b.plan, &spec)?
+            .with("SCALAR", scalar_expr(scalar_type))
+            .with("UNARY", pick("unary", &format!("{out_t}(x)")))
+            .with("BINARY", pick("binary", &format!("{out_t}(x)")))
+            .with("TERNARY", pick("ternary", &format!("{out_t}(x)")))
+            .with("FILL", pick("fill", &format!("{out_t}(s)")));
+        // When every operand is contiguous in the same shape, index them as flat arrays: the
+        // kernel then skips the per-dimension index arithmetic.
+        let flat = self.is_contiguous() && layouts.iter().all(|l| l.is_contiguous());
+        let as_flat = |l: &Layout| Layout { shape: vec![l.numel()], strides: vec![1], offset: l.offset };
+        let (out_layout, layouts) = if flat { (as_flat(&self.layout), layouts.iter().map(as_flat).collect()) } else { (self.layout.clone(), layouts) };
+        let mut meta = vec![self.numel() as u32, out_layout.ndim() as u32];
+        push_shape(&mut meta, &out_layout.shape);
+        push_layout(&mut meta, &out_layout, b.plan.base(0));
+        for slot in 0..3 {
+            match layouts.get(slot) {
+                Some(l) => push_layout(&mut meta, l, b.plan.base(slot + 1)),
+                None => push_layout(&mut meta, &out_layout, b.plan.base(0)),
+            }
+        }
+        meta.push(scalar_bits(scalar, scalar_type));
+        meta.push(seed);
+        Ok(device.launch(&kernel, &meta, &b, Grid::Threads { threads: self.numel() as u64, workgroup: ELEMENTWISE_WORKGROUP })?)
+    }
+
+    /// Writes `op(src)` into `self`'s elements (shapes must agree; src may broadcast).
+    pub(crate) fn unary_into(&self, src: &Tensor, op: Unary, scalar: f64) -> Result<()> {
+        if src.dtype != self.dtype && op != Unary::Cast {
+            return Err(TensorError::DType(format!("{} of a {} tensor into a {} tensor", op.name(), src.dtype, self.dtype)));
+        }
+        let device = self.device().clone();
+        let (t, out) = (values(src.dtype, &device)?, values(self.dtype, &device)?);
+        let expr = op.expr(src.dtype, t, out, self.dtype)?;
+        self.elementwise(Entry::Unary(expr), &[src], scalar)
+    }
+
+    fn binary_into(&self, a: &Tensor, b: &Tensor, op: Binary) -> Result<()> {
+        if a.dtype != b.dtype || op.out_dtype(a.dtype) != self.dtype {
+            return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), a.dtype, b.dtype)));
+        }
+        let expr = op.expr(a.dtype, values(a.dtype, self.device())?)?;
+        self.elementwise(Entry::Binary(expr), &[a, b], 0.0)
+    }
+
+    #[track_caller]
+    fn unary(&self, op: Unary, scalar: f64) -> Result<Tensor> {
+        let t = values(self.dtype, self.device())?;
+        op.expr(self.dtype, t, t, self.dtype)?;
+        let out = self.device().empty_tensor(self.shape(), self.dtype, op.name())?;
+        out.unary_into(self, op, scalar)?;
+        Ok(out)
+    }
+
+    #[track_caller]
+    fn binary(&self, other: &Tensor, op: Binary) -> Result<Tensor> {
+        let shape = broadcast_shapes(self.shape(), other.shape())?;
+        if self.dtype != other.dtype {
+            return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), self.dtype, other.dtype)));
+        }
+        op.expr(self.dtype, values(self.dtype, self.device())?)?;
+        let out = self.device().empty_tensor(&shape, op.out_dtype(self.dtype), op.name())?;
+        out.binary_into(self, other, op)?;
+        Ok(out)
+    }
+
+    fn binary_inplace(&self, other: &Tensor, op: Binary) -> Result<&Tensor> {
+        let shape = broadcast_shapes(self.shape(), other.shape())?;
+        if shape != self.shape() {
+            return Err(TensorError::Shape(format!(
+                "in-place {} cannot change the shape {:?} (the other operand broadcasts to {shape:?})",
+                op.name(),
+                self.shape()
+            )));
+        }
+        self.binary_into(self, other, op)?;
+        Ok(self)
+    }
+
+    fn unary_inplace(&self, op: Unary, scalar: f64) -> Result<&Tensor> {
+        self.unary_into(self, op, scalar)?;
+        Ok(self)
+    }
+
+    /// `fill_`: every element becomes `value`; allocates nothing.
+    pub fn fill_(&self, value: f64) -> Result<&Tensor> {
+        values(self.dtype, self.device()).or_else(|e| if self.device().is_sim() { Ok("") } else { Err(e) })?;
+        self.elementwise(Entry::Fill, &[], value)?;
+        Ok(self)
+    }
+
+    pub fn zero_(&self) -> Result<&Tensor> {
+        self.fill_(0.0)
+    }
+
+    /// `copy_`: writes `src` (broadcast to self's shape, converted to self's dtype) into self.
+    pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
+        self.unary_into(src, if src.dtype == self.dtype { Unary::Identity } else { Unary::Cast }, 0.0)?;
+        Ok(self)
+    }
+
+    /// `to(dtype)`: a converted copy (self when the dtype already matches, as in PyTorch).
+    #[track_caller]
+    pub fn to(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype {
+            return Ok(self.share());
+        }
+        let out = self.device().empty_tensor(self.shape(), dtype, "to")?;
+        out.unary_into(self, Unary::Cast, 0.0)?;
+        Ok(out)
+    }
+
+    /// `torch.where(self, a, b)`: `self` is a bool condition; all three broadcast.
+    #[track_caller]
+    pub fn where_(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        if self.dtype != DType::Bool {
+            return Err(TensorError::DType(format!("where needs a bool condition, got {}", self.dtype)));
+        }
+        if a.dtype != b.dtype {
+            return Err(TensorError::DType(format!("where of {} and {}", a.dtype, b.dtype)));
+        }
+        let shape = broadcast_shapes(&broadcast_shapes(self.shape(), a.shape())?, b.shape())?;
+        let out = self.device().empty_tensor(&shape, a.dtype, "where")?;
+        out.elementwise(Entry::Ternary("select(z, y, x != 0u)".into()), &[self, a, b], 0.0)?;
+        Ok(out)
+    }
+
+    /// `addcmul_(t1, t2, value)`: self += value * t1 * t2, in place.
+    pub fn addcmul_(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Result<&Tensor> {
+        if t1.dtype != self.dtype || t2.dtype != self.dtype {
+            return Err(TensorError::DType(format!("addcmul_ of {}, {} and {}", self.dtype, t1.dtype, t2.dtype)));
+        }
+        if !self.dtype.is_float() {
+            return Err(TensorError::DType(format!("addcmul_ of {} tensors", self.dtype)));
+        }
+        self.elementwise(Entry::Ternary("x + s * y * z".into()), &[self, t1, t2], value)?;
+        Ok(self)
+    }
+}
+
+macro_rules! compare_ops {
+    ($($name:ident => $op:expr;)*) => {
+        impl Tensor {
+            $(
+                /// Elementwise comparison (broadcasting): a bool tensor.
+                #[track_caller]
+                pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
+                    self.binary(other, $op)
+                }
+            )*
+        }
+    };
+}
+
+compare_ops! {
+    eq => Binary::Eq;
+    ne => Binary::Ne;
+    lt => Binary::Lt;
+    le => Binary::Le;
+    gt => Binary::Gt;
+    ge => Binary::Ge;
+}
+
+macro_rules! binary_ops {
+    ($($name:ident, $inplace:ident, $scalar:ident => $op:expr, $sop:expr;)*) => {
+        impl Tensor {
+            $(
+                #[track_caller]
+                pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
+                    self.binary(other, $op)
+                }
+
+                pub fn $inplace(&self, other: &Tensor) -> Result<&Tensor> {
+                    self.binary_inplace(other, $op)
+                }
+
+                /// With a Python number: no device memory for the scalar, as in PyTorch.
+                #[track_caller]
+                pub fn $scalar(&self, value: f64) -> Result<Tensor> {
+                    self.unary($sop, value)
+                }
+            )*
+        }
+    };
+}
+
+binary_ops! {
+    add, add_, add_scalar => Binary::Add, Unary::AddScalar;
+    sub, sub_, sub_scalar => Binary::Sub, Unary::SubScalar;
+    mul, mul_, mul_scalar => Binary::Mul, Unary::MulScalar;
+    div, div_, div_scalar => Binary::Div, Unary::DivScalar;
+    pow, pow_, pow_scalar => Binary::Pow, Unary::PowScalar;
+    maximum, maximum_, clamp_min => Binary::Maximum, Unary::MaxScalar;
+    minimum, minimum_, clamp_max => Binary::Minimum, Unary::MinScalar;
+}
+
+macro_rules! unary_ops {
+    ($($name:ident, $inplace:ident => $op:expr;)*) => {
+        impl Tensor {
+            $(
+                #[track_caller]
+                pub fn $name(&self) -> Result<Tensor> {
+                    self.unary($op, 0.0)
+                }
+
+                pub fn $inplace(&self) -> Result<&Tensor> {
+                    self.unary_inplace($op, 0.0)
+                }
+            )*
+        }
+    };
+}
+
+unary_ops! {
+    neg, neg_ => Unary::Neg;
+    abs, abs_ => Unary::Abs;
+    exp, exp_ => Unary::Exp;
+    log, log_ => Unary::Log;
+    sqrt, sqrt_ => Unary::Sqrt;
+    rsqrt, rsqrt_ => Unary::Rsqrt;
+    relu, relu_ => Unary::Relu;
+    gelu, gelu_ => Unary::Gelu;
+    silu, silu_ => Unary::Silu;
+    tanh, tanh_ => Unary::Tanh;
+    sigmoid, sigmoid_ => Unary::Sigmoid;
+}

@@ -1,0 +1,225 @@
+//! matmul as ATen's `_matmul_impl` does it, down to mm / bmm on the matmul kernels.
+
+use super::{bind, check_u32};
+use crate::kernels::{Family, Grid, Kernel};
+use crate::tensor::layout::{Layout, broadcast_shapes};
+use crate::tensor::{DType, Result, Tensor, TensorError};
+
+impl Tensor {
+    /// `matmul` with PyTorch's rules (ATen's `_matmul_impl`): 1-D operands gain and lose a
+    /// dimension, a stack of matrices times a matrix folds into one product, and batch
+    /// dimensions broadcast by expanding both operands and flattening their batches, which
+    /// copies an operand whose expanded batches cannot be flattened in place. The copies are
+    /// real memory, so they happen here as they do there.
+    #[track_caller]
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        // Register blocking pays once the output fills its 64x64 tiles; small products tile.
+        let big = self.shape().iter().rev().nth(1).is_some_and(|&m| m >= 64) && other.shape().last().is_some_and(|&n| n >= 64);
+        self.matmul_with(other, if big { MatmulKernel::Blocked } else { MatmulKernel::Tiled })
+    }
+
+    /// Self if its last two dimensions are row- or column-major with a valid leading dimension
+    /// (`is_blas_compatible_*_order` in PyTorch), else a contiguous copy.
+    #[track_caller]
+    fn blas_compatible(&self) -> Result<Tensor> {
+        let nd = self.ndim();
+        let (rows, cols) = (self.shape()[nd - 2], self.shape()[nd - 1]);
+        let (s0, s1) = (self.strides()[nd - 2], self.strides()[nd - 1]);
+        let row_major = (s1 == 1 || cols == 1) && s0 >= cols.max(1);
+        let col_major = (s0 == 1 || rows == 1) && s1 >= rows.max(1);
+        if row_major || col_major || self.numel() == 0 { Ok(self.share()) } else { self.clone() }
+    }
+
+    /// `bmm`: batched matmul of two 3-D tensors with equal batch sizes.
+    #[track_caller]
+    pub fn bmm(&self, other: &Tensor) -> Result<Tensor> {
+        if self.ndim() != 3 || other.ndim() != 3 || self.shape()[0] != other.shape()[0] {
+            return Err(TensorError::Shape(format!("bmm needs [b, n, m] @ [b, m, p], got {:?} @ {:?}", self.shape(), other.shape())));
+        }
+        self.matmul(other)
+    }
+
+    /// The last two dimensions swapped (`mT`).
+    fn mt(&self) -> Result<Tensor> {
+        self.transpose(-2, -1)
+    }
+
+    #[track_caller]
+    pub fn matmul_with(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
+        self.same_device(other)?;
+        if self.dtype != other.dtype {
+            return Err(TensorError::DType(format!("matmul of {} and {}", self.dtype, other.dtype)));
+        }
+        if !self.dtype.is_float() {
+            return Err(TensorError::DType(format!("matmul of {} tensors is not supported (floats only)", self.dtype)));
+        }
+        let (d1, d2) = (self.ndim(), other.ndim());
+        if d1 == 0 || d2 == 0 {
+            return Err(TensorError::Shape(format!("both arguments to matmul need to be at least 1D, but they are {d1}D and {d2}D")));
+        }
+        let k1 = self.shape()[d1 - 1];
+        let k2 = if d2 == 1 { other.shape()[0] } else { other.shape()[d2 - 2] };
+        if k1 != k2 {
+            return Err(TensorError::Shape(format!("matmul: {:?} @ {:?}: inner dimensions {k1} and {k2} differ", self.shape(), other.shape())));
+        }
+        match (d1, d2) {
+            // dot, mv, vector-matrix, mm: one product of matrices.
+            (1, 1) => self.unsqueeze(0)?.mm(&other.unsqueeze(1)?, kind)?.view(&[]),
+            (2, 1) => self.mm(&other.unsqueeze(1)?, kind)?.squeeze(Some(-1)),
+            (1, 2) => self.unsqueeze(0)?.mm(other, kind)?.squeeze(Some(0)),
+            (2, 2) => self.mm(other, kind),
+            _ if self.should_fold(other) => {
+                // The stack of matrices becomes one tall matrix (a view: should_fold checked).
+                let transpose = d2 > d1;
+                let t1 = if transpose { other.mt()? } else { self.share() };
+                let t2 = if !transpose {
+                    other.share()
+                } else if d1 == 2 {
+                    self.t()?
+                } else {
+                    self.share()
+                };
+                let mut out_shape: Vec<isize> = t1.shape()[..t1.ndim() - 1].iter().map(|&n| n as isize).collect();
+                let folded: usize = t1.shape()[..t1.ndim() - 1].iter().product();
+                let k = *t1.shape().last().expect("at least 3 dims");
+                let t1_folded = t1.reshape(&[folded as isize, k as isize])?;
+                if t2.ndim() == 2 {
+                    out_shape.push(t2.shape()[1] as isize);
+                    let out = t1_folded.mm(&t2, kind)?.view(&out_shape)?;
+                    if transpose { out.mt()?.contiguous() } else { Ok(out) }
+                } else {
+                    t1_folded.mm(&t2.unsqueeze(1)?, kind)?.view(&out_shape)
+                }
+            }
+            _ => {
+                let n = if d1 > 1 { self.shape()[d1 - 2] } else { 1 };
+                let p = if d2 > 1 { other.shape()[d2 - 1] } else { 1 };
+                let batch = broadcast_shapes(&self.shape()[..d1.saturating_sub(2)], &other.shape()[..d2.saturating_sub(2)])?;
+                let batches: usize = batch.iter().product();
+                let with = |tail: &[usize]| batch.iter().chain(tail).copied().collect::<Vec<usize>>();
+                let t1 = self.expand(&with(&[n, k1]))?.reshape(&[batches as isize, n as isize, k1 as isize])?;
+                let t2 = if d2 == 1 {
+                    other.expand(&with(&[k2]))?.reshape(&[batches as isize, k2 as isize])?.unsqueeze(2)?
+                } else {
+                    other.expand(&with(&[k2, p]))?.reshape(&[batches as isize, k2 as isize, p as isize])?
+                };
+                let mut out_shape: Vec<isize> = batch.iter().map(|&b| b as isize).collect();
+                if d1 > 1 {
+                    out_shape.push(n as isize);
+                }
+                if d2 > 1 {
+                    out_shape.push(p as isize);
+                }
+                t1.mm(&t2, kind)?.view(&out_shape)
+            }
+        }
+    }
+
+    /// ATen's `should_fold`: whether a stack of matrices times a matrix (or vector) is done as one
+    /// product, folding the stack's batches into rows, which needs no copy when the batch
+    /// dimensions are contiguous with each other.
+    fn should_fold(&self, other: &Tensor) -> bool {
+        let larger = self.ndim() >= other.ndim();
+        let Ok(t1) = (if larger { Ok(self.share()) } else { other.mt() }) else { return false };
+        let small = if larger { other.ndim() } else { self.ndim() };
+        if !(t1.ndim() >= 3 && small <= 2) || self.ndim() == 2 {
+            return false;
+        }
+        if t1.numel() == 0 {
+            return true;
+        }
+        (0..t1.ndim() - 2).all(|i| t1.strides()[i] == t1.strides()[i + 1] * t1.shape()[i + 1])
+    }
+
+    /// `mm` (2-D operands) or `bmm` (3-D, equal batches): one output allocation, after copies of
+    /// operands cuBLAS could not take as they are.
+    #[track_caller]
+    fn mm(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
+        let a = self.blas_compatible()?;
+        let b = other.blas_compatible()?;
+        let batch: Vec<usize> = a.shape()[..a.ndim() - 2].to_vec();
+        let (m, k) = (a.shape()[a.ndim() - 2], a.shape()[a.ndim() - 1]);
+        let n = b.shape()[b.ndim() - 1];
+        let (la, lb) = (a.layout.clone(), b.layout.clone());
+        let mut out_shape = batch.clone();
+        out_shape.extend([m, n]);
+        let out = self.device().empty_tensor(&out_shape, self.dtype, "matmul")?;
+        let device = self.device().clone();
+        let batches: usize = batch.iter().product();
+        // A multiply and an add per term.
+        let flops = [batches, m, n, k].iter().fold(2u64, |f, &d| f.saturating_mul(d as u64));
+        if k == 0 {
+            // A sum over nothing.
+            out.fill_(0.0)?;
+        } else if out.launches(&[&a, &b], flops) {
+            for t in [&a, &b, &out] {
+                check_u32(t)?;
+            }
+            let tile = 16u32;
+            let bound = bind(&[&out, &a, &b])?;
+            // 128-bit loads when both operands' rows are contiguous and 16-byte aligned.
+            let nb = batch.len();
+            let quad = |l: &Layout, base: u32, cols: usize, i: usize| {
+                self.dtype == DType::F32
+                    && bound.plan.exclusive(i)
+                    && l.strides[nb + 1] == 1
+                    && cols.is_multiple_of(4)
+                    && l.strides[nb].is_multiple_of(4)
+                    && (base as usize + l.offset).is_multiple_of(4)
+                    && l.strides[..nb].iter().all(|s| s.is_multiple_of(4))
+            };
+            let vec4 = kind == MatmulKernel::Blocked && quad(&la, bound.plan.base(1), k, 1) && quad(&lb, bound.plan.base(2), n, 2);
+            let kernel = Kernel::new(Family::Matmul, kind.entry())
+                .with("STAGE", if vec4 { "stage_vec4" } else { "stage_scalar" })
+                .with_operands_vec4(
+                    device.native_f16(),
+                    &bound.plan,
+                    &[("c", self.dtype), ("a", self.dtype), ("b", self.dtype)],
+                    if vec4 { &["a", "b"] } else { &[] },
+                )?
+                .with("ACC", "f32")
+                .with("TILE", tile.to_string());
+            let mut meta = vec![m as u32, n as u32, k as u32, batches as u32, batch.len() as u32];
+            for d in 0..4 {
+                meta.push(batch.get(d).copied().unwrap_or(1) as u32);
+            }
+            for (l, base) in [(&la, bound.plan.base(1)), (&lb, bound.plan.base(2)), (&out.layout, bound.plan.base(0))] {
+                let nb = batch.len();
+                meta.push(base + l.offset as u32);
+                for d in 0..4 {
+                    meta.push(if d < nb { l.strides[d] as u32 } else { 0 });
+                }
+                meta.push(l.strides[nb] as u32);
+                meta.push(l.strides[nb + 1] as u32);
+            }
+            let groups = match kind {
+                MatmulKernel::Naive => [(n as u32).div_ceil(8), (m as u32).div_ceil(8), batches as u32],
+                MatmulKernel::Tiled => [(n as u32).div_ceil(tile), (m as u32).div_ceil(tile), batches as u32],
+                MatmulKernel::Blocked => [(n as u32).div_ceil(64), (m as u32).div_ceil(64), batches as u32],
+            };
+            device.launch(&kernel, &meta, &bound, Grid::Groups(groups))?;
+        }
+        Ok(out)
+    }
+}
+
+/// Which matmul kernel: `matmul` picks Blocked or Tiled by size; Naive is the baseline the
+/// benchmark compares them with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulKernel {
+    Naive,
+    /// 16x16 workgroup tiles in shared memory.
+    Tiled,
+    /// 64x64 tiles, 4x4 outputs per invocation in registers.
+    Blocked,
+}
+
+impl MatmulKernel {
+    fn entry(self) -> &'static str {
+        match self {
+            MatmulKernel::Naive => "naive",
+            MatmulKernel::Tiled => "tiled",
+            MatmulKernel::Blocked => "blocked",
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Reductions over any set of dimensions: sum, mean, max, min.
+
+use super::{bind, check_u32, push_layout, push_shape, values};
+use crate::kernels::{Family, Grid, Kernel, WORKGROUP};
+use crate::tensor::layout::{Layout, MAX_DIMS, wrap_dim};
+use crate::tensor::{DType, Result, Tensor, TensorError};
+
+/// Reductions of at least this many elements per output run a workgroup per output.
+const WIDE_REDUCTION: usize = 2048;
+
+/// A reduction's name and its kernel's ACC, INIT, STEP and FINISH substitutions.
+type ReductionSpec = (&'static str, (String, String, String, String));
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reduction {
+    Sum,
+    Mean,
+    Max,
+    Min,
+}
+
+impl Tensor {
+    /// Reduces `dims` (all of them when empty) into one new tensor, as ATen does: one kernel,
+    /// one output allocation, however many dimensions.
+    #[track_caller]
+    fn reduce(&self, dims: &[isize], keepdim: bool, op: Reduction) -> Result<Tensor> {
+        let mut dims: Vec<usize> =
+            if dims.is_empty() { (0..self.ndim()).collect() } else { dims.iter().map(|&d| wrap_dim(d, self.ndim())).collect::<Result<_>>()? };
+        dims.sort_unstable();
+        dims.dedup();
+        if self.ndim() == 0 {
+            return self.clone();
+        }
+        let (name, (acc, init, step, finish)) = self.reduction_spec(op)?;
+        let mut out_shape = self.shape().to_vec();
+        for &d in &dims {
+            out_shape[d] = 1;
+        }
+        let n: usize = dims.iter().map(|&d| self.shape()[d]).product();
+        let out = self.device().empty_tensor(&out_shape, self.dtype, name)?;
+        let device = self.device().clone();
+        if n == 0 && out.numel() > 0 {
+            // Reducing nothing: the identity (PyTorch: sum 0, mean NaN; max and min raise).
+            match op {
+                Reduction::Sum => out.fill_(0.0)?,
+                Reduction::Mean => out.fill_(f64::NAN)?,
+                _ => return Err(TensorError::Shape(format!("{name} over an empty dimension has no identity"))),
+            };
+        } else if out.launches(&[self], 0) {
+            check_u32(self)?;
+            let b = bind(&[&out, self])?;
+            let finish = finish.replace("{T}", values(self.dtype, &device)?);
+            // Long reductions get a workgroup each (see shaders/reduce.wgsl).
+            let wide = n >= WIDE_REDUCTION;
+            let kernel = Kernel::new(Family::Reduce, if wide { "reduce_wide" } else { "reduce" })
+                .with_operands(device.native_f16(), &b.plan, &[("out", self.dtype), ("a", self.dtype)])?
+                .with("ACC", acc)
+                .with("INIT", init)
+                .with("STEP", step)
+                .with("FINISH", finish);
+            let mut meta = vec![out.numel() as u32, self.ndim() as u32];
+            push_shape(&mut meta, &out_shape);
+            push_layout(&mut meta, &out.layout, b.plan.base(0));
+            push_layout(&mut meta, &self.layout, b.plan.base(1));
+            // The reduced dimensions' sizes and input strides, innermost last.
+            meta.extend([dims.len() as u32, n as u32]);
+            for i in 0..MAX_DIMS {
+                meta.push(dims.get(i).map_or(1, |&d| self.shape()[d] as u32));
+            }
+            for i in 0..MAX_DIMS {
+                meta.push(dims.get(i).map_or(0, |&d| self.strides()[d] as u32));
+            }
+            if wide {
+                device.launch(&kernel, &meta, &b, Grid::Threads { threads: out.numel() as u64 * 256, workgroup: 256 })?;
+            } else {
+                device.launch(&kernel, &meta, &b, Grid::Threads { threads: out.numel() as u64, workgroup: WORKGROUP })?;
+            }
+        }
+        if keepdim {
+            return Ok(out);
+        }
+        let shape: Vec<usize> = (0..self.ndim()).filter(|d| !dims.contains(d)).map(|d| self.shape()[d]).collect();
+        Ok(out.view_with(Layout { shape: shape.clone(), strides: Layout::contiguous(&shape).strides, offset: out.layout.offset }))
+    }
+
+    fn reduction_spec(&self, op: Reduction) -> Result<ReductionSpec> {
+        let t = values(self.dtype, self.device())?;
+        let float = self.dtype.is_float();
+        // Floats accumulate in f32 (f16 sums lose too much otherwise); integers in their type.
+        let acc = if float { "f32" } else { t };
+        let cast = |e: &str| format!("{acc}({e})");
+        let (lowest, highest) = match self.dtype {
+            DType::I32 => ("-2147483647 - 1", "2147483647"),
+            DType::U32 => ("0u", "4294967295u"),
+            // ±FLT_MAX by bits: a decimal literal may round past f32's range (Tint rejects it).
+            _ => ("bitcast<f32>(0xff7fffffu)", "bitcast<f32>(0x7f7fffffu)"),
+        };
+        Ok(match op {
+            Reduction::Sum => ("sum", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), "{T}(acc)".into())),
+            Reduction::Mean if float => ("mean", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), "{T}(acc / f32(n))".into())),
+            Reduction::Mean => return Err(TensorError::DType(format!("mean of {} tensors: PyTorch requires a floating dtype", self.dtype))),
+            Reduction::Max => ("max", (acc.into(), cast(lowest), format!("acc = max(acc, {});", cast("x")), "{T}(acc)".into())),
+            Reduction::Min => ("min", (acc.into(), cast(highest), format!("acc = min(acc, {});", cast("x")), "{T}(acc)".into())),
+        })
+    }
+
+    /// `sum(dims, keepdim)`; empty `dims` reduces everything.
+    #[track_caller]
+    pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, Reduction::Sum)
+    }
+
+    #[track_caller]
+    pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, Reduction::Mean)
+    }
+
+    /// `amax(dims, keepdim)`: maximum values.
+    #[track_caller]
+    pub fn max(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, Reduction::Max)
+    }
+
+    #[track_caller]
+    pub fn min(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, Reduction::Min)
+    }
+}

@@ -1,0 +1,157 @@
+//! Ops that walk one dimension per row: softmax, log_softmax, layer_norm, var, argmax.
+
+use super::{bind, check_u32, push_layout, push_shape};
+use crate::kernels::{Family, Grid, Kernel, WORKGROUP};
+use crate::tensor::layout::wrap_dim;
+use crate::tensor::{DType, Result, Tensor, TensorError};
+
+/// A rows-family entry point.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    Softmax,
+    LogSoftmax,
+    LayerNorm,
+    Variance,
+    Argmax,
+}
+
+impl Rows {
+    fn entry(self) -> &'static str {
+        match self {
+            Rows::Softmax => "softmax",
+            Rows::LogSoftmax => "log_softmax",
+            Rows::LayerNorm => "layer_norm",
+            Rows::Variance => "variance",
+            Rows::Argmax => "argmax",
+        }
+    }
+}
+
+impl Tensor {
+    /// Runs a rows kernel walking `dim` of self. `out` has self's shape, or self's with `dim`
+    /// of size 1. `extras` are layer_norm's weight, bias, mean and rstd.
+    fn rows(&self, kind: Rows, out: &Tensor, dim: usize, param: f32, extras: &[&Tensor]) -> Result<()> {
+        let device = self.device().clone();
+        let n = self.shape()[dim];
+        let mut operands: Vec<&Tensor> = vec![out, self];
+        operands.extend(extras);
+        // Checked before anything runs, so that the sim device refuses what the GPU refuses.
+        if n == 0 && out.numel() > 0 {
+            return Err(TensorError::Shape(match kind {
+                Rows::Argmax => format!("argmax(): Expected reduction dim {dim} to have non-zero size."),
+                _ => format!("{} over an empty dimension", kind.entry()),
+            }));
+        }
+        if !out.launches(&operands[1..], 0) {
+            return Ok(());
+        }
+        for t in [self, out].into_iter().chain(extras.iter().copied()) {
+            self.same_device(t)?;
+            check_u32(t)?;
+        }
+        while operands.len() < 6 {
+            operands.push(out);
+        }
+        let b = bind(&operands)?;
+        let names = ["out", "a", "w", "b", "mean", "rstd"];
+        let spec: Vec<(&str, DType)> = names.iter().zip(&operands).map(|(&n, t)| (n, t.dtype)).collect();
+        let kernel = Kernel::new(Family::Rows, kind.entry()).with_operands(device.native_f16(), &b.plan, &spec)?;
+        let mut row_shape = self.shape().to_vec();
+        row_shape[dim] = 1;
+        let rows = self.numel() / n;
+        let mut out_layout = out.layout.clone();
+        out_layout.shape = row_shape.clone();
+        let mut meta = vec![rows as u32, self.ndim() as u32];
+        push_shape(&mut meta, &row_shape);
+        push_layout(&mut meta, &out_layout, b.plan.base(0));
+        push_layout(&mut meta, &self.layout, b.plan.base(1));
+        meta.extend([dim as u32, n as u32, param.to_bits()]);
+        for (i, t) in operands.iter().enumerate().skip(2).take(2) {
+            meta.push(b.plan.base(i) + t.layout.offset as u32);
+            meta.push(t.layout.strides.last().copied().unwrap_or(0) as u32);
+        }
+        meta.push(b.plan.base(4) + operands[4].layout.offset as u32);
+        meta.push(b.plan.base(5) + operands[5].layout.offset as u32);
+        Ok(device.launch(&kernel, &meta, &b, Grid::Threads { threads: rows as u64, workgroup: WORKGROUP })?)
+    }
+
+    fn float_only(&self, op: &str) -> Result<()> {
+        if !self.dtype.is_float() {
+            return Err(TensorError::DType(format!("{op} of {} tensors: PyTorch requires a floating dtype", self.dtype)));
+        }
+        Ok(())
+    }
+
+    #[track_caller]
+    fn along(&self, kind: Rows, dim: isize) -> Result<Tensor> {
+        self.float_only(kind.entry())?;
+        let d = wrap_dim(dim, self.ndim())?;
+        let out = self.device().empty_tensor(self.shape(), self.dtype, kind.entry())?;
+        self.rows(kind, &out, d, 0.0, &[])?;
+        Ok(out)
+    }
+
+    /// `softmax(dim)`.
+    #[track_caller]
+    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
+        self.along(Rows::Softmax, dim)
+    }
+
+    /// `log_softmax(dim)`.
+    #[track_caller]
+    pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
+        self.along(Rows::LogSoftmax, dim)
+    }
+
+    /// `layer_norm` over the last dimension with weight and bias. Like PyTorch's
+    /// native_layer_norm it also computes the per-row mean and 1/std (float32, one value per
+    /// row), which autograd keeps for backward; here they are temporaries freed on return.
+    #[track_caller]
+    pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+        self.float_only("layer_norm")?;
+        let n = *self.shape().last().ok_or_else(|| TensorError::Shape("layer_norm of a 0-d tensor".into()))?;
+        for (name, t) in [("weight", weight), ("bias", bias)] {
+            if t.shape() != [n] || t.dtype != self.dtype {
+                return Err(TensorError::Shape(format!("layer_norm {name} must be [{n}] {}, got {:?} {}", self.dtype, t.shape(), t.dtype)));
+            }
+        }
+        let rows = self.numel() / n.max(1);
+        let out = self.device().empty_tensor(self.shape(), self.dtype, "layer_norm")?;
+        let mean = self.device().empty_tensor(&[rows], DType::F32, "layer_norm")?;
+        let rstd = self.device().empty_tensor(&[rows], DType::F32, "layer_norm")?;
+        self.rows(Rows::LayerNorm, &out, self.ndim() - 1, eps as f32, &[weight, bias, &mean, &rstd])?;
+        Ok(out)
+    }
+
+    #[track_caller]
+    fn reduce_rows(&self, kind: Rows, dim: isize, keepdim: bool, dtype: DType, param: f32) -> Result<Tensor> {
+        let d = wrap_dim(dim, self.ndim())?;
+        let mut shape = self.shape().to_vec();
+        shape[d] = 1;
+        let out = self.device().empty_tensor(&shape, dtype, kind.entry())?;
+        self.rows(kind, &out, d, param, &[])?;
+        if keepdim { Ok(out) } else { out.squeeze(Some(d as isize)) }
+    }
+
+    /// `var(dim, correction, keepdim)`: correction 1 is PyTorch's unbiased default.
+    #[track_caller]
+    pub fn var(&self, dim: isize, correction: f64, keepdim: bool) -> Result<Tensor> {
+        self.float_only("var")?;
+        let d = wrap_dim(dim, self.ndim())?;
+        if self.shape()[d] == 0 {
+            // The variance of nothing is NaN in PyTorch (with a warning), not an error.
+            let mut shape = self.shape().to_vec();
+            shape[d] = 1;
+            let out = self.device().empty_tensor(&shape, self.dtype, Rows::Variance.entry())?;
+            out.fill_(f64::NAN)?;
+            return if keepdim { Ok(out) } else { out.squeeze(Some(d as isize)) };
+        }
+        self.reduce_rows(Rows::Variance, dim, keepdim, self.dtype, correction as f32)
+    }
+
+    /// `argmax(dim, keepdim)`: int64 indices, as in PyTorch.
+    #[track_caller]
+    pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce_rows(Rows::Argmax, dim, keepdim, DType::I64, 0.0)
+    }
+}
