@@ -4,20 +4,11 @@
 //   (c's element) and s; {{UNARY}} from x, s (the
 //   scalar) and i (the linear index); {{FILL}} from s. Every entry compiles with the module, so
 //   the kernels layer gives the unused ones a trivial expression.
-//   {{SCALAR}} how s is read from info[SCALAR_AT].
-// info: [0] numel, [1] ndim, [2..10] output shape, then for out, a, b, c: offset and 8 strides,
-//       then the scalar's bits, then a random seed.
+//   {{SCALAR}} how s is read from info.scalar. info: ElementwiseMeta (src/kernels/meta.rs).
 {{ENABLE}}
 
-const SHAPE: u32 = 2u;
-const OUT_AT: u32 = 10u;
-const A_AT: u32 = 19u;
-const B_AT: u32 = 28u;
-const C_AT: u32 = 37u;
-const SCALAR_AT: u32 = 46u;
-const SEED_AT: u32 = 47u;
-
 {{COMMON}}
+{{INDEXING}}
 // BUFFERS declares the bindings and load_x / store_x for the operands out, a, b, c.
 {{BUFFERS}}
 
@@ -51,7 +42,7 @@ fn pcg(x: u32) -> u32 {
 
 // Uniform in [0, 1) with 24 random bits; `lane` draws independent numbers for one element.
 fn uniform(i: u32, lane: u32) -> f32 {
-    return f32(pcg(pcg(i * 2u + lane) ^ info[SEED_AT]) >> 8u) * (1.0 / 16777216.0);
+    return f32(pcg(pcg(i * 2u + lane) ^ info.seed) >> 8u) * (1.0 / 16777216.0);
 }
 
 // Standard normal by Box-Muller.
@@ -67,58 +58,58 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 @compute @workgroup_size(256)
 fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    if (i >= info[0]) { return; }
-    let x = load_a(offset_of(i, A_AT));
-    let y = load_b(offset_of(i, B_AT));
-    store_out(offset_of(i, OUT_AT), {{BINARY}});
+    if (i >= info.numel) { return; }
+    let x = load_a(offset_of(i, info.a));
+    let y = load_b(offset_of(i, info.b));
+    store_out(offset_of(i, info.out), {{BINARY}});
 }
 
 @compute @workgroup_size(256)
 fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    if (i >= info[0]) { return; }
-    let x = load_a(offset_of(i, A_AT));
+    if (i >= info.numel) { return; }
+    let x = load_a(offset_of(i, info.a));
     let s = {{SCALAR}};
-    store_out(offset_of(i, OUT_AT), {{UNARY}});
+    store_out(offset_of(i, info.out), {{UNARY}});
 }
 
 @compute @workgroup_size(256)
 fn ternary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    if (i >= info[0]) { return; }
-    let x = load_a(offset_of(i, A_AT));
-    let y = load_b(offset_of(i, B_AT));
-    let z = load_c(offset_of(i, C_AT));
+    if (i >= info.numel) { return; }
+    let x = load_a(offset_of(i, info.a));
+    let y = load_b(offset_of(i, info.b));
+    let z = load_c(offset_of(i, info.c));
     let s = {{SCALAR}};
-    store_out(offset_of(i, OUT_AT), {{TERNARY}});
+    store_out(offset_of(i, info.out), {{TERNARY}});
 }
 
 // Writes the scalar everywhere (fill_, zeros, ones, full).
 @compute @workgroup_size(256)
 fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    if (i >= info[0]) { return; }
+    if (i >= info.numel) { return; }
     let s = {{SCALAR}};
-    store_out(offset_of(i, OUT_AT), {{FILL}});
+    store_out(offset_of(i, info.out), {{FILL}});
 }
 
-// index_select along info[SCALAR_AT]: out[.., j, ..] = a[.., b[j], ..]; indices are clamped
-// into range (PyTorch raises a device-side assert instead).
+// index_select along dimension info.scalar: out[.., j, ..] = a[.., b[j], ..]; indices are
+// clamped into [0, info.limit) (PyTorch raises a device-side assert instead).
 @compute @workgroup_size(256)
 fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    if (i >= info[0]) { return; }
-    let dim = info[SCALAR_AT];
+    if (i >= info.numel) { return; }
+    let dim = info.scalar;
     var rem = i;
-    var src = info[A_AT];
-    for (var d = i32(info[1]) - 1; d >= 0; d = d - 1) {
-        let n = info[SHAPE + u32(d)];
+    var src = info.a.offset;
+    for (var d = i32(info.ndim) - 1; d >= 0; d = d - 1) {
+        let n = info.shape[u32(d)];
         var c = rem % n;
         rem = rem / n;
         if (u32(d) == dim) {
-            c = u32(clamp(i32(load_b(info[B_AT] + c * info[B_AT + 1u])), 0, i32(info[C_AT]) - 1));
+            c = u32(clamp(i32(load_b(info.b.offset + c * info.b.strides[0])), 0, i32(info.limit) - 1));
         }
-        src = src + c * info[A_AT + 1u + u32(d)];
+        src = src + c * info.a.strides[u32(d)];
     }
-    store_out(offset_of(i, OUT_AT), out_t(load_a(src)));
+    store_out(offset_of(i, info.out), out_t(load_a(src)));
 }

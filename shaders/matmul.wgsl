@@ -1,40 +1,25 @@
-// Batched matrix multiply C[b] = A[b] @ B[b] over strided, broadcast inputs.
+// Batched matrix multiply C[b] = A[b] @ B[b] over strided inputs (a batch stride may be 0).
 // Specialised: {{ENABLE}}, {{T}} element type, {{ACC}} accumulator type, {{TILE}} tile edge.
-// info: [0] M, [1] N, [2] K, [3] batch count, [4] batch ndim, [5..9] batch shape (4 dims),
-//       [9] A offset, [10..14] A batch strides, [14] A row stride, [15] A col stride,
-//       [16] B offset, [17..21] B batch strides, [21] B row stride, [22] B col stride,
-//       [23] C offset, [24..28] C batch strides, [28] C row stride, [29] C col stride.
+// info: MatmulMeta (src/kernels/meta.rs): m, n, k, the batch count, and each matrix's layout.
 {{ENABLE}}
 
 {{COMMON}}
 // BUFFERS declares the bindings and load_x / store_x for the operands c, a, b.
 {{BUFFERS}}
 
-// Offset of batch `batch` for the tensor whose batch strides start at `base`.
-fn batch_offset(batch: u32, base: u32) -> u32 {
-    var rem = batch;
-    var off = info[base - 1u];
-    for (var d = i32(info[4]) - 1; d >= 0; d = d - 1) {
-        let n = info[5u + u32(d)];
-        off = off + (rem % n) * info[base + u32(d)];
-        rem = rem / n;
-    }
-    return off;
-}
-
 // One invocation per output element: the baseline the tiled kernel is measured against.
 @compute @workgroup_size(8, 8)
 fn naive(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let m = info[0]; let n = info[1]; let k = info[2];
+    let m = info.m; let n = info.n; let k = info.k;
     let row = gid.y; let col = gid.x; let batch = gid.z;
-    if (row >= m || col >= n || batch >= info[3]) { return; }
-    let ao = batch_offset(batch, 10u) + row * info[14];
-    let bo = batch_offset(batch, 17u) + col * info[22];
+    if (row >= m || col >= n || batch >= info.batches) { return; }
+    let ao = info.a.offset + batch * info.a.batch_stride + row * info.a.row_stride;
+    let bo = info.b.offset + batch * info.b.batch_stride + col * info.b.col_stride;
     var acc: {{ACC}} = {{ACC}}(0);
     for (var i = 0u; i < k; i = i + 1u) {
-        acc = acc + {{ACC}}(load_a(ao + i * info[15])) * {{ACC}}(load_b(bo + i * info[21]));
+        acc = acc + {{ACC}}(load_a(ao + i * info.a.col_stride)) * {{ACC}}(load_b(bo + i * info.b.row_stride));
     }
-    store_c(batch_offset(batch, 24u) + row * info[28] + col * info[29], {{T}}(acc));
+    store_c(info.c.offset + batch * info.c.batch_stride + row * info.c.row_stride + col * info.c.col_stride, {{T}}(acc));
 }
 
 const TILE: u32 = {{TILE}}u;
@@ -45,12 +30,12 @@ var<workgroup> tile_b: array<array<{{ACC}}, {{TILE}}>, {{TILE}}>;
 // each element is read from global memory once per tile instead of once per product.
 @compute @workgroup_size({{TILE}}, {{TILE}})
 fn tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let m = info[0]; let n = info[1]; let k = info[2];
+    let m = info.m; let n = info.n; let k = info.k;
     let row = wid.y * TILE + lid.y;
     let col = wid.x * TILE + lid.x;
     let batch = wid.z;
-    let ao = batch_offset(batch, 10u);
-    let bo = batch_offset(batch, 17u);
+    let ao = info.a.offset + batch * info.a.batch_stride;
+    let bo = info.b.offset + batch * info.b.batch_stride;
     var acc: {{ACC}} = {{ACC}}(0);
     let tiles = (k + TILE - 1u) / TILE;
     for (var t = 0u; t < tiles; t = t + 1u) {
@@ -58,8 +43,8 @@ fn tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocatio
         let bk = t * TILE + lid.y;
         var av: {{ACC}} = {{ACC}}(0);
         var bv: {{ACC}} = {{ACC}}(0);
-        if (row < m && ak < k) { av = {{ACC}}(load_a(ao + row * info[14] + ak * info[15])); }
-        if (col < n && bk < k) { bv = {{ACC}}(load_b(bo + bk * info[21] + col * info[22])); }
+        if (row < m && ak < k) { av = {{ACC}}(load_a(ao + row * info.a.row_stride + ak * info.a.col_stride)); }
+        if (col < n && bk < k) { bv = {{ACC}}(load_b(bo + bk * info.b.row_stride + col * info.b.col_stride)); }
         tile_a[lid.y][lid.x] = av;
         tile_b[lid.y][lid.x] = bv;
         workgroupBarrier();
@@ -69,7 +54,7 @@ fn tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocatio
         workgroupBarrier();
     }
     if (row < m && col < n) {
-        store_c(batch_offset(batch, 24u) + row * info[28] + col * info[29], {{T}}(acc));
+        store_c(info.c.offset + batch * info.c.batch_stride + row * info.c.row_stride + col * info.c.col_stride, {{T}}(acc));
     }
 }
 
@@ -95,12 +80,12 @@ fn multiply_staged(lid: vec3<u32>, acc: ptr<function, array<array<{{ACC}}, 4>, 4
 
 // Writes this invocation's 4x4 block of C (inside the matrix).
 fn store_block(lid: vec3<u32>, batch: u32, row0: u32, col0: u32, acc: ptr<function, array<array<{{ACC}}, 4>, 4>>) {
-    let co = batch_offset(batch, 24u);
+    let co = info.c.offset + batch * info.c.batch_stride;
     for (var r = 0u; r < 4u; r = r + 1u) {
         for (var c = 0u; c < 4u; c = c + 1u) {
             let row = row0 + lid.y * 4u + r;
             let col = col0 + lid.x * 4u + c;
-            if (row < info[0] && col < info[1]) { store_c(co + row * info[28] + col * info[29], {{T}}((*acc)[r][c])); }
+            if (row < info.m && col < info.n) { store_c(co + row * info.c.row_stride + col * info.c.col_stride, {{T}}((*acc)[r][c])); }
         }
     }
 }
@@ -108,16 +93,16 @@ fn store_block(lid: vec3<u32>, batch: u32, row0: u32, col0: u32, acc: ptr<functi
 // Stages A's 64x16 and B's 16x64 slices at k0 into workgroup memory: 256 invocations load four
 // elements each, one at a time.
 fn stage_scalar(flat: u32, ao: u32, bo: u32, row0: u32, col0: u32, k0: u32) {
-    let m = info[0]; let n = info[1]; let k = info[2];
+    let m = info.m; let n = info.n; let k = info.k;
     for (var e = 0u; e < 4u; e = e + 1u) {
         let idx = flat * 4u + e;
         let ar = idx / BK; let ak = idx % BK;
         var av = {{ACC}}(0);
-        if (row0 + ar < m && k0 + ak < k) { av = {{ACC}}(load_a(ao + (row0 + ar) * info[14] + (k0 + ak) * info[15])); }
+        if (row0 + ar < m && k0 + ak < k) { av = {{ACC}}(load_a(ao + (row0 + ar) * info.a.row_stride + (k0 + ak) * info.a.col_stride)); }
         block_a[ak][ar] = av;
         let bk = idx / BT; let bc = idx % BT;
         var bv = {{ACC}}(0);
-        if (k0 + bk < k && col0 + bc < n) { bv = {{ACC}}(load_b(bo + (k0 + bk) * info[21] + (col0 + bc) * info[22])); }
+        if (k0 + bk < k && col0 + bc < n) { bv = {{ACC}}(load_b(bo + (k0 + bk) * info.b.row_stride + (col0 + bc) * info.b.col_stride)); }
         block_b[bk][bc] = bv;
     }
 }
@@ -126,14 +111,14 @@ fn stage_scalar(flat: u32, ao: u32, bo: u32, row0: u32, col0: u32, k0: u32) {
 // are contiguous and 16-byte aligned (K and N multiples of 4), each in a binding of its own
 // declared vec4<f32>.
 fn stage_vec4(flat: u32, ao: u32, bo: u32, row0: u32, col0: u32, k0: u32) {
-    let m = info[0]; let n = info[1]; let k = info[2];
+    let m = info.m; let n = info.n; let k = info.k;
     let ar = flat / 4u; let ak = (flat % 4u) * 4u;
     var av = vec4<f32>(0.0);
-    if (row0 + ar < m && k0 + ak < k) { av = load4_a((ao + (row0 + ar) * info[14] + k0 + ak) / 4u); }
+    if (row0 + ar < m && k0 + ak < k) { av = load4_a((ao + (row0 + ar) * info.a.row_stride + k0 + ak) / 4u); }
     for (var j = 0u; j < 4u; j = j + 1u) { block_a[ak + j][ar] = {{ACC}}(av[j]); }
     let bk = flat / 16u; let bc = (flat % 16u) * 4u;
     var bv = vec4<f32>(0.0);
-    if (k0 + bk < k && col0 + bc < n) { bv = load4_b((bo + (k0 + bk) * info[21] + col0 + bc) / 4u); }
+    if (k0 + bk < k && col0 + bc < n) { bv = load4_b((bo + (k0 + bk) * info.b.row_stride + col0 + bc) / 4u); }
     for (var j = 0u; j < 4u; j = j + 1u) { block_b[bk][bc + j] = {{ACC}}(bv[j]); }
 }
 
@@ -141,15 +126,15 @@ fn stage_vec4(flat: u32, ao: u32, bo: u32, row0: u32, col0: u32, k0: u32) {
 @compute @workgroup_size(16, 16)
 fn blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let batch = wid.z;
-    let ao = batch_offset(batch, 10u);
-    let bo = batch_offset(batch, 17u);
+    let ao = info.a.offset + batch * info.a.batch_stride;
+    let bo = info.b.offset + batch * info.b.batch_stride;
     let row0 = wid.y * BT;
     let col0 = wid.x * BT;
     var acc: array<array<{{ACC}}, 4>, 4>;
     for (var r = 0u; r < 4u; r = r + 1u) {
         for (var c = 0u; c < 4u; c = c + 1u) { acc[r][c] = {{ACC}}(0); }
     }
-    for (var k0 = 0u; k0 < info[2]; k0 = k0 + BK) {
+    for (var k0 = 0u; k0 < info.k; k0 = k0 + BK) {
         {{STAGE}}(lid.y * 16u + lid.x, ao, bo, row0, col0, k0);
         workgroupBarrier();
         multiply_staged(lid, &acc);

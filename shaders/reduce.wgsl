@@ -2,13 +2,12 @@
 // output element loops over the reduced elements. Specialised: {{ENABLE}}, {{T}} element type,
 // {{ACC}} accumulator type, {{INIT}} its start value, {{STEP}} combining acc with x (and k, the
 // index), {{FINISH}} the output from acc (and n, the count).
-// info: [0] output numel, [1] ndim, [2..10] output shape (reduced dims have size 1),
-//       [10] out offset, [11..19] out strides, [19] input offset, [20..28] input strides,
-//       [28] number of reduced dims r, [29] their element count n, [30..38] their sizes,
-//       [38..46] their input strides (the first r of each are used).
+// info: ReduceMeta (src/kernels/meta.rs): the output's shape (reduced dimensions of size 1),
+// and the reduced dimensions' sizes and input strides (the first info.reduced of each).
 {{ENABLE}}
 
 {{COMMON}}
+{{INDEXING}}
 // BUFFERS declares the bindings and load_x / store_x for the operands out and a.
 {{BUFFERS}}
 
@@ -16,9 +15,9 @@
 fn reduced_offset(k: u32, base: u32) -> u32 {
     var rem = k;
     var off = base;
-    for (var d = i32(info[28]) - 1; d >= 0; d = d - 1) {
-        let size = info[30u + u32(d)];
-        off = off + (rem % size) * info[38u + u32(d)];
+    for (var d = i32(info.reduced) - 1; d >= 0; d = d - 1) {
+        let size = info.sizes[u32(d)];
+        off = off + (rem % size) * info.strides[u32(d)];
         rem = rem / size;
     }
     return off;
@@ -28,15 +27,15 @@ fn reduced_offset(k: u32, base: u32) -> u32 {
 @compute @workgroup_size(64)
 fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 64u;
-    if (i >= info[0]) { return; }
-    let base = offset_of(i, 19u);
-    let n = info[29];
+    if (i >= info.numel) { return; }
+    let base = offset_of(i, info.a);
+    let n = info.count;
     var acc: {{ACC}} = {{INIT}};
     for (var k = 0u; k < n; k = k + 1u) {
         let x = load_a(reduced_offset(k, base));
         {{STEP}}
     }
-    store_out(offset_of(i, 10u), {{FINISH}});
+    store_out(offset_of(i, info.out), {{FINISH}});
 }
 
 // One workgroup per output element: its 256 invocations take every 256th reduced element, then
@@ -48,11 +47,11 @@ var<workgroup> partial: array<{{ACC}}, 256>;
 fn reduce_wide(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = wid.x + wid.y * nwg.x;
     // No early return: every invocation reaches the barriers.
-    let in_range = i < info[0];
-    let n = info[29];
+    let in_range = i < info.numel;
+    let n = info.count;
     var acc: {{ACC}} = {{INIT}};
     if (in_range) {
-        let base = offset_of(i, 19u);
+        let base = offset_of(i, info.a);
         for (var k = lid.x; k < n; k = k + 256u) {
             let x = load_a(reduced_offset(k, base));
             {{STEP}}
@@ -71,6 +70,6 @@ fn reduce_wide(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_
     }
     if (in_range && lid.x == 0u) {
         acc = partial[0];
-        store_out(offset_of(i, 10u), {{FINISH}});
+        store_out(offset_of(i, info.out), {{FINISH}});
     }
 }

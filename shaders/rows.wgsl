@@ -1,15 +1,14 @@
 // Kernels that walk one dimension per invocation ("rows"): softmax, log_softmax, layer_norm,
 // var and argmax. Strided input; the walked dimension may be any.
-// info: [0] rows, [1] ndim, [2..10] row shape (the walked dim has size 1),
-//       [10] out offset, [11..19] out strides, [19] a offset, [20..28] a strides,
-//       [28] walked dim, [29] its length, [30] a float parameter (eps, correction) as bits,
-//       [31] weight offset, [32] weight stride, [33] bias offset, [34] bias stride,
-//       [35] mean offset, [36] rstd offset (layer_norm's saved statistics, contiguous).
+// info: RowsMeta (src/kernels/meta.rs): the row shape (the walked dimension of size 1), the
+// walked dimension and its length, a parameter (eps, correction), and layer_norm's weight,
+// bias and saved statistics (mean and rstd, contiguous).
 // Specialised: {{ENABLE}}, BUFFERS (load_x / store_x and the value type x_t for out, a, w, b,
 // mean and rstd; entries that do not use some get stand-ins, since every entry compiles).
 {{ENABLE}}
 
 {{COMMON}}
+{{INDEXING}}
 {{BUFFERS}}
 
 fn row(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
@@ -21,8 +20,8 @@ fn row(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 struct Walk { a0: u32, sa: u32, o0: u32, so: u32, n: u32 }
 
 fn walk(r: u32) -> Walk {
-    let d = info[28];
-    return Walk(offset_of(r, 19u), info[20u + d], offset_of(r, 10u), info[11u + d], info[29]);
+    let d = info.dim;
+    return Walk(offset_of(r, info.a), info.a.strides[d], offset_of(r, info.out), info.out.strides[d], info.n);
 }
 
 struct Stats { m: f32, sum: f32 }
@@ -45,7 +44,7 @@ fn softmax_stats(a0: u32, sa: u32, n: u32) -> Stats {
 @compute @workgroup_size(64)
 fn softmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
-    if (r >= info[0]) { return; }
+    if (r >= info.rows) { return; }
     let w = walk(r);
     let a0 = w.a0; let sa = w.sa; let o0 = w.o0; let so = w.so; let n = w.n;
     let st = softmax_stats(a0, sa, n);
@@ -57,7 +56,7 @@ fn softmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 @compute @workgroup_size(64)
 fn log_softmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
-    if (r >= info[0]) { return; }
+    if (r >= info.rows) { return; }
     let w = walk(r);
     let a0 = w.a0; let sa = w.sa; let o0 = w.o0; let so = w.so; let n = w.n;
     let st = softmax_stats(a0, sa, n);
@@ -85,16 +84,16 @@ fn moments(a0: u32, sa: u32, n: u32) -> vec2<f32> {
 @compute @workgroup_size(64)
 fn layer_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
-    if (r >= info[0]) { return; }
+    if (r >= info.rows) { return; }
     let w = walk(r);
     let a0 = w.a0; let sa = w.sa; let o0 = w.o0; let so = w.so; let n = w.n;
     let mo = moments(a0, sa, n);
-    let rstd = inverseSqrt(mo.y / f32(n) + bitcast<f32>(info[30]));
-    store_mean(info[35] + r, mean_t(mo.x));
-    store_rstd(info[36] + r, rstd_t(rstd));
+    let rstd = inverseSqrt(mo.y / f32(n) + info.param);
+    store_mean(info.mean_offset + r, mean_t(mo.x));
+    store_rstd(info.rstd_offset + r, rstd_t(rstd));
     for (var k = 0u; k < n; k = k + 1u) {
-        let w = f32(load_w(info[31] + k * info[32]));
-        let b = f32(load_b(info[33] + k * info[34]));
+        let w = f32(load_w(info.w_offset + k * info.w_stride));
+        let b = f32(load_b(info.b_offset + k * info.b_stride));
         store_out(o0 + k * so, {{T}}((f32(load_a(a0 + k * sa)) - mo.x) * rstd * w + b));
     }
 }
@@ -103,18 +102,18 @@ fn layer_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 @compute @workgroup_size(64)
 fn variance(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
-    if (r >= info[0]) { return; }
+    if (r >= info.rows) { return; }
     let w = walk(r);
     let a0 = w.a0; let sa = w.sa; let n = w.n;
     let mo = moments(a0, sa, n);
-    store_out(offset_of(r, 10u), {{T}}(mo.y / max(f32(n) - bitcast<f32>(info[30]), 0.0)));
+    store_out(offset_of(r, info.out), {{T}}(mo.y / max(f32(n) - info.param, 0.0)));
 }
 
 // argmax: index of the first maximum (NaN counts as the maximum, as in PyTorch).
 @compute @workgroup_size(64)
 fn argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
-    if (r >= info[0]) { return; }
+    if (r >= info.rows) { return; }
     let w = walk(r);
     let a0 = w.a0; let sa = w.sa; let n = w.n;
     var best = 0u;
@@ -123,5 +122,5 @@ fn argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         let x = f32(load_a(a0 + k * sa));
         if (x > m || (x != x && m == m)) { m = x; best = k; }
     }
-    store_out(offset_of(r, 10u), {{T}}(best));
+    store_out(offset_of(r, info.out), {{T}}(best));
 }

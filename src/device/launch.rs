@@ -3,7 +3,7 @@
 //! records the dispatch.
 
 use super::{Device, DeviceError};
-use crate::kernels::{BindingPlan, Grid, Kernel};
+use crate::kernels::{BindingPlan, Grid, Kernel, WgslStruct};
 use std::rc::Rc;
 
 pub(crate) struct Pipeline {
@@ -82,9 +82,10 @@ impl Device {
         Ok(p)
     }
 
-    /// Records one dispatch of `kernel` over `args` with its metadata, respecting the adapter's
-    /// limits (a launch beyond them is an error, not a crash).
-    pub(crate) fn launch(&self, kernel: &Kernel, meta: &[u32], args: &Bindings, grid: Grid) -> Result<(), DeviceError> {
+    /// Records one dispatch of `kernel` over `args` with its metadata (the struct the kernel
+    /// declared with `with_meta`), respecting the adapter's limits (a launch beyond them is an
+    /// error, not a crash).
+    pub(crate) fn launch<M: WgslStruct>(&self, kernel: &Kernel, meta: &M, args: &Bindings, grid: Grid) -> Result<(), DeviceError> {
         let ctx = self.gpu_context().expect("kernels run on GPU devices");
         let max = ctx.limits.max_compute_workgroups_per_dimension;
         let groups = match grid {
@@ -111,7 +112,7 @@ impl Device {
             return Err(DeviceError::Unsupported(format!("operands span {} bytes of one segment, more than max_storage_buffer_binding_size ({limit})", r.2)));
         }
         let p = self.pipeline(kernel, args.plan.ranges.len())?;
-        let (meta_buffer, meta_offset, meta_size) = ctx.metadata_slot(bytemuck::cast_slice(if meta.is_empty() { &[0u32] } else { meta }))?;
+        let (meta_buffer, meta_offset, meta_size) = ctx.metadata_slot(bytemuck::bytes_of(meta))?;
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &meta_buffer, offset: meta_offset, size: wgpu::BufferSize::new(meta_size) }),

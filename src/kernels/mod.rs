@@ -4,7 +4,10 @@
 //! pipeline by the kernel's key) and launches it (`device::gpu`). Every dispatch binds a small
 //! metadata array (shapes, strides, offsets, scalars) at binding 0 and the tensors after it.
 
+pub(crate) mod meta;
+
 use crate::dtype::DType;
+pub(crate) use meta::{ElementwiseMeta, MatmulMeta, MatrixLayout, ReduceMeta, RowsMeta, Strided, WgslStruct};
 
 /// What code generation refuses: a dtype no kernel takes, operands it cannot address.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -49,6 +52,11 @@ impl Kernel {
         self
     }
 
+    /// The family's metadata struct (see `meta`): declared in WGSL and bound at 0 as `info`.
+    pub fn with_meta<M: WgslStruct>(self) -> Kernel {
+        self.with("META", meta::declarations::<M>()).with("META_TYPE", M::NAME)
+    }
+
     /// The operands, named as the shader names them (`out`, `a`, ...), in binding order: sets
     /// BUFFERS (declarations and load/store functions), ENABLE (f16) and T (the first operand's
     /// value type). `native_f16`: the adapter has `shader-f16`.
@@ -75,7 +83,11 @@ impl Kernel {
 
     /// The family's source with every placeholder replaced.
     pub fn specialize(&self) -> Result<String, KernelError> {
-        let mut text = self.family.source().replace("{{COMMON}}", include_str!("../../shaders/common.wgsl"));
+        let mut text = self
+            .family
+            .source()
+            .replace("{{COMMON}}", include_str!("../../shaders/common.wgsl"))
+            .replace("{{INDEXING}}", include_str!("../../shaders/indexing.wgsl"));
         for (name, value) in &self.spec {
             text = text.replace(&format!("{{{{{name}}}}}"), value);
         }

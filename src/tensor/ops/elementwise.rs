@@ -1,7 +1,7 @@
 //! Elementwise ops: unary, binary (broadcasting), ternary, fill; their in-place forms.
 
-use super::{bind, check_u32, push_layout, push_shape, values};
-use crate::kernels::{ELEMENTWISE_WORKGROUP, Family, Grid, Kernel};
+use super::{bind, check_u32, shape_meta, strided, values};
+use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -162,10 +162,10 @@ impl Binary {
 /// How the scalar `s` is read, for value type `t`.
 fn scalar_expr(t: &str) -> &'static str {
     match t {
-        "f32" => "bitcast<f32>(info[SCALAR_AT])",
-        "f16" => "f16(bitcast<f32>(info[SCALAR_AT]))",
-        "i32" => "bitcast<i32>(info[SCALAR_AT])",
-        _ => "info[SCALAR_AT]",
+        "f32" => "bitcast<f32>(info.scalar)",
+        "f16" => "f16(bitcast<f32>(info.scalar))",
+        "i32" => "bitcast<i32>(info.scalar)",
+        _ => "info.scalar",
     }
 }
 
@@ -228,6 +228,7 @@ impl Tensor {
         let pick = |name: &str, trivial: &str| if name == entry_name { expr.clone() } else { trivial.to_string() };
         let out_t = values(self.dtype, &device)?;
         let kernel = Kernel::new(Family::Elementwise, entry_name)
+            .with_meta::<ElementwiseMeta>()
             .with_operands(device.native_f16(), &b.plan, &spec)?
             .with("SCALAR", scalar_expr(scalar_type))
             .with("UNARY", pick("unary", &format!("{out_t}(x)")))
@@ -239,17 +240,22 @@ impl Tensor {
         let flat = self.is_contiguous() && layouts.iter().all(|l| l.is_contiguous());
         let as_flat = |l: &Layout| Layout { shape: vec![l.numel()], strides: vec![1], offset: l.offset };
         let (out_layout, layouts) = if flat { (as_flat(&self.layout), layouts.iter().map(as_flat).collect()) } else { (self.layout.clone(), layouts) };
-        let mut meta = vec![self.numel() as u32, out_layout.ndim() as u32];
-        push_shape(&mut meta, &out_layout.shape);
-        push_layout(&mut meta, &out_layout, b.plan.base(0));
-        for slot in 0..3 {
-            match layouts.get(slot) {
-                Some(l) => push_layout(&mut meta, l, b.plan.base(slot + 1)),
-                None => push_layout(&mut meta, &out_layout, b.plan.base(0)),
-            }
-        }
-        meta.push(scalar_bits(scalar, scalar_type));
-        meta.push(seed);
+        let operand = |slot: usize| match layouts.get(slot) {
+            Some(l) => strided(l, b.plan.base(slot + 1)),
+            None => strided(&out_layout, b.plan.base(0)),
+        };
+        let meta = ElementwiseMeta {
+            numel: self.numel() as u32,
+            ndim: out_layout.ndim() as u32,
+            shape: shape_meta(&out_layout.shape),
+            out: strided(&out_layout, b.plan.base(0)),
+            a: operand(0),
+            b: operand(1),
+            c: operand(2),
+            scalar: scalar_bits(scalar, scalar_type),
+            seed,
+            limit: 0,
+        };
         Ok(device.launch(&kernel, &meta, &b, Grid::Threads { threads: self.numel() as u64, workgroup: ELEMENTWISE_WORKGROUP })?)
     }
 

@@ -1,8 +1,8 @@
 //! Ops that gather or place slices: cat, stack, index_select, embedding.
 
-use super::{bind, check_u32, push_layout, push_shape, values};
-use crate::kernels::{ELEMENTWISE_WORKGROUP, Family, Grid, Kernel};
-use crate::tensor::layout::{MAX_DIMS, wrap_dim};
+use super::{bind, check_u32, shape_meta, strided, values};
+use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
+use crate::tensor::layout::wrap_dim;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 impl Tensor {
@@ -72,22 +72,26 @@ impl Tensor {
         let spec = [("out", self.dtype), ("a", self.dtype), ("b", index.dtype), ("c", self.dtype)];
         let out_t = values(self.dtype, &device)?;
         let kernel = Kernel::new(Family::Elementwise, "gather")
+            .with_meta::<ElementwiseMeta>()
             .with_operands(device.native_f16(), &b.plan, &spec)?
-            .with("SCALAR", "info[SCALAR_AT]")
+            .with("SCALAR", "info.scalar")
             .with("UNARY", format!("{out_t}(x)"))
             .with("BINARY", format!("{out_t}(x)"))
             .with("TERNARY", format!("{out_t}(x)"))
             .with("FILL", format!("{out_t}(s)"));
-        let mut meta = vec![out.numel() as u32, out.ndim() as u32];
-        push_shape(&mut meta, &shape);
-        push_layout(&mut meta, &out.layout, b.plan.base(0));
-        push_layout(&mut meta, &self.layout, b.plan.base(1));
-        push_layout(&mut meta, &index.layout, b.plan.base(2));
-        // The C slot carries the selected dimension's size (for clamping).
-        meta.push(self.shape()[d] as u32);
-        meta.extend(std::iter::repeat_n(0, MAX_DIMS));
-        meta.push(d as u32);
-        meta.push(0);
+        let meta = ElementwiseMeta {
+            numel: out.numel() as u32,
+            ndim: out.ndim() as u32,
+            shape: shape_meta(&shape),
+            out: strided(&out.layout, b.plan.base(0)),
+            a: strided(&self.layout, b.plan.base(1)),
+            b: strided(&index.layout, b.plan.base(2)),
+            c: strided(&out.layout, b.plan.base(0)),
+            // The selected dimension, and its length (indices are clamped into it).
+            scalar: d as u32,
+            seed: 0,
+            limit: self.shape()[d] as u32,
+        };
         device.launch(&kernel, &meta, &b, Grid::Threads { threads: out.numel() as u64, workgroup: ELEMENTWISE_WORKGROUP })?;
         Ok(out)
     }

@@ -1,7 +1,7 @@
 //! matmul as ATen's `_matmul_impl` does it, down to mm / bmm on the matmul kernels.
 
 use super::{bind, check_u32};
-use crate::kernels::{Family, Grid, Kernel};
+use crate::kernels::{Family, Grid, Kernel, MatmulMeta, MatrixLayout};
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -135,6 +135,8 @@ impl Tensor {
     /// operands cuBLAS could not take as they are.
     #[track_caller]
     fn mm(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
+        // matmul hands over matrices, or equal batches of them (3-D).
+        debug_assert!(matches!(self.ndim(), 2 | 3) && self.ndim() == other.ndim());
         let a = self.blas_compatible()?;
         let b = other.blas_compatible()?;
         let batch: Vec<usize> = a.shape()[..a.ndim() - 2].to_vec();
@@ -170,6 +172,7 @@ impl Tensor {
             };
             let vec4 = kind == MatmulKernel::Blocked && quad(&la, bound.plan.base(1), k, 1) && quad(&lb, bound.plan.base(2), n, 2);
             let kernel = Kernel::new(Family::Matmul, kind.entry())
+                .with_meta::<MatmulMeta>()
                 .with("STAGE", if vec4 { "stage_vec4" } else { "stage_scalar" })
                 .with_operands_vec4(
                     device.native_f16(),
@@ -179,19 +182,22 @@ impl Tensor {
                 )?
                 .with("ACC", "f32")
                 .with("TILE", tile.to_string());
-            let mut meta = vec![m as u32, n as u32, k as u32, batches as u32, batch.len() as u32];
-            for d in 0..4 {
-                meta.push(batch.get(d).copied().unwrap_or(1) as u32);
-            }
-            for (l, base) in [(&la, bound.plan.base(1)), (&lb, bound.plan.base(2)), (&out.layout, bound.plan.base(0))] {
-                let nb = batch.len();
-                meta.push(base + l.offset as u32);
-                for d in 0..4 {
-                    meta.push(if d < nb { l.strides[d] as u32 } else { 0 });
-                }
-                meta.push(l.strides[nb] as u32);
-                meta.push(l.strides[nb + 1] as u32);
-            }
+            // mm has no batch dimension, bmm one (its stride may be 0: a broadcast operand).
+            let matrix = |l: &Layout, base: u32| MatrixLayout {
+                offset: base + l.offset as u32,
+                batch_stride: if nb == 1 { l.strides[0] as u32 } else { 0 },
+                row_stride: l.strides[nb] as u32,
+                col_stride: l.strides[nb + 1] as u32,
+            };
+            let meta = MatmulMeta {
+                m: m as u32,
+                n: n as u32,
+                k: k as u32,
+                batches: batches as u32,
+                a: matrix(&la, bound.plan.base(1)),
+                b: matrix(&lb, bound.plan.base(2)),
+                c: matrix(&out.layout, bound.plan.base(0)),
+            };
             let groups = match kind {
                 MatmulKernel::Naive => [(n as u32).div_ceil(8), (m as u32).div_ceil(8), batches as u32],
                 MatmulKernel::Tiled => [(n as u32).div_ceil(tile), (m as u32).div_ceil(tile), batches as u32],

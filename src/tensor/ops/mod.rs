@@ -15,7 +15,8 @@ pub use matmul::MatmulKernel;
 use super::layout::{Layout, MAX_DIMS};
 use super::{DType, Result, Tensor, TensorError};
 use crate::device::Bindings;
-use crate::kernels::value_type;
+use crate::kernels::meta::META_DIMS;
+use crate::kernels::{Strided, value_type};
 
 /// The value type of `dtype` in kernels (f32 stands in for f16 when checking before a device
 /// is involved); errors name the dtypes that run on the GPU.
@@ -33,19 +34,26 @@ fn bind(tensors: &[&Tensor]) -> Result<Bindings> {
     Ok(Bindings::new(&args, &tensors.iter().map(|t| t.dtype.size() as u64).collect::<Vec<_>>())?)
 }
 
-/// `[offset, strides..]` padded to MAX_DIMS; `base` is where the operand starts in its binding.
-fn push_layout(meta: &mut Vec<u32>, l: &Layout, base: u32) {
-    meta.push(base + l.offset as u32);
-    for d in 0..MAX_DIMS {
-        meta.push(l.strides.get(d).copied().unwrap_or(0) as u32);
+/// A layout as kernel metadata; `base` is where the operand starts in its binding.
+fn strided(l: &Layout, base: u32) -> Strided {
+    let mut strides = [0; META_DIMS];
+    for (s, &l) in strides.iter_mut().zip(&l.strides) {
+        *s = l as u32;
     }
+    Strided { offset: base + l.offset as u32, strides }
 }
 
-fn push_shape(meta: &mut Vec<u32>, shape: &[usize]) {
-    for d in 0..MAX_DIMS {
-        meta.push(shape.get(d).copied().unwrap_or(1) as u32);
+/// A shape as kernel metadata (unused dimensions 1).
+fn shape_meta(shape: &[usize]) -> [u32; META_DIMS] {
+    let mut out = [1; META_DIMS];
+    for (o, &n) in out.iter_mut().zip(shape) {
+        *o = n as u32;
     }
+    out
 }
+
+// The metadata has room for every dimension a tensor may have.
+const _: () = assert!(MAX_DIMS == META_DIMS);
 
 fn check_u32(t: &Tensor) -> Result<()> {
     if t.layout.storage_span() > u32::MAX as usize {

@@ -1,7 +1,7 @@
 //! Reductions over any set of dimensions: sum, mean, max, min.
 
-use super::{bind, check_u32, push_layout, push_shape, values};
-use crate::kernels::{Family, Grid, Kernel, WORKGROUP};
+use super::{bind, check_u32, shape_meta, strided, values};
+use crate::kernels::{Family, Grid, Kernel, ReduceMeta, WORKGROUP};
 use crate::tensor::layout::{Layout, MAX_DIMS, wrap_dim};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -53,23 +53,28 @@ impl Tensor {
             // Long reductions get a workgroup each (see shaders/reduce.wgsl).
             let wide = n >= WIDE_REDUCTION;
             let kernel = Kernel::new(Family::Reduce, if wide { "reduce_wide" } else { "reduce" })
+                .with_meta::<ReduceMeta>()
                 .with_operands(device.native_f16(), &b.plan, &[("out", self.dtype), ("a", self.dtype)])?
                 .with("ACC", acc)
                 .with("INIT", init)
                 .with("STEP", step)
                 .with("FINISH", finish);
-            let mut meta = vec![out.numel() as u32, self.ndim() as u32];
-            push_shape(&mut meta, &out_shape);
-            push_layout(&mut meta, &out.layout, b.plan.base(0));
-            push_layout(&mut meta, &self.layout, b.plan.base(1));
             // The reduced dimensions' sizes and input strides, innermost last.
-            meta.extend([dims.len() as u32, n as u32]);
-            for i in 0..MAX_DIMS {
-                meta.push(dims.get(i).map_or(1, |&d| self.shape()[d] as u32));
+            let (mut sizes, mut strides) = ([1; MAX_DIMS], [0; MAX_DIMS]);
+            for (i, &d) in dims.iter().enumerate() {
+                (sizes[i], strides[i]) = (self.shape()[d] as u32, self.strides()[d] as u32);
             }
-            for i in 0..MAX_DIMS {
-                meta.push(dims.get(i).map_or(0, |&d| self.strides()[d] as u32));
-            }
+            let meta = ReduceMeta {
+                numel: out.numel() as u32,
+                ndim: self.ndim() as u32,
+                shape: shape_meta(&out_shape),
+                out: strided(&out.layout, b.plan.base(0)),
+                a: strided(&self.layout, b.plan.base(1)),
+                reduced: dims.len() as u32,
+                count: n as u32,
+                sizes,
+                strides,
+            };
             if wide {
                 device.launch(&kernel, &meta, &b, Grid::Threads { threads: out.numel() as u64 * 256, workgroup: 256 })?;
             } else {

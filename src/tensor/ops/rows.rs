@@ -1,7 +1,7 @@
 //! Ops that walk one dimension per row: softmax, log_softmax, layer_norm, var, argmax.
 
-use super::{bind, check_u32, push_layout, push_shape};
-use crate::kernels::{Family, Grid, Kernel, WORKGROUP};
+use super::{bind, check_u32, shape_meta, strided};
+use crate::kernels::{Family, Grid, Kernel, RowsMeta, WORKGROUP};
 use crate::tensor::layout::wrap_dim;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -55,23 +55,31 @@ impl Tensor {
         let b = bind(&operands)?;
         let names = ["out", "a", "w", "b", "mean", "rstd"];
         let spec: Vec<(&str, DType)> = names.iter().zip(&operands).map(|(&n, t)| (n, t.dtype)).collect();
-        let kernel = Kernel::new(Family::Rows, kind.entry()).with_operands(device.native_f16(), &b.plan, &spec)?;
+        let kernel = Kernel::new(Family::Rows, kind.entry()).with_meta::<RowsMeta>().with_operands(device.native_f16(), &b.plan, &spec)?;
         let mut row_shape = self.shape().to_vec();
         row_shape[dim] = 1;
         let rows = self.numel() / n;
         let mut out_layout = out.layout.clone();
         out_layout.shape = row_shape.clone();
-        let mut meta = vec![rows as u32, self.ndim() as u32];
-        push_shape(&mut meta, &row_shape);
-        push_layout(&mut meta, &out_layout, b.plan.base(0));
-        push_layout(&mut meta, &self.layout, b.plan.base(1));
-        meta.extend([dim as u32, n as u32, param.to_bits()]);
-        for (i, t) in operands.iter().enumerate().skip(2).take(2) {
-            meta.push(b.plan.base(i) + t.layout.offset as u32);
-            meta.push(t.layout.strides.last().copied().unwrap_or(0) as u32);
-        }
-        meta.push(b.plan.base(4) + operands[4].layout.offset as u32);
-        meta.push(b.plan.base(5) + operands[5].layout.offset as u32);
+        // Weight and bias are read along their last dimension; mean and rstd are contiguous.
+        let vector = |i: usize| (b.plan.base(i) + operands[i].layout.offset as u32, operands[i].layout.strides.last().copied().unwrap_or(0) as u32);
+        let ((w_offset, w_stride), (b_offset, b_stride)) = (vector(2), vector(3));
+        let meta = RowsMeta {
+            rows: rows as u32,
+            ndim: self.ndim() as u32,
+            shape: shape_meta(&row_shape),
+            out: strided(&out_layout, b.plan.base(0)),
+            a: strided(&self.layout, b.plan.base(1)),
+            dim: dim as u32,
+            n: n as u32,
+            param,
+            w_offset,
+            w_stride,
+            b_offset,
+            b_stride,
+            mean_offset: vector(4).0,
+            rstd_offset: vector(5).0,
+        };
         Ok(device.launch(&kernel, &meta, &b, Grid::Threads { threads: rows as u64, workgroup: WORKGROUP })?)
     }
 
