@@ -44,6 +44,23 @@ impl DType {
         }
     }
 
+    /// The legacy tensor type name PyTorch's messages use for a CUDA tensor of this dtype
+    /// (`torch.cuda.FloatTensor`).
+    pub fn torch_type_name(self) -> &'static str {
+        match self {
+            DType::F32 => "torch.cuda.FloatTensor",
+            DType::F16 => "torch.cuda.HalfTensor",
+            DType::BF16 => "torch.cuda.BFloat16Tensor",
+            DType::F64 => "torch.cuda.DoubleTensor",
+            DType::I64 => "torch.cuda.LongTensor",
+            DType::I32 => "torch.cuda.IntTensor",
+            DType::U32 => "torch.cuda.UInt32Tensor",
+            DType::I8 => "torch.cuda.CharTensor",
+            DType::U8 => "torch.cuda.ByteTensor",
+            DType::Bool => "torch.cuda.BoolTensor",
+        }
+    }
+
     /// Whether GPU kernels exist for it.
     pub fn runs_on_gpu(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::I32 | DType::U32)

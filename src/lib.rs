@@ -7,6 +7,7 @@
 //! page's wasm-bindgen surface.
 
 pub mod alloc;
+pub mod autograd;
 pub mod device;
 pub mod dtype;
 pub(crate) mod kernels;

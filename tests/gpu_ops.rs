@@ -49,7 +49,8 @@ native!(
     zero_size_and_size_one_dimensions,
     the_sim_device_records_the_same_trace_as_the_gpu,
     the_sim_device_answers_as_the_gpu,
-    matmul_allocates_what_aten_allocates
+    matmul_allocates_what_aten_allocates,
+    gradients_match_finite_differences
 );
 
 /// Both f16 paths on one machine: native shader-f16 and the packed words browsers without it use.

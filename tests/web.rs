@@ -98,5 +98,6 @@ in_browser!(
     zero_size_and_size_one_dimensions,
     the_sim_device_records_the_same_trace_as_the_gpu,
     the_sim_device_answers_as_the_gpu,
-    matmul_allocates_what_aten_allocates
+    matmul_allocates_what_aten_allocates,
+    gradients_match_finite_differences
 );

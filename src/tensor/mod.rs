@@ -2,6 +2,7 @@
 //! (shape, strides, offset) + dtype. Views share storage; ops allocate their outputs and
 //! temporaries through the device's allocator, where they appear in the trace.
 
+mod grad;
 mod layout;
 mod ops;
 
@@ -10,8 +11,10 @@ pub use layout::{Layout, MAX_DIMS, broadcast_shapes};
 pub use ops::MatmulKernel;
 
 use crate::alloc::Allocation;
+use crate::autograd::Node;
 use crate::device::Arg;
 use crate::device::{Device, DeviceError};
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +27,9 @@ pub enum TensorError {
     Device(#[from] DeviceError),
     #[error("{0}")]
     Unsupported(String),
+    /// PyTorch's autograd errors, in its words.
+    #[error("{0}")]
+    Autograd(String),
 }
 
 impl From<crate::kernels::KernelError> for TensorError {
@@ -47,6 +53,9 @@ pub(crate) struct Storage {
     block: Option<Allocation>,
     bytes: u64,
     id: u64,
+    /// Bumped by every in-place write, shared by the views of the storage (PyTorch's version
+    /// counter, which views share with their base): autograd checks what it saved against it.
+    version: Cell<u64>,
 }
 
 impl Drop for Storage {
@@ -69,6 +78,12 @@ pub struct TensorImpl {
     storage: Rc<Storage>,
     layout: Layout,
     dtype: DType,
+    /// Set by the user on leaves (`requires_grad_`), and on the outputs of recorded ops.
+    requires_grad: Cell<bool>,
+    /// A leaf's accumulated gradient.
+    grad: RefCell<Option<Tensor>>,
+    /// The recorded op that made this tensor (None for leaves).
+    grad_fn: RefCell<Option<Rc<Node>>>,
 }
 
 impl std::ops::Deref for Tensor {
@@ -87,7 +102,7 @@ impl std::fmt::Debug for Tensor {
 impl Tensor {
     fn from_parts(storage: Rc<Storage>, layout: Layout, dtype: DType) -> Tensor {
         let id = storage.device.next_tensor_id();
-        Tensor(Rc::new(TensorImpl { id, storage, layout, dtype }))
+        Tensor(Rc::new(TensorImpl { id, storage, layout, dtype, requires_grad: Cell::new(false), grad: RefCell::new(None), grad_fn: RefCell::new(None) }))
     }
 }
 
@@ -108,7 +123,7 @@ impl Device {
             return Err(TensorError::Shape(format!("shape {shape:?} has more elements than this platform indexes ({})", usize::MAX)));
         }
         let block = if bytes == 0 { None } else { Some(self.allocate(bytes, op)?) };
-        let storage = Storage { device: self.clone(), block, bytes, id: self.next_storage_id() };
+        let storage = Storage { device: self.clone(), block, bytes, id: self.next_storage_id(), version: Cell::new(0) };
         Ok(Tensor::from_parts(Rc::new(storage), Layout::contiguous(shape), dtype))
     }
 
@@ -243,9 +258,17 @@ impl Tensor {
     }
 
     // ------------------------------------------------------------------ views (no memory)
+    // Each records a node that saves nothing but sizes: its backward is a view or a reshape
+    // of the gradient (expand's sums it back).
+
+    /// Records a view op for autograd: `backward` maps the output's gradient to the input's.
+    fn record_view(&self, name: &'static str, out: Tensor, backward: impl Fn(&Tensor) -> Result<Tensor> + 'static) -> Tensor {
+        crate::autograd::record(name, &[self], out, &[], Box::new(move |_, g| Ok(vec![Some(backward(g)?)])))
+    }
 
     pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
-        Ok(self.view_with(self.layout.transpose(d0, d1)?))
+        let out = self.view_with(self.layout.transpose(d0, d1)?);
+        Ok(self.record_view("TransposeBackward0", out, move |g| g.transpose(d0, d1)))
     }
 
     /// Transpose of a 2-D tensor (`x.t()`).
@@ -256,37 +279,58 @@ impl Tensor {
         if self.ndim() < 2 {
             return Ok(self.share());
         }
-        self.transpose(0, 1)
+        let out = self.view_with(self.layout.transpose(0, 1)?);
+        Ok(self.record_view("TBackward0", out, |g| g.t()))
     }
 
     pub fn permute(&self, dims: &[isize]) -> Result<Tensor> {
-        Ok(self.view_with(self.layout.permute(dims)?))
+        let out = self.view_with(self.layout.permute(dims)?);
+        let mut inverse = vec![0isize; dims.len()];
+        for (i, &d) in dims.iter().enumerate() {
+            inverse[layout::wrap_dim(d, self.ndim())?] = i as isize;
+        }
+        Ok(self.record_view("PermuteBackward0", out, move |g| g.permute(&inverse)))
     }
 
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
+        grad::not_differentiated_yet("narrow", &[self])?;
         Ok(self.view_with(self.layout.narrow(dim, start, len)?))
     }
 
     pub fn select(&self, dim: isize, index: usize) -> Result<Tensor> {
+        grad::not_differentiated_yet("select", &[self])?;
         Ok(self.view_with(self.layout.select(dim, index)?))
     }
 
     pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
-        Ok(self.view_with(self.layout.unsqueeze(dim)?))
+        let out = self.view_with(self.layout.unsqueeze(dim)?);
+        let d = layout::wrap_dim(dim, self.ndim() + 1)? as isize;
+        Ok(self.record_view("UnsqueezeBackward0", out, move |g| g.squeeze(Some(d))))
     }
 
     pub fn squeeze(&self, dim: Option<isize>) -> Result<Tensor> {
-        Ok(self.view_with(self.layout.squeeze(dim)?))
+        let out = self.view_with(self.layout.squeeze(dim)?);
+        let shape = self.signed_shape();
+        Ok(self.record_view(if dim.is_some() { "SqueezeBackward1" } else { "SqueezeBackward0" }, out, move |g| g.reshape(&shape)))
     }
 
     pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
-        Ok(self.view_with(self.layout.expand(shape)?))
+        let out = self.view_with(self.layout.expand(shape)?);
+        let input = self.shape().to_vec();
+        Ok(self.record_view("ExpandBackward0", out, move |g| g.sum_to(&input)))
     }
 
     /// `view`: another shape over the same memory, or an error when that needs a copy.
     pub fn view(&self, shape: &[isize]) -> Result<Tensor> {
-        let shape = layout::infer_shape(shape, self.numel())?;
-        Ok(self.view_with(self.layout.view(&shape)?))
+        let dims = layout::infer_shape(shape, self.numel())?;
+        let out = self.view_with(self.layout.view(&dims)?);
+        let input = self.signed_shape();
+        Ok(self.record_view("ViewBackward0", out, move |g| g.reshape(&input)))
+    }
+
+    /// The shape as `view` and `reshape` take it.
+    fn signed_shape(&self) -> Vec<isize> {
+        self.shape().iter().map(|&n| n as isize).collect()
     }
 
     /// `reshape`: a view when possible, otherwise a contiguous copy (which allocates).
@@ -294,7 +338,7 @@ impl Tensor {
     pub fn reshape(&self, shape: &[isize]) -> Result<Tensor> {
         let dims = layout::infer_shape(shape, self.numel())?;
         match self.layout.view(&dims) {
-            Ok(l) => Ok(self.view_with(l)),
+            Ok(_) => self.view(shape),
             Err(_) => self.contiguous()?.view(shape),
         }
     }
@@ -314,7 +358,7 @@ impl Tensor {
     pub fn clone(&self) -> Result<Tensor> {
         let out = self.device().empty_tensor(self.shape(), self.dtype, "clone")?;
         out.unary_into(self, ops::Unary::Identity, 0.0)?;
-        Ok(out)
+        Ok(self.record_view("CloneBackward0", out, |g| Ok(g.share())))
     }
 
     /// Copies to the host (`tensor.tolist()` / `.cpu().numpy()`). A non-contiguous tensor is

@@ -776,3 +776,66 @@ pub async fn long_programs_span_several_batches(dev: &Device) {
     let twice = x.mul_scalar(2.0).unwrap();
     assert_eq!(read::<f32>(&twice).await, vec![1400.0; 1000]);
 }
+
+/// Every differentiable op's gradients against central finite differences, on random inputs
+/// (kept away from relu's kink) of small shapes, broadcasting and views included.
+pub async fn gradients_match_finite_differences(dev: &Device) {
+    type Program = fn(&Tensor, &Tensor) -> Tensor;
+    let cases: [(&str, &[usize], &[usize], Program); 12] = [
+        ("add, broadcast", &[3, 4], &[4], |a, b| a.add(b).unwrap()),
+        ("sub, broadcast over a size-1 dim", &[3, 4], &[3, 1], |a, b| a.sub(b).unwrap()),
+        ("mul, broadcast over a leading dim", &[2, 3, 4], &[3, 4], |a, b| a.mul(b).unwrap()),
+        ("div", &[3, 4], &[3, 4], |a, b| a.div(&b.exp().unwrap()).unwrap()),
+        ("exp, neg and scalar arithmetic", &[3, 4], &[1], |a, b| {
+            a.exp().unwrap().neg().unwrap().mul_scalar(0.5).unwrap().add_scalar(1.0).unwrap().sub_scalar(0.25).unwrap().div_scalar(2.0).unwrap().mul(b).unwrap()
+        }),
+        ("relu", &[3, 4], &[4], |a, b| a.relu().unwrap().mul(b).unwrap()),
+        ("matmul", &[3, 4], &[4, 5], |a, b| a.matmul(b).unwrap()),
+        ("matmul, broadcast batches (copied operands)", &[2, 1, 3, 4], &[3, 4, 2], |a, b| a.matmul(b).unwrap()),
+        ("matmul, a stack of matrices times a matrix (folded)", &[2, 3, 4], &[4, 2], |a, b| a.matmul(b).unwrap()),
+        ("matmul, vector times a batch", &[4], &[3, 4, 2], |a, b| a.matmul(b).unwrap()),
+        ("views", &[3, 4], &[4, 3], |a, b| {
+            let v = a.t().unwrap().mul(b).unwrap().reshape(&[2, 6]).unwrap().unsqueeze(0).unwrap().expand(&[2, 2, 6]).unwrap();
+            v.permute(&[2, 0, 1]).unwrap().clone().unwrap().view(&[6, 4]).unwrap().transpose(0, 1).unwrap().squeeze(None).unwrap()
+        }),
+        ("sum and mean over dims", &[2, 3, 4], &[3], |a, b| {
+            a.mean(&[0], false).unwrap().sum(&[1], true).unwrap().squeeze(Some(1)).unwrap().mul(b).unwrap().sum(&[], false).unwrap()
+        }),
+    ];
+    let mut rng = Rng(17);
+    // Away from zero: relu has a kink there.
+    let mut values = |n: usize| rng.f32s(n).into_iter().map(|v| if v.abs() < 0.1 { v + 0.2 } else { v }).collect::<Vec<f32>>();
+    for (what, a_shape, b_shape, program) in cases {
+        let (a_data, b_data) = (values(a_shape.iter().product()), values(b_shape.iter().product()));
+        let a = dev.from_slice(&a_data, a_shape).unwrap();
+        let b = dev.from_slice(&b_data, b_shape).unwrap();
+        a.requires_grad_(true).unwrap();
+        b.requires_grad_(true).unwrap();
+        // A random weighting makes every output element count differently.
+        let out_shape = {
+            let _no_grad = tensormem::autograd::no_grad();
+            program(&a, &b).shape().to_vec()
+        };
+        let weights = values(out_shape.iter().product());
+        let w = dev.from_slice(&weights, &out_shape).unwrap();
+        let loss = |a: &Tensor, b: &Tensor| program(a, b).mul(&w).unwrap().sum(&[], false).unwrap();
+        loss(&a, &b).backward().unwrap();
+        let (ga, gb) = (read::<f32>(&a.grad().unwrap()).await, read::<f32>(&b.grad().unwrap()).await);
+        let _no_grad = tensormem::autograd::no_grad();
+        let eps = 1e-2f32;
+        for (which, data, shape, analytic) in [("a", &a_data, a_shape, &ga), ("b", &b_data, b_shape, &gb)] {
+            for i in 0..data.len() {
+                let at = |delta: f32| {
+                    let mut moved = data.clone();
+                    moved[i] += delta;
+                    let t = dev.from_slice(&moved, shape).unwrap();
+                    if which == "a" { loss(&t, &b) } else { loss(&a, &t) }
+                };
+                let (up, down) = (read::<f32>(&at(eps)).await[0], read::<f32>(&at(-eps)).await[0]);
+                let numeric = (up - down) / (2.0 * eps);
+                let tol = 2e-2 * (1.0 + numeric.abs());
+                assert!((analytic[i] - numeric).abs() <= tol, "{what}: d loss / d {which}[{i}]: autograd {} vs finite differences {numeric}", analytic[i]);
+            }
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! Elementwise ops: unary, binary (broadcasting), ternary, fill; their in-place forms.
 
 use super::{bind, check_u32, shape_meta, strided, values};
+use crate::autograd::{self, Save};
 use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
+use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -50,6 +52,20 @@ pub(crate) enum Binary {
 }
 
 impl Unary {
+    /// The autograd node's name, for the ops autograd differentiates.
+    fn grad_fn(self) -> Option<&'static str> {
+        Some(match self {
+            Unary::AddScalar => "AddBackward1",
+            Unary::SubScalar => "SubBackward1",
+            Unary::MulScalar => "MulBackward1",
+            Unary::DivScalar => "DivBackward1",
+            Unary::Neg => "NegBackward0",
+            Unary::Exp => "ExpBackward0",
+            Unary::Relu => "ReluBackward0",
+            _ => return None,
+        })
+    }
+
     fn name(self) -> &'static str {
         match self {
             Unary::Identity => "copy",
@@ -112,6 +128,17 @@ impl Unary {
 }
 
 impl Binary {
+    /// The autograd node's name, for the ops autograd differentiates.
+    fn grad_fn(self) -> Option<&'static str> {
+        Some(match self {
+            Binary::Add => "AddBackward0",
+            Binary::Sub => "SubBackward0",
+            Binary::Mul => "MulBackward0",
+            Binary::Div => "DivBackward0",
+            _ => return None,
+        })
+    }
+
     fn name(self) -> &'static str {
         match self {
             Binary::Add => "add",
@@ -282,8 +309,45 @@ impl Tensor {
     fn unary(&self, op: Unary, scalar: f64) -> Result<Tensor> {
         let t = values(self.dtype, self.device())?;
         op.expr(self.dtype, t, t, self.dtype)?;
+        if op.grad_fn().is_none() {
+            not_differentiated_yet(op.name(), &[self])?;
+        }
         let out = self.device().empty_tensor(self.shape(), self.dtype, op.name())?;
         out.unary_into(self, op, scalar)?;
+        Ok(self.record_unary(op, scalar, out))
+    }
+
+    /// Records a unary op for autograd, saving what `derivatives.yaml` saves: nothing for the
+    /// scalar arithmetic and neg, the result for exp and relu.
+    fn record_unary(&self, op: Unary, scalar: f64, out: Tensor) -> Tensor {
+        let Some(name) = op.grad_fn() else { return out };
+        let saves_result = matches!(op, Unary::Exp | Unary::Relu);
+        let save: &[Save] = if saves_result { &[Save::Output] } else { &[] };
+        autograd::record(
+            name,
+            &[self],
+            out,
+            save,
+            Box::new(move |saved, g| {
+                Ok(vec![Some(match op {
+                    Unary::AddScalar | Unary::SubScalar => g.share(),
+                    Unary::MulScalar => g.mul_scalar(scalar)?,
+                    Unary::DivScalar => g.div_scalar(scalar)?,
+                    Unary::Neg => g.neg()?,
+                    Unary::Exp => g.mul(&saved[0])?,
+                    // threshold_backward(grad, result, 0): one output.
+                    _ => g.relu_backward(&saved[0])?,
+                })])
+            }),
+        )
+    }
+
+    /// `threshold_backward(self, result, 0)`: the gradient where the result is positive.
+    #[track_caller]
+    fn relu_backward(&self, result: &Tensor) -> Result<Tensor> {
+        let out = self.device().empty_tensor(self.shape(), self.dtype, "threshold_backward")?;
+        let t = values(self.dtype, self.device())?;
+        out.elementwise(Entry::Binary(format!("select({t}(0), x, y > {t}(0))")), &[self, result], 0.0)?;
         Ok(out)
     }
 
@@ -294,9 +358,55 @@ impl Tensor {
             return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), self.dtype, other.dtype)));
         }
         op.expr(self.dtype, values(self.dtype, self.device())?)?;
+        if op.grad_fn().is_none() && op.out_dtype(self.dtype) == self.dtype {
+            not_differentiated_yet(op.name(), &[self, other])?;
+        }
         let out = self.device().empty_tensor(&shape, op.out_dtype(self.dtype), op.name())?;
         out.binary_into(self, other, op)?;
-        Ok(out)
+        Ok(self.record_binary(other, op, out))
+    }
+
+    /// Records add, sub, mul or div for autograd. Each input's gradient is summed back to its
+    /// own shape where it was broadcast. mul saves the other operand of each input that needs a
+    /// gradient; div saves the divisor, and the dividend too when the divisor needs a gradient.
+    fn record_binary(&self, other: &Tensor, op: Binary, out: Tensor) -> Tensor {
+        let Some(name) = op.grad_fn() else { return out };
+        let (a_shape, b_shape) = (self.shape().to_vec(), other.shape().to_vec());
+        let need = [self.requires_grad(), other.requires_grad()];
+        // Saved slots: mul keeps [b if a needs it, a if b needs it]; div [b, a if b needs it].
+        let saves: Vec<(bool, &Tensor)> = match op {
+            Binary::Mul => vec![(need[0], other), (need[1], self)],
+            Binary::Div => vec![(need[0] || need[1], other), (need[1], self)],
+            _ => Vec::new(),
+        };
+        let kept: Vec<bool> = saves.iter().map(|&(keep, _)| keep).collect();
+        let save: Vec<Save> = saves.iter().filter(|&&(keep, _)| keep).map(|&(_, t)| Save::Input(t)).collect();
+        autograd::record(
+            name,
+            &[self, other],
+            out,
+            &save,
+            Box::new(move |saved, g| {
+                // The saved tensors by slot.
+                let mut it = saved.iter();
+                let slot: Vec<Option<&Tensor>> = kept.iter().map(|&k| if k { it.next() } else { None }).collect();
+                let (ga, gb) = match op {
+                    Binary::Add => (need[0].then(|| g.share()), need[1].then(|| g.share())),
+                    Binary::Sub => (need[0].then(|| g.share()), if need[1] { Some(g.neg()?) } else { None }),
+                    Binary::Mul => {
+                        (if need[0] { Some(g.mul(slot[0].expect("saved"))?) } else { None }, if need[1] { Some(g.mul(slot[1].expect("saved"))?) } else { None })
+                    }
+                    _ => {
+                        let b = slot[0].expect("saved");
+                        let ga = if need[0] { Some(g.div(b)?) } else { None };
+                        // d(a / b)/db = -a / b^2 = -(g * a / b) / b.
+                        let gb = if need[1] { Some(g.mul(slot[1].expect("saved"))?.div(b)?.div(b)?.neg()?) } else { None };
+                        (ga, gb)
+                    }
+                };
+                Ok(vec![ga.map(|g| g.sum_to(&a_shape)).transpose()?, gb.map(|g| g.sum_to(&b_shape)).transpose()?])
+            }),
+        )
     }
 
     fn binary_inplace(&self, other: &Tensor, op: Binary) -> Result<&Tensor> {
@@ -308,19 +418,25 @@ impl Tensor {
                 self.shape()
             )));
         }
+        self.check_inplace(op.name())?;
         self.binary_into(self, other, op)?;
+        self.bump_version();
         Ok(self)
     }
 
     fn unary_inplace(&self, op: Unary, scalar: f64) -> Result<&Tensor> {
+        self.check_inplace(op.name())?;
         self.unary_into(self, op, scalar)?;
+        self.bump_version();
         Ok(self)
     }
 
     /// `fill_`: every element becomes `value`; allocates nothing.
     pub fn fill_(&self, value: f64) -> Result<&Tensor> {
         values(self.dtype, self.device()).or_else(|e| if self.device().is_sim() { Ok("") } else { Err(e) })?;
+        self.check_inplace("fill_")?;
         self.elementwise(Entry::Fill, &[], value)?;
+        self.bump_version();
         Ok(self)
     }
 
@@ -330,7 +446,10 @@ impl Tensor {
 
     /// `copy_`: writes `src` (broadcast to self's shape, converted to self's dtype) into self.
     pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
+        self.check_inplace("copy_")?;
+        not_differentiated_yet("copy_", &[src])?;
         self.unary_into(src, if src.dtype == self.dtype { Unary::Identity } else { Unary::Cast }, 0.0)?;
+        self.bump_version();
         Ok(self)
     }
 
@@ -340,6 +459,7 @@ impl Tensor {
         if dtype == self.dtype {
             return Ok(self.share());
         }
+        not_differentiated_yet("to", &[self])?;
         let out = self.device().empty_tensor(self.shape(), dtype, "to")?;
         out.unary_into(self, Unary::Cast, 0.0)?;
         Ok(out)
@@ -355,6 +475,7 @@ impl Tensor {
             return Err(TensorError::DType(format!("where of {} and {}", a.dtype, b.dtype)));
         }
         let shape = broadcast_shapes(&broadcast_shapes(self.shape(), a.shape())?, b.shape())?;
+        not_differentiated_yet("where", &[a, b])?;
         let out = self.device().empty_tensor(&shape, a.dtype, "where")?;
         out.elementwise(Entry::Ternary("select(z, y, x != 0u)".into()), &[self, a, b], 0.0)?;
         Ok(out)
@@ -368,7 +489,10 @@ impl Tensor {
         if !self.dtype.is_float() {
             return Err(TensorError::DType(format!("addcmul_ of {} tensors", self.dtype)));
         }
+        self.check_inplace("addcmul_")?;
+        not_differentiated_yet("addcmul_", &[t1, t2])?;
         self.elementwise(Entry::Ternary("x + s * y * z".into()), &[self, t1, t2], value)?;
+        self.bump_version();
         Ok(self)
     }
 }

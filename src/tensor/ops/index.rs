@@ -2,6 +2,7 @@
 
 use super::{bind, check_u32, shape_meta, strided, values};
 use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
+use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::wrap_dim;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -27,6 +28,7 @@ impl Tensor {
             }
             shape[d] += t.shape()[d];
         }
+        not_differentiated_yet("cat", tensors)?;
         let out = first.device().empty_tensor(&shape, first.dtype, "cat")?;
         let mut at = 0;
         for t in tensors {
@@ -54,6 +56,7 @@ impl Tensor {
         let d = wrap_dim(dim, self.ndim())?;
         let mut shape = self.shape().to_vec();
         shape[d] = index.numel();
+        not_differentiated_yet("index_select", &[self])?;
         let out = self.device().empty_tensor(&shape, self.dtype, "index_select")?;
         let device = self.device().clone();
         self.same_device(index)?;

@@ -1,6 +1,7 @@
 //! matmul as ATen's `_matmul_impl` does it, down to mm / bmm on the matmul kernels.
 
 use super::{bind, check_u32};
+use crate::autograd::{self, Save};
 use crate::kernels::{Family, Grid, Kernel, MatmulMeta, MatrixLayout};
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -137,6 +138,46 @@ impl Tensor {
     fn mm(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
         // matmul hands over matrices, or equal batches of them (3-D).
         debug_assert!(matches!(self.ndim(), 2 | 3) && self.ndim() == other.ndim());
+        let out = {
+            // The copies BLAS needs are the kernel's business, not the graph's.
+            let _no_grad = autograd::no_grad();
+            self.mm_forward(other, kind)?
+        };
+        Ok(self.record_mm(other, out))
+    }
+
+    /// Records mm (bmm for 3-D): each input's gradient needs the other operand, so each is saved
+    /// only when the other needs a gradient, as `derivatives.yaml` has it.
+    fn record_mm(&self, other: &Tensor, out: Tensor) -> Tensor {
+        let need = [self.requires_grad(), other.requires_grad()];
+        let mut save = Vec::new();
+        if need[0] {
+            save.push(Save::Input(other));
+        }
+        if need[1] {
+            save.push(Save::Input(self));
+        }
+        let name = if self.ndim() == 3 { "BmmBackward0" } else { "MmBackward0" };
+        autograd::record(
+            name,
+            &[self, other],
+            out,
+            &save,
+            Box::new(move |saved, g| {
+                let (b, a) = match (need[0], need[1]) {
+                    (true, true) => (Some(&saved[0]), Some(&saved[1])),
+                    (true, false) => (Some(&saved[0]), None),
+                    _ => (None, Some(&saved[0])),
+                };
+                let ga = b.map(|b| g.matmul(&b.mt()?)).transpose()?;
+                let gb = a.map(|a| a.mt()?.matmul(g)).transpose()?;
+                Ok(vec![ga, gb])
+            }),
+        )
+    }
+
+    #[track_caller]
+    fn mm_forward(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
         let a = self.blas_compatible()?;
         let b = other.blas_compatible()?;
         let batch: Vec<usize> = a.shape()[..a.ndim() - 2].to_vec();

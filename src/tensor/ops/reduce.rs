@@ -1,7 +1,9 @@
 //! Reductions over any set of dimensions: sum, mean, max, min.
 
 use super::{bind, check_u32, shape_meta, strided, values};
+use crate::autograd;
 use crate::kernels::{Family, Grid, Kernel, ReduceMeta, WORKGROUP};
+use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::{Layout, MAX_DIMS, wrap_dim};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -112,22 +114,67 @@ impl Tensor {
     /// `sum(dims, keepdim)`; empty `dims` reduces everything.
     #[track_caller]
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        self.reduce(dims, keepdim, Reduction::Sum)
+        let out = self.reduce(dims, keepdim, Reduction::Sum)?;
+        self.record_reduction(dims, keepdim, Reduction::Sum, out)
     }
 
     #[track_caller]
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        self.reduce(dims, keepdim, Reduction::Mean)
+        let out = self.reduce(dims, keepdim, Reduction::Mean)?;
+        self.record_reduction(dims, keepdim, Reduction::Mean, out)
     }
 
     /// `amax(dims, keepdim)`: maximum values.
     #[track_caller]
     pub fn max(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        not_differentiated_yet("max", &[self])?;
         self.reduce(dims, keepdim, Reduction::Max)
     }
 
     #[track_caller]
     pub fn min(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        not_differentiated_yet("min", &[self])?;
         self.reduce(dims, keepdim, Reduction::Min)
+    }
+
+    /// Records sum or mean: they save only sizes. The gradient expands back over the reduced
+    /// dimensions (a view: no memory for sum; mean then divides, which allocates).
+    fn record_reduction(&self, dims: &[isize], keepdim: bool, op: Reduction, out: Tensor) -> Result<Tensor> {
+        let name = match (op, dims.is_empty()) {
+            (Reduction::Sum, true) => "SumBackward0",
+            (Reduction::Sum, false) => "SumBackward1",
+            (_, true) => "MeanBackward0",
+            (_, false) => "MeanBackward1",
+        };
+        let input_shape = self.shape().to_vec();
+        let reduced: Vec<usize> =
+            if dims.is_empty() { (0..self.ndim()).collect() } else { dims.iter().map(|&d| wrap_dim(d, self.ndim())).collect::<Result<_>>()? };
+        let kept: Vec<isize> = (0..self.ndim()).map(|d| if reduced.contains(&d) { 1 } else { input_shape[d] as isize }).collect();
+        let count: usize = reduced.iter().map(|&d| input_shape[d]).product();
+        Ok(autograd::record(
+            name,
+            &[self],
+            out,
+            &[],
+            Box::new(move |_, g| {
+                let g = if keepdim { g.share() } else { g.reshape(&kept)? };
+                let g = g.expand(&input_shape)?;
+                Ok(vec![Some(if op == Reduction::Mean { g.div_scalar(count as f64)? } else { g })])
+            }),
+        ))
+    }
+
+    /// The gradient of a broadcast operand: `self` summed back to `shape` (PyTorch's
+    /// `sum_to`): over the leading dimensions `shape` lacks and those where it has 1. Self when
+    /// nothing was broadcast.
+    #[track_caller]
+    pub(crate) fn sum_to(&self, shape: &[usize]) -> Result<Tensor> {
+        if self.shape() == shape {
+            return Ok(self.share());
+        }
+        let leading = self.ndim() - shape.len();
+        let dims: Vec<isize> = (0..self.ndim()).filter(|&d| d < leading || (shape[d - leading] == 1 && self.shape()[d] != 1)).map(|d| d as isize).collect();
+        let summed = if dims.is_empty() { self.share() } else { self.reduce(&dims, true, Reduction::Sum)? };
+        summed.reshape(&shape.iter().map(|&n| n as isize).collect::<Vec<_>>())
     }
 }

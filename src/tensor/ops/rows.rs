@@ -2,6 +2,7 @@
 
 use super::{bind, check_u32, shape_meta, strided};
 use crate::kernels::{Family, Grid, Kernel, RowsMeta, WORKGROUP};
+use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::wrap_dim;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -93,6 +94,7 @@ impl Tensor {
     #[track_caller]
     fn along(&self, kind: Rows, dim: isize) -> Result<Tensor> {
         self.float_only(kind.entry())?;
+        not_differentiated_yet(kind.entry(), &[self])?;
         let d = wrap_dim(dim, self.ndim())?;
         let out = self.device().empty_tensor(self.shape(), self.dtype, kind.entry())?;
         self.rows(kind, &out, d, 0.0, &[])?;
@@ -117,6 +119,7 @@ impl Tensor {
     #[track_caller]
     pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
         self.float_only("layer_norm")?;
+        not_differentiated_yet("layer_norm", &[self, weight, bias])?;
         let n = *self.shape().last().ok_or_else(|| TensorError::Shape("layer_norm of a 0-d tensor".into()))?;
         for (name, t) in [("weight", weight), ("bias", bias)] {
             if t.shape() != [n] || t.dtype != self.dtype {
@@ -145,6 +148,7 @@ impl Tensor {
     #[track_caller]
     pub fn var(&self, dim: isize, correction: f64, keepdim: bool) -> Result<Tensor> {
         self.float_only("var")?;
+        not_differentiated_yet("var", &[self])?;
         let d = wrap_dim(dim, self.ndim())?;
         if self.shape()[d] == 0 {
             // The variance of nothing is NaN in PyTorch (with a warning), not an error.

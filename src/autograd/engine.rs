@@ -1,0 +1,151 @@
+//! Runs a graph backward as PyTorch's engine does on one device: a node runs once every
+//! gradient for it has arrived (summed in its input buffer), the most recently recorded ready
+//! node first, leaves (`AccumulateGrad`) as soon as they are ready; what a node saved is freed
+//! right after it runs unless the graph is retained.
+
+use super::{Edge, Node};
+use crate::tensor::{Result, Tensor};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::BinaryHeap;
+use std::rc::Rc;
+
+/// A node or a leaf, by identity.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Key {
+    Node(usize),
+    Leaf(u64),
+}
+
+fn key(edge: &Edge) -> Key {
+    match edge {
+        Edge::Node(n) => Key::Node(Rc::as_ptr(n) as usize),
+        Edge::Leaf(t) => Key::Leaf(t.id()),
+    }
+}
+
+/// PyTorch gives `AccumulateGrad` the highest sequence number, so leaves are updated as soon as
+/// their gradient is complete.
+fn priority(edge: &Edge) -> u64 {
+    match edge {
+        Edge::Node(n) => n.sequence,
+        Edge::Leaf(_) => u64::MAX,
+    }
+}
+
+struct Ready {
+    priority: u64,
+    edge: Edge,
+}
+
+impl PartialEq for Ready {
+    fn eq(&self, other: &Ready) -> bool {
+        self.priority == other.priority
+    }
+}
+impl Eq for Ready {}
+impl PartialOrd for Ready {
+    fn partial_cmp(&self, other: &Ready) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Ready {
+    fn cmp(&self, other: &Ready) -> std::cmp::Ordering {
+        self.priority.cmp(&other.priority)
+    }
+}
+
+pub(crate) fn run_backward(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()> {
+    // Backward's own ops record nothing (no create_graph).
+    let _no_grad = super::no_grad();
+    let root = match root.grad_fn() {
+        Some(node) => Edge::Node(node),
+        None => Edge::Leaf(root.share()),
+    };
+    // How many gradients each node and leaf waits for.
+    let mut dependencies: FxHashMap<Key, usize> = FxHashMap::default();
+    let mut seen: FxHashSet<Key> = FxHashSet::default();
+    let mut stack = vec![root.clone()];
+    while let Some(edge) = stack.pop() {
+        if let Edge::Node(node) = &edge
+            && seen.insert(key(&edge))
+        {
+            for next in node.edges.iter().flatten() {
+                *dependencies.entry(key(next)).or_default() += 1;
+                stack.push(next.clone());
+            }
+        }
+    }
+    let mut buffers: FxHashMap<Key, Tensor> = FxHashMap::default();
+    buffers.insert(key(&root), grad);
+    let mut ready = BinaryHeap::from([Ready { priority: priority(&root), edge: root }]);
+    while let Some(Ready { edge, .. }) = ready.pop() {
+        let grad = buffers.remove(&key(&edge));
+        match &edge {
+            Edge::Leaf(leaf) => {
+                if let Some(grad) = grad {
+                    accumulate(leaf, grad)?;
+                }
+            }
+            Edge::Node(node) => {
+                let grads = match grad {
+                    Some(grad) => run_node(node, grad, retain_graph)?,
+                    None => node.edges.iter().map(|_| None).collect(),
+                };
+                for (next, g) in node.edges.iter().zip(grads) {
+                    let Some(next) = next else { continue };
+                    let k = key(next);
+                    if let Some(g) = g {
+                        add_to_buffer(&mut buffers, k, g)?;
+                    }
+                    let waiting = dependencies.get_mut(&k).expect("every edge was counted");
+                    *waiting -= 1;
+                    if *waiting == 0 {
+                        ready.push(Ready { priority: priority(next), edge: next.clone() });
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_node(node: &Node, grad: Tensor, retain_graph: bool) -> Result<Vec<Option<Tensor>>> {
+    let saved = node.saved()?;
+    let grads = (node.backward)(&saved, &grad)?;
+    drop(saved);
+    if !retain_graph {
+        node.release();
+    }
+    Ok(grads)
+}
+
+/// Sums a gradient into a node's input buffer as PyTorch's `InputBuffer` does: in place when
+/// the gradient already there is held by nothing else, otherwise into a new tensor.
+fn add_to_buffer(buffers: &mut FxHashMap<Key, Tensor>, k: Key, g: Tensor) -> Result<()> {
+    match buffers.remove(&k) {
+        None => {
+            buffers.insert(k, g);
+        }
+        Some(old) if old.unique() && old.is_contiguous() && old.shape() == g.shape() => {
+            old.add_(&g)?;
+            buffers.insert(k, old);
+        }
+        Some(old) => {
+            buffers.insert(k, old.add(&g)?);
+        }
+    }
+    Ok(())
+}
+
+/// `AccumulateGrad`: the first gradient becomes the leaf's `.grad` (taken as it is when nothing
+/// else holds it and it is contiguous, else copied); later ones are added in place.
+fn accumulate(leaf: &Tensor, grad: Tensor) -> Result<()> {
+    match leaf.grad() {
+        None if grad.unique() && grad.is_contiguous() => leaf.set_grad(Some(grad)),
+        None => leaf.set_grad(Some(grad.clone()?)),
+        Some(existing) => {
+            existing.add_(&grad)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! Reverse-mode autograd with PyTorch's memory behaviour: each differentiable op that sees an
+//! input requiring grad records a node holding the tensors PyTorch's `derivatives.yaml` saves
+//! for it (real allocations, kept alive until backward frees them or the graph is dropped), and
+//! `backward` runs the nodes in PyTorch's order, summing gradients as its engine does and
+//! accumulating them into the leaves' `grad`.
+
+mod engine;
+
+pub(crate) use engine::run_backward;
+
+use crate::tensor::{Result, Tensor, TensorError};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+    static NEXT_SEQUENCE: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Whether ops record a graph (`torch.is_grad_enabled()`).
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(Cell::get)
+}
+
+/// Sets grad mode until the guard drops, which restores the mode before.
+#[must_use = "grad mode holds only while the guard lives"]
+pub struct GradMode {
+    before: bool,
+}
+
+impl Drop for GradMode {
+    fn drop(&mut self) {
+        GRAD_ENABLED.with(|g| g.set(self.before));
+    }
+}
+
+fn set_grad_mode(enabled: bool) -> GradMode {
+    GradMode { before: GRAD_ENABLED.with(|g| g.replace(enabled)) }
+}
+
+/// `torch.no_grad()`: ops record nothing, so nothing is saved for backward.
+pub fn no_grad() -> GradMode {
+    set_grad_mode(false)
+}
+
+/// `torch.inference_mode()`: as `no_grad` here (the memory is the same: nothing saved).
+pub fn inference_mode() -> GradMode {
+    set_grad_mode(false)
+}
+
+/// `torch.enable_grad()`.
+pub fn enable_grad() -> GradMode {
+    set_grad_mode(true)
+}
+
+/// Where a gradient goes: the node that made an input, or the leaf it accumulates into
+/// (PyTorch's `AccumulateGrad`, which holds the leaf).
+pub(crate) enum Edge {
+    Node(Rc<Node>),
+    Leaf(Tensor),
+}
+
+impl Clone for Edge {
+    fn clone(&self) -> Edge {
+        match self {
+            Edge::Node(n) => Edge::Node(n.clone()),
+            Edge::Leaf(t) => Edge::Leaf(t.share()),
+        }
+    }
+}
+
+/// A tensor saved for backward, with the version it had then: an in-place change before
+/// backward is PyTorch's error.
+pub(crate) struct Saved {
+    pub tensor: Tensor,
+    version: u64,
+    /// Whether the op saved its own output (named so in the error).
+    is_output: bool,
+}
+
+/// Computes the gradients of a node's inputs from the gradient of its output and what it saved.
+pub(crate) type BackwardFn = Box<dyn Fn(&[Tensor], &Tensor) -> Result<Vec<Option<Tensor>>>>;
+
+/// One recorded op (PyTorch's `Node`, named as its `grad_fn` is: `MulBackward0`).
+pub struct Node {
+    pub(crate) name: &'static str,
+    /// Larger for later nodes: among ready nodes the engine runs the latest first, as PyTorch's.
+    pub(crate) sequence: u64,
+    /// One per input of the op; None where that input needs no gradient.
+    pub(crate) edges: Vec<Option<Edge>>,
+    saved: RefCell<Option<Vec<Saved>>>,
+    pub(crate) backward: BackwardFn,
+}
+
+impl Node {
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The saved tensors, checked against in-place changes; an error once backward freed them.
+    pub(crate) fn saved(&self) -> Result<Vec<Tensor>> {
+        let saved = self.saved.borrow();
+        let Some(saved) = saved.as_ref() else {
+            return Err(TensorError::Autograd(
+                "Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed). Saved intermediate values of the graph are freed when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or if you need to access saved tensors after calling backward.".into(),
+            ));
+        };
+        for s in saved {
+            let now = s.tensor.version();
+            if now != s.version {
+                let which = if s.is_output { format!(", which is output 0 of {}", self.name) } else { String::new() };
+                return Err(TensorError::Autograd(format!(
+                    "one of the variables needed for gradient computation has been modified by an inplace operation: [{} {:?}]{which}, is at version {now}; expected version {} instead. Hint: enable anomaly detection to find the operation that failed to compute its gradient, with torch.autograd.set_detect_anomaly(True).",
+                    s.tensor.dtype().torch_type_name(),
+                    s.tensor.shape(),
+                    s.version
+                )));
+            }
+        }
+        Ok(saved.iter().map(|s| s.tensor.share()).collect())
+    }
+
+    /// Frees what the node saved (after backward without `retain_graph`).
+    pub(crate) fn release(&self) {
+        self.saved.borrow_mut().take();
+    }
+}
+
+/// What an op saves: its inputs as they are, its output without its `grad_fn` (as PyTorch's
+/// `SavedVariable` stores an output, so that the node and its output do not hold each other).
+pub(crate) enum Save<'a> {
+    Input(&'a Tensor),
+    Output,
+}
+
+/// Records `op` if grad mode is on and an input requires grad: `output` gets a node whose edges
+/// lead to the inputs' nodes (or leaves), holding what `save` names. Returns the output.
+pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, save: &[Save], backward: BackwardFn) -> Tensor {
+    if !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
+        return output;
+    }
+    let edges = inputs.iter().map(|t| edge_of(t)).collect();
+    let saved = save
+        .iter()
+        .map(|s| match s {
+            Save::Input(t) => Saved { tensor: t.share(), version: t.version(), is_output: false },
+            Save::Output => Saved { tensor: output.alias(), version: output.version(), is_output: true },
+        })
+        .collect();
+    let sequence = NEXT_SEQUENCE.with(|n| n.replace(n.get() + 1));
+    let node = Rc::new(Node { name, sequence, edges, saved: RefCell::new(Some(saved)), backward });
+    output.set_grad_fn(node);
+    output
+}
+
+/// Where the gradient of `t` goes: its node, its leaf, or nowhere.
+fn edge_of(t: &Tensor) -> Option<Edge> {
+    if !t.requires_grad() {
+        return None;
+    }
+    Some(match t.grad_fn() {
+        Some(node) => Edge::Node(node),
+        None => Edge::Leaf(t.share()),
+    })
+}

@@ -1,0 +1,114 @@
+//! Autograd's memory on the sim device: what each op saves for backward stays allocated until
+//! backward frees it (or the graph is dropped), nothing is saved under no_grad, gradients
+//! accumulate as PyTorch's engine accumulates them, and PyTorch's errors.
+
+use tensormem::autograd;
+use tensormem::{DType, Device, SimOptions, Tensor};
+
+const MIB: u64 = 1 << 20;
+
+fn device() -> Device {
+    Device::sim(SimOptions::preset("A100-40GB"))
+}
+
+/// A 1 MiB f32 leaf that requires grad.
+fn leaf(dev: &Device) -> Tensor {
+    let x = dev.randn(&[512, 512], DType::F32).unwrap();
+    x.requires_grad_(true).unwrap();
+    x
+}
+
+#[test]
+fn each_op_holds_what_pytorch_saves_until_backward() {
+    // (what it is, the program from a 1 MiB leaf x to a scalar, the MiB held between forward
+    // and backward beyond x itself and the 512-byte scalar)
+    type Program = fn(&Tensor) -> Tensor;
+    let cases: [(&str, Program, u64); 8] = [
+        ("exp saves its result", |x| x.exp().unwrap().sum(&[], false).unwrap(), 1),
+        ("relu saves its result", |x| x.relu().unwrap().sum(&[], false).unwrap(), 1),
+        ("mul by a Python number saves nothing", |x| x.mul_scalar(2.0).unwrap().sum(&[], false).unwrap(), 0),
+        ("mul saves the other operand (an intermediate here)", |x| x.mul_scalar(2.0).unwrap().mul(x).unwrap().sum(&[], false).unwrap(), 1),
+        ("add saves nothing", |x| x.mul_scalar(2.0).unwrap().add(x).unwrap().sum(&[], false).unwrap(), 0),
+        ("views, sum and mean save nothing", |x| x.t().unwrap().reshape(&[-1]).unwrap().mean(&[], false).unwrap(), 0),
+        ("matmul saves both operands (one an intermediate)", |x| x.matmul(&x.relu().unwrap()).unwrap().sum(&[], false).unwrap(), 1),
+        (
+            "div saves the divisor, and the dividend for its own gradient",
+            |x| x.exp().unwrap().div(&x.mul_scalar(3.0).unwrap()).unwrap().sum(&[], false).unwrap(),
+            2,
+        ),
+    ];
+    for (what, program, held) in cases {
+        let dev = device();
+        let x = leaf(&dev);
+        let base = dev.memory_allocated() + 512;
+        let loss = program(&x);
+        assert_eq!(dev.memory_allocated(), base + held * MIB, "{what}: held between forward and backward");
+        loss.backward().unwrap();
+        // Backward freed what was saved; x.grad (1 MiB) and the 512-byte seed gradient remain.
+        drop(loss);
+        assert_eq!(dev.memory_allocated(), base - 512 + MIB, "{what}: after backward, x and x.grad");
+        assert_eq!(x.grad().unwrap().shape(), x.shape(), "{what}");
+        // Under no_grad nothing is saved.
+        let _no_grad = autograd::no_grad();
+        x.set_grad(None);
+        let before = dev.memory_allocated();
+        let out = program(&x);
+        assert_eq!(dev.memory_allocated(), before + 512, "{what}: under no_grad only the result is held");
+        assert!(!out.requires_grad() && out.grad_fn().is_none());
+    }
+}
+
+#[test]
+fn a_dropped_graph_frees_what_it_saved() {
+    let dev = device();
+    let x = leaf(&dev);
+    let base = dev.memory_allocated();
+    let loss = x.exp().unwrap().sum(&[], false).unwrap();
+    assert_eq!(dev.memory_allocated(), base + MIB + 512);
+    assert_eq!(loss.grad_fn().unwrap().name(), "SumBackward0");
+    drop(loss);
+    assert_eq!(dev.memory_allocated(), base, "the graph went with the loss");
+}
+
+#[test]
+fn gradients_accumulate_and_a_freed_graph_cannot_run_again() {
+    let dev = device();
+    let x = leaf(&dev);
+    let loss = x.exp().unwrap().sum(&[], false).unwrap();
+    loss.backward_with(None, true).unwrap();
+    let after_first = dev.memory_allocated();
+    loss.backward().unwrap();
+    assert_eq!(dev.memory_allocated(), after_first - MIB, "the second gradient was added into x.grad in place; then the saved result was freed");
+    let err = loss.backward().unwrap_err().to_string();
+    assert!(err.starts_with("Trying to backward through the graph a second time"), "{err}");
+    // Setting .grad to None frees it, as zero_grad(set_to_none=True) does.
+    let held = dev.memory_allocated();
+    x.set_grad(None);
+    assert_eq!(dev.memory_allocated(), held - MIB);
+}
+
+#[test]
+fn pytorch_refuses_what_it_refuses() {
+    let dev = device();
+    let x = leaf(&dev);
+    let err = x.add_scalar(1.0).unwrap().sum(&[], false).unwrap();
+    drop(err);
+    assert_eq!(
+        x.add_(&dev.ones(&[512, 512], DType::F32).unwrap()).unwrap_err().to_string(),
+        "a leaf Variable that requires grad is being used in an in-place operation."
+    );
+    // An in-place change to a saved tensor (through a detached alias, which shares its version).
+    let y = x.exp().unwrap();
+    let loss = y.sum(&[], false).unwrap();
+    y.detach().exp_().unwrap();
+    assert_eq!(
+        loss.backward().unwrap_err().to_string(),
+        "one of the variables needed for gradient computation has been modified by an inplace operation: [torch.cuda.FloatTensor [512, 512]], which is output 0 of ExpBackward0, is at version 1; expected version 0 instead. Hint: enable anomaly detection to find the operation that failed to compute its gradient, with torch.autograd.set_detect_anomaly(True)."
+    );
+    assert!(x.sum(&[0], false).unwrap().backward().unwrap_err().to_string().contains("only for scalar outputs"));
+    assert!(dev.ones(&[2], DType::F32).unwrap().sum(&[], false).unwrap().backward().unwrap_err().to_string().contains("does not require grad"));
+    assert!(dev.ones(&[2], DType::I32).unwrap().requires_grad_(true).unwrap_err().to_string().contains("floating point"));
+    assert!(x.exp().unwrap().requires_grad_(false).unwrap_err().to_string().contains("leaf variables"));
+    // An op autograd cannot differentiate yet says so instead of dropping the gradient.
+    assert!(x.softmax(-1).unwrap_err().to_string().contains("does not differentiate this op yet"));
+}
