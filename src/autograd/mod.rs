@@ -78,8 +78,9 @@ pub(crate) struct Saved {
     is_output: bool,
 }
 
-/// Computes the gradients of a node's inputs from the gradient of its output and what it saved.
-pub(crate) type BackwardFn = Box<dyn Fn(&[Tensor], &Tensor) -> Result<Vec<Option<Tensor>>>>;
+/// Computes the gradients of a node's inputs from what it saved (by slot: None where the op
+/// saved nothing in that slot) and the gradient of its output.
+pub(crate) type BackwardFn = Box<dyn Fn(&[Option<Tensor>], &Tensor) -> Result<Vec<Option<Tensor>>>>;
 
 /// One recorded op (PyTorch's `Node`, named as its `grad_fn` is: `MulBackward0`).
 pub struct Node {
@@ -88,7 +89,7 @@ pub struct Node {
     pub(crate) sequence: u64,
     /// One per input of the op; None where that input needs no gradient.
     pub(crate) edges: Vec<Option<Edge>>,
-    saved: RefCell<Option<Vec<Saved>>>,
+    saved: RefCell<Option<Vec<Option<Saved>>>>,
     pub(crate) backward: BackwardFn,
 }
 
@@ -98,14 +99,14 @@ impl Node {
     }
 
     /// The saved tensors, checked against in-place changes; an error once backward freed them.
-    pub(crate) fn saved(&self) -> Result<Vec<Tensor>> {
+    pub(crate) fn saved(&self) -> Result<Vec<Option<Tensor>>> {
         let saved = self.saved.borrow();
         let Some(saved) = saved.as_ref() else {
             return Err(TensorError::Autograd(
                 "Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed). Saved intermediate values of the graph are freed when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or if you need to access saved tensors after calling backward.".into(),
             ));
         };
-        for s in saved {
+        for s in saved.iter().flatten() {
             let now = s.tensor.version();
             if now != s.version {
                 let which = if s.is_output { format!(", which is output 0 of {}", self.name) } else { String::new() };
@@ -117,7 +118,7 @@ impl Node {
                 )));
             }
         }
-        Ok(saved.iter().map(|s| s.tensor.share()).collect())
+        Ok(saved.iter().map(|s| s.as_ref().map(|s| s.tensor.share())).collect())
     }
 
     /// Frees what the node saved (after backward without `retain_graph`).
@@ -134,17 +135,20 @@ pub(crate) enum Save<'a> {
 }
 
 /// Records `op` if grad mode is on and an input requires grad: `output` gets a node whose edges
-/// lead to the inputs' nodes (or leaves), holding what `save` names. Returns the output.
-pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, save: &[Save], backward: BackwardFn) -> Tensor {
+/// lead to the inputs' nodes (or leaves), holding what `save` names (slots an op fills only when
+/// a gradient needs them are None otherwise). Returns the output.
+pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, save: &[Option<Save>], backward: BackwardFn) -> Tensor {
     if !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
         return output;
     }
     let edges = inputs.iter().map(|t| edge_of(t)).collect();
     let saved = save
         .iter()
-        .map(|s| match s {
-            Save::Input(t) => Saved { tensor: t.share(), version: t.version(), is_output: false },
-            Save::Output => Saved { tensor: output.alias(), version: output.version(), is_output: true },
+        .map(|s| {
+            s.as_ref().map(|s| match s {
+                Save::Input(t) => Saved { tensor: t.share(), version: t.version(), is_output: false },
+                Save::Output => Saved { tensor: output.alias(), version: output.version(), is_output: true },
+            })
         })
         .collect();
     let sequence = NEXT_SEQUENCE.with(|n| n.replace(n.get() + 1));

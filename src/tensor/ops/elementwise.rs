@@ -322,21 +322,22 @@ impl Tensor {
     fn record_unary(&self, op: Unary, scalar: f64, out: Tensor) -> Tensor {
         let Some(name) = op.grad_fn() else { return out };
         let saves_result = matches!(op, Unary::Exp | Unary::Relu);
-        let save: &[Save] = if saves_result { &[Save::Output] } else { &[] };
+        let save = [saves_result.then_some(Save::Output)];
         autograd::record(
             name,
             &[self],
             out,
-            save,
+            &save,
             Box::new(move |saved, g| {
+                let result = || saved[0].as_ref().expect("saved");
                 Ok(vec![Some(match op {
                     Unary::AddScalar | Unary::SubScalar => g.share(),
                     Unary::MulScalar => g.mul_scalar(scalar)?,
                     Unary::DivScalar => g.div_scalar(scalar)?,
                     Unary::Neg => g.neg()?,
-                    Unary::Exp => g.mul(&saved[0])?,
+                    Unary::Exp => g.mul(result())?,
                     // threshold_backward(grad, result, 0): one output.
-                    _ => g.relu_backward(&saved[0])?,
+                    _ => g.relu_backward(result())?,
                 })])
             }),
         )
@@ -373,34 +374,28 @@ impl Tensor {
         let Some(name) = op.grad_fn() else { return out };
         let (a_shape, b_shape) = (self.shape().to_vec(), other.shape().to_vec());
         let need = [self.requires_grad(), other.requires_grad()];
-        // Saved slots: mul keeps [b if a needs it, a if b needs it]; div [b, a if b needs it].
-        let saves: Vec<(bool, &Tensor)> = match op {
-            Binary::Mul => vec![(need[0], other), (need[1], self)],
-            Binary::Div => vec![(need[0] || need[1], other), (need[1], self)],
-            _ => Vec::new(),
+        // mul keeps [b if a needs a gradient, a if b does]; div [b, a if b needs a gradient].
+        let save = match op {
+            Binary::Mul => [need[0].then_some(Save::Input(other)), need[1].then_some(Save::Input(self))],
+            Binary::Div => [Some(Save::Input(other)), need[1].then_some(Save::Input(self))],
+            _ => [None, None],
         };
-        let kept: Vec<bool> = saves.iter().map(|&(keep, _)| keep).collect();
-        let save: Vec<Save> = saves.iter().filter(|&&(keep, _)| keep).map(|&(_, t)| Save::Input(t)).collect();
         autograd::record(
             name,
             &[self, other],
             out,
             &save,
             Box::new(move |saved, g| {
-                // The saved tensors by slot.
-                let mut it = saved.iter();
-                let slot: Vec<Option<&Tensor>> = kept.iter().map(|&k| if k { it.next() } else { None }).collect();
+                let slot = |i: usize| saved[i].as_ref().expect("saved for this gradient");
                 let (ga, gb) = match op {
                     Binary::Add => (need[0].then(|| g.share()), need[1].then(|| g.share())),
                     Binary::Sub => (need[0].then(|| g.share()), if need[1] { Some(g.neg()?) } else { None }),
-                    Binary::Mul => {
-                        (if need[0] { Some(g.mul(slot[0].expect("saved"))?) } else { None }, if need[1] { Some(g.mul(slot[1].expect("saved"))?) } else { None })
-                    }
+                    Binary::Mul => (if need[0] { Some(g.mul(slot(0))?) } else { None }, if need[1] { Some(g.mul(slot(1))?) } else { None }),
                     _ => {
-                        let b = slot[0].expect("saved");
+                        let b = slot(0);
                         let ga = if need[0] { Some(g.div(b)?) } else { None };
                         // d(a / b)/db = -a / b^2 = -(g * a / b) / b.
-                        let gb = if need[1] { Some(g.mul(slot[1].expect("saved"))?.div(b)?.div(b)?.neg()?) } else { None };
+                        let gb = if need[1] { Some(g.mul(slot(1))?.div(b)?.div(b)?.neg()?) } else { None };
                         (ga, gb)
                     }
                 };

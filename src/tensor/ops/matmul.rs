@@ -150,13 +150,7 @@ impl Tensor {
     /// only when the other needs a gradient, as `derivatives.yaml` has it.
     fn record_mm(&self, other: &Tensor, out: Tensor) -> Tensor {
         let need = [self.requires_grad(), other.requires_grad()];
-        let mut save = Vec::new();
-        if need[0] {
-            save.push(Save::Input(other));
-        }
-        if need[1] {
-            save.push(Save::Input(self));
-        }
+        let save = [need[0].then_some(Save::Input(other)), need[1].then_some(Save::Input(self))];
         let name = if self.ndim() == 3 { "BmmBackward0" } else { "MmBackward0" };
         autograd::record(
             name,
@@ -164,11 +158,7 @@ impl Tensor {
             out,
             &save,
             Box::new(move |saved, g| {
-                let (b, a) = match (need[0], need[1]) {
-                    (true, true) => (Some(&saved[0]), Some(&saved[1])),
-                    (true, false) => (Some(&saved[0]), None),
-                    _ => (None, Some(&saved[0])),
-                };
+                let (b, a) = (saved[0].as_ref(), saved[1].as_ref());
                 let ga = b.map(|b| g.matmul(&b.mt()?)).transpose()?;
                 let gb = a.map(|a| a.mt()?.matmul(g)).transpose()?;
                 Ok(vec![ga, gb])
