@@ -112,3 +112,29 @@ fn pytorch_refuses_what_it_refuses() {
     // An op autograd cannot differentiate yet says so instead of dropping the gradient.
     assert!(x.softmax(-1).unwrap_err().to_string().contains("does not differentiate this op yet"));
 }
+
+#[test]
+fn backward_allocations_carry_the_forward_ops_call_site_and_scope() {
+    use tensormem::trace::Action;
+    let dev = device();
+    let x = leaf(&dev);
+    let (loss, line) = {
+        let _block = dev.scope("block");
+        (x.exp().unwrap().mul_scalar(3.0).unwrap().sum(&[], false).unwrap(), line!())
+    };
+    let before = dev.snapshot().device_traces[0].len();
+    loss.backward().unwrap();
+    let trace = dev.snapshot().device_traces[0].clone();
+    let stacks: Vec<Vec<(String, u64, String)>> = trace[before..]
+        .iter()
+        .filter(|e| e.action == Action::Alloc)
+        .map(|e| e.frames.as_ref().unwrap().iter().map(|f| (f.filename.clone(), f.line, f.name.clone())).collect())
+        .collect();
+    // exp's gradient (grad * result) and mul's (grad * 3): allocated as their backward, at the
+    // line that called them, in the scope they ran in.
+    for node in ["mul (ExpBackward0)", "mul (MulBackward1)"] {
+        let stack = stacks.iter().find(|s| s[0].2 == node).unwrap_or_else(|| panic!("no allocation for {node}: {stacks:?}"));
+        assert!(stack[0].0.ends_with("autograd.rs") && stack[0].1 == line as u64, "{node}: {stack:?}");
+        assert_eq!(stack[1].2, "block", "{node}: the forward's scope");
+    }
+}

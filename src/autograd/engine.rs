@@ -110,6 +110,7 @@ pub(crate) fn run_backward(root: &Tensor, grad: Tensor, retain_graph: bool) -> R
 }
 
 fn run_node(node: &Node, grad: Tensor, retain_graph: bool) -> Result<Vec<Option<Tensor>>> {
+    let _labelled = grad.device().backward_of(&node.origin);
     let saved = node.saved()?;
     let grads = (node.backward)(&saved, &grad)?;
     drop(saved);

@@ -8,6 +8,7 @@ mod engine;
 
 pub(crate) use engine::run_backward;
 
+use crate::device::Origin;
 use crate::tensor::{Result, Tensor, TensorError};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -91,6 +92,8 @@ pub struct Node {
     pub(crate) edges: Vec<Option<Edge>>,
     saved: RefCell<Option<Vec<Option<Saved>>>>,
     pub(crate) backward: BackwardFn,
+    /// Where the op was recorded: its backward's allocations are labelled so.
+    pub(crate) origin: Origin,
 }
 
 impl Node {
@@ -137,6 +140,7 @@ pub(crate) enum Save<'a> {
 /// Records `op` if grad mode is on and an input requires grad: `output` gets a node whose edges
 /// lead to the inputs' nodes (or leaves), holding what `save` names (slots an op fills only when
 /// a gradient needs them are None otherwise). Returns the output.
+#[track_caller]
 pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, save: &[Option<Save>], backward: BackwardFn) -> Tensor {
     if !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
         return output;
@@ -152,7 +156,8 @@ pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, sav
         })
         .collect();
     let sequence = NEXT_SEQUENCE.with(|n| n.replace(n.get() + 1));
-    let node = Rc::new(Node { name, sequence, edges, saved: RefCell::new(Some(saved)), backward });
+    let origin = output.device().origin(std::panic::Location::caller(), name);
+    let node = Rc::new(Node { name, sequence, edges, saved: RefCell::new(Some(saved)), backward, origin });
     output.set_grad_fn(node);
     output
 }

@@ -87,8 +87,18 @@ pub(crate) enum Backend {
     Sim(Speed),
 }
 
-/// A cached stack's key: call site (file address, line), op name (address, length), scope path.
-type FrameKey = (usize, u32, usize, usize, Arc<str>);
+/// A cached stack's key: call site (file address, line), op name (address, length), the
+/// autograd node it runs for (address of its name, 0 for none), scope path.
+type FrameKey = (usize, u32, usize, usize, usize, Arc<str>);
+
+/// Where an op was recorded from (its call site and module scope) and the autograd node it made:
+/// the allocations of its backward carry these instead of the autograd engine's own place.
+#[derive(Clone)]
+pub(crate) struct Origin {
+    at: &'static std::panic::Location<'static>,
+    scope: Arc<str>,
+    node: &'static str,
+}
 
 pub(crate) struct DeviceInner {
     pub(crate) backend: Backend,
@@ -108,6 +118,8 @@ pub(crate) struct DeviceInner {
     frame_cache: RefCell<rustc_hash::FxHashMap<FrameKey, Frames>>,
     /// The scope stack joined with dots, rebuilt when it changes.
     scope_path: RefCell<Arc<str>>,
+    /// While backward runs a node: where its op was recorded.
+    backward_of: RefCell<Option<Origin>>,
 }
 
 /// A device handle; cheap to clone (tensors keep one).
@@ -177,6 +189,7 @@ impl Device {
             scopes_opened: Cell::new(0),
             frame_cache: RefCell::new(rustc_hash::FxHashMap::default()),
             scope_path: RefCell::new(Arc::from("")),
+            backward_of: RefCell::new(None),
         }))
     }
 
@@ -249,15 +262,23 @@ impl Device {
     }
 
     fn frames(&self, op: &'static str, at: &'static std::panic::Location) -> Frames {
-        let path = self.0.scope_path.borrow().clone();
-        // Call sites and op names are static strings: their addresses identify them.
-        let key = (at.file().as_ptr() as usize, at.line(), op.as_ptr() as usize, op.len(), path);
+        // In backward, the op's allocations belong to the forward op they differentiate.
+        let (at, path, node) = match &*self.0.backward_of.borrow() {
+            Some(o) => (o.at, o.scope.clone(), Some(o.node)),
+            None => (at, self.0.scope_path.borrow().clone(), None),
+        };
+        // Call sites and names are static strings: their addresses identify them.
+        let key = (at.file().as_ptr() as usize, at.line(), op.as_ptr() as usize, op.len(), node.map_or(0, |n| n.as_ptr() as usize), path);
         if let Some(f) = self.0.frame_cache.borrow().get(&key) {
             return f.clone();
         }
-        let mut frames = vec![Frame { filename: at.file().to_string(), line: at.line() as u64, name: op.to_string() }];
-        if !key.4.is_empty() {
-            frames.push(Frame { filename: String::new(), line: 0, name: key.4.to_string() });
+        let name = match node {
+            Some(node) => format!("{op} ({node})"),
+            None => op.to_string(),
+        };
+        let mut frames = vec![Frame { filename: at.file().to_string(), line: at.line() as u64, name }];
+        if !key.5.is_empty() {
+            frames.push(Frame { filename: String::new(), line: 0, name: key.5.to_string() });
         }
         let frames: Frames = Arc::from(frames);
         let mut cache = self.0.frame_cache.borrow_mut();
@@ -266,6 +287,17 @@ impl Device {
         }
         cache.insert(key, frames.clone());
         frames
+    }
+
+    /// Where an op recording autograd node `node` is being called from (`at`, this scope).
+    pub(crate) fn origin(&self, at: &'static std::panic::Location<'static>, node: &'static str) -> Origin {
+        Origin { at, scope: self.0.scope_path.borrow().clone(), node }
+    }
+
+    /// Labels the following allocations as the backward of `origin` until the guard drops.
+    pub(crate) fn backward_of(&self, origin: &Origin) -> BackwardGuard {
+        let before = self.0.backward_of.replace(Some(origin.clone()));
+        BackwardGuard { device: self.clone(), before }
     }
 
     fn rebuild_scope_path(&self) {
@@ -406,6 +438,18 @@ impl Device {
             b.destroy();
         }
         Some(start.elapsed().as_secs_f64() / count as f64)
+    }
+}
+
+/// Restores the labelling in force before [`Device::backward_of`].
+pub(crate) struct BackwardGuard {
+    device: Device,
+    before: Option<Origin>,
+}
+
+impl Drop for BackwardGuard {
+    fn drop(&mut self) {
+        *self.device.0.backward_of.borrow_mut() = self.before.take();
     }
 }
 

@@ -262,16 +262,19 @@ impl Tensor {
     // of the gradient (expand's sums it back).
 
     /// Records a view op for autograd: `backward` maps the output's gradient to the input's.
+    #[track_caller]
     fn record_view(&self, name: &'static str, out: Tensor, backward: impl Fn(&Tensor) -> Result<Tensor> + 'static) -> Tensor {
         crate::autograd::record(name, &[self], out, &[], Box::new(move |_, g| Ok(vec![Some(backward(g)?)])))
     }
 
+    #[track_caller]
     pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
         let out = self.view_with(self.layout.transpose(d0, d1)?);
         Ok(self.record_view("TransposeBackward0", out, move |g| g.transpose(d0, d1)))
     }
 
     /// Transpose of a 2-D tensor (`x.t()`).
+    #[track_caller]
     pub fn t(&self) -> Result<Tensor> {
         if self.ndim() > 2 {
             return Err(TensorError::Shape(format!("t() expects at most 2 dims, got {}", self.ndim())));
@@ -283,6 +286,7 @@ impl Tensor {
         Ok(self.record_view("TBackward0", out, |g| g.t()))
     }
 
+    #[track_caller]
     pub fn permute(&self, dims: &[isize]) -> Result<Tensor> {
         let out = self.view_with(self.layout.permute(dims)?);
         let mut inverse = vec![0isize; dims.len()];
@@ -302,18 +306,21 @@ impl Tensor {
         Ok(self.view_with(self.layout.select(dim, index)?))
     }
 
+    #[track_caller]
     pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
         let out = self.view_with(self.layout.unsqueeze(dim)?);
         let d = layout::wrap_dim(dim, self.ndim() + 1)? as isize;
         Ok(self.record_view("UnsqueezeBackward0", out, move |g| g.squeeze(Some(d))))
     }
 
+    #[track_caller]
     pub fn squeeze(&self, dim: Option<isize>) -> Result<Tensor> {
         let out = self.view_with(self.layout.squeeze(dim)?);
         let shape = self.signed_shape();
         Ok(self.record_view(if dim.is_some() { "SqueezeBackward1" } else { "SqueezeBackward0" }, out, move |g| g.reshape(&shape)))
     }
 
+    #[track_caller]
     pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
         let out = self.view_with(self.layout.expand(shape)?);
         let input = self.shape().to_vec();
@@ -321,6 +328,7 @@ impl Tensor {
     }
 
     /// `view`: another shape over the same memory, or an error when that needs a copy.
+    #[track_caller]
     pub fn view(&self, shape: &[isize]) -> Result<Tensor> {
         let dims = layout::infer_shape(shape, self.numel())?;
         let out = self.view_with(self.layout.view(&dims)?);

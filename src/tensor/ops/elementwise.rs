@@ -319,6 +319,7 @@ impl Tensor {
 
     /// Records a unary op for autograd, saving what `derivatives.yaml` saves: nothing for the
     /// scalar arithmetic and neg, the result for exp and relu.
+    #[track_caller]
     fn record_unary(&self, op: Unary, scalar: f64, out: Tensor) -> Tensor {
         let Some(name) = op.grad_fn() else { return out };
         let saves_result = matches!(op, Unary::Exp | Unary::Relu);
@@ -370,6 +371,7 @@ impl Tensor {
     /// Records add, sub, mul or div for autograd. Each input's gradient is summed back to its
     /// own shape where it was broadcast. mul saves the other operand of each input that needs a
     /// gradient; div saves the divisor, and the dividend too when the divisor needs a gradient.
+    #[track_caller]
     fn record_binary(&self, other: &Tensor, op: Binary, out: Tensor) -> Tensor {
         let Some(name) = op.grad_fn() else { return out };
         let (a_shape, b_shape) = (self.shape().to_vec(), other.shape().to_vec());

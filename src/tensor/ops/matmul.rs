@@ -41,6 +41,7 @@ impl Tensor {
     }
 
     /// The last two dimensions swapped (`mT`).
+    #[track_caller]
     fn mt(&self) -> Result<Tensor> {
         self.transpose(-2, -1)
     }
@@ -148,6 +149,7 @@ impl Tensor {
 
     /// Records mm (bmm for 3-D): each input's gradient needs the other operand, so each is saved
     /// only when the other needs a gradient, as `derivatives.yaml` has it.
+    #[track_caller]
     fn record_mm(&self, other: &Tensor, out: Tensor) -> Tensor {
         let need = [self.requires_grad(), other.requires_grad()];
         let save = [need[0].then_some(Save::Input(other)), need[1].then_some(Save::Input(self))];

@@ -139,6 +139,7 @@ impl Tensor {
 
     /// Records sum or mean: they save only sizes. The gradient expands back over the reduced
     /// dimensions (a view: no memory for sum; mean then divides, which allocates).
+    #[track_caller]
     fn record_reduction(&self, dims: &[isize], keepdim: bool, op: Reduction, out: Tensor) -> Result<Tensor> {
         let name = match (op, dims.is_empty()) {
             (Reduction::Sum, true) => "SumBackward0",
