@@ -60,10 +60,11 @@ impl Tensor {
         Tensor::from_parts(self.storage.clone(), self.layout.clone(), self.dtype)
     }
 
-    /// Whether this is the only handle to the tensor (PyTorch's `use_count() == 1`): the engine
-    /// may then reuse its memory instead of copying it.
+    /// Whether nothing else holds this tensor or its memory (PyTorch's `can_accumulate_inplace`:
+    /// one use of the tensor, one of its storage): the engine may then write into it or take it
+    /// instead of copying it. A view shares its base's storage, so it is never unique.
     pub(crate) fn unique(&self) -> bool {
-        Rc::strong_count(&self.0) == 1
+        Rc::strong_count(&self.0) == 1 && Rc::strong_count(&self.storage) == 1
     }
 
     /// The version counter (`_version`): in-place writes to this storage so far.

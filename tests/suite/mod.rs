@@ -781,7 +781,11 @@ pub async fn long_programs_span_several_batches(dev: &Device) {
 /// (kept away from relu's kink) of small shapes, broadcasting and views included.
 pub async fn gradients_match_finite_differences(dev: &Device) {
     type Program = fn(&Tensor, &Tensor) -> Tensor;
-    let cases: [(&str, &[usize], &[usize], Program); 12] = [
+    let cases: [(&str, &[usize], &[usize], Program); 13] = [
+        ("one gradient reaching a tensor by two views", &[3, 4], &[4], |a, b| {
+            let y = a.mul(b).unwrap();
+            y.view(&[-1]).unwrap().add(&y.t().unwrap().reshape(&[-1]).unwrap().exp().unwrap()).unwrap()
+        }),
         ("add, broadcast", &[3, 4], &[4], |a, b| a.add(b).unwrap()),
         ("sub, broadcast over a size-1 dim", &[3, 4], &[3, 1], |a, b| a.sub(b).unwrap()),
         ("mul, broadcast over a leading dim", &[2, 3, 4], &[3, 4], |a, b| a.mul(b).unwrap()),
