@@ -29,29 +29,7 @@ macro_rules! native {
     };
 }
 
-native!(
-    long_programs_span_several_batches,
-    a_segment_released_under_pending_work_stays_valid_for_it,
-    upload_and_readback_round_trip,
-    binary_ops_broadcast_over_strided_views,
-    unary_and_scalar_ops_match_the_reference,
-    in_place_ops_write_through_views_and_allocate_nothing,
-    reductions_over_dims,
-    matmul_tiled_and_naive_match_the_reference,
-    float16,
-    exact_memory_facts,
-    a_freed_block_reused_for_an_upload_does_not_corrupt_pending_work,
-    operands_in_one_segment_bind_without_validation_errors,
-    clear_errors_for_bad_input,
-    comparisons_where_casts_and_addcmul,
-    softmax_layer_norm_var_argmax,
-    cat_stack_index_select_embedding_and_random,
-    zero_size_and_size_one_dimensions,
-    the_sim_device_records_the_same_trace_as_the_gpu,
-    the_sim_device_answers_as_the_gpu,
-    matmul_allocates_what_aten_allocates,
-    gradients_match_finite_differences
-);
+suite::every_check!(native);
 
 /// Both f16 paths on one machine: native shader-f16 and the packed words browsers without it use.
 #[test]
