@@ -142,7 +142,7 @@ pub(crate) enum Save<'a> {
 /// a gradient needs them are None otherwise). Returns the output.
 #[track_caller]
 pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, save: &[Option<Save>], backward: BackwardFn) -> Tensor {
-    if !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
+    if !records(inputs) {
         return output;
     }
     let edges = inputs.iter().map(|t| edge_of(t)).collect();
@@ -160,6 +160,12 @@ pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, sav
     let node = Rc::new(Node { name, sequence, edges, saved: RefCell::new(Some(saved)), backward, origin });
     output.set_grad_fn(node);
     output
+}
+
+/// Whether an op on `inputs` is recorded: grad mode is on and an input requires grad. Ops ask
+/// first, so that an untracked op builds no node, closure or saved list.
+pub(crate) fn records(inputs: &[&Tensor]) -> bool {
+    is_grad_enabled() && inputs.iter().any(|t| t.requires_grad())
 }
 
 /// Where the gradient of `t` goes: its node, its leaf, or nowhere.

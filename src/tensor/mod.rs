@@ -261,16 +261,21 @@ impl Tensor {
     // Each records a node that saves nothing but sizes: its backward is a view or a reshape
     // of the gradient (expand's sums it back).
 
-    /// Records a view op for autograd: `backward` maps the output's gradient to the input's.
+    /// Records a view op for autograd. `backward` makes (only when the op is recorded) the
+    /// function from the output's gradient to the input's.
     #[track_caller]
-    fn record_view(&self, name: &'static str, out: Tensor, backward: impl Fn(&Tensor) -> Result<Tensor> + 'static) -> Tensor {
+    fn record_view<F: Fn(&Tensor) -> Result<Tensor> + 'static>(&self, name: &'static str, out: Tensor, backward: impl FnOnce() -> F) -> Tensor {
+        if !crate::autograd::records(&[self]) {
+            return out;
+        }
+        let backward = backward();
         crate::autograd::record(name, &[self], out, &[], Box::new(move |_, g| Ok(vec![Some(backward(g)?)])))
     }
 
     #[track_caller]
     pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
         let out = self.view_with(self.layout.transpose(d0, d1)?);
-        Ok(self.record_view("TransposeBackward0", out, move |g| g.transpose(d0, d1)))
+        Ok(self.record_view("TransposeBackward0", out, || move |g: &Tensor| g.transpose(d0, d1)))
     }
 
     /// Transpose of a 2-D tensor (`x.t()`).
@@ -283,17 +288,20 @@ impl Tensor {
             return Ok(self.share());
         }
         let out = self.view_with(self.layout.transpose(0, 1)?);
-        Ok(self.record_view("TBackward0", out, |g| g.t()))
+        Ok(self.record_view("TBackward0", out, || |g: &Tensor| g.t()))
     }
 
     #[track_caller]
     pub fn permute(&self, dims: &[isize]) -> Result<Tensor> {
         let out = self.view_with(self.layout.permute(dims)?);
-        let mut inverse = vec![0isize; dims.len()];
-        for (i, &d) in dims.iter().enumerate() {
-            inverse[layout::wrap_dim(d, self.ndim())?] = i as isize;
-        }
-        Ok(self.record_view("PermuteBackward0", out, move |g| g.permute(&inverse)))
+        Ok(self.record_view("PermuteBackward0", out, || {
+            // Layout::permute checked that dims is a permutation of self's dimensions.
+            let mut inverse = vec![0isize; dims.len()];
+            for (i, &d) in dims.iter().enumerate() {
+                inverse[if d < 0 { d + dims.len() as isize } else { d } as usize] = i as isize;
+            }
+            move |g: &Tensor| g.permute(&inverse)
+        }))
     }
 
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
@@ -309,31 +317,45 @@ impl Tensor {
     #[track_caller]
     pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
         let out = self.view_with(self.layout.unsqueeze(dim)?);
-        let d = layout::wrap_dim(dim, self.ndim() + 1)? as isize;
-        Ok(self.record_view("UnsqueezeBackward0", out, move |g| g.squeeze(Some(d))))
+        // The new dimension's index, once unsqueeze accepted it.
+        let d = if dim < 0 { dim + out.ndim() as isize } else { dim };
+        Ok(self.record_view("UnsqueezeBackward0", out, || move |g: &Tensor| g.squeeze(Some(d))))
     }
 
     #[track_caller]
     pub fn squeeze(&self, dim: Option<isize>) -> Result<Tensor> {
         let out = self.view_with(self.layout.squeeze(dim)?);
-        let shape = self.signed_shape();
-        Ok(self.record_view(if dim.is_some() { "SqueezeBackward1" } else { "SqueezeBackward0" }, out, move |g| g.reshape(&shape)))
+        let name = if dim.is_some() { "SqueezeBackward1" } else { "SqueezeBackward0" };
+        Ok(self.record_view(name, out, || {
+            let shape = self.signed_shape();
+            move |g: &Tensor| g.reshape(&shape)
+        }))
     }
 
     #[track_caller]
     pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
         let out = self.view_with(self.layout.expand(shape)?);
-        let input = self.shape().to_vec();
-        Ok(self.record_view("ExpandBackward0", out, move |g| g.sum_to(&input)))
+        Ok(self.record_view("ExpandBackward0", out, || {
+            let input = self.shape().to_vec();
+            move |g: &Tensor| g.sum_to(&input)
+        }))
     }
 
     /// `view`: another shape over the same memory, or an error when that needs a copy.
     #[track_caller]
     pub fn view(&self, shape: &[isize]) -> Result<Tensor> {
         let dims = layout::infer_shape(shape, self.numel())?;
-        let out = self.view_with(self.layout.view(&dims)?);
-        let input = self.signed_shape();
-        Ok(self.record_view("ViewBackward0", out, move |g| g.reshape(&input)))
+        Ok(self.viewed(self.layout.view(&dims)?))
+    }
+
+    /// Self seen through `layout` (a reshape that needs no copy), recorded as `view`.
+    #[track_caller]
+    fn viewed(&self, layout: Layout) -> Tensor {
+        let out = self.view_with(layout);
+        self.record_view("ViewBackward0", out, || {
+            let input = self.signed_shape();
+            move |g: &Tensor| g.reshape(&input)
+        })
     }
 
     /// The shape as `view` and `reshape` take it.
@@ -346,7 +368,7 @@ impl Tensor {
     pub fn reshape(&self, shape: &[isize]) -> Result<Tensor> {
         let dims = layout::infer_shape(shape, self.numel())?;
         match self.layout.view(&dims) {
-            Ok(_) => self.view(shape),
+            Ok(l) => Ok(self.viewed(l)),
             Err(_) => self.contiguous()?.view(shape),
         }
     }
@@ -366,7 +388,7 @@ impl Tensor {
     pub fn clone(&self) -> Result<Tensor> {
         let out = self.device().empty_tensor(self.shape(), self.dtype, "clone")?;
         out.unary_into(self, ops::Unary::Identity, 0.0)?;
-        Ok(self.record_view("CloneBackward0", out, |g| Ok(g.share())))
+        Ok(self.record_view("CloneBackward0", out, || |g: &Tensor| Ok(g.share())))
     }
 
     /// Copies to the host (`tensor.tolist()` / `.cpu().numpy()`). A non-contiguous tensor is

@@ -321,6 +321,9 @@ impl Tensor {
     /// scalar arithmetic and neg, the result for exp and relu.
     #[track_caller]
     fn record_unary(&self, op: Unary, scalar: f64, out: Tensor) -> Tensor {
+        if !autograd::records(&[self]) {
+            return out;
+        }
         let Some(name) = op.grad_fn() else { return out };
         let saves_result = matches!(op, Unary::Exp | Unary::Relu);
         let save = [saves_result.then_some(Save::Output)];
@@ -373,6 +376,9 @@ impl Tensor {
     /// gradient; div saves the divisor, and the dividend too when the divisor needs a gradient.
     #[track_caller]
     fn record_binary(&self, other: &Tensor, op: Binary, out: Tensor) -> Tensor {
+        if !autograd::records(&[self, other]) {
+            return out;
+        }
         let Some(name) = op.grad_fn() else { return out };
         let (a_shape, b_shape) = (self.shape().to_vec(), other.shape().to_vec());
         let need = [self.requires_grad(), other.requires_grad()];

@@ -151,6 +151,9 @@ impl Tensor {
     /// only when the other needs a gradient, as `derivatives.yaml` has it.
     #[track_caller]
     fn record_mm(&self, other: &Tensor, out: Tensor) -> Tensor {
+        if !autograd::records(&[self, other]) {
+            return out;
+        }
         let need = [self.requires_grad(), other.requires_grad()];
         let save = [need[0].then_some(Save::Input(other)), need[1].then_some(Save::Input(self))];
         let name = if self.ndim() == 3 { "BmmBackward0" } else { "MmBackward0" };

@@ -141,6 +141,9 @@ impl Tensor {
     /// dimensions (a view: no memory for sum; mean then divides, which allocates).
     #[track_caller]
     fn record_reduction(&self, dims: &[isize], keepdim: bool, op: Reduction, out: Tensor) -> Result<Tensor> {
+        if !autograd::records(&[self]) {
+            return Ok(out);
+        }
         let name = match (op, dims.is_empty()) {
             (Reduction::Sum, true) => "SumBackward0",
             (Reduction::Sum, false) => "SumBackward1",
