@@ -358,7 +358,7 @@ fn the_pointer_finds_the_band_under_it() {
     for id in (0..a.size.len()).step_by(7) {
         // The middle of each of its rectangles, at the first and last position it covers.
         let pieces = t.pieces_of(id as u32);
-        assert_eq!(pieces.len(), 3 * a.piece_count[id] as usize);
+        assert_eq!(pieces.len(), 3 * t.piece_range(id).len());
         for p in pieces.chunks_exact(3) {
             let (x0, x1, y) = (p[0] as u32, p[1] as u32, p[2]);
             // Heights are f32 drawing coordinates: a band thinner than a few of their rounding

@@ -69,9 +69,9 @@ pub struct Allocations {
     /// Index into the stack table; `u32::MAX` without frames.
     pub stack: Vec<u32>,
     pub group: Vec<u32>,
-    /// The allocation's pieces: `pieces[first_piece .. first_piece + piece_count]`, in x order.
-    pub first_piece: Vec<u32>,
-    pub piece_count: Vec<u32>,
+    /// Allocation `id`'s pieces are `pieces[piece_offsets[id] .. piece_offsets[id + 1]]`, in x
+    /// order (see [`Timeline::piece_range`]).
+    pub piece_offsets: Vec<u32>,
     /// Allocation ids by group (one colour to draw): group `g` has
     /// `by_group[group_start[g] .. group_start[g + 1]]`, in id order.
     pub by_group: Vec<u32>,
@@ -158,8 +158,9 @@ impl Timeline {
             if a.start[id] > pos || a.end[id] <= pos || hidden.get(id).is_some_and(|&h| h != 0) {
                 continue;
             }
-            let first = a.first_piece[id] as usize;
-            let starts = &self.pieces.x0[first..first + a.piece_count[id] as usize];
+            let range = self.piece_range(id);
+            let first = range.start;
+            let starts = &self.pieces.x0[range];
             // The pieces tile the allocation's lifetime, which covers `pos`: the last that
             // starts at or before it holds it.
             let Some(at) = starts.partition_point(|&x0| x0 <= pos).checked_sub(1) else { continue };
@@ -175,17 +176,22 @@ impl Timeline {
         under.map(|(_, id)| id).or(near)
     }
 
+    /// Where allocation `id`'s pieces are in `pieces` (empty for an id the timeline lacks).
+    pub fn piece_range(&self, id: usize) -> std::ops::Range<usize> {
+        match self.allocations.piece_offsets.get(id..id + 2) {
+            Some(&[first, end]) => first as usize..end as usize,
+            _ => 0..0,
+        }
+    }
+
     /// An allocation's rectangles, in x order.
     pub fn pieces(&self, alloc: u32) -> impl Iterator<Item = Piece> + '_ {
-        let a = &self.allocations;
         let id = alloc as usize;
-        let (first, count) = match (a.first_piece.get(id), a.piece_count.get(id)) {
-            (Some(&f), Some(&c)) => (f as usize, c as usize),
-            _ => (0, 0),
-        };
-        (first..first + count).map(move |k| Piece {
+        let range = self.piece_range(id);
+        let last = range.end;
+        range.map(move |k| Piece {
             x0: self.pieces.x0[k],
-            x1: if k + 1 < first + count { self.pieces.x0[k + 1] } else { a.end[id] },
+            x1: if k + 1 < last { self.pieces.x0[k + 1] } else { self.allocations.end[id] },
             y: self.pieces.y[k] as f64,
         })
     }
@@ -412,19 +418,20 @@ impl Builder {
         let mut counting = Stacking::new(a.size.len());
         let mut count = vec![0u32; a.size.len()];
         counting.run(&a.size, start, trace, &mut |id, _, _| count[id as usize] += 1);
-        a.first_piece = Vec::with_capacity(count.len());
+        a.piece_offsets = Vec::with_capacity(count.len() + 1);
         let mut total = 0u32;
         for &c in &count {
-            a.first_piece.push(total);
+            a.piece_offsets.push(total);
             total += c;
         }
-        a.piece_count = count;
+        a.piece_offsets.push(total);
+        drop(count);
         a.end = std::mem::take(&mut counting.end);
 
         let p = &mut self.t.pieces;
         p.x0 = vec![0; total as usize];
         p.y = vec![0.0; total as usize];
-        let mut next = a.first_piece.clone();
+        let mut next = a.piece_offsets.clone();
         Stacking::new(a.size.len()).run(&a.size, start, trace, &mut |id, x0, y| {
             let k = next[id as usize] as usize;
             next[id as usize] += 1;
