@@ -113,3 +113,29 @@ fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     }
     store_out(offset_of(i, info.out), out_t(load_a(src)));
 }
+
+// index_select's backward (index_add_ into zeros): out[.., v, ..] is the sum of a[.., j, ..]
+// over the j where b[j] == v, along dimension info.scalar; info.limit is b's length. One
+// invocation per output element, no atomics: the sums are deterministic.
+@compute @workgroup_size(256)
+fn index_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= info.numel) { return; }
+    let dim = info.scalar;
+    var rem = i;
+    var src = info.a.offset;
+    var picked = 0;
+    for (var d = i32(info.ndim) - 1; d >= 0; d = d - 1) {
+        let n = info.shape[u32(d)];
+        let c = rem % n;
+        rem = rem / n;
+        if (u32(d) == dim) { picked = i32(c); } else { src = src + c * info.a.strides[u32(d)]; }
+    }
+    var acc = 0.0;
+    for (var j = 0u; j < info.limit; j = j + 1u) {
+        if (i32(load_b(info.b.offset + j * info.b.strides[0])) == picked) {
+            acc = acc + f32(load_a(src + j * info.a.strides[dim]));
+        }
+    }
+    store_out(offset_of(i, info.out), out_t(acc));
+}

@@ -124,3 +124,117 @@ fn argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     }
     store_out(offset_of(r, info.out), {{T}}(best));
 }
+
+// Where row r of the incoming gradient starts, and its stride along the walked dimension.
+fn grad_walk(r: u32) -> vec2<u32> {
+    return vec2<u32>(offset_of(r, info.g), info.g.strides[info.dim]);
+}
+
+// _softmax_backward_data: a is softmax's result y, g the gradient; out = y * (g - sum(g * y)).
+@compute @workgroup_size(64)
+fn softmax_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = row(gid, nwg);
+    if (r >= info.rows) { return; }
+    let w = walk(r);
+    let a0 = w.a0; let sa = w.sa; let o0 = w.o0; let so = w.so; let n = w.n;
+    let gw = grad_walk(r);
+    var dot = 0.0;
+    for (var k = 0u; k < n; k = k + 1u) { dot = dot + f32(load_a(a0 + k * sa)) * f32(load_b(gw.x + k * gw.y)); }
+    for (var k = 0u; k < n; k = k + 1u) {
+        store_out(o0 + k * so, {{T}}(f32(load_a(a0 + k * sa)) * (f32(load_b(gw.x + k * gw.y)) - dot)));
+    }
+}
+
+// _log_softmax_backward_data: a is log_softmax's result y; out = g - exp(y) * sum(g).
+@compute @workgroup_size(64)
+fn log_softmax_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = row(gid, nwg);
+    if (r >= info.rows) { return; }
+    let w = walk(r);
+    let a0 = w.a0; let sa = w.sa; let o0 = w.o0; let so = w.so; let n = w.n;
+    let gw = grad_walk(r);
+    var sum = 0.0;
+    for (var k = 0u; k < n; k = k + 1u) { sum = sum + f32(load_b(gw.x + k * gw.y)); }
+    for (var k = 0u; k < n; k = k + 1u) {
+        store_out(o0 + k * so, {{T}}(f32(load_b(gw.x + k * gw.y)) - exp(f32(load_a(a0 + k * sa))) * sum));
+    }
+}
+
+// native_layer_norm_backward's input gradient: a is the input x, w the weight, g the gradient,
+// with the saved mean and rstd. With xhat = (x - mean) * rstd and wg = w * g:
+// out = rstd * (wg - mean(wg) - xhat * mean(wg * xhat)).
+@compute @workgroup_size(64)
+fn layer_norm_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = row(gid, nwg);
+    if (r >= info.rows) { return; }
+    let w = walk(r);
+    let a0 = w.a0; let sa = w.sa; let o0 = w.o0; let so = w.so; let n = w.n;
+    let gw = grad_walk(r);
+    let mean = f32(load_mean(info.mean_offset + r));
+    let rstd = f32(load_rstd(info.rstd_offset + r));
+    var s1 = 0.0;
+    var s2 = 0.0;
+    for (var k = 0u; k < n; k = k + 1u) {
+        let wg = f32(load_w(info.w_offset + k * info.w_stride)) * f32(load_b(gw.x + k * gw.y));
+        s1 = s1 + wg;
+        s2 = s2 + wg * (f32(load_a(a0 + k * sa)) - mean) * rstd;
+    }
+    let m1 = s1 / f32(n);
+    let m2 = s2 / f32(n);
+    for (var k = 0u; k < n; k = k + 1u) {
+        let wg = f32(load_w(info.w_offset + k * info.w_stride)) * f32(load_b(gw.x + k * gw.y));
+        let xhat = (f32(load_a(a0 + k * sa)) - mean) * rstd;
+        store_out(o0 + k * so, {{T}}(rstd * (wg - m1 - xhat * m2)));
+    }
+}
+
+// native_layer_norm_backward's weight gradient: a is the input seen as [rows, features] and
+// walked along the rows (dimension 0), g likewise; one invocation per feature:
+// out[f] = sum over rows m of g[m, f] * (x[m, f] - mean[m]) * rstd[m].
+@compute @workgroup_size(64)
+fn layer_norm_weight_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = row(gid, nwg);
+    if (r >= info.rows) { return; }
+    let w = walk(r);
+    let a0 = w.a0; let sa = w.sa; let n = w.n;
+    let gw = grad_walk(r);
+    var sum = 0.0;
+    for (var m = 0u; m < n; m = m + 1u) {
+        let xhat = (f32(load_a(a0 + m * sa)) - f32(load_mean(info.mean_offset + m))) * f32(load_rstd(info.rstd_offset + m));
+        sum = sum + f32(load_b(gw.x + m * gw.y)) * xhat;
+    }
+    store_out(offset_of(r, info.out), {{T}}(sum));
+}
+
+// max(dim): the first maximum's value into out and its index into the mean slot (int64,
+// contiguous over the rows); NaN counts as the maximum, as in PyTorch.
+@compute @workgroup_size(64)
+fn max_dim(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = row(gid, nwg);
+    if (r >= info.rows) { return; }
+    let w = walk(r);
+    let a0 = w.a0; let sa = w.sa; let n = w.n;
+    var best = 0u;
+    var m = load_a(a0);
+    for (var k = 1u; k < n; k = k + 1u) {
+        let x = load_a(a0 + k * sa);
+        if (x > m || (x != x && m == m)) { m = x; best = k; }
+    }
+    store_out(offset_of(r, info.out), m);
+    store_mean(info.mean_offset + r, mean_t(best));
+}
+
+// max(dim)'s backward (value_selecting_reduction_backward): a is the gradient expanded along
+// the walked dimension; out gets it where the saved index (mean slot) points, zero elsewhere.
+@compute @workgroup_size(64)
+fn max_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = row(gid, nwg);
+    if (r >= info.rows) { return; }
+    let w = walk(r);
+    let o0 = w.o0; let so = w.so; let n = w.n;
+    let picked = u32(load_mean(info.mean_offset + r));
+    let g = load_a(w.a0);
+    for (var k = 0u; k < n; k = k + 1u) {
+        store_out(o0 + k * so, select({{T}}(0), g, k == picked));
+    }
+}

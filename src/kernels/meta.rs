@@ -81,13 +81,15 @@ wgsl_struct! {
 wgsl_struct! {
     /// Rows kernels: the row shape (the walked dimension of size 1), the walked dimension and
     /// its length, a float parameter (eps, correction), and layer_norm's weight, bias and saved
-    /// statistics.
+    /// statistics. Backward kernels walk the incoming gradient `g` (bound in the bias's slot)
+    /// beside `a`.
     RowsMeta [Strided] {
         rows: u32 => "u32",
         ndim: u32 => "u32",
         shape: [u32; META_DIMS] => "array<u32, 8>",
         out: Strided => "Strided",
         a: Strided => "Strided",
+        g: Strided => "Strided",
         dim: u32 => "u32",
         n: u32 => "u32",
         param: f32 => "f32",

@@ -304,14 +304,33 @@ impl Tensor {
         }))
     }
 
+    /// `narrow` (PyTorch's `slice`): its backward writes the gradient into zeros of the
+    /// input's shape (`slice_backward`, one allocation).
+    #[track_caller]
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
-        grad::not_differentiated_yet("narrow", &[self])?;
-        Ok(self.view_with(self.layout.narrow(dim, start, len)?))
+        let out = self.view_with(self.layout.narrow(dim, start, len)?);
+        Ok(self.record_view("SliceBackward0", out, || {
+            let shape = self.shape().to_vec();
+            move |g: &Tensor| g.placed_in_zeros(&shape, |z| z.narrow(dim, start, len))
+        }))
     }
 
+    /// `select`: as `narrow`, without the dimension (`select_backward`).
+    #[track_caller]
     pub fn select(&self, dim: isize, index: usize) -> Result<Tensor> {
-        grad::not_differentiated_yet("select", &[self])?;
-        Ok(self.view_with(self.layout.select(dim, index)?))
+        let out = self.view_with(self.layout.select(dim, index)?);
+        Ok(self.record_view("SelectBackward0", out, || {
+            let shape = self.shape().to_vec();
+            move |g: &Tensor| g.placed_in_zeros(&shape, |z| z.select(dim, index))
+        }))
+    }
+
+    /// Zeros of `shape` with self copied into the part `part` picks (a slice's backward).
+    #[track_caller]
+    fn placed_in_zeros(&self, shape: &[usize], part: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        let zeros = self.device().zeros(shape, self.dtype)?;
+        part(&zeros)?.copy_(self)?;
+        Ok(zeros)
     }
 
     #[track_caller]

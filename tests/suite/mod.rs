@@ -812,7 +812,7 @@ pub async fn long_programs_span_several_batches(dev: &Device) {
 /// (kept away from relu's kink) of small shapes, broadcasting and views included.
 pub async fn gradients_match_finite_differences(dev: &Device) {
     type Program = fn(&Tensor, &Tensor) -> Tensor;
-    let cases: [(&str, &[usize], &[usize], Program); 13] = [
+    let cases: [(&str, &[usize], &[usize], Program); 28] = [
         ("one gradient reaching a tensor by two views", &[3, 4], &[4], |a, b| {
             let y = a.mul(b).unwrap();
             y.view(&[-1]).unwrap().add(&y.t().unwrap().reshape(&[-1]).unwrap().exp().unwrap()).unwrap()
@@ -836,6 +836,40 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
         ("sum and mean over dims", &[2, 3, 4], &[3], |a, b| {
             a.mean(&[0], false).unwrap().sum(&[1], true).unwrap().squeeze(Some(1)).unwrap().mul(b).unwrap().sum(&[], false).unwrap()
         }),
+        ("tanh, sigmoid", &[3, 4], &[4], |a, b| a.tanh().unwrap().add(&b.sigmoid().unwrap()).unwrap()),
+        ("gelu, silu", &[3, 4], &[4], |a, b| a.gelu().unwrap().mul(&b.silu().unwrap()).unwrap()),
+        ("log, sqrt, rsqrt, abs (positive inputs)", &[3, 4], &[4], |a, b| {
+            let pos = a.abs().unwrap().add_scalar(0.5).unwrap();
+            pos.log().unwrap().add(&pos.sqrt().unwrap()).unwrap().mul(&b.abs().unwrap().add_scalar(0.5).unwrap().rsqrt().unwrap()).unwrap()
+        }),
+        ("pow with a scalar", &[3, 4], &[4], |a, b| a.pow_scalar(3.0).unwrap().add(&b.pow_scalar(2.0).unwrap()).unwrap()),
+        ("clamp", &[3, 4], &[4], |a, b| a.clamp_min(-0.5).unwrap().clamp_max(0.5).unwrap().mul(b).unwrap()),
+        ("softmax over the last dim", &[3, 5], &[5], |a, b| a.add(b).unwrap().softmax(-1).unwrap()),
+        ("softmax over a middle dim, transposed input", &[4, 3], &[3, 1], |a, b| a.t().unwrap().mul(b).unwrap().unsqueeze(0).unwrap().softmax(1).unwrap()),
+        ("log_softmax", &[2, 3, 4], &[4], |a, b| a.mul(b).unwrap().log_softmax(-1).unwrap()),
+        ("layer_norm: input and weight", &[2, 3, 4], &[4], |a, b| {
+            let bias = b.mul_scalar(0.5).unwrap();
+            a.layer_norm(b, &bias, 1e-5).unwrap()
+        }),
+        ("cat, narrow, select", &[3, 4], &[2, 4], |a, b| {
+            let c = Tensor::cat(&[a, &b.exp().unwrap(), a], 0).unwrap();
+            c.narrow(0, 1, 5).unwrap().mul(&c.select(0, 2).unwrap()).unwrap()
+        }),
+        ("index_select with repeated indices", &[4, 3], &[3], |a, b| {
+            let idx = a.device().from_slice(&[2i64, 0, 2, 3, 2], &[5]).unwrap();
+            a.index_select(0, &idx).unwrap().mul(b).unwrap()
+        }),
+        ("embedding", &[5, 3], &[3], |a, b| {
+            let ids = a.device().from_slice(&[1i64, 4, 1, 0, 1, 3], &[2, 3]).unwrap();
+            a.embedding(&ids).unwrap().mul(b).unwrap()
+        }),
+        ("max over a dim, values and indices", &[3, 4], &[3], |a, b| {
+            let (values, indices) = a.max_dim(-1, false).unwrap();
+            assert_eq!(indices.dtype(), DType::I64);
+            values.mul(b).unwrap()
+        }),
+        ("max over a dim, keepdim", &[3, 4], &[4], |a, b| a.sub(&a.max_dim(0, true).unwrap().0).unwrap().mul(b).unwrap()),
+        ("where", &[3, 4], &[4], |a, b| a.gt(&b.mul_scalar(0.0).unwrap()).unwrap().where_(&a.exp().unwrap(), b).unwrap()),
     ];
     let mut rng = Rng(17);
     // Away from zero: relu has a kink there.

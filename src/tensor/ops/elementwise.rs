@@ -61,8 +61,20 @@ impl Unary {
             Unary::DivScalar => "DivBackward1",
             Unary::Neg => "NegBackward0",
             Unary::Exp => "ExpBackward0",
+            Unary::Log => "LogBackward0",
+            Unary::Sqrt => "SqrtBackward0",
+            Unary::Rsqrt => "RsqrtBackward0",
+            Unary::Abs => "AbsBackward0",
             Unary::Relu => "ReluBackward0",
-            _ => return None,
+            Unary::Gelu => "GeluBackward0",
+            Unary::Silu => "SiluBackward0",
+            Unary::Tanh => "TanhBackward0",
+            Unary::Sigmoid => "SigmoidBackward0",
+            Unary::PowScalar => "PowBackward0",
+            Unary::MaxScalar => "ClampMinBackward0",
+            Unary::MinScalar => "ClampMaxBackward0",
+            Unary::Cast => "ToCopyBackward0",
+            Unary::Identity | Unary::Index => return None,
         })
     }
 
@@ -318,41 +330,72 @@ impl Tensor {
     }
 
     /// Records a unary op for autograd, saving what `derivatives.yaml` saves: nothing for the
-    /// scalar arithmetic and neg, the result for exp and relu.
+    /// scalar arithmetic, neg and casts; the result where the derivative is written with it
+    /// (exp, sqrt, rsqrt, relu, tanh, sigmoid); the input otherwise.
     #[track_caller]
     fn record_unary(&self, op: Unary, scalar: f64, out: Tensor) -> Tensor {
         if !autograd::records(&[self]) {
             return out;
         }
         let Some(name) = op.grad_fn() else { return out };
-        let saves_result = matches!(op, Unary::Exp | Unary::Relu);
-        let save = [saves_result.then_some(Save::Output)];
+        let save = match op {
+            Unary::AddScalar | Unary::SubScalar | Unary::MulScalar | Unary::DivScalar | Unary::Neg | Unary::Cast => None,
+            Unary::Exp | Unary::Sqrt | Unary::Rsqrt | Unary::Relu | Unary::Tanh | Unary::Sigmoid => Some(Save::Output),
+            _ => Some(Save::Input(self)),
+        };
+        let input_dtype = self.dtype;
         autograd::record(
             name,
             &[self],
             out,
-            &save,
+            &[save],
             Box::new(move |saved, g| {
-                let result = || saved[0].as_ref().expect("saved");
+                let s = || saved[0].as_ref().expect("saved");
                 Ok(vec![Some(match op {
                     Unary::AddScalar | Unary::SubScalar => g.share(),
                     Unary::MulScalar => g.mul_scalar(scalar)?,
                     Unary::DivScalar => g.div_scalar(scalar)?,
                     Unary::Neg => g.neg()?,
-                    Unary::Exp => g.mul(result())?,
-                    // threshold_backward(grad, result, 0): one output.
-                    _ => g.relu_backward(result())?,
+                    Unary::Cast => g.to(input_dtype)?,
+                    Unary::Exp => g.mul(s())?,
+                    Unary::Log => g.div(s())?,
+                    // grad / (2 * result), as PyTorch writes it (one temporary).
+                    Unary::Sqrt => g.div(&s().mul_scalar(2.0)?)?,
+                    // -0.5 * grad * result^3: PyTorch's two temporaries, then the product.
+                    Unary::Rsqrt => g.mul_scalar(-0.5)?.mul(&s().pow_scalar(3.0)?)?,
+                    // grad * exponent * self^(exponent - 1), as PyTorch's pow_backward.
+                    Unary::PowScalar if scalar == 0.0 => g.device().zeros(g.shape(), g.dtype)?,
+                    Unary::PowScalar => g.mul(&s().pow_scalar(scalar - 1.0)?.mul_scalar(scalar)?)?,
+                    // The fused backward kernels (threshold_backward, tanh_backward, ...): one output.
+                    _ => g.fused_backward(op, s(), scalar)?,
                 })])
             }),
         )
     }
 
-    /// `threshold_backward(self, result, 0)`: the gradient where the result is positive.
+    /// A unary op's fused backward kernel (`threshold_backward(grad, result, 0)`,
+    /// `tanh_backward(grad, result)`, `gelu_backward(grad, self)`, ...): one output, from the
+    /// gradient (x) and what the op saved (y).
     #[track_caller]
-    fn relu_backward(&self, result: &Tensor) -> Result<Tensor> {
-        let out = self.device().empty_tensor(self.shape(), self.dtype, "threshold_backward")?;
+    fn fused_backward(&self, op: Unary, saved: &Tensor, scalar: f64) -> Result<Tensor> {
+        let (name, derivative) = match op {
+            Unary::Relu => ("threshold_backward", "select(0.0, X, Y > 0.0)"),
+            Unary::Tanh => ("tanh_backward", "X * (1.0 - Y * Y)"),
+            Unary::Sigmoid => ("sigmoid_backward", "X * (1.0 - Y) * Y"),
+            // d/dy [y * Phi(y)] = Phi(y) + y * phi(y).
+            Unary::Gelu => ("gelu_backward", "X * (0.5 * (1.0 + erf_approx(Y * 0.7071067811865476)) + Y * 0.3989422804014327 * exp(-0.5 * Y * Y))"),
+            // d/dy [y * sigmoid(y)] = sigmoid(y) * (1 + y * (1 - sigmoid(y))).
+            Unary::Silu => ("silu_backward", "X / (1.0 + exp(-Y)) * (1.0 + Y * (1.0 - 1.0 / (1.0 + exp(-Y))))"),
+            Unary::Abs => ("abs_backward", "X * sign(Y)"),
+            Unary::MaxScalar => ("clamp_min_backward", "select(0.0, X, Y >= S)"),
+            Unary::MinScalar => ("clamp_max_backward", "select(0.0, X, Y <= S)"),
+            _ => unreachable!("{op:?} has no fused backward"),
+        };
+        let out = self.device().empty_tensor(self.shape(), self.dtype, name)?;
         let t = values(self.dtype, self.device())?;
-        out.elementwise(Entry::Binary(format!("select({t}(0), x, y > {t}(0))")), &[self, result], 0.0)?;
+        // In f32 whatever the dtype: X the gradient, Y the saved tensor, S the scalar.
+        let expr = format!("{t}({})", derivative.replace('X', "f32(x)").replace('Y', "f32(y)").replace('S', "bitcast<f32>(info.scalar)"));
+        out.elementwise(Entry::Binary(expr), &[self, saved], scalar)?;
         Ok(out)
     }
 
@@ -462,10 +505,13 @@ impl Tensor {
         if dtype == self.dtype {
             return Ok(self.share());
         }
-        not_differentiated_yet("to", &[self])?;
         let out = self.device().empty_tensor(self.shape(), dtype, "to")?;
         out.unary_into(self, Unary::Cast, 0.0)?;
-        Ok(out)
+        if !dtype.is_float() {
+            // An integer result is outside the graph, as in PyTorch.
+            return Ok(out);
+        }
+        Ok(self.record_unary(Unary::Cast, 0.0, out))
     }
 
     /// `torch.where(self, a, b)`: `self` is a bool condition; all three broadcast.
@@ -478,10 +524,32 @@ impl Tensor {
             return Err(TensorError::DType(format!("where of {} and {}", a.dtype, b.dtype)));
         }
         let shape = broadcast_shapes(&broadcast_shapes(self.shape(), a.shape())?, b.shape())?;
-        not_differentiated_yet("where", &[a, b])?;
         let out = self.device().empty_tensor(&shape, a.dtype, "where")?;
         out.elementwise(Entry::Ternary("select(z, y, x != 0u)".into()), &[self, a, b], 0.0)?;
-        Ok(out)
+        if !autograd::records(&[a, b]) {
+            return Ok(out);
+        }
+        // WhereBackward0 saves the condition; each side's gradient is where(condition, grad, 0)
+        // (or the other way round), summed back to its shape.
+        let (a_shape, b_shape) = (a.shape().to_vec(), b.shape().to_vec());
+        let need = [a.requires_grad(), b.requires_grad()];
+        Ok(autograd::record(
+            "WhereBackward0",
+            &[a, b],
+            out,
+            &[Some(Save::Input(self))],
+            Box::new(move |saved, g| {
+                let cond = saved[0].as_ref().expect("saved");
+                let side = |keep: bool, shape: &[usize]| -> Result<Tensor> {
+                    let t = values(g.dtype, g.device())?;
+                    let picked = g.device().empty_tensor(g.shape(), g.dtype, "where")?;
+                    let expr = if keep { format!("select({t}(0), y, x != 0u)") } else { format!("select(y, {t}(0), x != 0u)") };
+                    picked.elementwise(Entry::Binary(expr), &[cond, g], 0.0)?;
+                    picked.sum_to(shape)
+                };
+                Ok(vec![need[0].then(|| side(true, &a_shape)).transpose()?, need[1].then(|| side(false, &b_shape)).transpose()?])
+            }),
+        ))
     }
 
     /// `addcmul_(t1, t2, value)`: self += value * t1 * t2, in place.

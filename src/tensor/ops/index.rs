@@ -1,13 +1,15 @@
-//! Ops that gather or place slices: cat, stack, index_select, embedding.
+//! Ops that gather or place slices: cat, stack, index_select, embedding, and index_select's
+//! backward.
 
 use super::{bind, check_u32, shape_meta, strided, values};
+use crate::autograd::{self, Save};
 use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
-use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::wrap_dim;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 impl Tensor {
     /// `torch.cat(tensors, dim)`: one output allocation; each input is copied into its slice.
+    /// Its backward saves nothing: each input's gradient is a slice (a view) of the output's.
     #[track_caller]
     pub fn cat(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
         let first = *tensors.first().ok_or_else(|| TensorError::Shape("cat of no tensors".into()))?;
@@ -28,14 +30,27 @@ impl Tensor {
             }
             shape[d] += t.shape()[d];
         }
-        not_differentiated_yet("cat", tensors)?;
         let out = first.device().empty_tensor(&shape, first.dtype, "cat")?;
-        let mut at = 0;
-        for t in tensors {
-            out.narrow(d as isize, at, t.shape()[d])?.copy_(t)?;
-            at += t.shape()[d];
+        let mut starts = Vec::with_capacity(tensors.len());
+        {
+            let _no_grad = autograd::no_grad();
+            let mut at = 0;
+            for t in tensors {
+                out.narrow(d as isize, at, t.shape()[d])?.copy_(t)?;
+                starts.push((at, t.shape()[d]));
+                at += t.shape()[d];
+            }
         }
-        Ok(out)
+        if !autograd::records(tensors) {
+            return Ok(out);
+        }
+        Ok(autograd::record(
+            "CatBackward0",
+            tensors,
+            out,
+            &[],
+            Box::new(move |_, g| starts.iter().map(|&(at, len)| g.narrow(d as isize, at, len).map(Some)).collect()),
+        ))
     }
 
     /// `torch.stack(tensors, dim)`: cat of unsqueezed views (no extra memory).
@@ -47,18 +62,60 @@ impl Tensor {
         Tensor::cat(&views.iter().collect::<Vec<_>>(), d)
     }
 
-    /// `index_select(dim, index)`: `index` is a 1-D int64 or int32 tensor.
+    /// `index_select(dim, index)`: `index` is a 1-D int64 or int32 tensor. Its backward saves
+    /// the index and sums the gradient's slices into zeros of the input's shape.
     #[track_caller]
     pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let out = self.gather(dim, index)?;
+        Ok(self.record_index("IndexSelectBackward0", wrap_dim(dim, self.ndim())?, index, out))
+    }
+
+    /// `F.embedding(ids, weight)`: rows of `self` (the weight) picked by `ids` of any shape.
+    /// `EmbeddingBackward0` saves the ids.
+    #[track_caller]
+    pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
+        if self.ndim() != 2 {
+            return Err(TensorError::Shape(format!("embedding weight must be 2-D, got {:?}", self.shape())));
+        }
+        let flat = ids.reshape(&[-1])?;
+        let rows = self.gather(0, &flat)?;
+        let mut shape: Vec<isize> = ids.shape().iter().map(|&n| n as isize).collect();
+        shape.push(self.shape()[1] as isize);
+        let out = rows.view(&shape)?;
+        Ok(self.record_index("EmbeddingBackward0", 0, &flat, out))
+    }
+
+    /// Records an op whose output holds `self`'s slices along `dim` picked by `index`.
+    #[track_caller]
+    fn record_index(&self, name: &'static str, dim: usize, index: &Tensor, out: Tensor) -> Tensor {
+        if !autograd::records(&[self]) {
+            return out;
+        }
+        let (shape, flat) = (self.shape().to_vec(), out.shape().len() != self.ndim());
+        autograd::record(
+            name,
+            &[self],
+            out,
+            &[Some(Save::Input(index))],
+            Box::new(move |saved, g| {
+                let index = saved[0].as_ref().expect("saved");
+                // Embedding's gradient comes shaped as the ids plus a feature dimension.
+                let g = if flat { g.reshape(&[-1, shape[1] as isize])? } else { g.share() };
+                Ok(vec![Some(g.index_add_to_zeros(dim, index, &shape)?)])
+            }),
+        )
+    }
+
+    /// The rows of self picked along `dim` by `index`, in a new tensor.
+    #[track_caller]
+    fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
         if index.ndim() != 1 || !matches!(index.dtype, DType::I64 | DType::I32) {
             return Err(TensorError::Shape(format!("index_select needs a 1-D int64 index, got {:?} {}", index.shape(), index.dtype)));
         }
         let d = wrap_dim(dim, self.ndim())?;
         let mut shape = self.shape().to_vec();
         shape[d] = index.numel();
-        not_differentiated_yet("index_select", &[self])?;
         let out = self.device().empty_tensor(&shape, self.dtype, "index_select")?;
-        let device = self.device().clone();
         self.same_device(index)?;
         // It reads the index and only the selected rows: as many bytes as it writes.
         if !out.launches(&[index, &out], 0) {
@@ -67,14 +124,33 @@ impl Tensor {
         if self.shape()[d] == 0 {
             return Err(TensorError::Shape("index_select from an empty dimension".into()));
         }
-        for t in [self, index, &out] {
+        out.indexed("gather", self, index, d, self.shape()[d])?;
+        Ok(out)
+    }
+
+    /// `index_select_backward`: zeros of `shape` with self's slices along `dim` summed in at
+    /// `index` (one allocation: the kernel writes every element, summing the matching slices).
+    #[track_caller]
+    fn index_add_to_zeros(&self, dim: usize, index: &Tensor, shape: &[usize]) -> Result<Tensor> {
+        let out = self.device().empty_tensor(shape, self.dtype, "index_select_backward")?;
+        if out.launches(&[self, index], 0) {
+            out.indexed("index_add", self, index, dim, index.numel())?;
+        }
+        Ok(out)
+    }
+
+    /// Runs an index kernel (`gather` or `index_add`) writing self from `a` and the 1-D `index`
+    /// along `dim`; `limit` is the kernel's bound (the source's length, or the index's).
+    fn indexed(&self, entry: &'static str, a: &Tensor, index: &Tensor, dim: usize, limit: usize) -> Result<()> {
+        for t in [a, index, self] {
             check_u32(t)?;
         }
-        let operands = [&out, self, index, &out];
+        let device = self.device().clone();
+        let operands = [self, a, index, self];
         let b = bind(&operands)?;
-        let spec = [("out", self.dtype), ("a", self.dtype), ("b", index.dtype), ("c", self.dtype)];
+        let spec = [("out", self.dtype), ("a", a.dtype), ("b", index.dtype), ("c", self.dtype)];
         let out_t = values(self.dtype, &device)?;
-        let kernel = Kernel::new(Family::Elementwise, "gather")
+        let kernel = Kernel::new(Family::Elementwise, entry)
             .with_meta::<ElementwiseMeta>()
             .with_operands(device.native_f16(), &b.plan, &spec)?
             .with("SCALAR", "info.scalar")
@@ -83,32 +159,18 @@ impl Tensor {
             .with("TERNARY", format!("{out_t}(x)"))
             .with("FILL", format!("{out_t}(s)"));
         let meta = ElementwiseMeta {
-            numel: out.numel() as u32,
-            ndim: out.ndim() as u32,
-            shape: shape_meta(&shape),
-            out: strided(&out.layout, b.plan.base(0)),
-            a: strided(&self.layout, b.plan.base(1)),
+            numel: self.numel() as u32,
+            ndim: self.ndim() as u32,
+            shape: shape_meta(self.shape()),
+            out: strided(&self.layout, b.plan.base(0)),
+            a: strided(&a.layout, b.plan.base(1)),
             b: strided(&index.layout, b.plan.base(2)),
-            c: strided(&out.layout, b.plan.base(0)),
-            // The selected dimension, and its length (indices are clamped into it).
-            scalar: d as u32,
+            c: strided(&self.layout, b.plan.base(0)),
+            scalar: dim as u32,
             seed: 0,
-            limit: self.shape()[d] as u32,
+            limit: limit as u32,
         };
-        device.launch(&kernel, &meta, &b, Grid::Threads { threads: out.numel() as u64, workgroup: ELEMENTWISE_WORKGROUP })?;
-        Ok(out)
-    }
-
-    /// `F.embedding(ids, weight)`: rows of `self` (the weight) picked by `ids` of any shape.
-    #[track_caller]
-    pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
-        if self.ndim() != 2 {
-            return Err(TensorError::Shape(format!("embedding weight must be 2-D, got {:?}", self.shape())));
-        }
-        let flat = ids.reshape(&[-1])?;
-        let rows = self.index_select(0, &flat)?;
-        let mut shape: Vec<isize> = ids.shape().iter().map(|&n| n as isize).collect();
-        shape.push(self.shape()[1] as isize);
-        rows.view(&shape)
+        device.launch(&kernel, &meta, &b, Grid::Threads { threads: self.numel() as u64, workgroup: ELEMENTWISE_WORKGROUP })?;
+        Ok(())
     }
 }

@@ -63,6 +63,14 @@ fn check_u32(t: &Tensor) -> Result<()> {
 }
 
 impl Tensor {
+    /// Refuses integer and bool tensors where PyTorch requires a floating dtype.
+    pub(super) fn float_only(&self, op: &str) -> Result<()> {
+        if !self.dtype.is_float() {
+            return Err(TensorError::DType(format!("{op} of {} tensors: PyTorch requires a floating dtype", self.dtype)));
+        }
+        Ok(())
+    }
+
     fn same_device(&self, other: &Tensor) -> Result<()> {
         if self.device() != other.device() {
             return Err(TensorError::Unsupported("tensors are on different devices".into()));

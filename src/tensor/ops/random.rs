@@ -2,6 +2,7 @@
 
 use super::elementwise::Entry;
 use super::values;
+use crate::autograd::{self, Save};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 impl crate::device::Device {
@@ -26,5 +27,50 @@ impl crate::device::Device {
         let out_t = values(dtype, self).or_else(|e| if self.is_sim() { Ok("f32") } else { Err(e) })?;
         t.elementwise(Entry::Random(format!("{out_t}({expr})"), self.next_seed()), &[], 0.0)?;
         Ok(t)
+    }
+}
+
+impl Tensor {
+    /// `F.dropout(x, p, training)`. In training with 0 < p < 1 it is PyTorch's fused
+    /// `native_dropout`: the output, then a bool mask (one byte per element) that autograd
+    /// saves; otherwise the input itself, as PyTorch returns it.
+    #[track_caller]
+    pub fn dropout(&self, p: f64, training: bool) -> Result<Tensor> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(TensorError::Shape(format!("dropout probability has to be between 0 and 1, but got {p}")));
+        }
+        if !training || p == 0.0 || self.numel() == 0 {
+            return Ok(self.share());
+        }
+        if p == 1.0 {
+            return self.mul(&self.device().zeros(self.shape(), self.dtype)?);
+        }
+        self.float_only("dropout")?;
+        let scale = 1.0 / (1.0 - p);
+        let out = self.device().empty_tensor(self.shape(), self.dtype, "native_dropout")?;
+        let mask = self.device().empty_tensor(self.shape(), DType::Bool, "native_dropout")?;
+        let keep = format!("select(0u, 1u, uniform(i, 0u) >= {:?})", p as f32);
+        mask.elementwise(Entry::Random(keep, self.device().next_seed()), &[], 0.0)?;
+        out.masked_scale(self, &mask, scale)?;
+        if !autograd::records(&[self]) {
+            return Ok(out);
+        }
+        Ok(autograd::record(
+            "NativeDropoutBackward0",
+            &[self],
+            out,
+            &[Some(Save::Input(&mask))],
+            Box::new(move |saved, g| {
+                let grad = g.device().empty_tensor(g.shape(), g.dtype, "native_dropout_backward")?;
+                grad.masked_scale(g, saved[0].as_ref().expect("saved"), scale)?;
+                Ok(vec![Some(grad)])
+            }),
+        ))
+    }
+
+    /// Writes `x * mask * scale` into self.
+    fn masked_scale(&self, x: &Tensor, mask: &Tensor, scale: f64) -> Result<()> {
+        let t = values(x.dtype, x.device())?;
+        self.elementwise(Entry::Binary(format!("{t}(f32(x) * f32(y) * bitcast<f32>(info.scalar))")), &[x, mask], scale)
     }
 }

@@ -1,6 +1,8 @@
-//! Ops that walk one dimension per row: softmax, log_softmax, layer_norm, var, argmax.
+//! Ops that walk one dimension per row: softmax, log_softmax, layer_norm, var, argmax, and the
+//! backward kernels of the first three.
 
 use super::{bind, check_u32, shape_meta, strided};
+use crate::autograd::{self, Save};
 use crate::kernels::{Family, Grid, Kernel, RowsMeta, WORKGROUP};
 use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::wrap_dim;
@@ -14,6 +16,12 @@ enum Rows {
     LayerNorm,
     Variance,
     Argmax,
+    SoftmaxBackward,
+    LogSoftmaxBackward,
+    LayerNormBackward,
+    LayerNormWeightBackward,
+    MaxDim,
+    MaxBackward,
 }
 
 impl Rows {
@@ -24,13 +32,20 @@ impl Rows {
             Rows::LayerNorm => "layer_norm",
             Rows::Variance => "variance",
             Rows::Argmax => "argmax",
+            Rows::SoftmaxBackward => "softmax_backward",
+            Rows::LogSoftmaxBackward => "log_softmax_backward",
+            Rows::LayerNormBackward => "layer_norm_backward",
+            Rows::LayerNormWeightBackward => "layer_norm_weight_backward",
+            Rows::MaxDim => "max_dim",
+            Rows::MaxBackward => "max_backward",
         }
     }
 }
 
 impl Tensor {
     /// Runs a rows kernel walking `dim` of self. `out` has self's shape, or self's with `dim`
-    /// of size 1. `extras` are layer_norm's weight, bias, mean and rstd.
+    /// of size 1. `extras` are layer_norm's weight, bias, mean and rstd; backward kernels bind
+    /// the incoming gradient (self's shape) where the bias goes.
     fn rows(&self, kind: Rows, out: &Tensor, dim: usize, param: f32, extras: &[&Tensor]) -> Result<()> {
         let device = self.device().clone();
         let n = self.shape()[dim];
@@ -71,6 +86,7 @@ impl Tensor {
             shape: shape_meta(&row_shape),
             out: strided(&out_layout, b.plan.base(0)),
             a: strided(&self.layout, b.plan.base(1)),
+            g: strided(&operands[3].layout, b.plan.base(3)),
             dim: dim as u32,
             n: n as u32,
             param,
@@ -84,21 +100,32 @@ impl Tensor {
         Ok(device.launch(&kernel, &meta, &b, Grid::Threads { threads: rows as u64, workgroup: WORKGROUP })?)
     }
 
-    fn float_only(&self, op: &str) -> Result<()> {
-        if !self.dtype.is_float() {
-            return Err(TensorError::DType(format!("{op} of {} tensors: PyTorch requires a floating dtype", self.dtype)));
-        }
-        Ok(())
-    }
-
     #[track_caller]
     fn along(&self, kind: Rows, dim: isize) -> Result<Tensor> {
         self.float_only(kind.entry())?;
-        not_differentiated_yet(kind.entry(), &[self])?;
         let d = wrap_dim(dim, self.ndim())?;
         let out = self.device().empty_tensor(self.shape(), self.dtype, kind.entry())?;
         self.rows(kind, &out, d, 0.0, &[])?;
-        Ok(out)
+        if !autograd::records(&[self]) {
+            return Ok(out);
+        }
+        // Both save their result; their backward kernels write one gradient.
+        let (name, backward) = match kind {
+            Rows::Softmax => ("SoftmaxBackward0", Rows::SoftmaxBackward),
+            _ => ("LogSoftmaxBackward0", Rows::LogSoftmaxBackward),
+        };
+        Ok(autograd::record(
+            name,
+            &[self],
+            out,
+            &[Some(Save::Output)],
+            Box::new(move |saved, g| {
+                let result = saved[0].as_ref().expect("saved");
+                let grad = g.device().empty_tensor(g.shape(), g.dtype, backward.entry())?;
+                result.rows(backward, &grad, d, 0.0, &[&grad, g])?;
+                Ok(vec![Some(grad)])
+            }),
+        ))
     }
 
     /// `softmax(dim)`.
@@ -113,25 +140,65 @@ impl Tensor {
         self.along(Rows::LogSoftmax, dim)
     }
 
-    /// `layer_norm` over the last dimension with weight and bias. Like PyTorch's
-    /// native_layer_norm it also computes the per-row mean and 1/std (float32, one value per
-    /// row), which autograd keeps for backward; here they are temporaries freed on return.
+    /// `layer_norm` over the last dimension with weight and bias. As PyTorch's
+    /// native_layer_norm it reads a contiguous input (a copy if it is not) and also writes the
+    /// per-row mean and 1/std (float32, one value per row); autograd keeps them with the input
+    /// for backward, otherwise they are freed on return.
     #[track_caller]
     pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
         self.float_only("layer_norm")?;
-        not_differentiated_yet("layer_norm", &[self, weight, bias])?;
         let n = *self.shape().last().ok_or_else(|| TensorError::Shape("layer_norm of a 0-d tensor".into()))?;
         for (name, t) in [("weight", weight), ("bias", bias)] {
             if t.shape() != [n] || t.dtype != self.dtype {
                 return Err(TensorError::Shape(format!("layer_norm {name} must be [{n}] {}, got {:?} {}", self.dtype, t.shape(), t.dtype)));
             }
         }
+        let input = self.contiguous()?;
         let rows = self.numel() / n.max(1);
         let out = self.device().empty_tensor(self.shape(), self.dtype, "layer_norm")?;
         let mean = self.device().empty_tensor(&[rows], DType::F32, "layer_norm")?;
         let rstd = self.device().empty_tensor(&[rows], DType::F32, "layer_norm")?;
-        self.rows(Rows::LayerNorm, &out, self.ndim() - 1, eps as f32, &[weight, bias, &mean, &rstd])?;
-        Ok(out)
+        input.rows(Rows::LayerNorm, &out, self.ndim() - 1, eps as f32, &[weight, bias, &mean, &rstd])?;
+        if !autograd::records(&[&input, weight, bias]) {
+            return Ok(out);
+        }
+        let need = [input.requires_grad(), weight.requires_grad(), bias.requires_grad()];
+        // As derivatives.yaml: input, weight, bias, and the mean and rstd (result1, result2).
+        let save = [Some(Save::Input(&input)), Some(Save::Input(weight)), Some(Save::Input(&mean)), Some(Save::Input(&rstd)), Some(Save::Input(bias))];
+        Ok(autograd::record(
+            "NativeLayerNormBackward0",
+            &[&input, weight, bias],
+            out,
+            &save,
+            Box::new(move |saved, g| {
+                let [x, w, mean, rstd] = [0, 1, 2, 3].map(|i| saved[i].as_ref().expect("saved"));
+                let g = g.contiguous()?;
+                // As ATen: the input's gradient, then the weight's, then the bias's.
+                let dx = if need[0] {
+                    let dx = g.device().empty_tensor(x.shape(), x.dtype, "native_layer_norm_backward")?;
+                    x.rows(Rows::LayerNormBackward, &dx, x.ndim() - 1, 0.0, &[w, &g, mean, rstd])?;
+                    Some(dx)
+                } else {
+                    None
+                };
+                let features = w.numel();
+                let dw = if need[1] {
+                    let dw = g.device().empty_tensor(&[features], w.dtype, "native_layer_norm_backward")?;
+                    // Walk each feature's column down the rows.
+                    let (x2, g2) = (x.view(&[-1, features as isize])?, g.view(&[-1, features as isize])?);
+                    x2.rows(Rows::LayerNormWeightBackward, &dw.view(&[1, features as isize])?, 0, 0.0, &[&dw, &g2, mean, rstd])?;
+                    Some(dw)
+                } else {
+                    None
+                };
+                let db = match g.ndim() {
+                    _ if !need[2] => None,
+                    1 => Some(g.clone()?),
+                    ndim => Some(g.sum(&(0..ndim as isize - 1).collect::<Vec<_>>(), false)?),
+                };
+                Ok(vec![dx, dw, db])
+            }),
+        ))
     }
 
     #[track_caller]
@@ -159,6 +226,41 @@ impl Tensor {
             return if keepdim { Ok(out) } else { out.squeeze(Some(d as isize)) };
         }
         self.reduce_rows(Rows::Variance, dim, keepdim, self.dtype, correction as f32)
+    }
+
+    /// `max(dim, keepdim)`: the values and their int64 indices (`torch.max(x, dim)`), in that
+    /// order. `MaxBackward0` saves the indices.
+    #[track_caller]
+    pub fn max_dim(&self, dim: isize, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        let d = wrap_dim(dim, self.ndim())?;
+        let mut shape = self.shape().to_vec();
+        shape[d] = 1;
+        let values = self.device().empty_tensor(&shape, self.dtype, "max")?;
+        let indices = self.device().empty_tensor(&shape, DType::I64, "max")?;
+        if self.shape()[d] == 0 && values.numel() > 0 {
+            return Err(TensorError::Shape(format!("max(): Expected reduction dim {d} to have non-zero size.")));
+        }
+        self.rows(Rows::MaxDim, &values, d, 0.0, &[&values, &values, &indices])?;
+        let squeeze = |t: Tensor| if keepdim { Ok(t) } else { t.squeeze(Some(d as isize)) };
+        let (values, indices) = (squeeze(values)?, squeeze(indices)?);
+        if !autograd::records(&[self]) {
+            return Ok((values, indices));
+        }
+        let input_shape = self.shape().to_vec();
+        let values = autograd::record(
+            "MaxBackward0",
+            &[self],
+            values,
+            &[Some(Save::Input(&indices))],
+            Box::new(move |saved, g| {
+                let indices = saved[0].as_ref().expect("saved");
+                let g = if keepdim { g.share() } else { g.unsqueeze(d as isize)? };
+                let grad = g.device().empty_tensor(&input_shape, g.dtype, "value_selecting_reduction_backward")?;
+                g.expand(&input_shape)?.rows(Rows::MaxBackward, &grad, d, 0.0, &[&grad, &grad, indices])?;
+                Ok(vec![Some(grad)])
+            }),
+        );
+        Ok((values, indices))
     }
 
     /// `argmax(dim, keepdim)`: int64 indices, as in PyTorch.
