@@ -167,6 +167,12 @@ fn pytorch_refuses_what_it_refuses() {
     assert!(dev.ones(&[2], DType::F32).unwrap().sum(&[], false).unwrap().backward().unwrap_err().to_string().contains("does not require grad"));
     assert!(dev.ones(&[2], DType::I32).unwrap().requires_grad_(true).unwrap_err().to_string().contains("floating point"));
     assert!(x.exp().unwrap().requires_grad_(false).unwrap_err().to_string().contains("leaf variables"));
+    // In place on an intermediate: recorded where the derivative allows, refused otherwise.
+    let y = x.mul_scalar(2.0).unwrap();
+    y.add_scalar_(1.0).unwrap().exp_().unwrap();
+    assert_eq!(y.grad_fn().unwrap().name(), "ExpBackward0");
+    assert!(y.gelu_().unwrap_err().to_string().contains("not differentiated on tensors the graph tracks"));
+    assert!(y.view(&[-1]).unwrap().add_scalar_(1.0).unwrap_err().to_string().contains("through a view"));
     // An op autograd cannot differentiate yet says so instead of dropping the gradient.
     assert!(x.var(-1, 1.0, false).unwrap_err().to_string().contains("does not differentiate this op yet"));
 }

@@ -57,7 +57,7 @@ impl Tensor {
 
     /// A new tensor over the same storage and layout, with no grad_fn.
     pub(crate) fn alias(&self) -> Tensor {
-        Tensor::from_parts(self.storage.clone(), self.layout.clone(), self.dtype)
+        Tensor::from_parts(self.storage.clone(), self.layout.clone(), self.dtype, true)
     }
 
     /// Whether nothing else holds this tensor or its memory (PyTorch's `can_accumulate_inplace`:
@@ -73,15 +73,24 @@ impl Tensor {
     }
 
     /// Checks that an in-place op may write this tensor, as PyTorch does: not a leaf that
-    /// requires grad while grad mode is on, and not a tensor the graph tracks (not supported
-    /// yet: an error rather than a wrong gradient).
-    pub(crate) fn check_inplace(&self, op: &str) -> Result<()> {
-        if autograd::is_grad_enabled() && self.requires_grad() {
-            if self.is_leaf() {
-                return Err(TensorError::Autograd("a leaf Variable that requires grad is being used in an in-place operation.".into()));
-            }
+    /// requires grad while grad mode is on. `differentiated` says whether the op records itself
+    /// when the graph tracks self or `others`; an op that does not, and a write through a
+    /// tracked view (whose base's history this engine does not rebase), are refused rather
+    /// than given a wrong gradient.
+    pub(crate) fn check_inplace(&self, op: &str, others: &[&Tensor], differentiated: bool) -> Result<()> {
+        if !autograd::is_grad_enabled() {
+            return Ok(());
+        }
+        if self.requires_grad() && self.is_leaf() {
+            return Err(TensorError::Autograd("a leaf Variable that requires grad is being used in an in-place operation.".into()));
+        }
+        let tracked = self.requires_grad() || others.iter().any(|t| t.requires_grad());
+        if tracked && !differentiated {
+            return Err(TensorError::Unsupported(format!("{op}: this in-place op is not differentiated on tensors the graph tracks; use the out-of-place op")));
+        }
+        if tracked && self.is_view {
             return Err(TensorError::Unsupported(format!(
-                "{op}: in-place ops on tensors the graph tracks are not differentiated yet; use the out-of-place op"
+                "{op}: an in-place write through a view of a tensor the graph tracks is not differentiated yet; use the out-of-place op"
             )));
         }
         Ok(())

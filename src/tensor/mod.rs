@@ -84,6 +84,9 @@ pub struct TensorImpl {
     grad: RefCell<Option<Tensor>>,
     /// The recorded op that made this tensor (None for leaves).
     grad_fn: RefCell<Option<Rc<Node>>>,
+    /// Made by a view op over another tensor's storage: autograd does not follow an in-place
+    /// write through a view back to its base, so it refuses one on a tracked view.
+    is_view: bool,
 }
 
 impl std::ops::Deref for Tensor {
@@ -100,9 +103,10 @@ impl std::fmt::Debug for Tensor {
 }
 
 impl Tensor {
-    fn from_parts(storage: Rc<Storage>, layout: Layout, dtype: DType) -> Tensor {
+    fn from_parts(storage: Rc<Storage>, layout: Layout, dtype: DType, is_view: bool) -> Tensor {
         let id = storage.device.next_tensor_id();
-        Tensor(Rc::new(TensorImpl { id, storage, layout, dtype, requires_grad: Cell::new(false), grad: RefCell::new(None), grad_fn: RefCell::new(None) }))
+        let (requires_grad, grad, grad_fn) = (Cell::new(false), RefCell::new(None), RefCell::new(None));
+        Tensor(Rc::new(TensorImpl { id, storage, layout, dtype, requires_grad, grad, grad_fn, is_view }))
     }
 }
 
@@ -124,7 +128,7 @@ impl Device {
         }
         let block = if bytes == 0 { None } else { Some(self.allocate(bytes, op)?) };
         let storage = Storage { device: self.clone(), block, bytes, id: self.next_storage_id(), version: Cell::new(0) };
-        Ok(Tensor::from_parts(Rc::new(storage), Layout::contiguous(shape), dtype))
+        Ok(Tensor::from_parts(Rc::new(storage), Layout::contiguous(shape), dtype, false))
     }
 
     /// `torch.empty`: allocates without writing (contents are whatever the block held).
@@ -243,7 +247,7 @@ impl Tensor {
     }
 
     fn view_with(&self, layout: Layout) -> Tensor {
-        Tensor::from_parts(self.storage.clone(), layout, self.dtype)
+        Tensor::from_parts(self.storage.clone(), layout, self.dtype, true)
     }
 
     /// The storage as a kernel binding (None for zero bytes).

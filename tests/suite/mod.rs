@@ -812,7 +812,7 @@ pub async fn long_programs_span_several_batches(dev: &Device) {
 /// (kept away from relu's kink) of small shapes, broadcasting and views included.
 pub async fn gradients_match_finite_differences(dev: &Device) {
     type Program = fn(&Tensor, &Tensor) -> Tensor;
-    let cases: [(&str, &[usize], &[usize], Program); 28] = [
+    let cases: [(&str, &[usize], &[usize], Program); 29] = [
         ("one gradient reaching a tensor by two views", &[3, 4], &[4], |a, b| {
             let y = a.mul(b).unwrap();
             y.view(&[-1]).unwrap().add(&y.t().unwrap().reshape(&[-1]).unwrap().exp().unwrap()).unwrap()
@@ -869,6 +869,15 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
             values.mul(b).unwrap()
         }),
         ("max over a dim, keepdim", &[3, 4], &[4], |a, b| a.sub(&a.max_dim(0, true).unwrap().0).unwrap().mul(b).unwrap()),
+        ("in-place add_, sub_, mul_scalar_, exp_ and relu_ on intermediates", &[3, 4], &[4], |a, b| {
+            let y = a.mul(b).unwrap();
+            // (exp_ and relu_ save their result: nothing may write y after them, as in PyTorch.)
+            y.add_(b).unwrap().mul_scalar_(2.0).unwrap().sub_(a).unwrap().sub_scalar_(0.5).unwrap().exp_().unwrap();
+            // Where relu_ keeps everything (its kink is checked out of place above).
+            let z = y.mul(a).unwrap().mul(a).unwrap().mul(&y).unwrap().add_scalar(0.1).unwrap();
+            z.relu_().unwrap();
+            z
+        }),
         ("where", &[3, 4], &[4], |a, b| a.gt(&b.mul_scalar(0.0).unwrap()).unwrap().where_(&a.exp().unwrap(), b).unwrap()),
     ];
     let mut rng = Rng(17);

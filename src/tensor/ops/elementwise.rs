@@ -51,7 +51,28 @@ pub(crate) enum Binary {
     Ge,
 }
 
+/// What a unary op's backward needs, as `derivatives.yaml` writes its derivative.
+enum Saves {
+    Nothing,
+    Result,
+    Input,
+}
+
 impl Unary {
+    fn saves(self) -> Saves {
+        match self {
+            Unary::AddScalar | Unary::SubScalar | Unary::MulScalar | Unary::DivScalar | Unary::Neg | Unary::Cast => Saves::Nothing,
+            Unary::Exp | Unary::Sqrt | Unary::Rsqrt | Unary::Relu | Unary::Tanh | Unary::Sigmoid => Saves::Result,
+            _ => Saves::Input,
+        }
+    }
+
+    /// Whether the in-place form is differentiated: its derivative must not need the input
+    /// it overwrites.
+    fn inplace_differentiated(self) -> bool {
+        self.grad_fn().is_some() && !matches!(self.saves(), Saves::Input)
+    }
+
     /// The autograd node's name, for the ops autograd differentiates.
     fn grad_fn(self) -> Option<&'static str> {
         Some(match self {
@@ -338,10 +359,10 @@ impl Tensor {
             return out;
         }
         let Some(name) = op.grad_fn() else { return out };
-        let save = match op {
-            Unary::AddScalar | Unary::SubScalar | Unary::MulScalar | Unary::DivScalar | Unary::Neg | Unary::Cast => None,
-            Unary::Exp | Unary::Sqrt | Unary::Rsqrt | Unary::Relu | Unary::Tanh | Unary::Sigmoid => Some(Save::Output),
-            _ => Some(Save::Input(self)),
+        let save = match op.saves() {
+            Saves::Nothing => None,
+            Saves::Result => Some(Save::Output),
+            Saves::Input => Some(Save::Input(self)),
         };
         let input_dtype = self.dtype;
         autograd::record(
@@ -455,6 +476,9 @@ impl Tensor {
         )
     }
 
+    /// An in-place binary op. add_ and sub_ on tensors the graph tracks record themselves: self
+    /// gets the new node, whose edge leads to its previous history.
+    #[track_caller]
     fn binary_inplace(&self, other: &Tensor, op: Binary) -> Result<&Tensor> {
         let shape = broadcast_shapes(self.shape(), other.shape())?;
         if shape != self.shape() {
@@ -464,23 +488,33 @@ impl Tensor {
                 self.shape()
             )));
         }
-        self.check_inplace(op.name())?;
+        let differentiated = matches!(op, Binary::Add | Binary::Sub);
+        self.check_inplace(op.name(), &[other], differentiated)?;
         self.binary_into(self, other, op)?;
         self.bump_version();
+        if differentiated {
+            self.record_binary(other, op, self.share());
+        }
         Ok(self)
     }
 
+    /// An in-place unary op (or one with a Python number); recorded as the out-of-place op is
+    /// when its derivative does not need the overwritten input.
+    #[track_caller]
     fn unary_inplace(&self, op: Unary, scalar: f64) -> Result<&Tensor> {
-        self.check_inplace(op.name())?;
+        self.check_inplace(op.name(), &[], op.inplace_differentiated())?;
         self.unary_into(self, op, scalar)?;
         self.bump_version();
+        if op.inplace_differentiated() {
+            self.record_unary(op, scalar, self.share());
+        }
         Ok(self)
     }
 
     /// `fill_`: every element becomes `value`; allocates nothing.
     pub fn fill_(&self, value: f64) -> Result<&Tensor> {
         values(self.dtype, self.device()).or_else(|e| if self.device().is_sim() { Ok("") } else { Err(e) })?;
-        self.check_inplace("fill_")?;
+        self.check_inplace("fill_", &[], false)?;
         self.elementwise(Entry::Fill, &[], value)?;
         self.bump_version();
         Ok(self)
@@ -492,8 +526,7 @@ impl Tensor {
 
     /// `copy_`: writes `src` (broadcast to self's shape, converted to self's dtype) into self.
     pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
-        self.check_inplace("copy_")?;
-        not_differentiated_yet("copy_", &[src])?;
+        self.check_inplace("copy_", &[src], false)?;
         self.unary_into(src, if src.dtype == self.dtype { Unary::Identity } else { Unary::Cast }, 0.0)?;
         self.bump_version();
         Ok(self)
@@ -560,8 +593,7 @@ impl Tensor {
         if !self.dtype.is_float() {
             return Err(TensorError::DType(format!("addcmul_ of {} tensors", self.dtype)));
         }
-        self.check_inplace("addcmul_")?;
-        not_differentiated_yet("addcmul_", &[t1, t2])?;
+        self.check_inplace("addcmul_", &[t1, t2], false)?;
         self.elementwise(Entry::Ternary("x + s * y * z".into()), &[self, t1, t2], value)?;
         self.bump_version();
         Ok(self)
@@ -592,7 +624,7 @@ compare_ops! {
 }
 
 macro_rules! binary_ops {
-    ($($name:ident, $inplace:ident, $scalar:ident => $op:expr, $sop:expr;)*) => {
+    ($($name:ident, $inplace:ident, $scalar:ident, $scalar_inplace:ident => $op:expr, $sop:expr;)*) => {
         impl Tensor {
             $(
                 #[track_caller]
@@ -600,8 +632,15 @@ macro_rules! binary_ops {
                     self.binary(other, $op)
                 }
 
+                #[track_caller]
                 pub fn $inplace(&self, other: &Tensor) -> Result<&Tensor> {
                     self.binary_inplace(other, $op)
+                }
+
+                /// In place, with a Python number.
+                #[track_caller]
+                pub fn $scalar_inplace(&self, value: f64) -> Result<&Tensor> {
+                    self.unary_inplace($sop, value)
                 }
 
                 /// With a Python number: no device memory for the scalar, as in PyTorch.
@@ -615,13 +654,13 @@ macro_rules! binary_ops {
 }
 
 binary_ops! {
-    add, add_, add_scalar => Binary::Add, Unary::AddScalar;
-    sub, sub_, sub_scalar => Binary::Sub, Unary::SubScalar;
-    mul, mul_, mul_scalar => Binary::Mul, Unary::MulScalar;
-    div, div_, div_scalar => Binary::Div, Unary::DivScalar;
-    pow, pow_, pow_scalar => Binary::Pow, Unary::PowScalar;
-    maximum, maximum_, clamp_min => Binary::Maximum, Unary::MaxScalar;
-    minimum, minimum_, clamp_max => Binary::Minimum, Unary::MinScalar;
+    add, add_, add_scalar, add_scalar_ => Binary::Add, Unary::AddScalar;
+    sub, sub_, sub_scalar, sub_scalar_ => Binary::Sub, Unary::SubScalar;
+    mul, mul_, mul_scalar, mul_scalar_ => Binary::Mul, Unary::MulScalar;
+    div, div_, div_scalar, div_scalar_ => Binary::Div, Unary::DivScalar;
+    pow, pow_, pow_scalar, pow_scalar_ => Binary::Pow, Unary::PowScalar;
+    maximum, maximum_, clamp_min, clamp_min_ => Binary::Maximum, Unary::MaxScalar;
+    minimum, minimum_, clamp_max, clamp_max_ => Binary::Minimum, Unary::MinScalar;
 }
 
 macro_rules! unary_ops {
@@ -633,6 +672,7 @@ macro_rules! unary_ops {
                     self.unary($op, 0.0)
                 }
 
+                #[track_caller]
                 pub fn $inplace(&self) -> Result<&Tensor> {
                     self.unary_inplace($op, 0.0)
                 }

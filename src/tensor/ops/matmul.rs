@@ -14,9 +14,8 @@ impl Tensor {
     /// real memory, so they happen here as they do there.
     #[track_caller]
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
-        // Register blocking pays once the output fills its 64x64 tiles; small products tile.
-        let big = self.shape().iter().rev().nth(1).is_some_and(|&m| m >= 64) && other.shape().last().is_some_and(|&n| n >= 64);
-        self.matmul_with(other, if big { MatmulKernel::Blocked } else { MatmulKernel::Tiled })
+        let m = self.shape().iter().rev().nth(1).copied().unwrap_or(1);
+        self.matmul_with(other, MatmulKernel::for_shape(m, other.shape().last().copied().unwrap_or(1)))
     }
 
     /// Self if its last two dimensions are row- or column-major with a valid leading dimension
@@ -144,31 +143,71 @@ impl Tensor {
             let _no_grad = autograd::no_grad();
             self.mm_forward(other, kind)?
         };
-        Ok(self.record_mm(other, out))
+        Ok(self.record_mm(other, None, out))
     }
 
-    /// Records mm (bmm for 3-D): each input's gradient needs the other operand, so each is saved
-    /// only when the other needs a gradient, as `derivatives.yaml` has it.
+    /// Records mm (bmm for 3-D; addmm with a bias): each input's gradient needs the other
+    /// operand, so each is saved only when the other needs a gradient, as `derivatives.yaml` has
+    /// it. As ATen's `mm_mat1_backward` / `mm_mat2_backward`, a column-major operand (a weight
+    /// seen through `.t()`) gets its gradient computed transposed, so that it arrives
+    /// contiguous where the weight is.
     #[track_caller]
-    fn record_mm(&self, other: &Tensor, out: Tensor) -> Tensor {
-        if !autograd::records(&[self, other]) {
+    fn record_mm(&self, other: &Tensor, bias: Option<&Tensor>, out: Tensor) -> Tensor {
+        let mut inputs = vec![self, other];
+        inputs.extend(bias);
+        if !autograd::records(&inputs) {
             return out;
         }
         let need = [self.requires_grad(), other.requires_grad()];
         let save = [need[0].then_some(Save::Input(other)), need[1].then_some(Save::Input(self))];
-        let name = if self.ndim() == 3 { "BmmBackward0" } else { "MmBackward0" };
+        let name = match (bias.is_some(), self.ndim()) {
+            (true, _) => "AddmmBackward0",
+            (false, 3) => "BmmBackward0",
+            _ => "MmBackward0",
+        };
+        let column_major = |t: &Tensor| t.ndim() == 2 && t.strides()[0] == 1 && t.strides()[1] == t.shape()[0];
+        let (a_column_major, b_column_major) = (column_major(self), column_major(other));
+        let bias_shape = bias.map(|b| b.shape().to_vec());
         autograd::record(
             name,
-            &[self, other],
+            &inputs,
             out,
             &save,
             Box::new(move |saved, g| {
                 let (b, a) = (saved[0].as_ref(), saved[1].as_ref());
-                let ga = b.map(|b| g.matmul(&b.mt()?)).transpose()?;
-                let gb = a.map(|a| a.mt()?.matmul(g)).transpose()?;
-                Ok(vec![ga, gb])
+                let ga = match b {
+                    Some(b) if a_column_major => b.matmul(&g.mt()?)?.mt().map(Some)?,
+                    Some(b) => Some(g.matmul(&b.mt()?)?),
+                    None => None,
+                };
+                let gb = match a {
+                    Some(a) if b_column_major => g.mt()?.matmul(a)?.mt().map(Some)?,
+                    Some(a) => Some(a.mt()?.matmul(g)?),
+                    None => None,
+                };
+                let mut grads = vec![ga, gb];
+                if let Some(shape) = &bias_shape {
+                    grads.push(Some(g.sum_to(shape)?));
+                }
+                Ok(grads)
             }),
         )
+    }
+
+    /// `addmm(bias, mat1, mat2)`: `bias + mat1 @ mat2` for 2-D matrices and a bias broadcast
+    /// to the result (`F.linear` with a bias): one output allocation.
+    #[track_caller]
+    pub fn addmm(bias: &Tensor, mat1: &Tensor, mat2: &Tensor) -> Result<Tensor> {
+        if mat1.ndim() != 2 || mat2.ndim() != 2 || mat1.shape()[1] != mat2.shape()[0] {
+            return Err(TensorError::Shape(format!("addmm needs [n, m] @ [m, p], got {:?} @ {:?}", mat1.shape(), mat2.shape())));
+        }
+        let out = {
+            let _no_grad = autograd::no_grad();
+            let out = mat1.mm_forward(mat2, MatmulKernel::for_shape(mat1.shape()[0], mat2.shape()[1]))?;
+            out.add_(bias)?;
+            out
+        };
+        Ok(mat1.record_mm(mat2, Some(bias), out))
     }
 
     #[track_caller]
@@ -257,6 +296,11 @@ pub enum MatmulKernel {
 }
 
 impl MatmulKernel {
+    /// Register blocking pays once an m x n output fills its 64x64 tiles; small products tile.
+    fn for_shape(m: usize, n: usize) -> MatmulKernel {
+        if m >= 64 && n >= 64 { MatmulKernel::Blocked } else { MatmulKernel::Tiled }
+    }
+
     fn entry(self) -> &'static str {
         match self {
             MatmulKernel::Naive => "naive",
