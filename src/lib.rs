@@ -11,6 +11,8 @@ pub mod autograd;
 pub mod device;
 pub mod dtype;
 pub(crate) mod kernels;
+pub mod nn;
+pub mod optim;
 pub mod replay;
 pub mod report;
 pub mod scenarios;

@@ -317,6 +317,16 @@ impl Device {
         ScopeGuard { device: self.clone(), number }
     }
 
+    /// The scope of the module at `path` (`h.3.attn.q_proj`, as named_parameters() names it):
+    /// inside its parent's scope (`h.3.attn`) it adds only its own part (`q_proj`), so that the
+    /// joined scope path is the module's path.
+    #[must_use = "the scope holds only while the guard lives (`let _ = ` drops it at once)"]
+    pub fn module_scope(&self, path: &str) -> ScopeGuard {
+        let current = self.0.scope_path.borrow().clone();
+        let own = path.strip_prefix(&*current).and_then(|rest| rest.strip_prefix('.')).filter(|_| !current.is_empty()).unwrap_or(path);
+        self.scope(own)
+    }
+
     /// Classifies the following allocations as `category` (parameter, gradient, ...: what the
     /// page colours them by) until the guard drops, which restores the one before.
     #[must_use = "the category holds only while the guard lives"]

@@ -32,7 +32,8 @@ macro_rules! every_check {
             the_sim_device_records_the_same_trace_as_the_gpu,
             the_sim_device_answers_as_the_gpu,
             matmul_allocates_what_aten_allocates,
-            gradients_match_finite_differences
+            gradients_match_finite_differences,
+            a_training_step_allocates_on_the_gpu_as_on_the_sim_device
         );
     };
 }
@@ -915,5 +916,58 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
                 assert!((analytic[i] - numeric).abs() <= tol, "{what}: d loss / d {which}[{i}]: autograd {} vs finite differences {numeric}", analytic[i]);
             }
         }
+    }
+}
+
+/// A small transformer's training steps (zero_grad, forward, loss, backward, AdamW) allocate
+/// and free the same sizes in the same order, with the same op, module scope and category, on
+/// the GPU and on the sim device; and the GPU's loss is finite and falls.
+pub async fn a_training_step_allocates_on_the_gpu_as_on_the_sim_device(dev: &Device) {
+    use tensormem::nn::{Architecture, Module, Transformer, TransformerConfig};
+    use tensormem::optim::{Adam, Optimizer};
+    use tensormem::trace::Action;
+    let sim = Device::sim(SimOptions::preset("H100-80GB"));
+    let mut recorded = Vec::new();
+    for d in [dev, &sim] {
+        for architecture in [Architecture::Llama, Architecture::Gpt2] {
+            let config = TransformerConfig { architecture, vocab: 40, context: 12, dim: 16, layers: 2, heads: 2, hidden: 32, dropout: 0.1, dtype: DType::F32 };
+            let model = Transformer::new(d, config).unwrap();
+            let mut optimizer = Adam::adamw(model.parameters(), 1e-2, 0.01);
+            let ids: Vec<i64> = (0..2 * 12).map(|i| (i * 5 % 40) as i64).collect();
+            let targets: Vec<i64> = (0..2 * 12).map(|i| ((i * 5 + 1) % 40) as i64).collect();
+            let (ids, targets) = (d.from_slice(&ids, &[2, 12]).unwrap(), d.from_slice(&targets, &[2, 12]).unwrap());
+            let start = d.snapshot().device_traces[0].len();
+            let mut losses = Vec::new();
+            for _ in 0..3 {
+                optimizer.zero_grad(true).unwrap();
+                let loss = model.loss(&ids, &targets, true).unwrap();
+                loss.backward().unwrap();
+                optimizer.step().unwrap();
+                if !d.is_sim() {
+                    losses.push(loss.item::<f32>().await.unwrap());
+                }
+            }
+            if !d.is_sim() {
+                assert!(losses.iter().all(|l| l.is_finite()) && losses[2] < losses[0], "{architecture:?}: the loss falls: {losses:?}");
+            }
+            let snapshot = d.snapshot();
+            let events: Vec<_> = snapshot.device_traces[0][start..]
+                .iter()
+                .filter(|e| matches!(e.action, Action::Alloc | Action::FreeRequested))
+                .map(|e| {
+                    let frames = e.frames.as_ref().map(|f| f.iter().map(|f| f.name.clone()).collect::<Vec<_>>());
+                    (e.action, e.size, frames, e.category)
+                })
+                .collect();
+            recorded.push((architecture, events));
+        }
+    }
+    let (gpu, sim) = recorded.split_at(2);
+    for ((architecture, g), (_, s)) in gpu.iter().zip(sim) {
+        assert!(g.len() > 300, "{architecture:?}: {} events", g.len());
+        for (i, (a, b)) in g.iter().zip(s).enumerate() {
+            assert_eq!(a, b, "{architecture:?}: event {i} differs between the GPU and the sim device");
+        }
+        assert_eq!(g.len(), s.len(), "{architecture:?}");
     }
 }

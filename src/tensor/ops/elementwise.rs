@@ -23,6 +23,8 @@ pub(crate) enum Unary {
     Silu,
     Tanh,
     Sigmoid,
+    Cos,
+    Sin,
     /// The element's linear index (arange).
     Index,
     AddScalar,
@@ -95,7 +97,7 @@ impl Unary {
             Unary::MaxScalar => "ClampMinBackward0",
             Unary::MinScalar => "ClampMaxBackward0",
             Unary::Cast => "ToCopyBackward0",
-            Unary::Identity | Unary::Index => return None,
+            Unary::Identity | Unary::Index | Unary::Cos | Unary::Sin => return None,
         })
     }
 
@@ -114,6 +116,8 @@ impl Unary {
             Unary::Silu => "silu",
             Unary::Tanh => "tanh",
             Unary::Sigmoid => "sigmoid",
+            Unary::Cos => "cos",
+            Unary::Sin => "sin",
             Unary::Index => "arange",
             Unary::AddScalar => "add",
             Unary::SubScalar => "sub",
@@ -151,6 +155,8 @@ impl Unary {
             Unary::Sqrt if float => f("sqrt(X)"),
             Unary::Rsqrt if float => f("inverseSqrt(X)"),
             Unary::Tanh if float => f("tanh(X)"),
+            Unary::Cos if float => f("cos(X)"),
+            Unary::Sin if float => f("sin(X)"),
             Unary::Sigmoid if float => f("1.0 / (1.0 + exp(-X))"),
             Unary::Silu if float => f("X / (1.0 + exp(-X))"),
             Unary::Gelu if float => f("0.5 * X * (1.0 + erf_approx(X * 0.7071067811865476))"),
@@ -585,18 +591,68 @@ impl Tensor {
         ))
     }
 
-    /// `addcmul_(t1, t2, value)`: self += value * t1 * t2, in place.
-    pub fn addcmul_(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Result<&Tensor> {
-        if t1.dtype != self.dtype || t2.dtype != self.dtype {
-            return Err(TensorError::DType(format!("addcmul_ of {}, {} and {}", self.dtype, t1.dtype, t2.dtype)));
+    /// `masked_fill(mask, value)`: self where the bool `mask` (broadcast) is false, `value`
+    /// where it is true; one output. `MaskedFillBackward0` saves the mask.
+    #[track_caller]
+    pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Tensor> {
+        if mask.dtype != DType::Bool {
+            return Err(TensorError::DType(format!("masked_fill only supports boolean masks, but got mask with dtype {}", mask.dtype)));
         }
-        if !self.dtype.is_float() {
-            return Err(TensorError::DType(format!("addcmul_ of {} tensors", self.dtype)));
+        let shape = broadcast_shapes(self.shape(), mask.shape())?;
+        if shape != self.shape() {
+            return Err(TensorError::Shape(format!("masked_fill: mask {:?} does not broadcast to {:?}", mask.shape(), self.shape())));
         }
-        self.check_inplace("addcmul_", &[t1, t2], false)?;
-        self.elementwise(Entry::Ternary("x + s * y * z".into()), &[self, t1, t2], value)?;
+        let t = values(self.dtype, self.device())?;
+        let out = self.device().empty_tensor(self.shape(), self.dtype, "masked_fill")?;
+        // -inf and NaN pass as bits: a WGSL constant cannot be infinite.
+        out.elementwise(Entry::Binary(format!("select(x, {t}(bitcast<f32>(info.scalar)), y != 0u)")), &[self, mask], value)?;
+        if !autograd::records(&[self]) {
+            return Ok(out);
+        }
+        Ok(autograd::record(
+            "MaskedFillBackward0",
+            &[self],
+            out,
+            &[Some(Save::Input(mask))],
+            Box::new(move |saved, g| {
+                let mask = saved[0].as_ref().expect("saved");
+                let grad = g.device().empty_tensor(g.shape(), g.dtype, "masked_fill")?;
+                grad.elementwise(Entry::Binary(format!("select(x, {t}(0), y != 0u)")), &[g, mask], 0.0)?;
+                Ok(vec![Some(grad)])
+            }),
+        ))
+    }
+
+    /// An in-place ternary update `self = expr(self, y, z, s)` (optimizer steps), which no
+    /// graph tracks.
+    fn update_(&self, op: &str, expr: &str, y: &Tensor, z: &Tensor, value: f64) -> Result<&Tensor> {
+        if y.dtype != self.dtype || z.dtype != self.dtype || !self.dtype.is_float() {
+            return Err(TensorError::DType(format!("{op} of {}, {} and {}", self.dtype, y.dtype, z.dtype)));
+        }
+        self.check_inplace(op, &[y, z], false)?;
+        self.elementwise(Entry::Ternary(expr.into()), &[self, y, z], value)?;
         self.bump_version();
         Ok(self)
+    }
+
+    /// `add_(other, alpha=value)`: self += value * other, in place, with no temporary.
+    pub fn add_scaled_(&self, other: &Tensor, value: f64) -> Result<&Tensor> {
+        self.update_("add_", "x + s * y", other, other, value)
+    }
+
+    /// `lerp_(end, weight)`: self += weight * (end - self), in place (Adam's first moment).
+    pub fn lerp_(&self, end: &Tensor, weight: f64) -> Result<&Tensor> {
+        self.update_("lerp_", "x + s * (y - x)", end, end, weight)
+    }
+
+    /// `addcdiv_(t1, t2, value)`: self += value * t1 / t2, in place.
+    pub fn addcdiv_(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Result<&Tensor> {
+        self.update_("addcdiv_", "x + s * y / z", t1, t2, value)
+    }
+
+    /// `addcmul_(t1, t2, value)`: self += value * t1 * t2, in place.
+    pub fn addcmul_(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Result<&Tensor> {
+        self.update_("addcmul_", "x + s * y * z", t1, t2, value)
     }
 }
 
@@ -693,4 +749,6 @@ unary_ops! {
     silu, silu_ => Unary::Silu;
     tanh, tanh_ => Unary::Tanh;
     sigmoid, sigmoid_ => Unary::Sigmoid;
+    cos, cos_ => Unary::Cos;
+    sin, sin_ => Unary::Sin;
 }

@@ -19,6 +19,8 @@ enum Reduction {
     Mean,
     Max,
     Min,
+    /// The L2 norm (`linalg.vector_norm`).
+    Norm,
 }
 
 impl Tensor {
@@ -107,6 +109,10 @@ impl Tensor {
             Reduction::Mean if float => ("mean", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), "{T}(acc / f32(n))".into())),
             Reduction::Mean => return Err(TensorError::DType(format!("mean of {} tensors: PyTorch requires a floating dtype", self.dtype))),
             Reduction::Max => ("max", (acc.into(), cast(lowest), format!("acc = max(acc, {});", cast("x")), "{T}(acc)".into())),
+            Reduction::Norm if float => {
+                ("linalg_vector_norm", (acc.into(), cast("0"), format!("acc = acc + {} * {};", cast("x"), cast("x")), "{T}(sqrt(acc))".into()))
+            }
+            Reduction::Norm => return Err(TensorError::DType(format!("norm of {} tensors: PyTorch requires a floating dtype", self.dtype))),
             Reduction::Min => ("min", (acc.into(), cast(highest), format!("acc = min(acc, {});", cast("x")), "{T}(acc)".into())),
         })
     }
@@ -135,6 +141,14 @@ impl Tensor {
     pub fn min(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         not_differentiated_yet("min", &[self])?;
         self.reduce(dims, keepdim, Reduction::Min)
+    }
+
+    /// `linalg.vector_norm(self)`: the L2 norm of all elements, one scalar (what
+    /// `clip_grad_norm_` computes per gradient). Not differentiated.
+    #[track_caller]
+    pub fn norm(&self) -> Result<Tensor> {
+        not_differentiated_yet("norm", &[self])?;
+        self.reduce(&[], false, Reduction::Norm)
     }
 
     /// Records sum or mean: they save only sizes. The gradient expands back over the reduced

@@ -1,0 +1,348 @@
+//! Layers with PyTorch's memory. A module allocates its parameters when it is built (tagged
+//! `parameter`, as leaves that require grad) and runs its forward under its own scope, named
+//! by its path in the model as `named_parameters()` names it (`h.3.attn.q_proj`), so that every
+//! allocation it causes, backward included, carries that name in its frames.
+
+mod attention;
+mod loss;
+mod model;
+
+pub use attention::{CausalSelfAttention, PositionEncoding};
+pub use loss::{cross_entropy, mse_loss};
+pub use model::{Architecture, Transformer, TransformerConfig};
+
+use crate::device::Device;
+use crate::tensor::{DType, Result, Tensor, TensorError};
+use crate::trace::Category;
+
+/// Something with parameters.
+pub trait Module {
+    /// Every parameter with its dotted path, in registration order (`named_parameters()`).
+    fn named_parameters(&self) -> Vec<(String, Tensor)>;
+
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters().into_iter().map(|(_, p)| p).collect()
+    }
+
+    /// The number of parameter elements.
+    fn parameter_count(&self) -> u64 {
+        self.named_parameters().iter().map(|(_, p)| p.numel() as u64).sum()
+    }
+}
+
+/// How a parameter starts: what its PyTorch module's `reset_parameters` draws.
+#[derive(Debug, Clone, Copy)]
+pub enum Init {
+    /// Normal(0, std): Embedding (std 1), GPT-2's linears (0.02).
+    Normal(f64),
+    /// Uniform(-bound, bound): Linear's kaiming_uniform with a = sqrt(5) is bound 1/sqrt(in).
+    Uniform(f64),
+    Ones,
+    Zeros,
+}
+
+/// A new parameter: one allocation, initialised in place, then marked as requiring grad.
+#[track_caller]
+pub fn parameter(device: &Device, shape: &[usize], dtype: DType, init: Init) -> Result<Tensor> {
+    let _tag = device.category(Category::Parameter);
+    let p = match init {
+        Init::Normal(std) => {
+            let p = device.randn(shape, dtype)?;
+            p.mul_scalar_(std)?;
+            p
+        }
+        Init::Uniform(bound) => {
+            let p = device.rand(shape, dtype)?;
+            p.mul_scalar_(2.0 * bound)?.sub_scalar_(bound)?;
+            p
+        }
+        Init::Ones => device.ones(shape, dtype)?,
+        Init::Zeros => device.zeros(shape, dtype)?,
+    };
+    p.requires_grad_(true)?;
+    Ok(p)
+}
+
+/// A child's path: `prefix.name`, or `name` at the top.
+pub fn child(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") }
+}
+
+/// `nn.Linear`: y = x @ weight.T + bias, weight [out, in].
+pub struct Linear {
+    pub name: String,
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// With PyTorch's default initialisation (uniform in +-1/sqrt(in) for both).
+    #[track_caller]
+    pub fn new(device: &Device, name: &str, inputs: usize, outputs: usize, bias: bool, dtype: DType) -> Result<Linear> {
+        let bound = 1.0 / (inputs.max(1) as f64).sqrt();
+        Linear::with_init(device, name, inputs, outputs, bias, dtype, Init::Uniform(bound))
+    }
+
+    /// With the weight drawn from `init` and the bias zero (GPT-2's initialisation).
+    #[track_caller]
+    pub fn with_init(device: &Device, name: &str, inputs: usize, outputs: usize, bias: bool, dtype: DType, init: Init) -> Result<Linear> {
+        let weight = parameter(device, &[outputs, inputs], dtype, init)?;
+        let bias_init = if matches!(init, Init::Uniform(_)) { init } else { Init::Zeros };
+        let bias = if bias { Some(parameter(device, &[outputs], dtype, bias_init)?) } else { None };
+        Ok(Linear { name: name.to_string(), weight, bias })
+    }
+
+    /// `F.linear` as ATen's `linear` runs it: with a bias, 2-D input (and contiguous input of
+    /// more dimensions, flattened) goes through one fused `addmm`; otherwise `matmul` with the
+    /// transposed weight, then the bias added.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _scope = x.device().module_scope(&self.name);
+        let inputs = self.weight.shape()[1];
+        if x.shape().last() != Some(&inputs) {
+            return Err(TensorError::Shape(format!("{}: input {:?} does not end in {inputs} features", self.name, x.shape())));
+        }
+        let w_t = self.weight.t()?;
+        match &self.bias {
+            Some(b) if x.ndim() == 2 => Tensor::addmm(b, x, &w_t),
+            Some(b) if x.is_contiguous() && x.ndim() > 2 => {
+                let mut shape: Vec<isize> = x.shape().iter().map(|&n| n as isize).collect();
+                *shape.last_mut().expect("at least 3 dims") = self.weight.shape()[0] as isize;
+                Tensor::addmm(b, &x.view(&[-1, inputs as isize])?, &w_t)?.view(&shape)
+            }
+            Some(b) => x.matmul(&w_t)?.add(b),
+            None => x.matmul(&w_t),
+        }
+    }
+}
+
+impl Module for Linear {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![(child(&self.name, "weight"), self.weight.share())];
+        out.extend(self.bias.iter().map(|b| (child(&self.name, "bias"), b.share())));
+        out
+    }
+}
+
+/// `nn.Embedding`: rows of a [count, dim] table picked by int64 ids.
+pub struct Embedding {
+    pub name: String,
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    #[track_caller]
+    pub fn new(device: &Device, name: &str, count: usize, dim: usize, dtype: DType, init: Init) -> Result<Embedding> {
+        Ok(Embedding { name: name.to_string(), weight: parameter(device, &[count, dim], dtype, init)? })
+    }
+
+    #[track_caller]
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let _scope = ids.device().module_scope(&self.name);
+        self.weight.embedding(ids)
+    }
+}
+
+impl Module for Embedding {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![(child(&self.name, "weight"), self.weight.share())]
+    }
+}
+
+/// `nn.LayerNorm` over the last dimension, with weight (ones) and bias (zeros).
+pub struct LayerNorm {
+    pub name: String,
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    #[track_caller]
+    pub fn new(device: &Device, name: &str, dim: usize, dtype: DType) -> Result<LayerNorm> {
+        let weight = parameter(device, &[dim], dtype, Init::Ones)?;
+        let bias = parameter(device, &[dim], dtype, Init::Zeros)?;
+        Ok(LayerNorm { name: name.to_string(), weight, bias, eps: 1e-5 })
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _scope = x.device().module_scope(&self.name);
+        x.layer_norm(&self.weight, &self.bias, self.eps)
+    }
+}
+
+impl Module for LayerNorm {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![(child(&self.name, "weight"), self.weight.share()), (child(&self.name, "bias"), self.bias.share())]
+    }
+}
+
+/// `nn.RMSNorm` over the last dimension, as PyTorch's `F.rms_norm` composes it:
+/// `x * rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps)) * weight`.
+pub struct RmsNorm {
+    pub name: String,
+    pub weight: Tensor,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    #[track_caller]
+    pub fn new(device: &Device, name: &str, dim: usize, eps: f64, dtype: DType) -> Result<RmsNorm> {
+        Ok(RmsNorm { name: name.to_string(), weight: parameter(device, &[dim], dtype, Init::Ones)?, eps })
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _scope = x.device().module_scope(&self.name);
+        let mean_square = x.pow_scalar(2.0)?.mean(&[-1], true)?;
+        mean_square.add_scalar_(self.eps)?;
+        x.mul(&mean_square.rsqrt()?)?.mul(&self.weight)
+    }
+}
+
+impl Module for RmsNorm {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![(child(&self.name, "weight"), self.weight.share())]
+    }
+}
+
+/// The feed-forward half of a transformer block.
+pub enum Mlp {
+    /// `c_proj(act(c_fc(x)))`, GPT-2's (with GELU).
+    Plain { fc: Linear, proj: Linear, activation: Activation },
+    /// SwiGLU: `w2(silu(w1(x)) * w3(x))`, Llama's.
+    SwiGlu { w1: Linear, w2: Linear, w3: Linear },
+}
+
+/// An elementwise activation (`nn.GELU`, `nn.SiLU`, `nn.ReLU`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Gelu,
+    Silu,
+    Relu,
+}
+
+impl Activation {
+    #[track_caller]
+    pub fn forward(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Activation::Gelu => x.gelu(),
+            Activation::Silu => x.silu(),
+            Activation::Relu => x.relu(),
+        }
+    }
+}
+
+impl Mlp {
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Mlp::Plain { fc, proj, activation } => proj.forward(&activation.forward(&fc.forward(x)?)?),
+            Mlp::SwiGlu { w1, w2, w3 } => w2.forward(&w1.forward(x)?.silu()?.mul(&w3.forward(x)?)?),
+        }
+    }
+}
+
+impl Module for Mlp {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        match self {
+            Mlp::Plain { fc, proj, .. } => [fc, proj].iter().flat_map(|l| l.named_parameters()).collect(),
+            Mlp::SwiGlu { w1, w2, w3 } => [w1, w2, w3].iter().flat_map(|l| l.named_parameters()).collect(),
+        }
+    }
+}
+
+/// A norm layer: LayerNorm (GPT-2) or RMSNorm (Llama).
+pub enum Norm {
+    Layer(LayerNorm),
+    Rms(RmsNorm),
+}
+
+impl Norm {
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Norm::Layer(n) => n.forward(x),
+            Norm::Rms(n) => n.forward(x),
+        }
+    }
+}
+
+impl Module for Norm {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        match self {
+            Norm::Layer(n) => n.named_parameters(),
+            Norm::Rms(n) => n.named_parameters(),
+        }
+    }
+}
+
+/// A pre-norm transformer block: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`.
+pub struct Block {
+    pub name: String,
+    pub norm1: Norm,
+    pub attn: CausalSelfAttention,
+    pub norm2: Norm,
+    pub mlp: Mlp,
+    /// Dropout after the attention and the MLP (in training).
+    pub dropout: f64,
+}
+
+impl Block {
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor, training: bool) -> Result<Tensor> {
+        let _scope = x.device().module_scope(&self.name);
+        let x = x.add(&self.attn.forward(&self.norm1.forward(x)?, training)?.dropout(self.dropout, training)?)?;
+        x.add(&self.mlp.forward(&self.norm2.forward(&x)?)?.dropout(self.dropout, training)?)
+    }
+}
+
+impl Module for Block {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.norm1.named_parameters();
+        out.extend(self.attn.named_parameters());
+        out.extend(self.norm2.named_parameters());
+        out.extend(self.mlp.named_parameters());
+        out
+    }
+}
+
+/// `nn.LSTMCell`: one step of an LSTM, `(h, c) = cell(x, (h, c))`. Carrying `h` and `c` from
+/// step to step without `detach()` keeps every step's graph alive: the hidden-state pitfall.
+pub struct LstmCell {
+    pub name: String,
+    pub input: Linear,
+    pub hidden: Linear,
+}
+
+impl LstmCell {
+    #[track_caller]
+    pub fn new(device: &Device, name: &str, inputs: usize, hidden: usize, dtype: DType) -> Result<LstmCell> {
+        let bound = 1.0 / (hidden.max(1) as f64).sqrt();
+        let linear = |n: &str, i: usize| Linear::with_init(device, &child(name, n), i, 4 * hidden, true, dtype, Init::Uniform(bound));
+        Ok(LstmCell { name: name.to_string(), input: linear("ih", inputs)?, hidden: linear("hh", hidden)? })
+    }
+
+    /// The next hidden and cell states from the input [batch, inputs] and the current states
+    /// [batch, hidden]. Gates in PyTorch's order: input, forget, cell, output.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor, h: &Tensor, c: &Tensor) -> Result<(Tensor, Tensor)> {
+        let _scope = x.device().module_scope(&self.name);
+        let gates = self.input.forward(x)?.add(&self.hidden.forward(h)?)?;
+        let n = h.shape()[1];
+        let gate = |k: usize| gates.narrow(1, k * n, n);
+        let (i, f, g, o) = (gate(0)?.sigmoid()?, gate(1)?.sigmoid()?, gate(2)?.tanh()?, gate(3)?.sigmoid()?);
+        let c = f.mul(c)?.add(&i.mul(&g)?)?;
+        let h = o.mul(&c.tanh()?)?;
+        Ok((h, c))
+    }
+}
+
+impl Module for LstmCell {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.input.named_parameters();
+        out.extend(self.hidden.named_parameters());
+        out
+    }
+}

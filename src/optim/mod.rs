@@ -1,0 +1,232 @@
+//! Optimizers with PyTorch's memory: state allocated lazily at the first step (tagged
+//! `optimizer_state`), and the temporaries of PyTorch's default CUDA path, the `foreach`
+//! (multi-tensor) implementation, which works op by op across all parameters: Adam's
+//! `_foreach_sqrt` holds a square-root copy of every parameter's second moment at once.
+
+use crate::autograd;
+use crate::tensor::{Result, Tensor, TensorError};
+use crate::trace::Category;
+
+/// What every optimizer does.
+pub trait Optimizer {
+    fn params(&self) -> &[Tensor];
+
+    /// One update from the parameters' `.grad` (parameters without one are skipped).
+    fn step(&mut self) -> Result<()>;
+
+    /// `zero_grad(set_to_none)`: True (PyTorch's default) frees every gradient; False keeps
+    /// the blocks and fills them with zeros.
+    fn zero_grad(&self, set_to_none: bool) -> Result<()> {
+        for p in self.params() {
+            if set_to_none {
+                p.set_grad(None);
+            } else if let Some(g) = p.grad() {
+                let _no_grad = autograd::no_grad();
+                g.zero_()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The parameters that have a gradient, with it.
+fn with_grads(params: &[Tensor]) -> Vec<(usize, Tensor, Tensor)> {
+    params.iter().enumerate().filter_map(|(i, p)| p.grad().map(|g| (i, p.share(), g))).collect()
+}
+
+/// `torch.optim.SGD(params, lr, momentum, weight_decay)` (no dampening, no Nesterov).
+pub struct Sgd {
+    params: Vec<Tensor>,
+    pub lr: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    /// One per parameter, made at its first step with momentum (a clone of its gradient).
+    momentum_buffers: Vec<Option<Tensor>>,
+}
+
+impl Sgd {
+    pub fn new(params: Vec<Tensor>, lr: f64, momentum: f64, weight_decay: f64) -> Sgd {
+        let momentum_buffers = params.iter().map(|_| None).collect();
+        Sgd { params, lr, momentum, weight_decay, momentum_buffers }
+    }
+}
+
+impl Optimizer for Sgd {
+    fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    /// `_multi_tensor_sgd`: weight decay makes new gradients (`_foreach_add`), a missing
+    /// momentum buffer is a clone of the gradient, then `param -= lr * update`.
+    fn step(&mut self) -> Result<()> {
+        let _no_grad = autograd::no_grad();
+        let group = with_grads(&self.params);
+        let device = match group.first() {
+            Some((_, p, _)) => p.device().clone(),
+            None => return Ok(()),
+        };
+        let mut updates: Vec<Tensor> = if self.weight_decay != 0.0 {
+            group.iter().map(|(_, p, g)| g.add(&p.mul_scalar(self.weight_decay)?)).collect::<Result<_>>()?
+        } else {
+            group.iter().map(|(_, _, g)| g.share()).collect()
+        };
+        if self.momentum != 0.0 {
+            let _state = device.category(Category::OptimizerState);
+            for ((i, _, _), update) in group.iter().zip(updates.iter_mut()) {
+                let buffer = match &self.momentum_buffers[*i] {
+                    Some(buffer) => {
+                        buffer.mul_scalar_(self.momentum)?.add_(update)?;
+                        buffer.share()
+                    }
+                    None => {
+                        let buffer = update.clone()?;
+                        self.momentum_buffers[*i] = Some(buffer.share());
+                        buffer
+                    }
+                };
+                *update = buffer;
+            }
+        }
+        for ((_, p, _), update) in group.iter().zip(&updates) {
+            p.add_scaled_(update, -self.lr)?;
+        }
+        Ok(())
+    }
+}
+
+/// Adam's per-parameter state: the first and second moments, each a zeros_like of the
+/// parameter. (PyTorch's `step` counter is a CPU tensor unless capturable: no device memory.)
+struct AdamState {
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    steps: u64,
+}
+
+/// `torch.optim.Adam` and `AdamW` (`decoupled_weight_decay`), PyTorch's defaults: betas
+/// (0.9, 0.999), eps 1e-8; the foreach path unless `foreach` is false.
+pub struct Adam {
+    params: Vec<Tensor>,
+    pub lr: f64,
+    pub betas: (f64, f64),
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// AdamW: weight decay scales the parameters instead of adding to the gradients.
+    pub decoupled_weight_decay: bool,
+    pub foreach: bool,
+    state: Vec<Option<AdamState>>,
+}
+
+impl Adam {
+    /// `torch.optim.Adam(params, lr)`.
+    pub fn new(params: Vec<Tensor>, lr: f64, weight_decay: f64) -> Adam {
+        let state = params.iter().map(|_| None).collect();
+        Adam { params, lr, betas: (0.9, 0.999), eps: 1e-8, weight_decay, decoupled_weight_decay: false, foreach: true, state }
+    }
+
+    /// `torch.optim.AdamW(params, lr, weight_decay)` (PyTorch's default weight decay is 0.01).
+    pub fn adamw(params: Vec<Tensor>, lr: f64, weight_decay: f64) -> Adam {
+        Adam { decoupled_weight_decay: true, ..Adam::new(params, lr, weight_decay) }
+    }
+
+    /// The state tensors made so far (each parameter's exp_avg and exp_avg_sq).
+    pub fn state_tensors(&self) -> Vec<Tensor> {
+        self.state.iter().flatten().flat_map(|s| [s.exp_avg.share(), s.exp_avg_sq.share()]).collect()
+    }
+}
+
+impl Optimizer for Adam {
+    fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    fn step(&mut self) -> Result<()> {
+        let _no_grad = autograd::no_grad();
+        let group = with_grads(&self.params);
+        let Some((_, first, _)) = group.first() else { return Ok(()) };
+        let device = first.device().clone();
+        {
+            // Lazy state, as `_init_group`: each new parameter's exp_avg, then its exp_avg_sq.
+            let _state = device.category(Category::OptimizerState);
+            for (i, p, _) in &group {
+                if self.state[*i].is_none() {
+                    self.state[*i] =
+                        Some(AdamState { exp_avg: p.device().zeros(p.shape(), p.dtype())?, exp_avg_sq: p.device().zeros(p.shape(), p.dtype())?, steps: 0 });
+                }
+            }
+        }
+        let (beta1, beta2) = self.betas;
+        // The stepped parameters' states, in the group's order (which is the parameters').
+        let picked: Vec<usize> = group.iter().map(|(i, _, _)| *i).collect();
+        let mut states: Vec<&mut AdamState> =
+            self.state.iter_mut().enumerate().filter(|(i, _)| picked.contains(i)).map(|(_, s)| s.as_mut().expect("made above")).collect();
+        for s in states.iter_mut() {
+            s.steps += 1;
+        }
+        let (lr, wd, eps) = (self.lr, self.weight_decay, self.eps);
+        // Coupled weight decay makes new gradients; decoupled scales the parameters in place.
+        let grads: Vec<Tensor> = if wd != 0.0 && !self.decoupled_weight_decay {
+            group.iter().map(|(_, p, g)| g.add(&p.mul_scalar(wd)?)).collect::<Result<_>>()?
+        } else {
+            group.iter().map(|(_, _, g)| g.share()).collect()
+        };
+        if wd != 0.0 && self.decoupled_weight_decay {
+            for (_, p, _) in &group {
+                p.mul_scalar_(1.0 - lr * wd)?;
+            }
+        }
+        let step_size = |s: &AdamState| lr / (1.0 - beta1.powi(s.steps as i32));
+        let correction2_sqrt = |s: &AdamState| (1.0 - beta2.powi(s.steps as i32)).sqrt();
+        if self.foreach {
+            for (s, g) in states.iter().zip(&grads) {
+                s.exp_avg.lerp_(g, 1.0 - beta1)?;
+            }
+            for s in &states {
+                s.exp_avg_sq.mul_scalar_(beta2)?;
+            }
+            for (s, g) in states.iter().zip(&grads) {
+                s.exp_avg_sq.addcmul_(g, g, 1.0 - beta2)?;
+            }
+            drop(grads);
+            // `_foreach_sqrt`: every denominator at once.
+            let denominators = states.iter().map(|s| s.exp_avg_sq.sqrt()).collect::<Result<Vec<_>>>()?;
+            for (d, s) in denominators.iter().zip(&states) {
+                d.div_scalar_(correction2_sqrt(s))?;
+            }
+            for d in &denominators {
+                d.add_scalar_(eps)?;
+            }
+            for ((_, p, _), (s, d)) in group.iter().zip(states.iter().zip(&denominators)) {
+                p.addcdiv_(&s.exp_avg, d, -step_size(s))?;
+            }
+        } else {
+            for ((_, p, _), (s, g)) in group.iter().zip(states.iter().zip(&grads)) {
+                s.exp_avg.lerp_(g, 1.0 - beta1)?;
+                s.exp_avg_sq.mul_scalar_(beta2)?.addcmul_(g, g, 1.0 - beta2)?;
+                let denominator = s.exp_avg_sq.sqrt()?.div_scalar(correction2_sqrt(s))?;
+                denominator.add_scalar_(eps)?;
+                p.addcdiv_(&s.exp_avg, &denominator, -step_size(s))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `torch.nn.utils.clip_grad_norm_(params, max_norm)` (foreach): each gradient's norm, their
+/// norm, and every gradient scaled in place by min(1, max_norm / (total + 1e-6)). Returns the
+/// total norm (a one-element tensor, as PyTorch's).
+#[track_caller]
+pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64) -> Result<Tensor> {
+    let _no_grad = autograd::no_grad();
+    let grads: Vec<Tensor> = params.iter().filter_map(Tensor::grad).collect();
+    if grads.is_empty() {
+        return Err(TensorError::Shape("clip_grad_norm_: no parameter has a gradient".into()));
+    }
+    let norms = grads.iter().map(Tensor::norm).collect::<Result<Vec<_>>>()?;
+    let total = Tensor::stack(&norms.iter().collect::<Vec<_>>(), 0)?.norm()?;
+    // max_norm / (total + 1e-6) is Python's rtruediv: a reciprocal, then a product.
+    let coefficient = total.add_scalar(1e-6)?.pow_scalar(-1.0)?.mul_scalar(max_norm)?.clamp_max(1.0)?;
+    for g in &grads {
+        g.mul_(&coefficient)?;
+    }
+    Ok(total)
+}

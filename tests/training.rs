@@ -1,0 +1,179 @@
+//! Training memory on the sim device: parameters, gradients, optimizer state and zero_grad
+//! in the allocator's exact bytes, module scopes in every allocation's frames, and GPT-2's
+//! published size.
+
+use tensormem::nn::{Architecture, Module, Transformer, TransformerConfig};
+use tensormem::optim::{Adam, Optimizer, Sgd, clip_grad_norm_};
+use tensormem::trace::{Action, Category};
+use tensormem::{DType, Device, SimOptions, Tensor};
+
+/// What the allocator holds for `bytes`: PyTorch's round_size (512-byte multiples, 512 at least).
+fn rounded(bytes: u64) -> u64 {
+    bytes.div_ceil(512).max(1) * 512
+}
+
+fn held(tensors: &[Tensor]) -> u64 {
+    tensors.iter().map(|t| rounded(t.storage_bytes())).sum()
+}
+
+fn tiny(architecture: Architecture) -> TransformerConfig {
+    TransformerConfig { architecture, vocab: 96, context: 16, dim: 32, layers: 2, heads: 4, hidden: 64, dropout: 0.1, dtype: DType::F32 }
+}
+
+/// Token ids and next-token targets [batch, T].
+fn batch(dev: &Device, batch: usize, t: usize, vocab: usize) -> (Tensor, Tensor) {
+    let ids: Vec<i64> = (0..batch * t).map(|i| (i * 7 % vocab) as i64).collect();
+    let targets: Vec<i64> = (0..batch * t).map(|i| ((i * 7 + 3) % vocab) as i64).collect();
+    (dev.from_slice(&ids, &[batch, t]).unwrap(), dev.from_slice(&targets, &[batch, t]).unwrap())
+}
+
+fn sim() -> Device {
+    Device::sim(SimOptions::preset("H100-80GB"))
+}
+
+#[test]
+fn gpt2_small_has_the_published_parameter_count_and_holds_its_bytes() {
+    let dev = sim();
+    let config = TransformerConfig {
+        architecture: Architecture::Gpt2,
+        vocab: 50257,
+        context: 1024,
+        dim: 768,
+        layers: 12,
+        heads: 12,
+        hidden: 3072,
+        dropout: 0.0,
+        dtype: DType::F32,
+    };
+    let model = Transformer::new(&dev, config).unwrap();
+    assert_eq!(model.parameter_count(), 124_439_808);
+    // Beyond each parameter's rounded size, the allocator hands out whole blocks where the
+    // rest of a large one is too small to split off (1 MiB or less, as PyTorch's).
+    let extra = dev.memory_allocated() - held(&model.parameters());
+    assert!(extra < model.parameters().len() as u64 * (1 << 20), "{extra}");
+    let snapshot = dev.snapshot();
+    let tagged = snapshot.device_traces[0].iter().filter(|e| e.action == Action::Alloc && e.category == Some(Category::Parameter)).count();
+    assert_eq!(tagged, model.parameters().len(), "each parameter is one allocation tagged parameter (the causal masks are buffers)");
+}
+
+#[test]
+fn optimizer_state_is_allocated_at_the_first_step_in_the_allocators_bytes() {
+    // (optimizer, state tensors per parameter)
+    type Make = fn(Vec<Tensor>) -> Box<dyn Optimizer>;
+    let optimizers: [(&str, Make, u64); 5] = [
+        ("SGD", |p| Box::new(Sgd::new(p, 0.1, 0.0, 0.0)), 0),
+        ("SGD with momentum", |p| Box::new(Sgd::new(p, 0.1, 0.9, 0.0)), 1),
+        ("Adam", |p| Box::new(Adam::new(p, 1e-3, 0.0)), 2),
+        ("AdamW", |p| Box::new(Adam::adamw(p, 1e-3, 0.01)), 2),
+        (
+            "AdamW, single-tensor",
+            |p| {
+                let mut adam = Adam::adamw(p, 1e-3, 0.01);
+                adam.foreach = false;
+                Box::new(adam)
+            },
+            2,
+        ),
+    ];
+    for (what, make, per_parameter) in optimizers {
+        let dev = sim();
+        let model = Transformer::new(&dev, tiny(Architecture::Llama)).unwrap();
+        let params = model.parameters();
+        let mut optimizer = make(model.parameters());
+        let (ids, targets) = batch(&dev, 2, 8, 96);
+        let mut after_step = Vec::new();
+        for step in 0..3 {
+            optimizer.zero_grad(true).unwrap();
+            let before = dev.memory_allocated();
+            model.loss(&ids, &targets, true).unwrap().backward().unwrap();
+            assert_eq!(
+                dev.memory_allocated(),
+                before + held(&params.iter().map(|p| p.grad().unwrap()).collect::<Vec<_>>()),
+                "{what}: backward leaves the gradients"
+            );
+            let before_step = dev.memory_allocated();
+            optimizer.step().unwrap();
+            let state = dev.memory_allocated() - before_step;
+            if step == 0 {
+                assert_eq!(state, per_parameter * held(&params), "{what}: state made at the first step");
+            } else {
+                assert_eq!(state, 0, "{what}: nothing new after the first step");
+            }
+            after_step.push(dev.memory_allocated());
+        }
+        assert_eq!(after_step[1], after_step[2], "{what}: steady from the second step");
+        let snapshot = dev.snapshot();
+        let state_allocs =
+            snapshot.device_traces[0].iter().filter(|e| e.action == Action::Alloc && e.category == Some(Category::OptimizerState)).count() as u64;
+        assert_eq!(state_allocs, per_parameter * params.len() as u64, "{what}: state tensors tagged optimizer_state");
+    }
+}
+
+#[test]
+fn zero_grad_frees_every_gradient_or_keeps_the_blocks() {
+    let dev = sim();
+    let model = Transformer::new(&dev, tiny(Architecture::Gpt2)).unwrap();
+    let params = model.parameters();
+    let optimizer = Sgd::new(model.parameters(), 0.1, 0.0, 0.0);
+    let (ids, targets) = batch(&dev, 2, 8, 96);
+    model.loss(&ids, &targets, true).unwrap().backward().unwrap();
+    let grads: Vec<Tensor> = params.iter().map(|p| p.grad().unwrap()).collect();
+    let grad_bytes = held(&grads);
+    let with_grads = dev.memory_allocated();
+    let addresses: Vec<u64> = grads.iter().map(Tensor::data_ptr).collect();
+    drop(grads);
+    optimizer.zero_grad(false).unwrap();
+    assert_eq!(dev.memory_allocated(), with_grads, "set_to_none=False keeps every block");
+    assert_eq!(params.iter().map(|p| p.grad().unwrap().data_ptr()).collect::<Vec<_>>(), addresses, "in place");
+    // A second backward accumulates into the same blocks: nothing new stays.
+    model.loss(&ids, &targets, true).unwrap().backward().unwrap();
+    assert_eq!(dev.memory_allocated(), with_grads);
+    optimizer.zero_grad(true).unwrap();
+    assert_eq!(dev.memory_allocated(), with_grads - grad_bytes, "set_to_none=True frees every gradient block");
+    assert!(params.iter().all(|p| p.grad().is_none()));
+}
+
+#[test]
+fn gradient_accumulation_and_clipping_add_no_lasting_memory() {
+    let dev = sim();
+    let model = Transformer::new(&dev, tiny(Architecture::Llama)).unwrap();
+    let params = model.parameters();
+    let (ids, targets) = batch(&dev, 2, 8, 96);
+    model.loss(&ids, &targets, true).unwrap().mul_scalar(0.5).unwrap().backward().unwrap();
+    let once = dev.memory_allocated();
+    model.loss(&ids, &targets, true).unwrap().mul_scalar(0.5).unwrap().backward().unwrap();
+    assert_eq!(dev.memory_allocated(), once, "a second micro-batch adds into the same gradients");
+    let total = clip_grad_norm_(&params, 1.0).unwrap();
+    assert_eq!(total.shape(), &[] as &[usize]);
+    assert_eq!(dev.memory_allocated(), once + 512, "clipping keeps only the returned norm");
+}
+
+#[test]
+fn every_allocation_of_a_step_names_the_module_that_caused_it() {
+    let dev = sim();
+    let model = Transformer::new(&dev, tiny(Architecture::Llama)).unwrap();
+    let (ids, targets) = batch(&dev, 2, 8, 96);
+    let start = dev.snapshot().device_traces[0].len();
+    let loss = model.loss(&ids, &targets, true).unwrap();
+    let forward_end = dev.snapshot().device_traces[0].len();
+    loss.backward().unwrap();
+    let snapshot = dev.snapshot();
+    let trace = &snapshot.device_traces[0];
+    let scopes = |i: usize| trace[i].frames.as_ref().unwrap().iter().skip(1).map(|f| f.name.clone()).collect::<Vec<_>>();
+    let allocs: Vec<usize> = (start..trace.len()).filter(|&i| trace[i].action == Action::Alloc).collect();
+    let top = |i: usize| trace[i].frames.as_ref().unwrap()[0].name.clone();
+    // The seed gradient is made by backward() itself, outside every module (PyTorch's _make_grads).
+    for &i in allocs.iter().filter(|&&i| top(i) != "ones_like") {
+        let s = scopes(i);
+        assert!(
+            s.iter().any(|n| n.starts_with("layers.") || ["tok_embeddings", "norm", "output", "loss"].contains(&n.as_str())),
+            "allocation {i} ({}) has no module scope: {s:?}",
+            trace[i].frames.as_ref().unwrap()[0].name
+        );
+    }
+    let named = |i: &usize| scopes(*i).contains(&"layers.1.attention.q_proj".to_string());
+    assert!(allocs.iter().filter(|&&i| i < forward_end).any(named), "forward inside q_proj");
+    assert!(allocs.iter().filter(|&&i| i >= forward_end).any(named), "backward of q_proj carries its scope");
+    assert!(allocs.iter().any(|&i| top(i) == "native_dropout"), "dropout's mask and output");
+    assert!(allocs.iter().any(|&i| top(i).contains("SoftmaxBackward0")), "softmax's backward is labelled with its node");
+}
