@@ -5,25 +5,14 @@
 //! alone, i.e. what the step costs beyond the allocator's own bookkeeping.
 
 use std::time::Instant;
-use tensormem::nn::{Architecture, Module, Transformer, TransformerConfig};
+use tensormem::nn::{Module, Transformer, TransformerConfig};
 use tensormem::optim::{Adam, Optimizer};
 use tensormem::replay::{ReplayOptions, replay_device};
 use tensormem::{DType, Device, SimOptions};
 
 fn main() {
     let dev = Device::sim(SimOptions::preset("H100-80GB"));
-    let config = TransformerConfig {
-        architecture: Architecture::Gpt2,
-        vocab: 50257,
-        context: 1024,
-        dim: 768,
-        layers: 12,
-        heads: 12,
-        hidden: 3072,
-        dropout: 0.0,
-        dtype: DType::F32,
-    };
-    let model = Transformer::new(&dev, config).unwrap();
+    let model = Transformer::new(&dev, TransformerConfig::gpt2_small()).unwrap();
     let mut optimizer = Adam::adamw(model.parameters(), 6e-4, 0.1);
     let ids = dev.zeros(&[8, 1024], DType::I64).unwrap();
     let mut times = Vec::new();

@@ -34,18 +34,7 @@ fn sim() -> Device {
 #[test]
 fn gpt2_small_has_the_published_parameter_count_and_holds_its_bytes() {
     let dev = sim();
-    let config = TransformerConfig {
-        architecture: Architecture::Gpt2,
-        vocab: 50257,
-        context: 1024,
-        dim: 768,
-        layers: 12,
-        heads: 12,
-        hidden: 3072,
-        dropout: 0.0,
-        dtype: DType::F32,
-    };
-    let model = Transformer::new(&dev, config).unwrap();
+    let model = Transformer::new(&dev, TransformerConfig::gpt2_small()).unwrap();
     assert_eq!(model.parameter_count(), 124_439_808);
     // Beyond each parameter's rounded size, the allocator hands out whole blocks where the
     // rest of a large one is too small to split off (1 MiB or less, as PyTorch's).

@@ -27,6 +27,23 @@ pub struct TransformerConfig {
     pub dtype: DType,
 }
 
+impl TransformerConfig {
+    /// GPT-2 small as published (124,439,808 parameters), float32, no dropout.
+    pub fn gpt2_small() -> TransformerConfig {
+        TransformerConfig {
+            architecture: Architecture::Gpt2,
+            vocab: 50257,
+            context: 1024,
+            dim: 768,
+            layers: 12,
+            heads: 12,
+            hidden: 3072,
+            dropout: 0.0,
+            dtype: DType::F32,
+        }
+    }
+}
+
 /// The model: `forward(ids)` gives logits, `loss(ids, targets)` the mean cross-entropy.
 pub struct Transformer {
     pub config: TransformerConfig,
