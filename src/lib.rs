@@ -12,7 +12,6 @@ pub mod device;
 pub mod dtype;
 pub(crate) mod kernels;
 pub mod nn;
-pub mod optim;
 pub mod replay;
 pub mod report;
 pub mod scenarios;
@@ -23,4 +22,6 @@ pub mod trace;
 pub mod web;
 
 pub use device::{Device, DeviceError, GpuOptions, SimOptions};
+/// The optimizers live with the layers (`nn::optim`), as DESIGN.md places them.
+pub use nn::optim;
 pub use tensor::{DType, Tensor, TensorError};

@@ -6,6 +6,7 @@
 mod attention;
 mod loss;
 mod model;
+pub mod optim;
 
 pub use attention::{CausalSelfAttention, PositionEncoding};
 pub use loss::{cross_entropy, mse_loss};
