@@ -3,6 +3,7 @@
 //! Modules follow the data flow from the bottom up: `trace` (pure data, snapshot formats),
 //! `alloc` (PyTorch's caching allocator, device-agnostic), `report` (memory_stats and
 //! memory_summary), `replay` (feed a recorded trace through the allocator and compare),
+//! `tensor` and `autograd` (ops and their graph), `nn` (layers, losses, optimizers),
 //! `scenarios` (named workloads), `timeline` (a trace laid out for the page); `web` is the
 //! page's wasm-bindgen surface.
 
