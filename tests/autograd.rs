@@ -117,6 +117,28 @@ fn the_other_ops_hold_what_pytorch_saves_until_backward() {
 }
 
 #[test]
+fn checkpointing_holds_only_the_inputs_between_forward_and_backward() {
+    let program = |t: &[Tensor]| t[0].exp()?.tanh()?.sigmoid()?.sum(&[], false);
+    for checkpointed in [false, true] {
+        let dev = device();
+        let x = leaf(&dev);
+        let y = x.mul_scalar(2.0).unwrap();
+        let base = dev.memory_allocated();
+        let loss = if checkpointed { autograd::checkpoint(program, &[&y]).unwrap() } else { program(&[y.share()]).unwrap() };
+        let held = dev.memory_allocated() - base;
+        // Plain: exp, tanh and sigmoid each save their 1 MiB result. Checkpointed: only the
+        // input y (already held) and the 512-byte loss.
+        assert_eq!(held, if checkpointed { 512 } else { 3 * MIB + 512 }, "checkpointed: {checkpointed}");
+        assert_eq!(loss.grad_fn().unwrap().name(), if checkpointed { "CheckpointFunctionBackward" } else { "SumBackward0" });
+        drop(y);
+        loss.backward().unwrap();
+        assert_eq!(x.grad().unwrap().shape(), x.shape());
+        drop(loss);
+        assert_eq!(dev.memory_allocated(), base - MIB + MIB, "x and x.grad remain (y went with the graph)");
+    }
+}
+
+#[test]
 fn a_dropped_graph_frees_what_it_saved() {
     let dev = device();
     let x = leaf(&dev);

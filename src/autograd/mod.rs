@@ -4,8 +4,10 @@
 //! `backward` runs the nodes in PyTorch's order, summing gradients as its engine does and
 //! accumulating them into the leaves' `grad`.
 
+mod checkpoint;
 mod engine;
 
+pub use checkpoint::checkpoint;
 pub(crate) use engine::run_backward;
 
 use crate::device::Origin;

@@ -229,6 +229,15 @@ impl Device {
         (mixed ^ (mixed >> 32)) as u32
     }
 
+    /// The random generator's state (`torch.cuda.get_rng_state`), to replay random ops exactly.
+    pub(crate) fn rng_state(&self) -> (u64, u64) {
+        self.0.rng.get()
+    }
+
+    pub(crate) fn set_rng_state(&self, state: (u64, u64)) {
+        self.0.rng.set(state);
+    }
+
     pub(crate) fn next_storage_id(&self) -> u64 {
         let id = self.0.next_storage.get();
         self.0.next_storage.set(id + 1);

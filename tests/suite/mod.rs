@@ -813,7 +813,7 @@ pub async fn long_programs_span_several_batches(dev: &Device) {
 /// (kept away from relu's kink) of small shapes, broadcasting and views included.
 pub async fn gradients_match_finite_differences(dev: &Device) {
     type Program = fn(&Tensor, &Tensor) -> Tensor;
-    let cases: [(&str, &[usize], &[usize], Program); 29] = [
+    let cases: [(&str, &[usize], &[usize], Program); 30] = [
         ("one gradient reaching a tensor by two views", &[3, 4], &[4], |a, b| {
             let y = a.mul(b).unwrap();
             y.view(&[-1]).unwrap().add(&y.t().unwrap().reshape(&[-1]).unwrap().exp().unwrap()).unwrap()
@@ -879,6 +879,7 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
             z.relu_().unwrap();
             z
         }),
+        ("checkpoint: recomputed in backward", &[3, 4], &[4], |a, b| tensormem::autograd::checkpoint(|t| t[0].mul(&t[1])?.tanh()?.exp(), &[a, b]).unwrap()),
         ("where", &[3, 4], &[4], |a, b| a.gt(&b.mul_scalar(0.0).unwrap()).unwrap().where_(&a.exp().unwrap(), b).unwrap()),
     ];
     let mut rng = Rng(17);
@@ -916,6 +917,18 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
                 assert!((analytic[i] - numeric).abs() <= tol, "{what}: d loss / d {which}[{i}]: autograd {} vs finite differences {numeric}", analytic[i]);
             }
         }
+    }
+    // A checkpointed dropout replays the forward's mask in backward: d sum(dropout(x)) / dx is
+    // mask * scale, so grad * x equals the output everywhere.
+    let data: Vec<f32> = (1..=64).map(|i| i as f32 / 8.0).collect();
+    let x = dev.from_slice(&data, &[64]).unwrap();
+    x.requires_grad_(true).unwrap();
+    let out = tensormem::autograd::checkpoint(|t| t[0].dropout(0.5, true), &[&x]).unwrap();
+    out.sum(&[], false).unwrap().backward().unwrap();
+    let (out, grad) = (read::<f32>(&out).await, read::<f32>(&x.grad().unwrap()).await);
+    assert!(out.iter().any(|&v| v == 0.0) && out.iter().any(|&v| v != 0.0), "dropout dropped some: {out:?}");
+    for i in 0..64 {
+        assert!((grad[i] * data[i] - out[i]).abs() < 1e-5, "element {i}: gradient {} against the forward's output {}", grad[i], out[i]);
     }
 }
 
