@@ -220,7 +220,7 @@ fn max_dim(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
         let x = load_a(a0 + k * sa);
         if (x > m || (x != x && m == m)) { m = x; best = k; }
     }
-    store_out(offset_of(r, info.out), m);
+    store_out(offset_of(r, info.out), {{T}}(m));
     store_mean(info.mean_offset + r, mean_t(best));
 }
 
@@ -235,6 +235,6 @@ fn max_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     let picked = u32(load_mean(info.mean_offset + r));
     let g = load_a(w.a0);
     for (var k = 0u; k < n; k = k + 1u) {
-        store_out(o0 + k * so, select({{T}}(0), g, k == picked));
+        store_out(o0 + k * so, select({{T}}(0), {{T}}(g), k == picked));
     }
 }
