@@ -109,20 +109,24 @@ fn variance(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     store_out(offset_of(r, info.out), {{T}}(mo.y / max(f32(n) - info.param, 0.0)));
 }
 
-// argmax: index of the first maximum (NaN counts as the maximum, as in PyTorch).
-@compute @workgroup_size(64)
-fn argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let r = row(gid, nwg);
-    if (r >= info.rows) { return; }
-    let w = walk(r);
-    let a0 = w.a0; let sa = w.sa; let n = w.n;
+// The index of the row's first maximum (NaN counts as the maximum, as in PyTorch).
+fn first_max(a0: u32, sa: u32, n: u32) -> u32 {
     var best = 0u;
     var m = f32(load_a(a0));
     for (var k = 1u; k < n; k = k + 1u) {
         let x = f32(load_a(a0 + k * sa));
         if (x > m || (x != x && m == m)) { m = x; best = k; }
     }
-    store_out(offset_of(r, info.out), {{T}}(best));
+    return best;
+}
+
+// argmax: the index of the first maximum.
+@compute @workgroup_size(64)
+fn argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = row(gid, nwg);
+    if (r >= info.rows) { return; }
+    let w = walk(r);
+    store_out(offset_of(r, info.out), {{T}}(first_max(w.a0, w.sa, w.n)));
 }
 
 // Where row r of the incoming gradient starts, and its stride along the walked dimension.
@@ -207,20 +211,14 @@ fn layer_norm_weight_backward(@builtin(global_invocation_id) gid: vec3<u32>, @bu
 }
 
 // max(dim): the first maximum's value into out and its index into the mean slot (int64,
-// contiguous over the rows); NaN counts as the maximum, as in PyTorch.
+// contiguous over the rows).
 @compute @workgroup_size(64)
 fn max_dim(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = row(gid, nwg);
     if (r >= info.rows) { return; }
     let w = walk(r);
-    let a0 = w.a0; let sa = w.sa; let n = w.n;
-    var best = 0u;
-    var m = load_a(a0);
-    for (var k = 1u; k < n; k = k + 1u) {
-        let x = load_a(a0 + k * sa);
-        if (x > m || (x != x && m == m)) { m = x; best = k; }
-    }
-    store_out(offset_of(r, info.out), {{T}}(m));
+    let best = first_max(w.a0, w.sa, w.n);
+    store_out(offset_of(r, info.out), {{T}}(load_a(w.a0 + best * w.sa)));
     store_mean(info.mean_offset + r, mean_t(best));
 }
 

@@ -224,3 +224,22 @@ fn backward_allocations_carry_the_forward_ops_call_site_and_scope() {
         assert_eq!(stack[1].2, "block", "{node}: the forward's scope");
     }
 }
+
+#[test]
+fn dropout_allocates_what_aten_allocates() {
+    let dev = device();
+    let x = leaf(&dev);
+    let base = dev.memory_allocated();
+    // Evaluation, or p = 0: the input itself.
+    assert!(x.dropout(0.5, false).unwrap().same(&x) && x.dropout(0.0, true).unwrap().same(&x));
+    assert_eq!(dev.memory_allocated(), base);
+    // p = 1: a product with a 0-d zeros tensor (512 bytes, freed), one output; mul saves it.
+    let all = x.dropout(1.0, true).unwrap();
+    assert_eq!(dev.memory_allocated(), base + MIB + 512);
+    drop(all);
+    // Training: the output and a bool mask (a byte per element), which backward keeps.
+    let out = x.dropout(0.1, true).unwrap();
+    assert_eq!(dev.memory_allocated(), base + MIB + MIB / 4);
+    assert!(x.dropout(1.5, true).unwrap_err().to_string().contains("between 0 and 1"));
+    drop(out);
+}

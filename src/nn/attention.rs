@@ -27,7 +27,6 @@ pub struct CausalSelfAttention {
     projections: Projections,
     pub out: Linear,
     pub heads: usize,
-    pub positions: PositionEncoding,
     /// Dropout on the attention probabilities (in training).
     pub dropout: f64,
     /// The causal mask and the rotary tables for the longest sequence: registered buffers,
@@ -61,7 +60,7 @@ impl CausalSelfAttention {
         let projections = Projections::Separate { q: linear("q_proj")?, k: linear("k_proj")?, v: linear("v_proj")? };
         let out = linear("o_proj")?;
         let buffers = Buffers::new(device, name, context, dim / heads, positions, dtype)?;
-        Ok(CausalSelfAttention { name: name.to_string(), projections, out, heads, positions, dropout: 0.0, buffers })
+        Ok(CausalSelfAttention { name: name.to_string(), projections, out, heads, dropout: 0.0, buffers })
     }
 
     /// GPT-2's layout: one `c_attn` projection to 3 x dim, split into q, k and v; `c_proj` out.
@@ -72,7 +71,7 @@ impl CausalSelfAttention {
         let c_attn = Linear::with_init(device, &child(name, "c_attn"), dim, 3 * dim, true, dtype, init)?;
         let c_proj = Linear::with_init(device, &child(name, "c_proj"), dim, dim, true, dtype, init)?;
         let buffers = Buffers::new(device, name, context, dim / heads, positions, dtype)?;
-        Ok(CausalSelfAttention { name: name.to_string(), projections: Projections::Fused(c_attn), out: c_proj, heads, positions, dropout: 0.0, buffers })
+        Ok(CausalSelfAttention { name: name.to_string(), projections: Projections::Fused(c_attn), out: c_proj, heads, dropout: 0.0, buffers })
     }
 
     /// x [batch, T, dim] -> [batch, T, dim].
@@ -82,6 +81,9 @@ impl CausalSelfAttention {
         let [b, t, c] = x.shape() else {
             return Err(TensorError::Shape(format!("{}: input must be [batch, T, features], got {:?}", self.name, x.shape())));
         };
+        if *t > self.buffers.context {
+            return Err(TensorError::Shape(format!("{}: a sequence of {t} is longer than the context of {}", self.name, self.buffers.context)));
+        }
         let (b, t, c) = (*b as isize, *t as isize, *c as isize);
         let (h, d) = (self.heads as isize, c / self.heads as isize);
         let (q, k, v) = match &self.projections {
@@ -94,9 +96,6 @@ impl CausalSelfAttention {
         // [batch, heads, T, head size]: views.
         let heads = |p: Tensor| p.view(&[b, t, h, d])?.transpose(1, 2);
         let (q, k, v) = (heads(q)?, heads(k)?, heads(v)?);
-        if t as usize > self.buffers.context {
-            return Err(TensorError::Shape(format!("{}: a sequence of {t} is longer than the context of {}", self.name, self.buffers.context)));
-        }
         let (q, k) = match &self.buffers.rope {
             Some((cos, sin)) => {
                 let (cos, sin) = (cos.narrow(0, 0, t as usize)?, sin.narrow(0, 0, t as usize)?);

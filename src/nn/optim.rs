@@ -127,11 +127,6 @@ impl Adam {
     pub fn adamw(params: Vec<Tensor>, lr: f64, weight_decay: f64) -> Adam {
         Adam { decoupled_weight_decay: true, ..Adam::new(params, lr, weight_decay) }
     }
-
-    /// The state tensors made so far (each parameter's exp_avg and exp_avg_sq).
-    pub fn state_tensors(&self) -> Vec<Tensor> {
-        self.state.iter().flatten().flat_map(|s| [s.exp_avg.share(), s.exp_avg_sq.share()]).collect()
-    }
 }
 
 impl Optimizer for Adam {

@@ -750,6 +750,8 @@ pub async fn the_sim_device_answers_as_the_gpu(dev: &Device) {
         let empty = d.zeros(&[3, 0], DType::F32).unwrap();
         let err = empty.argmax(1, false).unwrap_err().to_string();
         assert!(err.contains("Expected reduction dim 1 to have non-zero size"), "{}: {err}", d.name());
+        let err = empty.max_dim(1, false).unwrap_err().to_string();
+        assert!(err.contains("max(): Expected reduction dim 1 to have non-zero size"), "{}: {err}", d.name());
         let v = empty.var(1, 1.0, false).unwrap();
         assert_eq!(v.shape(), &[3]);
         if !d.is_sim() {

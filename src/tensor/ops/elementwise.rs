@@ -579,13 +579,7 @@ impl Tensor {
             &[Some(Save::Input(self))],
             Box::new(move |saved, g| {
                 let cond = saved[0].as_ref().expect("saved");
-                let side = |keep: bool, shape: &[usize]| -> Result<Tensor> {
-                    let t = values(g.dtype, g.device())?;
-                    let picked = g.device().empty_tensor(g.shape(), g.dtype, "where")?;
-                    let expr = if keep { format!("select({t}(0), y, x != 0u)") } else { format!("select(y, {t}(0), x != 0u)") };
-                    picked.elementwise(Entry::Binary(expr), &[cond, g], 0.0)?;
-                    picked.sum_to(shape)
-                };
+                let side = |kept_where: bool, shape: &[usize]| g.kept_where(cond, kept_where, "where")?.sum_to(shape);
                 Ok(vec![need[0].then(|| side(true, &a_shape)).transpose()?, need[1].then(|| side(false, &b_shape)).transpose()?])
             }),
         ))
@@ -614,13 +608,20 @@ impl Tensor {
             &[self],
             out,
             &[Some(Save::Input(mask))],
-            Box::new(move |saved, g| {
-                let mask = saved[0].as_ref().expect("saved");
-                let grad = g.device().empty_tensor(g.shape(), g.dtype, "masked_fill")?;
-                grad.elementwise(Entry::Binary(format!("select(x, {t}(0), y != 0u)")), &[g, mask], 0.0)?;
-                Ok(vec![Some(grad)])
-            }),
+            Box::new(move |saved, g| Ok(vec![Some(g.kept_where(saved[0].as_ref().expect("saved"), false, "masked_fill")?)])),
         ))
+    }
+
+    /// Self (a gradient) where the bool `mask` is `kept_where`, zero elsewhere: the backward of
+    /// where (`where(cond, grad, 0)` and `where(cond, 0, grad)`) and of masked_fill
+    /// (`grad.masked_fill(mask, 0)`). One output.
+    #[track_caller]
+    fn kept_where(&self, mask: &Tensor, kept_where: bool, op: &'static str) -> Result<Tensor> {
+        let t = values(self.dtype, self.device())?;
+        let out = self.device().empty_tensor(self.shape(), self.dtype, op)?;
+        let test = if kept_where { "!=" } else { "==" };
+        out.elementwise(Entry::Binary(format!("select({t}(0), x, y {test} 0u)")), &[self, mask], 0.0)?;
+        Ok(out)
     }
 
     /// An in-place ternary update `self = expr(self, y, z, s)` (optimizer steps), which no

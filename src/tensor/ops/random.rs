@@ -43,7 +43,8 @@ impl Tensor {
             return Ok(self.share());
         }
         if p == 1.0 {
-            return self.mul(&self.device().zeros(self.shape(), self.dtype)?);
+            // As ATen: a product with a zero-dimensional zeros tensor.
+            return self.mul(&self.device().zeros(&[], self.dtype)?);
         }
         self.float_only("dropout")?;
         let scale = 1.0 / (1.0 - p);

@@ -54,7 +54,9 @@ impl Tensor {
         // Checked before anything runs, so that the sim device refuses what the GPU refuses.
         if n == 0 && out.numel() > 0 {
             return Err(TensorError::Shape(match kind {
-                Rows::Argmax => format!("argmax(): Expected reduction dim {dim} to have non-zero size."),
+                Rows::Argmax | Rows::MaxDim => {
+                    format!("{}(): Expected reduction dim {dim} to have non-zero size.", if kind == Rows::Argmax { "argmax" } else { "max" })
+                }
                 _ => format!("{} over an empty dimension", kind.entry()),
             }));
         }
@@ -237,9 +239,6 @@ impl Tensor {
         shape[d] = 1;
         let values = self.device().empty_tensor(&shape, self.dtype, "max")?;
         let indices = self.device().empty_tensor(&shape, DType::I64, "max")?;
-        if self.shape()[d] == 0 && values.numel() > 0 {
-            return Err(TensorError::Shape(format!("max(): Expected reduction dim {d} to have non-zero size.")));
-        }
         self.rows(Rows::MaxDim, &values, d, 0.0, &[&values, &values, &indices])?;
         let squeeze = |t: Tensor| if keepdim { Ok(t) } else { t.squeeze(Some(d as isize)) };
         let (values, indices) = (squeeze(values)?, squeeze(indices)?);
