@@ -456,3 +456,21 @@ fn groups_the_trace_lacks_are_skipped_when_drawing() {
     let longer_colors: Vec<u32> = (1..=n + 5).collect();
     assert_eq!(draw(&longer_order, &longer_colors), draw(&order, &colors));
 }
+
+#[test]
+fn an_engine_stacks_module_scope_is_its_module_path_then_the_op() {
+    use tensormem::nn::Linear;
+    let dev = tensormem::Device::sim(tensormem::SimOptions::preset("H100-80GB"));
+    let linear = Linear::new(&dev, "layers.0.fc", 8, 4, true, tensormem::DType::F32).unwrap();
+    let x = dev.zeros(&[2, 8], tensormem::DType::F32).unwrap();
+    let _y = linear.forward(&x).unwrap();
+    let t = timeline::build(&dev.snapshot(), 0).unwrap();
+    let scopes: Vec<Vec<String>> = (0..t.stack_offsets.len() - 1)
+        .map(|s| {
+            t.scope_frames[t.scope_offsets[s] as usize..t.scope_offsets[s + 1] as usize].iter().rev().map(|&f| t.frames[f as usize].name.clone()).collect()
+        })
+        .collect();
+    // The parameters are made inside no module's forward; the product inside layers.0.fc.
+    assert!(scopes.iter().any(|s| s.is_empty()), "{scopes:?}");
+    assert!(scopes.iter().any(|s| s == &["layers.0.fc".to_string(), "matmul".to_string()]), "{scopes:?}");
+}

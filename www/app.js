@@ -87,7 +87,8 @@ function framesOf(id, offsets, table) {
 }
 const stackOf = (id) => framesOf(id, timeline.data.arrays.stackOffsets, timeline.data.arrays.stackFrames);
 const scopeOf = (id) => framesOf(id, timeline.data.arrays.scopeOffsets, timeline.data.arrays.scopeFrames);
-const scopeText = (frames) => frames.map((f) => `${f[1].split('/').pop()}:${f[2]}`).reverse().join(' › ');
+// A Python line as file:line; tensormem's module path frame (no file) by its name.
+const scopeText = (frames) => frames.map((f) => (f[1] ? `${f[1].split('/').pop()}:${f[2]}` : f[0])).reverse().join(' › ');
 const isPython = (f) => f[1].endsWith('.py');
 // Position 0 is the state when the trace starts; position p the state after event p - 1.
 const after = (position) => (position === 0 ? 'at the start of the trace' : `after event ${position - 1}`);
@@ -124,7 +125,7 @@ function showDetails(id) {
       <dt>stream</dt><dd>${a.allocStream[id]}</dd>
       <dt>lifetime</dt><dd>${lifetime(id)}</dd>
       <dt>${meta.groups[a.allocGroup[id]].category ? 'category' : 'group'}</dt><dd>${escape(meta.groups[a.allocGroup[id]].name)}</dd>
-      <dt>module scope</dt><dd>${scopeOf(id).length ? escape(scopeText(scopeOf(id))) : '<span class="muted">inside no nn.Module call</span>'}</dd>
+      <dt>module scope</dt><dd>${scopeOf(id).length ? escape(scopeText(scopeOf(id))) : '<span class="muted">inside no module</span>'}</dd>
     </dl>`
     + stackHtml(frames);
 }

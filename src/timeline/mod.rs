@@ -679,7 +679,17 @@ fn spans(snapshot: &Snapshot, device: i64, trace: &[TraceEntry]) -> Vec<Span> {
 /// (`self.attn(x)`), then the line inside the innermost module's `forward` that allocated.
 /// Empty outside any module (an optimizer step, backward on the autograd thread). A snapshot
 /// names no module classes; these lines are what identifies a module instance.
+///
+/// tensormem's own stacks are the op's frame, then (inside a module) one frame naming the
+/// module's path (`layers.0.attention.q_proj`, no file): their scope is that path, then the op.
 pub fn module_scope(frames: &[Frame]) -> Vec<usize> {
+    if let [_, path] = frames
+        && path.filename.is_empty()
+        && path.line == 0
+        && !path.name.is_empty()
+    {
+        return vec![1, 0];
+    }
     // Python frames only: with context='all' the interpreter's C++ frames sit between them.
     let py: Vec<usize> = (0..frames.len()).filter(|&i| frames[i].filename.ends_with(".py")).collect();
     let in_module_py = |k: usize| frames[py[k]].filename.ends_with("torch/nn/modules/module.py");
