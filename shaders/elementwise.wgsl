@@ -1,6 +1,7 @@
 // Elementwise kernels over strided, broadcast tensors. Specialised by the kernels layer:
 //   {{ENABLE}} "enable f16;" when f16 runs natively; {{T}} the type of values in registers;
-//   {{BINARY}} the result from x (a's element) and y (b's element); {{TERNARY}} from x, y, z
+//   {{BINARY}} the result from x (a's element) and y (b's element), both converted to
+//   {{PROMOTE}} first (empty: as loaded) when the operands' types differ; {{TERNARY}} from x, y, z
 //   (c's element) and s; {{UNARY}} from x, s (the
 //   scalar) and i (the linear index); {{FILL}} from s. Every entry compiles with the module, so
 //   the kernels layer gives the unused ones a trivial expression.
@@ -59,8 +60,8 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
-    let x = load_a(offset_of(i, info.a));
-    let y = load_b(offset_of(i, info.b));
+    let x = {{PROMOTE}}(load_a(offset_of(i, info.a)));
+    let y = {{PROMOTE}}(load_b(offset_of(i, info.b)));
     store_out(offset_of(i, info.out), {{BINARY}});
 }
 
@@ -91,6 +92,21 @@ fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (i >= info.numel) { return; }
     let s = {{SCALAR}};
     store_out(offset_of(i, info.out), {{FILL}});
+}
+
+// _amp_foreach_non_finite_check_and_unscale_ on one gradient: out (the gradient itself) becomes
+// a * b (b: the inverse scale), and c (found_inf) 1 if a value is inf or NaN. Every invocation
+// that finds one writes the same 1, so their order does not matter.
+@compute @workgroup_size(256)
+fn unscale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= info.numel) { return; }
+    let x = f32(load_a(offset_of(i, info.a)));
+    // By its bits: WGSL lets compilers assume floats are finite, so x != x may fold away.
+    if ((bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u) {
+        store_c(offset_of(i, info.c), c_t(1.0));
+    }
+    store_out(offset_of(i, info.out), out_t(x * f32(load_b(offset_of(i, info.b)))));
 }
 
 // index_select along dimension info.scalar: out[.., j, ..] = a[.., b[j], ..]; indices are

@@ -69,6 +69,45 @@ impl DType {
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     }
+
+    /// bool < integers < floats: a higher kind wins type promotion.
+    pub(crate) fn kind(self) -> u8 {
+        match self {
+            DType::Bool => 0,
+            _ if self.is_float() => 2,
+            _ => 1,
+        }
+    }
+
+    /// `torch.promote_types`: the smallest type both convert to without losing kind (f16 and
+    /// f32 give f32, f16 and bf16 give f32, an integer and a float the float). None where
+    /// PyTorch's answer is a type tensormem does not have (int16, for int8 with uint8).
+    pub fn promote(self, other: DType) -> Option<DType> {
+        use DType::*;
+        if self == other {
+            return Some(self);
+        }
+        if self.kind() != other.kind() {
+            return Some(if self.kind() > other.kind() { self } else { other });
+        }
+        Some(match (self.min(other), self.max(other)) {
+            (F16, BF16) => F32,
+            // Declared order F32, F16, BF16, F64: F64 wins, else the wider of F32 and a half type.
+            (a, F64) | (F64, a) if a.is_float() => F64,
+            (F32, _) => F32,
+            (I64, _) | (I32, U32) | (U32, I8) => I64,
+            (I32, I8 | U8) => I32,
+            (U32, U8) => U32,
+            // int16, which tensormem does not have.
+            _ => return None,
+        })
+    }
+
+    /// Whether a value of this type can be written into `to` by an in-place op
+    /// (`torch.can_cast`): not into a lower kind.
+    pub fn can_cast(self, to: DType) -> bool {
+        self.kind() <= to.kind()
+    }
 }
 
 impl fmt::Display for DType {

@@ -472,5 +472,5 @@ fn an_engine_stacks_module_scope_is_its_module_path_then_the_op() {
         .collect();
     // The parameters are made inside no module's forward; the product inside layers.0.fc.
     assert!(scopes.iter().any(|s| s.is_empty()), "{scopes:?}");
-    assert!(scopes.iter().any(|s| s == &["layers.0.fc".to_string(), "matmul".to_string()]), "{scopes:?}");
+    assert!(scopes.iter().any(|s| s == &["layers.0.fc".to_string(), "addmm".to_string()]), "{scopes:?}");
 }

@@ -114,6 +114,14 @@ fn run_node(node: &Node, grad: Tensor, retain_graph: bool) -> Result<Vec<Option<
     let saved = node.saved()?;
     let grads = (node.backward)(&saved, &grad)?;
     drop(saved);
+    let grads = grads
+        .into_iter()
+        .zip(&node.input_dtypes)
+        .map(|(g, &dtype)| match g {
+            Some(g) if g.dtype() != dtype => g.to(dtype).map(Some),
+            g => Ok(g),
+        })
+        .collect::<Result<Vec<_>>>()?;
     if !retain_graph {
         node.release();
     }

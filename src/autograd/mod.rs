@@ -11,6 +11,7 @@ pub use checkpoint::checkpoint;
 pub(crate) use engine::run_backward;
 
 use crate::device::Origin;
+use crate::dtype::DType;
 use crate::tensor::{Result, Tensor, TensorError};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -92,6 +93,9 @@ pub struct Node {
     pub(crate) sequence: u64,
     /// One per input of the op; None where that input needs no gradient.
     pub(crate) edges: Vec<Option<Edge>>,
+    /// Each input's dtype: a gradient computed in another type is converted to it, as
+    /// PyTorch's engine does (`validate_outputs`), e.g. an f32 gradient of an f16 input.
+    pub(crate) input_dtypes: Vec<DType>,
     saved: RefCell<Option<Vec<Option<Saved>>>>,
     pub(crate) backward: BackwardFn,
     /// Where the op was recorded: its backward's allocations are labelled so.
@@ -148,6 +152,7 @@ pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, sav
         return output;
     }
     let edges = inputs.iter().map(|t| edge_of(t)).collect();
+    let input_dtypes = inputs.iter().map(|t| t.dtype()).collect();
     let saved = save
         .iter()
         .map(|s| {
@@ -159,7 +164,7 @@ pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, sav
         .collect();
     let sequence = NEXT_SEQUENCE.with(|n| n.replace(n.get() + 1));
     let origin = output.device().origin(std::panic::Location::caller(), name);
-    let node = Rc::new(Node { name, sequence, edges, saved: RefCell::new(Some(saved)), backward, origin });
+    let node = Rc::new(Node { name, sequence, edges, input_dtypes, saved: RefCell::new(Some(saved)), backward, origin });
     output.set_grad_fn(node);
     output
 }

@@ -173,7 +173,7 @@ fn declarations(bindings: &BindingPlan, operands: &[(&str, DType)], native_f16: 
                 4 => (format!("return bitcast<{v}>(atomicLoad(&{buf}[i]));"), format!("atomicStore(&{buf}[i], bitcast<u32>(v));")),
                 2 => (
                     format!("return {v}(unpack2x16float(atomicLoad(&{buf}[i >> 1u]))[i & 1u]);"),
-                    format!("let shift = (i & 1u) * 16u;\n  cas_{buf}(i >> 1u, 0xffffu << shift, (pack2x16float(vec2<f32>(f32(v), 0.0)) & 0xffffu) << shift);"),
+                    format!("let shift = (i & 1u) * 16u;\n  cas_{buf}(i >> 1u, 0xffffu << shift, f16_bits(f32(v)) << shift);"),
                 ),
                 _ => {
                     let load = if dtype == DType::I8 {

@@ -1,5 +1,6 @@
 //! Losses, reduced by their mean as PyTorch's default `reduction="mean"`.
 
+use crate::amp::{self, Policy};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 /// `F.cross_entropy(logits, targets)`: logits [N, classes], int64 targets [N];
@@ -25,6 +26,10 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
 pub fn mse_loss(input: &Tensor, target: &Tensor) -> Result<Tensor> {
     if input.shape() != target.shape() {
         return Err(TensorError::Shape(format!("mse_loss of {:?} and {:?}", input.shape(), target.shape())));
+    }
+    // On autocast's float32 list.
+    if let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::Fp32, &[input, target])? {
+        return mse_loss(&cast[0], &cast[1]);
     }
     input.sub(target)?.pow_scalar(2.0)?.mean(&[], false)
 }

@@ -93,9 +93,7 @@ impl Linear {
         Ok(Linear { name: name.to_string(), weight, bias })
     }
 
-    /// `F.linear` as ATen's `linear` runs it: with a bias, 2-D input (and contiguous input of
-    /// more dimensions, flattened) goes through one fused `addmm`; otherwise `matmul` with the
-    /// transposed weight, then the bias added.
+    /// `F.linear` (see `Tensor::linear`).
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _scope = x.device().module_scope(&self.name);
@@ -103,17 +101,7 @@ impl Linear {
         if x.shape().last() != Some(&inputs) {
             return Err(TensorError::Shape(format!("{}: input {:?} does not end in {inputs} features", self.name, x.shape())));
         }
-        let w_t = self.weight.t()?;
-        match &self.bias {
-            Some(b) if x.ndim() == 2 => Tensor::addmm(b, x, &w_t),
-            Some(b) if x.is_contiguous() && x.ndim() > 2 => {
-                let mut shape: Vec<isize> = x.shape().iter().map(|&n| n as isize).collect();
-                *shape.last_mut().expect("at least 3 dims") = self.weight.shape()[0] as isize;
-                Tensor::addmm(b, &x.view(&[-1, inputs as isize])?, &w_t)?.view(&shape)
-            }
-            Some(b) => x.matmul(&w_t)?.add(b),
-            None => x.matmul(&w_t),
-        }
+        x.linear(&self.weight, self.bias.as_ref())
     }
 }
 

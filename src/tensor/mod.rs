@@ -241,6 +241,11 @@ impl Tensor {
         self.id
     }
 
+    /// Whether the tensor is a view of another's storage (`_is_view()`).
+    pub fn is_view(&self) -> bool {
+        self.0.is_view
+    }
+
     /// Whether two handles name the same tensor (Python's `is`).
     pub fn same(&self, other: &Tensor) -> bool {
         Rc::ptr_eq(&self.0, &other.0)

@@ -33,7 +33,8 @@ macro_rules! every_check {
             the_sim_device_answers_as_the_gpu,
             matmul_allocates_what_aten_allocates,
             gradients_match_finite_differences,
-            a_training_step_allocates_on_the_gpu_as_on_the_sim_device
+            a_training_step_allocates_on_the_gpu_as_on_the_sim_device,
+            autocast_mixed_types_and_the_grad_scaler
         );
     };
 }
@@ -590,7 +591,9 @@ pub async fn the_sim_device_records_the_same_trace_as_the_gpu(gpu_dev: &Device) 
 pub async fn clear_errors_for_bad_input(dev: &Device) {
     let x = dev.ones(&[2, 3], DType::F32).unwrap();
     let i = dev.from_slice(&[1i32, 2, 3], &[3]).unwrap();
-    assert!(x.add(&i).unwrap_err().to_string().contains("convert one with to(dtype)"));
+    // Mixed types promote as in PyTorch (float32 + int32 is float32); matmul refuses them.
+    assert_eq!(read::<f32>(&x.add(&i.view(&[1, 3]).unwrap()).unwrap()).await, [2.0, 3.0, 4.0, 2.0, 3.0, 4.0]);
+    assert!(x.matmul(&x.t().unwrap().to(DType::F16).unwrap()).unwrap_err().to_string().contains("matmul of float32 and float16"));
     assert!(x.add(&dev.ones(&[4], DType::F32).unwrap()).unwrap_err().to_string().contains("cannot broadcast"));
     assert!(x.view(&[4, -1]).unwrap_err().to_string().contains("invalid for 6 elements"));
     assert!(dev.from_slice(&[1.0f32; 5], &[2, 3]).unwrap_err().to_string().contains("cannot fill"));
@@ -938,16 +941,21 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
 /// and free the same sizes in the same order, with the same op, module scope and category, on
 /// the GPU and on the sim device; and the GPU's loss is finite and falls.
 pub async fn a_training_step_allocates_on_the_gpu_as_on_the_sim_device(dev: &Device) {
+    use tensormem::amp::{self, GradScaler};
     use tensormem::nn::{Architecture, Module, Transformer, TransformerConfig};
     use tensormem::optim::{Adam, Optimizer};
     use tensormem::trace::Action;
     let sim = Device::sim(SimOptions::preset("H100-80GB"));
+    // (architecture, mixed precision: autocast to f16 with a gradient scaler)
+    let runs = [(Architecture::Llama, false), (Architecture::Gpt2, false), (Architecture::Llama, true), (Architecture::Gpt2, true)];
     let mut recorded = Vec::new();
     for d in [dev, &sim] {
-        for architecture in [Architecture::Llama, Architecture::Gpt2] {
+        for (architecture, mixed) in runs {
             let config = TransformerConfig { architecture, vocab: 40, context: 12, dim: 16, layers: 2, heads: 2, hidden: 32, dropout: 0.1, dtype: DType::F32 };
             let model = Transformer::new(d, config).unwrap();
             let mut optimizer = Adam::adamw(model.parameters(), 1e-2, 0.01);
+            // A modest scale: an overflow would skip the GPU's step but not the sim device's.
+            let mut scaler = GradScaler::with_init_scale(1024.0);
             let ids: Vec<i64> = (0..2 * 12).map(|i| (i * 5 % 40) as i64).collect();
             let targets: Vec<i64> = (0..2 * 12).map(|i| ((i * 5 + 1) % 40) as i64).collect();
             let (ids, targets) = (d.from_slice(&ids, &[2, 12]).unwrap(), d.from_slice(&targets, &[2, 12]).unwrap());
@@ -955,15 +963,27 @@ pub async fn a_training_step_allocates_on_the_gpu_as_on_the_sim_device(dev: &Dev
             let mut losses = Vec::new();
             for _ in 0..3 {
                 optimizer.zero_grad(true).unwrap();
-                let loss = model.loss(&ids, &targets, true).unwrap();
-                loss.backward().unwrap();
-                optimizer.step().unwrap();
+                let loss = if mixed {
+                    let _autocast = amp::autocast(DType::F16).unwrap();
+                    model.loss(&ids, &targets, true).unwrap()
+                } else {
+                    model.loss(&ids, &targets, true).unwrap()
+                };
+                if mixed {
+                    scaler.scale(&loss).unwrap().backward().unwrap();
+                    assert!(scaler.step(&mut optimizer).await.unwrap(), "{architecture:?}: no overflow at scale 1024");
+                    scaler.update().await.unwrap();
+                } else {
+                    loss.backward().unwrap();
+                    optimizer.step().unwrap();
+                }
                 if !d.is_sim() {
                     losses.push(loss.item::<f32>().await.unwrap());
                 }
             }
+            let what = format!("{architecture:?}{}", if mixed { " with autocast" } else { "" });
             if !d.is_sim() {
-                assert!(losses.iter().all(|l| l.is_finite()) && losses[2] < losses[0], "{architecture:?}: the loss falls: {losses:?}");
+                assert!(losses.iter().all(|l| l.is_finite()) && losses[2] < losses[0], "{what}: the loss falls: {losses:?}");
             }
             let snapshot = d.snapshot();
             let events: Vec<_> = snapshot.device_traces[0][start..]
@@ -974,15 +994,73 @@ pub async fn a_training_step_allocates_on_the_gpu_as_on_the_sim_device(dev: &Dev
                     (e.action, e.size, frames, e.category)
                 })
                 .collect();
-            recorded.push((architecture, events));
+            recorded.push((what, events));
         }
     }
-    let (gpu, sim) = recorded.split_at(2);
-    for ((architecture, g), (_, s)) in gpu.iter().zip(sim) {
-        assert!(g.len() > 300, "{architecture:?}: {} events", g.len());
+    let (gpu, sim) = recorded.split_at(runs.len());
+    for ((what, g), (_, s)) in gpu.iter().zip(sim) {
+        assert!(g.len() > 300, "{what}: {} events", g.len());
         for (i, (a, b)) in g.iter().zip(s).enumerate() {
-            assert_eq!(a, b, "{architecture:?}: event {i} differs between the GPU and the sim device");
+            assert_eq!(a, b, "{what}: event {i} differs between the GPU and the sim device");
         }
-        assert_eq!(g.len(), s.len(), "{architecture:?}");
+        assert_eq!(g.len(), s.len(), "{what}");
     }
+}
+
+/// Mixed-type arithmetic promotes as PyTorch's does, autocast's f16 matmul and f32 softmax
+/// compute the right values, and the gradient scaler unscales in place, steps, and skips a
+/// step (halving the scale) when a gradient holds an inf.
+pub async fn autocast_mixed_types_and_the_grad_scaler(dev: &Device) {
+    use tensormem::amp::{self, GradScaler};
+    use tensormem::optim::Sgd;
+    let mut rng = Rng(0xa3c5);
+    let (a, b) = (rng.f32s(12), rng.f32s(12));
+    let h = dev.from_slice(&a, &[3, 4]).unwrap().to(DType::F16).unwrap();
+    let f = dev.from_slice(&b, &[3, 4]).unwrap();
+    let a16: Vec<f32> = a.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+    let sum = h.add(&f).unwrap();
+    assert_eq!(sum.dtype(), DType::F32);
+    close(&read::<f32>(&sum).await, &a16.iter().zip(&b).map(|(x, y)| x + y).collect::<Vec<_>>(), 1e-6, "f16 + f32");
+    // f16 stores of infinities and overflow, packed or native: what a causal mask and a scaled
+    // loss rely on.
+    let mask = h.gt(&dev.zeros(&[], DType::F16).unwrap()).unwrap();
+    let masked = read::<f32>(&h.masked_fill(&mask, f64::NEG_INFINITY).unwrap().to(DType::F32).unwrap()).await;
+    let expected: Vec<f32> = a16.iter().map(|&x| if x > 0.0 { f32::NEG_INFINITY } else { x }).collect();
+    assert_eq!(masked, expected, "masked_fill(-inf) in f16");
+    let big = dev.from_slice(&[1000.0f32, -1000.0, 0.5], &[3]).unwrap().to(DType::F16).unwrap().mul_scalar(100.0).unwrap();
+    assert_eq!(read::<f32>(&big.to(DType::F32).unwrap()).await, [f32::INFINITY, f32::NEG_INFINITY, 50.0], "f16 overflow is inf");
+    let into_half = h.to(DType::F16).unwrap().clone().unwrap();
+    into_half.add_(&f).unwrap();
+    close(&read::<f32>(&into_half.to(DType::F32).unwrap()).await, &a16.iter().zip(&b).map(|(x, y)| x + y).collect::<Vec<_>>(), 1e-3, "f16 += f32");
+    {
+        let _autocast = amp::autocast(DType::F16).unwrap();
+        let x = dev.from_slice(&a, &[3, 4]).unwrap();
+        let w = dev.from_slice(&b, &[4, 3]).unwrap();
+        let y = x.matmul(&w).unwrap();
+        assert_eq!(y.dtype(), DType::F16);
+        let reference: Vec<f32> = (0..9).map(|i| (0..4).map(|k| a[i / 3 * 4 + k] * b[k * 3 + i % 3]).sum()).collect();
+        close(&read::<f32>(&y.to(DType::F32).unwrap()).await, &reference, 1e-2, "autocast matmul");
+        let p = y.softmax(-1).unwrap();
+        assert_eq!(p.dtype(), DType::F32);
+        let rows: Vec<f32> = read::<f32>(&p).await.chunks(3).map(|r| r.iter().sum()).collect();
+        close(&rows, &[1.0; 3], 1e-5, "autocast softmax rows sum to 1");
+    }
+    let p = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+    p.requires_grad_(true).unwrap();
+    let mut sgd = Sgd::new(vec![p.share()], 0.1, 0.0, 0.0);
+    let mut scaler = GradScaler::with_init_scale(8.0);
+    scaler.scale(&p.mul(&p).unwrap().sum(&[], false).unwrap()).unwrap().backward().unwrap();
+    close(&read::<f32>(&p.grad().unwrap()).await, &[16.0, 32.0, 48.0, 64.0], 0.0, "the scaled gradient");
+    assert!(scaler.step(&mut sgd).await.unwrap());
+    close(&read::<f32>(&p.grad().unwrap()).await, &[2.0, 4.0, 6.0, 8.0], 0.0, "unscaled in place");
+    close(&read::<f32>(&p).await, &[0.8, 1.6, 2.4, 3.2], 1e-6, "stepped");
+    scaler.update().await.unwrap();
+    assert_eq!(scaler.get_scale(), 8.0);
+    p.set_grad(Some(dev.from_slice(&[f32::INFINITY, 1.0, 1.0, 1.0], &[4]).unwrap()));
+    assert!(!scaler.step(&mut sgd).await.unwrap(), "an inf gradient skips the step");
+    close(&read::<f32>(&p).await, &[0.8, 1.6, 2.4, 3.2], 1e-6, "the parameters are untouched");
+    scaler.update().await.unwrap();
+    assert_eq!(scaler.get_scale(), 4.0, "the scale backs off");
+    let scale = scaler.scale(&dev.ones(&[], DType::F32).unwrap()).unwrap();
+    assert_eq!(read::<f32>(&scale).await, [4.0], "the device's scale follows");
 }

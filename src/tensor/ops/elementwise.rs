@@ -1,6 +1,7 @@
 //! Elementwise ops: unary, binary (broadcasting), ternary, fill; their in-place forms.
 
 use super::{bind, check_u32, shape_meta, strided, values};
+use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
 use crate::tensor::grad::not_differentiated_yet;
@@ -225,6 +226,22 @@ impl Binary {
     }
 }
 
+/// PyTorch's `result_type` for two tensor operands: the promoted type of those with dimensions;
+/// a 0-d tensor (a loss, a gradient scale) counts only when it is of a higher kind, so an f16
+/// tensor times an f32 0-d tensor stays f16.
+pub(crate) fn result_type(op: &str, a: &Tensor, b: &Tensor) -> Result<DType> {
+    let promote = |x: DType, y: DType| {
+        x.promote(y).ok_or_else(|| TensorError::DType(format!("{op} of {x} and {y}: their promoted type is int16, which tensormem does not have")))
+    };
+    match (a.ndim() == 0, b.ndim() == 0) {
+        (false, true) | (true, false) => {
+            let (dim, zero) = if a.ndim() > 0 { (a.dtype, b.dtype) } else { (b.dtype, a.dtype) };
+            if zero.kind() > dim.kind() { promote(dim, zero) } else { Ok(dim) }
+        }
+        _ => promote(a.dtype, b.dtype),
+    }
+}
+
 /// How the scalar `s` is read, for value type `t`.
 fn scalar_expr(t: &str) -> &'static str {
     match t {
@@ -248,10 +265,15 @@ fn scalar_bits(value: f64, t: &str) -> u32 {
 pub(super) enum Entry {
     Unary(String),
     Binary(String),
+    /// A binary expression over operands of different types, both converted to the given
+    /// value type first (PyTorch's type promotion).
+    Promoted(String, &'static str),
     Ternary(String),
     Fill,
     /// Random numbers from `expr` (using `uniform(i, lane)` / `normal(i)`) and a seed.
     Random(String, u32),
+    /// The gradient scaler's unscale and inf/NaN check.
+    Unscale,
 }
 
 impl Tensor {
@@ -280,16 +302,21 @@ impl Tensor {
         let names = ["out", "a", "b", "c"];
         let spec: Vec<(&str, DType)> = names.iter().zip(&operands).map(|(&n, t)| (n, t.dtype)).collect();
         let scalar_type = values(operands[if inputs.is_empty() { 0 } else { 1 }].dtype, &device)?;
-        let mut seed = 0;
+        let (mut seed, mut promote) = (0, "");
         let (entry_name, expr) = match entry {
             Entry::Unary(e) => ("unary", e),
             Entry::Binary(e) => ("binary", e),
+            Entry::Promoted(e, t) => {
+                promote = t;
+                ("binary", e)
+            }
             Entry::Ternary(e) => ("ternary", e),
             Entry::Fill => ("fill", "s".to_string()),
             Entry::Random(e, s) => {
                 seed = s;
                 ("fill", e)
             }
+            Entry::Unscale => ("unscale", String::new()),
         };
         let pick = |name: &str, trivial: &str| if name == entry_name { expr.clone() } else { trivial.to_string() };
         let out_t = values(self.dtype, &device)?;
@@ -299,6 +326,7 @@ impl Tensor {
             .with("SCALAR", scalar_expr(scalar_type))
             .with("UNARY", pick("unary", &format!("{out_t}(x)")))
             .with("BINARY", pick("binary", &format!("{out_t}(x)")))
+            .with("PROMOTE", promote)
             .with("TERNARY", pick("ternary", &format!("{out_t}(x)")))
             .with("FILL", pick("fill", &format!("{out_t}(s)")));
         // When every operand is contiguous in the same shape, index them as flat arrays: the
@@ -336,16 +364,32 @@ impl Tensor {
         self.elementwise(Entry::Unary(expr), &[src], scalar)
     }
 
+    /// Writes `op(a, b)` into self, computed in the operands' promoted type and converted to
+    /// self's (an in-place op may write a wider result into a narrower float, as PyTorch's).
     fn binary_into(&self, a: &Tensor, b: &Tensor, op: Binary) -> Result<()> {
-        if a.dtype != b.dtype || op.out_dtype(a.dtype) != self.dtype {
-            return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), a.dtype, b.dtype)));
+        let compute = result_type(op.name(), a, b)?;
+        let result = op.out_dtype(compute);
+        if result != self.dtype && !(result == compute && compute.can_cast(self.dtype)) {
+            return Err(TensorError::DType(format!("result type {result} of {} can't be cast to the desired output type {}", op.name(), self.dtype)));
         }
-        let expr = op.expr(a.dtype, values(a.dtype, self.device())?)?;
-        self.elementwise(Entry::Binary(expr), &[a, b], 0.0)
+        let t = values(compute, self.device())?;
+        let mut expr = op.expr(compute, t)?;
+        let out_t = values(self.dtype, self.device())?;
+        if result != DType::Bool && out_t != t {
+            expr = format!("{out_t}({expr})");
+        }
+        let entry = if a.dtype == b.dtype { Entry::Binary(expr) } else { Entry::Promoted(expr, t) };
+        self.elementwise(entry, &[a, b], 0.0)
     }
 
     #[track_caller]
     fn unary(&self, op: Unary, scalar: f64) -> Result<Tensor> {
+        // exp, log, rsqrt and pow are on autocast's float32 list.
+        if matches!(op, Unary::Exp | Unary::Log | Unary::Rsqrt | Unary::PowScalar)
+            && let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::Fp32, &[self])?
+        {
+            return cast[0].unary(op, scalar);
+        }
         let t = values(self.dtype, self.device())?;
         op.expr(self.dtype, t, t, self.dtype)?;
         if op.grad_fn().is_none() {
@@ -428,15 +472,18 @@ impl Tensor {
 
     #[track_caller]
     fn binary(&self, other: &Tensor, op: Binary) -> Result<Tensor> {
-        let shape = broadcast_shapes(self.shape(), other.shape())?;
-        if self.dtype != other.dtype {
-            return Err(TensorError::DType(format!("{} of {} and {}: convert one with to(dtype) first", op.name(), self.dtype, other.dtype)));
+        if op == Binary::Pow
+            && let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::Fp32, &[self, other])?
+        {
+            return cast[0].binary(&cast[1], op);
         }
-        op.expr(self.dtype, values(self.dtype, self.device())?)?;
-        if op.grad_fn().is_none() && op.out_dtype(self.dtype) == self.dtype {
+        let shape = broadcast_shapes(self.shape(), other.shape())?;
+        let compute = result_type(op.name(), self, other)?;
+        op.expr(compute, values(compute, self.device())?)?;
+        if op.grad_fn().is_none() && op.out_dtype(compute) == compute {
             not_differentiated_yet(op.name(), &[self, other])?;
         }
-        let out = self.device().empty_tensor(&shape, op.out_dtype(self.dtype), op.name())?;
+        let out = self.device().empty_tensor(&shape, op.out_dtype(compute), op.name())?;
         out.binary_into(self, other, op)?;
         Ok(self.record_binary(other, op, out))
     }
@@ -515,6 +562,24 @@ impl Tensor {
             self.record_unary(op, scalar, self.share());
         }
         Ok(self)
+    }
+
+    /// `torch._amp_foreach_non_finite_check_and_unscale_` for one float32 gradient: multiplies
+    /// it by `inv_scale` in place and sets `found_inf` to 1 if it holds an inf or a NaN (both
+    /// 0-d float32). Allocates nothing.
+    pub(crate) fn unscale_and_check_(&self, inv_scale: &Tensor, found_inf: &Tensor) -> Result<()> {
+        for t in [self, inv_scale, found_inf] {
+            if t.dtype != DType::F32 {
+                return Err(TensorError::DType(format!("unscaling needs float32 gradients and scales, got {}", t.dtype)));
+            }
+        }
+        if inv_scale.numel() != 1 || found_inf.numel() != 1 {
+            return Err(TensorError::Shape("found_inf and inv_scale must be 1-element tensors".into()));
+        }
+        self.elementwise(Entry::Unscale, &[self, inv_scale, found_inf], 0.0)?;
+        self.bump_version();
+        found_inf.bump_version();
+        Ok(())
     }
 
     /// `fill_`: every element becomes `value`; allocates nothing.

@@ -156,6 +156,7 @@ impl Tensor {
             .with("SCALAR", "info.scalar")
             .with("UNARY", format!("{out_t}(x)"))
             .with("BINARY", format!("{out_t}(x)"))
+            .with("PROMOTE", "")
             .with("TERNARY", format!("{out_t}(x)"))
             .with("FILL", format!("{out_t}(s)"));
         let meta = ElementwiseMeta {

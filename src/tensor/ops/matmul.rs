@@ -1,6 +1,7 @@
 //! matmul as ATen's `_matmul_impl` does it, down to mm / bmm on the matmul kernels.
 
 use super::{bind, check_u32};
+use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::{Family, Grid, Kernel, MatmulMeta, MatrixLayout};
 use crate::tensor::layout::{Layout, broadcast_shapes};
@@ -14,6 +15,9 @@ impl Tensor {
     /// real memory, so they happen here as they do there.
     #[track_caller]
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::LowerPrecision, &[self, other])? {
+            return cast[0].matmul(&cast[1]);
+        }
         let m = self.shape().iter().rev().nth(1).copied().unwrap_or(1);
         self.matmul_with(other, MatmulKernel::for_shape(m, other.shape().last().copied().unwrap_or(1)))
     }
@@ -28,6 +32,35 @@ impl Tensor {
         let row_major = (s1 == 1 || cols == 1) && s0 >= cols.max(1);
         let col_major = (s0 == 1 || rows == 1) && s1 >= rows.max(1);
         if row_major || col_major || self.numel() == 0 { Ok(self.share()) } else { self.clone() }
+    }
+
+    /// `F.linear(self, weight, bias)` as ATen's `linear` runs it: with a bias, 2-D input (and
+    /// contiguous input of more dimensions, flattened) goes through one fused `addmm`;
+    /// otherwise `matmul` with the transposed weight, then the bias added. Under autocast the
+    /// weight and bias are cast here, before the transpose, so their f16 copies are cached.
+    #[track_caller]
+    pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let inputs: Vec<&Tensor> = [self, weight].into_iter().chain(bias).collect();
+        if let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::LowerPrecision, &inputs)? {
+            return cast[0].linear(&cast[1], cast.get(2));
+        }
+        let [outputs, features] = *weight.shape() else {
+            return Err(TensorError::Shape(format!("linear needs a 2-D weight, got {:?}", weight.shape())));
+        };
+        if self.shape().last() != Some(&features) {
+            return Err(TensorError::Shape(format!("linear: input {:?} does not end in the weight's {features} features", self.shape())));
+        }
+        let w_t = weight.t()?;
+        match bias {
+            Some(b) if self.ndim() == 2 => Tensor::addmm(b, self, &w_t),
+            Some(b) if self.is_contiguous() && self.ndim() > 2 => {
+                let mut shape: Vec<isize> = self.shape().iter().map(|&n| n as isize).collect();
+                *shape.last_mut().expect("at least 3 dims") = outputs as isize;
+                Tensor::addmm(b, &self.view(&[-1, features as isize])?, &w_t)?.view(&shape)
+            }
+            Some(b) => self.matmul(&w_t)?.add(b),
+            None => self.matmul(&w_t),
+        }
     }
 
     /// `bmm`: batched matmul of two 3-D tensors with equal batch sizes.
@@ -141,7 +174,7 @@ impl Tensor {
         let out = {
             // The copies BLAS needs are the kernel's business, not the graph's.
             let _no_grad = autograd::no_grad();
-            self.mm_forward(other, kind)?
+            self.mm_forward(other, kind, "matmul")?
         };
         Ok(self.record_mm(other, None, out))
     }
@@ -198,12 +231,15 @@ impl Tensor {
     /// to the result (`F.linear` with a bias): one output allocation.
     #[track_caller]
     pub fn addmm(bias: &Tensor, mat1: &Tensor, mat2: &Tensor) -> Result<Tensor> {
+        if let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::LowerPrecision, &[bias, mat1, mat2])? {
+            return Tensor::addmm(&cast[0], &cast[1], &cast[2]);
+        }
         if mat1.ndim() != 2 || mat2.ndim() != 2 || mat1.shape()[1] != mat2.shape()[0] {
             return Err(TensorError::Shape(format!("addmm needs [n, m] @ [m, p], got {:?} @ {:?}", mat1.shape(), mat2.shape())));
         }
         let out = {
             let _no_grad = autograd::no_grad();
-            let out = mat1.mm_forward(mat2, MatmulKernel::for_shape(mat1.shape()[0], mat2.shape()[1]))?;
+            let out = mat1.mm_forward(mat2, MatmulKernel::for_shape(mat1.shape()[0], mat2.shape()[1]), "addmm")?;
             out.add_(bias)?;
             out
         };
@@ -211,7 +247,7 @@ impl Tensor {
     }
 
     #[track_caller]
-    fn mm_forward(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
+    fn mm_forward(&self, other: &Tensor, kind: MatmulKernel, op: &'static str) -> Result<Tensor> {
         let a = self.blas_compatible()?;
         let b = other.blas_compatible()?;
         let batch: Vec<usize> = a.shape()[..a.ndim() - 2].to_vec();
@@ -220,7 +256,7 @@ impl Tensor {
         let (la, lb) = (a.layout.clone(), b.layout.clone());
         let mut out_shape = batch.clone();
         out_shape.extend([m, n]);
-        let out = self.device().empty_tensor(&out_shape, self.dtype, "matmul")?;
+        let out = self.device().empty_tensor(&out_shape, self.dtype, op)?;
         let device = self.device().clone();
         let batches: usize = batch.iter().product();
         // A multiply and an add per term.

@@ -1,6 +1,7 @@
 //! Reductions over any set of dimensions: sum, mean, max, min.
 
 use super::{bind, check_u32, shape_meta, strided, values};
+use crate::amp;
 use crate::autograd;
 use crate::kernels::{Family, Grid, Kernel, ReduceMeta, WORKGROUP};
 use crate::tensor::grad::not_differentiated_yet;
@@ -27,13 +28,13 @@ impl Tensor {
     /// Reduces `dims` (all of them when empty) into one new tensor, as ATen does: one kernel,
     /// one output allocation, however many dimensions.
     #[track_caller]
-    fn reduce(&self, dims: &[isize], keepdim: bool, op: Reduction) -> Result<Tensor> {
+    fn reduce(&self, dims: &[isize], keepdim: bool, op: Reduction, dtype: DType) -> Result<Tensor> {
         let mut dims: Vec<usize> =
             if dims.is_empty() { (0..self.ndim()).collect() } else { dims.iter().map(|&d| wrap_dim(d, self.ndim())).collect::<Result<_>>()? };
         dims.sort_unstable();
         dims.dedup();
         if self.ndim() == 0 {
-            return self.clone();
+            return if dtype == self.dtype { self.clone() } else { self.to(dtype) };
         }
         let (name, (acc, init, step, finish)) = self.reduction_spec(op)?;
         let mut out_shape = self.shape().to_vec();
@@ -41,7 +42,7 @@ impl Tensor {
             out_shape[d] = 1;
         }
         let n: usize = dims.iter().map(|&d| self.shape()[d]).product();
-        let out = self.device().empty_tensor(&out_shape, self.dtype, name)?;
+        let out = self.device().empty_tensor(&out_shape, dtype, name)?;
         let device = self.device().clone();
         if n == 0 && out.numel() > 0 {
             // Reducing nothing: the identity (PyTorch: sum 0, mean NaN; max and min raise).
@@ -53,12 +54,12 @@ impl Tensor {
         } else if out.launches(&[self], 0) {
             check_u32(self)?;
             let b = bind(&[&out, self])?;
-            let finish = finish.replace("{T}", values(self.dtype, &device)?);
+            let finish = finish.replace("{T}", values(dtype, &device)?);
             // Long reductions get a workgroup each (see shaders/reduce.wgsl).
             let wide = n >= WIDE_REDUCTION;
             let kernel = Kernel::new(Family::Reduce, if wide { "reduce_wide" } else { "reduce" })
                 .with_meta::<ReduceMeta>()
-                .with_operands(device.native_f16(), &b.plan, &[("out", self.dtype), ("a", self.dtype)])?
+                .with_operands(device.native_f16(), &b.plan, &[("out", dtype), ("a", self.dtype)])?
                 .with("ACC", acc)
                 .with("INIT", init)
                 .with("STEP", step)
@@ -120,13 +121,25 @@ impl Tensor {
     /// `sum(dims, keepdim)`; empty `dims` reduces everything.
     #[track_caller]
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        let out = self.reduce(dims, keepdim, Reduction::Sum)?;
+        // On autocast's float32 list: an f16 input sums into a float32 result (no copy).
+        let dtype = match amp::fp32_output(self) {
+            Some(_autocast_off) => DType::F32,
+            None => self.dtype,
+        };
+        self.sum_to_dtype(dims, keepdim, dtype)
+    }
+
+    /// `sum(dims, keepdim, dtype=...)`: the result in `dtype`, accumulated from self's
+    /// elements as they are read (no converted copy).
+    #[track_caller]
+    pub fn sum_to_dtype(&self, dims: &[isize], keepdim: bool, dtype: DType) -> Result<Tensor> {
+        let out = self.reduce(dims, keepdim, Reduction::Sum, dtype)?;
         self.record_reduction(dims, keepdim, Reduction::Sum, out)
     }
 
     #[track_caller]
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        let out = self.reduce(dims, keepdim, Reduction::Mean)?;
+        let out = self.reduce(dims, keepdim, Reduction::Mean, self.dtype)?;
         self.record_reduction(dims, keepdim, Reduction::Mean, out)
     }
 
@@ -134,13 +147,13 @@ impl Tensor {
     #[track_caller]
     pub fn max(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         not_differentiated_yet("max", &[self])?;
-        self.reduce(dims, keepdim, Reduction::Max)
+        self.reduce(dims, keepdim, Reduction::Max, self.dtype)
     }
 
     #[track_caller]
     pub fn min(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         not_differentiated_yet("min", &[self])?;
-        self.reduce(dims, keepdim, Reduction::Min)
+        self.reduce(dims, keepdim, Reduction::Min, self.dtype)
     }
 
     /// `linalg.vector_norm(self)`: the L2 norm of all elements, one scalar (what
@@ -148,7 +161,7 @@ impl Tensor {
     #[track_caller]
     pub fn norm(&self) -> Result<Tensor> {
         not_differentiated_yet("norm", &[self])?;
-        self.reduce(&[], false, Reduction::Norm)
+        self.reduce(&[], false, Reduction::Norm, self.dtype)
     }
 
     /// Records sum or mean: they save only sizes. The gradient expands back over the reduced
@@ -192,7 +205,7 @@ impl Tensor {
         }
         let leading = self.ndim() - shape.len();
         let dims: Vec<isize> = (0..self.ndim()).filter(|&d| d < leading || (shape[d - leading] == 1 && self.shape()[d] != 1)).map(|d| d as isize).collect();
-        let summed = if dims.is_empty() { self.share() } else { self.reduce(&dims, true, Reduction::Sum)? };
+        let summed = if dims.is_empty() { self.share() } else { self.reduce(&dims, true, Reduction::Sum, self.dtype)? };
         summed.reshape(&shape.iter().map(|&n| n as isize).collect::<Vec<_>>())
     }
 }

@@ -2,6 +2,7 @@
 //! backward kernels of the first three.
 
 use super::{bind, check_u32, shape_meta, strided};
+use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::{Family, Grid, Kernel, RowsMeta, WORKGROUP};
 use crate::tensor::grad::not_differentiated_yet;
@@ -103,10 +104,18 @@ impl Tensor {
     }
 
     #[track_caller]
-    fn along(&self, kind: Rows, dim: isize) -> Result<Tensor> {
+    fn along(&self, kind: Rows, dim: isize, dtype: DType) -> Result<Tensor> {
         self.float_only(kind.entry())?;
+        if !dtype.is_float() {
+            return Err(TensorError::DType(format!("{} into {dtype}: PyTorch requires a floating dtype", kind.entry())));
+        }
+        // As ATen: f16 to float32 is read directly (`half_to_float`); other conversions copy first.
+        if dtype != self.dtype && !(self.dtype == DType::F16 && dtype == DType::F32) {
+            return self.to(dtype)?.along(kind, dim, dtype);
+        }
         let d = wrap_dim(dim, self.ndim())?;
-        let out = self.device().empty_tensor(self.shape(), self.dtype, kind.entry())?;
+        let input_dtype = self.dtype;
+        let out = self.device().empty_tensor(self.shape(), dtype, kind.entry())?;
         self.rows(kind, &out, d, 0.0, &[])?;
         if !autograd::records(&[self]) {
             return Ok(out);
@@ -123,7 +132,8 @@ impl Tensor {
             &[Some(Save::Output)],
             Box::new(move |saved, g| {
                 let result = saved[0].as_ref().expect("saved");
-                let grad = g.device().empty_tensor(g.shape(), g.dtype, backward.entry())?;
+                // In the input's type (`_softmax_backward_data(..., input_dtype)`).
+                let grad = g.device().empty_tensor(g.shape(), input_dtype, backward.entry())?;
                 result.rows(backward, &grad, d, 0.0, &[&grad, g])?;
                 Ok(vec![Some(grad)])
             }),
@@ -133,13 +143,34 @@ impl Tensor {
     /// `softmax(dim)`.
     #[track_caller]
     pub fn softmax(&self, dim: isize) -> Result<Tensor> {
-        self.along(Rows::Softmax, dim)
+        self.along_autocast(Rows::Softmax, dim)
+    }
+
+    /// `softmax(dim, dtype=...)`: the result in `dtype`.
+    #[track_caller]
+    pub fn softmax_to_dtype(&self, dim: isize, dtype: DType) -> Result<Tensor> {
+        self.along(Rows::Softmax, dim, dtype)
     }
 
     /// `log_softmax(dim)`.
     #[track_caller]
     pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
-        self.along(Rows::LogSoftmax, dim)
+        self.along_autocast(Rows::LogSoftmax, dim)
+    }
+
+    /// `log_softmax(dim, dtype=...)`: the result in `dtype`.
+    #[track_caller]
+    pub fn log_softmax_to_dtype(&self, dim: isize, dtype: DType) -> Result<Tensor> {
+        self.along(Rows::LogSoftmax, dim, dtype)
+    }
+
+    /// softmax and log_softmax are on autocast's float32 list: their result is float32.
+    #[track_caller]
+    fn along_autocast(&self, kind: Rows, dim: isize) -> Result<Tensor> {
+        match amp::fp32_output(self) {
+            Some(_autocast_off) => self.along(kind, dim, DType::F32),
+            None => self.along(kind, dim, self.dtype),
+        }
     }
 
     /// `layer_norm` over the last dimension with weight and bias. As PyTorch's
@@ -148,6 +179,9 @@ impl Tensor {
     /// for backward, otherwise they are freed on return.
     #[track_caller]
     pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+        if let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::Fp32, &[self, weight, bias])? {
+            return cast[0].layer_norm(&cast[1], &cast[2], eps);
+        }
         self.float_only("layer_norm")?;
         let n = *self.shape().last().ok_or_else(|| TensorError::Shape("layer_norm of a 0-d tensor".into()))?;
         for (name, t) in [("weight", weight), ("bias", bias)] {
