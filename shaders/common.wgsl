@@ -3,9 +3,9 @@
 {{META}}
 @group(0) @binding(0) var<storage, read> info: {{META_TYPE}};
 
-// The binary16 bits of x, rounded as IEEE conversion does (what a CUDA or native f16 store
-// gives): infinities, NaN and values past f16's range (overflow to inf) by hand, since
-// pack2x16float leaves them indeterminate (Dawn's gives garbage for -inf, which a causal mask
+// The binary16 bits of x: infinities, NaN and values past f16's range (overflow to inf, as an
+// IEEE conversion gives) by hand, since pack2x16float leaves them indeterminate; finite values
+// as pack2x16float rounds them (Dawn's gives garbage for -inf, which a causal mask
 // stores). Used where f16 is stored packed in u32 words (adapters without shader-f16).
 fn f16_bits(x: f32) -> u32 {
     let b = bitcast<u32>(x);

@@ -81,7 +81,8 @@ impl DType {
 
     /// `torch.promote_types`: the smallest type both convert to without losing kind (f16 and
     /// f32 give f32, f16 and bf16 give f32, an integer and a float the float). None where
-    /// PyTorch's answer is a type tensormem does not have (int16, for int8 with uint8).
+    /// PyTorch refuses (uint32 with another integer type or bool) or its answer is a type
+    /// tensormem does not have (int16, for int8 with uint8).
     pub fn promote(self, other: DType) -> Option<DType> {
         use DType::*;
         if self == other {
@@ -95,9 +96,10 @@ impl DType {
             // Declared order F32, F16, BF16, F64: F64 wins, else the wider of F32 and a half type.
             (a, F64) | (F64, a) if a.is_float() => F64,
             (F32, _) => F32,
-            (I64, _) | (I32, U32) | (U32, I8) => I64,
+            // PyTorch refuses uint32 with any other integer type.
+            (_, U32) | (U32, _) => return None,
+            (I64, _) => I64,
             (I32, I8 | U8) => I32,
-            (U32, U8) => U32,
             // int16, which tensormem does not have.
             _ => return None,
         })

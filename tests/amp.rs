@@ -37,11 +37,12 @@ fn autocast_holds_f16_copies_of_the_weights_it_cast_for_the_scope() {
         let from = trace_len(&dev);
         let y = linear.forward(&x).unwrap();
         assert_eq!(y.dtype(), DType::F16, "linear runs in float16");
-        // The input, weight and bias each cast once, then one f16 output.
+        // The bias, weight and input each cast once (last argument first, as GCC-built PyTorch
+        // evaluates autocast's argument pack), then one f16 output.
         let first = allocations(&dev, from);
         assert_eq!(
             first,
-            [("to", 64 * 256 * 2), ("to", 512 * 256 * 2), ("to", 1024), ("addmm", 64 * 512 * 2)].map(|(op, n)| (op.to_string(), rounded(n))),
+            [("to", 1024), ("to", 512 * 256 * 2), ("to", 64 * 256 * 2), ("addmm", 64 * 512 * 2)].map(|(op, n)| (op.to_string(), rounded(n))),
             "casts, then the product"
         );
         assert_eq!(amp::cached_bytes(), 512 * 256 * 2 + 512 * 2, "the weight and bias copies are cached");
@@ -169,11 +170,18 @@ fn the_grad_scaler_keeps_two_scalars_and_frees_its_step_temporaries() {
         assert!(pollster::block_on(scaler.step(&mut optimizer)).unwrap(), "the sim device has no infs: the optimizer steps");
         pollster::block_on(scaler.update()).unwrap();
         let ops: Vec<String> = allocations(&dev, from).into_iter().map(|(op, _)| op).collect();
-        // `_scale.double().reciprocal().float()` and found_inf come first, then the optimizer's.
-        assert_eq!(ops[..4], ["to", "reciprocal", "to", "full"], "step {step}");
+        // `_scale.double().reciprocal().float()`, found_inf, and the per-device copies of found_inf
+        // and inv_scale the unscale kernel gets; then the optimizer's.
+        assert_eq!(ops[..6], ["to", "reciprocal", "to", "full", "to", "to"], "step {step}");
         let state = if step == 0 { params.iter().map(|p| 2 * rounded(p.storage_bytes())).sum::<u64>() } else { 0 };
         assert_eq!(dev.memory_allocated(), before_step + state, "step {step}: unscaling frees what it made; only Adam's state stays");
     }
     assert_eq!(scaler.get_scale(), 65536.0);
     assert!(pollster::block_on(scaler.update()).is_err(), "update without a step since the last one");
+    // An optimizer whose parameters have no gradients: nothing to check, and PyTorch's assert.
+    let idle = dev.zeros(&[4], DType::F32).unwrap();
+    idle.requires_grad_(true).unwrap();
+    let mut idle = tensormem::optim::Sgd::new(vec![idle], 0.1, 0.0, 0.0);
+    let e = pollster::block_on(scaler.step(&mut idle)).unwrap_err().to_string();
+    assert!(e.contains("No inf checks were recorded for this optimizer."), "{e}");
 }

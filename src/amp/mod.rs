@@ -107,7 +107,7 @@ pub(crate) enum Policy {
     /// `lower_precision_fp`: mm, bmm, addmm, matmul, linear: every float input to the autocast
     /// dtype, weights through the cache.
     LowerPrecision,
-    /// `fp32`: exp, log, rsqrt, pow, layer_norm, mse_loss, nll_loss: float inputs to f32.
+    /// `fp32`: exp, log, rsqrt, pow, layer_norm, mse_loss: float inputs to f32.
     Fp32,
 }
 
@@ -127,8 +127,10 @@ pub(crate) fn cast_inputs(policy: Policy, inputs: &[&Tensor]) -> Result<Option<(
         Policy::LowerPrecision => lower,
         Policy::Fp32 => DType::F32,
     };
+    // PyTorch casts in a C++ argument pack, which GCC (its Linux builds) evaluates last to
+    // first: a linear's bias is cast before its weight, and the weight before the input.
     let mut cast = Vec::with_capacity(inputs.len());
-    for t in inputs {
+    for t in inputs.iter().rev() {
         cast.push(if !eligible(t) || t.dtype() == to {
             t.share()
         } else if to == lower && t.dtype() == DType::F32 && t.requires_grad() && t.is_leaf() && !t.is_view() {
@@ -137,6 +139,7 @@ pub(crate) fn cast_inputs(policy: Policy, inputs: &[&Tensor]) -> Result<Option<(
             t.to(to)?
         });
     }
+    cast.reverse();
     Ok(Some((cast, excluded)))
 }
 

@@ -34,7 +34,8 @@ pub struct GradScaler {
     /// and WGSL has no float64 for PyTorch's `_scale.double().reciprocal()`.
     scale_value: f64,
     tracker_value: u32,
-    /// By optimizer (its address), as PyTorch keys them by `id(optimizer)`.
+    /// By optimizer (its address), as PyTorch keys them by `id(optimizer)`: an optimizer must
+    /// stay in place from `unscale_`/`step` to `update`.
     states: FxHashMap<usize, OptimizerState>,
 }
 
@@ -123,16 +124,28 @@ impl GradScaler {
             inv_scale
         };
         let found_inf = device.full(&[], 0.0, DType::F32)?;
-        {
-            let _no_grad = autograd::no_grad();
-            for grad in optimizer.params().iter().filter_map(Tensor::grad) {
-                if grad.dtype() == DType::F16 {
-                    return Err(TensorError::DType("Attempting to unscale FP16 gradients.".into()));
-                }
-                grad.unscale_and_check_(&inv_scale, &found_inf)?;
-            }
+        let grads: Vec<Tensor> = optimizer.params().iter().filter_map(Tensor::grad).collect();
+        if grads.iter().any(|g| g.dtype() == DType::F16) {
+            return Err(TensorError::DType("Attempting to unscale FP16 gradients.".into()));
         }
-        *self.state(optimizer) = OptimizerState { stage: Stage::Unscaled, found_inf: Some(found_inf) };
+        // `_unscale_grads_` hands the kernel per-device copies (`_MultiDeviceReplicator.get`:
+        // `to(device, copy=True)`), found_inf's first; the copy of found_inf is what lives until
+        // `update`, the originals go when `unscale_` returns. No gradients, no copies.
+        let found_copy = if grads.is_empty() {
+            None
+        } else {
+            let _no_grad = autograd::no_grad();
+            let found_copy = device.empty_tensor(&[], DType::F32, "to")?;
+            found_copy.copy_(&found_inf)?;
+            let inv_copy = device.empty_tensor(&[], DType::F32, "to")?;
+            inv_copy.copy_(&inv_scale)?;
+            for grad in &grads {
+                grad.unscale_and_check_(&inv_copy, &found_copy)?;
+            }
+            Some(found_copy)
+        };
+        drop((inv_scale, found_inf));
+        *self.state(optimizer) = OptimizerState { stage: Stage::Unscaled, found_inf: found_copy };
         Ok(())
     }
 
@@ -140,13 +153,20 @@ impl GradScaler {
     /// unless a gradient overflowed. Returns whether it stepped. Reading `found_inf` syncs
     /// with the device, as PyTorch's `.item()` does; the sim device has no values and steps.
     pub async fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<bool> {
+        if self.scale.is_none() {
+            return Err(TensorError::Unsupported(
+                "Attempted step but _scale is None.  This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration.".into(),
+            ));
+        }
         if self.state(optimizer).stage == Stage::Stepped {
             return Err(TensorError::Unsupported("step() has already been called since the last update().".into()));
         }
         if self.state(optimizer).stage == Stage::Ready {
             self.unscale_(optimizer)?;
         }
-        let found_inf = self.state(optimizer).found_inf.as_ref().map(Tensor::share).expect("unscale_ recorded found_inf");
+        let Some(found_inf) = self.state(optimizer).found_inf.as_ref().map(Tensor::share) else {
+            return Err(TensorError::Unsupported("No inf checks were recorded for this optimizer.".into()));
+        };
         let overflowed = !found_inf.device().is_sim() && found_inf.item::<f32>().await? != 0.0;
         if !overflowed {
             optimizer.step()?;
@@ -179,7 +199,10 @@ impl GradScaler {
         } else {
             self.tracker_value += 1;
             if self.tracker_value == self.growth_interval {
-                self.scale_value *= self.growth_factor;
+                // Grown only while the float32 scale stays finite, as `_amp_update_scale_`.
+                if ((self.scale_value * self.growth_factor) as f32).is_finite() {
+                    self.scale_value *= self.growth_factor;
+                }
                 self.tracker_value = 0;
             }
         }

@@ -12,6 +12,9 @@ use crate::tensor::TensorError;
 use crate::trace::{Category, Snapshot};
 use crate::{DType, Device, GpuOptions};
 use serde::Serialize;
+
+mod pitfalls;
+mod seeds;
 use std::collections::BTreeMap;
 
 /// A scenario as the list shows it.
@@ -30,6 +33,105 @@ pub struct Parameter {
     pub name: &'static str,
     pub default: &'static str,
     pub help: &'static str,
+    /// What values it takes; every value is checked against it before anything runs.
+    pub kind: Kind,
+}
+
+/// A parameter's type.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Kind {
+    /// A whole number in `min..=max`.
+    Integer { min: u64, max: u64 },
+    /// A comma-separated list of whole numbers, each in `min..=max`.
+    Integers { min: u64, max: u64, max_len: usize },
+    /// `true` or `false`.
+    Flag,
+    /// One of the options.
+    Choice { options: &'static [&'static str] },
+}
+
+impl Parameter {
+    pub const fn integer(name: &'static str, default: &'static str, min: u64, max: u64, help: &'static str) -> Parameter {
+        Parameter { name, default, help, kind: Kind::Integer { min, max } }
+    }
+
+    pub const fn flag(name: &'static str, default: &'static str, help: &'static str) -> Parameter {
+        Parameter { name, default, help, kind: Kind::Flag }
+    }
+
+    pub const fn choice(name: &'static str, default: &'static str, options: &'static [&'static str], help: &'static str) -> Parameter {
+        Parameter { name, default, help, kind: Kind::Choice { options } }
+    }
+
+    /// The value as typed, checked against the kind, as JSON.
+    fn parse(&self, text: &str) -> Result<serde_json::Value, String> {
+        let text = text.trim();
+        let whole = |t: &str, min: u64, max: u64| match t.trim().parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(format!("{} must be a whole number from {min} to {max}, got {text:?}", self.name)),
+        };
+        Ok(match self.kind {
+            Kind::Integer { min, max } => whole(text, min, max)?.into(),
+            Kind::Integers { min, max, max_len } => {
+                let values = text.split(',').map(|t| whole(t, min, max)).collect::<Result<Vec<_>, _>>()?;
+                if values.is_empty() || values.len() > max_len {
+                    return Err(format!("{} takes 1 to {max_len} comma-separated numbers, got {}", self.name, values.len()));
+                }
+                values.into()
+            }
+            Kind::Flag => match text {
+                "true" | "1" | "yes" => true.into(),
+                "false" | "0" | "no" => false.into(),
+                _ => return Err(format!("{} must be true or false, got {text:?}", self.name)),
+            },
+            Kind::Choice { options } if options.contains(&text) => text.into(),
+            Kind::Choice { options } => return Err(format!("{} must be one of {}, got {text:?}", self.name, options.join(", "))),
+        })
+    }
+}
+
+/// The checked parameter values a program runs with.
+pub(crate) struct Values {
+    map: BTreeMap<String, serde_json::Value>,
+    variant: Option<String>,
+}
+
+impl Values {
+    pub fn int(&self, name: &str) -> usize {
+        self.map[name].as_u64().expect("checked as an integer") as usize
+    }
+
+    pub fn ints(&self, name: &str) -> Vec<u64> {
+        self.map[name].as_array().expect("checked as a list").iter().map(|v| v.as_u64().expect("checked")).collect()
+    }
+
+    pub fn flag(&self, name: &str) -> bool {
+        self.map[name].as_bool().expect("checked as a flag")
+    }
+
+    pub fn choice(&self, name: &str) -> &str {
+        self.map[name].as_str().expect("checked as a choice")
+    }
+
+    /// Whether the run shows the fix (else the mistake, or a scenario without variants).
+    pub fn fix(&self) -> bool {
+        self.variant.as_deref() == Some("fix")
+    }
+}
+
+/// A scenario: what the list shows, and its program.
+pub(crate) struct Scenario {
+    pub info: ScenarioInfo,
+    /// Checks that need several parameters at once (sizes that would not index).
+    pub check: fn(&Values) -> Result<(), String>,
+    /// Allocator settings the fix variant brings (PYTORCH_CUDA_ALLOC_CONF syntax), if any.
+    pub fix_settings: Option<&'static str>,
+    pub program: fn(&mut Recorder, &Values) -> Result<(), TensorError>,
+}
+
+fn no_check(_: &Values) -> Result<(), String> {
+    Ok(())
 }
 
 /// What to run: a scenario by name, its variant and parameter overrides, on which card.
@@ -99,24 +201,43 @@ pub enum ScenarioError {
 }
 
 /// Every scenario, in the order the page lists them.
+fn all() -> Vec<Scenario> {
+    // The page opens on the first.
+    let mut all = vec![Scenario {
+        info: ScenarioInfo {
+            name: "variable-batch",
+            title: "Variable batch sizes fragment the cache",
+            explanation: "Batched inference whose batch size wobbles from step to step. Each batch needs activation blocks a little \
+                          larger or smaller than the last; the cached blocks of earlier batches rarely fit, so the allocator reserves new \
+                          segments and reserved memory drifts far above what is allocated (look at the gap between the two curves). \
+                          The fix is PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): one segment \
+                          that grows and shrinks in 20 MiB pages, so reserved memory follows what is live. Also try \
+                          max_split_size_mb:64 as a what-if.",
+            parameters: vec![
+                Parameter::integer("layers", "8", 1, 1000, "MLP blocks (weights 2 x hidden x 4 hidden x 4 bytes each)"),
+                Parameter::integer("hidden", "1024", 1, 1 << 20, "hidden size"),
+                Parameter::integer("seq", "128", 1, 1 << 20, "tokens per sequence"),
+                Parameter {
+                    name: "batches",
+                    default: DEFAULT_BATCHES,
+                    help: "batch size of each step",
+                    kind: Kind::Integers { min: 1, max: 1 << 20, max_len: 10_000 },
+                },
+            ],
+            variants: vec!["mistake", "fix"],
+        },
+        check: variable_batch_fits,
+        fix_settings: Some("expandable_segments:True"),
+        program: |rec, v| variable_batch(rec, v.int("layers") as u64, v.int("hidden") as u64, v.int("seq") as u64, &v.ints("batches")),
+    }];
+    all.extend(seeds::scenarios());
+    all.extend(pitfalls::scenarios());
+    all
+}
+
+/// Every scenario as the list shows it.
 pub fn list() -> Vec<ScenarioInfo> {
-    vec![ScenarioInfo {
-        name: "variable-batch",
-        title: "Variable batch sizes fragment the cache",
-        explanation: "Batched inference whose batch size wobbles from step to step. Each batch needs activation blocks a little \
-                      larger or smaller than the last; the cached blocks of earlier batches rarely fit, so the allocator reserves new \
-                      segments and reserved memory drifts far above what is allocated (look at the gap between the two curves). \
-                      The fix is PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): one segment \
-                      that grows and shrinks in 20 MiB pages, so reserved memory follows what is live. Also try \
-                      max_split_size_mb:64 as a what-if.",
-        parameters: vec![
-            Parameter { name: "layers", default: "8", help: "MLP blocks (weights 2 x hidden x 4 hidden x 4 bytes each)" },
-            Parameter { name: "hidden", default: "1024", help: "hidden size" },
-            Parameter { name: "seq", default: "128", help: "tokens per sequence" },
-            Parameter { name: "batches", default: DEFAULT_BATCHES, help: "batch size of each step" },
-        ],
-        variants: vec!["mistake", "fix"],
-    }]
+    all().into_iter().map(|s| s.info).collect()
 }
 
 pub fn find(name: &str) -> Option<ScenarioInfo> {
@@ -136,24 +257,19 @@ pub fn parse_device(text: &str) -> Result<SimOptions, ScenarioError> {
 /// A request checked and resolved: the scenario, its variant, the parameter values, the
 /// allocator settings and the card, before any device exists.
 struct Plan {
-    info: ScenarioInfo,
-    variant: Option<String>,
+    scenario: Scenario,
+    values: Values,
     config: AllocatorConfig,
     /// The simulated card; None for the GPU (`--device gpu`).
     card: Option<SimOptions>,
     /// The memory asked for instead of the card's (or, on a GPU, of the adapter's guess).
     capacity: Option<u64>,
-    parameters: BTreeMap<String, serde_json::Value>,
-    program: Program,
-}
-
-enum Program {
-    VariableBatch { layers: u64, hidden: u64, seq: u64, batches: Vec<u64> },
 }
 
 fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
     let names = || list().iter().map(|s| s.name).collect::<Vec<_>>().join(", ");
-    let info = find(&request.scenario).ok_or_else(|| ScenarioError::Unknown(request.scenario.clone(), names()))?;
+    let scenario = all().into_iter().find(|s| s.info.name == request.scenario).ok_or_else(|| ScenarioError::Unknown(request.scenario.clone(), names()))?;
+    let info = &scenario.info;
     let bad = |message: String| ScenarioError::Parameter { scenario: info.name.into(), message };
     let variant = match &request.variant {
         None if info.variants.is_empty() => None,
@@ -165,55 +281,32 @@ fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
     for key in request.set.keys() {
         if !info.parameters.iter().any(|p| p.name == key) {
             let known = info.parameters.iter().map(|p| p.name).collect::<Vec<_>>().join(", ");
-            return Err(bad(format!("unknown parameter {key:?}; parameters: {known}")));
+            return Err(bad(if known.is_empty() {
+                format!("takes no parameters (got {key:?})")
+            } else {
+                format!("unknown parameter {key:?}; parameters: {known}")
+            }));
         }
     }
-    let value = |name: &str| -> &str {
-        request.set.get(name).map(String::as_str).unwrap_or_else(|| info.parameters.iter().find(|p| p.name == name).map_or("", |p| p.default))
-    };
+    let mut map = BTreeMap::new();
+    for p in &info.parameters {
+        let text = request.set.get(p.name).map(String::as_str).unwrap_or(p.default);
+        map.insert(p.name.to_string(), p.parse(text).map_err(bad)?);
+    }
+    let values = Values { map, variant };
+    (scenario.check)(&values).map_err(bad)?;
     let card = match request.device.as_deref().unwrap_or("sim:H100-80GB") {
         "gpu" => None,
         other => Some(parse_device(other)?),
     };
     let mut config = AllocatorConfig::default();
-    if variant.as_deref() == Some("fix") && info.name == "variable-batch" {
-        config.apply("expandable_segments:True")?;
+    if let (true, Some(settings)) = (values.fix(), scenario.fix_settings) {
+        config.apply(settings)?;
     }
     if let Some(conf) = &request.alloc_conf {
         config.apply(conf)?;
     }
-    let mut parameters = BTreeMap::new();
-    let program = match info.name {
-        "variable-batch" => {
-            let int = |name: &str| value(name).trim().parse::<u64>().map_err(|_| bad(format!("{name} must be a whole number, got {:?}", value(name))));
-            let (layers, hidden, seq) = (int("layers")?, int("hidden")?, int("seq")?);
-            let batches: Vec<u64> = value("batches")
-                .split(',')
-                .map(|b| b.trim().parse::<u64>())
-                .collect::<Result<_, _>>()
-                .map_err(|_| bad(format!("batches must be a comma-separated list of whole numbers, got {:?}", value("batches"))))?;
-            if layers == 0 || hidden == 0 || seq == 0 || batches.is_empty() || batches.contains(&0) || layers > 1000 || batches.len() > 10_000 {
-                return Err(bad("layers, hidden, seq and every batch must be positive (at most 1000 layers and 10000 batches)".into()));
-            }
-            // Every dimension must be an index (usize, 32 bits in wasm) and every tensor's bytes
-            // fit in 64 bits: a card too small is refused with an out-of-memory error, an
-            // overflow never.
-            let max_batch = batches.iter().copied().max().unwrap_or(1);
-            let product = |factors: &[u64]| factors.iter().try_fold(1u64, |p, &f| p.checked_mul(f));
-            let dims = [product(&[4, hidden]), product(&[max_batch, seq])];
-            let bytes = [product(&[64, hidden, hidden]), product(&[80, max_batch, seq, hidden]), product(&[16, max_batch, seq, hidden, hidden])];
-            if dims.iter().any(|d| d.is_none_or(|d| d > u32::MAX as u64)) || bytes.iter().any(Option::is_none) {
-                return Err(bad(format!("hidden={hidden}, seq={seq} and batch {max_batch} make tensors larger than tensormem can index")));
-            }
-            parameters.insert("layers".into(), layers.into());
-            parameters.insert("hidden".into(), hidden.into());
-            parameters.insert("seq".into(), seq.into());
-            parameters.insert("batches".into(), serde_json::Value::from(batches.clone()));
-            Program::VariableBatch { layers, hidden, seq, batches }
-        }
-        _ => unreachable!("every listed scenario has a program"),
-    };
-    Ok(Plan { info, variant, config, card, capacity: request.capacity, parameters, program })
+    Ok(Plan { scenario, values, config, card, capacity: request.capacity })
 }
 
 /// Runs a scenario on a simulated card (`sim:...`, the default).
@@ -247,13 +340,11 @@ impl Plan {
     /// other failure an error.
     fn run_on(self, device: Device) -> Result<RunResult, ScenarioError> {
         let mut rec = Recorder::new(device);
-        let outcome = match &self.program {
-            Program::VariableBatch { layers, hidden, seq, batches } => variable_batch(&mut rec, *layers, *hidden, *seq, batches),
-        };
+        let outcome = (self.scenario.program)(&mut rec, &self.values);
         let out_of_memory = match outcome {
             Ok(()) => None,
             Err(TensorError::Device(DeviceError::Alloc(AllocError::OutOfMemory(e)))) => Some(e.to_string()),
-            Err(e) => return Err(ScenarioError::Failed { scenario: self.info.name.into(), error: e }),
+            Err(e) => return Err(ScenarioError::Failed { scenario: self.scenario.info.name.into(), error: e }),
         };
         rec.fold_peaks();
         let (peak_allocated_bytes, peak_reserved_bytes) = rec.peaks;
@@ -263,18 +354,18 @@ impl Plan {
             Some(card) => format!("sim:{}", card.name),
             None => dev.name().to_string(),
         };
-        let mut explanation = self.info.explanation.to_string();
+        let mut explanation = self.scenario.info.explanation.to_string();
         if let Some(e) = &out_of_memory {
             explanation = format!("Out of memory on {device} ({}): {e}\n\n{explanation}", format_size(capacity));
         }
         Ok(RunResult {
-            scenario: self.info.name.into(),
-            variant: self.variant,
+            scenario: self.scenario.info.name.into(),
+            variant: self.values.variant,
             device,
             capacity_bytes: capacity,
             settings: self.config.to_string(),
-            parameters: self.parameters,
-            model_parameters: None,
+            parameters: self.values.map,
+            model_parameters: rec.model_parameters,
             peak_allocated_bytes,
             peak_reserved_bytes,
             out_of_memory,
@@ -286,9 +377,11 @@ impl Plan {
 }
 
 /// A device recording everything, plus the labelled steps taken so far.
-struct Recorder {
-    device: Device,
+pub(crate) struct Recorder {
+    pub device: Device,
     steps: Vec<Step>,
+    /// The parameter count of the run's model, if it has one.
+    pub model_parameters: Option<u64>,
     /// Peak allocated and reserved over the whole run (the device's peaks restart each step).
     peaks: (u64, u64),
 }
@@ -296,10 +389,12 @@ struct Recorder {
 impl Recorder {
     fn new(device: Device) -> Recorder {
         device.record_memory_history(true, RecordContext::All, 1 << 22);
-        Recorder { device, steps: Vec::new(), peaks: (0, 0) }
+        Recorder { device, steps: Vec::new(), model_parameters: None, peaks: (0, 0) }
     }
 
-    fn step(&mut self, label: String) {
+    /// Records a labelled point: allocated and reserved now, and the peak since the last one.
+    pub fn step(&mut self, label: impl Into<String>) {
+        let label = label.into();
         let dev = &self.device;
         self.steps.push(Step {
             label,
@@ -315,6 +410,20 @@ impl Recorder {
         self.peaks.0 = self.peaks.0.max(self.device.max_memory_allocated());
         self.peaks.1 = self.peaks.1.max(self.device.max_memory_reserved());
     }
+}
+
+/// Every dimension must be an index (usize, 32 bits in wasm) and every tensor's bytes fit in 64
+/// bits: a card too small is refused with an out-of-memory error, an overflow never.
+fn variable_batch_fits(v: &Values) -> Result<(), String> {
+    let (hidden, seq) = (v.int("hidden") as u64, v.int("seq") as u64);
+    let max_batch = v.ints("batches").into_iter().max().unwrap_or(1);
+    let product = |factors: &[u64]| factors.iter().try_fold(1u64, |p, &f| p.checked_mul(f));
+    let dims = [product(&[4, hidden]), product(&[max_batch, seq])];
+    let bytes = [product(&[64, hidden, hidden]), product(&[80, max_batch, seq, hidden]), product(&[16, max_batch, seq, hidden, hidden])];
+    if dims.iter().any(|d| d.is_none_or(|d| d > u32::MAX as u64)) || bytes.iter().any(Option::is_none) {
+        return Err(format!("hidden={hidden}, seq={seq} and batch {max_batch} make tensors larger than tensormem can index"));
+    }
+    Ok(())
 }
 
 /// The variable-batch scenario's default batch sizes: a wobble around 32.
@@ -341,7 +450,7 @@ fn variable_batch(rec: &mut Recorder, layers: u64, hidden: u64, seq: u64, batche
             weights.push((fc1, dev.randn(&[wide, hidden], DType::F32)?));
         }
     }
-    rec.step("weights loaded".into());
+    rec.step("weights loaded");
     for &batch in batches {
         let tokens = (batch * seq) as usize;
         let mut x = {

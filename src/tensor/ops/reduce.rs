@@ -122,17 +122,18 @@ impl Tensor {
     #[track_caller]
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         // On autocast's float32 list: an f16 input sums into a float32 result (no copy).
-        let dtype = match amp::fp32_output(self) {
-            Some(_autocast_off) => DType::F32,
-            None => self.dtype,
-        };
+        let autocast_off = amp::fp32_output(self);
+        let dtype = if autocast_off.is_some() { DType::F32 } else { self.dtype };
         self.sum_to_dtype(dims, keepdim, dtype)
     }
 
-    /// `sum(dims, keepdim, dtype=...)`: the result in `dtype`, accumulated from self's
-    /// elements as they are read (no converted copy).
+    /// `sum(dims, keepdim, dtype=...)`: the result in `dtype`. f16 and bf16 are read straight
+    /// into a float32 result; other conversions copy the input first, as ATen's reductions do.
     #[track_caller]
     pub fn sum_to_dtype(&self, dims: &[isize], keepdim: bool, dtype: DType) -> Result<Tensor> {
+        if dtype != self.dtype && !(matches!(self.dtype, DType::F16 | DType::BF16) && dtype == DType::F32) {
+            return self.to(dtype)?.sum_to_dtype(dims, keepdim, dtype);
+        }
         let out = self.reduce(dims, keepdim, Reduction::Sum, dtype)?;
         self.record_reduction(dims, keepdim, Reduction::Sum, out)
     }
