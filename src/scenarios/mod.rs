@@ -98,8 +98,13 @@ pub(crate) struct Values {
 }
 
 impl Values {
+    /// An integer parameter whose bounds fit an index (usize is 32 bits in wasm).
     pub fn int(&self, name: &str) -> usize {
-        self.map[name].as_u64().expect("checked as an integer") as usize
+        usize::try_from(self.u64(name)).expect("checked against bounds that fit an index")
+    }
+
+    pub fn u64(&self, name: &str) -> u64 {
+        self.map[name].as_u64().expect("checked as an integer")
     }
 
     pub fn ints(&self, name: &str) -> Vec<u64> {
@@ -215,20 +220,21 @@ fn all() -> Vec<Scenario> {
                           max_split_size_mb:64 as a what-if.",
             parameters: vec![
                 Parameter::integer("layers", "8", 1, 1000, "MLP blocks (weights 2 x hidden x 4 hidden x 4 bytes each)"),
-                Parameter::integer("hidden", "1024", 1, 1 << 20, "hidden size"),
-                Parameter::integer("seq", "128", 1, 1 << 20, "tokens per sequence"),
+                // Sizes are bounded by what tensormem can index (variable_batch_fits), not here.
+                Parameter::integer("hidden", "1024", 1, u64::MAX, "hidden size"),
+                Parameter::integer("seq", "128", 1, u64::MAX, "tokens per sequence"),
                 Parameter {
                     name: "batches",
                     default: DEFAULT_BATCHES,
                     help: "batch size of each step",
-                    kind: Kind::Integers { min: 1, max: 1 << 20, max_len: 10_000 },
+                    kind: Kind::Integers { min: 1, max: u64::MAX, max_len: 10_000 },
                 },
             ],
             variants: vec!["mistake", "fix"],
         },
         check: variable_batch_fits,
         fix_settings: Some("expandable_segments:True"),
-        program: |rec, v| variable_batch(rec, v.int("layers") as u64, v.int("hidden") as u64, v.int("seq") as u64, &v.ints("batches")),
+        program: |rec, v| variable_batch(rec, v.u64("layers"), v.u64("hidden"), v.u64("seq"), &v.ints("batches")),
     }];
     all.extend(seeds::scenarios());
     all.extend(pitfalls::scenarios());
@@ -415,7 +421,7 @@ impl Recorder {
 /// Every dimension must be an index (usize, 32 bits in wasm) and every tensor's bytes fit in 64
 /// bits: a card too small is refused with an out-of-memory error, an overflow never.
 fn variable_batch_fits(v: &Values) -> Result<(), String> {
-    let (hidden, seq) = (v.int("hidden") as u64, v.int("seq") as u64);
+    let (hidden, seq) = (v.u64("hidden"), v.u64("seq"));
     let max_batch = v.ints("batches").into_iter().max().unwrap_or(1);
     let product = |factors: &[u64]| factors.iter().try_fold(1u64, |p, &f| p.checked_mul(f));
     let dims = [product(&[4, hidden]), product(&[max_batch, seq])];
