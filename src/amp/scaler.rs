@@ -21,6 +21,15 @@ struct OptimizerState {
     stage: Stage,
     /// 1 if a gradient held an inf or a NaN; lives until `update`.
     found_inf: Option<Tensor>,
+    /// found_inf's value once `step` read it (a sync with the device), so `update` does not
+    /// read it again.
+    overflowed: Option<bool>,
+}
+
+/// Reads found_inf: a sync with the device, as PyTorch's `.item()`. The sim device has no
+/// values: it never overflows.
+async fn read_overflow(found_inf: &Tensor) -> Result<bool> {
+    Ok(!found_inf.device().is_sim() && found_inf.item::<f32>().await? != 0.0)
 }
 
 pub struct GradScaler {
@@ -93,7 +102,7 @@ impl GradScaler {
     }
 
     fn state(&mut self, optimizer: &dyn Optimizer) -> &mut OptimizerState {
-        self.states.entry(key(optimizer)).or_insert(OptimizerState { stage: Stage::Ready, found_inf: None })
+        self.states.entry(key(optimizer)).or_insert(OptimizerState { stage: Stage::Ready, found_inf: None, overflowed: None })
     }
 
     /// `scaler.unscale_(optimizer)`: divides the optimizer's gradients by the scale in place
@@ -145,7 +154,7 @@ impl GradScaler {
             Some(found_copy)
         };
         drop((inv_scale, found_inf));
-        *self.state(optimizer) = OptimizerState { stage: Stage::Unscaled, found_inf: found_copy };
+        *self.state(optimizer) = OptimizerState { stage: Stage::Unscaled, found_inf: found_copy, overflowed: None };
         Ok(())
     }
 
@@ -167,11 +176,13 @@ impl GradScaler {
         let Some(found_inf) = self.state(optimizer).found_inf.as_ref().map(Tensor::share) else {
             return Err(TensorError::Unsupported("No inf checks were recorded for this optimizer.".into()));
         };
-        let overflowed = !found_inf.device().is_sim() && found_inf.item::<f32>().await? != 0.0;
+        let overflowed = read_overflow(&found_inf).await?;
         if !overflowed {
             optimizer.step()?;
         }
-        self.state(optimizer).stage = Stage::Stepped;
+        let state = self.state(optimizer);
+        state.stage = Stage::Stepped;
+        state.overflowed = Some(overflowed);
         Ok(!overflowed)
     }
 
@@ -185,13 +196,16 @@ impl GradScaler {
                     .into(),
             ));
         };
-        let found: Vec<Tensor> = self.states.values().filter_map(|s| s.found_inf.as_ref().map(Tensor::share)).collect();
+        let found: Vec<(Tensor, Option<bool>)> = self.states.values().filter_map(|s| s.found_inf.as_ref().map(|f| (f.share(), s.overflowed))).collect();
         if found.is_empty() {
             return Err(TensorError::Unsupported("No inf checks were recorded prior to update.".into()));
         }
         let mut overflowed = false;
-        for f in &found {
-            overflowed |= !f.device().is_sim() && f.item::<f32>().await? != 0.0;
+        for (found_inf, read) in &found {
+            overflowed |= match read {
+                Some(read) => *read,
+                None => read_overflow(found_inf).await?,
+            };
         }
         if overflowed {
             self.scale_value *= self.backoff_factor;

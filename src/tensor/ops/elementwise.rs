@@ -231,7 +231,7 @@ impl Binary {
 /// tensor times an f32 0-d tensor stays f16.
 pub(crate) fn result_type(op: &str, a: &Tensor, b: &Tensor) -> Result<DType> {
     let promote = |x: DType, y: DType| {
-        x.promote(y).ok_or_else(|| TensorError::DType(format!("{op} of {x} and {y}: their promoted type is int16, which tensormem does not have")))
+        x.promote(y).ok_or_else(|| TensorError::DType(format!("{op} of {x} and {y}: no common type (PyTorch refuses uint32 with another integer type; int8 with uint8 needs int16, which tensormem does not have)")))
     };
     match (a.ndim() == 0, b.ndim() == 0) {
         (false, true) | (true, false) => {
