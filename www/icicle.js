@@ -2,7 +2,7 @@
 // the outermost frame down, each frame as wide as the bytes allocated beneath it. Python frames
 // only by default (the C++ frames of a PyTorch stack are the same dispatcher plumbing everywhere).
 import { formatBytes } from './format.js';
-import { prepareCanvas } from './canvas.js';
+import { prepareCanvas, textColorOn } from './canvas.js';
 
 const ROW = 20;
 const MAX_DEPTH = 28;
@@ -97,7 +97,7 @@ export class Icicle {
         ctx.beginPath();
         ctx.rect(x, y, w - 2, ROW);
         ctx.clip();
-        ctx.fillStyle = '#111827';
+        ctx.fillStyle = textColorOn(ctx, node.color);
         ctx.fillText(`${node.label} · ${formatBytes(node.bytes)}`, x + 4, y + ROW / 2);
         ctx.restore();
       }
