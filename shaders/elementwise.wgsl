@@ -155,3 +155,24 @@ fn index_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     }
     store_out(offset_of(i, info.out), out_t(acc));
 }
+
+// nll_loss's forward with reduction "mean": out = -(the sum of a[r, b[r]] over the rows r whose
+// target b[r] is not -100, ignore_index) / their count, and c (total_weight) = that count.
+// info.limit: the rows; info.scalar: the classes (targets are clamped into them, where PyTorch
+// raises a device-side assert). One invocation sums the rows in order, in f32.
+@compute @workgroup_size(256)
+fn nll_loss(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    if (index(gid, nwg) != 0u) { return; }
+    var total = 0.0;
+    var count = 0.0;
+    for (var r = 0u; r < info.limit; r = r + 1u) {
+        // (target and class are WGSL reserved words.)
+        let wanted = i32(load_b(info.b.offset + r * info.b.strides[0]));
+        if (wanted == -100) { continue; }
+        let col = u32(clamp(wanted, 0, i32(info.scalar) - 1));
+        total = total + f32(load_a(info.a.offset + r * info.a.strides[0] + col * info.a.strides[1]));
+        count = count + 1.0;
+    }
+    store_out(info.out.offset, out_t(-total / count));
+    store_c(info.c.offset, c_t(count));
+}

@@ -118,6 +118,35 @@ fn under_autocast_a_linear_layer_saves_its_f16_inputs_and_gives_f32_gradients() 
 }
 
 #[test]
+fn under_autocast_cross_entropy_keeps_f16_log_probabilities_and_an_f32_copy() {
+    let dev = sim();
+    let logits = dev.randn(&[512, 512], DType::F16).unwrap();
+    logits.requires_grad_(true).unwrap();
+    let targets = dev.zeros(&[512], DType::I64).unwrap();
+    let before = dev.memory_allocated();
+    let from = trace_len(&dev);
+    let loss = {
+        let _autocast = amp::autocast(DType::F16).unwrap();
+        tensormem::nn::cross_entropy(&logits, &targets).unwrap()
+    };
+    // log_softmax is given the logits' dtype (f16) explicitly, so autocast leaves it; nll_loss
+    // is on the float32 list and copies the log-probabilities, then writes the loss and
+    // total_weight.
+    let made = allocations(&dev, from);
+    assert_eq!(made, [("log_softmax", 512 << 10), ("to", 1 << 20), ("nll_loss", 4), ("nll_loss", 4)].map(|(op, n)| (op.to_string(), n)));
+    assert_eq!(loss.dtype(), DType::F32);
+    assert_eq!(
+        dev.memory_allocated(),
+        before + (512 << 10) + (1 << 20) + 512 + 512,
+        "6 bytes per logit: LogSoftmaxBackward0 keeps the f16 result, NllLossBackward0 the f32 copy and total_weight"
+    );
+    loss.backward().unwrap();
+    drop(loss);
+    assert_eq!(logits.grad().unwrap().dtype(), DType::F16);
+    assert_eq!(dev.memory_allocated(), before + (512 << 10), "only the f16 gradient remains");
+}
+
+#[test]
 fn an_f16_input_gets_its_gradient_in_f16() {
     let dev = sim();
     let h = dev.randn(&[512, 512], DType::F16).unwrap();

@@ -1,24 +1,20 @@
 //! Losses, reduced by their mean as PyTorch's default `reduction="mean"`.
 
 use crate::amp::{self, Policy};
-use crate::tensor::{DType, Result, Tensor, TensorError};
+use crate::tensor::{Result, Tensor, TensorError};
 
-/// `F.cross_entropy(logits, targets)`: logits [N, classes], int64 targets [N];
-/// `nll_loss(log_softmax(logits, 1), targets)`. The log-probabilities (N x classes) are what
-/// log_softmax saves for backward: at a language model's vocabulary, often the largest single
-/// activation.
+/// `F.cross_entropy(logits, targets)`: logits [N, classes], int64 targets [N]; as ATen's
+/// `cross_entropy_loss`, `nll_loss(log_softmax(logits, 1, dtype=logits.dtype), targets)`. The
+/// log-probabilities (N x classes) are what backward keeps: at a language model's vocabulary,
+/// often the largest single activation. Under autocast they stay in the logits' f16 (the
+/// explicit dtype), and nll_loss, on the float32 list, keeps an f32 copy besides: 6 bytes per
+/// logit.
 #[track_caller]
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let [n, classes] = logits.shape() else {
+    if logits.ndim() != 2 {
         return Err(TensorError::Shape(format!("cross_entropy expects [N, classes] logits, got {:?} (flatten the batch first)", logits.shape())));
-    };
-    if targets.shape() != [*n] || targets.dtype() != DType::I64 {
-        return Err(TensorError::Shape(format!("cross_entropy expects int64 targets [{n}], got {:?} {}", targets.shape(), targets.dtype())));
     }
-    let log_probs = logits.log_softmax(1)?;
-    // Each row's target log-probability, picked from the flattened rows.
-    let rows = logits.device().arange(*n, DType::I64)?.mul_scalar(*classes as f64)?.add(targets)?;
-    log_probs.view(&[-1])?.index_select(0, &rows)?.mean(&[], false)?.neg()
+    logits.log_softmax_to_dtype(1, logits.dtype())?.nll_loss(targets)
 }
 
 /// `F.mse_loss(input, target)`: mean of the squared differences.

@@ -662,6 +662,17 @@ pub async fn softmax_layer_norm_var_argmax(dev: &Device) {
         .collect();
     close(&read::<f32>(&x.softmax(-1).unwrap()).await, &softmax, 1e-6, "softmax");
     close(&read::<f32>(&x.log_softmax(1).unwrap()).await, &softmax.iter().map(|p| p.ln()).collect::<Vec<_>>(), 1e-5, "log_softmax");
+    // nll_loss on the (strided) rows, with an ignored row (-100): the mean over counted rows.
+    let targets = dev.from_slice(&[5i64, -100, 0, 2], &[4]).unwrap();
+    let nll = -(v[5] + v[12] + v[3 * 6 + 2]) / 3.0;
+    close(&read::<f32>(&x.nll_loss(&targets).unwrap()).await, &[nll], 1e-6, "nll_loss");
+    let log_probs = softmax.iter().map(|p| p.ln()).collect::<Vec<_>>();
+    let ce = -(log_probs[5] + log_probs[12] + log_probs[3 * 6 + 2]) / 3.0;
+    close(&read::<f32>(&tensormem::nn::cross_entropy(&x, &targets).unwrap()).await, &[ce], 1e-5, "cross_entropy");
+    let half = tensormem::nn::cross_entropy(&x.to(DType::F16).unwrap(), &targets).unwrap();
+    assert_eq!(half.dtype(), DType::F16);
+    close(&[read::<half::f16>(&half).await[0].to_f32()], &[ce], 1e-2, "cross_entropy in f16");
+    assert!(x.nll_loss(&targets.narrow(0, 0, 3).unwrap()).unwrap_err().to_string().contains("Expected input batch_size (4) to match target batch_size (3)."));
     // Over dim 0 (a strided walk).
     let col_sums = read::<f32>(&x.softmax(0).unwrap().sum(&[0], false).unwrap()).await;
     close(&col_sums, &[1.0; 6], 1e-6, "softmax over dim 0 sums to 1");
@@ -818,7 +829,7 @@ pub async fn long_programs_span_several_batches(dev: &Device) {
 /// (kept away from relu's kink) of small shapes, broadcasting and views included.
 pub async fn gradients_match_finite_differences(dev: &Device) {
     type Program = fn(&Tensor, &Tensor) -> Tensor;
-    let cases: [(&str, &[usize], &[usize], Program); 30] = [
+    let cases: [(&str, &[usize], &[usize], Program); 31] = [
         ("one gradient reaching a tensor by two views", &[3, 4], &[4], |a, b| {
             let y = a.mul(b).unwrap();
             y.view(&[-1]).unwrap().add(&y.t().unwrap().reshape(&[-1]).unwrap().exp().unwrap()).unwrap()
@@ -886,6 +897,10 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
         }),
         ("checkpoint: recomputed in backward", &[3, 4], &[4], |a, b| tensormem::autograd::checkpoint(|t| t[0].mul(&t[1])?.tanh()?.exp(), &[a, b]).unwrap()),
         ("where", &[3, 4], &[4], |a, b| a.gt(&b.mul_scalar(0.0).unwrap()).unwrap().where_(&a.exp().unwrap(), b).unwrap()),
+        ("cross_entropy (log_softmax, nll_loss) with an ignored row", &[3, 4], &[4], |a, b| {
+            let targets = a.device().from_slice(&[3i64, -100, 0], &[3]).unwrap();
+            tensormem::nn::cross_entropy(&a.mul(b).unwrap(), &targets).unwrap()
+        }),
     ];
     let mut rng = Rng(17);
     // Away from zero: relu has a kink there.

@@ -1,7 +1,9 @@
-//! Ops that gather or place slices: cat, stack, index_select, embedding, and index_select's
+//! Ops that gather or place slices: cat, stack, index_select, embedding, nll_loss, and their
 //! backward.
 
+use super::elementwise::Entry;
 use super::{bind, check_u32, shape_meta, strided, values};
+use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
 use crate::tensor::layout::wrap_dim;
@@ -85,6 +87,63 @@ impl Tensor {
         Ok(self.record_index("EmbeddingBackward0", 0, &flat, out))
     }
 
+    /// `F.nll_loss(self, target)` with `reduction="mean"`: self holds log-probabilities
+    /// [N, classes], `target` int64 class indices [N]; rows whose target is -100 (PyTorch's
+    /// `ignore_index`) are left out. As ATen's `nll_loss_forward` it writes two 0-d tensors,
+    /// the loss and `total_weight` (the rows counted), and `NllLossBackward0` saves self, the
+    /// target and total_weight. On autocast's float32 list: f16 log-probabilities are copied
+    /// to f32 first, and the copy is what backward keeps.
+    #[track_caller]
+    pub fn nll_loss(&self, target: &Tensor) -> Result<Tensor> {
+        if let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::Fp32, &[self, target])? {
+            return cast[0].nll_loss(&cast[1]);
+        }
+        self.float_only("nll_loss")?;
+        let &[n, classes] = self.shape() else {
+            return Err(TensorError::Shape(format!("nll_loss expects [N, classes] input, got {:?} (flatten the batch first)", self.shape())));
+        };
+        if target.ndim() != 1 || target.dtype != DType::I64 {
+            return Err(TensorError::Shape(format!("nll_loss expects a 1-D int64 target, got {:?} {}", target.shape(), target.dtype)));
+        }
+        if target.shape()[0] != n {
+            return Err(TensorError::Shape(format!("Expected input batch_size ({n}) to match target batch_size ({}).", target.shape()[0])));
+        }
+        self.same_device(target)?;
+        let out = self.device().empty_tensor(&[], self.dtype, "nll_loss")?;
+        let total_weight = self.device().empty_tensor(&[], self.dtype, "nll_loss")?;
+        // It reads the targets and one log-probability per row.
+        if out.launches(&[target, &total_weight], 0) {
+            out.indexed("nll_loss", self, target, &total_weight, classes, n)?;
+        }
+        if !autograd::records(&[self]) {
+            return Ok(out);
+        }
+        let saves = [Some(Save::Input(self)), Some(Save::Input(target)), Some(Save::Input(&total_weight))];
+        Ok(autograd::record(
+            "NllLossBackward0",
+            &[self],
+            out,
+            &saves,
+            Box::new(move |saved, g| {
+                let [Some(input), Some(target), Some(total_weight)] = saved else { unreachable!("NllLossBackward0 saves three tensors") };
+                Ok(vec![Some(g.nll_loss_backward(input.shape(), target, total_weight)?)])
+            }),
+        ))
+    }
+
+    /// `nll_loss_backward` of the 0-d gradient `self`: as ATen's, one [N, classes] tensor, zero
+    /// except -grad / total_weight at each counted row's target.
+    #[track_caller]
+    fn nll_loss_backward(&self, shape: &[usize], target: &Tensor, total_weight: &Tensor) -> Result<Tensor> {
+        let out = self.device().empty_tensor(shape, self.dtype, "nll_loss_backward")?;
+        let t = values(self.dtype, self.device())?;
+        // x: the row's target, broadcast along the row; i % s: the element's class. An ignored
+        // row's target (-100) matches no class.
+        let pick = format!("select({t}(0), -y / z, u32(x) == i % u32(s))");
+        out.elementwise(Entry::Ternary(pick), &[&target.view(&[-1, 1])?, self, total_weight], shape[1] as f64)?;
+        Ok(out)
+    }
+
     /// Records an op whose output holds `self`'s slices along `dim` picked by `index`.
     #[track_caller]
     fn record_index(&self, name: &'static str, dim: usize, index: &Tensor, out: Tensor) -> Tensor {
@@ -124,7 +183,7 @@ impl Tensor {
         if self.shape()[d] == 0 {
             return Err(TensorError::Shape("index_select from an empty dimension".into()));
         }
-        out.indexed("gather", self, index, d, self.shape()[d])?;
+        out.indexed("gather", self, index, &out, d, self.shape()[d])?;
         Ok(out)
     }
 
@@ -134,21 +193,23 @@ impl Tensor {
     fn index_add_to_zeros(&self, dim: usize, index: &Tensor, shape: &[usize]) -> Result<Tensor> {
         let out = self.device().empty_tensor(shape, self.dtype, "index_select_backward")?;
         if out.launches(&[self, index], 0) {
-            out.indexed("index_add", self, index, dim, index.numel())?;
+            out.indexed("index_add", self, index, &out, dim, index.numel())?;
         }
         Ok(out)
     }
 
-    /// Runs an index kernel (`gather` or `index_add`) writing self from `a` and the 1-D `index`
-    /// along `dim`; `limit` is the kernel's bound (the source's length, or the index's).
-    fn indexed(&self, entry: &'static str, a: &Tensor, index: &Tensor, dim: usize, limit: usize) -> Result<()> {
-        for t in [a, index, self] {
+    /// Runs an index kernel (`gather`, `index_add`, `nll_loss`) writing self (and `c`, which
+    /// is self when the entry writes nothing else) from `a` and the 1-D `index`; `scalar` is
+    /// the dimension indexed (the class count for nll_loss), `limit` the kernel's bound (the
+    /// source's length, or the index's).
+    fn indexed(&self, entry: &'static str, a: &Tensor, index: &Tensor, c: &Tensor, scalar: usize, limit: usize) -> Result<()> {
+        for t in [a, index, c, self] {
             check_u32(t)?;
         }
         let device = self.device().clone();
-        let operands = [self, a, index, self];
+        let operands = [self, a, index, c];
         let b = bind(&operands)?;
-        let spec = [("out", self.dtype), ("a", a.dtype), ("b", index.dtype), ("c", self.dtype)];
+        let spec = [("out", self.dtype), ("a", a.dtype), ("b", index.dtype), ("c", c.dtype)];
         let out_t = values(self.dtype, &device)?;
         let kernel = Kernel::new(Family::Elementwise, entry)
             .with_meta::<ElementwiseMeta>()
@@ -166,8 +227,8 @@ impl Tensor {
             out: strided(&self.layout, b.plan.base(0)),
             a: strided(&a.layout, b.plan.base(1)),
             b: strided(&index.layout, b.plan.base(2)),
-            c: strided(&self.layout, b.plan.base(0)),
-            scalar: dim as u32,
+            c: strided(&c.layout, b.plan.base(3)),
+            scalar: scalar as u32,
             seed: 0,
             limit: limit as u32,
         };
