@@ -109,47 +109,52 @@ fn unscale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     store_out(offset_of(i, info.out), out_t(x * f32(load_b(offset_of(i, info.b)))));
 }
 
-// index_select along dimension info.scalar: out[.., j, ..] = a[.., b[j], ..]; indices are
+// torch.gather along dimension info.scalar: out[p] = a[p with p[dim] replaced by b[p]]; b is laid
+// out in out's shape (index_select and embedding give a 1-D index broadcast to it). Indices are
 // clamped into [0, info.limit) (PyTorch raises a device-side assert instead).
 @compute @workgroup_size(256)
 fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
     let dim = info.scalar;
+    let picked = u32(clamp(i32(load_b(offset_of(i, info.b))), 0, i32(info.limit) - 1));
     var rem = i;
     var src = info.a.offset;
     for (var d = i32(info.ndim) - 1; d >= 0; d = d - 1) {
         let n = info.shape[u32(d)];
-        var c = rem % n;
+        let c = select(rem % n, picked, u32(d) == dim);
         rem = rem / n;
-        if (u32(d) == dim) {
-            c = u32(clamp(i32(load_b(info.b.offset + c * info.b.strides[0])), 0, i32(info.limit) - 1));
-        }
         src = src + c * info.a.strides[u32(d)];
     }
     store_out(offset_of(i, info.out), out_t(load_a(src)));
 }
 
-// index_select's backward (index_add_ into zeros): out[.., v, ..] is the sum of a[.., j, ..]
-// over the j where b[j] == v, along dimension info.scalar; info.limit is b's length. One
-// invocation per output element, no atomics: the sums are deterministic.
+// gather's backward (scatter_add_ into zeros): out[p] is the sum of a[p with p[dim] = j] over
+// the j where b[p with p[dim] = j] == p[dim]; a and b have one shape, info.limit its length
+// along dim. One invocation per output element, no atomics: the sums are deterministic.
 @compute @workgroup_size(256)
-fn index_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn scatter_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
     let dim = info.scalar;
     var rem = i;
     var src = info.a.offset;
+    var idx = info.b.offset;
     var picked = 0;
     for (var d = i32(info.ndim) - 1; d >= 0; d = d - 1) {
         let n = info.shape[u32(d)];
         let c = rem % n;
         rem = rem / n;
-        if (u32(d) == dim) { picked = i32(c); } else { src = src + c * info.a.strides[u32(d)]; }
+        if (u32(d) == dim) {
+            picked = i32(c);
+        } else {
+            src = src + c * info.a.strides[u32(d)];
+            idx = idx + c * info.b.strides[u32(d)];
+        }
     }
     var acc = 0.0;
     for (var j = 0u; j < info.limit; j = j + 1u) {
-        if (i32(load_b(info.b.offset + j * info.b.strides[0])) == picked) {
+        if (i32(load_b(idx + j * info.b.strides[dim])) == picked) {
             acc = acc + f32(load_a(src + j * info.a.strides[dim]));
         }
     }

@@ -65,7 +65,7 @@ fn the_other_ops_hold_what_pytorch_saves_until_backward() {
     // makes an intermediate where saving the leaf x itself would cost nothing.
     type Program = fn(&Tensor) -> Tensor;
     const ROWS: u64 = 512;
-    let cases: [(&str, Program, u64); 15] = [
+    let cases: [(&str, Program, u64); 16] = [
         ("tanh saves its result", |x| x.tanh().unwrap().sum(&[], false).unwrap(), MIB),
         ("sigmoid saves its result", |x| x.sigmoid().unwrap().sum(&[], false).unwrap(), MIB),
         ("gelu saves its input", |x| x.mul_scalar(2.0).unwrap().gelu().unwrap().sum(&[], false).unwrap(), MIB),
@@ -97,6 +97,11 @@ fn the_other_ops_hold_what_pytorch_saves_until_backward() {
             2048,
         ),
         ("to(dtype) saves nothing", |x| x.to(DType::F16).unwrap().sum(&[], false).unwrap(), 0),
+        (
+            "gather saves its whole input and its index",
+            |x| x.mul_scalar(2.0).unwrap().gather(1, &x.device().zeros(&[512, 1], DType::I64).unwrap()).unwrap().sum(&[], false).unwrap(),
+            MIB + 4096,
+        ),
         (
             "cross_entropy: log_softmax saves its result; nll_loss that result, the targets and total_weight",
             |x| tensormem::nn::cross_entropy(x, &x.device().zeros(&[512], DType::I64).unwrap()).unwrap(),

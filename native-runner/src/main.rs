@@ -81,9 +81,25 @@ enum Command {
         /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, on top of the variant's.
         #[arg(long, value_name = "STR")]
         alloc_conf: Option<String>,
+        /// Steps to record (the training scenarios' `steps`: after the warm-up step).
+        #[arg(long, value_name = "N")]
+        steps: Option<u64>,
         /// Write the run's trace as a snapshot: .pickle or .json.
         #[arg(long, value_name = "OUT")]
         snapshot: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A training run's memory (`tensormem run lm-train ... --json`) against a real PyTorch trace
+    /// of a training step: allocated at the end of forward, loss, backward and the optimizer
+    /// step, and the peak, with their differences.
+    Compare {
+        /// The run's JSON (`tensormem run lm-train --json > run.json`).
+        run: PathBuf,
+        /// The PyTorch snapshot (pickle or JSON) of one training step.
+        file: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        device: i64,
         #[arg(long)]
         json: bool,
     },
@@ -253,11 +269,16 @@ fn run(command: Command) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Command::Run { name, variant, set, device, capacity, alloc_conf, snapshot, json } => {
+        Command::Run { name, variant, set, device, capacity, alloc_conf, steps, snapshot, json } => {
             let mut values = std::collections::BTreeMap::new();
             for item in set.iter().flat_map(|s| split_settings(s)) {
                 let (k, v) = item.split_once('=').ok_or_else(|| Failure(format!("--set expects KEY=VALUE, got {item:?}"), 2))?;
                 values.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            if let Some(steps) = steps
+                && values.insert("steps".into(), steps.to_string()).is_some_and(|v| v != steps.to_string())
+            {
+                return Err(Failure(format!("--steps {steps} and --set steps={} disagree", values["steps"]), 2));
             }
             let request = RunRequest { scenario: name, variant, set: values, device: Some(device), capacity, alloc_conf };
             let result = pollster::block_on(scenarios::run_anywhere(&request)).map_err(|e| Failure(e.to_string(), 2))?;
@@ -270,6 +291,21 @@ fn run(command: Command) -> Result<(), Failure> {
                 print_run(&result);
             }
             if result.out_of_memory.is_some() { Err(Failure("the scenario ran out of memory (see above)".into(), 1)) } else { Ok(()) }
+        }
+        Command::Compare { run, file, device, json } => {
+            let text = std::fs::read_to_string(&run).map_err(|e| Failure(format!("{}: {e}", run.display()), 1))?;
+            let run_json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure(format!("{}: not a run's JSON: {e}", run.display()), 1))?;
+            let snapshot = load(&file)?;
+            let phases = scenarios::compare::compare(&run_json, &snapshot, device).map_err(|e| Failure(format!("{}: {e}", file.display()), 1))?;
+            if json {
+                println!("{}", serde_json::to_string(&phases)?);
+            } else {
+                println!("{:<22} {:>16} {:>16} {:>9}", "phase", "trace (bytes)", "tensormem", "diff");
+                for p in &phases {
+                    println!("{:<22} {:>16} {:>16} {:>+8.2}%", p.phase, p.trace_bytes, p.run_bytes, 100.0 * p.difference());
+                }
+            }
+            Ok(())
         }
         Command::Info { json } => info(json),
         Command::Serve { file, port, host, root } => serve::run(file.as_deref(), &host, port, root.as_deref()).map_err(|e| Failure(e, 1)),

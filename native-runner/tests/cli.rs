@@ -113,7 +113,7 @@ fn demo_writes_a_snapshot_that_loads_and_replays() {
 fn help_names_every_command() {
     let out = tensormem(&["--help"]);
     let text = stdout(&out);
-    for cmd in ["replay", "summary", "demo"] {
+    for cmd in ["replay", "summary", "demo", "scenarios", "run", "compare"] {
         assert!(text.contains(cmd), "{text}");
     }
     let out = tensormem(&["replay", "--help"]);
@@ -212,4 +212,29 @@ fn a_closed_pipe_ends_the_program_quietly() {
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+}
+
+#[test]
+fn compare_prints_each_phase_of_a_run_against_a_recorded_training_step() {
+    let Some(path) = fixture("gpt-medium-ctx128-training.pickle") else { return };
+    let run = tensormem(&["run", "lm-train", "--set", "size=medium,batch=4,context=128", "--device", "sim:H100-80GB", "--json"]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let dir = std::env::temp_dir().join(format!("tensormem-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run_json = dir.join("run.json");
+    std::fs::write(&run_json, &run.stdout).unwrap();
+    let out = tensormem(&["compare", run_json.to_str().unwrap(), path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for phase in ["end of forward", "end of loss", "end of backward", "end of optimizer step", "peak"] {
+        assert!(text.lines().any(|l| l.starts_with(phase) && l.trim_end().ends_with('%')), "{phase} missing from:\n{text}");
+    }
+    assert!(text.contains("7013335044"), "the fixture's peak: {text}");
+    // A run that is not a training run says so.
+    let other = tensormem(&["run", "seed-basics", "--json"]);
+    std::fs::write(&run_json, &other.stdout).unwrap();
+    let out = tensormem(&["compare", run_json.to_str().unwrap(), path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("compare takes lm-train or gpt2-train runs"), "{}", stderr(&out));
+    std::fs::remove_dir_all(&dir).ok();
 }

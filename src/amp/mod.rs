@@ -13,8 +13,8 @@ mod scaler;
 pub use scaler::GradScaler;
 
 use crate::tensor::{DType, Result, Tensor};
-use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 
 thread_local! {
     /// The lower-precision type ops cast to; None outside autocast (or in a disabled scope).
@@ -24,7 +24,8 @@ thread_local! {
     /// Set while an op that applied its policy runs.
     static EXCLUDED: Cell<bool> = const { Cell::new(false) };
     /// The cast cache: f32 weights (leaves that require grad) by id, to their f16 copies.
-    static CACHE: RefCell<FxHashMap<u64, Tensor>> = RefCell::new(FxHashMap::default());
+    /// Ordered, so that the copies are freed in the same order on every device (ids differ).
+    static CACHE: RefCell<BTreeMap<u64, Tensor>> = const { RefCell::new(BTreeMap::new()) };
 }
 
 /// An autocast scope; leaving it restores the scope before, and leaving the outermost one

@@ -4,11 +4,13 @@
 //! allocation it causes, backward included, carries that name in its frames.
 
 mod attention;
+mod lm;
 mod loss;
 mod model;
 pub mod optim;
 
 pub use attention::{CausalSelfAttention, PositionEncoding};
+pub use lm::{LM_SIZES, Lm, LmBlock, LmConfig};
 pub use loss::{cross_entropy, mse_loss};
 pub use model::{Architecture, Transformer, TransformerConfig};
 
@@ -184,9 +186,8 @@ impl RmsNorm {
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _scope = x.device().module_scope(&self.name);
-        let mean_square = x.pow_scalar(2.0)?.mean(&[-1], true)?;
-        mean_square.add_scalar_(self.eps)?;
-        x.mul(&mean_square.rsqrt()?)?.mul(&self.weight)
+        // Llama's `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight`.
+        x.mul(&x.pow_scalar(2.0)?.mean(&[-1], true)?.add_scalar(self.eps)?.rsqrt()?)?.mul(&self.weight)
     }
 }
 

@@ -13,8 +13,10 @@ use crate::trace::{Category, Snapshot};
 use crate::{DType, Device, GpuOptions};
 use serde::Serialize;
 
+pub mod compare;
 mod pitfalls;
 mod seeds;
+mod training;
 use std::collections::BTreeMap;
 
 /// A scenario as the list shows it.
@@ -238,6 +240,7 @@ fn all() -> Vec<Scenario> {
     }];
     all.extend(seeds::scenarios());
     all.extend(pitfalls::scenarios());
+    all.extend(training::scenarios());
     all
 }
 

@@ -731,6 +731,14 @@ pub async fn cat_stack_index_select_embedding_and_random(dev: &Device) {
     assert_eq!(read::<f32>(&e).await, expected);
     let cols = w.index_select(1, &dev.from_slice(&[3i32, 1], &[2]).unwrap()).unwrap();
     assert_eq!(read::<f32>(&cols).await, (0..5).flat_map(|r| [wv[r * 4 + 3], wv[r * 4 + 1]]).collect::<Vec<_>>());
+    // torch.gather along dim 1 of the transposed table, with a transposed index: out[r][j] =
+    // w[r][idx[r][j]].
+    let idx = dev.from_slice(&[3i64, 0, 1, 2, 0, 1, 1, 3, 2, 0], &[2, 5]).unwrap().t().unwrap();
+    let picked = w.gather(1, &idx).unwrap();
+    assert_eq!(picked.shape(), &[5, 2]);
+    let iv = [3usize, 0, 1, 2, 0, 1, 1, 3, 2, 0];
+    assert_eq!(read::<f32>(&picked).await, (0..5).flat_map(|r| [wv[r * 4 + iv[r]], wv[r * 4 + iv[5 + r]]]).collect::<Vec<_>>());
+    assert!(w.gather(1, &dev.zeros(&[4, 2], DType::I64).unwrap()).unwrap_err().to_string().contains("shaped as [5, 4]"));
     // Random numbers: reproducible by seed, and with the right moments.
     dev.manual_seed(7);
     let u = read::<f32>(&dev.rand(&[100_000], DType::F32).unwrap()).await;
@@ -829,7 +837,7 @@ pub async fn long_programs_span_several_batches(dev: &Device) {
 /// (kept away from relu's kink) of small shapes, broadcasting and views included.
 pub async fn gradients_match_finite_differences(dev: &Device) {
     type Program = fn(&Tensor, &Tensor) -> Tensor;
-    let cases: [(&str, &[usize], &[usize], Program); 31] = [
+    let cases: [(&str, &[usize], &[usize], Program); 32] = [
         ("one gradient reaching a tensor by two views", &[3, 4], &[4], |a, b| {
             let y = a.mul(b).unwrap();
             y.view(&[-1]).unwrap().add(&y.t().unwrap().reshape(&[-1]).unwrap().exp().unwrap()).unwrap()
@@ -897,6 +905,10 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
         }),
         ("checkpoint: recomputed in backward", &[3, 4], &[4], |a, b| tensormem::autograd::checkpoint(|t| t[0].mul(&t[1])?.tanh()?.exp(), &[a, b]).unwrap()),
         ("where", &[3, 4], &[4], |a, b| a.gt(&b.mul_scalar(0.0).unwrap()).unwrap().where_(&a.exp().unwrap(), b).unwrap()),
+        ("gather along the last dim, a class picked twice", &[3, 4], &[4], |a, b| {
+            let idx = a.device().from_slice(&[3i64, 3, 1, 0, 2, 2], &[3, 2]).unwrap();
+            a.mul(b).unwrap().gather(-1, &idx).unwrap()
+        }),
         ("cross_entropy (log_softmax, nll_loss) with an ignored row", &[3, 4], &[4], |a, b| {
             let targets = a.device().from_slice(&[3i64, -100, 0], &[3]).unwrap();
             tensormem::nn::cross_entropy(&a.mul(b).unwrap(), &targets).unwrap()

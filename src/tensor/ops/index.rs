@@ -6,7 +6,7 @@ use super::{bind, check_u32, shape_meta, strided, values};
 use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
-use crate::tensor::layout::wrap_dim;
+use crate::tensor::layout::{Layout, wrap_dim};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 impl Tensor {
@@ -68,7 +68,7 @@ impl Tensor {
     /// the index and sums the gradient's slices into zeros of the input's shape.
     #[track_caller]
     pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
-        let out = self.gather(dim, index)?;
+        let out = self.select_rows(dim, index)?;
         Ok(self.record_index("IndexSelectBackward0", wrap_dim(dim, self.ndim())?, index, out))
     }
 
@@ -80,7 +80,7 @@ impl Tensor {
             return Err(TensorError::Shape(format!("embedding weight must be 2-D, got {:?}", self.shape())));
         }
         let flat = ids.reshape(&[-1])?;
-        let rows = self.gather(0, &flat)?;
+        let rows = self.select_rows(0, &flat)?;
         let mut shape: Vec<isize> = ids.shape().iter().map(|&n| n as isize).collect();
         shape.push(self.shape()[1] as isize);
         let out = rows.view(&shape)?;
@@ -144,6 +144,44 @@ impl Tensor {
         Ok(out)
     }
 
+    /// `torch.gather(self, dim, index)`: out[p] = self[p with p[dim] = index[p]], shaped as the
+    /// int64 `index` (which must match self outside `dim`). `GatherBackward0` saves self (for
+    /// its shape, but the whole tensor stays alive) and the index.
+    #[track_caller]
+    pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let d = wrap_dim(dim, self.ndim())?;
+        let matches = index.ndim() == self.ndim() && (0..self.ndim()).all(|i| i == d || index.shape()[i] == self.shape()[i]);
+        if index.dtype != DType::I64 || !matches {
+            return Err(TensorError::Shape(format!(
+                "gather along dim {d} needs an int64 index shaped as {:?} outside that dim, got {:?} {}",
+                self.shape(),
+                index.shape(),
+                index.dtype
+            )));
+        }
+        self.same_device(index)?;
+        let out = self.device().empty_tensor(index.shape(), self.dtype, "gather")?;
+        if out.launches(&[index, &out], 0) {
+            if self.shape()[d] == 0 {
+                return Err(TensorError::Shape("gather from an empty dimension".into()));
+            }
+            out.indexed("gather", self, index, &out, d, self.shape()[d])?;
+        }
+        if !autograd::records(&[self]) {
+            return Ok(out);
+        }
+        Ok(autograd::record(
+            "GatherBackward0",
+            &[self],
+            out,
+            &[Some(Save::Input(self)), Some(Save::Input(index))],
+            Box::new(move |saved, g| {
+                let [Some(input), Some(index)] = saved else { unreachable!("GatherBackward0 saves two tensors") };
+                Ok(vec![Some(g.scatter_add_to_zeros("scatter_add", d, index, input.shape())?)])
+            }),
+        ))
+    }
+
     /// Records an op whose output holds `self`'s slices along `dim` picked by `index`.
     #[track_caller]
     fn record_index(&self, name: &'static str, dim: usize, index: &Tensor, out: Tensor) -> Tensor {
@@ -160,14 +198,15 @@ impl Tensor {
                 let index = saved[0].as_ref().expect("saved");
                 // Embedding's gradient comes shaped as the ids plus a feature dimension.
                 let g = if flat { g.reshape(&[-1, shape[1] as isize])? } else { g.share() };
-                Ok(vec![Some(g.index_add_to_zeros(dim, index, &shape)?)])
+                let op = if flat { "embedding_dense_backward" } else { "index_select_backward" };
+                Ok(vec![Some(g.scatter_add_to_zeros(op, dim, &index.spread(dim, g.shape()), &shape)?)])
             }),
         )
     }
 
-    /// The rows of self picked along `dim` by `index`, in a new tensor.
+    /// The rows of self picked along `dim` by the 1-D `index`, in a new tensor.
     #[track_caller]
-    fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+    fn select_rows(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
         if index.ndim() != 1 || !matches!(index.dtype, DType::I64 | DType::I32) {
             return Err(TensorError::Shape(format!("index_select needs a 1-D int64 index, got {:?} {}", index.shape(), index.dtype)));
         }
@@ -183,22 +222,31 @@ impl Tensor {
         if self.shape()[d] == 0 {
             return Err(TensorError::Shape("index_select from an empty dimension".into()));
         }
-        out.indexed("gather", self, index, &out, d, self.shape()[d])?;
+        out.indexed("gather", self, &index.spread(d, &shape), &out, d, self.shape()[d])?;
         Ok(out)
     }
 
-    /// `index_select_backward`: zeros of `shape` with self's slices along `dim` summed in at
-    /// `index` (one allocation: the kernel writes every element, summing the matching slices).
+    /// A 1-D index as a view of `shape`: its values along `dim`, repeated (stride 0) along the
+    /// other dims, the form the gather and scatter_add kernels read.
+    fn spread(&self, dim: usize, shape: &[usize]) -> Tensor {
+        let mut strides = vec![0; shape.len()];
+        strides[dim] = self.layout.strides[0];
+        self.view_with(Layout { shape: shape.to_vec(), strides, offset: self.layout.offset })
+    }
+
+    /// `gather_backward` and `index_select_backward`: zeros of `shape` with self's elements
+    /// summed in where `index` (self's shape) points along `dim`. One allocation: the kernel
+    /// writes every element, summing the matching ones.
     #[track_caller]
-    fn index_add_to_zeros(&self, dim: usize, index: &Tensor, shape: &[usize]) -> Result<Tensor> {
-        let out = self.device().empty_tensor(shape, self.dtype, "index_select_backward")?;
+    fn scatter_add_to_zeros(&self, op: &'static str, dim: usize, index: &Tensor, shape: &[usize]) -> Result<Tensor> {
+        let out = self.device().empty_tensor(shape, self.dtype, op)?;
         if out.launches(&[self, index], 0) {
-            out.indexed("index_add", self, index, &out, dim, index.numel())?;
+            out.indexed("scatter_add", self, index, &out, dim, self.shape()[dim])?;
         }
         Ok(out)
     }
 
-    /// Runs an index kernel (`gather`, `index_add`, `nll_loss`) writing self (and `c`, which
+    /// Runs an index kernel (`gather`, `scatter_add`, `nll_loss`) writing self (and `c`, which
     /// is self when the entry writes nothing else) from `a` and the 1-D `index`; `scalar` is
     /// the dimension indexed (the class count for nll_loss), `limit` the kernel's bound (the
     /// source's length, or the index's).

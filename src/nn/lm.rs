@@ -1,0 +1,274 @@
+//! The `lm` presets: the pre-norm Transformer language model of the recorded PyTorch training
+//! run in `fixtures/pytorch-snapshots/gpt-medium-ctx128-training.pickle`, written op for op as
+//! its Python is, because its memory is the ops' memory: linears are `einsum`s (a `bmm` whose
+//! weight gradient comes back transposed, so AccumulateGrad copies it: every weight gradient is
+//! allocated twice), RoPE splits each head in halves and concatenates, the causal mask is built
+//! in every block, softmax and the loss's log_softmax are written out (max, subtract, exp, sum,
+//! divide) and the loss picks each target with `gather` (which keeps the whole negated
+//! log-probabilities). RMSNorm, SwiGLU, no biases, an untied head.
+
+use super::{Embedding, Init, Linear, Module, RmsNorm, child};
+use crate::autograd::{self, checkpoint};
+use crate::device::Device;
+use crate::tensor::{DType, Result, Tensor, TensorError};
+
+/// A model size: d_model, d_ff, layers, heads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LmConfig {
+    pub vocab: usize,
+    pub dim: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    /// The longest sequence (the rotary tables' length).
+    pub context: usize,
+    pub dtype: DType,
+}
+
+/// The sizes, as `(name, d_model, d_ff, layers, heads)`.
+pub const LM_SIZES: [(&str, usize, usize, usize, usize); 5] =
+    [("small", 768, 3072, 12, 12), ("medium", 1024, 4096, 24, 16), ("large", 1280, 5120, 36, 20), ("xl", 1600, 6400, 48, 25), ("2.7b", 2560, 10240, 32, 32)];
+
+impl LmConfig {
+    /// A size by name, with the vocabulary of 10,000 tokens.
+    pub fn preset(size: &str, context: usize, dtype: DType) -> Option<LmConfig> {
+        let &(_, dim, hidden, layers, heads) = LM_SIZES.iter().find(|s| s.0 == size)?;
+        Some(LmConfig { vocab: 10_000, dim, hidden, layers, heads, context, dtype })
+    }
+}
+
+/// One block: attention and SwiGLU feed-forward, each after an RMSNorm, each added back.
+pub struct LmBlock {
+    pub name: String,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
+    w1: Linear,
+    w2: Linear,
+    w3: Linear,
+    attention_norm: RmsNorm,
+    ffn_norm: RmsNorm,
+    heads: usize,
+    /// cos and sin of the rotary angles, [context, head size / 2].
+    rope: (Tensor, Tensor),
+}
+
+pub struct Lm {
+    pub config: LmConfig,
+    pub tok_embeddings: Embedding,
+    pub blocks: Vec<LmBlock>,
+    pub norm: RmsNorm,
+    pub output: Linear,
+    /// Checkpoint each block (keep its input, recompute it in backward).
+    pub checkpointing: bool,
+}
+
+impl Lm {
+    #[track_caller]
+    pub fn new(device: &Device, config: LmConfig) -> Result<Lm> {
+        let c = &config;
+        if c.heads == 0 || !c.dim.is_multiple_of(c.heads) || !(c.dim / c.heads).is_multiple_of(2) {
+            return Err(TensorError::Shape(format!("{} features do not split into {} heads of an even size", c.dim, c.heads)));
+        }
+        let tok_embeddings = Embedding::new(device, "tok_embeddings", c.vocab, c.dim, c.dtype, Init::Normal(1.0))?;
+        let rope = rope_tables(device, c.context, c.dim / c.heads, c.dtype)?;
+        let blocks = (0..c.layers)
+            .map(|i| {
+                let name = format!("layers.{i}");
+                let linear = |path: &str, inputs: usize, outputs: usize| Linear::new(device, &child(&name, path), inputs, outputs, false, c.dtype);
+                Ok(LmBlock {
+                    wq: linear("attention.wq", c.dim, c.dim)?,
+                    wk: linear("attention.wk", c.dim, c.dim)?,
+                    wv: linear("attention.wv", c.dim, c.dim)?,
+                    wo: linear("attention.wo", c.dim, c.dim)?,
+                    w1: linear("feed_forward.w1", c.dim, c.hidden)?,
+                    w2: linear("feed_forward.w2", c.hidden, c.dim)?,
+                    w3: linear("feed_forward.w3", c.dim, c.hidden)?,
+                    attention_norm: RmsNorm::new(device, &child(&name, "attention_norm"), c.dim, 1e-5, c.dtype)?,
+                    ffn_norm: RmsNorm::new(device, &child(&name, "ffn_norm"), c.dim, 1e-5, c.dtype)?,
+                    heads: c.heads,
+                    rope: (rope.0.share(), rope.1.share()),
+                    name,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::new(device, "norm", c.dim, 1e-5, c.dtype)?;
+        let output = Linear::new(device, "output", c.dim, c.vocab, false, c.dtype)?;
+        Ok(Lm { config, tok_embeddings, blocks, norm, output, checkpointing: false })
+    }
+
+    /// ids [batch, T] (int64) -> logits [batch, T, vocab].
+    #[track_caller]
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let [_, t] = ids.shape() else {
+            return Err(TensorError::Shape(format!("token ids must be [batch, T], got {:?}", ids.shape())));
+        };
+        if *t > self.config.context {
+            return Err(TensorError::Shape(format!("a sequence of {t} tokens is longer than the context of {}", self.config.context)));
+        }
+        let mut x = self.tok_embeddings.forward(ids)?;
+        for block in &self.blocks {
+            x = if self.checkpointing && autograd::is_grad_enabled() {
+                let block = block.share();
+                checkpoint(move |t| block.forward(&t[0]), &[&x])?
+            } else {
+                block.forward(&x)?
+            };
+        }
+        let x = self.norm.forward(&x)?;
+        einsum_linear(&x, &self.output)
+    }
+
+    /// The mean next-token loss of `logits` [batch, T, vocab] against `targets` [batch, T],
+    /// as the run's own code computes it: log_softmax written out, then `-logp.gather(...)`.
+    #[track_caller]
+    pub fn loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let _scope = logits.device().scope("loss");
+        let logits = logits.view(&[-1, self.config.vocab as isize])?;
+        let log_probs = {
+            let (max, _) = logits.max_dim(-1, true)?;
+            let shifted = logits.sub(&max)?;
+            drop(max);
+            let log_sum = shifted.exp()?.sum(&[-1], true)?.log()?;
+            shifted.sub(&log_sum)?
+        };
+        let negated = log_probs.neg()?;
+        drop(log_probs);
+        negated.gather(-1, &targets.view(&[-1, 1])?)?.mean(&[], false)
+    }
+}
+
+impl LmBlock {
+    /// A handle to the same block (its parameters are shared handles), for checkpointing.
+    fn share(&self) -> LmBlock {
+        let linear = |l: &Linear| Linear { name: l.name.clone(), weight: l.weight.share(), bias: None };
+        let norm = |n: &RmsNorm| RmsNorm { name: n.name.clone(), weight: n.weight.share(), eps: n.eps };
+        LmBlock {
+            name: self.name.clone(),
+            wq: linear(&self.wq),
+            wk: linear(&self.wk),
+            wv: linear(&self.wv),
+            wo: linear(&self.wo),
+            w1: linear(&self.w1),
+            w2: linear(&self.w2),
+            w3: linear(&self.w3),
+            attention_norm: norm(&self.attention_norm),
+            ffn_norm: norm(&self.ffn_norm),
+            heads: self.heads,
+            rope: (self.rope.0.share(), self.rope.1.share()),
+        }
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _scope = x.device().module_scope(&self.name);
+        let x = x.add(&self.attention(&self.attention_norm.forward(x)?)?)?;
+        x.add(&self.feed_forward(&self.ffn_norm.forward(&x)?)?)
+    }
+
+    /// SwiGLU with silu written out: w2(w1(h) * sigmoid(w1(h)) * w3(h)).
+    #[track_caller]
+    fn feed_forward(&self, h: &Tensor) -> Result<Tensor> {
+        let _scope = h.device().module_scope(&child(&self.name, "feed_forward"));
+        let gate = einsum_linear(h, &self.w1)?;
+        let gate = gate.mul(&gate.sigmoid()?)?;
+        let up = einsum_linear(h, &self.w3)?;
+        einsum_linear(&gate.mul(&up)?, &self.w2)
+    }
+
+    #[track_caller]
+    fn attention(&self, x: &Tensor) -> Result<Tensor> {
+        let device = x.device().clone();
+        let _scope = device.module_scope(&child(&self.name, "attention"));
+        let [b, t, c] = *x.shape() else { unreachable!("checked by the model") };
+        let (h, d) = (self.heads, c / self.heads);
+        // rearrange 'b t (h d) -> b h t d': views.
+        let heads = |p: Tensor| p.view(&[b as isize, t as isize, h as isize, d as isize])?.transpose(1, 2);
+        let (cos, sin) = (self.rope.0.narrow(0, 0, t)?, self.rope.1.narrow(0, 0, t)?);
+        let (q, k, v) = (heads(einsum_linear(x, &self.wq)?)?, heads(einsum_linear(x, &self.wk)?)?, heads(einsum_linear(x, &self.wv)?)?);
+        let (q, k) = (rotate_halves(&q, &cos, &sin)?, rotate_halves(&k, &cos, &sin)?);
+        // The causal mask, made here on every call: query i sees key j when i >= j.
+        let mask = {
+            let at = device.arange(t, DType::I64)?;
+            at.view(&[t as isize, 1])?.ge(&at.view(&[1, t as isize])?)?
+        };
+        let scores = q.matmul(&k.transpose(-2, -1)?)?.div_scalar((d as f64).sqrt())?;
+        let scores = mask.where_(&scores, &device.full(&[], f64::NEG_INFINITY, scores.dtype())?)?;
+        let probs = softmax(&scores)?;
+        drop(scores);
+        // einsum makes a contiguous copy of the permuted v for its bmm; rearrange back copies.
+        let y = probs.matmul(&v)?.transpose(1, 2)?.reshape(&[b as isize, t as isize, c as isize])?;
+        einsum_linear(&y, &self.wo)
+    }
+}
+
+/// softmax over the last dim, written out: x - max, exp, / sum. Autograd keeps max's indices,
+/// the exponentials, their sum and the result.
+#[track_caller]
+fn softmax(x: &Tensor) -> Result<Tensor> {
+    let (max, _) = x.max_dim(-1, true)?;
+    let e = x.sub(&max)?.exp()?;
+    drop(max);
+    e.div(&e.sum(&[-1], true)?)
+}
+
+/// `torch.einsum("bti,oi->bto", x, weight)`: one bmm of x as [1, b*t, in] by the transposed
+/// weight, under the linear's scope. Unlike `F.linear` (whose mm backward returns the weight's
+/// gradient in the weight's layout), bmm's backward gives it transposed, and AccumulateGrad
+/// copies it.
+#[track_caller]
+fn einsum_linear(x: &Tensor, linear: &Linear) -> Result<Tensor> {
+    let _scope = x.device().module_scope(&linear.name);
+    let [outputs, inputs] = *linear.weight.shape() else { unreachable!("a linear's weight is 2-D") };
+    let mut shape: Vec<isize> = x.shape().iter().map(|&n| n as isize).collect();
+    if shape.pop() != Some(inputs as isize) {
+        return Err(TensorError::Shape(format!("{}: input {:?} does not end in {inputs} features", linear.name, x.shape())));
+    }
+    shape.push(outputs as isize);
+    let y = x.reshape(&[1, -1, inputs as isize])?.bmm(&linear.weight.t()?.unsqueeze(0)?)?;
+    y.view(&shape)
+}
+
+/// RoPE on halves: (x1 cos - x2 sin, x1 sin + x2 cos), concatenated.
+#[track_caller]
+fn rotate_halves(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.shape()[3] / 2;
+    let (x1, x2) = (x.narrow(-1, 0, half)?, x.narrow(-1, half, half)?);
+    let first = x1.mul(cos)?.sub(&x2.mul(sin)?)?;
+    let second = x1.mul(sin)?.add(&x2.mul(cos)?)?;
+    Tensor::cat(&[&first, &second], -1)
+}
+
+/// cos and sin [context, head size / 2] of position * 10000^(-2i / head size): buffers.
+fn rope_tables(device: &Device, context: usize, head_size: usize, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let _no_grad = autograd::no_grad();
+    let _scope = device.scope("rope");
+    let half = head_size / 2;
+    let inverse: Vec<f32> = (0..half).map(|i| 10_000f64.powf(-2.0 * i as f64 / head_size as f64) as f32).collect();
+    let frequencies = device.from_slice(&inverse, &[1, half])?;
+    let angles = device.arange(context, DType::F32)?.view(&[context as isize, 1])?.mul(&frequencies)?;
+    Ok((angles.cos()?.to(dtype)?, angles.sin()?.to(dtype)?))
+}
+
+impl Module for LmBlock {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        // The run's optimizer order: attention, feed-forward, then the norms.
+        [&self.wq, &self.wk, &self.wv, &self.wo, &self.w1, &self.w2, &self.w3]
+            .into_iter()
+            .flat_map(Linear::named_parameters)
+            .chain(self.attention_norm.named_parameters())
+            .chain(self.ffn_norm.named_parameters())
+            .collect()
+    }
+}
+
+impl Module for Lm {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.tok_embeddings.named_parameters();
+        out.extend(self.blocks.iter().flat_map(Module::named_parameters));
+        out.extend(self.norm.named_parameters());
+        out.extend(self.output.named_parameters());
+        out
+    }
+}

@@ -1,0 +1,98 @@
+//! A training run's predicted memory against a real PyTorch trace of a training step
+//! (`torch.cuda.memory._record_memory_history`, dumped after the step): allocated bytes at the
+//! end of the forward pass, of the loss, of backward and of the optimizer step, and the peak.
+//!
+//! The trace's phases are found from its Python frames, as a reader of the trace would:
+//! backward starts at the first event under `torch/autograd/__init__.py` or `torch/_tensor.py`;
+//! the optimizer step at the first event under `torch/optim/optimizer.py` (or its
+//! `Optimizer.step` annotation); the forward pass ends after the last allocation made inside a
+//! module call (`torch/nn/modules/module.py`) before backward, and the loss where backward
+//! starts.
+
+use crate::replay::ReplayError;
+use crate::timeline;
+use crate::trace::{Action, Frame, Snapshot, TraceEntry};
+use serde::Serialize;
+
+/// One phase's allocated bytes in the trace and in the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseComparison {
+    pub phase: &'static str,
+    /// Allocated in the trace: the bytes its tensors requested (the trace's sizes), from the
+    /// state reconstructed at its start.
+    pub trace_bytes: u64,
+    /// The run's `memory_allocated()`: requests rounded as the allocator rounds them.
+    pub run_bytes: u64,
+}
+
+impl PhaseComparison {
+    /// (run - trace) / trace.
+    pub fn difference(&self) -> f64 {
+        (self.run_bytes as f64 - self.trace_bytes as f64) / self.trace_bytes.max(1) as f64
+    }
+}
+
+/// Where the phases of one training step lie in a trace: each end is a curve position
+/// (the state after that many events).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TracePhases {
+    pub forward_end: usize,
+    pub backward_start: usize,
+    pub optimizer_start: usize,
+    pub end: usize,
+}
+
+fn python_frames(e: &TraceEntry) -> impl Iterator<Item = &Frame> {
+    e.frames.iter().flat_map(|f| f.iter()).filter(|f| f.filename.ends_with(".py"))
+}
+
+fn under(e: &TraceEntry, files: &[&str]) -> bool {
+    python_frames(e).any(|f| files.iter().any(|file| f.filename.ends_with(file)))
+}
+
+/// The phases of the training step in `trace`, or why they cannot be found.
+pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, String> {
+    let trace = snapshot.trace_of(device);
+    let backward_start = trace
+        .iter()
+        .position(|e| under(e, &["torch/autograd/__init__.py", "torch/_tensor.py"]))
+        .ok_or("the trace has no event under loss.backward() (torch/autograd/__init__.py): record a whole training step, with Python stacks")?;
+    let annotated = snapshot.external_annotations.iter().flatten().find(|a| a.name.starts_with("Optimizer.step") && a.stage == "START").and_then(|a| a.time_us);
+    let optimizer_start = trace[backward_start..]
+        .iter()
+        .position(|e| under(e, &["torch/optim/optimizer.py"]) || annotated.zip(e.time_us).is_some_and(|(start, t)| t >= start))
+        .map(|i| backward_start + i)
+        .ok_or("the trace has no optimizer step after backward (torch/optim/optimizer.py)")?;
+    let forward_end = trace[..backward_start]
+        .iter()
+        .rposition(|e| e.action == Action::Alloc && under(e, &["torch/nn/modules/module.py"]))
+        .map(|i| i + 1)
+        .ok_or("the trace has no allocation inside a module's forward before backward")?;
+    Ok(TracePhases { forward_end, backward_start, optimizer_start, end: trace.len() })
+}
+
+/// The allocated bytes of the run's last recorded step against the trace's, phase by phase,
+/// and the peaks. `run` is `tensormem run --json`'s output for lm-train or gpt2-train.
+pub fn compare(run: &serde_json::Value, snapshot: &Snapshot, device: i64) -> Result<Vec<PhaseComparison>, String> {
+    let phases = trace_phases(snapshot, device)?;
+    let timeline = timeline::build(snapshot, device).map_err(|e: ReplayError| e.to_string())?;
+    let at = |position: usize| timeline.allocated[position] as u64;
+    let steps = run["steps"].as_array().ok_or("the run's JSON has no steps (use tensormem run ... --json)")?;
+    let step = |phase: &str| -> Result<&serde_json::Value, String> {
+        steps
+            .iter()
+            .rev()
+            .find(|s| s["label"].as_str().is_some_and(|l| (l == phase || l.ends_with(&format!(" {phase}"))) && !l.starts_with("warm-up")))
+            .ok_or(format!("the run has no {phase:?} step: compare takes lm-train or gpt2-train runs"))
+    };
+    let bytes = |phase: &str, key: &str| -> Result<u64, String> { step(phase)?[key].as_u64().ok_or(format!("step {phase:?} has no {key}")) };
+    let trace_peak = timeline.allocated.iter().fold(0f64, |m, &v| m.max(v)) as u64;
+    let run_peak = ["forward", "loss", "backward", "optimizer step"].iter().map(|p| bytes(p, "max_allocated_bytes")).collect::<Result<Vec<_>, _>>()?;
+    Ok(vec![
+        PhaseComparison { phase: "end of forward", trace_bytes: at(phases.forward_end), run_bytes: bytes("forward", "allocated_bytes")? },
+        PhaseComparison { phase: "end of loss", trace_bytes: at(phases.backward_start), run_bytes: bytes("loss", "allocated_bytes")? },
+        PhaseComparison { phase: "end of backward", trace_bytes: at(phases.optimizer_start), run_bytes: bytes("backward", "allocated_bytes")? },
+        PhaseComparison { phase: "end of optimizer step", trace_bytes: at(phases.end), run_bytes: bytes("optimizer step", "allocated_bytes")? },
+        PhaseComparison { phase: "peak", trace_bytes: trace_peak, run_bytes: run_peak.into_iter().max().unwrap_or(0) },
+    ])
+}

@@ -1,0 +1,277 @@
+//! Whole training steps of real model sizes: `lm-train` (the presets of a recorded PyTorch run,
+//! comparable with its `_record_memory_history` trace), `gpt2-train` (GPT-2 as published) and
+//! `oom` (a 7B Llama-style model with AdamW on an 80 GB card). Each runs a warm-up step, then
+//! records full steps as a training loop does: zero_grad(set_to_none) -> forward -> loss ->
+//! backward -> optimizer step.
+
+use super::{Parameter, Recorder, Scenario, ScenarioInfo, Values};
+use crate::amp::{self, GradScaler};
+use crate::nn::optim::{Adam, HandwrittenAdamW, Optimizer, Sgd};
+use crate::nn::{Architecture, Lm, LmConfig, Module, Transformer, TransformerConfig};
+use crate::tensor::{DType, Result, Tensor, TensorError};
+use crate::trace::Category;
+
+/// GPT-2's published sizes: (name, d_model, layers, heads); d_ff is 4 x d_model.
+const GPT2_SIZES: [(&str, usize, usize, usize); 4] = [("small", 768, 12, 12), ("medium", 1024, 24, 16), ("large", 1280, 36, 20), ("xl", 1600, 48, 25)];
+
+/// The Llama-style 7B of the `oom` scenario: (d_model, d_ff, layers, heads, vocabulary).
+const LLAMA_7B: (usize, usize, usize, usize, usize) = (4096, 11008, 32, 32, 32_000);
+
+const OPTIMIZERS: &[&str] = &["handwritten-adamw", "adamw", "adam", "sgd"];
+const DTYPES: &[&str] = &["float32", "bfloat16", "float16"];
+
+/// The parameters every training scenario takes, with its own size list and defaults.
+fn training_parameters(
+    sizes: &'static [&'static str],
+    size: &'static str,
+    batch: &'static str,
+    context: &'static str,
+    optimizer: &'static str,
+) -> Vec<Parameter> {
+    vec![
+        Parameter::choice("size", size, sizes, "model size"),
+        Parameter::integer("batch", batch, 1, 65_536, "sequences per batch"),
+        Parameter::integer("context", context, 1, 1 << 20, "tokens per sequence"),
+        Parameter::choice(
+            "optimizer",
+            optimizer,
+            OPTIMIZERS,
+            "handwritten-adamw: the recorded run's own AdamW (new moments every step); adamw, adam: torch.optim's (foreach); sgd: with momentum 0.9",
+        ),
+        Parameter::choice("dtype", "float32", DTYPES, "the parameters' type"),
+        Parameter::flag("amp", "false", "autocast to float16 for the forward and loss, with a GradScaler"),
+        Parameter::flag("checkpointing", "false", "checkpoint every block: keep its input, recompute it in backward"),
+        Parameter::integer("steps", "1", 1, 1000, "steps recorded after the warm-up step"),
+    ]
+}
+
+pub(super) fn scenarios() -> Vec<Scenario> {
+    const LM_NAMES: &[&str] = &["small", "medium", "large", "xl", "2.7b"];
+    const GPT2_NAMES: &[&str] = &["small", "medium", "large", "xl"];
+    vec![
+        Scenario {
+            info: ScenarioInfo {
+                name: "lm-train",
+                title: "A language model's training step, predicted from its config",
+                explanation: "One training step of the pre-norm Transformer LM (RMSNorm, RoPE attention written with einsum and \
+                              its own softmax, SwiGLU, vocabulary 10,000) of a recorded PyTorch run, after a warm-up step. Look at \
+                              the staircase: forward climbs by each block's saved activations, backward gives them back while the \
+                              gradients pile up, and the optimizer's peak comes at the largest parameter, where its old and new \
+                              moments and three temporaries are live at once. Parameters, gradients and AdamW's two moments are \
+                              4 x the model's bytes before any activation: checkpointing, a smaller batch or context shrink only \
+                              the activations; a lower-precision optimizer state or sharding shrinks the rest.",
+                parameters: training_parameters(LM_NAMES, "medium", "4", "128", "handwritten-adamw"),
+                variants: vec![],
+            },
+            check: fits_index,
+            fix_settings: None,
+            program: |rec, v| {
+                let dtype = dtype(v);
+                let config = LmConfig::preset(v.choice("size"), v.int("context"), dtype).expect("checked against the size list");
+                let model = Model::lm(rec, config, v.flag("checkpointing"))?;
+                train(rec, v, model)
+            },
+        },
+        Scenario {
+            info: ScenarioInfo {
+                name: "gpt2-train",
+                title: "GPT-2's training step",
+                explanation: "One training step of GPT-2 as published (learned positions, LayerNorm, GELU, biases, embeddings tied \
+                              to the output, dropout 0.1, vocabulary 50,257) with torch.optim.AdamW, after a warm-up step. The \
+                              logits (batch x context x 50,257) and the attention probabilities (batch x heads x context^2 per \
+                              layer) dominate the activations; AdamW's foreach step holds a square root of every second moment \
+                              at once.",
+                parameters: training_parameters(GPT2_NAMES, "small", "8", "1024", "adamw"),
+                variants: vec![],
+            },
+            check: fits_index,
+            fix_settings: None,
+            program: |rec, v| {
+                let &(_, dim, layers, heads) = GPT2_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list");
+                let config = TransformerConfig {
+                    architecture: Architecture::Gpt2,
+                    vocab: 50257,
+                    context: v.int("context").max(1024),
+                    dim,
+                    layers,
+                    heads,
+                    hidden: 4 * dim,
+                    dropout: 0.1,
+                    dtype: dtype(v),
+                };
+                let model = Model::gpt2(rec, config)?;
+                train(rec, v, model)
+            },
+        },
+        Scenario {
+            info: ScenarioInfo {
+                name: "oom",
+                title: "A 7B model with AdamW does not fit on an 80 GB card",
+                explanation: "A Llama-style 7B model (6.74 billion parameters) trained in float32 with AdamW: the parameters \
+                              (27 GB) and their gradients (27 GB) fit, but the optimizer's two moments (54 GB) do not, so the \
+                              first optimizer step runs out of memory with PyTorch's error. Read the error: how much the card has, \
+                              how much is allocated, how much is reserved but unallocated. Try --capacity to find the card that \
+                              fits, or dtype=bfloat16 to halve everything.",
+                parameters: vec![
+                    Parameter::integer("batch", "1", 1, 65_536, "sequences per batch"),
+                    Parameter::integer("context", "512", 1, 1 << 20, "tokens per sequence"),
+                    Parameter::choice("optimizer", "adamw", OPTIMIZERS, "the optimizer"),
+                    Parameter::choice("dtype", "float32", DTYPES, "the parameters' type"),
+                    Parameter::flag("amp", "false", "autocast to float16 for the forward and loss, with a GradScaler"),
+                    Parameter::flag("checkpointing", "false", "checkpoint every block"),
+                    Parameter::integer("steps", "1", 1, 1000, "steps recorded after the warm-up step"),
+                ],
+                variants: vec![],
+            },
+            check: fits_index,
+            fix_settings: None,
+            program: |rec, v| {
+                let (dim, hidden, layers, heads, vocab) = LLAMA_7B;
+                let config = LmConfig { vocab, dim, hidden, layers, heads, context: v.int("context"), dtype: dtype(v) };
+                let model = Model::lm(rec, config, v.flag("checkpointing"))?;
+                train(rec, v, model)
+            },
+        },
+    ]
+}
+
+/// The token ids of a batch and its logits must stay within what tensormem indexes.
+fn fits_index(v: &Values) -> std::result::Result<(), String> {
+    let tokens = v.u64("batch").checked_mul(v.u64("context"));
+    // The widest per-token row is GPT-2's vocabulary.
+    if tokens.and_then(|t| t.checked_mul(50_257)).is_none_or(|n| n > u32::MAX as u64) {
+        return Err(format!("batch {} x context {} makes logits larger than tensormem can index", v.u64("batch"), v.u64("context")));
+    }
+    Ok(())
+}
+
+fn dtype(v: &Values) -> DType {
+    match v.choice("dtype") {
+        "bfloat16" => DType::BF16,
+        "float16" => DType::F16,
+        _ => DType::F32,
+    }
+}
+
+/// The two model families a training step runs.
+enum Model {
+    Lm(Lm),
+    Gpt2(Transformer),
+}
+
+impl Model {
+    fn lm(rec: &mut Recorder, config: LmConfig, checkpointing: bool) -> Result<Model> {
+        let mut model = Lm::new(&rec.device, config)?;
+        model.checkpointing = checkpointing;
+        rec.model_parameters = Some(model.parameter_count());
+        Ok(Model::Lm(model))
+    }
+
+    fn gpt2(rec: &mut Recorder, config: TransformerConfig) -> Result<Model> {
+        let model = Transformer::new(&rec.device, config)?;
+        rec.model_parameters = Some(model.parameter_count());
+        Ok(Model::Gpt2(model))
+    }
+
+    fn parameters(&self) -> Vec<Tensor> {
+        match self {
+            Model::Lm(m) => m.parameters(),
+            Model::Gpt2(m) => m.parameters(),
+        }
+    }
+
+    fn vocab(&self) -> usize {
+        match self {
+            Model::Lm(m) => m.config.vocab,
+            Model::Gpt2(m) => m.config.vocab,
+        }
+    }
+
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        match self {
+            Model::Lm(m) => m.forward(ids),
+            Model::Gpt2(m) => m.forward(ids, true),
+        }
+    }
+
+    fn loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        match self {
+            Model::Lm(m) => m.loss(logits, targets),
+            Model::Gpt2(m) => {
+                let _scope = logits.device().scope("loss");
+                crate::nn::cross_entropy(&logits.view(&[-1, m.config.vocab as isize])?, &targets.view(&[-1])?)
+            }
+        }
+    }
+}
+
+fn optimizer(name: &str, params: Vec<Tensor>) -> Box<dyn Optimizer> {
+    match name {
+        "handwritten-adamw" => Box::new(HandwrittenAdamW::new(params, 3e-4, 0.1)),
+        "adamw" => Box::new(Adam::adamw(params, 3e-4, 0.01)),
+        "adam" => Box::new(Adam::new(params, 3e-4, 0.0)),
+        _ => Box::new(Sgd::new(params, 1e-2, 0.9, 0.0)),
+    }
+}
+
+/// The warm-up step, then `steps` recorded steps, each labelled by phase.
+fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
+    let dev = rec.device.clone();
+    let (batch, context, vocab) = (v.int("batch"), v.int("context"), model.vocab());
+    if let Model::Gpt2(m) = &model
+        && context > m.config.context
+    {
+        return Err(TensorError::Shape(format!("GPT-2's learned positions cover {} tokens, not {context}", m.config.context)));
+    }
+    let mut optimizer = optimizer(v.choice("optimizer"), model.parameters());
+    let mut scaler = v.flag("amp").then(GradScaler::new);
+    let (ids, targets) = {
+        let _inputs = dev.category(Category::Input);
+        let ids: Vec<i64> = (0..batch * context).map(|i| (i * 7919 % vocab) as i64).collect();
+        let targets: Vec<i64> = ids.iter().map(|&t| (t + 1) % vocab as i64).collect();
+        (dev.from_slice(&ids, &[batch, context])?, dev.from_slice(&targets, &[batch, context])?)
+    };
+    rec.step("model and batch");
+    let steps = v.int("steps");
+    for step in 0..=steps {
+        let label = |phase: &str| match step {
+            0 => format!("warm-up {phase}"),
+            _ if steps == 1 => phase.to_string(),
+            n => format!("step {n} {phase}"),
+        };
+        optimizer.zero_grad(true)?;
+        let autocast = scaler.is_some().then(|| amp::autocast(DType::F16)).transpose()?;
+        let logits = model.forward(&ids)?;
+        rec.step(label("forward"));
+        let loss = model.loss(&logits, &targets)?;
+        rec.step(label("loss"));
+        drop(autocast);
+        match &mut scaler {
+            Some(scaler) => scaler.scale(&loss)?.backward()?,
+            None => loss.backward()?,
+        }
+        rec.step(label("backward"));
+        match &mut scaler {
+            Some(scaler) => {
+                now(scaler.step(optimizer.as_mut()))??;
+                now(scaler.update())??;
+            }
+            None => optimizer.step()?,
+        }
+        rec.step(label("optimizer step"));
+        // The script's logits and loss stay referenced to the end of the step.
+        drop((logits, loss));
+    }
+    Ok(())
+}
+
+/// The value of a future that is ready at once: the gradient scaler's reads of `found_inf`
+/// on the sim device. (On a GPU they wait for the device: scenarios there run without amp.)
+fn now<T>(future: impl std::future::Future<Output = T>) -> Result<T> {
+    let mut future = std::pin::pin!(future);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(value) => Ok(value),
+        std::task::Poll::Pending => Err(TensorError::Unsupported("amp=true runs on the sim device only (its GradScaler reads the GPU asynchronously)".into())),
+    }
+}
