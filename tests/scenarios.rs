@@ -213,3 +213,76 @@ fn keeping_grad_fn_keeps_each_graphs_saved_tensors() {
     let fix = run("grad-fn-history", Some("fix"), &[]);
     assert_eq!(growth(&series(&fix, "step")), [0; 3]);
 }
+
+#[test]
+fn a_carried_hidden_state_grows_by_one_batch_graph_and_detaching_stays_flat() {
+    let mistake = run("rnn-hidden", Some("mistake"), &[("steps", "5")]);
+    let per_batch = growth(&series(&mistake, "batch"));
+    assert!(per_batch[0] > MIB as i64 && per_batch.iter().all(|&g| g == per_batch[0]), "one batch's graph per batch: {per_batch:?}");
+    let fix = run("rnn-hidden", Some("fix"), &[("steps", "5")]);
+    assert_eq!(growth(&series(&fix, "batch")), [0; 4]);
+}
+
+#[test]
+fn a_cached_checkpoint_result_holds_one_activation_between_steps() {
+    let (batch, width) = (64u64, 2048u64);
+    let mistake = run("cached-graph", Some("mistake"), &[]);
+    let fix = run("cached-graph", Some("fix"), &[]);
+    for s in ["step 1: backward and step", "step 3: backward and step"] {
+        assert_eq!(step(&mistake, s).allocated_bytes - step(&fix, s).allocated_bytes, rounded(batch * width * 4), "{s}");
+    }
+}
+
+/// The small `lm` model's parameter blocks: vocabulary 1,000, width 256, 4 blocks, 688 wide.
+fn small_lm_parameter_bytes() -> u64 {
+    let (v, d, h) = (1000u64, 256u64, 688u64);
+    let block = 4 * rounded(d * d * 4) + 3 * rounded(d * h * 4) + 2 * rounded(d * 4);
+    2 * rounded(v * d * 4) + 4 * block + rounded(d * 4)
+}
+
+#[test]
+fn sgd_keeps_nothing_momentum_one_buffer_adam_two_moments_per_parameter() {
+    let parameters = small_lm_parameter_bytes();
+    for (optimizer, buffers) in [("sgd", 0), ("momentum", 1), ("adam", 2)] {
+        let r = run("optimizer-state", None, &[("optimizer", optimizer)]);
+        assert_eq!(r.model_parameters, Some(1000 * 256 * 2 + 4 * (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256) + 256));
+        let state = step(&r, "step 1: optimizer.step()").allocated_bytes - step(&r, "step 1: backward").allocated_bytes;
+        assert_eq!(state, buffers * parameters, "{optimizer}: state made at the first step");
+        // Nothing more at the second step.
+        assert_eq!(step(&r, "step 2: optimizer.step()").allocated_bytes, step(&r, "step 1: optimizer.step()").allocated_bytes, "{optimizer}");
+    }
+}
+
+#[test]
+fn micro_batches_lower_the_activation_peak_and_accumulate_gradients_in_place() {
+    let mistake = run("grad-accumulation", Some("mistake"), &[]);
+    let fix = run("grad-accumulation", Some("fix"), &[]);
+    let after = series(&fix, "step 2: micro-batch");
+    assert!(after.iter().all(|&a| a == after[0]), "backward adds into the same gradient blocks: {after:?}");
+    assert_eq!(step(&fix, "step 2: optimizer.step()").allocated_bytes, step(&mistake, "step 2: optimizer.step()").allocated_bytes);
+    assert!(fix.peak_allocated_bytes * 2 < mistake.peak_allocated_bytes, "{} vs {}", fix.peak_allocated_bytes, mistake.peak_allocated_bytes);
+}
+
+#[test]
+fn checkpointing_keeps_one_input_per_block_between_forward_and_backward() {
+    let (batch, context, width) = (8u64, 256u64, 256u64);
+    let held = |r: &RunResult| step(r, "forward").requested_bytes - step(r, "model and batch").requested_bytes;
+    let fix4 = run("checkpointing", Some("fix"), &[("layers", "4")]);
+    let fix2 = run("checkpointing", Some("fix"), &[("layers", "2")]);
+    assert_eq!(held(&fix4) - held(&fix2), 2 * batch * context * width * 4, "each checkpointed block adds its output, the next one's input");
+    let mistake4 = run("checkpointing", Some("mistake"), &[("layers", "4")]);
+    assert!(held(&mistake4) > 5 * held(&fix4), "{} vs {}", held(&mistake4), held(&fix4));
+    // The same gradients and state at the end.
+    assert_eq!(step(&fix4, "optimizer step").allocated_bytes, step(&mistake4, "optimizer step").allocated_bytes);
+}
+
+#[test]
+fn under_autocast_the_loss_in_float32_costs_more_than_outside_it() {
+    let fix = run("mixed-precision", Some("fix"), &[]);
+    let mistake = run("mixed-precision", Some("mistake"), &[]);
+    let loss = |r: &RunResult| step(r, "step 1: loss").allocated_bytes - step(r, "step 1: forward").allocated_bytes;
+    assert!(loss(&mistake) < loss(&fix), "outside autocast the loss runs in float16: {} vs {}", loss(&mistake), loss(&fix));
+    assert_eq!(step(&fix, "step 2: optimizer step").allocated_bytes, step(&mistake, "step 2: optimizer step").allocated_bytes);
+    let float32 = run("mixed-precision", Some("fix"), &[("amp", "false")]);
+    assert!(step(&float32, "step 1: forward").allocated_bytes > step(&fix, "step 1: forward").allocated_bytes);
+}

@@ -350,6 +350,12 @@ impl Device {
         self.0.alloc.borrow().stats().allocated_bytes.all().current as u64
     }
 
+    /// Bytes the live tensors asked for (`memory_stats()["requested_bytes.all.current"]`):
+    /// memory_allocated() counts whole blocks, which rounding and unsplit remainders enlarge.
+    pub fn memory_requested(&self) -> u64 {
+        self.0.alloc.borrow().stats().requested_bytes.all().current as u64
+    }
+
     pub fn max_memory_allocated(&self) -> u64 {
         self.0.alloc.borrow().stats().allocated_bytes.all().peak as u64
     }

@@ -21,7 +21,8 @@ pub struct PhaseComparison {
     /// Allocated in the trace: the bytes its tensors requested (the trace's sizes), from the
     /// state reconstructed at its start.
     pub trace_bytes: u64,
-    /// The run's `memory_allocated()`: requests rounded as the allocator rounds them.
+    /// The run's: the bytes its live tensors requested at the phases (as the trace counts
+    /// them); for the peak, `max_memory_allocated()` (whole blocks: a little above requested).
     pub run_bytes: u64,
 }
 
@@ -89,10 +90,10 @@ pub fn compare(run: &serde_json::Value, snapshot: &Snapshot, device: i64) -> Res
     let trace_peak = timeline.allocated.iter().fold(0f64, |m, &v| m.max(v)) as u64;
     let run_peak = ["forward", "loss", "backward", "optimizer step"].iter().map(|p| bytes(p, "max_allocated_bytes")).collect::<Result<Vec<_>, _>>()?;
     Ok(vec![
-        PhaseComparison { phase: "end of forward", trace_bytes: at(phases.forward_end), run_bytes: bytes("forward", "allocated_bytes")? },
-        PhaseComparison { phase: "end of loss", trace_bytes: at(phases.backward_start), run_bytes: bytes("loss", "allocated_bytes")? },
-        PhaseComparison { phase: "end of backward", trace_bytes: at(phases.optimizer_start), run_bytes: bytes("backward", "allocated_bytes")? },
-        PhaseComparison { phase: "end of optimizer step", trace_bytes: at(phases.end), run_bytes: bytes("optimizer step", "allocated_bytes")? },
+        PhaseComparison { phase: "end of forward", trace_bytes: at(phases.forward_end), run_bytes: bytes("forward", "requested_bytes")? },
+        PhaseComparison { phase: "end of loss", trace_bytes: at(phases.backward_start), run_bytes: bytes("loss", "requested_bytes")? },
+        PhaseComparison { phase: "end of backward", trace_bytes: at(phases.optimizer_start), run_bytes: bytes("backward", "requested_bytes")? },
+        PhaseComparison { phase: "end of optimizer step", trace_bytes: at(phases.end), run_bytes: bytes("optimizer step", "requested_bytes")? },
         PhaseComparison { phase: "peak", trace_bytes: trace_peak, run_bytes: run_peak.into_iter().max().unwrap_or(0) },
     ])
 }

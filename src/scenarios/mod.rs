@@ -16,6 +16,7 @@ use serde::Serialize;
 pub mod compare;
 mod pitfalls;
 mod seeds;
+mod techniques;
 mod training;
 use std::collections::BTreeMap;
 
@@ -164,6 +165,8 @@ pub struct Step {
     pub reserved_bytes: u64,
     /// `max_memory_allocated()` since the previous step.
     pub max_allocated_bytes: u64,
+    /// What the live tensors asked for (allocated counts whole blocks).
+    pub requested_bytes: u64,
 }
 
 /// A finished run; its JSON is `tensormem run --json`'s.
@@ -240,6 +243,7 @@ fn all() -> Vec<Scenario> {
     }];
     all.extend(seeds::scenarios());
     all.extend(pitfalls::scenarios());
+    all.extend(techniques::scenarios());
     all.extend(training::scenarios());
     all
 }
@@ -410,6 +414,7 @@ impl Recorder {
             allocated_bytes: dev.memory_allocated(),
             reserved_bytes: dev.memory_reserved(),
             max_allocated_bytes: dev.max_memory_allocated(),
+            requested_bytes: dev.memory_requested(),
         });
         self.fold_peaks();
         self.device.reset_peak_memory_stats();

@@ -267,7 +267,7 @@ fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
 
 /// The value of a future that is ready at once: the gradient scaler's reads of `found_inf`
 /// on the sim device. (On a GPU they wait for the device: scenarios there run without amp.)
-fn now<T>(future: impl std::future::Future<Output = T>) -> Result<T> {
+pub(super) fn now<T>(future: impl std::future::Future<Output = T>) -> Result<T> {
     let mut future = std::pin::pin!(future);
     let mut context = std::task::Context::from_waker(std::task::Waker::noop());
     match future.as_mut().poll(&mut context) {
