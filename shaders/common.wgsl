@@ -19,3 +19,13 @@ fn f16_bits(x: f32) -> u32 {
     }
     return (pack2x16float(vec2<f32>(min(magnitude, 65504.0), 0.0)) & 0xffffu) | sign;
 }
+
+// The bfloat16 bits of x: its top 16 bits, rounded to nearest even (PyTorch's
+// round_to_nearest_even); NaN stays a quiet NaN, infinities and overflow to inf as IEEE.
+fn bf16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return ((b >> 16u) & 0x8000u) | 0x7fc0u;
+    }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}

@@ -129,6 +129,9 @@ impl Element for f32 {
 impl Element for half::f16 {
     const DTYPE: DType = DType::F16;
 }
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+}
 impl Element for i32 {
     const DTYPE: DType = DType::I32;
 }

@@ -110,3 +110,19 @@ fn a_7b_model_with_adamw_runs_out_of_memory_on_an_80_gb_card_and_fits_on_140_gib
     assert_eq!(fits.out_of_memory, None);
     assert!(fits.peak_reserved_bytes <= 140 << 30 && fits.peak_reserved_bytes > 80 << 30);
 }
+
+#[test]
+fn in_bfloat16_the_7b_step_fits_on_the_80_gb_card() {
+    let result = run("oom", &[("dtype", "bfloat16")], None);
+    assert_eq!(result.out_of_memory, None);
+    let float32 = run("oom", &[], None);
+    let model = |r: &RunResult| r.steps.iter().find(|s| s.label == "model and batch").unwrap().requested_bytes;
+    // The parameters and the rotary tables (cos and sin, 512 positions x 64) at 2 bytes instead
+    // of 4; the int64 ids and targets (2 x 512 x 8 bytes) unchanged.
+    let rope = 2 * 512 * 64;
+    assert_eq!(model(&result) - 8192, (6_738_415_616 + rope) * 2);
+    assert_eq!(model(&float32) - 8192, (6_738_415_616 + rope) * 4);
+    let request = RunRequest { scenario: "gpt2-train".into(), set: [("context".to_string(), "2048".to_string())].into(), ..Default::default() };
+    let error = scenarios::run(&request).unwrap_err().to_string();
+    assert!(error.contains("GPT-2's learned positions cover 1024 tokens"), "{error}");
+}

@@ -101,10 +101,11 @@ impl Kernel {
 }
 
 /// The type values of `dtype` have in registers: what `load_x` returns and `store_x` takes.
-/// f16 is f16 where the adapter has `shader-f16`, else f32; 8-bit types widen to 32 bits.
+/// f16 is f16 where the adapter has `shader-f16`, else f32; bf16 (which WGSL lacks) is f32, its
+/// top 16 bits stored; 8-bit types widen to 32 bits.
 pub(crate) fn value_type(dtype: DType, native_f16: bool) -> Result<&'static str, KernelError> {
     Ok(match dtype {
-        DType::F32 => "f32",
+        DType::F32 | DType::BF16 => "f32",
         DType::F16 if native_f16 => "f16",
         DType::F16 => "f32",
         // int64 holds indices and token ids: kernels use the low 32 bits (checked on upload).
@@ -112,7 +113,7 @@ pub(crate) fn value_type(dtype: DType, native_f16: bool) -> Result<&'static str,
         DType::U32 | DType::U8 | DType::Bool => "u32",
         other => {
             return Err(KernelError(format!(
-                "{other} tensors exist for memory accounting only; GPU kernels take float32, float16, int32, uint32, int8, uint8 and bool"
+                "{other} tensors exist for memory accounting only; GPU kernels take float32, float16, bfloat16, int32, uint32, int8, uint8 and bool"
             )));
         }
     })
@@ -171,6 +172,10 @@ fn declarations(bindings: &BindingPlan, operands: &[(&str, DType)], native_f16: 
                     format!("atomicStore(&{buf}[i * 2u], bitcast<u32>(v));\n  atomicStore(&{buf}[i * 2u + 1u], select(0u, 0xffffffffu, v < 0));"),
                 ),
                 4 => (format!("return bitcast<{v}>(atomicLoad(&{buf}[i]));"), format!("atomicStore(&{buf}[i], bitcast<u32>(v));")),
+                2 if dtype == DType::BF16 => (
+                    format!("return bitcast<f32>(((atomicLoad(&{buf}[i >> 1u]) >> ((i & 1u) * 16u)) & 0xffffu) << 16u);"),
+                    format!("let shift = (i & 1u) * 16u;\n  cas_{buf}(i >> 1u, 0xffffu << shift, bf16_bits(v) << shift);"),
+                ),
                 2 => (
                     format!("return {v}(unpack2x16float(atomicLoad(&{buf}[i >> 1u]))[i & 1u]);"),
                     format!("let shift = (i & 1u) * 16u;\n  cas_{buf}(i >> 1u, 0xffffu << shift, f16_bits(f32(v)) << shift);"),

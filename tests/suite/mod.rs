@@ -21,6 +21,7 @@ macro_rules! every_check {
             reductions_over_dims,
             matmul_tiled_and_naive_match_the_reference,
             float16,
+            bfloat16,
             exact_memory_facts,
             a_freed_block_reused_for_an_upload_does_not_corrupt_pending_work,
             operands_in_one_segment_bind_without_validation_errors,
@@ -476,6 +477,43 @@ pub async fn f16_program(dev: &Device) {
 /// f16 on this device's path (native where shader-f16 exists, else packed).
 pub async fn float16(dev: &Device) {
     f16_program(dev).await;
+}
+
+/// bfloat16 (which WGSL lacks) packed two to a word: values round to nearest even as PyTorch's
+/// conversion, arithmetic and matmul compute in f32 and store rounded, odd lengths and views
+/// included.
+pub async fn bfloat16(dev: &Device) {
+    use half::bf16;
+    let mut rng = Rng(29);
+    let to_bf16 = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+    let (a, b) = (rng.f32s(7 * 5), rng.f32s(5 * 3));
+    let (ha, hb) = (to_bf16(&a), to_bf16(&b));
+    let x = dev.from_slice(&ha, &[7, 5]).unwrap();
+    let y = dev.from_slice(&hb, &[5, 3]).unwrap();
+    assert_eq!(read::<bf16>(&x).await, ha, "upload and readback");
+    // From f32, round to nearest even (1 + 2^-8 is a tie: it rounds to 1), NaN and inf kept.
+    let special = [1.0f32 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -3.3e38, f32::INFINITY, f32::NAN, 1e-40];
+    let converted = read::<bf16>(&dev.from_slice(&special, &[6]).unwrap().to(DType::BF16).unwrap()).await;
+    let expected = to_bf16(&special);
+    for (got, want) in converted.iter().zip(&expected) {
+        assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{got} vs {want}");
+    }
+    // x^T's rows times y: a transposed view, f32 accumulation, one bf16 rounding at the end.
+    let xt = x.t().unwrap();
+    let product = read::<bf16>(&xt.narrow(0, 1, 3).unwrap().matmul(&dev.from_slice(&to_bf16(&rng.f32s(7 * 2)), &[7, 2]).unwrap()).unwrap()).await;
+    assert_eq!(product.len(), 6);
+    let z = read::<bf16>(&x.matmul(&y).unwrap()).await;
+    for i in 0..7 {
+        for j in 0..3 {
+            let exact: f32 = (0..5).map(|k| ha[i * 5 + k].to_f32() * hb[k * 3 + j].to_f32()).sum();
+            assert!((z[i * 3 + j].to_f32() - exact).abs() <= 1e-2 * (1.0 + exact.abs()), "matmul [{i}, {j}]: {} vs {exact}", z[i * 3 + j]);
+        }
+    }
+    let sum = read::<bf16>(&x.add(&x).unwrap()).await;
+    assert_eq!(sum, ha.iter().map(|v| bf16::from_f32(v.to_f32() * 2.0)).collect::<Vec<_>>(), "x + x doubles exactly");
+    let odd = dev.from_slice(&ha[..35], &[35]).unwrap().mul_scalar(0.5).unwrap();
+    assert_eq!(read::<bf16>(&odd).await, ha.iter().map(|v| bf16::from_f32(v.to_f32() * 0.5)).collect::<Vec<_>>());
+    assert_eq!(read::<f32>(&x.to(DType::F32).unwrap()).await, ha.iter().map(|v| v.to_f32()).collect::<Vec<_>>());
 }
 
 pub async fn exact_memory_facts(dev: &Device) {
