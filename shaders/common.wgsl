@@ -21,11 +21,11 @@ fn f16_bits(x: f32) -> u32 {
 }
 
 // The bfloat16 bits of x: its top 16 bits, rounded to nearest even (PyTorch's
-// round_to_nearest_even); NaN stays a quiet NaN, infinities and overflow to inf as IEEE.
+// round_to_nearest_even); every NaN becomes 0x7fc0 as there, infinities and overflow inf.
 fn bf16_bits(x: f32) -> u32 {
     let b = bitcast<u32>(x);
     if ((b & 0x7fffffffu) > 0x7f800000u) {
-        return ((b >> 16u) & 0x8000u) | 0x7fc0u;
+        return 0x7fc0u;
     }
     return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
 }

@@ -130,8 +130,8 @@ fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 }
 
 // gather's backward (scatter_add_ into zeros): out[p] is the sum of a[p with p[dim] = j] over
-// the j where b[p with p[dim] = j] == p[dim]; a and b have one shape, info.limit its length
-// along dim. One invocation per output element, no atomics: the sums are deterministic.
+// the j where b[p with p[dim] = j] (clamped into out) == p[dim]; a and b have one shape,
+// info.limit its length along dim. One invocation per output element, no atomics: the sums are deterministic.
 @compute @workgroup_size(256)
 fn scatter_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
@@ -152,9 +152,11 @@ fn scatter_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
             idx = idx + c * info.b.strides[u32(d)];
         }
     }
+    // Indices clamp as gather's do, so that every element read gets its gradient.
+    let last = i32(info.shape[dim]) - 1;
     var acc = 0.0;
     for (var j = 0u; j < info.limit; j = j + 1u) {
-        if (i32(load_b(idx + j * info.b.strides[dim])) == picked) {
+        if (clamp(i32(load_b(idx + j * info.b.strides[dim])), 0, last) == picked) {
             acc = acc + f32(load_a(src + j * info.a.strides[dim]));
         }
     }

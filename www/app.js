@@ -478,18 +478,29 @@ function selectedScenario() {
   return scenarios.scenarios.find((s) => s.name === $('scenario-select').value);
 }
 
+// A parameter's control: a list for a choice, true/false for a flag, a text field otherwise.
+// Each carries data-param; its value is the text the library parses.
+function parameterInput(p) {
+  const name = escape(p.name);
+  const options = p.kind.type === 'choice' ? p.kind.options : p.kind.type === 'flag' ? ['true', 'false'] : null;
+  const control = options
+    ? `<select data-param="${name}">${options.map((o) => `<option${o === p.default ? ' selected' : ''}>${escape(o)}</option>`).join('')}</select>`
+    : `<input data-param="${name}" value="${escape(p.default)}" size="${Math.max(4, Math.min(30, p.default.length + 2))}">`;
+  return `<label title="${escape(p.help)}">${name} ${control}</label>`;
+}
+
 function showScenarioForm() {
   const s = selectedScenario();
   $('variant-select').innerHTML = s.variants.length ? s.variants.map((v) => `<option>${v}</option>`).join('') : '<option value="">–</option>';
   $('variant-select').disabled = !s.variants.length;
-  $('scenario-params').innerHTML = s.parameters.map((p) => `<label title="${escape(p.help)}">${escape(p.name)} <input data-param="${escape(p.name)}" value="${escape(p.default)}" size="${Math.max(4, Math.min(30, p.default.length + 2))}"></label>`).join('');
+  $('scenario-params').innerHTML = s.parameters.map(parameterInput).join('');
   $('scenario-explanation').textContent = s.explanation;
 }
 
 function scenarioRequest() {
   const set = {};
   const s = selectedScenario();
-  for (const input of $('scenario-params').querySelectorAll('input[data-param]')) {
+  for (const input of $('scenario-params').querySelectorAll('[data-param]')) {
     const p = s.parameters.find((q) => q.name === input.dataset.param);
     if (input.value.trim() !== p.default) set[p.name] = input.value.trim();
   }

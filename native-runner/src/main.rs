@@ -276,9 +276,9 @@ fn run(command: Command) -> Result<(), Failure> {
                 values.insert(k.trim().to_string(), v.trim().to_string());
             }
             if let Some(steps) = steps
-                && values.insert("steps".into(), steps.to_string()).is_some_and(|v| v != steps.to_string())
+                && let Some(set) = values.insert("steps".into(), steps.to_string()).filter(|v| *v != steps.to_string())
             {
-                return Err(Failure(format!("--steps {steps} and --set steps={} disagree", values["steps"]), 2));
+                return Err(Failure(format!("--steps {steps} and --set steps={set} disagree"), 2));
             }
             let request = RunRequest { scenario: name, variant, set: values, device: Some(device), capacity, alloc_conf };
             let result = pollster::block_on(scenarios::run_anywhere(&request)).map_err(|e| Failure(e.to_string(), 2))?;
@@ -296,7 +296,7 @@ fn run(command: Command) -> Result<(), Failure> {
             let text = std::fs::read_to_string(&run).map_err(|e| Failure(format!("{}: {e}", run.display()), 1))?;
             let run_json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure(format!("{}: not a run's JSON: {e}", run.display()), 1))?;
             let snapshot = load(&file)?;
-            let phases = scenarios::compare::compare(&run_json, &snapshot, device).map_err(|e| Failure(format!("{}: {e}", file.display()), 1))?;
+            let phases = scenarios::compare::compare(&run_json, &snapshot, device).map_err(|e| Failure(e, 1))?;
             if json {
                 println!("{}", serde_json::to_string(&phases)?);
             } else {

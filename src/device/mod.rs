@@ -356,6 +356,10 @@ impl Device {
         self.0.alloc.borrow().stats().requested_bytes.all().current as u64
     }
 
+    pub fn max_memory_requested(&self) -> u64 {
+        self.0.alloc.borrow().stats().requested_bytes.all().peak as u64
+    }
+
     pub fn max_memory_allocated(&self) -> u64 {
         self.0.alloc.borrow().stats().allocated_bytes.all().peak as u64
     }

@@ -29,6 +29,17 @@ pub struct LmConfig {
 pub const LM_SIZES: [(&str, usize, usize, usize, usize); 5] =
     [("small", 768, 3072, 12, 12), ("medium", 1024, 4096, 24, 16), ("large", 1280, 5120, 36, 20), ("xl", 1600, 6400, 48, 25), ("2.7b", 2560, 10240, 32, 32)];
 
+/// The sizes' names, in the table's order.
+pub const LM_SIZE_NAMES: [&str; LM_SIZES.len()] = {
+    let mut names = [""; LM_SIZES.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = LM_SIZES[i].0;
+        i += 1;
+    }
+    names
+};
+
 impl LmConfig {
     /// A size by name, with the vocabulary of 10,000 tokens.
     pub fn preset(size: &str, context: usize, dtype: DType) -> Option<LmConfig> {
@@ -181,7 +192,9 @@ impl LmBlock {
     fn attention(&self, x: &Tensor) -> Result<Tensor> {
         let device = x.device().clone();
         let _scope = device.module_scope(&child(&self.name, "attention"));
-        let [b, t, c] = *x.shape() else { unreachable!("checked by the model") };
+        let [b, t, c] = *x.shape() else {
+            return Err(TensorError::Shape(format!("{}: input must be [batch, T, features], got {:?}", self.name, x.shape())));
+        };
         let (h, d) = (self.heads, c / self.heads);
         // rearrange 'b t (h d) -> b h t d': views.
         let heads = |p: Tensor| p.view(&[b as isize, t as isize, h as isize, d as isize])?.transpose(1, 2);

@@ -10,7 +10,7 @@ mod model;
 pub mod optim;
 
 pub use attention::{CausalSelfAttention, PositionEncoding};
-pub use lm::{LM_SIZES, Lm, LmBlock, LmConfig};
+pub use lm::{LM_SIZE_NAMES, LM_SIZES, Lm, LmBlock, LmConfig};
 pub use loss::{cross_entropy, mse_loss};
 pub use model::{Architecture, Transformer, TransformerConfig};
 

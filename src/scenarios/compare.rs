@@ -3,11 +3,11 @@
 //! end of the forward pass, of the loss, of backward and of the optimizer step, and the peak.
 //!
 //! The trace's phases are found from its Python frames, as a reader of the trace would:
-//! backward starts at the first event under `torch/autograd/__init__.py` or `torch/_tensor.py`;
-//! the optimizer step at the first event under `torch/optim/optimizer.py` (or its
-//! `Optimizer.step` annotation); the forward pass ends after the last allocation made inside a
-//! module call (`torch/nn/modules/module.py`) before backward, and the loss where backward
-//! starts.
+//! backward starts at the first event under `torch/autograd/__init__.py`; the optimizer step at
+//! the first event under `torch/optim/optimizer.py` (or its `Optimizer.step` annotation), and
+//! ends with that annotation or the trace; the forward pass ends after the last allocation made
+//! inside a module call (`torch/nn/modules/module.py`) before backward, and the loss where
+//! backward starts.
 
 use crate::replay::ReplayError;
 use crate::timeline;
@@ -21,8 +21,8 @@ pub struct PhaseComparison {
     /// Allocated in the trace: the bytes its tensors requested (the trace's sizes), from the
     /// state reconstructed at its start.
     pub trace_bytes: u64,
-    /// The run's: the bytes its live tensors requested at the phases (as the trace counts
-    /// them); for the peak, `max_memory_allocated()` (whole blocks: a little above requested).
+    /// The run's: the bytes its live tensors requested (as the trace counts them; whole blocks,
+    /// `memory_allocated()`, are a little more).
     pub run_bytes: u64,
 }
 
@@ -51,25 +51,48 @@ fn under(e: &TraceEntry, files: &[&str]) -> bool {
     python_frames(e).any(|f| files.iter().any(|file| f.filename.ends_with(file)))
 }
 
-/// The phases of the training step in `trace`, or why they cannot be found.
+/// The phases of the (first) training step in the trace, or why they cannot be found.
 pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, String> {
+    crate::replay::check_device(snapshot, device).map_err(|e| e.to_string())?;
     let trace = snapshot.trace_of(device);
+    // `loss.backward()`: torch/autograd/__init__.py's backward (or _make_grads) is on the stack.
+    // (torch/_tensor.py alone is not enough: `1 - mask` runs Tensor.__rsub__ there in forward.)
     let backward_start = trace
         .iter()
-        .position(|e| under(e, &["torch/autograd/__init__.py", "torch/_tensor.py"]))
+        .position(|e| under(e, &["torch/autograd/__init__.py"]))
         .ok_or("the trace has no event under loss.backward() (torch/autograd/__init__.py): record a whole training step, with Python stacks")?;
-    let annotated = snapshot.external_annotations.iter().flatten().find(|a| a.name.starts_with("Optimizer.step") && a.stage == "START").and_then(|a| a.time_us);
+    // The optimizer step's record_function range, on this device and after backward started.
+    let started = trace[..=backward_start].iter().rev().find_map(|e| e.time_us);
+    let annotation = |stage: &str| {
+        snapshot
+            .external_annotations
+            .iter()
+            .flatten()
+            .filter(|a| a.device == device && a.stage == stage && a.name.starts_with("Optimizer.step"))
+            .filter_map(|a| a.time_us)
+            .find(|&t| started.is_none_or(|s| t >= s))
+    };
+    let (step_start, step_end) = (annotation("START"), annotation("END"));
     let optimizer_start = trace[backward_start..]
         .iter()
-        .position(|e| under(e, &["torch/optim/optimizer.py"]) || annotated.zip(e.time_us).is_some_and(|(start, t)| t >= start))
+        .position(|e| under(e, &["torch/optim/optimizer.py"]) || step_start.zip(e.time_us).is_some_and(|(start, t)| t >= start))
         .map(|i| backward_start + i)
         .ok_or("the trace has no optimizer step after backward (torch/optim/optimizer.py)")?;
+    // The step ends where the optimizer's range ends, else where the trace does; a second
+    // backward after it means the trace holds several steps, which the phases cannot tell apart.
+    let end = match step_end {
+        Some(end) => trace.iter().rposition(|e| e.time_us.is_some_and(|t| t <= end)).map_or(trace.len(), |i| i + 1),
+        None => trace.len(),
+    };
+    if trace[optimizer_start..end].iter().any(|e| under(e, &["torch/autograd/__init__.py"])) {
+        return Err("the trace holds more than one training step: record one (the comparison needs its phases)".into());
+    }
     let forward_end = trace[..backward_start]
         .iter()
         .rposition(|e| e.action == Action::Alloc && under(e, &["torch/nn/modules/module.py"]))
         .map(|i| i + 1)
         .ok_or("the trace has no allocation inside a module's forward before backward")?;
-    Ok(TracePhases { forward_end, backward_start, optimizer_start, end: trace.len() })
+    Ok(TracePhases { forward_end, backward_start, optimizer_start, end })
 }
 
 /// The allocated bytes of the run's last recorded step against the trace's, phase by phase,
@@ -87,8 +110,8 @@ pub fn compare(run: &serde_json::Value, snapshot: &Snapshot, device: i64) -> Res
             .ok_or(format!("the run has no {phase:?} step: compare takes lm-train or gpt2-train runs"))
     };
     let bytes = |phase: &str, key: &str| -> Result<u64, String> { step(phase)?[key].as_u64().ok_or(format!("step {phase:?} has no {key}")) };
-    let trace_peak = timeline.allocated.iter().fold(0f64, |m, &v| m.max(v)) as u64;
-    let run_peak = ["forward", "loss", "backward", "optimizer step"].iter().map(|p| bytes(p, "max_allocated_bytes")).collect::<Result<Vec<_>, _>>()?;
+    let trace_peak = timeline.allocated[..=phases.end].iter().fold(0f64, |m, &v| m.max(v)) as u64;
+    let run_peak = ["forward", "loss", "backward", "optimizer step"].iter().map(|p| bytes(p, "max_requested_bytes")).collect::<Result<Vec<_>, _>>()?;
     Ok(vec![
         PhaseComparison { phase: "end of forward", trace_bytes: at(phases.forward_end), run_bytes: bytes("forward", "requested_bytes")? },
         PhaseComparison { phase: "end of loss", trace_bytes: at(phases.backward_start), run_bytes: bytes("loss", "requested_bytes")? },

@@ -135,7 +135,26 @@ pub(crate) struct Scenario {
     pub check: fn(&Values) -> Result<(), String>,
     /// Allocator settings the fix variant brings (PYTORCH_CUDA_ALLOC_CONF syntax), if any.
     pub fix_settings: Option<&'static str>,
-    pub program: fn(&mut Recorder, &Values) -> Result<(), TensorError>,
+    pub program: Program,
+}
+
+/// A scenario's tensor program. Most are plain functions; a program that waits for the device
+/// (the gradient scaler reads found_inf, as PyTorch's `.item()` does) is async. On the sim
+/// device nothing waits, so both run to the end at once.
+pub(crate) enum Program {
+    Sync(fn(&mut Recorder, &Values) -> Result<(), TensorError>),
+    Async(for<'a> fn(&'a mut Recorder, &'a Values) -> LocalFuture<'a>),
+}
+
+pub(crate) type LocalFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), TensorError>> + 'a>>;
+
+/// The value of a future that is ready at once (a program on the sim device).
+fn now<T>(future: impl std::future::Future<Output = T>) -> Option<T> {
+    let mut future = std::pin::pin!(future);
+    match future.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+        std::task::Poll::Ready(value) => Some(value),
+        std::task::Poll::Pending => None,
+    }
 }
 
 fn no_check(_: &Values) -> Result<(), String> {
@@ -165,8 +184,10 @@ pub struct Step {
     pub reserved_bytes: u64,
     /// `max_memory_allocated()` since the previous step.
     pub max_allocated_bytes: u64,
-    /// What the live tensors asked for (allocated counts whole blocks).
+    /// What the live tensors asked for (allocated counts whole blocks), and its peak since the
+    /// previous step.
     pub requested_bytes: u64,
+    pub max_requested_bytes: u64,
 }
 
 /// A finished run; its JSON is `tensormem run --json`'s.
@@ -239,7 +260,7 @@ fn all() -> Vec<Scenario> {
         },
         check: variable_batch_fits,
         fix_settings: Some("expandable_segments:True"),
-        program: |rec, v| variable_batch(rec, v.u64("layers"), v.u64("hidden"), v.u64("seq"), &v.ints("batches")),
+        program: Program::Sync(|rec, v| variable_batch(rec, v.u64("layers"), v.u64("hidden"), v.u64("seq"), &v.ints("batches"))),
     }];
     all.extend(seeds::scenarios());
     all.extend(pitfalls::scenarios());
@@ -324,7 +345,11 @@ fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
 
 /// Runs a scenario on a simulated card (`sim:...`, the default).
 pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
-    plan(request)?.run_on_sim()
+    let plan = plan(request)?;
+    if plan.card.is_none() {
+        return Err(ScenarioError::GpuIsAsync);
+    }
+    now(plan.run_on_sim()).unwrap_or(Err(ScenarioError::GpuIsAsync))
 }
 
 /// Runs a scenario on this machine's GPU (natively through wgpu, in a browser through WebGPU)
@@ -332,28 +357,31 @@ pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
 pub async fn run_anywhere(request: &RunRequest) -> Result<RunResult, ScenarioError> {
     let plan = plan(request)?;
     if plan.card.is_some() {
-        return plan.run_on_sim();
+        return plan.run_on_sim().await;
     }
     let device = Device::gpu_with(GpuOptions { capacity: plan.capacity, ..Default::default() }, plan.config.clone()).await?;
-    let result = plan.run_on(device.clone())?;
+    let result = plan.run_on(device.clone()).await?;
     // As torch.cuda.synchronize does, waiting reports a command the GPU rejected meanwhile.
     device.wait().await?;
     Ok(result)
 }
 
 impl Plan {
-    fn run_on_sim(self) -> Result<RunResult, ScenarioError> {
+    async fn run_on_sim(self) -> Result<RunResult, ScenarioError> {
         let Some(card) = self.card.clone() else { return Err(ScenarioError::GpuIsAsync) };
         let card = SimOptions { capacity: self.capacity.unwrap_or(card.capacity), ..card };
         let device = Device::sim_with(card, self.config.clone());
-        self.run_on(device)
+        self.run_on(device).await
     }
 
     /// Runs the program; running out of memory is a result (the steps before it are kept), any
     /// other failure an error.
-    fn run_on(self, device: Device) -> Result<RunResult, ScenarioError> {
+    async fn run_on(self, device: Device) -> Result<RunResult, ScenarioError> {
         let mut rec = Recorder::new(device);
-        let outcome = (self.scenario.program)(&mut rec, &self.values);
+        let outcome = match self.scenario.program {
+            Program::Sync(program) => program(&mut rec, &self.values),
+            Program::Async(program) => program(&mut rec, &self.values).await,
+        };
         let out_of_memory = match outcome {
             Ok(()) => None,
             Err(TensorError::Device(DeviceError::Alloc(AllocError::OutOfMemory(e)))) => Some(e.to_string()),
@@ -415,6 +443,7 @@ impl Recorder {
             reserved_bytes: dev.memory_reserved(),
             max_allocated_bytes: dev.max_memory_allocated(),
             requested_bytes: dev.memory_requested(),
+            max_requested_bytes: dev.max_memory_requested(),
         });
         self.fold_peaks();
         self.device.reset_peak_memory_stats();
@@ -424,6 +453,15 @@ impl Recorder {
         self.peaks.0 = self.peaks.0.max(self.device.max_memory_allocated());
         self.peaks.1 = self.peaks.1.max(self.device.max_memory_reserved());
     }
+}
+
+/// A batch of token ids [batch, context] and their next-token targets, spread over the
+/// vocabulary (tagged as input).
+pub(crate) fn token_batch(dev: &Device, batch: usize, context: usize, vocab: usize) -> Result<(crate::Tensor, crate::Tensor), TensorError> {
+    let _inputs = dev.category(Category::Input);
+    let ids: Vec<i64> = (0..batch * context).map(|i| (i * 7919 % vocab) as i64).collect();
+    let targets: Vec<i64> = ids.iter().map(|&t| (t + 1) % vocab as i64).collect();
+    Ok((dev.from_slice(&ids, &[batch, context])?, dev.from_slice(&targets, &[batch, context])?))
 }
 
 /// Every dimension must be an index (usize, 32 bits in wasm) and every tensor's bytes fit in 64

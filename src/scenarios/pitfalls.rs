@@ -1,12 +1,11 @@
 //! The training pitfalls of the seed articles, each as a mistake and its fix on a small
 //! Llama-style language model: what the graph, the gradients and the optimizer keep alive.
 
-use super::{Parameter, Recorder, Scenario, ScenarioInfo, Values, no_check};
+use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, no_check, token_batch};
 use crate::autograd;
 use crate::nn::optim::{Optimizer, Sgd};
 use crate::nn::{Architecture, Module, Transformer, TransformerConfig};
 use crate::tensor::{DType, Result, Tensor};
-use crate::trace::Category;
 
 /// The model every pitfall trains: small enough for any GPU, large enough that its activations
 /// show (4 layers of width 256, 3.7 M parameters).
@@ -35,11 +34,7 @@ fn model(rec: &mut Recorder, v: &Values) -> Result<(Transformer, Tensor, Tensor)
     };
     let model = Transformer::new(&dev, config)?;
     rec.model_parameters = Some(model.parameter_count());
-    let _inputs = dev.category(Category::Input);
-    let ids: Vec<i64> = (0..batch * context).map(|i| (i * 7919 % 1000) as i64).collect();
-    let targets: Vec<i64> = ids.iter().map(|&t| (t + 1) % 1000).collect();
-    let ids = dev.from_slice(&ids, &[batch, context])?;
-    let targets = dev.from_slice(&targets, &[batch, context])?;
+    let (ids, targets) = token_batch(&dev, batch, context, 1000)?;
     rec.step("model and batch");
     Ok((model, ids, targets))
 }
@@ -49,7 +44,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
         info: ScenarioInfo { name, title, explanation, parameters: model_parameters().into_iter().chain(extra).collect(), variants: vec!["mistake", "fix"] },
         check: no_check,
         fix_settings: None,
-        program,
+        program: Program::Sync(program),
     };
     vec![
         scenario(

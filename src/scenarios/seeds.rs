@@ -1,6 +1,6 @@
 //! The seed articles' tensor examples: what each line allocates, at the sizes the articles use.
 
-use super::{Parameter, Recorder, Scenario, ScenarioInfo, Values, no_check};
+use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, no_check};
 use crate::autograd;
 use crate::tensor::{DType, Result};
 
@@ -9,7 +9,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
         info: ScenarioInfo { name, title, explanation, parameters, variants: variants.to_vec() },
         check: no_check,
         fix_settings: None,
-        program,
+        program: Program::Sync(program),
     };
     vec![
         scenario(

@@ -2,8 +2,7 @@
 //! carried RNN hidden states, a checkpointed result cached on the module, optimizer state,
 //! gradient accumulation, activation checkpointing and mixed precision.
 
-use super::training::now;
-use super::{Parameter, Recorder, Scenario, ScenarioInfo, Values, no_check};
+use super::{LocalFuture, Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, no_check, token_batch};
 use crate::amp::{self, GradScaler};
 use crate::autograd::checkpoint;
 use crate::nn::optim::{Adam, Optimizer, Sgd};
@@ -12,7 +11,7 @@ use crate::tensor::{DType, Result, Tensor};
 use crate::trace::Category;
 
 pub(super) fn scenarios() -> Vec<Scenario> {
-    let scenario = |name, title, explanation, parameters: Vec<Parameter>, variants: bool, program| Scenario {
+    let scenario = |name, title, explanation, parameters: Vec<Parameter>, variants: bool, program: Program| Scenario {
         info: ScenarioInfo { name, title, explanation, parameters, variants: if variants { vec!["mistake", "fix"] } else { vec![] } },
         check: no_check,
         fix_settings: None,
@@ -37,7 +36,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 steps("4"),
             ],
             true,
-            rnn_hidden,
+            Program::Sync(rnn_hidden),
         ),
         scenario(
             "cached-graph",
@@ -48,7 +47,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
              keep only the layer's input; the cache keeps its output too. The fix does not cache.",
             vec![Parameter::integer("batch", "64", 1, 65_536, "rows per batch"), Parameter::integer("width", "2048", 1, 65_536, "layer width"), steps("3")],
             true,
-            cached_graph,
+            Program::Sync(cached_graph),
         ),
         scenario(
             "optimizer-state",
@@ -64,7 +63,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 steps("2"),
             ],
             false,
-            optimizer_state,
+            Program::Sync(optimizer_state),
         ),
         scenario(
             "grad-accumulation",
@@ -80,7 +79,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 steps("2"),
             ],
             true,
-            grad_accumulation,
+            Program::Sync(grad_accumulation),
         ),
         scenario(
             "checkpointing",
@@ -95,7 +94,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 Parameter::integer("context", "256", 1, 8192, "tokens per sequence"),
             ],
             true,
-            checkpointing,
+            Program::Sync(checkpointing),
         ),
         scenario(
             "mixed-precision",
@@ -112,7 +111,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 steps("2"),
             ],
             true,
-            mixed_precision,
+            Program::Async(mixed_precision),
         ),
     ]
 }
@@ -124,12 +123,9 @@ fn small_lm(rec: &mut Recorder, layers: usize, batch: usize, context: usize) -> 
     let config = LmConfig { vocab: 1000, dim: 256, hidden: 688, layers, heads: 4, context, dtype: DType::F32 };
     let model = Lm::new(&dev, config)?;
     rec.model_parameters = Some(model.parameter_count());
-    let _inputs = dev.category(Category::Input);
-    let ids: Vec<i64> = (0..batch * context).map(|i| (i * 7919 % 1000) as i64).collect();
-    let targets: Vec<i64> = ids.iter().map(|&t| (t + 1) % 1000).collect();
-    let batch = (dev.from_slice(&ids, &[batch, context])?, dev.from_slice(&targets, &[batch, context])?);
+    let (ids, targets) = token_batch(&dev, batch, context, 1000)?;
     rec.step("model and batch");
-    Ok((model, batch.0, batch.1))
+    Ok((model, ids, targets))
 }
 
 fn rnn_hidden(rec: &mut Recorder, v: &Values) -> Result<()> {
@@ -254,39 +250,41 @@ fn checkpointing(rec: &mut Recorder, v: &Values) -> Result<()> {
     Ok(())
 }
 
-fn mixed_precision(rec: &mut Recorder, v: &Values) -> Result<()> {
-    let (model, ids, targets) = small_lm(rec, 4, v.int("batch"), v.int("context"))?;
-    let mut optimizer = Adam::adamw(model.parameters(), 1e-3, 0.01);
-    let mut scaler = v.flag("amp").then(GradScaler::new);
-    for step in 1..=v.int("steps") {
-        optimizer.zero_grad(true)?;
-        let autocast = scaler.is_some().then(|| amp::autocast(DType::F16)).transpose()?;
-        let logits = model.forward(&ids)?;
-        rec.step(format!("step {step}: forward"));
-        let loss = if v.fix() {
-            let loss = model.loss(&logits, &targets)?;
-            drop(autocast);
-            loss
-        } else {
-            // The seed's mistake: the loss after the autocast block.
-            drop(autocast);
-            model.loss(&logits, &targets)?
-        };
-        rec.step(format!("step {step}: loss"));
-        match &mut scaler {
-            Some(scaler) => {
-                scaler.scale(&loss)?.backward()?;
-                rec.step(format!("step {step}: backward"));
-                now(scaler.step(&mut optimizer))??;
-                now(scaler.update())??;
+fn mixed_precision<'a>(rec: &'a mut Recorder, v: &'a Values) -> LocalFuture<'a> {
+    Box::pin(async move {
+        let (model, ids, targets) = small_lm(rec, 4, v.int("batch"), v.int("context"))?;
+        let mut optimizer = Adam::adamw(model.parameters(), 1e-3, 0.01);
+        let mut scaler = v.flag("amp").then(GradScaler::new);
+        for step in 1..=v.int("steps") {
+            optimizer.zero_grad(true)?;
+            let autocast = scaler.is_some().then(|| amp::autocast(DType::F16)).transpose()?;
+            let logits = model.forward(&ids)?;
+            rec.step(format!("step {step}: forward"));
+            let loss = if v.fix() {
+                let loss = model.loss(&logits, &targets)?;
+                drop(autocast);
+                loss
+            } else {
+                // The seed's mistake: the loss after the autocast block.
+                drop(autocast);
+                model.loss(&logits, &targets)?
+            };
+            rec.step(format!("step {step}: loss"));
+            match &mut scaler {
+                Some(scaler) => {
+                    scaler.scale(&loss)?.backward()?;
+                    rec.step(format!("step {step}: backward"));
+                    scaler.step(&mut optimizer).await?;
+                    scaler.update().await?;
+                }
+                None => {
+                    loss.backward()?;
+                    rec.step(format!("step {step}: backward"));
+                    optimizer.step()?;
+                }
             }
-            None => {
-                loss.backward()?;
-                rec.step(format!("step {step}: backward"));
-                optimizer.step()?;
-            }
+            rec.step(format!("step {step}: optimizer step"));
         }
-        rec.step(format!("step {step}: optimizer step"));
-    }
-    Ok(())
+        Ok(())
+    })
 }

@@ -4,15 +4,15 @@
 //! records full steps as a training loop does: zero_grad(set_to_none) -> forward -> loss ->
 //! backward -> optimizer step.
 
-use super::{Parameter, Recorder, Scenario, ScenarioInfo, Values};
+use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp::{self, GradScaler};
 use crate::nn::optim::{Adam, HandwrittenAdamW, Optimizer, Sgd};
-use crate::nn::{Architecture, Lm, LmConfig, Module, Transformer, TransformerConfig};
-use crate::tensor::{DType, Result, Tensor, TensorError};
-use crate::trace::Category;
+use crate::nn::{Architecture, LM_SIZE_NAMES, Lm, LmConfig, Module, Transformer, TransformerConfig};
+use crate::tensor::{DType, Result, Tensor};
 
 /// GPT-2's published sizes: (name, d_model, layers, heads); d_ff is 4 x d_model.
 const GPT2_SIZES: [(&str, usize, usize, usize); 4] = [("small", 768, 12, 12), ("medium", 1024, 24, 16), ("large", 1280, 36, 20), ("xl", 1600, 48, 25)];
+const GPT2_NAMES: [&str; 4] = [GPT2_SIZES[0].0, GPT2_SIZES[1].0, GPT2_SIZES[2].0, GPT2_SIZES[3].0];
 
 /// The Llama-style 7B of the `oom` scenario: (d_model, d_ff, layers, heads, vocabulary).
 const LLAMA_7B: (usize, usize, usize, usize, usize) = (4096, 11008, 32, 32, 32_000);
@@ -46,8 +46,6 @@ fn training_parameters(
 }
 
 pub(super) fn scenarios() -> Vec<Scenario> {
-    const LM_NAMES: &[&str] = &["small", "medium", "large", "xl", "2.7b"];
-    const GPT2_NAMES: &[&str] = &["small", "medium", "large", "xl"];
     vec![
         Scenario {
             info: ScenarioInfo {
@@ -60,17 +58,18 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                               moments and three temporaries are live at once. Parameters, gradients and AdamW's two moments are \
                               4 x the model's bytes before any activation: checkpointing, a smaller batch or context shrink only \
                               the activations; a lower-precision optimizer state or sharding shrinks the rest.",
-                parameters: training_parameters(LM_NAMES, "medium", "4", "128", "handwritten-adamw"),
+                parameters: training_parameters(&LM_SIZE_NAMES, "medium", "4", "128", "handwritten-adamw"),
                 variants: vec![],
             },
-            check: fits_index,
+            check: |v| fits(v, 10_000),
             fix_settings: None,
-            program: |rec, v| {
-                let dtype = dtype(v);
-                let config = LmConfig::preset(v.choice("size"), v.int("context"), dtype).expect("checked against the size list");
-                let model = Model::lm(rec, config, v.flag("checkpointing"))?;
-                train(rec, v, model)
-            },
+            program: Program::Async(|rec, v| {
+                Box::pin(async move {
+                    let config = LmConfig::preset(v.choice("size"), v.int("context"), dtype(v)).expect("checked against the size list");
+                    let model = Model::lm(rec, config, v.flag("checkpointing"))?;
+                    train(rec, v, model).await
+                })
+            }),
         },
         Scenario {
             info: ScenarioInfo {
@@ -81,32 +80,34 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                               logits (batch x context x 50,257) and the attention probabilities (batch x heads x context^2 per \
                               layer) dominate the activations; AdamW's foreach step holds a square root of every second moment \
                               at once.",
-                parameters: training_parameters(GPT2_NAMES, "small", "8", "1024", "adamw"),
+                parameters: training_parameters(&GPT2_NAMES, "small", "8", "1024", "adamw"),
                 variants: vec![],
             },
             check: |v| {
                 if v.u64("context") > 1024 {
                     return Err(format!("GPT-2's learned positions cover 1024 tokens: context={} is longer", v.u64("context")));
                 }
-                fits_index(v)
+                fits(v, 50_257)
             },
             fix_settings: None,
-            program: |rec, v| {
-                let &(_, dim, layers, heads) = GPT2_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list");
-                let config = TransformerConfig {
-                    architecture: Architecture::Gpt2,
-                    vocab: 50257,
-                    context: 1024,
-                    dim,
-                    layers,
-                    heads,
-                    hidden: 4 * dim,
-                    dropout: 0.1,
-                    dtype: dtype(v),
-                };
-                let model = Model::gpt2(rec, config)?;
-                train(rec, v, model)
-            },
+            program: Program::Async(|rec, v| {
+                Box::pin(async move {
+                    let &(_, dim, layers, heads) = GPT2_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list");
+                    let config = TransformerConfig {
+                        architecture: Architecture::Gpt2,
+                        vocab: 50257,
+                        context: 1024,
+                        dim,
+                        layers,
+                        heads,
+                        hidden: 4 * dim,
+                        dropout: 0.1,
+                        dtype: dtype(v),
+                    };
+                    let model = Model::gpt2(rec, config)?;
+                    train(rec, v, model).await
+                })
+            }),
         },
         Scenario {
             info: ScenarioInfo {
@@ -128,24 +129,33 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 ],
                 variants: vec![],
             },
-            check: fits_index,
+            check: |v| fits(v, LLAMA_7B.4 as u64),
             fix_settings: None,
-            program: |rec, v| {
-                let (dim, hidden, layers, heads, vocab) = LLAMA_7B;
-                let config = LmConfig { vocab, dim, hidden, layers, heads, context: v.int("context"), dtype: dtype(v) };
-                let model = Model::lm(rec, config, v.flag("checkpointing"))?;
-                train(rec, v, model)
-            },
+            program: Program::Async(|rec, v| {
+                Box::pin(async move {
+                    let (dim, hidden, layers, heads, vocab) = LLAMA_7B;
+                    let config = LmConfig { vocab, dim, hidden, layers, heads, context: v.int("context"), dtype: dtype(v) };
+                    let model = Model::lm(rec, config, v.flag("checkpointing"))?;
+                    train(rec, v, model).await
+                })
+            }),
         },
     ]
 }
 
-/// The token ids of a batch and its logits must stay within what tensormem indexes.
-fn fits_index(v: &Values) -> std::result::Result<(), String> {
-    let tokens = v.u64("batch").checked_mul(v.u64("context"));
-    // The widest per-token row is GPT-2's vocabulary.
-    if tokens.and_then(|t| t.checked_mul(50_257)).is_none_or(|n| n > u32::MAX as u64) {
-        return Err(format!("batch {} x context {} makes logits larger than tensormem can index", v.u64("batch"), v.u64("context")));
+/// Checks before a run: the logits (batch x context x vocabulary) must stay within what
+/// tensormem indexes, and autocast's GradScaler needs float32 parameters (PyTorch's refuses to
+/// unscale float16 gradients and has no bfloat16 kernel).
+fn fits(v: &Values, vocab: u64) -> std::result::Result<(), String> {
+    let logits = v.u64("batch").checked_mul(v.u64("context")).and_then(|t| t.checked_mul(vocab));
+    if logits.is_none_or(|n| n > u32::MAX as u64) {
+        return Err(format!("batch {} x context {} x vocabulary {vocab} makes logits larger than tensormem can index", v.u64("batch"), v.u64("context")));
+    }
+    if v.flag("amp") && v.choice("dtype") != "float32" {
+        return Err(format!(
+            "amp=true keeps float32 parameters and scales their gradients: dtype={} would make GradScaler refuse them (\"Attempting to unscale FP16 gradients.\")",
+            v.choice("dtype")
+        ));
     }
     Ok(())
 }
@@ -220,17 +230,12 @@ fn optimizer(name: &str, params: Vec<Tensor>) -> Box<dyn Optimizer> {
 }
 
 /// The warm-up step, then `steps` recorded steps, each labelled by phase.
-fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
+async fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
     let dev = rec.device.clone();
     let (batch, context, vocab) = (v.int("batch"), v.int("context"), model.vocab());
     let mut optimizer = optimizer(v.choice("optimizer"), model.parameters());
     let mut scaler = v.flag("amp").then(GradScaler::new);
-    let (ids, targets) = {
-        let _inputs = dev.category(Category::Input);
-        let ids: Vec<i64> = (0..batch * context).map(|i| (i * 7919 % vocab) as i64).collect();
-        let targets: Vec<i64> = ids.iter().map(|&t| (t + 1) % vocab as i64).collect();
-        (dev.from_slice(&ids, &[batch, context])?, dev.from_slice(&targets, &[batch, context])?)
-    };
+    let (ids, targets) = token_batch(&dev, batch, context, vocab)?;
     rec.step("model and batch");
     let steps = v.int("steps");
     for step in 0..=steps {
@@ -253,8 +258,8 @@ fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
         rec.step(label("backward"));
         match &mut scaler {
             Some(scaler) => {
-                now(scaler.step(optimizer.as_mut()))??;
-                now(scaler.update())??;
+                scaler.step(optimizer.as_mut()).await?;
+                scaler.update().await?;
             }
             None => optimizer.step()?,
         }
@@ -263,15 +268,4 @@ fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
         drop((logits, loss));
     }
     Ok(())
-}
-
-/// The value of a future that is ready at once: the gradient scaler's reads of `found_inf`
-/// on the sim device. (On a GPU they wait for the device: scenarios there run without amp.)
-pub(super) fn now<T>(future: impl std::future::Future<Output = T>) -> Result<T> {
-    let mut future = std::pin::pin!(future);
-    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-    match future.as_mut().poll(&mut context) {
-        std::task::Poll::Ready(value) => Ok(value),
-        std::task::Poll::Pending => Err(TensorError::Unsupported("amp=true runs on the sim device only (its GradScaler reads the GPU asynchronously)".into())),
-    }
 }

@@ -210,6 +210,33 @@ test('a scenario run with changed parameters shows what tensormem run --json rep
   await page.close();
 });
 
+test('a training scenario run from the page matches tensormem run, with its choices and flags as lists', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await page.selectOption('[data-testid=scenario-select]', 'lm-train');
+  assert.deepEqual(await page.locator('select[data-param=size] option').allTextContents(), ['small', 'medium', 'large', 'xl', '2.7b']);
+  await page.selectOption('select[data-param=size]', 'small');
+  await page.fill('input[data-param=batch]', '2');
+  await page.selectOption('select[data-param=checkpointing]', 'true');
+  await page.selectOption('#card-select', 'A100-40GB');
+  await page.click('[data-testid=run-scenario]');
+  await painted(page, 2);
+  const shown = JSON.parse(await page.getAttribute('#scenario-result', 'data-run'));
+  const cli = JSON.parse(execFileSync(bin, ['run', 'lm-train', '--set', 'size=small,batch=2,checkpointing=true', '--device', 'sim:A100-40GB', '--json'],
+    { encoding: 'utf8' }));
+  for (const key of ['scenario', 'parameters', 'model_parameters', 'steps', 'peak_allocated_bytes', 'peak_reserved_bytes', 'explanation']) {
+    assert.deepEqual(shown[key], cli[key], key);
+  }
+  assert.equal(Number(await page.getAttribute('[data-testid=scenario-peak-allocated]', 'data-bytes')), cli.peak_allocated_bytes);
+  // The timeline counts what the tensors requested, as a PyTorch trace does: a little less than
+  // whole blocks.
+  const requested = Number(await page.getAttribute('[data-testid=peak-allocated]', 'data-bytes'));
+  assert.ok(requested <= cli.peak_allocated_bytes && requested > 0.98 * cli.peak_allocated_bytes, `${requested}`);
+  await page.screenshot({ path: join(shots, 'scenario-lm-train.png'), fullPage: true });
+  await page.close();
+});
+
 test('a scenario runs on this browser\'s WebGPU adapter and allocates exactly as on the simulated card', async () => {
   const page = await newPage();
   await page.goto(baseUrl);

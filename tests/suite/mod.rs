@@ -636,12 +636,8 @@ pub async fn clear_errors_for_bad_input(dev: &Device) {
     assert!(x.view(&[4, -1]).unwrap_err().to_string().contains("invalid for 6 elements"));
     assert!(dev.from_slice(&[1.0f32; 5], &[2, 3]).unwrap_err().to_string().contains("cannot fill"));
     let before = dev.memory_allocated();
-    assert!(dev.zeros(&[2], DType::BF16).unwrap_err().to_string().contains("memory accounting only"));
+    assert!(dev.zeros(&[2], DType::F64).unwrap_err().to_string().contains("memory accounting only"));
     assert_eq!(dev.memory_allocated(), before, "the failed op's output was freed");
-    let sim = Device::sim(SimOptions::preset("A100-40GB"));
-    let bf16 = sim.zeros(&[4096, 4096], DType::BF16).unwrap();
-    assert_eq!(sim.memory_allocated(), 4096 * 4096 * 2, "bf16 exists on the sim device for accounting");
-    drop(bf16);
     assert!(x.to_vec::<i32>().await.unwrap_err().to_string().contains("to_vec::<int32> of a float32 tensor"));
     let limit = dev.adapter().unwrap().max_storage_buffer_binding_size;
     let too_big = dev.zeros(&[(limit / 4 + 1) as usize], DType::F32).unwrap_err().to_string();

@@ -108,16 +108,21 @@ impl Tensor {
         if target.shape()[0] != n {
             return Err(TensorError::Shape(format!("Expected input batch_size ({n}) to match target batch_size ({}).", target.shape()[0])));
         }
+        if classes == 0 {
+            return Err(TensorError::Shape("nll_loss of an input with no classes".into()));
+        }
         self.same_device(target)?;
         let out = self.device().empty_tensor(&[], self.dtype, "nll_loss")?;
         let total_weight = self.device().empty_tensor(&[], self.dtype, "nll_loss")?;
-        // It reads the targets and one log-probability per row.
-        if out.launches(&[target, &total_weight], 0) {
+        // It reads the targets and one log-probability per row (as many bytes as the targets,
+        // for float32): the sim device's clock counts the targets twice.
+        if out.launches(&[target, target], 0) {
             out.indexed("nll_loss", self, target, &total_weight, classes, n)?;
         }
         if !autograd::records(&[self]) {
             return Ok(out);
         }
+        // (total_weight is the forward's second output; Save::Input keeps any tensor as it is.)
         let saves = [Some(Save::Input(self)), Some(Save::Input(target)), Some(Save::Input(&total_weight))];
         Ok(autograd::record(
             "NllLossBackward0",
@@ -137,9 +142,9 @@ impl Tensor {
     fn nll_loss_backward(&self, shape: &[usize], target: &Tensor, total_weight: &Tensor) -> Result<Tensor> {
         let out = self.device().empty_tensor(shape, self.dtype, "nll_loss_backward")?;
         let t = values(self.dtype, self.device())?;
-        // x: the row's target, broadcast along the row; i % s: the element's class. An ignored
-        // row's target (-100) matches no class.
-        let pick = format!("select({t}(0), -y / z, u32(x) == i % u32(s))");
+        // x: the row's target, broadcast along the row, clamped as the forward clamps it; i % s:
+        // the element's class. An ignored row's target (-100) has no gradient.
+        let pick = format!("select({t}(0), -y / z, x != -100 && u32(clamp(x, 0, s - 1)) == i % u32(s))");
         out.elementwise(Entry::Ternary(pick), &[&target.view(&[-1, 1])?, self, total_weight], shape[1] as f64)?;
         Ok(out)
     }
