@@ -11,6 +11,7 @@ use super::{Embedding, Init, Linear, Module, RmsNorm, child};
 use crate::autograd::{self, checkpoint};
 use crate::device::Device;
 use crate::tensor::{DType, Result, Tensor, TensorError};
+use std::rc::Rc;
 
 /// A model size: d_model, d_ff, layers, heads.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,7 +69,8 @@ pub struct LmBlock {
 pub struct Lm {
     pub config: LmConfig,
     pub tok_embeddings: Embedding,
-    pub blocks: Vec<LmBlock>,
+    /// Shared so that a checkpointed block can be run again in backward.
+    pub blocks: Vec<Rc<LmBlock>>,
     pub norm: RmsNorm,
     pub output: Linear,
     /// Checkpoint each block (keep its input, recompute it in backward).
@@ -88,7 +90,7 @@ impl Lm {
             .map(|i| {
                 let name = format!("layers.{i}");
                 let linear = |path: &str, inputs: usize, outputs: usize| Linear::new(device, &child(&name, path), inputs, outputs, false, c.dtype);
-                Ok(LmBlock {
+                Ok(Rc::new(LmBlock {
                     wq: linear("attention.wq", c.dim, c.dim)?,
                     wk: linear("attention.wk", c.dim, c.dim)?,
                     wv: linear("attention.wv", c.dim, c.dim)?,
@@ -101,7 +103,7 @@ impl Lm {
                     heads: c.heads,
                     rope: (rope.0.share(), rope.1.share()),
                     name,
-                })
+                }))
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::new(device, "norm", c.dim, 1e-5, c.dtype)?;
@@ -121,7 +123,7 @@ impl Lm {
         let mut x = self.tok_embeddings.forward(ids)?;
         for block in &self.blocks {
             x = if self.checkpointing && autograd::is_grad_enabled() {
-                let block = block.share();
+                let block = Rc::clone(block);
                 checkpoint(move |t| block.forward(&t[0]), &[&x])?
             } else {
                 block.forward(&x)?
@@ -151,26 +153,6 @@ impl Lm {
 }
 
 impl LmBlock {
-    /// A handle to the same block (its parameters are shared handles), for checkpointing.
-    fn share(&self) -> LmBlock {
-        let linear = |l: &Linear| Linear { name: l.name.clone(), weight: l.weight.share(), bias: None };
-        let norm = |n: &RmsNorm| RmsNorm { name: n.name.clone(), weight: n.weight.share(), eps: n.eps };
-        LmBlock {
-            name: self.name.clone(),
-            wq: linear(&self.wq),
-            wk: linear(&self.wk),
-            wv: linear(&self.wv),
-            wo: linear(&self.wo),
-            w1: linear(&self.w1),
-            w2: linear(&self.w2),
-            w3: linear(&self.w3),
-            attention_norm: norm(&self.attention_norm),
-            ffn_norm: norm(&self.ffn_norm),
-            heads: self.heads,
-            rope: (self.rope.0.share(), self.rope.1.share()),
-        }
-    }
-
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _scope = x.device().module_scope(&self.name);
@@ -279,7 +261,7 @@ impl Module for LmBlock {
 impl Module for Lm {
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         let mut out = self.tok_embeddings.named_parameters();
-        out.extend(self.blocks.iter().flat_map(Module::named_parameters));
+        out.extend(self.blocks.iter().flat_map(|b| b.named_parameters()));
         out.extend(self.norm.named_parameters());
         out.extend(self.output.named_parameters());
         out

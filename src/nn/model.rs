@@ -3,8 +3,10 @@
 //! one (RoPE, RMSNorm, SwiGLU, no biases, untied head).
 
 use super::{Activation, Block, CausalSelfAttention, Embedding, Init, LayerNorm, Linear, Mlp, Module, Norm, PositionEncoding, RmsNorm, child, cross_entropy};
+use crate::autograd::{self, checkpoint};
 use crate::device::Device;
 use crate::tensor::{DType, Result, Tensor, TensorError};
+use std::rc::Rc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
@@ -50,10 +52,13 @@ pub struct Transformer {
     pub wte: Embedding,
     /// GPT-2's learned positions.
     pub wpe: Option<Embedding>,
-    pub blocks: Vec<Block>,
+    /// Shared so that a checkpointed block can be run again in backward.
+    pub blocks: Vec<Rc<Block>>,
     pub norm: Norm,
     /// None when tied to the token embedding (GPT-2).
     pub head: Option<Linear>,
+    /// Checkpoint each block (keep its input, recompute it in backward).
+    pub checkpointing: bool,
 }
 
 impl Transformer {
@@ -106,7 +111,7 @@ impl Transformer {
                         w3: Linear::new(device, &child(&ff, "w3"), c.dim, c.hidden, false, c.dtype)?,
                     }
                 };
-                Ok(Block { name, norm1, attn, norm2, mlp, dropout: c.dropout })
+                Ok(Rc::new(Block { name, norm1, attn, norm2, mlp, dropout: c.dropout }))
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = if gpt2 {
@@ -115,7 +120,7 @@ impl Transformer {
             Norm::Rms(RmsNorm::new(device, "norm", c.dim, 1e-5, c.dtype)?)
         };
         let head = if gpt2 { None } else { Some(Linear::new(device, "output", c.dim, c.vocab, false, c.dtype)?) };
-        Ok(Transformer { config, wte, wpe, blocks, norm, head })
+        Ok(Transformer { config, wte, wpe, blocks, norm, head, checkpointing: false })
     }
 
     /// ids [batch, T] (int64) -> logits [batch, T, vocab].
@@ -136,7 +141,12 @@ impl Transformer {
             x = x.dropout(self.config.dropout, training)?;
         }
         for block in &self.blocks {
-            x = block.forward(&x, training)?;
+            x = if self.checkpointing && autograd::is_grad_enabled() {
+                let block = Rc::clone(block);
+                checkpoint(move |t| block.forward(&t[0], training), &[&x])?
+            } else {
+                block.forward(&x, training)?
+            };
         }
         let x = self.norm.forward(&x)?;
         match &self.head {
@@ -161,7 +171,7 @@ impl Module for Transformer {
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         let mut out = self.wte.named_parameters();
         out.extend(self.wpe.iter().flat_map(Module::named_parameters));
-        out.extend(self.blocks.iter().flat_map(Module::named_parameters));
+        out.extend(self.blocks.iter().flat_map(|b| b.named_parameters()));
         out.extend(self.norm.named_parameters());
         out.extend(self.head.iter().flat_map(Module::named_parameters));
         out

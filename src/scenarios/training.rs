@@ -104,7 +104,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                         dropout: 0.1,
                         dtype: dtype(v),
                     };
-                    let model = Model::gpt2(rec, config)?;
+                    let model = Model::gpt2(rec, config, v.flag("checkpointing"))?;
                     train(rec, v, model).await
                 })
             }),
@@ -182,8 +182,9 @@ impl Model {
         Ok(Model::Lm(model))
     }
 
-    fn gpt2(rec: &mut Recorder, config: TransformerConfig) -> Result<Model> {
-        let model = Transformer::new(&rec.device, config)?;
+    fn gpt2(rec: &mut Recorder, config: TransformerConfig, checkpointing: bool) -> Result<Model> {
+        let mut model = Transformer::new(&rec.device, config)?;
+        model.checkpointing = checkpointing;
         rec.model_parameters = Some(model.parameter_count());
         Ok(Model::Gpt2(model))
     }
