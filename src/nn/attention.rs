@@ -137,13 +137,19 @@ impl Buffers {
     }
 }
 
-/// cos and sin [T, head size] of the rotary angles position * theta^(-2i / head size), each
-/// frequency used for both halves (the rotate-half form).
-fn rope_tables(device: &Device, t: usize, d: usize, theta: f64, dtype: DType) -> Result<(Tensor, Tensor)> {
+/// The rotary angles [T, head size / 2]: position * theta^(-2i / head size) for each of the
+/// head's frequency pairs.
+pub(super) fn rotary_angles(device: &Device, t: usize, d: usize, theta: f64) -> Result<Tensor> {
     let half = d / 2;
     let inverse: Vec<f32> = (0..half).map(|i| theta.powf(-2.0 * i as f64 / d as f64) as f32).collect();
-    let frequencies = device.from_slice(&inverse, &[half])?;
-    let angles = device.arange(t, DType::F32)?.view(&[t as isize, 1])?.mul(&frequencies.view(&[1, half as isize])?)?;
+    let frequencies = device.from_slice(&inverse, &[1, half])?;
+    device.arange(t, DType::F32)?.view(&[t as isize, 1])?.mul(&frequencies)
+}
+
+/// cos and sin [T, head size] of the rotary angles, each frequency used for both halves (the
+/// rotate-half form).
+fn rope_tables(device: &Device, t: usize, d: usize, theta: f64, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let angles = rotary_angles(device, t, d, theta)?;
     let angles = Tensor::cat(&[&angles, &angles], 1)?;
     Ok((angles.cos()?.to(dtype)?, angles.sin()?.to(dtype)?))
 }

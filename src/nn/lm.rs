@@ -7,6 +7,7 @@
 //! divide) and the loss picks each target with `gather` (which keeps the whole negated
 //! log-probabilities). RMSNorm, SwiGLU, no biases, an untied head.
 
+use super::attention::rotary_angles;
 use super::{Embedding, Init, Linear, Module, RmsNorm, child};
 use crate::autograd::{self, checkpoint};
 use crate::device::Device;
@@ -235,14 +236,11 @@ fn rotate_halves(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     Tensor::cat(&[&first, &second], -1)
 }
 
-/// cos and sin [context, head size / 2] of position * 10000^(-2i / head size): buffers.
+/// cos and sin [context, head size / 2] of the rotary angles (base 10,000): buffers.
 fn rope_tables(device: &Device, context: usize, head_size: usize, dtype: DType) -> Result<(Tensor, Tensor)> {
     let _no_grad = autograd::no_grad();
     let _scope = device.scope("rope");
-    let half = head_size / 2;
-    let inverse: Vec<f32> = (0..half).map(|i| 10_000f64.powf(-2.0 * i as f64 / head_size as f64) as f32).collect();
-    let frequencies = device.from_slice(&inverse, &[1, half])?;
-    let angles = device.arange(context, DType::F32)?.view(&[context as isize, 1])?.mul(&frequencies)?;
+    let angles = rotary_angles(device, context, head_size, 10_000.0)?;
     Ok((angles.cos()?.to(dtype)?, angles.sin()?.to(dtype)?))
 }
 

@@ -9,6 +9,7 @@ use crate::nn::optim::{Adam, Optimizer, Sgd};
 use crate::nn::{Linear, Lm, LmConfig, LstmCell, Module};
 use crate::tensor::{DType, Result, Tensor};
 use crate::trace::Category;
+use std::rc::Rc;
 
 pub(super) fn scenarios() -> Vec<Scenario> {
     let scenario = |name, title, explanation, parameters: Vec<Parameter>, variants: bool, program: Program| Scenario {
@@ -163,11 +164,10 @@ fn rnn_hidden(rec: &mut Recorder, v: &Values) -> Result<()> {
 fn cached_graph(rec: &mut Recorder, v: &Values) -> Result<()> {
     let dev = rec.device.clone();
     let (batch, width) = (v.int("batch"), v.int("width"));
-    let layer = |name: &str| Linear::new(&dev, name, width, width, true, DType::F32);
+    let layer = |name: &str| Linear::new(&dev, name, width, width, true, DType::F32).map(Rc::new);
     let (layer1, layer2) = (layer("layer1")?, layer("layer2")?);
     rec.model_parameters = Some(layer1.parameter_count() + layer2.parameter_count());
     let mut optimizer = Sgd::new(layer1.parameters().into_iter().chain(layer2.parameters()).collect(), 1e-3, 0.0, 0.0);
-    let share = |l: &Linear| Linear { name: l.name.clone(), weight: l.weight.share(), bias: l.bias.as_ref().map(Tensor::share) };
     let mut cached: Option<Tensor> = None;
     rec.step("model");
     for step in 1..=v.int("steps") {
@@ -179,7 +179,7 @@ fn cached_graph(rec: &mut Recorder, v: &Values) -> Result<()> {
         // The reentrant checkpoint passes gradients only when an input requires grad: the
         // classic workaround marks the batch.
         x.requires_grad_(true)?;
-        let (l1, l2) = (share(&layer1), share(&layer2));
+        let (l1, l2) = (Rc::clone(&layer1), Rc::clone(&layer2));
         let intermediate = checkpoint(move |t| l1.forward(&t[0])?.tanh(), &[&x])?;
         if !v.fix() {
             // self.cached_intermediate = intermediate
