@@ -94,6 +94,92 @@ fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     store_out(offset_of(i, info.out), {{FILL}});
 }
 
+// The same four over contiguous f32 operands (same shape, each starting at a multiple of 4
+// elements), four elements per invocation with 128-bit loads and stores and no index
+// arithmetic: what memory speed needs. The expression still runs per element (it may use i or
+// call scalar functions); the last, partial quad goes element by element.
+fn quads() -> u32 { return info.numel / 4u; }
+
+@compute @workgroup_size(256)
+fn binary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let q = index(gid, nwg);
+    if (q < quads()) {
+        let xs = load4_a(info.a.offset / 4u + q);
+        let ys = load4_b(info.b.offset / 4u + q);
+        var r: vec4<f32>;
+        for (var l = 0u; l < 4u; l = l + 1u) {
+            let x = {{PROMOTE}}(a_t(xs[l])); let y = {{PROMOTE}}(b_t(ys[l])); let i = q * 4u + l;
+            r[l] = f32({{BINARY}});
+        }
+        store4_out(info.out.offset / 4u + q, r);
+    } else if (q == quads()) {
+        for (var i = q * 4u; i < info.numel; i = i + 1u) {
+            let x = {{PROMOTE}}(load_a(info.a.offset + i)); let y = {{PROMOTE}}(load_b(info.b.offset + i));
+            store_out(info.out.offset + i, {{BINARY}});
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn unary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let q = index(gid, nwg);
+    let s = {{SCALAR}};
+    if (q < quads()) {
+        let xs = load4_a(info.a.offset / 4u + q);
+        var r: vec4<f32>;
+        for (var l = 0u; l < 4u; l = l + 1u) {
+            let x = a_t(xs[l]); let i = q * 4u + l;
+            r[l] = f32({{UNARY}});
+        }
+        store4_out(info.out.offset / 4u + q, r);
+    } else if (q == quads()) {
+        for (var i = q * 4u; i < info.numel; i = i + 1u) {
+            let x = load_a(info.a.offset + i);
+            store_out(info.out.offset + i, {{UNARY}});
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn ternary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let q = index(gid, nwg);
+    let s = {{SCALAR}};
+    if (q < quads()) {
+        let xs = load4_a(info.a.offset / 4u + q);
+        let ys = load4_b(info.b.offset / 4u + q);
+        let zs = load4_c(info.c.offset / 4u + q);
+        var r: vec4<f32>;
+        for (var l = 0u; l < 4u; l = l + 1u) {
+            let x = a_t(xs[l]); let y = b_t(ys[l]); let z = c_t(zs[l]); let i = q * 4u + l;
+            r[l] = f32({{TERNARY}});
+        }
+        store4_out(info.out.offset / 4u + q, r);
+    } else if (q == quads()) {
+        for (var i = q * 4u; i < info.numel; i = i + 1u) {
+            let x = load_a(info.a.offset + i); let y = load_b(info.b.offset + i); let z = load_c(info.c.offset + i);
+            store_out(info.out.offset + i, {{TERNARY}});
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn fill4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let q = index(gid, nwg);
+    let s = {{SCALAR}};
+    if (q < quads()) {
+        var r: vec4<f32>;
+        for (var l = 0u; l < 4u; l = l + 1u) {
+            let i = q * 4u + l;
+            r[l] = f32({{FILL}});
+        }
+        store4_out(info.out.offset / 4u + q, r);
+    } else if (q == quads()) {
+        for (var i = q * 4u; i < info.numel; i = i + 1u) {
+            store_out(info.out.offset + i, {{FILL}});
+        }
+    }
+}
+
 // _amp_foreach_non_finite_check_and_unscale_ on one gradient: out (the gradient itself) becomes
 // a * b (b: the inverse scale), and c (found_inf) 1 if a value is inf or NaN. Every invocation
 // that finds one writes the same 1, so their order does not matter.

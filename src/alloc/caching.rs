@@ -39,6 +39,18 @@ pub struct Allocation {
     generation: u64,
 }
 
+impl Allocation {
+    /// Memory taken straight from the device, bypassing the cache (as PyTorch's allocator does
+    /// under `PYTORCH_NO_CUDA_MEMORY_CACHING=1`): its own segment, given back on free.
+    pub fn uncached(segment: u64, size: u64) -> Allocation {
+        Allocation { ptr: segment, size, segment, block: NONE, generation: 0 }
+    }
+
+    pub fn is_uncached(&self) -> bool {
+        self.block == NONE
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
     #[error(transparent)]

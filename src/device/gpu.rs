@@ -16,6 +16,10 @@ pub struct GpuOptions {
     /// Store f16 packed in u32 words even when the adapter has `shader-f16` (the path browsers
     /// without it take; tests use this to check both).
     pub disable_native_f16: bool,
+    /// Give every tensor a buffer of its own, created when it is allocated and destroyed when
+    /// it is freed, bypassing the caching allocator (nothing is recorded), as PyTorch does under
+    /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: what an engine without a cache pays, for comparison.
+    pub uncached: bool,
 }
 
 /// What the adapter is and what it allows.
@@ -86,7 +90,8 @@ pub struct GpuContext {
     /// Commands recorded but not yet submitted.
     pub(crate) encoder: RefCell<Option<wgpu::CommandEncoder>>,
     pub(crate) pending_dispatches: Cell<u32>,
-    pub(crate) pipelines: RefCell<FxHashMap<String, std::rc::Rc<super::launch::Pipeline>>>,
+    /// Compiled pipelines by kernel and binding count (see `Kernel`: a structural key).
+    pub(crate) pipelines: RefCell<FxHashMap<(crate::kernels::Kernel, usize), std::rc::Rc<super::launch::Pipeline>>>,
     /// Readback staging buffers live and at their peak, in bytes (their own pool, like PyTorch's
     /// pinned host allocator).
     pub(crate) staging_current: Cell<u64>,

@@ -48,8 +48,7 @@ impl Device {
 
     fn pipeline(&self, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipeline>, DeviceError> {
         let ctx = self.gpu_context().expect("kernels run on GPU devices");
-        let key = kernel.key(tensors);
-        if let Some(p) = ctx.pipelines.borrow().get(&key) {
+        if let Some(p) = ctx.pipelines.borrow().get(&(kernel.clone(), tensors)) {
             return Ok(p.clone());
         }
         let source = kernel.specialize()?;
@@ -78,7 +77,7 @@ impl Device {
         // Natively a shader that does not validate is reported right here.
         ctx.take_error()?;
         let p = Rc::new(Pipeline { pipeline, layout });
-        ctx.pipelines.borrow_mut().insert(key, p.clone());
+        ctx.pipelines.borrow_mut().insert((kernel.clone(), tensors), p.clone());
         Ok(p)
     }
 
@@ -117,10 +116,12 @@ impl Device {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &meta_buffer, offset: meta_offset, size: wgpu::BufferSize::new(meta_size) }),
         }];
+        // Bindings round up to whole 16-byte quads, so an array<vec4<f32>> reaches a tensor's
+        // last, partial quad; blocks are multiples of 512 bytes, so the quad is inside the block.
         for (i, (&(_, offset, size), buffer)) in args.plan.ranges.iter().zip(&args.buffers).enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset, size: wgpu::BufferSize::new(size.next_multiple_of(4).max(4)) }),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset, size: wgpu::BufferSize::new(size.next_multiple_of(16).max(16)) }),
             });
         }
         let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.layout, entries: &entries });

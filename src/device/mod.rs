@@ -120,6 +120,8 @@ pub(crate) struct DeviceInner {
     scope_path: RefCell<Arc<str>>,
     /// While backward runs a node: where its op was recorded.
     backward_of: RefCell<Option<Origin>>,
+    /// Tensors bypass the cache (`GpuOptions::uncached`).
+    uncached: Cell<bool>,
 }
 
 /// A device handle; cheap to clone (tensors keep one).
@@ -157,7 +159,9 @@ impl Device {
         let capacity = options.capacity.unwrap_or(ctx.summary.max_buffer_size.saturating_mul(4));
         let name = format!("gpu ({}, {})", ctx.summary.name, ctx.summary.backend);
         let alloc = CachingAllocator::new(config, Segments::Gpu(segments)).with_capacity(capacity);
-        Ok(Device::from_parts(Backend::Gpu(ctx), alloc, name))
+        let device = Device::from_parts(Backend::Gpu(ctx), alloc, name);
+        device.0.uncached.set(options.uncached);
+        Ok(device)
     }
 
     /// The simulation device: same allocator, same ops and trace, no memory behind the blocks.
@@ -190,6 +194,7 @@ impl Device {
             frame_cache: RefCell::new(rustc_hash::FxHashMap::default()),
             scope_path: RefCell::new(Arc::from("")),
             backward_of: RefCell::new(None),
+            uncached: Cell::new(false),
         }))
     }
 
@@ -261,11 +266,22 @@ impl Device {
                 )));
             }
         }
+        if self.0.uncached.get() {
+            let size = bytes.max(1).next_multiple_of(512);
+            let segment = self.0.alloc.borrow_mut().source_mut().allocate(size);
+            return segment
+                .map(|s| Allocation::uncached(s, size))
+                .ok_or_else(|| DeviceError::Unsupported(format!("the adapter refused a buffer of {size} bytes")));
+        }
         let frames = self.frames(op, std::panic::Location::caller());
         Ok(self.0.alloc.borrow_mut().malloc(bytes, 0, Some(frames))?)
     }
 
     pub(crate) fn release(&self, block: &Allocation) {
+        if block.is_uncached() {
+            self.0.alloc.borrow_mut().source_mut().free(block.segment, block.size);
+            return;
+        }
         // A failure here means the block was freed twice: a bug, but not worth a panic in Drop.
         let _ = self.0.alloc.borrow_mut().free_allocation(block, None);
     }

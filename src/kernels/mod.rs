@@ -4,9 +4,11 @@
 //! pipeline by the kernel's key) and launches it (`device::gpu`). Every dispatch binds a small
 //! metadata array (shapes, strides, offsets, scalars) at binding 0 and the tensors after it.
 
+pub(crate) mod matmul;
 pub(crate) mod meta;
 
 use crate::dtype::DType;
+use std::borrow::Cow;
 pub(crate) use meta::{ElementwiseMeta, MatmulMeta, MatrixLayout, ReduceMeta, RowsMeta, Strided, WgslStruct};
 
 /// What code generation refuses: a dtype no kernel takes, operands it cannot address.
@@ -20,6 +22,7 @@ pub(crate) enum Family {
     Elementwise,
     Reduce,
     Matmul,
+    MatmulRegister,
     Rows,
 }
 
@@ -29,56 +32,104 @@ impl Family {
             Family::Elementwise => include_str!("../../shaders/elementwise.wgsl"),
             Family::Reduce => include_str!("../../shaders/reduce.wgsl"),
             Family::Matmul => include_str!("../../shaders/matmul.wgsl"),
+            Family::MatmulRegister => include_str!("../../shaders/matmul_register.wgsl"),
             Family::Rows => include_str!("../../shaders/rows.wgsl"),
         }
     }
 }
 
-/// What to compile: a family, an entry point and the values of its placeholders.
-#[derive(Debug, Clone)]
+/// What to compile: a family, an entry point and what its placeholders depend on. This is
+/// also the pipeline cache's key, so it holds the small things the WGSL is made from (dtypes,
+/// binding layout, short expressions), never the WGSL itself: a cache hit compares and hashes
+/// these and writes no source (`specialize` runs only on a miss).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Kernel {
     pub family: Family,
     pub entry: &'static str,
-    pub spec: Vec<(&'static str, String)>,
+    spec: Vec<(&'static str, Cow<'static, str>)>,
+    meta: Option<Meta>,
+    operands: Option<Operands>,
+    body: Option<matmul::RegisterTile>,
+}
+
+/// The metadata struct a kernel binds at 0: named by its WGSL name, declared on demand.
+#[derive(Debug, Clone, Copy)]
+struct Meta {
+    name: &'static str,
+    declare: fn() -> String,
+}
+
+impl PartialEq for Meta {
+    fn eq(&self, other: &Meta) -> bool {
+        self.name == other.name
+    }
+}
+impl Eq for Meta {}
+impl std::hash::Hash for Meta {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
+
+/// The operands as the declarations need them: names, dtypes, which binding each is in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Operands {
+    native_f16: bool,
+    list: Vec<(&'static str, DType)>,
+    binding_of: Vec<usize>,
+    bindings: usize,
+    vec4: Vec<&'static str>,
 }
 
 impl Kernel {
     pub fn new(family: Family, entry: &'static str) -> Kernel {
-        Kernel { family, entry, spec: Vec::new() }
+        Kernel { family, entry, spec: Vec::new(), meta: None, operands: None, body: None }
     }
 
-    pub fn with(mut self, name: &'static str, value: impl Into<String>) -> Kernel {
+    pub fn with(mut self, name: &'static str, value: impl Into<Cow<'static, str>>) -> Kernel {
         self.spec.push((name, value.into()));
         self
     }
 
     /// The family's metadata struct (see `meta`): declared in WGSL and bound at 0 as `info`.
-    pub fn with_meta<M: WgslStruct>(self) -> Kernel {
-        self.with("META", meta::declarations::<M>()).with("META_TYPE", M::NAME)
+    pub fn with_meta<M: WgslStruct>(mut self) -> Kernel {
+        self.meta = Some(Meta { name: M::NAME, declare: meta::declarations::<M> });
+        self
+    }
+
+    /// A generated register-blocked matmul body (`matmul_register.wgsl`'s BODY).
+    pub fn with_register_tile(mut self, tile: matmul::RegisterTile) -> Kernel {
+        self.body = Some(tile);
+        self
     }
 
     /// The operands, named as the shader names them (`out`, `a`, ...), in binding order: sets
     /// BUFFERS (declarations and load/store functions), ENABLE (f16) and T (the first operand's
     /// value type). `native_f16`: the adapter has `shader-f16`.
-    pub fn with_operands(self, native_f16: bool, bindings: &BindingPlan, operands: &[(&str, DType)]) -> Result<Kernel, KernelError> {
+    pub fn with_operands(self, native_f16: bool, bindings: &BindingPlan, operands: &[(&'static str, DType)]) -> Result<Kernel, KernelError> {
         self.with_operands_vec4(native_f16, bindings, operands, &[])
     }
 
     /// As `with_operands`, declaring the named f32 operands as `array<vec4<f32>>` (with
     /// `load4_x`), for kernels that load 128 bits at a time. The caller checks alignment.
-    pub fn with_operands_vec4(self, native_f16: bool, bindings: &BindingPlan, operands: &[(&str, DType)], vec4: &[&str]) -> Result<Kernel, KernelError> {
-        let enable = if native_f16 && operands.iter().any(|o| o.1 == DType::F16) { "enable f16;" } else { "" };
-        let t = value_type(operands[0].1, native_f16)?;
-        Ok(self.with("ENABLE", enable).with("T", t).with("BUFFERS", declarations(bindings, operands, native_f16, vec4)?))
-    }
-
-    /// What identifies the compiled pipeline.
-    pub fn key(&self, tensors: usize) -> String {
-        let mut key = format!("{:?}/{}/{}", self.family, self.entry, tensors);
-        for (k, v) in &self.spec {
-            key.push_str(&format!(";{k}={v}"));
+    pub fn with_operands_vec4(
+        mut self,
+        native_f16: bool,
+        bindings: &BindingPlan,
+        operands: &[(&'static str, DType)],
+        vec4: &[&'static str],
+    ) -> Result<Kernel, KernelError> {
+        for &(_, dtype) in operands {
+            value_type(dtype, native_f16)?;
         }
-        key
+        self.operands = Some(Operands {
+            native_f16,
+            list: operands.to_vec(),
+            binding_of: bindings.operands.iter().map(|o| o.0).collect(),
+            bindings: bindings.ranges.len(),
+            vec4: vec4.to_vec(),
+        });
+        Ok(self)
     }
 
     /// The family's source with every placeholder replaced.
@@ -88,7 +139,23 @@ impl Kernel {
             .source()
             .replace("{{COMMON}}", include_str!("../../shaders/common.wgsl"))
             .replace("{{INDEXING}}", include_str!("../../shaders/indexing.wgsl"));
-        for (name, value) in &self.spec {
+        let mut spec: Vec<(&str, Cow<str>)> = self.spec.iter().map(|(k, v)| (*k, Cow::Borrowed(v.as_ref()))).collect();
+        if let Some(meta) = &self.meta {
+            spec.push(("META", (meta.declare)().into()));
+            spec.push(("META_TYPE", meta.name.into()));
+        }
+        if let Some(o) = &self.operands {
+            let enable = if o.native_f16 && o.list.iter().any(|o| o.1 == DType::F16) { "enable f16;" } else { "" };
+            spec.push(("ENABLE", enable.into()));
+            spec.push(("T", value_type(o.list[0].1, o.native_f16)?.into()));
+            spec.push(("BUFFERS", declarations(o)?.into()));
+        }
+        if let Some(tile) = &self.body {
+            spec.push(("BODY", tile.body().into()));
+            spec.push(("TM", tile.rows.to_string().into()));
+            spec.push(("TN", tile.cols.to_string().into()));
+        }
+        for (name, value) in &spec {
             text = text.replace(&format!("{{{{{name}}}}}"), value);
         }
         match text.find("{{") {
@@ -136,18 +203,20 @@ fn whole_element(dtype: DType, native_f16: bool) -> Option<&'static str> {
 /// types sharing a segment) it is an array of atomic u32 words: loads extract the element, and
 /// stores of sub-word elements replace their lane with a compare-and-swap loop, since the rest of
 /// the word may belong to another invocation, or to no operand at all.
-fn declarations(bindings: &BindingPlan, operands: &[(&str, DType)], native_f16: bool, vec4: &[&str]) -> Result<String, KernelError> {
+fn declarations(o: &Operands) -> Result<String, KernelError> {
+    let (operands, native_f16, vec4) = (&o.list, o.native_f16, &o.vec4);
     let mut out = String::new();
-    let buffers = bindings.ranges.len();
+    let buffers = o.bindings;
     let mut words = vec![false; buffers];
     let mut quads = vec![false; buffers];
     for k in 0..buffers {
-        let members: Vec<usize> = (0..operands.len()).filter(|&i| bindings.operands[i].0 == k).collect();
+        let members: Vec<usize> = (0..operands.len()).filter(|&i| o.binding_of[i] == k).collect();
         let types: Vec<DType> = members.iter().map(|&i| operands[i].1).collect();
         let whole = whole_element(types[0], native_f16).filter(|_| types.iter().all(|&t| t == types[0]));
         words[k] = whole.is_none();
-        // 128-bit loads for an f32 operand that has its binding to itself.
-        quads[k] = members.len() == 1 && types[0] == DType::F32 && vec4.contains(&operands[members[0]].0);
+        // 128-bit access for a binding of f32 operands all listed (the caller checked that each
+        // starts at a multiple of 4 elements).
+        quads[k] = members.iter().all(|&i| operands[i].1 == DType::F32 && vec4.contains(&operands[i].0));
         let element = if quads[k] { "vec4<f32>" } else { whole.unwrap_or("atomic<u32>") };
         out.push_str(&format!("@group(0) @binding({}) var<storage, read_write> buf{k}: array<{element}>;\n", k + 1));
         if words[k] {
@@ -157,11 +226,12 @@ fn declarations(bindings: &BindingPlan, operands: &[(&str, DType)], native_f16: 
         }
     }
     for (i, &(name, dtype)) in operands.iter().enumerate() {
-        let k = bindings.operands[i].0;
+        let k = o.binding_of[i];
         let v = value_type(dtype, native_f16)?;
         let buf = format!("buf{k}");
         let (load, store) = if quads[k] {
             out.push_str(&format!("fn load4_{name}(i4: u32) -> vec4<f32> {{ return {buf}[i4]; }}\n"));
+            out.push_str(&format!("fn store4_{name}(i4: u32, v: vec4<f32>) {{ {buf}[i4] = v; }}\n"));
             (format!("return {buf}[i >> 2u][i & 3u];"), format!("{buf}[i >> 2u][i & 3u] = v;"))
         } else if !words[k] {
             (format!("return {buf}[i];"), format!("{buf}[i] = v;"))
@@ -193,7 +263,7 @@ fn declarations(bindings: &BindingPlan, operands: &[(&str, DType)], native_f16: 
         if !quads[k] {
             // Kernels with 128-bit loads compile with the module even when another entry runs.
             out.push_str(&format!(
-                "fn load4_{name}(i4: u32) -> vec4<f32> {{ let i = i4 * 4u; return vec4<f32>(f32(load_{name}(i)), f32(load_{name}(i + 1u)), f32(load_{name}(i + 2u)), f32(load_{name}(i + 3u))); }}\n"
+                "fn load4_{name}(i4: u32) -> vec4<f32> {{ let i = i4 * 4u; return vec4<f32>(f32(load_{name}(i)), f32(load_{name}(i + 1u)), f32(load_{name}(i + 2u)), f32(load_{name}(i + 3u))); }}\nfn store4_{name}(i4: u32, v: vec4<f32>) {{ for (var l = 0u; l < 4u; l = l + 1u) {{ store_{name}(i4 * 4u + l, {v}(v[l])); }} }}\n"
             ));
         }
         // `x_t` names operand x's value type, so shared code can convert to it.

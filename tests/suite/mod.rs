@@ -16,10 +16,11 @@ macro_rules! every_check {
             a_segment_released_under_pending_work_stays_valid_for_it,
             upload_and_readback_round_trip,
             binary_ops_broadcast_over_strided_views,
+            contiguous_float32_goes_four_elements_at_a_time,
             unary_and_scalar_ops_match_the_reference,
             in_place_ops_write_through_views_and_allocate_nothing,
             reductions_over_dims,
-            matmul_tiled_and_naive_match_the_reference,
+            matmul_variants_match_the_reference,
             float16,
             bfloat16,
             exact_memory_facts,
@@ -378,18 +379,69 @@ pub async fn matmul_allocates_what_aten_allocates(dev: &Device) {
     }
 }
 
-pub async fn matmul_tiled_and_naive_match_the_reference(dev: &Device) {
+/// Contiguous f32 operands take the four-elements-per-invocation kernels: every length mod 4
+/// (the partial last quad), starts off a 16-byte boundary (element kernels instead), in place.
+pub async fn contiguous_float32_goes_four_elements_at_a_time(dev: &Device) {
+    let mut rng = Rng(7);
+    for n in [1, 2, 3, 4, 5, 7, 8, 9, 1027] {
+        for start in [0, 1, 4] {
+            let (xd, yd, zd) = (rng.f32s(n + start), rng.f32s(n + start), rng.f32s(n + start));
+            let view = |d: &[f32]| dev.from_slice(d, &[n + start]).unwrap().narrow(0, start, n).unwrap();
+            let (x, y, z) = (view(&xd), view(&yd), view(&zd));
+            let at = |d: &[f32], i: usize| d[start + i];
+            let what = format!("n {n} from {start}");
+            let sum: Vec<f32> = (0..n).map(|i| at(&xd, i) + at(&yd, i)).collect();
+            close(&read::<f32>(&x.add(&y).unwrap()).await, &sum, 1e-6, &format!("add, {what}"));
+            let scaled: Vec<f32> = (0..n).map(|i| at(&xd, i) * 3.0).collect();
+            close(&read::<f32>(&x.mul_scalar(3.0).unwrap()).await, &scaled, 1e-6, &format!("mul_scalar, {what}"));
+            x.addcmul_(&y, &z, 0.5).unwrap();
+            let expected: Vec<f32> = (0..n).map(|i| at(&xd, i) + 0.5 * at(&yd, i) * at(&zd, i)).collect();
+            close(&read::<f32>(&x).await, &expected, 1e-6, &format!("addcmul_, {what}"));
+            y.fill_(2.5).unwrap();
+            assert_eq!(read::<f32>(&y).await, vec![2.5; n], "fill_, {what}");
+        }
+    }
+}
+
+/// Every matmul kernel variant against the CPU reference: odd shapes (edges of every tile),
+/// random views (transposed, narrowed), aligned contiguous operands (the 128-bit loads), a batch
+/// with a broadcast operand, and f16 on this device's path.
+pub async fn matmul_variants_match_the_reference(dev: &Device) {
+    use tensormem::tensor::MatmulKernel;
     let mut rng = Rng(99);
-    for case in 0..10 {
-        let (m, k, n) = (1 + rng.below(90), 1 + rng.below(40), 1 + rng.below(90));
-        let (a, a_base) = random_view(dev, &mut rng, &[m, k]);
-        let (b, b_base) = random_view(dev, &mut rng, &[k, n]);
-        let expected = reference_matmul(&gather(&a_base, a.layout()), &gather(&b_base, b.layout()), m, k, n);
-        for kind in [tensormem::tensor::MatmulKernel::Blocked, tensormem::tensor::MatmulKernel::Tiled, tensormem::tensor::MatmulKernel::Naive] {
+    for kind in MatmulKernel::ALL {
+        for case in 0..6 {
+            let (m, k, n) = (1 + rng.below(90), 1 + rng.below(40), 1 + rng.below(90));
+            let (a, a_base) = random_view(dev, &mut rng, &[m, k]);
+            let (b, b_base) = random_view(dev, &mut rng, &[k, n]);
+            let expected = reference_matmul(&gather(&a_base, a.layout()), &gather(&b_base, b.layout()), m, k, n);
             let c = a.matmul_with(&b, kind).unwrap();
             assert_eq!(c.shape(), &[m, n]);
             close(&read::<f32>(&c).await, &expected, 1e-5, &format!("case {case} {kind:?} {m}x{k}x{n}"));
         }
+        // Contiguous, k and n multiples of 4 (128-bit loads), m and n off every tile edge.
+        let (batches, m, k, n) = (3, 37, 44, 52);
+        let a_data = rng.f32s(batches * m * k);
+        let b_data = rng.f32s(k * n);
+        let a = dev.from_slice(&a_data, &[batches, m, k]).unwrap();
+        let b = dev.from_slice(&b_data, &[k, n]).unwrap();
+        // [3, m, k] @ [k, n] folds into one product; expanding b makes it a real batch.
+        let c = a.matmul_with(&b, kind).unwrap();
+        let b3 = b.unsqueeze(0).unwrap().expand(&[batches, k, n]).unwrap();
+        let c3 = a.matmul_with(&b3, kind).unwrap();
+        let expected: Vec<f32> = (0..batches).flat_map(|i| reference_matmul(&a_data[i * m * k..(i + 1) * m * k], &b_data, m, k, n)).collect();
+        close(&read::<f32>(&c).await, &expected, 1e-5, &format!("{kind:?} aligned {batches}x{m}x{k}x{n}"));
+        close(&read::<f32>(&c3).await, &expected, 1e-5, &format!("{kind:?} batched {batches}x{m}x{k}x{n}"));
+        // f16 (odd sizes: elements straddle words on the packed path), accumulated in f32.
+        let (m, k, n) = (13, 23, 19);
+        let to_f16 = |v: Vec<f32>| v.into_iter().map(half::f16::from_f32).collect::<Vec<_>>();
+        let (a16, b16) = (to_f16(rng.f32s(m * k)), to_f16(rng.f32s(k * n)));
+        let widen = |v: &[half::f16]| v.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+        let expected = reference_matmul(&widen(&a16), &widen(&b16), m, k, n);
+        let a = dev.from_slice(&a16, &[m, k]).unwrap();
+        let b = dev.from_slice(&b16, &[k, n]).unwrap();
+        let c = read::<half::f16>(&a.matmul_with(&b, kind).unwrap()).await;
+        close(&widen(&c), &expected, 2e-3, &format!("{kind:?} f16 {m}x{k}x{n}"));
     }
     // Aligned rows take 128-bit loads; a slice starting one column in cannot, and must agree.
     let (m, k, n) = (70, 36, 68);

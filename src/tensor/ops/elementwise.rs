@@ -320,18 +320,29 @@ impl Tensor {
         };
         let pick = |name: &str, trivial: &str| if name == entry_name { expr.clone() } else { trivial.to_string() };
         let out_t = values(self.dtype, &device)?;
+        // When every operand is contiguous in the same shape, index them as flat arrays: the
+        // kernel then skips the per-dimension index arithmetic; f32 operands that each start on
+        // a 16-byte boundary go four elements at a time.
+        let flat = self.is_contiguous() && layouts.iter().all(|l| l.is_contiguous());
+        let offsets = std::iter::once(self.layout.offset).chain(layouts.iter().map(|l| l.offset)).chain(std::iter::repeat(self.layout.offset));
+        let quads = flat
+            && matches!(entry_name, "unary" | "binary" | "ternary" | "fill")
+            && operands.iter().all(|t| t.dtype == DType::F32)
+            && offsets.take(4).enumerate().all(|(slot, offset)| (b.plan.base(slot) as usize + offset).is_multiple_of(4));
+        let (entry_name, vec4): (&str, &[&'static str]) = if quads {
+            (match entry_name { "unary" => "unary4", "binary" => "binary4", "ternary" => "ternary4", _ => "fill4" }, &names)
+        } else {
+            (entry_name, &[])
+        };
         let kernel = Kernel::new(Family::Elementwise, entry_name)
             .with_meta::<ElementwiseMeta>()
-            .with_operands(device.native_f16(), &b.plan, &spec)?
+            .with_operands_vec4(device.native_f16(), &b.plan, &spec, vec4)?
             .with("SCALAR", scalar_expr(scalar_type))
             .with("UNARY", pick("unary", &format!("{out_t}(x)")))
             .with("BINARY", pick("binary", &format!("{out_t}(x)")))
             .with("PROMOTE", promote)
             .with("TERNARY", pick("ternary", &format!("{out_t}(x)")))
             .with("FILL", pick("fill", &format!("{out_t}(s)")));
-        // When every operand is contiguous in the same shape, index them as flat arrays: the
-        // kernel then skips the per-dimension index arithmetic.
-        let flat = self.is_contiguous() && layouts.iter().all(|l| l.is_contiguous());
         let as_flat = |l: &Layout| Layout { shape: vec![l.numel()], strides: vec![1], offset: l.offset };
         let (out_layout, layouts) = if flat { (as_flat(&self.layout), layouts.iter().map(as_flat).collect()) } else { (self.layout.clone(), layouts) };
         let operand = |slot: usize| match layouts.get(slot) {
@@ -350,7 +361,8 @@ impl Tensor {
             seed,
             limit: 0,
         };
-        Ok(device.launch(&kernel, &meta, &b, Grid::Threads { threads: self.numel() as u64, workgroup: ELEMENTWISE_WORKGROUP })?)
+        let threads = if quads { self.numel() as u64 / 4 + 1 } else { self.numel() as u64 };
+        Ok(device.launch(&kernel, &meta, &b, Grid::Threads { threads, workgroup: ELEMENTWISE_WORKGROUP })?)
     }
 
     /// Writes `op(src)` into `self`'s elements (shapes must agree; src may broadcast).

@@ -3,6 +3,7 @@
 use super::{bind, check_u32};
 use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
+use crate::kernels::matmul::RegisterTile;
 use crate::kernels::{Family, Grid, Kernel, MatmulMeta, MatrixLayout};
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -268,7 +269,6 @@ impl Tensor {
             for t in [&a, &b, &out] {
                 check_u32(t)?;
             }
-            let tile = 16u32;
             let bound = bind(&[&out, &a, &b])?;
             // 128-bit loads when both operands' rows are contiguous and 16-byte aligned.
             let nb = batch.len();
@@ -281,18 +281,36 @@ impl Tensor {
                     && (base as usize + l.offset).is_multiple_of(4)
                     && l.strides[..nb].iter().all(|s| s.is_multiple_of(4))
             };
-            let vec4 = kind == MatmulKernel::Blocked && quad(&la, bound.plan.base(1), k, 1) && quad(&lb, bound.plan.base(2), n, 2);
-            let kernel = Kernel::new(Family::Matmul, kind.entry())
-                .with_meta::<MatmulMeta>()
-                .with("STAGE", if vec4 { "stage_vec4" } else { "stage_scalar" })
-                .with_operands_vec4(
-                    device.native_f16(),
-                    &bound.plan,
-                    &[("c", self.dtype), ("a", self.dtype), ("b", self.dtype)],
-                    if vec4 { &["a", "b"] } else { &[] },
-                )?
-                .with("ACC", "f32")
-                .with("TILE", tile.to_string());
+            let (a_vec4, b_vec4) = (quad(&la, bound.plan.base(1), k, 1), quad(&lb, bound.plan.base(2), n, 2));
+            let operands = [("c", self.dtype), ("a", self.dtype), ("b", self.dtype)];
+            let native_f16 = device.native_f16();
+            let (kernel, groups) = match kind {
+                MatmulKernel::Register { rows, cols } => {
+                    let tile = RegisterTile { rows, cols, a_vec4, b_vec4 };
+                    let vec4: Vec<&'static str> = [("a", a_vec4), ("b", b_vec4)].iter().filter(|v| v.1).map(|v| v.0).collect();
+                    let kernel = Kernel::new(Family::MatmulRegister, "registers")
+                        .with_meta::<MatmulMeta>()
+                        .with_operands_vec4(native_f16, &bound.plan, &operands, &vec4)?
+                        .with_register_tile(tile);
+                    let [x, y] = tile.groups(m, n);
+                    (kernel, [x, y, batches as u32])
+                }
+                _ => {
+                    let vec4 = kind == MatmulKernel::Blocked && a_vec4 && b_vec4;
+                    let kernel = Kernel::new(Family::Matmul, kind.entry())
+                        .with_meta::<MatmulMeta>()
+                        .with("STAGE", if vec4 { "stage_vec4" } else { "stage_scalar" })
+                        .with_operands_vec4(native_f16, &bound.plan, &operands, if vec4 { &["a", "b"] } else { &[] })?
+                        .with("ACC", "f32")
+                        .with("TILE", "16");
+                    let edge = match kind {
+                        MatmulKernel::Naive => 8,
+                        MatmulKernel::Tiled => 16,
+                        _ => 64,
+                    };
+                    (kernel, [(n as u32).div_ceil(edge), (m as u32).div_ceil(edge), batches as u32])
+                }
+            };
             // mm has no batch dimension, bmm one (its stride may be 0: a broadcast operand).
             let matrix = |l: &Layout, base: u32| MatrixLayout {
                 offset: base + l.offset as u32,
@@ -309,32 +327,44 @@ impl Tensor {
                 b: matrix(&lb, bound.plan.base(2)),
                 c: matrix(&out.layout, bound.plan.base(0)),
             };
-            let groups = match kind {
-                MatmulKernel::Naive => [(n as u32).div_ceil(8), (m as u32).div_ceil(8), batches as u32],
-                MatmulKernel::Tiled => [(n as u32).div_ceil(tile), (m as u32).div_ceil(tile), batches as u32],
-                MatmulKernel::Blocked => [(n as u32).div_ceil(64), (m as u32).div_ceil(64), batches as u32],
-            };
             device.launch(&kernel, &meta, &bound, Grid::Groups(groups))?;
         }
         Ok(out)
     }
 }
 
-/// Which matmul kernel: `matmul` picks Blocked or Tiled by size; Naive is the baseline the
-/// benchmark compares them with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which matmul kernel. `matmul` picks one per adapter and shape (see `for_shape`); Naive is
+/// the baseline the benchmark compares them with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MatmulKernel {
+    /// One invocation per output element.
     Naive,
     /// 16x16 workgroup tiles in shared memory.
     Tiled,
-    /// 64x64 tiles, 4x4 outputs per invocation in registers.
+    /// 64x64 tiles in shared memory, 4x4 outputs per invocation in registers.
     Blocked,
+    /// No shared memory: `rows` x `cols` outputs per invocation in registers, straight-line
+    /// code, 128-bit loads where the operands allow.
+    Register { rows: u32, cols: u32 },
 }
 
 impl MatmulKernel {
-    /// Register blocking pays once an m x n output fills its 64x64 tiles; small products tile.
+    /// Every variant (the tests check each against the CPU reference).
+    pub const ALL: [MatmulKernel; 6] = [
+        MatmulKernel::Naive,
+        MatmulKernel::Tiled,
+        MatmulKernel::Blocked,
+        MatmulKernel::Register { rows: 8, cols: 8 },
+        MatmulKernel::Register { rows: 4, cols: 8 },
+        MatmulKernel::Register { rows: 4, cols: 4 },
+    ];
+
+    /// The variants worth measuring for a product, the first the default.
+    pub const CANDIDATES: [MatmulKernel; 4] =
+        [MatmulKernel::Register { rows: 8, cols: 8 }, MatmulKernel::Register { rows: 4, cols: 8 }, MatmulKernel::Register { rows: 4, cols: 4 }, MatmulKernel::Blocked];
+
     fn for_shape(m: usize, n: usize) -> MatmulKernel {
-        if m >= 64 && n >= 64 { MatmulKernel::Blocked } else { MatmulKernel::Tiled }
+        if m >= 64 && n >= 64 { MatmulKernel::Register { rows: 8, cols: 8 } } else { MatmulKernel::Register { rows: 4, cols: 4 } }
     }
 
     fn entry(self) -> &'static str {
@@ -342,6 +372,15 @@ impl MatmulKernel {
             MatmulKernel::Naive => "naive",
             MatmulKernel::Tiled => "tiled",
             MatmulKernel::Blocked => "blocked",
+            MatmulKernel::Register { .. } => "register",
+        }
+    }
+
+    /// A short name: naive, tiled, blocked, register8x8.
+    pub fn name(self) -> String {
+        match self {
+            MatmulKernel::Register { rows, cols } => format!("register{rows}x{cols}"),
+            other => other.entry().to_string(),
         }
     }
 }
