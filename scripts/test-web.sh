@@ -18,6 +18,9 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
 
+# --install-only: what the browser benchmark (scripts/bench-web-gpu.sh) needs, nothing run.
+[ "${1:-}" = "--install-only" ] && exit 0
+
 echo "== wasm tests in headless Chromium (WebGPU)"
 export CHROMEDRIVER=/usr/bin/chromedriver
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner

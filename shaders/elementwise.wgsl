@@ -56,66 +56,73 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 256u;
 }
 
+// Each entry's expression as a function of one element's values and linear index i.
+fn binary_op(a_value: a_t, b_value: b_t, i: u32) -> out_t {
+    let x = {{PROMOTE}}(a_value);
+    let y = {{PROMOTE}}(b_value);
+    return {{BINARY}};
+}
+
+fn unary_op(x: a_t, i: u32) -> out_t {
+    let s = {{SCALAR}};
+    return {{UNARY}};
+}
+
+fn ternary_op(x: a_t, y: b_t, z: c_t, i: u32) -> out_t {
+    let s = {{SCALAR}};
+    return {{TERNARY}};
+}
+
+fn fill_op(i: u32) -> out_t {
+    let s = {{SCALAR}};
+    return {{FILL}};
+}
+
 @compute @workgroup_size(256)
 fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
-    let x = {{PROMOTE}}(load_a(offset_of(i, info.a)));
-    let y = {{PROMOTE}}(load_b(offset_of(i, info.b)));
-    store_out(offset_of(i, info.out), {{BINARY}});
+    store_out(offset_of(i, info.out), binary_op(load_a(offset_of(i, info.a)), load_b(offset_of(i, info.b)), i));
 }
 
 @compute @workgroup_size(256)
 fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
-    let x = load_a(offset_of(i, info.a));
-    let s = {{SCALAR}};
-    store_out(offset_of(i, info.out), {{UNARY}});
+    store_out(offset_of(i, info.out), unary_op(load_a(offset_of(i, info.a)), i));
 }
 
 @compute @workgroup_size(256)
 fn ternary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
-    let x = load_a(offset_of(i, info.a));
-    let y = load_b(offset_of(i, info.b));
-    let z = load_c(offset_of(i, info.c));
-    let s = {{SCALAR}};
-    store_out(offset_of(i, info.out), {{TERNARY}});
+    store_out(offset_of(i, info.out), ternary_op(load_a(offset_of(i, info.a)), load_b(offset_of(i, info.b)), load_c(offset_of(i, info.c)), i));
 }
 
-// Writes the scalar everywhere (fill_, zeros, ones, full).
+// Writes the scalar everywhere (fill_, zeros, ones, full), or random numbers.
 @compute @workgroup_size(256)
 fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
-    let s = {{SCALAR}};
-    store_out(offset_of(i, info.out), {{FILL}});
+    store_out(offset_of(i, info.out), fill_op(i));
 }
 
 // The same four over contiguous f32 operands (same shape, each starting at a multiple of 4
 // elements), four elements per invocation with 128-bit loads and stores and no index
-// arithmetic: what memory speed needs. The expression still runs per element (it may use i or
-// call scalar functions); the last, partial quad goes element by element.
-fn quads() -> u32 { return info.numel / 4u; }
-
+// arithmetic: what memory speed needs. Invocation q = numel / 4 does the last, partial quad
+// element by element.
 @compute @workgroup_size(256)
 fn binary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let q = index(gid, nwg);
-    if (q < quads()) {
-        let xs = load4_a(info.a.offset / 4u + q);
-        let ys = load4_b(info.b.offset / 4u + q);
-        var r: vec4<f32>;
-        for (var l = 0u; l < 4u; l = l + 1u) {
-            let x = {{PROMOTE}}(a_t(xs[l])); let y = {{PROMOTE}}(b_t(ys[l])); let i = q * 4u + l;
-            r[l] = f32({{BINARY}});
-        }
-        store4_out(info.out.offset / 4u + q, r);
-    } else if (q == quads()) {
-        for (var i = q * 4u; i < info.numel; i = i + 1u) {
-            let x = {{PROMOTE}}(load_a(info.a.offset + i)); let y = {{PROMOTE}}(load_b(info.b.offset + i));
-            store_out(info.out.offset + i, {{BINARY}});
+    let i = q * 4u;
+    if (i + 4u <= info.numel) {
+        let x = load4_a(info.a.offset / 4u + q);
+        let y = load4_b(info.b.offset / 4u + q);
+        store4_out(info.out.offset / 4u + q, vec4<f32>(f32(binary_op(a_t(x[0]), b_t(y[0]), i)), f32(binary_op(a_t(x[1]), b_t(y[1]), i + 1u)),
+            f32(binary_op(a_t(x[2]), b_t(y[2]), i + 2u)), f32(binary_op(a_t(x[3]), b_t(y[3]), i + 3u))));
+    } else {
+        for (var j = i; j < info.numel; j = j + 1u) {
+            store_out(info.out.offset + j, binary_op(load_a(info.a.offset + j), load_b(info.b.offset + j), j));
         }
     }
 }
@@ -123,19 +130,14 @@ fn binary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 @compute @workgroup_size(256)
 fn unary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let q = index(gid, nwg);
-    let s = {{SCALAR}};
-    if (q < quads()) {
-        let xs = load4_a(info.a.offset / 4u + q);
-        var r: vec4<f32>;
-        for (var l = 0u; l < 4u; l = l + 1u) {
-            let x = a_t(xs[l]); let i = q * 4u + l;
-            r[l] = f32({{UNARY}});
-        }
-        store4_out(info.out.offset / 4u + q, r);
-    } else if (q == quads()) {
-        for (var i = q * 4u; i < info.numel; i = i + 1u) {
-            let x = load_a(info.a.offset + i);
-            store_out(info.out.offset + i, {{UNARY}});
+    let i = q * 4u;
+    if (i + 4u <= info.numel) {
+        let x = load4_a(info.a.offset / 4u + q);
+        store4_out(info.out.offset / 4u + q, vec4<f32>(f32(unary_op(a_t(x[0]), i)), f32(unary_op(a_t(x[1]), i + 1u)),
+            f32(unary_op(a_t(x[2]), i + 2u)), f32(unary_op(a_t(x[3]), i + 3u))));
+    } else {
+        for (var j = i; j < info.numel; j = j + 1u) {
+            store_out(info.out.offset + j, unary_op(load_a(info.a.offset + j), j));
         }
     }
 }
@@ -143,21 +145,17 @@ fn unary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 @compute @workgroup_size(256)
 fn ternary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let q = index(gid, nwg);
-    let s = {{SCALAR}};
-    if (q < quads()) {
-        let xs = load4_a(info.a.offset / 4u + q);
-        let ys = load4_b(info.b.offset / 4u + q);
-        let zs = load4_c(info.c.offset / 4u + q);
-        var r: vec4<f32>;
-        for (var l = 0u; l < 4u; l = l + 1u) {
-            let x = a_t(xs[l]); let y = b_t(ys[l]); let z = c_t(zs[l]); let i = q * 4u + l;
-            r[l] = f32({{TERNARY}});
-        }
-        store4_out(info.out.offset / 4u + q, r);
-    } else if (q == quads()) {
-        for (var i = q * 4u; i < info.numel; i = i + 1u) {
-            let x = load_a(info.a.offset + i); let y = load_b(info.b.offset + i); let z = load_c(info.c.offset + i);
-            store_out(info.out.offset + i, {{TERNARY}});
+    let i = q * 4u;
+    if (i + 4u <= info.numel) {
+        let x = load4_a(info.a.offset / 4u + q);
+        let y = load4_b(info.b.offset / 4u + q);
+        let z = load4_c(info.c.offset / 4u + q);
+        store4_out(info.out.offset / 4u + q, vec4<f32>(f32(ternary_op(a_t(x[0]), b_t(y[0]), c_t(z[0]), i)),
+            f32(ternary_op(a_t(x[1]), b_t(y[1]), c_t(z[1]), i + 1u)), f32(ternary_op(a_t(x[2]), b_t(y[2]), c_t(z[2]), i + 2u)),
+            f32(ternary_op(a_t(x[3]), b_t(y[3]), c_t(z[3]), i + 3u))));
+    } else {
+        for (var j = i; j < info.numel; j = j + 1u) {
+            store_out(info.out.offset + j, ternary_op(load_a(info.a.offset + j), load_b(info.b.offset + j), load_c(info.c.offset + j), j));
         }
     }
 }
@@ -165,17 +163,12 @@ fn ternary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 @compute @workgroup_size(256)
 fn fill4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let q = index(gid, nwg);
-    let s = {{SCALAR}};
-    if (q < quads()) {
-        var r: vec4<f32>;
-        for (var l = 0u; l < 4u; l = l + 1u) {
-            let i = q * 4u + l;
-            r[l] = f32({{FILL}});
-        }
-        store4_out(info.out.offset / 4u + q, r);
-    } else if (q == quads()) {
-        for (var i = q * 4u; i < info.numel; i = i + 1u) {
-            store_out(info.out.offset + i, {{FILL}});
+    let i = q * 4u;
+    if (i + 4u <= info.numel) {
+        store4_out(info.out.offset / 4u + q, vec4<f32>(f32(fill_op(i)), f32(fill_op(i + 1u)), f32(fill_op(i + 2u)), f32(fill_op(i + 3u))));
+    } else {
+        for (var j = i; j < info.numel; j = j + 1u) {
+            store_out(info.out.offset + j, fill_op(j));
         }
     }
 }

@@ -10,6 +10,7 @@
 pub mod alloc;
 pub mod amp;
 pub mod autograd;
+pub mod bench;
 pub mod device;
 pub mod dtype;
 pub(crate) mod kernels;

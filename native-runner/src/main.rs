@@ -117,11 +117,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Matmul (tiled vs naive kernel), elementwise bandwidth, and the caching allocator vs
-    /// creating a buffer per tensor, measured in one run on the first adapter.
+    /// Engine speed on the first adapter, each figure beside a baseline measured in the same
+    /// run: matmul kernels vs the naive one, elementwise add vs the device's buffer copy, small
+    /// ops with outputs from the caching allocator vs a fresh buffer each.
     Bench {
         /// Square matmul sizes.
-        #[arg(long, value_delimiter = ',', default_values_t = [128usize, 256, 512])]
+        #[arg(long, value_delimiter = ',', default_values_t = [256usize, 512, 1024])]
         sizes: Vec<usize>,
         #[arg(long)]
         json: bool,
@@ -311,35 +312,26 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Serve { file, port, host, root } => serve::run(file.as_deref(), &host, port, root.as_deref()).map_err(|e| Failure(e, 1)),
         Command::Bench { sizes, json } => {
             let dev = open_gpu()?;
-            let report = bench::run(&dev, &sizes, &mut |step| {
-                if !json {
-                    eprintln!("  {step}...");
+            // A spinner naming the step on a terminal; nothing under --json or into a pipe.
+            let spinner = (!json && std::io::stderr().is_terminal()).then(|| {
+                let s = ProgressBar::new_spinner();
+                s.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").unwrap());
+                s.enable_steady_tick(std::time::Duration::from_millis(120));
+                s
+            });
+            let report = pollster::block_on(tensormem::bench::run(&dev, &bench::options(&sizes), &mut |step| {
+                if let Some(s) = &spinner {
+                    s.set_message(step.to_string());
                 }
-            })
+            }))
             .map_err(|e| Failure(e, 1))?;
+            if let Some(s) = spinner {
+                s.finish_and_clear();
+            }
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
-                println!("adapter: {}", report.adapter);
-                for m in &report.matmul {
-                    println!(
-                        "matmul {}x{}x{}: register-blocked {:.2} GFLOP/s, tiled {:.2}, naive {:.2} (best vs naive {:.2}x)",
-                        m.m,
-                        m.n,
-                        m.k,
-                        m.blocked_gflops,
-                        m.tiled_gflops,
-                        m.naive_gflops,
-                        m.gflops / m.naive_gflops
-                    );
-                }
-                println!("elementwise: {:.2} GB/s", report.elementwise_gbps);
-                println!(
-                    "1 MiB tensor: cached alloc+free {:.0}/s, wgpu create+destroy buffer {:.0}/s ({:.0}x)",
-                    report.alloc_free_per_s,
-                    report.create_buffer_per_s,
-                    report.alloc_free_per_s / report.create_buffer_per_s
-                );
+                bench::print(&report);
             }
             Ok(())
         }

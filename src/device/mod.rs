@@ -466,24 +466,6 @@ impl Device {
         }
         Ok(())
     }
-
-    /// Seconds to create and destroy a raw wgpu buffer of `size` bytes, averaged over `count`:
-    /// the cost the caching allocator saves (benchmark baseline).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn time_buffer_creation(&self, size: u64, count: u32) -> Option<f64> {
-        let g = self.gpu_context()?;
-        let start = std::time::Instant::now();
-        for _ in 0..count {
-            let b = g.device.create_buffer(&wgpu::BufferDescriptor {
-                label: None,
-                size,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            b.destroy();
-        }
-        Some(start.elapsed().as_secs_f64() / count as f64)
-    }
 }
 
 /// Restores the labelling in force before [`Device::backward_of`].

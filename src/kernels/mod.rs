@@ -8,8 +8,8 @@ pub(crate) mod matmul;
 pub(crate) mod meta;
 
 use crate::dtype::DType;
-use std::borrow::Cow;
 pub(crate) use meta::{ElementwiseMeta, MatmulMeta, MatrixLayout, ReduceMeta, RowsMeta, Strided, WgslStruct};
+use std::borrow::Cow;
 
 /// What code generation refuses: a dtype no kernel takes, operands it cannot address.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

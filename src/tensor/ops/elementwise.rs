@@ -330,7 +330,15 @@ impl Tensor {
             && operands.iter().all(|t| t.dtype == DType::F32)
             && offsets.take(4).enumerate().all(|(slot, offset)| (b.plan.base(slot) as usize + offset).is_multiple_of(4));
         let (entry_name, vec4): (&str, &[&'static str]) = if quads {
-            (match entry_name { "unary" => "unary4", "binary" => "binary4", "ternary" => "ternary4", _ => "fill4" }, &names)
+            (
+                match entry_name {
+                    "unary" => "unary4",
+                    "binary" => "binary4",
+                    "ternary" => "ternary4",
+                    _ => "fill4",
+                },
+                &names,
+            )
         } else {
             (entry_name, &[])
         };

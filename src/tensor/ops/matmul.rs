@@ -360,10 +360,15 @@ impl MatmulKernel {
     ];
 
     /// The variants worth measuring for a product, the first the default.
-    pub const CANDIDATES: [MatmulKernel; 4] =
-        [MatmulKernel::Register { rows: 8, cols: 8 }, MatmulKernel::Register { rows: 4, cols: 8 }, MatmulKernel::Register { rows: 4, cols: 4 }, MatmulKernel::Blocked];
+    pub const CANDIDATES: [MatmulKernel; 4] = [
+        MatmulKernel::Register { rows: 8, cols: 8 },
+        MatmulKernel::Register { rows: 4, cols: 8 },
+        MatmulKernel::Register { rows: 4, cols: 4 },
+        MatmulKernel::Blocked,
+    ];
 
-    fn for_shape(m: usize, n: usize) -> MatmulKernel {
+    /// The kernel `matmul` uses for an m x n output.
+    pub(crate) fn for_shape(m: usize, n: usize) -> MatmulKernel {
         if m >= 64 && n >= 64 { MatmulKernel::Register { rows: 8, cols: 8 } } else { MatmulKernel::Register { rows: 4, cols: 4 } }
     }
 

@@ -1,0 +1,179 @@
+//! Engine speed, each figure beside a baseline measured in the same run on the same adapter, so
+//! that ratios hold across machines: matmul against the naive one-thread-per-output kernel,
+//! elementwise against the device's own `copy_buffer_to_buffer`, a loop of small ops whose
+//! outputs come from the caching allocator against the same loop on a device that creates and
+//! destroys a buffer per tensor. Runs natively (`tensormem bench`) and in the browser.
+
+use crate::device::{Device, GpuOptions};
+use crate::tensor::MatmulKernel;
+use crate::{DType, Tensor};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MatmulFigure {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// The kernel `matmul` picks for this shape, and its speed.
+    pub kernel: String,
+    pub gflops: f64,
+    /// The baseline: one invocation per output element.
+    pub naive_gflops: f64,
+    /// Every optimised variant's speed, by name.
+    pub variants: BTreeMap<String, f64>,
+}
+
+/// Bandwidths count the bytes read plus the bytes written (a copy of n bytes moves 2n, an add
+/// of n floats 12n), as CUDA's bandwidthTest and STREAM count them.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub adapter: String,
+    pub matmul: Vec<MatmulFigure>,
+    /// The device's own buffer-to-buffer copy: the practical ceiling for elementwise kernels.
+    pub copy_gbps: f64,
+    /// `x + y` on contiguous f32 tensors of `elementwise_elements` elements.
+    pub elementwise_gbps: f64,
+    pub elementwise_elements: usize,
+    /// Small ops (an add of 64 Ki f32) per second, outputs from the caching allocator ...
+    pub cached_op_loop_per_s: f64,
+    /// ... and the same loop with a fresh buffer created (and destroyed) per output.
+    pub fresh_buffer_op_loop_per_s: f64,
+    /// Allocation and free of a 1 MiB tensor through the caching allocator, per second.
+    pub alloc_free_per_s: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Square matmul sizes.
+    pub sizes: Vec<usize>,
+    pub elementwise_elements: usize,
+    /// Seconds to spend on each figure (at least two calls are timed).
+    pub budget_s: f64,
+}
+
+impl Default for BenchOptions {
+    fn default() -> BenchOptions {
+        BenchOptions { sizes: vec![256, 512, 1024], elementwise_elements: 16 << 20, budget_s: 1.0 }
+    }
+}
+
+/// Seconds since some fixed point: the wall clock the browser or the OS offers.
+fn now_s() -> f64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        js_sys::Date::now() / 1000.0
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use std::sync::OnceLock;
+        static START: OnceLock<std::time::Instant> = OnceLock::new();
+        START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+    }
+}
+
+fn text(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// Seconds per call of `f`, after one untimed call (compiling pipelines), calling until `budget`
+/// seconds have passed and at least `min_calls` times; the GPU is waited for every `batch` calls
+/// and at the end, so queued work is paid for.
+async fn time_per_call(dev: &Device, budget: f64, min_calls: u32, batch: u32, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    f()?;
+    dev.wait().await.map_err(text)?;
+    let start = now_s();
+    let mut calls = 0;
+    while calls < min_calls || now_s() - start < budget {
+        f()?;
+        calls += 1;
+        if calls % batch == 0 {
+            dev.wait().await.map_err(text)?;
+        }
+    }
+    dev.wait().await.map_err(text)?;
+    Ok((now_s() - start) / calls as f64)
+}
+
+fn filled(dev: &Device, shape: &[usize]) -> Result<Tensor, String> {
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 1000.0).collect();
+    dev.from_slice(&data, shape).map_err(text)
+}
+
+/// Runs every measurement on `dev` (a GPU device), reporting each step to `progress`.
+pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<BenchReport, String> {
+    let ctx = dev.gpu_context().ok_or("the benchmark needs a GPU device")?;
+    let adapter = dev.adapter().map(|a| format!("{} ({}, {})", a.name, a.backend, a.device_type)).unwrap_or_default();
+    let budget = options.budget_s;
+    let mut matmul = Vec::new();
+    for &s in &options.sizes {
+        let (a, b) = (filled(dev, &[s, s])?, filled(dev, &[s, s])?);
+        let gflops = |seconds: f64| 2.0 * (s as f64).powi(3) / seconds / 1e9;
+        let mut variants = BTreeMap::new();
+        for kind in MatmulKernel::ALL {
+            progress(&format!("matmul {s}x{s}x{s}: {}", kind.name()));
+            // The naive kernel takes seconds at 1024 on CPU adapters: time it once.
+            let seconds = time_per_call(dev, budget, 2, 4, || a.matmul_with(&b, kind).map(drop).map_err(text)).await?;
+            variants.insert(kind.name(), gflops(seconds));
+        }
+        let picked = MatmulKernel::for_shape(s, s).name();
+        let naive_gflops = variants.remove("naive").unwrap_or_default();
+        matmul.push(MatmulFigure { m: s, n: s, k: s, gflops: variants[&picked], kernel: picked, naive_gflops, variants });
+    }
+
+    let n = options.elementwise_elements;
+    progress(&format!("copy_buffer_to_buffer of {} MiB", (n * 4) >> 20));
+    let bytes = (n * 4) as u64;
+    let buffer = || {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tensormem bench copy"),
+            size: bytes,
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    };
+    let (from, to) = (buffer(), buffer());
+    let copy = time_per_call(dev, budget, 4, 4, || {
+        ctx.record(|e| e.copy_buffer_to_buffer(&from, 0, &to, 0, bytes));
+        Ok(())
+    })
+    .await?;
+    from.destroy();
+    to.destroy();
+    let copy_gbps = 2.0 * bytes as f64 / copy / 1e9;
+
+    progress(&format!("elementwise add of {n} f32"));
+    let (x, y) = (filled(dev, &[n])?, filled(dev, &[n])?);
+    let add = time_per_call(dev, budget, 4, 4, || x.add(&y).map(drop).map_err(text)).await?;
+    let elementwise_gbps = 12.0 * n as f64 / add / 1e9;
+    drop((x, y));
+
+    progress("small-op loop, cached and fresh buffers");
+    let small_op_loop = async |dev: &Device| -> Result<f64, String> {
+        let x = filled(dev, &[64 << 10])?;
+        let seconds = time_per_call(dev, budget, 100, 64, || x.add(&x).map(drop).map_err(text)).await?;
+        Ok(1.0 / seconds)
+    };
+    let cached_op_loop_per_s = small_op_loop(dev).await?;
+    let fresh = Device::gpu(GpuOptions { uncached: true, ..Default::default() }).await.map_err(text)?;
+    let fresh_buffer_op_loop_per_s = small_op_loop(&fresh).await?;
+
+    progress("allocator: alloc + free of 1 MiB");
+    let count = 20_000;
+    let start = now_s();
+    for _ in 0..count {
+        drop(dev.empty(&[1 << 18], DType::F32).map_err(text)?);
+    }
+    let alloc_free_per_s = count as f64 / (now_s() - start);
+    Ok(BenchReport {
+        adapter,
+        matmul,
+        copy_gbps,
+        elementwise_gbps,
+        elementwise_elements: n,
+        cached_op_loop_per_s,
+        fresh_buffer_op_loop_per_s,
+        alloc_free_per_s,
+    })
+}
