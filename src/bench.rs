@@ -113,7 +113,7 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
         let mut variants = BTreeMap::new();
         for kind in MatmulKernel::ALL {
             progress(&format!("matmul {s}x{s}x{s}: {}", kind.name()));
-            // The naive kernel takes seconds at 1024 on CPU adapters: time it once.
+            // Two calls at least, even when one takes seconds (the naive kernel at 1024 on CPUs).
             let seconds = time_per_call(dev, budget, 2, 4, || a.matmul_with(&b, kind).map(drop).map_err(text)).await?;
             variants.insert(kind.name(), gflops(seconds));
         }

@@ -90,8 +90,8 @@ pub struct GpuContext {
     /// Commands recorded but not yet submitted.
     pub(crate) encoder: RefCell<Option<wgpu::CommandEncoder>>,
     pub(crate) pending_dispatches: Cell<u32>,
-    /// Compiled pipelines by kernel and binding count (see `Kernel`: a structural key).
-    pub(crate) pipelines: RefCell<FxHashMap<(crate::kernels::Kernel, usize), std::rc::Rc<super::launch::Pipeline>>>,
+    /// Compiled pipelines by kernel (see `Kernel`: a structural key, binding count included).
+    pub(crate) pipelines: RefCell<FxHashMap<crate::kernels::Kernel, std::rc::Rc<super::launch::Pipeline>>>,
     /// Readback staging buffers live and at their peak, in bytes (their own pool, like PyTorch's
     /// pinned host allocator).
     pub(crate) staging_current: Cell<u64>,

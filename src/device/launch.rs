@@ -46,11 +46,13 @@ impl Device {
         self.adapter().is_some_and(|a| a.native_f16)
     }
 
-    fn pipeline(&self, kernel: &Kernel, tensors: usize) -> Result<Rc<Pipeline>, DeviceError> {
+    fn pipeline(&self, kernel: &Kernel) -> Result<Rc<Pipeline>, DeviceError> {
         let ctx = self.gpu_context().expect("kernels run on GPU devices");
-        if let Some(p) = ctx.pipelines.borrow().get(&(kernel.clone(), tensors)) {
+        // A hit hashes the kernel's description; nothing is cloned or written.
+        if let Some(p) = ctx.pipelines.borrow().get(kernel) {
             return Ok(p.clone());
         }
+        let tensors = kernel.bindings();
         let source = kernel.specialize()?;
         let label = format!("{:?}/{}", kernel.family, kernel.entry);
         let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) });
@@ -77,7 +79,7 @@ impl Device {
         // Natively a shader that does not validate is reported right here.
         ctx.take_error()?;
         let p = Rc::new(Pipeline { pipeline, layout });
-        ctx.pipelines.borrow_mut().insert((kernel.clone(), tensors), p.clone());
+        ctx.pipelines.borrow_mut().insert(kernel.clone(), p.clone());
         Ok(p)
     }
 
@@ -110,7 +112,8 @@ impl Device {
         if let Some(r) = args.plan.ranges.iter().find(|r| r.2 > limit) {
             return Err(DeviceError::Unsupported(format!("operands span {} bytes of one segment, more than max_storage_buffer_binding_size ({limit})", r.2)));
         }
-        let p = self.pipeline(kernel, args.plan.ranges.len())?;
+        debug_assert_eq!(kernel.bindings(), args.plan.ranges.len(), "the kernel was specialised for these bindings");
+        let p = self.pipeline(kernel)?;
         let (meta_buffer, meta_offset, meta_size) = ctx.metadata_slot(bytemuck::bytes_of(meta))?;
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,

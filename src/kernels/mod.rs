@@ -132,6 +132,11 @@ impl Kernel {
         Ok(self)
     }
 
+    /// How many tensor bindings the kernel declares (after the metadata at 0).
+    pub fn bindings(&self) -> usize {
+        self.operands.as_ref().map_or(0, |o| o.bindings)
+    }
+
     /// The family's source with every placeholder replaced.
     pub fn specialize(&self) -> Result<String, KernelError> {
         let mut text = self

@@ -288,7 +288,7 @@ impl Tensor {
                 MatmulKernel::Register { rows, cols } => {
                     let tile = RegisterTile { rows, cols, a_vec4, b_vec4 };
                     let vec4: Vec<&'static str> = [("a", a_vec4), ("b", b_vec4)].iter().filter(|v| v.1).map(|v| v.0).collect();
-                    let kernel = Kernel::new(Family::MatmulRegister, "registers")
+                    let kernel = Kernel::new(Family::MatmulRegister, kind.entry())
                         .with_meta::<MatmulMeta>()
                         .with_operands_vec4(native_f16, &bound.plan, &operands, &vec4)?
                         .with_register_tile(tile);
@@ -359,14 +359,6 @@ impl MatmulKernel {
         MatmulKernel::Register { rows: 4, cols: 4 },
     ];
 
-    /// The variants worth measuring for a product, the first the default.
-    pub const CANDIDATES: [MatmulKernel; 4] = [
-        MatmulKernel::Register { rows: 8, cols: 8 },
-        MatmulKernel::Register { rows: 4, cols: 8 },
-        MatmulKernel::Register { rows: 4, cols: 4 },
-        MatmulKernel::Blocked,
-    ];
-
     /// The kernel `matmul` uses for an m x n output.
     pub(crate) fn for_shape(m: usize, n: usize) -> MatmulKernel {
         if m >= 64 && n >= 64 { MatmulKernel::Register { rows: 8, cols: 8 } } else { MatmulKernel::Register { rows: 4, cols: 4 } }
@@ -377,7 +369,7 @@ impl MatmulKernel {
             MatmulKernel::Naive => "naive",
             MatmulKernel::Tiled => "tiled",
             MatmulKernel::Blocked => "blocked",
-            MatmulKernel::Register { .. } => "register",
+            MatmulKernel::Register { .. } => "registers",
         }
     }
 
