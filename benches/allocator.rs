@@ -5,6 +5,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 use tensormem::alloc::{AllocatorConfig, VirtualAllocator};
 use tensormem::replay::{ReplayOptions, replay_device};
+use tensormem::{DType, Device, SimOptions};
 
 /// Runs `f` (which does `per_call` units of work) until about a second has passed; units/s.
 fn rate(per_call: u64, mut f: impl FnMut()) -> f64 {
@@ -76,6 +77,16 @@ fn main() {
         }
     });
     println!("malloc+free pairs (256 live, churn):    {:>8.2} M/s", churn / 1e6);
+
+    // The same one-live loop through the sim device, as a program does it: a tensor created and
+    // dropped, its stack (op and call site) looked up and the trace recorded.
+    let dev = Device::sim(SimOptions::preset("H100-80GB"));
+    let tensors = rate(sizes.len() as u64, || {
+        for &s in &sizes {
+            black_box(dev.empty(&[s as usize / 4 + 1], DType::F32).unwrap());
+        }
+    });
+    println!("sim device tensor create+drop (traced): {:>8.2} M/s", tensors / 1e6);
 
     let dir = std::env::var("TENSORMEM_FIXTURES").unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/pytorch-snapshots").into());
     let path = std::path::Path::new(&dir).join("gpt-medium-ctx128-training.pickle");
