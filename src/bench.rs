@@ -4,7 +4,7 @@
 //! outputs come from the caching allocator against the same loop on a device that creates and
 //! destroys a buffer per tensor. Runs natively (`tensormem bench`) and in the browser.
 
-use crate::device::{Device, GpuOptions};
+use crate::device::{Device, GpuOptions, now_s};
 use crate::tensor::MatmulKernel;
 use crate::{DType, Tensor};
 use serde::Serialize;
@@ -22,6 +22,9 @@ pub struct MatmulFigure {
     pub naive_gflops: f64,
     /// Every optimised variant's speed, by name.
     pub variants: BTreeMap<String, f64>,
+    /// What measuring the candidates costs the first use of this class of shapes on an adapter
+    /// (pipelines compiled, each timed once or more); later runs read the choice from a file.
+    pub tuning_ms: f64,
 }
 
 /// Bandwidths count the bytes read plus the bytes written (a copy of n bytes moves 2n, an add
@@ -55,20 +58,6 @@ pub struct BenchOptions {
 impl Default for BenchOptions {
     fn default() -> BenchOptions {
         BenchOptions { sizes: vec![256, 512, 1024], elementwise_elements: 16 << 20, budget_s: 1.0 }
-    }
-}
-
-/// Seconds since some fixed point: the wall clock the browser or the OS offers.
-fn now_s() -> f64 {
-    #[cfg(target_arch = "wasm32")]
-    {
-        js_sys::Date::now() / 1000.0
-    }
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        static START: OnceLock<std::time::Instant> = OnceLock::new();
-        START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
     }
 }
 
@@ -110,6 +99,10 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
     for &s in &options.sizes {
         let (a, b) = (filled(dev, &[s, s])?, filled(dev, &[s, s])?);
         let gflops = |seconds: f64| 2.0 * (s as f64).powi(3) / seconds / 1e9;
+        // Before the variants run, so that the first size pays the pipelines' compilation as a
+        // first use on a new adapter does.
+        progress(&format!("matmul {s}x{s}x{s}: measuring the candidates as a first use does"));
+        let tuning = dev.measure_matmul(DType::F32, s.min(256), s.min(256), s.min(256), [true, true]).await.map_err(text)?;
         let mut variants = BTreeMap::new();
         for kind in MatmulKernel::ALL {
             progress(&format!("matmul {s}x{s}x{s}: {}", kind.name()));
@@ -117,9 +110,9 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
             let seconds = time_per_call(dev, budget, 2, 4, || a.matmul_with(&b, kind).map(drop).map_err(text)).await?;
             variants.insert(kind.name(), gflops(seconds));
         }
-        let picked = MatmulKernel::for_shape(s, s).name();
+        let picked = dev.tune_matmul(DType::F32, s, s, s).await.name();
         let naive_gflops = variants.remove("naive").unwrap_or_default();
-        matmul.push(MatmulFigure { m: s, n: s, k: s, gflops: variants[&picked], kernel: picked, naive_gflops, variants });
+        matmul.push(MatmulFigure { m: s, n: s, k: s, gflops: variants[&picked], kernel: picked, naive_gflops, variants, tuning_ms: tuning.seconds * 1e3 });
     }
 
     let n = options.elementwise_elements;

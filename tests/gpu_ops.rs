@@ -6,8 +6,13 @@ mod suite;
 
 use tensormem::{Device, GpuOptions};
 
+/// Matmul choices go to a file of the test run's own, not to the user's cache.
+fn options() -> GpuOptions {
+    GpuOptions { tuning_file: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("matmul-kernels.json")), ..Default::default() }
+}
+
 fn gpu() -> Option<Device> {
-    match pollster::block_on(Device::gpu(GpuOptions::default())) {
+    match pollster::block_on(Device::gpu(options())) {
         Ok(d) => Some(d),
         Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
             common::skip(format!("no GPU adapter ({e})"));
@@ -35,7 +40,7 @@ suite::every_check!(native);
 #[test]
 fn float16_packed_even_where_shader_f16_exists() {
     let Some(_) = gpu() else { return };
-    let packed = pollster::block_on(Device::gpu(GpuOptions { disable_native_f16: true, ..Default::default() })).unwrap();
+    let packed = pollster::block_on(Device::gpu(GpuOptions { disable_native_f16: true, ..options() })).unwrap();
     assert!(!packed.adapter().unwrap().native_f16);
     pollster::block_on(suite::f16_program(&packed));
 }
@@ -87,4 +92,68 @@ fn a_scenario_allocates_identically_on_the_gpu_and_the_sim_device() {
     let fix = RunRequest { variant: Some("fix".into()), ..request("gpu") };
     let err = pollster::block_on(scenarios::run_anywhere(&fix)).unwrap_err().to_string();
     assert!(err.contains("expandable_segments") && err.contains("sim device"), "{err}");
+}
+
+/// matmul measures the candidate kernels at the first use of a class of shapes, off the
+/// allocator (the trace is the program's alone), keeps the winner in its file per adapter and
+/// reads it from there in later runs; tiny products are not measured; a damaged file is
+/// measured over and rewritten.
+#[test]
+fn matmul_kernels_are_measured_at_first_use_and_remembered() {
+    use tensormem::DType;
+    use tensormem::tensor::{MatmulChoice, MatmulKernel};
+    let Some(_) = gpu() else { return };
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tuning-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let file = dir.join("kernels.json");
+    let open = |matmul: MatmulChoice| pollster::block_on(Device::gpu(GpuOptions { matmul, tuning_file: Some(file.clone()), ..Default::default() })).unwrap();
+    let read = || serde_json::from_slice::<serde_json::Value>(&std::fs::read(&file).unwrap()).unwrap();
+
+    let dev = open(MatmulChoice::Measure);
+    assert_eq!(dev.matmul_kernel(DType::F32, 8, 200, 200), MatmulKernel::heuristic(8, 200));
+    assert!(!file.exists(), "an 8-row product is not measured");
+
+    // The first product of its class: right, and the trace holds its tensors only.
+    let program = |dev: &Device| {
+        let a_data: Vec<f32> = (0..100 * 96).map(|i| ((i * 37) % 101) as f32 / 101.0).collect();
+        let b_data: Vec<f32> = (0..96 * 132).map(|i| ((i * 53) % 97) as f32 / 97.0).collect();
+        let c = dev.from_slice(&a_data, &[100, 96]).unwrap().matmul(&dev.from_slice(&b_data, &[96, 132]).unwrap()).unwrap();
+        let got = pollster::block_on(c.to_vec::<f32>()).unwrap();
+        for (i, j) in [(0, 0), (57, 101), (99, 131)] {
+            let want: f32 = (0..96).map(|k| a_data[i * 96 + k] * b_data[k * 132 + j]).sum();
+            assert!((got[i * 132 + j] - want).abs() < 1e-4, "c[{i},{j}] = {} != {want}", got[i * 132 + j]);
+        }
+        dev.snapshot().device_traces[0].iter().map(|e| (e.action, e.size)).collect::<Vec<_>>()
+    };
+    assert_eq!(program(&dev), program(&open(MatmulChoice::Heuristic)), "measuring allocates nothing the trace sees");
+    let adapters = read()["adapters"].as_object().unwrap().clone();
+    assert_eq!(adapters.len(), 1);
+    let classes = adapters.values().next().unwrap().as_object().unwrap();
+    assert_eq!(classes.len(), 1, "one class measured: {classes:?}");
+    let tuning = classes.values().next().unwrap();
+    let winner = MatmulKernel::from_name(tuning["kernel"].as_str().unwrap()).unwrap();
+    assert!(MatmulKernel::CANDIDATES.contains(&winner));
+    let speeds = tuning["gflops"].as_object().unwrap();
+    assert_eq!(speeds.len(), MatmulKernel::CANDIDATES.len());
+    assert!(speeds.values().all(|g| g.as_f64().unwrap() > 0.0), "{speeds:?}");
+    let best = speeds.iter().max_by(|a, b| a.1.as_f64().partial_cmp(&b.1.as_f64()).unwrap()).unwrap().0;
+    assert_eq!(best, &winner.name());
+
+    // Contiguous aligned f32 is another class; a later run takes its kernel from the file.
+    let first = dev.matmul_kernel(DType::F32, 300, 300, 300);
+    assert_eq!(dev.matmul_kernel(DType::F32, 1000, 1000, 1000), first, "same class: 256 and more");
+    let mut file_json = read();
+    let adapter = file_json["adapters"].as_object().unwrap().keys().next().unwrap().clone();
+    assert_eq!(file_json["adapters"][&adapter].as_object().unwrap().len(), 2);
+    let planted = if first == MatmulKernel::Blocked { MatmulKernel::Register { rows: 4, cols: 4 } } else { MatmulKernel::Blocked };
+    file_json["adapters"][&adapter]["float32 256x256x256 a4 b4"]["kernel"] = planted.name().into();
+    std::fs::write(&file, serde_json::to_vec(&file_json).unwrap()).unwrap();
+    assert_eq!(open(MatmulChoice::Measure).matmul_kernel(DType::F32, 300, 300, 300), planted, "read from the file, not measured");
+    assert_eq!(open(MatmulChoice::Fixed(MatmulKernel::Tiled)).matmul_kernel(DType::F32, 300, 300, 300), MatmulKernel::Tiled);
+
+    std::fs::write(&file, b"{ not json").unwrap();
+    let kernel = open(MatmulChoice::Measure).matmul_kernel(DType::F32, 300, 300, 300);
+    assert!(MatmulKernel::CANDIDATES.contains(&kernel));
+    assert_eq!(read()["format"], "tensormem matmul tuning 1", "the damaged file was rewritten");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -8,7 +8,7 @@ pub fn print(report: &BenchReport) {
     for m in &report.matmul {
         let others: Vec<String> = m.variants.iter().filter(|(name, _)| **name != m.kernel).map(|(name, g)| format!("{name} {g:.2}")).collect();
         println!(
-            "matmul {}x{}x{} f32: {} {:.2} GFLOP/s, {:.1}x the naive kernel ({:.2}); others: {}",
+            "matmul {}x{}x{} f32: {} {:.2} GFLOP/s, {:.1}x the naive kernel ({:.2}); others: {}; choosing took {:.0} ms",
             m.m,
             m.n,
             m.k,
@@ -16,7 +16,8 @@ pub fn print(report: &BenchReport) {
             m.gflops,
             m.gflops / m.naive_gflops,
             m.naive_gflops,
-            others.join(", ")
+            others.join(", "),
+            m.tuning_ms
         );
     }
     println!("copy_buffer_to_buffer: {:.2} GB/s (read + written)", report.copy_gbps);

@@ -20,6 +20,11 @@ pub struct GpuOptions {
     /// it is freed, bypassing the caching allocator (nothing is recorded), as PyTorch does under
     /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: what an engine without a cache pays, for comparison.
     pub uncached: bool,
+    /// How `matmul` picks its kernel: measured per class of shapes at first use (the default).
+    pub matmul: crate::tensor::MatmulChoice,
+    /// Where measured choices are kept across runs. None: `$TENSORMEM_CACHE_DIR`, else the user's
+    /// cache directory (`$XDG_CACHE_HOME/tensormem` or `~/.cache/tensormem`); never on the web.
+    pub tuning_file: Option<std::path::PathBuf>,
 }
 
 /// What the adapter is and what it allows.
@@ -105,6 +110,8 @@ pub struct GpuContext {
     /// Validation errors wgpu reported outside an error scope (in the browser they arrive late):
     /// turned into `DeviceError`s instead of wgpu's default panic.
     pub(crate) errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Which matmul kernel each class of shapes uses on this adapter.
+    pub(crate) tuning: RefCell<crate::tensor::ops::matmul_tune::Tuning>,
 }
 
 /// Submit once this many dispatches are pending (bounds encoder memory on long programs).
@@ -167,7 +174,9 @@ impl GpuContext {
         let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = errors.clone();
         device.on_uncaptured_error(std::sync::Arc::new(move |e: wgpu::Error| sink.lock().unwrap().push(e.to_string())));
+        let adapter_key = format!("{} | {} | {} | native f16: {}", summary.name, summary.backend, summary.driver, summary.native_f16);
         let ctx = GpuContext {
+            tuning: RefCell::new(crate::tensor::ops::matmul_tune::Tuning::new(options.matmul.clone(), adapter_key, options.tuning_file.clone())),
             errors,
             device,
             queue,

@@ -4,11 +4,11 @@
 
 mod grad;
 mod layout;
-mod ops;
+pub(crate) mod ops;
 
 pub use crate::dtype::{DType, Element};
 pub use layout::{Layout, MAX_DIMS, broadcast_shapes};
-pub use ops::MatmulKernel;
+pub use ops::{MatmulChoice, MatmulKernel, MatmulTuning};
 
 use crate::alloc::Allocation;
 use crate::autograd::Node;

@@ -21,6 +21,7 @@ macro_rules! every_check {
             in_place_ops_write_through_views_and_allocate_nothing,
             reductions_over_dims,
             matmul_variants_match_the_reference,
+            matmul_kernels_are_chosen_per_class_of_shapes,
             float16,
             bfloat16,
             exact_memory_facts,
@@ -406,6 +407,16 @@ pub async fn contiguous_float32_goes_four_elements_at_a_time(dev: &Device) {
 /// Every matmul kernel variant against the CPU reference: odd shapes (edges of every tile),
 /// random views (transposed, narrowed), aligned contiguous operands (the 128-bit loads), a batch
 /// with a broadcast operand, and f16 on this device's path.
+/// matmul's kernel is measured once per class of shapes (awaited here, as the web must) and
+/// used for every shape of the class; products too small to measure keep the fixed rule.
+pub async fn matmul_kernels_are_chosen_per_class_of_shapes(dev: &Device) {
+    use tensormem::tensor::MatmulKernel;
+    let kernel = dev.tune_matmul(DType::F32, 300, 300, 300).await;
+    assert!(MatmulKernel::CANDIDATES.contains(&kernel), "{kernel:?}");
+    assert_eq!(dev.matmul_kernel(DType::F32, 512, 1024, 260), kernel, "the same class");
+    assert_eq!(dev.matmul_kernel(DType::F32, 10, 300, 300), MatmulKernel::heuristic(10, 300));
+}
+
 pub async fn matmul_variants_match_the_reference(dev: &Device) {
     use tensormem::tensor::MatmulKernel;
     let mut rng = Rng(99);

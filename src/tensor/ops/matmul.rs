@@ -1,10 +1,11 @@
 //! matmul as ATen's `_matmul_impl` does it, down to mm / bmm on the matmul kernels.
 
+use super::matmul_tune::MatmulClass;
 use super::{bind, check_u32};
 use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::matmul::RegisterTile;
-use crate::kernels::{Family, Grid, Kernel, MatmulMeta, MatrixLayout};
+use crate::kernels::{BindingPlan, Family, Grid, Kernel, MatmulMeta, MatrixLayout};
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -19,8 +20,7 @@ impl Tensor {
         if let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::LowerPrecision, &[self, other])? {
             return cast[0].matmul(&cast[1]);
         }
-        let m = self.shape().iter().rev().nth(1).copied().unwrap_or(1);
-        self.matmul_with(other, MatmulKernel::for_shape(m, other.shape().last().copied().unwrap_or(1)))
+        self.matmul_impl(other, None)
     }
 
     /// Self if its last two dimensions are row- or column-major with a valid leading dimension
@@ -79,8 +79,15 @@ impl Tensor {
         self.transpose(-2, -1)
     }
 
+    /// `matmul` with the kernel named, instead of the one tuned for this adapter (benchmarks and
+    /// tests compare them).
     #[track_caller]
     pub fn matmul_with(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
+        self.matmul_impl(other, Some(kind))
+    }
+
+    #[track_caller]
+    fn matmul_impl(&self, other: &Tensor, kind: Option<MatmulKernel>) -> Result<Tensor> {
         self.same_device(other)?;
         if self.dtype != other.dtype {
             return Err(TensorError::DType(format!("matmul of {} and {}", self.dtype, other.dtype)));
@@ -169,7 +176,7 @@ impl Tensor {
     /// `mm` (2-D operands) or `bmm` (3-D, equal batches): one output allocation, after copies of
     /// operands cuBLAS could not take as they are.
     #[track_caller]
-    fn mm(&self, other: &Tensor, kind: MatmulKernel) -> Result<Tensor> {
+    fn mm(&self, other: &Tensor, kind: Option<MatmulKernel>) -> Result<Tensor> {
         // matmul hands over matrices, or equal batches of them (3-D).
         debug_assert!(matches!(self.ndim(), 2 | 3) && self.ndim() == other.ndim());
         let out = {
@@ -240,7 +247,7 @@ impl Tensor {
         }
         let out = {
             let _no_grad = autograd::no_grad();
-            let out = mat1.mm_forward(mat2, MatmulKernel::for_shape(mat1.shape()[0], mat2.shape()[1]), "addmm")?;
+            let out = mat1.mm_forward(mat2, None, "addmm")?;
             out.add_(bias)?;
             out
         };
@@ -248,7 +255,7 @@ impl Tensor {
     }
 
     #[track_caller]
-    fn mm_forward(&self, other: &Tensor, kind: MatmulKernel, op: &'static str) -> Result<Tensor> {
+    fn mm_forward(&self, other: &Tensor, kind: Option<MatmulKernel>, op: &'static str) -> Result<Tensor> {
         let a = self.blas_compatible()?;
         let b = other.blas_compatible()?;
         let batch: Vec<usize> = a.shape()[..a.ndim() - 2].to_vec();
@@ -282,35 +289,11 @@ impl Tensor {
                     && l.strides[..nb].iter().all(|s| s.is_multiple_of(4))
             };
             let (a_vec4, b_vec4) = (quad(&la, bound.plan.base(1), k, 1), quad(&lb, bound.plan.base(2), n, 2));
-            let operands = [("c", self.dtype), ("a", self.dtype), ("b", self.dtype)];
-            let native_f16 = device.native_f16();
-            let (kernel, groups) = match kind {
-                MatmulKernel::Register { rows, cols } => {
-                    let tile = RegisterTile { rows, cols, a_vec4, b_vec4 };
-                    let vec4: Vec<&'static str> = [("a", a_vec4), ("b", b_vec4)].iter().filter(|v| v.1).map(|v| v.0).collect();
-                    let kernel = Kernel::new(Family::MatmulRegister, kind.entry())
-                        .with_meta::<MatmulMeta>()
-                        .with_operands_vec4(native_f16, &bound.plan, &operands, &vec4)?
-                        .with_register_tile(tile);
-                    let [x, y] = tile.groups(m, n);
-                    (kernel, [x, y, batches as u32])
-                }
-                _ => {
-                    let vec4 = kind == MatmulKernel::Blocked && a_vec4 && b_vec4;
-                    let kernel = Kernel::new(Family::Matmul, kind.entry())
-                        .with_meta::<MatmulMeta>()
-                        .with("STAGE", if vec4 { "stage_vec4" } else { "stage_scalar" })
-                        .with_operands_vec4(native_f16, &bound.plan, &operands, if vec4 { &["a", "b"] } else { &[] })?
-                        .with("ACC", "f32")
-                        .with("TILE", "16");
-                    let edge = match kind {
-                        MatmulKernel::Naive => 8,
-                        MatmulKernel::Tiled => 16,
-                        _ => 64,
-                    };
-                    (kernel, [(n as u32).div_ceil(edge), (m as u32).div_ceil(edge), batches as u32])
-                }
+            let kind = match kind {
+                Some(kind) => kind,
+                None => device.matmul_kernel_for(MatmulClass::new(self.dtype, m, n, k, a_vec4, b_vec4)),
             };
+            let (kernel, groups) = matmul_kernel(kind, self.dtype, device.native_f16(), &bound.plan, [a_vec4, b_vec4], m, n, batches)?;
             // mm has no batch dimension, bmm one (its stride may be 0: a broadcast operand).
             let matrix = |l: &Layout, base: u32| MatrixLayout {
                 offset: base + l.offset as u32,
@@ -333,8 +316,52 @@ impl Tensor {
     }
 }
 
-/// Which matmul kernel. `matmul` picks one per adapter and shape (see `for_shape`); Naive is
-/// the baseline the benchmark compares them with.
+/// The kernel `kind` specialised for these operands (`vec4`: whether A and B load 128 bits at a
+/// time) and its workgroup grid for an m x n output, `batches` deep.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmul_kernel(
+    kind: MatmulKernel,
+    dtype: DType,
+    native_f16: bool,
+    plan: &BindingPlan,
+    [a_vec4, b_vec4]: [bool; 2],
+    m: usize,
+    n: usize,
+    batches: usize,
+) -> Result<(Kernel, [u32; 3])> {
+    let operands = [("c", dtype), ("a", dtype), ("b", dtype)];
+    Ok(match kind {
+        MatmulKernel::Register { rows, cols } => {
+            let tile = RegisterTile { rows, cols, a_vec4, b_vec4 };
+            let vec4: Vec<&'static str> = [("a", a_vec4), ("b", b_vec4)].iter().filter(|v| v.1).map(|v| v.0).collect();
+            let kernel = Kernel::new(Family::MatmulRegister, kind.entry())
+                .with_meta::<MatmulMeta>()
+                .with_operands_vec4(native_f16, plan, &operands, &vec4)?
+                .with_register_tile(tile);
+            let [x, y] = tile.groups(m, n);
+            (kernel, [x, y, batches as u32])
+        }
+        _ => {
+            let vec4 = kind == MatmulKernel::Blocked && a_vec4 && b_vec4;
+            let kernel = Kernel::new(Family::Matmul, kind.entry())
+                .with_meta::<MatmulMeta>()
+                .with("STAGE", if vec4 { "stage_vec4" } else { "stage_scalar" })
+                .with_operands_vec4(native_f16, plan, &operands, if vec4 { &["a", "b"] } else { &[] })?
+                .with("ACC", "f32")
+                .with("TILE", "16");
+            let edge = match kind {
+                MatmulKernel::Naive => 8,
+                MatmulKernel::Tiled => 16,
+                _ => 64,
+            };
+            (kernel, [(n as u32).div_ceil(edge), (m as u32).div_ceil(edge), batches as u32])
+        }
+    })
+}
+
+/// Which matmul kernel. `matmul` picks one per adapter and class of shapes, measuring the
+/// candidates at first use (see `matmul_tune`); Naive is the baseline the benchmark compares
+/// them with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MatmulKernel {
     /// One invocation per output element.
@@ -359,9 +386,24 @@ impl MatmulKernel {
         MatmulKernel::Register { rows: 4, cols: 4 },
     ];
 
-    /// The kernel `matmul` uses for an m x n output.
-    pub(crate) fn for_shape(m: usize, n: usize) -> MatmulKernel {
+    /// The variants measured at first use of a class of shapes: the naive and tiled kernels
+    /// never win, and measuring them would make first calls slow.
+    pub const CANDIDATES: [MatmulKernel; 4] = [
+        MatmulKernel::Register { rows: 8, cols: 8 },
+        MatmulKernel::Register { rows: 4, cols: 8 },
+        MatmulKernel::Register { rows: 4, cols: 4 },
+        MatmulKernel::Blocked,
+    ];
+
+    /// The kernel for an m x n output without measuring: best on the adapters we have measured
+    /// (lavapipe, SwiftShader), used where no measurement is possible or worth it.
+    pub fn heuristic(m: usize, n: usize) -> MatmulKernel {
         if m >= 64 && n >= 64 { MatmulKernel::Register { rows: 8, cols: 8 } } else { MatmulKernel::Register { rows: 4, cols: 4 } }
+    }
+
+    /// The variant called `name` (see `name`).
+    pub fn from_name(name: &str) -> Option<MatmulKernel> {
+        MatmulKernel::ALL.into_iter().find(|k| k.name() == name)
     }
 
     fn entry(self) -> &'static str {
