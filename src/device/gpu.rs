@@ -97,10 +97,8 @@ pub struct GpuContext {
     pub(crate) pending_dispatches: Cell<u32>,
     /// Compiled pipelines by kernel (see `Kernel`: a structural key, binding count included).
     pub(crate) pipelines: RefCell<FxHashMap<crate::kernels::Kernel, std::rc::Rc<super::launch::Pipeline>>>,
-    /// Readback staging buffers live and at their peak, in bytes (their own pool, like PyTorch's
-    /// pinned host allocator).
-    pub(crate) staging_current: Cell<u64>,
-    pub(crate) staging_peak: Cell<u64>,
+    /// Upload and readback buffers (their own pool, like PyTorch's pinned host allocator).
+    pub(crate) staging: super::staging::StagingPool,
     retired: Retired,
     /// Kernel metadata of the dispatches recorded since the last submit: one buffer per batch,
     /// filled by write_buffer right before the batch is submitted.
@@ -176,6 +174,7 @@ impl GpuContext {
         device.on_uncaptured_error(std::sync::Arc::new(move |e: wgpu::Error| sink.lock().unwrap().push(e.to_string())));
         let adapter_key = format!("{} | {} | {} | native f16: {}", summary.name, summary.backend, summary.driver, summary.native_f16);
         let ctx = GpuContext {
+            staging: super::staging::StagingPool::new(device.clone()),
             tuning: RefCell::new(crate::tensor::ops::matmul_tune::Tuning::new(options.matmul.clone(), adapter_key, options.tuning_file.clone())),
             errors,
             device,
@@ -185,8 +184,6 @@ impl GpuContext {
             encoder: RefCell::new(None),
             pending_dispatches: Cell::new(0),
             pipelines: RefCell::new(FxHashMap::default()),
-            staging_current: Cell::new(0),
-            staging_peak: Cell::new(0),
             retired,
             metadata: RefCell::new(None),
             metadata_stride: (align as u64).max(256),
@@ -240,7 +237,13 @@ impl GpuContext {
             self.queue.write_buffer(&buffer, 0, &data);
         }
         if let Some(encoder) = self.encoder.borrow_mut().take() {
+            self.staging.close();
             self.queue.submit([encoder.finish()]);
+            self.staging.recall();
+            // Natively, map callbacks (staging chunks coming back) run inside poll; on the web
+            // the browser runs them.
+            #[cfg(not(target_arch = "wasm32"))]
+            let _ = self.device.poll(wgpu::PollType::Poll);
         }
         self.pending_dispatches.set(0);
         // Submitted work keeps what it uses alive; nothing recorded can name these any more.
@@ -268,53 +271,37 @@ impl GpuContext {
         Ok(())
     }
 
-    pub(crate) fn has_pending_work(&self) -> bool {
-        self.encoder.borrow().is_some()
-    }
-
+    /// Writes `bytes` at `offset` of `buffer` (4-byte aligned; the block has room for the
+    /// padding to whole words), in order with the recorded kernels: the block may have belonged
+    /// to a tensor that pending commands still read.
     pub(crate) fn upload(&self, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
-        // The block may have belonged to a tensor that pending commands still read.
-        if self.has_pending_work() {
-            self.submit();
-        }
-        // write_buffer wants a multiple of 4 bytes; blocks always have room for the padding.
-        if bytes.len().is_multiple_of(4) {
-            self.queue.write_buffer(buffer, offset, bytes);
-        } else {
-            let mut padded = bytes.to_vec();
-            padded.resize(bytes.len().next_multiple_of(4), 0);
-            self.queue.write_buffer(buffer, offset, &padded);
-        }
+        self.record(|encoder| self.staging.upload(encoder, buffer, offset, bytes));
     }
 
-    /// Copies `[offset, offset + len)` of `buffer` to the host.
+    /// Copies `[offset, offset + len)` of `buffer` to the host. Copies start on 4-byte words,
+    /// so an f16 view starting mid-word is read from the word's start.
     pub(crate) async fn read(&self, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, DeviceError> {
-        let padded = len.next_multiple_of(4).max(4);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("tensormem readback"),
-            size: padded,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        self.staging_current.set(self.staging_current.get() + padded);
-        self.staging_peak.set(self.staging_peak.get().max(self.staging_current.get()));
-        self.record(|e| e.copy_buffer_to_buffer(buffer, offset, &staging, 0, padded));
+        let start = offset - offset % 4;
+        let skip = offset - start;
+        let padded = (skip + len).next_multiple_of(4).max(4);
+        let staging = self.staging.take_readback(padded);
+        self.record(|e| e.copy_buffer_to_buffer(buffer, start, &staging, 0, padded));
         self.submit();
-        let result = self.map_and_copy(&staging, len).await;
-        staging.destroy();
-        self.staging_current.set(self.staging_current.get() - padded);
+        let result = self.map_and_copy(&staging, skip, len).await;
+        self.staging.give_back(staging);
         self.take_error()?;
         result
     }
 
-    async fn map_and_copy(&self, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>, DeviceError> {
+    async fn map_and_copy(&self, staging: &wgpu::Buffer, skip: u64, len: u64) -> Result<Vec<u8>, DeviceError> {
         let (sender, receiver) = oneshot();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| sender.send(r));
+        let range = 0..(skip + len).next_multiple_of(4).max(4);
+        staging.map_async(wgpu::MapMode::Read, range.clone(), move |r| sender.send(r));
         #[cfg(not(target_arch = "wasm32"))]
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| DeviceError::Lost(format!("waiting for the GPU failed: {e}")))?;
         receiver.await.map_err(|e| DeviceError::Lost(format!("readback failed: {e}")))?;
-        let view = staging.get_mapped_range(..).map_err(|e| DeviceError::Lost(format!("readback mapping failed: {e}")))?;
-        let bytes = view[..len as usize].to_vec();
+        let view = staging.get_mapped_range(range).map_err(|e| DeviceError::Lost(format!("readback mapping failed: {e}")))?;
+        let bytes = view[skip as usize..(skip + len) as usize].to_vec();
         drop(view);
         staging.unmap();
         Ok(bytes)

@@ -4,6 +4,7 @@
 mod gpu;
 mod launch;
 mod sim;
+mod staging;
 
 pub use gpu::{AdapterSummary, GpuOptions};
 pub(crate) use launch::{Arg, Bindings};
@@ -455,10 +456,11 @@ impl Device {
         self.0.alloc.borrow().capacity()
     }
 
-    /// Readback staging bytes (current, peak): their own pool, like PyTorch's pinned host memory.
+    /// Upload and readback staging bytes (current, peak): their own pool, like PyTorch's pinned
+    /// host memory, kept for reuse up to 32 MiB idle each way.
     pub fn staging_memory(&self) -> (u64, u64) {
         match &self.0.backend {
-            Backend::Gpu(g) => (g.staging_current.get(), g.staging_peak.get()),
+            Backend::Gpu(g) => g.staging.memory(),
             Backend::Sim(_) => (0, 0),
         }
     }
