@@ -58,6 +58,7 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 
 // Each entry's expression as a function of one element's values and linear index i.
 fn binary_op(a_value: a_t, b_value: b_t, i: u32) -> out_t {
+    let s = {{SCALAR}};
     let x = {{PROMOTE}}(a_value);
     let y = {{PROMOTE}}(b_value);
     return {{BINARY}};

@@ -255,3 +255,47 @@ fn dropout_allocates_what_aten_allocates() {
     assert!(x.dropout(1.5, true).unwrap_err().to_string().contains("between 0 and 1"));
     drop(out);
 }
+
+/// The fused add forms: `add(y, alpha)` is one output, and its backward makes the scaled
+/// gradient a tensor of its own (ATen's `maybe_multiply`), which becomes y.grad as it is, where
+/// with alpha 1 the expanded seed is cloned into it; `_add_relu` peaks one output below add then
+/// relu, and PyTorch does not differentiate it.
+#[test]
+fn fused_add_forms_allocate_one_output() {
+    for alpha in [3.0, 1.0] {
+        let dev = device();
+        let (x, y) = (leaf(&dev), leaf(&dev));
+        let before = dev.memory_allocated();
+        let loss = x.add_alpha(&y, alpha).unwrap().sum(&[], false).unwrap();
+        assert_eq!(dev.memory_allocated(), before + 512, "the output was freed; add saves nothing");
+        dev.reset_peak_memory_stats();
+        loss.backward().unwrap();
+        // The loss, the seed and two gradients: x's the expanded seed cloned; y's the seed
+        // times alpha (kept as it is), or with alpha 1 a clone too.
+        assert_eq!(dev.max_memory_allocated() - before, 512 + 512 + 2 * MIB, "alpha {alpha}");
+        let ops: Vec<String> = dev.snapshot().device_traces[0]
+            .iter()
+            .filter(|e| e.action == tensormem::trace::Action::Alloc && e.size == MIB)
+            .map(|e| e.frames.as_ref().unwrap()[0].name.clone())
+            .collect();
+        assert_eq!(ops.iter().any(|name| name.starts_with("mul")), alpha != 1.0, "alpha {alpha}: {ops:?}");
+    }
+    let dev = device();
+    let (x, y) = {
+        let _no_grad = autograd::no_grad();
+        (dev.randn(&[512, 512], DType::F32).unwrap(), dev.randn(&[512, 512], DType::F32).unwrap())
+    };
+    let peak_of = |f: &dyn Fn() -> Tensor| {
+        dev.reset_peak_memory_stats();
+        let base = dev.memory_allocated();
+        drop(f());
+        dev.max_memory_allocated() - base
+    };
+    assert_eq!(peak_of(&|| x.add(&y).unwrap().relu().unwrap()), 2 * MIB);
+    assert_eq!(peak_of(&|| x.add_relu(&y).unwrap()), MIB);
+    let before = dev.memory_allocated();
+    x.add_relu_(&y).unwrap();
+    assert_eq!(dev.memory_allocated(), before, "in place");
+    let error = leaf(&dev).add_relu(&y).unwrap_err().to_string();
+    assert!(error.contains("_add_relu") && error.contains("does not differentiate"), "{error}");
+}

@@ -157,8 +157,10 @@ pub async fn binary_ops_broadcast_over_strided_views(dev: &Device) {
         let xa = gather(&a_base, a.layout());
         let xb = gather(&b_base, &b.layout().expand(&out_shape).unwrap());
         type BinaryCase = (&'static str, fn(&Tensor, &Tensor) -> tensormem::tensor::Result<Tensor>, fn(f32, f32) -> f32);
-        let ops: [BinaryCase; 6] = [
+        let ops: [BinaryCase; 8] = [
             ("add", Tensor::add, |x, y| x + y),
+            ("add alpha", |a, b| a.add_alpha(b, -0.75), |x, y| x - 0.75 * y),
+            ("add_relu", Tensor::add_relu, |x, y| (x + y).max(0.0)),
             ("sub", Tensor::sub, |x, y| x - y),
             ("mul", Tensor::mul, |x, y| x * y),
             ("div", Tensor::div, |x, y| x / y),
@@ -944,7 +946,7 @@ pub async fn long_programs_span_several_batches(dev: &Device) {
 /// (kept away from relu's kink) of small shapes, broadcasting and views included.
 pub async fn gradients_match_finite_differences(dev: &Device) {
     type Program = fn(&Tensor, &Tensor) -> Tensor;
-    let cases: [(&str, &[usize], &[usize], Program); 32] = [
+    let cases: [(&str, &[usize], &[usize], Program); 33] = [
         ("one gradient reaching a tensor by two views", &[3, 4], &[4], |a, b| {
             let y = a.mul(b).unwrap();
             y.view(&[-1]).unwrap().add(&y.t().unwrap().reshape(&[-1]).unwrap().exp().unwrap()).unwrap()
@@ -983,6 +985,7 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
             let bias = b.mul_scalar(0.5).unwrap();
             a.layer_norm(b, &bias, 1e-5).unwrap()
         }),
+        ("add with alpha, broadcast", &[3, 4], &[4], |a, b| a.add_alpha(b, -2.5).unwrap()),
         ("cat, narrow, select", &[3, 4], &[2, 4], |a, b| {
             let c = Tensor::cat(&[a, &b.exp().unwrap(), a], 0).unwrap();
             c.narrow(0, 1, 5).unwrap().mul(&c.select(0, 2).unwrap()).unwrap()

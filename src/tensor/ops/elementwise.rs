@@ -40,6 +40,10 @@ pub(crate) enum Unary {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Binary {
     Add,
+    /// `add(other, alpha=s)`: x + s * y.
+    AddScaled,
+    /// `_add_relu`: relu(x + y), one kernel and one output.
+    AddRelu,
     Sub,
     Mul,
     Div,
@@ -171,7 +175,7 @@ impl Binary {
     /// The autograd node's name, for the ops autograd differentiates.
     fn grad_fn(self) -> Option<&'static str> {
         Some(match self {
-            Binary::Add => "AddBackward0",
+            Binary::Add | Binary::AddScaled => "AddBackward0",
             Binary::Sub => "SubBackward0",
             Binary::Mul => "MulBackward0",
             Binary::Div => "DivBackward0",
@@ -181,7 +185,8 @@ impl Binary {
 
     fn name(self) -> &'static str {
         match self {
-            Binary::Add => "add",
+            Binary::Add | Binary::AddScaled => "add",
+            Binary::AddRelu => "_add_relu",
             Binary::Sub => "sub",
             Binary::Mul => "mul",
             Binary::Div => "div",
@@ -209,6 +214,8 @@ impl Binary {
         let compare = |op: &str| format!("select(0u, 1u, x {op} y)");
         Ok(match self {
             Binary::Add => "x + y".into(),
+            Binary::AddScaled => format!("x + {t}(s) * y"),
+            Binary::AddRelu => format!("max(x + y, {t}(0))"),
             Binary::Sub => "x - y".into(),
             Binary::Mul => "x * y".into(),
             Binary::Div => "x / y".into(),
@@ -386,7 +393,8 @@ impl Tensor {
 
     /// Writes `op(a, b)` into self, computed in the operands' promoted type and converted to
     /// self's (an in-place op may write a wider result into a narrower float, as PyTorch's).
-    fn binary_into(&self, a: &Tensor, b: &Tensor, op: Binary) -> Result<()> {
+    /// `op` of `a` and `b` into self; `scalar` is the `s` of ops that take one (alpha).
+    fn binary_into(&self, a: &Tensor, b: &Tensor, op: Binary, scalar: f64) -> Result<()> {
         let compute = result_type(op.name(), a, b)?;
         let result = op.out_dtype(compute);
         if result != self.dtype && !(result == compute && compute.can_cast(self.dtype)) {
@@ -399,7 +407,7 @@ impl Tensor {
             expr = format!("{out_t}({expr})");
         }
         let entry = if a.dtype == b.dtype { Entry::Binary(expr) } else { Entry::Promoted(expr, t) };
-        self.elementwise(entry, &[a, b], 0.0)
+        self.elementwise(entry, &[a, b], scalar)
     }
 
     #[track_caller]
@@ -492,10 +500,15 @@ impl Tensor {
 
     #[track_caller]
     fn binary(&self, other: &Tensor, op: Binary) -> Result<Tensor> {
+        self.binary_with(other, op, 0.0)
+    }
+
+    #[track_caller]
+    fn binary_with(&self, other: &Tensor, op: Binary, scalar: f64) -> Result<Tensor> {
         if op == Binary::Pow
             && let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::Fp32, &[self, other])?
         {
-            return cast[0].binary(&cast[1], op);
+            return cast[0].binary_with(&cast[1], op, scalar);
         }
         let shape = broadcast_shapes(self.shape(), other.shape())?;
         let compute = result_type(op.name(), self, other)?;
@@ -504,15 +517,15 @@ impl Tensor {
             not_differentiated_yet(op.name(), &[self, other])?;
         }
         let out = self.device().empty_tensor(&shape, op.out_dtype(compute), op.name())?;
-        out.binary_into(self, other, op)?;
-        Ok(self.record_binary(other, op, out))
+        out.binary_into(self, other, op, scalar)?;
+        Ok(self.record_binary(other, op, scalar, out))
     }
 
     /// Records add, sub, mul or div for autograd. Each input's gradient is summed back to its
     /// own shape where it was broadcast. mul saves the other operand of each input that needs a
     /// gradient; div saves the divisor, and the dividend too when the divisor needs a gradient.
     #[track_caller]
-    fn record_binary(&self, other: &Tensor, op: Binary, out: Tensor) -> Tensor {
+    fn record_binary(&self, other: &Tensor, op: Binary, alpha: f64, out: Tensor) -> Tensor {
         if !autograd::records(&[self, other]) {
             return out;
         }
@@ -534,6 +547,15 @@ impl Tensor {
                 let slot = |i: usize| saved[i].as_ref().expect("saved for this gradient");
                 let (ga, gb) = match op {
                     Binary::Add => (need[0].then(|| g.share()), need[1].then(|| g.share())),
+                    // As `maybe_multiply(grad, alpha)`: alpha 1 passes the gradient itself.
+                    Binary::AddScaled => {
+                        let gb = match need[1] {
+                            true if alpha == 1.0 => Some(g.share()),
+                            true => Some(g.mul_scalar(alpha)?),
+                            false => None,
+                        };
+                        (need[0].then(|| g.share()), gb)
+                    }
                     Binary::Sub => (need[0].then(|| g.share()), if need[1] { Some(g.neg()?) } else { None }),
                     Binary::Mul => (if need[0] { Some(g.mul(slot(0))?) } else { None }, if need[1] { Some(g.mul(slot(1))?) } else { None }),
                     _ => {
@@ -563,10 +585,10 @@ impl Tensor {
         }
         let differentiated = matches!(op, Binary::Add | Binary::Sub);
         self.check_inplace(op.name(), &[other], differentiated)?;
-        self.binary_into(self, other, op)?;
+        self.binary_into(self, other, op, 0.0)?;
         self.bump_version();
         if differentiated {
-            self.record_binary(other, op, self.share());
+            self.record_binary(other, op, 0.0, self.share());
         }
         Ok(self)
     }
@@ -719,6 +741,27 @@ impl Tensor {
         self.elementwise(Entry::Ternary(expr.into()), &[self, y, z], value)?;
         self.bump_version();
         Ok(self)
+    }
+
+    /// `torch.add(self, other, alpha=alpha)`: self + alpha * other, broadcasting, in one kernel
+    /// and one output (scale and add without a temporary for the scaled operand).
+    #[track_caller]
+    pub fn add_alpha(&self, other: &Tensor, alpha: f64) -> Result<Tensor> {
+        self.binary_with(other, Binary::AddScaled, alpha)
+    }
+
+    /// `torch._VF._add_relu(self, other)`: relu(self + other) in one kernel and one output, where
+    /// `add` then `relu` allocate two (the first freed at once). PyTorch does not differentiate
+    /// it, and neither does tensormem.
+    #[track_caller]
+    pub fn add_relu(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(other, Binary::AddRelu)
+    }
+
+    /// `_add_relu_`: in place, nothing allocated.
+    #[track_caller]
+    pub fn add_relu_(&self, other: &Tensor) -> Result<&Tensor> {
+        self.binary_inplace(other, Binary::AddRelu)
     }
 
     /// `add_(other, alpha=value)`: self += value * other, in place, with no temporary.
