@@ -12,7 +12,9 @@
 {{BUFFERS}}
 
 // The reduced elements' offset of index k (row-major over the reduced dimensions' sizes).
+// {{CONTIGUOUS}} is true when they are one run of consecutive elements: no index arithmetic.
 fn reduced_offset(k: u32, base: u32) -> u32 {
+    if ({{CONTIGUOUS}}) { return base + k; }
     var rem = k;
     var off = base;
     for (var d = i32(info.reduced) - 1; d >= 0; d = d - 1) {

@@ -37,6 +37,11 @@ pub struct BenchReport {
     pub copy_gbps: f64,
     /// `x + y` on contiguous f32 tensors of `elementwise_elements` elements.
     pub elementwise_gbps: f64,
+    /// `y.copy_(x)` by tensormem's elementwise kernel: the ceiling a compute shader reaches here.
+    pub elementwise_copy_gbps: f64,
+    /// Sums of the same elements, bytes read per second: over rows of 1024 (one output per row),
+    /// and over the whole tensor (one output).
+    pub reduction_gbps: [f64; 2],
     pub elementwise_elements: usize,
     /// Small ops (an add of 64 Ki f32) per second, outputs from the caching allocator ...
     pub cached_op_loop_per_s: f64,
@@ -140,7 +145,16 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
     let (x, y) = (filled(dev, &[n])?, filled(dev, &[n])?);
     let add = time_per_call(dev, budget, 4, 4, || x.add(&y).map(drop).map_err(text)).await?;
     let elementwise_gbps = 12.0 * n as f64 / add / 1e9;
-    drop((x, y));
+    // A kernel's own copy (read n, write n): what a compute shader reaches on this adapter.
+    let copy_kernel = time_per_call(dev, budget, 4, 4, || y.copy_(&x).map(drop).map_err(text)).await?;
+    let elementwise_copy_gbps = 8.0 * n as f64 / copy_kernel / 1e9;
+
+    progress(&format!("sums of {n} f32: rows of 1024, and the whole tensor"));
+    let rows = x.view(&[(n / 1024) as isize, 1024]).map_err(text)?;
+    let row_sum = time_per_call(dev, budget, 4, 4, || rows.sum(&[-1], false).map(drop).map_err(text)).await?;
+    let total_sum = time_per_call(dev, budget, 2, 2, || x.sum(&[], false).map(drop).map_err(text)).await?;
+    let reduction_gbps = [4.0 * n as f64 / row_sum / 1e9, 4.0 * n as f64 / total_sum / 1e9];
+    drop((x, y, rows));
 
     progress("small-op loop, cached and fresh buffers");
     let small_op_loop = async |dev: &Device| -> Result<f64, String> {
@@ -164,6 +178,8 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
         matmul,
         copy_gbps,
         elementwise_gbps,
+        elementwise_copy_gbps,
+        reduction_gbps,
         elementwise_elements: n,
         cached_op_loop_per_s,
         fresh_buffer_op_loop_per_s,

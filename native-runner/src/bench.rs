@@ -28,6 +28,15 @@ pub fn print(report: &BenchReport) {
         100.0 * report.elementwise_gbps / report.copy_gbps
     );
     println!(
+        "elementwise copy_ (a compute shader's own copy): {:.2} GB/s, {:.0}% of copy_buffer_to_buffer",
+        report.elementwise_copy_gbps,
+        100.0 * report.elementwise_copy_gbps / report.copy_gbps
+    );
+    println!(
+        "sum of the same f32: {:.2} GB/s over rows of 1024, {:.2} GB/s over the whole tensor (bytes read)",
+        report.reduction_gbps[0], report.reduction_gbps[1]
+    );
+    println!(
         "small ops with outputs from the cache: {:.0}/s; with a fresh buffer each: {:.0}/s ({:.2}x)",
         report.cached_op_loop_per_s,
         report.fresh_buffer_op_loop_per_s,

@@ -264,6 +264,13 @@ pub async fn reductions_over_dims(dev: &Device) {
         let kept = x.sum(&[d], true).unwrap();
         assert_eq!(kept.shape()[dim], 1);
     }
+    // Long rows (a workgroup per output), whole and narrowed: consecutive elements from an offset.
+    let data: Vec<f32> = (0..3 * 5000).map(|i| (i % 7) as f32 - 3.0).collect();
+    let x = dev.from_slice(&data, &[3, 5000]).unwrap();
+    for (start, len) in [(0, 5000), (3, 4990)] {
+        let want: Vec<f32> = (0..3).map(|r| data[r * 5000 + start..r * 5000 + start + len].iter().sum()).collect();
+        close(&read::<f32>(&x.narrow(1, start, len).unwrap().sum(&[-1], false).unwrap()).await, &want, 1e-5, "long rows");
+    }
     let x = dev.from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
     assert_eq!(read::<f32>(&x.sum(&[], false).unwrap()).await, vec![21.0]);
     assert_eq!(read::<f32>(&x.mean(&[0, 1], false).unwrap()).await, vec![3.5]);

@@ -57,9 +57,18 @@ impl Tensor {
             let finish = finish.replace("{T}", values(dtype, &device)?);
             // Long reductions get a workgroup each (see shaders/reduce.wgsl).
             let wide = n >= WIDE_REDUCTION;
+            // Whether the reduced elements of each output are consecutive (innermost first, each
+            // reduced dimension's stride the product of the sizes inside it).
+            let mut run = 1;
+            let contiguous = dims.iter().rev().all(|&d| {
+                let ok = self.shape()[d] == 1 || self.strides()[d] == run;
+                run *= self.shape()[d];
+                ok
+            });
             let kernel = Kernel::new(Family::Reduce, if wide { "reduce_wide" } else { "reduce" })
                 .with_meta::<ReduceMeta>()
                 .with_operands(device.native_f16(), &b.plan, &[("out", dtype), ("a", self.dtype)])?
+                .with("CONTIGUOUS", if contiguous { "true" } else { "false" })
                 .with("ACC", acc)
                 .with("INIT", init)
                 .with("STEP", step)
