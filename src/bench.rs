@@ -47,6 +47,9 @@ pub struct BenchReport {
     pub cached_op_loop_per_s: f64,
     /// ... and the same loop with a fresh buffer created (and destroyed) per output.
     pub fresh_buffer_op_loop_per_s: f64,
+    /// Microseconds per tiny op (an in-place add of 4 elements): recording and running one
+    /// dispatch, the floor under every op of a training step.
+    pub dispatch_us: f64,
     /// Allocation and free of a 1 MiB tensor through the caching allocator, per second.
     pub alloc_free_per_s: f64,
 }
@@ -163,6 +166,12 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
         Ok(1.0 / seconds)
     };
     let cached_op_loop_per_s = small_op_loop(dev).await?;
+    // What one op costs beyond its data: an in-place add of 4 elements, dispatches queued in
+    // batches as a training step queues them.
+    progress("dispatch: in-place adds of 4 elements");
+    let (a, b) = (filled(dev, &[4])?, filled(dev, &[4])?);
+    let dispatch_us = 1e6 * time_per_call(dev, budget, 100, 256, || a.add_(&b).map(drop).map_err(text)).await?;
+    drop((a, b));
     let fresh = Device::gpu(GpuOptions { uncached: true, ..Default::default() }).await.map_err(text)?;
     let fresh_buffer_op_loop_per_s = small_op_loop(&fresh).await?;
 
@@ -183,6 +192,7 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
         elementwise_elements: n,
         cached_op_loop_per_s,
         fresh_buffer_op_loop_per_s,
+        dispatch_us,
         alloc_free_per_s,
     })
 }
