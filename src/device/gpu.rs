@@ -288,7 +288,7 @@ impl GpuContext {
         self.record(|e| e.copy_buffer_to_buffer(buffer, start, &staging, 0, padded));
         self.submit();
         let result = self.map_and_copy(&staging, skip, len).await;
-        self.staging.give_back(staging);
+        self.staging.give_back(staging, result.is_ok());
         self.take_error()?;
         result
     }

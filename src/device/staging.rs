@@ -22,9 +22,13 @@ pub(crate) struct StagingPool {
     filling: RefCell<Vec<(wgpu::Buffer, u64)>>,
     /// Chunks named by recorded copies: unmapped until their commands are submitted.
     closed: RefCell<Vec<wgpu::Buffer>>,
-    /// Chunks mapped again after their copies ran, ready to fill (filled by map callbacks,
-    /// which wgpu may call from another thread).
-    mapped: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// Chunks whose re-mapping completed, and whether it succeeded (map callbacks may run on
+    /// another thread); drained into `mapped` here.
+    returned: Arc<Mutex<Vec<(wgpu::Buffer, bool)>>>,
+    /// Chunks mapped for writing and idle, ready to fill.
+    mapped: RefCell<Vec<wgpu::Buffer>>,
+    /// Bytes of chunks being mapped again (on the web that waits for the browser's event loop).
+    remapping: Cell<u64>,
     /// Readback buffers not in use.
     readback: RefCell<Vec<wgpu::Buffer>>,
     current: Cell<u64>,
@@ -37,7 +41,9 @@ impl StagingPool {
             device,
             filling: RefCell::default(),
             closed: RefCell::default(),
-            mapped: Arc::default(),
+            returned: Arc::default(),
+            mapped: RefCell::default(),
+            remapping: Cell::new(0),
             readback: RefCell::default(),
             current: Cell::new(0),
             peak: Cell::new(0),
@@ -83,9 +89,19 @@ impl StagingPool {
         *used = (*used + size).next_multiple_of(ALIGN);
     }
 
+    /// Takes in the chunks whose mapping completed; one that failed to map is destroyed.
+    fn collect_returned(&self) {
+        let returned: Vec<(wgpu::Buffer, bool)> = self.returned.lock().unwrap().drain(..).collect();
+        for (chunk, ok) in returned {
+            self.remapping.set(self.remapping.get() - chunk.size());
+            if ok { self.mapped.borrow_mut().push(chunk) } else { self.destroy(chunk) }
+        }
+    }
+
     /// A chunk mapped for writing with room for `size` bytes: a returned one, or a new one.
     fn mapped_chunk(&self, size: u64) -> wgpu::Buffer {
-        let mut mapped = self.mapped.lock().unwrap();
+        self.collect_returned();
+        let mut mapped = self.mapped.borrow_mut();
         if let Some(i) = mapped.iter().position(|c| c.size() >= size) {
             return mapped.swap_remove(i);
         }
@@ -104,37 +120,44 @@ impl StagingPool {
     }
 
     /// After a submit: the closed chunks are mapped again, which completes once their copies
-    /// have run; idle chunks beyond `KEEP_IDLE` are destroyed.
+    /// have run. Chunks beyond `KEEP_IDLE` (idle or on their way back) are destroyed.
     pub fn recall(&self) {
-        let mut idle: u64 = self.mapped.lock().unwrap().iter().map(wgpu::Buffer::size).sum();
+        self.collect_returned();
+        let mut idle: u64 = self.remapping.get() + self.mapped.borrow().iter().map(wgpu::Buffer::size).sum::<u64>();
         for chunk in self.closed.borrow_mut().drain(..) {
             if idle + chunk.size() > KEEP_IDLE {
                 self.destroy(chunk);
                 continue;
             }
             idle += chunk.size();
-            let (back, returned) = (chunk.clone(), self.mapped.clone());
-            chunk.map_async(wgpu::MapMode::Write, .., move |result| {
-                if result.is_ok() {
-                    returned.lock().unwrap().push(back);
-                }
-            });
+            self.remapping.set(self.remapping.get() + chunk.size());
+            let (back, returned) = (chunk.clone(), self.returned.clone());
+            chunk.map_async(wgpu::MapMode::Write, .., move |result| returned.lock().unwrap().push((back, result.is_ok())));
         }
     }
 
-    /// A buffer to read `size` bytes back through: a free one large enough, or a new one of
-    /// the next power of two (so that reads of similar sizes share buffers).
+    /// A buffer to read `size` bytes back through: a free one large enough, or a new one, of
+    /// the next power of two if it would be kept (so that reads of similar sizes share buffers).
     pub fn take_readback(&self, size: u64) -> wgpu::Buffer {
         let mut free = self.readback.borrow_mut();
         let best = free.iter().enumerate().filter(|(_, b)| b.size() >= size).min_by_key(|(_, b)| b.size()).map(|(i, _)| i);
         match best {
             Some(i) => free.swap_remove(i),
-            None => self.create(size.next_power_of_two().max(256), wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, false),
+            None => {
+                let rounded = size.next_power_of_two().max(256);
+                let size = if rounded <= KEEP_IDLE { rounded } else { size };
+                self.create(size, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, false)
+            }
         }
     }
 
-    /// A readback buffer, unmapped, back to the free list (or destroyed if the list is full).
-    pub fn give_back(&self, buffer: wgpu::Buffer) {
+    /// A readback buffer back to the free list (or destroyed if the list is full, or if the
+    /// read failed: it may still be mapped).
+    pub fn give_back(&self, buffer: wgpu::Buffer, read_ok: bool) {
+        if !read_ok {
+            self.destroy(buffer);
+            return;
+        }
         let mut free = self.readback.borrow_mut();
         let idle: u64 = free.iter().map(wgpu::Buffer::size).sum();
         if idle + buffer.size() > KEEP_IDLE {

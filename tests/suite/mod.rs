@@ -174,6 +174,13 @@ pub async fn binary_ops_broadcast_over_strided_views(dev: &Device) {
             close(&read::<f32>(&out).await, &expected, 1e-6, &format!("case {case} {name} {out_shape:?} with {b_shape:?}"));
         }
     }
+    // Mixed types compute in the promoted type, alpha too; integers refuse a fractional alpha.
+    let ints = dev.from_slice(&[1i32, -2, 3], &[3]).unwrap();
+    let floats = dev.from_slice(&[0.5f32, 1.5, -2.0], &[3]).unwrap();
+    assert_eq!(read::<f32>(&ints.add_alpha(&floats, 0.5).unwrap()).await, vec![1.25, -1.25, 2.0]);
+    assert_eq!(read::<i32>(&ints.add_alpha(&ints, -2.0).unwrap()).await, vec![-1, 2, -3]);
+    let error = ints.add_alpha(&ints, 0.5).unwrap_err().to_string();
+    assert!(error.contains("alpha must not be a floating point number"), "{error}");
 }
 
 pub async fn unary_and_scalar_ops_match_the_reference(dev: &Device) {

@@ -308,7 +308,6 @@ impl Tensor {
         let b = bind(&operands)?;
         let names = ["out", "a", "b", "c"];
         let spec: Vec<(&str, DType)> = names.iter().zip(&operands).map(|(&n, t)| (n, t.dtype)).collect();
-        let scalar_type = values(operands[if inputs.is_empty() { 0 } else { 1 }].dtype, &device)?;
         let (mut seed, mut promote) = (0, "");
         let (entry_name, expr) = match entry {
             Entry::Unary(e) => ("unary", e),
@@ -325,6 +324,9 @@ impl Tensor {
             }
             Entry::Unscale => ("unscale", String::new()),
         };
+        // The scalar is of the type the expression computes in: the first input's, or the
+        // promoted type of mixed operands.
+        let scalar_type = if promote.is_empty() { values(operands[if inputs.is_empty() { 0 } else { 1 }].dtype, &device)? } else { promote };
         let pick = |name: &str, trivial: &str| if name == entry_name { expr.clone() } else { trivial.to_string() };
         let out_t = values(self.dtype, &device)?;
         // When every operand is contiguous in the same shape, index them as flat arrays: the
@@ -747,6 +749,9 @@ impl Tensor {
     /// and one output (scale and add without a temporary for the scaled operand).
     #[track_caller]
     pub fn add_alpha(&self, other: &Tensor, alpha: f64) -> Result<Tensor> {
+        if !result_type("add", self, other)?.is_float() && alpha.fract() != 0.0 {
+            return Err(TensorError::DType(format!("for integral input tensors, argument alpha must not be a floating point number (alpha = {alpha})")));
+        }
         self.binary_with(other, Binary::AddScaled, alpha)
     }
 
