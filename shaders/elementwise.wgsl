@@ -5,7 +5,8 @@
 //   (c's element) and s; {{UNARY}} from x, s (the
 //   scalar) and i (the linear index); {{FILL}} from s. Every entry compiles with the module, so
 //   the kernels layer gives the unused ones a trivial expression.
-//   {{SCALAR}} how s is read from info.scalar. info: ElementwiseMeta (src/kernels/meta.rs).
+//   {{SCALAR}} how s is read (from scalar_bits, info.scalar read once). {{QUADS}} the family the
+//   `quads` entry runs. info: ElementwiseMeta (src/kernels/meta.rs).
 {{ENABLE}}
 
 {{COMMON}}
@@ -33,6 +34,17 @@ fn pow_signed(x: f32, y: f32) -> f32 {
     return exp2(y * log2(x));
 }
 
+// info's scalar and seed, copied once per invocation by every entry that computes ops: loads
+// of info between an invocation's stores would be repeated after each (the compiler cannot tell
+// info's binding from the outputs' apart).
+var<private> scalar_bits: u32;
+var<private> seed: u32;
+
+fn read_scalars() {
+    scalar_bits = info.scalar;
+    seed = info.seed;
+}
+
 // A counter-based generator: element i of a call with seed s always gets the same numbers,
 // whatever the dispatch shape (a PCG hash, applied twice).
 fn pcg(x: u32) -> u32 {
@@ -43,7 +55,7 @@ fn pcg(x: u32) -> u32 {
 
 // Uniform in [0, 1) with 24 random bits; `lane` draws independent numbers for one element.
 fn uniform(i: u32, lane: u32) -> f32 {
-    return f32(pcg(pcg(i * 2u + lane) ^ info.seed) >> 8u) * (1.0 / 16777216.0);
+    return f32(pcg(pcg(i * 2u + lane) ^ seed) >> 8u) * (1.0 / 16777216.0);
 }
 
 // Standard normal by Box-Muller.
@@ -83,6 +95,7 @@ fn fill_op(i: u32) -> out_t {
 fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
+    read_scalars();
     store_out(offset_of(i, info.out), binary_op(load_a(offset_of(i, info.a)), load_b(offset_of(i, info.b)), i));
 }
 
@@ -90,6 +103,7 @@ fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
+    read_scalars();
     store_out(offset_of(i, info.out), unary_op(load_a(offset_of(i, info.a)), i));
 }
 
@@ -97,6 +111,7 @@ fn unary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
 fn ternary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
+    read_scalars();
     store_out(offset_of(i, info.out), ternary_op(load_a(offset_of(i, info.a)), load_b(offset_of(i, info.b)), load_c(offset_of(i, info.c)), i));
 }
 
@@ -105,71 +120,91 @@ fn ternary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= info.numel) { return; }
+    read_scalars();
     store_out(offset_of(i, info.out), fill_op(i));
 }
 
 // The same four over contiguous f32 operands (same shape, each starting at a multiple of 4
-// elements), four elements per invocation with 128-bit loads and stores and no index
-// arithmetic: what memory speed needs. Invocation q = numel / 4 does the last, partial quad
-// element by element.
-@compute @workgroup_size(256)
-fn binary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let q = index(gid, nwg);
+// elements), with 128-bit loads and stores and no index arithmetic: what memory speed needs.
+// `{op}_quad(q, o)` computes elements 4q..4q+3 (o: the operands' offsets in quads, out, a, b, c),
+// `{op}_tail(q)` those of them that exist.
+fn binary_quad(q: u32, o: vec4<u32>) {
     let i = q * 4u;
-    if (i + 4u <= info.numel) {
-        let x = load4_a(info.a.offset / 4u + q);
-        let y = load4_b(info.b.offset / 4u + q);
-        store4_out(info.out.offset / 4u + q, vec4<f32>(f32(binary_op(a_t(x[0]), b_t(y[0]), i)), f32(binary_op(a_t(x[1]), b_t(y[1]), i + 1u)),
-            f32(binary_op(a_t(x[2]), b_t(y[2]), i + 2u)), f32(binary_op(a_t(x[3]), b_t(y[3]), i + 3u))));
-    } else {
-        for (var j = i; j < info.numel; j = j + 1u) {
-            store_out(info.out.offset + j, binary_op(load_a(info.a.offset + j), load_b(info.b.offset + j), j));
-        }
+    let x = load4_a(o.y + q);
+    let y = load4_b(o.z + q);
+    store4_out(o.x + q, vec4<f32>(f32(binary_op(a_t(x[0]), b_t(y[0]), i)), f32(binary_op(a_t(x[1]), b_t(y[1]), i + 1u)),
+        f32(binary_op(a_t(x[2]), b_t(y[2]), i + 2u)), f32(binary_op(a_t(x[3]), b_t(y[3]), i + 3u))));
+}
+
+fn binary_tail(q: u32) {
+    for (var j = q * 4u; j < info.numel; j = j + 1u) {
+        store_out(info.out.offset + j, binary_op(load_a(info.a.offset + j), load_b(info.b.offset + j), j));
     }
 }
 
-@compute @workgroup_size(256)
-fn unary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let q = index(gid, nwg);
+fn unary_quad(q: u32, o: vec4<u32>) {
     let i = q * 4u;
-    if (i + 4u <= info.numel) {
-        let x = load4_a(info.a.offset / 4u + q);
-        store4_out(info.out.offset / 4u + q, vec4<f32>(f32(unary_op(a_t(x[0]), i)), f32(unary_op(a_t(x[1]), i + 1u)),
-            f32(unary_op(a_t(x[2]), i + 2u)), f32(unary_op(a_t(x[3]), i + 3u))));
-    } else {
-        for (var j = i; j < info.numel; j = j + 1u) {
-            store_out(info.out.offset + j, unary_op(load_a(info.a.offset + j), j));
-        }
+    let x = load4_a(o.y + q);
+    store4_out(o.x + q, vec4<f32>(f32(unary_op(a_t(x[0]), i)), f32(unary_op(a_t(x[1]), i + 1u)),
+        f32(unary_op(a_t(x[2]), i + 2u)), f32(unary_op(a_t(x[3]), i + 3u))));
+}
+
+fn unary_tail(q: u32) {
+    for (var j = q * 4u; j < info.numel; j = j + 1u) {
+        store_out(info.out.offset + j, unary_op(load_a(info.a.offset + j), j));
     }
 }
 
-@compute @workgroup_size(256)
-fn ternary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let q = index(gid, nwg);
+fn ternary_quad(q: u32, o: vec4<u32>) {
     let i = q * 4u;
-    if (i + 4u <= info.numel) {
-        let x = load4_a(info.a.offset / 4u + q);
-        let y = load4_b(info.b.offset / 4u + q);
-        let z = load4_c(info.c.offset / 4u + q);
-        store4_out(info.out.offset / 4u + q, vec4<f32>(f32(ternary_op(a_t(x[0]), b_t(y[0]), c_t(z[0]), i)),
-            f32(ternary_op(a_t(x[1]), b_t(y[1]), c_t(z[1]), i + 1u)), f32(ternary_op(a_t(x[2]), b_t(y[2]), c_t(z[2]), i + 2u)),
-            f32(ternary_op(a_t(x[3]), b_t(y[3]), c_t(z[3]), i + 3u))));
-    } else {
-        for (var j = i; j < info.numel; j = j + 1u) {
-            store_out(info.out.offset + j, ternary_op(load_a(info.a.offset + j), load_b(info.b.offset + j), load_c(info.c.offset + j), j));
-        }
+    let x = load4_a(o.y + q);
+    let y = load4_b(o.z + q);
+    let z = load4_c(o.w + q);
+    store4_out(o.x + q, vec4<f32>(f32(ternary_op(a_t(x[0]), b_t(y[0]), c_t(z[0]), i)),
+        f32(ternary_op(a_t(x[1]), b_t(y[1]), c_t(z[1]), i + 1u)), f32(ternary_op(a_t(x[2]), b_t(y[2]), c_t(z[2]), i + 2u)),
+        f32(ternary_op(a_t(x[3]), b_t(y[3]), c_t(z[3]), i + 3u))));
+}
+
+fn ternary_tail(q: u32) {
+    for (var j = q * 4u; j < info.numel; j = j + 1u) {
+        store_out(info.out.offset + j, ternary_op(load_a(info.a.offset + j), load_b(info.b.offset + j), load_c(info.c.offset + j), j));
     }
 }
 
-@compute @workgroup_size(256)
-fn fill4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let q = index(gid, nwg);
+fn fill_quad(q: u32, o: vec4<u32>) {
     let i = q * 4u;
-    if (i + 4u <= info.numel) {
-        store4_out(info.out.offset / 4u + q, vec4<f32>(f32(fill_op(i)), f32(fill_op(i + 1u)), f32(fill_op(i + 2u)), f32(fill_op(i + 3u))));
+    store4_out(o.x + q, vec4<f32>(f32(fill_op(i)), f32(fill_op(i + 1u)), f32(fill_op(i + 2u)), f32(fill_op(i + 3u))));
+}
+
+fn fill_tail(q: u32) {
+    for (var j = q * 4u; j < info.numel; j = j + 1u) {
+        store_out(info.out.offset + j, fill_op(j));
+    }
+}
+
+// One of the four (the kernels layer names it in QUADS) over the contiguous operands. A workgroup covers
+// 1024 consecutive quads, each invocation four of them 256 apart, so that neighbouring
+// invocations touch neighbouring quads. Several quads per invocation spread the per-invocation
+// cost (1.3-1.4x on lavapipe), and only the last, partial workgroup checks bounds per quad.
+// Keep QUADS_PER_GROUP in src/tensor/ops/elementwise.rs in step.
+@compute @workgroup_size(256)
+fn quads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    read_scalars();
+    let o = vec4<u32>(info.out.offset, info.a.offset, info.b.offset, info.c.offset) / 4u;
+    let group = wid.x + wid.y * nwg.x;
+    let first = group * 1024u + lid.x;
+    if ((group + 1u) * 4096u <= info.numel) {
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            {{QUADS}}_quad(first + j * 256u, o);
+        }
     } else {
-        for (var j = i; j < info.numel; j = j + 1u) {
-            store_out(info.out.offset + j, fill_op(j));
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let q = first + j * 256u;
+            if (q * 4u + 4u <= info.numel) {
+                {{QUADS}}_quad(q, o);
+            } else {
+                {{QUADS}}_tail(q);
+            }
         }
     }
 }

@@ -406,11 +406,12 @@ pub async fn matmul_allocates_what_aten_allocates(dev: &Device) {
     }
 }
 
-/// Contiguous f32 operands take the four-elements-per-invocation kernels: every length mod 4
-/// (the partial last quad), starts off a 16-byte boundary (element kernels instead), in place.
+/// Contiguous f32 operands take the `quads` kernels (128-bit loads, 4096 elements a workgroup):
+/// every length mod 4 (the partial last quad), one or more whole workgroups and a partial one,
+/// starts off a 16-byte boundary (element kernels instead), in place.
 pub async fn contiguous_float32_goes_four_elements_at_a_time(dev: &Device) {
     let mut rng = Rng(7);
-    for n in [1, 2, 3, 4, 5, 7, 8, 9, 1027] {
+    for n in [1, 2, 3, 4, 5, 7, 8, 9, 1027, 4096, 4099, 8192 + 1024 + 6] {
         for start in [0, 1, 4] {
             let (xd, yd, zd) = (rng.f32s(n + start), rng.f32s(n + start), rng.f32s(n + start));
             let view = |d: &[f32]| dev.from_slice(d, &[n + start]).unwrap().narrow(0, start, n).unwrap();

@@ -4,6 +4,10 @@ use super::{bind, check_u32, shape_meta, strided, values};
 use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
+
+/// Quads (4 f32) a workgroup of the contiguous `quads` entry covers: four per invocation
+/// (shaders/elementwise.wgsl).
+const QUADS_PER_GROUP: u64 = 4 * ELEMENTWISE_WORKGROUP as u64;
 use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -252,10 +256,10 @@ pub(crate) fn result_type(op: &str, a: &Tensor, b: &Tensor) -> Result<DType> {
 /// How the scalar `s` is read, for value type `t`.
 fn scalar_expr(t: &str) -> &'static str {
     match t {
-        "f32" => "bitcast<f32>(info.scalar)",
-        "f16" => "f16(bitcast<f32>(info.scalar))",
-        "i32" => "bitcast<i32>(info.scalar)",
-        _ => "info.scalar",
+        "f32" => "bitcast<f32>(scalar_bits)",
+        "f16" => "f16(bitcast<f32>(scalar_bits))",
+        "i32" => "bitcast<i32>(scalar_bits)",
+        _ => "scalar_bits",
     }
 }
 
@@ -338,19 +342,8 @@ impl Tensor {
             && matches!(entry_name, "unary" | "binary" | "ternary" | "fill")
             && operands.iter().all(|t| t.dtype == DType::F32)
             && offsets.take(4).enumerate().all(|(slot, offset)| (b.plan.base(slot) as usize + offset).is_multiple_of(4));
-        let (entry_name, vec4): (&str, &[&'static str]) = if quads {
-            (
-                match entry_name {
-                    "unary" => "unary4",
-                    "binary" => "binary4",
-                    "ternary" => "ternary4",
-                    _ => "fill4",
-                },
-                &names,
-            )
-        } else {
-            (entry_name, &[])
-        };
+        // The contiguous form is one entry, `quads`, specialised by the op family it runs.
+        let (quad_family, entry_name, vec4): (&str, &str, &[&'static str]) = if quads { (entry_name, "quads", &names) } else { ("fill", entry_name, &[]) };
         let kernel = Kernel::new(Family::Elementwise, entry_name)
             .with_meta::<ElementwiseMeta>()
             .with_operands_vec4(device.native_f16(), &b.plan, &spec, vec4)?
@@ -359,7 +352,8 @@ impl Tensor {
             .with("BINARY", pick("binary", &format!("{out_t}(x)")))
             .with("PROMOTE", promote)
             .with("TERNARY", pick("ternary", &format!("{out_t}(x)")))
-            .with("FILL", pick("fill", &format!("{out_t}(s)")));
+            .with("FILL", pick("fill", &format!("{out_t}(s)")))
+            .with("QUADS", quad_family);
         let as_flat = |l: &Layout| Layout { shape: vec![l.numel()], strides: vec![1], offset: l.offset };
         let (out_layout, layouts) = if flat { (as_flat(&self.layout), layouts.iter().map(as_flat).collect()) } else { (self.layout.clone(), layouts) };
         let operand = |slot: usize| match layouts.get(slot) {
@@ -378,7 +372,7 @@ impl Tensor {
             seed,
             limit: 0,
         };
-        let threads = if quads { self.numel() as u64 / 4 + 1 } else { self.numel() as u64 };
+        let threads = if quads { (self.numel() as u64).div_ceil(QUADS_PER_GROUP * 4) * ELEMENTWISE_WORKGROUP as u64 } else { self.numel() as u64 };
         Ok(device.launch(&kernel, &meta, &b, Grid::Threads { threads, workgroup: ELEMENTWISE_WORKGROUP })?)
     }
 
@@ -495,7 +489,7 @@ impl Tensor {
         let out = self.device().empty_tensor(self.shape(), self.dtype, name)?;
         let t = values(self.dtype, self.device())?;
         // In f32 whatever the dtype: X the gradient, Y the saved tensor, S the scalar.
-        let expr = format!("{t}({})", derivative.replace('X', "f32(x)").replace('Y', "f32(y)").replace('S', "bitcast<f32>(info.scalar)"));
+        let expr = format!("{t}({})", derivative.replace('X', "f32(x)").replace('Y', "f32(y)").replace('S', "bitcast<f32>(scalar_bits)"));
         out.elementwise(Entry::Binary(expr), &[self, saved], scalar)?;
         Ok(out)
     }
@@ -708,7 +702,7 @@ impl Tensor {
         let t = values(self.dtype, self.device())?;
         let out = self.device().empty_tensor(self.shape(), self.dtype, "masked_fill")?;
         // -inf and NaN pass as bits: a WGSL constant cannot be infinite.
-        out.elementwise(Entry::Binary(format!("select(x, {t}(bitcast<f32>(info.scalar)), y != 0u)")), &[self, mask], value)?;
+        out.elementwise(Entry::Binary(format!("select(x, {t}(bitcast<f32>(scalar_bits)), y != 0u)")), &[self, mask], value)?;
         if !autograd::records(&[self]) {
             return Ok(out);
         }

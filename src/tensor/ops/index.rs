@@ -272,7 +272,8 @@ impl Tensor {
             .with("BINARY", format!("{out_t}(x)"))
             .with("PROMOTE", "")
             .with("TERNARY", format!("{out_t}(x)"))
-            .with("FILL", format!("{out_t}(s)"));
+            .with("FILL", format!("{out_t}(s)"))
+            .with("QUADS", "fill");
         let meta = ElementwiseMeta {
             numel: self.numel() as u32,
             ndim: self.ndim() as u32,

@@ -72,6 +72,6 @@ impl Tensor {
     /// Writes `x * mask * scale` into self.
     fn masked_scale(&self, x: &Tensor, mask: &Tensor, scale: f64) -> Result<()> {
         let t = values(x.dtype, x.device())?;
-        self.elementwise(Entry::Binary(format!("{t}(f32(x) * f32(y) * bitcast<f32>(info.scalar))")), &[x, mask], scale)
+        self.elementwise(Entry::Binary(format!("{t}(f32(x) * f32(y) * bitcast<f32>(scalar_bits))")), &[x, mask], scale)
     }
 }
