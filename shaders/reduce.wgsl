@@ -1,7 +1,8 @@
 // Reductions over any set of dimensions, with strided input, in one pass: one invocation per
 // output element loops over the reduced elements. Specialised: {{ENABLE}}, {{T}} element type,
-// {{ACC}} accumulator type, {{INIT}} its start value, {{STEP}} combining acc with x (and k, the
-// index), {{FINISH}} the output from acc (and n, the count).
+// {{ACC}} accumulator type, {{INIT}} its start value, {{STEP}} folding element x into acc,
+// {{COMBINE}} folding another accumulator x into acc, {{FINISH}} the output from acc (and n,
+// the count).
 // info: ReduceMeta (src/kernels/meta.rs): the output's shape (reduced dimensions of size 1),
 // and the reduced dimensions' sizes and input strides (the first info.reduced of each).
 {{ENABLE}}
@@ -65,7 +66,7 @@ fn reduce_wide(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_
         if (lid.x < span) {
             acc = partial[lid.x];
             let x = partial[lid.x + span];
-            {{STEP}}
+            {{COMBINE}}
             partial[lid.x] = acc;
         }
         workgroupBarrier();

@@ -326,6 +326,11 @@ pub async fn reductions_over_dims(dev: &Device) {
     close(&read::<f32>(&x.max(&[-1], false).unwrap()).await, &maxes, 0.0, "long maxes");
     let total: f64 = data.iter().map(|&v| v as f64).sum();
     close(&read::<f32>(&x.mean(&[], false).unwrap()).await, &[(total / data.len() as f64) as f32], 1e-4, "mean of everything");
+    let mins: Vec<f32> = (0..3).map(|r| (0..70_000).map(|c| data[c * 3 + r]).fold(f32::MAX, f32::min)).collect();
+    close(&read::<f32>(&x.min(&[-1], false).unwrap()).await, &mins, 0.0, "long mins");
+    // The L2 norm combines partial sums of squares, not their squares.
+    let norm = data.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt() as f32;
+    close(&read::<f32>(&x.norm().unwrap()).await, &[norm], 1e-4, "norm of everything");
 }
 
 /// Allocations made on `dev` so far (`memory_stats()["allocation.all.allocated"]`).

@@ -11,8 +11,17 @@ use crate::tensor::{DType, Result, Tensor, TensorError};
 /// Reductions of at least this many elements per output run a workgroup per output.
 const WIDE_REDUCTION: usize = 2048;
 
-/// A reduction's name and its kernel's ACC, INIT, STEP and FINISH substitutions.
-type ReductionSpec = (&'static str, (String, String, String, String));
+/// A reduction's kernel substitutions (see shaders/reduce.wgsl).
+struct ReductionSpec {
+    name: &'static str,
+    acc: &'static str,
+    init: String,
+    /// Folds element x into acc.
+    step: String,
+    /// Folds another accumulator x into acc (a norm adds partial sums of squares, not squares).
+    combine: String,
+    finish: &'static str,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reduction {
@@ -36,7 +45,7 @@ impl Tensor {
         if self.ndim() == 0 {
             return if dtype == self.dtype { self.clone() } else { self.to(dtype) };
         }
-        let (name, (acc, init, step, finish)) = self.reduction_spec(op)?;
+        let ReductionSpec { name, acc, init, step, combine, finish } = self.reduction_spec(op)?;
         let mut out_shape = self.shape().to_vec();
         for &d in &dims {
             out_shape[d] = 1;
@@ -72,6 +81,7 @@ impl Tensor {
                 .with("ACC", acc)
                 .with("INIT", init)
                 .with("STEP", step)
+                .with("COMBINE", combine)
                 .with("FINISH", finish);
             // The reduced dimensions' sizes and input strides, innermost last.
             let (mut sizes, mut strides) = ([1; MAX_DIMS], [0; MAX_DIMS]);
@@ -114,17 +124,19 @@ impl Tensor {
             // ±FLT_MAX by bits: a decimal literal may round past f32's range (Tint rejects it).
             _ => ("bitcast<f32>(0xff7fffffu)", "bitcast<f32>(0x7f7fffffu)"),
         };
-        Ok(match op {
-            Reduction::Sum => ("sum", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), "{T}(acc)".into())),
-            Reduction::Mean if float => ("mean", (acc.into(), cast("0"), format!("acc = acc + {};", cast("x")), "{T}(acc / f32(n))".into())),
+        let add = || (format!("acc = acc + {};", cast("x")), "acc = acc + x;".to_string());
+        let (name, init, (step, combine), finish) = match op {
+            Reduction::Sum => ("sum", cast("0"), add(), "{T}(acc)"),
+            Reduction::Mean if float => ("mean", cast("0"), add(), "{T}(acc / f32(n))"),
             Reduction::Mean => return Err(TensorError::DType(format!("mean of {} tensors: PyTorch requires a floating dtype", self.dtype))),
-            Reduction::Max => ("max", (acc.into(), cast(lowest), format!("acc = max(acc, {});", cast("x")), "{T}(acc)".into())),
+            Reduction::Max => ("max", cast(lowest), (format!("acc = max(acc, {});", cast("x")), "acc = max(acc, x);".into()), "{T}(acc)"),
             Reduction::Norm if float => {
-                ("linalg_vector_norm", (acc.into(), cast("0"), format!("acc = acc + {} * {};", cast("x"), cast("x")), "{T}(sqrt(acc))".into()))
+                ("linalg_vector_norm", cast("0"), (format!("acc = acc + {} * {};", cast("x"), cast("x")), "acc = acc + x;".into()), "{T}(sqrt(acc))")
             }
             Reduction::Norm => return Err(TensorError::DType(format!("norm of {} tensors: PyTorch requires a floating dtype", self.dtype))),
-            Reduction::Min => ("min", (acc.into(), cast(highest), format!("acc = min(acc, {});", cast("x")), "{T}(acc)".into())),
-        })
+            Reduction::Min => ("min", cast(highest), (format!("acc = min(acc, {});", cast("x")), "acc = min(acc, x);".into()), "{T}(acc)"),
+        };
+        Ok(ReductionSpec { name, acc, init, step, combine, finish })
     }
 
     /// `sum(dims, keepdim)`; empty `dims` reduces everything.
