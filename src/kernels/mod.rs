@@ -110,8 +110,9 @@ impl Kernel {
         self.with_operands_vec4(native_f16, bindings, operands, &[])
     }
 
-    /// As `with_operands`, declaring the named f32 operands as `array<vec4<f32>>` (with
-    /// `load4_x`), for kernels that load 128 bits at a time. The caller checks alignment.
+    /// As `with_operands`, declaring the named f32 (and native f16) operands as arrays of vec4
+    /// (with `load4_x` / `store4_x` in vec4<f32>), for kernels that load four elements at a time.
+    /// Others named keep scalar access. The caller checks alignment.
     pub fn with_operands_vec4(
         mut self,
         native_f16: bool,
@@ -219,10 +220,16 @@ fn declarations(o: &Operands) -> Result<String, KernelError> {
         let types: Vec<DType> = members.iter().map(|&i| operands[i].1).collect();
         let whole = whole_element(types[0], native_f16).filter(|_| types.iter().all(|&t| t == types[0]));
         words[k] = whole.is_none();
-        // 128-bit access for a binding of f32 operands all listed (the caller checked that each
-        // starts at a multiple of 4 elements).
-        quads[k] = members.iter().all(|&i| operands[i].1 == DType::F32 && vec4.contains(&operands[i].0));
-        let element = if quads[k] { "vec4<f32>" } else { whole.unwrap_or("atomic<u32>") };
+        // Four elements at a time (128 bits of f32, 64 of native f16) for a binding whose operands
+        // are all listed and of one such type (the caller checked that each starts at a multiple
+        // of 4 elements).
+        let quad_type = match whole {
+            Some("f32") => Some("vec4<f32>"),
+            Some("f16") => Some("vec4<f16>"),
+            _ => None,
+        };
+        quads[k] = quad_type.is_some() && members.iter().all(|&i| vec4.contains(&operands[i].0));
+        let element = if quads[k] { quad_type.unwrap_or_default() } else { whole.unwrap_or("atomic<u32>") };
         out.push_str(&format!("@group(0) @binding({}) var<storage, read_write> buf{k}: array<{element}>;\n", k + 1));
         if words[k] {
             out.push_str(&format!(
@@ -235,8 +242,8 @@ fn declarations(o: &Operands) -> Result<String, KernelError> {
         let v = value_type(dtype, native_f16)?;
         let buf = format!("buf{k}");
         let (load, store) = if quads[k] {
-            out.push_str(&format!("fn load4_{name}(i4: u32) -> vec4<f32> {{ return {buf}[i4]; }}\n"));
-            out.push_str(&format!("fn store4_{name}(i4: u32, v: vec4<f32>) {{ {buf}[i4] = v; }}\n"));
+            out.push_str(&format!("fn load4_{name}(i4: u32) -> vec4<f32> {{ return vec4<f32>({buf}[i4]); }}\n"));
+            out.push_str(&format!("fn store4_{name}(i4: u32, v: vec4<f32>) {{ {buf}[i4] = vec4<{v}>(v); }}\n"));
             (format!("return {buf}[i >> 2u][i & 3u];"), format!("{buf}[i >> 2u][i & 3u] = v;"))
         } else if !words[k] {
             (format!("return {buf}[i];"), format!("{buf}[i] = v;"))

@@ -567,6 +567,31 @@ pub async fn f16_program(dev: &Device) {
     let mm = read::<f16>(&m).await;
     let reference: f32 = (0..9).map(|c| after[c].to_f32() * after[9 + c].to_f32()).sum();
     assert!((mm[1].to_f32() - reference).abs() <= 0.02 * reference.abs().max(1.0), "{} vs {reference}", mm[1]);
+
+    // Contiguous and aligned (natively: four halves a load): whole workgroups and a partial one,
+    // a partial last quad, and a view starting at an odd element (element at a time).
+    let mut rng = Rng(31);
+    let halves = |n: usize, rng: &mut Rng| rng.f32s(n).iter().map(|&v| f16::from_f32(v * 4.0)).collect::<Vec<_>>();
+    let n = 8192 + 1024 + 6;
+    let (xd, yd) = (halves(n + 1, &mut rng), halves(n + 1, &mut rng));
+    for start in [0, 1] {
+        let view = |d: &[f16]| dev.from_slice(d, &[n + 1]).unwrap().narrow(0, start, n).unwrap();
+        let (x, y) = (view(&xd), view(&yd));
+        let sum: Vec<f16> = (0..n).map(|i| f16::from_f32(xd[start + i].to_f32() + yd[start + i].to_f32())).collect();
+        assert_eq!(read::<f16>(&x.add(&y).unwrap()).await, sum, "f16 add of {n} from {start}: one rounding, as f32 then rounded");
+        x.mul_(&y).unwrap();
+        let product: Vec<f16> = (0..n).map(|i| f16::from_f32(xd[start + i].to_f32() * yd[start + i].to_f32())).collect();
+        assert_eq!(read::<f16>(&x).await, product, "f16 mul_ of {n} from {start}");
+    }
+    // Rows of k = 16 and n = 20 halves (multiples of 4) times a batch of 3.
+    let (a, b) = (halves(3 * 12 * 16, &mut rng), halves(16 * 20, &mut rng));
+    let c = dev.from_slice(&a, &[3, 12, 16]).unwrap().matmul(&dev.from_slice(&b, &[16, 20]).unwrap()).unwrap();
+    let got = read::<f16>(&c).await;
+    for (i, g) in got.iter().enumerate() {
+        let (row, col) = (i / 20, i % 20);
+        let exact: f32 = (0..16).map(|k| a[row * 16 + k].to_f32() * b[k * 20 + col].to_f32()).sum();
+        assert!((g.to_f32() - exact).abs() <= 2e-3 * (1.0 + exact.abs()), "aligned f16 matmul [{row}, {col}]: {g} vs {exact}");
+    }
 }
 
 /// f16 on this device's path (native where shader-f16 exists, else packed).

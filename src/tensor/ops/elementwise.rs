@@ -334,13 +334,13 @@ impl Tensor {
         let pick = |name: &str, trivial: &str| if name == entry_name { expr.clone() } else { trivial.to_string() };
         let out_t = values(self.dtype, &device)?;
         // When every operand is contiguous in the same shape, index them as flat arrays: the
-        // kernel then skips the per-dimension index arithmetic; f32 operands that each start on
-        // a 16-byte boundary go four elements at a time.
+        // kernel then skips the per-dimension index arithmetic; f32 (and native f16) operands
+        // that each start at a multiple of 4 elements go four at a time.
         let flat = self.is_contiguous() && layouts.iter().all(|l| l.is_contiguous());
         let offsets = std::iter::once(self.layout.offset).chain(layouts.iter().map(|l| l.offset)).chain(std::iter::repeat(self.layout.offset));
         let quads = flat
             && matches!(entry_name, "unary" | "binary" | "ternary" | "fill")
-            && operands.iter().all(|t| t.dtype == DType::F32)
+            && operands.iter().all(|t| t.dtype == DType::F32 || (t.dtype == DType::F16 && device.native_f16()))
             && offsets.take(4).enumerate().all(|(slot, offset)| (b.plan.base(slot) as usize + offset).is_multiple_of(4));
         // The contiguous form is one entry, `quads`, specialised by the op family it runs.
         let (quad_family, entry_name, vec4): (&str, &str, &[&'static str]) = if quads { (entry_name, "quads", &names) } else { ("fill", entry_name, &[]) };

@@ -277,10 +277,12 @@ impl Tensor {
                 check_u32(t)?;
             }
             let bound = bind(&[&out, &a, &b])?;
-            // 128-bit loads when both operands' rows are contiguous and 16-byte aligned.
+            // Four elements a load (128 bits of f32, 64 of native f16) when an operand's rows
+            // are contiguous and start at multiples of 4 elements.
             let nb = batch.len();
+            let quads = self.dtype == DType::F32 || (self.dtype == DType::F16 && device.native_f16());
             let quad = |l: &Layout, base: u32, cols: usize, i: usize| {
-                self.dtype == DType::F32
+                quads
                     && bound.plan.exclusive(i)
                     && l.strides[nb + 1] == 1
                     && cols.is_multiple_of(4)
