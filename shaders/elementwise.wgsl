@@ -5,7 +5,8 @@
 //   (c's element) and s; {{UNARY}} from x, s (the
 //   scalar) and i (the linear index); {{FILL}} from s. Every entry compiles with the module, so
 //   the kernels layer gives the unused ones a trivial expression.
-//   {{SCALAR}} how s is read (from scalar_bits, info.scalar read once). {{QUADS}} the family the
+//   {{SCALAR}} how s is read (from scalar_bits, info.scalar read once; the index kernels, which
+//   run no ops, read info.scalar). {{QUADS}} the family the
 //   `quads` entry runs. info: ElementwiseMeta (src/kernels/meta.rs).
 {{ENABLE}}
 
@@ -124,8 +125,9 @@ fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     store_out(offset_of(i, info.out), fill_op(i));
 }
 
-// The same four over contiguous f32 operands (same shape, each starting at a multiple of 4
-// elements), with 128-bit loads and stores and no index arithmetic: what memory speed needs.
+// The same four over contiguous f32 or native f16 operands (same shape, each starting at a
+// multiple of 4 elements), four elements a load and store (vec4 bindings) and no index
+// arithmetic: what memory speed needs.
 // `{op}_quad(q, o)` computes elements 4q..4q+3 (o: the operands' offsets in quads, out, a, b, c),
 // `{op}_tail(q)` those of them that exist.
 fn binary_quad(q: u32, o: vec4<u32>) {
@@ -193,14 +195,15 @@ fn quads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let o = vec4<u32>(info.out.offset, info.a.offset, info.b.offset, info.c.offset) / 4u;
     let group = wid.x + wid.y * nwg.x;
     let first = group * 1024u + lid.x;
-    if ((group + 1u) * 4096u <= info.numel) {
+    // Whole workgroups (compared by division: (group + 1) * 4096 could wrap).
+    if (group < info.numel / 4096u) {
         for (var j = 0u; j < 4u; j = j + 1u) {
             {{QUADS}}_quad(first + j * 256u, o);
         }
     } else {
         for (var j = 0u; j < 4u; j = j + 1u) {
             let q = first + j * 256u;
-            if (q * 4u + 4u <= info.numel) {
+            if (q < info.numel / 4u) {
                 {{QUADS}}_quad(q, o);
             } else {
                 {{QUADS}}_tail(q);

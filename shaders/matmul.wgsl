@@ -107,9 +107,9 @@ fn stage_scalar(flat: u32, ao: u32, bo: u32, row0: u32, col0: u32, k0: u32) {
     }
 }
 
-// The same with one 128-bit load of A and of B per invocation: used when both operands' rows
-// are contiguous and 16-byte aligned (K and N multiples of 4), each in a binding of its own
-// declared vec4<f32>.
+// The same with one four-element load of A and of B per invocation: used when both operands'
+// rows are contiguous and start at multiples of 4 elements (K and N multiples of 4), each in a
+// binding of its own declared as vec4 (of f32, or of native f16).
 fn stage_vec4(flat: u32, ao: u32, bo: u32, row0: u32, col0: u32, k0: u32) {
     let m = info.m; let n = info.n; let k = info.k;
     let ar = flat / 4u; let ak = (flat % 4u) * 4u;

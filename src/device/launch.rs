@@ -119,8 +119,9 @@ impl Device {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &meta_buffer, offset: meta_offset, size: wgpu::BufferSize::new(meta_size) }),
         }];
-        // Bindings round up to whole 16-byte quads, so an array<vec4<f32>> reaches a tensor's
-        // last, partial quad; blocks are multiples of 512 bytes, so the quad is inside the block.
+        // Bindings round up to whole 16-byte quads, so an array of vec4 (of f32, or of f16: 8
+        // bytes) reaches a tensor's last, partial quad; blocks are multiples of 512 bytes, so the
+        // quad is inside the block.
         for (i, (&(_, offset, size), buffer)) in args.plan.ranges.iter().zip(&args.buffers).enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,

@@ -4,13 +4,13 @@ use super::{bind, check_u32, shape_meta, strided, values};
 use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
-
-/// Quads (4 f32) a workgroup of the contiguous `quads` entry covers: four per invocation
-/// (shaders/elementwise.wgsl).
-const QUADS_PER_GROUP: u64 = 4 * ELEMENTWISE_WORKGROUP as u64;
 use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
+
+/// Quads (4 elements) a workgroup of the contiguous `quads` entry covers: four per invocation
+/// (shaders/elementwise.wgsl).
+const QUADS_PER_GROUP: u64 = 4 * ELEMENTWISE_WORKGROUP as u64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unary {

@@ -1,6 +1,6 @@
 //! matmul as ATen's `_matmul_impl` does it, down to mm / bmm on the matmul kernels.
 
-use super::matmul_tune::MatmulClass;
+use super::matmul_tune::{MatmulClass, loads_quads};
 use super::{bind, check_u32};
 use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
@@ -280,7 +280,7 @@ impl Tensor {
             // Four elements a load (128 bits of f32, 64 of native f16) when an operand's rows
             // are contiguous and start at multiples of 4 elements.
             let nb = batch.len();
-            let quads = self.dtype == DType::F32 || (self.dtype == DType::F16 && device.native_f16());
+            let quads = loads_quads(self.dtype, device.native_f16());
             let quad = |l: &Layout, base: u32, cols: usize, i: usize| {
                 quads
                     && bound.plan.exclusive(i)
@@ -318,8 +318,8 @@ impl Tensor {
     }
 }
 
-/// The kernel `kind` specialised for these operands (`vec4`: whether A and B load 128 bits at a
-/// time) and its workgroup grid for an m x n output, `batches` deep.
+/// The kernel `kind` specialised for these operands (`vec4`: whether A and B load four elements
+/// at a time) and its workgroup grid for an m x n output, `batches` deep.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matmul_kernel(
     kind: MatmulKernel,

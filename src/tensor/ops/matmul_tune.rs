@@ -42,6 +42,12 @@ pub(crate) struct MatmulClass {
     heuristic: MatmulKernel,
 }
 
+/// Whether matmul operands of `dtype` can load four elements at a time (128 bits of f32, 64 of
+/// f16 where the adapter has `shader-f16`), alignment permitting.
+pub(crate) fn loads_quads(dtype: DType, native_f16: bool) -> bool {
+    dtype == DType::F32 || (dtype == DType::F16 && native_f16)
+}
+
 impl MatmulClass {
     pub fn new(dtype: DType, m: usize, n: usize, k: usize, a_vec4: bool, b_vec4: bool) -> MatmulClass {
         let class = |d: usize| match d {
@@ -58,10 +64,10 @@ impl MatmulClass {
         }
     }
 
-    /// Contiguous operands: rows of f32 load 128 bits at a time when their length is a
-    /// multiple of 4.
-    pub fn contiguous(dtype: DType, m: usize, n: usize, k: usize) -> MatmulClass {
-        let vec4 = |cols: usize| dtype == DType::F32 && cols.is_multiple_of(4);
+    /// Contiguous operands: rows load four elements at a time when their length is a multiple
+    /// of 4 (and the type allows it: `loads_quads`).
+    pub fn contiguous(dtype: DType, native_f16: bool, m: usize, n: usize, k: usize) -> MatmulClass {
+        let vec4 = |cols: usize| loads_quads(dtype, native_f16) && cols.is_multiple_of(4);
         MatmulClass::new(dtype, m, n, k, vec4(k), vec4(n))
     }
 
@@ -208,13 +214,13 @@ impl Device {
     /// The kernel `matmul` uses on this device for contiguous m x k and k x n operands of
     /// `dtype`, measuring it first if its class is new (on the web: in the background).
     pub fn matmul_kernel(&self, dtype: DType, m: usize, n: usize, k: usize) -> MatmulKernel {
-        self.matmul_kernel_for(MatmulClass::contiguous(dtype, m, n, k))
+        self.matmul_kernel_for(MatmulClass::contiguous(dtype, self.native_f16(), m, n, k))
     }
 
     /// `matmul_kernel`, waiting for the measurement where it is needed: how the web measures a
     /// class before its first use.
     pub async fn tune_matmul(&self, dtype: DType, m: usize, n: usize, k: usize) -> MatmulKernel {
-        let class = MatmulClass::contiguous(dtype, m, n, k);
+        let class = MatmulClass::contiguous(dtype, self.native_f16(), m, n, k);
         // A measurement under way in the background (on the web) is not waited for: this one
         // measures too, and both record the same kind of answer.
         let under_way = self.gpu_context().is_some_and(|ctx| ctx.tuning.borrow().known.get(&class) == Some(&None));
