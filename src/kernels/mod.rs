@@ -203,6 +203,12 @@ fn whole_element(dtype: DType, native_f16: bool) -> Option<&'static str> {
     }
 }
 
+/// Whether operands of `dtype` can be declared four elements at a time (`with_operands_vec4`:
+/// 128 bits of f32, 64 of f16 where the adapter has `shader-f16`), alignment permitting.
+pub(crate) fn loads_quads(dtype: DType, native_f16: bool) -> bool {
+    dtype == DType::F32 || (dtype == DType::F16 && native_f16)
+}
+
 /// Binding declarations (`buf0..` at bindings 1..) and, per operand `x`, `load_x(i)` and
 /// `store_x(i, v)` in element units. A binding whose operands all have one whole-element type is
 /// an array of it. Otherwise (f16 without `shader-f16`, 8-bit types, or operands of different

@@ -3,7 +3,7 @@
 use super::{bind, check_u32, shape_meta, strided, values};
 use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
-use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
+use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel, loads_quads};
 use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -340,7 +340,7 @@ impl Tensor {
         let offsets = std::iter::once(self.layout.offset).chain(layouts.iter().map(|l| l.offset)).chain(std::iter::repeat(self.layout.offset));
         let quads = flat
             && matches!(entry_name, "unary" | "binary" | "ternary" | "fill")
-            && operands.iter().all(|t| t.dtype == DType::F32 || (t.dtype == DType::F16 && device.native_f16()))
+            && operands.iter().all(|t| loads_quads(t.dtype, device.native_f16()))
             && offsets.take(4).enumerate().all(|(slot, offset)| (b.plan.base(slot) as usize + offset).is_multiple_of(4));
         // The contiguous form is one entry, `quads`, specialised by the op family it runs.
         let (quad_family, entry_name, vec4): (&str, &str, &[&'static str]) = if quads { (entry_name, "quads", &names) } else { ("fill", entry_name, &[]) };

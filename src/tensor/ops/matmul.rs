@@ -1,11 +1,11 @@
 //! matmul as ATen's `_matmul_impl` does it, down to mm / bmm on the matmul kernels.
 
-use super::matmul_tune::{MatmulClass, loads_quads};
+use super::matmul_tune::MatmulClass;
 use super::{bind, check_u32};
 use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::matmul::RegisterTile;
-use crate::kernels::{BindingPlan, Family, Grid, Kernel, MatmulMeta, MatrixLayout};
+use crate::kernels::{BindingPlan, Family, Grid, Kernel, MatmulMeta, MatrixLayout, loads_quads};
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 

@@ -6,7 +6,7 @@
 
 use super::matmul::{MatmulKernel, matmul_kernel};
 use crate::device::{Arg, Bindings, Device, DeviceError};
-use crate::kernels::{Grid, MatmulMeta, MatrixLayout};
+use crate::kernels::{Grid, MatmulMeta, MatrixLayout, loads_quads};
 use crate::tensor::DType;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -40,12 +40,6 @@ pub(crate) struct MatmulClass {
     /// Whether m and n are large enough to measure.
     measured: bool,
     heuristic: MatmulKernel,
-}
-
-/// Whether matmul operands of `dtype` can load four elements at a time (128 bits of f32, 64 of
-/// f16 where the adapter has `shader-f16`), alignment permitting.
-pub(crate) fn loads_quads(dtype: DType, native_f16: bool) -> bool {
-    dtype == DType::F32 || (dtype == DType::F16 && native_f16)
 }
 
 impl MatmulClass {
