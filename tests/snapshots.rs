@@ -86,3 +86,44 @@ fn the_keys_every_entry_repeats_are_stored_once() {
     let again = trace::load(&trace::to_pickle(&snap)).unwrap();
     assert_eq!(again.device_traces, snap.device_traces);
 }
+
+/// PyTorch splits a long reduction over several blocks and takes a buffer and semaphores for
+/// it from the caching allocator: the sim device makes the same allocations in the same order
+/// for the recorded ops.
+#[test]
+fn split_reductions_allocate_what_the_recorded_ones_did() {
+    use tensormem::{DType, Device, Multiprocessors, SimOptions};
+    let Some(dir) = common::fixtures_dir() else { return };
+    let recorded = |name: &str, events: std::ops::RangeInclusive<usize>| -> Vec<(Action, u64)> {
+        let snap = trace::load_file(&dir.join(name)).unwrap();
+        snap.device_traces[0][events].iter().filter(|e| matches!(e.action, Action::Alloc | Action::FreeRequested)).map(|e| (e.action, e.size)).collect()
+    };
+    let ours = |dev: &Device, op: &dyn Fn() -> tensormem::Tensor| -> Vec<(Action, u64)> {
+        let before = dev.snapshot().device_traces[0].len();
+        let _result = op();
+        dev.snapshot().device_traces[0][before..]
+            .iter()
+            .filter(|e| matches!(e.action, Action::Alloc | Action::FreeRequested))
+            .map(|e| (e.action, e.size))
+            .collect()
+    };
+    // small-state.pickle, `loss = out.sum()` of a [512, 1024] float32 (events 26-32): the
+    // output, 256 bytes for 64 blocks' partial sums, 4 of semaphores.
+    let dev = Device::sim(SimOptions::preset("H100-80GB"));
+    let out = dev.zeros(&[512, 1024], DType::F32).unwrap();
+    let theirs = recorded("small-state.pickle", 26..=32);
+    assert_eq!(theirs, [(Action::Alloc, 4), (Action::Alloc, 256), (Action::Alloc, 4), (Action::FreeRequested, 4), (Action::FreeRequested, 256)]);
+    assert_eq!(ours(&dev, &|| out.sum(&[], false).unwrap()), theirs);
+    // eor-nn-legacy-with-snapshots.pickle, `.mean()` of 1,966,080 floats (events 82-88) on a
+    // card with 144 blocks of 512 threads in flight (72 SMs of 1,024 threads, as a Turing
+    // Quadro RTX 8000): 576 bytes. An H100 would split it over 240 blocks.
+    let card = SimOptions { multiprocessors: Some(Multiprocessors { count: 72, max_threads_each: 1024 }), ..SimOptions::preset("H100-80GB") };
+    let dev = Device::sim(card);
+    let image = dev.zeros(&[10, 3, 256, 256], DType::F32).unwrap();
+    let theirs = recorded("eor-nn-legacy-with-snapshots.pickle", 82..=88);
+    assert_eq!(theirs[1], (Action::Alloc, 576));
+    assert_eq!(ours(&dev, &|| image.mean(&[], false).unwrap()), theirs);
+    let h100 = Device::sim(SimOptions::preset("H100-80GB"));
+    let image = h100.zeros(&[10, 3, 256, 256], DType::F32).unwrap();
+    assert_eq!(ours(&h100, &|| image.mean(&[], false).unwrap())[1], (Action::Alloc, 960));
+}

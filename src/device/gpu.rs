@@ -8,7 +8,7 @@ use std::cell::{Cell, RefCell};
 use super::DeviceError;
 
 /// How to open a GPU device.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct GpuOptions {
     /// Bytes the device may reserve (the card's memory, or a browser budget). None: the adapter's
     /// `max_buffer_size` times 4, a guess, since no API reports free GPU memory.
@@ -25,6 +25,24 @@ pub struct GpuOptions {
     /// Where measured choices are kept across runs. None: `$TENSORMEM_CACHE_DIR`, else the user's
     /// cache directory (`$XDG_CACHE_HOME/tensormem` or `~/.cache/tensormem`); never on the web.
     pub tuning_file: Option<std::path::PathBuf>,
+    /// The CUDA card whose reduction launches the trace models (WebGPU reports no
+    /// multiprocessors): a long reduction is split as PyTorch splits it there, allocating what
+    /// it allocates, and the split kernel works in that memory. Default: the H100's. None:
+    /// never split, nothing allocated.
+    pub multiprocessors: Option<super::Multiprocessors>,
+}
+
+impl Default for GpuOptions {
+    fn default() -> GpuOptions {
+        GpuOptions {
+            capacity: None,
+            disable_native_f16: false,
+            uncached: false,
+            matmul: Default::default(),
+            tuning_file: None,
+            multiprocessors: Some(super::sim::H100_MULTIPROCESSORS),
+        }
+    }
 }
 
 /// What the adapter is and what it allows.

@@ -8,7 +8,7 @@ mod staging;
 
 pub use gpu::{AdapterSummary, GpuOptions};
 pub(crate) use launch::{Arg, Bindings};
-pub use sim::{PRESETS, SimOptions, Speed};
+pub use sim::{H100_MULTIPROCESSORS, Multiprocessors, PRESETS, SimOptions, Speed};
 
 use crate::alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator, ConfigError, RecordContext, SegmentSource, TimeSource, VirtualSegments};
 use crate::report;
@@ -144,6 +144,8 @@ pub(crate) struct DeviceInner {
     backward_of: RefCell<Option<Origin>>,
     /// Tensors bypass the cache (`GpuOptions::uncached`).
     uncached: Cell<bool>,
+    /// The CUDA card whose reduction launches this device models (None: no split reductions).
+    pub(crate) multiprocessors: Option<Multiprocessors>,
 }
 
 /// A device handle; cheap to clone (tensors keep one).
@@ -181,7 +183,7 @@ impl Device {
         let capacity = options.capacity.unwrap_or(ctx.summary.max_buffer_size.saturating_mul(4));
         let name = format!("gpu ({}, {})", ctx.summary.name, ctx.summary.backend);
         let alloc = CachingAllocator::new(config, Segments::Gpu(segments)).with_capacity(capacity);
-        let device = Device::from_parts(Backend::Gpu(ctx), alloc, name);
+        let device = Device::from_parts(Backend::Gpu(ctx), alloc, name, options.multiprocessors);
         device.0.uncached.set(options.uncached);
         Ok(device)
     }
@@ -193,10 +195,10 @@ impl Device {
 
     pub fn sim_with(options: SimOptions, config: AllocatorConfig) -> Device {
         let alloc = CachingAllocator::new(config, Segments::Virtual(VirtualSegments::default())).with_capacity(options.capacity);
-        Device::from_parts(Backend::Sim(options.speed), alloc, options.device_name())
+        Device::from_parts(Backend::Sim(options.speed), alloc, options.device_name(), options.multiprocessors)
     }
 
-    fn from_parts(backend: Backend, mut alloc: CachingAllocator<Segments>, name: String) -> Device {
+    fn from_parts(backend: Backend, mut alloc: CachingAllocator<Segments>, name: String, multiprocessors: Option<Multiprocessors>) -> Device {
         alloc.record_memory_history(true, RecordContext::All, 100_000);
         // A GPU's entries happen at real times; the sim device's at modelled ones.
         let time = match backend {
@@ -217,6 +219,7 @@ impl Device {
             scope_path: RefCell::new(Arc::from("")),
             backward_of: RefCell::new(None),
             uncached: Cell::new(false),
+            multiprocessors,
         }))
     }
 

@@ -22,25 +22,41 @@ impl Speed {
 }
 
 /// NVIDIA H100 SXM5: 3.35 TB/s HBM3, 67 TFLOP/s f32, 989.4 TFLOP/s dense bf16 (H100 datasheet
-/// and Hopper whitepaper). Also the speed of custom sizes and of budgets that are no card.
+/// and Hopper whitepaper). Also the speed (and multiprocessors) of custom sizes and of budgets
+/// that are no card.
 const H100: Speed = Speed { bandwidth: 3.35e12, f32_flops: 67e12, half_flops: 989.4e12 };
 
 /// Name, memory as `torch.cuda.get_device_properties().total_memory` reports it (a little under
-/// the marketing size: the driver keeps some), and speed. Sources: NVIDIA's datasheets (A100:
-/// SXM4 figures; L4's and H100's bf16 are the dense halves of their "with sparsity" figures),
-/// the Ada Lovelace whitepaper for the RTX 4090 (bf16 with f32 accumulation), Apple's M2
-/// announcement (100 GB/s, 3.6 TFLOP/s; no separate f16 figure is published). T4 has no bf16
-/// tensor cores: its f16 figure stands in.
-const CARDS: [(&str, u64, Speed); 8] = [
-    ("H100-80GB", 85_045_379_072, H100),
-    ("A100-80GB", 85_051_572_224, Speed { bandwidth: 2.039e12, f32_flops: 19.5e12, half_flops: 312e12 }),
-    ("A100-40GB", 42_505_273_344, Speed { bandwidth: 1.555e12, f32_flops: 19.5e12, half_flops: 312e12 }),
-    ("RTX4090-24GB", 25_386_352_640, Speed { bandwidth: 1.008e12, f32_flops: 82.6e12, half_flops: 165.2e12 }),
-    ("L4-24GB", 23_580_639_232, Speed { bandwidth: 300e9, f32_flops: 30.3e12, half_flops: 121e12 }),
-    ("T4-16GB", 15_828_320_256, Speed { bandwidth: 320e9, f32_flops: 8.1e12, half_flops: 65e12 }),
-    ("M2-16GB-unified", 17_179_869_184, Speed { bandwidth: 100e9, f32_flops: 3.6e12, half_flops: 3.6e12 }),
-    ("browser-2GB", 2 << 30, H100),
+/// the marketing size: the driver keeps some), speed and multiprocessors. Sources: NVIDIA's
+/// datasheets (A100: SXM4 figures; L4's and H100's bf16 are the dense halves of their "with
+/// sparsity" figures), the Ada Lovelace whitepaper for the RTX 4090 (bf16 with f32
+/// accumulation), Apple's M2 announcement (100 GB/s, 3.6 TFLOP/s; no separate f16 figure is
+/// published). T4 has no bf16 tensor cores: its f16 figure stands in. SM counts from the same
+/// documents; threads per SM from CUDA's compute capability table (2,048 on 8.0 and 9.0, 1,536
+/// on 8.9, 1,024 on 7.5). The M2 runs PyTorch's MPS backend, whose reductions allocate nothing
+/// of this kind; the browser budget models what a GPU device models.
+const CARDS: [(&str, u64, Speed, Option<Multiprocessors>); 8] = [
+    ("H100-80GB", 85_045_379_072, H100, Some(H100_MULTIPROCESSORS)),
+    ("A100-80GB", 85_051_572_224, Speed { bandwidth: 2.039e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(AMPERE_A100)),
+    ("A100-40GB", 42_505_273_344, Speed { bandwidth: 1.555e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(AMPERE_A100)),
+    (
+        "RTX4090-24GB",
+        25_386_352_640,
+        Speed { bandwidth: 1.008e12, f32_flops: 82.6e12, half_flops: 165.2e12 },
+        Some(Multiprocessors { count: 128, max_threads_each: 1536 }),
+    ),
+    (
+        "L4-24GB",
+        23_580_639_232,
+        Speed { bandwidth: 300e9, f32_flops: 30.3e12, half_flops: 121e12 },
+        Some(Multiprocessors { count: 58, max_threads_each: 1536 }),
+    ),
+    ("T4-16GB", 15_828_320_256, Speed { bandwidth: 320e9, f32_flops: 8.1e12, half_flops: 65e12 }, Some(Multiprocessors { count: 40, max_threads_each: 1024 })),
+    ("M2-16GB-unified", 17_179_869_184, Speed { bandwidth: 100e9, f32_flops: 3.6e12, half_flops: 3.6e12 }, None),
+    ("browser-2GB", 2 << 30, H100, Some(H100_MULTIPROCESSORS)),
 ];
+
+const AMPERE_A100: Multiprocessors = Multiprocessors { count: 108, max_threads_each: 2048 };
 
 /// The presets' names and memory (the page lists these pairs).
 pub const PRESETS: [(&str, u64); CARDS.len()] = {
@@ -53,26 +69,48 @@ pub const PRESETS: [(&str, u64); CARDS.len()] = {
     out
 };
 
+/// What ATen reads from `cudaDeviceProp` to size a reduction's grid (see
+/// `tensor::ops::cuda_reduce`): a long reduction is split over more blocks on a bigger card,
+/// and the split allocates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Multiprocessors {
+    /// `multiProcessorCount`.
+    pub count: u32,
+    /// `maxThreadsPerMultiProcessor`.
+    pub max_threads_each: u32,
+}
+
+/// The H100 SXM5's 132 SMs of 2,048 threads: also what GPU devices model by default.
+pub const H100_MULTIPROCESSORS: Multiprocessors = Multiprocessors { count: 132, max_threads_each: 2048 };
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimOptions {
     pub name: String,
     /// Device memory in bytes.
     pub capacity: u64,
     pub speed: Speed,
+    /// The card's multiprocessors, which decide how PyTorch splits long reductions (and what
+    /// the split allocates); None for a card whose backend is not CUDA.
+    pub multiprocessors: Option<Multiprocessors>,
 }
 
 impl SimOptions {
     /// A preset by name (case-insensitive); unknown names fall back to a custom-named 80 GiB card.
     pub fn preset(name: &str) -> SimOptions {
-        SimOptions::find(name).unwrap_or(SimOptions { name: name.to_string(), capacity: 80 << 30, speed: H100 })
+        SimOptions::find(name).unwrap_or(SimOptions { name: name.to_string(), ..SimOptions::custom(80 << 30) })
     }
 
     pub fn find(name: &str) -> Option<SimOptions> {
-        CARDS.iter().find(|(n, ..)| n.eq_ignore_ascii_case(name)).map(|&(n, capacity, speed)| SimOptions { name: n.to_string(), capacity, speed })
+        CARDS.iter().find(|(n, ..)| n.eq_ignore_ascii_case(name)).map(|&(n, capacity, speed, multiprocessors)| SimOptions {
+            name: n.to_string(),
+            capacity,
+            speed,
+            multiprocessors,
+        })
     }
 
     pub fn custom(capacity: u64) -> SimOptions {
-        SimOptions { name: format!("custom {}", crate::alloc::format_size(capacity)), capacity, speed: H100 }
+        SimOptions { name: format!("custom {}", crate::alloc::format_size(capacity)), capacity, speed: H100, multiprocessors: Some(H100_MULTIPROCESSORS) }
     }
 
     /// The device's name: `sim (H100-80GB)`.

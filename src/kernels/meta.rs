@@ -64,7 +64,8 @@ wgsl_struct! {
 
 wgsl_struct! {
     /// Reductions: the output's shape (reduced dimensions of size 1), then the reduced
-    /// dimensions' count, element count, sizes and input strides.
+    /// dimensions' count, element count, sizes and input strides; a split reduction's parts
+    /// per output and where they start in the `part` operand.
     ReduceMeta [Strided] {
         numel: u32 => "u32",
         ndim: u32 => "u32",
@@ -75,6 +76,8 @@ wgsl_struct! {
         count: u32 => "u32",
         sizes: [u32; META_DIMS] => "array<u32, 8>",
         strides: [u32; META_DIMS] => "array<u32, 8>",
+        parts: u32 => "u32",
+        part: u32 => "u32",
     }
 }
 

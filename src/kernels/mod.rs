@@ -21,6 +21,7 @@ pub struct KernelError(pub String);
 pub(crate) enum Family {
     Elementwise,
     Reduce,
+    ReduceSplit,
     Matmul,
     MatmulRegister,
     Rows,
@@ -31,6 +32,7 @@ impl Family {
         match self {
             Family::Elementwise => include_str!("../../shaders/elementwise.wgsl"),
             Family::Reduce => include_str!("../../shaders/reduce.wgsl"),
+            Family::ReduceSplit => include_str!("../../shaders/reduce_split.wgsl"),
             Family::Matmul => include_str!("../../shaders/matmul.wgsl"),
             Family::MatmulRegister => include_str!("../../shaders/matmul_register.wgsl"),
             Family::Rows => include_str!("../../shaders/rows.wgsl"),
@@ -144,7 +146,8 @@ impl Kernel {
             .family
             .source()
             .replace("{{COMMON}}", include_str!("../../shaders/common.wgsl"))
-            .replace("{{INDEXING}}", include_str!("../../shaders/indexing.wgsl"));
+            .replace("{{INDEXING}}", include_str!("../../shaders/indexing.wgsl"))
+            .replace("{{REDUCTION}}", include_str!("../../shaders/reduction.wgsl"));
         let mut spec: Vec<(&str, Cow<str>)> = self.spec.iter().map(|(k, v)| (*k, Cow::Borrowed(v.as_ref()))).collect();
         if let Some(meta) = &self.meta {
             spec.push(("META", (meta.declare)().into()));

@@ -256,6 +256,13 @@ impl Tensor {
     }
 
     /// The storage as a kernel binding (None for zero bytes).
+    /// The first `numel` elements of this tensor's storage read as `dtype`: a view, for kernels
+    /// that use a byte buffer as scratch of another type.
+    pub(crate) fn reinterpret(&self, dtype: DType, numel: usize) -> Tensor {
+        debug_assert!((numel * dtype.size()) as u64 <= self.storage.bytes);
+        Tensor::from_parts(self.storage.clone(), Layout::contiguous(&[numel]), dtype, true)
+    }
+
     pub(crate) fn arg(&self) -> Result<Option<Arg>> {
         let Some(block) = self.storage.block else { return Ok(None) };
         let alloc = self.device().0.alloc.borrow();

@@ -20,6 +20,7 @@ macro_rules! every_check {
             unary_and_scalar_ops_match_the_reference,
             in_place_ops_write_through_views_and_allocate_nothing,
             reductions_over_dims,
+            long_reductions_split_as_pytorch_splits_them,
             matmul_variants_match_the_reference,
             matmul_kernels_are_chosen_per_class_of_shapes,
             float16,
@@ -334,6 +335,72 @@ pub async fn reductions_over_dims(dev: &Device) {
 }
 
 /// Allocations made on `dev` so far (`memory_stats()["allocation.all.allocated"]`).
+/// Reductions PyTorch splits over several blocks per output (on the H100 a device models by
+/// default): the buffer and semaphores it allocates, freed right after, and the split kernel's
+/// results against the reference. Whole tensors just past the split threshold (130,561
+/// elements), odd lengths, a transposed view, column sums, f16 (whose max keeps 2-byte
+/// partials, so fewer parts fit its buffer).
+pub async fn long_reductions_split_as_pytorch_splits_them(dev: &Device) {
+    use tensormem::trace::Action;
+    let events = |f: &dyn Fn() -> Tensor| {
+        let before = dev.snapshot().device_traces[0].len();
+        let out = f();
+        let trace = dev.snapshot().device_traces[0][before..]
+            .iter()
+            .filter(|e| matches!(e.action, Action::Alloc | Action::FreeRequested))
+            .map(|e| (e.action, e.size))
+            .collect::<Vec<_>>();
+        (out, trace)
+    };
+    // The output, then PyTorch's buffer and semaphores, freed semaphores first.
+    let split = |out: u64, buffer: u64, semaphores: u64| {
+        vec![(Action::Alloc, out), (Action::Alloc, buffer), (Action::Alloc, semaphores), (Action::FreeRequested, semaphores), (Action::FreeRequested, buffer)]
+    };
+    let mut rng = Rng(11);
+    // Whole tensors: 130,561 elements use 16 blocks (64 B), 300,007 use 37 (148 B).
+    for (n, buffer) in [(130_561usize, 64u64), (300_007, 148)] {
+        let data = rng.f32s(n);
+        let x = dev.from_slice(&data, &[n]).unwrap();
+        let total: f64 = data.iter().map(|&v| v as f64).sum();
+        let (sum, trace) = events(&|| x.sum(&[], false).unwrap());
+        assert_eq!(trace, split(4, buffer, 4), "sum of {n}");
+        close(&read::<f32>(&sum).await, &[total as f32], 1e-4, &format!("sum of {n}"));
+        close(&read::<f32>(&x.mean(&[0], false).unwrap()).await, &[(total / n as f64) as f32], 1e-4, "mean");
+        let max = data.iter().cloned().fold(f32::MIN, f32::max);
+        let min = data.iter().cloned().fold(f32::MAX, f32::min);
+        assert_eq!(read::<f32>(&x.max(&[], false).unwrap()).await, [max], "max of {n}");
+        assert_eq!(read::<f32>(&x.min(&[], false).unwrap()).await, [min], "min of {n}");
+        let norm = data.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+        close(&read::<f32>(&x.norm().unwrap()).await, &[norm as f32], 1e-4, "norm");
+        // Just below the threshold: one workgroup, nothing more allocated.
+        let (_, trace) = events(&|| x.narrow(0, 0, 130_560).unwrap().sum(&[], false).unwrap());
+        assert_eq!(trace, [(Action::Alloc, 4)], "130,560 elements are not split");
+    }
+    // A transposed view, reduced whole: strided reads in the split kernel.
+    let data = rng.f32s(700 * 401);
+    let xt = dev.from_slice(&data, &[700, 401]).unwrap().t().unwrap();
+    let total: f64 = data.iter().map(|&v| v as f64).sum();
+    close(&read::<f32>(&xt.sum(&[0, 1], true).unwrap()).await, &[total as f32], 1e-4, "transposed");
+    // Column sums of [20000, 8]: lanes over the 8 outputs, 20 blocks each; the buffer counts
+    // every output once per lane and vector slot (4 x 8 x 20 x 2 x 4 bytes).
+    let data = rng.f32s(20_000 * 8);
+    let x = dev.from_slice(&data, &[20_000, 8]).unwrap();
+    let (columns, trace) = events(&|| x.sum(&[0], false).unwrap());
+    assert_eq!(trace, split(32, 5120, 4), "column sums");
+    let want: Vec<f32> = (0..8).map(|c| (0..20_000).map(|r| data[r * 8 + c] as f64).sum::<f64>() as f32).collect();
+    close(&read::<f32>(&columns).await, &want, 1e-4, "column sums");
+    // f16: sums accumulate in float (a 4-byte accumulator: 148 B), max keeps halves (74 B).
+    let data = rng.f32s(300_007);
+    let x16 = dev.from_slice(&data, &[300_007]).unwrap().to(DType::F16).unwrap();
+    let halves: Vec<f32> = data.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+    let (sum, trace) = events(&|| x16.sum_to_dtype(&[], false, DType::F32).unwrap());
+    assert_eq!(trace, split(4, 148, 4), "f16 sum");
+    close(&read::<f32>(&sum).await, &[halves.iter().map(|&v| v as f64).sum::<f64>() as f32], 1e-4, "f16 sum");
+    let (max, trace) = events(&|| x16.max(&[], false).unwrap());
+    assert_eq!(trace, split(2, 74, 4), "f16 max");
+    assert_eq!(read::<f32>(&max.to(DType::F32).unwrap()).await, [halves.iter().cloned().fold(f32::MIN, f32::max)], "f16 max");
+}
+
 fn allocations(dev: &Device) -> i64 {
     dev.memory_stats()["allocation.all.allocated"]
 }
@@ -693,8 +760,15 @@ pub async fn operands_in_one_segment_bind_without_validation_errors(dev: &Device
 
 pub async fn the_sim_device_records_the_same_trace_as_the_gpu(gpu_dev: &Device) {
     type Program = fn(&Device);
-    // An MLP step with temporaries, an attention block, and token bookkeeping with int64 ids.
-    let programs: [(&str, Program); 3] = [
+    // An MLP step with temporaries, an attention block, token bookkeeping with int64 ids, and
+    // reductions long enough for PyTorch to split them (a buffer and semaphores each).
+    let programs: [(&str, Program); 4] = [
+        ("long reductions", |dev| {
+            let x = dev.ones(&[512, 1024], DType::F32).unwrap();
+            let _total = x.sum(&[], false).unwrap();
+            let _columns = x.view(&[16_384, 32]).unwrap().mean(&[0], false).unwrap();
+            let _peak = x.to(DType::F16).unwrap().max(&[], false).unwrap();
+        }),
         ("mlp", |dev| {
             let x = dev.ones(&[300, 500], DType::F32).unwrap();
             let w = dev.ones(&[500, 200], DType::F32).unwrap();

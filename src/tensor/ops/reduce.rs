@@ -1,8 +1,10 @@
 //! Reductions over any set of dimensions: sum, mean, max, min.
 
+use super::cuda_reduce::{GlobalReduce, ReductionLaunch, global_reduce};
 use super::{bind, check_u32, shape_meta, strided, values};
 use crate::amp;
 use crate::autograd;
+use crate::device::Multiprocessors;
 use crate::kernels::{Family, Grid, Kernel, ReduceMeta, WORKGROUP};
 use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::{Layout, MAX_DIMS, wrap_dim};
@@ -14,7 +16,8 @@ const WIDE_REDUCTION: usize = 2048;
 /// A reduction's kernel substitutions (see shaders/reduce.wgsl).
 struct ReductionSpec {
     name: &'static str,
-    acc: &'static str,
+    /// The accumulator's type in the kernel.
+    acc: DType,
     init: String,
     /// Folds element x into acc.
     step: String,
@@ -45,7 +48,8 @@ impl Tensor {
         if self.ndim() == 0 {
             return if dtype == self.dtype { self.clone() } else { self.to(dtype) };
         }
-        let ReductionSpec { name, acc, init, step, combine, finish } = self.reduction_spec(op)?;
+        let spec = self.reduction_spec(op)?;
+        let name = spec.name;
         let mut out_shape = self.shape().to_vec();
         for &d in &dims {
             out_shape[d] = 1;
@@ -60,49 +64,26 @@ impl Tensor {
                 Reduction::Mean => out.fill_(f64::NAN)?,
                 _ => return Err(TensorError::Shape(format!("{name} over an empty dimension has no identity"))),
             };
-        } else if out.launches(&[self], 0) {
-            check_u32(self)?;
-            let b = bind(&[&out, self])?;
-            let finish = finish.replace("{T}", values(dtype, &device)?);
-            // Long reductions get a workgroup each (see shaders/reduce.wgsl).
-            let wide = n >= WIDE_REDUCTION;
-            // Whether the reduced elements of each output are consecutive (innermost first, each
-            // reduced dimension's stride the product of the sizes inside it).
-            let mut run = 1;
-            let contiguous = dims.iter().rev().all(|&d| {
-                let ok = self.shape()[d] == 1 || self.strides()[d] == run;
-                run *= self.shape()[d];
-                ok
-            });
-            let kernel = Kernel::new(Family::Reduce, if wide { "reduce_wide" } else { "reduce" })
-                .with_meta::<ReduceMeta>()
-                .with_operands(device.native_f16(), &b.plan, &[("out", dtype), ("a", self.dtype)])?
-                .with("CONTIGUOUS", if contiguous { "true" } else { "false" })
-                .with("ACC", acc)
-                .with("INIT", init)
-                .with("STEP", step)
-                .with("COMBINE", combine)
-                .with("FINISH", finish);
-            // The reduced dimensions' sizes and input strides, innermost last.
-            let (mut sizes, mut strides) = ([1; MAX_DIMS], [0; MAX_DIMS]);
-            for (i, &d) in dims.iter().enumerate() {
-                (sizes[i], strides[i]) = (self.shape()[d] as u32, self.strides()[d] as u32);
-            }
-            let meta = ReduceMeta {
-                numel: out.numel() as u32,
-                ndim: self.ndim() as u32,
-                shape: shape_meta(&out_shape),
-                out: strided(&out.layout, b.plan.base(0)),
-                a: strided(&self.layout, b.plan.base(1)),
-                reduced: dims.len() as u32,
-                count: n as u32,
-                sizes,
-                strides,
+        } else {
+            // PyTorch splits a long reduction over several blocks per output on a big enough
+            // card, with a buffer and semaphores from the caching allocator, on both devices.
+            let split = device.0.multiprocessors.and_then(|mp| self.cuda_split(&dims, op, mp));
+            // (No closures: they would hide the caller's location from the trace.)
+            let scratch = match split {
+                Some(s) => Some((
+                    s,
+                    device.empty_tensor(&[s.buffer_bytes as usize], DType::U8, name)?,
+                    device.empty_tensor(&[s.semaphore_bytes as usize], DType::U8, name)?,
+                )),
+                None => None,
             };
-            if wide {
-                device.launch(&kernel, &meta, &b, Grid::Threads { threads: out.numel() as u64 * 256, workgroup: 256 })?;
-            } else {
-                device.launch(&kernel, &meta, &b, Grid::Threads { threads: out.numel() as u64, workgroup: WORKGROUP })?;
+            if out.launches(&[self], 0) {
+                self.launch_reduction(&out, &dims, n, spec, scratch.as_ref().map(|(s, buffer, _)| (*s, buffer)))?;
+            }
+            // Freed as ATen frees them when the launch returns: semaphores, then the buffer.
+            if let Some((_, buffer, semaphores)) = scratch {
+                drop(semaphores);
+                drop(buffer);
             }
         }
         if keepdim {
@@ -112,12 +93,100 @@ impl Tensor {
         Ok(out.view_with(Layout { shape: shape.clone(), strides: Layout::contiguous(&shape).strides, offset: out.layout.offset }))
     }
 
+    /// How PyTorch would split this reduction on a card with these multiprocessors (see
+    /// `cuda_reduce`), None when it runs one block per output.
+    fn cuda_split(&self, dims: &[usize], op: Reduction, mp: Multiprocessors) -> Option<GlobalReduce> {
+        let reduced: Vec<bool> = (0..self.ndim()).map(|d| dims.contains(&d)).collect();
+        let element = self.dtype.size() as u64;
+        // ATen's accumulator (`arg_t`): float for floating sums, means and norms (double for
+        // f64), int64 for integer sums, the element itself for max and min.
+        let acc_size = match op {
+            Reduction::Max | Reduction::Min => element,
+            _ if self.dtype.is_float() => element.max(4),
+            _ => 8,
+        };
+        let address = self.storage.block.map_or(0, |b| b.ptr) + self.layout.offset as u64 * element;
+        let launch = ReductionLaunch { shape: self.shape(), strides: self.strides(), reduced: &reduced, input_index: address / element, acc_size };
+        global_reduce(&launch, mp)
+    }
+
+    /// Runs the kernel of a reduction of `n` elements per output into `out`: a thread per
+    /// output for short ones, a workgroup per output for long ones, and for a reduction PyTorch
+    /// splits, several workgroups per output keeping their partial results in `split`'s buffer.
+    fn launch_reduction(&self, out: &Tensor, dims: &[usize], n: usize, spec: ReductionSpec, split: Option<(GlobalReduce, &Tensor)>) -> Result<()> {
+        check_u32(self)?;
+        let device = self.device();
+        let outputs = out.numel() as u64;
+        // As many parts as PyTorch's blocks, as far as its buffer holds our 4-byte accumulators
+        // (f16 max and min keep 2-byte ones there).
+        let split = split.and_then(|(s, buffer)| {
+            let parts = s.ctas_per_output.min(buffer.storage.bytes / (4 * outputs));
+            (parts > 1).then(|| (parts as u32, buffer.reinterpret(spec.acc, (parts * outputs) as usize)))
+        });
+        let mut operands = vec![out, self];
+        let mut names = vec![("out", out.dtype), ("a", self.dtype)];
+        if let Some((_, part)) = &split {
+            operands.push(part);
+            names.push(("part", spec.acc));
+        }
+        let b = bind(&operands)?;
+        // Whether the reduced elements of each output are consecutive (innermost first, each
+        // reduced dimension's stride the product of the sizes inside it).
+        let mut run = 1;
+        let contiguous = dims.iter().rev().all(|&d| {
+            let ok = self.shape()[d] == 1 || self.strides()[d] == run;
+            run *= self.shape()[d];
+            ok
+        });
+        let finish = spec.finish.replace("{T}", values(out.dtype, device)?);
+        let kernel = |family, entry| -> Result<Kernel> {
+            Ok(Kernel::new(family, entry)
+                .with_meta::<ReduceMeta>()
+                .with_operands(device.native_f16(), &b.plan, &names)?
+                .with("CONTIGUOUS", if contiguous { "true" } else { "false" })
+                .with("ACC", values(spec.acc, device)?)
+                .with("INIT", spec.init.clone())
+                .with("STEP", spec.step.clone())
+                .with("COMBINE", spec.combine.clone())
+                .with("FINISH", finish.clone()))
+        };
+        // The reduced dimensions' sizes and input strides, innermost last.
+        let (mut sizes, mut strides) = ([1; MAX_DIMS], [0; MAX_DIMS]);
+        for (i, &d) in dims.iter().enumerate() {
+            (sizes[i], strides[i]) = (self.shape()[d] as u32, self.strides()[d] as u32);
+        }
+        let meta = ReduceMeta {
+            numel: outputs as u32,
+            ndim: self.ndim() as u32,
+            shape: shape_meta(out.shape()),
+            out: strided(&out.layout, b.plan.base(0)),
+            a: strided(&self.layout, b.plan.base(1)),
+            reduced: dims.len() as u32,
+            count: n as u32,
+            sizes,
+            strides,
+            parts: split.as_ref().map_or(1, |s| s.0),
+            part: if split.is_some() { b.plan.base(2) } else { 0 },
+        };
+        let per_workgroup = |groups: u64| Grid::Threads { threads: groups * 256, workgroup: 256 };
+        match split {
+            Some((parts, _)) => {
+                device.launch(&kernel(Family::ReduceSplit, "reduce_split")?, &meta, &b, per_workgroup(outputs * parts as u64))?;
+                device.launch(&kernel(Family::ReduceSplit, "reduce_parts")?, &meta, &b, per_workgroup(outputs))?;
+            }
+            None if n >= WIDE_REDUCTION => device.launch(&kernel(Family::Reduce, "reduce_wide")?, &meta, &b, per_workgroup(outputs))?,
+            None => device.launch(&kernel(Family::Reduce, "reduce")?, &meta, &b, Grid::Threads { threads: outputs, workgroup: WORKGROUP })?,
+        }
+        Ok(())
+    }
+
     fn reduction_spec(&self, op: Reduction) -> Result<ReductionSpec> {
         let t = values(self.dtype, self.device())?;
         let float = self.dtype.is_float();
         // Floats accumulate in f32 (f16 sums lose too much otherwise); integers in their type.
-        let acc = if float { "f32" } else { t };
-        let cast = |e: &str| format!("{acc}({e})");
+        let acc = if float { DType::F32 } else { self.dtype };
+        let acc_type = if float { "f32" } else { t };
+        let cast = |e: &str| format!("{acc_type}({e})");
         let (lowest, highest) = match self.dtype {
             DType::I32 => ("-2147483647 - 1", "2147483647"),
             DType::U32 => ("0u", "4294967295u"),
