@@ -10,10 +10,11 @@
 {{BUFFERS}}
 {{REDUCTION}}
 
-// Pass 1: workgroup p of output i takes the p-th of info.parts equal runs of the reduced
-// elements (multiples of 256 long: neighbouring invocations read neighbouring elements, and each
-// workgroup streams one range, which CPU adapters' caches need too) and keeps its accumulator
-// at part[i * parts + p]. (Runs stay far below 2^32 elements: bindings are smaller.)
+// Pass 1: workgroup p of output i takes the p-th of info.parts runs of the reduced elements
+// (ceil(n / parts) long, the last shorter; neighbouring invocations read neighbouring elements,
+// and each workgroup streams one range, which CPU adapters' caches need too) and keeps its
+// accumulator at part[i * parts + p]. The run's end, at most n + run, cannot wrap: a binding
+// holds far fewer than 2^31 elements.
 @compute @workgroup_size(256)
 fn reduce_split(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let w = wid.x + wid.y * nwg.x;
@@ -24,7 +25,7 @@ fn reduce_split(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
     var acc: {{ACC}} = {{INIT}};
     if (in_range) {
         let base = offset_of(i, info.a);
-        let run = (n / info.parts + 256u) & ~255u;
+        let run = n / info.parts + select(0u, 1u, n % info.parts != 0u);
         let end = min(p * run + run, n);
         for (var k = p * run + lid.x; k < end; k = k + 256u) {
             let x = load_a(reduced_offset(k, base));

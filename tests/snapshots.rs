@@ -114,6 +114,9 @@ fn split_reductions_allocate_what_the_recorded_ones_did() {
     let theirs = recorded("small-state.pickle", 26..=32);
     assert_eq!(theirs, [(Action::Alloc, 4), (Action::Alloc, 256), (Action::Alloc, 4), (Action::FreeRequested, 4), (Action::FreeRequested, 256)]);
     assert_eq!(ours(&dev, &|| out.sum(&[], false).unwrap()), theirs);
+    // Integer sums accumulate in their output's type (here int32, as `sum(dtype=torch.int32)`).
+    let ints = dev.zeros(&[512, 1024], DType::I32).unwrap();
+    assert_eq!(ours(&dev, &|| ints.sum(&[], false).unwrap()), theirs);
     // eor-nn-legacy-with-snapshots.pickle, `.mean()` of 1,966,080 floats (events 82-88) on a
     // card with 144 blocks of 512 threads in flight (72 SMs of 1,024 threads, as a Turing
     // Quadro RTX 8000): 576 bytes. An H100 would split it over 240 blocks.

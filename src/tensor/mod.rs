@@ -255,7 +255,6 @@ impl Tensor {
         Tensor::from_parts(self.storage.clone(), layout, self.dtype, true)
     }
 
-    /// The storage as a kernel binding (None for zero bytes).
     /// The first `numel` elements of this tensor's storage read as `dtype`: a view, for kernels
     /// that use a byte buffer as scratch of another type.
     pub(crate) fn reinterpret(&self, dtype: DType, numel: usize) -> Tensor {
@@ -263,6 +262,7 @@ impl Tensor {
         Tensor::from_parts(self.storage.clone(), Layout::contiguous(&[numel]), dtype, true)
     }
 
+    /// The storage as a kernel binding (None for zero bytes).
     pub(crate) fn arg(&self) -> Result<Option<Arg>> {
         let Some(block) = self.storage.block else { return Ok(None) };
         let alloc = self.device().0.alloc.borrow();

@@ -334,7 +334,6 @@ pub async fn reductions_over_dims(dev: &Device) {
     close(&read::<f32>(&x.norm().unwrap()).await, &[norm], 1e-4, "norm of everything");
 }
 
-/// Allocations made on `dev` so far (`memory_stats()["allocation.all.allocated"]`).
 /// Reductions PyTorch splits over several blocks per output (on the H100 a device models by
 /// default): the buffer and semaphores it allocates, freed right after, and the split kernel's
 /// results against the reference. Whole tensors just past the split threshold (130,561
@@ -401,6 +400,7 @@ pub async fn long_reductions_split_as_pytorch_splits_them(dev: &Device) {
     assert_eq!(read::<f32>(&max.to(DType::F32).unwrap()).await, [halves.iter().cloned().fold(f32::MIN, f32::max)], "f16 max");
 }
 
+/// Allocations made on `dev` so far (`memory_stats()["allocation.all.allocated"]`).
 fn allocations(dev: &Device) -> i64 {
     dev.memory_stats()["allocation.all.allocated"]
 }

@@ -31,7 +31,8 @@ pub(crate) struct GlobalReduce {
 }
 
 /// ATen's `ReduceConfig::MAX_NUM_THREADS` (all but complex double), the warp, the vector width
-/// of loads, and `vt0` (every reduction we model uses the default 4).
+/// of loads (`input_vec_size`, and the widest `output_vec_size`; every reduction modelled has
+/// `vt0` 4, so input vectors are allowed), and the values a thread should keep.
 const MAX_NUM_THREADS: i64 = 512;
 const WARP_SIZE: i64 = 32;
 const VEC_SIZE: i64 = 4;

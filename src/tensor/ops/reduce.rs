@@ -80,14 +80,18 @@ impl Tensor {
                 )),
                 None => None,
             };
-            if out.launches(&[self], 0) {
-                self.launch_reduction(&out, &dims, n, spec, scratch.as_ref().map(|(s, buffer, _)| (*s, buffer)))?;
-            }
-            // Freed as ATen frees them when the launch returns: semaphores, then the buffer.
+            let launched = if out.launches(&[self], 0) {
+                self.launch_reduction(&out, &dims, n, spec, scratch.as_ref().map(|(s, buffer, _)| (*s, buffer)))
+            } else {
+                Ok(())
+            };
+            // Freed as ATen frees them when the launch returns (or fails): semaphores, then the
+            // buffer.
             if let Some((_, buffer, semaphores)) = scratch {
                 drop(semaphores);
                 drop(buffer);
             }
+            launched?;
         }
         if keepdim {
             return Ok(out);
@@ -102,11 +106,11 @@ impl Tensor {
         let reduced: Vec<bool> = (0..self.ndim()).map(|d| dims.contains(&d)).collect();
         let element = self.dtype.size() as u64;
         // ATen's accumulator (`arg_t`): float for floating sums, means and norms (double for
-        // f64), int64 for integer sums, the element itself for max and min.
+        // f64); the element itself for max and min, and for integer sums (which accumulate in
+        // the output's type, here the input's: `sum(dtype=torch.int32)`).
         let acc_size = match op {
-            Reduction::Max | Reduction::Min => element,
-            _ if self.dtype.is_float() => element.max(4),
-            _ => 8,
+            Reduction::Sum | Reduction::Mean | Reduction::Norm if self.dtype.is_float() => element.max(4),
+            _ => element,
         };
         let address = self.storage.block.map_or(0, |b| b.ptr) + self.layout.offset as u64 * element;
         let launch = ReductionLaunch { shape: self.shape(), strides: self.strides(), reduced: &reduced, input_index: address / element, acc_size };
@@ -124,10 +128,10 @@ impl Tensor {
         // through the whole run: runs must stay cache-sized, and workgroups cost more than on a
         // GPU. 64 measured best on lavapipe (5.7 GB/s over 16 M floats; 4: 1.4, 528: 4.2-5.0).
         let parts_cap = if device.adapter().is_some_and(|a| a.device_type == "Cpu") { CPU_PARTS } else { u64::MAX };
-        // As many parts as PyTorch's blocks, as far as its buffer holds our 4-byte accumulators
-        // (f16 max and min keep 2-byte ones there).
+        // As many parts as PyTorch's blocks, as far as its buffer holds our accumulators (f32
+        // where f16 max and min keep 2-byte ones there; i32 where 8-bit sums keep bytes).
         let split = split.and_then(|(s, buffer)| {
-            let parts = s.ctas_per_output.min(buffer.storage.bytes / (4 * outputs)).min(parts_cap);
+            let parts = s.ctas_per_output.min(buffer.storage.bytes / (spec.acc.size() as u64 * outputs)).min(parts_cap);
             (parts > 1).then(|| (parts as u32, buffer.reinterpret(spec.acc, (parts * outputs) as usize)))
         });
         let mut operands = vec![out, self];
