@@ -51,6 +51,9 @@ pub struct AdapterSummary {
     pub name: String,
     pub backend: String,
     pub device_type: String,
+    /// A software adapter (lavapipe, SwiftShader, WARP): kernels that tune their shape for
+    /// caches and workgroup cost ask this.
+    pub runs_on_cpu: bool,
     pub driver: String,
     pub native_f16: bool,
     pub max_buffer_size: u64,
@@ -169,6 +172,7 @@ impl GpuContext {
                 other => format!("{other:?}"),
             },
             device_type: format!("{:?}", info.device_type),
+            runs_on_cpu: info.device_type == wgpu::DeviceType::Cpu,
             driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
             native_f16,
             max_buffer_size: limits.max_buffer_size,

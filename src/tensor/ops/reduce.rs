@@ -127,7 +127,7 @@ impl Tensor {
         // A CPU adapter runs a workgroup's invocations one SIMD batch after another, each
         // through the whole run: runs must stay cache-sized, and workgroups cost more than on a
         // GPU. 64 measured best on lavapipe (5.7 GB/s over 16 M floats; 4: 1.4, 528: 4.2-5.0).
-        let parts_cap = if device.adapter().is_some_and(|a| a.device_type == "Cpu") { CPU_PARTS } else { u64::MAX };
+        let parts_cap = if device.adapter().is_some_and(|a| a.runs_on_cpu) { CPU_PARTS } else { u64::MAX };
         // As many parts as PyTorch's blocks, as far as its buffer holds our accumulators (f32
         // where f16 max and min keep 2-byte ones there; i32 where 8-bit sums keep bytes).
         let split = split.and_then(|(s, buffer)| {
