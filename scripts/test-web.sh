@@ -24,5 +24,7 @@ fi
 echo "== wasm tests in headless Chromium (WebGPU)"
 export CHROMEDRIVER=/usr/bin/chromedriver
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner
-export WASM_BINDGEN_TEST_TIMEOUT="${WASM_BINDGEN_TEST_TIMEOUT:-60}"
+# The budget of the whole headless run (not of one test): a fresh 2-core machine ran the suite
+# in 63 s once, past the default of 60; scripts/test.sh bounds the suite as a whole as well.
+export WASM_BINDGEN_TEST_TIMEOUT="${WASM_BINDGEN_TEST_TIMEOUT:-900}"
 cargo test --locked --target wasm32-unknown-unknown --test web

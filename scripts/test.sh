@@ -23,29 +23,75 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR:-}" ]; then
   mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 fi
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+durations=$(mktemp)
+trap 'rm -f "$log" "$durations"' EXIT
 
-echo "== benchmarks compile"
-cargo check --benches --locked --quiet
+# Each suite runs under a budget far above its running time on a fresh 2-core machine (the
+# whole run must end well inside CI's 90 minutes), and prints its duration; a suite past half
+# its budget is flagged, so that the next creep is seen long before it fails. Budgets include
+# the suite's builds and installs (wasm-bindgen-cli, Chromium) on a fresh machine.
+failed_suites=""
+suite() {
+  local name=$1 budget=$2 start status
+  shift 2
+  start=$(date +%s)
+  set +e
+  timeout --kill-after=30 "$budget" "$@" 2>&1 | tee -a "$log"
+  status=${PIPESTATUS[0]}
+  set -e
+  local took=$(( $(date +%s) - start ))
+  echo "$name $took $budget" >> "$durations"
+  if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+    echo "== suite $name: stopped after its budget of ${budget} s"
+    echo "test result: FAILED. 0 passed; 1 failed (suite $name ran past its budget)" >> "$log"
+  else
+    echo "== suite $name: ${took} s of its ${budget} s budget"
+  fi
+  if [ "$status" != 0 ]; then failed_suites="$failed_suites $name"; fi
+}
 
-echo "== rustfmt (rustfmt.toml) and clippy (warnings are errors), native and wasm"
-rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
-cargo fmt --all --check
-rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
-rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
-cargo clippy --workspace --all-targets --locked --quiet -- -D warnings
-cargo clippy --lib --target wasm32-unknown-unknown --locked --quiet -- -D warnings
+# Suites that are shell functions run under `timeout` through `bash -c` (exported below).
+checks() {
+  set -euo pipefail
+  echo "== benchmarks compile"
+  cargo check --benches --locked --quiet
+  echo "== rustfmt (rustfmt.toml) and clippy (warnings are errors), native and wasm"
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+  cargo fmt --all --check
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+  rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+  cargo clippy --workspace --all-targets --locked --quiet -- -D warnings
+  cargo clippy --lib --target wasm32-unknown-unknown --locked --quiet -- -D warnings
+}
 
-echo "== cargo test (allocator rules and properties, fixtures, replay, malformed input, CLI, GPU kernels on the first adapter)"
-cargo test --workspace --locked 2>&1 | tee "$log"
+native() {
+  set -euo pipefail
+  echo "== cargo test (allocator rules and properties, fixtures, replay, malformed input, CLI, GPU kernels on the first adapter)"
+  cargo test --workspace --locked
+}
 
-bash scripts/test-web.sh 2>&1 | tee -a "$log"
+export -f checks native
 
-bash scripts/test-e2e.sh 2>&1 | tee -a "$log"
+# Lint first: a format or clippy error fails the run before an hour of tests.
+suite checks 1800 bash -c checks
+if [ -n "$failed_suites" ]; then
+  echo "tests: 0 passed, 1 failed (rustfmt or clippy: see above)"
+  exit 1
+fi
+suite native 1800 bash -c native
+suite browser 1500 bash scripts/test-web.sh
+suite page 1200 bash scripts/test-e2e.sh
 
-# One closing line for the whole run. A test that could not run here (no fixtures, no adapter;
-# never under CI=true, where that fails) passes after printing `SKIPPED name: reason`: those
-# are counted apart.
+# Closing lines: each suite's share of its budget, the slowest suite, then the counts. A test
+# that could not run here (no fixtures, no adapter; never under CI=true, where that fails)
+# passes after printing `SKIPPED name: reason`: those are counted apart.
+awk '{ printf "%s%s %d s of %d", (NR > 1 ? ", " : "suite durations: "), $1, $2, $3 } END { print "" }' "$durations"
+awk '$2 * 2 > $3 { printf "WARNING: suite %s took %d s, over half of its %d s budget: speed it up or raise the budget\n", $1, $2, $3 }' "$durations"
+sort -k2,2nr "$durations" | awk 'NR == 1 { printf "slowest suite: %s, %d s (%d%% of its %d s budget)\n", $1, $2, 100 * $2 / $3, $3 }'
 skipped=$( (grep -o 'SKIPPED [A-Za-z0-9_:]*:' "$log" || true) | sort -u | wc -l)
 awk -v skipped="$skipped" '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "tests: %d passed, %d skipped (see the SKIPPED lines), %d failed\n", p - skipped, skipped, f }' "$log"
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p - skipped, f, skipped }' "$log"
+if [ -n "$failed_suites" ]; then
+  echo "failed suites:$failed_suites" >&2
+  exit 1
+fi

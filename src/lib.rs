@@ -13,6 +13,7 @@ pub mod autograd;
 pub mod bench;
 pub mod device;
 pub mod dtype;
+pub mod files;
 pub(crate) mod kernels;
 pub mod nn;
 pub mod replay;

@@ -12,14 +12,18 @@ fn load_err(data: &[u8]) -> String {
     trace::load(data).unwrap_err().to_string()
 }
 
-/// Loads, and replays what loads: neither may panic.
+/// Loads, replays what loads (writing the replayed trace, as `replay --snapshot` does) and
+/// writes both back: nothing may panic, and whatever is written must load again.
 fn exercise(data: &[u8]) {
     if let Ok(snap) = trace::load(data) {
-        let capacity = ReplayOptions { capacity: Some(1 << 30), ..Default::default() };
+        let capacity = ReplayOptions { capacity: Some(1 << 30), keep_snapshot: true, ..Default::default() };
         for options in [ReplayOptions::default(), capacity] {
-            let _ = replay_snapshot(&snap, &options, &mut |_, _| {});
+            for replayed in replay_snapshot(&snap, &options, &mut |_, _| {}).into_iter().flatten().filter_map(|r| r.snapshot) {
+                trace::load(&trace::to_pickle(&replayed)).expect("a replayed snapshot loads again");
+            }
         }
-        let _ = trace::to_pickle(&snap);
+        trace::load(&trace::to_pickle(&snap)).expect("a loaded snapshot written as a pickle loads again");
+        trace::load(trace::to_json(&snap).as_bytes()).expect("a loaded snapshot written as JSON loads again");
     }
 }
 
@@ -66,6 +70,56 @@ fn explicit_malformed_inputs() {
     assert_eq!(load_err(&deep_pickle), "segments[0]: expected a dict, found a list");
     // Declared lengths larger than the file allocate nothing.
     assert!(load_err(b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7f").contains("remain"));
+}
+
+/// Values no PyTorch run can produce are refused where they are read, before anything is sized
+/// or summed by them (a device index of 2^31 - 1 once sized a 51 GB vector and aborted).
+#[test]
+fn values_beyond_what_pytorch_can_record_are_refused() {
+    let segment = |device: &str| {
+        format!(r#"{{"segments": [{{"device": {device}, "address": 0, "total_size": 512, "blocks": [{{"size": 512, "state": "inactive"}}]}}]}}"#)
+    };
+    assert_eq!(
+        load_err(segment("2147483647").as_bytes()),
+        "segments[0].device: device 2147483647 cannot be real: PyTorch's device indices are 0 to 127 (an int8)"
+    );
+    assert_eq!(load_err(segment("-1").as_bytes()), "segments[0].device: device -1 cannot be real: PyTorch's device indices are 0 to 127 (an int8)");
+    assert!(trace::load(segment("127").as_bytes()).is_ok());
+    let alloc = |size: &str| format!(r#"{{"segments": [], "device_traces": [[{{"action": "alloc", "addr": 4096, "size": {size}, "stream": 0}}]]}}"#);
+    assert_eq!(
+        load_err(alloc("18446744073709551615").as_bytes()),
+        "device_traces[0][0].size: 18446744073709551615 bytes cannot be real: PyTorch refuses to allocate 1 EB (2^60 bytes) or more"
+    );
+    assert!(trace::load(alloc("1152921504606846975").as_bytes()).is_ok(), "just under 1 EB is a size PyTorch could record");
+    assert_eq!(
+        load_err(br#"{"segments": [], "device_traces": [[{"action": "alloc", "addr": 144115188075855872, "size": 512}]]}"#),
+        "device_traces[0][0].addr: address 0x200000000000000 cannot be real: no device maps addresses beyond 57 bits"
+    );
+    assert_eq!(
+        load_err(br#"{"segments": [], "device_traces": [[{"action": "alloc", "addr": 0, "size": 512, "stream": 18446744073709551615}]]}"#),
+        "device_traces[0][0].stream: integer 18446744073709551615 does not fit this field (a signed 64-bit integer)"
+    );
+    let many = format!(r#"{{"segments": [], "device_traces": [{}]}}"#, vec!["[]"; 129].join(","));
+    assert_eq!(load_err(many.as_bytes()), "device_traces: 129 device traces cannot be real: PyTorch addresses at most 128 devices");
+}
+
+/// Settings PyTorch would refuse at start-up cannot come from a PyTorch run.
+#[test]
+fn settings_pytorch_would_refuse_are_refused_by_replay() {
+    let with_settings = |settings: &str| {
+        let text = format!(r#"{{"segments": [], "device_traces": [[{{"action": "alloc", "addr": 0, "size": 512}}]], "allocator_settings": {settings}}}"#);
+        let snap = trace::load(text.as_bytes()).unwrap();
+        replay_snapshot(&snap, &ReplayOptions::default(), &mut |_, _| {}).map(|_| ()).map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        with_settings(r#"{"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:-5"}"#).unwrap_err(),
+        "the snapshot's allocator_settings are unusable: invalid allocator config \"max_split_size_mb:-5\": max_split_size_mb expects a number, got \"-5\""
+    );
+    assert!(with_settings(r#"{"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:maybe"}"#).unwrap_err().contains("Expected a single True/False argument"));
+    assert!(with_settings(r#"{"expandable_segments": "maybe"}"#).unwrap_err().contains("is not True or False"));
+    assert!(with_settings(r#"{"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:NaN"}"#).unwrap_err().contains("too small"));
+    assert!(with_settings(r#"{"garbage_collection_threshold": 2.5}"#).unwrap_err().contains("not a number in [0, 1)"));
+    with_settings(r#"{"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "expandable_segments": true}"#).unwrap();
 }
 
 #[test]

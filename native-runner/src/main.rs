@@ -200,6 +200,7 @@ fn run(command: Command) -> Result<(), Failure> {
     match command {
         Command::Replay { file, device, alloc_conf, capacity, json, summary, start, snapshot: out } => {
             let config = alloc_conf.map(|c| AllocatorConfig::parse(&c).map_err(|e| Failure(e.to_string(), 2))).transpose()?;
+            refuse_overwriting_input(out.as_deref(), &file)?;
             let snapshot = load(&file)?;
             let options = ReplayOptions { config, capacity, start, keep_snapshot: out.is_some(), ..Default::default() };
             let mut results = replay_with_progress(&snapshot, device, &options, !json)?;
@@ -434,11 +435,20 @@ fn merge_snapshots(parts: impl Iterator<Item = Snapshot>) -> Snapshot {
     merged
 }
 
+/// Writes a snapshot the command made: whole or not at all (an existing OUT stays as it was
+/// when the write fails).
 fn save(snapshot: &Snapshot, out: &Path) -> Result<(), Failure> {
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Failure(format!("cannot create {}: {e}", dir.display()), 1))?;
-    }
     trace::save_file(snapshot, out).map_err(|e| Failure(e.to_string(), 1))
+}
+
+/// A command never writes over a file it reads: checked before any work is done.
+fn refuse_overwriting_input(out: Option<&Path>, input: &Path) -> Result<(), Failure> {
+    match out {
+        Some(out) if tensormem::files::same_file(out, input) => {
+            Err(Failure(format!("--snapshot {} is the input file: write the result to another file", out.display()), 2))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn load(path: &Path) -> Result<Snapshot, Failure> {

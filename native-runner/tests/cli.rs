@@ -238,3 +238,76 @@ fn compare_prints_each_phase_of_a_run_against_a_recorded_training_step() {
     assert!(stderr(&out).contains("compare takes lm-train or gpt2-train runs"), "{}", stderr(&out));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A scratch folder of this test's own.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tensormem-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A small snapshot made by a scenario run (no fixture needed).
+fn recorded_snapshot(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("recorded.json");
+    let out = tensormem(&["run", "variable-batch", "--set", "layers=2,batches=8,16", "--snapshot", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    path
+}
+
+#[test]
+fn a_one_kilobyte_file_naming_device_2_pow_31_is_refused_not_an_abort() {
+    let dir = scratch("device-index");
+    let file = dir.join("device.json");
+    std::fs::write(
+        &file,
+        br#"{"segments": [{"device": 2147483647, "address": 0, "total_size": 2097152, "stream": 0, "segment_type": "small",
+            "blocks": [{"size": 2097152, "state": "inactive"}]}], "device_traces": []}"#,
+    )
+    .unwrap();
+    let out_file = dir.join("out.pickle");
+    let out = tensormem(&["replay", file.to_str().unwrap(), "--snapshot", out_file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("segments[0].device: device 2147483647 cannot be real: PyTorch's device indices are 0 to 127"), "{}", stderr(&out));
+    assert!(!out_file.exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn snapshot_out_equal_to_the_input_is_refused_and_the_input_kept() {
+    let dir = scratch("same-out");
+    let input = recorded_snapshot(&dir);
+    let before = std::fs::read(&input).unwrap();
+    let other_spelling = dir.join(".").join("recorded.json");
+    for out_path in [&input, &other_spelling] {
+        let out = tensormem(&["replay", input.to_str().unwrap(), "--snapshot", out_path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("is the input file"), "{}", stderr(&out));
+    }
+    assert_eq!(std::fs::read(&input).unwrap(), before, "the recorded trace is untouched");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_failed_write_says_cannot_write_and_leaves_the_old_file_intact() {
+    let dir = scratch("failed-write");
+    let input = recorded_snapshot(&dir);
+    let out_file = dir.join("replayed.pickle");
+    std::fs::write(&out_file, b"the user's earlier result").unwrap();
+    // A file-size limit of one block makes every larger write fail with EFBIG (SIGXFSZ ignored,
+    // as an ignored signal stays ignored across exec), as a full disk or a quota would.
+    let script =
+        format!("trap '' XFSZ; ulimit -f 1; exec '{}' replay '{}' --snapshot '{}'", env!("CARGO_BIN_EXE_tensormem"), input.display(), out_file.display());
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&format!("cannot write {}: File too large", out_file.display())), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&out_file).unwrap(), b"the user's earlier result");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 2, "no temporary file left behind: {left:?}");
+    // A device that takes no bytes: the error says so, in words about writing.
+    let full = tensormem(&["replay", input.to_str().unwrap(), "--snapshot", "/dev/full"]);
+    assert_eq!(full.status.code(), Some(1));
+    assert!(stderr(&full).contains("cannot write /dev/full: No space left on device"), "{}", stderr(&full));
+    std::fs::remove_dir_all(&dir).ok();
+}

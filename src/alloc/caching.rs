@@ -386,10 +386,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// Bytes the device has free by our accounting (PyTorch asks cudaMemGetInfo).
     pub fn device_free(&self) -> u64 {
-        match self.capacity {
-            Some(c) => c.saturating_sub(self.total_allocated_memory + self.external_usage),
-            None => u64::MAX - self.total_allocated_memory,
-        }
+        self.memory_limit().saturating_sub(self.total_allocated_memory + self.external_usage)
+    }
+
+    /// The capacity; without one the device is as large as the counters allow: PyTorch's
+    /// statistics are signed 64-bit, so a replay of absurd requests runs out of memory instead
+    /// of wrapping them.
+    fn memory_limit(&self) -> u64 {
+        self.capacity.unwrap_or(i64::MAX as u64)
     }
 
     // ---------------------------------------------------------------- block storage
@@ -931,10 +935,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn device_has_room(&self, bytes: u64) -> bool {
-        match self.capacity {
-            Some(c) => self.total_allocated_memory + self.external_usage + bytes <= c,
-            None => true,
-        }
+        self.total_allocated_memory.saturating_add(self.external_usage).saturating_add(bytes) <= self.memory_limit()
     }
 
     /// Frees cached oversize blocks until `max(request, max_split_size)` bytes are returned.

@@ -77,6 +77,12 @@ impl AllocatorConfig {
 
     /// Applies settings over the current ones (like `_set_allocator_settings`).
     pub fn apply(&mut self, text: &str) -> Result<(), ConfigError> {
+        self.apply_keys(text, None)
+    }
+
+    /// `apply`, where `unknown` (if given) collects keys this version does not know instead of
+    /// refusing them: a snapshot from a newer PyTorch may name settings tensormem does not model.
+    fn apply_keys(&mut self, text: &str, mut unknown: Option<&mut Vec<String>>) -> Result<(), ConfigError> {
         let tokens = tokenize(text);
         let err = |message: String| ConfigError { raw: text.to_string(), message };
         let mut i = 0;
@@ -109,7 +115,8 @@ impl AllocatorConfig {
                 }
                 "garbage_collection_threshold" => {
                     let t: f64 = value.parse().map_err(|_| err(format!("garbage_collection_threshold expects a number, got {value:?}")))?;
-                    if t <= 0.0 {
+                    // PyTorch checks `val > 0` then `val < 1.0`: NaN fails the first.
+                    if t.is_nan() || t <= 0.0 {
                         return Err(err("garbage_collect_threshold too small, set it 0.0~1.0".into()));
                     }
                     if t >= 1.0 {
@@ -143,7 +150,15 @@ impl AllocatorConfig {
                 }
                 // Accepted and without effect on a device that has no CUDA graphs or pinned pool yet.
                 "graph_capture_record_stream_reuse" | "pinned_reserve_segment_size_mb" => {}
-                _ => return Err(err(format!("Unrecognized key '{key}' in CUDA allocator config."))),
+                _ => match unknown.as_deref_mut() {
+                    Some(keys) => {
+                        keys.push(key.to_string());
+                        if value == "[" {
+                            consumed = tokens[value_at..].iter().position(|t| t == "]").map_or(tokens.len() - value_at, |end| end + 1);
+                        }
+                    }
+                    None => return Err(err(format!("Unrecognized key '{key}' in CUDA allocator config."))),
+                },
             }
             i = value_at + consumed;
             match tokens.get(i).map(String::as_str) {
@@ -233,18 +248,31 @@ impl AllocatorConfig {
     }
 
     /// Settings recorded in a snapshot (structured fields win; older files have none: defaults).
+    /// Both the settings string and the fields must be what PyTorch could have run with: a file
+    /// whose settings PyTorch would refuse was not recorded by it.
     pub fn from_snapshot_settings(settings: &serde_json::Map<String, serde_json::Value>) -> Result<AllocatorConfig, ConfigError> {
-        let mut config = AllocatorConfig::default();
-        let raw = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|v| v.as_str()).unwrap_or("");
+        let raw = match settings.get("PYTORCH_CUDA_ALLOC_CONF") {
+            None | Some(serde_json::Value::Null) => "",
+            Some(serde_json::Value::String(s)) => s.as_str(),
+            Some(other) => return Err(ConfigError { raw: other.to_string(), message: "PYTORCH_CUDA_ALLOC_CONF is not a string".into() }),
+        };
         let bad = |message: String| ConfigError { raw: raw.to_string(), message };
-        if let Some(v) = settings.get("max_split_size").and_then(|v| v.as_i64()) {
-            config.max_split_size = if v < 0 { u64::MAX } else { v as u64 };
+        let mut config = AllocatorConfig::default();
+        config.apply_keys(raw, Some(&mut Vec::new()))?;
+        if let Some(v) = settings.get("max_split_size") {
+            config.max_split_size = match (v.as_i64(), v.as_u64()) {
+                (Some(-1), _) | (_, Some(u64::MAX)) => u64::MAX,
+                (Some(b), _) if b >= LARGE_BUFFER as i64 => b as u64,
+                _ => return Err(bad(format!("max_split_size {v} is neither -1 (unlimited) nor at least PyTorch's minimum of {LARGE_BUFFER} bytes"))),
+            };
         }
-        if let Some(v) = settings.get("garbage_collection_threshold").and_then(|v| v.as_f64()) {
-            config.garbage_collection_threshold = v;
+        if let Some(v) = settings.get("garbage_collection_threshold") {
+            // 0 is "off"; a NaN in a pickle reaches here as null.
+            config.garbage_collection_threshold =
+                v.as_f64().filter(|t| (0.0..1.0).contains(t)).ok_or_else(|| bad(format!("garbage_collection_threshold {v} is not a number in [0, 1)")))?;
         }
-        if let Some(v) = settings.get("expandable_segments").and_then(|v| v.as_bool()) {
-            config.expandable_segments = v;
+        if let Some(v) = settings.get("expandable_segments") {
+            config.expandable_segments = v.as_bool().ok_or_else(|| bad(format!("expandable_segments {v} is not True or False")))?;
         }
         if let Some(serde_json::Value::Object(divs)) = settings.get("roundup_power2_divisions") {
             for (k, v) in divs {
@@ -253,7 +281,10 @@ impl AllocatorConfig {
                     return Err(bad(format!("roundup_power2_divisions key {mb} is not a power of two")));
                 }
                 let index = (mb.trailing_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
-                config.roundup_power2_divisions[index] = v.as_u64().ok_or_else(|| bad(format!("roundup_power2_divisions[{k}] is not a count")))?;
+                config.roundup_power2_divisions[index] = v
+                    .as_u64()
+                    .filter(|d| *d == 0 || d.is_power_of_two())
+                    .ok_or_else(|| bad(format!("roundup_power2_divisions[{k}] = {v} is not 0 or a power of 2")))?;
             }
         }
         config.raw = raw.to_string();
@@ -340,6 +371,38 @@ mod tests {
         assert!(msg("max_split_size_mb").contains("expected ':'"));
         assert!(AllocatorConfig::parse("max_split_size_mb:20").is_ok());
         assert!(AllocatorConfig::parse("").is_ok());
+        // PyTorch checks `val > 0` and `val < 1.0`: NaN is refused as too small, inf as too big.
+        assert!(msg("garbage_collection_threshold:NaN").contains("too small"));
+        assert!(msg("garbage_collection_threshold:inf").contains("too big"));
+    }
+
+    fn settings(pairs: &[(&str, serde_json::Value)]) -> serde_json::Map<String, serde_json::Value> {
+        let mut map = AllocatorConfig::default().to_snapshot_settings();
+        for (k, v) in pairs {
+            map.insert(k.to_string(), v.clone());
+        }
+        map
+    }
+
+    #[test]
+    fn snapshot_settings_pytorch_would_refuse_are_refused() {
+        use serde_json::json;
+        let msg = |pairs: &[(&str, serde_json::Value)]| AllocatorConfig::from_snapshot_settings(&settings(pairs)).unwrap_err().message;
+        assert_eq!(msg(&[("PYTORCH_CUDA_ALLOC_CONF", json!("max_split_size_mb:-5"))]), "max_split_size_mb expects a number, got \"-5\"");
+        assert!(msg(&[("PYTORCH_CUDA_ALLOC_CONF", json!("expandable_segments:maybe"))]).contains("True/False"));
+        assert!(msg(&[("expandable_segments", json!("maybe"))]).contains("not True or False"));
+        assert!(msg(&[("garbage_collection_threshold", json!(null))]).contains("not a number in [0, 1)"));
+        assert!(msg(&[("garbage_collection_threshold", json!(1.5))]).contains("not a number in [0, 1)"));
+        assert!(msg(&[("max_split_size", json!(-5))]).contains("neither -1"));
+        assert!(msg(&[("max_split_size", json!(1024))]).contains("neither -1"));
+        assert!(msg(&[("roundup_power2_divisions", json!({"1": 3}))]).contains("power of 2"));
+        // Keys of a newer PyTorch are not this file's fault; their values are skipped.
+        let c = AllocatorConfig::from_snapshot_settings(&settings(&[("PYTORCH_CUDA_ALLOC_CONF", json!("new_key:[1:2,3:4],max_split_size_mb:128"))])).unwrap();
+        assert_eq!(c.raw, "new_key:[1:2,3:4],max_split_size_mb:128");
+        // The structured fields (here the defaults) win over the string, as before.
+        assert_eq!(c.max_split_size, u64::MAX);
+        let unlimited = AllocatorConfig::from_snapshot_settings(&settings(&[("max_split_size", json!(u64::MAX))])).unwrap();
+        assert_eq!(unlimited.max_split_size, u64::MAX);
     }
 
     #[test]

@@ -13,4 +13,4 @@ pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
 /// Larger requests get a segment rounded up to a multiple of this.
 pub const ROUND_LARGE: u64 = 2 << 20;
 /// Requests of this size or more are refused outright, as PyTorch does.
-pub const ONE_EXABYTE: u64 = 1 << 60;
+pub const ONE_EXABYTE: u64 = crate::trace::limits::ONE_EXABYTE;

@@ -4,6 +4,7 @@
 //! (allocator_settings, external_annotations), G3 (compile_context, user_metadata), the very old
 //! block `history` list, and a bare list of segments (`torch.cuda.memory_snapshot()`).
 
+use super::model::limits;
 use super::model::*;
 use super::node::{Arena, COMPACTED, Node, NodeId, is_compacted};
 use super::pickle::Compact;
@@ -17,6 +18,8 @@ pub struct FieldError {
 }
 
 type Result<T> = std::result::Result<T, FieldError>;
+/// How a field's value is read: `Decoder::bytes`, `Decoder::address`, `Decoder::int`, ...
+type Reader<'d, T> = fn(&Decoder<'d>, NodeId, &dyn Fn() -> String) -> Result<T>;
 
 /// What decoding remembers across nodes.
 #[derive(Default)]
@@ -116,7 +119,7 @@ struct Decoder<'a> {
     c: &'a mut Caches,
 }
 
-impl Decoder<'_> {
+impl<'a> Decoder<'a> {
     fn fail<T>(&self, path: &dyn Fn() -> String, message: impl Into<String>) -> Result<T> {
         Err(FieldError { path: path(), message: message.into() })
     }
@@ -146,13 +149,43 @@ impl Decoder<'_> {
 
     fn int(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<i64> {
         let v = self.wide_int(id, path)?;
-        i64::try_from(v).or_else(|_| self.fail(path, format!("integer {v} does not fit 64 bits")))
+        i64::try_from(v).or_else(|_| self.fail(path, format!("integer {v} does not fit this field (a signed 64-bit integer)")))
     }
 
-    /// Sizes and addresses: non-negative integers.
+    /// Counts and other non-negative integers.
     fn uint(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<u64> {
         let v = self.wide_int(id, path)?;
         u64::try_from(v).or_else(|_| self.fail(path, format!("expected a non-negative 64-bit integer, found {v}")))
+    }
+
+    /// A size in bytes: below the 1 EB PyTorch refuses to allocate.
+    fn bytes(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<u64> {
+        let v = self.uint(id, path)?;
+        if v >= limits::ONE_EXABYTE {
+            return self.fail(path, format!("{v} bytes cannot be real: PyTorch refuses to allocate 1 EB (2^60 bytes) or more"));
+        }
+        Ok(v)
+    }
+
+    /// A device address: inside a 57-bit virtual address space.
+    fn address(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<u64> {
+        let v = self.uint(id, path)?;
+        if v >= limits::ADDRESS_LIMIT {
+            return self.fail(path, format!("address {v:#x} cannot be real: no device maps addresses beyond 57 bits"));
+        }
+        Ok(v)
+    }
+
+    /// A device index; `-1` (no device) only where `allow_none`.
+    fn device(&self, dict: NodeId, key: &str, allow_none: bool, path: &dyn Fn() -> String) -> Result<i64> {
+        let p = || format!("{}.{key}", path());
+        let Some(id) = self.field(dict, key) else { return Ok(0) };
+        let v = self.int(id, &p)?;
+        let lowest = if allow_none { -1 } else { 0 };
+        if !(lowest..=limits::MAX_DEVICE_INDEX).contains(&v) {
+            return self.fail(&p, format!("device {v} cannot be real: PyTorch's device indices are 0 to {} (an int8)", limits::MAX_DEVICE_INDEX));
+        }
+        Ok(v)
     }
 
     /// Line numbers: PyTorch writes an unknown C++ line as size_t -1 (2^64 - 1); a Python -1 wraps to it too.
@@ -165,14 +198,15 @@ impl Decoder<'_> {
         }
     }
 
-    fn uint_field(&self, dict: NodeId, key: &str, path: &dyn Fn() -> String) -> Result<u64> {
+    /// A required field read by `read` (`Self::bytes`, `Self::address`, ...).
+    fn required_with<T>(&self, dict: NodeId, key: &str, read: Reader<'a, T>, path: &dyn Fn() -> String) -> Result<T> {
         let p = || format!("{}.{key}", path());
-        self.uint(self.required(dict, key, path)?, &p)
+        read(self, self.required(dict, key, path)?, &p)
     }
 
-    fn opt_uint_field(&self, dict: NodeId, key: &str, path: &dyn Fn() -> String) -> Result<Option<u64>> {
+    fn optional_with<T>(&self, dict: NodeId, key: &str, read: Reader<'a, T>, path: &dyn Fn() -> String) -> Result<Option<T>> {
         let p = || format!("{}.{key}", path());
-        self.field(dict, key).map(|v| self.uint(v, &p)).transpose()
+        self.field(dict, key).map(|v| read(self, v, &p)).transpose()
     }
 
     fn opt_int_field(&self, dict: NodeId, key: &str, path: &dyn Fn() -> String) -> Result<Option<i64>> {
@@ -263,8 +297,8 @@ impl Decoder<'_> {
     }
 
     fn block(&mut self, id: NodeId, next_address: u64, path: &dyn Fn() -> String) -> Result<Block> {
-        let size = self.uint_field(id, "size", path)?;
-        let address = self.opt_uint_field(id, "address", path)?.unwrap_or(next_address);
+        let size = self.required_with(id, "size", Self::bytes, path)?;
+        let address = self.optional_with(id, "address", Self::address, path)?.unwrap_or(next_address);
         let state_id = self.required(id, "state", path)?;
         let state = match self.str(state_id, &|| format!("{}.state", path()))? {
             "active_allocated" => BlockState::ActiveAllocated,
@@ -278,18 +312,21 @@ impl Decoder<'_> {
             Some(history) if self.field(id, "frames").is_none() => {
                 let hp = || format!("{}.history", path());
                 match self.seq(history, &hp)?.last().copied() {
-                    Some(last) => (self.opt_uint_field(last, "real_size", &hp)?.unwrap_or(0), self.frames(self.field(last, "frames"), &hp)?),
+                    Some(last) => (self.optional_with(last, "real_size", Self::bytes, &hp)?.unwrap_or(0), self.frames(self.field(last, "frames"), &hp)?),
                     None => (0, no_frames()),
                 }
             }
-            _ => (self.opt_uint_field(id, "requested_size", path)?.unwrap_or(size), self.frames(self.field(id, "frames"), &|| format!("{}.frames", path()))?),
+            _ => (
+                self.optional_with(id, "requested_size", Self::bytes, path)?.unwrap_or(size),
+                self.frames(self.field(id, "frames"), &|| format!("{}.frames", path()))?,
+            ),
         };
         Ok(Block { address, size, requested_size, state, frames })
     }
 
     fn segment(&mut self, id: NodeId, path: &dyn Fn() -> String) -> Result<Segment> {
-        let address = self.uint_field(id, "address", path)?;
-        let total_size = self.uint_field(id, "total_size", path)?;
+        let address = self.required_with(id, "address", Self::address, path)?;
+        let total_size = self.required_with(id, "total_size", Self::bytes, path)?;
         let blocks_id = self.required(id, "blocks", path)?;
         let block_ids = self.seq(blocks_id, &|| format!("{}.blocks", path()))?.to_vec();
         let mut blocks = Vec::with_capacity(block_ids.len());
@@ -320,18 +357,18 @@ impl Decoder<'_> {
             None => (0, 0),
         };
         Ok(Segment {
-            device: self.opt_int_field(id, "device", path)?.unwrap_or(0),
+            device: self.device(id, "device", false, path)?,
             address,
             total_size,
-            allocated_size: match self.opt_uint_field(id, "allocated_size", path)? {
+            allocated_size: match self.optional_with(id, "allocated_size", Self::bytes, path)? {
                 Some(v) => v,
                 None => sum(&|b| (b.state == BlockState::ActiveAllocated).then_some(b.size)),
             },
-            active_size: match self.opt_uint_field(id, "active_size", path)? {
+            active_size: match self.optional_with(id, "active_size", Self::bytes, path)? {
                 Some(v) => v,
                 None => sum(&|b| b.state.is_active().then_some(b.size)),
             },
-            requested_size: match self.opt_uint_field(id, "requested_size", path)? {
+            requested_size: match self.optional_with(id, "requested_size", Self::bytes, path)? {
                 Some(v) => v,
                 None => sum(&|b| b.state.is_active().then_some(b.requested_size)),
             },
@@ -350,9 +387,9 @@ impl Decoder<'_> {
         let Some(action) = Action::from_name(action_name) else {
             return self.fail(&|| format!("{}.action", path()), format!("unknown action {action_name:?}"));
         };
-        let device_free = self.opt_uint_field(id, "device_free", path)?;
+        let device_free = self.optional_with(id, "device_free", Self::bytes, path)?;
         let addr = match (action, self.field(id, "addr")) {
-            (_, Some(a)) => self.uint(a, &|| format!("{}.addr", path()))?,
+            (_, Some(a)) => self.address(a, &|| format!("{}.addr", path()))?,
             (Action::Oom | Action::Snapshot | Action::Annotate, None) => 0,
             (_, None) => return self.fail(&|| format!("{}.addr", path()), "missing"),
         };
@@ -368,7 +405,7 @@ impl Decoder<'_> {
         Ok(TraceEntry {
             action,
             addr,
-            size: self.opt_uint_field(id, "size", path)?.unwrap_or(0),
+            size: self.optional_with(id, "size", Self::bytes, path)?.unwrap_or(0),
             stream: self.opt_int_field(id, "stream", path)?.unwrap_or(0),
             time_us: self.opt_int_field(id, "time_us", path)?,
             frames,
@@ -387,7 +424,7 @@ impl Decoder<'_> {
         Ok(Annotation {
             name: self.opt_string_field(id, "name", path)?.unwrap_or_default(),
             stage: self.opt_string_field(id, "stage", path)?.unwrap_or_default(),
-            device: self.opt_int_field(id, "device", path)?.unwrap_or(0),
+            device: self.device(id, "device", true, path)?,
             time_us: self.opt_int_field(id, "time_us", path)?,
         })
     }
@@ -407,6 +444,9 @@ impl Decoder<'_> {
         let mut device_traces = Vec::new();
         if let Some(traces) = self.field(root, "device_traces") {
             let devices = self.seq(traces, &|| "device_traces".into())?.to_vec();
+            if devices.len() as i64 > limits::MAX_DEVICE_INDEX + 1 {
+                return self.fail(&|| "device_traces".into(), format!("{} device traces cannot be real: PyTorch addresses at most 128 devices", devices.len()));
+            }
             for (d, t) in devices.into_iter().enumerate() {
                 let items = self.seq(t, &|| format!("device_traces[{d}]"))?;
                 let mut done = compacted.remove(&t).unwrap_or_default();

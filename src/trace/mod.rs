@@ -28,6 +28,8 @@ pub enum TraceError {
     UnknownFormat(String),
     #[error("cannot read {path}: {source}")]
     Io { path: String, source: std::io::Error },
+    #[error("cannot write {path}: {source}")]
+    Write { path: String, source: std::io::Error },
 }
 
 impl From<decode::FieldError> for TraceError {
@@ -161,10 +163,12 @@ pub fn load_file(path: &Path) -> Result<Snapshot, TraceError> {
     loader.finish()
 }
 
+/// Writes a snapshot (`.json` as JSON, anything else as a pickle); an existing file is replaced
+/// only once the new one is whole on disk.
 pub fn save_file(snapshot: &Snapshot, path: &Path) -> Result<(), TraceError> {
     let bytes = match Format::from_path(path) {
         Format::Json => to_json(snapshot).into_bytes(),
         Format::Pickle => to_pickle(snapshot),
     };
-    std::fs::write(path, bytes).map_err(|source| TraceError::Io { path: path.display().to_string(), source })
+    crate::files::write_atomically(path, &bytes).map_err(|source| TraceError::Write { path: path.display().to_string(), source })
 }

@@ -7,6 +7,18 @@
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+/// What a real snapshot can hold. Values beyond these come from a damaged or forged file, and
+/// reading refuses them with the field's path instead of sizing memory or arithmetic by them.
+pub mod limits {
+    /// Device indices are `c10::DeviceIndex`, an `int8_t`: 0 to 127 address a device.
+    pub const MAX_DEVICE_INDEX: i64 = i8::MAX as i64;
+    /// PyTorch refuses any allocation of this size or more ("Tried to allocate more than 1EB
+    /// memory"), so no segment, block or trace entry is this large.
+    pub const ONE_EXABYTE: u64 = 1 << 60;
+    /// No CPU or GPU maps more than 57-bit virtual addresses (5-level paging; Hopper's VA).
+    pub const ADDRESS_LIMIT: u64 = 1 << 57;
+}
+
 /// One stack frame, innermost first in a [`Frames`] list.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {
