@@ -8,24 +8,34 @@
 //!
 //! Bound to a loopback address (the default), it answers only requests addressed to this machine
 //! by name (`Host: 127.0.0.1`, `localhost`, `[::1]`): a web page elsewhere cannot use DNS
-//! rebinding to read the snapshot through the user's browser. Connections are capped and a
-//! request head must arrive within a deadline, so slow clients cannot pile up threads.
+//! rebinding to read the snapshot through the user's browser. Requests must be well formed
+//! (RFC 9112): a header line without a colon, or an HTTP/1.1 request without exactly one Host, is
+//! answered 400.
+//!
+//! Threads are bounded: at most 64 connections are open at once (and 128 threads, while those it
+//! closed wind down), and a request head must arrive within a deadline. When all 64 are taken, a new connection closes the one that has been idle
+//! (waiting for its request head, or past its response) the longest, so sockets that say nothing
+//! cannot keep requests out.
 
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Longest request head (request line and headers) accepted.
 const MAX_HEAD: u64 = 16 * 1024;
-/// Connections served at once; more get 503 at once.
+/// Connections open at once; a new one beyond closes the longest idle.
 const MAX_CONNECTIONS: usize = 64;
+/// Threads at most: closed connections whose threads have not yet noticed still count, so a
+/// platform where closing a socket does not wake its reader cannot pile up threads either.
+const MAX_THREADS: usize = 2 * MAX_CONNECTIONS;
 /// Time a client has to send its whole request head.
 const HEAD_DEADLINE: Duration = Duration::from_secs(10);
+/// Time given to read what a client still sends after the response (see `handle`).
+const DRAIN_DEADLINE: Duration = Duration::from_secs(1);
 
 /// What the server serves: the canonical web root and the optional snapshot.
 struct Site {
@@ -34,7 +44,73 @@ struct Site {
     snapshot: Option<(Vec<u8>, PathBuf)>,
     /// Listening on loopback: only requests naming this machine are answered.
     loopback: bool,
-    active: AtomicUsize,
+    connections: Mutex<Connections>,
+}
+
+/// The connections that hold a thread.
+#[derive(Default)]
+struct Connections {
+    list: Vec<Connection>,
+    next_id: u64,
+}
+
+struct Connection {
+    id: u64,
+    /// A handle to the socket, to close it from the accepting thread.
+    stream: TcpStream,
+    /// Since when it has been waiting for its client (`None` while a request is being answered).
+    idle_since: Option<Instant>,
+    /// Closed to make room; its thread ends at its next read.
+    closed: bool,
+}
+
+impl Site {
+    fn connections(&self) -> MutexGuard<'_, Connections> {
+        // The list stays consistent whatever a panicking thread was doing.
+        self.connections.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a new connection, closing the longest idle one if all places are taken; `None`
+    /// when no place can be made (all busy answering requests, or too many threads still ending).
+    fn admit(&self, stream: &TcpStream) -> Option<u64> {
+        let handle = stream.try_clone().ok()?;
+        let mut connections = self.connections();
+        if connections.list.len() >= MAX_THREADS {
+            return None;
+        }
+        if connections.list.iter().filter(|c| !c.closed).count() >= MAX_CONNECTIONS {
+            let oldest = connections.list.iter_mut().filter(|c| !c.closed && c.idle_since.is_some()).min_by_key(|c| c.idle_since)?;
+            // Wakes its thread, blocked reading: the read ends and so does the thread.
+            let _ = oldest.stream.shutdown(Shutdown::Both);
+            oldest.closed = true;
+        }
+        let id = connections.next_id;
+        connections.next_id += 1;
+        connections.list.push(Connection { id, stream: handle, idle_since: Some(Instant::now()), closed: false });
+        Some(id)
+    }
+
+    fn set_idle(&self, id: u64, idle: bool) {
+        if let Some(c) = self.connections().list.iter_mut().find(|c| c.id == id) {
+            c.idle_since = idle.then(Instant::now);
+        }
+    }
+
+    fn leave(&self, id: u64) {
+        self.connections().list.retain(|c| c.id != id);
+    }
+}
+
+/// A connection's place in the list, given back when its thread ends (a panic included).
+struct Place<'a> {
+    site: &'a Site,
+    id: u64,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.site.leave(self.id);
+    }
 }
 
 /// Runs the server until the process is killed. Errors are for start-up only (bad FILE, no page,
@@ -54,28 +130,27 @@ pub fn run(file: Option<&Path>, host: &str, port: u16, root: Option<&Path>) -> R
     let _ = writeln!(out, "tensormem: serving {url}").and_then(|()| out.flush());
     drop(out);
 
-    let site = Arc::new(Site { root, snapshot, loopback: addr.ip().is_loopback(), active: AtomicUsize::new(0) });
+    let site = Arc::new(Site { root, snapshot, loopback: addr.ip().is_loopback(), connections: Mutex::default() });
     for stream in listener.incoming() {
         match stream {
             Ok(stream) => {
-                if site.active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-                    site.active.fetch_sub(1, Ordering::SeqCst);
+                let Some(id) = site.admit(&stream) else {
                     let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
                     let _ = send(&stream, false, Reply::Error(503));
                     continue;
-                }
+                };
                 let for_thread = Arc::clone(&site);
                 let spawned = std::thread::Builder::new().name("tensormem-serve".into()).spawn(move || {
-                    if let Err(e) = handle(&for_thread, &stream)
+                    let place = Place { site: &for_thread, id };
+                    if let Err(e) = handle(&place, &stream)
                         && !is_disconnect(&e)
                     {
                         eprintln!("tensormem serve: connection error: {e}");
                     }
-                    for_thread.active.fetch_sub(1, Ordering::SeqCst);
                 });
                 if let Err(e) = spawned {
                     eprintln!("tensormem serve: cannot start a connection thread: {e}");
-                    site.active.fetch_sub(1, Ordering::SeqCst);
+                    site.leave(id);
                 }
             }
             Err(e) => {
@@ -155,12 +230,15 @@ enum Reply {
 }
 
 /// Serves one request on `stream`, then closes it.
-fn handle(site: &Site, stream: &TcpStream) -> io::Result<()> {
+fn handle(place: &Place, stream: &TcpStream) -> io::Result<()> {
+    let site = place.site;
     stream.set_write_timeout(Some(Duration::from_secs(60)))?;
     let deadline = Deadline { stream, until: Instant::now() + HEAD_DEADLINE };
     let mut reader = BufReader::new(deadline.take(MAX_HEAD));
-    let (head_only, reply) = match read_request(&mut reader)? {
-        Ok((method, target, host)) => {
+    let request = read_request(&mut reader)?;
+    site.set_idle(place.id, false);
+    let (head_only, reply) = match request {
+        Ok(Request { method, target, host }) => {
             let head_only = method == "HEAD";
             let reply = if site.loopback && !host.as_deref().is_none_or(names_this_machine) {
                 Reply::Error(421)
@@ -175,10 +253,11 @@ fn handle(site: &Site, stream: &TcpStream) -> io::Result<()> {
     };
     send(stream, head_only, reply)?;
     // Close gracefully: stop writing, then drain what the client still sends (a body we did not
-    // read) so the kernel does not answer it with a reset that could discard our response.
+    // read) so the kernel does not answer it with a reset that could discard our response. This
+    // waits on the client: idle again.
+    site.set_idle(place.id, true);
     let _ = stream.shutdown(Shutdown::Write);
-    let mut rest = reader.into_inner().into_inner().stream;
-    let _ = rest.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut rest = Deadline { stream, until: Instant::now() + DRAIN_DEADLINE };
     let _ = io::copy(&mut (&mut rest).take(1 << 20), &mut io::sink());
     Ok(())
 }
@@ -209,9 +288,15 @@ fn names_this_machine(host: &str) -> bool {
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Reads the request line and the headers: method, target and the Host header if any.
-/// `Ok(Err(status))` is a malformed request.
-type Request = (String, String, Option<String>);
+/// What the server needs of a request head.
+struct Request {
+    method: String,
+    target: String,
+    /// The Host header's value; only HTTP/1.0 may leave it out.
+    host: Option<String>,
+}
+
+/// Reads the request line and the headers. `Ok(Err(status))` is a malformed request.
 fn read_request<R: BufRead>(reader: &mut R) -> io::Result<Result<Request, u16>> {
     let mut line = Vec::new();
     reader.read_until(b'\n', &mut line)?;
@@ -226,27 +311,52 @@ fn read_request<R: BufRead>(reader: &mut R) -> io::Result<Result<Request, u16>> 
     let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
         return Ok(Err(400));
     };
-    if !version.starts_with("HTTP/1.") {
-        return Ok(Err(505));
-    }
+    let http_1_0 = match version.as_bytes() {
+        b"HTTP/1.0" => true,
+        [b'H', b'T', b'T', b'P', b'/', b'1', b'.', minor] if minor.is_ascii_digit() => false,
+        [b'H', b'T', b'T', b'P', b'/', major, b'.', minor] if major.is_ascii_digit() && minor.is_ascii_digit() => return Ok(Err(505)),
+        _ => return Ok(Err(400)),
+    };
     let (method, target) = (method.to_string(), target.to_string());
-    let mut host = None;
+    let (mut host, mut hosts) = (None, 0);
     loop {
-        let mut header = Vec::new();
-        reader.read_until(b'\n', &mut header)?;
-        if !header.ends_with(b"\n") {
+        let mut line = Vec::new();
+        reader.read_until(b'\n', &mut line)?;
+        if !line.ends_with(b"\n") {
             // Closed before the blank line, or headers too long.
-            return Ok(Err(if header.is_empty() { 400 } else { 431 }));
+            return Ok(Err(if line.is_empty() { 400 } else { 431 }));
         }
-        if header == b"\r\n" || header == b"\n" {
-            return Ok(Ok((method, target, host)));
+        let line = &line[..line.len() - 1];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            break;
         }
-        if let Some((name, value)) = std::str::from_utf8(&header).ok().and_then(|h| h.split_once(':'))
-            && name.trim().eq_ignore_ascii_case("host")
-        {
-            host = Some(value.trim().to_string());
+        // `name: value`, the name a token right before the colon (RFC 9112 5.1). This also
+        // refuses folded lines (5.2), which start with whitespace.
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            return Ok(Err(400));
+        };
+        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+        if name.is_empty() || !name.iter().all(|&b| is_token_byte(b)) {
+            return Ok(Err(400));
+        }
+        if name.eq_ignore_ascii_case(b"host") {
+            hosts += 1;
+            host = std::str::from_utf8(value).ok().map(str::to_string);
         }
     }
+    // RFC 9112 3.2: one valid Host at most, and HTTP/1.1 requires it.
+    let valid = match hosts {
+        0 => http_1_0,
+        1 => host.is_some(),
+        _ => false,
+    };
+    Ok(if valid { Ok(Request { method, target, host }) } else { Err(400) })
+}
+
+/// RFC 9110 5.6.2: the bytes a header name may use.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// Maps a request target to a file inside the root (or the snapshot), or to an error status.
@@ -405,6 +515,27 @@ mod tests {
         assert!(percent_decode(b"/%zz").is_none());
         assert!(percent_decode(b"/%+1").is_none());
         assert_eq!(percent_encode(b"/snapshot/my snap#1.pickle"), "/snapshot/my%20snap%231.pickle");
+    }
+
+    #[test]
+    fn request_heads() {
+        let status = |raw: &[u8]| match read_request(&mut &raw[..]).unwrap() {
+            Ok(_) => 200,
+            Err(status) => status,
+        };
+        assert_eq!(status(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), 200);
+        assert_eq!(status(b"GET / HTTP/1.0\r\n\r\n"), 200);
+        assert_eq!(status(b"GET / HTTP/1.2\r\nHost: x\r\n\r\n"), 200);
+        assert_eq!(status(b"GET / HTTP/2.0\r\n\r\n"), 505);
+        for bad in [&b"GET / HTTP/1.1x\r\n\r\n"[..], b"GET / HTTP/1\r\n\r\n", b"GET / http/1.1\r\nHost: x\r\n\r\n"] {
+            assert_eq!(status(bad), 400, "{}", String::from_utf8_lossy(bad));
+        }
+        // A Host that is not text is no valid Host.
+        assert_eq!(status(b"GET / HTTP/1.1\r\nHost: \xff\r\n\r\n"), 400);
+        // Other headers may carry such bytes (obs-text).
+        assert_eq!(status(b"GET / HTTP/1.1\r\nHost: x\r\nX-Name: caf\xe9\r\n\r\n"), 200);
+        // Cut short before the blank line.
+        assert_eq!(status(b"GET / HTTP/1.1\r\nHost: x\r\n"), 400);
     }
 
     #[test]

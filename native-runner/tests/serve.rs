@@ -1,12 +1,13 @@
 //! `tensormem serve` as a browser or a script meets it: the printed URL, status codes, content
-//! types, traversal attempts, the snapshot route and start-up errors.
+//! types, traversal attempts, the snapshot route, malformed requests, idle connections and
+//! start-up errors.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const SECRET: &str = "top-secret-do-not-serve";
 const INDEX: &str = "<!doctype html><title>tensormem</title>";
@@ -197,7 +198,7 @@ fn serves_the_page_with_types_and_headers() {
     let r = server.raw(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\nhello");
     assert_eq!(r.status, 405);
     assert_eq!(r.header("allow"), Some("GET, HEAD"));
-    let r = server.raw(b"DELETE /index.html HTTP/1.1\r\n\r\n");
+    let r = server.raw(b"DELETE /index.html HTTP/1.1\r\nHost: localhost\r\n\r\n");
     assert_eq!(r.status, 405);
     let r = server.raw(b"nonsense\r\n\r\n");
     assert_eq!(r.status, 400);
@@ -302,6 +303,87 @@ fn a_client_leaving_mid_response_does_not_stop_the_server() {
     let r = server.get("/big.pickle");
     assert_eq!(r.status, 200);
     assert_eq!(r.body.len(), big.len());
+    assert_eq!(server.get("/").status, 200);
+    let stderr = server.stderr();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn a_header_line_without_a_colon_is_a_bad_request() {
+    let site = TempDir::site("no-colon");
+    let server = Server::start(&["--port", "0", "--root", &root_arg(&site)], None);
+    for raw in [
+        "GET / HTTP/1.1\r\nHost: localhost\r\nno colon here\r\n\r\n",
+        "GET / HTTP/1.1\r\nnocolon\r\nHost: localhost\r\n\r\n",
+        "GET / HTTP/1.0\r\nbroken\r\n\r\n",
+        // RFC 9112 5.1: no whitespace between the name and the colon; 5.2: no line folding.
+        "GET / HTTP/1.1\r\nHost : localhost\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: localhost\r\nAccept: text/html,\r\n text/plain\r\n\r\n",
+        "GET / HTTP/1.1\r\n: no name\r\nHost: localhost\r\n\r\n",
+    ] {
+        let r = server.raw(raw.as_bytes());
+        assert_eq!(r.status, 400, "{raw:?}: {}", r.head);
+        assert!(!r.text().contains(INDEX), "{raw:?}");
+    }
+    // Well-formed heads in odd but valid spellings are still served.
+    for raw in ["GET / HTTP/1.1\r\nhOsT:localhost\r\nX-Empty:\r\n\r\n", "GET / HTTP/1.1\nHost: localhost\nAccept: */*\n\n"] {
+        let r = server.raw(raw.as_bytes());
+        assert_eq!((r.status, r.text().as_str()), (200, INDEX), "{raw:?}");
+    }
+}
+
+#[test]
+fn http_1_1_without_one_host_is_a_bad_request() {
+    let site = TempDir::site("no-host");
+    let server = Server::start(&["--port", "0", "--root", &root_arg(&site)], None);
+    // RFC 9112 3.2: an HTTP/1.1 request needs exactly one Host header.
+    for raw in [
+        "GET / HTTP/1.1\r\n\r\n",
+        "GET / HTTP/1.1\r\nAccept: */*\r\n\r\n",
+        "HEAD / HTTP/1.1\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: localhost\r\nHost: localhost\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: evil.example\r\nHost: localhost\r\n\r\n",
+    ] {
+        let r = server.raw(raw.as_bytes());
+        assert_eq!(r.status, 400, "{raw:?}: {}", r.head);
+        assert!(!r.text().contains(INDEX), "{raw:?}");
+    }
+    // HTTP/1.0 predates Host: it may leave it out.
+    let r = server.raw(b"GET / HTTP/1.0\r\n\r\n");
+    assert_eq!((r.status, r.text().as_str()), (200, INDEX));
+    let r = server.raw(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn idle_connections_do_not_starve_requests() {
+    let site = TempDir::site("idle");
+    let mut server = Server::start(&["--port", "0", "--root", &root_arg(&site)], None);
+    // More idle sockets than the server has room for (64): some send nothing, some a partial
+    // request head, all stay open.
+    let mut idle = Vec::new();
+    for i in 0..100 {
+        let mut stream = TcpStream::connect(&server.addr).unwrap();
+        if i % 2 == 1 {
+            stream.write_all(b"GET / HTTP/1.1\r\nHost: local").unwrap();
+        }
+        idle.push(stream);
+    }
+    // Real requests are still answered, at once (well before any idle deadline of the server).
+    for _ in 0..3 {
+        let start = Instant::now();
+        let r = server.get("/");
+        assert_eq!((r.status, r.text().as_str()), (200, INDEX), "{}", r.head);
+        assert!(start.elapsed() < Duration::from_secs(5), "answered after {:?}", start.elapsed());
+    }
+    // And again after a second wave of idle sockets (few enough that the server never waits for
+    // the threads of the sockets it closed, however slowly they end).
+    for _ in 0..20 {
+        idle.push(TcpStream::connect(&server.addr).unwrap());
+    }
+    let r = server.get("/app.js");
+    assert_eq!(r.status, 200, "{}", r.head);
+    drop(idle);
     assert_eq!(server.get("/").status, 200);
     let stderr = server.stderr();
     assert!(!stderr.contains("panicked"), "{stderr}");
