@@ -4,16 +4,14 @@
 
 mod cuda_reduce;
 mod elementwise;
+mod factory;
 mod index;
 mod matmul;
-pub(crate) mod matmul_tune;
 mod random;
 mod reduce;
 mod rows;
 
 pub(crate) use elementwise::Unary;
-pub use matmul::MatmulKernel;
-pub use matmul_tune::{MatmulChoice, MatmulTuning};
 
 use super::layout::{Layout, MAX_DIMS};
 use super::{DType, Result, Tensor, TensorError};
