@@ -2,9 +2,10 @@
 //! `arange`, `rand`, `randn`): the device methods that make tensors. The device itself is
 //! below the tensor layer and knows nothing of tensors; these extend it from here.
 
-use super::elementwise::Entry;
-use super::{Unary, values};
+use super::values;
 use crate::device::Device;
+use crate::kernels::WgslScalar;
+use crate::kernels::elementwise::{Entry, Fused, Unary};
 use crate::tensor::layout::{Layout, MAX_DIMS};
 use crate::tensor::{DType, Element, Result, Storage, Tensor, TensorError};
 use std::cell::Cell;
@@ -85,23 +86,23 @@ impl Device {
     /// `torch.rand`: uniform in [0, 1), from the device's counter-based generator.
     #[track_caller]
     pub fn rand(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        self.random(shape, dtype, "rand", "uniform(i, 0u)")
+        self.random(shape, dtype, "rand", Fused::Uniform)
     }
 
     /// `torch.randn`: standard normal.
     #[track_caller]
     pub fn randn(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        self.random(shape, dtype, "randn", "normal(i)")
+        self.random(shape, dtype, "randn", Fused::Normal)
     }
 
     #[track_caller]
-    fn random(&self, shape: &[usize], dtype: DType, op: &'static str, expr: &str) -> Result<Tensor> {
+    fn random(&self, shape: &[usize], dtype: DType, op: &'static str, distribution: Fused) -> Result<Tensor> {
         if !dtype.is_float() {
             return Err(TensorError::DType(format!("{op} makes floating tensors, not {dtype}")));
         }
         let t = self.empty_tensor(shape, dtype, op)?;
-        let out_t = values(dtype, self).or_else(|e| if self.is_sim() { Ok("f32") } else { Err(e) })?;
-        t.elementwise(Entry::Random(format!("{out_t}({expr})"), self.next_seed()), &[], 0.0)?;
+        let out_t = values(dtype, self).or_else(|e| if self.is_sim() { Ok(WgslScalar::F32) } else { Err(e) })?;
+        t.elementwise(Entry::Random(distribution.wgsl(out_t), self.next_seed()), &[], 0.0)?;
         Ok(t)
     }
 }
