@@ -127,7 +127,7 @@ pub(crate) struct Origin {
     node: &'static str,
 }
 
-pub(crate) struct DeviceInner {
+struct DeviceInner {
     backend: Backend,
     alloc: RefCell<CachingAllocator<Segments>>,
     name: String,
@@ -150,12 +150,12 @@ pub(crate) struct DeviceInner {
     /// Tensors bypass the cache (`GpuOptions::uncached`).
     uncached: Cell<bool>,
     /// The CUDA card whose reduction launches this device models (None: no split reductions).
-    pub(crate) multiprocessors: Option<Multiprocessors>,
+    multiprocessors: Option<Multiprocessors>,
 }
 
 /// A device handle; cheap to clone (tensors keep one).
 #[derive(Clone)]
-pub struct Device(pub(crate) Rc<DeviceInner>);
+pub struct Device(Rc<DeviceInner>);
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -249,6 +249,11 @@ impl Device {
             Backend::Gpu(g) => Some(g),
             Backend::Sim(_) => None,
         }
+    }
+
+    /// The CUDA card whose reduction launches this device models (None: no split reductions).
+    pub(crate) fn multiprocessors(&self) -> Option<Multiprocessors> {
+        self.0.multiprocessors
     }
 
     /// `torch.manual_seed`: the same seed gives the same random tensors.

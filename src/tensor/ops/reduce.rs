@@ -70,7 +70,7 @@ impl Tensor {
         } else {
             // PyTorch splits a long reduction over several blocks per output on a big enough
             // card, with a buffer and semaphores from the caching allocator, on both devices.
-            let split = device.0.multiprocessors.and_then(|mp| self.cuda_split(&dims, op, mp));
+            let split = device.multiprocessors().and_then(|mp| self.cuda_split(&dims, op, mp));
             // (No closures: they would hide the caller's location from the trace.)
             let scratch = match split {
                 Some(s) => Some((
