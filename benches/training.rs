@@ -6,9 +6,9 @@
 //! beyond the allocator's own bookkeeping.
 
 use std::time::Instant;
-use tensormem::amp::{self, GradScaler};
+use tensormem::amp;
 use tensormem::nn::{Module, Transformer, TransformerConfig};
-use tensormem::optim::{Adam, Optimizer};
+use tensormem::optim::{Adam, GradScaler, Optimizer};
 use tensormem::replay::{ReplayOptions, replay_device};
 use tensormem::{DType, Device, SimOptions};
 

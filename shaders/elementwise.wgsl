@@ -188,7 +188,7 @@ fn fill_tail(q: u32) {
 // 1024 consecutive quads, each invocation four of them 256 apart, so that neighbouring
 // invocations touch neighbouring quads. Several quads per invocation spread the per-invocation
 // cost (1.3-1.4x on lavapipe), and only the last, partial workgroup checks bounds per quad.
-// Keep QUADS_PER_GROUP in src/tensor/ops/elementwise.rs in step.
+// Keep QUADS_PER_GROUP in src/kernels/elementwise.rs in step.
 @compute @workgroup_size(256)
 fn quads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     read_scalars();

@@ -100,7 +100,9 @@ fn filled(dev: &Device, shape: &[usize]) -> Result<Tensor, String> {
 
 /// Runs every measurement on `dev` (a GPU device), reporting each step to `progress`.
 pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<BenchReport, String> {
-    let ctx = dev.gpu_context().ok_or("the benchmark needs a GPU device")?;
+    if dev.is_sim() {
+        return Err("the benchmark needs a GPU device".into());
+    }
     let adapter = dev.adapter().map(|a| format!("{} ({}, {})", a.name, a.backend, a.device_type)).unwrap_or_default();
     let budget = options.budget_s;
     let mut matmul = Vec::new();
@@ -126,22 +128,13 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
     let n = options.elementwise_elements;
     progress(&format!("copy_buffer_to_buffer of {} MiB", (n * 4) >> 20));
     let bytes = (n * 4) as u64;
-    let buffer = || {
-        ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("tensormem bench copy"),
-            size: bytes,
-            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        })
-    };
-    let (from, to) = (buffer(), buffer());
+    let probe = dev.copy_probe(bytes).ok_or("the benchmark needs a GPU device")?;
     let copy = time_per_call(dev, budget, 4, 4, || {
-        ctx.record(|e| e.copy_buffer_to_buffer(&from, 0, &to, 0, bytes));
+        probe.copy();
         Ok(())
     })
     .await?;
-    from.destroy();
-    to.destroy();
+    drop(probe);
     let copy_gbps = 2.0 * bytes as f64 / copy / 1e9;
 
     progress(&format!("elementwise add of {n} f32"));

@@ -1,9 +1,9 @@
 //! Mixed precision on the sim device: autocast's per-op casts and types, its cache of f16
 //! weight copies held for the scope, what ops save under it, and the gradient scaler's memory.
 
-use tensormem::amp::{self, GradScaler};
+use tensormem::amp;
 use tensormem::nn::{Architecture, Linear, Module, Transformer, TransformerConfig};
-use tensormem::optim::{Adam, Optimizer};
+use tensormem::optim::{Adam, GradScaler, Optimizer};
 use tensormem::trace::Action;
 use tensormem::{DType, Device, SimOptions, Tensor};
 

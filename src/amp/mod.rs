@@ -1,16 +1,13 @@
 //! Mixed precision as PyTorch's `torch.amp` does it: an autocast scope in which ops cast their
 //! inputs by the op's policy (matmuls to f16, exp, log, losses and norms to f32), keeping the
 //! f16 copies of the weights it cast until the outermost scope ends (its cast cache), and a
-//! gradient scaler (`GradScaler`) for the loss.
+//! gradient scaler for the loss (`nn::optim::GradScaler`: it steps optimizers, so it lives
+//! with them).
 //!
 //! Ops apply their policy at entry, as PyTorch's `Autocast` dispatch key does before autograd
 //! records anything: casts are recorded ops (`ToCopyBackward0`), and an op saves its f16 inputs
 //! for backward, not the f32 ones. While the op then runs, autocast is off, so the ops it is
 //! made of do not cast again (PyTorch redispatches below the key).
-
-mod scaler;
-
-pub use scaler::GradScaler;
 
 use crate::tensor::{DType, Result, Tensor};
 use std::cell::{Cell, RefCell};

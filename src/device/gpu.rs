@@ -21,7 +21,7 @@ pub struct GpuOptions {
     /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: what an engine without a cache pays, for comparison.
     pub uncached: bool,
     /// How `matmul` picks its kernel: measured per class of shapes at first use (the default).
-    pub matmul: crate::tensor::MatmulChoice,
+    pub matmul: super::MatmulChoice,
     /// Where measured choices are kept across runs. None: `$TENSORMEM_CACHE_DIR`, else the user's
     /// cache directory (`$XDG_CACHE_HOME/tensormem` or `~/.cache/tensormem`); never on the web.
     pub tuning_file: Option<std::path::PathBuf>,
@@ -108,18 +108,18 @@ impl SegmentSource for GpuSegments {
     }
 }
 
-pub struct GpuContext {
-    pub(crate) device: wgpu::Device,
-    pub(crate) queue: wgpu::Queue,
-    pub(crate) summary: AdapterSummary,
-    pub(crate) limits: wgpu::Limits,
+pub(super) struct GpuContext {
+    pub(super) device: wgpu::Device,
+    pub(super) queue: wgpu::Queue,
+    pub(super) summary: AdapterSummary,
+    pub(super) limits: wgpu::Limits,
     /// Commands recorded but not yet submitted.
-    pub(crate) encoder: RefCell<Option<wgpu::CommandEncoder>>,
-    pub(crate) pending_dispatches: Cell<u32>,
+    pub(super) encoder: RefCell<Option<wgpu::CommandEncoder>>,
+    pub(super) pending_dispatches: Cell<u32>,
     /// Compiled pipelines by kernel (see `Kernel`: a structural key, binding count included).
-    pub(crate) pipelines: RefCell<FxHashMap<crate::kernels::Kernel, std::rc::Rc<super::launch::Pipeline>>>,
+    pub(super) pipelines: RefCell<FxHashMap<crate::kernels::Kernel, std::rc::Rc<super::launch::Pipeline>>>,
     /// Upload and readback buffers (their own pool, like PyTorch's pinned host allocator).
-    pub(crate) staging: super::staging::StagingPool,
+    pub(super) staging: super::staging::StagingPool,
     retired: Retired,
     /// Kernel metadata of the dispatches recorded since the last submit: one buffer per batch,
     /// filled by write_buffer right before the batch is submitted.
@@ -128,16 +128,16 @@ pub struct GpuContext {
     metadata_stride: u64,
     /// Validation errors wgpu reported outside an error scope (in the browser they arrive late):
     /// turned into `DeviceError`s instead of wgpu's default panic.
-    pub(crate) errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    pub(super) errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     /// Which matmul kernel each class of shapes uses on this adapter.
-    pub(crate) tuning: RefCell<crate::tensor::ops::matmul_tune::Tuning>,
+    pub(super) tuning: RefCell<super::tune::Tuning>,
 }
 
 /// Submit once this many dispatches are pending (bounds encoder memory on long programs).
 const MAX_PENDING_DISPATCHES: u32 = 256;
 
 impl GpuContext {
-    pub async fn open(options: &GpuOptions) -> Result<(GpuContext, GpuSegments), DeviceError> {
+    pub(super) async fn open(options: &GpuOptions) -> Result<(GpuContext, GpuSegments), DeviceError> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = instance
             .request_adapter(&wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() })
@@ -197,7 +197,7 @@ impl GpuContext {
         let adapter_key = format!("{} | {} | {} | native f16: {}", summary.name, summary.backend, summary.driver, summary.native_f16);
         let ctx = GpuContext {
             staging: super::staging::StagingPool::new(device.clone()),
-            tuning: RefCell::new(crate::tensor::ops::matmul_tune::Tuning::new(options.matmul.clone(), adapter_key, options.tuning_file.clone())),
+            tuning: RefCell::new(super::tune::Tuning::new(options.matmul.clone(), adapter_key, options.tuning_file.clone())),
             errors,
             device,
             queue,
@@ -214,7 +214,7 @@ impl GpuContext {
     }
 
     /// Runs `f` on the pending encoder (created on demand); submits when many are pending.
-    pub(crate) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+    pub(super) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         {
             let mut slot = self.encoder.borrow_mut();
             let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tensormem ops") }));
@@ -229,7 +229,7 @@ impl GpuContext {
     /// Submits recorded work. Needed before `queue.write_buffer` into memory that recorded work
     /// may still read: WebGPU runs a write_buffer before any command buffer submitted after it.
     /// A place for one dispatch's metadata in the current batch's buffer: (buffer, offset, size).
-    pub(crate) fn metadata_slot(&self, bytes: &[u8]) -> Result<(wgpu::Buffer, u64, u64), DeviceError> {
+    pub(super) fn metadata_slot(&self, bytes: &[u8]) -> Result<(wgpu::Buffer, u64, u64), DeviceError> {
         let stride = self.metadata_stride;
         if bytes.len() as u64 > stride {
             return Err(DeviceError::Unsupported(format!("kernel metadata of {} bytes exceeds {stride}", bytes.len())));
@@ -254,7 +254,7 @@ impl GpuContext {
         Ok((buffer.clone(), offset, (bytes.len() as u64).next_multiple_of(4)))
     }
 
-    pub(crate) fn submit(&self) {
+    pub(super) fn submit(&self) {
         if let Some((buffer, data)) = self.metadata.borrow_mut().take() {
             self.queue.write_buffer(&buffer, 0, &data);
         }
@@ -275,7 +275,7 @@ impl GpuContext {
     }
 
     /// The first validation error wgpu reported since the last check, as an error.
-    pub(crate) fn take_error(&self) -> Result<(), DeviceError> {
+    pub(super) fn take_error(&self) -> Result<(), DeviceError> {
         let mut errors = self.errors.lock().unwrap();
         match errors.drain(..).next() {
             Some(e) => Err(DeviceError::Unsupported(format!("the GPU rejected a command: {e}"))),
@@ -284,7 +284,7 @@ impl GpuContext {
     }
 
     /// Waits for everything submitted so far.
-    pub(crate) async fn wait_idle(&self) -> Result<(), DeviceError> {
+    pub(super) async fn wait_idle(&self) -> Result<(), DeviceError> {
         let (sender, receiver) = oneshot();
         self.queue.on_submitted_work_done(move || sender.send(()));
         #[cfg(not(target_arch = "wasm32"))]
@@ -296,13 +296,13 @@ impl GpuContext {
     /// Writes `bytes` at `offset` of `buffer` (4-byte aligned; the block has room for the
     /// padding to whole words), in order with the recorded kernels: the block may have belonged
     /// to a tensor that pending commands still read.
-    pub(crate) fn upload(&self, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+    pub(super) fn upload(&self, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
         self.record(|encoder| self.staging.upload(encoder, buffer, offset, bytes));
     }
 
     /// Copies `[offset, offset + len)` of `buffer` to the host. Copies start on 4-byte words,
     /// so an f16 view starting mid-word is read from the word's start.
-    pub(crate) async fn read(&self, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, DeviceError> {
+    pub(super) async fn read(&self, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, DeviceError> {
         let start = offset - offset % 4;
         let skip = offset - start;
         let padded = (skip + len).next_multiple_of(4).max(4);

@@ -5,10 +5,14 @@ mod gpu;
 mod launch;
 mod sim;
 mod staging;
+mod tune;
 
+pub use crate::kernels::matmul::MatmulKernel;
 pub use gpu::{AdapterSummary, GpuOptions};
 pub(crate) use launch::{Arg, Bindings};
 pub use sim::{H100_MULTIPROCESSORS, Multiprocessors, PRESETS, SimOptions, Speed};
+pub(crate) use tune::MatmulClass;
+pub use tune::{MatmulChoice, MatmulTuning};
 
 use crate::alloc::{AllocError, Allocation, AllocatorConfig, CachingAllocator, ConfigError, RecordContext, SegmentSource, TimeSource, VirtualSegments};
 use crate::report;
@@ -101,9 +105,10 @@ impl SegmentSource for Segments {
     }
 }
 
-// One per device, behind an Rc: boxing the GPU context would save nothing.
+// One per device, behind an Rc: boxing the GPU context would save nothing. Private to the
+// device: the layers above ask the device (upload, read, launch), never the wgpu context.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Backend {
+enum Backend {
     Gpu(GpuContext),
     /// Runs no kernels; its modelled clock charges each op by the card's speed.
     Sim(Speed),
@@ -122,9 +127,9 @@ pub(crate) struct Origin {
     node: &'static str,
 }
 
-pub(crate) struct DeviceInner {
-    pub(crate) backend: Backend,
-    pub(crate) alloc: RefCell<CachingAllocator<Segments>>,
+struct DeviceInner {
+    backend: Backend,
+    alloc: RefCell<CachingAllocator<Segments>>,
     name: String,
     next_storage: Cell<u64>,
     next_tensor: Cell<u64>,
@@ -145,12 +150,12 @@ pub(crate) struct DeviceInner {
     /// Tensors bypass the cache (`GpuOptions::uncached`).
     uncached: Cell<bool>,
     /// The CUDA card whose reduction launches this device models (None: no split reductions).
-    pub(crate) multiprocessors: Option<Multiprocessors>,
+    multiprocessors: Option<Multiprocessors>,
 }
 
 /// A device handle; cheap to clone (tensors keep one).
 #[derive(Clone)]
-pub struct Device(pub(crate) Rc<DeviceInner>);
+pub struct Device(Rc<DeviceInner>);
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -239,11 +244,16 @@ impl Device {
         }
     }
 
-    pub(crate) fn gpu_context(&self) -> Option<&GpuContext> {
+    fn gpu_context(&self) -> Option<&GpuContext> {
         match &self.0.backend {
             Backend::Gpu(g) => Some(g),
             Backend::Sim(_) => None,
         }
+    }
+
+    /// The CUDA card whose reduction launches this device models (None: no split reductions).
+    pub(crate) fn multiprocessors(&self) -> Option<Multiprocessors> {
+        self.0.multiprocessors
     }
 
     /// `torch.manual_seed`: the same seed gives the same random tensors.
@@ -475,6 +485,49 @@ impl Device {
         }
     }
 
+    // ------------------------------------------------------------------ data in and out
+
+    /// Where a block's bytes are: its segment's buffer and the offset in it (`bytes` long).
+    /// Errors on the simulation device, which has no memory behind its blocks.
+    pub(crate) fn block_arg(&self, block: &Allocation, bytes: u64) -> Result<Arg, DeviceError> {
+        let alloc = self.0.alloc.borrow();
+        let Segments::Gpu(segments) = alloc.source() else {
+            return Err(DeviceError::Unsupported("the simulation device has no memory behind its tensors".into()));
+        };
+        let buffer = segments.buffer(block.segment).expect("every block lives in a segment buffer").clone();
+        Ok(Arg { buffer, segment: block.segment, offset: block.ptr - block.segment, size: bytes })
+    }
+
+    /// Writes `bytes` at the start of `arg` (see `GpuContext::upload`), in order with the
+    /// recorded kernels; nothing on the simulation device.
+    pub(crate) fn upload(&self, arg: &Arg, bytes: &[u8]) {
+        if let Some(ctx) = self.gpu_context() {
+            ctx.upload(&arg.buffer, arg.offset, bytes);
+        }
+    }
+
+    /// Copies `len` bytes from `start` bytes into `arg` to the host, after the recorded work.
+    pub(crate) async fn read(&self, arg: &Arg, start: u64, len: u64) -> Result<Vec<u8>, DeviceError> {
+        let ctx = self.gpu_context().ok_or_else(|| DeviceError::Unsupported("readback on the simulation device: it has shapes but no data".into()))?;
+        ctx.read(&arg.buffer, arg.offset + start, len).await
+    }
+
+    /// Two scratch buffers of `bytes` outside the caching allocator, and a copy between them
+    /// recorded per call of the returned function: what a plain buffer copy reaches on this
+    /// adapter (the benchmark's baseline). None on the simulation device.
+    pub(crate) fn copy_probe(&self, bytes: u64) -> Option<CopyProbe> {
+        let ctx = self.gpu_context()?;
+        let buffer = || {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tensormem bench copy"),
+                size: bytes,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        Some(CopyProbe { device: self.clone(), from: buffer(), to: buffer(), bytes })
+    }
+
     /// Submits recorded GPU work (no-op on sim).
     pub fn synchronize(&self) {
         if let Some(g) = self.gpu_context() {
@@ -491,6 +544,30 @@ impl Device {
             g.take_error()?;
         }
         Ok(())
+    }
+}
+
+/// Scratch buffers a benchmark copies between (see [`Device::copy_probe`]); destroyed on drop.
+pub(crate) struct CopyProbe {
+    device: Device,
+    from: wgpu::Buffer,
+    to: wgpu::Buffer,
+    bytes: u64,
+}
+
+impl CopyProbe {
+    /// Records one copy of the whole buffer.
+    pub(crate) fn copy(&self) {
+        if let Some(ctx) = self.device.gpu_context() {
+            ctx.record(|e| e.copy_buffer_to_buffer(&self.from, 0, &self.to, 0, self.bytes));
+        }
+    }
+}
+
+impl Drop for CopyProbe {
+    fn drop(&mut self) {
+        self.from.destroy();
+        self.to.destroy();
     }
 }
 

@@ -1,7 +1,11 @@
 //! The register-blocked matmul's body (`shaders/matmul_register.wgsl`), written out for a tile
 //! size: WGSL has no way to keep a loop-indexed array in registers, so each accumulator, row
-//! offset and load is its own named value.
+//! offset and load is its own named value. Also the matmul kernels' choice of variant
+//! ([`MatmulKernel`]) and their specialisation for a launch ([`matmul_kernel`]); the device
+//! measures which variant is fastest (`device::tune`).
 
+use super::{BindingPlan, Family, Kernel, KernelError, MatmulMeta};
+use crate::dtype::DType;
 use std::fmt::Write;
 
 /// A TM x TN block of C per invocation (TN a multiple of 4: one vec4 accumulator per four
@@ -101,5 +105,113 @@ impl RegisterTile {
             let _ = writeln!(w, "    }}");
         }
         s
+    }
+}
+
+/// The kernel `kind` specialised for these operands (`vec4`: whether A and B load four elements
+/// at a time) and its workgroup grid for an m x n output, `batches` deep.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_kernel(
+    kind: MatmulKernel,
+    dtype: DType,
+    native_f16: bool,
+    plan: &BindingPlan,
+    [a_vec4, b_vec4]: [bool; 2],
+    m: usize,
+    n: usize,
+    batches: usize,
+) -> Result<(Kernel, [u32; 3]), KernelError> {
+    let operands = [("c", dtype), ("a", dtype), ("b", dtype)];
+    Ok(match kind {
+        MatmulKernel::Register { rows, cols } => {
+            let tile = RegisterTile { rows, cols, a_vec4, b_vec4 };
+            let vec4: Vec<&'static str> = [("a", a_vec4), ("b", b_vec4)].iter().filter(|v| v.1).map(|v| v.0).collect();
+            let kernel = Kernel::new(Family::MatmulRegister, kind.entry())
+                .with_meta::<MatmulMeta>()
+                .with_operands_vec4(native_f16, plan, &operands, &vec4)?
+                .with_register_tile(tile);
+            let [x, y] = tile.groups(m, n);
+            (kernel, [x, y, batches as u32])
+        }
+        _ => {
+            let vec4 = kind == MatmulKernel::Blocked && a_vec4 && b_vec4;
+            let kernel = Kernel::new(Family::Matmul, kind.entry())
+                .with_meta::<MatmulMeta>()
+                .with("STAGE", if vec4 { "stage_vec4" } else { "stage_scalar" })
+                .with_operands_vec4(native_f16, plan, &operands, if vec4 { &["a", "b"] } else { &[] })?
+                .with("ACC", "f32")
+                .with("TILE", "16");
+            let edge = match kind {
+                MatmulKernel::Naive => 8,
+                MatmulKernel::Tiled => 16,
+                _ => 64,
+            };
+            (kernel, [(n as u32).div_ceil(edge), (m as u32).div_ceil(edge), batches as u32])
+        }
+    })
+}
+
+/// Which matmul kernel. `matmul` picks one per adapter and class of shapes, measuring the
+/// candidates at first use (see `device::tune`); Naive is the baseline the benchmark compares
+/// them with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MatmulKernel {
+    /// One invocation per output element.
+    Naive,
+    /// 16x16 workgroup tiles in shared memory.
+    Tiled,
+    /// 64x64 tiles in shared memory, 4x4 outputs per invocation in registers.
+    Blocked,
+    /// No shared memory: `rows` x `cols` outputs per invocation in registers, straight-line
+    /// code, 128-bit loads where the operands allow.
+    Register { rows: u32, cols: u32 },
+}
+
+impl MatmulKernel {
+    /// Every variant (the tests check each against the CPU reference).
+    pub const ALL: [MatmulKernel; 6] = [
+        MatmulKernel::Naive,
+        MatmulKernel::Tiled,
+        MatmulKernel::Blocked,
+        MatmulKernel::Register { rows: 8, cols: 8 },
+        MatmulKernel::Register { rows: 4, cols: 8 },
+        MatmulKernel::Register { rows: 4, cols: 4 },
+    ];
+
+    /// The variants measured at first use of a class of shapes: the naive and tiled kernels
+    /// never win, and measuring them would make first calls slow.
+    pub const CANDIDATES: [MatmulKernel; 4] = [
+        MatmulKernel::Register { rows: 8, cols: 8 },
+        MatmulKernel::Register { rows: 4, cols: 8 },
+        MatmulKernel::Register { rows: 4, cols: 4 },
+        MatmulKernel::Blocked,
+    ];
+
+    /// The kernel for an m x n output without measuring: best on the adapters we have measured
+    /// (lavapipe, SwiftShader), used where no measurement is possible or worth it.
+    pub fn heuristic(m: usize, n: usize) -> MatmulKernel {
+        if m >= 64 && n >= 64 { MatmulKernel::Register { rows: 8, cols: 8 } } else { MatmulKernel::Register { rows: 4, cols: 4 } }
+    }
+
+    /// The variant called `name` (see `name`).
+    pub fn from_name(name: &str) -> Option<MatmulKernel> {
+        MatmulKernel::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    fn entry(self) -> &'static str {
+        match self {
+            MatmulKernel::Naive => "naive",
+            MatmulKernel::Tiled => "tiled",
+            MatmulKernel::Blocked => "blocked",
+            MatmulKernel::Register { .. } => "registers",
+        }
+    }
+
+    /// A short name: naive, tiled, blocked, register8x8.
+    pub fn name(self) -> String {
+        match self {
+            MatmulKernel::Register { rows, cols } => format!("register{rows}x{cols}"),
+            other => other.entry().to_string(),
+        }
     }
 }

@@ -4,10 +4,12 @@
 //! pipeline by the kernel's key) and launches it (`device::gpu`). Every dispatch binds a small
 //! metadata array (shapes, strides, offsets, scalars) at binding 0 and the tensors after it.
 
+pub(crate) mod elementwise;
 pub(crate) mod matmul;
 pub(crate) mod meta;
 
 use crate::dtype::DType;
+pub(crate) use elementwise::WgslScalar;
 pub(crate) use meta::{ElementwiseMeta, MatmulMeta, MatrixLayout, ReduceMeta, RowsMeta, Strided, WgslStruct};
 use std::borrow::Cow;
 
@@ -123,7 +125,7 @@ impl Kernel {
         vec4: &[&'static str],
     ) -> Result<Kernel, KernelError> {
         for &(_, dtype) in operands {
-            value_type(dtype, native_f16)?;
+            WgslScalar::of(dtype, native_f16)?;
         }
         self.operands = Some(Operands {
             native_f16,
@@ -156,7 +158,7 @@ impl Kernel {
         if let Some(o) = &self.operands {
             let enable = if o.native_f16 && o.list.iter().any(|o| o.1 == DType::F16) { "enable f16;" } else { "" };
             spec.push(("ENABLE", enable.into()));
-            spec.push(("T", value_type(o.list[0].1, o.native_f16)?.into()));
+            spec.push(("T", WgslScalar::of(o.list[0].1, o.native_f16)?.name().into()));
             spec.push(("BUFFERS", declarations(o)?.into()));
         }
         if let Some(tile) = &self.body {
@@ -176,32 +178,13 @@ impl Kernel {
     }
 }
 
-/// The type values of `dtype` have in registers: what `load_x` returns and `store_x` takes.
-/// f16 is f16 where the adapter has `shader-f16`, else f32; bf16 (which WGSL lacks) is f32, its
-/// top 16 bits stored; 8-bit types widen to 32 bits.
-pub(crate) fn value_type(dtype: DType, native_f16: bool) -> Result<&'static str, KernelError> {
-    Ok(match dtype {
-        DType::F32 | DType::BF16 => "f32",
-        DType::F16 if native_f16 => "f16",
-        DType::F16 => "f32",
-        // int64 holds indices and token ids: kernels use the low 32 bits (checked on upload).
-        DType::I32 | DType::I8 | DType::I64 => "i32",
-        DType::U32 | DType::U8 | DType::Bool => "u32",
-        other => {
-            return Err(KernelError(format!(
-                "{other} tensors exist for memory accounting only; GPU kernels take float32, float16, bfloat16, int32, uint32, int8, uint8 and bool"
-            )));
-        }
-    })
-}
-
 /// The array element type when each element is one array element (else: packed in u32 words).
-fn whole_element(dtype: DType, native_f16: bool) -> Option<&'static str> {
+fn whole_element(dtype: DType, native_f16: bool) -> Option<WgslScalar> {
     match dtype {
-        DType::F32 => Some("f32"),
-        DType::I32 => Some("i32"),
-        DType::U32 => Some("u32"),
-        DType::F16 if native_f16 => Some("f16"),
+        DType::F32 => Some(WgslScalar::F32),
+        DType::I32 => Some(WgslScalar::I32),
+        DType::U32 => Some(WgslScalar::U32),
+        DType::F16 if native_f16 => Some(WgslScalar::F16),
         _ => None,
     }
 }
@@ -233,12 +216,12 @@ fn declarations(o: &Operands) -> Result<String, KernelError> {
         // are all listed and of one such type (the caller checked that each starts at a multiple
         // of 4 elements).
         let quad_type = match whole {
-            Some("f32") => Some("vec4<f32>"),
-            Some("f16") => Some("vec4<f16>"),
+            Some(WgslScalar::F32) => Some("vec4<f32>"),
+            Some(WgslScalar::F16) => Some("vec4<f16>"),
             _ => None,
         };
         quads[k] = quad_type.is_some() && members.iter().all(|&i| vec4.contains(&operands[i].0));
-        let element = if quads[k] { quad_type.unwrap_or_default() } else { whole.unwrap_or("atomic<u32>") };
+        let element = if quads[k] { quad_type.unwrap_or_default() } else { whole.map_or("atomic<u32>", WgslScalar::name) };
         out.push_str(&format!("@group(0) @binding({}) var<storage, read_write> buf{k}: array<{element}>;\n", k + 1));
         if words[k] {
             out.push_str(&format!(
@@ -248,7 +231,7 @@ fn declarations(o: &Operands) -> Result<String, KernelError> {
     }
     for (i, &(name, dtype)) in operands.iter().enumerate() {
         let k = o.binding_of[i];
-        let v = value_type(dtype, native_f16)?;
+        let v = WgslScalar::of(dtype, native_f16)?;
         let buf = format!("buf{k}");
         let (load, store) = if quads[k] {
             out.push_str(&format!("fn load4_{name}(i4: u32) -> vec4<f32> {{ return vec4<f32>({buf}[i4]); }}\n"));

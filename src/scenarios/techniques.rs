@@ -3,9 +3,9 @@
 //! gradient accumulation, activation checkpointing and mixed precision.
 
 use super::{LocalFuture, Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, no_check, token_batch};
-use crate::amp::{self, GradScaler};
+use crate::amp;
 use crate::autograd::checkpoint;
-use crate::nn::optim::{Adam, Optimizer, Sgd};
+use crate::nn::optim::{Adam, GradScaler, Optimizer, Sgd};
 use crate::nn::{Linear, Lm, LmConfig, LstmCell, Module};
 use crate::tensor::{DType, Result, Tensor};
 use crate::trace::Category;

@@ -5,8 +5,8 @@
 //! backward -> optimizer step.
 
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
-use crate::amp::{self, GradScaler};
-use crate::nn::optim::{Adam, HandwrittenAdamW, Optimizer, Sgd};
+use crate::amp;
+use crate::nn::optim::{Adam, GradScaler, HandwrittenAdamW, Optimizer, Sgd};
 use crate::nn::{Architecture, LM_SIZE_NAMES, Lm, LmConfig, Module, Transformer, TransformerConfig};
 use crate::tensor::{DType, Result, Tensor};
 

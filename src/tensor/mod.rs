@@ -6,9 +6,10 @@ mod grad;
 mod layout;
 pub(crate) mod ops;
 
+/// The matmul kernels and how a device picks one (`device::tune`), under the names tensors use.
+pub use crate::device::{MatmulChoice, MatmulKernel, MatmulTuning};
 pub use crate::dtype::{DType, Element};
 pub use layout::{Layout, MAX_DIMS, broadcast_shapes};
-pub use ops::{MatmulChoice, MatmulKernel, MatmulTuning};
 
 use crate::alloc::Allocation;
 use crate::autograd::Node;
@@ -110,79 +111,6 @@ impl Tensor {
     }
 }
 
-impl Device {
-    /// A new uninitialised contiguous tensor: one allocation.
-    #[track_caller]
-    pub(crate) fn empty_tensor(&self, shape: &[usize], dtype: DType, op: &'static str) -> Result<Tensor> {
-        if shape.len() > MAX_DIMS {
-            return Err(TensorError::Shape(format!("{} dims; at most {MAX_DIMS} are supported", shape.len())));
-        }
-        let numel = shape.iter().try_fold(1u64, |acc, &n| acc.checked_mul(n as u64));
-        let bytes = numel
-            .and_then(|n| n.checked_mul(dtype.size() as u64))
-            .ok_or_else(|| TensorError::Shape(format!("shape {shape:?} has more bytes than fit 64 bits")))?;
-        // Element indices are usize: 32 bits in wasm, where a tensor is limited to 2^32 - 1
-        // elements (16 GiB of f32; still room for a 7B model's largest weight).
-        if numel.is_some_and(|n| usize::try_from(n).is_err()) {
-            return Err(TensorError::Shape(format!("shape {shape:?} has more elements than this platform indexes ({})", usize::MAX)));
-        }
-        let block = if bytes == 0 { None } else { Some(self.allocate(bytes, op)?) };
-        let storage = Storage { device: self.clone(), block, bytes, id: self.next_storage_id(), version: Cell::new(0) };
-        Ok(Tensor::from_parts(Rc::new(storage), Layout::contiguous(shape), dtype, false))
-    }
-
-    /// `torch.empty`: allocates without writing (contents are whatever the block held).
-    #[track_caller]
-    pub fn empty(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        self.empty_tensor(shape, dtype, "empty")
-    }
-
-    /// `torch.zeros`.
-    #[track_caller]
-    pub fn zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        self.full(shape, 0.0, dtype)
-    }
-
-    /// `torch.ones`.
-    #[track_caller]
-    pub fn ones(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        self.full(shape, 1.0, dtype)
-    }
-
-    /// `torch.full`.
-    #[track_caller]
-    pub fn full(&self, shape: &[usize], value: f64, dtype: DType) -> Result<Tensor> {
-        let t = self.empty_tensor(shape, dtype, "full")?;
-        t.fill_(value)?;
-        Ok(t)
-    }
-
-    /// `torch.tensor(data).reshape(shape)`: uploads host data.
-    #[track_caller]
-    pub fn from_slice<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
-        let numel: usize = shape.iter().product();
-        if numel != data.len() {
-            return Err(TensorError::Shape(format!("{} values cannot fill shape {shape:?} ({numel} elements)", data.len())));
-        }
-        let t = self.empty_tensor(shape, T::DTYPE, "from_slice")?;
-        // The sim device keeps shapes, not data: the upload is only its modelled cost.
-        if t.launches(&[], 0)
-            && let (Some(ctx), Some(arg)) = (self.gpu_context(), t.arg()?)
-        {
-            ctx.upload(&arg.buffer, arg.offset, bytemuck::cast_slice(data));
-        }
-        Ok(t)
-    }
-
-    /// `torch.arange(n)`.
-    #[track_caller]
-    pub fn arange(&self, n: usize, dtype: DType) -> Result<Tensor> {
-        let t = self.empty_tensor(&[n], dtype, "arange")?;
-        t.unary_into(&t, ops::Unary::Index, 0.0)?;
-        Ok(t)
-    }
-}
-
 impl Tensor {
     pub fn shape(&self) -> &[usize] {
         &self.layout.shape
@@ -265,12 +193,11 @@ impl Tensor {
     /// The storage as a kernel binding (None for zero bytes).
     pub(crate) fn arg(&self) -> Result<Option<Arg>> {
         let Some(block) = self.storage.block else { return Ok(None) };
-        let alloc = self.device().0.alloc.borrow();
-        let crate::device::Segments::Gpu(segments) = alloc.source() else {
-            return Err(TensorError::Unsupported("the simulation device has no memory behind its tensors".into()));
-        };
-        let buffer = segments.buffer(block.segment).expect("every block lives in a segment buffer").clone();
-        Ok(Some(Arg { buffer, segment: block.segment, offset: block.ptr - block.segment, size: self.storage.bytes }))
+        match self.device().block_arg(&block, self.storage.bytes) {
+            Ok(arg) => Ok(Some(arg)),
+            Err(DeviceError::Unsupported(e)) => Err(TensorError::Unsupported(e)),
+            Err(e) => Err(e.into()),
+        }
     }
 
     // ------------------------------------------------------------------ views (no memory)
@@ -432,9 +359,9 @@ impl Tensor {
         if T::DTYPE != self.dtype {
             return Err(TensorError::DType(format!("to_vec::<{}> of a {} tensor; convert with to(dtype) first", T::DTYPE, self.dtype)));
         }
-        let Some(ctx) = self.device().gpu_context() else {
+        if self.device().is_sim() {
             return Err(TensorError::Unsupported("readback on the simulation device: it has shapes but no data".into()));
-        };
+        }
         if self.numel() == 0 {
             return Ok(Vec::new());
         }
@@ -442,7 +369,7 @@ impl Tensor {
         let arg = dense.arg()?.expect("non-empty tensors have a block");
         let start = dense.layout.offset as u64 * self.dtype.size() as u64;
         let len = self.numel() as u64 * self.dtype.size() as u64;
-        let bytes = ctx.read(&arg.buffer, arg.offset + start, len).await?;
+        let bytes = self.device().read(&arg, start, len).await?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 

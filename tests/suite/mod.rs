@@ -1197,9 +1197,9 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
 /// and free the same sizes in the same order, with the same op, module scope and category, on
 /// the GPU and on the sim device; and the GPU's loss is finite and falls.
 pub async fn a_training_step_allocates_on_the_gpu_as_on_the_sim_device(dev: &Device) {
-    use tensormem::amp::{self, GradScaler};
+    use tensormem::amp;
     use tensormem::nn::{Architecture, Module, Transformer, TransformerConfig};
-    use tensormem::optim::{Adam, Optimizer};
+    use tensormem::optim::{Adam, GradScaler, Optimizer};
     use tensormem::trace::Action;
     let sim = Device::sim(SimOptions::preset("H100-80GB"));
     // (architecture, mixed precision: autocast to f16 with a gradient scaler)
@@ -1267,8 +1267,8 @@ pub async fn a_training_step_allocates_on_the_gpu_as_on_the_sim_device(dev: &Dev
 /// compute the right values, and the gradient scaler unscales in place, steps, and skips a
 /// step (halving the scale) when a gradient holds an inf.
 pub async fn autocast_mixed_types_and_the_grad_scaler(dev: &Device) {
-    use tensormem::amp::{self, GradScaler};
-    use tensormem::optim::Sgd;
+    use tensormem::amp;
+    use tensormem::optim::{GradScaler, Sgd};
     let mut rng = Rng(0xa3c5);
     let (a, b) = (rng.f32s(12), rng.f32s(12));
     let h = dev.from_slice(&a, &[3, 4]).unwrap().to(DType::F16).unwrap();

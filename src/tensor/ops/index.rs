@@ -1,11 +1,11 @@
 //! Ops that gather or place slices: cat, stack, index_select, embedding, nll_loss, and their
 //! backward.
 
-use super::elementwise::Entry;
 use super::{bind, check_u32, shape_meta, strided, values};
 use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
-use crate::kernels::{ELEMENTWISE_WORKGROUP, ElementwiseMeta, Family, Grid, Kernel};
+use crate::kernels::ElementwiseMeta;
+use crate::kernels::elementwise::{ElementwiseKernel, Entry, Fused};
 use crate::tensor::layout::{Layout, wrap_dim};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -142,10 +142,7 @@ impl Tensor {
     fn nll_loss_backward(&self, shape: &[usize], target: &Tensor, total_weight: &Tensor) -> Result<Tensor> {
         let out = self.device().empty_tensor(shape, self.dtype, "nll_loss_backward")?;
         let t = values(self.dtype, self.device())?;
-        // x: the row's target, broadcast along the row, clamped as the forward clamps it; i % s:
-        // the element's class. An ignored row's target (-100) has no gradient.
-        let pick = format!("select({t}(0), -y / z, x != -100 && u32(clamp(x, 0, s - 1)) == i % u32(s))");
-        out.elementwise(Entry::Ternary(pick), &[&target.view(&[-1, 1])?, self, total_weight], shape[1] as f64)?;
+        out.elementwise(Entry::Ternary(Fused::NllLossBackward.wgsl(t)), &[&target.view(&[-1, 1])?, self, total_weight], shape[1] as f64)?;
         Ok(out)
     }
 
@@ -262,18 +259,7 @@ impl Tensor {
         let device = self.device().clone();
         let operands = [self, a, index, c];
         let b = bind(&operands)?;
-        let spec = [("out", self.dtype), ("a", a.dtype), ("b", index.dtype), ("c", c.dtype)];
-        let out_t = values(self.dtype, &device)?;
-        let kernel = Kernel::new(Family::Elementwise, entry)
-            .with_meta::<ElementwiseMeta>()
-            .with_operands(device.native_f16(), &b.plan, &spec)?
-            .with("SCALAR", "info.scalar")
-            .with("UNARY", format!("{out_t}(x)"))
-            .with("BINARY", format!("{out_t}(x)"))
-            .with("PROMOTE", "")
-            .with("TERNARY", format!("{out_t}(x)"))
-            .with("FILL", format!("{out_t}(s)"))
-            .with("QUADS", "fill");
+        let kernel = ElementwiseKernel::indexing(entry, [self.dtype, a.dtype, index.dtype, c.dtype], device.native_f16(), &b.plan)?;
         let meta = ElementwiseMeta {
             numel: self.numel() as u32,
             ndim: self.ndim() as u32,
@@ -286,7 +272,7 @@ impl Tensor {
             seed: 0,
             limit: limit as u32,
         };
-        device.launch(&kernel, &meta, &b, Grid::Threads { threads: self.numel() as u64, workgroup: ELEMENTWISE_WORKGROUP })?;
+        device.launch(&kernel, &meta, &b, ElementwiseKernel::grid(self.numel(), false))?;
         Ok(())
     }
 }

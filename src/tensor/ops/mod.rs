@@ -4,28 +4,27 @@
 
 mod cuda_reduce;
 mod elementwise;
+mod factory;
+mod fused;
 mod index;
 mod matmul;
-pub(crate) mod matmul_tune;
 mod random;
 mod reduce;
 mod rows;
 
-pub(crate) use elementwise::Unary;
-pub use matmul::MatmulKernel;
-pub use matmul_tune::{MatmulChoice, MatmulTuning};
+pub(crate) use crate::kernels::elementwise::Unary;
 
 use super::layout::{Layout, MAX_DIMS};
 use super::{DType, Result, Tensor, TensorError};
 use crate::device::Bindings;
 use crate::kernels::meta::META_DIMS;
-use crate::kernels::{Strided, value_type};
+use crate::kernels::{Strided, WgslScalar};
 
 /// The value type of `dtype` in kernels (f32 stands in for f16 when checking before a device
 /// is involved); errors name the dtypes that run on the GPU.
-fn values(dtype: DType, device: &crate::device::Device) -> Result<&'static str> {
+fn values(dtype: DType, device: &crate::device::Device) -> Result<WgslScalar> {
     let native = device.adapter().is_none_or(|a| a.native_f16);
-    Ok(value_type(dtype, native)?)
+    Ok(WgslScalar::of(dtype, native)?)
 }
 
 /// Binds the operands (in order) for one dispatch.

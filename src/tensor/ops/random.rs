@@ -1,34 +1,10 @@
-//! Random tensors from the device's counter-based generator.
+//! Dropout, from the device's counter-based generator (`rand` and `randn` are in `factory`).
 
-use super::elementwise::Entry;
 use super::values;
 use crate::autograd::{self, Save};
+use crate::kernels::WgslScalar;
+use crate::kernels::elementwise::{Entry, Fused};
 use crate::tensor::{DType, Result, Tensor, TensorError};
-
-impl crate::device::Device {
-    /// `torch.rand`: uniform in [0, 1), from the device's counter-based generator.
-    #[track_caller]
-    pub fn rand(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        self.random(shape, dtype, "rand", "uniform(i, 0u)")
-    }
-
-    /// `torch.randn`: standard normal.
-    #[track_caller]
-    pub fn randn(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        self.random(shape, dtype, "randn", "normal(i)")
-    }
-
-    #[track_caller]
-    fn random(&self, shape: &[usize], dtype: DType, op: &'static str, expr: &str) -> Result<Tensor> {
-        if !dtype.is_float() {
-            return Err(TensorError::DType(format!("{op} makes floating tensors, not {dtype}")));
-        }
-        let t = self.empty_tensor(shape, dtype, op)?;
-        let out_t = values(dtype, self).or_else(|e| if self.is_sim() { Ok("f32") } else { Err(e) })?;
-        t.elementwise(Entry::Random(format!("{out_t}({expr})"), self.next_seed()), &[], 0.0)?;
-        Ok(t)
-    }
-}
 
 impl Tensor {
     /// `F.dropout(x, p, training)`. In training with 0 < p < 1 it is PyTorch's fused
@@ -50,8 +26,7 @@ impl Tensor {
         let scale = 1.0 / (1.0 - p);
         let out = self.device().empty_tensor(self.shape(), self.dtype, "native_dropout")?;
         let mask = self.device().empty_tensor(self.shape(), DType::Bool, "native_dropout")?;
-        let keep = format!("select(0u, 1u, uniform(i, 0u) >= {:?})", p as f32);
-        mask.elementwise(Entry::Random(keep, self.device().next_seed()), &[], 0.0)?;
+        mask.elementwise(Entry::Random(Fused::DropoutMask(p as f32).wgsl(WgslScalar::U32), self.device().next_seed()), &[], 0.0)?;
         out.masked_scale(self, &mask, scale)?;
         if !autograd::records(&[self]) {
             return Ok(out);
@@ -72,6 +47,6 @@ impl Tensor {
     /// Writes `x * mask * scale` into self.
     fn masked_scale(&self, x: &Tensor, mask: &Tensor, scale: f64) -> Result<()> {
         let t = values(x.dtype, x.device())?;
-        self.elementwise(Entry::Binary(format!("{t}(f32(x) * f32(y) * bitcast<f32>(scalar_bits))")), &[x, mask], scale)
+        self.elementwise(Entry::Binary(Fused::MaskedScale.wgsl(t)), &[x, mask], scale)
     }
 }

@@ -5,7 +5,7 @@ use super::{bind, check_u32, shape_meta, strided, values};
 use crate::amp;
 use crate::autograd;
 use crate::device::Multiprocessors;
-use crate::kernels::{Family, Grid, Kernel, ReduceMeta, WORKGROUP};
+use crate::kernels::{Family, Grid, Kernel, ReduceMeta, WORKGROUP, WgslScalar};
 use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::{Layout, MAX_DIMS, wrap_dim};
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -70,7 +70,7 @@ impl Tensor {
         } else {
             // PyTorch splits a long reduction over several blocks per output on a big enough
             // card, with a buffer and semaphores from the caching allocator, on both devices.
-            let split = device.0.multiprocessors.and_then(|mp| self.cuda_split(&dims, op, mp));
+            let split = device.multiprocessors().and_then(|mp| self.cuda_split(&dims, op, mp));
             // (No closures: they would hide the caller's location from the trace.)
             let scratch = match split {
                 Some(s) => Some((
@@ -149,13 +149,13 @@ impl Tensor {
             run *= self.shape()[d];
             ok
         });
-        let finish = spec.finish.replace("{T}", values(out.dtype, device)?);
+        let finish = spec.finish.replace("{T}", values(out.dtype, device)?.name());
         let kernel = |family, entry| -> Result<Kernel> {
             Ok(Kernel::new(family, entry)
                 .with_meta::<ReduceMeta>()
                 .with_operands(device.native_f16(), &b.plan, &names)?
                 .with("CONTIGUOUS", if contiguous { "true" } else { "false" })
-                .with("ACC", values(spec.acc, device)?)
+                .with("ACC", values(spec.acc, device)?.name())
                 .with("INIT", spec.init.clone())
                 .with("STEP", spec.step.clone())
                 .with("COMBINE", spec.combine.clone())
@@ -196,7 +196,7 @@ impl Tensor {
         let float = self.dtype.is_float();
         // Floats accumulate in f32 (f16 sums lose too much otherwise); integers in their type.
         let acc = if float { DType::F32 } else { self.dtype };
-        let acc_type = if float { "f32" } else { t };
+        let acc_type = if float { WgslScalar::F32 } else { t };
         let cast = |e: &str| format!("{acc_type}({e})");
         let (lowest, highest) = match self.dtype {
             DType::I32 => ("-2147483647 - 1", "2147483647"),

@@ -3,6 +3,10 @@
 //! (multi-tensor) implementation, which works op by op across all parameters: Adam's
 //! `_foreach_sqrt` holds a square-root copy of every parameter's second moment at once.
 
+mod scaler;
+
+pub use scaler::GradScaler;
+
 use crate::autograd;
 use crate::device::Device;
 use crate::tensor::{Result, Tensor, TensorError};

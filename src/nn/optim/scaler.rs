@@ -4,8 +4,8 @@
 //! tracker (int32) as 0-d tensors made at the first `scale`, the scaled loss, and per step the
 //! inverse scale and `found_inf` (0-d each); gradients are unscaled in place.
 
+use super::Optimizer;
 use crate::autograd;
-use crate::nn::optim::Optimizer;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 use rustc_hash::FxHashMap;
 

@@ -2,12 +2,13 @@
 //! first use, remembered for the process and, natively, in a file per machine, so that only the
 //! first run on an adapter pays (tens of milliseconds per class, not burn's cold autotune of
 //! seconds). The measurement runs on scratch buffers created outside the caching allocator: a
-//! trace shows the program's memory, not the tuner's.
+//! trace shows the program's memory, not the tuner's. The kernels themselves are written in
+//! `kernels::matmul`; this is the device's side, as cubecl keeps autotune in its runtime.
 
-use super::matmul::{MatmulKernel, matmul_kernel};
-use crate::device::{Arg, Bindings, Device, DeviceError};
+use super::{Arg, Bindings, Device, DeviceError};
+use crate::dtype::DType;
+use crate::kernels::matmul::{MatmulKernel, matmul_kernel};
 use crate::kernels::{Grid, MatmulMeta, MatrixLayout, loads_quads};
-use crate::tensor::DType;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -244,7 +245,7 @@ impl Device {
     /// is finished first, so that it is not counted.
     pub async fn measure_matmul(&self, dtype: DType, m: usize, n: usize, k: usize, vec4: [bool; 2]) -> Result<MatmulTuning, DeviceError> {
         let ctx = self.gpu_context().ok_or_else(|| DeviceError::Unsupported("matmul kernels are measured on GPU devices".into()))?;
-        let started = crate::device::now_s();
+        let started = super::now_s();
         let size = dtype.size() as u64;
         let scratch: Vec<Arg> = [m * n, m * k, k * n]
             .iter()
@@ -265,7 +266,7 @@ impl Device {
         let row_major = |cols: usize| MatrixLayout { offset: 0, batch_stride: 0, row_stride: cols as u32, col_stride: 1 };
         let meta = MatmulMeta { m: m as u32, n: n as u32, k: k as u32, batches: 1, a: row_major(k), b: row_major(n), c: row_major(n) };
         let flops = 2.0 * (m * n * k) as f64;
-        let now = crate::device::now_s;
+        let now = super::now_s;
         let mut gflops = BTreeMap::new();
         let mut best: Option<(MatmulKernel, f64)> = None;
         // An error the program's own commands raised stays for the program's next wait.
