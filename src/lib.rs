@@ -1,11 +1,12 @@
 //! tensormem: a tensor engine that makes GPU memory visible.
 //!
-//! Modules follow the data flow from the bottom up: `trace` (pure data, snapshot formats),
-//! `alloc` (PyTorch's caching allocator, device-agnostic), `report` (memory_stats and
-//! memory_summary), `replay` (feed a recorded trace through the allocator and compare),
-//! `tensor` and `autograd` (ops and their graph), `amp` (autocast), `nn` (layers, losses, optimizers and the gradient scaler),
-//! `scenarios` (named workloads), `timeline` (a trace laid out for the page); `web` is the
-//! page's wasm-bindgen surface.
+//! Modules follow the data flow from the bottom up: `files` (writing files whole),
+//! `trace` (pure data, snapshot formats), `alloc` (PyTorch's caching allocator,
+//! device-agnostic), `report` (memory_stats and memory_summary), `replay` (feed a recorded
+//! trace through the allocator and compare), `kernels` (WGSL generation), `device` (the
+//! allocator and the GPU), `tensor` and `autograd` (ops and their graph), `amp` (autocast),
+//! `nn` (layers, losses, optimizers and the gradient scaler), `scenarios` (named workloads),
+//! `timeline` (a trace laid out for the page); `web` is the page's wasm-bindgen surface.
 
 pub mod alloc;
 pub mod amp;

@@ -128,16 +128,8 @@ impl Tuning {
         file.format = FILE_FORMAT.to_string();
         file.adapters.entry(self.adapter.clone()).or_default().insert(class.key(), tuning.clone());
         let Ok(text) = serde_json::to_string_pretty(&file) else { return };
-        // A name of this writer's own: devices on other threads or in other processes may write too.
-        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let temporary = path.with_extension(format!("{}-{write}.tmp", std::process::id()));
-        let written = path.parent().is_none_or(|dir| std::fs::create_dir_all(dir).is_ok())
-            && std::fs::write(&temporary, text).is_ok()
-            && std::fs::rename(&temporary, path).is_ok();
-        if !written {
-            let _ = std::fs::remove_file(&temporary);
-        }
+        // Whole or not at all: devices on other threads or in other processes may write too.
+        let _ = crate::files::write_atomically(path, text.as_bytes());
     }
 }
 
