@@ -274,9 +274,16 @@ impl TimelineArrays {
     }
 
     /// The allocation under the pointer (position, height in bytes, slack in bytes), skipping
-    /// those hidden in the last image; `u32::MAX` for none. See `Timeline::hit_test`.
-    pub fn hit_test(&self, pos: u32, bytes: f64, slack: f64) -> u32 {
-        self.t.hit_test(pos, bytes, slack, &self.hidden).unwrap_or(u32::MAX)
+    /// those hidden in the last image; `undefined` for none. See `Timeline::hit_test`.
+    pub fn hit_test(&self, pos: u32, bytes: f64, slack: f64) -> Option<u32> {
+        self.t.hit_test(pos, bytes, slack, &self.hidden)
+    }
+
+    /// The allocations live at position `pos`, bottom of the stack first, as `[id, bottom]`
+    /// pairs (bottom: bytes below its band), skipping those hidden in the last image; what the
+    /// page's keyboard steps through. See `Timeline::stack_at`.
+    pub fn stack_at(&self, pos: u32) -> Vec<f64> {
+        self.t.stack_at(pos, &self.hidden).into_iter().flat_map(|(id, y)| [id as f64, y]).collect()
     }
 
     /// An allocation's rectangles as `[x0, x1, y]` triples, to outline it.
@@ -287,7 +294,9 @@ impl TimelineArrays {
 
 #[wasm_bindgen]
 impl TimelineArrays {
-    /// `{summary, groups, markers, frames: [[name, filename, line], ...]}`.
+    /// `{summary, groups: [{name, kind, category, bytes_at_peak, allocations}], markers, spans,
+    /// frames: [[name, filename, line], ...]}`. A group's `kind` (`frame`, `before_trace`,
+    /// `no_stack`, or a category's key) is what code matches; its `name` is for people.
     pub fn meta_json(&self) -> String {
         let frames: Vec<(&str, &str, u64)> = self.t.frames.iter().map(|f| (f.name.as_str(), f.filename.as_str(), f.line)).collect();
         serde_json::json!({

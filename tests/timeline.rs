@@ -382,6 +382,70 @@ fn the_pointer_finds_the_band_under_it() {
     }
 }
 
+/// The keyboard's view of a position: every live band, bottom up, each sitting on the one below;
+/// the same answer the pointer gets at each band's middle.
+#[test]
+fn the_stack_at_a_position_lists_the_live_bands_bottom_up() {
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::All, 1000);
+    let f = |name: &str| Arc::from(vec![Frame { filename: "train.py".into(), line: 1, name: name.into() }]);
+    let x = a.malloc(1000, 0, Some(f("x"))).unwrap();
+    let _y = a.malloc(3000, 0, Some(f("y"))).unwrap();
+    let _z = a.malloc(500, 0, Some(f("z"))).unwrap();
+    a.free(x.ptr, None).unwrap();
+    let snap = a.snapshot();
+    let t = timeline::build(&snap, 0).unwrap();
+    let end = t.events as u32;
+    let before_free = t.allocations.start[2];
+    assert_eq!(t.stack_at(before_free, &[]), vec![(0, 0.0), (1, 1000.0), (2, 4000.0)]);
+    // x freed: y and z drop by its size.
+    assert_eq!(t.stack_at(end, &[]), vec![(1, 0.0), (2, 3000.0)]);
+    // Hidden bands are skipped; a position before any allocation has none.
+    assert_eq!(t.stack_at(before_free, &[0, 1, 0]), vec![(0, 0.0), (2, 4000.0)]);
+    assert_eq!(t.stack_at(0, &[]), vec![]);
+    for pos in 0..=end {
+        for (id, y) in t.stack_at(pos, &[]) {
+            assert_eq!(t.hit_test(pos, y + t.allocations.size[id as usize] / 2.0, 0.0, &[]), Some(id), "{id} at {pos}");
+        }
+    }
+}
+
+/// Code tells groups apart by `kind`, never by their names (which are for people): a frame
+/// that happens to be named like the grey groups stays a frame, and categories carry their
+/// snapshot key.
+#[test]
+fn groups_carry_a_stable_kind_apart_from_their_names() {
+    use tensormem::timeline::GroupKind;
+    use tensormem::trace::Category;
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::All, 1000);
+    let odd = Arc::from(vec![Frame { filename: String::new(), line: 0, name: timeline::NO_FRAMES.into() }]);
+    let _framed = a.malloc(1000, 0, Some(odd)).unwrap();
+    let _bare = a.malloc(2000, 0, None).unwrap();
+    let t = timeline::build(&a.snapshot(), 0).unwrap();
+    let kinds: Vec<_> = t.groups.iter().map(|g| g.kind).collect();
+    assert_eq!(kinds.iter().filter(|&&k| k == GroupKind::NoStack).count(), 1, "{:?}", t.groups);
+    let bare = t.allocations.group[1] as usize;
+    assert_eq!((t.groups[bare].kind, t.groups[bare].name.as_str()), (GroupKind::NoStack, timeline::NO_FRAMES));
+    assert_ne!(t.allocations.group[0], t.allocations.group[1], "{:?}", t.groups);
+
+    use tensormem::scenarios::{self, RunRequest};
+    let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
+    let t = timeline::build(&run.snapshot, 0).unwrap();
+    let parameters = t.groups.iter().find(|g| g.kind == GroupKind::Category(Category::Parameter)).unwrap();
+    assert!(parameters.category);
+    let json = serde_json::to_value(&t.groups).unwrap();
+    let kinds: Vec<&str> = json.as_array().unwrap().iter().map(|g| g["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"parameter") && kinds.contains(&"input") && kinds.contains(&"frame"), "{kinds:?}");
+    assert_eq!(GroupKind::Category(Category::OptimizerState).key(), "optimizer_state");
+
+    let Some(path) = common::fixture("gpt-medium-ctx128-training.pickle") else { return };
+    let t = timeline::build(&trace::load_file(&path).unwrap(), 0).unwrap();
+    let before = t.groups.iter().find(|g| g.name == timeline::BEFORE_TRACE).unwrap();
+    assert_eq!(before.kind, GroupKind::BeforeTrace);
+    assert!(t.groups.iter().filter(|g| g.name != timeline::BEFORE_TRACE).all(|g| g.kind == GroupKind::Frame));
+}
+
 #[test]
 fn module_scope_is_the_chain_of_module_calls_then_the_allocating_line() {
     let Some(path) = common::fixture("gpt-medium-ctx128-training.pickle") else { return };

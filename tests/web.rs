@@ -65,6 +65,32 @@ fn the_page_gets_the_timelines_curves() {
     assert_eq!(got(2), expected.time_us);
 }
 
+/// Across the wasm boundary, "nothing under the pointer" is `None` (JavaScript's undefined), not
+/// a sentinel id; the keyboard's stack at a position comes as `[id, bottom]` pairs, bottom up.
+#[wasm_bindgen_test]
+fn the_page_hit_tests_and_steps_through_bands_across_the_boundary() {
+    use std::sync::Arc;
+    use tensormem::alloc::{AllocatorConfig, RecordContext, VirtualAllocator};
+    use tensormem::trace::Frame;
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::All, 1000);
+    let f = |name: &str| Arc::from(vec![Frame { filename: "train.py".into(), line: 1, name: name.into() }]);
+    let x = a.malloc(1000, 0, Some(f("x"))).unwrap();
+    let _y = a.malloc(3000, 0, Some(f("y"))).unwrap();
+    let _z = a.malloc(500, 0, Some(f("z"))).unwrap();
+    a.free(x.ptr, None).unwrap();
+    let snapshot = a.snapshot();
+    let t = tensormem::timeline::build(&snapshot, 0).unwrap();
+    let loaded = tensormem::web::LoadedTrace::parse(&tensormem::trace::to_pickle(&snapshot)).unwrap();
+    let view = loaded.timeline(0).unwrap();
+    let (before_free, end) = (t.allocations.start[2], t.events as u32);
+    assert_eq!(view.hit_test(before_free, 1500.0, 0.0), Some(1));
+    assert_eq!(view.hit_test(before_free, 1e9, 0.0), None);
+    assert_eq!(view.hit_test(0, 10.0, 0.0), None);
+    assert_eq!(view.stack_at(before_free), vec![0.0, 0.0, 1.0, 1000.0, 2.0, 4000.0]);
+    assert_eq!(view.stack_at(end), vec![1.0, 0.0, 2.0, 3000.0]);
+}
+
 mod suite;
 
 macro_rules! in_browser {

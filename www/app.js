@@ -35,14 +35,19 @@ function ask(type, payload = {}) {
   return new Promise((resolve, reject) => {
     const id = nextId++;
     waiting.set(id, { resolve, reject });
-    worker.postMessage({ id, type, ...payload });
+    // The request's own id and type last: a payload's fields never replace them.
+    worker.postMessage({ ...payload, id, type });
   });
 }
 
 // ---- status: progress and errors
 function showProgress(phase, fraction) {
-  $('progress').hidden = false;
-  $('progress-fill').style.width = `${Math.round(Math.min(1, fraction) * 100)}%`;
+  const percent = Math.round(Math.min(1, Math.max(0, fraction)) * 100);
+  const bar = $('progress');
+  bar.hidden = false;
+  bar.setAttribute('aria-valuenow', String(percent));
+  bar.setAttribute('aria-valuetext', `${phase}: ${percent}%`);
+  $('progress-fill').style.width = `${percent}%`;
   $('progress-text').textContent = phase;
 }
 function hideProgress() { $('progress').hidden = true; }
@@ -55,6 +60,18 @@ function showError(message, headline = 'Something went wrong.') {
 function clearError() { $('error').hidden = true; }
 $('error-close').onclick = clearError;
 
+// Said to screen readers (a polite live region): what the keyboard did on the timeline.
+function announce(text) {
+  $('timeline-status').textContent = text;
+}
+const keyboardOn = () => document.activeElement === timeline.canvas;
+// A band in words, as its tooltip says it (parsed in an inert template).
+function bandText(id) {
+  const box = document.createElement('template');
+  box.innerHTML = timeline.describe(id).replace(/<br>|<div/g, ' $&');
+  return box.content.textContent.replace(/\s+/g, ' ').trim();
+}
+
 // ---- state
 const timeline = new Timeline($('timeline'), $('tooltip'));
 // The worker rasterises and hit-tests the timeline on screen (its view id names it).
@@ -62,8 +79,10 @@ timeline.backend = {
   setAxis: (xs) => ask('setAxis', { view: timeline.data.view, xs }),
   raster: (request) => ask('raster', { view: timeline.data.view, ...request }),
   hitTest: (request) => ask('hitTest', { view: timeline.data.view, ...request }),
-  pieces: (id) => ask('pieces', { view: timeline.data.view, id }),
+  stackAt: (pos) => ask('stackAt', { view: timeline.data.view, pos }),
+  pieces: (alloc) => ask('pieces', { view: timeline.data.view, alloc }),
 };
+timeline.rangeLabel = $('view-range');
 // For the browser benchmark and debugging from the console.
 const icicle = new Icicle($('icicle'), $('icicle-tooltip'));
 window.__tensormem = { timeline, icicle, ask: (type, payload) => ask(type, payload) };
@@ -112,9 +131,10 @@ timeline.describe = (id) => {
     + (shown.length ? `<div class="frames">${shown.map((f) => escape(frameText(f))).join('<br>')}</div>` : '');
 };
 
+const DETAILS_HINT = $('details').innerHTML;
 function showDetails(id) {
   if (id == null) {
-    $('details').innerHTML = '<p class="muted">Hover a band to see what it is; click to pin it and read its whole stack.</p>';
+    $('details').innerHTML = DETAILS_HINT;
     return;
   }
   const { arrays: a, meta } = timeline.data;
@@ -323,8 +343,17 @@ window.addEventListener('drop', (e) => {
   const file = e.dataTransfer.files[0];
   if (file) load('openFile', { file });
 });
-timeline.on('cursor', (position) => showLive(position));
-timeline.on('pin', (id) => showDetails(id));
+timeline.on('cursor', (position) => {
+  showLive(position);
+  if (keyboardOn()) announce(`Cursor ${after(position)}: ${$('cursor-allocated').textContent} allocated, ${formatBytes(timeline.data.arrays.reserved[position])} reserved.`);
+});
+timeline.on('pin', (id) => {
+  showDetails(id);
+  if (keyboardOn()) announce(id == null ? 'Unpinned.' : `Pinned: ${bandText(id)}`);
+});
+timeline.on('select', (id) => {
+  if (id != null && keyboardOn()) announce(bandText(id));
+});
 timeline.on('error', (e) => showError(e.message, 'The timeline could not be drawn.'));
 
 $('icicle-by').addEventListener('change', () => showLive(timeline.cursor));
@@ -452,7 +481,7 @@ $('whatif-run').onclick = async () => {
     $('replay-key').hidden = false;
     const diff = replayedPeak - recordedPeak;
     $('whatif-result').innerHTML = `
-      <p class="result-line">Settings <b>${escape(r.settings)}</b>, capacity <b>${r.capacity == null ? 'unlimited' : formatBytes(r.capacity)}</b>, start <b>${r.start}</b>.</p>
+      <p class="result-line">Settings <b>${escape(r.settings)}</b>, capacity <b>${r.capacity == null ? 'unlimited' : formatBytes(r.capacity)}</b>, start <b>${escape(r.start)}</b>.</p>
       <table>
         <tr><th></th><th class="num">recorded</th><th class="num">what if</th></tr>
         <tr><td>peak reserved</td><td class="num">${formatBytes(recordedPeak)}</td><td class="num" data-testid="whatif-peak-reserved" data-bytes="${replayedPeak}">${formatBytes(replayedPeak)}</td></tr>
@@ -491,7 +520,8 @@ function parameterInput(p) {
 
 function showScenarioForm() {
   const s = selectedScenario();
-  $('variant-select').innerHTML = s.variants.length ? s.variants.map((v) => `<option>${v}</option>`).join('') : '<option value="">–</option>';
+  // Names from the wasm side go in as text (new Option), never as markup.
+  $('variant-select').replaceChildren(...(s.variants.length ? s.variants.map((v) => new Option(v, v)) : [new Option('–', '')]));
   $('variant-select').disabled = !s.variants.length;
   $('scenario-params').innerHTML = s.parameters.map(parameterInput).join('');
   $('scenario-explanation').textContent = s.explanation;
@@ -516,7 +546,7 @@ function scenarioRequest() {
 function showRun(run) {
   const rows = run.steps.map((s) => `<tr><td>${escape(s.label)}</td><td class="num">${formatBytes(s.allocated_bytes)}</td><td class="num">${formatBytes(s.reserved_bytes)}</td><td class="num">${formatBytes(s.max_allocated_bytes)}</td></tr>`).join('');
   $('scenario-result').innerHTML = `
-    <p class="result-line">${escape(run.scenario)}${run.variant ? ` (${run.variant})` : ''} on ${escape(run.device)} (${formatBytes(run.capacity_bytes)}), settings ${escape(run.settings)}</p>
+    <p class="result-line">${escape(run.scenario)}${run.variant ? ` (${escape(run.variant)})` : ''} on ${escape(run.device)} (${formatBytes(run.capacity_bytes)}), settings ${escape(run.settings)}</p>
     <p class="result-line">max_memory_allocated <b data-testid="scenario-peak-allocated" data-bytes="${run.peak_allocated_bytes}">${formatBytes(run.peak_allocated_bytes)}</b>
       · max_memory_reserved <b data-testid="scenario-peak-reserved" data-bytes="${run.peak_reserved_bytes}">${formatBytes(run.peak_reserved_bytes)}</b></p>
     ${run.out_of_memory ? `<p class="result-line oom">${escape(run.out_of_memory)}</p>` : ''}
@@ -530,12 +560,17 @@ async function runScenario() {
 
 async function setUpScenarios() {
   scenarios = await ask('scenarios');
-  $('scenario-select').innerHTML = scenarios.scenarios.map((s) => `<option value="${s.name}">${escape(s.name)}: ${escape(s.title)}</option>`).join('');
+  $('scenario-select').replaceChildren(...scenarios.scenarios.map((s) => new Option(`${s.name}: ${s.title}`, s.name)));
   // The worker reports whether it has WebGPU (the scenario runs there); without it the option
   // is still listed, disabled, to say why.
   const { webgpu } = scenarios;
-  const gpuOption = `<option value="gpu"${webgpu ? '' : ' disabled'}>this browser's GPU (WebGPU${webgpu ? ', real kernels' : ': not available here'})</option>`;
-  $('card-select').innerHTML = scenarios.presets.map((p) => `<option value="${p.name}">simulated ${p.name} (${formatBytes(p.bytes)})</option>`).join('') + '<option value="custom">simulated card of custom size…</option>' + gpuOption;
+  const gpuOption = new Option(`this browser's GPU (WebGPU${webgpu ? ', real kernels' : ': not available here'})`, 'gpu');
+  gpuOption.disabled = !webgpu;
+  $('card-select').replaceChildren(
+    ...scenarios.presets.map((p) => new Option(`simulated ${p.name} (${formatBytes(p.bytes)})`, p.name)),
+    new Option('simulated card of custom size…', 'custom'),
+    gpuOption,
+  );
   $('scenario-select').onchange = showScenarioForm;
   $('card-select').onchange = () => { $('custom-card-box').hidden = $('card-select').value !== 'custom'; };
   $('run-scenario').onclick = runScenario;

@@ -10,14 +10,17 @@ function signed(bytes) {
   return bytes === 0 ? '0 B' : `${bytes > 0 ? '+' : '−'}${formatBytes(Math.abs(bytes))}`;
 }
 
-// The peak difference by group: [{name, a, b, diff}] sorted by the size of the difference.
+// The peak difference by group: [{name, a, b, diff}] sorted by the size of the difference. A
+// group is the same in both traces when its kind and name are (a frame named like a category
+// is not that category).
 export function attribute(groupsA, groupsB) {
   const rows = new Map();
-  for (const g of groupsA) rows.set(g.name, { name: g.name, a: g.bytes_at_peak, b: 0 });
+  const key = (g) => `${g.kind}\u0000${g.name}`;
+  for (const g of groupsA) rows.set(key(g), { name: g.name, a: g.bytes_at_peak, b: 0 });
   for (const g of groupsB) {
-    const row = rows.get(g.name) || { name: g.name, a: 0, b: 0 };
+    const row = rows.get(key(g)) || { name: g.name, a: 0, b: 0 };
     row.b += g.bytes_at_peak;
-    rows.set(g.name, row);
+    rows.set(key(g), row);
   }
   return [...rows.values()].map((r) => ({ ...r, diff: r.b - r.a })).filter((r) => r.diff !== 0)
     .sort((x, y) => Math.abs(y.diff) - Math.abs(x.diff));

@@ -3,6 +3,11 @@
 // the peak, markers, record_function scopes and a cursor. The bands are rasterised by the worker
 // (src/timeline/raster.rs) into an image covering the view and a view-width each side; frames
 // only place that image, so panning and zooming cost the same whatever the trace size.
+//
+// The keyboard does what the pointer does (the canvas is focusable): ←/→ move the cursor (with
+// Shift a tenth of the view; Home/End to the ends), ↑/↓ pick a band at the cursor (the keyboard's
+// hover), +/− zoom around the cursor, 0 resets the view, Enter pins the band picked, Escape
+// unpins.
 import { escapeHtml, formatBytes, ticks } from './format.js';
 import { colorGroups, topBytes, GHOST, HEADROOM } from './palette.js';
 
@@ -26,8 +31,14 @@ export class Timeline {
     this.cursor = null;
     this.pinned = null;
     this.hover = null;
+    // The band picked with ↑/↓ at the cursor, and a height in it (bytes; its bottom there): when
+    // the cursor moves past its end, the band at that height is picked.
+    this.selected = null;
+    this.selectedHeight = 0;
     this.replay = null;
     this.listeners = {};
+    // Keyboard steps that ask the worker run one after another.
+    this.keyQueue = Promise.resolve();
     // A frame is already queued with requestAnimationFrame.
     this.frameQueued = false;
     // The image asked of the worker and not back yet ({x0, x1, key}), if any.
@@ -54,6 +65,11 @@ export class Timeline {
     this.replay = null;
     this.pinned = null;
     this.hover = null;
+    this.selected = null;
+    this.stackCache = null;
+    clearTimeout(this.cursorTimer);
+    if (this.keyTooltip) this.tooltip.hidden = true;
+    this.keyTooltip = false;
     this.pieceCache = new Map();
     this.hoverTicket = (this.hoverTicket || 0) + 1;
     const { order, colors, pixels } = colorGroups(meta.groups);
@@ -273,13 +289,79 @@ export class Timeline {
     ctx.clip();
     this.outline(ctx, this.pinned, '#e11d48', 2);
     if (this.hover !== this.pinned) this.outline(ctx, this.hover, '#ffffff', 1.5);
+    if (this.selected !== this.pinned && this.selected !== this.hover) {
+      this.outline(ctx, this.selected, '#ffffff', 3);
+      this.outline(ctx, this.selected, '#111827', 1.5);
+    }
     if (this.replay && this.replay.oomPosition != null) this.vline(ctx, this.replay.oomPosition, '#a3261b', 'out of memory', [2, 2]);
     const s = this.data.meta.summary;
     this.vline(ctx, s.peak_x, 'rgba(17,24,39,.55)', `peak ${formatBytes(s.peak_allocated_bytes)}`, [3, 3]);
     for (const m of this.data.meta.markers) this.marker(ctx, m);
     this.drawSpans(ctx, p);
-    if (this.cursor != null) this.vline(ctx, this.cursor, '#3a5bd9', null, []);
+    if (this.cursor != null) this.drawCursor(ctx, p);
     ctx.restore();
+    this.showState();
+  }
+
+  // The cursor: a line; with the keyboard on the timeline, a thicker one with handles and the
+  // position it names, so it can be followed without a pointer.
+  drawCursor(ctx, p) {
+    const focused = this.canvas.matches(':focus-visible');
+    if (!focused) return this.vline(ctx, this.cursor, '#3a5bd9', null, []);
+    const x = Math.round(this.pxOfX(this.xAt(Math.min(this.cursor, this.positions - 1)), p)) + 0.5;
+    if (x < p.x || x > p.x + p.w) return;
+    ctx.strokeStyle = '#3a5bd9';
+    ctx.lineWidth = 2;
+    ctx.beginPath();
+    ctx.moveTo(x, p.y);
+    ctx.lineTo(x, p.y + p.h);
+    ctx.stroke();
+    ctx.fillStyle = '#3a5bd9';
+    for (const [y, dy] of [[p.y, 7], [p.y + p.h, -7]]) {
+      ctx.beginPath();
+      ctx.moveTo(x - 6, y);
+      ctx.lineTo(x + 6, y);
+      ctx.lineTo(x, y + dy);
+      ctx.fill();
+    }
+    const label = this.cursor === 0 ? 'cursor: start of the trace' : `cursor: after event ${this.cursor - 1}`;
+    ctx.font = '11px system-ui, sans-serif';
+    ctx.textAlign = 'left';
+    ctx.textBaseline = 'alphabetic';
+    const width = ctx.measureText(label).width;
+    const lx = x + 8 + width > p.x + p.w ? x - 8 - width : x + 8;
+    ctx.fillStyle = '#3a5bd9';
+    ctx.fillRect(lx - 3, p.y + 16, width + 6, 15);
+    ctx.fillStyle = '#ffffff';
+    ctx.fillText(label, lx, p.y + 27);
+  }
+
+  // What the page (and its tests) can read of the timeline's state: the cursor, the band picked
+  // and the one pinned as data- attributes of the canvas, the view as the range label's.
+  showState() {
+    const d = this.canvas.dataset;
+    const set = (key, value) => { const v = value == null ? '' : String(value); if (d[key] !== v) d[key] = v; };
+    set('cursor', this.cursor);
+    set('selected', this.selected);
+    set('pinned', this.pinned);
+    const label = this.rangeLabel;
+    if (!label) return;
+    const [v0, v1] = this.view;
+    let text;
+    if (this.axis === 'time') {
+      text = `${formatTime(v0)} to ${formatTime(v1)}`;
+    } else {
+      const events = this.positions - 1;
+      const first = Math.max(0, Math.ceil(v0) - 1);
+      const last = Math.max(first, Math.min(events - 1, Math.ceil(v1) - 2));
+      text = `events ${first.toLocaleString('en-US')} to ${last.toLocaleString('en-US')} of ${events.toLocaleString('en-US')}`;
+    }
+    const full = this.xAt(this.positions);
+    const zoom = full / (v1 - v0);
+    if (zoom > 1.01) text += ` (zoomed ${zoom < 10 ? zoom.toFixed(1) : Math.round(zoom).toLocaleString('en-US')}×)`;
+    if (label.textContent !== text) label.textContent = text;
+    if (label.dataset.x0 !== String(v0)) label.dataset.x0 = String(v0);
+    if (label.dataset.x1 !== String(v1)) label.dataset.x1 = String(v1);
   }
 
   // What a layer depends on besides the view.
@@ -571,25 +653,175 @@ export class Timeline {
       const py = e.clientY - rect.top;
       const p = this.plot;
       if (px < p.x || px > p.x + p.w) return;
+      clearTimeout(this.cursorTimer);
       this.cursor = this.positionAt(this.xOfPx(px));
       this.emit('cursor', this.cursor);
       this.requestDraw();
       const data = this.data;
       this.hitTest(px, py).then((id) => {
         if (data !== this.data) return;
-        this.pinned = id;
-        this.emit('pin', id);
-        this.requestDraw();
+        // The keyboard goes on from the band clicked.
+        this.selected = id;
+        this.selectedHeight = id == null ? 0 : Math.max(0, ((p.y + p.h - py) / p.h) * this.yMax() - this.data.arrays.allocSize[id] / 2);
+        this.pin(id);
       }, () => {}); // asked of a timeline the page has since left
     });
     c.addEventListener('pointerleave', () => {
       this.hoverTicket++;
       this.hoverNext = null;
       this.hover = null;
-      this.tooltip.hidden = true;
+      if (!this.keyTooltip) this.tooltip.hidden = true;
       this.requestDraw();
     });
     c.addEventListener('dblclick', () => this.resetView());
+    c.addEventListener('keydown', (e) => this.onKey(e));
+    // The cursor is drawn larger, and named, while the keyboard is on the timeline.
+    c.addEventListener('focus', () => this.requestDraw());
+    c.addEventListener('blur', () => {
+      if (this.keyTooltip) this.tooltip.hidden = true;
+      this.keyTooltip = false;
+      this.requestDraw();
+    });
+  }
+
+  pin(id) {
+    this.pinned = id;
+    this.emit('pin', id);
+    this.requestDraw();
+  }
+
+  // ---- keyboard
+  onKey(e) {
+    if (!this.data || e.altKey || e.ctrlKey || e.metaKey) return;
+    const [v0, v1] = this.view;
+    const here = this.xAt(this.cursor);
+    switch (e.key) {
+      case 'ArrowLeft':
+      case 'ArrowRight': {
+        const dir = e.key === 'ArrowLeft' ? -1 : 1;
+        let to = this.cursor + dir;
+        if (e.shiftKey) {
+          const far = this.positionAt(here + (dir * (v1 - v0)) / 10);
+          to = dir < 0 ? Math.min(to, far) : Math.max(to, far);
+        }
+        this.moveCursor(to);
+        break;
+      }
+      case 'Home': this.moveCursor(0); break;
+      case 'End': this.moveCursor(this.positions - 1); break;
+      case 'ArrowUp': this.queue(() => this.stepBand(1)); break;
+      case 'ArrowDown': this.queue(() => this.stepBand(-1)); break;
+      case '+':
+      case '=': this.zoomAround(here, 1 / 1.5); this.placeKeyTooltip(); break;
+      case '-':
+      case '_': this.zoomAround(here, 1.5); this.placeKeyTooltip(); break;
+      case '0': this.resetView(); this.placeKeyTooltip(); break;
+      case 'Enter':
+      case ' ':
+        this.queue(async () => {
+          // Nothing picked yet: the band on top at the cursor.
+          if (this.selected == null) await this.stepBand(-1);
+          this.pin(this.pinned === this.selected ? null : this.selected);
+        });
+        break;
+      case 'Escape':
+        if (this.pinned != null) this.pin(null);
+        else if (this.selected != null) this.select(null);
+        else return;
+        break;
+      default:
+        return;
+    }
+    e.preventDefault();
+  }
+
+  queue(step) {
+    const data = this.data;
+    this.keyQueue = this.keyQueue.then(() => (data === this.data ? step() : null)).catch(() => {});
+    return this.keyQueue;
+  }
+
+  // Moves the cursor to a position, keeps it in view, and follows the band picked (or the one at
+  // its height) there. The panels follow once the keys rest: each asks the worker for a replay.
+  moveCursor(to) {
+    to = Math.max(0, Math.min(this.positions - 1, to));
+    if (to === this.cursor) return;
+    this.cursor = to;
+    const [v0, v1] = this.view;
+    const x = this.xAt(to);
+    const span = v1 - v0;
+    if (x < v0) this.setView(x - span * 0.1, x + span * 0.9);
+    else if (x > v1 - (this.xs ? 0 : 1)) this.setView(x - span * 0.9, x + span * 0.1);
+    this.requestDraw();
+    clearTimeout(this.cursorTimer);
+    this.cursorTimer = setTimeout(() => this.emit('cursor', this.cursor), 150);
+    if (this.selected != null) this.queue(() => this.follow());
+  }
+
+  // The live bands at the cursor, bottom up ([{id, bottom}]), asked of the worker once per
+  // position and image (hidden bands are skipped as in the image on screen).
+  async stackAtCursor() {
+    const pos = this.cursor;
+    const key = `${pos}|${this.layer ? this.layer.key : ''}`;
+    if (this.stackCache && this.stackCache.key === key) return this.stackCache.bands;
+    const pairs = await this.backend.stackAt(pos);
+    const bands = [];
+    for (let i = 0; i < pairs.length; i += 2) bands.push({ id: pairs[i], bottom: pairs[i + 1] });
+    this.stackCache = { key, bands };
+    return bands;
+  }
+
+  // ↑ (dir 1) picks the band above the one picked, ↓ the one below; with none picked, ↑ starts
+  // at the bottom and ↓ at the top.
+  async stepBand(dir) {
+    const bands = await this.stackAtCursor();
+    if (!bands.length) return this.select(null);
+    let k = bands.findIndex((b) => b.id === this.selected);
+    k = k < 0 ? (dir > 0 ? 0 : bands.length - 1) : Math.max(0, Math.min(bands.length - 1, k + dir));
+    this.select(bands[k].id, bands[k].bottom);
+  }
+
+  // After the cursor moved: the band picked if it is still live, else the one at its height.
+  async follow() {
+    const bands = await this.stackAtCursor();
+    const same = bands.find((b) => b.id === this.selected);
+    if (same) return this.select(same.id, same.bottom, false);
+    const a = this.data.arrays;
+    // The middle of the band picked, at the cursor's last position.
+    const mid = this.selectedHeight + a.allocSize[this.selected] / 2;
+    let best = null;
+    for (const b of bands) {
+      const d = mid < b.bottom ? b.bottom - mid : Math.max(0, mid - (b.bottom + a.allocSize[b.id]));
+      if (!best || d < best.d) best = { ...b, d };
+    }
+    this.select(best ? best.id : null, best ? best.bottom : 0, false);
+  }
+
+  // Picks a band with the keyboard: outlined, described beside the cursor, and announced (not
+  // while it only follows the cursor: the cursor's own announcement comes then).
+  select(id, bottom = 0, announce = true) {
+    this.selected = id;
+    this.selectedHeight = bottom;
+    this.requestDraw();
+    if (announce) this.emit('select', id);
+    if (id == null) {
+      if (this.keyTooltip) this.tooltip.hidden = true;
+      this.keyTooltip = false;
+      return;
+    }
+    this.keyTooltip = true;
+    this.placeKeyTooltip();
+  }
+
+  // The band picked, described beside the cursor at its height.
+  placeKeyTooltip() {
+    if (!this.keyTooltip || this.selected == null) return;
+    const p = this.plot;
+    const size = this.data.arrays.allocSize[this.selected];
+    const px = this.pxOfX(this.xAt(this.cursor), p);
+    const py = p.y + p.h - ((this.selectedHeight + size / 2) / this.yMax()) * p.h;
+    this.showTooltip(Math.max(p.x, Math.min(p.x + p.w, px)), Math.max(p.y, Math.min(p.y + p.h, py)), this.describe ? this.describe(this.selected) : '');
+    this.keyTooltip = true;
   }
 
   zoomAround(x, factor) {
@@ -639,14 +871,16 @@ export class Timeline {
       this.requestDraw();
     }
     if (id == null) {
-      this.tooltip.hidden = true;
+      if (!this.keyTooltip) this.tooltip.hidden = true;
       return;
     }
     this.emit('hover', id);
     this.showTooltip(px, py, this.describe ? this.describe(id) : '');
   }
 
+  // `html` is made by the page with every name from the trace escaped (see describe in app.js).
   showTooltip(px, py, html) {
+    this.keyTooltip = false;
     this.tooltip.innerHTML = html;
     this.tooltip.hidden = false;
     const wrap = this.canvas.getBoundingClientRect();

@@ -234,12 +234,17 @@ const handlers = {
     const pixels = view(v).raster(x0, x1, width, height, ymax, order, colors, hidden, ghost);
     return { result: pixels, transfer: [pixels.buffer] };
   },
+  // The allocation at a point, or null (wasm answers undefined for none).
   async hitTest({ view: v, pos, bytes, slack }) {
-    const id = view(v).hit_test(pos, bytes, slack);
-    return id === 0xffffffff ? null : id;
+    return view(v).hit_test(pos, bytes, slack) ?? null;
   },
-  async pieces({ view: v, id }) {
-    return view(v).pieces_of(id);
+  // The allocations live at a position, bottom up, as [id, bottom] pairs (for the keyboard).
+  async stackAt({ view: v, pos }) {
+    const pairs = view(v).stack_at(pos);
+    return { result: pairs, transfer: [pairs.buffer] };
+  },
+  async pieces({ view: v, alloc }) {
+    return view(v).pieces_of(alloc);
   },
   async timeline({ trace, device, first }) {
     const out = timeline(trace, device, first);

@@ -99,12 +99,47 @@ pub struct Piece {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Group {
+    /// For people: the frame (`step (optimizer.py:74)`), the category's label (`optimizer
+    /// state`), or [`BEFORE_TRACE`] / [`NO_FRAMES`]. Code goes by `kind`.
     pub name: String,
+    /// What the group is, as a stable key (the page colours groups by it).
+    pub kind: GroupKind,
     /// Whether the group is a category (parameter, gradient, ...) rather than a frame.
     pub category: bool,
     /// Requested bytes of this group live at the peak of allocated memory.
     pub bytes_at_peak: u64,
     pub allocations: u32,
+}
+
+/// What a group is. Serialized as one string: `frame`, `before_trace`, `no_stack`, or the
+/// category's snapshot key (`parameter`, `optimizer_state`, ...; see [`Category::name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupKind {
+    /// Allocations whose stacks share a top user frame (the group's name).
+    Frame,
+    /// Allocations live when the trace starts whose blocks carry no stack.
+    BeforeTrace,
+    /// Allocations recorded without a stack.
+    NoStack,
+    /// Allocations a trace (tensormem's own) says are of this category.
+    Category(Category),
+}
+
+impl GroupKind {
+    pub fn key(self) -> &'static str {
+        match self {
+            GroupKind::Frame => "frame",
+            GroupKind::BeforeTrace => "before_trace",
+            GroupKind::NoStack => "no_stack",
+            GroupKind::Category(c) => c.name(),
+        }
+    }
+}
+
+impl Serialize for GroupKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.key())
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -174,6 +209,27 @@ impl Timeline {
             }
         }
         under.map(|(_, id)| id).or(near)
+    }
+
+    /// The allocations live at position `pos` with the bottom of each one's band there, from the
+    /// bottom of the stack up (those with `hidden[id] != 0` left out): what the page's keyboard
+    /// steps through. The bands [`Timeline::hit_test`] looks among.
+    pub fn stack_at(&self, pos: u32, hidden: &[u8]) -> Vec<(u32, f64)> {
+        let a = &self.allocations;
+        let mut bands = Vec::new();
+        for id in 0..a.size.len() {
+            if a.start[id] > pos || a.end[id] <= pos || hidden.get(id).is_some_and(|&h| h != 0) {
+                continue;
+            }
+            let range = self.piece_range(id);
+            let first = range.start;
+            if let Some(at) = self.pieces.x0[range].partition_point(|&x0| x0 <= pos).checked_sub(1) {
+                bands.push((id as u32, self.pieces.y[first + at] as f64));
+            }
+        }
+        // Live bands stack in the order they were made: a tie (a rounding error) goes by id.
+        bands.sort_by(|x, y| x.1.total_cmp(&y.1).then(x.0.cmp(&y.0)));
+        bands
     }
 
     /// Where allocation `id`'s pieces are in `pieces` (empty for an id the timeline lacks).
@@ -372,6 +428,8 @@ struct Builder {
     group_ids: FxHashMap<String, u32>,
     /// Each category's group once one is used, by `Category as usize`.
     category_groups: [Option<u32>; Category::ALL.len()],
+    /// The groups of allocations without a stack, by kind.
+    special_groups: Vec<(GroupKind, u32)>,
 }
 
 impl Builder {
@@ -398,8 +456,8 @@ impl Builder {
         };
         let group = match named {
             Some(g) => g,
-            None if x == 0 => self.group_id(BEFORE_TRACE),
-            None => self.group_id(NO_FRAMES),
+            None if x == 0 => self.special_group(GroupKind::BeforeTrace, BEFORE_TRACE),
+            None => self.special_group(GroupKind::NoStack, NO_FRAMES),
         };
         let a = &mut self.t.allocations;
         a.size.push(size as f64);
@@ -477,8 +535,18 @@ impl Builder {
         if let Some(&id) = self.group_ids.get(name) {
             return id;
         }
-        let id = self.new_group(name, false);
+        let id = self.new_group(name, GroupKind::Frame);
         self.group_ids.insert(name.to_string(), id);
+        id
+    }
+
+    /// The group of allocations without a stack (apart from frame groups, whatever their names).
+    fn special_group(&mut self, kind: GroupKind, name: &str) -> u32 {
+        if let Some(&(_, id)) = self.special_groups.iter().find(|(k, _)| *k == kind) {
+            return id;
+        }
+        let id = self.new_group(name, kind);
+        self.special_groups.push((kind, id));
         id
     }
 
@@ -486,13 +554,14 @@ impl Builder {
         if let Some(id) = self.category_groups[category as usize] {
             return id;
         }
-        let id = self.new_group(&category.label(), true);
+        let id = self.new_group(&category.label(), GroupKind::Category(category));
         self.category_groups[category as usize] = Some(id);
         id
     }
 
-    fn new_group(&mut self, name: &str, category: bool) -> u32 {
-        self.t.groups.push(Group { name: name.to_string(), category, bytes_at_peak: 0, allocations: 0 });
+    fn new_group(&mut self, name: &str, kind: GroupKind) -> u32 {
+        let category = matches!(kind, GroupKind::Category(_));
+        self.t.groups.push(Group { name: name.to_string(), kind, category, bytes_at_peak: 0, allocations: 0 });
         self.t.groups.len() as u32 - 1
     }
 

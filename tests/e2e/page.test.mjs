@@ -413,3 +413,190 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     child.kill();
   }
 });
+
+// Waits until the timeline canvas's data- attribute `key` (cursor, selected, pinned) is `want`
+// (a string), or is set and is not `want.not` (by default: is set at all); returns it.
+async function timelineState(page, key, want = { not: '' }) {
+  await page.waitForFunction(([k, w]) => {
+    const v = document.querySelector('[data-testid=timeline]').dataset[k];
+    return typeof w === 'string' ? v === w : v !== undefined && v !== '' && v !== w.not;
+  }, [key, want], { timeout: 10000 });
+  return page.getAttribute('[data-testid=timeline]', `data-${key}`);
+}
+// After the next frame is drawn (the timeline draws in requestAnimationFrame).
+const frame = (page) => page.evaluate(() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done))));
+const viewOf = async (page) => ({
+  x0: Number(await page.getAttribute('#view-range', 'data-x0')),
+  x1: Number(await page.getAttribute('#view-range', 'data-x1')),
+});
+
+test('the timeline is driven by keyboard: the cursor, the bands at it, zoom and pinning', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  // The progress bar says what it is to assistive technology.
+  assert.equal(await page.getAttribute('#progress', 'role'), 'progressbar');
+  assert.equal(await page.getAttribute('#progress', 'aria-valuemin'), '0');
+  assert.equal(await page.getAttribute('#progress', 'aria-valuemax'), '100');
+  assert.match(await page.getAttribute('#progress', 'aria-valuenow'), /^\d+$/);
+  await page.waitForFunction(() => /^after event \d+$/.test(document.querySelector('#cursor-label').textContent));
+
+  // Tab reaches the timeline from the control before it, and the focus shows.
+  await page.focus('#filter-range');
+  await page.keyboard.press('Tab');
+  assert.equal(await page.evaluate(() => document.activeElement.dataset.testid), 'timeline');
+  const ring = await page.$eval('[data-testid=timeline]', (c) => {
+    const s = getComputedStyle(c);
+    return { focusVisible: c.matches(':focus-visible'), style: s.outlineStyle, width: parseFloat(s.outlineWidth) };
+  });
+  assert.deepEqual([ring.focusVisible, ring.style], [true, 'solid']);
+  assert.ok(ring.width >= 2, JSON.stringify(ring));
+  const peak = Number(await timelineState(page, 'cursor'));
+  const events = await page.evaluate(() => window.__tensormem.timeline.positions - 1);
+  assert.ok(peak > 0 && peak <= events, `${peak} of ${events}`);
+  const arrays = (id) => page.evaluate((i) => {
+    const a = window.__tensormem.timeline.data.arrays;
+    return { size: a.allocSize[i], addr: a.allocAddr[i], start: a.allocStart[i], end: a.allocEnd[i] };
+  }, id);
+
+  // ↑ picks the bottom band at the cursor, ↑ again the one above it, ↓ comes back: each is
+  // outlined, described beside the cursor and announced.
+  assert.equal(await page.getAttribute('[data-testid=timeline]', 'data-selected'), '');
+  await page.keyboard.press('ArrowUp');
+  const bottom = Number(await timelineState(page, 'selected'));
+  await page.waitForSelector('#tooltip:not([hidden])');
+  assert.match(await page.textContent('#tooltip'), /\d (B|KiB|MiB|GiB) · /);
+  assert.match(await page.textContent('#timeline-status'), /\d (B|KiB|MiB|GiB) · .*address 0x/);
+  const b = await arrays(bottom);
+  assert.ok(b.start <= peak && peak < b.end, `band ${bottom} is live at the cursor`);
+  await page.keyboard.press('ArrowUp');
+  const above = Number(await timelineState(page, 'selected', { not: String(bottom) }));
+  const a = await arrays(above);
+  assert.ok(a.start <= peak && peak < a.end, `band ${above} is live at the cursor`);
+  await page.keyboard.press('ArrowDown');
+  await timelineState(page, 'selected', String(bottom));
+  // Enter pins it: its details, and its address, in the panel; Escape unpins.
+  await page.keyboard.press('Enter');
+  await timelineState(page, 'pinned', String(bottom));
+  await page.waitForFunction(() => /address/.test(document.querySelector('#details').textContent));
+  assert.match(await page.textContent('#details'), new RegExp(`0x${b.addr.toString(16)}\\b`));
+  assert.match(await page.textContent('#timeline-status'), /^Pinned: /);
+  // The pinned band is outlined once its rectangles come from the worker (a request whose
+  // payload once named the allocation `id`, the very key of the worker's replies, and was lost).
+  await page.waitForFunction((id) => window.__tensormem.timeline.pieceCache.get(id)?.length > 0, bottom, { timeout: 5000 });
+  await frame(page);
+  await page.locator('.timeline-card').screenshot({ path: join(shots, 'timeline-keyboard-focus.png') });
+  await page.keyboard.press('Escape');
+  await timelineState(page, 'pinned', '');
+  assert.match(await page.textContent('#details'), /Hover a band/);
+  // Escape again lets the band go; Enter with none picked pins the top one at the cursor, and
+  // Enter again unpins it.
+  await page.keyboard.press('Escape');
+  await timelineState(page, 'selected', '');
+  await page.waitForSelector('#tooltip', { state: 'hidden' });
+  await page.keyboard.press('Enter');
+  const top = Number(await timelineState(page, 'pinned'));
+  const t = await arrays(top);
+  assert.ok(top !== bottom && t.start <= peak && peak < t.end, `band ${top} is live at the cursor`);
+  await page.keyboard.press('Enter');
+  await timelineState(page, 'pinned', '');
+
+  // ←/→ move the cursor one event; the panels follow, and the band picked follows the cursor.
+  await page.keyboard.press('ArrowLeft');
+  await timelineState(page, 'cursor', String(peak - 1));
+  await page.waitForFunction((p) => document.querySelector('#cursor-label').textContent === (p === 0 ? 'at the start of the trace' : `after event ${p - 1}`), peak - 1);
+  assert.match(await page.textContent('#timeline-status'), /^Cursor (after event \d+|at the start of the trace): .* allocated, .* reserved\.$/);
+  const followed = await page.getAttribute('[data-testid=timeline]', 'data-selected');
+  if (followed !== '') {
+    const f = await arrays(Number(followed));
+    assert.ok(f.start <= peak - 1 && peak - 1 < f.end, `band ${followed} is live at the new cursor`);
+  }
+  await page.keyboard.press('ArrowRight');
+  await page.keyboard.press('ArrowRight');
+  await timelineState(page, 'cursor', String(Math.min(events, peak + 1)));
+  // Home and End reach the ends; Shift+→ moves a tenth of the view at once.
+  await page.keyboard.press('Home');
+  await timelineState(page, 'cursor', '0');
+  await page.waitForFunction(() => document.querySelector('#cursor-label').textContent === 'at the start of the trace');
+  await page.keyboard.press('Shift+ArrowRight');
+  const tenth = Number(await timelineState(page, 'cursor', { not: '0' }));
+  assert.ok(tenth >= Math.floor(events / 10) - 1 && tenth <= Math.ceil(events / 10) + 1, `${tenth} of ${events}`);
+  await page.keyboard.press('End');
+  await timelineState(page, 'cursor', String(events));
+  await page.waitForFunction((e) => document.querySelector('#cursor-label').textContent === `after event ${e - 1}`, events);
+
+  // + and − zoom around the cursor, 0 resets; moving the cursor out of the view pans it.
+  const full = await viewOf(page);
+  assert.deepEqual(full, { x0: 0, x1: events + 1 });
+  await page.keyboard.press('Home');
+  await page.keyboard.press('+');
+  await frame(page);
+  assert.ok((await viewOf(page)).x1 < 0.7 * (events + 1));
+  await page.keyboard.press('=');
+  await frame(page);
+  const zoomed = await viewOf(page);
+  assert.ok(Math.abs((zoomed.x1 - zoomed.x0) - (events + 1) / 2.25) < 1e-6 * (events + 1), JSON.stringify(zoomed));
+  assert.equal(zoomed.x0, 0);
+  assert.match(await page.textContent('#view-range'), /^events 0 to [\d,]+ of [\d,]+ \(zoomed 2\.[23]×\)$/);
+  await page.keyboard.press('-');
+  await frame(page);
+  const wider = await viewOf(page);
+  assert.ok(wider.x1 - wider.x0 > zoomed.x1 - zoomed.x0 && wider.x1 - wider.x0 < events + 1, JSON.stringify(wider));
+  await page.keyboard.press('End');
+  await frame(page);
+  const panned = await viewOf(page);
+  assert.ok(Math.abs(panned.x1 - (events + 1)) < 1e-6 && Math.abs((panned.x1 - panned.x0) - (wider.x1 - wider.x0)) < 1e-6, JSON.stringify(panned));
+  await page.keyboard.press('0');
+  await frame(page);
+  assert.deepEqual(await viewOf(page), full);
+  assert.doesNotMatch(await page.textContent('#view-range'), /zoomed/);
+  // The mouse still works beside the keyboard: a click places the cursor and pins.
+  const box = await page.locator('[data-testid=timeline]').boundingBox();
+  await page.mouse.click(box.x + box.width * 0.5, box.y + box.height - 40);
+  await timelineState(page, 'pinned');
+  assert.notEqual(await page.getAttribute('[data-testid=timeline]', 'data-cursor'), String(events));
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('names from a snapshot are shown as text, never run as markup', async () => {
+  // A trace of tensormem's whose frames are renamed with HTML, and whose categories are dropped
+  // so that its bands are grouped, and named, by those frames.
+  const recorded = join(scratch, 'recorded.json');
+  execFileSync(bin, ['run', 'seed-basics', '--snapshot', recorded], { stdio: 'ignore' });
+  const snapshot = JSON.parse(readFileSync(recorded, 'utf8'));
+  const markup = '<img src=x onerror="window.__injected=1">';
+  let renamed = 0;
+  const walk = (v) => {
+    if (Array.isArray(v)) return v.forEach(walk);
+    if (!v || typeof v !== 'object') return;
+    delete v.category;
+    if (Array.isArray(v.frames)) for (const f of v.frames) { f.name = `${markup}${f.name}`; renamed++; }
+    Object.values(v).forEach(walk);
+  };
+  walk(snapshot);
+  assert.ok(renamed > 0, 'the trace has frames');
+  const path = join(scratch, 'markup.json');
+  writeFileSync(path, JSON.stringify(snapshot));
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await openFile(page, path, 2);
+  await page.waitForFunction(() => /^after event/.test(document.querySelector('#cursor-label').textContent));
+  assert.ok((await page.textContent('#legend')).includes(markup), await page.textContent('#legend'));
+  assert.ok((await page.textContent('#live')).includes(markup));
+  // The tooltip and the details panel, reached by keyboard.
+  await page.focus('[data-testid=timeline]');
+  await page.keyboard.press('ArrowDown');
+  await page.waitForSelector('#tooltip:not([hidden])');
+  assert.ok((await page.textContent('#tooltip')).includes(markup), await page.textContent('#tooltip'));
+  await page.keyboard.press('Enter');
+  await page.waitForFunction(() => /address/.test(document.querySelector('#details').textContent));
+  assert.ok((await page.textContent('#details')).includes(markup), await page.textContent('#details'));
+  assert.ok((await page.textContent('#timeline-status')).includes(markup));
+  await page.waitForTimeout(300);
+  assert.equal(await page.locator('img').count(), 0, 'no element was made from a name');
+  assert.equal(await page.evaluate(() => window.__injected), undefined);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
