@@ -25,6 +25,9 @@ fi
 log=$(mktemp)
 durations=$(mktemp)
 trap 'rm -f "$log" "$durations"' EXIT
+# `timeout` runs each suite in a process group of its own, which a Ctrl-C on this script does
+# not reach: pass it on (timeout forwards it to the whole suite).
+trap 'pkill -TERM -P $$ 2>/dev/null; exit 130' INT TERM
 
 # Each suite runs under a budget about twice its running time on a fresh 2-core machine, and
 # the budgets add up to less than CI's 90 minutes; each suite prints its duration, and one past
@@ -32,22 +35,44 @@ trap 'rm -f "$log" "$durations"' EXIT
 # include the suite's builds and installs (wasm-bindgen-cli, Chromium) on a fresh machine.
 failed_suites=""
 suite() {
-  local name=$1 budget=$2 start status
+  local name=$1 budget=$2 start status from
   shift 2
   start=$(date +%s)
+  from=$(wc -l < "$log")
   set +e
   timeout --kill-after=30 "$budget" "$@" 2>&1 | tee -a "$log"
   status=${PIPESTATUS[0]}
   set -e
   local took=$(( $(date +%s) - start ))
   echo "$name $took $budget" >> "$durations"
-  if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+  if [ "$status" != 0 ] && [ "$took" -ge "$budget" ]; then
     echo "== suite $name: stopped after its budget of ${budget} s"
     echo "test result: FAILED. 0 passed; 1 failed (suite $name ran past its budget)" >> "$log"
   else
     echo "== suite $name: ${took} s of its ${budget} s budget"
+    # A suite that failed before any test could (a build, an install) still counts a failure.
+    if [ "$status" != 0 ] && ! tail -n "+$((from + 1))" "$log" | grep -q '^test result: FAILED'; then
+      echo "test result: FAILED. 0 passed; 1 failed (suite $name exited with status $status)" >> "$log"
+    fi
   fi
   if [ "$status" != 0 ]; then failed_suites="$failed_suites $name"; fi
+}
+
+# Closing lines: each suite's share of its budget, the slowest suite, then the counts. A test
+# that could not run here (no fixtures, no adapter; never under CI=true, where that fails)
+# passes after printing `SKIPPED name: reason`: those are counted apart.
+finish() {
+  awk '{ printf "%s%s %d s of %d", (NR > 1 ? ", " : "suite durations: "), $1, $2, $3 } END { print "" }' "$durations"
+  awk '$2 * 2 > $3 { printf "WARNING: suite %s took %d s, over half of its %d s budget: speed it up or raise the budget\n", $1, $2, $3 }' "$durations"
+  sort -k2,2nr "$durations" | awk 'NR == 1 { printf "slowest suite: %s, %d s (%d%% of its %d s budget)\n", $1, $2, 100 * $2 / $3, $3 }'
+  local skipped
+  skipped=$( (grep -o 'SKIPPED [A-Za-z0-9_:]*:' "$log" || true) | sort -u | wc -l)
+  awk -v skipped="$skipped" '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+       END { printf "tests: %d passed, %d failed, %d skipped\n", p - skipped, f, skipped }' "$log"
+  if [ -n "$failed_suites" ]; then
+    echo "failed suites:$failed_suites" >&2
+    exit 1
+  fi
 }
 
 # Suites that are shell functions run under `timeout` through `bash -c` (exported below).
@@ -74,24 +99,8 @@ export -f checks native
 
 # Lint first: a format or clippy error fails the run before an hour of tests.
 suite checks 1200 bash -c checks
-if [ -n "$failed_suites" ]; then
-  echo "tests: 0 passed, 1 failed (rustfmt or clippy: see above)"
-  exit 1
-fi
+[ -z "$failed_suites" ] || finish
 suite native 1500 bash -c native
 suite browser 1200 bash scripts/test-web.sh
 suite page 1200 bash scripts/test-e2e.sh
-
-# Closing lines: each suite's share of its budget, the slowest suite, then the counts. A test
-# that could not run here (no fixtures, no adapter; never under CI=true, where that fails)
-# passes after printing `SKIPPED name: reason`: those are counted apart.
-awk '{ printf "%s%s %d s of %d", (NR > 1 ? ", " : "suite durations: "), $1, $2, $3 } END { print "" }' "$durations"
-awk '$2 * 2 > $3 { printf "WARNING: suite %s took %d s, over half of its %d s budget: speed it up or raise the budget\n", $1, $2, $3 }' "$durations"
-sort -k2,2nr "$durations" | awk 'NR == 1 { printf "slowest suite: %s, %d s (%d%% of its %d s budget)\n", $1, $2, 100 * $2 / $3, $3 }'
-skipped=$( (grep -o 'SKIPPED [A-Za-z0-9_:]*:' "$log" || true) | sort -u | wc -l)
-awk -v skipped="$skipped" '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "tests: %d passed, %d failed, %d skipped\n", p - skipped, f, skipped }' "$log"
-if [ -n "$failed_suites" ]; then
-  echo "failed suites:$failed_suites" >&2
-  exit 1
-fi
+finish

@@ -8,18 +8,24 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Writes `bytes` to `path`, replacing it only once everything is on disk. Missing folders are
-/// created. A target that exists and is not a regular file (`/dev/stdout`, a pipe) is written
-/// in place: renaming over it would replace the device node instead of writing to it.
+/// created. A link is followed: the file it names is replaced and the link kept. Devices, pipes
+/// and the process's own streams (`/dev/stdout`, `/dev/full`) are written in place: renaming
+/// over them would replace the device node (or the link to the stream) instead of writing to it.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-        return std::fs::OpenOptions::new().write(true).open(path)?.write_all(bytes);
+    let is_stream = path.starts_with("/dev") || path.starts_with("/proc") || std::fs::metadata(path).is_ok_and(|m| !m.is_file());
+    if is_stream {
+        return std::fs::OpenOptions::new().write(true).truncate(true).open(path)?.write_all(bytes);
     }
-    let dir = match path.parent() {
+    let target = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path)?,
+        _ => path.to_path_buf(),
+    };
+    let dir = match target.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     std::fs::create_dir_all(dir)?;
-    let temporary = temporary_beside(path, dir)?;
+    let temporary = temporary_beside(&target, dir)?;
     let written = (|| {
         {
             let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temporary)?;
@@ -27,21 +33,31 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             // On disk before the rename: after a crash the target is the old file or the new one.
             file.sync_all()?;
         }
-        std::fs::rename(&temporary, path)
+        // The replaced file's permissions carry over (a private 0600 file stays private).
+        if let Ok(old) = std::fs::metadata(&target) {
+            std::fs::set_permissions(&temporary, old.permissions())?;
+        }
+        std::fs::rename(&temporary, &target)
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&temporary);
     }
-    written
+    written?;
+    // The rename itself is durable once the folder is synced (where folders can be opened).
+    if let Ok(folder) = std::fs::File::open(dir) {
+        let _ = folder.sync_all();
+    }
+    Ok(())
 }
 
 /// A name no other writer uses: hidden, with this process and a counter in it, in the target's
-/// folder (a rename across file systems would not be atomic).
+/// folder (a rename across file systems would not be atomic), short enough for any file system.
 fn temporary_beside(path: &Path, dir: &Path) -> std::io::Result<PathBuf> {
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let name = path.file_name().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    let name: String = name.to_string_lossy().chars().take(64).collect();
     let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    Ok(dir.join(format!(".{}.{}-{write}.tmp", name.to_string_lossy(), std::process::id())))
+    Ok(dir.join(format!(".{name}.{}-{write}.tmp", std::process::id())))
 }
 
 /// Whether two paths name the same existing file (through links, `..` or another spelling).
@@ -81,6 +97,26 @@ mod tests {
         let nested = dir.join("a/b/c.pickle");
         write_atomically(&nested, b"x").unwrap();
         assert_eq!(std::fs::read(&nested).unwrap(), b"x");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_link_is_followed_and_the_replaced_files_permissions_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch("link");
+        let real = dir.join("runs-42.pickle");
+        std::fs::write(&real, b"old").unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.join("latest.pickle");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        write_atomically(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays a link");
+        assert_eq!(std::fs::read(&real).unwrap(), b"new");
+        assert_eq!(std::fs::metadata(&real).unwrap().permissions().mode() & 0o777, 0o600);
+        let long = dir.join("x".repeat(250));
+        write_atomically(&long, b"a name of 250 bytes").unwrap();
+        assert_eq!(std::fs::read(&long).unwrap(), b"a name of 250 bytes");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -91,6 +91,12 @@ fn values_beyond_what_pytorch_can_record_are_refused() {
         "device_traces[0][0].size: 18446744073709551615 bytes cannot be real: PyTorch refuses to allocate 1 EB (2^60 bytes) or more"
     );
     assert!(trace::load(alloc("1152921504606846975").as_bytes()).is_ok(), "just under 1 EB is a size PyTorch could record");
+    // A failed request is recorded whatever its size (raw_alloc skips the 1 EB check).
+    assert!(trace::load(br#"{"segments": [], "device_traces": [[{"action": "oom", "size": 18446744073709551615, "device_free": 0}]]}"#).is_ok());
+    // Sizes that only add up past 2^64 (seventeen blocks just under 1 EB) are summed without wrapping.
+    let blocks = vec![r#"{"size": 1152921504606846464, "state": "active_allocated"}"#; 17].join(",");
+    let huge = format!(r#"{{"segments": [{{"address": 0, "total_size": 1152921504606846464, "blocks": [{blocks}]}}]}}"#);
+    assert_eq!(trace::load(huge.as_bytes()).unwrap().segments[0].allocated_size, u64::MAX);
     assert_eq!(
         load_err(br#"{"segments": [], "device_traces": [[{"action": "alloc", "addr": 144115188075855872, "size": 512}]]}"#),
         "device_traces[0][0].addr: address 0x200000000000000 cannot be real: no device maps addresses beyond 57 bits"

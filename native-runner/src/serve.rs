@@ -13,9 +13,10 @@
 //! answered 400.
 //!
 //! Threads are bounded: at most 64 connections are open at once (and 128 threads, while those it
-//! closed wind down), and a request head must arrive within a deadline. When all 64 are taken, a new connection closes the one that has been idle
-//! (waiting for its request head, or past its response) the longest, so sockets that say nothing
-//! cannot keep requests out.
+//! closed wind down), and a request head must arrive within a deadline. When all 64 are taken, a
+//! new connection closes the one that has been idle the longest (waiting for its request head,
+//! past its response, or with a response its reader has held up for over 10 s), so sockets that
+//! say nothing, or read nothing, cannot keep requests out.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -36,6 +37,9 @@ const MAX_THREADS: usize = 2 * MAX_CONNECTIONS;
 const HEAD_DEADLINE: Duration = Duration::from_secs(10);
 /// Time given to read what a client still sends after the response (see `handle`).
 const DRAIN_DEADLINE: Duration = Duration::from_secs(1);
+/// A response still being sent after this long is held up by its reader: its place may be taken
+/// as an idle one's may (a client reading a byte a minute must not hold a place for ever).
+const SLOW_RESPONSE: Duration = Duration::from_secs(10);
 
 /// What the server serves: the canonical web root and the optional snapshot.
 struct Site {
@@ -58,8 +62,9 @@ struct Connection {
     id: u64,
     /// A handle to the socket, to close it from the accepting thread.
     stream: TcpStream,
-    /// Since when it has been waiting for its client (`None` while a request is being answered).
-    idle_since: Option<Instant>,
+    /// From when it may be closed to make room: when it began waiting for its client, or
+    /// `SLOW_RESPONSE` after it began answering.
+    evictable_from: Instant,
     /// Closed to make room; its thread ends at its next read.
     closed: bool,
 }
@@ -79,20 +84,21 @@ impl Site {
             return None;
         }
         if connections.list.iter().filter(|c| !c.closed).count() >= MAX_CONNECTIONS {
-            let oldest = connections.list.iter_mut().filter(|c| !c.closed && c.idle_since.is_some()).min_by_key(|c| c.idle_since)?;
+            let now = Instant::now();
+            let oldest = connections.list.iter_mut().filter(|c| !c.closed && c.evictable_from <= now).min_by_key(|c| c.evictable_from)?;
             // Wakes its thread, blocked reading: the read ends and so does the thread.
             let _ = oldest.stream.shutdown(Shutdown::Both);
             oldest.closed = true;
         }
         let id = connections.next_id;
         connections.next_id += 1;
-        connections.list.push(Connection { id, stream: handle, idle_since: Some(Instant::now()), closed: false });
+        connections.list.push(Connection { id, stream: handle, evictable_from: Instant::now(), closed: false });
         Some(id)
     }
 
     fn set_idle(&self, id: u64, idle: bool) {
         if let Some(c) = self.connections().list.iter_mut().find(|c| c.id == id) {
-            c.idle_since = idle.then(Instant::now);
+            c.evictable_from = if idle { Instant::now() } else { Instant::now() + SLOW_RESPONSE };
         }
     }
 

@@ -260,9 +260,11 @@ impl AllocatorConfig {
         let mut config = AllocatorConfig::default();
         config.apply_keys(raw, Some(&mut Vec::new()))?;
         if let Some(v) = settings.get("max_split_size") {
+            // PyTorch writes the size_t as an int64: unlimited (SIZE_MAX) is -1, and a setting of
+            // 2^43 MB or more wraps to another negative number, still a whole number of MiB.
             config.max_split_size = match (v.as_i64(), v.as_u64()) {
                 (Some(-1), _) | (_, Some(u64::MAX)) => u64::MAX,
-                (Some(b), _) if b >= LARGE_BUFFER as i64 => b as u64,
+                (Some(b), _) if b >= LARGE_BUFFER as i64 || (b < 0 && (b as u64).is_multiple_of(MB)) => b as u64,
                 _ => return Err(bad(format!("max_split_size {v} is neither -1 (unlimited) nor at least PyTorch's minimum of {LARGE_BUFFER} bytes"))),
             };
         }
@@ -403,6 +405,11 @@ mod tests {
         assert_eq!(c.max_split_size, u64::MAX);
         let unlimited = AllocatorConfig::from_snapshot_settings(&settings(&[("max_split_size", json!(u64::MAX))])).unwrap();
         assert_eq!(unlimited.max_split_size, u64::MAX);
+        // A setting past i64::MAX bytes is written wrapped, as PyTorch's int64 cast writes it, and
+        // read back as it was set.
+        let huge = AllocatorConfig::parse("max_split_size_mb:9000000000000").unwrap();
+        assert!(huge.max_split_size_stat() < -1);
+        assert_eq!(AllocatorConfig::from_snapshot_settings(&huge.to_snapshot_settings()).unwrap(), huge);
     }
 
     #[test]

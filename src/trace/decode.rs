@@ -336,7 +336,7 @@ impl<'a> Decoder<'a> {
             next = block.address.saturating_add(block.size);
             blocks.push(block);
         }
-        let sum = |f: &dyn Fn(&Block) -> Option<u64>| blocks.iter().filter_map(f).sum::<u64>();
+        let sum = |f: &dyn Fn(&Block) -> Option<u64>| blocks.iter().filter_map(f).fold(0u64, u64::saturating_add);
         let segment_type = match self.field(id, "segment_type") {
             Some(t) => match self.str(t, &|| format!("{}.segment_type", path()))? {
                 "small" => PoolKind::Small,
@@ -405,7 +405,8 @@ impl<'a> Decoder<'a> {
         Ok(TraceEntry {
             action,
             addr,
-            size: self.optional_with(id, "size", Self::bytes, path)?.unwrap_or(0),
+            // A failed request may be of any size: PyTorch's 1 EB check is for what it allocates.
+            size: self.optional_with(id, "size", if action == Action::Oom { Self::uint } else { Self::bytes }, path)?.unwrap_or(0),
             stream: self.opt_int_field(id, "stream", path)?.unwrap_or(0),
             time_us: self.opt_int_field(id, "time_us", path)?,
             frames,
