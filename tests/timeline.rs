@@ -121,7 +121,7 @@ fn engine_traces_group_by_category_where_known_and_by_call_site_otherwise() {
     assert_eq!((input.allocations, input.bytes_at_peak), (12, 20 * MIB));
     // Each layer's two matmuls, named by their call site (the same line for every layer, as one
     // line of a Python forward is): 12 batches x 8 layers each.
-    let matmuls: Vec<_> = t.groups.iter().filter(|g| g.name.starts_with("matmul (scenarios/mod.rs:")).collect();
+    let matmuls: Vec<_> = t.groups.iter().filter(|g| g.name.starts_with("matmul (scenarios/variable_batch.rs:")).collect();
     assert_eq!(matmuls.len(), 2, "{:?}", t.groups);
     assert!(matmuls.iter().all(|g| !g.category && g.allocations == 96));
     // At the peak: fc1's output (80 MiB, 4 x wider) and fc2's (20 MiB).
