@@ -302,8 +302,33 @@ impl<'a> Run<'a> {
             alloc.set_capacity(options.capacity);
             alloc
         };
-        let mut run = Run {
-            alloc: allocator(highest.max(crate::alloc::VIRTUAL_BASE).saturating_add(1 << 30)),
+        let mut run = Run::new(trace, allocator(highest.max(crate::alloc::VIRTUAL_BASE).saturating_add(1 << 30)), options);
+        let context = if options.keep_snapshot { RecordContext::All } else { RecordContext::Never };
+        let out_of_memory_at_start = match options.start {
+            StartMode::Recorded => {
+                let oom = run.restore_start(&start.segments, options.capacity, warnings, || allocator(highest.saturating_add(1 << 30)));
+                run.alloc.record_memory_history(true, context, usize::MAX);
+                oom
+            }
+            StartMode::Replaced => {
+                // The placed blocks keep their stacks, but the trace starts after them: the replayed
+                // trace then has the file's events (plus its own segment calls), so the two line up.
+                run.alloc.record_memory_history(true, context, usize::MAX);
+                let oom = run.replace_start(&start.segments);
+                run.alloc.history_mut().clear();
+                oom
+            }
+        };
+        if out_of_memory_at_start.is_some() {
+            run.ooms += 1;
+        }
+        (run, out_of_memory_at_start)
+    }
+
+    /// A run of `trace` on `alloc`, nothing replayed yet.
+    fn new(trace: &'a [TraceEntry], alloc: VirtualAllocator, options: &ReplayOptions) -> Run<'a> {
+        Run {
+            alloc,
             trace,
             ptrs: FxHashMap::default(),
             failed: Default::default(),
@@ -321,37 +346,31 @@ impl<'a> Run<'a> {
             // From a replaced start every address differs by construction.
             compare_addresses: options.start == StartMode::Recorded,
             first_oom_event: None,
-        };
-        let context = if options.keep_snapshot { RecordContext::All } else { RecordContext::Never };
-        let mut out_of_memory_at_start = None;
-        match options.start {
-            StartMode::Recorded => {
-                if let Err(e) = run.alloc.restore(&start.segments) {
-                    warnings.push(format!("the start state could not be restored ({e}); replay starts empty"));
-                    run.alloc = allocator(highest.saturating_add(1 << 30));
-                }
-                let reserved = run.alloc.reserved();
-                if let Some(capacity) = options.capacity.filter(|&c| c < reserved) {
-                    out_of_memory_at_start = Some(format!(
-                        "the recorded start state alone reserves {}, more than the capacity of {}; try the replaced start",
-                        crate::alloc::format_size(reserved),
-                        crate::alloc::format_size(capacity)
-                    ));
-                }
-                run.alloc.record_memory_history(true, context, usize::MAX);
-            }
-            StartMode::Replaced => {
-                // The placed blocks keep their stacks, but the trace starts after them: the replayed
-                // trace then has the file's events (plus its own segment calls), so the two line up.
-                run.alloc.record_memory_history(true, context, usize::MAX);
-                out_of_memory_at_start = run.replace_start(&start.segments);
-                run.alloc.history_mut().clear();
-            }
         }
-        if out_of_memory_at_start.is_some() {
-            run.ooms += 1;
+    }
+
+    /// Restores the recorded segments and blocks; where the allocator refuses them, the run
+    /// starts empty on `fresh()` instead, with a warning. Returns the out-of-memory message when
+    /// the state alone reserves more than `capacity`.
+    fn restore_start(
+        &mut self,
+        segments: &[trace::Segment],
+        capacity: Option<u64>,
+        warnings: &mut Vec<String>,
+        fresh: impl FnOnce() -> VirtualAllocator,
+    ) -> Option<String> {
+        if let Err(e) = self.alloc.restore(segments) {
+            warnings.push(format!("the start state could not be restored ({e}); replay starts empty"));
+            self.alloc = fresh();
         }
-        (run, out_of_memory_at_start)
+        let reserved = self.alloc.reserved();
+        capacity.filter(|&c| c < reserved).map(|capacity| {
+            format!(
+                "the recorded start state alone reserves {}, more than the capacity of {}; try the replaced start",
+                crate::alloc::format_size(reserved),
+                crate::alloc::format_size(capacity)
+            )
+        })
     }
 
     /// Feeds the trace through the allocator up to `stop`. Returns the index of the first event
