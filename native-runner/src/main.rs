@@ -4,10 +4,12 @@
 //! usage), never as a panic trace.
 
 mod bench;
+mod print;
 mod serve;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use print::{print_replay, print_run};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -196,147 +198,191 @@ fn quiet_on_closed_pipe() {
     }
 }
 
+/// Runs one subcommand.
 fn run(command: Command) -> Result<(), Failure> {
     match command {
         Command::Replay { file, device, alloc_conf, capacity, json, summary, start, snapshot: out } => {
-            let config = alloc_conf.map(|c| AllocatorConfig::parse(&c).map_err(|e| Failure(e.to_string(), 2))).transpose()?;
-            refuse_overwriting_input(out.as_deref(), &file)?;
-            let snapshot = load(&file)?;
-            let options = ReplayOptions { config, capacity, start, keep_snapshot: out.is_some(), ..Default::default() };
-            let mut results = replay_with_progress(&snapshot, device, &options, !json)?;
-            if let Some(out) = &out {
-                let replayed = merge_snapshots(results.iter_mut().filter_map(|r| r.snapshot.take()));
-                save(&replayed, out)?;
-                if !json {
-                    println!("wrote the replayed trace to {}", out.display());
-                }
-            }
-            for r in &results {
-                if json {
-                    println!("{}", serde_json::to_string(r)?);
-                } else {
-                    print_replay(r);
-                    if summary {
-                        print!("{}", r.summary);
-                    }
-                }
-            }
-            Ok(())
+            replay_command(&file, device, alloc_conf.as_deref(), capacity, json, summary, start, out.as_deref())
         }
-        Command::Summary { file, device, json } => {
-            let snapshot = load(&file)?;
-            let results = replay_with_progress(&snapshot, device, &ReplayOptions::default(), !json)?;
-            for r in &results {
-                if json {
-                    let value = serde_json::json!({
-                        "device": r.device,
-                        "events": r.events,
-                        "settings": r.settings,
-                        "memory_stats": r.replayed.memory_stats,
-                        "trace_peak_reserved_bytes": r.recorded.peak_reserved_bytes,
-                        "trace_peak_allocated_bytes": r.recorded.peak_allocated_bytes,
-                        "final_state_match": r.final_state_match,
-                    });
-                    println!("{value}");
-                } else {
-                    print!("{}", r.summary);
-                    println!(
-                        "trace: {} events; peak reserved {} ({} bytes); peak requested by live tensors {} ({} bytes)",
-                        r.events,
-                        format_size(r.recorded.peak_reserved_bytes),
-                        r.recorded.peak_reserved_bytes,
-                        format_size(r.recorded.peak_allocated_bytes),
-                        r.recorded.peak_allocated_bytes
-                    );
-                    if !r.final_state_match {
-                        println!("note: the replayed final state differs from the file's; figures above are the replay's");
-                    }
-                }
-            }
-            Ok(())
-        }
+        Command::Summary { file, device, json } => summary_command(&file, device, json),
         Command::Demo { out } => demo(&out),
-        Command::Scenarios { json } => {
-            let list = scenarios::list();
-            if json {
-                println!("{}", serde_json::to_string(&list)?);
-            } else {
-                for s in list {
-                    let variants = if s.variants.is_empty() { String::new() } else { format!(" [--variant {}]", s.variants.join("|")) };
-                    println!("{}{variants}: {}", s.name, s.title);
-                    for p in s.parameters {
-                        println!("    --set {}={:<12} {}", p.name, p.default, p.help);
-                    }
-                }
-            }
-            Ok(())
-        }
+        Command::Scenarios { json } => scenarios_command(json),
         Command::Run { name, variant, set, device, capacity, alloc_conf, steps, snapshot, json } => {
-            let mut values = std::collections::BTreeMap::new();
-            for item in set.iter().flat_map(|s| split_settings(s)) {
-                let (k, v) = item.split_once('=').ok_or_else(|| Failure(format!("--set expects KEY=VALUE, got {item:?}"), 2))?;
-                values.insert(k.trim().to_string(), v.trim().to_string());
-            }
-            if let Some(steps) = steps
-                && let Some(set) = values.insert("steps".into(), steps.to_string()).filter(|v| *v != steps.to_string())
-            {
-                return Err(Failure(format!("--steps {steps} and --set steps={set} disagree"), 2));
-            }
-            let request = RunRequest { scenario: name, variant, set: values, device: Some(device), capacity, alloc_conf };
-            let result = pollster::block_on(scenarios::run_anywhere(&request)).map_err(|e| Failure(e.to_string(), 2))?;
-            if let Some(out) = &snapshot {
-                save(&result.snapshot, out)?;
-            }
-            if json {
-                println!("{}", serde_json::to_string(&result)?);
-            } else {
-                print_run(&result);
-            }
-            if result.out_of_memory.is_some() { Err(Failure("the scenario ran out of memory (see above)".into(), 1)) } else { Ok(()) }
+            run_command(name, variant, &set, device, capacity, alloc_conf, steps, snapshot.as_deref(), json)
         }
-        Command::Compare { run, file, device, json } => {
-            let text = std::fs::read_to_string(&run).map_err(|e| Failure(format!("{}: {e}", run.display()), 1))?;
-            let run_json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure(format!("{}: not a run's JSON: {e}", run.display()), 1))?;
-            let snapshot = load(&file)?;
-            let phases = scenarios::compare::compare(&run_json, &snapshot, device).map_err(|e| Failure(e, 1))?;
-            if json {
-                println!("{}", serde_json::to_string(&phases)?);
-            } else {
-                println!("{:<22} {:>16} {:>16} {:>9}", "phase", "trace (bytes)", "tensormem", "diff");
-                for p in &phases {
-                    println!("{:<22} {:>16} {:>16} {:>+8.2}%", p.phase, p.trace_bytes, p.run_bytes, 100.0 * p.difference());
-                }
-            }
-            Ok(())
-        }
+        Command::Compare { run, file, device, json } => compare_command(&run, &file, device, json),
         Command::Info { json } => info(json),
         Command::Serve { file, port, host, root } => serve::run(file.as_deref(), &host, port, root.as_deref()).map_err(|e| Failure(e, 1)),
-        Command::Bench { sizes, json } => {
-            let dev = open_gpu()?;
-            // A spinner naming the step on a terminal; nothing under --json or into a pipe.
-            let spinner = (!json && std::io::stderr().is_terminal()).then(|| {
-                let s = ProgressBar::new_spinner();
-                s.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").unwrap());
-                s.enable_steady_tick(std::time::Duration::from_millis(120));
-                s
-            });
-            let report = pollster::block_on(tensormem::bench::run(&dev, &bench::options(&sizes), &mut |step| {
-                if let Some(s) = &spinner {
-                    s.set_message(step.to_string());
-                }
-            }))
-            .map_err(|e| Failure(e, 1))?;
-            if let Some(s) = spinner {
-                s.finish_and_clear();
-            }
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                bench::print(&report);
-            }
-            Ok(())
+        Command::Bench { sizes, json } => bench_command(&sizes, json),
+    }
+}
+
+/// `tensormem replay`: each device's replay as a table or JSON, and the replayed trace if asked.
+#[allow(clippy::too_many_arguments)] // the subcommand's arguments, as clap parsed them
+fn replay_command(
+    file: &Path,
+    device: Option<i64>,
+    alloc_conf: Option<&str>,
+    capacity: Option<u64>,
+    json: bool,
+    summary: bool,
+    start: StartMode,
+    out: Option<&Path>,
+) -> Result<(), Failure> {
+    let config = alloc_conf.map(|c| AllocatorConfig::parse(c).map_err(|e| Failure(e.to_string(), 2))).transpose()?;
+    refuse_overwriting_input(out, file)?;
+    let snapshot = load(file)?;
+    let options = ReplayOptions { config, capacity, start, keep_snapshot: out.is_some(), ..Default::default() };
+    let mut results = replay_with_progress(&snapshot, device, &options, !json)?;
+    if let Some(out) = out {
+        let replayed = merge_snapshots(results.iter_mut().filter_map(|r| r.snapshot.take()));
+        save(&replayed, out)?;
+        if !json {
+            println!("wrote the replayed trace to {}", out.display());
         }
     }
+    for r in &results {
+        if json {
+            println!("{}", serde_json::to_string(r)?);
+        } else {
+            print_replay(r);
+            if summary {
+                print!("{}", r.summary);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `tensormem summary`: memory_summary() of the final state and the trace's peaks.
+fn summary_command(file: &Path, device: Option<i64>, json: bool) -> Result<(), Failure> {
+    let snapshot = load(file)?;
+    let results = replay_with_progress(&snapshot, device, &ReplayOptions::default(), !json)?;
+    for r in &results {
+        if json {
+            let value = serde_json::json!({
+                "device": r.device,
+                "events": r.events,
+                "settings": r.settings,
+                "memory_stats": r.replayed.memory_stats,
+                "trace_peak_reserved_bytes": r.recorded.peak_reserved_bytes,
+                "trace_peak_allocated_bytes": r.recorded.peak_allocated_bytes,
+                "final_state_match": r.final_state_match,
+            });
+            println!("{value}");
+        } else {
+            print!("{}", r.summary);
+            println!(
+                "trace: {} events; peak reserved {} ({} bytes); peak requested by live tensors {} ({} bytes)",
+                r.events,
+                format_size(r.recorded.peak_reserved_bytes),
+                r.recorded.peak_reserved_bytes,
+                format_size(r.recorded.peak_allocated_bytes),
+                r.recorded.peak_allocated_bytes
+            );
+            if !r.final_state_match {
+                println!("note: the replayed final state differs from the file's; figures above are the replay's");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `tensormem scenarios`: the list, with parameters and variants.
+fn scenarios_command(json: bool) -> Result<(), Failure> {
+    let list = scenarios::list();
+    if json {
+        println!("{}", serde_json::to_string(&list)?);
+    } else {
+        for s in list {
+            let variants = if s.variants.is_empty() { String::new() } else { format!(" [--variant {}]", s.variants.join("|")) };
+            println!("{}{variants}: {}", s.name, s.title);
+            for p in s.parameters {
+                println!("    --set {}={:<12} {}", p.name, p.default, p.help);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `tensormem run`: one scenario's steps; running out of memory is a failure, after the steps.
+#[allow(clippy::too_many_arguments)] // the subcommand's arguments, as clap parsed them
+fn run_command(
+    name: String,
+    variant: Option<String>,
+    set: &[String],
+    device: String,
+    capacity: Option<u64>,
+    alloc_conf: Option<String>,
+    steps: Option<u64>,
+    snapshot: Option<&Path>,
+    json: bool,
+) -> Result<(), Failure> {
+    let mut values = std::collections::BTreeMap::new();
+    for item in set.iter().flat_map(|s| split_settings(s)) {
+        let (k, v) = item.split_once('=').ok_or_else(|| Failure(format!("--set expects KEY=VALUE, got {item:?}"), 2))?;
+        values.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    if let Some(steps) = steps
+        && let Some(set) = values.insert("steps".into(), steps.to_string()).filter(|v| *v != steps.to_string())
+    {
+        return Err(Failure(format!("--steps {steps} and --set steps={set} disagree"), 2));
+    }
+    let request = RunRequest { scenario: name, variant, set: values, device: Some(device), capacity, alloc_conf };
+    let result = pollster::block_on(scenarios::run_anywhere(&request)).map_err(|e| Failure(e.to_string(), 2))?;
+    if let Some(out) = snapshot {
+        save(&result.snapshot, out)?;
+    }
+    if json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        print_run(&result);
+    }
+    if result.out_of_memory.is_some() { Err(Failure("the scenario ran out of memory (see above)".into(), 1)) } else { Ok(()) }
+}
+
+/// `tensormem compare`: a run's phases against a PyTorch trace's.
+fn compare_command(run: &Path, file: &Path, device: i64, json: bool) -> Result<(), Failure> {
+    let text = std::fs::read_to_string(run).map_err(|e| Failure(format!("{}: {e}", run.display()), 1))?;
+    let run_json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure(format!("{}: not a run's JSON: {e}", run.display()), 1))?;
+    let snapshot = load(file)?;
+    let phases = scenarios::compare::compare(&run_json, &snapshot, device).map_err(|e| Failure(e, 1))?;
+    if json {
+        println!("{}", serde_json::to_string(&phases)?);
+    } else {
+        println!("{:<22} {:>16} {:>16} {:>9}", "phase", "trace (bytes)", "tensormem", "diff");
+        for p in &phases {
+            println!("{:<22} {:>16} {:>16} {:>+8.2}%", p.phase, p.trace_bytes, p.run_bytes, 100.0 * p.difference());
+        }
+    }
+    Ok(())
+}
+
+/// `tensormem bench`: the engine's speed on the first adapter.
+fn bench_command(sizes: &[usize], json: bool) -> Result<(), Failure> {
+    let dev = open_gpu()?;
+    // A spinner naming the step on a terminal; nothing under --json or into a pipe.
+    let spinner = (!json && std::io::stderr().is_terminal()).then(|| {
+        let s = ProgressBar::new_spinner();
+        s.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").unwrap());
+        s.enable_steady_tick(std::time::Duration::from_millis(120));
+        s
+    });
+    let report = pollster::block_on(tensormem::bench::run(&dev, &bench::options(sizes), &mut |step| {
+        if let Some(s) = &spinner {
+            s.set_message(step.to_string());
+        }
+    }))
+    .map_err(|e| Failure(e, 1))?;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        bench::print(&report);
+    }
+    Ok(())
 }
 
 fn open_gpu() -> Result<tensormem::Device, Failure> {
@@ -391,28 +437,6 @@ fn split_settings(text: &str) -> Vec<String> {
         }
     }
     items
-}
-
-fn print_run(r: &scenarios::RunResult) {
-    let variant = r.variant.as_deref().map(|v| format!(" ({v})")).unwrap_or_default();
-    println!("{}{variant} on {} ({}), settings {}", r.scenario, r.device, format_size(r.capacity_bytes), r.settings);
-    let params: Vec<String> = r.parameters.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    println!("parameters: {}", params.join(" "));
-    println!("  {:<24} {:>14} {:>14} {:>14}", "step", "allocated", "reserved", "max allocated");
-    for s in &r.steps {
-        println!("  {:<24} {:>14} {:>14} {:>14}", s.label, format_size(s.allocated_bytes), format_size(s.reserved_bytes), format_size(s.max_allocated_bytes));
-    }
-    println!(
-        "peak allocated {} ({} bytes), peak reserved {} ({} bytes)",
-        format_size(r.peak_allocated_bytes),
-        r.peak_allocated_bytes,
-        format_size(r.peak_reserved_bytes),
-        r.peak_reserved_bytes
-    );
-    if let Some(e) = &r.out_of_memory {
-        println!("out of memory: {e}");
-    }
-    println!("\n{}", r.explanation);
 }
 
 /// One snapshot from per-device replays (each holds its own device's trace).
@@ -486,51 +510,6 @@ fn replay_with_progress(snapshot: &Snapshot, device: Option<i64>, options: &Repl
         b.finish_and_clear();
     }
     Ok(results)
-}
-
-fn print_replay(r: &DeviceReplay) {
-    let capacity = r.capacity.map_or("unlimited".to_string(), format_size);
-    println!("device {}: {} events, settings {}, capacity {}", r.device, r.events, r.settings, capacity);
-    let start = match r.start {
-        StartMode::Recorded => "recorded (rebuilt from the final state)",
-        StartMode::Replaced => "replaced (live allocations placed afresh, no cached blocks)",
-    };
-    println!("  start {start}: {} reserved, {} allocated", format_size(r.start_reserved_bytes), format_size(r.start_allocated_bytes));
-    if let Some(oom) = &r.out_of_memory_at_start {
-        println!("  OUT OF MEMORY AT THE START: {oom}");
-    }
-    println!("  {:<28} {:>16} {:>16}", "", "recorded", "replayed");
-    let rows: [(&str, String, String); 6] = [
-        ("segment allocs (cudaMalloc)", r.recorded.segment_allocs.to_string(), r.replayed.figures.segment_allocs.to_string()),
-        ("segment frees", r.recorded.segment_frees.to_string(), r.replayed.figures.segment_frees.to_string()),
-        (
-            "pages mapped / unmapped",
-            format!("{} / {}", r.recorded.segment_maps, r.recorded.segment_unmaps),
-            format!("{} / {}", r.replayed.figures.segment_maps, r.replayed.figures.segment_unmaps),
-        ),
-        ("peak reserved", format_size(r.recorded.peak_reserved_bytes), format_size(r.replayed.figures.peak_reserved_bytes)),
-        ("peak allocated", format!("{} req.", format_size(r.recorded.peak_allocated_bytes)), format_size(r.replayed.figures.peak_allocated_bytes)),
-        ("out of memory", "-".into(), r.replayed.ooms.to_string()),
-    ];
-    for (label, a, b) in rows {
-        println!("  {label:<28} {a:>16} {b:>16}");
-    }
-    println!(
-        "  segment decisions matched {:.2}%, addresses matched {:.2}%, final state {}",
-        r.segment_alloc_match * 100.0,
-        r.address_match * 100.0,
-        if r.final_state_match { "identical" } else { "different" }
-    );
-    if let Some(i) = r.first_oom_event {
-        println!("  first out of memory: event {i}");
-    }
-    match &r.first_divergence {
-        None => println!("  first divergence: none"),
-        Some(d) => println!("  first divergence: event {}: {}", d.event, d.reason),
-    }
-    for w in &r.warnings {
-        println!("  warning: {w}");
-    }
 }
 
 fn demo(out: &Path) -> Result<(), Failure> {

@@ -14,7 +14,7 @@ pub use reconstruct::{StartState, start_state};
 
 use crate::alloc::{AllocError, AllocatorConfig, ConfigError, RecordContext, VirtualAllocator, VirtualSegments};
 use crate::report;
-use crate::trace::{self, Action, BlockState, Snapshot, TraceEntry};
+use crate::trace::{self, Action, BlockState, Snapshot, Totals, TraceEntry};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -177,108 +177,14 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     let start = start_state(&final_segments, trace, &recorded_config);
     let mut warnings = start.warnings.clone();
 
-    // Fresh virtual addresses start above everything the file mentions, so they never collide.
-    let highest =
-        final_segments.iter().map(|s| s.address.saturating_add(s.total_size)).chain(trace.iter().map(|e| e.addr.saturating_add(e.size))).max().unwrap_or(0);
-    let source = VirtualSegments::starting_at(highest.max(crate::alloc::VIRTUAL_BASE).saturating_add(1 << 30));
-    let mut alloc = VirtualAllocator::new(config.clone(), source).with_device(device);
-    alloc.set_capacity(options.capacity);
-    let context = if options.keep_snapshot { RecordContext::All } else { RecordContext::Never };
-    let mut run = Run {
-        alloc,
-        trace,
-        ptrs: FxHashMap::default(),
-        failed: Default::default(),
-        failed_pending: Default::default(),
-        stop: trace.len(),
-        halted: false,
-        pending_since: None,
-        pending_segment_events: Vec::new(),
-        recorded_device_allocs: Vec::new(),
-        divergence: None,
-        allocs: 0,
-        address_hits: 0,
-        ooms: 0,
-        keep_frames: options.keep_snapshot,
-        // From a replaced start every address differs by construction.
-        compare_addresses: options.start == StartMode::Recorded,
-        first_oom_event: None,
-    };
-    let mut out_of_memory_at_start = None;
-    match options.start {
-        StartMode::Recorded => {
-            if let Err(e) = run.alloc.restore(&start.segments) {
-                warnings.push(format!("the start state could not be restored ({e}); replay starts empty"));
-                run.alloc = VirtualAllocator::new(config.clone(), VirtualSegments::starting_at(highest.saturating_add(1 << 30))).with_device(device);
-                run.alloc.set_capacity(options.capacity);
-            }
-            let reserved = run.alloc.reserved();
-            if let Some(capacity) = options.capacity.filter(|&c| c < reserved) {
-                out_of_memory_at_start = Some(format!(
-                    "the recorded start state alone reserves {}, more than the capacity of {}; try the replaced start",
-                    crate::alloc::format_size(reserved),
-                    crate::alloc::format_size(capacity)
-                ));
-            }
-            run.alloc.record_memory_history(true, context, usize::MAX);
-        }
-        StartMode::Replaced => {
-            // The placed blocks keep their stacks, but the trace starts after them: the replayed
-            // trace then has the file's events (plus its own segment calls), so the two line up.
-            run.alloc.record_memory_history(true, context, usize::MAX);
-            out_of_memory_at_start = run.replace_start(&start.segments);
-            run.alloc.history_mut().clear();
-        }
-    }
-    if out_of_memory_at_start.is_some() {
-        run.ooms += 1;
-    }
-
+    let (mut run, out_of_memory_at_start) = Run::set_up(trace, &final_segments, &start, &config, device, options, &mut warnings);
     let start_reserved = run.alloc.reserved();
     let start_allocated = run.alloc.stats().allocated_bytes.all().current as u64;
-    let mut reserved_curve = Vec::new();
-    let mut sample = |alloc: &VirtualAllocator, upto: usize| {
-        if options.curves {
-            reserved_curve.resize(upto, alloc.reserved() as f64);
-        }
-    };
-    sample(&run.alloc, 1);
-    let end = options.until.map_or(trace.len(), |u| u.min(trace.len()));
-    run.stop = end;
-    let mut i = 0;
-    while i < end && !run.halted {
-        if i % 4096 == 0 {
-            progress(i, end);
-        }
-        i = run.step(i);
-        sample(&run.alloc, i + 1);
-    }
-    progress(end, end);
+    let (replayed_to, reserved_curve) = run.play(options.curves, progress);
 
-    let recorded = recorded_figures(trace, &start);
-    let ours: Vec<(Action, u64)> =
-        run.alloc.history().entries().iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)).map(|e| (e.action, e.size)).collect();
-    let matched = run.recorded_device_allocs.iter().zip(&ours).take_while(|(r, o)| r == o).count();
-    let segment_alloc_match = ratio(matched, run.recorded_device_allocs.len());
-    let history = run.alloc.history().entries();
-    let count = |a: Action| history.iter().filter(|e| e.action == a).count();
-    let stats = run.alloc.stats();
-    let replayed = Replayed {
-        figures: Figures {
-            segment_allocs: count(Action::SegmentAlloc),
-            segment_frees: count(Action::SegmentFree),
-            segment_maps: count(Action::SegmentMap),
-            segment_unmaps: count(Action::SegmentUnmap),
-            peak_reserved_bytes: stats.reserved_bytes.all().peak as u64,
-            peak_allocated_bytes: stats.allocated_bytes.all().peak as u64,
-        },
-        ooms: run.ooms,
-        memory_stats: report::memory_stats(stats),
-    };
     let segments = run.alloc.segments();
-    let reached_end = i >= trace.len();
+    let reached_end = replayed_to >= trace.len();
     let final_state_match = reached_end && same_layout(&segments, &final_segments);
-    let snapshot = options.keep_snapshot.then(|| run.alloc.snapshot());
     let mut first_divergence = run.divergence.clone();
     // Stopped early (`until`), the final state is not compared, so nothing diverged there.
     if first_divergence.is_none() && reached_end && !final_state_match {
@@ -292,9 +198,9 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
         capacity: options.capacity,
         start_reserved_bytes: start_reserved,
         start_allocated_bytes: start_allocated,
-        recorded,
-        replayed,
-        segment_alloc_match,
+        recorded: recorded_figures(trace, &start),
+        replayed: run.replayed(),
+        segment_alloc_match: run.segment_alloc_match(),
         address_match: ratio(run.address_hits, run.allocs),
         final_state_match,
         first_divergence,
@@ -304,10 +210,10 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
         out_of_memory_at_start,
         summary: report::memory_summary(run.alloc.stats(), device, false),
         reserved_curve,
-        snapshot,
+        snapshot: options.keep_snapshot.then(|| run.alloc.snapshot()),
         // A segment the trace records before the alloc that caused it is only made by that
         // alloc: stopped in between, the state is the one before the segment event.
-        events_replayed: run.pending_since.unwrap_or(i),
+        events_replayed: run.pending_since.unwrap_or(replayed_to),
         segments,
     })
 }
@@ -317,32 +223,22 @@ fn ratio(a: usize, b: usize) -> f64 {
 }
 
 /// What the trace alone shows: segment events and peaks, from the reconstructed start. Allocated
-/// bytes here are requested sizes (as MemoryViz's timeline draws them).
+/// bytes here are requested sizes (as MemoryViz's timeline draws them), counted as the page's
+/// curves count them ([`trace::running_totals`]).
 fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
-    let mut reserved: u64 = start.segments.iter().fold(0u64, |sum, s| sum.saturating_add(s.total_size));
-    let mut allocated: u64 = start
-        .segments
-        .iter()
-        .flat_map(|s| &s.blocks)
-        .filter(|b| b.state == BlockState::ActiveAllocated)
-        .fold(0u64, |sum, b| sum.saturating_add(b.requested_size));
-    let mut f = Figures { peak_reserved_bytes: reserved, peak_allocated_bytes: allocated, ..Figures::default() };
+    let mut f = Figures::default();
     for e in trace {
         match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => {
-                reserved = reserved.saturating_add(e.size);
-                if e.action == Action::SegmentAlloc { f.segment_allocs += 1 } else { f.segment_maps += 1 }
-            }
-            Action::SegmentFree | Action::SegmentUnmap => {
-                reserved = reserved.saturating_sub(e.size);
-                if e.action == Action::SegmentFree { f.segment_frees += 1 } else { f.segment_unmaps += 1 }
-            }
-            Action::Alloc => allocated = allocated.saturating_add(e.size),
-            Action::FreeRequested => allocated = allocated.saturating_sub(e.size),
+            Action::SegmentAlloc => f.segment_allocs += 1,
+            Action::SegmentFree => f.segment_frees += 1,
+            Action::SegmentMap => f.segment_maps += 1,
+            Action::SegmentUnmap => f.segment_unmaps += 1,
             _ => {}
         }
-        f.peak_reserved_bytes = f.peak_reserved_bytes.max(reserved);
-        f.peak_allocated_bytes = f.peak_allocated_bytes.max(allocated);
+    }
+    for at in trace::running_totals(trace, Totals::of_segments(&start.segments)) {
+        f.peak_reserved_bytes = f.peak_reserved_bytes.max(at.reserved);
+        f.peak_allocated_bytes = f.peak_allocated_bytes.max(at.allocated);
     }
     f
 }
@@ -385,7 +281,150 @@ struct Run<'a> {
     first_oom_event: Option<usize>,
 }
 
-impl Run<'_> {
+impl<'a> Run<'a> {
+    /// The run's allocator, under `config`, holding the trace's start state as `options.start`
+    /// asks: the recorded segments and blocks, or the live allocations placed afresh. Also
+    /// returns, when the start state alone does not fit the capacity, what ran out.
+    fn set_up(
+        trace: &'a [TraceEntry],
+        final_segments: &[&trace::Segment],
+        start: &StartState,
+        config: &AllocatorConfig,
+        device: i64,
+        options: &ReplayOptions,
+        warnings: &mut Vec<String>,
+    ) -> (Run<'a>, Option<String>) {
+        // Fresh virtual addresses start above everything the file mentions, so they never collide.
+        let highest =
+            final_segments.iter().map(|s| s.address.saturating_add(s.total_size)).chain(trace.iter().map(|e| e.addr.saturating_add(e.size))).max().unwrap_or(0);
+        let allocator = |base: u64| {
+            let mut alloc = VirtualAllocator::new(config.clone(), VirtualSegments::starting_at(base)).with_device(device);
+            alloc.set_capacity(options.capacity);
+            alloc
+        };
+        let mut run = Run::new(trace, allocator(highest.max(crate::alloc::VIRTUAL_BASE).saturating_add(1 << 30)), options);
+        let context = if options.keep_snapshot { RecordContext::All } else { RecordContext::Never };
+        let out_of_memory_at_start = match options.start {
+            StartMode::Recorded => {
+                let oom = run.restore_start(&start.segments, options.capacity, warnings, || allocator(highest.saturating_add(1 << 30)));
+                run.alloc.record_memory_history(true, context, usize::MAX);
+                oom
+            }
+            StartMode::Replaced => {
+                // The placed blocks keep their stacks, but the trace starts after them: the replayed
+                // trace then has the file's events (plus its own segment calls), so the two line up.
+                run.alloc.record_memory_history(true, context, usize::MAX);
+                let oom = run.replace_start(&start.segments);
+                run.alloc.history_mut().clear();
+                oom
+            }
+        };
+        if out_of_memory_at_start.is_some() {
+            run.ooms += 1;
+        }
+        (run, out_of_memory_at_start)
+    }
+
+    /// A run of `trace` on `alloc`, nothing replayed yet.
+    fn new(trace: &'a [TraceEntry], alloc: VirtualAllocator, options: &ReplayOptions) -> Run<'a> {
+        Run {
+            alloc,
+            trace,
+            ptrs: FxHashMap::default(),
+            failed: Default::default(),
+            failed_pending: Default::default(),
+            stop: options.until.map_or(trace.len(), |u| u.min(trace.len())),
+            halted: false,
+            pending_since: None,
+            pending_segment_events: Vec::new(),
+            recorded_device_allocs: Vec::new(),
+            divergence: None,
+            allocs: 0,
+            address_hits: 0,
+            ooms: 0,
+            keep_frames: options.keep_snapshot,
+            // From a replaced start every address differs by construction.
+            compare_addresses: options.start == StartMode::Recorded,
+            first_oom_event: None,
+        }
+    }
+
+    /// Restores the recorded segments and blocks; where the allocator refuses them, the run
+    /// starts empty on `fresh()` instead, with a warning. Returns the out-of-memory message when
+    /// the state alone reserves more than `capacity`.
+    fn restore_start(
+        &mut self,
+        segments: &[trace::Segment],
+        capacity: Option<u64>,
+        warnings: &mut Vec<String>,
+        fresh: impl FnOnce() -> VirtualAllocator,
+    ) -> Option<String> {
+        if let Err(e) = self.alloc.restore(segments) {
+            warnings.push(format!("the start state could not be restored ({e}); replay starts empty"));
+            self.alloc = fresh();
+        }
+        let reserved = self.alloc.reserved();
+        capacity.filter(|&c| c < reserved).map(|capacity| {
+            format!(
+                "the recorded start state alone reserves {}, more than the capacity of {}; try the replaced start",
+                crate::alloc::format_size(reserved),
+                crate::alloc::format_size(capacity)
+            )
+        })
+    }
+
+    /// Feeds the trace through the allocator up to `stop`. Returns the index of the first event
+    /// not replayed and, if `curves`, reserved bytes at each position.
+    fn play(&mut self, curves: bool, progress: &mut dyn FnMut(usize, usize)) -> (usize, Vec<f64>) {
+        let mut reserved_curve = Vec::new();
+        let mut sample = |alloc: &VirtualAllocator, upto: usize| {
+            if curves {
+                reserved_curve.resize(upto, alloc.reserved() as f64);
+            }
+        };
+        sample(&self.alloc, 1);
+        let end = self.stop;
+        let mut i = 0;
+        while i < end && !self.halted {
+            if i % 4096 == 0 {
+                progress(i, end);
+            }
+            i = self.step(i);
+            sample(&self.alloc, i + 1);
+        }
+        progress(end, end);
+        (i, reserved_curve)
+    }
+
+    /// Our side of the comparison: segment calls and peaks from the allocator's own history and
+    /// statistics.
+    fn replayed(&self) -> Replayed {
+        let history = self.alloc.history().entries();
+        let count = |a: Action| history.iter().filter(|e| e.action == a).count();
+        let stats = self.alloc.stats();
+        Replayed {
+            figures: Figures {
+                segment_allocs: count(Action::SegmentAlloc),
+                segment_frees: count(Action::SegmentFree),
+                segment_maps: count(Action::SegmentMap),
+                segment_unmaps: count(Action::SegmentUnmap),
+                peak_reserved_bytes: stats.reserved_bytes.all().peak as u64,
+                peak_allocated_bytes: stats.allocated_bytes.all().peak as u64,
+            },
+            ooms: self.ooms,
+            memory_stats: report::memory_stats(stats),
+        }
+    }
+
+    /// The fraction of recorded device allocations our allocator made in the same order with
+    /// the same sizes (up to the first that differs).
+    fn segment_alloc_match(&self) -> f64 {
+        let history = self.alloc.history().entries();
+        let ours = history.iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)).map(|e| (e.action, e.size));
+        let matched = self.recorded_device_allocs.iter().zip(ours).take_while(|(r, o)| **r == *o).count();
+        ratio(matched, self.recorded_device_allocs.len())
+    }
+
     /// Places the allocations live at the start (`segments` as reconstructed) with this run's
     /// allocator, in address order; blocks waiting on another stream stay pending. Returns the
     /// out-of-memory message if they do not all fit.
@@ -433,121 +472,143 @@ impl Run<'_> {
 
     /// Handles the event at `i`; returns the index of the next one.
     fn step(&mut self, i: usize) -> usize {
-        let e = &self.trace[i];
-        let stream = e.stream as u64;
-        match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => {
-                self.pending_since.get_or_insert(i);
-                self.recorded_device_allocs.push((e.action, e.size));
-                self.pending_segment_events.push((e.action, e.addr, e.size));
-                let source = self.alloc.source_mut();
-                if e.action == Action::SegmentAlloc {
-                    source.hint(e.addr, e.size);
-                } else {
-                    source.hint_reservation(e.addr);
-                }
-                i + 1
-            }
-            Action::SegmentFree | Action::SegmentUnmap => {
-                // A burst of releases is one cache flush.
-                let end =
-                    self.trace[i..].iter().position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)).map_or(self.trace.len(), |n| i + n);
-                if end > self.stop {
-                    // Half a cache flush cannot be replayed: the state is the one before it.
-                    self.halted = true;
-                    return i;
-                }
-                let before = self.alloc.history().len();
-                self.alloc.empty_cache();
-                let mut ours: Vec<(Action, u64, u64)> =
-                    self.alloc.history().since(before).iter().filter(|e| is_segment_event(e.action)).map(|e| (e.action, e.addr, e.size)).collect();
-                let mut recorded: Vec<(Action, u64, u64)> = self.trace[i..end].iter().map(|e| (e.action, e.addr, e.size)).collect();
-                ours.sort();
-                recorded.sort();
-                if ours != recorded {
-                    self.diverge(i, format!("cache release: recorded {} segment release(s), replay made {}", recorded.len(), ours.len()));
-                }
-                end
-            }
-            Action::Alloc => {
-                self.allocs += 1;
-                let before = self.alloc.history().len();
-                let frames = if self.keep_frames { e.frames.clone() } else { None };
-                // The replayed entry says what the memory is for, as the recorded one did.
-                self.alloc.history_mut().set_category(e.category);
-                let result = self.alloc.malloc(e.size, stream, frames);
-                self.alloc.history_mut().set_category(None);
-                match result {
-                    Ok(a) => {
-                        if a.ptr == e.addr {
-                            self.address_hits += 1;
-                        } else if self.compare_addresses {
-                            self.diverge(i, format!("alloc of {} bytes: recorded address {:#x}, replay gave {:#x}", e.size, e.addr, a.ptr));
-                        }
-                        if a.ptr == e.addr {
-                            self.ptrs.remove(&e.addr);
-                        } else {
-                            self.ptrs.insert(e.addr, a.ptr);
-                        }
-                        self.failed.remove(&e.addr);
-                    }
-                    Err(AllocError::OutOfMemory(_)) => {
-                        self.ooms += 1;
-                        self.first_oom_event.get_or_insert(i);
-                        self.failed.insert(e.addr);
-                        self.diverge(i, format!("alloc of {} bytes ran out of memory in the replay", e.size));
-                    }
-                    Err(err) => self.diverge(i, format!("alloc failed: {err}")),
-                }
-                let ours: Vec<(Action, u64, u64)> =
-                    self.alloc.history().since(before).iter().filter(|e| is_segment_event(e.action)).map(|e| (e.action, e.addr, e.size)).collect();
-                let recorded = std::mem::take(&mut self.pending_segment_events);
-                self.pending_since = None;
-                if ours != recorded {
-                    self.diverge(i, format!("alloc of {} bytes: recorded {}; replay made {}", e.size, describe(&recorded), describe(&ours)));
-                }
-                self.alloc.source_mut().clear_hints();
-                i + 1
-            }
-            Action::FreeRequested => {
-                let completes_next = self.trace.get(i + 1).is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
-                if self.failed.remove(&e.addr) {
-                    // Never allocated in this replay: skip its free and, later, its completion.
-                    if completes_next {
-                        return i + 2;
-                    }
-                    self.failed_pending.insert(e.addr);
-                    return i + 1;
-                }
-                let ptr = self.our_ptr(e.addr);
-                // Stopping between the two halves of a free leaves the block pending, as it was.
-                let immediate = completes_next && i + 1 < self.stop;
-                if !immediate {
-                    // Used on another stream: stays active until the trace says it completed.
-                    let _ = self.alloc.record_stream(ptr, u64::MAX - 1);
-                }
-                if let Err(err) = self.alloc.free(ptr, None) {
-                    self.diverge(i, format!("free: {err}"));
-                }
-                if immediate {
-                    self.ptrs.remove(&e.addr);
-                    return i + 2;
-                }
-                i + 1
-            }
-            Action::FreeCompleted => {
-                if self.failed_pending.remove(&e.addr) {
-                    return i + 1;
-                }
-                let ptr = self.our_ptr(e.addr);
-                self.ptrs.remove(&e.addr);
-                if let Err(err) = self.alloc.complete_pending_free(ptr, None) {
-                    self.diverge(i, format!("free completion: {err}"));
-                }
-                i + 1
-            }
+        match self.trace[i].action {
+            Action::SegmentAlloc | Action::SegmentMap => self.segment_made(i),
+            Action::SegmentFree | Action::SegmentUnmap => self.cache_release(i),
+            Action::Alloc => self.malloc(i),
+            Action::FreeRequested => self.free_requested(i),
+            Action::FreeCompleted => self.free_completed(i),
             Action::Snapshot | Action::Oom | Action::Annotate => i + 1,
         }
+    }
+
+    /// A recorded segment_alloc / segment_map: PyTorch records it before the alloc that caused
+    /// it, so it waits for that alloc, and our source is told the recorded address to hand out.
+    fn segment_made(&mut self, i: usize) -> usize {
+        let e = &self.trace[i];
+        self.pending_since.get_or_insert(i);
+        self.recorded_device_allocs.push((e.action, e.size));
+        self.pending_segment_events.push((e.action, e.addr, e.size));
+        let source = self.alloc.source_mut();
+        if e.action == Action::SegmentAlloc {
+            source.hint(e.addr, e.size);
+        } else {
+            source.hint_reservation(e.addr);
+        }
+        i + 1
+    }
+
+    /// A burst of segment_free / segment_unmap starting at `i`: one cache flush.
+    fn cache_release(&mut self, i: usize) -> usize {
+        let end = self.trace[i..].iter().position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)).map_or(self.trace.len(), |n| i + n);
+        if end > self.stop {
+            // Half a cache flush cannot be replayed: the state is the one before it.
+            self.halted = true;
+            return i;
+        }
+        let before = self.alloc.history().len();
+        self.alloc.empty_cache();
+        let mut ours = self.segment_events_since(before);
+        let mut recorded: Vec<(Action, u64, u64)> = self.trace[i..end].iter().map(|e| (e.action, e.addr, e.size)).collect();
+        ours.sort();
+        recorded.sort();
+        if ours != recorded {
+            self.diverge(i, format!("cache release: recorded {} segment release(s), replay made {}", recorded.len(), ours.len()));
+        }
+        end
+    }
+
+    /// A recorded alloc: ours should get the recorded address and make the segment calls
+    /// recorded since the last alloc.
+    fn malloc(&mut self, i: usize) -> usize {
+        let e = &self.trace[i];
+        self.allocs += 1;
+        let before = self.alloc.history().len();
+        let frames = if self.keep_frames { e.frames.clone() } else { None };
+        // The replayed entry says what the memory is for, as the recorded one did.
+        self.alloc.history_mut().set_category(e.category);
+        let result = self.alloc.malloc(e.size, e.stream as u64, frames);
+        self.alloc.history_mut().set_category(None);
+        match result {
+            Ok(a) => {
+                if a.ptr == e.addr {
+                    self.address_hits += 1;
+                } else if self.compare_addresses {
+                    self.diverge(i, format!("alloc of {} bytes: recorded address {:#x}, replay gave {:#x}", e.size, e.addr, a.ptr));
+                }
+                if a.ptr == e.addr {
+                    self.ptrs.remove(&e.addr);
+                } else {
+                    self.ptrs.insert(e.addr, a.ptr);
+                }
+                self.failed.remove(&e.addr);
+            }
+            Err(AllocError::OutOfMemory(_)) => {
+                self.ooms += 1;
+                self.first_oom_event.get_or_insert(i);
+                self.failed.insert(e.addr);
+                self.diverge(i, format!("alloc of {} bytes ran out of memory in the replay", e.size));
+            }
+            Err(err) => self.diverge(i, format!("alloc failed: {err}")),
+        }
+        let ours = self.segment_events_since(before);
+        let recorded = std::mem::take(&mut self.pending_segment_events);
+        self.pending_since = None;
+        if ours != recorded {
+            self.diverge(i, format!("alloc of {} bytes: recorded {}; replay made {}", e.size, describe(&recorded), describe(&ours)));
+        }
+        self.alloc.source_mut().clear_hints();
+        i + 1
+    }
+
+    /// A recorded free_requested: immediate when its free_completed follows at once, else the
+    /// block stays pending (used on another stream) until the trace says it completed.
+    fn free_requested(&mut self, i: usize) -> usize {
+        let e = &self.trace[i];
+        let completes_next = self.trace.get(i + 1).is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
+        if self.failed.remove(&e.addr) {
+            // Never allocated in this replay: skip its free and, later, its completion.
+            if completes_next {
+                return i + 2;
+            }
+            self.failed_pending.insert(e.addr);
+            return i + 1;
+        }
+        let ptr = self.our_ptr(e.addr);
+        // Stopping between the two halves of a free leaves the block pending, as it was.
+        let immediate = completes_next && i + 1 < self.stop;
+        if !immediate {
+            // Used on another stream: stays active until the trace says it completed.
+            let _ = self.alloc.record_stream(ptr, u64::MAX - 1);
+        }
+        if let Err(err) = self.alloc.free(ptr, None) {
+            self.diverge(i, format!("free: {err}"));
+        }
+        if immediate {
+            self.ptrs.remove(&e.addr);
+            return i + 2;
+        }
+        i + 1
+    }
+
+    /// A recorded free_completed of a pending free.
+    fn free_completed(&mut self, i: usize) -> usize {
+        let e = &self.trace[i];
+        if self.failed_pending.remove(&e.addr) {
+            return i + 1;
+        }
+        let ptr = self.our_ptr(e.addr);
+        self.ptrs.remove(&e.addr);
+        if let Err(err) = self.alloc.complete_pending_free(ptr, None) {
+            self.diverge(i, format!("free completion: {err}"));
+        }
+        i + 1
+    }
+
+    /// The segment calls (alloc, free, map, unmap) our allocator recorded since history entry
+    /// `before`, as (action, address, size).
+    fn segment_events_since(&self, before: usize) -> Vec<(Action, u64, u64)> {
+        self.alloc.history().since(before).iter().filter(|e| is_segment_event(e.action)).map(|e| (e.action, e.addr, e.size)).collect()
     }
 }
 

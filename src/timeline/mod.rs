@@ -9,10 +9,11 @@
 //! height it held. The top of the stack is the allocated curve, in requested bytes as MemoryViz
 //! and `tensormem replay`'s recorded figures count them.
 
+mod notes;
 pub mod raster;
 
 use crate::replay::{self, StartState, recorded_config, start_state};
-use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot, TraceEntry};
+use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot, Totals, TraceEntry, running_totals};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -278,22 +279,17 @@ pub struct CurvePoint {
 }
 
 /// The curves at every position of `trace` (`trace.len() + 1` points), from the state at its
-/// start: the running sums `tensormem replay` counts as recorded. Position 0 takes the first
-/// time in the trace.
+/// start: the running sums `tensormem replay` counts as recorded ([`running_totals`]). Position 0
+/// takes the first time in the trace.
 pub fn curves(trace: &[TraceEntry], start_allocated: u64, start_reserved: u64) -> impl Iterator<Item = CurvePoint> + '_ {
     let first_time = trace.iter().find_map(|e| e.time_us);
-    let start = CurvePoint { allocated: start_allocated, reserved: start_reserved, time_us: first_time.map_or(f64::NAN, |t| t as f64) };
-    std::iter::once(start).chain(trace.iter().scan(start, |at, e| {
-        match e.action {
-            Action::Alloc => at.allocated = at.allocated.saturating_add(e.size),
-            Action::FreeRequested => at.allocated = at.allocated.saturating_sub(e.size),
-            Action::SegmentAlloc | Action::SegmentMap => at.reserved = at.reserved.saturating_add(e.size),
-            Action::SegmentFree | Action::SegmentUnmap => at.reserved = at.reserved.saturating_sub(e.size),
-            _ => {}
-        }
-        at.time_us = e.time_us.map_or(f64::NAN, |t| t as f64);
-        Some(*at)
-    }))
+    let times = std::iter::once(first_time).chain(trace.iter().map(|e| e.time_us));
+    let start = Totals { allocated: start_allocated, reserved: start_reserved };
+    running_totals(trace, start).zip(times).map(|(at, time)| CurvePoint {
+        allocated: at.allocated,
+        reserved: at.reserved,
+        time_us: time.map_or(f64::NAN, |t| t as f64),
+    })
 }
 
 fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool) -> Result<Timeline, replay::ReplayError> {
@@ -302,116 +298,45 @@ fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool) -> Result<Tim
     let trace = snapshot.trace_of(device);
     let final_segments: Vec<_> = snapshot.segments_of(device).collect();
     let start = start_state(&final_segments, trace, &config);
+    let start_totals = Totals::of_segments(&start.segments);
 
-    let mut b = Builder::default();
-    b.t.device = device;
-    b.t.events = trace.len();
-    // Sized once: a 1 M event trace would otherwise hold its largest arrays twice while growing.
-    let live_at_start = start.segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::ActiveAllocated).count();
-    b.reserve(if keep_curves { trace.len() + 1 } else { 0 }, live_at_start + trace.iter().filter(|e| e.action == Action::Alloc).count());
+    let mut b = Builder::new(device, trace, &start, keep_curves);
+    let curve = b.lay_curves(trace, start_totals, keep_curves);
     let mut warnings = start.warnings.clone();
-
-    // Allocations live at the start, in address order.
-    let mut reserved: u64 = 0;
-    let mut allocated: u64 = 0;
-    for s in &start.segments {
-        reserved = reserved.saturating_add(s.total_size);
-        for blk in s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated) {
-            allocated = allocated.saturating_add(blk.requested_size);
-            b.push_alloc(0, blk.address, blk.requested_size, s.stream, Some(&blk.frames), None);
-        }
-    }
-    b.t.summary.start_allocated_bytes = allocated;
-    b.t.summary.start_reserved_bytes = reserved;
-    // The peaks, counted in bytes as `tensormem replay` counts them as recorded (a test holds
-    // the two equal), and the first position at the allocated peak.
-    let (mut peak_allocated, mut peak_reserved, mut peak_x) = (allocated, reserved, 0u32);
-    let mut has_time = false;
-    for (x, at) in curves(trace, allocated, reserved).enumerate() {
-        if keep_curves {
-            b.t.allocated.push(at.allocated as f64);
-            b.t.reserved.push(at.reserved as f64);
-            b.t.time_us.push(at.time_us);
-        }
-        if at.allocated > peak_allocated {
-            (peak_allocated, peak_x) = (at.allocated, x as u32);
-        }
-        peak_reserved = peak_reserved.max(at.reserved);
-        (allocated, reserved) = (at.allocated, at.reserved);
-        has_time |= !at.time_us.is_nan();
-    }
-
-    let mut last_metadata: Option<&str> = None;
-    let mut any_frames = false;
-    for (i, e) in trace.iter().enumerate() {
-        let x = i as u32 + 1;
-        any_frames |= e.frames.as_ref().is_some_and(|f| !f.is_empty());
-        match e.action {
-            Action::Alloc => b.push_alloc(x, e.addr, e.size, e.stream, e.frames.as_ref(), e.category),
-            Action::Annotate => {
-                let text = e.user_metadata().filter(|m| !m.is_empty()).unwrap_or("annotation").to_string();
-                b.t.markers.push(Marker { x, text });
-            }
-            Action::Oom => {
-                let free = e.device_free().map(|f| format!(" with {} free on the device", crate::alloc::format_size(f))).unwrap_or_default();
-                let text = format!("out of memory: {} requested{free}", crate::alloc::format_size(e.size));
-                warnings.push(format!("This trace records an out-of-memory error at event {i}: {text}. The marker on the timeline shows where."));
-                b.t.markers.push(Marker { x, text });
-            }
-            _ => {}
-        }
-        if let Some(m) = e.user_metadata().filter(|m| e.action != Action::Annotate && !m.is_empty() && Some(*m) != last_metadata) {
-            b.t.markers.push(Marker { x, text: m.to_string() });
-            last_metadata = Some(m);
-        }
-    }
+    let any_frames = b.lay_events(trace, &mut warnings);
     let stacked = b.stack_bands(&start, trace);
-
-    if b.t.summary.start_reserved_bytes > 0 && !trace.is_empty() {
-        warnings.insert(
-            0,
-            format!(
-                "The trace does not start at the beginning: {} were already reserved and {} allocated when it starts (the ring buffer of _record_memory_history dropped older events, or recording began mid-run). Record with a larger max_entries, e.g. torch.cuda.memory._record_memory_history(max_entries=1_000_000), to see where that memory came from.",
-                crate::alloc::format_size(b.t.summary.start_reserved_bytes),
-                crate::alloc::format_size(b.t.summary.start_allocated_bytes)
-            ),
-        );
-    }
-    if stacked.reused_without_free + stacked.unknown_frees > 0 {
-        warnings.push(format!(
-            "The trace does not add up ({} address(es) allocated again without a recorded free, {} free(s) of addresses never allocated): it was edited or truncated, so the bands and the allocated curve can disagree.",
-            stacked.reused_without_free, stacked.unknown_frees
-        ));
-    }
-    if trace.is_empty() {
-        warnings.push("This snapshot has no trace for this device (recorded without _record_memory_history): only its final state is shown.".into());
-    } else if !any_frames {
-        warnings.push(
-            "No trace entry has stack frames: the snapshot was recorded with context=None (or stacks='python' without frames); record with _record_memory_history(context='all') to see where memory came from.".into(),
-        );
-    }
-
+    notes::trace_warnings(&mut warnings, start_totals, trace, &stacked, any_frames);
     b.t.spans = spans(snapshot, device, trace);
-    b.finish_groups(peak_x);
+    b.finish_groups(curve.peak_x);
     b.t.summary = TimelineSummary {
         device,
         events: trace.len(),
         allocations: b.t.allocations.size.len(),
-        peak_allocated_bytes: peak_allocated,
-        peak_reserved_bytes: peak_reserved,
-        peak_x,
-        final_allocated_bytes: allocated,
-        final_reserved_bytes: reserved,
-        has_time,
+        peak_allocated_bytes: curve.peak.allocated,
+        peak_reserved_bytes: curve.peak.reserved,
+        peak_x: curve.peak_x,
+        start_allocated_bytes: start_totals.allocated,
+        start_reserved_bytes: start_totals.reserved,
+        final_allocated_bytes: curve.last.allocated,
+        final_reserved_bytes: curve.last.reserved,
+        has_time: curve.has_time,
         time_source: snapshot.tensormem.as_ref().map(|r| match r.time.as_str() {
             "wall" => format!("wall clock on {}", r.device),
             other => format!("{other} on {}", r.device),
         }),
         settings: config.to_string(),
         warnings,
-        ..b.t.summary
     };
     Ok(b.t)
+}
+
+/// What walking the curves found: each one's peak (the allocated one first reached at
+/// `peak_x`), where they end, and whether the trace has times.
+struct CurveFacts {
+    peak: Totals,
+    peak_x: u32,
+    last: Totals,
+    has_time: bool,
 }
 
 #[derive(Default)]
@@ -433,6 +358,71 @@ struct Builder {
 }
 
 impl Builder {
+    /// A builder for `trace`, holding the allocations live at `start` (in address order).
+    fn new(device: i64, trace: &[TraceEntry], start: &StartState, keep_curves: bool) -> Builder {
+        let mut b = Builder::default();
+        b.t.device = device;
+        b.t.events = trace.len();
+        let live_at_start = || start.segments.iter().flat_map(|s| s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(move |b| (s, b)));
+        // Sized once: a 1 M event trace would otherwise hold its largest arrays twice while growing.
+        b.reserve(if keep_curves { trace.len() + 1 } else { 0 }, live_at_start().count() + trace.iter().filter(|e| e.action == Action::Alloc).count());
+        for (s, blk) in live_at_start() {
+            b.push_alloc(0, blk.address, blk.requested_size, s.stream, Some(&blk.frames), None);
+        }
+        b
+    }
+
+    /// Walks the curves, keeping them if asked: the peaks (counted as `tensormem replay` counts
+    /// them as recorded, by the same [`running_totals`]) and the first position at the allocated
+    /// peak.
+    fn lay_curves(&mut self, trace: &[TraceEntry], start: Totals, keep: bool) -> CurveFacts {
+        let mut facts = CurveFacts { peak: start, peak_x: 0, last: start, has_time: false };
+        for (x, at) in curves(trace, start.allocated, start.reserved).enumerate() {
+            if keep {
+                self.t.allocated.push(at.allocated as f64);
+                self.t.reserved.push(at.reserved as f64);
+                self.t.time_us.push(at.time_us);
+            }
+            if at.allocated > facts.peak.allocated {
+                (facts.peak.allocated, facts.peak_x) = (at.allocated, x as u32);
+            }
+            facts.peak.reserved = facts.peak.reserved.max(at.reserved);
+            facts.last = Totals { allocated: at.allocated, reserved: at.reserved };
+            facts.has_time |= !at.time_us.is_nan();
+        }
+        facts
+    }
+
+    /// The trace's allocations, and its markers: annotations, out-of-memory errors (each also
+    /// a warning) and the `user_metadata` each time it changes. Returns whether any entry has
+    /// stack frames.
+    fn lay_events(&mut self, trace: &[TraceEntry], warnings: &mut Vec<String>) -> bool {
+        let mut last_metadata: Option<&str> = None;
+        let mut any_frames = false;
+        for (i, e) in trace.iter().enumerate() {
+            let x = i as u32 + 1;
+            any_frames |= e.frames.as_ref().is_some_and(|f| !f.is_empty());
+            match e.action {
+                Action::Alloc => self.push_alloc(x, e.addr, e.size, e.stream, e.frames.as_ref(), e.category),
+                Action::Annotate => {
+                    let text = e.user_metadata().filter(|m| !m.is_empty()).unwrap_or("annotation").to_string();
+                    self.t.markers.push(Marker { x, text });
+                }
+                Action::Oom => {
+                    let (text, warning) = notes::out_of_memory(i, e);
+                    warnings.push(warning);
+                    self.t.markers.push(Marker { x, text });
+                }
+                _ => {}
+            }
+            if let Some(m) = e.user_metadata().filter(|m| e.action != Action::Annotate && !m.is_empty() && Some(*m) != last_metadata) {
+                self.t.markers.push(Marker { x, text: m.to_string() });
+                last_metadata = Some(m);
+            }
+        }
+        any_frames
+    }
+
     fn reserve(&mut self, positions: usize, allocations: usize) {
         let t = &mut self.t;
         for curve in [&mut t.allocated, &mut t.reserved, &mut t.time_us] {

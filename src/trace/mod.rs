@@ -8,10 +8,12 @@ mod decode;
 mod model;
 mod node;
 mod pickle;
+mod totals;
 mod write;
 
 pub use model::*;
 pub use pickle::PickleError;
+pub use totals::{Totals, running_totals};
 pub use write::{to_json, to_pickle};
 
 use std::path::Path;
