@@ -338,7 +338,13 @@ fn run_command(
     } else {
         print_run(&result);
     }
-    if result.out_of_memory.is_some() { Err(Failure("the scenario ran out of memory (see above)".into(), 1)) } else { Ok(()) }
+    match (&result.out_of_memory, snapshot) {
+        (None, _) => Ok(()),
+        // The run's own result, as PyTorch's OOM observers dump theirs: the trace up to the error
+        // is what a user opens to see why.
+        (Some(_), Some(out)) => Err(Failure(format!("the scenario ran out of memory (see above); its trace up to the error is in {}", out.display()), 1)),
+        (Some(_), None) => Err(Failure("the scenario ran out of memory (see above)".into(), 1)),
+    }
 }
 
 /// `tensormem compare`: a run's phases against a PyTorch trace's.
