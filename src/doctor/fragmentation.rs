@@ -1,8 +1,9 @@
 //! `fragmentation`: reserved memory above what the tensors asked for, at the peak of reserved;
 //! how much is rounding inside live blocks and how much is cached free blocks; and what
-//! `expandable_segments:True` or a `max_split_size_mb` would reserve instead, each by replay.
+//! `expandable_segments:True` or a `max_split_size_mb` would reserve instead, each by replay
+//! (the best one is the finding's `verified`, all of them are in its evidence).
 
-use super::what_if::{Outcome, Setup, verified};
+use super::what_if::{Outcome, Setup, candidate_settings, verified};
 use super::{DoctorError, FRAGMENTATION, Finding, Patient, Verified, size};
 use crate::replay::{self, ReplayOptions};
 use crate::trace::BlockState;
@@ -12,8 +13,6 @@ use serde::Serialize;
 const MATERIAL_SHARE: f64 = 0.05;
 /// ...and at least one large segment's worth (PyTorch's kLargeBuffer).
 const MATERIAL_BYTES: u64 = 20 << 20;
-/// The `max_split_size_mb` values tried; the best is kept.
-const MAX_SPLIT_SIZES_MB: [u64; 3] = [128, 256, 512];
 
 #[derive(Serialize)]
 struct Evidence {
@@ -57,18 +56,7 @@ pub(super) fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
     let baseline = Setup::file_settings_plus(p, "")?;
     let before = baseline.replay(p.snapshot, p.device)?;
     let config = replay::recorded_config(p.snapshot)?;
-    let mut what_ifs = Vec::new();
-    if !config.expandable_segments {
-        what_ifs.push(measure(p, "expandable_segments:True", before)?);
-    }
-    let mut best_split: Option<Verified> = None;
-    for mb in MAX_SPLIT_SIZES_MB.into_iter().filter(|&mb| config.max_split_size != mb << 20) {
-        let candidate = measure(p, &format!("max_split_size_mb:{mb}"), before)?;
-        if best_split.as_ref().is_none_or(|b| candidate.after_peak_reserved_bytes < b.after_peak_reserved_bytes) {
-            best_split = Some(candidate);
-        }
-    }
-    what_ifs.extend(best_split);
+    let what_ifs = candidate_settings(&config).iter().map(|setting| measure(p, setting, before)).collect::<Result<Vec<_>, _>>()?;
     let best = what_ifs.iter().filter(|v| !v.after_out_of_memory).min_by_key(|v| v.after_peak_reserved_bytes).cloned();
     Ok(Some(finding(p, position, &state, internal, external, before, what_ifs, best)))
 }

@@ -2,7 +2,7 @@
 //! card of `--capacity`: the request, what was live, the smallest capacity that fits (searched
 //! by replay) and whether expandable segments avoid it.
 
-use super::what_if::{CAPACITY_RESOLUTION, Outcome, Setup, verified};
+use super::what_if::{CAPACITY_RESOLUTION, Outcome, Setup, candidate_settings, verified};
 use super::{DoctorError, Finding, OOM, Patient, Verified, live, size};
 use crate::replay;
 use crate::trace::{Action, Snapshot, TraceEntry};
@@ -19,7 +19,8 @@ struct Evidence {
     request_bytes: u64,
     /// Only for a recorded OOM: what cudaMemGetInfo reported free.
     device_free_bytes: Option<u64>,
-    /// PyTorch's reserved bytes just before the failure.
+    /// PyTorch's reserved bytes just before the failure: as recorded, or in the replay at the
+    /// capacity.
     reserved_bytes: u64,
     /// The capacity checked: given, or estimated (see the finding's `estimate`).
     capacity_bytes: Option<u64>,
@@ -102,7 +103,7 @@ fn replayed(p: &Patient, capacity: u64) -> Result<Option<Finding>, DoctorError> 
         source: "replayed",
         request,
         device_free: None,
-        reserved: event.and_then(|i| p.timeline.reserved.get(i)).map_or(p.timeline.summary.start_reserved_bytes, |&r| r as u64),
+        reserved: setup.with_capacity(Some(capacity)).reserved_at(p.snapshot, p.device, event.unwrap_or(0))?,
         capacity: Some(capacity),
         capacity_estimated: false,
         at_capacity: Some(outcome),
@@ -136,7 +137,8 @@ impl Facts {
     fn finding(self, p: &Patient, replayed: &Snapshot, own_trace: bool, estimate: Option<String>) -> Result<Finding, DoctorError> {
         let live = live::at(&p.timeline, self.event.unwrap_or(0));
         let recorded_config = replay::recorded_config(p.snapshot)?;
-        let (verified, expandable_avoids) = self.verify(p, replayed, own_trace, recorded_config.expandable_segments)?;
+        let tried = candidate_settings(&recorded_config);
+        let (verified, avoided_by) = self.verify(p, replayed, own_trace, &tried)?;
         let at = self.event.map_or("at the start of the trace".to_string(), |i| format!("at event {i}"));
         let free = self.device_free.map(|f| format!(" with {} free", size(f))).unwrap_or_default();
         let title = format!(
@@ -159,19 +161,20 @@ impl Facts {
         let trace = p.snapshot.trace_of(p.device);
         let ends_there = self.event.is_some_and(|k| !trace[k..].iter().any(|e| e.action == Action::Alloc));
         let rest = if ends_there { " (the trace ends at the failure: whether the rest of the run fits is not recorded)" } else { "" };
-        let fix = if expandable_avoids {
-            format!("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: replayed with it, the trace fits in {capacity}{rest}.")
-        } else {
-            let expandable = if recorded_config.expandable_segments {
-                " (expandable_segments is already on)"
-            } else {
-                " (expandable_segments:True does not avoid it at this capacity, by replay)"
-            };
-            format!(
-                "Give PyTorch at least {} of device memory{expandable}{rest}, or lower what is live at the failure: a smaller \
-                 batch, activation checkpointing, or freeing the largest group above before this point.",
-                size(self.smallest)
-            )
+        let fix = match &avoided_by {
+            Some(setting) => format!("Set PYTORCH_CUDA_ALLOC_CONF={setting}: replayed with it, the trace fits in {capacity}{rest}."),
+            None => {
+                let settings = match self.capacity {
+                    Some(_) if !tried.is_empty() => format!(" (none of {} avoids it at this capacity, by replay)", tried.join(", ")),
+                    _ => String::new(),
+                };
+                let expandable = if recorded_config.expandable_segments { " (expandable_segments is already on)" } else { "" };
+                format!(
+                    "Give PyTorch at least {} of device memory{expandable}{settings}{rest}, or lower what is live at the failure: \
+                     a smaller batch, activation checkpointing, or freeing the largest group above before this point.",
+                    size(self.smallest)
+                )
+            }
         };
         let evidence = Evidence {
             device: p.device,
@@ -190,19 +193,23 @@ impl Facts {
         Ok(Finding { kind: OOM.into(), title, bytes: self.request, evidence: serde_json::to_value(evidence).unwrap_or_default(), why, fix, verified, estimate })
     }
 
-    /// The fix measured: expandable segments at the capacity where they are off, else the
-    /// smallest capacity against the one that failed. Also returns whether expandable segments
-    /// avoid the OOM.
-    fn verify(&self, p: &Patient, replayed: &Snapshot, own_trace: bool, expandable_on: bool) -> Result<(Option<Verified>, bool), DoctorError> {
-        let (Some(capacity), Some(before)) = (self.capacity, self.at_capacity) else { return Ok((None, false)) };
+    /// The fix measured at the capacity that failed: the setting (of those the doctor tries)
+    /// that avoids the failure and reserves the least, else the smallest capacity. Returns the
+    /// verified figures, the setting that avoids it (if one does) and the settings tried.
+    fn verify(&self, p: &Patient, replayed: &Snapshot, own_trace: bool, tried: &[String]) -> Result<(Option<Verified>, Option<String>), DoctorError> {
+        let (Some(capacity), Some(before)) = (self.capacity, self.at_capacity) else { return Ok((None, None)) };
         let added = if own_trace { "" } else { " with the failed request added" };
-        if !expandable_on {
-            let setup = Setup::file_settings_plus(p, "expandable_segments:True")?.with_capacity(Some(capacity));
+        let mut avoiding: Option<(Verified, String)> = None;
+        for setting in tried {
+            let setup = Setup::file_settings_plus(p, setting)?.with_capacity(Some(capacity));
             let after = setup.replay(replayed, p.device)?;
-            if !after.out_of_memory {
-                let how = format!("replay of the trace{added} at {} with expandable_segments:True, {}", size(capacity), setup.start_words());
-                return Ok((Some(verified(how, &setup, p.device, before, after, own_trace)), true));
+            if !after.out_of_memory && avoiding.as_ref().is_none_or(|(v, _)| after.peak_reserved < v.after_peak_reserved_bytes) {
+                let how = format!("replay of the trace{added} at {} with {setting}, {}", size(capacity), setup.start_words());
+                avoiding = Some((verified(how, &setup, p.device, before, after, own_trace), setting.clone()));
             }
+        }
+        if let Some((v, setting)) = avoiding {
+            return Ok((Some(v), Some(setting)));
         }
         let setup = Setup::file_settings_plus(p, "")?.with_capacity(Some(self.smallest));
         let after = setup.replay(replayed, p.device)?;
@@ -213,7 +220,7 @@ impl Facts {
             size(capacity),
             setup.start_words()
         );
-        Ok((Some(verified(how, &setup, p.device, before, after, own_trace)), false))
+        Ok((Some(verified(how, &setup, p.device, before, after, own_trace)), None))
     }
 }
 

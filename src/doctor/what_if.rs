@@ -10,6 +10,17 @@ use crate::trace::Snapshot;
 /// (PyTorch's kRoundLarge).
 pub const CAPACITY_RESOLUTION: u64 = 2 << 20;
 
+/// The `max_split_size_mb` values tried as fixes.
+const MAX_SPLIT_SIZES_MB: [u64; 3] = [128, 256, 512];
+
+/// The settings the doctor tries as fixes, each on top of the file's: expandable segments where
+/// they are off, and a few `max_split_size_mb` values other than the file's.
+pub(crate) fn candidate_settings(config: &AllocatorConfig) -> Vec<String> {
+    let expandable = (!config.expandable_segments).then(|| "expandable_segments:True".to_string());
+    let splits = MAX_SPLIT_SIZES_MB.into_iter().filter(|&mb| config.max_split_size != mb << 20).map(|mb| format!("max_split_size_mb:{mb}"));
+    expandable.into_iter().chain(splits).collect()
+}
+
 /// One replay's setup: settings on top of the file's, a start, a capacity.
 #[derive(Debug, Clone)]
 pub struct Setup {
@@ -41,6 +52,12 @@ impl Setup {
         Setup { capacity, ..self.clone() }
     }
 
+    /// Reserved bytes after `position` events of `snapshot`'s device, replayed under this setup.
+    pub fn reserved_at(&self, snapshot: &Snapshot, device: i64, position: usize) -> Result<u64, DoctorError> {
+        let r = self.run(snapshot, device, Some(position))?;
+        Ok(r.segments.iter().map(|s| s.total_size).sum())
+    }
+
     /// The setup as `tensormem replay` takes it.
     pub fn command(&self, device: i64) -> String {
         let mut command = format!("tensormem replay FILE --device {device}");
@@ -59,15 +76,20 @@ impl Setup {
 
     /// Replays `snapshot`'s device under this setup.
     pub fn replay(&self, snapshot: &Snapshot, device: i64) -> Result<Outcome, DoctorError> {
-        let config = AllocatorConfig::parse(&self.alloc_conf)?;
-        let options = ReplayOptions { config: Some(config), capacity: self.capacity, start: self.start, ..Default::default() };
-        let r: DeviceReplay = replay::replay_device(snapshot, device, &options, &mut |_, _| {})?;
+        let r = self.run(snapshot, device, None)?;
         Ok(Outcome {
             peak_reserved: r.replayed.figures.peak_reserved_bytes,
             peak_allocated: r.replayed.figures.peak_allocated_bytes,
             out_of_memory: r.replayed.ooms > 0,
             first_oom_event: r.first_oom_event,
         })
+    }
+
+    /// Replays under this setup, up to `until` entries (None: the whole trace).
+    fn run(&self, snapshot: &Snapshot, device: i64, until: Option<usize>) -> Result<DeviceReplay, DoctorError> {
+        let config = AllocatorConfig::parse(&self.alloc_conf)?;
+        let options = ReplayOptions { config: Some(config), capacity: self.capacity, start: self.start, until, ..Default::default() };
+        Ok(replay::replay_device(snapshot, device, &options, &mut |_, _| {})?)
     }
 
     /// The start in words, for `how`.
