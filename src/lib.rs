@@ -6,13 +6,15 @@
 //! trace through the allocator and compare), `kernels` (WGSL generation), `device` (the
 //! allocator and the GPU), `tensor` and `autograd` (ops and their graph), `amp` (autocast),
 //! `nn` (layers, losses, optimizers and the gradient scaler), `scenarios` (named workloads),
-//! `timeline` (a trace laid out for the page); `web` is the page's wasm-bindgen surface.
+//! `timeline` (a trace laid out for the page), `doctor` (what is wrong with a trace, each fix
+//! verified by replay); `web` is the page's wasm-bindgen surface.
 
 pub mod alloc;
 pub mod amp;
 pub mod autograd;
 pub mod bench;
 pub mod device;
+pub mod doctor;
 pub mod dtype;
 pub mod files;
 pub(crate) mod kernels;

@@ -4,6 +4,7 @@
 //! usage), never as a panic trace.
 
 mod bench;
+mod doctor_print;
 mod print;
 mod serve;
 
@@ -114,6 +115,33 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Say what is wrong with a snapshot's memory (or a scenario's): the peak, an out-of-memory
+    /// error, fragmentation, a truncated trace; each with its evidence, the fix and, where a
+    /// replay can measure it, what the fix saves.
+    Doctor {
+        /// Snapshot file: pickle (torch.cuda.memory._dump_snapshot) or JSON.
+        #[arg(required_unless_present = "scenario", conflicts_with = "scenario")]
+        file: Option<PathBuf>,
+        /// Run this scenario on a simulated card and diagnose its trace instead.
+        #[arg(long, value_name = "NAME")]
+        scenario: Option<String>,
+        /// With --scenario: `mistake` or `fix`.
+        #[arg(long, requires = "scenario")]
+        variant: Option<String>,
+        /// With --scenario: parameter values, as `tensormem run` takes them.
+        #[arg(long = "set", value_name = "KEY=VALUE", requires = "scenario")]
+        set: Vec<String>,
+        /// A file's device index (default: the one with an out-of-memory error, else the one that
+        /// reserved the most); with --scenario, the card: sim:PRESET or sim:SIZE.
+        #[arg(long)]
+        device: Option<String>,
+        /// Check the trace against a card of this size (an `oom` finding when it does not fit).
+        #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+        capacity: Option<u64>,
+        /// Print {"findings": [...]}.
+        #[arg(long)]
+        json: bool,
+    },
     /// The GPU adapter wgpu finds: name, backend, features and limits.
     Info {
         #[arg(long)]
@@ -211,6 +239,7 @@ fn run(command: Command) -> Result<(), Failure> {
             run_command(name, variant, &set, device, capacity, alloc_conf, steps, snapshot.as_deref(), json)
         }
         Command::Compare { run, file, device, json } => compare_command(&run, &file, device, json),
+        Command::Doctor { file, scenario, variant, set, device, capacity, json } => doctor(file, scenario, variant, &set, device, capacity, json),
         Command::Info { json } => info(json),
         Command::Serve { file, port, host, root } => serve::run(file.as_deref(), &host, port, root.as_deref()).map_err(|e| Failure(e, 1)),
         Command::Bench { sizes, json } => bench_command(&sizes, json),
@@ -318,11 +347,7 @@ fn run_command(
     snapshot: Option<&Path>,
     json: bool,
 ) -> Result<(), Failure> {
-    let mut values = std::collections::BTreeMap::new();
-    for item in set.iter().flat_map(|s| split_settings(s)) {
-        let (k, v) = item.split_once('=').ok_or_else(|| Failure(format!("--set expects KEY=VALUE, got {item:?}"), 2))?;
-        values.insert(k.trim().to_string(), v.trim().to_string());
-    }
+    let mut values = parse_set(set)?;
     if let Some(steps) = steps
         && let Some(set) = values.insert("steps".into(), steps.to_string()).filter(|v| *v != steps.to_string())
     {
@@ -391,6 +416,42 @@ fn bench_command(sizes: &[usize], json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `tensormem doctor`: a file's trace, or a scenario's run on the sim device, diagnosed alike.
+fn doctor(
+    file: Option<PathBuf>,
+    scenario: Option<String>,
+    variant: Option<String>,
+    set: &[String],
+    device: Option<String>,
+    capacity: Option<u64>,
+    json: bool,
+) -> Result<(), Failure> {
+    let (snapshot, device) = match (file, scenario) {
+        (Some(file), _) => {
+            let device =
+                device.map(|d| d.parse::<i64>().map_err(|_| Failure(format!("--device expects a device index for a file, got {d:?}"), 2))).transpose()?;
+            (load(&file)?, device)
+        }
+        (None, Some(scenario)) => {
+            if device.as_deref().is_some_and(|d| !d.starts_with("sim:")) {
+                return Err(Failure("doctor --scenario runs on the simulated card: use --device sim:PRESET or sim:SIZE".into(), 2));
+            }
+            let values = parse_set(set)?;
+            let request = RunRequest { scenario, variant, set: values, device: device.or(Some("sim:H100-80GB".into())), capacity: None, alloc_conf: None };
+            let result = pollster::block_on(scenarios::run_anywhere(&request)).map_err(|e| Failure(e.to_string(), 2))?;
+            (result.snapshot, None)
+        }
+        (None, None) => return Err(Failure("doctor needs a FILE or --scenario NAME".into(), 2)),
+    };
+    let diagnosis = tensormem::doctor::diagnose(&snapshot, &tensormem::doctor::DoctorOptions { device, capacity })?;
+    if json {
+        println!("{}", serde_json::to_string(&diagnosis)?);
+    } else {
+        doctor_print::print(&diagnosis);
+    }
+    Ok(())
+}
+
 fn open_gpu() -> Result<tensormem::Device, Failure> {
     pollster::block_on(tensormem::Device::gpu(tensormem::GpuOptions::default())).map_err(|e| Failure(e.to_string(), 1))
 }
@@ -427,6 +488,16 @@ fn info(json: bool) -> Result<(), Failure> {
         println!("capacity assumed for the allocator: {}", dev.capacity().map_or("unlimited".into(), format_size));
     }
     Ok(())
+}
+
+/// `--set` values as `name -> value`.
+fn parse_set(set: &[String]) -> Result<std::collections::BTreeMap<String, String>, Failure> {
+    let mut values = std::collections::BTreeMap::new();
+    for item in set.iter().flat_map(|s| split_settings(s)) {
+        let (k, v) = item.split_once('=').ok_or_else(|| Failure(format!("--set expects KEY=VALUE, got {item:?}"), 2))?;
+        values.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    Ok(values)
 }
 
 /// `--set a=1,b=2`: splits on commas that start a new `key=` (a value may hold commas, as in

@@ -311,3 +311,105 @@ fn a_failed_write_says_cannot_write_and_leaves_the_old_file_intact() {
     assert!(stderr(&full).contains("cannot write /dev/full: No space left on device"), "{}", stderr(&full));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `tensormem doctor ... --json`'s findings.
+fn doctor_findings(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = tensormem(args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    v["findings"].as_array().unwrap().clone()
+}
+
+/// `tensormem replay` as the `verified` object describes it: its peak reserved.
+fn replayed_peak_reserved(file: &str, verified: &serde_json::Value) -> u64 {
+    let device = verified["command"].as_str().unwrap().split("--device ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+    let mut args = vec!["replay", file, "--json", "--device", &device, "--start", verified["start"].as_str().unwrap()];
+    let alloc_conf = verified["alloc_conf"].as_str().unwrap();
+    if !alloc_conf.is_empty() {
+        args.extend(["--alloc-conf", alloc_conf]);
+    }
+    let capacity = verified["capacity"].as_u64().map(|c| c.to_string());
+    if let Some(c) = &capacity {
+        args.extend(["--capacity", c]);
+    }
+    let out = tensormem(&args);
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    v["replayed"]["peak_reserved_bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn doctor_verified_figures_are_what_replay_reports() {
+    // small-state starts empty (recorded start); eor-nn starts with memory reserved (replaced).
+    for (name, start) in [("small-state.pickle", "recorded"), ("eor-nn-legacy-with-snapshots.pickle", "replaced")] {
+        let Some(path) = fixture(name) else { return };
+        let file = path.to_str().unwrap();
+        let findings = doctor_findings(&["doctor", file, "--json"]);
+        assert_eq!(findings[0]["kind"], "peak", "{name}");
+        let fragmentation = findings.iter().find(|f| f["kind"] == "fragmentation").unwrap();
+        assert_eq!(fragmentation["verified"]["start"], start, "{name}");
+        for what_if in fragmentation["evidence"]["what_ifs"].as_array().unwrap() {
+            assert_eq!(replayed_peak_reserved(file, what_if), what_if["after_peak_reserved_bytes"].as_u64().unwrap(), "{name}: {what_if}");
+            // The before side is the file's settings, replayed from the same start.
+            let before = serde_json::json!({"command": what_if["command"], "start": start, "alloc_conf": "", "capacity": null});
+            assert_eq!(replayed_peak_reserved(file, &before), what_if["before_peak_reserved_bytes"].as_u64().unwrap(), "{name}");
+        }
+    }
+    // The capacity that fits, at --capacity: `replay` at it runs out of nothing.
+    let Some(path) = fixture("small-state.pickle") else { return };
+    let findings = doctor_findings(&["doctor", path.to_str().unwrap(), "--capacity", "3GiB", "--json"]);
+    let oom = findings.iter().find(|f| f["kind"] == "oom").unwrap();
+    assert_eq!(oom["evidence"]["smallest_capacity_bytes"], 3_781_165_056u64);
+    assert_eq!(oom["verified"]["command"], "tensormem replay FILE --device 0 --capacity 3781165056 --json");
+    let at = |capacity: u64| {
+        let out = tensormem(&["replay", path.to_str().unwrap(), "--capacity", &capacity.to_string(), "--json"]);
+        serde_json::from_str::<serde_json::Value>(stdout(&out).trim()).unwrap()["replayed"]["ooms"].as_u64().unwrap()
+    };
+    assert_eq!((at(3_781_165_056), at(3_781_165_056 - (2 << 20)) > 0), (0, true));
+}
+
+#[test]
+fn doctor_prints_each_finding_readably() {
+    let Some(path) = fixture("expandable-3gpu-oom.pickle") else { return };
+    let out = tensormem(&["doctor", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("[peak] Allocated memory peaks at 78.29 GiB at event 420, in the forward"), "{text}");
+    assert!(text.contains("[oom] Out of memory at event 421: a request of 4.94 GiB with 91.25 MiB free failed"), "{text}");
+    for part in ["  why: ", "  fix: ", "  verified: ", "peak reserved 78.42 GiB -> 83.36 GiB", "  estimate: ", "update_nodes (train/models.py:174)"] {
+        assert!(text.contains(part), "{part:?} missing in {text}");
+    }
+}
+
+#[test]
+fn doctor_runs_a_scenario_and_diagnoses_its_trace() {
+    let kinds = |variant: &str| -> Vec<String> {
+        doctor_findings(&["doctor", "--scenario", "variable-batch", "--variant", variant, "--json"])
+            .iter()
+            .map(|f| f["kind"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(kinds("mistake"), ["peak", "fragmentation"]);
+    assert_eq!(kinds("fix"), ["peak"]);
+    let findings = doctor_findings(&["doctor", "--scenario", "variable-batch", "--set", "layers=2", "--device", "sim:24GiB", "--json"]);
+    assert_eq!(findings[0]["kind"], "peak");
+}
+
+#[test]
+fn doctor_usage_errors_are_one_line() {
+    let none = tensormem(&["doctor"]);
+    assert_eq!(none.status.code(), Some(2));
+    let Some(path) = fixture("tiny-settings.pickle") else { return };
+    let file = path.to_str().unwrap();
+    for (args, code, says) in [
+        (vec!["doctor", file, "--device", "sim:H100-80GB"], 2, "--device expects a device index"),
+        (vec!["doctor", file, "--device", "5"], 1, "device 5 has neither segments nor a trace"),
+        (vec!["doctor", "--scenario", "variable-batch", "--device", "gpu"], 2, "runs on the simulated card"),
+        (vec!["doctor", "--scenario", "no-such-scenario"], 2, "unknown scenario"),
+        (vec!["doctor", "/nonexistent.pickle"], 1, "cannot read"),
+    ] {
+        let out = tensormem(&args);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).starts_with("error: ") && stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out).lines().count(), 1, "{args:?}: {}", stderr(&out));
+    }
+}

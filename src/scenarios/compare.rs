@@ -51,15 +51,53 @@ fn under(e: &TraceEntry, files: &[&str]) -> bool {
     python_frames(e).any(|f| files.iter().any(|file| f.filename.ends_with(file)))
 }
 
+/// `loss.backward()`: torch/autograd/__init__.py's backward (or _make_grads) is on the stack.
+/// (torch/_tensor.py alone is not enough: `1 - mask` runs Tensor.__rsub__ there in forward.)
+const BACKWARD_FILE: &str = "torch/autograd/__init__.py";
+const OPTIMIZER_FILE: &str = "torch/optim/optimizer.py";
+const MODULE_FILE: &str = "torch/nn/modules/module.py";
+
+/// The phase one event belongs to, from its own frames alone: backward (Python's
+/// `loss.backward()`, or the autograd engine's C++ thread, which has no Python frames), the
+/// optimizer step, or a module's forward. None when its frames do not say.
+pub fn event_phase(e: &TraceEntry) -> Option<&'static str> {
+    let on_autograd_thread =
+        || e.frames.iter().flat_map(|f| f.iter()).any(|f| f.name.contains("torch::autograd::Engine::") || f.name.contains("torch::autograd::generated::"));
+    if under(e, &[BACKWARD_FILE]) || on_autograd_thread() {
+        Some("backward")
+    } else if under(e, &[OPTIMIZER_FILE]) {
+        Some("optimizer step")
+    } else if under(e, &[MODULE_FILE]) {
+        Some("forward")
+    } else {
+        None
+    }
+}
+
+/// The phase of a position (the state after `position` events): from the step's phases when the
+/// trace holds one training step, otherwise from the frames of the event that led there.
+pub fn phase_at(snapshot: &Snapshot, device: i64, position: usize) -> Option<&'static str> {
+    if let Ok(p) = trace_phases(snapshot, device)
+        && position <= p.end
+    {
+        return Some(match position {
+            x if x <= p.forward_end => "forward",
+            x if x <= p.backward_start => "loss",
+            x if x <= p.optimizer_start => "backward",
+            _ => "optimizer step",
+        });
+    }
+    let trace = snapshot.trace_of(device);
+    position.checked_sub(1).and_then(|i| trace.get(i)).and_then(event_phase)
+}
+
 /// The phases of the (first) training step in the trace, or why they cannot be found.
 pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, String> {
     crate::replay::check_device(snapshot, device).map_err(|e| e.to_string())?;
     let trace = snapshot.trace_of(device);
-    // `loss.backward()`: torch/autograd/__init__.py's backward (or _make_grads) is on the stack.
-    // (torch/_tensor.py alone is not enough: `1 - mask` runs Tensor.__rsub__ there in forward.)
     let backward_start = trace
         .iter()
-        .position(|e| under(e, &["torch/autograd/__init__.py"]))
+        .position(|e| under(e, &[BACKWARD_FILE]))
         .ok_or("the trace has no event under loss.backward() (torch/autograd/__init__.py): record a whole training step, with Python stacks")?;
     // The optimizer step's record_function range, on this device and after backward started.
     let started = trace[..=backward_start].iter().rev().find_map(|e| e.time_us);
@@ -75,7 +113,7 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
     let (step_start, step_end) = (annotation("START"), annotation("END"));
     let optimizer_start = trace[backward_start..]
         .iter()
-        .position(|e| under(e, &["torch/optim/optimizer.py"]) || step_start.zip(e.time_us).is_some_and(|(start, t)| t >= start))
+        .position(|e| under(e, &[OPTIMIZER_FILE]) || step_start.zip(e.time_us).is_some_and(|(start, t)| t >= start))
         .map(|i| backward_start + i)
         .ok_or("the trace has no optimizer step after backward (torch/optim/optimizer.py)")?;
     // The step ends where the optimizer's range ends, else where the trace does; a second
@@ -84,12 +122,12 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
         Some(end) => trace.iter().rposition(|e| e.time_us.is_some_and(|t| t <= end)).map_or(trace.len(), |i| i + 1),
         None => trace.len(),
     };
-    if trace[optimizer_start..end].iter().any(|e| under(e, &["torch/autograd/__init__.py"])) {
+    if trace[optimizer_start..end].iter().any(|e| under(e, &[BACKWARD_FILE])) {
         return Err("the trace holds more than one training step: record one (the comparison needs its phases)".into());
     }
     let forward_end = trace[..backward_start]
         .iter()
-        .rposition(|e| e.action == Action::Alloc && under(e, &["torch/nn/modules/module.py"]))
+        .rposition(|e| e.action == Action::Alloc && under(e, &[MODULE_FILE]))
         .map(|i| i + 1)
         .ok_or("the trace has no allocation inside a module's forward before backward")?;
     Ok(TracePhases { forward_end, backward_start, optimizer_start, end })

@@ -811,8 +811,14 @@ fn group_name(frames: &[Frame]) -> Option<String> {
     if let Some(op) = frames.iter().find_map(|f| f.name.strip_prefix("at::_ops::").and_then(|r| r.split("::").next().map(str::to_string))) {
         return Some(format!("aten::{op}"));
     }
+    frames.iter().find(|f| !f.name.is_empty() && !is_plumbing(f)).map(|f| f.name.clone())
+}
+
+/// A C++ frame of the recording itself or of the allocator (the unwinder, the caching
+/// allocator, c10's storage): in every stack, naming nothing of the user's.
+pub fn is_plumbing(frame: &Frame) -> bool {
     const PLUMBING: [&str; 4] = ["torch::unwind", "torch::CapturedTraceback", "torch::cuda::", "c10::"];
-    frames.iter().find(|f| !f.name.is_empty() && !PLUMBING.iter().any(|p| f.name.starts_with(p))).map(|f| f.name.clone())
+    PLUMBING.iter().any(|p| frame.name.starts_with(p))
 }
 
 /// The last two components of a path: enough to recognise a file.

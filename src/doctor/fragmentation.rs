@@ -1,0 +1,169 @@
+//! `fragmentation`: reserved memory above what the tensors asked for, at the peak of reserved;
+//! how much is rounding inside live blocks and how much is cached free blocks; and what
+//! `expandable_segments:True` or a `max_split_size_mb` would reserve instead, each by replay
+//! (the best one is the finding's `verified`, all of them are in its evidence).
+
+use super::what_if::{Outcome, Setup, candidate_settings, verified};
+use super::{DoctorError, FRAGMENTATION, Finding, Patient, Verified, size};
+use crate::replay::{self, ReplayOptions};
+use crate::trace::BlockState;
+use serde::Serialize;
+
+/// Waste worth reporting: at least this share of reserved memory...
+const MATERIAL_SHARE: f64 = 0.05;
+/// ...and at least one large segment's worth (PyTorch's kLargeBuffer).
+const MATERIAL_BYTES: u64 = 20 << 20;
+
+#[derive(Serialize)]
+struct Evidence {
+    device: i64,
+    /// The position examined: among those at the peak of reserved, the one with the most
+    /// allocated (the gap no moment at that peak closes).
+    position: usize,
+    reserved_bytes: u64,
+    /// Whole blocks of live allocations (`memory_allocated()`).
+    allocated_bytes: u64,
+    /// What the live tensors asked for.
+    requested_bytes: u64,
+    /// Rounding inside live blocks: block size minus requested size.
+    internal_bytes: u64,
+    /// Free blocks cached in reserved segments.
+    external_bytes: u64,
+    free_blocks: usize,
+    largest_free_block_bytes: u64,
+    /// Every setting tried, by replay.
+    what_ifs: Vec<Verified>,
+}
+
+/// The allocator's state at one position, from a replay stopped there.
+struct State {
+    reserved: u64,
+    allocated: u64,
+    requested: u64,
+    free_blocks: usize,
+    largest_free_block: u64,
+}
+
+pub(super) fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
+    let Some(position) = position_at_peak_reserved(p) else { return Ok(None) };
+    let state = state_at(p, position)?;
+    let waste = state.reserved.saturating_sub(state.requested);
+    if waste < MATERIAL_BYTES || (waste as f64) < MATERIAL_SHARE * state.reserved as f64 {
+        return Ok(None);
+    }
+    let (internal, external) = (state.allocated.saturating_sub(state.requested), state.reserved.saturating_sub(state.allocated));
+
+    let baseline = Setup::file_settings_plus(p, "")?;
+    let before = baseline.replay(p.snapshot, p.device)?;
+    let config = replay::recorded_config(p.snapshot)?;
+    let what_ifs = candidate_settings(&config).iter().map(|setting| measure(p, setting, before)).collect::<Result<Vec<_>, _>>()?;
+    let best = what_ifs.iter().filter(|v| !v.after_out_of_memory).min_by_key(|v| v.after_peak_reserved_bytes).cloned();
+    Ok(Some(finding(p, position, &state, internal, external, before, what_ifs, best)))
+}
+
+/// The file's settings plus `setting`, replayed against `before`.
+fn measure(p: &Patient, setting: &str, before: Outcome) -> Result<Verified, DoctorError> {
+    let setup = Setup::file_settings_plus(p, setting)?;
+    let after = setup.replay(p.snapshot, p.device)?;
+    Ok(verified(format!("replay with {setting}, {}", setup.start_words()), &setup, p.device, before, after, true))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finding(
+    p: &Patient,
+    position: usize,
+    state: &State,
+    internal: u64,
+    external: u64,
+    before: Outcome,
+    what_ifs: Vec<Verified>,
+    best: Option<Verified>,
+) -> Finding {
+    let waste = internal + external;
+    let saving = best.as_ref().map_or(0, |b| b.before_peak_reserved_bytes.saturating_sub(b.after_peak_reserved_bytes));
+    let gap = format!("Reserved is {} above allocated at its peak ({} cached free, {} rounding)", size(waste), size(external), size(internal));
+    let (title, fix) = match best.as_ref().filter(|_| saving > 0) {
+        Some(b) => (
+            format!("{gap}: {} would reserve {} less", b.alloc_conf, size(saving)),
+            format!(
+                "Set PYTORCH_CUDA_ALLOC_CONF={} before the first CUDA allocation (or torch.cuda.memory._set_allocator_settings): \
+                 replayed with it, peak reserved is {} instead of {}.",
+                b.alloc_conf,
+                size(b.after_peak_reserved_bytes),
+                size(b.before_peak_reserved_bytes)
+            ),
+        ),
+        None => (
+            format!("{gap}: no allocator setting tried lowers it (by replay)"),
+            "The gap is memory the run frees and allocates again in other sizes; the settings tried do not close it. \
+             torch.cuda.empty_cache() between phases returns the cached part to the device, at the cost of new cudaMalloc calls."
+                .to_string(),
+        ),
+    };
+    let why = format!(
+        "PyTorch's caching allocator keeps freed blocks reserved to reuse them, and splits cached segments to serve smaller \
+         requests; when later requests do not fit the free pieces, it reserves new segments while {} sits free in {} cached \
+         blocks (the largest {}). Rounding every request up to the allocator's block sizes adds {} more.",
+        size(external),
+        state.free_blocks,
+        size(state.largest_free_block),
+        size(internal)
+    );
+    let evidence = Evidence {
+        device: p.device,
+        position,
+        reserved_bytes: state.reserved,
+        allocated_bytes: state.allocated,
+        requested_bytes: state.requested,
+        internal_bytes: internal,
+        external_bytes: external,
+        free_blocks: state.free_blocks,
+        largest_free_block_bytes: state.largest_free_block,
+        what_ifs,
+    };
+    let estimate = (p.what_if_start == replay::StartMode::Replaced).then(|| {
+        format!(
+            "The what-ifs replay from the allocations live at the trace's start, placed afresh (the recorded start already \
+             reserves every segment, so settings would change nothing): their before figure, {} reserved at the peak, is that \
+             replay's, not the file's.",
+            size(before.peak_reserved)
+        )
+    });
+    Finding {
+        kind: FRAGMENTATION.into(),
+        title,
+        bytes: waste,
+        evidence: serde_json::to_value(evidence).unwrap_or_default(),
+        why,
+        fix,
+        verified: best,
+        estimate,
+    }
+}
+
+/// Among the positions where reserved is at its peak, the one with the most allocated.
+fn position_at_peak_reserved(p: &Patient) -> Option<usize> {
+    let t = &p.timeline;
+    let peak = t.reserved.iter().copied().fold(0.0, f64::max);
+    if peak <= 0.0 {
+        return None;
+    }
+    (0..t.reserved.len()).filter(|&x| t.reserved[x] == peak).max_by(|&a, &b| t.allocated[a].total_cmp(&t.allocated[b]).then(b.cmp(&a)))
+}
+
+/// The recorded allocator state after `position` events (a replay with the file's settings from
+/// the recorded start, stopped there).
+fn state_at(p: &Patient, position: usize) -> Result<State, DoctorError> {
+    let options = ReplayOptions { until: Some(position), ..Default::default() };
+    let r = replay::replay_device(p.snapshot, p.device, &options, &mut |_, _| {})?;
+    let blocks = || r.segments.iter().flat_map(|s| &s.blocks);
+    let active = || blocks().filter(|b| b.state.is_active());
+    let free = || blocks().filter(|b| b.state == BlockState::Inactive);
+    Ok(State {
+        reserved: r.segments.iter().map(|s| s.total_size).sum(),
+        allocated: active().map(|b| b.size).sum(),
+        requested: active().map(|b| b.requested_size).sum(),
+        free_blocks: free().count(),
+        largest_free_block: free().map(|b| b.size).max().unwrap_or(0),
+    })
+}

@@ -1,0 +1,164 @@
+//! The doctor: reads one device's trace and says what is wrong with its memory, with the
+//! evidence, the fix, and (wherever a replay can measure it) what the fix saves.
+//!
+//! The data flows top to bottom: pick the device, lay its trace out once (`timeline`), then each
+//! finding looks at it: `peak` (what the peak is made of), `truncated` (memory that predates the
+//! trace), `oom` (a recorded or replayed out-of-memory, and the capacity that fits, searched by
+//! replay), `fragmentation` (reserved above allocated, and the settings that reserve less,
+//! verified by replay). `live` describes what is live at a position; `what_if` runs the replays.
+//! The doctor sits above scenarios: it diagnoses their snapshots as it does a user's file.
+
+mod fragmentation;
+mod live;
+mod oom;
+mod peak;
+mod truncated;
+mod what_if;
+
+pub use live::{AllocationRef, GroupBytes, Live, StackBytes};
+pub use oom::{smallest_fitting_capacity, with_failed_request};
+pub use what_if::{CAPACITY_RESOLUTION, Outcome, Setup};
+
+use crate::alloc::ConfigError;
+use crate::replay::{self, ReplayError, StartMode};
+use crate::timeline;
+use crate::trace::{Action, Snapshot};
+use serde::{Deserialize, Serialize};
+
+/// Kinds of finding (a contract: the page and outside checks read them).
+pub const PEAK: &str = "peak";
+pub const FRAGMENTATION: &str = "fragmentation";
+pub const OOM: &str = "oom";
+pub const TRUNCATED_TRACE: &str = "truncated-trace";
+
+/// What the doctor found: the `peak` summary first, then the problems, most bytes first.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Diagnosis {
+    pub findings: Vec<Finding>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// A stable name: `peak`, `fragmentation`, `oom`, `truncated-trace`.
+    pub kind: String,
+    /// One line in plain words, with the figure.
+    pub title: String,
+    /// Bytes at stake.
+    pub bytes: u64,
+    /// What the finding rests on: trace positions, addresses, stacks, bytes per group; its keys
+    /// depend on the kind.
+    pub evidence: serde_json::Value,
+    /// Two or three sentences a learner understands.
+    pub why: String,
+    /// The code or setting to change.
+    pub fix: String,
+    /// The fix's effect, measured by replay.
+    pub verified: Option<Verified>,
+    /// Which figures are estimates, and what they rest on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<String>,
+}
+
+/// A fix measured by replaying the trace: the same figures `tensormem replay` reports for the
+/// same settings (`command` reproduces the after side, when the replayed trace is the file's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verified {
+    /// In words: "replay with expandable_segments:True".
+    pub how: String,
+    /// The `tensormem replay` command line that gives the after figures; None where the replayed
+    /// trace is not the file's own (a failed request added to it).
+    pub command: Option<String>,
+    /// Settings of the after side, in PYTORCH_CUDA_ALLOC_CONF syntax.
+    pub alloc_conf: String,
+    /// `recorded` or `replaced` (see `tensormem replay --start`).
+    pub start: String,
+    pub capacity: Option<u64>,
+    pub before_peak_reserved_bytes: u64,
+    pub after_peak_reserved_bytes: u64,
+    pub before_peak_allocated_bytes: u64,
+    pub after_peak_allocated_bytes: u64,
+    pub before_out_of_memory: bool,
+    pub after_out_of_memory: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DoctorOptions {
+    /// The device to diagnose; None: the one with an out-of-memory entry, else the one that
+    /// reserved the most.
+    pub device: Option<i64>,
+    /// Device memory to check the trace against (an out-of-memory finding when it does not fit).
+    pub capacity: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DoctorError {
+    #[error("{0}")]
+    Replay(#[from] ReplayError),
+    #[error("the snapshot's allocator settings are unusable: {0}")]
+    Settings(#[from] ConfigError),
+    #[error("the snapshot has no segments and no trace: nothing to diagnose")]
+    Empty,
+    #[error("no capacity up to {0} lets the trace replay without running out of memory")]
+    NoCapacityFits(String),
+}
+
+/// Diagnoses one device of a snapshot.
+pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosis, DoctorError> {
+    let device = match options.device {
+        Some(d) => {
+            replay::check_device(snapshot, d)?;
+            d
+        }
+        None => default_device(snapshot)?,
+    };
+    let timeline = timeline::build(snapshot, device)?;
+    let what_if_start = what_if_start(&timeline);
+    let patient = Patient { snapshot, device, timeline, what_if_start };
+
+    let mut problems = Vec::new();
+    problems.extend(truncated::find(&patient));
+    problems.extend(oom::find(&patient, options.capacity)?);
+    problems.extend(fragmentation::find(&patient)?);
+    problems.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.kind.cmp(&b.kind)));
+
+    let mut findings = vec![peak::find(&patient)];
+    findings.extend(problems);
+    Ok(Diagnosis { findings })
+}
+
+/// What every finding looks at: one device's trace, laid out once.
+pub(crate) struct Patient<'a> {
+    snapshot: &'a Snapshot,
+    device: i64,
+    timeline: timeline::Timeline,
+    /// The start the what-if replays use (see [`what_if_start`]).
+    what_if_start: StartMode,
+}
+
+/// The device with an out-of-memory entry (the one the user is asking about), else the one whose
+/// trace reserved the most.
+fn default_device(snapshot: &Snapshot) -> Result<i64, DoctorError> {
+    let devices = snapshot.devices();
+    if let Some(&d) = devices.iter().find(|&&d| snapshot.trace_of(d).iter().any(|e| e.action == Action::Oom)) {
+        return Ok(d);
+    }
+    let reserved = |d: i64| -> u64 {
+        let at_end: u64 = snapshot.segments_of(d).map(|s| s.total_size).sum();
+        let mapped: u64 = snapshot.trace_of(d).iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)).map(|e| e.size).sum();
+        at_end.max(mapped)
+    };
+    devices.iter().copied().max_by_key(|&d| (reserved(d), -d)).ok_or(DoctorError::Empty)
+}
+
+/// A trace that starts with memory already reserved starts, replayed as recorded, with every
+/// segment it will need: other settings or a smaller card would change nothing. Its what-ifs
+/// start from the live allocations alone, placed afresh (`--start replaced`); a trace that
+/// starts empty replays from its recorded (empty) start.
+fn what_if_start(timeline: &timeline::Timeline) -> StartMode {
+    if timeline.summary.start_reserved_bytes == 0 { StartMode::Recorded } else { StartMode::Replaced }
+}
+
+/// `1.23 GiB` with the exact bytes for a person checking the figure.
+fn size(bytes: u64) -> String {
+    crate::alloc::format_size(bytes)
+}

@@ -1,0 +1,73 @@
+//! `peak`: when allocated memory peaks, in which phase, and what is live then.
+
+use super::{Finding, PEAK, Patient, live, size};
+use crate::scenarios::compare;
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Evidence {
+    device: i64,
+    devices: Vec<i64>,
+    /// The trace entry that reached the peak (None: the peak is the start state).
+    event: Option<usize>,
+    /// forward, loss, backward, optimizer step; None when neither frames nor annotations say.
+    phase: Option<&'static str>,
+    peak_allocated_bytes: u64,
+    peak_reserved_bytes: u64,
+    live: live::Live,
+}
+
+pub(super) fn find(p: &Patient) -> Finding {
+    let summary = &p.timeline.summary;
+    let position = summary.peak_x as usize;
+    let live = live::at(&p.timeline, position);
+    let phase = compare::phase_at(p.snapshot, p.device, position);
+    let event = position.checked_sub(1);
+    let when = match (event, phase) {
+        (Some(i), Some(phase)) => format!("at event {i}, in the {phase}"),
+        (Some(i), None) => format!("at event {i}"),
+        (None, _) => "before the trace's first event".into(),
+    };
+    let title = format!(
+        "Allocated memory peaks at {} {when}: {}",
+        size(summary.peak_allocated_bytes),
+        if live.by_group.is_empty() { "nothing is live".into() } else { live.largest_groups(3) }
+    );
+    let grouped_by =
+        if p.timeline.groups.iter().any(|g| g.category) { "the trace's own categories" } else { "the line of your code at the top of each allocation's stack" };
+    let why = format!(
+        "The peak is the moment that decides whether a run fits on a card: everything listed here was live at once. \
+         Bytes are what the tensors requested (the trace's figure); they are grouped by {grouped_by}, and the stacks \
+         that hold the most are in the evidence."
+    );
+    let fix = match phase {
+        Some("forward" | "loss" | "backward") => {
+            "Shrink what is live at the peak: activations saved for backward dominate a training step's peak; a smaller batch, \
+             activation checkpointing (torch.utils.checkpoint) or mixed precision lowers them."
+        }
+        Some(_) => {
+            "Shrink what is live at the peak: during the optimizer step, its state and foreach temporaries add up; \
+             `foreach=False` or a leaner optimizer lowers them."
+        }
+        None => "Shrink what is live at the peak: start with the largest group and stack above.",
+    };
+    Finding {
+        kind: PEAK.into(),
+        title,
+        bytes: summary.peak_allocated_bytes,
+        evidence: serde_json::to_value(Evidence {
+            device: p.device,
+            devices: p.snapshot.devices(),
+            event,
+            phase,
+            peak_allocated_bytes: summary.peak_allocated_bytes,
+            peak_reserved_bytes: summary.peak_reserved_bytes,
+            live,
+        })
+        .unwrap_or_default(),
+        why,
+        fix: fix.into(),
+        verified: None,
+        estimate: None,
+    }
+}

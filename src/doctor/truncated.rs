@@ -1,0 +1,84 @@
+//! `truncated-trace`: the trace starts with memory already reserved, so part of what the device
+//! holds has no recorded origin.
+
+use super::{Finding, Patient, TRUNCATED_TRACE, size};
+use crate::timeline::GroupKind;
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Evidence {
+    device: i64,
+    events: usize,
+    start_reserved_bytes: u64,
+    start_allocated_bytes: u64,
+    /// Allocations live at the start (their `alloc` entries are not in the trace).
+    start_allocations: usize,
+    /// Of those, the ones whose blocks carry no stack (nothing says where they came from).
+    start_allocations_without_stack: usize,
+    suggested_max_entries: u64,
+}
+
+pub(super) fn find(p: &Patient) -> Option<Finding> {
+    let s = &p.timeline.summary;
+    if s.start_reserved_bytes == 0 || s.events == 0 {
+        return None;
+    }
+    let a = &p.timeline.allocations;
+    let at_start: Vec<usize> = (0..a.start.len()).filter(|&id| a.start[id] == 0).collect();
+    let without_stack = at_start.iter().filter(|&&id| p.timeline.groups[a.group[id] as usize].kind == GroupKind::BeforeTrace).count();
+    let suggested = suggested_max_entries(s.events, at_start.len());
+    let title = format!(
+        "The trace starts mid-run: {} reserved and {} allocated before its first event have no recorded origin",
+        size(s.start_reserved_bytes),
+        size(s.start_allocated_bytes)
+    );
+    let why = "PyTorch keeps only the last max_entries events of _record_memory_history, and records nothing before the call: \
+               this trace begins with memory already in use, so where that memory came from (the model, the optimizer state, \
+               an earlier step) is not in it. Figures about the start are rebuilt from the final state by undoing the trace."
+        .to_string();
+    let fix = format!(
+        "Start recording before the model is built, with room for the whole run: \
+         torch.cuda.memory._record_memory_history(max_entries={suggested}) (this trace has {} entries)",
+        s.events
+    );
+    Some(Finding {
+        kind: TRUNCATED_TRACE.into(),
+        title,
+        bytes: s.start_reserved_bytes,
+        evidence: serde_json::to_value(Evidence {
+            device: p.device,
+            events: s.events,
+            start_reserved_bytes: s.start_reserved_bytes,
+            start_allocated_bytes: s.start_allocated_bytes,
+            start_allocations: at_start.len(),
+            start_allocations_without_stack: without_stack,
+            suggested_max_entries: suggested,
+        })
+        .unwrap_or_default(),
+        why,
+        fix,
+        verified: None,
+        estimate: Some(format!(
+            "max_entries={suggested} is an estimate: twice this trace's {} entries plus three entries (alloc, free_requested, \
+             free_completed) for each of the {} allocations live at its start, rounded up; a longer run before the trace needs more",
+            s.events,
+            at_start.len()
+        )),
+    })
+}
+
+/// Twice the trace plus three entries per allocation that predates it, rounded up to 1, 2 or 5
+/// times a power of ten.
+fn suggested_max_entries(events: usize, live_at_start: usize) -> u64 {
+    let needed = 2 * events as u64 + 3 * live_at_start as u64;
+    let mut power = 1u64;
+    loop {
+        for step in [1, 2, 5] {
+            let candidate = power.saturating_mul(step);
+            if candidate >= needed {
+                return candidate;
+            }
+        }
+        power = power.saturating_mul(10);
+    }
+}

@@ -1,0 +1,123 @@
+//! Replays that measure a fix: the trace under other settings or on a card of a given size,
+//! each told as the `tensormem replay` command that gives the same figures.
+
+use super::{DoctorError, Patient, Verified};
+use crate::alloc::AllocatorConfig;
+use crate::replay::{self, DeviceReplay, ReplayOptions, StartMode};
+use crate::trace::Snapshot;
+
+/// Capacities are searched to this resolution: 2 MiB, the granularity of large segments
+/// (PyTorch's kRoundLarge).
+pub const CAPACITY_RESOLUTION: u64 = 2 << 20;
+
+/// The `max_split_size_mb` values tried as fixes.
+const MAX_SPLIT_SIZES_MB: [u64; 3] = [128, 256, 512];
+
+/// The settings the doctor tries as fixes, each on top of the file's: expandable segments where
+/// they are off, and a few `max_split_size_mb` values other than the file's.
+pub(crate) fn candidate_settings(config: &AllocatorConfig) -> Vec<String> {
+    let expandable = (!config.expandable_segments).then(|| "expandable_segments:True".to_string());
+    let splits = MAX_SPLIT_SIZES_MB.into_iter().filter(|&mb| config.max_split_size != mb << 20).map(|mb| format!("max_split_size_mb:{mb}"));
+    expandable.into_iter().chain(splits).collect()
+}
+
+/// One replay's setup: settings on top of the file's, a start, a capacity.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// PYTORCH_CUDA_ALLOC_CONF text, applied to the defaults as `--alloc-conf` is.
+    pub alloc_conf: String,
+    pub start: StartMode,
+    pub capacity: Option<u64>,
+}
+
+/// One replay's outcome, as the verified figures need it.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    pub peak_reserved: u64,
+    pub peak_allocated: u64,
+    pub out_of_memory: bool,
+    pub first_oom_event: Option<usize>,
+}
+
+impl Setup {
+    /// The file's own settings with `extra` applied after them (`extra` wins).
+    pub(crate) fn file_settings_plus(patient: &Patient, extra: &str) -> Result<Setup, DoctorError> {
+        let recorded = replay::recorded_config(patient.snapshot)?;
+        let base = if recorded.raw.is_empty() { String::new() } else { recorded.raw.clone() };
+        let alloc_conf = [base.as_str(), extra].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join(",");
+        Ok(Setup { alloc_conf, start: patient.what_if_start, capacity: None })
+    }
+
+    pub fn with_capacity(&self, capacity: Option<u64>) -> Setup {
+        Setup { capacity, ..self.clone() }
+    }
+
+    /// Reserved bytes after `position` events of `snapshot`'s device, replayed under this setup.
+    pub fn reserved_at(&self, snapshot: &Snapshot, device: i64, position: usize) -> Result<u64, DoctorError> {
+        let r = self.run(snapshot, device, Some(position))?;
+        Ok(r.segments.iter().map(|s| s.total_size).sum())
+    }
+
+    /// The setup as `tensormem replay` takes it.
+    pub fn command(&self, device: i64) -> String {
+        let mut command = format!("tensormem replay FILE --device {device}");
+        if !self.alloc_conf.is_empty() {
+            command.push_str(&format!(" --alloc-conf {}", self.alloc_conf));
+        }
+        if let Some(c) = self.capacity {
+            command.push_str(&format!(" --capacity {c}"));
+        }
+        if self.start == StartMode::Replaced {
+            command.push_str(" --start replaced");
+        }
+        command.push_str(" --json");
+        command
+    }
+
+    /// Replays `snapshot`'s device under this setup.
+    pub fn replay(&self, snapshot: &Snapshot, device: i64) -> Result<Outcome, DoctorError> {
+        let r = self.run(snapshot, device, None)?;
+        Ok(Outcome {
+            peak_reserved: r.replayed.figures.peak_reserved_bytes,
+            peak_allocated: r.replayed.figures.peak_allocated_bytes,
+            out_of_memory: r.replayed.ooms > 0,
+            first_oom_event: r.first_oom_event,
+        })
+    }
+
+    /// Replays under this setup, up to `until` entries (None: the whole trace).
+    fn run(&self, snapshot: &Snapshot, device: i64, until: Option<usize>) -> Result<DeviceReplay, DoctorError> {
+        let config = AllocatorConfig::parse(&self.alloc_conf)?;
+        let options = ReplayOptions { config: Some(config), capacity: self.capacity, start: self.start, until, ..Default::default() };
+        Ok(replay::replay_device(snapshot, device, &options, &mut |_, _| {})?)
+    }
+
+    /// The start in words, for `how`.
+    pub fn start_words(&self) -> &'static str {
+        match self.start {
+            StartMode::Recorded => "from the recorded start",
+            StartMode::Replaced => "from the allocations live at the start, placed afresh (the recorded start already reserves every segment)",
+        }
+    }
+}
+
+/// Verified figures: `before` and `after` measured the same way, `after` under `setup`.
+/// `command`: whether `setup.command` reproduces `after` (the replayed trace is the file's own).
+pub(crate) fn verified(how: String, setup: &Setup, device: i64, before: Outcome, after: Outcome, command: bool) -> Verified {
+    Verified {
+        how,
+        command: command.then(|| setup.command(device)),
+        alloc_conf: setup.alloc_conf.clone(),
+        start: match setup.start {
+            StartMode::Recorded => "recorded".into(),
+            StartMode::Replaced => "replaced".into(),
+        },
+        capacity: setup.capacity,
+        before_peak_reserved_bytes: before.peak_reserved,
+        after_peak_reserved_bytes: after.peak_reserved,
+        before_peak_allocated_bytes: before.peak_allocated,
+        after_peak_allocated_bytes: after.peak_allocated,
+        before_out_of_memory: before.out_of_memory,
+        after_out_of_memory: after.out_of_memory,
+    }
+}

@@ -1,0 +1,277 @@
+//! The doctor on real PyTorch snapshots and on scenarios: what it finds, pinned to the bytes the
+//! allocator's rules make exact, and every verified figure against a replay of its own.
+
+mod common;
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use tensormem::alloc::AllocatorConfig;
+use tensormem::doctor::{self, CAPACITY_RESOLUTION, Diagnosis, DoctorError, DoctorOptions, Finding, Setup, Verified};
+use tensormem::replay::{self, ReplayOptions, StartMode};
+use tensormem::scenarios::{self, RunRequest};
+use tensormem::trace::{self, Snapshot};
+
+fn load(name: &str) -> Option<Snapshot> {
+    Some(trace::load_file(&common::fixture(name)?).unwrap())
+}
+
+fn diagnose(snapshot: &Snapshot, capacity: Option<u64>) -> Diagnosis {
+    doctor::diagnose(snapshot, &DoctorOptions { device: None, capacity }).unwrap()
+}
+
+fn kinds(d: &Diagnosis) -> Vec<&str> {
+    d.findings.iter().map(|f| f.kind.as_str()).collect()
+}
+
+fn finding<'a>(d: &'a Diagnosis, kind: &str) -> &'a Finding {
+    d.findings.iter().find(|f| f.kind == kind).unwrap_or_else(|| panic!("no {kind} finding in {:?}", kinds(d)))
+}
+
+fn start(text: &str) -> StartMode {
+    StartMode::parse(text).unwrap()
+}
+
+/// A verified figure is a replay's: the same settings, start and capacity give the same peaks.
+fn assert_replay_agrees(snapshot: &Snapshot, device: i64, v: &Verified) {
+    let options =
+        ReplayOptions { config: Some(AllocatorConfig::parse(&v.alloc_conf).unwrap()), capacity: v.capacity, start: start(&v.start), ..Default::default() };
+    let r = replay::replay_device(snapshot, device, &options, &mut |_, _| {}).unwrap();
+    assert_eq!(r.replayed.figures.peak_reserved_bytes, v.after_peak_reserved_bytes, "{}", v.how);
+    assert_eq!(r.replayed.figures.peak_allocated_bytes, v.after_peak_allocated_bytes, "{}", v.how);
+    assert_eq!(r.replayed.ooms > 0, v.after_out_of_memory, "{}", v.how);
+}
+
+/// The `peak` finding first, exactly once, then the problems by bytes at stake; JSON round-trips.
+fn assert_well_formed(name: &str, d: &Diagnosis) {
+    assert_eq!(d.findings.first().map(|f| f.kind.as_str()), Some(doctor::PEAK), "{name}");
+    assert_eq!(kinds(d).iter().filter(|&&k| k == doctor::PEAK).count(), 1, "{name}");
+    let bytes: Vec<u64> = d.findings[1..].iter().map(|f| f.bytes).collect();
+    assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "{name}: problems not ranked by bytes: {bytes:?}");
+    for f in &d.findings {
+        assert!([doctor::PEAK, doctor::FRAGMENTATION, doctor::OOM, doctor::TRUNCATED_TRACE].contains(&f.kind.as_str()), "{name}: {}", f.kind);
+        assert!(!f.title.contains('\n') && !f.why.is_empty() && !f.fix.is_empty(), "{name}: {f:?}");
+    }
+    let json = serde_json::to_string(d).unwrap();
+    let back: Diagnosis = serde_json::from_str(&json).unwrap();
+    assert_eq!(&back, d, "{name}");
+    let value: Value = serde_json::from_str(&json).unwrap();
+    assert!(value["findings"].is_array(), "{name}");
+}
+
+#[test]
+fn a_recorded_oom_gives_its_request_and_the_smallest_capacity_that_fits() {
+    let Some(snapshot) = load("expandable-3gpu-oom.pickle") else { return };
+    let d = diagnose(&snapshot, None);
+    assert_eq!(kinds(&d), ["peak", "oom"]);
+    // Device 1 is the one that failed: its trace entry 421 is PyTorch's oom entry.
+    let peak = &d.findings[0];
+    assert_eq!(peak.evidence["device"], 1);
+    assert_eq!(peak.evidence["event"], 420);
+    assert_eq!(peak.evidence["phase"], "forward");
+    assert_eq!(peak.bytes, 84_063_351_764, "the trace's own peak, as tensormem replay counts it");
+
+    let oom = finding(&d, doctor::OOM);
+    let e = &oom.evidence;
+    assert_eq!(oom.bytes, 5_308_694_528, "the oom entry's size");
+    assert_eq!((e["event"].as_u64(), e["source"].as_str()), (Some(421), Some("recorded")));
+    assert_eq!(e["device_free_bytes"], 95_682_560u64);
+    // Reserved just before the failure is the device's peak reserved (replay tests pin it).
+    assert_eq!(e["reserved_bytes"], 84_202_749_952u64);
+    // Capacity estimate: reserved plus device_free, said to be one.
+    assert_eq!(e["capacity_bytes"], 84_202_749_952u64 + 95_682_560);
+    assert_eq!(e["capacity_estimated"], true);
+    assert!(oom.estimate.as_deref().is_some_and(|s| s.contains("estimate")));
+    assert_eq!(e["reproduced_by_replay"], true, "at the estimated capacity the replay fails too");
+    // The request needs 253 more 20 MiB pages of the expandable segment than were mapped.
+    let smallest = e["smallest_capacity_bytes"].as_u64().unwrap();
+    assert_eq!(smallest, 84_202_749_952 + 253 * 20 * 1024 * 1024);
+    assert_eq!(e["live"]["allocations"], 111);
+    assert_eq!(e["live"]["bytes"], 84_063_351_764u64);
+
+    // The search's answer fits, one step below does not: replayed here with the request added.
+    let with_request = doctor::with_failed_request(&snapshot, 1, 421);
+    let setup = Setup { alloc_conf: "expandable_segments:True".into(), start: StartMode::Recorded, capacity: Some(smallest) };
+    assert!(!setup.replay(&with_request, 1).unwrap().out_of_memory);
+    let below = setup.with_capacity(Some(smallest - CAPACITY_RESOLUTION)).replay(&with_request, 1).unwrap();
+    assert!(below.out_of_memory);
+    assert_eq!(below.first_oom_event, Some(422), "the added request, right after the oom entry");
+
+    // Expandable segments are already on: the fix verified is the capacity.
+    let v = oom.verified.as_ref().unwrap();
+    assert_eq!((v.before_out_of_memory, v.after_out_of_memory, v.capacity), (true, false, Some(smallest)));
+    assert!(v.command.is_none(), "the replayed trace has the request added: no tensormem replay command gives it");
+    assert_replay_agrees(&with_request, 1, v);
+    assert!(oom.fix.contains("already on"), "{}", oom.fix);
+}
+
+#[test]
+fn a_trace_that_starts_mid_run_is_truncated() {
+    let Some(snapshot) = load("gpt-medium-ctx128-training.pickle") else { return };
+    let d = diagnose(&snapshot, None);
+    assert_eq!(kinds(&d), ["peak", "truncated-trace"]);
+    let r = replay::replay_device(&snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+    let t = finding(&d, doctor::TRUNCATED_TRACE);
+    // Everything it reserves predates the trace (it maps no segment of its own).
+    assert_eq!(t.bytes, r.start_reserved_bytes);
+    assert_eq!(t.bytes, 7_235_174_400);
+    assert_eq!(t.evidence["start_allocated_bytes"], 5_095_321_600u64, "requested bytes of the 664 blocks live at the start");
+    assert_eq!(t.evidence["start_allocations"], 664);
+    assert_eq!(t.evidence["events"], 19_136);
+    assert_eq!(t.evidence["suggested_max_entries"], 50_000, "2 x 19,136 + 3 x 664, rounded up");
+    assert!(t.fix.contains("_record_memory_history(max_entries=50000)"), "{}", t.fix);
+    assert!(t.estimate.is_some());
+
+    let peak = &d.findings[0];
+    assert_eq!((peak.bytes, peak.evidence["event"].as_u64()), (7_013_335_044, Some(9966)));
+    assert_eq!(peak.bytes, r.recorded.peak_allocated_bytes);
+    assert_eq!(peak.evidence["phase"], "optimizer step");
+}
+
+#[test]
+fn fragmentation_is_split_and_each_setting_verified_by_replay() {
+    let Some(snapshot) = load("small-state.pickle") else { return };
+    let d = diagnose(&snapshot, None);
+    assert_eq!(kinds(&d), ["peak", "fragmentation"]);
+    let f = finding(&d, doctor::FRAGMENTATION);
+    let e = &f.evidence;
+    // At the peak of reserved (3.52 GiB): 5 cached free blocks, and 1016 bytes of rounding.
+    assert_eq!(e["reserved_bytes"], 3_781_165_056u64);
+    assert_eq!(e["requested_bytes"], 3_249_143_816u64);
+    assert_eq!(e["internal_bytes"], 1016);
+    assert_eq!(e["external_bytes"], 3_781_165_056u64 - 3_249_144_832);
+    assert_eq!(f.bytes, 3_781_165_056 - 3_249_143_816);
+    assert_eq!(e["free_blocks"], 5);
+    // The trace starts empty: replays start as recorded, so "before" is the file's own peak.
+    let v = f.verified.as_ref().unwrap();
+    assert_eq!((v.alloc_conf.as_str(), v.start.as_str()), ("max_split_size_mb:128", "recorded"));
+    assert_eq!((v.before_peak_reserved_bytes, v.after_peak_reserved_bytes), (3_781_165_056, 3_265_265_664));
+    assert!(f.title.contains("max_split_size_mb:128 would reserve 492.00 MiB less"), "{}", f.title);
+    let what_ifs: Vec<Verified> = serde_json::from_value(e["what_ifs"].clone()).unwrap();
+    let tried: Vec<(&str, u64)> = what_ifs.iter().map(|w| (w.alloc_conf.as_str(), w.after_peak_reserved_bytes)).collect();
+    // Expandable segments reserve more here; max_split_size_mb:128 is the best of the splits.
+    assert_eq!(
+        tried,
+        [
+            ("expandable_segments:True", 3_797_942_272),
+            ("max_split_size_mb:128", 3_265_265_664),
+            ("max_split_size_mb:256", 3_265_265_664),
+            ("max_split_size_mb:512", 3_265_265_664)
+        ]
+    );
+    for w in &what_ifs {
+        assert_replay_agrees(&snapshot, 0, w);
+    }
+}
+
+#[test]
+fn a_trace_that_starts_with_memory_reserved_is_verified_from_a_replaced_start() {
+    let Some(snapshot) = load("eor-nn-legacy-with-snapshots.pickle") else { return };
+    let d = diagnose(&snapshot, None);
+    assert_eq!(kinds(&d), ["peak", "fragmentation", "truncated-trace"]);
+    let f = finding(&d, doctor::FRAGMENTATION);
+    assert_eq!(f.bytes, 134_217_728 - 108_258_676);
+    let v = f.verified.as_ref().unwrap();
+    assert_eq!(v.start, "replaced");
+    assert_eq!((v.alloc_conf.as_str(), v.before_peak_reserved_bytes, v.after_peak_reserved_bytes), ("expandable_segments:True", 134_217_728, 113_246_208));
+    assert!(f.estimate.as_deref().is_some_and(|s| s.contains("placed afresh")));
+    for w in serde_json::from_value::<Vec<Verified>>(f.evidence["what_ifs"].clone()).unwrap() {
+        assert_replay_agrees(&snapshot, 0, &w);
+    }
+}
+
+#[test]
+fn a_capacity_too_small_gives_an_oom_found_by_replay() {
+    let Some(snapshot) = load("small-state.pickle") else { return };
+    let d = diagnose(&snapshot, Some(3 << 30));
+    let oom = finding(&d, doctor::OOM);
+    assert_eq!(oom.evidence["source"], "replayed");
+    assert_eq!(oom.evidence["capacity_bytes"], 3u64 << 30);
+    // As `tensormem replay --capacity 3GiB` reports: its first out-of-memory is at event 50, with
+    // 2,707,423,232 bytes reserved (its peak).
+    assert_eq!(oom.evidence["event"], 50);
+    assert_eq!(oom.evidence["reserved_bytes"], 2_707_423_232u64);
+    assert_eq!(oom.bytes, snapshot.trace_of(0)[50].size, "the request is the alloc that failed");
+    assert_eq!(oom.bytes, 512 << 20);
+    // With the file's settings the trace needs exactly the peak it reserved.
+    let smallest = oom.evidence["smallest_capacity_bytes"].as_u64().unwrap();
+    assert_eq!(smallest, 3_781_165_056);
+    let setup = Setup { alloc_conf: String::new(), start: StartMode::Recorded, capacity: Some(smallest) };
+    assert!(!setup.replay(&snapshot, 0).unwrap().out_of_memory);
+    assert!(setup.with_capacity(Some(smallest - CAPACITY_RESOLUTION)).replay(&snapshot, 0).unwrap().out_of_memory);
+    // The file's own trace: its command reproduces the verified figures.
+    let v = oom.verified.as_ref().unwrap();
+    assert!(v.command.is_some());
+    assert!(v.before_out_of_memory && !v.after_out_of_memory);
+    assert_replay_agrees(&snapshot, 0, v);
+    // At the smallest capacity the file needs nothing is wrong.
+    assert!(!kinds(&diagnose(&snapshot, Some(smallest))).contains(&doctor::OOM));
+}
+
+#[test]
+fn every_fixture_gives_the_peak_first_then_problems_by_bytes() {
+    let Some(dir) = common::fixtures_dir() else { return };
+    let expected: BTreeMap<&str, &[&str]> = BTreeMap::from([
+        ("eor-nn-legacy-with-snapshots.pickle", &["peak", "fragmentation", "truncated-trace"][..]),
+        ("expandable-3gpu-oom.pickle", &["peak", "oom"]),
+        ("finetune-legacy.pickle", &["peak", "truncated-trace", "fragmentation"]),
+        ("gpt-ctx128-forward.pickle", &["peak", "truncated-trace"]),
+        ("gpt-medium-ctx128-training.pickle", &["peak", "truncated-trace"]),
+        ("small-state.pickle", &["peak", "fragmentation"]),
+        ("tiny-settings.pickle", &["peak"]),
+    ]);
+    let mut names: Vec<_> =
+        std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".pickle")).collect();
+    names.sort();
+    for name in &names {
+        let snapshot = trace::load_file(&dir.join(name)).unwrap();
+        let d = diagnose(&snapshot, None);
+        assert_well_formed(name, &d);
+        if let Some(kinds_expected) = expected.get(name.as_str()) {
+            assert_eq!(kinds(&d), *kinds_expected, "{name}");
+        }
+    }
+    assert!(names.len() >= expected.len());
+}
+
+fn run(scenario: &str, variant: Option<&str>) -> scenarios::RunResult {
+    let request = RunRequest { scenario: scenario.into(), variant: variant.map(str::to_string), ..Default::default() };
+    scenarios::run(&request).unwrap()
+}
+
+#[test]
+fn scenarios_are_diagnosed_from_their_trace_alone() {
+    // The mistake fragments the cache, and expandable segments (its fix) are verified to help.
+    let mistake = run("variable-batch", Some("mistake"));
+    let d = diagnose(&mistake.snapshot, None);
+    assert_well_formed("variable-batch mistake", &d);
+    assert_eq!(kinds(&d), ["peak", "fragmentation"]);
+    assert_eq!(d.findings[0].bytes, 394_264_576);
+    assert_eq!(d.findings[0].evidence["live"]["by_group"][0]["kind"], "parameter", "tensormem's traces carry categories");
+    let v = finding(&d, doctor::FRAGMENTATION).verified.as_ref().unwrap();
+    assert_eq!(v.alloc_conf, "expandable_segments:True");
+    assert!(v.after_peak_reserved_bytes < v.before_peak_reserved_bytes);
+    assert_eq!(v.before_peak_reserved_bytes, mistake.peak_reserved_bytes, "a trace recorded from the start replays to its own peak");
+    assert_replay_agrees(&mistake.snapshot, 0, v);
+    let fix = run("variable-batch", Some("fix"));
+    let d = diagnose(&fix.snapshot, None);
+    assert_well_formed("variable-batch fix", &d);
+    assert_eq!(kinds(&d), ["peak"]);
+
+    // The 7B model on an 80 GB card: the run's own out-of-memory error, on the card it ran on.
+    let oom_run = run("oom", None);
+    let d = diagnose(&oom_run.snapshot, None);
+    assert_well_formed("oom", &d);
+    let oom = finding(&d, doctor::OOM);
+    assert_eq!(oom.bytes, 172 << 20);
+    assert!(oom_run.out_of_memory.as_deref().is_some_and(|e| e.contains("Tried to allocate 172.00 MiB")));
+    assert_eq!(oom.evidence["capacity_bytes"], oom_run.capacity_bytes, "reserved plus device_free is the whole card");
+}
+
+#[test]
+fn errors_are_values() {
+    let Some(snapshot) = load("small-state.pickle") else { return };
+    let err = doctor::diagnose(&snapshot, &DoctorOptions { device: Some(3), capacity: None }).unwrap_err();
+    assert!(matches!(err, DoctorError::Replay(replay::ReplayError::NoSuchDevice(3, _))), "{err}");
+    assert!(err.to_string().contains("devices present: 0"), "{err}");
+    assert!(matches!(doctor::diagnose(&Snapshot::default(), &DoctorOptions::default()), Err(DoctorError::Empty)));
+}
