@@ -770,7 +770,10 @@ test('the default scenario\'s findings, and the doctor\'s verdict on its mistake
   assert.deepEqual(verdict, variants.map((v) => ({ variant: v, kinds: cliDoctor(['--scenario', name, '--variant', v]).map((f) => f.kind).join(' ') })));
   // The mistake has a problem the fix does not.
   assert.notEqual(verdict[0].kinds, verdict[1].kinds);
-  await page.locator('#scenario-card').screenshot({ path: join(shots, 'diagnosis-scenario-verdict.png') });
+  // Captured from the whole page, where the sticky bar stays at the top and covers nothing.
+  await page.evaluate(() => window.scrollTo(0, 0));
+  const card = await page.locator('#scenario-card').boundingBox();
+  await page.screenshot({ path: join(shots, 'diagnosis-scenario-verdict.png'), fullPage: true, clip: card });
   assert.deepEqual(page.errors, []);
   await page.close();
 });
