@@ -323,9 +323,9 @@ async function diagnose(info, d, ticket) {
 // pinned (its stack in the details panel).
 function goToFinding(f, card) {
   if (!timeline.data) return;
-  for (const c of $('findings').children) c.classList.toggle('active', c === card);
   const ids = allocationsOf(f, timeline.data.arrays);
   timeline.setHighlight(ids);
+  for (const c of $('findings').children) c.classList.toggle('active', c === card);
   const position = momentOf(f);
   if (position != null) timeline.moveCursor(position);
   timeline.pin(ids.length ? ids[0] : null);
@@ -446,6 +446,10 @@ timeline.on('select', (id) => {
   if (id != null && keyboardOn()) announce(bandText(id));
 });
 timeline.on('error', (e) => showError(e.message, 'The timeline could not be drawn.'));
+// A finding's outlines cleared (Escape on the timeline): its card is no longer the active one.
+timeline.on('highlight', (ids) => {
+  if (!ids.length) for (const c of $('findings').children) c.classList.remove('active');
+});
 
 $('icicle-by').addEventListener('change', () => showLive(timeline.cursor));
 

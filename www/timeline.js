@@ -145,6 +145,7 @@ export class Timeline {
   // Allocations to outline together (a finding's evidence), or none.
   setHighlight(ids) {
     this.highlighted = ids ? [...ids] : [];
+    this.emit('highlight', this.highlighted);
     this.requestDraw();
   }
 
@@ -738,6 +739,7 @@ export class Timeline {
       case 'Escape':
         if (this.pinned != null) this.pin(null);
         else if (this.selected != null) this.select(null);
+        else if (this.highlighted.length) this.setHighlight(null);
         else return;
         break;
       default:

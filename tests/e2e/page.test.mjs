@@ -698,6 +698,13 @@ test('the Diagnosis panel shows the doctor\'s findings on a snapshot; a finding 
   else assert.ok(first && first.length > 0, 'the peak names its largest allocations');
   assert.equal(await page.getAttribute('[data-testid=finding][data-kind=peak]', 'class'), 'finding active');
   await page.locator('.timeline-card').screenshot({ path: join(shots, 'diagnosis-peak-on-timeline.png') });
+  // On the timeline, Escape unpins, then clears the finding's outlines.
+  await page.focus('[data-testid=timeline]');
+  await page.keyboard.press('Escape');
+  await timelineState(page, 'pinned', '');
+  await page.keyboard.press('Escape');
+  await timelineState(page, 'highlighted', '');
+  assert.equal(await page.locator('[data-testid=finding].active').count(), 0);
 
   // Fragmentation: the cursor at the position examined; its why, fix and evidence unfold.
   const fragmentation = expected.find((f) => f.kind === 'fragmentation');
