@@ -1,6 +1,6 @@
 //! The one wasm-bindgen surface the page (`www/`) uses. It runs inside the page's Web Worker:
 //! parse a snapshot, lay out a device's timeline as flat arrays, replay under other settings,
-//! run a scenario, export. Results cross to JavaScript as typed arrays and JSON strings.
+//! run a scenario, diagnose (the doctor), export. Results cross to JavaScript as typed arrays and JSON strings.
 
 use crate::replay::{self, ReplayOptions, StartMode};
 use crate::scenarios::{self, RunRequest};
@@ -156,6 +156,15 @@ impl LoadedTrace {
             })
             .collect();
         Ok(serde_json::json!({ "events_replayed": r.events_replayed, "segments": segments, "memory_summary": r.summary }).to_string())
+    }
+
+    /// The doctor's findings on one device, as `tensormem doctor FILE --device N --json` prints
+    /// them: `{findings: [{kind, title, bytes, evidence, why, fix, verified, estimate?}]}`, the
+    /// `peak` summary first, then the problems, most bytes first.
+    pub fn diagnose(&self, device: i32) -> Result<String, JsError> {
+        let options = crate::doctor::DoctorOptions { device: Some(device as i64), capacity: None };
+        let diagnosis = crate::doctor::diagnose(&self.snapshot, &options).map_err(js_error)?;
+        serde_json::to_string(&diagnosis).map_err(js_error)
     }
 
     /// The snapshot as a protocol-4 pickle (pytorch.org/memory_viz opens it).

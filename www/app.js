@@ -7,6 +7,7 @@ import { applyFilter, streamsOf } from './filter.js';
 import { Icicle, buildTree } from './icicle.js';
 import { showComparison } from './compare.js';
 import { UNKNOWN } from './palette.js';
+import { showFindings, allocationsOf, momentOf, verdictRow, verifiedText } from './diagnosis.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -282,13 +283,102 @@ async function showDevice(info, d, ticket = loadTicket) {
   $('replay-key').hidden = true;
   $('compare-result').innerHTML = '';
   $('export-other').hidden = true;
+  const diagnosis = ++diagnosisTicket;
+  $('findings').replaceChildren();
+  $('diagnosis').dataset.state = 'pending';
+  $('diagnosis-status').textContent = 'the doctor reads the trace once it is drawn…';
   // What is live at the cursor (the peak) and the allocator state there (replayed in the
-  // worker): after the first paint, which does not wait for them.
+  // worker), then the doctor's findings: after the first paint, which does not wait for them.
   painted.then(() => {
     performance.mark('tensormem:painted');
     if (current === info) showLive(timeline.cursor);
+    if (diagnosis === diagnosisTicket) diagnose(info, d, diagnosis);
   });
   return true;
+}
+
+// ---- diagnosis: the doctor's findings on the device shown (computed in the worker after the
+// first paint), as cards above the timeline; the scenario panel gets its verdict.
+let diagnosisTicket = 0;
+async function diagnose(info, d, ticket) {
+  $('diagnosis-status').textContent = 'the doctor is reading the trace…';
+  let out;
+  try {
+    out = await ask('diagnose', { trace: info.trace, device: d });
+  } catch (e) {
+    if (ticket !== diagnosisTicket) return;
+    $('diagnosis').dataset.state = 'failed';
+    $('diagnosis-status').textContent = `The doctor could not read this trace: ${e.message}`;
+    return;
+  }
+  if (ticket !== diagnosisTicket) return;
+  const shown = showFindings($('findings'), out.findings, { go: goToFinding, fix: showFix });
+  const problems = shown.filter((f) => f.kind !== 'peak').length;
+  $('diagnosis-status').textContent = problems ? `${problems} problem${problems > 1 ? 's' : ''} found, device ${d}` : `no problem found beyond the peak, device ${d}`;
+  $('diagnosis').dataset.state = 'ready';
+  if (info.run) await showVerdict(info, out.findings, ticket);
+}
+
+// A finding on the timeline: the cursor at its moment, its allocations outlined, the largest
+// pinned (its stack in the details panel).
+function goToFinding(f, card) {
+  if (!timeline.data) return;
+  const ids = allocationsOf(f, timeline.data.arrays);
+  timeline.setHighlight(ids);
+  for (const c of $('findings').children) c.classList.toggle('active', c === card);
+  const position = momentOf(f);
+  if (position != null) timeline.moveCursor(position);
+  timeline.pin(ids.length ? ids[0] : null);
+  const where = position == null ? '' : ` Cursor ${after(position)}.`;
+  announce(`${f.title}.${where}${ids.length ? ` ${ids.length} allocation${ids.length > 1 ? 's' : ''} outlined; the largest pinned.` : ''}`);
+}
+
+// A finding's verified fix, drawn beside the recorded curve: the What if panel's replay, run with
+// the settings, capacity and start the doctor measured.
+async function showFix(f, card) {
+  const v = f.verified;
+  $('whatif-conf').value = v.alloc_conf;
+  $('whatif-capacity').value = v.capacity == null ? '' : String(v.capacity);
+  $('whatif-start').value = v.start;
+  let line = card.querySelector('.finding-fixed');
+  if (!line) {
+    line = document.createElement('p');
+    line.className = 'finding-fixed';
+    card.querySelector('.finding-row').after(line);
+  }
+  line.textContent = `Replaying: ${verifiedText(v)}…`;
+  const r = await runWhatIf();
+  if (!r) { line.textContent = 'The what-if replay failed (see above).'; return; }
+  line.textContent = `The what-if reserved curve (dark, dashed) is drawn beside the recorded one: ${verifiedText(v)}`
+    + (v.command ? '' : ' (the doctor replayed the trace with the failed request added; the curve shown replays the file as recorded)')
+    + `. Replayed here: peak reserved ${formatBytes(r.replayed.peak_reserved_bytes)}${r.replayed.ooms || r.out_of_memory_at_start ? ', out of memory' : ''}.`;
+}
+
+// The scenario panel's verdict: the doctor on this run, and on the scenario's other variant (run
+// in the worker on the same card; not for runs on this browser's GPU).
+async function showVerdict(info, findings, ticket) {
+  const run = JSON.parse(info.run);
+  const s = scenarios?.scenarios.find((x) => x.name === run.scenario);
+  const variants = s ? s.variants : [];
+  const variant = run.variant || info.request?.variant || variants[0] || 'this run';
+  const rows = new Map([[variant, verdictRow(variant, findings)]]);
+  const show = () => {
+    const order = [...variants.filter((v) => rows.has(v)), ...[...rows.keys()].filter((v) => !variants.includes(v))];
+    $('verdict-list').replaceChildren(...order.map((v) => rows.get(v)));
+    $('scenario-verdict').hidden = false;
+  };
+  show();
+  const other = variants.find((v) => v !== variant);
+  if (!other || !info.request || info.request.device === 'gpu') return;
+  try {
+    const out = await ask('diagnoseScenario', { request: { ...info.request, variant: other } });
+    if (ticket !== diagnosisTicket) return;
+    rows.set(other, verdictRow(other, out.findings));
+    show();
+  } catch (e) {
+    if (ticket === diagnosisTicket) rows.set(other, Object.assign(document.createElement('li'), { textContent: `${other}: could not run (${e.message})` }));
+    show();
+  }
 }
 
 // Opens a trace (a file, a URL or a scenario run) in the worker and shows it; the previous trace
@@ -301,6 +391,7 @@ async function load(request, payload) {
   let info = null;
   try {
     info = await ask(request, payload);
+    if (request === 'runScenario') info.request = payload.request;
     performance.mark('tensormem:parsed');
     if (ticket !== loadTicket) return void ask('drop', { trace: info.trace });
     if (!info.devices.length) throw new Error('the snapshot has no segments and no trace for any device');
@@ -355,6 +446,10 @@ timeline.on('select', (id) => {
   if (id != null && keyboardOn()) announce(bandText(id));
 });
 timeline.on('error', (e) => showError(e.message, 'The timeline could not be drawn.'));
+// A finding's outlines cleared (Escape on the timeline): its card is no longer the active one.
+timeline.on('highlight', (ids) => {
+  if (!ids.length) for (const c of $('findings').children) c.classList.remove('active');
+});
 
 $('icicle-by').addEventListener('change', () => showLive(timeline.cursor));
 
@@ -462,8 +557,10 @@ $('export-other').onclick = async () => {
 };
 
 // ---- what if
-$('whatif-run').onclick = async () => {
-  if (!current) return;
+// Replays the trace on screen with the panel's settings and draws both reserved curves; returns
+// the replay's figures, or null when it failed.
+async function runWhatIf() {
+  if (!current) return null;
   clearError();
   $('whatif-run').disabled = true;
   try {
@@ -494,13 +591,16 @@ $('whatif-run').onclick = async () => {
       <details><summary>memory_summary() at the end of the what-if run</summary><pre class="summary">${escape(out.memory_summary)}</pre></details>
       ${divergence ? `<details><summary>Where the replay first decided differently from the recording</summary><p class="result-line muted">Event ${divergence.event}: ${escape(divergence.reason)}</p></details>`
     : `<p class="result-line muted">${r.start === 'replaced' ? 'Same device memory calls as recorded (addresses differ: the start was replaced).' : 'The replay made exactly PyTorch\'s decisions.'}</p>`}`;
+    return r;
   } catch (e) {
     showError(e.message, 'The what-if replay failed.');
+    return null;
   } finally {
     $('whatif-run').disabled = false;
     hideProgress();
   }
-};
+}
+$('whatif-run').onclick = runWhatIf;
 
 // ---- scenarios
 function selectedScenario() {

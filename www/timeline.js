@@ -36,6 +36,8 @@ export class Timeline {
     this.selected = null;
     this.selectedHeight = 0;
     this.replay = null;
+    // Allocations a diagnosis finding names, outlined together (see setHighlight).
+    this.highlighted = [];
     this.listeners = {};
     // Keyboard steps that ask the worker run one after another.
     this.keyQueue = Promise.resolve();
@@ -63,6 +65,7 @@ export class Timeline {
     this.mask = null;
     this.maskVersion = 0;
     this.replay = null;
+    this.highlighted = [];
     this.pinned = null;
     this.hover = null;
     this.selected = null;
@@ -136,6 +139,13 @@ export class Timeline {
     this.replayPeak = 0;
     if (replay) for (const v of replay.reserved_curve) this.replayPeak = Math.max(this.replayPeak, v);
     this.replayVersion = (this.replayVersion || 0) + 1;
+    this.requestDraw();
+  }
+
+  // Allocations to outline together (a finding's evidence), or none.
+  setHighlight(ids) {
+    this.highlighted = ids ? [...ids] : [];
+    this.emit('highlight', this.highlighted);
     this.requestDraw();
   }
 
@@ -287,6 +297,7 @@ export class Timeline {
     ctx.beginPath();
     ctx.rect(p.x, p.y, p.w, p.h);
     ctx.clip();
+    for (const id of this.highlighted) if (id !== this.pinned) this.outline(ctx, id, '#f59e0b', 2.5);
     this.outline(ctx, this.pinned, '#e11d48', 2);
     if (this.hover !== this.pinned) this.outline(ctx, this.hover, '#ffffff', 1.5);
     if (this.selected !== this.pinned && this.selected !== this.hover) {
@@ -344,6 +355,7 @@ export class Timeline {
     set('cursor', this.cursor);
     set('selected', this.selected);
     set('pinned', this.pinned);
+    set('highlighted', this.highlighted.join(' '));
     const label = this.rangeLabel;
     if (!label) return;
     const [v0, v1] = this.view;
@@ -727,6 +739,7 @@ export class Timeline {
       case 'Escape':
         if (this.pinned != null) this.pin(null);
         else if (this.selected != null) this.select(null);
+        else if (this.highlighted.length) this.setHighlight(null);
         else return;
         break;
       default:

@@ -1,4 +1,4 @@
-// The page's worker: all heavy work (read, parse, lay out, replay, scenario runs, export) runs
+// The page's worker: all heavy work (read, parse, lay out, replay, diagnose, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
 import init, { TraceLoader, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
@@ -277,6 +277,23 @@ const handlers = {
   },
   async parseSize({ text }) {
     return parse_size(text);
+  },
+  // The doctor's findings on one device of a trace (`tensormem doctor FILE --device N --json`).
+  async diagnose({ trace, device }) {
+    return JSON.parse(get(trace).diagnose(device));
+  },
+  // A scenario run only to be diagnosed (the other variant of the run on screen): its findings
+  // and peaks; the trace is not kept.
+  async diagnoseScenario({ request }) {
+    const t = await run_scenario(JSON.stringify(request));
+    try {
+      const run = JSON.parse(t.run_json());
+      const devices = Array.from(t.devices());
+      const { findings } = JSON.parse(t.diagnose(devices.length ? devices[0] : 0));
+      return { findings, variant: run.variant, peakAllocated: run.peak_allocated_bytes, peakReserved: run.peak_reserved_bytes };
+    } finally {
+      t.free();
+    }
   },
   async stateAt({ trace, device, position }) {
     return JSON.parse(get(trace).state_at(device, position));

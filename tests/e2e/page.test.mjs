@@ -594,9 +594,193 @@ test('names from a snapshot are shown as text, never run as markup', async () =>
   await page.waitForFunction(() => /address/.test(document.querySelector('#details').textContent));
   assert.ok((await page.textContent('#details')).includes(markup), await page.textContent('#details'));
   assert.ok((await page.textContent('#timeline-status')).includes(markup));
+  // The doctor's findings name the same frames, unfolded: as text too.
+  await page.waitForSelector('[data-testid=diagnosis][data-state=ready]', { timeout: 60000 });
+  for (const toggle of await page.locator('.finding-toggle').all()) await toggle.click();
+  assert.ok((await page.textContent('#diagnosis')).includes(markup), await page.textContent('#diagnosis'));
   await page.waitForTimeout(300);
   assert.equal(await page.locator('img').count(), 0, 'no element was made from a name');
   assert.equal(await page.evaluate(() => window.__injected), undefined);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+// ---- the Diagnosis panel (issue 23): the doctor's findings as cards above the timeline
+
+// The doctor's findings as `tensormem doctor ... --json` reports them.
+function cliDoctor(args) {
+  return JSON.parse(execFileSync(bin, ['doctor', ...args, '--json'], { encoding: 'utf8', maxBuffer: 1 << 26 })).findings;
+}
+// The panel lists them biggest first (ties in the doctor's order).
+const biggestFirst = (findings) => findings.map((f, k) => ({ f, k })).sort((x, y) => y.f.bytes - x.f.bytes || x.k - y.k).map((x) => x.f);
+const kindsAndBytes = (findings) => findings.map((f) => ({ kind: f.kind, bytes: f.bytes }));
+
+async function shownFindings(page) {
+  await page.waitForSelector('[data-testid=diagnosis][data-state=ready]', { timeout: 60000 });
+  return page.$$eval('[data-testid=finding]', (cards) => cards.map((c) => ({ kind: c.dataset.kind, bytes: Number(c.dataset.bytes) })));
+}
+
+// Where a finding's evidence puts it: what was live at its moment (the peak; the state just
+// before a failed request), the position a fragmentation finding examined; a truncated trace: its start.
+function evidencePosition(f) {
+  const e = f.evidence;
+  if (f.kind === 'peak') { assert.equal(e.live.position, e.event + 1); return e.live.position; }
+  if (f.kind === 'oom') { assert.equal(e.live.position, e.event); return e.live.position; }
+  if (f.kind === 'fragmentation') return e.position;
+  if (f.kind === 'truncated-trace') return 0;
+  throw new Error(`no position for ${f.kind}`);
+}
+
+// Activates a finding (a click, or Enter on its focused button) and checks the timeline: the
+// cursor where the evidence says, the allocations it names outlined, the largest pinned and its
+// stack in the details panel.
+async function activateFinding(page, f, how) {
+  const go = page.locator(`[data-testid=finding][data-kind=${f.kind}] .finding-go`);
+  if (how === 'keyboard') {
+    await go.focus();
+    await page.keyboard.press('Enter');
+  } else {
+    await go.click();
+  }
+  await timelineState(page, 'cursor', String(evidencePosition(f)));
+  const largest = f.evidence.live?.largest || [];
+  if (!largest.length) {
+    await timelineState(page, 'highlighted', '');
+    return null;
+  }
+  const ids = (await timelineState(page, 'highlighted')).split(' ').map(Number);
+  const outlined = await page.evaluate((list) => {
+    const a = window.__tensormem.timeline.data.arrays;
+    return list.map((i) => ({ trace_index: a.allocStart[i] === 0 ? null : a.allocStart[i] - 1, address: a.allocAddr[i], bytes: a.allocSize[i] }));
+  }, ids);
+  assert.deepEqual(outlined, largest.map(({ trace_index: t, address, bytes }) => ({ trace_index: t, address, bytes })), f.kind);
+  await timelineState(page, 'pinned', String(ids[0]));
+  const address = `0x${largest[0].address.toString(16)}`;
+  await page.waitForFunction((text) => document.querySelector('#details').textContent.includes(text), address, { timeout: 5000 });
+  const hasStack = await page.evaluate((i) => window.__tensormem.timeline.data.arrays.allocStack[i] !== 0xffffffff, ids[0]);
+  if (hasStack) assert.ok(await page.locator('#details .stack').count() > 0, 'the details show the stack');
+  // The outlines are drawn once the worker has sent their rectangles.
+  await page.waitForFunction((list) => list.every((i) => window.__tensormem.timeline.pieceCache.get(i)?.length > 0), ids, { timeout: 5000 });
+  await frame(page);
+  return ids;
+}
+
+// The timeline stays on the first screen of a 1400 x 1000 window, under the panel.
+async function timelineOnFirstScreen(page) {
+  await page.evaluate(() => window.scrollTo(0, 0));
+  const panel = await page.locator('[data-testid=diagnosis]').boundingBox();
+  const box = await page.locator('[data-testid=timeline]').boundingBox();
+  assert.ok(panel.y + panel.height <= box.y, 'the panel is above the timeline');
+  assert.ok(box.y + box.height <= 1000, `the timeline ends at ${box.y + box.height} px`);
+}
+
+test('the Diagnosis panel shows the doctor\'s findings on a snapshot; a finding moves the cursor, outlines its allocations and shows the fix', async () => {
+  const path = join(fixtures, 'small-state.pickle');
+  const expected = biggestFirst(cliDoctor([path, '--device', '0']));
+  assert.deepEqual(expected.map((f) => f.kind).sort(), ['fragmentation', 'peak']);
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await openFile(page, path, 2);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(expected));
+  await timelineOnFirstScreen(page);
+  await page.screenshot({ path: join(shots, 'diagnosis-small-state.png') });
+
+  // Keyboard: Tab from the last control of the bar reaches the first finding; Enter activates it.
+  await page.focus('#export-json');
+  await page.keyboard.press('Tab');
+  assert.equal(await page.evaluate(() => document.activeElement.closest('[data-testid=finding]')?.dataset.kind), expected[0].kind);
+  assert.equal(await page.evaluate(() => document.activeElement.matches(':focus-visible')), true);
+  const first = await activateFinding(page, expected[0], 'keyboard');
+  assert.match(await page.textContent('#timeline-status'), /Cursor after event \d+\./);
+  const peak = expected.find((f) => f.kind === 'peak');
+  if (peak !== expected[0]) await activateFinding(page, peak, 'click');
+  else assert.ok(first && first.length > 0, 'the peak names its largest allocations');
+  assert.equal(await page.getAttribute('[data-testid=finding][data-kind=peak]', 'class'), 'finding active');
+  await page.locator('.timeline-card').screenshot({ path: join(shots, 'diagnosis-peak-on-timeline.png') });
+  // On the timeline, Escape unpins, then clears the finding's outlines.
+  await page.focus('[data-testid=timeline]');
+  await page.keyboard.press('Escape');
+  await timelineState(page, 'pinned', '');
+  await page.keyboard.press('Escape');
+  await timelineState(page, 'highlighted', '');
+  assert.equal(await page.locator('[data-testid=finding].active').count(), 0);
+
+  // Fragmentation: the cursor at the position examined; its why, fix and evidence unfold.
+  const fragmentation = expected.find((f) => f.kind === 'fragmentation');
+  await activateFinding(page, fragmentation, 'click');
+  const card = page.locator('[data-testid=finding][data-kind=fragmentation]');
+  await card.locator('.finding-toggle').click();
+  assert.equal(await card.locator('.finding-toggle').getAttribute('aria-expanded'), 'true');
+  assert.ok((await card.locator('.finding-why').textContent()).includes(fragmentation.why));
+  assert.ok((await card.locator('.finding-fix').textContent()).includes(fragmentation.fix));
+
+  // "show the fix": the what-if replay with the verified settings, its reserved curve beside the
+  // recorded one, and the peak the doctor measured.
+  const v = fragmentation.verified;
+  assert.ok(v && v.command, 'fragmentation is verified by a replay of the file');
+  await card.locator('[data-testid=show-fix]').click();
+  await page.waitForSelector('#replay-key:not([hidden])', { timeout: 30000 });
+  await page.waitForSelector('[data-testid=whatif-peak-reserved]');
+  assert.equal(Number(await page.getAttribute('[data-testid=whatif-peak-reserved]', 'data-bytes')), v.after_peak_reserved_bytes);
+  assert.equal(await page.inputValue('#whatif-conf'), v.alloc_conf);
+  assert.equal(await page.inputValue('#whatif-start'), v.start);
+  assert.equal(await page.evaluate(() => window.__tensormem.timeline.replay.reserved_curve.length), await page.evaluate(() => window.__tensormem.timeline.positions));
+  await page.waitForFunction(() => /drawn beside the recorded one/.test(document.querySelector('.finding-fixed')?.textContent || ''));
+  await frame(page);
+  await page.screenshot({ path: join(shots, 'diagnosis-show-fix.png') });
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('the Diagnosis panel finds the recorded out-of-memory on the device that ran out, and points at it', async () => {
+  const path = join(fixtures, 'expandable-3gpu-oom.pickle');
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await openFile(page, path, 2);
+  // The page opens the first device; its diagnosis is that device's.
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(biggestFirst(cliDoctor([path, '--device', '0']))));
+  // The doctor's own choice (no --device) is the device with the OOM: pick it in the selector.
+  const expected = biggestFirst(cliDoctor([path]));
+  const oom = expected.find((f) => f.kind === 'oom');
+  assert.ok(oom, 'the doctor finds the OOM');
+  const label = await page.$eval('[data-testid=device-select]', (s, d) => [...s.options].find((o) => o.value === String(d)).textContent, oom.evidence.device);
+  assert.match(label, /out of memory/);
+  await page.selectOption('[data-testid=device-select]', String(oom.evidence.device));
+  await painted(page, 3);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(expected));
+  await activateFinding(page, oom, 'keyboard');
+  await page.screenshot({ path: join(shots, 'diagnosis-oom.png') });
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('the default scenario\'s findings, and the doctor\'s verdict on its mistake and on its fix', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  const name = await page.$eval('[data-testid=scenario-select]', (s) => s.value);
+  const variant = await page.$eval('#variant-select', (s) => s.value);
+  const expected = biggestFirst(cliDoctor(['--scenario', name, '--variant', variant]));
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(expected));
+  await timelineOnFirstScreen(page);
+  const peak = expected.find((f) => f.kind === 'peak');
+  await activateFinding(page, peak, 'click');
+  await page.screenshot({ path: join(shots, 'diagnosis-scenario.png') });
+
+  // The scenario panel: the verdict on both variants, each as the CLI finds it.
+  const variants = await page.$$eval('#variant-select option', (options) => options.map((o) => o.value));
+  assert.deepEqual(variants, ['mistake', 'fix']);
+  await page.waitForFunction(() => document.querySelectorAll('#verdict-list > li').length === 2, null, { timeout: 60000 });
+  const verdict = await page.$$eval('#verdict-list > li', (rows) => rows.map((r) => ({ variant: r.dataset.variant, kinds: r.dataset.kinds })));
+  assert.deepEqual(verdict, variants.map((v) => ({ variant: v, kinds: cliDoctor(['--scenario', name, '--variant', v]).map((f) => f.kind).join(' ') })));
+  // The mistake has a problem the fix does not.
+  assert.notEqual(verdict[0].kinds, verdict[1].kinds);
+  // Captured from the whole page, where the sticky bar stays at the top and covers nothing.
+  await page.evaluate(() => window.scrollTo(0, 0));
+  const card = await page.locator('#scenario-card').boundingBox();
+  await page.screenshot({ path: join(shots, 'diagnosis-scenario-verdict.png'), fullPage: true, clip: card });
   assert.deepEqual(page.errors, []);
   await page.close();
 });

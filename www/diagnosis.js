@@ -1,0 +1,123 @@
+// The Diagnosis panel: the doctor's findings (src/doctor, run in the worker) as compact cards,
+// the biggest first. Every text from the wasm side (titles, why, fix, frames) goes in as text
+// (textContent), never as markup.
+import { formatBytes } from './format.js';
+
+// The trace position a finding is about (0..=events): what was live at its moment (the peak, the
+// state just before a failed request), the position a fragmentation finding examined, else the
+// event named; a truncated trace is about its start. null when the evidence names none.
+export function momentOf(finding) {
+  const e = finding.evidence || {};
+  if (e.live && Number.isInteger(e.live.position)) return e.live.position;
+  if (Number.isInteger(e.position)) return e.position;
+  if (Number.isInteger(e.event)) return e.event + 1;
+  if (finding.kind === 'truncated-trace') return 0;
+  return null;
+}
+
+// The allocations a finding names ({trace_index, address, bytes}), as the timeline's ids: an
+// allocation made by the trace's entry `trace_index` at `address`, or one live from the start.
+export function allocationsOf(finding, arrays) {
+  const named = finding.evidence?.live?.largest || [];
+  const ids = [];
+  for (const r of named) {
+    const start = r.trace_index == null ? 0 : r.trace_index + 1;
+    for (let id = 0; id < arrays.allocSize.length; id++) {
+      if (arrays.allocStart[id] === start && arrays.allocAddr[id] === r.address) { ids.push(id); break; }
+    }
+  }
+  return ids;
+}
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(props)) {
+    if (k === 'dataset') Object.assign(node.dataset, v);
+    else if (k === 'text') node.textContent = v;
+    else if (v != null) node.setAttribute(k, v);
+  }
+  node.append(...children.filter((c) => c != null));
+  return node;
+}
+
+const KIND_LABEL = { peak: 'peak', fragmentation: 'fragmentation', oom: 'out of memory', 'truncated-trace': 'truncated trace' };
+
+// The verified what-if in one line: "replay with expandable_segments:True: peak reserved 1.2 GiB → 900 MiB".
+export function verifiedText(v) {
+  const oom = (flag) => (flag ? ', out of memory' : '');
+  return `${v.how}: peak reserved ${formatBytes(v.before_peak_reserved_bytes)}${oom(v.before_out_of_memory)} → `
+    + `${formatBytes(v.after_peak_reserved_bytes)}${oom(v.after_out_of_memory)}`;
+}
+
+// What the evidence says beyond the title, as short lines of text.
+function evidenceLines(f) {
+  const e = f.evidence || {};
+  const lines = [];
+  if (e.live) {
+    const groups = (e.live.by_group || []).slice(0, 4).map((g) => `${g.name} ${formatBytes(g.bytes)}`).join(', ');
+    lines.push(`Live then: ${formatBytes(e.live.bytes)} in ${e.live.allocations} allocations${groups ? ` (${groups})` : ''}.`);
+  }
+  if (f.kind === 'fragmentation') {
+    lines.push(`Reserved ${formatBytes(e.reserved_bytes)}, allocated ${formatBytes(e.allocated_bytes)}: ${formatBytes(e.internal_bytes)} rounding inside blocks, `
+      + `${formatBytes(e.external_bytes)} cached free in ${e.free_blocks} blocks (largest ${formatBytes(e.largest_free_block_bytes)}).`);
+  }
+  if (f.kind === 'oom' && e.smallest_capacity_bytes) {
+    lines.push(`Request ${formatBytes(e.request_bytes)} with ${formatBytes(e.reserved_bytes)} reserved; the smallest capacity that fits: ${formatBytes(e.smallest_capacity_bytes)}.`);
+  }
+  return lines;
+}
+
+// Fills `root` (the panel's list) with one card per finding. `on.go(finding)` moves the timeline
+// to it, `on.fix(finding)` runs its verified what-if.
+export function showFindings(root, findings, on) {
+  const sorted = findings.map((f, k) => ({ f, k })).sort((x, y) => y.f.bytes - x.f.bytes || x.k - y.k).map((x) => x.f);
+  root.replaceChildren(...sorted.map((f, k) => {
+    const moment = momentOf(f);
+    const go = el('button', {
+      class: 'finding-go',
+      type: 'button',
+      title: moment == null ? 'Show its details' : `Move the cursor to ${moment === 0 ? 'the start of the trace' : `after event ${moment - 1}`} and show what it names`,
+    },
+    el('span', { class: `finding-kind kind-${f.kind}`, text: KIND_LABEL[f.kind] || f.kind }),
+    el('span', { class: 'finding-title', text: f.title }),
+    el('span', { class: 'finding-bytes', text: formatBytes(f.bytes) }));
+    go.addEventListener('click', () => on.go(f, card));
+    const more = el('div', { class: 'finding-more', id: `finding-more-${k}`, hidden: '' },
+      el('p', { class: 'finding-why', text: f.why }),
+      el('p', { class: 'finding-fix' }, el('b', { text: 'Fix: ' }), f.fix),
+      ...evidenceLines(f).map((line) => el('p', { class: 'finding-evidence', text: line })),
+      ...(f.evidence?.live?.top_stacks || []).slice(0, 3).map((s) => el('div', { class: 'stack' },
+        el('div', { class: 'muted', text: `${formatBytes(s.bytes)} in ${s.allocations} allocations from:` }),
+        ...s.frames.map((frame) => el('div', { class: 'py', text: frame })))),
+      f.estimate ? el('p', { class: 'finding-estimate muted', text: `Estimate: ${f.estimate}` }) : null);
+    const fix = f.verified
+      ? el('button', { class: 'button finding-fix-button', type: 'button', 'data-testid': 'show-fix', title: verifiedText(f.verified) }, 'show the fix')
+      : null;
+    if (fix) fix.addEventListener('click', () => on.fix(f, card));
+    // Why, the fix and the evidence: folded under the line.
+    const toggle = el('button', { class: 'link finding-toggle', type: 'button', 'aria-expanded': 'false', 'aria-controls': `finding-more-${k}` }, 'why & fix');
+    toggle.addEventListener('click', () => {
+      more.hidden = !more.hidden;
+      toggle.setAttribute('aria-expanded', String(!more.hidden));
+    });
+    const card = el('li', {
+      class: 'finding',
+      'data-testid': 'finding',
+      dataset: { kind: f.kind, bytes: String(f.bytes), position: moment == null ? '' : String(moment), rank: String(k) },
+    }, el('div', { class: 'finding-row' }, go, toggle, fix), more);
+    return card;
+  }));
+  return sorted;
+}
+
+// The doctor's verdict on a scenario run, in one line per variant: the kinds found and their titles.
+export function verdictRow(label, findings) {
+  const problems = findings.filter((f) => f.kind !== 'peak');
+  const row = el('li', { dataset: { variant: label, kinds: findings.map((f) => f.kind).join(' ') } },
+    el('b', { text: `${label}: ` }),
+    problems.length ? `${problems.length} problem${problems.length > 1 ? 's' : ''}` : 'no problem found beyond the peak');
+  const list = el('ul');
+  for (const f of findings) list.append(el('li', { class: f.kind === 'peak' ? 'muted' : '' }, el('span', { class: `finding-kind kind-${f.kind}`, text: KIND_LABEL[f.kind] || f.kind }), ` ${f.title}`));
+  row.append(list);
+  return row;
+}
