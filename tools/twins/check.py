@@ -9,7 +9,7 @@
     the same settings (same count, same labels: the twins mark the same steps). The 7B `oom`
     twin is not run on the CPU.
 
-    python3 tools/twins/check.py [--tensormem PATH] [--python PYTHON] [--skip-run]
+    python3 tools/twins/check.py [--tensormem PATH] [--python PYTHON] [--skip-run] [--live]
 
 Prints one line per check and a closing `twins: N passed, M failed, K skipped`; exits 1 on any
 failure.
@@ -162,7 +162,22 @@ def labels_match(ours, theirs):
     return True
 
 
-def check_runs(scenarios, tensormem, python, tally):
+def live_note(ours, theirs):
+    """The largest difference, over the steps, between the twin's live CPU tensor bytes
+    (torch.profiler) and tensormem's requested bytes."""
+    worst = None
+    for a, b in zip(ours["steps"], theirs["steps"]):
+        if a.get("requested_bytes") is None:
+            return ""
+        d = a["requested_bytes"] - b["requested_bytes"]
+        if worst is None or abs(d) > abs(worst[0]):
+            worst = (d, b["label"], b["requested_bytes"])
+    if worst is None or worst[0] == 0:
+        return ", live bytes equal at every step"
+    return f", live bytes differ by at most {worst[0]:+,} B (of {worst[2]:,}) at {worst[1]!r}"
+
+
+def check_runs(scenarios, tensormem, python, tally, live=False):
     for s in scenarios:
         name = s["name"]
         settings = CPU_SETTINGS.get(name, [""])
@@ -174,7 +189,8 @@ def check_runs(scenarios, tensormem, python, tally):
                 what = f"runs {name}" + (f" --variant {variant}" if variant else "") + (f" --set {setting}" if setting else "")
                 extra = (["--variant", variant] if variant else []) + (["--set", setting] if setting else [])
                 started = time.monotonic()
-                twin = subprocess.run([python, twin_file(name), "--device", "cpu"] + extra, capture_output=True, text=True)
+                twin = subprocess.run([python, twin_file(name), "--device", "cpu"] + (["--cpu-memory"] if live else []) + extra,
+                                      capture_output=True, text=True)
                 seconds = time.monotonic() - started
                 if twin.returncode != 0:
                     tally.fail(what, f"exit {twin.returncode}: {twin.stderr.strip().splitlines()[-1:] }")
@@ -197,7 +213,7 @@ def check_runs(scenarios, tensormem, python, tally):
                 elif ours["model_parameters"] != theirs["model_parameters"]:
                     tally.fail(what, f"model_parameters {ours['model_parameters']} != tensormem's {theirs['model_parameters']}")
                 else:
-                    tally.ok(f"{what} ({len(a)} steps, {seconds:.1f} s)")
+                    tally.ok(f"{what} ({len(a)} steps, {seconds:.1f} s{live_note(ours, theirs) if live else ''})")
 
 
 def main():
@@ -205,6 +221,9 @@ def main():
     parser.add_argument("--tensormem", help="the tensormem binary (default: target/debug/tensormem, else cargo run)")
     parser.add_argument("--python", default=sys.executable, help="the Python that runs the twins (needs torch for part b)")
     parser.add_argument("--skip-run", action="store_true", help="only part (a)")
+    parser.add_argument("--live", action="store_true",
+                        help="also compare, at each step, the twin's live CPU tensor bytes (torch.profiler) with tensormem's "
+                             "requested bytes (informational: CPU kernels differ from CUDA's in places)")
     args = parser.parse_args()
     started = time.monotonic()
     tensormem = find_tensormem(args.tensormem)
@@ -223,7 +242,7 @@ def main():
     elif not has_torch:
         tally.skip("CPU runs", f"`import torch` fails in {args.python} (pip install torch to run the twins on the CPU)")
     else:
-        check_runs(scenarios, tensormem, args.python, tally)
+        check_runs(scenarios, tensormem, args.python, tally, args.live)
     print(f"({time.monotonic() - started:.1f} s)")
     line = f"twins: {tally.passed} passed, {tally.failed} failed"
     print(line + (f", {tally.skipped} skipped" if tally.skipped else ""))

@@ -108,6 +108,12 @@ def parse_args(name, parameters, variants, argv=None):
     parser.add_argument("--max-entries", type=int, default=DEFAULT_MAX_ENTRIES, help="trace entries kept (_record_memory_history's max_entries)")
     parser.add_argument("--stacks", choices=["python", "all"], default="python", help="stacks recorded (all adds C++ frames: much slower to dump)")
     parser.add_argument("--summary", help="also write the JSON summary to this file")
+    parser.add_argument("--natural-lifetimes", action="store_true",
+                        help="free what natural PyTorch code frees where tensormem's program keeps it alive "
+                             "(models.py's `# tensormem keeps` lines); the twin then differs from the scenario there")
+    parser.add_argument("--cpu-memory", action="store_true",
+                        help="on the CPU: fill the steps' requested_bytes and max_requested_bytes from torch.profiler's memory "
+                             "events (live tensor bytes as asked, no caching; CPU kernels may differ from CUDA's)")
     args = parser.parse_args(argv)
     known = [p[0] for p in parameters]
     given = {}
@@ -178,6 +184,25 @@ class Recorder:
         self.model_parameters = sum(p.numel() for p in params)
 
 
+def cpu_requested_bytes(profiler, steps):
+    """Live CPU tensor bytes at each step marker (and their peak since the previous one), from
+    the profiler's [memory] events in time order."""
+    events = profiler.events()
+    # An op's own allocations count at its start (what it frees inside itself is netted out);
+    # frees after it are [memory] events of their own.
+    changes = sorted((e.time_range.start, e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage)
+                     for e in events if e.name == "[memory]" or e.self_cpu_memory_usage)
+    marks = sorted(e.time_range.start for e in events if e.name.startswith("tensormem step: "))
+    live = peak = i = 0
+    for step, mark in zip(steps, marks):
+        while i < len(changes) and changes[i][0] <= mark:
+            live += changes[i][1]
+            peak = max(peak, live)
+            i += 1
+        step["requested_bytes"], step["max_requested_bytes"] = live, peak
+        peak = live
+
+
 def token_batch(torch, device, batch, context, vocab):
     """`token_batch` of src/scenarios/mod.rs: ids (i * 7919 % vocab) and next-token targets,
     [batch, context] int64, each one allocation on the device (made on the host, copied)."""
@@ -223,10 +248,16 @@ def main(module_globals, argv=None):
         print(f"--out needs a CUDA device (no snapshot on {device})", file=sys.stderr)
     torch.manual_seed(0)
 
+    if args.natural_lifetimes and "models" in sys.modules:
+        sys.modules["models"].NATURAL_LIFETIMES = True
     rec = Recorder(torch, device)
     out_of_memory = None
     started = time.monotonic()
     print(f"{name} ({values.variant or 'no variant'}) on {device}", file=sys.stderr)
+    profiler = None
+    if args.cpu_memory and device.type == "cpu":
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+        profiler.__enter__()
     try:
         program(rec, values)
     except torch.OutOfMemoryError as e:
@@ -234,6 +265,9 @@ def main(module_globals, argv=None):
         out_of_memory = str(e).splitlines()[0] if str(e) else "out of memory"
     seconds = time.monotonic() - started
     rec.fold_peaks()
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        cpu_requested_bytes(profiler, rec.steps)
 
     snapshot = None
     if device.type == "cuda":
@@ -261,6 +295,7 @@ def main(module_globals, argv=None):
         "peak_reserved_bytes": rec.peaks[1] if device.type == "cuda" else None,
         "out_of_memory": out_of_memory,
         "snapshot": snapshot,
+        "natural_lifetimes": args.natural_lifetimes,
         "torch_version": torch.__version__,
         "seconds": round(seconds, 3),
     }

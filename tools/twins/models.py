@@ -17,6 +17,11 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
 
+# Set by `--natural-lifetimes`: free what natural PyTorch code frees where tensormem keeps it
+# (the `# tensormem keeps` lines), to measure what the difference costs.
+NATURAL_LIFETIMES = False
+
+
 def checkpoint(function, *inputs):
     """`autograd::checkpoint`: torch.utils.checkpoint's reentrant form."""
     return _checkpoint(function, *inputs, use_reentrant=True)
@@ -116,6 +121,8 @@ class CausalSelfAttention(nn.Module):
             # bindings); natural PyTorch code (q, k = rotate(q), rotate(k)) frees them here.
             q_in, k_in = q, k
             q, k = rotate(q_in, cos, sin), rotate(k_in, cos, sin)
+            if NATURAL_LIFETIMES:
+                del q_in, k_in
         mask = self.mask.narrow(0, 0, t).narrow(1, 0, t)
         scores = q.matmul(k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
         probs = F.dropout(F.softmax(scores.masked_fill(mask, float("-inf")), -1), self.dropout, training)
@@ -284,6 +291,8 @@ class LmBlock(nn.Module):
         # tensormem keeps the pre-rotation q and k to the end (shadowed Rust bindings).
         q_in, k_in = q, k
         q, k = rotate_halves(q_in, cos, sin), rotate_halves(k_in, cos, sin)
+        if NATURAL_LIFETIMES:
+            del q_in, k_in
         at = torch.arange(t, dtype=torch.int64, device=x.device)
         mask = at.view(t, 1) >= at.view(1, t)
         del at
@@ -291,6 +300,8 @@ class LmBlock(nn.Module):
         # tensormem keeps the unmasked scores to the end too (`let scores = mask.where_(&scores, ..)`
         # shadows them; its `drop(scores)` drops only the masked ones).
         scores = torch.where(mask, scores_in, torch.full((), float("-inf"), dtype=scores_in.dtype, device=x.device))
+        if NATURAL_LIFETIMES:
+            del scores_in
         probs = softmax_written_out(scores)
         del scores
         y = probs.matmul(v).transpose(1, 2).reshape(b, t, c)

@@ -80,6 +80,8 @@ def main():
     parser.add_argument("--device", default="sim:H100-80GB", help="tensormem's simulated card (default sim:H100-80GB)")
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "target", "twins"))
     parser.add_argument("--stacks", choices=["python", "all"], default="python", help="stacks the twins record")
+    parser.add_argument("--natural-lifetimes", action="store_true",
+                        help="the twins free what natural PyTorch code frees where tensormem keeps it (models.py's `# tensormem keeps`)")
     parser.add_argument("--cpu-dry-run", action="store_true", help="test this script without a GPU: the twins run on the CPU (no snapshot, no peaks)")
     args = parser.parse_args()
 
@@ -121,7 +123,8 @@ def main():
                 continue
             started = time.monotonic()
             target = ["--device", "cpu"] if args.cpu_dry_run else ["--device", "cuda", "--out", stem + ".pickle"]
-            twin = run([args.python, twin_file(name)] + target + ["--summary", stem + ".json", "--stacks", args.stacks] + vargs)
+            twin = run([args.python, twin_file(name)] + target + ["--summary", stem + ".json", "--stacks", args.stacks] + vargs
+                       + (["--natural-lifetimes"] if args.natural_lifetimes else []))
             row["twin_seconds"] = round(time.monotonic() - started, 1)
             if twin.returncode != 0:
                 row["error"] = f"twin failed (exit {twin.returncode}): {twin.stderr.strip()[-600:]}"
