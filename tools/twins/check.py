@@ -53,7 +53,8 @@ CPU_SETTINGS = {
     "grad-accumulation": ["batch=5,micro_batches=2,context=16,steps=1"],
     "checkpointing": ["layers=2,batch=2,context=16"],
     "mixed-precision": ["batch=2,context=16,steps=1", "amp=false,batch=2,context=16,steps=1"],
-    "lm-train": ["size=small,batch=1,context=8", "size=small,batch=1,context=8,optimizer=adamw,amp=true,checkpointing=true,steps=2"],
+    "lm-train": ["size=small,batch=1,context=8", "size=small,batch=1,context=4,amp=true",
+                 "size=small,batch=1,context=8,optimizer=adamw,amp=true,checkpointing=true,steps=2"],
     "gpt2-train": ["size=small,batch=1,context=8", "size=small,batch=1,context=8,optimizer=sgd,checkpointing=true"],
     # A 7B model: 27 GB of float32 parameters, not for a CPU check.
     "oom": None,

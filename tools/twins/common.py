@@ -184,6 +184,20 @@ class Recorder:
         self.model_parameters = sum(p.numel() for p in params)
 
 
+def start_recording(torch, args, device):
+    """`_record_memory_history` with every alloc and free and their stacks; where this PyTorch
+    has it, `global_record_annotations` (record_function ranges recorded without a profiler:
+    the step markers)."""
+    options = dict(enabled="all", context="all", stacks=args.stacks, max_entries=args.max_entries, device=device)
+    for extra in ({"global_record_annotations": True}, {}):
+        try:
+            torch.cuda.memory._record_memory_history(**options, **extra)
+            return
+        except TypeError:  # an older signature
+            continue
+    torch.cuda.memory._record_memory_history("all", max_entries=args.max_entries)
+
+
 def cpu_requested_bytes(profiler, steps):
     """Live CPU tensor bytes at each step marker (and their peak since the previous one), from
     the profiler's [memory] events in time order."""
@@ -239,10 +253,7 @@ def main(module_globals, argv=None):
             # In case CUDA was initialised before (the environment variable is then too late).
             torch.cuda.memory._set_allocator_settings(fix_settings)
         torch.cuda.init()
-        try:
-            torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks=args.stacks, max_entries=args.max_entries, device=device)
-        except TypeError:  # an older signature
-            torch.cuda.memory._record_memory_history(True, max_entries=args.max_entries)
+        start_recording(torch, args, device)
         torch.cuda.reset_peak_memory_stats(device)
     elif args.out:
         print(f"--out needs a CUDA device (no snapshot on {device})", file=sys.stderr)
