@@ -1,0 +1,40 @@
+"""Twin of `tensormem run lm-train` (src/scenarios/training.rs, src/nn/lm.rs): a training step
+of the recorded run's own pre-norm LM (einsum linears, RoPE on halves, softmax and log_softmax
+written out, the handwritten AdamW by default), after a warm-up step."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import common  # noqa: E402
+
+import models  # noqa: E402
+
+NAME = "lm-train"
+VARIANTS = []
+PARAMETERS = [
+    ("size", "medium", {"type": "choice", "options": ["small", "medium", "large", "xl", "2.7b"]}),
+    ("batch", "4", {"type": "integer", "min": 1, "max": 65536}),
+    ("context", "128", {"type": "integer", "min": 1, "max": 1048576}),
+    ("optimizer", "handwritten-adamw", {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
+    ("dtype", "float32", {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
+    ("amp", "false", {"type": "flag"}),
+    ("checkpointing", "false", {"type": "flag"}),
+    ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
+]
+FIX_SETTINGS = None
+
+
+def program(rec, v):
+    models.check_fits(v, 10_000)
+    dim, hidden, layers, heads = models.LM_SIZES[v.choice("size")]
+    net = models.Lm(10_000, dim, hidden, layers, heads, v.int("context"), models.DTYPES[v.choice("dtype")], rec.device)
+    net.checkpointing = v.flag("checkpointing")
+    rec.count_parameters(net.ordered_parameters())
+    models.train(rec, v, net, 10_000, net.forward, net.loss)
+
+
+if __name__ == "__main__":
+    common.main(globals())

@@ -1,0 +1,56 @@
+"""Twin of `tensormem run optimizer-state` (src/scenarios/techniques.rs `optimizer_state`):
+what SGD, SGD with momentum and Adam keep (torch.optim, foreach)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import common  # noqa: E402
+
+
+import models  # noqa: E402
+
+
+def small_lm(rec, v, layers, batch, context):
+    """`small_lm` (src/scenarios/techniques.rs): the lm family at vocabulary 1000, width 256,
+    4 heads, 688 wide feed-forward, and one batch of ids and next-token targets."""
+    dev = rec.device
+    net = models.small_lm(layers, context, dev)
+    rec.count_parameters(net.ordered_parameters())
+    ids, targets = common.token_batch(torch, dev, batch, context, 1000)
+    rec.step("model and batch")
+    return net, ids, targets
+
+
+NAME = "optimizer-state"
+VARIANTS = []
+PARAMETERS = [
+    ("optimizer", "adam", {"type": "choice", "options": ["sgd", "momentum", "adam"]}),
+    ("batch", "8", {"type": "integer", "min": 1, "max": 4096}),
+    ("context", "128", {"type": "integer", "min": 1, "max": 8192}),
+    ("steps", "2", {"type": "integer", "min": 1, "max": 1000}),
+]
+FIX_SETTINGS = None
+
+
+def program(rec, v):
+    net, ids, targets = small_lm(rec, v, 4, v.int("batch"), v.int("context"))
+    params = net.ordered_parameters()
+    if v.choice("optimizer") == "sgd":
+        optimizer = torch.optim.SGD(params, lr=1e-2, momentum=0.0, weight_decay=0.0, foreach=True)
+    elif v.choice("optimizer") == "momentum":
+        optimizer = torch.optim.SGD(params, lr=1e-2, momentum=0.9, weight_decay=0.0, foreach=True)
+    else:
+        optimizer = torch.optim.Adam(params, lr=1e-3, weight_decay=0.0, foreach=True)
+    for step in range(1, v.int("steps") + 1):
+        optimizer.zero_grad(set_to_none=True)
+        net.loss(net(ids), targets).backward()
+        rec.step(f"step {step}: backward")
+        optimizer.step()
+        rec.step(f"step {step}: optimizer.step()")
+
+
+if __name__ == "__main__":
+    common.main(globals())
