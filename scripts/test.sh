@@ -93,6 +93,8 @@ native() {
   set -euo pipefail
   echo "== cargo test (allocator rules and properties, fixtures, replay, malformed input, CLI, GPU kernels on the first adapter)"
   cargo test --workspace --locked
+  echo "== PyTorch twins: one per scenario, with its parameters and variants (tools/twins/check.py)"
+  python3 tools/twins/check.py | awk '{ print } /^twins:/ { printf "test result: %s. %d passed; %d failed (PyTorch twins)\n", ($4 + 0 ? "FAILED" : "ok"), $2, $4 }'
 }
 
 export -f checks native
