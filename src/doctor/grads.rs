@@ -34,18 +34,21 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     }
     let a = &p.timeline.allocations;
     // Each backward allocation still live where its pass ends (the next pass starts).
-    let gradients: Vec<usize> = steps::in_order(p)
-        .into_iter()
+    let gradients: Vec<usize> = s
+        .order
+        .iter()
+        .copied()
         .filter(|&id| s.phase[id] == Some(Phase::Backward) && !steps::is_library_buffer(p, id))
         .filter(|&id| {
             let next = s.passes.partition_point(|q| q.first <= a.start[id]);
             s.passes.get(next).is_some_and(|next| steps::live_at(p, id, next.first))
         })
         .collect();
-    let optimizer_between = |from: u32, to: u32| s.passes.iter().any(|q| q.phase == Phase::Optimizer && q.first > from && q.first < to);
-    let (per_iteration, (bytes, k, kept)) = s.worst_iteration(p, |_, b| {
-        gradients.iter().copied().filter(|&id| a.start[id] < b && steps::live_at(p, id, b) && (!s.has_optimizer || optimizer_between(a.start[id], b))).collect()
-    });
+    // The first optimizer step after each position.
+    let optimizer_steps: Vec<u32> = s.passes.iter().filter(|q| q.phase == Phase::Optimizer).map(|q| q.first).collect();
+    let optimizer_between = |from: u32, to: u32| optimizer_steps.get(optimizer_steps.partition_point(|&x| x <= from)).is_some_and(|&x| x < to);
+    let (per_iteration, (bytes, k, kept)) =
+        s.worst_iteration(p, &gradients, |_, b, id| a.start[id] < b && (!s.has_optimizer || optimizer_between(a.start[id], b)));
     if !steps::material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
         return None;
     }

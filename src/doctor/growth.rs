@@ -38,11 +38,11 @@ pub(super) fn find(p: &Patient, s: &Steps, capacity: Option<u64>) -> Option<Find
         return None;
     }
     let a = &p.timeline.allocations;
-    let order = steps::in_order(p);
+    let order = &s.order;
     let examined_at = order.last().map(|&id| a.start[id])?;
     let examined = 2..=n - 2;
     let mut kept: Vec<Vec<usize>> = vec![Vec::new(); n + 1];
-    for &id in &order {
+    for &id in order {
         let k = s.iteration_of(a.start[id]);
         if a.start[id] > 0 && examined.contains(&k) && steps::live_at(p, id, examined_at) && !steps::is_library_buffer(p, id) {
             kept[k].push(id);

@@ -37,13 +37,16 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let grad_mode_evidence = grad_mode(p, s)?;
     let a = &p.timeline.allocations;
     let events = p.timeline.events;
-    let forward: Vec<usize> =
-        steps::in_order(p).into_iter().filter(|&id| s.phase[id] == Some(Phase::Forward) && a.start[id] > 0 && !steps::is_library_buffer(p, id)).collect();
+    let mut by_iteration: Vec<Vec<usize>> = vec![Vec::new(); s.iterations.len() + 1];
+    for &id in &s.order {
+        if s.phase[id] == Some(Phase::Forward) && a.start[id] > 0 && !steps::is_library_buffer(p, id) {
+            by_iteration[s.iteration_of(a.start[id])].push(id);
+        }
+    }
     let mut held_per_iteration = Vec::new();
     let mut worst: (u64, usize, u32, Vec<usize>) = (0, 0, 0, Vec::new());
-    for k in 1..=s.iterations.len() {
+    for (k, made) in by_iteration.iter().enumerate().skip(1) {
         let at = s.iteration_end(k, events);
-        let made: Vec<usize> = forward.iter().copied().filter(|&id| s.iteration_of(a.start[id]) == k).collect();
         let Some(&result) = made.last() else {
             held_per_iteration.push(0);
             continue;

@@ -40,12 +40,15 @@ struct Evidence {
 pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let a = &p.timeline.allocations;
     let events = p.timeline.events as u32;
-    let order = steps::in_order(p);
+    let order = &s.order;
     let mut state_per_step = Vec::new();
     let mut replaced_per_step = Vec::new();
     let mut temporaries_peak = 0u64;
     let mut state_ids = Vec::new();
     let mut position = 0;
+    // What an optimizer step can replace (made before the trace, or by a step), by end.
+    let mut by_end: Vec<usize> = order.iter().copied().filter(|&id| a.start[id] == 0 || s.phase[id] == Some(Phase::Optimizer)).collect();
+    by_end.sort_by_key(|&id| a.end[id]);
     for (i, q) in s.passes.iter().enumerate().filter(|(_, q)| q.phase == Phase::Optimizer) {
         let end = s.passes.get(i + 1).map_or(events, |next| next.first);
         let from = order.partition_point(|&id| a.start[id] < q.first);
@@ -61,11 +64,8 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         state_per_step.push(state.iter().map(|&id| steps::bytes(p, id)).sum());
         temporaries_peak = temporaries_peak.max(peak_of(p, &temporaries));
         // Old state: made before the trace or by an earlier step, freed during this one.
-        let replaced: u64 = order[..from]
-            .iter()
-            .filter(|&&id| (a.start[id] == 0 || s.phase[id] == Some(Phase::Optimizer)) && a.end[id] > q.first && a.end[id] <= q.last + 1)
-            .map(|&id| steps::bytes(p, id))
-            .sum();
+        let freed = by_end.partition_point(|&id| a.end[id] <= q.first)..by_end.partition_point(|&id| a.end[id] <= q.last + 1);
+        let replaced: u64 = by_end[freed].iter().filter(|&&id| a.start[id] < q.first).map(|&id| steps::bytes(p, id)).sum();
         replaced_per_step.push(replaced);
         if state.iter().map(|&id| steps::bytes(p, id)).sum::<u64>() >= state_ids.iter().map(|&id| steps::bytes(p, id)).sum() {
             state_ids = state;

@@ -37,26 +37,22 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         return None;
     }
     let a = &p.timeline.allocations;
-    let forward: Vec<usize> = steps::in_order(p).into_iter().filter(|&id| s.phase[id] == Some(Phase::Forward) && !steps::is_library_buffer(p, id)).collect();
+    let forward: Vec<usize> = s.order.iter().copied().filter(|&id| s.phase[id] == Some(Phase::Forward) && !steps::is_library_buffer(p, id)).collect();
     let events = p.timeline.events;
-    let (per_iteration, (bytes, k, retained)) = s.worst_iteration(p, |k, b| {
-        let end = s.iteration_end(k, events);
-        // Iteration k's backward: from its first backward allocation to the next pass.
-        let backward = s
-            .passes
-            .iter()
-            .position(|q| q.phase == Phase::Backward && q.first >= b && q.first < end)
-            .map(|i| (s.passes[i].first, s.passes.get(i + 1).map_or(end, |q| q.first)));
-        forward
-            .iter()
-            .copied()
-            .filter(|&id| {
-                let i = s.iteration_of(a.start[id]);
-                let old_enough = if s.has_backward { i >= 1 && i < k } else { i >= 1 && i + 2 <= k };
-                let carried = backward.is_some_and(|(from, to)| a.end[id] > from && a.end[id] <= to);
-                old_enough && steps::live_at(p, id, b) && !carried
-            })
-            .collect()
+    // Each iteration's backward: from its first backward allocation to the next pass.
+    let backward: Vec<Option<(u32, u32)>> = (0..=n)
+        .map(|k| {
+            let (b, end) = (*s.iterations.get(k.checked_sub(1)?)?, s.iteration_end(k, events));
+            let i = s.passes.partition_point(|q| q.first < b);
+            let i = i + s.passes[i..].iter().take_while(|q| q.first < end).position(|q| q.phase == Phase::Backward)?;
+            Some((s.passes[i].first, s.passes.get(i + 1).map_or(end, |q| q.first)))
+        })
+        .collect();
+    let (per_iteration, (bytes, k, retained)) = s.worst_iteration(p, &forward, |k, _, id| {
+        let i = s.iteration_of(a.start[id]);
+        let old_enough = if s.has_backward { i >= 1 && i < k } else { i >= 1 && i + 2 <= k };
+        let carried = backward[k].is_some_and(|(from, to)| a.end[id] > from && a.end[id] <= to);
+        old_enough && !carried
     });
     if !steps::material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
         return None;

@@ -37,6 +37,8 @@ pub(super) struct Pass {
 }
 
 pub(super) struct Steps {
+    /// Allocation ids by start position (the trace's order).
+    pub order: Vec<usize>,
     /// Per timeline allocation id.
     pub phase: Vec<Option<Phase>>,
     pub passes: Vec<Pass>,
@@ -64,7 +66,7 @@ impl Steps {
 }
 
 /// Allocation ids by start position (the trace's order).
-pub(super) fn in_order(p: &Patient) -> Vec<usize> {
+fn in_order(p: &Patient) -> Vec<usize> {
     let a = &p.timeline.allocations;
     let mut ids: Vec<usize> = (0..a.start.len()).collect();
     ids.sort_by_key(|&id| (a.start[id], id));
@@ -102,7 +104,7 @@ pub(super) fn find(p: &Patient) -> Steps {
     } else {
         (passes.iter().filter(|q| q.phase == Phase::Forward).take(1).map(|q| q.first).collect(), "one forward (no backward or optimizer step in the frames)")
     };
-    Steps { phase, passes, iterations, how, tensormem, has_backward, has_optimizer }
+    Steps { order, phase, passes, iterations, how, tensormem, has_backward, has_optimizer }
 }
 
 /// The starts of the earliest forward stack that occurs more than once.
@@ -218,13 +220,25 @@ impl Steps {
         IterationsEvidence { device: p.device, iterations: self.iterations.len(), iteration_starts: self.iterations.clone(), iterations_found_by: self.how }
     }
 
-    /// For each iteration from the second, the allocations `pick(k, start)` names there: their
-    /// bytes per iteration, and the iteration with the most (bytes, k, ids).
-    pub fn worst_iteration(&self, p: &Patient, mut pick: impl FnMut(usize, u32) -> Vec<usize>) -> (Vec<u64>, (u64, usize, Vec<usize>)) {
+    /// For each iteration k from the second, the `candidates` live where it starts (position
+    /// b) that `keep(k, b, id)` accepts: their bytes per iteration, and the iteration with the
+    /// most (bytes, k, ids). Each candidate visits only the starts its lifetime spans.
+    pub fn worst_iteration(&self, p: &Patient, candidates: &[usize], mut keep: impl FnMut(usize, u32, usize) -> bool) -> (Vec<u64>, (u64, usize, Vec<usize>)) {
+        let a = &p.timeline.allocations;
+        let n = self.iterations.len();
+        let mut kept: Vec<Vec<usize>> = vec![Vec::new(); n + 1];
+        for &id in candidates {
+            let mut i = self.iterations.partition_point(|&b| b < a.start[id]).max(1);
+            while i < n && self.iterations[i] < a.end[id] {
+                if keep(i + 1, self.iterations[i], id) {
+                    kept[i + 1].push(id);
+                }
+                i += 1;
+            }
+        }
         let mut per_iteration = Vec::new();
         let mut worst = (0, 0, Vec::new());
-        for k in 2..=self.iterations.len() {
-            let ids = pick(k, self.iterations[k - 1]);
+        for (k, ids) in kept.into_iter().enumerate().skip(2) {
             let total: u64 = ids.iter().map(|&id| bytes(p, id)).sum();
             per_iteration.push(total);
             if total > worst.0 {
