@@ -104,15 +104,47 @@ fn a_flat_loop_shows_no_growth_and_steady_optimizer_state_is_not_growth() {
     // Adam: two moments, each the size of the parameters, made once (in place after that).
     assert_eq!(f.evidence["state_bytes"], 2 * f.evidence["parameter_bytes"].as_u64().unwrap());
     assert_eq!(f.evidence["made_anew_each_step"], false);
-    let momentum = diagnose_with("optimizer-state", "optimizer", "momentum");
+    let momentum = diagnose_with("optimizer-state", None, "optimizer", "momentum");
     let f = momentum.findings.iter().find(|f| f.kind == doctor::OPTIMIZER_STATE).unwrap();
     assert_eq!(f.evidence["state_bytes"], f.evidence["parameter_bytes"]);
-    let sgd = diagnose_with("optimizer-state", "optimizer", "sgd");
+    let sgd = diagnose_with("optimizer-state", None, "optimizer", "sgd");
     assert!(rank(&sgd, doctor::OPTIMIZER_STATE).is_none(), "plain SGD keeps nothing");
+
+    // A language model's training loop over 4 steps after its warm-up: flat, nothing kept.
+    let d = diagnose_with("lm-train", None, "steps", "4");
+    for kind in [doctor::GROWTH, doctor::RETAINED_GRAPH, doctor::GRADS_KEPT, doctor::MISSING_NO_GRAD] {
+        assert!(rank(&d, kind).is_none(), "lm-train: {kind}");
+    }
+    assert!(rank(&d, doctor::OPTIMIZER_STATE).is_some());
 }
 
-fn diagnose_with(scenario: &str, key: &str, value: &str) -> Diagnosis {
-    let request = RunRequest { scenario: scenario.into(), set: [(key.to_string(), value.to_string())].into_iter().collect(), ..Default::default() };
+#[test]
+fn the_variants_parameters_move_the_verdict() {
+    // zero_grad(set_to_none=False) keeps the gradient blocks (zeroed) through the forward.
+    let d = diagnose_with("zero-grad", Some("fix"), "set_to_none", "false");
+    assert_eq!(rank(&d, doctor::GRADS_KEPT), Some(2));
+    assert_eq!(
+        d.findings[2].bytes,
+        d.findings[0].evidence["live"]["by_group"].as_array().unwrap().iter().find(|g| g["kind"] == "parameter").unwrap()["bytes"].as_u64().unwrap(),
+        "one gradient per parameter"
+    );
+    // inference_mode holds nothing either.
+    let d = diagnose_with("eval-no-grad", Some("fix"), "guard", "inference_mode");
+    assert_eq!(d.findings.len(), 1);
+    // A forward-only loop that keeps its losses keeps every graph: retained, growing, and never used.
+    let d = diagnose_with("loss-history", Some("mistake"), "backward", "false");
+    let kinds: Vec<&str> = d.findings.iter().skip(1).map(|f| f.kind.as_str()).collect();
+    assert_eq!(kinds, [doctor::RETAINED_GRAPH, doctor::GROWTH, doctor::MISSING_NO_GRAD, doctor::FRAGMENTATION]);
+}
+
+/// `scenario`'s `variant` (None: the default) with one parameter set.
+fn diagnose_with(scenario: &str, variant: Option<&str>, key: &str, value: &str) -> Diagnosis {
+    let request = RunRequest {
+        scenario: scenario.into(),
+        variant: variant.map(str::to_string),
+        set: [(key.to_string(), value.to_string())].into_iter().collect(),
+        ..Default::default()
+    };
     let run = scenarios::run(&request).unwrap();
     doctor::diagnose(&run.snapshot, &DoctorOptions::default()).unwrap()
 }
