@@ -390,6 +390,13 @@ fn doctor_runs_a_scenario_and_diagnoses_its_trace() {
     };
     assert_eq!(kinds("mistake"), ["peak", "fragmentation"]);
     assert_eq!(kinds("fix"), ["peak"]);
+    // A training-loop kind: evaluation without no_grad, and its fix.
+    let eval = |variant: &str| doctor_findings(&["doctor", "--scenario", "eval-no-grad", "--variant", variant, "--json"]);
+    let mistake = eval("mistake");
+    let missing = mistake.iter().find(|f| f["kind"] == "missing-no-grad").unwrap();
+    assert!(missing["title"].as_str().unwrap().contains("no backward"), "{missing}");
+    assert!(missing["evidence"]["held_per_iteration"].as_array().is_some_and(|h| h.len() == 4));
+    assert!(eval("fix").iter().all(|f| f["kind"] != "missing-no-grad"));
     let findings = doctor_findings(&["doctor", "--scenario", "variable-batch", "--set", "layers=2", "--device", "sim:24GiB", "--json"]);
     assert_eq!(findings[0]["kind"], "peak");
 }

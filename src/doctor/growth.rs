@@ -23,6 +23,7 @@ struct Evidence {
     /// For iterations 2 to n - 2: bytes they made, from the growing stacks, still live there.
     kept_per_iteration: Vec<u64>,
     bytes_per_iteration: u64,
+    allocations_per_iteration: usize,
     top_stacks: Vec<StackBytes>,
     allocations: Vec<AllocationRef>,
     capacity_bytes: u64,
@@ -75,9 +76,11 @@ pub(super) fn find(p: &Patient, s: &Steps, capacity: Option<u64>) -> Option<Find
     let top_stacks = steps::top_stacks(p, &growing, 3);
     let keeper = top_stacks.first().and_then(|s| s.frames.first().cloned()).unwrap_or_else(|| "allocations without a stack".into());
     let card = if capacity.is_some() { "the card".to_string() } else { format!("an {}", DEFAULT_CARD.0) };
+    let per = growing.len() / (n - 3);
     let title = format!(
-        "Each iteration keeps {} more ({keeper}): {}",
+        "Each iteration keeps {} more in {per} allocation{} ({keeper}): {}",
         size(rate),
+        if per == 1 { "" } else { "s" },
         match runs_out_at_iteration {
             Some(i) => format!("at this rate {card} runs out at iteration {i}"),
             None => format!("the peak already exceeds {card}"),
@@ -98,6 +101,7 @@ pub(super) fn find(p: &Patient, s: &Steps, capacity: Option<u64>) -> Option<Find
         position: examined_at,
         kept_per_iteration: per_iteration,
         bytes_per_iteration: rate,
+        allocations_per_iteration: per,
         allocations: steps::largest(p, &growing, 5),
         top_stacks,
         capacity_bytes,

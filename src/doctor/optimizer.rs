@@ -104,7 +104,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
             size(state_bytes / 2)
         ),
         Some(r) if (0.8..1.2).contains(&r) => format!("SGD without momentum keeps nothing ({} less)", size(state_bytes)),
-        _ => "a leaner optimizer (SGD with momentum: one buffer per parameter; Adafactor, 8-bit Adam) keeps less".to_string(),
+        _ => "A leaner optimizer (SGD with momentum: one buffer per parameter; Adafactor, 8-bit Adam) keeps less".to_string(),
     };
     let mut fix = format!("{leaner}.");
     if temporaries_peak > 0 {
