@@ -3,7 +3,7 @@
 //! fix is not. The table is printed (`cargo test --test doctor_scenarios -- --nocapture`).
 
 use tensormem::doctor::{self, Diagnosis, DoctorOptions};
-use tensormem::scenarios::{self, RunRequest};
+use tensormem::scenarios::{self, RunRequest, RunResult};
 
 /// The kind each scenario teaches. `loss-history` teaches `growth`: with backward each step, the
 /// graph's saved tensors are freed by backward and what the kept loss tensors hold on the card
@@ -36,10 +36,15 @@ const LEFT_OUT: [(&str, &str); 12] = [
     ("lm-train", "a prediction of a training step (and gpt2-train): no mistake to find"),
 ];
 
-fn diagnose(scenario: &str, variant: Option<&str>) -> Diagnosis {
+fn run(scenario: &str, variant: Option<&str>) -> (RunResult, Diagnosis) {
     let request = RunRequest { scenario: scenario.into(), variant: variant.map(str::to_string), ..Default::default() };
     let run = scenarios::run(&request).unwrap_or_else(|e| panic!("{scenario}: {e}"));
-    doctor::diagnose(&run.snapshot, &DoctorOptions::default()).unwrap()
+    let d = doctor::diagnose(&run.snapshot, &DoctorOptions::default()).unwrap();
+    (run, d)
+}
+
+fn diagnose(scenario: &str, variant: Option<&str>) -> Diagnosis {
+    run(scenario, variant).1
 }
 
 /// Where `kind` is among the problems (1: first after `peak`), if anywhere.
@@ -49,31 +54,49 @@ fn rank(d: &Diagnosis, kind: &str) -> Option<usize> {
 
 #[test]
 fn each_scenario_is_diagnosed_with_the_kind_it_teaches() {
-    let mut table = vec![format!("{:<18} {:<8} {:<16} {}", "scenario", "variant", "expected kind", "found (problems after peak)")];
+    let mut table = vec![format!(
+        "{:<18} {:<8} {:<16} {:<7} {:<8} {:<24} {}",
+        "scenario", "variant", "expected kind", "found", "verdict", "peak allocated", "problems after peak"
+    )];
     let mut failures = Vec::new();
     for (scenario, kind) in TAUGHT {
         let info = scenarios::find(scenario).unwrap_or_else(|| panic!("no scenario {scenario}"));
-        let variants: Vec<Option<&str>> = if info.variants.is_empty() { vec![None] } else { vec![Some("mistake"), Some("fix")] };
-        for variant in variants {
-            let d = diagnose(scenario, variant);
+        let runs: Vec<(Option<&str>, RunResult, Diagnosis)> = if info.variants.is_empty() {
+            let (r, d) = run(scenario, None);
+            vec![(None, r, d)]
+        } else {
+            let ((mistake, mut d), (fix, fixed)) = (run(scenario, Some("mistake")), run(scenario, Some("fix")));
+            // The mistake's findings that the fix removes, verified by the fix's run.
+            doctor::verify_by_fix(&mut d, &mistake, &fix, &fixed, "tensormem run");
+            vec![(Some("mistake"), mistake, d), (Some("fix"), fix, fixed)]
+        };
+        for (variant, result, d) in &runs {
             let problems: Vec<&str> = d.findings.iter().skip(1).map(|f| f.kind.as_str()).collect();
-            let found = rank(&d, kind);
-            let ok = match variant {
+            let found = rank(d, kind);
+            let mut ok = match variant {
                 Some("fix") => found.is_none(),
                 _ => found.is_some_and(|r| r <= 2),
             };
-            let verdict = match (variant, found) {
-                (Some("fix"), None) => "absent".to_string(),
-                (_, Some(r)) => format!("#{r}"),
-                (_, None) => "absent".to_string(),
-            };
+            let mut peaks = format!("{}", result.peak_allocated_bytes);
+            if *variant == Some("mistake") {
+                // The taught finding is verified by the fix's run, which peaks lower.
+                let v = found.and_then(|r| d.findings[r].verified.as_ref());
+                ok &= v.is_some_and(|v| {
+                    v.after_peak_allocated_bytes < v.before_peak_allocated_bytes || v.after_peak_reserved_bytes < v.before_peak_reserved_bytes
+                });
+                if let Some(v) = v {
+                    peaks = format!("{} -> {}", v.before_peak_allocated_bytes, v.after_peak_allocated_bytes);
+                }
+            }
+            let verdict = found.map_or("absent".to_string(), |r| format!("#{r}"));
             table.push(format!(
-                "{:<18} {:<8} {:<16} {:<7} {} [{}]",
+                "{:<18} {:<8} {:<16} {:<7} {:<8} {:<24} {}",
                 scenario,
                 variant.unwrap_or("-"),
                 kind,
                 verdict,
                 if ok { "ok" } else { "WRONG" },
+                peaks,
                 problems.join(", ")
             ));
             if !ok {

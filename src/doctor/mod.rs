@@ -13,6 +13,7 @@
 //! describes what is live at a position; `what_if` runs the replays.
 //! The doctor sits above scenarios: it diagnoses their snapshots as it does a user's file.
 
+mod fix_variant;
 mod fragmentation;
 mod grads;
 mod growth;
@@ -26,6 +27,7 @@ mod steps;
 mod truncated;
 mod what_if;
 
+pub use fix_variant::verify_by_fix;
 pub use live::{AllocationRef, GroupBytes, Live, StackBytes};
 pub use oom::{smallest_fitting_capacity, with_failed_request};
 pub use what_if::{CAPACITY_RESOLUTION, Outcome, Setup};
@@ -78,7 +80,9 @@ pub struct Finding {
 }
 
 /// A fix measured by replaying the trace: the same figures `tensormem replay` reports for the
-/// same settings (`command` reproduces the after side, when the replayed trace is the file's).
+/// same settings (`command` reproduces the after side, when the replayed trace is the file's);
+/// or, for a scenario's mistake (`doctor --scenario`), by running its fix variant: the figures
+/// `tensormem run` reports, `command` its line ([`verify_by_fix`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verified {
     /// In words: "replay with expandable_segments:True".
