@@ -93,11 +93,16 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         why,
         fix,
         verified: None,
-        estimate: Some(
+        estimate: Some(format!(
             "What no_grad would not hold rests on the forward's last allocation being its result (kept either way) and \
-             everything else it still holds being saved for backward."
-                .into(),
-        ),
+             everything else it still holds being saved for backward.{}",
+            if position as usize >= events {
+                " It is measured where the trace ends: if the recording stopped before a backward that did run, the graph \
+                 was needed."
+            } else {
+                ""
+            }
+        )),
     })
 }
 

@@ -69,8 +69,8 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     };
     let why = format!(
         "A tensor the forward made stays allocated as long as something refers to it: a list of losses or outputs, a cache \
-         on the module, a hidden state passed to the next batch without detach(), or backward(retain_graph=True) keeping \
-         the graph. Through its grad_fn a kept output also keeps everything its graph saved for backward. Here {} from \
+         on the module, a hidden state passed to the next batch without detach(), backward(retain_graph=True) keeping \
+         the graph, or a variable (out, loss) still holding the last step's result while the next forward runs. Through its grad_fn a kept output also keeps everything its graph saved for backward. Here {} from \
          iteration{} {} is live when iteration {k} starts.",
         size(bytes),
         if made_in.len() > 1 { "s" } else { "" },
@@ -78,7 +78,8 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     );
     let fix = "Keep numbers or detached tensors across steps: losses.append(loss.item()), hidden = hidden.detach() at each batch \
                start (and drop retain_graph=True), do not cache forward results on the module (or cache result.detach()); \
-               a loop that never calls backward runs under torch.no_grad()."
+               a loop that never calls backward runs under torch.no_grad(); `del out, loss` after optimizer.step() frees \
+               the last step's results before the next forward."
         .to_string();
     let evidence = Evidence {
         iterations: s.evidence(p),
