@@ -191,3 +191,19 @@ fn growth_gives_its_rate_and_when_the_card_runs_out() {
     assert_eq!(e["runs_out_at_iteration"], 4 + (85_045_379_072 - peak) / rate + 1);
     assert!(g.estimate.is_some());
 }
+
+#[test]
+fn every_scenario_and_variant_gives_the_peak_first_then_known_kinds_by_bytes() {
+    for info in scenarios::list() {
+        let variants: Vec<Option<&str>> = if info.variants.is_empty() { vec![None] } else { info.variants.iter().map(|v| Some(*v)).collect() };
+        for variant in variants {
+            let name = format!("{} {}", info.name, variant.unwrap_or("-"));
+            let d = diagnose(info.name, variant);
+            assert_eq!(d.findings[0].kind, doctor::PEAK, "{name}");
+            assert!(d.findings[1..].iter().all(|f| f.kind != doctor::PEAK && doctor::KINDS.contains(&f.kind.as_str())), "{name}");
+            assert!(d.findings[1..].windows(2).all(|w| w[0].bytes >= w[1].bytes), "{name}: not ranked by bytes");
+            let json = serde_json::to_string(&d).unwrap();
+            assert_eq!(serde_json::from_str::<Diagnosis>(&json).unwrap(), d, "{name}");
+        }
+    }
+}
