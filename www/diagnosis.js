@@ -15,10 +15,11 @@ export function momentOf(finding) {
   return null;
 }
 
-// The allocations a finding names ({trace_index, address, bytes}), as the timeline's ids: an
+// The allocations a finding names ({trace_index, address, bytes}: what was live at its moment,
+// else its own `allocations`, as the training-loop kinds list them), as the timeline's ids: an
 // allocation made by the trace's entry `trace_index` at `address`, or one live from the start.
 export function allocationsOf(finding, arrays) {
-  const named = finding.evidence?.live?.largest || [];
+  const named = finding.evidence?.live?.largest || finding.evidence?.allocations || [];
   const ids = [];
   for (const r of named) {
     const start = r.trace_index == null ? 0 : r.trace_index + 1;
@@ -40,7 +41,17 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 
-const KIND_LABEL = { peak: 'peak', fragmentation: 'fragmentation', oom: 'out of memory', 'truncated-trace': 'truncated trace' };
+const KIND_LABEL = {
+  peak: 'peak',
+  fragmentation: 'fragmentation',
+  oom: 'out of memory',
+  'truncated-trace': 'truncated trace',
+  growth: 'growth',
+  'retained-graph': 'retained graph',
+  'missing-no-grad': 'missing no_grad',
+  'grads-kept': 'gradients kept',
+  'optimizer-state': 'optimizer state',
+};
 
 // The verified what-if in one line: "replay with expandable_segments:True: peak reserved 1.2 GiB → 900 MiB".
 export function verifiedText(v) {

@@ -42,13 +42,13 @@ fn print_verified(v: &Verified) {
     }
 }
 
-/// The evidence's figures and the live groups and stacks, where the finding has them.
+/// The evidence's figures, the live groups, and the largest stack, where the finding has them.
 fn print_evidence(f: &Finding) {
     let Some(e) = f.evidence.as_object() else { return };
     let figures: Vec<String> = e
         .iter()
-        .filter(|(k, v)| v.is_u64() && (k.ends_with("_bytes") || k.as_str() == "event" || k.as_str() == "position" || k.as_str() == "device"))
-        .map(|(k, v)| if k.ends_with("_bytes") { format!("{k} {}", format_size(v.as_u64().unwrap_or(0))) } else { format!("{k} {v}") })
+        .filter(|(k, v)| v.is_u64() && (k.contains("bytes") || ["event", "position", "device", "iterations"].contains(&k.as_str())))
+        .map(|(k, v)| if k.contains("bytes") { format!("{k} {}", format_size(v.as_u64().unwrap_or(0))) } else { format!("{k} {v}") })
         .collect();
     if !figures.is_empty() {
         println!("  evidence: {}", figures.join(", "));
@@ -59,11 +59,13 @@ fn print_evidence(f: &Finding) {
             let plural = if count == 1 { "" } else { "s" };
             println!("    {:>12}  {} ({count} allocation{plural})", format_size(g["bytes"].as_u64().unwrap_or(0)), g["name"].as_str().unwrap_or(""));
         }
-        if let Some(stack) = live["top_stacks"].as_array().and_then(|s| s.first()) {
-            println!("    largest stack, {}:", format_size(stack["bytes"].as_u64().unwrap_or(0)));
-            for frame in stack["frames"].as_array().into_iter().flatten().filter_map(|f| f.as_str()) {
-                println!("      {frame}");
-            }
+    }
+    // The stack holding the most: of what was live (peak, oom), or of what the finding names.
+    let stacks = e.get("live").map_or(e.get("top_stacks"), |live| live.get("top_stacks"));
+    if let Some(stack) = stacks.and_then(|s| s.as_array()).and_then(|s| s.first()) {
+        println!("    largest stack, {}:", format_size(stack["bytes"].as_u64().unwrap_or(0)));
+        for frame in stack["frames"].as_array().into_iter().flatten().filter_map(|f| f.as_str()) {
+            println!("      {frame}");
         }
     }
     for w in e.get("what_ifs").and_then(|w| w.as_array()).into_iter().flatten() {

@@ -426,11 +426,13 @@ fn doctor(
     capacity: Option<u64>,
     json: bool,
 ) -> Result<(), Failure> {
-    let (snapshot, device) = match (file, scenario) {
+    let run = |request: &RunRequest| pollster::block_on(scenarios::run_anywhere(request)).map_err(|e| Failure(e.to_string(), 2));
+    let diagnose = |snapshot: &Snapshot, device| tensormem::doctor::diagnose(snapshot, &tensormem::doctor::DoctorOptions { device, capacity });
+    let diagnosis = match (file, scenario) {
         (Some(file), _) => {
             let device =
                 device.map(|d| d.parse::<i64>().map_err(|_| Failure(format!("--device expects a device index for a file, got {d:?}"), 2))).transpose()?;
-            (load(&file)?, device)
+            diagnose(&load(&file)?, device)?
         }
         (None, Some(scenario)) => {
             if device.as_deref().is_some_and(|d| !d.starts_with("sim:")) {
@@ -438,12 +440,20 @@ fn doctor(
             }
             let values = parse_set(set)?;
             let request = RunRequest { scenario, variant, set: values, device: device.or(Some("sim:H100-80GB".into())), capacity: None, alloc_conf: None };
-            let result = pollster::block_on(scenarios::run_anywhere(&request)).map_err(|e| Failure(e.to_string(), 2))?;
-            (result.snapshot, None)
+            let result = run(&request)?;
+            let mut diagnosis = diagnose(&result.snapshot, None)?;
+            // A mistake's findings that its fix variant no longer shows: verified by running the fix.
+            if result.variant.as_deref() == Some("mistake") {
+                let fix_request = RunRequest { variant: Some("fix".into()), ..request.clone() };
+                let fix = run(&fix_request)?;
+                let sets: String = fix_request.set.iter().map(|(k, v)| format!(" --set {k}={v}")).collect();
+                let command = format!("tensormem run {} --variant fix{sets} --device {} --json", fix.scenario, fix.device);
+                tensormem::doctor::verify_by_fix(&mut diagnosis, &result, &fix, &diagnose(&fix.snapshot, None)?, &command);
+            }
+            diagnosis
         }
         (None, None) => return Err(Failure("doctor needs a FILE or --scenario NAME".into(), 2)),
     };
-    let diagnosis = tensormem::doctor::diagnose(&snapshot, &tensormem::doctor::DoctorOptions { device, capacity })?;
     if json {
         println!("{}", serde_json::to_string(&diagnosis)?);
     } else {

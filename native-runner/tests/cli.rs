@@ -390,6 +390,25 @@ fn doctor_runs_a_scenario_and_diagnoses_its_trace() {
     };
     assert_eq!(kinds("mistake"), ["peak", "fragmentation"]);
     assert_eq!(kinds("fix"), ["peak"]);
+    // A training-loop kind: evaluation without no_grad, and its fix.
+    let eval = |variant: &str| doctor_findings(&["doctor", "--scenario", "eval-no-grad", "--variant", variant, "--json"]);
+    let mistake = eval("mistake");
+    let missing = mistake.iter().find(|f| f["kind"] == "missing-no-grad").unwrap();
+    assert!(missing["title"].as_str().unwrap().contains("no backward"), "{missing}");
+    assert!(missing["evidence"]["held_per_iteration"].as_array().is_some_and(|h| h.len() == 4));
+    assert!(eval("fix").iter().all(|f| f["kind"] != "missing-no-grad"));
+    // Verified by running the fix variant: the figures `tensormem run` gives for its command.
+    let v = &missing["verified"];
+    let command = v["command"].as_str().unwrap();
+    assert_eq!(command, "tensormem run eval-no-grad --variant fix --device sim:H100-80GB --json");
+    let out = tensormem(&command.split(' ').skip(1).collect::<Vec<_>>());
+    let fix: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["after_peak_allocated_bytes"], fix["peak_allocated_bytes"]);
+    assert_eq!(v["after_peak_reserved_bytes"], fix["peak_reserved_bytes"]);
+    let out = tensormem(&["run", "eval-no-grad", "--variant", "mistake", "--json"]);
+    let mistake_run: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["before_peak_allocated_bytes"], mistake_run["peak_allocated_bytes"]);
+    assert!(v["after_peak_allocated_bytes"].as_u64() < v["before_peak_allocated_bytes"].as_u64());
     let findings = doctor_findings(&["doctor", "--scenario", "variable-batch", "--set", "layers=2", "--device", "sim:24GiB", "--json"]);
     assert_eq!(findings[0]["kind"], "peak");
 }

@@ -104,7 +104,7 @@ pub fn at(t: &Timeline, position: usize) -> Live {
 }
 
 /// A stack as a reader scans it: its Python frames, else its first frames that name the work.
-fn stack_frames(t: &Timeline, stack: u32) -> Vec<String> {
+pub(super) fn stack_frames(t: &Timeline, stack: u32) -> Vec<String> {
     let s = stack as usize;
     let ids = &t.stack_frames[t.stack_offsets[s] as usize..t.stack_offsets[s + 1] as usize];
     let frames: Vec<&Frame> = ids.iter().map(|&f| &t.frames[f as usize]).collect();

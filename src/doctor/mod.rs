@@ -5,16 +5,29 @@
 //! finding looks at it: `peak` (what the peak is made of), `truncated` (memory that predates the
 //! trace), `oom` (a recorded or replayed out-of-memory, and the capacity that fits, searched by
 //! replay), `fragmentation` (reserved above allocated, and the settings that reserve less,
-//! verified by replay). `live` describes what is live at a position; `what_if` runs the replays.
+//! verified by replay), and those about the training loop, which `steps` lays out (the phase of
+//! each allocation, the passes, the iterations): `growth` (memory each iteration keeps),
+//! `retained` (`retained-graph`: forward tensors alive past their backward), `no_grad`
+//! (`missing-no-grad`: forwards that keep a graph no backward uses), `grads` (`grads-kept`:
+//! gradients alive through the next forward) and `optimizer` (`optimizer-state`). `live`
+//! describes what is live at a position; `what_if` runs the replays.
 //! The doctor sits above scenarios: it diagnoses their snapshots as it does a user's file.
 
+mod fix_variant;
 mod fragmentation;
+mod grads;
+mod growth;
 mod live;
+mod no_grad;
 mod oom;
+mod optimizer;
 mod peak;
+mod retained;
+mod steps;
 mod truncated;
 mod what_if;
 
+pub use fix_variant::verify_by_fix;
 pub use live::{AllocationRef, GroupBytes, Live, StackBytes};
 pub use oom::{smallest_fitting_capacity, with_failed_request};
 pub use what_if::{CAPACITY_RESOLUTION, Outcome, Setup};
@@ -30,6 +43,13 @@ pub const PEAK: &str = "peak";
 pub const FRAGMENTATION: &str = "fragmentation";
 pub const OOM: &str = "oom";
 pub const TRUNCATED_TRACE: &str = "truncated-trace";
+pub const GROWTH: &str = "growth";
+pub const RETAINED_GRAPH: &str = "retained-graph";
+pub const MISSING_NO_GRAD: &str = "missing-no-grad";
+pub const GRADS_KEPT: &str = "grads-kept";
+pub const OPTIMIZER_STATE: &str = "optimizer-state";
+/// Every kind, in the order the issue lists them.
+pub const KINDS: [&str; 9] = [PEAK, GROWTH, RETAINED_GRAPH, MISSING_NO_GRAD, GRADS_KEPT, OPTIMIZER_STATE, FRAGMENTATION, OOM, TRUNCATED_TRACE];
 
 /// What the doctor found: the `peak` summary first, then the problems, most bytes first.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -39,7 +59,7 @@ pub struct Diagnosis {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
-    /// A stable name: `peak`, `fragmentation`, `oom`, `truncated-trace`.
+    /// A stable name: one of [`KINDS`].
     pub kind: String,
     /// One line in plain words, with the figure.
     pub title: String,
@@ -60,7 +80,9 @@ pub struct Finding {
 }
 
 /// A fix measured by replaying the trace: the same figures `tensormem replay` reports for the
-/// same settings (`command` reproduces the after side, when the replayed trace is the file's).
+/// same settings (`command` reproduces the after side, when the replayed trace is the file's);
+/// or, for a scenario's mistake (`doctor --scenario`), by running its fix variant: the figures
+/// `tensormem run` reports, `command` its line ([`verify_by_fix`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verified {
     /// In words: "replay with expandable_segments:True".
@@ -119,6 +141,12 @@ pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosi
     problems.extend(truncated::find(&patient));
     problems.extend(oom::find(&patient, options.capacity)?);
     problems.extend(fragmentation::find(&patient)?);
+    let steps = steps::find(&patient);
+    problems.extend(growth::find(&patient, &steps, options.capacity));
+    problems.extend(retained::find(&patient, &steps));
+    problems.extend(no_grad::find(&patient, &steps));
+    problems.extend(grads::find(&patient, &steps));
+    problems.extend(optimizer::find(&patient, &steps));
     problems.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.kind.cmp(&b.kind)));
 
     let mut findings = vec![peak::find(&patient)];

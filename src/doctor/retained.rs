@@ -1,0 +1,104 @@
+//! `retained-graph`: tensors a forward made (saved for backward, or its outputs) still live when
+//! a later iteration starts: after their backward (a loss or outputs stored across steps, a
+//! hidden state not detached, `retain_graph=True`), or, in a loop that never calls backward, two
+//! iterations later (the graph kept past the next step, not just until its replacement). A
+//! tensor freed by the next iteration's backward is a state carried into the new graph (a
+//! detached hidden state): the new graph uses it, it is not retained.
+
+use super::steps::{self, Phase, Steps};
+use super::{AllocationRef, Finding, Patient, RETAINED_GRAPH, StackBytes, size};
+use serde::Serialize;
+
+/// Retained bytes worth reporting: this share of the peak...
+const MATERIAL_SHARE: f64 = 0.005;
+/// ...and at least this many bytes (a kept 0-d loss, 512 bytes a step, is `growth`'s to report).
+const MATERIAL_BYTES: u64 = 4096;
+
+#[derive(Serialize)]
+struct Evidence {
+    #[serde(flatten)]
+    iterations: steps::IterationsEvidence,
+    /// Whether the trace has a backward pass (else the graphs are never used).
+    backward: bool,
+    /// At each iteration's start (from the second): the bytes of earlier forwards still live.
+    retained_per_iteration: Vec<u64>,
+    /// The iteration where the most is retained, and its start position.
+    worst_iteration: usize,
+    position: u32,
+    /// The iterations the retained tensors were made in.
+    made_in_iterations: Vec<usize>,
+    top_stacks: Vec<StackBytes>,
+    allocations: Vec<AllocationRef>,
+}
+
+pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
+    let n = s.iterations.len();
+    if n < 2 {
+        return None;
+    }
+    let a = &p.timeline.allocations;
+    let forward: Vec<usize> = s.order.iter().copied().filter(|&id| s.phase[id] == Some(Phase::Forward) && !steps::is_library_buffer(p, id)).collect();
+    let events = p.timeline.events;
+    // Each iteration's backward: from its first backward allocation to the next pass.
+    let backward: Vec<Option<(u32, u32)>> = (0..=n)
+        .map(|k| {
+            let (b, end) = (*s.iterations.get(k.checked_sub(1)?)?, s.iteration_end(k, events));
+            let i = s.passes.partition_point(|q| q.first < b);
+            let i = i + s.passes[i..].iter().take_while(|q| q.first < end).position(|q| q.phase == Phase::Backward)?;
+            Some((s.passes[i].first, s.passes.get(i + 1).map_or(end, |q| q.first)))
+        })
+        .collect();
+    let (per_iteration, (bytes, k, retained)) = s.worst_iteration(p, &forward, |k, _, id| {
+        let i = s.iteration_of(a.start[id]);
+        let old_enough = if s.has_backward { i >= 1 && i < k } else { i >= 1 && i + 2 <= k };
+        let carried = backward[k].is_some_and(|(from, to)| a.end[id] > from && a.end[id] <= to);
+        old_enough && !carried
+    });
+    if !steps::material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+        return None;
+    }
+    let mut made_in: Vec<usize> = retained.iter().map(|&id| s.iteration_of(a.start[id])).collect();
+    made_in.sort_unstable();
+    made_in.dedup();
+    let top_stacks = steps::top_stacks(p, &retained, 3);
+    let keeper = top_stacks.first().and_then(|s| s.frames.first().cloned()).unwrap_or_else(|| "allocations without a stack".into());
+    let title = if s.has_backward {
+        format!("{} of earlier iterations' forward outlive their backward: iteration {k} starts with them still live ({keeper})", size(bytes))
+    } else {
+        format!("{} of graphs from {} earlier iterations are still live at iteration {k}, with no backward to use them ({keeper})", size(bytes), made_in.len())
+    };
+    let why = format!(
+        "A tensor the forward made stays allocated as long as something refers to it: a list of losses or outputs, a cache \
+         on the module, a hidden state passed to the next batch without detach(), backward(retain_graph=True) keeping \
+         the graph, or a variable (out, loss) still holding the last step's result while the next forward runs. Through its grad_fn a kept output also keeps everything its graph saved for backward. Here {} from \
+         iteration{} {} is live when iteration {k} starts.",
+        size(bytes),
+        if made_in.len() > 1 { "s" } else { "" },
+        made_in.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+    );
+    let fix = "Keep numbers or detached tensors across steps: losses.append(loss.item()), hidden = hidden.detach() at each batch \
+               start (and drop retain_graph=True), do not cache forward results on the module (or cache result.detach()); \
+               a loop that never calls backward runs under torch.no_grad(); `del out, loss` after optimizer.step() frees \
+               the last step's results before the next forward."
+        .to_string();
+    let evidence = Evidence {
+        iterations: s.evidence(p),
+        backward: s.has_backward,
+        retained_per_iteration: per_iteration,
+        worst_iteration: k,
+        position: s.iterations[k - 1],
+        made_in_iterations: made_in,
+        allocations: steps::largest(p, &retained, 5),
+        top_stacks,
+    };
+    Some(Finding {
+        kind: RETAINED_GRAPH.into(),
+        title,
+        bytes,
+        evidence: serde_json::to_value(evidence).unwrap_or_default(),
+        why,
+        fix,
+        verified: None,
+        estimate: None,
+    })
+}

@@ -1,0 +1,209 @@
+//! The doctor over the whole scenario library: each scenario that teaches a mistake is diagnosed
+//! with the kind it teaches, as its first or second problem (after the `peak` summary), and its
+//! fix is not. The table is printed (`cargo test --test doctor_scenarios -- --nocapture`).
+
+use tensormem::doctor::{self, Diagnosis, DoctorOptions};
+use tensormem::scenarios::{self, RunRequest, RunResult};
+
+/// The kind each scenario teaches. `loss-history` teaches `growth`: with backward each step, the
+/// graph's saved tensors are freed by backward and what the kept loss tensors hold on the card
+/// is one 512-byte block per step (the graph's nodes are host memory), so the trace shows
+/// growth, not a retained graph of any size (`retained-graph` waits for 4 KiB).
+const TAUGHT: [(&str, &str); 8] = [
+    ("variable-batch", doctor::FRAGMENTATION),
+    ("eval-no-grad", doctor::MISSING_NO_GRAD),
+    ("loss-history", doctor::GROWTH),
+    ("zero-grad", doctor::GRADS_KEPT),
+    ("grad-fn-history", doctor::RETAINED_GRAPH),
+    ("rnn-hidden", doctor::RETAINED_GRAPH),
+    ("cached-graph", doctor::RETAINED_GRAPH),
+    ("optimizer-state", doctor::OPTIMIZER_STATE),
+];
+
+/// Scenarios left out of the table, and why.
+const LEFT_OUT: [(&str, &str); 12] = [
+    ("grad-accumulation", "a technique that lowers the peak (activations per micro-batch): the peak finding shows it, no problem kind"),
+    ("checkpointing", "a technique that lowers the peak (block inputs kept, recomputed in backward): the peak finding shows it"),
+    ("mixed-precision", "the mistake (loss outside autocast) costs accuracy, not memory: it holds less"),
+    ("inplace-chain", "a seed: out-of-place temporaries raise the peak of one expression; no kind names temporaries yet"),
+    ("broadcast-temporaries", "a seed: a materialised broadcast raises the peak; no kind names temporaries yet"),
+    ("contiguous", "a seed: one copy per step, freed each step (the lesson is that it does not grow)"),
+    ("alloc-in-loop", "a seed: the cache makes the per-iteration buffer cheap, not a leak (the lesson is that it does not grow)"),
+    ("seed-basics", "a seed without variants: allocated vs reserved, the peak finding shows it"),
+    ("intermediates", "a seed without variants: what ops allocate, the peak finding shows it"),
+    ("views-vs-copies", "a seed without variants: views vs copies, the peak finding shows it"),
+    ("oom", "teaches `oom`, which ranks by its request (172 MiB) below optimizer-state and fragmentation; tests/doctor.rs checks it"),
+    ("lm-train", "a prediction of a training step (and gpt2-train): no mistake to find"),
+];
+
+fn run(scenario: &str, variant: Option<&str>) -> (RunResult, Diagnosis) {
+    let request = RunRequest { scenario: scenario.into(), variant: variant.map(str::to_string), ..Default::default() };
+    let run = scenarios::run(&request).unwrap_or_else(|e| panic!("{scenario}: {e}"));
+    let d = doctor::diagnose(&run.snapshot, &DoctorOptions::default()).unwrap();
+    (run, d)
+}
+
+fn diagnose(scenario: &str, variant: Option<&str>) -> Diagnosis {
+    run(scenario, variant).1
+}
+
+/// Where `kind` is among the problems (1: first after `peak`), if anywhere.
+fn rank(d: &Diagnosis, kind: &str) -> Option<usize> {
+    d.findings.iter().skip(1).position(|f| f.kind == kind).map(|i| i + 1)
+}
+
+#[test]
+fn each_scenario_is_diagnosed_with_the_kind_it_teaches() {
+    let mut table = vec![format!(
+        "{:<18} {:<8} {:<16} {:<7} {:<8} {:<24} {}",
+        "scenario", "variant", "expected kind", "found", "verdict", "peak allocated", "problems after peak"
+    )];
+    let mut failures = Vec::new();
+    for (scenario, kind) in TAUGHT {
+        let info = scenarios::find(scenario).unwrap_or_else(|| panic!("no scenario {scenario}"));
+        let runs: Vec<(Option<&str>, RunResult, Diagnosis)> = if info.variants.is_empty() {
+            let (r, d) = run(scenario, None);
+            vec![(None, r, d)]
+        } else {
+            let ((mistake, mut d), (fix, fixed)) = (run(scenario, Some("mistake")), run(scenario, Some("fix")));
+            // The mistake's findings that the fix removes, verified by the fix's run.
+            doctor::verify_by_fix(&mut d, &mistake, &fix, &fixed, "tensormem run");
+            vec![(Some("mistake"), mistake, d), (Some("fix"), fix, fixed)]
+        };
+        for (variant, result, d) in &runs {
+            let problems: Vec<&str> = d.findings.iter().skip(1).map(|f| f.kind.as_str()).collect();
+            let found = rank(d, kind);
+            let mut ok = match variant {
+                Some("fix") => found.is_none(),
+                _ => found.is_some_and(|r| r <= 2),
+            };
+            let mut peaks = format!("{}", result.peak_allocated_bytes);
+            if *variant == Some("mistake") {
+                // The taught finding is verified by the fix's run, which peaks lower.
+                let v = found.and_then(|r| d.findings[r].verified.as_ref());
+                ok &= v.is_some_and(|v| {
+                    v.after_peak_allocated_bytes < v.before_peak_allocated_bytes || v.after_peak_reserved_bytes < v.before_peak_reserved_bytes
+                });
+                if let Some(v) = v {
+                    peaks = format!("{} -> {}", v.before_peak_allocated_bytes, v.after_peak_allocated_bytes);
+                }
+            }
+            let verdict = found.map_or("absent".to_string(), |r| format!("#{r}"));
+            table.push(format!(
+                "{:<18} {:<8} {:<16} {:<7} {:<8} {:<24} {}",
+                scenario,
+                variant.unwrap_or("-"),
+                kind,
+                verdict,
+                if ok { "ok" } else { "WRONG" },
+                peaks,
+                problems.join(", ")
+            ));
+            if !ok {
+                failures.push(format!("{scenario} {}: {kind} {verdict}", variant.unwrap_or("-")));
+            }
+        }
+    }
+    eprintln!("{}", table.join("\n"));
+    eprintln!("left out:\n{}", LEFT_OUT.iter().map(|(s, why)| format!("  {s}: {why}")).collect::<Vec<_>>().join("\n"));
+    // Every scenario of the library is in the table or left out with a reason.
+    for info in scenarios::list() {
+        let named = TAUGHT.iter().any(|(s, _)| *s == info.name) || LEFT_OUT.iter().any(|(s, _)| *s == info.name) || info.name == "gpt2-train";
+        assert!(named, "{} is neither in the table nor left out", info.name);
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+fn a_flat_loop_shows_no_growth_and_steady_optimizer_state_is_not_growth() {
+    // Adam's moments appear at the first step and stay: optimizer-state, not growth.
+    for scenario in ["optimizer-state", "grad-accumulation", "mixed-precision"] {
+        let variant = scenarios::find(scenario).unwrap().variants.first().map(|_| "fix");
+        let d = diagnose(scenario, variant);
+        assert!(rank(&d, doctor::GROWTH).is_none(), "{scenario}: {:?}", d.findings.iter().map(|f| &f.kind).collect::<Vec<_>>());
+    }
+    let d = diagnose("optimizer-state", None);
+    let f = d.findings.iter().find(|f| f.kind == doctor::OPTIMIZER_STATE).unwrap();
+    // Adam: two moments, each the size of the parameters, made once (in place after that).
+    assert_eq!(f.evidence["state_bytes"], 2 * f.evidence["parameter_bytes"].as_u64().unwrap());
+    assert_eq!(f.evidence["made_anew_each_step"], false);
+    let momentum = diagnose_with("optimizer-state", None, "optimizer", "momentum");
+    let f = momentum.findings.iter().find(|f| f.kind == doctor::OPTIMIZER_STATE).unwrap();
+    assert_eq!(f.evidence["state_bytes"], f.evidence["parameter_bytes"]);
+    let sgd = diagnose_with("optimizer-state", None, "optimizer", "sgd");
+    assert!(rank(&sgd, doctor::OPTIMIZER_STATE).is_none(), "plain SGD keeps nothing");
+
+    // A language model's training loop over 4 steps after its warm-up: flat, nothing kept.
+    let d = diagnose_with("lm-train", None, "steps", "4");
+    for kind in [doctor::GROWTH, doctor::RETAINED_GRAPH, doctor::GRADS_KEPT, doctor::MISSING_NO_GRAD] {
+        assert!(rank(&d, kind).is_none(), "lm-train: {kind}");
+    }
+    assert!(rank(&d, doctor::OPTIMIZER_STATE).is_some());
+}
+
+#[test]
+fn the_variants_parameters_move_the_verdict() {
+    // zero_grad(set_to_none=False) keeps the gradient blocks (zeroed) through the forward.
+    let d = diagnose_with("zero-grad", Some("fix"), "set_to_none", "false");
+    assert_eq!(rank(&d, doctor::GRADS_KEPT), Some(2));
+    assert_eq!(
+        d.findings[2].bytes,
+        d.findings[0].evidence["live"]["by_group"].as_array().unwrap().iter().find(|g| g["kind"] == "parameter").unwrap()["bytes"].as_u64().unwrap(),
+        "one gradient per parameter"
+    );
+    // inference_mode holds nothing either.
+    let d = diagnose_with("eval-no-grad", Some("fix"), "guard", "inference_mode");
+    assert_eq!(d.findings.len(), 1);
+    // A forward-only loop that keeps its losses keeps every graph: retained, growing, and never used.
+    let d = diagnose_with("loss-history", Some("mistake"), "backward", "false");
+    let kinds: Vec<&str> = d.findings.iter().skip(1).map(|f| f.kind.as_str()).collect();
+    assert_eq!(kinds, [doctor::RETAINED_GRAPH, doctor::GROWTH, doctor::MISSING_NO_GRAD, doctor::FRAGMENTATION]);
+}
+
+/// `scenario`'s `variant` (None: the default) with one parameter set.
+fn diagnose_with(scenario: &str, variant: Option<&str>, key: &str, value: &str) -> Diagnosis {
+    let request = RunRequest {
+        scenario: scenario.into(),
+        variant: variant.map(str::to_string),
+        set: [(key.to_string(), value.to_string())].into_iter().collect(),
+        ..Default::default()
+    };
+    let run = scenarios::run(&request).unwrap();
+    doctor::diagnose(&run.snapshot, &DoctorOptions::default()).unwrap()
+}
+
+#[test]
+fn growth_gives_its_rate_and_when_the_card_runs_out() {
+    // grad-fn-history keeps one forward's graph per step: the rate is one graph, the same stacks.
+    let d = diagnose("grad-fn-history", Some("mistake"));
+    let g = d.findings.iter().find(|f| f.kind == doctor::GROWTH).unwrap();
+    let e = &g.evidence;
+    assert_eq!(e["iterations"], 4);
+    let kept: Vec<u64> = serde_json::from_value(e["kept_per_iteration"].clone()).unwrap();
+    assert!(kept.windows(2).all(|w| w[0] == w[1]), "{kept:?}");
+    let rate = e["bytes_per_iteration"].as_u64().unwrap();
+    assert_eq!(rate, kept[0]);
+    // missing-no-grad measures the same forward's saved tensors, less its result.
+    let m = d.findings.iter().find(|f| f.kind == doctor::MISSING_NO_GRAD).unwrap();
+    assert!(m.bytes.abs_diff(rate) <= 4096, "{} vs {rate}", m.bytes);
+    assert!(e["capacity_source"].as_str().unwrap().contains("H100-80GB"));
+    let peak = d.findings[0].bytes;
+    assert_eq!(e["runs_out_at_iteration"], 4 + (85_045_379_072 - peak) / rate + 1);
+    assert!(g.estimate.is_some());
+}
+
+#[test]
+fn every_scenario_and_variant_gives_the_peak_first_then_known_kinds_by_bytes() {
+    for info in scenarios::list() {
+        let variants: Vec<Option<&str>> = if info.variants.is_empty() { vec![None] } else { info.variants.iter().map(|v| Some(*v)).collect() };
+        for variant in variants {
+            let name = format!("{} {}", info.name, variant.unwrap_or("-"));
+            let d = diagnose(info.name, variant);
+            assert_eq!(d.findings[0].kind, doctor::PEAK, "{name}");
+            assert!(d.findings[1..].iter().all(|f| f.kind != doctor::PEAK && doctor::KINDS.contains(&f.kind.as_str())), "{name}");
+            assert!(d.findings[1..].windows(2).all(|w| w[0].bytes >= w[1].bytes), "{name}: not ranked by bytes");
+            let json = serde_json::to_string(&d).unwrap();
+            assert_eq!(serde_json::from_str::<Diagnosis>(&json).unwrap(), d, "{name}");
+        }
+    }
+}
