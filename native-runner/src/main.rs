@@ -5,6 +5,7 @@
 
 mod bench;
 mod doctor_print;
+mod mcp;
 mod print;
 mod serve;
 
@@ -17,7 +18,7 @@ use std::process::ExitCode;
 use tensormem::alloc::{AllocatorConfig, format_size};
 use tensormem::replay::{self, DeviceReplay, ReplayOptions, StartMode};
 use tensormem::report;
-use tensormem::scenarios::{self, RunRequest};
+use tensormem::scenarios::{self, RunRequest, RunResult};
 use tensormem::trace::{self, Snapshot};
 
 #[derive(Parser)]
@@ -142,6 +143,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A Model Context Protocol server on stdin/stdout: the summary, replay, doctor, run and
+    /// scenarios tools, each returning what its subcommand's --json prints.
+    ///
+    /// Register it with an assistant as the command `tensormem mcp`. It reads the files it is
+    /// given and writes none; it ends when its input ends.
+    Mcp,
     /// The GPU adapter wgpu finds: name, backend, features and limits.
     Info {
         #[arg(long)]
@@ -236,10 +243,13 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Demo { out } => demo(&out),
         Command::Scenarios { json } => scenarios_command(json),
         Command::Run { name, variant, set, device, capacity, alloc_conf, steps, snapshot, json } => {
-            run_command(name, variant, &set, device, capacity, alloc_conf, steps, snapshot.as_deref(), json)
+            run_command(ScenarioRun { name, variant, set, device, capacity, alloc_conf, steps }, snapshot.as_deref(), json)
         }
         Command::Compare { run, file, device, json } => compare_command(&run, &file, device, json),
-        Command::Doctor { file, scenario, variant, set, device, capacity, json } => doctor(file, scenario, variant, &set, device, capacity, json),
+        Command::Doctor { file, scenario, variant, set, device, capacity, json } => {
+            doctor(DoctorRequest { file, scenario, variant, set, device, capacity }, json)
+        }
+        Command::Mcp => mcp::serve(),
         Command::Info { json } => info(json),
         Command::Serve { file, port, host, root } => serve::run(file.as_deref(), &host, port, root.as_deref()).map_err(|e| Failure(e, 1)),
         Command::Bench { sizes, json } => bench_command(&sizes, json),
@@ -258,11 +268,8 @@ fn replay_command(
     start: StartMode,
     out: Option<&Path>,
 ) -> Result<(), Failure> {
-    let config = alloc_conf.map(|c| AllocatorConfig::parse(c).map_err(|e| Failure(e.to_string(), 2))).transpose()?;
     refuse_overwriting_input(out, file)?;
-    let snapshot = load(file)?;
-    let options = ReplayOptions { config, capacity, start, keep_snapshot: out.is_some(), ..Default::default() };
-    let mut results = replay_with_progress(&snapshot, device, &options, !json)?;
+    let mut results = replay_file(file, device, alloc_conf, capacity, start, out.is_some(), !json)?;
     if let Some(out) = out {
         let replayed = merge_snapshots(results.iter_mut().filter_map(|r| r.snapshot.take()));
         save(&replayed, out)?;
@@ -272,7 +279,7 @@ fn replay_command(
     }
     for r in &results {
         if json {
-            println!("{}", serde_json::to_string(r)?);
+            println!("{}", json_line(r)?);
         } else {
             print_replay(r);
             if summary {
@@ -283,22 +290,35 @@ fn replay_command(
     Ok(())
 }
 
+/// A file's replay on each device (or `device`) under other settings: what `tensormem replay`
+/// prints and the `replay` tool of `tensormem mcp` returns, one JSON line per device.
+fn replay_file(
+    file: &Path,
+    device: Option<i64>,
+    alloc_conf: Option<&str>,
+    capacity: Option<u64>,
+    start: StartMode,
+    keep_snapshot: bool,
+    progress: bool,
+) -> Result<Vec<DeviceReplay>, Failure> {
+    let config = alloc_conf.map(|c| AllocatorConfig::parse(c).map_err(|e| Failure(e.to_string(), 2))).transpose()?;
+    let snapshot = load(file)?;
+    let options = ReplayOptions { config, capacity, start, keep_snapshot, ..Default::default() };
+    replay_with_progress(&snapshot, device, &options, progress)
+}
+
+/// The JSON line that a subcommand's `--json` prints for one value; `tensormem mcp`'s tools
+/// return the same lines.
+fn json_line<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, Failure> {
+    Ok(serde_json::to_string(value)?)
+}
+
 /// `tensormem summary`: memory_summary() of the final state and the trace's peaks.
 fn summary_command(file: &Path, device: Option<i64>, json: bool) -> Result<(), Failure> {
-    let snapshot = load(file)?;
-    let results = replay_with_progress(&snapshot, device, &ReplayOptions::default(), !json)?;
+    let results = replay_file(file, device, None, None, StartMode::default(), false, !json)?;
     for r in &results {
         if json {
-            let value = serde_json::json!({
-                "device": r.device,
-                "events": r.events,
-                "settings": r.settings,
-                "memory_stats": r.replayed.memory_stats,
-                "trace_peak_reserved_bytes": r.recorded.peak_reserved_bytes,
-                "trace_peak_allocated_bytes": r.recorded.peak_allocated_bytes,
-                "final_state_match": r.final_state_match,
-            });
-            println!("{value}");
+            println!("{}", json_line(&summary_json(r))?);
         } else {
             print!("{}", r.summary);
             println!(
@@ -317,11 +337,24 @@ fn summary_command(file: &Path, device: Option<i64>, json: bool) -> Result<(), F
     Ok(())
 }
 
+/// One device's line of `tensormem summary --json`: memory_stats() and the trace's peaks.
+fn summary_json(r: &DeviceReplay) -> serde_json::Value {
+    serde_json::json!({
+        "device": r.device,
+        "events": r.events,
+        "settings": r.settings,
+        "memory_stats": r.replayed.memory_stats,
+        "trace_peak_reserved_bytes": r.recorded.peak_reserved_bytes,
+        "trace_peak_allocated_bytes": r.recorded.peak_allocated_bytes,
+        "final_state_match": r.final_state_match,
+    })
+}
+
 /// `tensormem scenarios`: the list, with parameters and variants.
 fn scenarios_command(json: bool) -> Result<(), Failure> {
     let list = scenarios::list();
     if json {
-        println!("{}", serde_json::to_string(&list)?);
+        println!("{}", json_line(&list)?);
     } else {
         for s in list {
             let variants = if s.variants.is_empty() { String::new() } else { format!(" [--variant {}]", s.variants.join("|")) };
@@ -335,34 +368,45 @@ fn scenarios_command(json: bool) -> Result<(), Failure> {
 }
 
 /// `tensormem run`: one scenario's steps; running out of memory is a failure, after the steps.
-#[allow(clippy::too_many_arguments)] // the subcommand's arguments, as clap parsed them
-fn run_command(
+fn run_command(request: ScenarioRun, snapshot: Option<&Path>, json: bool) -> Result<(), Failure> {
+    let result = run_scenario(request)?;
+    if let Some(out) = snapshot {
+        save(&result.snapshot, out)?;
+    }
+    if json {
+        println!("{}", json_line(&result)?);
+    } else {
+        print_run(&result);
+    }
+    run_outcome(&result, snapshot)
+}
+
+/// A scenario to run: `tensormem run`'s arguments, or the `run` tool's.
+struct ScenarioRun {
     name: String,
     variant: Option<String>,
-    set: &[String],
+    set: Vec<String>,
     device: String,
     capacity: Option<u64>,
     alloc_conf: Option<String>,
     steps: Option<u64>,
-    snapshot: Option<&Path>,
-    json: bool,
-) -> Result<(), Failure> {
-    let mut values = parse_set(set)?;
+}
+
+/// One scenario's run, as `tensormem run` and the `run` tool of `tensormem mcp` make it.
+fn run_scenario(request: ScenarioRun) -> Result<RunResult, Failure> {
+    let ScenarioRun { name, variant, set, device, capacity, alloc_conf, steps } = request;
+    let mut values = parse_set(&set)?;
     if let Some(steps) = steps
         && let Some(set) = values.insert("steps".into(), steps.to_string()).filter(|v| *v != steps.to_string())
     {
         return Err(Failure(format!("--steps {steps} and --set steps={set} disagree"), 2));
     }
     let request = RunRequest { scenario: name, variant, set: values, device: Some(device), capacity, alloc_conf };
-    let result = pollster::block_on(scenarios::run_anywhere(&request)).map_err(|e| Failure(e.to_string(), 2))?;
-    if let Some(out) = snapshot {
-        save(&result.snapshot, out)?;
-    }
-    if json {
-        println!("{}", serde_json::to_string(&result)?);
-    } else {
-        print_run(&result);
-    }
+    pollster::block_on(scenarios::run_anywhere(&request)).map_err(|e| Failure(e.to_string(), 2))
+}
+
+/// A run that ran out of memory fails, after its steps are shown.
+fn run_outcome(result: &RunResult, snapshot: Option<&Path>) -> Result<(), Failure> {
     match (&result.out_of_memory, snapshot) {
         (None, _) => Ok(()),
         // The run's own result, as PyTorch's OOM observers dump theirs: the trace up to the error
@@ -417,15 +461,30 @@ fn bench_command(sizes: &[usize], json: bool) -> Result<(), Failure> {
 }
 
 /// `tensormem doctor`: a file's trace, or a scenario's run on the sim device, diagnosed alike.
-fn doctor(
+fn doctor(request: DoctorRequest, json: bool) -> Result<(), Failure> {
+    let diagnosis = diagnose(request)?;
+    if json {
+        println!("{}", json_line(&diagnosis)?);
+    } else {
+        doctor_print::print(&diagnosis);
+    }
+    Ok(())
+}
+
+/// What the doctor is asked about: `tensormem doctor`'s arguments, or the `doctor` tool's.
+struct DoctorRequest {
     file: Option<PathBuf>,
     scenario: Option<String>,
     variant: Option<String>,
-    set: &[String],
+    set: Vec<String>,
     device: Option<String>,
     capacity: Option<u64>,
-    json: bool,
-) -> Result<(), Failure> {
+}
+
+/// The doctor's findings on a file or a scenario's run, as `tensormem doctor` and the `doctor`
+/// tool of `tensormem mcp` give them.
+fn diagnose(request: DoctorRequest) -> Result<tensormem::doctor::Diagnosis, Failure> {
+    let DoctorRequest { file, scenario, variant, set, device, capacity } = request;
     let run = |request: &RunRequest| pollster::block_on(scenarios::run_anywhere(request)).map_err(|e| Failure(e.to_string(), 2));
     let diagnose = |snapshot: &Snapshot, device| tensormem::doctor::diagnose(snapshot, &tensormem::doctor::DoctorOptions { device, capacity });
     let diagnosis = match (file, scenario) {
@@ -438,7 +497,7 @@ fn doctor(
             if device.as_deref().is_some_and(|d| !d.starts_with("sim:")) {
                 return Err(Failure("doctor --scenario runs on the simulated card: use --device sim:PRESET or sim:SIZE".into(), 2));
             }
-            let values = parse_set(set)?;
+            let values = parse_set(&set)?;
             let request = RunRequest { scenario, variant, set: values, device: device.or(Some("sim:H100-80GB".into())), capacity: None, alloc_conf: None };
             let result = run(&request)?;
             let mut diagnosis = diagnose(&result.snapshot, None)?;
@@ -454,12 +513,7 @@ fn doctor(
         }
         (None, None) => return Err(Failure("doctor needs a FILE or --scenario NAME".into(), 2)),
     };
-    if json {
-        println!("{}", serde_json::to_string(&diagnosis)?);
-    } else {
-        doctor_print::print(&diagnosis);
-    }
-    Ok(())
+    Ok(diagnosis)
 }
 
 fn open_gpu() -> Result<tensormem::Device, Failure> {

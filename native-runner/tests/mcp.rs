@@ -1,0 +1,265 @@
+//! `tensormem mcp` as an assistant drives it: JSON-RPC 2.0 over its stdin and stdout, one message a
+//! line. Every read waits a bounded time.
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::fixture;
+
+/// Long enough for a debug build to diagnose a scenario on a loaded machine; a hung server fails.
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    next_id: i64,
+}
+
+impl Server {
+    fn start() -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tensormem"))
+            .arg("mcp")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the binary runs");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Server { child, stdin, lines, next_id: 0 }
+    }
+
+    fn send_line(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn read(&self) -> Value {
+        let line = self.lines.recv_timeout(TIMEOUT).expect("a reply within the timeout");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
+    /// Sends a request and returns its reply, checking the id.
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send_line(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string());
+        let reply = self.read();
+        assert_eq!(reply["jsonrpc"], "2.0", "{reply}");
+        assert_eq!(reply["id"], id, "{reply}");
+        reply
+    }
+
+    fn call(&mut self, tool: &str, arguments: Value) -> Value {
+        let reply = self.request("tools/call", json!({ "name": tool, "arguments": arguments }));
+        assert!(reply.get("error").is_none(), "{reply}");
+        reply["result"].clone()
+    }
+
+    fn initialized() -> Server {
+        let mut server = Server::start();
+        let reply =
+            server.request("initialize", json!({ "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "test", "version": "0" } }));
+        assert_eq!(reply["result"]["protocolVersion"], "2025-06-18");
+        server.send_line(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        server
+    }
+
+    /// Closes stdin and waits for the exit status.
+    fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the server did not end at the end of its input");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tensormem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tensormem")).args(args).output().expect("the binary runs")
+}
+
+/// A tool result's single text, as a successful tool gives it.
+fn text(result: &Value) -> &str {
+    assert_eq!(result["isError"], false, "{result}");
+    let content = result["content"].as_array().unwrap();
+    assert_eq!(content.len(), 1, "{result}");
+    assert_eq!(content[0]["type"], "text");
+    content[0]["text"].as_str().unwrap()
+}
+
+#[test]
+fn initialize_lists_the_tools_with_their_schemas_and_eof_ends_the_server() {
+    let mut server = Server::start();
+    let reply = server.request("initialize", json!({ "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "test", "version": "0" } }));
+    let result = &reply["result"];
+    assert_eq!(result["protocolVersion"], "2025-06-18");
+    assert_eq!(result["capabilities"]["tools"], json!({}));
+    assert_eq!(result["serverInfo"]["name"], "tensormem");
+    assert!(result["serverInfo"]["version"].is_string());
+    // A notification gets no reply: the next line read answers the ping.
+    server.send_line(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    assert_eq!(server.request("ping", json!({}))["result"], json!({}));
+
+    let tools = server.request("tools/list", json!({}))["result"]["tools"].as_array().unwrap().clone();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["doctor", "summary", "replay", "run", "scenarios"]);
+    let schema = |name: &str| tools.iter().find(|t| t["name"] == name).unwrap()["inputSchema"].clone();
+    let properties = |name: &str| {
+        let s = schema(name);
+        assert_eq!(s["type"], "object");
+        assert_eq!(s["additionalProperties"], false);
+        let mut keys: Vec<String> = s["properties"].as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(properties("summary"), ["device", "file"]);
+    assert_eq!(properties("replay"), ["alloc_conf", "capacity", "device", "file", "start"]);
+    assert_eq!(properties("doctor"), ["capacity", "device", "file", "scenario", "set", "variant"]);
+    assert_eq!(properties("run"), ["alloc_conf", "capacity", "device", "name", "set", "steps", "variant"]);
+    assert!(properties("scenarios").is_empty());
+    assert_eq!(schema("summary")["required"], json!(["file"]));
+    assert_eq!(schema("replay")["required"], json!(["file"]));
+    assert_eq!(schema("run")["required"], json!(["name"]));
+    assert_eq!(schema("doctor")["required"], json!([]));
+    assert_eq!(schema("replay")["properties"]["start"]["enum"], json!(["recorded", "replaced"]));
+    assert_eq!(schema("doctor")["properties"]["capacity"]["type"], json!(["string", "integer"]));
+    for tool in &tools {
+        assert!(tool["description"].as_str().unwrap().len() > 40, "{tool}");
+    }
+
+    let status = server.finish();
+    assert_eq!(status.code(), Some(0), "end of input ends the server cleanly");
+}
+
+#[test]
+fn doctor_summary_and_replay_return_what_the_cli_prints() {
+    let Some(path) = fixture("small-state.pickle") else { return };
+    let file = path.to_str().unwrap();
+    let mut server = Server::initialized();
+
+    let doctor = server.call("doctor", json!({ "file": file }));
+    let cli = tensormem(&["doctor", file, "--json"]);
+    assert!(cli.status.success());
+    assert_eq!(text(&doctor), String::from_utf8(cli.stdout).unwrap().trim_end(), "the same bytes as `tensormem doctor FILE --json`");
+    let findings: Value = serde_json::from_str(text(&doctor)).unwrap();
+    let kinds: Vec<&str> = findings["findings"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds[0], "peak", "{kinds:?}");
+    assert!(kinds.contains(&"fragmentation"), "{kinds:?}");
+
+    let summary = server.call("summary", json!({ "file": file, "device": 0 }));
+    let cli = tensormem(&["summary", file, "--device", "0", "--json"]);
+    assert_eq!(text(&summary), String::from_utf8(cli.stdout).unwrap().trim_end());
+    let v: Value = serde_json::from_str(text(&summary)).unwrap();
+    assert_eq!(v["trace_peak_reserved_bytes"], 3_781_165_056u64);
+
+    let replay = server.call("replay", json!({ "file": file, "alloc_conf": "expandable_segments:True", "capacity": "4GiB", "start": "recorded" }));
+    let cli = tensormem(&["replay", file, "--alloc-conf", "expandable_segments:True", "--capacity", "4GiB", "--json"]);
+    assert_eq!(text(&replay), String::from_utf8(cli.stdout).unwrap().trim_end());
+    let v: Value = serde_json::from_str(text(&replay)).unwrap();
+    assert_eq!(v["device"], 0);
+
+    // A capacity in bytes and a device index as a number, as an assistant may give them.
+    let doctor = server.call("doctor", json!({ "file": file, "device": 0, "capacity": 1_073_741_824u64 }));
+    let cli = tensormem(&["doctor", file, "--device", "0", "--capacity", "1GiB", "--json"]);
+    assert_eq!(text(&doctor), String::from_utf8(cli.stdout).unwrap().trim_end());
+    assert_eq!(server.finish().code(), Some(0));
+}
+
+#[test]
+fn scenarios_run_and_doctor_a_scenario() {
+    let mut server = Server::initialized();
+    let list = server.call("scenarios", json!({}));
+    assert_eq!(text(&list), String::from_utf8(tensormem(&["scenarios", "--json"]).stdout).unwrap().trim_end());
+    let list: Value = serde_json::from_str(text(&list)).unwrap();
+    assert!(list.as_array().unwrap().iter().any(|s| s["name"] == "eval-no-grad"), "{list}");
+
+    let run = server.call("run", json!({ "name": "eval-no-grad", "variant": "fix", "device": "sim:H100-80GB" }));
+    let cli = tensormem(&["run", "eval-no-grad", "--variant", "fix", "--json"]);
+    assert!(cli.status.success());
+    assert_eq!(text(&run), String::from_utf8(cli.stdout).unwrap().trim_end());
+    let v: Value = serde_json::from_str(text(&run)).unwrap();
+    assert_eq!(v["scenario"], "eval-no-grad");
+
+    let doctor = server.call("doctor", json!({ "scenario": "eval-no-grad", "variant": "mistake" }));
+    let findings: Value = serde_json::from_str(text(&doctor)).unwrap();
+    let kinds: Vec<&str> = findings["findings"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap()).collect();
+    assert!(kinds[1..].iter().take(2).any(|k| *k == "missing-no-grad"), "{kinds:?}");
+
+    // A run that runs out of memory: its steps, then the CLI's error line, as an error result.
+    let oom = server.call("run", json!({ "name": "eval-no-grad", "device": "sim:64MiB" }));
+    assert_eq!(oom["isError"], true, "{oom}");
+    let content = oom["content"].as_array().unwrap();
+    assert_eq!(content.len(), 2, "{oom}");
+    let steps: Value = serde_json::from_str(content[0]["text"].as_str().unwrap()).unwrap();
+    assert!(!steps["out_of_memory"].is_null(), "{steps}");
+    assert_eq!(content[1]["text"], "error: the scenario ran out of memory (see above)");
+    assert_eq!(server.finish().code(), Some(0));
+}
+
+#[test]
+fn errors_are_tool_results_or_json_rpc_errors() {
+    let mut server = Server::initialized();
+    // A file that cannot be read: the CLI's own line.
+    let result = server.call("doctor", json!({ "file": "/nonexistent/file.pickle" }));
+    assert_eq!(result["isError"], true);
+    let cli = tensormem(&["doctor", "/nonexistent/file.pickle", "--json"]);
+    let line = String::from_utf8(cli.stderr).unwrap();
+    assert_eq!(result["content"], json!([{ "type": "text", "text": line.trim_end() }]));
+    assert_eq!(line.trim_end(), "error: /nonexistent/file.pickle: cannot read /nonexistent/file.pickle: No such file or directory (os error 2)");
+
+    for (tool, arguments, message) in [
+        ("summary", json!({}), "error: missing argument \"file\""),
+        ("summary", json!({ "file": "x.pickle", "snapshot": "out.pickle" }), "error: unknown argument \"snapshot\""),
+        ("replay", json!({ "file": "x.pickle", "capacity": "lots" }), "error: capacity: "),
+        ("doctor", json!({}), "error: doctor needs a FILE or --scenario NAME"),
+        ("doctor", json!({ "file": "x.pickle", "scenario": "eval-no-grad" }), "error: doctor takes a file or a scenario, not both"),
+        ("run", json!({ "name": "no-such-scenario" }), "error: "),
+    ] {
+        let result = server.call(tool, arguments.clone());
+        assert_eq!(result["isError"], true, "{tool} {arguments}: {result}");
+        let text = result["content"][0]["text"].as_str().unwrap();
+        assert!(text.starts_with(message) && !text.contains('\n'), "{tool} {arguments}: {text}");
+    }
+
+    let unknown_tool = server.request("tools/call", json!({ "name": "rm", "arguments": {} }));
+    assert_eq!(unknown_tool["error"]["code"], -32602, "{unknown_tool}");
+    assert_eq!(unknown_tool["error"]["message"], "unknown tool: rm");
+    let unknown_method = server.request("resources/list", json!({}));
+    assert_eq!(unknown_method["error"]["code"], -32601, "{unknown_method}");
+
+    server.send_line("{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ");
+    let malformed = server.read();
+    assert_eq!(malformed["error"]["code"], -32700, "{malformed}");
+    assert!(malformed["id"].is_null());
+    // The server goes on after a bad line.
+    assert_eq!(server.request("ping", json!({}))["result"], json!({}));
+    assert_eq!(server.finish().code(), Some(0));
+}
