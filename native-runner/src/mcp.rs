@@ -252,7 +252,7 @@ fn run_tool(name: &str, args: &Args, lines: &mut Vec<String>) -> Result<(), Fail
             lines.push(json_line(&diagnosis)?);
         }
         "run" => {
-            let name = args.string("name")?.ok_or_else(|| Failure("run needs a scenario name".into(), 2))?;
+            let name = args.required("name")?;
             let device = args.string("device")?.unwrap_or_else(|| "sim:H100-80GB".into());
             let steps = args.int("steps")?.map(|s| u64::try_from(s).map_err(|_| Failure(format!("steps must be a count, got {s}"), 2))).transpose()?;
             let (variant, set, capacity, alloc_conf) = (args.string("variant")?, args.set()?, args.size("capacity")?, args.string("alloc_conf")?);
@@ -292,8 +292,12 @@ impl Args {
         }
     }
 
+    fn required(&self, key: &str) -> Result<String, Failure> {
+        self.string(key)?.ok_or_else(|| Failure(format!("missing argument {key:?}"), 2))
+    }
+
     fn path(&self, key: &str) -> Result<PathBuf, Failure> {
-        self.string(key)?.map(PathBuf::from).ok_or_else(|| Failure(format!("missing argument {key:?}"), 2))
+        self.required(key).map(PathBuf::from)
     }
 
     fn int(&self, key: &str) -> Result<Option<i64>, Failure> {

@@ -242,6 +242,7 @@ fn errors_are_tool_results_or_json_rpc_errors() {
         ("doctor", json!({}), "error: doctor needs a FILE or --scenario NAME"),
         ("doctor", json!({ "file": "x.pickle", "scenario": "eval-no-grad" }), "error: doctor takes a file or a scenario, not both"),
         ("run", json!({ "name": "no-such-scenario" }), "error: "),
+        ("run", json!({}), "error: missing argument \"name\""),
     ] {
         let result = server.call(tool, arguments.clone());
         assert_eq!(result["isError"], true, "{tool} {arguments}: {result}");
