@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 use tensormem::doctor;
 use tensormem::scenarios::{self, RunRequest};
-use tensormem::trace::{Category, Snapshot};
+use tensormem::trace::{self, Category, Snapshot};
 
 fn run(scenario: &str, variant: Option<&str>) -> Snapshot {
     let request = RunRequest { scenario: scenario.into(), variant: variant.map(str::to_string), ..Default::default() };
@@ -115,4 +115,71 @@ fn inferred_categories_agree_with_the_recorded_ones_over_the_scenario_library() 
     assert!(by_bytes >= 0.90, "agreement by bytes {by_bytes}");
     let share = |c: &str| scored(&|r, i| r == c && i == c).1 as f64 / scored(&|r, _| r == c).1 as f64;
     assert!(share("parameter") >= 0.99 && share("input") >= 0.99 && share("optimizer_state") >= 0.84);
+}
+
+/// Inferred category bytes at the peak of each real fixture (`-- --nocapture` prints them).
+fn inferred_at_peak(name: &str) -> Option<(String, Vec<(String, u64, String)>)> {
+    let snapshot = trace::load_file(&common::fixture(name)?).ok()?;
+    let d = doctor::diagnose(&snapshot, &doctor::DoctorOptions::default()).unwrap();
+    let peak = &d.findings[0];
+    let by = peak.evidence["inferred_categories"].as_array()?;
+    let rows = by
+        .iter()
+        .map(|c| {
+            (
+                c["category"].as_str().unwrap().to_string(),
+                c["bytes"].as_u64().unwrap(),
+                format!("{} ({})", c["confidence"].as_str().unwrap(), c["reason"].as_str().unwrap()),
+            )
+        })
+        .collect();
+    Some((peak.title.clone(), rows))
+}
+
+#[test]
+fn real_fixtures_print_their_inferred_categories_at_the_peak() {
+    let Some(dir) = common::fixtures_dir() else { return };
+    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    for name in names {
+        let Some((title, rows)) = inferred_at_peak(&name) else { continue };
+        eprintln!("{name}: {title}");
+        for (c, b, how) in rows {
+            eprintln!("  {c:<16} {:>12.1} MiB  {how}", b as f64 / (1 << 20) as f64);
+        }
+    }
+}
+
+/// Bytes of `category` among `rows`.
+fn bytes_of(rows: &[(String, u64, String)], category: &str) -> u64 {
+    rows.iter().filter(|r| r.0 == category).map(|r| r.1).sum()
+}
+
+/// A training step recorded by PyTorch (AdamW; the parameters predate the trace): at the peak,
+/// in the optimizer step, the state is twice the gradients, the gradients are the parameters'
+/// size, and the three make nearly all of it. Checked by hand: GPT-medium's parameters are 1.59
+/// GiB (fp32), its gradients 1.58 GiB, AdamW's exp_avg and exp_avg_sq 3.23 GiB.
+#[test]
+fn a_real_training_step_is_parameters_gradients_and_twice_their_size_in_optimizer_state() {
+    for name in ["gpt-medium-ctx128-training.pickle", "lm2.7b-ctx128-fullstep.pickle"] {
+        let Some((title, rows)) = inferred_at_peak(name) else { return };
+        assert!(title.contains("(inferred: optimizer state"), "{name}: {title}");
+        let (parameters, gradients, state) = (bytes_of(&rows, "parameter"), bytes_of(&rows, "gradient"), bytes_of(&rows, "optimizer_state"));
+        let total: u64 = rows.iter().map(|r| r.1).sum();
+        let ratio = |x: u64, y: u64| x as f64 / y as f64;
+        assert!((0.97..1.03).contains(&ratio(gradients, parameters)), "{name}: gradients {gradients}, parameters {parameters}");
+        assert!((1.95..2.1).contains(&ratio(state, gradients)), "{name}: state {state}, gradients {gradients}");
+        assert!(ratio(parameters + gradients + state, total) > 0.95, "{name}: {rows:?}");
+        assert_eq!(rows[0].0, "optimizer_state", "{name}");
+        assert!(rows[0].2.starts_with("high"), "{name}: {rows:?}");
+    }
+}
+
+/// A forward without a graph: the parameters predating the trace are nearly all of the peak.
+#[test]
+fn a_real_inference_peak_is_its_parameters() {
+    let Some((_, rows)) = inferred_at_peak("gpt-medium-ctx128-inference.pickle") else { return };
+    let total: u64 = rows.iter().map(|r| r.1).sum();
+    assert!(bytes_of(&rows, "parameter") as f64 > 0.95 * total as f64, "{rows:?}");
+    assert!(rows.iter().all(|r| matches!(r.0.as_str(), "parameter" | "temporary")), "{rows:?}");
 }

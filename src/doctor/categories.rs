@@ -16,6 +16,8 @@
 //!   anything was freed, alive to the end → `parameter`;
 //! - otherwise: freed during the next backward pass → `activation`; freed before it (or no
 //!   backward follows) → `temporary`;
+//! - allocated before the trace without a stack and alive to the end, where the trace makes the
+//!   gradients and the optimizer state (or has no step at all) → `parameter`, low;
 //! - anything else (alive past its backward, allocated before the trace without a stack, cuBLAS's
 //!   workspace) → `unknown`.
 
@@ -217,6 +219,12 @@ pub fn infer(t: &Timeline) -> Vec<Inferred> {
         s > 0 && started[e] - started[s + 1] == 0
     };
 
+    // Whether the trace makes gradients and optimizer state (then what predates it, alive to the
+    // end, is the parameters) or has neither pass (a forward: the same).
+    let makes = |phase: Phase| (0..n).any(|id| info(id).phase == Some(phase) && outlives(pass_of[id], a.end[id]));
+    let training = passes.iter().any(|p| p.phase != Phase::Forward);
+    let predates_parameters = if training { makes(Phase::Backward) && makes(Phase::Optimizer) } else { true };
+
     let verdict = |category: Option<Category>, confidence: Confidence, reason: &'static str| Inferred { category, confidence, reason };
     (0..n)
         .map(|id| {
@@ -257,7 +265,15 @@ pub fn infer(t: &Timeline) -> Vec<Inferred> {
                 return verdict(Some(Category::Parameter), Confidence::High, "made by module construction or a parameter initialiser");
             }
             if start == 0 && a.stack[id] == u32::MAX {
-                return verdict(None, Confidence::Low, "allocated before the trace, no stack");
+                return if lives_to_end && predates_parameters {
+                    verdict(
+                        Some(Category::Parameter),
+                        Confidence::Low,
+                        "allocated before the trace without a stack, alive to the end, in a trace that makes its own gradients and optimizer state (or has no step)",
+                    )
+                } else {
+                    verdict(None, Confidence::Low, "allocated before the trace, no stack")
+                };
             }
             if lives_to_end && start < first_step && (start < first_transient || s.factory) {
                 return verdict(Some(Category::Parameter), Confidence::Medium, "made before the first step, alive to the end");
@@ -277,10 +293,86 @@ pub fn infer(t: &Timeline) -> Vec<Inferred> {
                 };
             }
             if !lives_to_end {
-                let sure = if quick(id) { Confidence::High } else { Confidence::Medium };
-                return verdict(Some(Category::Temporary), sure, "made in forward, freed before any backward used it");
+                return match (quick(id), backward_passes.is_empty()) {
+                    (true, _) => verdict(Some(Category::Temporary), Confidence::High, "made in forward, freed before anything else was allocated"),
+                    (false, false) => verdict(Some(Category::Temporary), Confidence::Medium, "made in forward, freed before any backward used it"),
+                    (false, true) => verdict(
+                        Some(Category::Temporary),
+                        Confidence::Low,
+                        "made in forward and freed; no backward in the trace to tell whether it would have been saved for one",
+                    ),
+                };
             }
             verdict(None, Confidence::Low, "made after the start, alive to the end, in no step")
         })
         .collect()
+}
+
+/// The bytes of one inferred category live at a position.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CategoryBytes {
+    /// `parameter`, ..., `unknown`.
+    pub category: &'static str,
+    pub bytes: u64,
+    pub allocations: usize,
+    /// The confidence that holds most of the bytes.
+    pub confidence: Confidence,
+    pub high_bytes: u64,
+    pub medium_bytes: u64,
+    pub low_bytes: u64,
+    /// The rule that gave the most bytes.
+    pub reason: &'static str,
+}
+
+/// What is live at `position`, by inferred category, most bytes first.
+pub(super) fn live_by_category(t: &Timeline, inferred: &[Inferred], position: usize) -> Vec<CategoryBytes> {
+    let a = &t.allocations;
+    let x = position as u32;
+    let mut by: Vec<(CategoryBytes, Vec<(&'static str, u64)>)> = Vec::new();
+    for id in (0..a.start.len()).filter(|&id| a.start[id] <= x && x < a.end[id]) {
+        let i = inferred[id];
+        let bytes = a.size[id] as u64;
+        let slot = match by.iter().position(|(c, _)| c.category == i.name()) {
+            Some(s) => s,
+            None => {
+                let empty = CategoryBytes {
+                    category: i.name(),
+                    bytes: 0,
+                    allocations: 0,
+                    confidence: Confidence::Low,
+                    high_bytes: 0,
+                    medium_bytes: 0,
+                    low_bytes: 0,
+                    reason: "",
+                };
+                by.push((empty, Vec::new()));
+                by.len() - 1
+            }
+        };
+        let (c, reasons) = &mut by[slot];
+        c.bytes += bytes;
+        c.allocations += 1;
+        *match i.confidence {
+            Confidence::High => &mut c.high_bytes,
+            Confidence::Medium => &mut c.medium_bytes,
+            Confidence::Low => &mut c.low_bytes,
+        } += bytes;
+        match reasons.iter_mut().find(|(r, _)| *r == i.reason) {
+            Some(r) => r.1 += bytes,
+            None => reasons.push((i.reason, bytes)),
+        }
+    }
+    let mut out: Vec<CategoryBytes> = by
+        .into_iter()
+        .map(|(mut c, reasons)| {
+            c.confidence = [(c.high_bytes, Confidence::High), (c.medium_bytes, Confidence::Medium), (c.low_bytes, Confidence::Low)]
+                .into_iter()
+                .max_by_key(|&(b, conf)| (b, conf))
+                .map_or(Confidence::Low, |(_, conf)| conf);
+            c.reason = reasons.into_iter().max_by_key(|&(r, b)| (b, std::cmp::Reverse(r))).map_or("", |(r, _)| r);
+            c
+        })
+        .collect();
+    out.sort_by(|p, q| q.bytes.cmp(&p.bytes).then(p.category.cmp(q.category)));
+    out
 }
