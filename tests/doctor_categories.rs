@@ -117,8 +117,11 @@ fn inferred_categories_agree_with_the_recorded_ones_over_the_scenario_library() 
     assert!(share("parameter") >= 0.99 && share("input") >= 0.99 && share("optimizer_state") >= 0.84);
 }
 
-/// Inferred category bytes at the peak of each real fixture (`-- --nocapture` prints them).
-fn inferred_at_peak(name: &str) -> Option<(String, Vec<(String, u64, String)>)> {
+/// One inferred category at a peak: its name, bytes, and `confidence (reason)`.
+type Row = (String, u64, String);
+
+/// The peak's title and inferred category bytes of a real fixture.
+fn inferred_at_peak(name: &str) -> Option<(String, Vec<Row>)> {
     let snapshot = trace::load_file(&common::fixture(name)?).ok()?;
     let d = doctor::diagnose(&snapshot, &doctor::DoctorOptions::default()).unwrap();
     let peak = &d.findings[0];
@@ -136,6 +139,7 @@ fn inferred_at_peak(name: &str) -> Option<(String, Vec<(String, u64, String)>)> 
     Some((peak.title.clone(), rows))
 }
 
+/// Inferred category bytes at the peak of each real fixture (`-- --nocapture` prints them).
 #[test]
 fn real_fixtures_print_their_inferred_categories_at_the_peak() {
     let Some(dir) = common::fixtures_dir() else { return };
@@ -151,7 +155,7 @@ fn real_fixtures_print_their_inferred_categories_at_the_peak() {
 }
 
 /// Bytes of `category` among `rows`.
-fn bytes_of(rows: &[(String, u64, String)], category: &str) -> u64 {
+fn bytes_of(rows: &[Row], category: &str) -> u64 {
     rows.iter().filter(|r| r.0 == category).map(|r| r.1).sum()
 }
 
