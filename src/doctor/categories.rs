@@ -4,7 +4,9 @@
 //! The phase comes from the frames alone, never from a recorded category: backward (the autograd
 //! engine, `loss.backward()`, tensormem's `op (NodeBackward0)`), the optimizer step
 //! (`torch/optim`, tensormem's `src/nn/optim`) or the forward (a module call; any other stack of
-//! tensormem's). The passes are the runs of one phase, in the trace's order. Then, in order:
+//! tensormem's). The passes are the runs of one phase, in the trace's order; an allocation lives
+//! to the end when it is never freed or freed in the program's teardown (after its last
+//! allocation, from the first free of something made before the last pass). Then, in order:
 //!
 //! - optimizer step: alive past its step → `optimizer_state`, else `temporary`;
 //! - backward: alive past its backward pass → `gradient`; freed before anything else was
@@ -200,12 +202,13 @@ pub fn infer(t: &Timeline) -> Vec<Inferred> {
         started[x] += started[x - 1];
     }
     let last_start = order.last().map_or(0, |&id| a.start[id]);
-    // The first allocation the trace frees: before it, nothing has run that makes temporaries.
-    // (Freed while the program still allocates: not in a teardown.)
+    // Where the first allocation the program frees while it still allocates (not in a teardown)
+    // was made: before it, nothing has run that makes temporaries.
     let first_transient = order.iter().copied().filter(|&id| a.start[id] > 0 && a.end[id] <= last_start).map(|id| a.start[id]).next().unwrap_or(u32::MAX);
     // Where the program lets go of what it made before anything ran (a model, its optimizer):
     // the first free, after the last allocation, of one made before the last pass (or before
-    // anything was freed); what is freed from there on lived to the end. A trace cut while the program runs has none.
+    // anything was freed); what is freed from there on lived to the end. A trace cut while the
+    // program runs has none.
     let last_pass = passes.last().map_or(0, |p| p.first).max(first_transient.min(events + 1));
     let teardown =
         (0..n).filter(|&id| a.start[id] < last_pass && a.end[id] > last_start && a.end[id] <= events).map(|id| a.end[id]).min().unwrap_or(events + 1);
