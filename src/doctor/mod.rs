@@ -13,6 +13,7 @@
 //! describes what is live at a position; `what_if` runs the replays.
 //! The doctor sits above scenarios: it diagnoses their snapshots as it does a user's file.
 
+mod categories;
 mod fix_variant;
 mod fragmentation;
 mod grads;
@@ -27,6 +28,7 @@ mod steps;
 mod truncated;
 mod what_if;
 
+pub use categories::{Confidence, Inferred, InferredAllocation, UNKNOWN, infer, infer_categories};
 pub use fix_variant::verify_by_fix;
 pub use live::{AllocationRef, GroupBytes, Live, StackBytes};
 pub use oom::{smallest_fitting_capacity, with_failed_request};

@@ -1,6 +1,6 @@
 //! `peak`: when allocated memory peaks, in which phase, and what is live then.
 
-use super::{Finding, PEAK, Patient, live, size};
+use super::{Finding, PEAK, Patient, categories, live, size};
 use crate::scenarios::compare;
 use serde::Serialize;
 
@@ -15,6 +15,10 @@ struct Evidence {
     peak_allocated_bytes: u64,
     peak_reserved_bytes: u64,
     live: live::Live,
+    /// Where the trace records no categories (PyTorch's own): what is live by inferred category,
+    /// with how sure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inferred_categories: Option<Vec<categories::CategoryBytes>>,
 }
 
 pub(super) fn find(p: &Patient) -> Finding {
@@ -28,13 +32,26 @@ pub(super) fn find(p: &Patient) -> Finding {
         (Some(i), None) => format!("at event {i}"),
         (None, _) => "before the trace's first event".into(),
     };
+    let recorded = p.timeline.groups.iter().any(|g| g.category);
+    let inferred = (!recorded).then(|| categories::live_by_category(&p.timeline, &categories::infer(&p.timeline), position));
+    let by_category = match &inferred {
+        Some(by) if !by.is_empty() => {
+            let largest: Vec<String> = by.iter().take(3).map(|c| format!("{} {}", c.category.replace('_', " "), size(c.bytes))).collect();
+            format!(" (inferred: {})", largest.join(", "))
+        }
+        _ => String::new(),
+    };
     let title = format!(
-        "Allocated memory peaks at {} {when}: {}",
+        "Allocated memory peaks at {} {when}: {}{by_category}",
         size(summary.peak_allocated_bytes),
         if live.by_group.is_empty() { "nothing is live".into() } else { live.largest_groups(3) }
     );
-    let grouped_by =
-        if p.timeline.groups.iter().any(|g| g.category) { "the trace's own categories" } else { "the line of your code at the top of each allocation's stack" };
+    let grouped_by = if recorded {
+        "the trace's own categories"
+    } else {
+        "the line of your code at the top of each allocation's stack, and by category as inferred from each allocation's stack, phase \
+         and lifetime (with how sure)"
+    };
     let why = format!(
         "The peak is the moment that decides whether a run fits on a card: everything listed here was live at once. \
          Bytes are what the tensors requested (the trace's figure); they are grouped by {grouped_by}, and the stacks \
@@ -63,6 +80,7 @@ pub(super) fn find(p: &Patient) -> Finding {
             peak_allocated_bytes: summary.peak_allocated_bytes,
             peak_reserved_bytes: summary.peak_reserved_bytes,
             live,
+            inferred_categories: inferred,
         })
         .unwrap_or_default(),
         why,
