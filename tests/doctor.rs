@@ -41,11 +41,14 @@ fn assert_replay_agrees(snapshot: &Snapshot, device: i64, v: &Verified) {
     assert_eq!(r.replayed.ooms > 0, v.after_out_of_memory, "{}", v.how);
 }
 
-/// The `peak` finding first, exactly once, then the problems by bytes at stake; JSON round-trips.
+/// The `peak` finding first, exactly once, then the problems by bytes at stake, then
+/// `outside-allocator` (information, always last); JSON round-trips.
 fn assert_well_formed(name: &str, d: &Diagnosis) {
     assert_eq!(d.findings.first().map(|f| f.kind.as_str()), Some(doctor::PEAK), "{name}");
     assert_eq!(kinds(d).iter().filter(|&&k| k == doctor::PEAK).count(), 1, "{name}");
-    let bytes: Vec<u64> = d.findings[1..].iter().map(|f| f.bytes).collect();
+    assert_eq!(d.findings.last().map(|f| f.kind.as_str()), Some(doctor::OUTSIDE_ALLOCATOR), "{name}");
+    assert_eq!(kinds(d).iter().filter(|&&k| k == doctor::OUTSIDE_ALLOCATOR).count(), 1, "{name}");
+    let bytes: Vec<u64> = d.findings[1..d.findings.len() - 1].iter().map(|f| f.bytes).collect();
     assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "{name}: problems not ranked by bytes: {bytes:?}");
     for f in &d.findings {
         assert!(doctor::KINDS.contains(&f.kind.as_str()), "{name}: {}", f.kind);
@@ -62,7 +65,7 @@ fn assert_well_formed(name: &str, d: &Diagnosis) {
 fn a_recorded_oom_gives_its_request_and_the_smallest_capacity_that_fits() {
     let Some(snapshot) = load("expandable-3gpu-oom.pickle") else { return };
     let d = diagnose(&snapshot, None);
-    assert_eq!(kinds(&d), ["peak", "oom"]);
+    assert_eq!(kinds(&d), ["peak", "oom", "outside-allocator"]);
     // Device 1 is the one that failed: its trace entry 421 is PyTorch's oom entry.
     let peak = &d.findings[0];
     assert_eq!(peak.evidence["device"], 1);
@@ -108,7 +111,7 @@ fn a_recorded_oom_gives_its_request_and_the_smallest_capacity_that_fits() {
 fn a_trace_that_starts_mid_run_is_truncated() {
     let Some(snapshot) = load("gpt-medium-ctx128-training.pickle") else { return };
     let d = diagnose(&snapshot, None);
-    assert_eq!(kinds(&d), ["peak", "truncated-trace", "optimizer-state"]);
+    assert_eq!(kinds(&d), ["peak", "truncated-trace", "optimizer-state", "outside-allocator"]);
     let r = replay::replay_device(&snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
     let t = finding(&d, doctor::TRUNCATED_TRACE);
     // Everything it reserves predates the trace (it maps no segment of its own).
@@ -131,7 +134,7 @@ fn a_trace_that_starts_mid_run_is_truncated() {
 fn fragmentation_is_split_and_each_setting_verified_by_replay() {
     let Some(snapshot) = load("small-state.pickle") else { return };
     let d = diagnose(&snapshot, None);
-    assert_eq!(kinds(&d), ["peak", "fragmentation"]);
+    assert_eq!(kinds(&d), ["peak", "fragmentation", "outside-allocator"]);
     let f = finding(&d, doctor::FRAGMENTATION);
     let e = &f.evidence;
     // At the peak of reserved (3.52 GiB): 5 cached free blocks, and 1016 bytes of rounding.
@@ -167,7 +170,7 @@ fn fragmentation_is_split_and_each_setting_verified_by_replay() {
 fn a_trace_that_starts_with_memory_reserved_is_verified_from_a_replaced_start() {
     let Some(snapshot) = load("eor-nn-legacy-with-snapshots.pickle") else { return };
     let d = diagnose(&snapshot, None);
-    assert_eq!(kinds(&d), ["peak", "fragmentation", "truncated-trace", "optimizer-state"]);
+    assert_eq!(kinds(&d), ["peak", "fragmentation", "truncated-trace", "optimizer-state", "outside-allocator"]);
     let f = finding(&d, doctor::FRAGMENTATION);
     assert_eq!(f.bytes, 134_217_728 - 108_258_676);
     let v = f.verified.as_ref().unwrap();
@@ -214,17 +217,17 @@ fn every_fixture_gives_the_peak_first_then_problems_by_bytes() {
         // Adam's state for the one 7.5 MiB tensor it optimises (made at the first of 10 steps);
         // its grads are freed by zero_grad each step (the 8.12 MiB cuBLAS workspace that the
         // autograd thread's first matmul makes is not a gradient).
-        ("eor-nn-legacy-with-snapshots.pickle", &["peak", "fragmentation", "truncated-trace", "optimizer-state"][..]),
-        ("expandable-3gpu-oom.pickle", &["peak", "oom"]),
-        ("finetune-legacy.pickle", &["peak", "truncated-trace", "fragmentation"]),
-        ("gpt-ctx128-forward.pickle", &["peak", "truncated-trace", "missing-no-grad"]),
-        ("gpt-medium-ctx128-inference.pickle", &["peak", "truncated-trace"]),
-        ("gpt-medium-ctx256-inference.pickle", &["peak", "truncated-trace"]),
-        ("gpt-medium-ctx128-training.pickle", &["peak", "truncated-trace", "optimizer-state"]),
-        ("lm2.7b-ctx128-fullstep.pickle", &["peak", "truncated-trace", "optimizer-state", "fragmentation"]),
-        ("lm2.7b-ctx256-fullstep.pickle", &["peak", "truncated-trace", "fragmentation", "optimizer-state"]),
-        ("small-state.pickle", &["peak", "fragmentation"]),
-        ("tiny-settings.pickle", &["peak"]),
+        ("eor-nn-legacy-with-snapshots.pickle", &["peak", "fragmentation", "truncated-trace", "optimizer-state", "outside-allocator"][..]),
+        ("expandable-3gpu-oom.pickle", &["peak", "oom", "outside-allocator"]),
+        ("finetune-legacy.pickle", &["peak", "truncated-trace", "fragmentation", "outside-allocator"]),
+        ("gpt-ctx128-forward.pickle", &["peak", "truncated-trace", "missing-no-grad", "outside-allocator"]),
+        ("gpt-medium-ctx128-inference.pickle", &["peak", "truncated-trace", "outside-allocator"]),
+        ("gpt-medium-ctx256-inference.pickle", &["peak", "truncated-trace", "outside-allocator"]),
+        ("gpt-medium-ctx128-training.pickle", &["peak", "truncated-trace", "optimizer-state", "outside-allocator"]),
+        ("lm2.7b-ctx128-fullstep.pickle", &["peak", "truncated-trace", "optimizer-state", "fragmentation", "outside-allocator"]),
+        ("lm2.7b-ctx256-fullstep.pickle", &["peak", "truncated-trace", "fragmentation", "optimizer-state", "outside-allocator"]),
+        ("small-state.pickle", &["peak", "fragmentation", "outside-allocator"]),
+        ("tiny-settings.pickle", &["peak", "outside-allocator"]),
     ]);
     let mut names: Vec<_> =
         std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".pickle")).collect();
@@ -253,7 +256,7 @@ fn scenarios_are_diagnosed_from_their_trace_alone() {
     let mistake = run("variable-batch", Some("mistake"));
     let d = diagnose(&mistake.snapshot, None);
     assert_well_formed("variable-batch mistake", &d);
-    assert_eq!(kinds(&d), ["peak", "fragmentation"]);
+    assert_eq!(kinds(&d), ["peak", "fragmentation", "outside-allocator"]);
     assert_eq!(d.findings[0].bytes, 394_264_576);
     assert_eq!(d.findings[0].evidence["live"]["by_group"][0]["kind"], "parameter", "tensormem's traces carry categories");
     let v = finding(&d, doctor::FRAGMENTATION).verified.as_ref().unwrap();
@@ -264,7 +267,7 @@ fn scenarios_are_diagnosed_from_their_trace_alone() {
     let fix = run("variable-batch", Some("fix"));
     let d = diagnose(&fix.snapshot, None);
     assert_well_formed("variable-batch fix", &d);
-    assert_eq!(kinds(&d), ["peak"]);
+    assert_eq!(kinds(&d), ["peak", "outside-allocator"]);
 
     // The 7B model on an 80 GB card: the run's own out-of-memory error, on the card it ran on.
     let oom_run = run("oom", None);
@@ -333,4 +336,59 @@ fn errors_are_values() {
     assert!(matches!(err, DoctorError::Replay(replay::ReplayError::NoSuchDevice(3, _))), "{err}");
     assert!(err.to_string().contains("devices present: 0"), "{err}");
     assert!(matches!(doctor::diagnose(&Snapshot::default(), &DoctorOptions::default()), Err(DoctorError::Empty)));
+}
+
+#[test]
+fn what_nvidia_smi_shows_beyond_reserved_is_estimated_and_the_cublas_workspaces_listed() {
+    let Some(snapshot) = load("gpt-medium-ctx128-training.pickle") else { return };
+    let d = diagnose(&snapshot, None);
+    assert_well_formed("gpt-medium-ctx128-training", &d);
+    let f = finding(&d, doctor::OUTSIDE_ALLOCATOR);
+    assert!(f.bytes > 0 && f.estimate.as_deref().is_some_and(|e| e.contains("CUDA context")), "{f:?}");
+    assert!(f.title.starts_with("nvidia-smi will show about ") && f.title.contains("CUDA context"), "{}", f.title);
+    let e = &f.evidence;
+    assert_eq!(e["outside_bytes"], f.bytes);
+    assert!(e["cuda_context"]["low_bytes"].as_u64() < e["cuda_context"]["high_bytes"].as_u64());
+    let workspaces: Vec<(u64, u64, bool)> = e["cublas_workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["trace_index"].as_u64().unwrap(), w["bytes"].as_u64().unwrap(), w["backward"].as_bool().unwrap()))
+        .collect();
+    // The trace starts mid-run: its cuBLAS workspaces were made before it, so no `alloc` entry
+    // names `getNewWorkspace`; two stackless blocks of PyTorch's default size per handle
+    // (forward's thread and autograd's) are there from the start.
+    assert_eq!(workspaces, []);
+    assert_eq!(e["cublas_workspace_bytes"], 0);
+    let likely: Vec<u64> = e["likely_cublas_workspaces_before_trace"].as_array().unwrap().iter().map(|w| w["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(likely, [8_519_680, 8_519_680]);
+    assert!(f.title.contains("2 blocks from before the trace (16.25 MiB) are likely cuBLAS workspaces"), "{}", f.title);
+    assert!(e.get("nccl").is_none(), "one card, no NCCL");
+
+    // A trace recorded from the start shows its workspaces' own `alloc` entries.
+    let Some(snapshot) = load("eor-nn-legacy-with-snapshots.pickle") else { return };
+    let d = diagnose(&snapshot, None);
+    let e = &finding(&d, doctor::OUTSIDE_ALLOCATOR).evidence;
+    let workspaces: Vec<(u64, u64, bool)> = e["cublas_workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["trace_index"].as_u64().unwrap(), w["bytes"].as_u64().unwrap(), w["backward"].as_bool().unwrap()))
+        .collect();
+    // Backward's first matmul, on autograd's thread: a handle and a workspace of its own; the
+    // forward thread's was made before recording started.
+    assert_eq!(workspaces, [(209, 8_519_680, true)]);
+    assert_eq!(e["cublas_workspace_bytes"], 8_519_680);
+    assert_eq!(e["likely_cublas_workspaces_before_trace"][0]["bytes"], 8_519_680);
+    assert_eq!(e["likely_cublas_workspaces_before_trace"].as_array().map(Vec::len), Some(1));
+}
+
+#[test]
+fn a_tensormem_scenario_has_no_cublas_workspace() {
+    let d = diagnose(&run("variable-batch", Some("mistake")).snapshot, None);
+    let f = finding(&d, doctor::OUTSIDE_ALLOCATOR);
+    assert_eq!(f.evidence["cublas_workspaces"].as_array().map(Vec::len), Some(0));
+    assert_eq!(f.evidence["cublas_workspace_bytes"], 0);
+    assert_eq!(f.evidence["likely_cublas_workspaces_before_trace"].as_array().map(Vec::len), Some(0));
+    assert!(f.bytes > 0 && f.estimate.is_some() && !f.title.contains("cuBLAS"));
 }

@@ -7,7 +7,7 @@ import { applyFilter, streamsOf } from './filter.js';
 import { Icicle, buildTree } from './icicle.js';
 import { showComparison } from './compare.js';
 import { UNKNOWN } from './palette.js';
-import { showFindings, allocationsOf, momentOf, verdictRow, verifiedText } from './diagnosis.js';
+import { showFindings, allocationsOf, momentOf, verdictRow, verifiedText, isProblem } from './diagnosis.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -313,7 +313,7 @@ async function diagnose(info, d, ticket) {
   }
   if (ticket !== diagnosisTicket) return;
   const shown = showFindings($('findings'), out.findings, { go: goToFinding, fix: showFix });
-  const problems = shown.filter((f) => f.kind !== 'peak').length;
+  const problems = shown.filter(isProblem).length;
   $('diagnosis-status').textContent = problems ? `${problems} problem${problems > 1 ? 's' : ''} found, device ${d}` : `no problem found beyond the peak, device ${d}`;
   $('diagnosis').dataset.state = 'ready';
   if (info.run) await showVerdict(info, out.findings, ticket);

@@ -51,7 +51,14 @@ const KIND_LABEL = {
   'missing-no-grad': 'missing no_grad',
   'grads-kept': 'gradients kept',
   'optimizer-state': 'optimizer state',
+  'outside-allocator': 'outside the allocator',
 };
+
+// Findings that describe rather than accuse: the peak summary, and what nvidia-smi shows beyond
+// reserved (`outside-allocator`, an estimate, always last).
+export function isProblem(f) {
+  return f.kind !== 'peak' && f.kind !== 'outside-allocator';
+}
 
 // The verified what-if in one line: "replay with expandable_segments:True: peak reserved 1.2 GiB → 900 MiB".
 export function verifiedText(v) {
@@ -123,12 +130,12 @@ export function showFindings(root, findings, on) {
 
 // The doctor's verdict on a scenario run, in one line per variant: the kinds found and their titles.
 export function verdictRow(label, findings) {
-  const problems = findings.filter((f) => f.kind !== 'peak');
+  const problems = findings.filter(isProblem);
   const row = el('li', { dataset: { variant: label, kinds: findings.map((f) => f.kind).join(' ') } },
     el('b', { text: `${label}: ` }),
     problems.length ? `${problems.length} problem${problems.length > 1 ? 's' : ''}` : 'no problem found beyond the peak');
   const list = el('ul');
-  for (const f of findings) list.append(el('li', { class: f.kind === 'peak' ? 'muted' : '' }, el('span', { class: `finding-kind kind-${f.kind}`, text: KIND_LABEL[f.kind] || f.kind }), ` ${f.title}`));
+  for (const f of findings) list.append(el('li', { class: isProblem(f) ? '' : 'muted' }, el('span', { class: `finding-kind kind-${f.kind}`, text: KIND_LABEL[f.kind] || f.kind }), ` ${f.title}`));
   row.append(list);
   return row;
 }

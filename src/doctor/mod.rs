@@ -9,7 +9,8 @@
 //! each allocation, the passes, the iterations): `growth` (memory each iteration keeps),
 //! `retained` (`retained-graph`: forward tensors alive past their backward), `no_grad`
 //! (`missing-no-grad`: forwards that keep a graph no backward uses), `grads` (`grads-kept`:
-//! gradients alive through the next forward) and `optimizer` (`optimizer-state`). `live`
+//! gradients alive through the next forward) and `optimizer` (`optimizer-state`); `outside`
+//! (`outside-allocator`, always last) says what nvidia-smi shows beyond reserved. `live`
 //! describes what is live at a position; `what_if` runs the replays.
 //! The doctor sits above scenarios: it diagnoses their snapshots as it does a user's file.
 
@@ -22,6 +23,7 @@ mod live;
 mod no_grad;
 mod oom;
 mod optimizer;
+mod outside;
 mod peak;
 mod retained;
 mod steps;
@@ -50,10 +52,14 @@ pub const RETAINED_GRAPH: &str = "retained-graph";
 pub const MISSING_NO_GRAD: &str = "missing-no-grad";
 pub const GRADS_KEPT: &str = "grads-kept";
 pub const OPTIMIZER_STATE: &str = "optimizer-state";
+/// Information rather than a problem: always reported, last.
+pub const OUTSIDE_ALLOCATOR: &str = "outside-allocator";
 /// Every kind, in the order the issue lists them.
-pub const KINDS: [&str; 9] = [PEAK, GROWTH, RETAINED_GRAPH, MISSING_NO_GRAD, GRADS_KEPT, OPTIMIZER_STATE, FRAGMENTATION, OOM, TRUNCATED_TRACE];
+pub const KINDS: [&str; 10] =
+    [PEAK, GROWTH, RETAINED_GRAPH, MISSING_NO_GRAD, GRADS_KEPT, OPTIMIZER_STATE, FRAGMENTATION, OOM, TRUNCATED_TRACE, OUTSIDE_ALLOCATOR];
 
-/// What the doctor found: the `peak` summary first, then the problems, most bytes first.
+/// What the doctor found: the `peak` summary first, then the problems, most bytes first, then
+/// `outside-allocator` (information, estimated: ranked last whatever its bytes).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Diagnosis {
     pub findings: Vec<Finding>,
@@ -153,6 +159,7 @@ pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosi
 
     let mut findings = vec![peak::find(&patient)];
     findings.extend(problems);
+    findings.push(outside::find(&patient));
     Ok(Diagnosis { findings })
 }
 

@@ -1,0 +1,239 @@
+//! `outside-allocator`: what `nvidia-smi` shows that PyTorch's counters do not, so that a user can
+//! reconcile the two figures. Always reported, as information rather than a problem: it is ranked
+//! last (after the problems, whatever its bytes), so that an estimate of the CUDA context never
+//! pushes a measured problem down the list.
+//!
+//! - The CUDA context (driver, runtime, the kernels loaded so far) is in no snapshot: an estimate.
+//!   PyTorch's maintainers put it at about 300 MB with CUDA 11.7+'s lazy kernel loading and above
+//!   1,000 MB before it, when every kernel was loaded at start
+//!   (<https://github.com/pytorch/pytorch/issues/107667>); users see 200+ to 700+ MB in
+//!   `nvidia-smi` and nothing in `torch.cuda` right after CUDA starts
+//!   (<https://github.com/pytorch/pytorch/issues/28113>). Lazy loading is the default on Linux
+//!   since CUDA 12.2 (NVIDIA's forums). The range below, 300 to 600 MiB per card on a data-center
+//!   card (A100, H100) with lazy loading, is a typical figure, not a measurement.
+//! - cuBLAS/cuBLASLt workspaces go through the caching allocator (`at::cuda::getNewWorkspace`):
+//!   they are inside reserved, and allocated, but are not tensors. One per handle, and a handle
+//!   per thread and stream: backward runs on autograd's own thread, so its first matmul makes a
+//!   second workspace. A trace that starts mid-run misses the ones made before it: blocks live at
+//!   its start, without a stack, of exactly PyTorch's default size per handle
+//!   (`CublasHandlePool.cpp`: 4096 * 1024 * 2 + 16 * 1024 * 8 = 8,519,680 B, or 4096 * 8 * 1024 =
+//!   32 MiB on compute capability 9.x, 10.x, 12.x) are listed apart, as likely workspaces.
+//! - NCCL (when frames show `nccl`, `ProcessGroupNCCL` or `c10d`) keeps its buffers outside the
+//!   allocator: an estimate too.
+
+use super::{Finding, OUTSIDE_ALLOCATOR, Patient, size};
+use crate::timeline::GroupKind;
+use crate::trace::Action;
+use serde::Serialize;
+
+const MIB: u64 = 1 << 20;
+/// The CUDA context on a data-center card with lazy loading: a typical range, and the figure
+/// the finding adds (its middle).
+const CONTEXT_LOW: u64 = 300 * MIB;
+const CONTEXT_HIGH: u64 = 600 * MIB;
+const CONTEXT_TYPICAL: u64 = 450 * MIB;
+/// NCCL's own buffers per card (NCCL_BUFFSIZE, 4 MiB by default, per channel and peer, and its
+/// kernels' context share): a typical range, not a measurement.
+const NCCL_LOW: u64 = 256 * MIB;
+const NCCL_HIGH: u64 = 1024 * MIB;
+const NCCL_TYPICAL: u64 = 512 * MIB;
+
+#[derive(Serialize)]
+struct Workspace {
+    /// Position of its `alloc` entry in the device's trace.
+    trace_index: usize,
+    addr: u64,
+    bytes: u64,
+    stream: i64,
+    /// Made inside backward (autograd's thread: a handle, and a workspace, of its own).
+    backward: bool,
+    /// The frame that names it.
+    frame: String,
+}
+
+/// PyTorch's default cuBLAS workspace per handle (no CUBLAS_WORKSPACE_CONFIG): before Hopper,
+/// and on compute capability 9.x, 10.x and 12.x.
+const DEFAULT_WORKSPACES: [u64; 2] = [4096 * 1024 * 2 + 16 * 1024 * 8, 4096 * 8 * 1024];
+
+/// A block live at the trace's start, without a stack, of a default workspace's size.
+#[derive(Serialize)]
+struct LikelyWorkspace {
+    addr: u64,
+    bytes: u64,
+    stream: i64,
+}
+
+#[derive(Serialize)]
+struct Range {
+    low_bytes: u64,
+    high_bytes: u64,
+    typical_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct Evidence {
+    device: i64,
+    peak_reserved_bytes: u64,
+    /// Estimated bytes `nvidia-smi` shows beyond reserved (the finding's bytes).
+    outside_bytes: u64,
+    cuda_context: Range,
+    /// Inside reserved (and allocated), but not tensors.
+    cublas_workspaces: Vec<Workspace>,
+    cublas_workspace_bytes: u64,
+    /// Blocks that predate the trace, without a stack, of exactly PyTorch's default workspace
+    /// size: likely cuBLAS workspaces made before recording started (inferred by size).
+    likely_cublas_workspaces_before_trace: Vec<LikelyWorkspace>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nccl: Option<Range>,
+    /// The frame that shows NCCL, when one does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nccl_frame: Option<String>,
+}
+
+fn is_workspace(name: &str) -> bool {
+    name.contains("getNewWorkspace") || name.contains("BlasLtWorkspace")
+}
+
+fn is_nccl(name: &str, filename: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("nccl") || name.contains("c10d") || filename.to_ascii_lowercase().contains("nccl") || filename.contains("c10d")
+}
+
+fn is_backward(name: &str, filename: &str) -> bool {
+    name.contains("torch::autograd::Engine::") || filename.ends_with("torch/autograd/__init__.py") || filename.ends_with("autograd/engine.rs")
+}
+
+pub(super) fn find(p: &Patient) -> Finding {
+    let trace = p.snapshot.trace_of(p.device);
+    let mut workspaces = Vec::new();
+    let mut nccl_frame = None;
+    for (i, e) in trace.iter().enumerate() {
+        let frames: Vec<_> = e.frames.iter().flat_map(|f| f.iter()).collect();
+        if nccl_frame.is_none()
+            && let Some(f) = frames.iter().find(|f| is_nccl(&f.name, &f.filename))
+        {
+            nccl_frame = Some(f.name.clone());
+        }
+        if e.action != Action::Alloc {
+            continue;
+        }
+        if let Some(f) = frames.iter().take(12).find(|f| is_workspace(&f.name)) {
+            workspaces.push(Workspace {
+                trace_index: i,
+                addr: e.addr,
+                bytes: e.size,
+                stream: e.stream,
+                backward: frames.iter().any(|f| is_backward(&f.name, &f.filename)),
+                frame: f.name.clone(),
+            });
+        }
+    }
+    let workspace_bytes: u64 = workspaces.iter().map(|w| w.bytes).sum();
+    let a = &p.timeline.allocations;
+    let likely: Vec<LikelyWorkspace> = (0..a.start.len())
+        .filter(|&id| a.start[id] == 0 && p.timeline.groups[a.group[id] as usize].kind == GroupKind::BeforeTrace)
+        .filter(|&id| DEFAULT_WORKSPACES.contains(&(a.size[id] as u64)))
+        .map(|id| LikelyWorkspace { addr: a.addr[id] as u64, bytes: a.size[id] as u64, stream: a.stream[id] as i64 })
+        .collect();
+    let likely_bytes: u64 = likely.iter().map(|w| w.bytes).sum();
+    let nccl = nccl_frame.is_some().then_some(Range { low_bytes: NCCL_LOW, high_bytes: NCCL_HIGH, typical_bytes: NCCL_TYPICAL });
+    let outside = CONTEXT_TYPICAL + nccl.as_ref().map_or(0, |n| n.typical_bytes);
+    let reserved = p.timeline.summary.peak_reserved_bytes;
+
+    let mut title = format!(
+        "nvidia-smi will show about {} more than reserved ({}): the CUDA context (~{}, estimated)",
+        size(outside),
+        size(reserved),
+        size(CONTEXT_TYPICAL)
+    );
+    if let Some(n) = &nccl {
+        title.push_str(&format!(", NCCL's buffers (~{}, estimated)", size(n.typical_bytes)));
+    }
+    if !workspaces.is_empty() {
+        title.push_str(&format!(
+            "; {} cuBLAS workspace{} ({}) {} inside reserved but not tensors",
+            workspaces.len(),
+            if workspaces.len() == 1 { "" } else { "s" },
+            size(workspace_bytes),
+            if workspaces.len() == 1 { "is" } else { "are" }
+        ));
+    }
+    if !likely.is_empty() {
+        title.push_str(&format!(
+            "; {} block{} from before the trace ({}) {} likely cuBLAS workspaces",
+            likely.len(),
+            if likely.len() == 1 { "" } else { "s" },
+            size(likely_bytes),
+            if likely.len() == 1 { "is" } else { "are" }
+        ));
+    }
+    let mut why = "PyTorch's counters (allocated, reserved) and its snapshots see only the caching allocator. The CUDA context \
+                   (driver, runtime and the kernels loaded so far) is made when CUDA starts and never goes through it, so \
+                   nvidia-smi shows it on top of reserved."
+        .to_string();
+    if !workspaces.is_empty() || !likely.is_empty() {
+        why.push_str(
+            " cuBLAS's workspaces do go through the allocator: they count in reserved and allocated but hold no tensor, one per \
+             handle, and there is a handle per thread and stream (backward runs on autograd's own thread, so its first matmul \
+             makes a second workspace).",
+        );
+    }
+    if nccl.is_some() {
+        why.push_str(" NCCL allocates its communication buffers with CUDA directly: they are outside reserved too.");
+    }
+    let mut fix = "Nothing to fix: to compare with nvidia-smi, add the context to torch.cuda.memory_reserved(); \
+                   torch.cuda.mem_get_info() gives the card's free memory as the driver sees it. Keep CUDA_MODULE_LOADING=LAZY \
+                   (the default since CUDA 12.2): loading every kernel at start makes the context above 1 GiB."
+        .to_string();
+    if !workspaces.is_empty() || !likely.is_empty() {
+        fix.push_str(" CUBLAS_WORKSPACE_CONFIG (e.g. :4096:8) sets cuBLAS's workspace size.");
+    }
+    if nccl.is_some() {
+        fix.push_str(" NCCL_BUFFSIZE and NCCL_MAX_NCHANNELS bound NCCL's buffers.");
+    }
+    let mut estimate = format!(
+        "The CUDA context is an estimate, not in any snapshot: {} to {} per card (A100/H100 class, CUDA 11.7+ with lazy kernel \
+         loading; above 1 GiB without it), {} counted; a typical figure from PyTorch's maintainers and users, not measured.",
+        size(CONTEXT_LOW),
+        size(CONTEXT_HIGH),
+        size(CONTEXT_TYPICAL)
+    );
+    if nccl.is_some() {
+        estimate.push_str(&format!(
+            " NCCL's buffers are an estimate too: {} to {} per card, {} counted, depending on NCCL_BUFFSIZE, channels and peers.",
+            size(NCCL_LOW),
+            size(NCCL_HIGH),
+            size(NCCL_TYPICAL)
+        ));
+    }
+    if !workspaces.is_empty() {
+        estimate.push_str(" The cuBLAS workspaces are exact: the trace's own allocations, already inside reserved.");
+    }
+    if !likely.is_empty() {
+        estimate.push_str(
+            " The blocks from before the trace are taken for cuBLAS workspaces by their size alone (PyTorch's default per \
+             handle, 8,519,680 B, or 32 MiB on Hopper and later), with no stack to confirm it.",
+        );
+    }
+    Finding {
+        kind: OUTSIDE_ALLOCATOR.into(),
+        title,
+        bytes: outside,
+        evidence: serde_json::to_value(Evidence {
+            device: p.device,
+            peak_reserved_bytes: reserved,
+            outside_bytes: outside,
+            cuda_context: Range { low_bytes: CONTEXT_LOW, high_bytes: CONTEXT_HIGH, typical_bytes: CONTEXT_TYPICAL },
+            cublas_workspaces: workspaces,
+            cublas_workspace_bytes: workspace_bytes,
+            likely_cublas_workspaces_before_trace: likely,
+            nccl,
+            nccl_frame,
+        })
+        .unwrap_or_default(),
+        why,
+        fix,
+        verified: None,
+        estimate: Some(estimate),
+    }
+}
