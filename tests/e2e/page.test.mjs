@@ -677,7 +677,7 @@ async function timelineOnFirstScreen(page) {
 test('the Diagnosis panel shows the doctor\'s findings on a snapshot; a finding moves the cursor, outlines its allocations and shows the fix', async () => {
   const path = join(fixtures, 'small-state.pickle');
   const expected = biggestFirst(cliDoctor([path, '--device', '0']));
-  assert.deepEqual(expected.map((f) => f.kind).sort(), ['fragmentation', 'peak']);
+  assert.deepEqual(expected.map((f) => f.kind).sort(), ['fragmentation', 'outside-allocator', 'peak']);
   const page = await newPage();
   await page.goto(baseUrl);
   await painted(page);
