@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -65,16 +66,21 @@ def twin_file(name):
     return os.path.join(HERE, name.replace("-", "_") + ".py")
 
 
-def read_literals(path):
-    """The twin's upper-case module-level assignments, evaluated without imports or builtins."""
+def read_literals(path, names=None):
+    """The upper-case module-level assignments of a file, evaluated without imports or builtins;
+    `names` are what they may refer to (a twin's `common.PITFALL_PARAMETERS`)."""
     tree = ast.parse(open(path).read(), path)
-    values = {}
+    values = dict(names or {})
     for node in tree.body:
         if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets):
             value = eval(compile(ast.Expression(node.value), path, "eval"), {"__builtins__": {}}, dict(values))
             for t in node.targets:
                 values[t.id] = value
     return values
+
+
+# What twins may name from common.py (torch-free, so read the same way).
+COMMON = types.SimpleNamespace(**read_literals(os.path.join(HERE, "common.py")))
 
 
 def find_tensormem(given):
@@ -114,7 +120,7 @@ def check_declarations(scenarios, tally):
             tally.fail(what, f"no twin {os.path.relpath(path, ROOT)}")
             continue
         try:
-            lit = read_literals(path)
+            lit = read_literals(path, {"common": COMMON})
         except Exception as e:  # noqa: BLE001
             tally.fail(what, f"cannot read its declarations: {e}")
             continue

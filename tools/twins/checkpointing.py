@@ -13,17 +13,6 @@ import common  # noqa: E402
 import models  # noqa: E402
 
 
-def small_lm(rec, v, layers, batch, context):
-    """`small_lm` (src/scenarios/techniques.rs): the lm family at vocabulary 1000, width 256,
-    4 heads, 688 wide feed-forward, and one batch of ids and next-token targets."""
-    dev = rec.device
-    net = models.small_lm(layers, context, dev)
-    rec.count_parameters(net.ordered_parameters())
-    ids, targets = common.token_batch(torch, dev, batch, context, 1000)
-    rec.step("model and batch")
-    return net, ids, targets
-
-
 NAME = "checkpointing"
 VARIANTS = ["mistake", "fix"]
 PARAMETERS = [
@@ -35,7 +24,7 @@ FIX_SETTINGS = None
 
 
 def program(rec, v):
-    net, ids, targets = small_lm(rec, v, v.int("layers"), v.int("batch"), v.int("context"))
+    net, ids, targets = models.small_lm_and_batch(rec, v.int("layers"), v.int("batch"), v.int("context"))
     net.checkpointing = v.fix()
     optimizer = torch.optim.AdamW(net.ordered_parameters(), lr=1e-3, weight_decay=0.01, foreach=True)
     logits = net(ids)

@@ -55,6 +55,14 @@ class Values:
         return self.variant == "fix"
 
 
+# The pitfalls' parameters (src/scenarios/pitfalls.rs `model_parameters`), shared by their twins.
+PITFALL_PARAMETERS = [
+    ("batch", "8", {"type": "integer", "min": 1, "max": 4096}),
+    ("context", "128", {"type": "integer", "min": 1, "max": 8192}),
+    ("steps", "4", {"type": "integer", "min": 1, "max": 1000}),
+]
+
+
 def split_settings(text):
     """`--set a=1,b=2`: splits on commas that start a new `key=` (batches=32,31,33 keeps its commas)."""
     items = []

@@ -12,32 +12,14 @@ import common  # noqa: E402
 
 import models  # noqa: E402
 
-# The pitfalls' parameters (src/scenarios/pitfalls.rs `model_parameters`).
-MODEL_PARAMETERS = [
-    ("batch", "8", {"type": "integer", "min": 1, "max": 4096}),
-    ("context", "128", {"type": "integer", "min": 1, "max": 8192}),
-    ("steps", "4", {"type": "integer", "min": 1, "max": 1000}),
-]
-
-
-def model(rec, v):
-    """The Llama-style model (4 layers of width 256, vocabulary 1000) and one batch."""
-    dev = rec.device
-    net = models.llama_small(v.int("context"), dev)
-    rec.count_parameters(net.ordered_parameters())
-    ids, targets = common.token_batch(torch, dev, v.int("batch"), v.int("context"), 1000)
-    rec.step("model and batch")
-    return net, ids, targets
-
-
 NAME = "loss-history"
 VARIANTS = ["mistake", "fix"]
-PARAMETERS = MODEL_PARAMETERS + [("backward", "true", {"type": "flag"})]
+PARAMETERS = common.PITFALL_PARAMETERS + [("backward", "true", {"type": "flag"})]
 FIX_SETTINGS = None
 
 
 def program(rec, v):
-    net, ids, targets = model(rec, v)
+    net, ids, targets = models.pitfall_model(rec, v)
     optimizer = torch.optim.SGD(net.ordered_parameters(), lr=1e-3, momentum=0.0, weight_decay=0.0, foreach=True)
     losses = []
     for step in range(1, v.int("steps") + 1):

@@ -421,6 +421,26 @@ class HandwrittenAdamW:
             state[(p, "m")], state[(p, "v")] = m, v
 
 
+def pitfall_model(rec, v):
+    """The pitfalls' model (src/scenarios/pitfalls.rs): the Llama-style model (4 layers of width
+    256, vocabulary 1000) and one batch."""
+    net = llama_small(v.int("context"), rec.device)
+    return _with_batch(rec, net, v.int("batch"), v.int("context"))
+
+
+def small_lm_and_batch(rec, layers, batch, context):
+    """`small_lm` (src/scenarios/techniques.rs): the lm family at vocabulary 1000, width 256,
+    4 heads, 688 wide feed-forward, and one batch of ids and next-token targets."""
+    return _with_batch(rec, small_lm(layers, context, rec.device), batch, context)
+
+
+def _with_batch(rec, net, batch, context):
+    rec.count_parameters(net.ordered_parameters())
+    ids, targets = _token_batch(rec.device, batch, context, 1000)
+    rec.step("model and batch")
+    return net, ids, targets
+
+
 def optimizer(name, params):
     """src/scenarios/training.rs `optimizer`."""
     params = list(params)

@@ -13,17 +13,6 @@ import common  # noqa: E402
 import models  # noqa: E402
 
 
-def small_lm(rec, v, layers, batch, context):
-    """`small_lm` (src/scenarios/techniques.rs): the lm family at vocabulary 1000, width 256,
-    4 heads, 688 wide feed-forward, and one batch of ids and next-token targets."""
-    dev = rec.device
-    net = models.small_lm(layers, context, dev)
-    rec.count_parameters(net.ordered_parameters())
-    ids, targets = common.token_batch(torch, dev, batch, context, 1000)
-    rec.step("model and batch")
-    return net, ids, targets
-
-
 NAME = "optimizer-state"
 VARIANTS = []
 PARAMETERS = [
@@ -36,7 +25,7 @@ FIX_SETTINGS = None
 
 
 def program(rec, v):
-    net, ids, targets = small_lm(rec, v, 4, v.int("batch"), v.int("context"))
+    net, ids, targets = models.small_lm_and_batch(rec, 4, v.int("batch"), v.int("context"))
     params = net.ordered_parameters()
     if v.choice("optimizer") == "sgd":
         optimizer = torch.optim.SGD(params, lr=1e-2, momentum=0.0, weight_decay=0.0, foreach=True)
