@@ -23,6 +23,7 @@
 //! - anything else (alive past its backward, allocated before the trace without a stack, cuBLAS's
 //!   workspace) → `unknown`.
 
+use super::steps;
 use crate::timeline::Timeline;
 use crate::trace::{Category, Frame, Snapshot};
 use serde::{Serialize, Serializer};
@@ -126,12 +127,9 @@ fn read_stack(frames: &[&Frame]) -> StackInfo {
     let named = |part: &str| frames.iter().any(|f| f.name.contains(part));
     // tensormem's stacks: the op at its Rust call site, then the module scope.
     let rust = frames.first().is_some_and(|f| f.filename.ends_with(".rs"));
-    let workspace = frames.iter().take(12).any(|f| f.name.contains("getNewWorkspace") || f.name.contains("BlasLtWorkspace"));
+    let workspace = frames.iter().take(12).any(|f| steps::is_cublas_workspace(f));
     let accumulate = named("AccumulateGrad");
-    let backward = py_under("torch/autograd/__init__.py")
-        || named("torch::autograd::Engine::")
-        || named("torch::autograd::generated::")
-        || frames.iter().any(|f| (f.name.contains("Backward") && f.name.ends_with(')')) || f.filename.ends_with("autograd/engine.rs"));
+    let backward = frames.iter().any(|f| steps::is_backward_frame(f));
     let optimizer = py_under("torch/optim/") || frames.iter().any(|f| f.filename.contains("nn/optim/"));
     let module_call = frames.iter().filter(py).any(|f| f.filename.ends_with("torch/nn/modules/module.py") && f.name.contains("call_impl"));
     let parameter = frames.iter().filter(py).any(|f| {

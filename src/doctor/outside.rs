@@ -21,7 +21,7 @@
 //! - NCCL (when frames show `nccl`, `ProcessGroupNCCL` or `c10d`) keeps its buffers outside the
 //!   allocator: an estimate too.
 
-use super::{Finding, OUTSIDE_ALLOCATOR, Patient, size};
+use super::{Finding, OUTSIDE_ALLOCATOR, Patient, size, steps};
 use crate::timeline::GroupKind;
 use crate::trace::Action;
 use serde::Serialize;
@@ -90,17 +90,9 @@ struct Evidence {
     nccl_frame: Option<String>,
 }
 
-fn is_workspace(name: &str) -> bool {
-    name.contains("getNewWorkspace") || name.contains("BlasLtWorkspace")
-}
-
 fn is_nccl(name: &str, filename: &str) -> bool {
     let n = name.to_ascii_lowercase();
     n.contains("nccl") || name.contains("c10d") || filename.to_ascii_lowercase().contains("nccl") || filename.contains("c10d")
-}
-
-fn is_backward(name: &str, filename: &str) -> bool {
-    name.contains("torch::autograd::Engine::") || filename.ends_with("torch/autograd/__init__.py") || filename.ends_with("autograd/engine.rs")
 }
 
 pub(super) fn find(p: &Patient) -> Finding {
@@ -117,13 +109,13 @@ pub(super) fn find(p: &Patient) -> Finding {
         if e.action != Action::Alloc {
             continue;
         }
-        if let Some(f) = frames.iter().take(12).find(|f| is_workspace(&f.name)) {
+        if let Some(f) = frames.iter().take(12).find(|f| steps::is_cublas_workspace(f)) {
             workspaces.push(Workspace {
                 trace_index: i,
                 addr: e.addr,
                 bytes: e.size,
                 stream: e.stream,
-                backward: frames.iter().any(|f| is_backward(&f.name, &f.filename)),
+                backward: frames.iter().any(|f| steps::is_backward_frame(f)),
                 frame: f.name.clone(),
             });
         }

@@ -17,7 +17,7 @@
 
 use super::{AllocationRef, Patient, StackBytes};
 use crate::scenarios::compare;
-use crate::trace::{Category, TraceEntry};
+use crate::trace::{Category, Frame, TraceEntry};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +130,7 @@ fn phase_of(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
         None => {}
     }
     let frames = || e.frames.iter().flat_map(|f| f.iter());
-    if frames().any(|f| (f.name.contains("Backward") && f.name.ends_with(')')) || f.filename.ends_with("autograd/engine.rs")) {
+    if frames().any(is_backward_frame) {
         return Some(Phase::Backward);
     }
     if frames().any(|f| f.filename.contains("nn/optim/")) {
@@ -200,9 +200,23 @@ pub(super) fn top_stacks(p: &Patient, ids: &[usize], count: usize) -> Vec<StackB
 /// per handle: the autograd thread's first matmul makes one, inside backward, that lives on).
 pub(super) fn is_library_buffer(p: &Patient, id: usize) -> bool {
     let trace = p.snapshot.trace_of(p.device);
-    trace_index(p, id)
-        .and_then(|i| trace.get(i))
-        .is_some_and(|e| e.frames.iter().flat_map(|f| f.iter()).take(12).any(|f| f.name.contains("getNewWorkspace") || f.name.contains("BlasLtWorkspace")))
+    trace_index(p, id).and_then(|i| trace.get(i)).is_some_and(|e| e.frames.iter().flat_map(|f| f.iter()).take(12).any(is_cublas_workspace))
+}
+
+/// A frame of the call that makes cuBLAS's (or cuBLASLt's) workspace; it is near the top of the
+/// stack, so callers look at the first dozen frames.
+pub(super) fn is_cublas_workspace(f: &Frame) -> bool {
+    f.name.contains("getNewWorkspace") || f.name.contains("BlasLtWorkspace")
+}
+
+/// A frame that runs in backward: PyTorch's `loss.backward()` or its autograd engine's C++
+/// thread, or tensormem's autograd engine and its nodes (`mm (MmBackward0)`).
+pub(super) fn is_backward_frame(f: &Frame) -> bool {
+    f.filename.ends_with("torch/autograd/__init__.py")
+        || f.name.contains("torch::autograd::Engine::")
+        || f.name.contains("torch::autograd::generated::")
+        || (f.name.contains("Backward") && f.name.ends_with(')'))
+        || f.filename.ends_with("autograd/engine.rs")
 }
 
 /// The iterations, as every training-loop finding's evidence gives them (flattened into it).
