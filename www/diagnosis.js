@@ -1,5 +1,6 @@
-// The Diagnosis panel: the doctor's findings (src/doctor, run in the worker) as compact cards,
-// the biggest first. Every text from the wasm side (titles, why, fix, frames) goes in as text
+// The Diagnosis panel: the doctor's findings (src/doctor, run in the worker) as compact cards, in
+// the doctor's order: the peak summary first, then the problems by bytes at stake, what lies
+// outside the allocator last. Every text from the wasm side (titles, why, fix, frames) goes in as text
 // (textContent), never as markup.
 import { formatBytes } from './format.js';
 
@@ -88,8 +89,7 @@ function evidenceLines(f) {
 // Fills `root` (the panel's list) with one card per finding. `on.go(finding)` moves the timeline
 // to it, `on.fix(finding)` runs its verified what-if.
 export function showFindings(root, findings, on) {
-  const sorted = findings.map((f, k) => ({ f, k })).sort((x, y) => y.f.bytes - x.f.bytes || x.k - y.k).map((x) => x.f);
-  root.replaceChildren(...sorted.map((f, k) => {
+  root.replaceChildren(...findings.map((f, k) => {
     const moment = momentOf(f);
     const go = el('button', {
       class: 'finding-go',
@@ -125,7 +125,7 @@ export function showFindings(root, findings, on) {
     }, el('div', { class: 'finding-row' }, go, toggle, fix), more);
     return card;
   }));
-  return sorted;
+  return findings;
 }
 
 // The doctor's verdict on a scenario run, in one line per variant: the kinds found and their titles.

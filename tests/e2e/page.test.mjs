@@ -611,8 +611,6 @@ test('names from a snapshot are shown as text, never run as markup', async () =>
 function cliDoctor(args) {
   return JSON.parse(execFileSync(bin, ['doctor', ...args, '--json'], { encoding: 'utf8', maxBuffer: 1 << 26 })).findings;
 }
-// The panel lists them biggest first (ties in the doctor's order).
-const biggestFirst = (findings) => findings.map((f, k) => ({ f, k })).sort((x, y) => y.f.bytes - x.f.bytes || x.k - y.k).map((x) => x.f);
 const kindsAndBytes = (findings) => findings.map((f) => ({ kind: f.kind, bytes: f.bytes }));
 
 async function shownFindings(page) {
@@ -676,7 +674,7 @@ async function timelineOnFirstScreen(page) {
 
 test('the Diagnosis panel shows the doctor\'s findings on a snapshot; a finding moves the cursor, outlines its allocations and shows the fix', async () => {
   const path = join(fixtures, 'small-state.pickle');
-  const expected = biggestFirst(cliDoctor([path, '--device', '0']));
+  const expected = cliDoctor([path, '--device', '0']);
   assert.deepEqual(expected.map((f) => f.kind).sort(), ['fragmentation', 'outside-allocator', 'peak']);
   const page = await newPage();
   await page.goto(baseUrl);
@@ -740,9 +738,9 @@ test('the Diagnosis panel finds the recorded out-of-memory on the device that ra
   await painted(page);
   await openFile(page, path, 2);
   // The page opens the first device; its diagnosis is that device's.
-  assert.deepEqual(await shownFindings(page), kindsAndBytes(biggestFirst(cliDoctor([path, '--device', '0']))));
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(cliDoctor([path, '--device', '0'])));
   // The doctor's own choice (no --device) is the device with the OOM: pick it in the selector.
-  const expected = biggestFirst(cliDoctor([path]));
+  const expected = cliDoctor([path]);
   const oom = expected.find((f) => f.kind === 'oom');
   assert.ok(oom, 'the doctor finds the OOM');
   const label = await page.$eval('[data-testid=device-select]', (s, d) => [...s.options].find((o) => o.value === String(d)).textContent, oom.evidence.device);
@@ -762,7 +760,7 @@ test('the default scenario\'s findings, and the doctor\'s verdict on its mistake
   await painted(page);
   const name = await page.$eval('[data-testid=scenario-select]', (s) => s.value);
   const variant = await page.$eval('#variant-select', (s) => s.value);
-  const expected = biggestFirst(cliDoctor(['--scenario', name, '--variant', variant]));
+  const expected = cliDoctor(['--scenario', name, '--variant', variant]);
   assert.deepEqual(await shownFindings(page), kindsAndBytes(expected));
   await timelineOnFirstScreen(page);
   const peak = expected.find((f) => f.kind === 'peak');
