@@ -2,6 +2,7 @@
 //! benchmark (MemoryViz struggles at 1 M entries; the page must not).
 //!
 //! `cargo run --release --example synth_snapshot -- ENTRIES OUT.pickle`
+//! (`benches/doctor.rs` includes this file for [`synthesize`]).
 //!
 //! The program is what a transformer training loop does to the allocator, step after step:
 //! parameters and optimizer state live throughout; each step allocates per-layer activations in
@@ -26,12 +27,24 @@ fn stack(file: &str, function: &str, line: u64, depth: usize) -> Frames {
     Arc::from(frames)
 }
 
+#[allow(dead_code)]
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (Some(entries), Some(out)) = (args.get(1).and_then(|n| n.parse::<usize>().ok()), args.get(2)) else {
         eprintln!("usage: synth_snapshot ENTRIES OUT.pickle|OUT.json");
         std::process::exit(2);
     };
+    let (snapshot, steps) = synthesize(entries);
+    trace::save_file(&snapshot, std::path::Path::new(out)).unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    });
+    let n = snapshot.device_traces.iter().map(Vec::len).sum::<usize>();
+    println!("wrote {out}: {n} trace entries, {steps} training steps");
+}
+
+/// The snapshot of about `entries` trace entries, and the training steps it holds.
+pub fn synthesize(entries: usize) -> (trace::Snapshot, u64) {
     const LAYERS: usize = 24;
     const HIDDEN: u64 = 1024;
     let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
@@ -42,7 +55,7 @@ fn main() {
     let grads: Vec<Frames> = (0..LAYERS).map(|l| stack("model.py", &format!("backward_layer_{l}"), 300 + l as u64, 3)).collect();
     let optim = stack("optimizer.py", "step", 74, 2);
 
-    let params: Vec<_> = (0..LAYERS).map(|_| a.malloc(12 * HIDDEN * HIDDEN * 2, 0, Some(stack("model.py", "__init__", 20, 2))).unwrap()).collect();
+    let _params: Vec<_> = (0..LAYERS).map(|_| a.malloc(12 * HIDDEN * HIDDEN * 2, 0, Some(stack("model.py", "__init__", 20, 2))).unwrap()).collect();
     let mut state = Vec::new();
     let mut step = 0u64;
     while a.history().len() < entries {
@@ -83,11 +96,5 @@ fn main() {
         }
         step += 1;
     }
-    let snapshot = a.snapshot();
-    trace::save_file(&snapshot, std::path::Path::new(out)).unwrap_or_else(|e| {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    });
-    let n = snapshot.device_traces.iter().map(Vec::len).sum::<usize>();
-    println!("wrote {out}: {n} trace entries, {step} training steps, {} parameters tensors", params.len());
+    (a.snapshot(), step)
 }

@@ -256,8 +256,13 @@ fn scenarios_are_diagnosed_from_their_trace_alone() {
     let mistake = run("variable-batch", Some("mistake"));
     let d = diagnose(&mistake.snapshot, None);
     assert_well_formed("variable-batch mistake", &d);
-    assert_eq!(kinds(&d), ["peak", "fragmentation", "outside-allocator"]);
+    assert_eq!(kinds(&d), ["peak", "fragmentation", "temporaries", "outside-allocator"]);
     assert_eq!(d.findings[0].bytes, 394_264_576);
+    // At the peak (the batch of 40), fc1's output (40 x 128 tokens x 4 x 1024 float32) waits
+    // for the activation made from it: the same in both variants.
+    let temporaries = finding(&d, doctor::TEMPORARIES);
+    assert_eq!(temporaries.bytes, 40 * 128 * 4 * 1024 * 4);
+    assert_eq!(temporaries.evidence["temporary_bytes"], 40 * 128 * 4 * 1024 * 4);
     assert_eq!(d.findings[0].evidence["live"]["by_group"][0]["kind"], "parameter", "tensormem's traces carry categories");
     let v = finding(&d, doctor::FRAGMENTATION).verified.as_ref().unwrap();
     assert_eq!(v.alloc_conf, "expandable_segments:True");
@@ -267,7 +272,7 @@ fn scenarios_are_diagnosed_from_their_trace_alone() {
     let fix = run("variable-batch", Some("fix"));
     let d = diagnose(&fix.snapshot, None);
     assert_well_formed("variable-batch fix", &d);
-    assert_eq!(kinds(&d), ["peak", "outside-allocator"]);
+    assert_eq!(kinds(&d), ["peak", "temporaries", "outside-allocator"]);
 
     // The 7B model on an 80 GB card: the run's own out-of-memory error, on the card it ran on.
     let oom_run = run("oom", None);

@@ -9,8 +9,12 @@ use tensormem::scenarios::{self, RunRequest, RunResult};
 /// The kind each scenario teaches. `loss-history` teaches `growth`: with backward each step, the
 /// graph's saved tensors are freed by backward and what the kept loss tensors hold on the card
 /// is one 512-byte block per step (the graph's nodes are host memory), so the trace shows
-/// growth, not a retained graph of any size (`retained-graph` waits for 4 KiB).
-const TAUGHT: [(&str, &str); 8] = [
+/// growth, not a retained graph of any size (`retained-graph` waits for 4 KiB). The seeds show
+/// single expressions: `seed-basics`' batched matmul copies its permuted operand (`copies`),
+/// `broadcast-temporaries`' mistake materialises a broadcast (`copies`), `inplace-chain`'s
+/// keeps the old x while x + 1 is made (`temporaries`); `intermediates` has no problem, and the
+/// doctor says what its peak is made of (`intermediates`, information, after the peak).
+const TAUGHT: [(&str, &str); 13] = [
     ("variable-batch", doctor::FRAGMENTATION),
     ("eval-no-grad", doctor::MISSING_NO_GRAD),
     ("loss-history", doctor::GROWTH),
@@ -19,20 +23,26 @@ const TAUGHT: [(&str, &str); 8] = [
     ("rnn-hidden", doctor::RETAINED_GRAPH),
     ("cached-graph", doctor::RETAINED_GRAPH),
     ("optimizer-state", doctor::OPTIMIZER_STATE),
+    ("seed-basics", doctor::COPIES),
+    ("intermediates", doctor::INTERMEDIATES),
+    ("views-vs-copies", doctor::COPIES),
+    ("inplace-chain", doctor::TEMPORARIES),
+    ("broadcast-temporaries", doctor::COPIES),
 ];
 
 /// Scenarios left out of the table, and why.
-const LEFT_OUT: [(&str, &str); 12] = [
+const LEFT_OUT: [(&str, &str); 7] = [
     ("grad-accumulation", "a technique that lowers the peak (activations per micro-batch): the peak finding shows it, no problem kind"),
     ("checkpointing", "a technique that lowers the peak (block inputs kept, recomputed in backward): the peak finding shows it"),
     ("mixed-precision", "the mistake (loss outside autocast) costs accuracy, not memory: it holds less"),
-    ("inplace-chain", "a seed: out-of-place temporaries raise the peak of one expression; no kind names temporaries yet"),
-    ("broadcast-temporaries", "a seed: a materialised broadcast raises the peak; no kind names temporaries yet"),
-    ("contiguous", "a seed: one copy per step, freed each step (the lesson is that it does not grow)"),
-    ("alloc-in-loop", "a seed: the cache makes the per-iteration buffer cheap, not a leak (the lesson is that it does not grow)"),
-    ("seed-basics", "a seed without variants: allocated vs reserved, the peak finding shows it"),
-    ("intermediates", "a seed without variants: what ops allocate, the peak finding shows it"),
-    ("views-vs-copies", "a seed without variants: views vs copies, the peak finding shows it"),
+    (
+        "contiguous",
+        "a seed whose variants hold the same memory (the lesson: contiguous() costs one copy, not memory per step); both show `temporaries` (x = x + 1 keeps the old x)",
+    ),
+    (
+        "alloc-in-loop",
+        "a seed whose variants hold the same memory (the lesson: the cache makes the per-iteration buffer cheap, not a leak); both are `intermediates`",
+    ),
     ("oom", "teaches `oom`, which ranks by its request (172 MiB) below optimizer-state and fragmentation; tests/doctor.rs checks it"),
     ("lm-train", "a prediction of a training step (and gpt2-train): no mistake to find"),
 ];
@@ -56,7 +66,7 @@ fn rank(d: &Diagnosis, kind: &str) -> Option<usize> {
 #[test]
 fn each_scenario_is_diagnosed_with_the_kind_it_teaches() {
     let mut table = vec![format!(
-        "{:<18} {:<8} {:<16} {:<7} {:<8} {:<24} {}",
+        "{:<22} {:<8} {:<16} {:<7} {:<8} {:<24} {}",
         "scenario", "variant", "expected kind", "found", "verdict", "peak allocated", "problems after peak"
     )];
     let mut failures = Vec::new();
@@ -91,7 +101,7 @@ fn each_scenario_is_diagnosed_with_the_kind_it_teaches() {
             }
             let verdict = found.map_or("absent".to_string(), |r| format!("#{r}"));
             table.push(format!(
-                "{:<18} {:<8} {:<16} {:<7} {:<8} {:<24} {}",
+                "{:<22} {:<8} {:<16} {:<7} {:<8} {:<24} {}",
                 scenario,
                 variant.unwrap_or("-"),
                 kind,
@@ -152,10 +162,13 @@ fn the_variants_parameters_move_the_verdict() {
         d.findings[0].evidence["live"]["by_group"].as_array().unwrap().iter().find(|g| g["kind"] == "parameter").unwrap()["bytes"].as_u64().unwrap(),
         "one gradient per parameter"
     );
-    // inference_mode holds nothing either.
+    // inference_mode keeps no graph either: what remains is what no_grad leaves (the forward's
+    // own temporaries at its peak), byte for byte.
     let d = diagnose_with("eval-no-grad", Some("fix"), "guard", "inference_mode");
-    assert_eq!(d.findings.len(), 2);
-    assert_eq!(d.findings[1].kind, doctor::OUTSIDE_ALLOCATOR);
+    let no_grad = diagnose_with("eval-no-grad", Some("fix"), "guard", "no_grad");
+    let kinds_bytes = |d: &Diagnosis| d.findings.iter().map(|f| (f.kind.clone(), f.bytes)).collect::<Vec<_>>();
+    assert_eq!(kinds_bytes(&d), kinds_bytes(&no_grad));
+    assert_eq!(d.findings.iter().map(|f| f.kind.as_str()).collect::<Vec<_>>(), [doctor::PEAK, doctor::TEMPORARIES, doctor::OUTSIDE_ALLOCATOR]);
     // A forward-only loop that keeps its losses keeps every graph: retained, growing, and never used.
     let d = diagnose_with("loss-history", Some("mistake"), "backward", "false");
     let kinds: Vec<&str> = d.findings.iter().skip(1).map(|f| f.kind.as_str()).collect();
@@ -210,5 +223,45 @@ fn every_scenario_and_variant_gives_the_peak_first_then_known_kinds_by_bytes() {
             let json = serde_json::to_string(&d).unwrap();
             assert_eq!(serde_json::from_str::<Diagnosis>(&json).unwrap(), d, "{name}");
         }
+    }
+}
+
+/// The seeds' findings in bytes the shapes make exact (float32: 4 bytes an element).
+#[test]
+fn the_seeds_findings_name_their_bytes() {
+    let finding = |d: &Diagnosis, kind: &str| d.findings.iter().find(|f| f.kind == kind).cloned().unwrap_or_else(|| panic!("no {kind}"));
+    // matmul(x, x.T) of a 1000^3 tensor: ATen copies the permuted operand (4 GB) for cuBLAS.
+    let d = diagnose("seed-basics", None);
+    let copies = finding(&d, doctor::COPIES);
+    assert_eq!(copies.bytes, 4 * 1000 * 1000 * 1000);
+    assert_eq!(copies.evidence["at_peak_by_op"][0]["op"], "clone");
+    assert_eq!(copies.evidence["allocations"][0]["trace_index"], 3, "the copy is the trace's second allocation (after randn's segment)");
+    // clone(), t().reshape(-1) and t().contiguous() of a 2048 x 2048 tensor: three copies; the
+    // views and contiguous() of a contiguous tensor add nothing.
+    let d = diagnose("views-vs-copies", None);
+    let copies = finding(&d, doctor::COPIES);
+    assert_eq!(copies.bytes, 3 * 2048 * 2048 * 4);
+    assert_eq!(copies.evidence["made_by_op"][0]["allocations"], 3);
+    // x = x + 1 on 1000 x 1000: the old x (4 MB) is kept while the new one is made.
+    let d = diagnose("inplace-chain", Some("mistake"));
+    let t = finding(&d, doctor::TEMPORARIES);
+    assert_eq!((t.bytes, t.evidence["replaced_bytes"].as_u64(), t.evidence["temporary_bytes"].as_u64()), (4_000_000, Some(4_000_000), Some(0)));
+    assert_eq!(t.evidence["allocations"][0]["group"], "randn (scenarios/seeds.rs:171)");
+    // y.expand_as(x).contiguous() on 1000 x 1000 x 100: one full-size copy before the add.
+    let d = diagnose("broadcast-temporaries", Some("mistake"));
+    assert_eq!(finding(&d, doctor::COPIES).bytes, 1000 * 1000 * 100 * 4);
+    // a + b, matmul(1000x2000, 2000x500) and add_: the peak is the matmul's inputs (8 MB + 4 MB)
+    // and its output (2 MB), nothing hidden.
+    let d = diagnose("intermediates", None);
+    assert_eq!(d.findings.iter().map(|f| f.kind.as_str()).collect::<Vec<_>>(), [doctor::PEAK, doctor::INTERMEDIATES, doctor::OUTSIDE_ALLOCATOR]);
+    let i = finding(&d, doctor::INTERMEDIATES);
+    assert_eq!(i.bytes, 1000 * 500 * 4);
+    assert_eq!(i.evidence["outputs_by_op"], serde_json::json!([["matmul", 2_000_000]]));
+    assert_eq!(i.evidence["data_by_op"], serde_json::json!([["randn", 12_000_000]]));
+    // In place, or broadcasting, there is nothing to find.
+    for (scenario, kind) in [("inplace-chain", doctor::TEMPORARIES), ("broadcast-temporaries", doctor::COPIES)] {
+        let d = diagnose(scenario, Some("fix"));
+        assert_eq!(d.findings[1].kind, doctor::INTERMEDIATES, "{scenario}: no problem, so the peak by op");
+        assert!(rank(&d, kind).is_none(), "{scenario}");
     }
 }

@@ -53,12 +53,17 @@ const KIND_LABEL = {
   'grads-kept': 'gradients kept',
   'optimizer-state': 'optimizer state',
   'outside-allocator': 'outside the allocator',
+  temporaries: 'temporaries',
+  copies: 'copies',
+  intermediates: 'intermediates',
 };
 
-// Findings that describe rather than accuse: the peak summary, and what nvidia-smi shows beyond
-// reserved (`outside-allocator`, an estimate, always last).
+// Findings that describe rather than accuse: the peak summary, what it is made of by op when
+// nothing is wrong (`intermediates`), and what nvidia-smi shows beyond reserved
+// (`outside-allocator`, an estimate, always last).
+const INFORMATION = new Set(['peak', 'intermediates', 'outside-allocator']);
 export function isProblem(f) {
-  return f.kind !== 'peak' && f.kind !== 'outside-allocator';
+  return !INFORMATION.has(f.kind);
 }
 
 // The verified what-if in one line: "replay with expandable_segments:True: peak reserved 1.2 GiB → 900 MiB".

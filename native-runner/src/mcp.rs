@@ -122,7 +122,7 @@ fn tools() -> Vec<Value> {
             "doctor",
             "Say what is wrong with a snapshot's memory, or a scenario's: findings ranked by the bytes at stake \
              (kinds: peak, growth, retained-graph, missing-no-grad, grads-kept, optimizer-state, fragmentation, oom, \
-             truncated-trace, outside-allocator), each with evidence, why, the fix and, where measured, what the fix \
+             truncated-trace, temporaries, copies, outside-allocator; intermediates when there is no problem), each with evidence, why, the fix and, where measured, what the fix \
              saves. Returns {\"findings\": [...]}, as `tensormem doctor --json`. Give a file or a scenario.",
             schema(
                 vec![

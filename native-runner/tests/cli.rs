@@ -388,8 +388,8 @@ fn doctor_runs_a_scenario_and_diagnoses_its_trace() {
             .map(|f| f["kind"].as_str().unwrap().to_string())
             .collect()
     };
-    assert_eq!(kinds("mistake"), ["peak", "fragmentation", "outside-allocator"]);
-    assert_eq!(kinds("fix"), ["peak", "outside-allocator"]);
+    assert_eq!(kinds("mistake"), ["peak", "fragmentation", "temporaries", "outside-allocator"]);
+    assert_eq!(kinds("fix"), ["peak", "temporaries", "outside-allocator"]);
     // A training-loop kind: evaluation without no_grad, and its fix.
     let eval = |variant: &str| doctor_findings(&["doctor", "--scenario", "eval-no-grad", "--variant", variant, "--json"]);
     let mistake = eval("mistake");

@@ -3,7 +3,7 @@
 //! `expandable_segments:True` or a `max_split_size_mb` would reserve instead, each by replay
 //! (the best one is the finding's `verified`, all of them are in its evidence).
 
-use super::what_if::{Outcome, Setup, candidate_settings, verified};
+use super::what_if::{Outcome, Setup, candidate_settings, each_in_parallel, verified};
 use super::{DoctorError, FRAGMENTATION, Finding, Patient, Verified, size};
 use crate::replay::{self, ReplayOptions};
 use crate::trace::BlockState;
@@ -53,19 +53,26 @@ pub(super) fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
     }
     let (internal, external) = (state.allocated.saturating_sub(state.requested), state.reserved.saturating_sub(state.allocated));
 
-    let baseline = Setup::file_settings_plus(p, "")?;
-    let before = baseline.replay(p.snapshot, p.device)?;
+    // The file's own settings first (the before side), then each candidate: independent replays.
     let config = replay::recorded_config(p.snapshot)?;
-    let what_ifs = candidate_settings(&config).iter().map(|setting| measure(p, setting, before)).collect::<Result<Vec<_>, _>>()?;
+    let settings: Vec<String> = std::iter::once(String::new()).chain(candidate_settings(&config)).collect();
+    let mut outcomes = each_in_parallel(&settings, |setting| -> Result<(Setup, Outcome), DoctorError> {
+        let setup = Setup::file_settings_plus(p, setting)?;
+        let outcome = setup.replay(p.snapshot, p.device)?;
+        Ok((setup, outcome))
+    })
+    .into_iter();
+    let before = outcomes.next().expect("the file's own settings were replayed")?.1;
+    let what_ifs = settings[1..]
+        .iter()
+        .zip(outcomes)
+        .map(|(setting, outcome)| {
+            let (setup, after) = outcome?;
+            Ok(verified(format!("replay with {setting}, {}", setup.start_words()), &setup, p.device, before, after, true))
+        })
+        .collect::<Result<Vec<_>, DoctorError>>()?;
     let best = what_ifs.iter().filter(|v| !v.after_out_of_memory).min_by_key(|v| v.after_peak_reserved_bytes).cloned();
     Ok(Some(finding(p, position, &state, internal, external, before, what_ifs, best)))
-}
-
-/// The file's settings plus `setting`, replayed against `before`.
-fn measure(p: &Patient, setting: &str, before: Outcome) -> Result<Verified, DoctorError> {
-    let setup = Setup::file_settings_plus(p, setting)?;
-    let after = setup.replay(p.snapshot, p.device)?;
-    Ok(verified(format!("replay with {setting}, {}", setup.start_words()), &setup, p.device, before, after, true))
 }
 
 #[allow(clippy::too_many_arguments)]

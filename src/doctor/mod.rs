@@ -9,24 +9,31 @@
 //! each allocation, the passes, the iterations): `growth` (memory each iteration keeps),
 //! `retained` (`retained-graph`: forward tensors alive past their backward), `no_grad`
 //! (`missing-no-grad`: forwards that keep a graph no backward uses), `grads` (`grads-kept`:
-//! gradients alive through the next forward) and `optimizer` (`optimizer-state`); `outside`
+//! gradients alive through the next forward) and `optimizer` (`optimizer-state`); those about
+//! single expressions, which `ops` reads the op of each allocation for: `temporaries` (an
+//! out-of-place op's inputs at the peak), `copies` (clone, contiguous at the peak) and, when
+//! nothing else is found, `intermediates` (the peak by op: data made vs ops' outputs); `outside`
 //! (`outside-allocator`, always last) says what nvidia-smi shows beyond reserved. `live`
 //! describes what is live at a position; `what_if` runs the replays.
 //! The doctor sits above scenarios: it diagnoses their snapshots as it does a user's file.
 
 mod categories;
+mod copies;
 mod fix_variant;
 mod fragmentation;
 mod grads;
 mod growth;
+mod intermediates;
 mod live;
 mod no_grad;
 mod oom;
+mod ops;
 mod optimizer;
 mod outside;
 mod peak;
 mod retained;
 mod steps;
+mod temporaries;
 mod truncated;
 mod what_if;
 
@@ -52,13 +59,33 @@ pub const RETAINED_GRAPH: &str = "retained-graph";
 pub const MISSING_NO_GRAD: &str = "missing-no-grad";
 pub const GRADS_KEPT: &str = "grads-kept";
 pub const OPTIMIZER_STATE: &str = "optimizer-state";
+/// Memory at the peak that one expression needs for a moment (an out-of-place op's inputs).
+pub const TEMPORARIES: &str = "temporaries";
+/// Copies in another layout (clone, contiguous, reshape) at the peak, where views cost nothing.
+pub const COPIES: &str = "copies";
+/// Information, only when no problem is found: the peak by the op that made each allocation.
+pub const INTERMEDIATES: &str = "intermediates";
 /// Information rather than a problem: always reported, last.
 pub const OUTSIDE_ALLOCATOR: &str = "outside-allocator";
-/// Every kind, in the order the issue lists them.
-pub const KINDS: [&str; 10] =
-    [PEAK, GROWTH, RETAINED_GRAPH, MISSING_NO_GRAD, GRADS_KEPT, OPTIMIZER_STATE, FRAGMENTATION, OOM, TRUNCATED_TRACE, OUTSIDE_ALLOCATOR];
+/// Every kind: those the issue lists in its order, then those about single expressions.
+pub const KINDS: [&str; 13] = [
+    PEAK,
+    GROWTH,
+    RETAINED_GRAPH,
+    MISSING_NO_GRAD,
+    GRADS_KEPT,
+    OPTIMIZER_STATE,
+    FRAGMENTATION,
+    OOM,
+    TRUNCATED_TRACE,
+    OUTSIDE_ALLOCATOR,
+    TEMPORARIES,
+    COPIES,
+    INTERMEDIATES,
+];
 
-/// What the doctor found: the `peak` summary first, then the problems, most bytes first, then
+/// What the doctor found: the `peak` summary first (with `intermediates` when there is no
+/// problem), then the problems, most bytes first, then
 /// `outside-allocator` (information, estimated: ranked last whatever its bytes).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Diagnosis {
@@ -155,9 +182,15 @@ pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosi
     problems.extend(no_grad::find(&patient, &steps));
     problems.extend(grads::find(&patient, &steps));
     problems.extend(optimizer::find(&patient, &steps));
+    let ops = ops::Ops::new(&patient.timeline);
+    problems.extend(temporaries::find(&patient, &steps, &ops));
+    problems.extend(copies::find(&patient, &steps, &ops));
     problems.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.kind.cmp(&b.kind)));
 
     let mut findings = vec![peak::find(&patient)];
+    if problems.is_empty() {
+        findings.extend(intermediates::find(&patient, &ops));
+    }
     findings.extend(problems);
     findings.push(outside::find(&patient));
     Ok(Diagnosis { findings })

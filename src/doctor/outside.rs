@@ -23,7 +23,7 @@
 
 use super::{Finding, OUTSIDE_ALLOCATOR, Patient, size, steps};
 use crate::timeline::GroupKind;
-use crate::trace::Action;
+use crate::trace::{Action, Frame};
 use serde::Serialize;
 
 const MIB: u64 = 1 << 20;
@@ -91,17 +91,20 @@ struct Evidence {
 }
 
 fn is_nccl(name: &str, filename: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    n.contains("nccl") || name.contains("c10d") || filename.to_ascii_lowercase().contains("nccl") || filename.contains("c10d")
+    let nccl = |text: &str| text.as_bytes().windows(4).any(|w| w.eq_ignore_ascii_case(b"nccl"));
+    nccl(name) || name.contains("c10d") || nccl(filename) || filename.contains("c10d")
 }
 
 pub(super) fn find(p: &Patient) -> Finding {
     let trace = p.snapshot.trace_of(p.device);
     let mut workspaces = Vec::new();
     let mut nccl_frame = None;
+    // Entries share their stacks: each stack is read for NCCL once.
+    let mut stacks_read: rustc_hash::FxHashSet<*const Frame> = Default::default();
     for (i, e) in trace.iter().enumerate() {
-        let frames: Vec<_> = e.frames.iter().flat_map(|f| f.iter()).collect();
+        let frames: &[Frame] = e.frames.as_deref().unwrap_or_default();
         if nccl_frame.is_none()
+            && stacks_read.insert(frames.as_ptr())
             && let Some(f) = frames.iter().find(|f| is_nccl(&f.name, &f.filename))
         {
             nccl_frame = Some(f.name.clone());
@@ -115,7 +118,7 @@ pub(super) fn find(p: &Patient) -> Finding {
                 addr: e.addr,
                 bytes: e.size,
                 stream: e.stream,
-                backward: frames.iter().any(|f| steps::is_backward_frame(f)),
+                backward: frames.iter().any(steps::is_backward_frame),
                 frame: f.name.clone(),
             });
         }
