@@ -25,11 +25,15 @@ fn trace_len(dev: &Device) -> usize {
     dev.snapshot().device_traces[0].len()
 }
 
+/// A float32 Linear 256 -> 512 with a bias, and a float32 input of 64 rows.
+fn layer_and_input(dev: &Device) -> (Linear, Tensor) {
+    (Linear::new(dev, "fc", 256, 512, true, DType::F32).unwrap(), dev.randn(&[64, 256], DType::F32).unwrap())
+}
+
 #[test]
 fn autocast_holds_f16_copies_of_the_weights_it_cast_for_the_scope() {
     let dev = sim();
-    let linear = Linear::new(&dev, "fc", 256, 512, true, DType::F32).unwrap();
-    let x = dev.randn(&[64, 256], DType::F32).unwrap();
+    let (linear, x) = layer_and_input(&dev);
     let before = dev.memory_allocated();
     let weight_copies = rounded(512 * 256 * 2) + rounded(512 * 2);
     {
@@ -64,6 +68,35 @@ fn autocast_holds_f16_copies_of_the_weights_it_cast_for_the_scope() {
     assert_eq!(dev.memory_allocated(), before, "leaving the outermost scope frees the cached copies");
     assert_eq!(amp::cached_bytes(), 0);
     assert!(!amp::is_autocast_enabled());
+}
+
+#[test]
+fn bfloat16_autocast_casts_weights_to_two_bytes_once_and_copies_before_softmax() {
+    let dev = sim();
+    let (linear, x) = layer_and_input(&dev);
+    let before = dev.memory_allocated();
+    {
+        let _autocast = amp::autocast(DType::BF16).unwrap();
+        let from = trace_len(&dev);
+        let y = linear.forward(&x).unwrap();
+        assert_eq!(y.dtype(), DType::BF16, "linear runs in bfloat16");
+        // The same casts as float16's: 2 bytes an element, the bias first.
+        let made = allocations(&dev, from);
+        assert_eq!(made, [("to", 512 * 2), ("to", 512 * 256 * 2), ("to", 64 * 256 * 2), ("addmm", 64 * 512 * 2)].map(|(op, n)| (op.to_string(), n)));
+        assert_eq!(amp::cached_bytes(), 512 * 256 * 2 + 512 * 2, "the weight and bias copies are cached");
+        let from = trace_len(&dev);
+        let again = linear.forward(&x).unwrap();
+        assert_eq!(allocations(&dev, from), [("to", 64 * 256 * 2), ("addmm", 64 * 512 * 2)].map(|(op, n)| (op.to_string(), n)), "cached weights");
+        // softmax is on the fp32_set_opt_dtype list: ATen's `softmax(input, dim, float32)` reads
+        // only a CUDA Half input straight into a float32 result; a bfloat16 one is copied first.
+        let from = trace_len(&dev);
+        let p = y.softmax(-1).unwrap();
+        assert_eq!(p.dtype(), DType::F32);
+        assert_eq!(allocations(&dev, from), [("to", 64 * 512 * 4), ("softmax", 64 * 512 * 4)].map(|(op, n)| (op.to_string(), n)));
+        drop((y, again, p));
+    }
+    assert_eq!(dev.memory_allocated(), before, "leaving the scope frees the cached copies");
+    assert_eq!(amp::cached_bytes(), 0);
 }
 
 #[test]

@@ -4,8 +4,9 @@
 
 mod common;
 
-use tensormem::scenarios::{self, RunRequest, RunResult, compare};
-use tensormem::trace::{self, Action, TraceEntry};
+use std::collections::BTreeMap;
+use tensormem::scenarios::{self, RunRequest, RunResult, Step, compare};
+use tensormem::trace::{self, Action, Category, TraceEntry};
 
 const FIXTURE: &str = "gpt-medium-ctx128-training.pickle";
 
@@ -136,4 +137,222 @@ fn checkpointing_gpt2_keeps_only_each_block_s_input() {
     // 12 blocks' inputs of 2 x 128 x 768 floats (786,432 bytes each) instead of their activations.
     assert!(held(&checkpointed) * 4 < held(&plain), "{} vs {}", held(&checkpointed), held(&plain));
     assert_eq!(at(&checkpointed, "optimizer step"), at(&plain, "optimizer step"), "the same gradients and moments at the end");
+}
+
+// `warmup` and `amp`: the scenarios set to match a recording of the very first step, or one
+// under bfloat16 autocast without a GradScaler. Every figure below is what tensors ask for (a
+// trace entry's size, `requested_bytes`): products of shapes, before the allocator rounds.
+
+/// Float32 parameter bytes: lm-train's medium (the recorded run's 423,183,360 parameters) and
+/// GPT-2 small (124,439,808, in 148 tensors: the two embeddings, 12 per block, the final norm's 2).
+const LM_MEDIUM: u64 = 423_183_360 * 4;
+const GPT2_SMALL: u64 = 124_439_808 * 4;
+const GPT2_SMALL_TENSORS: usize = 2 + 12 * 12 + 2;
+/// lm-train medium's largest parameters, the embedding and the output head (the last one the
+/// optimizer steps): 10,000 x 1,024 floats each.
+const LM_HEAD: u64 = 10_000 * 1_024 * 4;
+
+fn step<'a>(r: &'a RunResult, label: &str) -> &'a Step {
+    r.steps.iter().find(|s| s.label == label).unwrap_or_else(|| panic!("no step {label:?}: {:?}", labels(r)))
+}
+
+fn labels(r: &RunResult) -> Vec<&str> {
+    r.steps.iter().map(|s| s.label.as_str()).collect()
+}
+
+/// The run's peak of what tensors asked for (each step's peak since the previous one).
+fn peak_requested(r: &RunResult) -> u64 {
+    r.steps.iter().map(|s| s.max_requested_bytes).max().unwrap()
+}
+
+fn allocations(r: &RunResult) -> impl Iterator<Item = (usize, &TraceEntry)> {
+    r.snapshot.device_traces[0].iter().enumerate().filter(|(_, e)| e.action == Action::Alloc)
+}
+
+/// The trace positions of the first allocation tagged optimizer_state and of the last one
+/// backward made.
+fn first_state_and_last_backward(r: &RunResult) -> (usize, usize) {
+    let first_state = allocations(r).find(|(_, e)| e.category == Some(Category::OptimizerState)).expect("the optimizer made state").0;
+    let last_backward = allocations(r).filter(|(_, e)| op_and_scope(e).0.contains("Backward")).last().expect("backward allocated").0;
+    (first_state, last_backward)
+}
+
+/// (count, bytes) of the allocations tagged optimizer_state.
+fn state_allocations(r: &RunResult) -> (usize, u64) {
+    allocations(r).filter(|(_, e)| e.category == Some(Category::OptimizerState)).fold((0, 0), |(n, bytes), (_, e)| (n + 1, bytes + e.size))
+}
+
+fn run_error(name: &str, set: &[(&str, &str)]) -> String {
+    let request = RunRequest { scenario: name.into(), set: set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..Default::default() };
+    scenarios::run(&request).err().unwrap_or_else(|| panic!("{name} {set:?} ran")).to_string()
+}
+
+#[test]
+fn warmup_0_records_gpt2_s_first_step_where_adamw_makes_its_moments() {
+    let first = run("gpt2-train", &[("warmup", "0")], None);
+    let (default, warm) = (run("gpt2-train", &[], None), run("gpt2-train", &[("warmup", "1")], None));
+    assert_eq!(labels(&first), ["model and batch", "forward", "loss", "backward", "optimizer step"], "no warm-up step");
+    assert_eq!(
+        (default.steps.clone(), default.peak_allocated_bytes, default.peak_reserved_bytes),
+        (warm.steps.clone(), warm.peak_allocated_bytes, warm.peak_reserved_bytes)
+    );
+    assert_eq!(default.parameters["warmup"], 1, "one warm-up step by default, as before");
+    // No optimizer state before the recorded step's optimizer phase; torch.optim.AdamW's
+    // `_init_group` makes exp_avg and exp_avg_sq (zeros_like each parameter) inside it.
+    let (first_state, last_backward) = first_state_and_last_backward(&first);
+    assert!(first_state > last_backward, "state at {first_state}, after the backward's last allocation at {last_backward}");
+    assert_eq!(state_allocations(&first), (2 * GPT2_SMALL_TENSORS, 2 * GPT2_SMALL));
+    let (first_state, last_backward) = first_state_and_last_backward(&warm);
+    assert!(first_state < last_backward, "with a warm-up step the moments exist before the recorded backward");
+    assert_eq!(state_allocations(&warm), (2 * GPT2_SMALL_TENSORS, 2 * GPT2_SMALL), "made once, in the warm-up step");
+    // The step leaves the two moments behind (its square roots are gone); after a warm-up it
+    // adds nothing.
+    let added = |r: &RunResult| step(r, "optimizer step").requested_bytes - step(r, "backward").requested_bytes;
+    assert_eq!(added(&first), 2 * GPT2_SMALL);
+    assert_eq!(added(&warm), 0);
+    for label in ["forward", "loss", "backward"] {
+        assert_eq!(step(&warm, label).requested_bytes - step(&first, label).requested_bytes, 2 * GPT2_SMALL, "{label}: the moments held or not");
+    }
+    // Batch 8 x context 1024: the peak is in backward (logits and attention probabilities), where
+    // the moments of a warmed-up run sit on top; the first step's peak is lower by exactly them.
+    assert_eq!(peak_requested(&first), step(&first, "backward").max_requested_bytes);
+    assert_eq!(peak_requested(&warm), step(&warm, "backward").max_requested_bytes);
+    assert_eq!(peak_requested(&warm) - peak_requested(&first), 2 * GPT2_SMALL);
+    let twice = run("gpt2-train", &[("warmup", "2")], None);
+    assert_eq!(peak_requested(&twice), peak_requested(&warm), "steady from the first warm-up step on");
+    assert_eq!(labels(&twice)[1..3], ["warm-up 1 forward", "warm-up 1 loss"]);
+    assert_eq!(labels(&twice)[5], "warm-up 2 forward");
+    eprintln!(
+        "gpt2-train peaks (allocated, reserved): warmup=1 {} {}, warmup=0 {} {}",
+        warm.peak_allocated_bytes, warm.peak_reserved_bytes, first.peak_allocated_bytes, first.peak_reserved_bytes
+    );
+}
+
+#[test]
+fn warmup_0_records_lm_train_s_first_step_where_the_handwritten_adamw_makes_its_moments() {
+    let (first, warm) = (run("lm-train", &[("warmup", "0")], None), run("lm-train", &[], None));
+    let (first_state, last_backward) = first_state_and_last_backward(&first);
+    assert!(first_state > last_backward, "state at {first_state}, after the backward's last allocation at {last_backward}");
+    // `state.get(key, zeros_like(p))` makes two zeros per parameter every step, then the new m
+    // and v: 4 tagged allocations of each of the 219 parameters.
+    assert_eq!(state_allocations(&first), (4 * 219, 4 * LM_MEDIUM));
+    let added = |r: &RunResult| step(r, "optimizer step").requested_bytes - step(r, "backward").requested_bytes;
+    assert_eq!(added(&first), 2 * LM_MEDIUM, "the first step leaves m and v");
+    assert_eq!(added(&warm), 0, "later steps replace them");
+    assert_eq!(step(&warm, "backward").requested_bytes - step(&first, "backward").requested_bytes, 2 * LM_MEDIUM);
+    // The step's peak: in a warmed-up step, at the largest parameter, its old and new moments
+    // and three temporaries on top of every moment (5 x S). In the first step, at the last
+    // parameter (the output head, as large as the embedding): the moments of all the others,
+    // 2 x (P - S), and 7 x S for its zeros, new moments and temporaries: the same bytes.
+    assert_eq!(step(&warm, "optimizer step").max_requested_bytes, step(&warm, "backward").requested_bytes + 5 * LM_HEAD);
+    assert_eq!(step(&first, "optimizer step").max_requested_bytes, step(&first, "backward").requested_bytes + 2 * (LM_MEDIUM - LM_HEAD) + 7 * LM_HEAD);
+    assert_eq!(peak_requested(&first), step(&first, "optimizer step").max_requested_bytes);
+    assert_eq!(peak_requested(&first), peak_requested(&warm), "lm-train's peak is the optimizer's either way");
+    eprintln!(
+        "lm-train peaks (allocated, reserved): warmup=1 {} {}, warmup=0 {} {}",
+        warm.peak_allocated_bytes, warm.peak_reserved_bytes, first.peak_allocated_bytes, first.peak_reserved_bytes
+    );
+}
+
+#[test]
+fn amp_true_is_amp_float16() {
+    for name in ["lm-train", "gpt2-train"] {
+        let set = |amp| [("size", "small"), ("batch", "1"), ("context", "8"), ("amp", amp)];
+        let (alias, float16) = (run(name, &set("true"), None), run(name, &set("float16"), None));
+        assert_eq!(alias.parameters, float16.parameters, "{name}: amp=true is read as float16");
+        assert_eq!(alias.parameters["amp"], "float16");
+        assert_eq!(
+            (alias.steps, alias.peak_allocated_bytes, alias.peak_reserved_bytes),
+            (float16.steps, float16.peak_allocated_bytes, float16.peak_reserved_bytes)
+        );
+        assert_eq!(alias.snapshot.device_traces, float16.snapshot.device_traces, "{name}: the same trace");
+    }
+}
+
+/// How many allocations of each (op, size) `a` makes beyond `b` (negative: fewer).
+fn allocation_difference(a: &RunResult, b: &RunResult) -> BTreeMap<(String, u64), i64> {
+    let mut counts = BTreeMap::new();
+    for (r, sign) in [(a, 1), (b, -1)] {
+        for (_, e) in allocations(r) {
+            *counts.entry((op_and_scope(e).0.to_string(), e.size)).or_insert(0) += sign;
+        }
+    }
+    counts.retain(|_, n| *n != 0);
+    counts
+}
+
+fn counted(entries: &[(&str, u64, i64)]) -> BTreeMap<(String, u64), i64> {
+    entries.iter().map(|&(op, size, n)| ((op.to_string(), size), n)).collect()
+}
+
+#[test]
+fn bfloat16_autocast_casts_to_two_bytes_and_has_no_grad_scaler() {
+    let set = |amp| [("size", "small"), ("batch", "1"), ("context", "8"), ("amp", amp)];
+    // What bfloat16 autocast does not make and float16 does (a default run: 2 steps): the
+    // GradScaler's scale (float32) and growth tracker (int32), made at the first `scale`, and
+    // in each step the scaled loss, the loss's gradient backward makes from it (MulBackward0:
+    // 1 x scale), unscale_'s float64 `_scale.double().reciprocal()` and its float32 inverse,
+    // found_inf, and the copies of both that `_unscale_grads_` hands the kernel: all 0-d.
+    let scaler = [("full", 4, 2 + 2), ("mul", 4, 2), ("mul (MulBackward0)", 4, 2), ("to", 8, 2), ("reciprocal", 8, 2), ("to", 4, 3 * 2)];
+    let without_scaler = |extra: &[(&str, u64, i64)]| counted(&[scaler.map(|(op, size, n)| (op, size, -n)).as_slice(), extra].concat());
+    // lm-train writes its softmax out: otherwise every allocation is float16's, casts included
+    // (2 bytes an element either way).
+    let (bf16, f16) = (run("lm-train", &set("bfloat16"), None), run("lm-train", &set("float16"), None));
+    assert_eq!(allocation_difference(&bf16, &f16), without_scaler(&[]), "lm-train");
+    // GPT-2's attention calls softmax, on autocast's fp32_set_opt_dtype list: ATen reads a
+    // float16 input straight into the float32 result (`half_to_float`, CUDA and Half only) but
+    // copies a bfloat16 one to float32 first; backward then gives a float32 gradient and
+    // ToCopyBackward0 the bfloat16 one. 12 layers x 2 steps, probabilities of 12 heads x 8 x 8.
+    let probabilities = 12 * 8 * 8;
+    let (bf16, f16) = (run("gpt2-train", &set("bfloat16"), None), run("gpt2-train", &set("float16"), None));
+    let softmax_copies = [
+        ("to", probabilities * 4, 24),
+        ("softmax_backward (SoftmaxBackward0)", probabilities * 4, 24),
+        ("softmax_backward (SoftmaxBackward0)", probabilities * 2, -24),
+        ("to (ToCopyBackward0)", probabilities * 2, 24),
+    ];
+    assert_eq!(allocation_difference(&bf16, &f16), without_scaler(&softmax_copies), "gpt2-train");
+    for r in [&bf16, &f16] {
+        let scaler_frames = allocations(r).filter(|(_, e)| e.frames.as_deref().unwrap_or(&[]).iter().any(|f| f.filename.ends_with("scaler.rs"))).count();
+        assert_eq!(scaler_frames, if std::ptr::eq(r, &bf16) { 0 } else { 2 * 6 }, "unscale_'s allocations");
+    }
+    // The scaler's state: 8 bytes that float16 keeps and bfloat16 does not; its scaled loss, 4
+    // more while backward runs (the 0-d gradients at backward's start are gone by its peak).
+    for label in ["warm-up optimizer step", "forward", "optimizer step"] {
+        assert_eq!(step(&f16, label).requested_bytes - step(&bf16, label).requested_bytes, 4 + 4, "{label}");
+    }
+    let (lm_bf16, lm_f16) = (run("lm-train", &set("bfloat16"), None), run("lm-train", &set("float16"), None));
+    assert_eq!(step(&lm_f16, "backward").max_requested_bytes - step(&lm_bf16, "backward").max_requested_bytes, 4 + 4 + 4);
+    // GPT-2's weights cast to bfloat16 once per forward and shared while autocast lasts (its
+    // cast cache): the output head's tied embedding (50,257 x 768) and each block's c_attn
+    // weight (768 x 2,304), at 2 bytes an element; none at 4.
+    let casts = |bytes: u64| allocations(&bf16).filter(|(_, e)| op_and_scope(e).0 == "to" && e.size == bytes).count();
+    assert_eq!((casts(50_257 * 768 * 2), casts(50_257 * 768 * 4)), (2, 0), "the head's weight: once in each of the two forwards");
+    assert_eq!((casts(768 * 2_304 * 2), casts(768 * 2_304 * 4)), (2 * 12, 0), "c_attn's weight: once per block per forward");
+}
+
+#[test]
+fn bfloat16_autocast_takes_any_parameter_type_and_float16_only_float32() {
+    let set = |dtype, amp| [("size", "small"), ("batch", "1"), ("context", "8"), ("dtype", dtype), ("amp", amp)];
+    let bf16 = run("gpt2-train", &set("bfloat16", "bfloat16"), None);
+    // bfloat16 parameters under bfloat16 autocast: nothing of the weights to cast.
+    let weight_casts = allocations(&bf16).filter(|(_, e)| op_and_scope(e).0 == "to" && e.size == 768 * 2_304 * 2).count();
+    assert_eq!(weight_casts, 0);
+    for name in ["lm-train", "gpt2-train"] {
+        let error = run_error(name, &[("dtype", "bfloat16"), ("amp", "float16")]);
+        assert!(error.contains("amp=float16 keeps float32 parameters") && error.contains("amp=bfloat16 needs no GradScaler"), "{error}");
+    }
+}
+
+#[test]
+fn bad_amp_and_warmup_values_name_the_accepted_ones() {
+    for name in ["lm-train", "gpt2-train", "oom"] {
+        let error = run_error(name, &[("amp", "fp16")]);
+        assert!(error.contains(r#"amp must be one of false, float16, bfloat16 (true = float16), got "fp16""#), "{error}");
+        let error = run_error(name, &[("warmup", "-1")]);
+        assert!(error.contains(r#"warmup must be a whole number from 0 to 1000, got "-1""#), "{error}");
+    }
+    let amp = scenarios::find("lm-train").unwrap().parameters.into_iter().find(|p| p.name == "amp").unwrap();
+    let kind = serde_json::to_value(amp.kind).unwrap();
+    assert_eq!(kind, serde_json::json!({"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}));
 }

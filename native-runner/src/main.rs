@@ -85,7 +85,7 @@ enum Command {
         /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, on top of the variant's.
         #[arg(long, value_name = "STR")]
         alloc_conf: Option<String>,
-        /// Steps to record (the training scenarios' `steps`: after the warm-up step).
+        /// Steps to record (the training scenarios' `steps`: after the `warmup` steps).
         #[arg(long, value_name = "N")]
         steps: Option<u64>,
         /// Write the run's trace as a snapshot: .pickle or .json.

@@ -181,7 +181,7 @@ fn tools() -> Vec<Value> {
                     ("device", property(&["string"], "sim:PRESET (e.g. sim:H100-80GB, the default), sim:SIZE (e.g. sim:24GiB) or gpu.")),
                     ("capacity", capacity("Device memory, overriding the card's")),
                     ("alloc_conf", alloc_conf()),
-                    ("steps", property(&["integer"], "Steps to record (training scenarios: after the warm-up step).")),
+                    ("steps", property(&["integer"], "Steps to record (training scenarios: after the `warmup` steps).")),
                 ],
                 &["name"],
             ),

@@ -53,8 +53,17 @@ pub enum Kind {
     Integers { min: u64, max: u64, max_len: usize },
     /// `true` or `false`.
     Flag,
-    /// One of the options.
-    Choice { options: &'static [&'static str] },
+    /// One of the options, or an alias: another spelling that stands for an option (`amp=true`
+    /// is `amp=float16`) and is read as that option.
+    Choice {
+        options: &'static [&'static str],
+        #[serde(skip_serializing_if = "no_aliases")]
+        aliases: &'static [(&'static str, &'static str)],
+    },
+}
+
+fn no_aliases(aliases: &&[(&str, &str)]) -> bool {
+    aliases.is_empty()
 }
 
 impl Parameter {
@@ -67,7 +76,19 @@ impl Parameter {
     }
 
     pub const fn choice(name: &'static str, default: &'static str, options: &'static [&'static str], help: &'static str) -> Parameter {
-        Parameter { name, default, help, kind: Kind::Choice { options } }
+        Parameter { name, default, help, kind: Kind::Choice { options, aliases: &[] } }
+    }
+
+    /// A choice that also accepts `aliases`, each `(spelling, option)`: the value used is the
+    /// option.
+    pub const fn choice_with_aliases(
+        name: &'static str,
+        default: &'static str,
+        options: &'static [&'static str],
+        aliases: &'static [(&'static str, &'static str)],
+        help: &'static str,
+    ) -> Parameter {
+        Parameter { name, default, help, kind: Kind::Choice { options, aliases } }
     }
 
     /// The value as typed, checked against the kind, as JSON.
@@ -91,8 +112,15 @@ impl Parameter {
                 "false" | "0" | "no" => false.into(),
                 _ => return Err(format!("{} must be true or false, got {text:?}", self.name)),
             },
-            Kind::Choice { options } if options.contains(&text) => text.into(),
-            Kind::Choice { options } => return Err(format!("{} must be one of {}, got {text:?}", self.name, options.join(", "))),
+            Kind::Choice { options, .. } if options.contains(&text) => text.into(),
+            Kind::Choice { options, aliases } => match aliases.iter().find(|(alias, _)| *alias == text) {
+                Some((_, option)) => (*option).into(),
+                None => {
+                    let aliases: Vec<String> = aliases.iter().map(|(alias, option)| format!("{alias} = {option}")).collect();
+                    let aliases = if aliases.is_empty() { String::new() } else { format!(" ({})", aliases.join(", ")) };
+                    return Err(format!("{} must be one of {}{aliases}, got {text:?}", self.name, options.join(", ")));
+                }
+            },
         })
     }
 }

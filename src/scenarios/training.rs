@@ -1,8 +1,10 @@
 //! Whole training steps of real model sizes: `lm-train` (the presets of a recorded PyTorch run,
 //! comparable with its `_record_memory_history` trace), `gpt2-train` (GPT-2 as published) and
-//! `oom` (a 7B Llama-style model with AdamW on an 80 GB card). Each runs a warm-up step, then
+//! `oom` (a 7B Llama-style model with AdamW on an 80 GB card). Each runs `warmup` steps (one by
+//! default; none records the very first step, in which the optimizer makes its state), then
 //! records full steps as a training loop does: zero_grad(set_to_none) -> forward -> loss ->
-//! backward -> optimizer step.
+//! backward -> optimizer step, under autocast to float16 (with a GradScaler) or bfloat16
+//! (without one) when `amp` asks for it.
 
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp;
@@ -19,6 +21,15 @@ const LLAMA_7B: (usize, usize, usize, usize, usize) = (4096, 11008, 32, 32, 32_0
 
 const OPTIMIZERS: &[&str] = &["handwritten-adamw", "adamw", "adam", "sgd"];
 const DTYPES: &[&str] = &["float32", "bfloat16", "float16"];
+
+/// `amp`'s choices: off, autocast to float16 with a GradScaler, autocast to bfloat16 without
+/// one; `true` (when `amp` was a flag) stays float16.
+const AMP: &[&str] = &["false", "float16", "bfloat16"];
+const AMP_ALIASES: &[(&str, &str)] = &[("true", "float16")];
+const AMP_HELP: &str = "autocast for the forward and loss: float16 (with a GradScaler; true = float16), bfloat16 (no GradScaler: its \
+                        range needs no loss scaling) or false (no autocast)";
+const WARMUP_HELP: &str =
+    "optimizer steps run before the recorded ones; 0 records the very first step, in which the optimizer makes its state (AdamW's moments)";
 
 /// The parameters every training scenario takes, with its own size list and defaults.
 fn training_parameters(
@@ -39,9 +50,10 @@ fn training_parameters(
             "handwritten-adamw: the recorded run's own AdamW (new moments every step); adamw, adam: torch.optim's (foreach); sgd: with momentum 0.9",
         ),
         Parameter::choice("dtype", "float32", DTYPES, "the parameters' type"),
-        Parameter::flag("amp", "false", "autocast to float16 for the forward and loss, with a GradScaler"),
+        Parameter::choice_with_aliases("amp", "false", AMP, AMP_ALIASES, AMP_HELP),
         Parameter::flag("checkpointing", "false", "checkpoint every block: keep its input, recompute it in backward"),
-        Parameter::integer("steps", "1", 1, 1000, "steps recorded after the warm-up step"),
+        Parameter::integer("warmup", "1", 0, 1000, WARMUP_HELP),
+        Parameter::integer("steps", "1", 1, 1000, "steps recorded after the warm-up"),
     ]
 }
 
@@ -52,7 +64,8 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 name: "lm-train",
                 title: "A language model's training step, predicted from its config",
                 explanation: "One training step of the pre-norm Transformer LM (RMSNorm, RoPE attention written with einsum and \
-                              its own softmax, SwiGLU, vocabulary 10,000) of a recorded PyTorch run, after a warm-up step. Look at \
+                              its own softmax, SwiGLU, vocabulary 10,000) of a recorded PyTorch run, after a warm-up step (warmup=0: \
+                              the very first step, where the optimizer makes its state). Look at \
                               the staircase: forward climbs by each block's saved activations, backward gives them back while the \
                               gradients pile up, and the optimizer's peak comes at the largest parameter, where its old and new \
                               moments and three temporaries are live at once. Parameters, gradients and AdamW's two moments are \
@@ -76,7 +89,8 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 name: "gpt2-train",
                 title: "GPT-2's training step",
                 explanation: "One training step of GPT-2 as published (learned positions, LayerNorm, GELU, biases, embeddings tied \
-                              to the output, dropout 0.1, vocabulary 50,257) with torch.optim.AdamW, after a warm-up step. The \
+                              to the output, dropout 0.1, vocabulary 50,257) with torch.optim.AdamW, after a warm-up step (warmup=0: \
+                              the very first step, where AdamW makes its moments). The \
                               logits (batch x context x 50,257) and the attention probabilities (batch x heads x context^2 per \
                               layer) dominate the activations; AdamW's foreach step holds a square root of every second moment \
                               at once.",
@@ -123,9 +137,10 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                     Parameter::integer("context", "512", 1, 1 << 20, "tokens per sequence"),
                     Parameter::choice("optimizer", "adamw", OPTIMIZERS, "the optimizer"),
                     Parameter::choice("dtype", "float32", DTYPES, "the parameters' type"),
-                    Parameter::flag("amp", "false", "autocast to float16 for the forward and loss, with a GradScaler"),
+                    Parameter::choice_with_aliases("amp", "false", AMP, AMP_ALIASES, AMP_HELP),
                     Parameter::flag("checkpointing", "false", "checkpoint every block"),
-                    Parameter::integer("steps", "1", 1, 1000, "steps recorded after the warm-up step"),
+                    Parameter::integer("warmup", "1", 0, 1000, WARMUP_HELP),
+                    Parameter::integer("steps", "1", 1, 1000, "steps recorded after the warm-up"),
                 ],
                 variants: vec![],
             },
@@ -144,20 +159,30 @@ pub(super) fn scenarios() -> Vec<Scenario> {
 }
 
 /// Checks before a run: the logits (batch x context x vocabulary) must stay within what
-/// tensormem indexes, and autocast's GradScaler needs float32 parameters (PyTorch's refuses to
-/// unscale float16 gradients and has no bfloat16 kernel).
+/// tensormem indexes, and float16 autocast's GradScaler needs float32 parameters (PyTorch's
+/// refuses to unscale float16 gradients and has no bfloat16 kernel). bfloat16 autocast has no
+/// scaler: any parameter type goes.
 fn fits(v: &Values, vocab: u64) -> std::result::Result<(), String> {
     let logits = v.u64("batch").checked_mul(v.u64("context")).and_then(|t| t.checked_mul(vocab));
     if logits.is_none_or(|n| n > u32::MAX as u64) {
         return Err(format!("batch {} x context {} x vocabulary {vocab} makes logits larger than tensormem can index", v.u64("batch"), v.u64("context")));
     }
-    if v.flag("amp") && v.choice("dtype") != "float32" {
+    if autocast_dtype(v) == Some(DType::F16) && v.choice("dtype") != "float32" {
         return Err(format!(
-            "amp=true keeps float32 parameters and scales their gradients: dtype={} would make GradScaler refuse them (\"Attempting to unscale FP16 gradients.\")",
+            "amp=float16 keeps float32 parameters and scales their gradients: dtype={} would make GradScaler refuse them (\"Attempting to unscale FP16 gradients.\"); amp=bfloat16 needs no GradScaler",
             v.choice("dtype")
         ));
     }
     Ok(())
+}
+
+/// The type autocast runs the forward and loss in, None without autocast (`amp=false`).
+fn autocast_dtype(v: &Values) -> Option<DType> {
+    match v.choice("amp") {
+        "float16" => Some(DType::F16),
+        "bfloat16" => Some(DType::BF16),
+        _ => None,
+    }
 }
 
 fn dtype(v: &Values) -> DType {
@@ -230,23 +255,30 @@ fn optimizer(name: &str, params: Vec<Tensor>) -> Box<dyn Optimizer> {
     }
 }
 
-/// The warm-up step, then `steps` recorded steps, each labelled by phase.
+/// `warmup` steps, then `steps` recorded steps, each labelled by phase (`warm-up forward` for
+/// the one warm-up step, `warm-up 2 forward` where there are several; `forward`, or `step 2
+/// forward` where several are recorded). The optimizer makes its state in the first step it
+/// takes: with `warmup=0`, inside the first recorded one.
 async fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
     let dev = rec.device.clone();
     let (batch, context, vocab) = (v.int("batch"), v.int("context"), model.vocab());
     let mut optimizer = optimizer(v.choice("optimizer"), model.parameters());
-    let mut scaler = v.flag("amp").then(GradScaler::new);
+    let autocast_dtype = autocast_dtype(v);
+    // PyTorch's recipes: a GradScaler with float16 (its narrow range flushes small gradients to
+    // zero), none with bfloat16 (float32's range).
+    let mut scaler = (autocast_dtype == Some(DType::F16)).then(GradScaler::new);
     let (ids, targets) = token_batch(&dev, batch, context, vocab)?;
     rec.step("model and batch");
-    let steps = v.int("steps");
-    for step in 0..=steps {
-        let label = |phase: &str| match step {
-            0 => format!("warm-up {phase}"),
-            _ if steps == 1 => phase.to_string(),
-            n => format!("step {n} {phase}"),
+    let (warmup, steps) = (v.int("warmup"), v.int("steps"));
+    for step in 0..warmup + steps {
+        let label = |phase: &str| match (step.checked_sub(warmup), warmup, steps) {
+            (None, 1, _) => format!("warm-up {phase}"),
+            (None, _, _) => format!("warm-up {} {phase}", step + 1),
+            (Some(_), _, 1) => phase.to_string(),
+            (Some(recorded), _, _) => format!("step {} {phase}", recorded + 1),
         };
         optimizer.zero_grad(true)?;
-        let autocast = scaler.is_some().then(|| amp::autocast(DType::F16)).transpose()?;
+        let autocast = autocast_dtype.map(amp::autocast).transpose()?;
         let logits = model.forward(&ids)?;
         rec.step(label("forward"));
         let loss = model.loss(&logits, &targets)?;

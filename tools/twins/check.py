@@ -55,8 +55,10 @@ CPU_SETTINGS = {
     "checkpointing": ["layers=2,batch=2,context=16"],
     "mixed-precision": ["batch=2,context=16,steps=1", "amp=false,batch=2,context=16,steps=1"],
     "lm-train": ["size=small,batch=1,context=8", "size=small,batch=1,context=4,amp=true",
-                 "size=small,batch=1,context=8,optimizer=adamw,amp=true,checkpointing=true,steps=2"],
-    "gpt2-train": ["size=small,batch=1,context=8", "size=small,batch=1,context=8,optimizer=sgd,checkpointing=true"],
+                 "size=small,batch=1,context=8,optimizer=adamw,amp=true,checkpointing=true,steps=2",
+                 "size=small,batch=1,context=4,amp=bfloat16,warmup=0"],
+    "gpt2-train": ["size=small,batch=1,context=8", "size=small,batch=1,context=8,optimizer=sgd,checkpointing=true",
+                   "size=small,batch=1,context=8,amp=bfloat16,warmup=2,steps=2", "size=small,batch=1,context=8,amp=float16,warmup=0"],
     # A 7B model: 27 GB of float32 parameters, not for a CPU check.
     "oom": None,
 }

@@ -103,7 +103,12 @@ def parse_value(name, kind, text):
     if t == "choice":
         if text in kind["options"]:
             return text
-        raise ValueError(f"{name} must be one of {', '.join(kind['options'])}, got {text!r}")
+        # Another spelling of an option (`amp=true` is `amp=float16`), read as that option.
+        aliases = dict(kind.get("aliases", []))
+        if text in aliases:
+            return aliases[text]
+        listed = f" ({', '.join(f'{a} = {o}' for a, o in kind.get('aliases', []))})" if aliases else ""
+        raise ValueError(f"{name} must be one of {', '.join(kind['options'])}{listed}, got {text!r}")
     raise ValueError(f"{name}: unknown kind {t!r}")
 
 

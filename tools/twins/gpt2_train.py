@@ -1,6 +1,7 @@
 """Twin of `tensormem run gpt2-train` (src/scenarios/training.rs, src/nn/model.rs): GPT-2 as
 published (learned positions, LayerNorm, GELU, biases, tied embeddings, dropout 0.1, vocabulary
-50,257) with torch.optim.AdamW by default, after a warm-up step."""
+50,257) with torch.optim.AdamW by default, after `warmup` warm-up steps (one by default;
+0 records the very first step, where the optimizer makes its state)."""
 import os
 import sys
 
@@ -22,8 +23,9 @@ PARAMETERS = [
     ("context", "1024", {"type": "integer", "min": 1, "max": 1048576}),
     ("optimizer", "adamw", {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
     ("dtype", "float32", {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
-    ("amp", "false", {"type": "flag"}),
+    ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),
     ("checkpointing", "false", {"type": "flag"}),
+    ("warmup", "1", {"type": "integer", "min": 0, "max": 1000}),
     ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
 ]
 FIX_SETTINGS = None

@@ -1,6 +1,7 @@
 """Twin of `tensormem run lm-train` (src/scenarios/training.rs, src/nn/lm.rs): a training step
 of the recorded run's own pre-norm LM (einsum linears, RoPE on halves, softmax and log_softmax
-written out, the handwritten AdamW by default), after a warm-up step."""
+written out, the handwritten AdamW by default), after `warmup` warm-up steps (one by default;
+0 records the very first step, where the optimizer makes its state)."""
 import os
 import sys
 
@@ -20,8 +21,9 @@ PARAMETERS = [
     ("context", "128", {"type": "integer", "min": 1, "max": 1048576}),
     ("optimizer", "handwritten-adamw", {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
     ("dtype", "float32", {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
-    ("amp", "false", {"type": "flag"}),
+    ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),
     ("checkpointing", "false", {"type": "flag"}),
+    ("warmup", "1", {"type": "integer", "min": 0, "max": 1000}),
     ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
 ]
 FIX_SETTINGS = None

@@ -453,9 +453,9 @@ def optimizer(name, params):
     return torch.optim.SGD(params, lr=1e-2, momentum=0.9, weight_decay=0.0, foreach=True)
 
 
-def autocast(device, enabled):
-    """`amp::autocast(F16)`: float16 on CUDA (bfloat16 on the CPU, where the twins only check the Python)."""
-    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+def autocast(device, enabled, dtype=torch.float16):
+    """`amp::autocast(dtype)`: float16 by default, on CUDA (bfloat16 on the CPU, where the twins only check the Python)."""
+    dtype = dtype if device.type == "cuda" else torch.bfloat16
     return torch.autocast(device.type, dtype=dtype, enabled=enabled)
 
 
@@ -464,41 +464,47 @@ def grad_scaler(device):
 
 
 # ---------------------------------------------------------------------------------------------
-# src/scenarios/training.rs: the warm-up step, then `steps` recorded steps
+# src/scenarios/training.rs: `warmup` steps, then `steps` recorded steps
 
 TRAINING_PARAMETER_KINDS = {
     "optimizer": {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]},
     "dtype": {"type": "choice", "options": ["float32", "bfloat16", "float16"]},
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# `amp`: the type autocast runs the forward and loss in (float16 with a GradScaler, bfloat16
+# without one); `amp=true` is read as float16 (the kind's alias).
+AMP_DTYPES = {"false": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def check_fits(v, vocab):
     """training.rs `fits`: the size check is tensormem's indexing limit; the amp check is PyTorch's."""
     if v.int("batch") * v.int("context") * vocab > 2**32 - 1:
         raise SystemExit(f"batch {v.int('batch')} x context {v.int('context')} x vocabulary {vocab} makes logits larger than tensormem can index")
-    if v.flag("amp") and v.choice("dtype") != "float32":
-        raise SystemExit(f"amp=true keeps float32 parameters and scales their gradients: dtype={v.choice('dtype')} "
-                         "would make GradScaler refuse them (\"Attempting to unscale FP16 gradients.\")")
+    if v.choice("amp") == "float16" and v.choice("dtype") != "float32":
+        raise SystemExit(f"amp=float16 keeps float32 parameters and scales their gradients: dtype={v.choice('dtype')} "
+                         "would make GradScaler refuse them (\"Attempting to unscale FP16 gradients.\"); amp=bfloat16 needs no GradScaler")
 
 
 def train(rec, v, net, vocab, forward, loss_of):
     """`train`: zero_grad(set_to_none) -> forward -> loss -> backward -> optimizer step, each
-    labelled by phase; the warm-up step first."""
+    labelled by phase; `warmup` steps first (none: the first recorded step is the optimizer's
+    first, where it makes its state)."""
     dev = rec.device
     opt = optimizer(v.choice("optimizer"), net.ordered_parameters())
-    scaler = grad_scaler(dev) if v.flag("amp") else None
+    amp_dtype = AMP_DTYPES[v.choice("amp")]
+    # A GradScaler with float16, none with bfloat16 (PyTorch's recipes).
+    scaler = grad_scaler(dev) if amp_dtype == torch.float16 else None
     ids, targets = _token_batch(dev, v.int("batch"), v.int("context"), vocab)
     rec.step("model and batch")
-    steps = v.int("steps")
-    for step in range(0, steps + 1):
+    warmup, steps = v.int("warmup"), v.int("steps")
+    for step in range(0, warmup + steps):
         def label(phase):
-            if step == 0:
-                return f"warm-up {phase}"
-            return phase if steps == 1 else f"step {step} {phase}"
+            if step < warmup:
+                return f"warm-up {phase}" if warmup == 1 else f"warm-up {step + 1} {phase}"
+            return phase if steps == 1 else f"step {step - warmup + 1} {phase}"
 
         opt.zero_grad(set_to_none=True)
-        ac = autocast(dev, True) if scaler is not None else None
+        ac = autocast(dev, True, amp_dtype) if amp_dtype is not None else None
         if ac is not None:
             ac.__enter__()
         logits = forward(ids)

@@ -19,8 +19,9 @@ PARAMETERS = [
     ("context", "512", {"type": "integer", "min": 1, "max": 1048576}),
     ("optimizer", "adamw", {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
     ("dtype", "float32", {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
-    ("amp", "false", {"type": "flag"}),
+    ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),
     ("checkpointing", "false", {"type": "flag"}),
+    ("warmup", "1", {"type": "integer", "min": 0, "max": 1000}),
     ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
 ]
 FIX_SETTINGS = None
