@@ -99,6 +99,57 @@ fn optimizer_state_is_allocated_at_the_first_step_in_the_allocators_bytes() {
 }
 
 #[test]
+fn single_tensor_adam_holds_one_parameter_s_temporaries_beside_the_previous_denominator() {
+    // `_single_tensor_adam` at parameter i of S_i bytes: its square root and the quotient by
+    // bias_correction2_sqrt (the new denominator), with coupled weight decay first its new
+    // gradient `grad.add(param, alpha=weight_decay)`, while the previous parameter's
+    // denominator waits for the rebinding. The multi-tensor path holds every square root at once.
+    let cases: [(&str, bool, f64, u64, &[&str]); 3] = [
+        ("AdamW", true, 0.01, 2, &["sqrt", "div"]),
+        ("Adam", false, 0.0, 2, &["sqrt", "div"]),
+        ("Adam, coupled weight decay", false, 0.01, 3, &["add", "sqrt", "div"]),
+    ];
+    for (what, decoupled, weight_decay, temporaries, ops) in cases {
+        for foreach in [false, true] {
+            let dev = sim();
+            let model = Transformer::new(&dev, tiny(Architecture::Llama)).unwrap();
+            let requested: Vec<u64> = model.parameters().iter().map(Tensor::storage_bytes).collect();
+            let sizes: Vec<u64> = requested.iter().map(|&s| rounded(s)).collect();
+            let mut adam = if decoupled { Adam::adamw(model.parameters(), 1e-3, weight_decay) } else { Adam::new(model.parameters(), 1e-3, weight_decay) };
+            adam.foreach = foreach;
+            let (ids, targets) = batch(&dev, 2, 8, 96);
+            for step in 0..2 {
+                adam.zero_grad(true).unwrap();
+                model.loss(&ids, &targets, true).unwrap().backward().unwrap();
+                let (before, start) = (dev.memory_allocated(), dev.snapshot().device_traces[0].len());
+                dev.reset_peak_memory_stats();
+                adam.step().unwrap();
+                if step == 0 {
+                    continue; // the moments are made here
+                }
+                assert_eq!(dev.memory_allocated(), before, "{what}, foreach={foreach}: nothing stays after the first step");
+                let above = dev.max_memory_allocated() - before;
+                let snapshot = dev.snapshot();
+                let made: Vec<(&str, u64)> = snapshot.device_traces[0][start..]
+                    .iter()
+                    .filter(|e| e.action == Action::Alloc)
+                    .map(|e| (e.frames.as_ref().unwrap()[0].name.as_str(), e.size))
+                    .collect();
+                if foreach {
+                    // (The decayed gradients are deleted before the roots: `del device_grads`.)
+                    assert_eq!(above, sizes.iter().sum::<u64>(), "{what}, foreach: every square root at once");
+                    continue;
+                }
+                let expected = (0..sizes.len()).map(|i| if i == 0 { 0 } else { sizes[i - 1] } + temporaries * sizes[i]).max().unwrap();
+                assert_eq!(above, expected, "{what}, single-tensor: the worst parameter's temporaries and its predecessor's denominator");
+                let per_parameter: Vec<(&str, u64)> = requested.iter().flat_map(|&s| ops.iter().map(move |&op| (op, s))).collect();
+                assert_eq!(made, per_parameter, "{what}, single-tensor: one parameter after the other");
+            }
+        }
+    }
+}
+
+#[test]
 fn zero_grad_frees_every_gradient_or_keeps_the_blocks() {
     let dev = sim();
     let model = Transformer::new(&dev, tiny(Architecture::Gpt2)).unwrap();

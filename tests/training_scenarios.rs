@@ -254,6 +254,55 @@ fn warmup_0_records_lm_train_s_first_step_where_the_handwritten_adamw_makes_its_
     );
 }
 
+/// GPT-2 small's token embedding (tied to the output): 50,257 x 768 floats, its largest
+/// parameter and the first one the optimizer steps.
+const GPT2_WTE: u64 = 50_257 * 768 * 4;
+/// lm-train's feed-forward weights at 2.7b (2,560 x 10,240 floats), its largest parameters,
+/// stepped w1, w2, w3 in a row.
+const LM_2_7B_FFN: u64 = 2_560 * 10_240 * 4;
+
+/// What the optimizer holds at its phase's peak beyond what it leaves (requested bytes).
+fn optimizer_temporaries(r: &RunResult, label: &str) -> u64 {
+    step(r, label).max_requested_bytes - step(r, label).requested_bytes
+}
+
+#[test]
+fn foreach_false_runs_the_single_tensor_adamw_whose_peak_is_one_parameter_s_temporaries() {
+    let set = |size, foreach| [("size", size), ("batch", "1"), ("context", "64"), ("optimizer", "adamw"), ("foreach", foreach)];
+    for (name, size, params, extra) in [
+        // GPT-2: the token embedding comes first (no denominator before it): its square root and quotient.
+        ("gpt2-train", "small", GPT2_SMALL, 2 * GPT2_WTE),
+        // lm-train medium: the output head comes last, after the final norm (1,024 floats): the
+        // norm's denominator beside the head's square root and quotient.
+        ("lm-train", "medium", LM_MEDIUM, 2 * LM_HEAD + 1_024 * 4),
+    ] {
+        let (multi, single) = (run(name, &set(size, "true"), None), run(name, &set(size, "false"), None));
+        let default = run(name, &set(size, "true")[..4], None);
+        assert_eq!((default.steps.clone(), default.peak_allocated_bytes), (multi.steps.clone(), multi.peak_allocated_bytes), "{name}: foreach by default");
+        assert_eq!((multi.parameters["foreach"].as_bool(), single.parameters["foreach"].as_bool()), (Some(true), Some(false)));
+        assert_eq!(labels(&multi), labels(&single));
+        for label in labels(&multi) {
+            assert_eq!(step(&multi, label).requested_bytes, step(&single, label).requested_bytes, "{name} {label}: the same memory between the phases");
+        }
+        for label in ["warm-up optimizer step", "optimizer step"] {
+            assert_eq!(optimizer_temporaries(&multi, label), params, "{name} {label}: foreach holds a square root of every parameter at once");
+            assert_eq!(optimizer_temporaries(&single, label), extra, "{name} {label}: single-tensor holds one parameter's");
+        }
+    }
+    // The recorded 2.7b run's setting (the first step), where the feed-forward weights outgrow
+    // the embedding: at w2, w1's denominator and w2's square root and quotient.
+    let set = |foreach| [("size", "2.7b"), ("batch", "4"), ("context", "128"), ("warmup", "0"), ("optimizer", "adamw"), ("foreach", foreach)];
+    let (multi, single) = (run("lm-train", &set("true"), None), run("lm-train", &set("false"), None));
+    let parameters = multi.model_parameters.expect("counted") * 4;
+    assert_eq!(optimizer_temporaries(&multi, "optimizer step"), parameters);
+    assert_eq!(optimizer_temporaries(&single, "optimizer step"), 3 * LM_2_7B_FFN);
+    assert_eq!(peak_requested(&multi) - peak_requested(&single), parameters - 3 * LM_2_7B_FFN);
+    eprintln!(
+        "lm-train 2.7b first step peaks (allocated, reserved): foreach {} {}, single-tensor {} {}",
+        multi.peak_allocated_bytes, multi.peak_reserved_bytes, single.peak_allocated_bytes, single.peak_reserved_bytes
+    );
+}
+
 #[test]
 fn amp_true_is_amp_float16() {
     for name in ["lm-train", "gpt2-train"] {

@@ -109,8 +109,8 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let mut fix = format!("{leaner}.");
     if temporaries_peak > 0 {
         fix.push_str(&format!(
-            " The step's temporaries ({}) come from the multi-tensor (foreach) path: foreach=False, or fused=True, holds \
-             one parameter's worth at a time.",
+            " The step's temporaries ({}) come from the multi-tensor (foreach) path: foreach=False holds one parameter's \
+             square root and quotient at a time (beside the previous parameter's denominator), fused=True none.",
             size(temporaries_peak)
         ));
     }

@@ -56,9 +56,16 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             "Plain SGD keeps nothing between steps; SGD with momentum keeps one buffer per parameter (a copy of the \
              first gradient); Adam and AdamW keep two (exp_avg and exp_avg_sq), allocated lazily at the first step, so the \
              first optimizer.step() is where memory jumps by 2 x the parameters. torch.optim's default foreach path also \
-             holds a square root of every second moment at once during the step.",
+             holds a square root of every second moment at once during the step; foreach=false (the single-tensor loop) \
+             holds only the largest parameter's square root and quotient (and the previous parameter's denominator).",
             vec![
                 Parameter::choice("optimizer", "adam", &["sgd", "momentum", "adam"], "the optimizer"),
+                Parameter::flag(
+                    "foreach",
+                    "true",
+                    "adam: torch.optim's multi-tensor path (true, the CUDA default) or the single-tensor loop (false, foreach=False); \
+                     sgd allocates the same either way",
+                ),
                 Parameter::integer("batch", "8", 1, 4096, "sequences per batch"),
                 Parameter::integer("context", "128", 1, 8192, "tokens per sequence"),
                 steps("2"),
@@ -201,7 +208,11 @@ fn optimizer_state(rec: &mut Recorder, v: &Values) -> Result<()> {
     let mut optimizer: Box<dyn Optimizer> = match v.choice("optimizer") {
         "sgd" => Box::new(Sgd::new(model.parameters(), 1e-2, 0.0, 0.0)),
         "momentum" => Box::new(Sgd::new(model.parameters(), 1e-2, 0.9, 0.0)),
-        _ => Box::new(Adam::new(model.parameters(), 1e-3, 0.0)),
+        _ => {
+            let mut adam = Adam::new(model.parameters(), 1e-3, 0.0);
+            adam.foreach = v.flag("foreach");
+            Box::new(adam)
+        }
     };
     for step in 1..=v.int("steps") {
         optimizer.zero_grad(true)?;

@@ -28,6 +28,10 @@ const AMP: &[&str] = &["false", "float16", "bfloat16"];
 const AMP_ALIASES: &[(&str, &str)] = &[("true", "float16")];
 const AMP_HELP: &str = "autocast for the forward and loss: float16 (with a GradScaler; true = float16), bfloat16 (no GradScaler: its \
                         range needs no loss scaling) or false (no autocast)";
+const FOREACH_HELP: &str = "adamw and adam: torch.optim's multi-tensor path (true, PyTorch's default on CUDA: op by op across every parameter, \
+                            a square root of every second moment at once) or the single-tensor loop (false, foreach=False: one \
+                            parameter at a time, its square root and quotient beside the previous parameter's denominator); sgd \
+                            (no weight decay) allocates the same either way, handwritten-adamw ignores it";
 const WARMUP_HELP: &str =
     "optimizer steps run before the recorded ones; 0 records the very first step, in which the optimizer makes its state (AdamW's moments)";
 
@@ -47,8 +51,9 @@ fn training_parameters(
             "optimizer",
             optimizer,
             OPTIMIZERS,
-            "handwritten-adamw: the recorded run's own AdamW (new moments every step); adamw, adam: torch.optim's (foreach); sgd: with momentum 0.9",
+            "handwritten-adamw: the recorded run's own AdamW (new moments every step); adamw, adam: torch.optim's (see foreach); sgd: with momentum 0.9",
         ),
+        Parameter::flag("foreach", "true", FOREACH_HELP),
         Parameter::choice("dtype", "float32", DTYPES, "the parameters' type"),
         Parameter::choice_with_aliases("amp", "false", AMP, AMP_ALIASES, AMP_HELP),
         Parameter::flag("checkpointing", "false", "checkpoint every block: keep its input, recompute it in backward"),
@@ -93,7 +98,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                               the very first step, where AdamW makes its moments). The \
                               logits (batch x context x 50,257) and the attention probabilities (batch x heads x context^2 per \
                               layer) dominate the activations; AdamW's foreach step holds a square root of every second moment \
-                              at once.",
+                              at once (foreach=false: the largest parameter's square root and quotient).",
                 parameters: training_parameters(&GPT2_NAMES, "small", "8", "1024", "adamw"),
                 variants: vec![],
             },
@@ -136,6 +141,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                     Parameter::integer("batch", "1", 1, 65_536, "sequences per batch"),
                     Parameter::integer("context", "512", 1, 1 << 20, "tokens per sequence"),
                     Parameter::choice("optimizer", "adamw", OPTIMIZERS, "the optimizer"),
+                    Parameter::flag("foreach", "true", FOREACH_HELP),
                     Parameter::choice("dtype", "float32", DTYPES, "the parameters' type"),
                     Parameter::choice_with_aliases("amp", "false", AMP, AMP_ALIASES, AMP_HELP),
                     Parameter::flag("checkpointing", "false", "checkpoint every block"),
@@ -246,11 +252,15 @@ impl Model {
     }
 }
 
-fn optimizer(name: &str, params: Vec<Tensor>) -> Box<dyn Optimizer> {
+/// The `optimizer` asked for; torch.optim's Adam and AdamW take `foreach`.
+fn optimizer(name: &str, foreach: bool, params: Vec<Tensor>) -> Box<dyn Optimizer> {
     match name {
         "handwritten-adamw" => Box::new(HandwrittenAdamW::new(params, 3e-4, 0.1)),
-        "adamw" => Box::new(Adam::adamw(params, 3e-4, 0.01)),
-        "adam" => Box::new(Adam::new(params, 3e-4, 0.0)),
+        "adamw" | "adam" => {
+            let mut adam = if name == "adamw" { Adam::adamw(params, 3e-4, 0.01) } else { Adam::new(params, 3e-4, 0.0) };
+            adam.foreach = foreach;
+            Box::new(adam)
+        }
         _ => Box::new(Sgd::new(params, 1e-2, 0.9, 0.0)),
     }
 }
@@ -262,7 +272,7 @@ fn optimizer(name: &str, params: Vec<Tensor>) -> Box<dyn Optimizer> {
 async fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
     let dev = rec.device.clone();
     let (batch, context, vocab) = (v.int("batch"), v.int("context"), model.vocab());
-    let mut optimizer = optimizer(v.choice("optimizer"), model.parameters());
+    let mut optimizer = optimizer(v.choice("optimizer"), v.flag("foreach"), model.parameters());
     let autocast_dtype = autocast_dtype(v);
     // PyTorch's recipes: a GradScaler with float16 (its narrow range flushes small gradients to
     // zero), none with bfloat16 (float32's range).

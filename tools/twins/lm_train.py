@@ -20,6 +20,7 @@ PARAMETERS = [
     ("batch", "4", {"type": "integer", "min": 1, "max": 65536}),
     ("context", "128", {"type": "integer", "min": 1, "max": 1048576}),
     ("optimizer", "handwritten-adamw", {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
+    ("foreach", "true", {"type": "flag"}),
     ("dtype", "float32", {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
     ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),
     ("checkpointing", "false", {"type": "flag"}),

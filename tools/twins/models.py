@@ -383,7 +383,7 @@ class LstmCell(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# src/nn/optim: torch.optim's foreach paths are PyTorch's own; HandwrittenAdamW is the recorded
+# src/nn/optim: torch.optim's foreach and single-tensor paths are PyTorch's own; HandwrittenAdamW is the recorded
 # run's optimizer, as its docstring gives it
 
 
@@ -441,16 +441,18 @@ def _with_batch(rec, net, batch, context):
     return net, ids, targets
 
 
-def optimizer(name, params):
-    """src/scenarios/training.rs `optimizer`."""
+def optimizer(name, params, foreach=True):
+    """src/scenarios/training.rs `optimizer`: foreach=False runs torch.optim's single-tensor
+    loops (SGD's, without weight decay, allocates as its foreach path; HandwrittenAdamW has one
+    path)."""
     params = list(params)
     if name == "handwritten-adamw":
         return HandwrittenAdamW(params, 3e-4, 0.1)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01, foreach=True)
+        return torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01, foreach=foreach)
     if name == "adam":
-        return torch.optim.Adam(params, lr=3e-4, weight_decay=0.0, foreach=True)
-    return torch.optim.SGD(params, lr=1e-2, momentum=0.9, weight_decay=0.0, foreach=True)
+        return torch.optim.Adam(params, lr=3e-4, weight_decay=0.0, foreach=foreach)
+    return torch.optim.SGD(params, lr=1e-2, momentum=0.9, weight_decay=0.0, foreach=foreach)
 
 
 def autocast(device, enabled, dtype=torch.float16):
@@ -490,7 +492,7 @@ def train(rec, v, net, vocab, forward, loss_of):
     labelled by phase; `warmup` steps first (none: the first recorded step is the optimizer's
     first, where it makes its state)."""
     dev = rec.device
-    opt = optimizer(v.choice("optimizer"), net.ordered_parameters())
+    opt = optimizer(v.choice("optimizer"), net.ordered_parameters(), v.flag("foreach"))
     amp_dtype = AMP_DTYPES[v.choice("amp")]
     # A GradScaler with float16, none with bfloat16 (PyTorch's recipes).
     scaler = grad_scaler(dev) if amp_dtype == torch.float16 else None

@@ -1,7 +1,8 @@
 //! Optimizers with PyTorch's memory: state allocated lazily at the first step (tagged
 //! `optimizer_state`), and the temporaries of PyTorch's default CUDA path, the `foreach`
 //! (multi-tensor) implementation, which works op by op across all parameters: Adam's
-//! `_foreach_sqrt` holds a square-root copy of every parameter's second moment at once.
+//! `_foreach_sqrt` holds a square-root copy of every parameter's second moment at once. Adam's
+//! single-tensor path (`foreach=False`) goes one parameter at a time instead.
 
 mod scaler;
 
@@ -108,7 +109,9 @@ struct AdamState {
 }
 
 /// `torch.optim.Adam` and `AdamW` (`decoupled_weight_decay`), PyTorch's defaults: betas
-/// (0.9, 0.999), eps 1e-8; the foreach path unless `foreach` is false.
+/// (0.9, 0.999), eps 1e-8; the foreach path (`_multi_tensor_adam`) unless `foreach` is false
+/// (`_single_tensor_adam`). `capturable`, `differentiable`, `amsgrad` and `maximize` are
+/// PyTorch's defaults, false.
 pub struct Adam {
     params: Vec<Tensor>,
     pub lr: f64,
@@ -163,49 +166,64 @@ impl Optimizer for Adam {
             s.steps += 1;
         }
         let (lr, wd, eps) = (self.lr, self.weight_decay, self.eps);
-        // Coupled weight decay makes new gradients; decoupled scales the parameters in place.
-        let grads: Vec<Tensor> = if wd != 0.0 && !self.decoupled_weight_decay {
-            group.iter().map(|(_, p, g)| g.add(&p.mul_scalar(wd)?)).collect::<Result<_>>()?
-        } else {
-            group.iter().map(|(_, _, g)| g.share()).collect()
-        };
-        if wd != 0.0 && self.decoupled_weight_decay {
+        // Coupled weight decay makes new gradients, `grad.add(param, alpha=weight_decay)`;
+        // decoupled (AdamW) scales each parameter in place by 1 - lr x weight_decay.
+        let coupled = wd != 0.0 && !self.decoupled_weight_decay;
+        let decoupled = wd != 0.0 && self.decoupled_weight_decay;
+        let step_size = |s: &AdamState| lr / (1.0 - beta1.powi(s.steps as i32));
+        let correction2_sqrt = |s: &AdamState| (1.0 - beta2.powi(s.steps as i32)).sqrt();
+        if !self.foreach {
+            // `_single_tensor_adam`: one parameter after the other, with Python's locals: the
+            // coupled decay's new gradient lives until the next `grad = grads[i]`, and the
+            // denominator `(exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)` until the next
+            // one is assigned, after its square root and quotient are made (so at a parameter
+            // of S bytes its square root, its quotient and the previous parameter's denominator
+            // are live at once); the last ones until the step returns.
+            let (mut grad, mut denominator): (Option<Tensor>, Option<Tensor>);
+            denominator = None;
+            for ((_, p, g), s) in group.iter().zip(&states) {
+                grad = None; // `grad = grads[i]`: the previous parameter's decayed gradient goes first.
+                let grad = grad.insert(if coupled { g.add_scaled(p, wd)? } else { g.share() });
+                if decoupled {
+                    p.mul_scalar_(1.0 - lr * wd)?;
+                }
+                s.exp_avg.lerp_(grad, 1.0 - beta1)?;
+                s.exp_avg_sq.mul_scalar_(beta2)?.addcmul_(grad, grad, 1.0 - beta2)?;
+                let quotient = s.exp_avg_sq.sqrt()?.div_scalar(correction2_sqrt(s))?;
+                quotient.add_scalar_(eps)?;
+                let denominator = denominator.insert(quotient);
+                p.addcdiv_(&s.exp_avg, denominator, -step_size(s))?;
+            }
+            return Ok(());
+        }
+        // `_multi_tensor_adam`: op by op across every parameter.
+        let grads: Vec<Tensor> =
+            if coupled { group.iter().map(|(_, p, g)| g.add_scaled(p, wd)).collect::<Result<_>>()? } else { group.iter().map(|(_, _, g)| g.share()).collect() };
+        if decoupled {
             for (_, p, _) in &group {
                 p.mul_scalar_(1.0 - lr * wd)?;
             }
         }
-        let step_size = |s: &AdamState| lr / (1.0 - beta1.powi(s.steps as i32));
-        let correction2_sqrt = |s: &AdamState| (1.0 - beta2.powi(s.steps as i32)).sqrt();
-        if self.foreach {
-            for (s, g) in states.iter().zip(&grads) {
-                s.exp_avg.lerp_(g, 1.0 - beta1)?;
-            }
-            for s in &states {
-                s.exp_avg_sq.mul_scalar_(beta2)?;
-            }
-            for (s, g) in states.iter().zip(&grads) {
-                s.exp_avg_sq.addcmul_(g, g, 1.0 - beta2)?;
-            }
-            drop(grads);
-            // `_foreach_sqrt`: every denominator at once.
-            let denominators = states.iter().map(|s| s.exp_avg_sq.sqrt()).collect::<Result<Vec<_>>>()?;
-            for (d, s) in denominators.iter().zip(&states) {
-                d.div_scalar_(correction2_sqrt(s))?;
-            }
-            for d in &denominators {
-                d.add_scalar_(eps)?;
-            }
-            for ((_, p, _), (s, d)) in group.iter().zip(states.iter().zip(&denominators)) {
-                p.addcdiv_(&s.exp_avg, d, -step_size(s))?;
-            }
-        } else {
-            for ((_, p, _), (s, g)) in group.iter().zip(states.iter().zip(&grads)) {
-                s.exp_avg.lerp_(g, 1.0 - beta1)?;
-                s.exp_avg_sq.mul_scalar_(beta2)?.addcmul_(g, g, 1.0 - beta2)?;
-                let denominator = s.exp_avg_sq.sqrt()?.div_scalar(correction2_sqrt(s))?;
-                denominator.add_scalar_(eps)?;
-                p.addcdiv_(&s.exp_avg, &denominator, -step_size(s))?;
-            }
+        for (s, g) in states.iter().zip(&grads) {
+            s.exp_avg.lerp_(g, 1.0 - beta1)?;
+        }
+        for s in &states {
+            s.exp_avg_sq.mul_scalar_(beta2)?;
+        }
+        for (s, g) in states.iter().zip(&grads) {
+            s.exp_avg_sq.addcmul_(g, g, 1.0 - beta2)?;
+        }
+        drop(grads);
+        // `_foreach_sqrt`: every denominator at once.
+        let denominators = states.iter().map(|s| s.exp_avg_sq.sqrt()).collect::<Result<Vec<_>>>()?;
+        for (d, s) in denominators.iter().zip(&states) {
+            d.div_scalar_(correction2_sqrt(s))?;
+        }
+        for d in &denominators {
+            d.add_scalar_(eps)?;
+        }
+        for ((_, p, _), (s, d)) in group.iter().zip(states.iter().zip(&denominators)) {
+            p.addcdiv_(&s.exp_avg, d, -step_size(s))?;
         }
         Ok(())
     }

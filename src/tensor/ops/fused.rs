@@ -114,6 +114,19 @@ impl Tensor {
         self.update_(Update::Add, other, other, value)
     }
 
+    /// `add(other, alpha=value)`: self + value * other in one new tensor (the optimizers' coupled
+    /// weight decay, `grad.add(param, alpha=weight_decay)`), with no temporary.
+    #[track_caller]
+    pub fn add_scaled(&self, other: &Tensor, value: f64) -> Result<Tensor> {
+        let (_, expr) = Update::Add.decl();
+        if other.dtype != self.dtype || !self.dtype.is_float() {
+            return Err(TensorError::DType(format!("add of {} and {}", self.dtype, other.dtype)));
+        }
+        let out = self.device().empty_tensor(&broadcast_shapes(self.shape(), other.shape())?, self.dtype, "add")?;
+        out.elementwise(Entry::Ternary(expr.into()), &[self, other, other], value)?;
+        Ok(out)
+    }
+
     /// `lerp_(end, weight)`: self += weight * (end - self), in place (Adam's first moment).
     pub fn lerp_(&self, end: &Tensor, weight: f64) -> Result<&Tensor> {
         self.update_(Update::Lerp, end, end, weight)
