@@ -392,6 +392,15 @@ pub fn predict(recordings: &[Recording], target: &Values, options: &PredictOptio
             ));
         }
     }
+    let ones: Vec<String> =
+        recordings.iter().flat_map(|r| vars.names.iter().filter(|n| r.values[*n] == 1).map(move |n| format!("{n} is at 1 in {}", r.label))).collect();
+    if !single && !ones.is_empty() && unaligned.iter().any(|u| u.0 > 0) {
+        notes.push(format!(
+            "{}: a dimension of size 1 makes some copies no-ops (`.contiguous()` of a transposed tensor) that larger values make, \
+             so those allocations cannot align; record at 2 or more",
+            ones.join(", ")
+        ));
+    }
     if unfitted > 0 {
         notes.push(format!("{unfitted} allocation(s) fit no law of up to three terms: their size in the nearest recording stands"));
     }
