@@ -27,8 +27,9 @@ pub fn print(p: &Prediction, recordings: &[Recording]) {
     }
     println!("  {:<16} {:.2}% of allocations; {} unaligned", "aligned", 100.0 * p.aligned_fraction, format_size(p.unaligned_bytes));
     println!();
-    println!("what grows (bytes at the target, per stack and law; {} of {} shown):", LAWS_SHOWN.min(p.laws.len()), p.laws.len());
-    for law in p.laws.iter().take(LAWS_SHOWN) {
+    let growing: Vec<_> = p.laws.iter().filter(|l| !l.constant).collect();
+    println!("what grows (bytes at the target, per stack and law; {} of {} shown):", LAWS_SHOWN.min(growing.len()), growing.len());
+    for law in growing.iter().take(LAWS_SHOWN) {
         let basis = match law.basis {
             Basis::Fitted => "",
             Basis::Factors => " (guessed from factors)",
@@ -37,6 +38,9 @@ pub fn print(p: &Prediction, recordings: &[Recording]) {
         };
         println!("  {:>12}  {:>5} x {}{}  {}", format_size(law.target_bytes), law.allocations, law.law, basis, law.stack);
     }
+    let constant: Vec<_> = p.laws.iter().filter(|l| l.constant).collect();
+    let (count, bytes) = constant.iter().fold((0, 0), |(n, b), l| (n + l.allocations, b + l.target_bytes));
+    println!("  and {count} allocation(s) of constant size in {} stack(s), {} in all", constant.len(), format_size(bytes));
     for note in &p.notes {
         println!("note: {note}");
     }

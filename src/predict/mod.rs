@@ -120,6 +120,8 @@ pub struct StackLaw {
     /// Requested bytes per allocation: `4096*context + 512`.
     pub law: String,
     pub basis: Basis,
+    /// The same size at every value.
+    pub constant: bool,
     pub allocations: usize,
     /// Their bytes in each recording, in the order given.
     pub recorded_bytes: Vec<u64>,
@@ -314,6 +316,7 @@ pub fn predict(recordings: &[Recording], target: &Values, options: &PredictOptio
                     frames: crate::doctor::frames_shown(stacks.frames[stack as usize].iter()),
                     law: law.display(&vars.names),
                     basis: law.basis,
+                    constant: law.is_constant(),
                     allocations: 0,
                     recorded_bytes: vec![0; if recorded.is_empty() { 0 } else { recordings.len() }],
                     target_bytes: 0,
