@@ -35,7 +35,8 @@ fn predict_against_a_direct_run(scenario: &str, fixed: &[(&str, &str)], variable
     let target = 4 * large;
     let direct = run(scenario, &set(target));
     let recordings = [recording("a", &a.snapshot, &[(variable, small)]), recording("b", &b.snapshot, &[(variable, large)])];
-    let p = predict::predict(&recordings, &values(&[(variable, target)]), &PredictOptions::default()).unwrap();
+    let options = PredictOptions { keep_snapshot: true, ..Default::default() };
+    let p = predict::predict(&recordings, &values(&[(variable, target)]), &options).unwrap();
     eprintln!(
         "{scenario} {variable} {small},{large} -> {target}: predicted {} / {}, direct {} / {} (allocated / reserved); aligned {:.4}",
         p.peak_allocated_bytes, p.peak_reserved_bytes, direct.peak_allocated_bytes, direct.peak_reserved_bytes, p.aligned_fraction
@@ -49,6 +50,11 @@ fn assert_exact(p: &Prediction, direct: &RunResult) {
     assert!(p.laws.iter().all(|l| l.basis == Basis::Fitted), "every law reproduces both recordings exactly");
     assert_eq!((p.peak_allocated_bytes, p.peak_reserved_bytes), (direct.peak_allocated_bytes, direct.peak_reserved_bytes));
     assert!(p.out_of_memory.is_none());
+    // Not only the peaks: every allocation of the direct run, in order, with its size.
+    if let Some(predicted) = &p.snapshot {
+        let allocs = |s: &Snapshot| s.device_traces[0].iter().filter(|e| e.action == trace::Action::Alloc).map(|e| e.size).collect::<Vec<u64>>();
+        assert!(allocs(predicted) == allocs(&direct.snapshot), "the predicted trace allocates what the direct run does");
+    }
 }
 
 #[test]
@@ -192,4 +198,33 @@ fn real_pairs_reproduce_their_own_sizes_and_predict_larger_ones() {
             previous = p.peak_allocated_bytes;
         }
     }
+}
+
+/// `fit` (the largest context whose prediction fits a card) against the simulator: the scenario
+/// run directly at that context fits the card, one token more does not.
+#[test]
+fn fit_finds_the_largest_context_that_a_direct_run_fits() {
+    let set = |c: u64| vec![("size", "small".to_string()), ("batch", "2".to_string()), ("context", c.to_string())];
+    let (a, b) = (run("lm-train", &set(16)), run("lm-train", &set(32)));
+    let recordings = [recording("a", &a.snapshot, &[("context", 16)]), recording("b", &b.snapshot, &[("context", 32)])];
+    let capacity = predict::predict(&recordings, &values(&[("context", 200)]), &PredictOptions::default()).unwrap().peak_reserved_bytes;
+    let found = predict::fit(&recordings, &Values::new(), "context", capacity, &PredictOptions::default()).unwrap();
+    let largest = found.largest.expect("something fits");
+    eprintln!("fit: {found:?}");
+    assert!(largest >= 200, "{found:?}");
+    assert!(found.largest_expandable.is_some_and(|e| e >= 190), "{found:?}");
+    let direct = |c: u64| {
+        let request = RunRequest {
+            scenario: "lm-train".into(),
+            set: set(c).into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            capacity: Some(capacity),
+            ..Default::default()
+        };
+        scenarios::run(&request).unwrap()
+    };
+    assert!(direct(largest).out_of_memory.is_none(), "the direct run fits at {largest}");
+    assert!(direct(largest + 1).out_of_memory.is_some(), "the direct run does not fit at {}", largest + 1);
+
+    let e = predict::fit(&recordings, &Values::new(), "batch", capacity, &PredictOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("no recording gives batch"), "{e}");
 }

@@ -157,9 +157,14 @@ enum Command {
         /// Recordings, each as FILE@name=value[,name=value].
         #[arg(required = true, value_name = "FILE@VAR=VALUE")]
         recordings: Vec<String>,
-        /// The values to predict at: context=1024, or batch=16,context=1024.
-        #[arg(long, value_name = "VAR=VALUE")]
-        to: String,
+        /// The values to predict at: context=1024, or batch=16,context=1024 (with --fit, the
+        /// fitted variable defaults to the largest value that fits).
+        #[arg(long, value_name = "VAR=VALUE", required_unless_present = "fit")]
+        to: Option<String>,
+        /// Find the largest value of this variable that fits --capacity, by replaying
+        /// predictions, with the settings given and with expandable_segments:True.
+        #[arg(long, value_name = "VAR", requires = "capacity")]
+        fit: Option<String>,
         /// The snapshots' device index (default: as the doctor picks it).
         #[arg(long)]
         device: Option<i64>,
@@ -284,14 +289,10 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Doctor { file, scenario, variant, set, device, capacity, json } => {
             doctor(DoctorRequest { file, scenario, variant, set, device, capacity }, json)
         }
-        Command::Predict { recordings, to, device, capacity, alloc_conf, snapshot, json } => predict_command(
-            &recordings,
-            &to,
-            PredictOptions { device, capacity, config: None, keep_snapshot: snapshot.is_some() },
-            alloc_conf.as_deref(),
-            snapshot.as_deref(),
-            json,
-        ),
+        Command::Predict { recordings, to, fit, device, capacity, alloc_conf, snapshot, json } => {
+            let options = PredictOptions { device, capacity, config: None, keep_snapshot: snapshot.is_some() };
+            predict_command(&recordings, to.as_deref(), fit.as_deref(), options, alloc_conf.as_deref(), snapshot.as_deref(), json)
+        }
         Command::Mcp => mcp::serve(),
         Command::Info { json } => info(json),
         Command::Serve { file, port, host, root } => serve::run(file.as_deref(), &host, port, root.as_deref()).map_err(|e| Failure(e, 1)),
@@ -503,11 +504,23 @@ fn bench_command(sizes: &[usize], json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `tensormem predict`: the recordings' program at --to, replayed.
-fn predict_command(specs: &[String], to: &str, mut options: PredictOptions, alloc_conf: Option<&str>, out: Option<&Path>, json: bool) -> Result<(), Failure> {
+/// `tensormem predict`: the recordings' program at --to (or at the largest value that fits),
+/// replayed.
+fn predict_command(
+    specs: &[String],
+    to: Option<&str>,
+    fit: Option<&str>,
+    mut options: PredictOptions,
+    alloc_conf: Option<&str>,
+    out: Option<&Path>,
+    json: bool,
+) -> Result<(), Failure> {
     let usage = |e: String| Failure(e, 2);
     let parsed: Vec<(String, predict::Values)> = specs.iter().map(|s| predict::parse_recording(s).map_err(usage)).collect::<Result<_, _>>()?;
-    let target = predict::parse_values(to).map_err(|e| usage(format!("--to {to}: {e}")))?;
+    let mut target = match to {
+        Some(to) => predict::parse_values(to).map_err(|e| usage(format!("--to {to}: {e}")))?,
+        None => predict::Values::new(),
+    };
     options.config = alloc_conf.map(|c| AllocatorConfig::parse(c).map_err(|e| usage(e.to_string()))).transpose()?;
     for (path, _) in &parsed {
         refuse_overwriting_input(out, Path::new(path))?;
@@ -515,10 +528,24 @@ fn predict_command(specs: &[String], to: &str, mut options: PredictOptions, allo
     let snapshots: Vec<Snapshot> = parsed.iter().map(|(path, _)| load(Path::new(path))).collect::<Result<_, _>>()?;
     let recordings: Vec<predict::Recording> =
         parsed.iter().zip(&snapshots).map(|((path, values), snapshot)| predict::Recording { label: path.clone(), snapshot, values: values.clone() }).collect();
-    let mut prediction = predict::predict(&recordings, &target, &options).map_err(|e| match e {
+    let failure = |e: predict::PredictError| match e {
         predict::PredictError::Input(m) => Failure(m, 2),
         other => Failure(other.to_string(), 1),
-    })?;
+    };
+    let found = match (fit, options.capacity) {
+        (Some(variable), Some(capacity)) => {
+            let mut others = target.clone();
+            others.remove(variable);
+            let found = predict::fit(&recordings, &others, variable, capacity, &options).map_err(failure)?;
+            // Shown at the largest value that fits, unless --to names one.
+            let smallest = recordings.iter().filter_map(|r| r.values.get(variable)).min().copied().unwrap_or(1);
+            target.entry(variable.to_string()).or_insert(found.largest.unwrap_or(smallest));
+            Some(found)
+        }
+        _ => None,
+    };
+    let mut prediction = predict::predict(&recordings, &target, &options).map_err(failure)?;
+    prediction.fit = found;
     if let (Some(out), Some(snapshot)) = (out, prediction.snapshot.take()) {
         save(&snapshot, out)?;
         if !json {

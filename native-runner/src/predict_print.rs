@@ -26,6 +26,16 @@ pub fn print(p: &Prediction, recordings: &[Recording]) {
         None => println!("  {:<16} none", "out of memory"),
     }
     println!("  {:<16} {:.2}% of allocations; {} unaligned", "aligned", 100.0 * p.aligned_fraction, format_size(p.unaligned_bytes));
+    if let Some(f) = &p.fit {
+        let largest = |v: Option<u64>| match v {
+            None => format!("none (not even {}=1)", f.variable),
+            Some(v) if v >= f.search_limit => format!("{}={v} or more (the search's limit)", f.variable),
+            Some(v) => format!("{}={v}", f.variable),
+        };
+        println!("  largest that fits {} ({} predictions replayed):", format_size(f.capacity_bytes), f.replays);
+        println!("    {:<40} {}", f.settings, largest(f.largest));
+        println!("    {:<40} {}", f.expandable_settings, largest(f.largest_expandable));
+    }
     println!();
     let growing: Vec<_> = p.laws.iter().filter(|l| !l.constant).collect();
     println!("what grows (bytes at the target, per stack and law; {} of {} shown):", LAWS_SHOWN.min(growing.len()), growing.len());

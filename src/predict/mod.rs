@@ -11,14 +11,17 @@
 //! at the target, are replayed from an empty device under the recording's settings (or
 //! others): the predicted peaks, an out-of-memory error if a capacity is given, and the
 //! predicted trace as a snapshot. With one recording there is nothing to fit: each size is
-//! scaled by the variables whose values divide it, a guess marked weak.
+//! scaled by the variables whose values divide it, a guess marked weak. `fit` searches, by such
+//! predictions, the largest value that fits a card.
 //!
 //! Pure: no device, no page; `replay` does the allocator's work.
 
 mod align;
 mod events;
+mod fit;
 mod law;
 
+pub use fit::{Fit, SEARCH_LIMIT, fit};
 pub use law::{Basis, Law};
 
 use crate::alloc::{AllocatorConfig, ConfigError};
@@ -83,8 +86,8 @@ pub struct Prediction {
     pub unaligned_bytes: u64,
     /// Per stack and law: what grows with what, largest at the target first.
     pub laws: Vec<StackLaw>,
-    /// The largest value that fits (`--fit`): not computed yet.
-    pub fit: Option<serde_json::Value>,
+    /// The largest value that fits (`--fit`), when asked for.
+    pub fit: Option<Fit>,
     /// One recording: the laws are guesses from the sizes' factors.
     #[serde(skip)]
     pub weak: bool,
@@ -229,203 +232,249 @@ fn nearest(vars: &Variables) -> usize {
 
 /// Predicts the program's memory at `target` from `recordings`.
 pub fn predict(recordings: &[Recording], target: &Values, options: &PredictOptions) -> Result<Prediction, PredictError> {
-    let vars = variables(recordings, target)?;
-    let mut stacks = Stacks::new();
-    let mut devices = Vec::new();
-    let mut programs: Vec<Program> = Vec::new();
-    for r in recordings {
-        let device = match options.device {
-            Some(d) => d,
-            None => {
-                crate::doctor::pick_device(r.snapshot).ok_or_else(|| PredictError::Input(format!("{}: the snapshot has no segments and no trace", r.label)))?
-            }
-        };
-        replay::check_device(r.snapshot, device).map_err(|e| PredictError::Replay(r.label.clone(), e))?;
-        let config = replay::recorded_config(r.snapshot).map_err(|e| PredictError::Settings(r.label.clone(), e))?;
-        programs.push(events::program(r.snapshot, device, &config, &mut stacks));
-        devices.push(device);
-    }
-    let reference = nearest(&vars);
-    let base = &programs[reference];
-    let others: Vec<usize> = (0..programs.len()).filter(|&i| i != reference).collect();
-    let mut notes = Vec::new();
-    // matched[o][i]: the counterpart in recording others[o] of the reference's event i. By the
-    // exact stacks; where too little aligns, also without line numbers, and the better stands.
-    let strict: Vec<u32> = (0..stacks.frames.len() as u32).collect();
-    let mut matched = align_all(&programs, reference, &others, &strict);
-    let allocs = base.entries.iter().filter(|e| e.action == Action::Alloc).count();
-    if aligned_allocs(base, &matched) < allocs * 9 / 10 {
-        let loose = align_all(&programs, reference, &others, stacks.loose_ids());
-        if aligned_allocs(base, &loose) > aligned_allocs(base, &matched) {
-            matched = loose;
-            notes.push("aligned without line numbers: the recordings' stacks differ only in lines (was the script edited between them?)".to_string());
+    Model::new(recordings, target, options)?.predict(target, options)
+}
+
+/// The recordings made ready for predictions: aligned to the one nearest a target, each of its
+/// allocations with its law. Predictions at other values of the same variables (a search for
+/// what fits) reuse it.
+pub struct Model<'r, 'a> {
+    recordings: &'r [Recording<'a>],
+    vars: Variables,
+    stacks: Stacks,
+    /// The reference recording's program, whose events are scaled.
+    base: Program,
+    reference: usize,
+    devices: Vec<i64>,
+    /// Per event of the reference (allocations only): its law, and its sizes in the recordings
+    /// (none where it is not aligned).
+    laws: Vec<Option<(Law, Vec<u64>)>>,
+    aligned_fraction: f64,
+    unaligned: Vec<(usize, u64)>,
+    notes: Vec<String>,
+}
+
+impl<'r, 'a> Model<'r, 'a> {
+    /// Checks the variables against `target` (which also picks the reference), then aligns and
+    /// fits.
+    pub fn new(recordings: &'r [Recording<'a>], target: &Values, options: &PredictOptions) -> Result<Model<'r, 'a>, PredictError> {
+        let vars = variables(recordings, target)?;
+        let mut stacks = Stacks::new();
+        let mut devices = Vec::new();
+        let mut programs: Vec<Program> = Vec::new();
+        for r in recordings {
+            let device = match options.device {
+                Some(d) => d,
+                None => crate::doctor::pick_device(r.snapshot)
+                    .ok_or_else(|| PredictError::Input(format!("{}: the snapshot has no segments and no trace", r.label)))?,
+            };
+            replay::check_device(r.snapshot, device).map_err(|e| PredictError::Replay(r.label.clone(), e))?;
+            let config = replay::recorded_config(r.snapshot).map_err(|e| PredictError::Settings(r.label.clone(), e))?;
+            programs.push(events::program(r.snapshot, device, &config, &mut stacks));
+            devices.push(device);
         }
-    }
-    let aligned = |i: usize| matched.iter().all(|m| m[i] != align::NONE);
-    let single = recordings.len() == 1;
-    if !single && aligned_allocs(base, &matched) * 2 < allocs {
-        let other = &recordings[others[0]].label;
-        return Err(PredictError::Input(format!(
-            "{} and {other} do not look like one program: only {} of {allocs} allocations align (same stacks in the same order)",
-            recordings[reference].label,
-            aligned_allocs(base, &matched)
-        )));
+        let reference = nearest(&vars);
+        let others: Vec<usize> = (0..programs.len()).filter(|&i| i != reference).collect();
+        let mut notes = Vec::new();
+        // matched[o][i]: the counterpart in recording others[o] of the reference's event i. By
+        // the exact stacks; where too little aligns, also without line numbers; the better stands.
+        let base = &programs[reference];
+        let strict: Vec<u32> = (0..stacks.frames.len() as u32).collect();
+        let mut matched = align_all(&programs, reference, &others, &strict);
+        let allocs = base.entries.iter().filter(|e| e.action == Action::Alloc).count();
+        if aligned_allocs(base, &matched) < allocs * 9 / 10 {
+            let loose = align_all(&programs, reference, &others, stacks.loose_ids());
+            if aligned_allocs(base, &loose) > aligned_allocs(base, &matched) {
+                matched = loose;
+                notes.push("aligned without line numbers: the recordings' stacks differ only in lines (was the script edited between them?)".to_string());
+            }
+        }
+        let single = recordings.len() == 1;
+        if !single && aligned_allocs(base, &matched) * 2 < allocs {
+            return Err(PredictError::Input(format!(
+                "{} and {} do not look like one program: only {} of {allocs} allocations align (same stacks in the same order)",
+                recordings[reference].label,
+                recordings[others[0]].label,
+                aligned_allocs(base, &matched)
+            )));
+        }
+
+        let mut fitter = Fitter::new(vars.names.len());
+        let mut laws = Vec::with_capacity(base.entries.len());
+        let mut unfitted = 0usize;
+        let mut in_all = vec![Vec::new(); programs.len()];
+        for (i, e) in base.entries.iter().enumerate() {
+            if e.action != Action::Alloc {
+                laws.push(None);
+                continue;
+            }
+            let counterparts: Option<Vec<usize>> = matched.iter().all(|m| m[i] != align::NONE).then(|| {
+                let mut at = vec![i; programs.len()];
+                for (o, m) in others.iter().zip(&matched) {
+                    at[*o] = m[i] as usize;
+                }
+                at
+            });
+            let (law, recorded) = match &counterparts {
+                _ if single => (law::from_factors(e.size, &vars.recorded[0], i >= base.at_start && !base.kept[i]), vec![e.size]),
+                Some(at) => {
+                    let sizes: Vec<u64> = at.iter().enumerate().map(|(r, &j)| programs[r].entries[j].size).collect();
+                    (fitter.fit(&vars.recorded, &sizes), sizes)
+                }
+                None => (Law::constant(e.size, Basis::Unaligned, vars.names.len()), vec![]),
+            };
+            for (r, &j) in counterparts.iter().flat_map(|at| at.iter().enumerate()) {
+                in_all[r].push(j);
+            }
+            if law.basis == Basis::Unfitted {
+                unfitted += 1;
+            }
+            laws.push(Some((law, recorded)));
+        }
+
+        // What no law covers: each recording's allocations outside the aligned tuples.
+        let mut unaligned = Vec::new();
+        let (mut aligned_count, mut total_count) = (0usize, 0usize);
+        for (r, p) in programs.iter().enumerate() {
+            let mut covered = vec![false; p.entries.len()];
+            for &j in &in_all[r] {
+                covered[j] = true;
+            }
+            let (mut count, mut bytes) = (0usize, 0u64);
+            for (j, e) in p.entries.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
+                total_count += 1;
+                if covered[j] || single {
+                    aligned_count += 1;
+                } else {
+                    count += 1;
+                    bytes += e.size;
+                }
+            }
+            unaligned.push((count, bytes));
+        }
+
+        if single {
+            notes.push(
+                "one recording: each allocation's law is a guess from the factors of its size (the variables whose values divide it; \
+                 allocations live at the start or never freed stay constant). Record the program at a second size to fit laws."
+                    .into(),
+            );
+        }
+        for (r, (count, bytes)) in unaligned.iter().enumerate() {
+            if *count > 0 {
+                notes.push(format!(
+                    "{}: {count} allocation(s), {} requested, have no counterpart in every other recording{}",
+                    recordings[r].label,
+                    crate::alloc::format_size(*bytes),
+                    if r == reference { "; the prediction keeps their recorded sizes" } else { "; the prediction leaves them out" }
+                ));
+            }
+        }
+        let ones: Vec<String> =
+            recordings.iter().flat_map(|r| vars.names.iter().filter(|n| r.values[*n] == 1).map(move |n| format!("{n} is at 1 in {}", r.label))).collect();
+        if !single && !ones.is_empty() && unaligned.iter().any(|u| u.0 > 0) {
+            notes.push(format!(
+                "{}: a dimension of size 1 makes some copies no-ops (`.contiguous()` of a transposed tensor) that larger values make, \
+                 so those allocations cannot align; record at 2 or more",
+                ones.join(", ")
+            ));
+        }
+        if unfitted > 0 {
+            notes.push(format!("{unfitted} allocation(s) fit no law of up to three terms: their size in the nearest recording stands"));
+        }
+        let base = programs.swap_remove(reference);
+        Ok(Model {
+            recordings,
+            vars,
+            stacks,
+            base,
+            reference,
+            devices,
+            laws,
+            aligned_fraction: if total_count == 0 { 1.0 } else { aligned_count as f64 / total_count as f64 },
+            unaligned,
+            notes,
+        })
     }
 
-    let mut fitter = Fitter::new(vars.names.len());
-    let mut entries: Vec<TraceEntry> = Vec::with_capacity(base.entries.len());
-    let mut sizes_now: FxHashMap<u64, u64> = FxHashMap::default();
-    let mut groups: FxHashMap<(u32, String, Basis), StackLaw> = FxHashMap::default();
-    let mut unfitted = 0usize;
-    let mut in_all = vec![Vec::new(); programs.len()];
-    for (i, e) in base.entries.iter().enumerate() {
-        let mut e = e.clone();
-        match e.action {
-            Action::Alloc => {
-                let counterparts: Option<Vec<usize>> = aligned(i).then(|| {
-                    let mut at = vec![i; programs.len()];
-                    for (o, m) in others.iter().zip(&matched) {
-                        at[*o] = m[i] as usize;
-                    }
-                    at
-                });
-                let (law, recorded) = match &counterparts {
-                    _ if single => {
-                        let scales = i >= base.at_start && !base.kept[i];
-                        (law::from_factors(e.size, &vars.recorded[0], scales), vec![e.size])
-                    }
-                    Some(at) => {
-                        let sizes: Vec<u64> = at.iter().enumerate().map(|(r, &j)| programs[r].entries[j].size).collect();
-                        (fitter.fit(&vars.recorded, &sizes), sizes)
-                    }
-                    None => (Law::constant(e.size, Basis::Unaligned, vars.names.len()), vec![]),
-                };
-                if let Some(at) = &counterparts {
-                    for (r, &j) in at.iter().enumerate() {
-                        in_all[r].push(j);
-                    }
-                }
-                if law.basis == Basis::Unfitted {
-                    unfitted += 1;
-                }
-                e.size = law.eval(&vars.target);
+    /// The prediction at `target` (the variables [`Model::new`] checked; one not given keeps the
+    /// first recording's value), replayed under `options`' settings and capacity.
+    pub fn predict(&self, target: &Values, options: &PredictOptions) -> Result<Prediction, PredictError> {
+        let first = &self.recordings[0].values;
+        let x: Vec<i128> = self.vars.names.iter().map(|n| target.get(n).unwrap_or(&first[n]).to_owned() as i128).collect();
+        let base = &self.base;
+        let mut entries: Vec<TraceEntry> = Vec::with_capacity(base.entries.len());
+        let mut sizes_now: FxHashMap<u64, u64> = FxHashMap::default();
+        let mut groups: FxHashMap<(u32, String, Basis), StackLaw> = FxHashMap::default();
+        for (i, e) in base.entries.iter().enumerate() {
+            let mut e = e.clone();
+            if let Some((law, recorded)) = &self.laws[i] {
+                e.size = law.eval(&x);
                 sizes_now.insert(e.addr, e.size);
                 let stack = base.stacks[i];
-                let group = groups.entry((stack, law.display(&vars.names), law.basis)).or_insert_with(|| StackLaw {
-                    stack: stack_name(&stacks.frames[stack as usize]),
-                    frames: crate::doctor::frames_shown(stacks.frames[stack as usize].iter()),
-                    law: law.display(&vars.names),
+                let frames = &self.stacks.frames[stack as usize];
+                let group = groups.entry((stack, law.display(&self.vars.names), law.basis)).or_insert_with(|| StackLaw {
+                    stack: stack_name(frames),
+                    frames: crate::doctor::frames_shown(frames.iter()),
+                    law: law.display(&self.vars.names),
                     basis: law.basis,
                     constant: law.is_constant(),
                     allocations: 0,
-                    recorded_bytes: vec![0; if recorded.is_empty() { 0 } else { recordings.len() }],
+                    recorded_bytes: vec![0; recorded.len()],
                     target_bytes: 0,
                 });
                 group.allocations += 1;
                 group.target_bytes += e.size;
-                for (sum, s) in group.recorded_bytes.iter_mut().zip(&recorded) {
+                for (sum, s) in group.recorded_bytes.iter_mut().zip(recorded) {
                     *sum += s;
                 }
+            } else if matches!(e.action, Action::FreeRequested | Action::FreeCompleted)
+                && let Some(&s) = sizes_now.get(&e.addr)
+            {
+                e.size = s;
             }
-            Action::FreeRequested | Action::FreeCompleted => {
-                if let Some(&s) = sizes_now.get(&e.addr) {
-                    e.size = s;
-                }
-            }
-            _ => {}
+            entries.push(e);
         }
-        entries.push(e);
-    }
 
-    // What no law covers: each recording's allocations outside the aligned tuples.
-    let mut unaligned = Vec::new();
-    let (mut aligned_count, mut total_count) = (0usize, 0usize);
-    for (r, p) in programs.iter().enumerate() {
-        let mut covered = vec![false; p.entries.len()];
-        for &j in &in_all[r] {
-            covered[j] = true;
+        let device = self.devices[self.reference];
+        let mut synthesized = Snapshot { allocator_settings: self.recordings[self.reference].snapshot.allocator_settings.clone(), ..Default::default() };
+        synthesized.device_traces = vec![Vec::new(); device as usize + 1];
+        synthesized.device_traces[device as usize] = entries;
+        let replay_options = ReplayOptions {
+            config: options.config.clone(),
+            capacity: options.capacity,
+            start: StartMode::Empty,
+            keep_snapshot: options.keep_snapshot,
+            ..Default::default()
+        };
+        let label = format!("the trace predicted at {}", values_text(target));
+        let replayed = replay::replay_device(&synthesized, device, &replay_options, &mut |_, _| {}).map_err(|e| PredictError::Replay(label, e))?;
+        let mut laws: Vec<StackLaw> = groups.into_values().collect();
+        laws.sort_by(|a, b| b.target_bytes.cmp(&a.target_bytes).then_with(|| a.stack.cmp(&b.stack)).then_with(|| a.law.cmp(&b.law)));
+        let mut full_target = target.clone();
+        for (name, value) in first {
+            full_target.entry(name.clone()).or_insert(*value);
         }
-        let allocs = p.entries.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc);
-        let (mut count, mut bytes) = (0usize, 0u64);
-        for (j, e) in allocs {
-            total_count += 1;
-            if covered[j] || single {
-                aligned_count += 1;
-            } else {
-                count += 1;
-                bytes += e.size;
-            }
-        }
-        unaligned.push((count, bytes));
+        Ok(Prediction {
+            target: full_target,
+            peak_allocated_bytes: replayed.replayed.figures.peak_allocated_bytes,
+            peak_reserved_bytes: replayed.replayed.figures.peak_reserved_bytes,
+            peak_phase: peak_phase(&synthesized, device, base.at_start),
+            out_of_memory: replayed.first_oom_message.clone().or(replayed.out_of_memory_at_start.clone()),
+            aligned_fraction: self.aligned_fraction,
+            unaligned_bytes: self.unaligned.iter().map(|u| u.1).sum(),
+            laws,
+            fit: None,
+            weak: self.recordings.len() == 1,
+            reference: self.reference,
+            devices: self.devices.clone(),
+            settings: replayed.settings.clone(),
+            events: synthesized.trace_of(device).len(),
+            unaligned: self.unaligned.clone(),
+            notes: self.notes.clone(),
+            snapshot: replayed.snapshot,
+        })
     }
-
-    let device = devices[reference];
-    let reference_snapshot = recordings[reference].snapshot;
-    let mut synthesized = Snapshot { allocator_settings: reference_snapshot.allocator_settings.clone(), ..Default::default() };
-    synthesized.device_traces = vec![Vec::new(); device as usize + 1];
-    synthesized.device_traces[device as usize] = entries;
-    let replay_options = ReplayOptions {
-        config: options.config.clone(),
-        capacity: options.capacity,
-        start: StartMode::Empty,
-        keep_snapshot: options.keep_snapshot,
-        ..Default::default()
-    };
-    let label = format!("the trace predicted at {}", values_text(target));
-    let replayed = replay::replay_device(&synthesized, device, &replay_options, &mut |_, _| {}).map_err(|e| PredictError::Replay(label, e))?;
-
-    let peak_phase = peak_phase(&synthesized, device, base.at_start);
-    let mut laws: Vec<StackLaw> = groups.into_values().collect();
-    laws.sort_by(|a, b| b.target_bytes.cmp(&a.target_bytes).then_with(|| a.stack.cmp(&b.stack)).then_with(|| a.law.cmp(&b.law)));
-
-    if single {
-        notes.push(
-            "one recording: each allocation's law is a guess from the factors of its size (the variables whose values divide it; \
-             allocations live at the start or never freed stay constant). Record the program at a second size to fit laws."
-                .into(),
-        );
-    }
-    for (r, (count, bytes)) in unaligned.iter().enumerate() {
-        if *count > 0 {
-            notes.push(format!(
-                "{}: {count} allocation(s), {} requested, have no counterpart in every other recording{}",
-                recordings[r].label,
-                crate::alloc::format_size(*bytes),
-                if r == reference { "; the prediction keeps their recorded sizes" } else { "; the prediction leaves them out" }
-            ));
-        }
-    }
-    let ones: Vec<String> =
-        recordings.iter().flat_map(|r| vars.names.iter().filter(|n| r.values[*n] == 1).map(move |n| format!("{n} is at 1 in {}", r.label))).collect();
-    if !single && !ones.is_empty() && unaligned.iter().any(|u| u.0 > 0) {
-        notes.push(format!(
-            "{}: a dimension of size 1 makes some copies no-ops (`.contiguous()` of a transposed tensor) that larger values make, \
-             so those allocations cannot align; record at 2 or more",
-            ones.join(", ")
-        ));
-    }
-    if unfitted > 0 {
-        notes.push(format!("{unfitted} allocation(s) fit no law of up to three terms: their size in the nearest recording stands"));
-    }
-    Ok(Prediction {
-        target: target.clone(),
-        peak_allocated_bytes: replayed.replayed.figures.peak_allocated_bytes,
-        peak_reserved_bytes: replayed.replayed.figures.peak_reserved_bytes,
-        peak_phase,
-        out_of_memory: replayed.first_oom_message.clone().or(replayed.out_of_memory_at_start.clone()),
-        aligned_fraction: if total_count == 0 { 1.0 } else { aligned_count as f64 / total_count as f64 },
-        unaligned_bytes: unaligned.iter().map(|u| u.1).sum(),
-        laws,
-        fit: None,
-        weak: single,
-        reference,
-        devices,
-        settings: replayed.settings.clone(),
-        events: synthesized.trace_of(device).len(),
-        unaligned,
-        notes,
-        snapshot: replayed.snapshot,
-    })
 }
 
 /// Every other recording aligned to the reference, by keys made with `stack_id`.
