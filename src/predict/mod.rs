@@ -26,7 +26,7 @@ pub use law::{Basis, Law};
 
 use crate::alloc::{AllocatorConfig, ConfigError};
 use crate::replay::{self, ReplayError, ReplayOptions, StartMode};
-use crate::trace::{self, Action, Snapshot, Totals, TraceEntry};
+use crate::trace::{self, Action, Category, Snapshot, Totals, TraceEntry};
 use events::{Program, Stacks};
 use law::Fitter;
 use rustc_hash::FxHashMap;
@@ -299,6 +299,17 @@ impl<'r, 'a> Model<'r, 'a> {
             )));
         }
 
+        // With one recording: what lives at the start is taken to be constant, and the sizes of
+        // what is never freed or what tensormem's trace says holds parameters, gradients or
+        // optimizer state, wherever they recur (the optimizer's temporaries). (Not the sizes live
+        // at the start: a warm run's start holds the last step's activations too.)
+        let model_state = |e: &TraceEntry| matches!(e.category, Some(Category::Parameter | Category::Gradient | Category::OptimizerState));
+        let constant_sizes: rustc_hash::FxHashSet<u64> = if single {
+            let constant = |i: usize, e: &TraceEntry| e.action == Action::Alloc && i >= base.at_start && (base.kept[i] || model_state(e));
+            base.entries.iter().enumerate().filter(|&(i, e)| constant(i, e)).map(|(_, e)| e.size).collect()
+        } else {
+            Default::default()
+        };
         let mut fitter = Fitter::new(vars.names.len());
         let mut laws = Vec::with_capacity(base.entries.len());
         let mut unfitted = 0usize;
@@ -316,7 +327,7 @@ impl<'r, 'a> Model<'r, 'a> {
                 at
             });
             let (law, recorded) = match &counterparts {
-                _ if single => (law::from_factors(e.size, &vars.recorded[0], i >= base.at_start && !base.kept[i]), vec![e.size]),
+                _ if single => (law::from_factors(e.size, &vars.recorded[0], i >= base.at_start && !constant_sizes.contains(&e.size)), vec![e.size]),
                 Some(at) => {
                     let sizes: Vec<u64> = at.iter().enumerate().map(|(r, &j)| programs[r].entries[j].size).collect();
                     (fitter.fit(&vars.recorded, &sizes), sizes)
@@ -356,7 +367,8 @@ impl<'r, 'a> Model<'r, 'a> {
         if single {
             notes.push(
                 "one recording: each allocation's law is a guess from the factors of its size (the variables whose values divide it; \
-                 allocations live at the start or never freed stay constant). Record the program at a second size to fit laws."
+                 what is live at the start stays constant, and so do the sizes of parameters, gradients, optimizer state and \
+                 allocations never freed wherever they recur). Record the program at a second size to fit laws."
                     .into(),
             );
         }
