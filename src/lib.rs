@@ -7,7 +7,8 @@
 //! allocator and the GPU), `tensor` and `autograd` (ops and their graph), `amp` (autocast),
 //! `nn` (layers, losses, optimizers and the gradient scaler), `scenarios` (named workloads),
 //! `timeline` (a trace laid out for the page), `doctor` (what is wrong with a trace, each fix
-//! verified by replay); `web` is the page's wasm-bindgen surface.
+//! verified by replay), `predict` (a program's memory at other sizes, from recordings at small
+//! ones: align, fit, replay); `web` is the page's wasm-bindgen surface.
 
 pub mod alloc;
 pub mod amp;
@@ -19,6 +20,7 @@ pub mod dtype;
 pub mod files;
 pub(crate) mod kernels;
 pub mod nn;
+pub mod predict;
 pub mod replay;
 pub mod report;
 pub mod scenarios;

@@ -6,6 +6,7 @@
 mod bench;
 mod doctor_print;
 mod mcp;
+mod predict_print;
 mod print;
 mod serve;
 
@@ -16,6 +17,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tensormem::alloc::{AllocatorConfig, format_size};
+use tensormem::predict::{self, PredictOptions};
 use tensormem::replay::{self, DeviceReplay, ReplayOptions, StartMode};
 use tensormem::report;
 use tensormem::scenarios::{self, RunRequest, RunResult};
@@ -143,6 +145,44 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Predict a program's memory at another batch or context from snapshots recorded at small ones.
+    ///
+    /// Give two or more snapshots of the same program, each with the values of one or two
+    /// variables it was recorded at (any names: `small.pickle@context=128 big.pickle@context=256`,
+    /// or `a.pickle@batch=2,context=128`). Their events are aligned (same stacks in the same
+    /// order), each allocation's size is fitted as a law of the variables (constant, linear,
+    /// quadratic, products), and the trace at --to is replayed through the caching allocator.
+    /// With one snapshot the laws are guesses from the sizes' factors and the prediction weaker.
+    Predict {
+        /// Recordings, each as FILE@name=value[,name=value].
+        #[arg(required = true, value_name = "FILE@VAR=VALUE")]
+        recordings: Vec<String>,
+        /// The values to predict at: context=1024, or batch=16,context=1024 (with --fit, the
+        /// fitted variable defaults to the largest value that fits).
+        #[arg(long, value_name = "VAR=VALUE", required_unless_present = "fit")]
+        to: Option<String>,
+        /// Find the largest value of this variable that fits --capacity, by replaying
+        /// predictions, with the settings given and with expandable_segments:True.
+        #[arg(long, value_name = "VAR", requires = "capacity")]
+        fit: Option<String>,
+        /// The snapshots' device index (default: as the doctor picks it).
+        #[arg(long)]
+        device: Option<i64>,
+        /// Device memory, e.g. 80GiB: an out-of-memory error, with PyTorch's text, when the
+        /// prediction does not fit.
+        #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+        capacity: Option<u64>,
+        /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, instead of the recordings'.
+        #[arg(long, value_name = "STR")]
+        alloc_conf: Option<String>,
+        /// Write the predicted trace, replayed, as a snapshot: .pickle or .json.
+        #[arg(long, value_name = "OUT")]
+        snapshot: Option<PathBuf>,
+        /// Print {"target", "peak_allocated_bytes", "peak_reserved_bytes", "peak_phase",
+        /// "out_of_memory", "aligned_fraction", "unaligned_bytes", "laws", "fit"}.
+        #[arg(long)]
+        json: bool,
+    },
     /// A Model Context Protocol server on stdin/stdout: the summary, replay, doctor, run and
     /// scenarios tools, each returning what its subcommand's --json prints.
     ///
@@ -248,6 +288,10 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Compare { run, file, device, json } => compare_command(&run, &file, device, json),
         Command::Doctor { file, scenario, variant, set, device, capacity, json } => {
             doctor(DoctorRequest { file, scenario, variant, set, device, capacity }, json)
+        }
+        Command::Predict { recordings, to, fit, device, capacity, alloc_conf, snapshot, json } => {
+            let options = PredictOptions { device, capacity, config: None, keep_snapshot: snapshot.is_some() };
+            predict_command(&recordings, to.as_deref(), fit.as_deref(), options, alloc_conf.as_deref(), snapshot.as_deref(), json)
         }
         Command::Mcp => mcp::serve(),
         Command::Info { json } => info(json),
@@ -456,6 +500,62 @@ fn bench_command(sizes: &[usize], json: bool) -> Result<(), Failure> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         bench::print(&report);
+    }
+    Ok(())
+}
+
+/// `tensormem predict`: the recordings' program at --to (or at the largest value that fits),
+/// replayed.
+fn predict_command(
+    specs: &[String],
+    to: Option<&str>,
+    fit: Option<&str>,
+    mut options: PredictOptions,
+    alloc_conf: Option<&str>,
+    out: Option<&Path>,
+    json: bool,
+) -> Result<(), Failure> {
+    let usage = |e: String| Failure(e, 2);
+    let parsed: Vec<(String, predict::Values)> = specs.iter().map(|s| predict::parse_recording(s).map_err(usage)).collect::<Result<_, _>>()?;
+    let mut target = match to {
+        Some(to) => predict::parse_values(to).map_err(|e| usage(format!("--to {to}: {e}")))?,
+        None => predict::Values::new(),
+    };
+    options.config = alloc_conf.map(|c| AllocatorConfig::parse(c).map_err(|e| usage(e.to_string()))).transpose()?;
+    for (path, _) in &parsed {
+        refuse_overwriting_input(out, Path::new(path))?;
+    }
+    let snapshots: Vec<Snapshot> = parsed.iter().map(|(path, _)| load(Path::new(path))).collect::<Result<_, _>>()?;
+    let recordings: Vec<predict::Recording> =
+        parsed.iter().zip(&snapshots).map(|((path, values), snapshot)| predict::Recording { label: path.clone(), snapshot, values: values.clone() }).collect();
+    let failure = |e: predict::PredictError| match e {
+        predict::PredictError::Input(m) => Failure(m, 2),
+        other => Failure(other.to_string(), 1),
+    };
+    let found = match (fit, options.capacity) {
+        (Some(variable), Some(capacity)) => {
+            let mut others = target.clone();
+            others.remove(variable);
+            let found = predict::fit(&recordings, &others, variable, capacity, &options).map_err(failure)?;
+            // Shown at the largest value that fits, unless --to names one.
+            let smallest = recordings.iter().filter_map(|r| r.values.get(variable)).min().copied().unwrap_or(1);
+            target.entry(variable.to_string()).or_insert(found.largest.unwrap_or(smallest));
+            Some(found)
+        }
+        _ => None,
+    };
+    let mut prediction = predict::predict(&recordings, &target, &options).map_err(failure)?;
+    prediction.fit = found;
+    if let (Some(out), Some(snapshot)) = (out, prediction.snapshot.take()) {
+        save(&snapshot, out)?;
+        if !json {
+            println!("wrote the predicted trace to {}", out.display());
+        }
+    }
+    if json {
+        println!("{}", json_line(&prediction)?);
+    } else {
+        predict_print::print(&prediction, &recordings);
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ pub fn print_replay(r: &DeviceReplay) {
     let start = match r.start {
         StartMode::Recorded => "recorded (rebuilt from the final state)",
         StartMode::Replaced => "replaced (live allocations placed afresh, no cached blocks)",
+        StartMode::Empty => "empty (the trace is the whole program)",
     };
     println!("  start {start}: {} reserved, {} allocated", format_size(r.start_reserved_bytes), format_size(r.start_allocated_bytes));
     if let Some(oom) = &r.out_of_memory_at_start {

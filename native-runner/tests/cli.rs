@@ -432,3 +432,57 @@ fn doctor_usage_errors_are_one_line() {
         assert_eq!(stderr(&out).lines().count(), 1, "{args:?}: {}", stderr(&out));
     }
 }
+
+/// `tensormem run lm-train` (small) at `context`, written to `dir`.
+fn lm_recording(dir: &std::path::Path, context: u32) -> String {
+    let path = dir.join(format!("lm-ctx{context}.pickle"));
+    let set = format!("size=small,batch=2,context={context}");
+    let out = tensormem(&["run", "lm-train", "--set", &set, "--snapshot", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn predict_json_has_exactly_the_contract_fields_and_writes_the_predicted_trace() {
+    let dir = scratch("predict");
+    let (a, b) = (lm_recording(&dir, 16), lm_recording(&dir, 32));
+    let (a_at, b_at) = (format!("{a}@context=16"), format!("{b}@context=32"));
+    let out_file = dir.join("predicted.json");
+    let out = tensormem(&["predict", &a_at, &b_at, "--to", "context=128", "--snapshot", out_file.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["aligned_fraction", "fit", "laws", "out_of_memory", "peak_allocated_bytes", "peak_phase", "peak_reserved_bytes", "target", "unaligned_bytes"]
+    );
+    assert_eq!(v["target"], serde_json::json!({"context": 128}));
+    assert!(v["fit"].is_null() && v["out_of_memory"].is_null());
+    assert_eq!(v["aligned_fraction"], 1.0);
+    assert!(v["laws"].as_array().unwrap().iter().any(|l| l["law"].as_str().unwrap().contains("context^2")));
+    // The same run at 128 directly: the same peaks.
+    let direct = tensormem(&["run", "lm-train", "--set", "size=small,batch=2,context=128", "--json"]);
+    let d: serde_json::Value = serde_json::from_str(stdout(&direct).trim()).unwrap();
+    assert_eq!((&v["peak_allocated_bytes"], &v["peak_reserved_bytes"]), (&d["peak_allocated_bytes"], &d["peak_reserved_bytes"]));
+    // The written trace replays to the same peaks.
+    let replayed = tensormem(&["replay", out_file.to_str().unwrap(), "--json"]);
+    let r: serde_json::Value = serde_json::from_str(stdout(&replayed).trim()).unwrap();
+    assert_eq!(r["replayed"]["peak_reserved_bytes"], v["peak_reserved_bytes"]);
+
+    // The text form, a capacity too small, an input as OUT, a missing value, an unknown name.
+    let text = tensormem(&["predict", &a_at, &b_at, "--to", "context=128", "--capacity", "1GiB"]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    assert!(stdout(&text).contains("OUT OF MEMORY: Out of memory. Tried to allocate"), "{}", stdout(&text));
+    assert!(stdout(&text).contains("what grows"), "{}", stdout(&text));
+    let same = tensormem(&["predict", &a_at, &b_at, "--to", "context=128", "--snapshot", &a]);
+    assert_eq!(same.status.code(), Some(2));
+    assert!(stderr(&same).contains("is the input file"), "{}", stderr(&same));
+    let bare = tensormem(&["predict", &a, &b_at, "--to", "context=128"]);
+    assert_eq!(bare.status.code(), Some(2));
+    assert!(stderr(&bare).starts_with("error: ") && stderr(&bare).contains("FILE@name=value"), "{}", stderr(&bare));
+    let unknown = tensormem(&["predict", &a_at, &b_at, "--to", "seq=128"]);
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(stderr(&unknown).contains("--to names seq"), "{}", stderr(&unknown));
+    std::fs::remove_dir_all(&dir).ok();
+}

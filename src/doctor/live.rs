@@ -107,7 +107,13 @@ pub fn at(t: &Timeline, position: usize) -> Live {
 pub(super) fn stack_frames(t: &Timeline, stack: u32) -> Vec<String> {
     let s = stack as usize;
     let ids = &t.stack_frames[t.stack_offsets[s] as usize..t.stack_offsets[s + 1] as usize];
-    let frames: Vec<&Frame> = ids.iter().map(|&f| &t.frames[f as usize]).collect();
+    frames_shown(ids.iter().map(|&f| &t.frames[f as usize]))
+}
+
+/// A stack's frames as a reader scans them: its Python frames, else its first frames that name
+/// the work; at most six, innermost first.
+pub fn frames_shown<'a>(frames: impl Iterator<Item = &'a Frame>) -> Vec<String> {
+    let frames: Vec<&Frame> = frames.collect();
     let python: Vec<&Frame> = frames.iter().copied().filter(|f| f.filename.ends_with(".py")).collect();
     let shown = if python.is_empty() { frames.into_iter().filter(|f| names_the_work(f)).collect() } else { python };
     shown

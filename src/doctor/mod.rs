@@ -39,8 +39,9 @@ mod what_if;
 
 pub use categories::{Confidence, Inferred, InferredAllocation, UNKNOWN, infer, infer_categories};
 pub use fix_variant::verify_by_fix;
-pub use live::{AllocationRef, GroupBytes, Live, StackBytes};
+pub use live::{AllocationRef, GroupBytes, Live, StackBytes, frames_shown};
 pub use oom::{smallest_fitting_capacity, with_failed_request};
+pub use steps::entry_phase;
 pub use what_if::{CAPACITY_RESOLUTION, Outcome, Setup};
 
 use crate::alloc::ConfigError;
@@ -208,16 +209,22 @@ pub(crate) struct Patient<'a> {
 /// The device with an out-of-memory entry (the one the user is asking about), else the one whose
 /// trace reserved the most.
 fn default_device(snapshot: &Snapshot) -> Result<i64, DoctorError> {
+    pick_device(snapshot).ok_or(DoctorError::Empty)
+}
+
+/// The device a file is about: the one with an out-of-memory entry, else the one whose trace
+/// reserved the most; None when the snapshot has no segments and no trace.
+pub fn pick_device(snapshot: &Snapshot) -> Option<i64> {
     let devices = snapshot.devices();
     if let Some(&d) = devices.iter().find(|&&d| snapshot.trace_of(d).iter().any(|e| e.action == Action::Oom)) {
-        return Ok(d);
+        return Some(d);
     }
     let reserved = |d: i64| -> u64 {
         let at_end: u64 = snapshot.segments_of(d).map(|s| s.total_size).sum();
         let mapped: u64 = snapshot.trace_of(d).iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)).map(|e| e.size).sum();
         at_end.max(mapped)
     };
-    devices.iter().copied().max_by_key(|&d| (reserved(d), -d)).ok_or(DoctorError::Empty)
+    devices.iter().copied().max_by_key(|&d| (reserved(d), -d))
 }
 
 /// A trace that starts with memory already reserved starts, replayed as recorded, with every

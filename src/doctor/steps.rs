@@ -121,6 +121,16 @@ fn by_repetition(p: &Patient, order: &[usize], phase: &[Option<Phase>]) -> Vec<u
     }
 }
 
+/// One allocation's phase in words (`forward`, `backward`, `optimizer step`), from its own
+/// entry as the doctor reads it; `tensormem`: the trace is tensormem's own (its allocations carry categories).
+pub fn entry_phase(e: &TraceEntry, tensormem: bool) -> Option<&'static str> {
+    phase_of(e, tensormem).map(|p| match p {
+        Phase::Forward => "forward",
+        Phase::Backward => "backward",
+        Phase::Optimizer => "optimizer step",
+    })
+}
+
 /// One allocation's phase, from its own entry.
 fn phase_of(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
     match compare::event_phase(e) {

@@ -97,6 +97,7 @@ impl Setup {
         match self.start {
             StartMode::Recorded => "from the recorded start",
             StartMode::Replaced => "from the allocations live at the start, placed afresh (the recorded start already reserves every segment)",
+            StartMode::Empty => "from nothing (the trace is the whole program)",
         }
     }
 }
@@ -108,10 +109,7 @@ pub(crate) fn verified(how: String, setup: &Setup, device: i64, before: Outcome,
         how,
         command: command.then(|| setup.command(device)),
         alloc_conf: setup.alloc_conf.clone(),
-        start: match setup.start {
-            StartMode::Recorded => "recorded".into(),
-            StartMode::Replaced => "replaced".into(),
-        },
+        start: setup.start.name().into(),
         capacity: setup.capacity,
         before_peak_reserved_bytes: before.peak_reserved,
         after_peak_reserved_bytes: after.peak_reserved,

@@ -48,6 +48,9 @@ pub enum StartMode {
     /// Only the allocations live at the start, placed afresh by the allocator under the replay's
     /// settings (in address order); cached free blocks are not carried over.
     Replaced,
+    /// Nothing: the trace is a whole program, every allocation made by its own events (a trace
+    /// `predict` synthesized). Its segment_free entries are cache releases only.
+    Empty,
 }
 
 impl StartMode {
@@ -56,6 +59,15 @@ impl StartMode {
             "" | "recorded" => Ok(StartMode::Recorded),
             "replaced" => Ok(StartMode::Replaced),
             other => Err(format!("unknown start {other:?}: use recorded or replaced")),
+        }
+    }
+
+    /// As `--start` and the JSON name it: `recorded`, `replaced`, `empty`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StartMode::Recorded => "recorded",
+            StartMode::Replaced => "replaced",
+            StartMode::Empty => "empty",
         }
     }
 }
@@ -120,6 +132,9 @@ pub struct DeviceReplay {
     pub first_divergence: Option<Divergence>,
     /// Index of the first trace entry whose allocation ran out of memory in the replay.
     pub first_oom_event: Option<usize>,
+    /// That allocation's error, in PyTorch's words.
+    #[serde(skip)]
+    pub first_oom_message: Option<String>,
     /// Where the recorded trace did not add up (a truncated or edited file).
     pub warnings: Vec<String>,
     pub start: StartMode,
@@ -174,7 +189,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     let trace = snapshot.trace_of(device);
     let final_segments: Vec<&trace::Segment> = snapshot.segments_of(device).collect();
     // Reconstruct with the rules the trace was recorded under.
-    let start = start_state(&final_segments, trace, &recorded_config);
+    let start = if options.start == StartMode::Empty { StartState::default() } else { start_state(&final_segments, trace, &recorded_config) };
     let mut warnings = start.warnings.clone();
 
     let (mut run, out_of_memory_at_start) = Run::set_up(trace, &final_segments, &start, &config, device, options, &mut warnings);
@@ -205,6 +220,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
         final_state_match,
         first_divergence,
         first_oom_event: run.first_oom_event,
+        first_oom_message: run.first_oom_message.take(),
         warnings,
         start: options.start,
         out_of_memory_at_start,
@@ -279,6 +295,7 @@ struct Run<'a> {
     keep_frames: bool,
     compare_addresses: bool,
     first_oom_event: Option<usize>,
+    first_oom_message: Option<String>,
 }
 
 impl<'a> Run<'a> {
@@ -305,7 +322,7 @@ impl<'a> Run<'a> {
         let mut run = Run::new(trace, allocator(highest.max(crate::alloc::VIRTUAL_BASE).saturating_add(1 << 30)), options);
         let context = if options.keep_snapshot { RecordContext::All } else { RecordContext::Never };
         let out_of_memory_at_start = match options.start {
-            StartMode::Recorded => {
+            StartMode::Recorded | StartMode::Empty => {
                 let oom = run.restore_start(&start.segments, options.capacity, warnings, || allocator(highest.saturating_add(1 << 30)));
                 run.alloc.record_memory_history(true, context, usize::MAX);
                 oom
@@ -346,6 +363,7 @@ impl<'a> Run<'a> {
             // From a replaced start every address differs by construction.
             compare_addresses: options.start == StartMode::Recorded,
             first_oom_event: None,
+            first_oom_message: None,
         }
     }
 
@@ -543,9 +561,10 @@ impl<'a> Run<'a> {
                 }
                 self.failed.remove(&e.addr);
             }
-            Err(AllocError::OutOfMemory(_)) => {
+            Err(AllocError::OutOfMemory(oom)) => {
                 self.ooms += 1;
                 self.first_oom_event.get_or_insert(i);
+                self.first_oom_message.get_or_insert_with(|| oom.to_string());
                 self.failed.insert(e.addr);
                 self.diverge(i, format!("alloc of {} bytes ran out of memory in the replay", e.size));
             }

@@ -792,7 +792,7 @@ pub fn user_frame(frames: &[Frame]) -> Option<&Frame> {
 
 /// What a band is coloured and grouped by: the user's Python frame; for stacks without one (the
 /// autograd engine runs backward on its own C++ thread) the autograd node or the ATen op.
-fn group_name(frames: &[Frame]) -> Option<String> {
+pub fn group_name(frames: &[Frame]) -> Option<String> {
     if let Some(f) = user_frame(frames).filter(|f| f.filename.ends_with(".py")) {
         return Some(format!("{} ({}:{})", f.name, short_path(&f.filename), f.line));
     }

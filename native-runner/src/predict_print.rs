@@ -1,0 +1,57 @@
+//! `tensormem predict`'s text output: the predicted peaks, how well the recordings aligned, the
+//! laws that grow the most, and what to keep in mind.
+
+use tensormem::alloc::format_size;
+use tensormem::predict::{Basis, Prediction, Recording, values_text};
+
+/// Laws shown: the largest at the target.
+const LAWS_SHOWN: usize = 12;
+
+pub fn print(p: &Prediction, recordings: &[Recording]) {
+    let from: Vec<String> = recordings.iter().map(|r| format!("{} ({})", r.label, values_text(&r.values))).collect();
+    println!("prediction at {} from {}", values_text(&p.target), from.join(", "));
+    if p.weak {
+        println!("  WEAK: one recording, so each size's growth is guessed from its factors (see the notes)");
+    }
+    let reference = &recordings[p.reference];
+    println!(
+        "  events scaled from {} (device {}), {} events replayed from an empty device, settings {}",
+        reference.label, p.devices[p.reference], p.events, p.settings
+    );
+    println!("  {:<16} {} ({} bytes)", "peak allocated", format_size(p.peak_allocated_bytes), p.peak_allocated_bytes);
+    println!("  {:<16} {} ({} bytes)", "peak reserved", format_size(p.peak_reserved_bytes), p.peak_reserved_bytes);
+    println!("  {:<16} {}", "peak phase", p.peak_phase.as_deref().unwrap_or("unknown"));
+    match &p.out_of_memory {
+        Some(message) => println!("  OUT OF MEMORY: {message}"),
+        None => println!("  {:<16} none", "out of memory"),
+    }
+    println!("  {:<16} {:.2}% of allocations; {} unaligned", "aligned", 100.0 * p.aligned_fraction, format_size(p.unaligned_bytes));
+    if let Some(f) = &p.fit {
+        let largest = |v: Option<u64>| match v {
+            None => format!("none (not even {}=1)", f.variable),
+            Some(v) if v >= f.search_limit => format!("{}={v} or more (the search's limit)", f.variable),
+            Some(v) => format!("{}={v}", f.variable),
+        };
+        println!("  largest that fits {} ({} predictions replayed):", format_size(f.capacity_bytes), f.replays);
+        println!("    {:<40} {}", f.settings, largest(f.largest));
+        println!("    {:<40} {}", f.expandable_settings, largest(f.largest_expandable));
+    }
+    println!();
+    let growing: Vec<_> = p.laws.iter().filter(|l| !l.constant).collect();
+    println!("what grows (bytes at the target, per stack and law; {} of {} shown):", LAWS_SHOWN.min(growing.len()), growing.len());
+    for law in growing.iter().take(LAWS_SHOWN) {
+        let basis = match law.basis {
+            Basis::Fitted => "",
+            Basis::Factors => " (guessed from factors)",
+            Basis::Unfitted => " (no law fits: recorded size)",
+            Basis::Unaligned => " (unaligned: recorded size)",
+        };
+        println!("  {:>12}  {:>5} x {}{}  {}", format_size(law.target_bytes), law.allocations, law.law, basis, law.stack);
+    }
+    let constant: Vec<_> = p.laws.iter().filter(|l| l.constant).collect();
+    let (count, bytes) = constant.iter().fold((0, 0), |(n, b), l| (n + l.allocations, b + l.target_bytes));
+    println!("  and {count} allocation(s) of constant size in {} stack(s), {} in all", constant.len(), format_size(bytes));
+    for note in &p.notes {
+        println!("note: {note}");
+    }
+}
