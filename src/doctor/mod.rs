@@ -30,7 +30,7 @@ mod steps;
 mod truncated;
 mod what_if;
 
-pub use categories::{Confidence, Inferred, InferredAllocation, UNKNOWN, infer, infer_categories};
+pub use categories::{CATEGORIES, Confidence, Inferred, InferredAllocation, UNKNOWN, grouping, infer, infer_categories};
 pub use fix_variant::verify_by_fix;
 pub use live::{AllocationRef, GroupBytes, Live, StackBytes};
 pub use oom::{smallest_fitting_capacity, with_failed_request};
@@ -173,8 +173,8 @@ pub(crate) struct Patient<'a> {
 }
 
 /// The device with an out-of-memory entry (the one the user is asking about), else the one whose
-/// trace reserved the most.
-fn default_device(snapshot: &Snapshot) -> Result<i64, DoctorError> {
+/// trace reserved the most: the one the doctor diagnoses, and the page opens, unless told.
+pub fn default_device(snapshot: &Snapshot) -> Result<i64, DoctorError> {
     let devices = snapshot.devices();
     if let Some(&d) = devices.iter().find(|&&d| snapshot.trace_of(d).iter().any(|e| e.action == Action::Oom)) {
         return Ok(d);
