@@ -2,9 +2,10 @@
 //! parse a snapshot, lay out a device's timeline as flat arrays, replay under other settings,
 //! run a scenario, diagnose (the doctor), export. Results cross to JavaScript as typed arrays and JSON strings.
 
+use crate::doctor;
 use crate::replay::{self, ReplayOptions, StartMode};
 use crate::scenarios::{self, RunRequest};
-use crate::timeline::{self, Timeline};
+use crate::timeline::{self, Grouping, Timeline};
 use crate::trace::{self, Snapshot};
 use std::collections::BTreeMap;
 use wasm_bindgen::prelude::*;
@@ -60,6 +61,12 @@ impl LoadedTrace {
         self.snapshot.devices().into_iter().map(|d| d as i32).collect()
     }
 
+    /// The device the page opens on: the doctor's choice (the one with an out-of-memory entry,
+    /// else the one that reserved the most); `undefined` for a snapshot without devices.
+    pub fn default_device(&self) -> Option<i32> {
+        doctor::pick_device(&self.snapshot).map(|d| d as i32)
+    }
+
     /// A label per device for the device selector: `cuda:1 · out of memory` where its trace
     /// records an OOM.
     pub fn device_labels(&self) -> Vec<String> {
@@ -74,8 +81,12 @@ impl LoadedTrace {
     }
 
     /// One device's timeline, without its curves: see [`LoadedTrace::curves`].
+    /// Its bands are coloured as the trace groups them: by its own categories where it records
+    /// them, else by frame (see [`TimelineArrays::set_color_by`]).
     pub fn timeline(&self, device: i32) -> Result<TimelineArrays, JsError> {
-        timeline::build_without_curves(&self.snapshot, device as i64).map(|t| TimelineArrays { t, xs: Vec::new(), hidden: Vec::new() }).map_err(js_error)
+        let t = timeline::build_without_curves(&self.snapshot, device as i64).map_err(js_error)?;
+        let base = if t.groups.iter().any(|g| g.category) { RECORDED } else { FRAME };
+        Ok(TimelineArrays { t, xs: Vec::new(), hidden: Vec::new(), color: base, base_color: base, base: None, inferred: None })
     }
 
     /// The curves of `view` (a timeline of this trace) as three new Float64Arrays, `[allocated,
@@ -162,8 +173,8 @@ impl LoadedTrace {
     /// them: `{findings: [{kind, title, bytes, evidence, why, fix, verified, estimate?}]}`, the
     /// `peak` summary first, then the problems, most bytes first.
     pub fn diagnose(&self, device: i32) -> Result<String, JsError> {
-        let options = crate::doctor::DoctorOptions { device: Some(device as i64), capacity: None };
-        let diagnosis = crate::doctor::diagnose(&self.snapshot, &options).map_err(js_error)?;
+        let options = doctor::DoctorOptions { device: Some(device as i64), capacity: None };
+        let diagnosis = doctor::diagnose(&self.snapshot, &options).map_err(js_error)?;
         serde_json::to_string(&diagnosis).map_err(js_error)
     }
 
@@ -205,6 +216,55 @@ pub struct TimelineArrays {
     xs: Vec<f64>,
     /// The last image's hidden allocations (1 = hidden), for `hit_test`.
     hidden: Vec<u8>,
+    /// What the bands are coloured by now ([`RECORDED`], [`INFERRED`] or [`FRAME`]), and how the
+    /// trace itself groups them (recorded categories, or frames).
+    color: &'static str,
+    base_color: &'static str,
+    /// The trace's own grouping while another is shown.
+    base: Option<Grouping>,
+    /// Each allocation's inferred category, once inferred.
+    inferred: Option<InferredCodes>,
+}
+
+/// The bands coloured by the categories the trace records (tensormem's own traces).
+const RECORDED: &str = "recorded";
+/// By the doctor's inferred categories (see `doctor::infer`).
+const INFERRED: &str = "inferred";
+/// By the top user frame of each allocation's stack.
+const FRAME: &str = "frame";
+
+/// Inferred categories, a byte per allocation: the category's index in `doctor::CATEGORIES`,
+/// the confidence (0 low, 1 medium, 2 high) and the rule (an index in `reasons`).
+struct InferredCodes {
+    category: Vec<u8>,
+    confidence: Vec<u8>,
+    reason: Vec<u8>,
+    reasons: Vec<&'static str>,
+}
+
+impl InferredCodes {
+    fn of(t: &Timeline) -> InferredCodes {
+        let inferred = doctor::infer(t);
+        let mut codes = InferredCodes {
+            category: Vec::with_capacity(inferred.len()),
+            confidence: Vec::with_capacity(inferred.len()),
+            reason: Vec::with_capacity(inferred.len()),
+            reasons: Vec::new(),
+        };
+        for i in inferred {
+            let reason = match codes.reasons.iter().position(|&r| r == i.reason) {
+                Some(k) => k,
+                None => {
+                    codes.reasons.push(i.reason);
+                    codes.reasons.len() - 1
+                }
+            };
+            codes.category.push(i.index() as u8);
+            codes.confidence.push(i.confidence as u8);
+            codes.reason.push(reason as u8);
+        }
+        codes
+    }
 }
 
 // Each array goes straight from wasm memory into a new JS typed array (no Rust-side copy: a
@@ -303,19 +363,79 @@ impl TimelineArrays {
 
 #[wasm_bindgen]
 impl TimelineArrays {
-    /// `{summary, groups: [{name, kind, category, bytes_at_peak, allocations}], markers, spans,
-    /// frames: [[name, filename, line], ...]}`. A group's `kind` (`frame`, `before_trace`,
-    /// `no_stack`, or a category's key) is what code matches; its `name` is for people.
+    /// `{summary, groups: [{name, kind, category, bytes_at_peak, allocations}], base_groups,
+    /// markers, spans, frames: [[name, filename, line], ...]}`. A group's `kind` (`frame`,
+    /// `before_trace`, `no_stack`, a category's key, or `unknown`) is what code matches; its
+    /// `name` is for people. `groups` colour the bands now; `base_groups` are the trace's own
+    /// grouping (recorded categories, or frames) when another is shown, else null.
     pub fn meta_json(&self) -> String {
         let frames: Vec<(&str, &str, u64)> = self.t.frames.iter().map(|f| (f.name.as_str(), f.filename.as_str(), f.line)).collect();
         serde_json::json!({
             "summary": self.t.summary,
             "groups": self.t.groups,
+            "base_groups": self.base.as_ref().map(|b| &b.groups),
             "markers": self.t.markers,
             "spans": self.t.spans,
             "frames": frames,
         })
         .to_string()
+    }
+
+    /// The groups colouring the bands now (as in `meta_json`), after [`TimelineArrays::set_color_by`].
+    pub fn groups_json(&self) -> String {
+        serde_json::to_string(&self.t.groups).unwrap_or_default()
+    }
+
+    /// What the bands can be coloured by, the default first: `recorded` (the trace's own
+    /// categories, where it records them), `inferred` (the doctor's inferred categories), `frame`.
+    pub fn color_options(&self) -> Vec<String> {
+        let options: &[&str] = if self.base_color == RECORDED { &[RECORDED, INFERRED, FRAME] } else { &[INFERRED, FRAME] };
+        options.iter().map(|o| o.to_string()).collect()
+    }
+
+    pub fn color_by(&self) -> String {
+        self.color.to_string()
+    }
+
+    /// Colours the bands by `by` (one of [`TimelineArrays::color_options`]): the groups and
+    /// `alloc_group` change (read them again); inferring the categories the first time.
+    pub fn set_color_by(&mut self, by: &str) -> Result<(), JsError> {
+        if by == self.color {
+            return Ok(());
+        }
+        let (by, grouping) = match by {
+            _ if by == self.base_color => (self.base_color, self.base.take().unwrap_or_default()),
+            INFERRED => (INFERRED, doctor::grouping(&self.inferred_codes().category)),
+            FRAME => (FRAME, self.t.frame_grouping()),
+            _ => return Err(JsError::new(&format!("the bands cannot be coloured by {by}: {}", self.color_options().join(", ")))),
+        };
+        let old = self.t.set_grouping(grouping);
+        if self.color == self.base_color {
+            self.base = Some(old);
+        }
+        self.color = by;
+        Ok(())
+    }
+
+    /// Each allocation's inferred category (inferred the first time), as three Uint8Arrays by
+    /// allocation id: `[category, confidence, reason]`, indices into `inferred_names_json`'s lists.
+    pub fn inferred(&mut self) -> js_sys::Array {
+        let codes = self.inferred_codes();
+        [&codes.category, &codes.confidence, &codes.reason].into_iter().map(|v| js_sys::Uint8Array::from(&v[..])).collect()
+    }
+
+    /// `{categories: ["parameter", ..., "unknown"], confidences: ["low", "medium", "high"],
+    /// reasons: [...]}`: what `inferred`'s codes stand for (reasons once inferred).
+    pub fn inferred_names_json(&self) -> String {
+        let confidences = [doctor::Confidence::Low, doctor::Confidence::Medium, doctor::Confidence::High].map(doctor::Confidence::name);
+        let reasons = self.inferred.as_ref().map_or(&[][..], |c| &c.reasons[..]);
+        serde_json::json!({ "categories": doctor::CATEGORIES, "confidences": confidences, "reasons": reasons }).to_string()
+    }
+}
+
+impl TimelineArrays {
+    fn inferred_codes(&mut self) -> &InferredCodes {
+        self.inferred.get_or_insert_with(|| InferredCodes::of(&self.t))
     }
 }
 

@@ -187,3 +187,48 @@ fn a_real_inference_peak_is_its_parameters() {
     assert!(bytes_of(&rows, "parameter") as f64 > 0.95 * total as f64, "{rows:?}");
     assert!(rows.iter().all(|r| matches!(r.0.as_str(), "parameter" | "temporary")), "{rows:?}");
 }
+
+/// The page colours a real snapshot by its inferred categories (`doctor::grouping` on a
+/// timeline's allocations): on fixtures of training, inference and an out-of-memory on one of
+/// three cards, on every device, each category's bytes at the peak and allocations
+/// live there are what the doctor's `peak` finding reports as inferred, and every allocation is
+/// in its inferred category's group.
+#[test]
+fn the_pages_inferred_colouring_is_what_the_doctor_reports_at_the_peak() {
+    let Some(dir) = common::fixtures_dir() else { return };
+    for name in ["gpt-medium-ctx128-training.pickle", "gpt-ctx128-forward.pickle", "expandable-3gpu-oom.pickle"] {
+        let snapshot = trace::load_file(&dir.join(name)).unwrap();
+        for device in snapshot.devices() {
+            let mut t = tensormem::timeline::build(&snapshot, device).unwrap();
+            let inferred = doctor::infer(&t);
+            let codes: Vec<u8> = inferred.iter().map(|i| i.index() as u8).collect();
+            t.set_grouping(doctor::grouping(&codes));
+            let a = &t.allocations;
+            for (id, i) in inferred.iter().enumerate() {
+                let g = &t.groups[a.group[id] as usize];
+                assert_eq!((g.kind.key(), g.category), (i.name(), true), "{name} device {device} allocation {id}");
+                assert_eq!(doctor::CATEGORIES[i.index()], i.name());
+            }
+            assert!(t.groups.iter().all(|g| g.allocations > 0), "{name}: no empty group");
+            // What is live at the peak, by group, against the doctor's figures.
+            let peak_x = t.summary.peak_x;
+            let live_at_peak = |g: usize| (0..a.size.len()).filter(|&id| a.group[id] as usize == g && a.start[id] <= peak_x && peak_x < a.end[id]).count();
+            let mut shown: Vec<(String, u64, usize)> = (0..t.groups.len())
+                .map(|g| (t.groups[g].kind.key().to_string(), t.groups[g].bytes_at_peak, live_at_peak(g)))
+                .filter(|&(_, bytes, count)| bytes > 0 || count > 0)
+                .collect();
+            shown.sort();
+            let diagnosis = doctor::diagnose(&snapshot, &doctor::DoctorOptions { device: Some(device), capacity: None }).unwrap();
+            let peak = &diagnosis.findings[0];
+            assert_eq!(peak.kind, doctor::PEAK);
+            let mut reported: Vec<(String, u64, usize)> = peak.evidence["inferred_categories"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{name}: the peak reports inferred categories"))
+                .iter()
+                .map(|c| (c["category"].as_str().unwrap().to_string(), c["bytes"].as_u64().unwrap(), c["allocations"].as_u64().unwrap() as usize))
+                .collect();
+            reported.sort();
+            assert_eq!(shown, reported, "{name} device {device}");
+        }
+    }
+}

@@ -557,3 +557,44 @@ fn an_engine_stacks_module_scope_is_its_module_path_then_the_op() {
     assert!(scopes.iter().any(|s| s.is_empty()), "{scopes:?}");
     assert!(scopes.iter().any(|s| s == &["layers.0.fc".to_string(), "addmm".to_string()]), "{scopes:?}");
 }
+
+/// The page recolours a timeline (`Timeline::set_grouping`): the groups' counts and the
+/// allocations by group follow the new grouping, and putting the old one back restores the
+/// timeline exactly. `frame_grouping` groups a trace that records categories by frame, as the
+/// builder groups the same trace without them.
+#[test]
+fn a_timeline_can_be_regrouped_and_grouped_by_frame_whatever_it_records() {
+    let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
+    let mut t = timeline::build(&run.snapshot, 0).unwrap();
+    assert!(t.groups.iter().any(|g| g.category));
+    let (groups, by_group, group_start) = (t.groups.clone(), t.allocations.by_group.clone(), t.allocations.group_start.clone());
+    let frames = t.frame_grouping();
+    // As the builder groups the trace without its categories.
+    let mut stripped = run.snapshot.clone();
+    for e in stripped.device_traces.iter_mut().flatten() {
+        e.category = None;
+    }
+    let plain = timeline::build(&stripped, 0).unwrap();
+    let names = |groups: &[timeline::Group], group: &[u32]| -> Vec<(String, timeline::GroupKind)> {
+        group.iter().map(|&g| (groups[g as usize].name.clone(), groups[g as usize].kind)).collect()
+    };
+    assert_eq!(names(&frames.groups, &frames.group), names(&plain.groups, &plain.allocations.group));
+    let recorded = t.set_grouping(frames);
+    // Counts, bytes at the peak and the allocations by group: those of the plain timeline.
+    let summary = |groups: &[timeline::Group]| -> Vec<(String, u32, u64)> {
+        let mut v: Vec<_> = groups.iter().map(|g| (g.name.clone(), g.allocations, g.bytes_at_peak)).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(summary(&t.groups), summary(&plain.groups));
+    for g in 0..t.groups.len() {
+        let members = &t.allocations.by_group[t.allocations.group_start[g] as usize..t.allocations.group_start[g + 1] as usize];
+        assert!(members.windows(2).all(|w| w[0] < w[1]), "in id order");
+        assert!(members.iter().all(|&id| t.allocations.group[id as usize] == g as u32));
+    }
+    assert_eq!(*t.allocations.group_start.last().unwrap() as usize, t.allocations.size.len());
+    // Back to the recorded categories: exactly as built.
+    t.set_grouping(recorded);
+    assert_eq!(serde_json::to_value(&t.groups).unwrap(), serde_json::to_value(&groups).unwrap());
+    assert_eq!((t.allocations.by_group.clone(), t.allocations.group_start.clone()), (by_group, group_start));
+}

@@ -91,6 +91,72 @@ fn the_page_hit_tests_and_steps_through_bands_across_the_boundary() {
     assert_eq!(view.stack_at(end), vec![1.0, 0.0, 2.0, 3000.0]);
 }
 
+/// The page colours a PyTorch snapshot (no categories) by the doctor's inferred categories and a
+/// trace of tensormem's by its own, and either by frame; the inferred codes that cross the
+/// boundary are the doctor's, and the page opens on the device the doctor picks.
+#[wasm_bindgen_test]
+fn the_page_colours_by_inferred_categories_and_opens_the_doctors_device() {
+    use tensormem::scenarios::{self, RunRequest};
+    use tensormem::trace::{Action, to_pickle};
+    use tensormem::web::LoadedTrace;
+    use tensormem::{doctor, timeline};
+    let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
+    let mut stripped = run.snapshot.clone();
+    for e in stripped.device_traces.iter_mut().flatten() {
+        e.category = None;
+    }
+    let loaded = LoadedTrace::parse(&to_pickle(&stripped)).unwrap();
+    let mut view = loaded.timeline(0).unwrap();
+    assert_eq!(view.color_options(), ["inferred", "frame"]);
+    assert_eq!(view.color_by(), "frame");
+    let built = timeline::build(&stripped, 0).unwrap();
+    let groups_of = |json: &str, groups: &[u32]| -> Vec<String> {
+        let groups_json: serde_json::Value = serde_json::from_str(json).unwrap();
+        groups.iter().map(|&g| groups_json[g as usize]["kind"].as_str().unwrap().to_string()).collect()
+    };
+    let frames = groups_of(&view.groups_json(), &view.alloc_group().to_vec());
+
+    view.set_color_by("inferred").unwrap();
+    let inferred = doctor::infer(&built);
+    let kinds = groups_of(&view.groups_json(), &view.alloc_group().to_vec());
+    assert_eq!(kinds, inferred.iter().map(|i| i.name().to_string()).collect::<Vec<_>>());
+    let codes = view.inferred();
+    let code = |k: u32| js_sys::Uint8Array::from(codes.get(k)).to_vec();
+    let names: serde_json::Value = serde_json::from_str(&view.inferred_names_json()).unwrap();
+    let name = |list: &str, k: u8| names[list][k as usize].as_str().unwrap().to_string();
+    let (category, confidence, reason) = (code(0), code(1), code(2));
+    for (id, i) in inferred.iter().enumerate() {
+        assert_eq!(name("categories", category[id]), i.name());
+        assert_eq!(name("confidences", confidence[id]), i.confidence.name());
+        assert_eq!(name("reasons", reason[id]), i.reason);
+    }
+    // The meta names the trace's own grouping while the inferred one colours the bands.
+    let meta: serde_json::Value = serde_json::from_str(&view.meta_json()).unwrap();
+    assert_eq!(meta["base_groups"], serde_json::to_value(&built.groups).unwrap());
+    // Back to frames: the trace's own grouping again; a grouping the trace lacks is refused.
+    view.set_color_by("frame").unwrap();
+    assert_eq!(groups_of(&view.groups_json(), &view.alloc_group().to_vec()), frames);
+    assert!(view.set_color_by("recorded").is_err());
+
+    // tensormem's own trace: its recorded categories first.
+    let recorded = LoadedTrace::parse(&to_pickle(&run.snapshot)).unwrap();
+    let mut view = recorded.timeline(0).unwrap();
+    assert_eq!(view.color_options(), ["recorded", "inferred", "frame"]);
+    assert_eq!(view.color_by(), "recorded");
+    view.set_color_by("frame").unwrap();
+    assert_eq!(groups_of(&view.groups_json(), &view.alloc_group().to_vec()), frames);
+
+    // A second device whose trace records an out-of-memory error: the page opens on it.
+    assert_eq!(loaded.default_device(), Some(0));
+    let mut two = stripped.clone();
+    let mut oom = two.device_traces[0][0].clone();
+    (oom.action, oom.addr, oom.frames) = (Action::Oom, 0, None);
+    two.device_traces.push(vec![oom]);
+    let two = LoadedTrace::parse(&to_pickle(&two)).unwrap();
+    assert_eq!(two.devices(), vec![0, 1]);
+    assert_eq!(two.default_device(), Some(1));
+}
+
 mod suite;
 
 macro_rules! in_browser {

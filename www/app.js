@@ -121,12 +121,33 @@ function lifetime(id) {
   return `${start}, ${end}`;
 }
 
+// What the bands can be coloured by (the worker's `colorBy.options`), as the control names them.
+const COLOR_BY = { recorded: 'category (recorded)', inferred: 'category (inferred)', frame: 'stack frame' };
+const coloredBy = () => timeline.data.colorBy.by;
+
+// An allocation's inferred category ({category, confidence, reason}: the doctor's inference, made
+// in the worker), or null where the trace has none inferred (its own categories colour it).
+function inferredOf(id) {
+  const inferred = timeline.data.inferred;
+  if (!inferred) return null;
+  return {
+    category: inferred.categories[inferred.category[id]],
+    confidence: inferred.confidences[inferred.confidence[id]],
+    reason: inferred.reasons[inferred.reason[id]],
+  };
+}
+const categoryLabel = (key) => key.replace(/_/g, ' ');
+
 timeline.describe = (id) => {
   const { arrays: a, meta } = timeline.data;
   const frames = stackOf(id);
   const shown = (frames.some(isPython) ? frames.filter(isPython) : frames).slice(0, 5);
   const scope = scopeOf(id);
-  return `<b>${formatBytes(a.allocSize[id])}</b> · ${escape(meta.groups[a.allocGroup[id]].name)}<br>`
+  const inferred = inferredOf(id);
+  const sure = inferred ? ` <span class="muted">(inferred, ${inferred.confidence} confidence)</span>` : '';
+  const group = coloredBy() === 'inferred' ? `${escape(categoryLabel(inferred.category))}${sure}`
+    : escape(meta.groups[a.allocGroup[id]].name) + (inferred ? `<br>category ${escape(categoryLabel(inferred.category))}${sure}` : '');
+  return `<b>${formatBytes(a.allocSize[id])}</b> · ${group}<br>`
     + `address 0x${a.allocAddr[id].toString(16)} · stream ${a.allocStream[id]}<br>${lifetime(id)}`
     + (scope.length ? `<br>module scope: ${escape(scopeText(scope))}` : '')
     + (shown.length ? `<div class="frames">${shown.map((f) => escape(frameText(f))).join('<br>')}</div>` : '');
@@ -140,12 +161,21 @@ function showDetails(id) {
   }
   const { arrays: a, meta } = timeline.data;
   const frames = stackOf(id);
+  const group = meta.groups[a.allocGroup[id]];
+  // The inferred category says how sure, and on what it rests; the group (a recorded category
+  // or a frame) is shown when it is what colours the band.
+  const inferred = inferredOf(id);
+  const inferredRow = inferred
+    ? `<dt>category (inferred)</dt><dd data-testid="inferred-category" data-category="${escape(inferred.category)}" data-confidence="${inferred.confidence}">`
+      + `<b>${escape(categoryLabel(inferred.category))}</b> · ${inferred.confidence} confidence<br><span class="muted">${escape(inferred.reason)}</span></dd>`
+    : '';
+  const groupRow = coloredBy() === 'inferred' ? '' : `<dt>${group.category ? 'category' : 'group'}</dt><dd>${escape(group.name)}</dd>`;
   $('details').innerHTML = `<dl class="kv">
       <dt>size</dt><dd>${formatBytes(a.allocSize[id])} (${a.allocSize[id].toLocaleString('en-US')} bytes requested)</dd>
       <dt>address</dt><dd>0x${a.allocAddr[id].toString(16)}</dd>
       <dt>stream</dt><dd>${a.allocStream[id]}</dd>
       <dt>lifetime</dt><dd>${lifetime(id)}</dd>
-      <dt>${meta.groups[a.allocGroup[id]].category ? 'category' : 'group'}</dt><dd>${escape(meta.groups[a.allocGroup[id]].name)}</dd>
+      ${inferredRow}${groupRow}
       <dt>module scope</dt><dd>${scopeOf(id).length ? escape(scopeText(scopeOf(id))) : '<span class="muted">inside no module</span>'}</dd>
     </dl>`
     + stackHtml(frames);
@@ -190,7 +220,8 @@ function showLive(position, withState = true) {
   const max = groups.length ? groups[0][1] : 1;
   const groupRows = groups.map(([g, bytes]) => `<tr><td class="bar-cell"><i style="width:${(100 * bytes) / max}%"></i><span>${escape(meta.groups[g].name)}</span></td><td class="num">${formatBytes(bytes)}</td></tr>`).join('');
   const rows = live.slice(0, 10).map((i) => `<tr class="clickable" data-alloc="${i}"><td class="num">${formatBytes(a.allocSize[i])}</td><td>${escape(meta.groups[a.allocGroup[i]].name)}</td></tr>`).join('');
-  $('live').innerHTML = `<table><tr><th>by where it was allocated</th><th class="num">bytes</th></tr>${groupRows}</table>`
+  const heading = { recorded: 'by category', inferred: 'by category (inferred)', frame: 'by where it was allocated' }[coloredBy()];
+  $('live').innerHTML = `<table><tr><th>${heading}</th><th class="num">bytes</th></tr>${groupRows}</table>`
     + `<table style="margin-top:8px"><tr><th class="num">size</th><th>largest allocations</th></tr>${rows}</table>`
     + (hiddenCount ? `<p class="muted">${hiddenCount} allocations live here (${formatBytes(hiddenBytes)}) are hidden by the filter or the legend.</p>` : '');
   for (const tr of $('live').querySelectorAll('tr[data-alloc]')) {
@@ -232,13 +263,23 @@ async function showState(position) {
   $('summary').textContent = state.memory_summary;
 }
 
+// What the legend's groups are: the caption before them.
+const LEGEND_CAPTION = {
+  recorded: ['category (recorded)', 'the categories the trace records'],
+  inferred: ['category (inferred)', 'inferred by the doctor from each allocation\'s stack, phase and lifetime; hover a band or pin it for how sure'],
+  frame: ['stack frame', 'the line of your code at the top of each allocation\'s stack'],
+};
+
 function showLegend() {
   const { meta } = timeline.data;
   const shown = Array.from(timeline.groupOrder.slice(0, 24));
   // A category (what the memory is for) reads differently from a frame (where it was made).
   const label = (group) => group.category ? `<b class="category">${escape(group.name)}</b>` : escape(group.name);
   const atPeak = (bytes) => bytes ? `${formatBytes(bytes)} at peak` : 'none at peak';
-  $('legend').innerHTML = shown.map((g) => `<button data-group="${g}" data-category="${meta.groups[g].category}" class="${timeline.hidden.has(g) ? 'off' : ''}" title="click to hide or show">`
+  const [caption, about] = LEGEND_CAPTION[coloredBy()];
+  $('legend').innerHTML = `<span class="legend-caption" data-testid="legend-caption" title="${escape(about)}">${caption}:</span>`
+    + shown.map((g) => `<button data-group="${g}" data-kind="${escape(meta.groups[g].kind)}" data-category="${meta.groups[g].category}" data-bytes="${meta.groups[g].bytes_at_peak}" `
+    + `data-allocations="${meta.groups[g].allocations}" class="${timeline.hidden.has(g) ? 'off' : ''}" title="click to hide or show">`
     + `<i style="background:${timeline.groupColor[g]}"></i>${label(meta.groups[g])} <span class="count">${atPeak(meta.groups[g].bytes_at_peak)} · ${meta.groups[g].allocations} allocs</span></button>`).join('')
     + (timeline.groupOrder.length > shown.length ? `<span class="count">and ${timeline.groupOrder.length - shown.length} smaller groups</span>` : '');
   for (const b of $('legend').querySelectorAll('button')) {
@@ -253,14 +294,17 @@ function setPeak(el, bytes) {
 }
 
 // Lays out and draws one device of a trace. `ticket` (a load's number) makes a stale answer a
-// no-op: the newest load always wins.
-async function showDevice(info, d, ticket = loadTicket) {
+// no-op: the newest load always wins. `colorBy`: what colours the bands (null: the trace's
+// default, its recorded categories or else the inferred ones).
+async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
   // By event index, the worker draws the first image with the layout (one round trip less).
   const p = timeline.plot;
   const dpr = window.devicePixelRatio || 1;
   const first = $('axis-select').value === 'event' ? { width: Math.round(p.w * dpr), height: Math.round(p.h * dpr) } : null;
-  const data = await ask('timeline', { trace: info.trace, device: d, first });
+  const data = await ask('timeline', { trace: info.trace, device: d, first, colorBy });
   if (ticket !== loadTicket) return false;
+  // The trace's own grouping, which a comparison attributes by, whatever colours the bands.
+  data.baseGroups = data.meta.base_groups || data.meta.groups;
   performance.mark('tensormem:timeline-received');
   hideProgress();
   current = info;
@@ -275,6 +319,7 @@ async function showDevice(info, d, ticket = loadTicket) {
   timeline.axis = $('axis-select').value;
   const painted = timeline.setData(data, first);
   $('axis-select').value = timeline.axis;
+  $('color-by').replaceChildren(...data.colorBy.options.map((o) => new Option(COLOR_BY[o], o, false, o === data.colorBy.by)));
   resetFilters(data);
   if ($('filter-text').value || $('filter-min').value || $('filter-max').value || $('filter-range').checked) await updateFilter();
   showLegend();
@@ -396,11 +441,14 @@ async function load(request, payload) {
     if (ticket !== loadTicket) return void ask('drop', { trace: info.trace });
     if (!info.devices.length) throw new Error('the snapshot has no segments and no trace for any device');
     const previous = current;
-    if (!(await showDevice(info, info.devices[0], ticket))) return void ask('drop', { trace: info.trace });
+    // The device the doctor picks: the one that ran out of memory, else the one that reserved the most.
+    const shown = info.devices.includes(info.defaultDevice) ? info.defaultDevice : info.devices[0];
+    if (!(await showDevice(info, shown, ticket))) return void ask('drop', { trace: info.trace });
     await ask('use', { trace: info.trace, previous: previous?.trace });
     $('source-name').textContent = info.name;
     $('source-name').title = info.name;
     $('device-select').innerHTML = info.devices.map((d, k) => `<option value="${d}">${escape(info.deviceLabels[k])}</option>`).join('');
+    $('device-select').value = String(shown);
     $('device-box').hidden = info.devices.length < 2;
     if (info.run) showRun(JSON.parse(info.run));
   } catch (e) {
@@ -420,7 +468,28 @@ $('open-file').addEventListener('change', (e) => {
   e.target.value = '';
 });
 $('device-select').addEventListener('change', (e) => {
-  showDevice(current, Number(e.target.value), ++loadTicket).catch((err) => showError(err.message, 'Could not show this device.'));
+  showDevice(current, Number(e.target.value), ++loadTicket, timeline.data?.colorBy.by).catch((err) => showError(err.message, 'Could not show this device.'));
+});
+// Colour by the trace's own categories, the inferred ones or the stack frame: the worker regroups
+// the bands (inferring the categories the first time); the legend, the panels and the image follow.
+$('color-by').addEventListener('change', async (e) => {
+  const data = timeline.data;
+  if (!data) return;
+  const by = e.target.value;
+  try {
+    const out = await ask('colorBy', { view: data.view, by, withInferred: !data.inferred });
+    if (data !== timeline.data) return;
+    if (out.inferred) data.inferred = out.inferred;
+    data.colorBy.by = by;
+    timeline.setGrouping(out.allocGroup, out.groups);
+    showLegend();
+    showDetails(timeline.pinned);
+    // A filter matches category names: it is applied again to the new groups.
+    if ($('filter-text').value) await updateFilter(); else showLive(timeline.cursor);
+    if (keyboardOn()) announce(`Coloured by ${COLOR_BY[by]}.`);
+  } catch (err) {
+    if (data === timeline.data) showError(err.message, 'The timeline could not be coloured that way.');
+  }
 });
 $('axis-select').addEventListener('change', (e) => timeline.setAxis(e.target.value));
 let dragDepth = 0;
@@ -532,7 +601,8 @@ async function compare(request, payload) {
     const answer = await ask(request, { trace: current.trace, device, ...payload });
     if (ticket !== compareTicket || data !== timeline.data) return;
     compared = answer;
-    showComparison($('compare-result'), { name: current.name, meta: timeline.data.meta, arrays: timeline.data.arrays }, compared);
+    const meta = { ...timeline.data.meta, groups: timeline.data.baseGroups };
+    showComparison($('compare-result'), { name: current.name, meta, arrays: timeline.data.arrays }, compared);
     $('export-other').hidden = request !== 'compareWhatIf';
   } catch (e) {
     if (ticket === compareTicket) showError(e.message, 'The comparison failed.');

@@ -10,11 +10,12 @@ const PALETTE = [
 export const UNKNOWN = '#8e96a3';
 // Colours by a group's `kind`, the stable key the wasm side gives every group (GroupKind in
 // src/timeline/mod.rs); its `name` is for people and is never matched here. The groups without
-// a stack are grey. Categories (tensormem's own traces, keyed as snapshots write them) keep
-// torch.profiler's memory-timeline colours, so a band means the same thing on both plots (its
-// input black, softened here to dark grey).
+// a stack are grey. Categories (recorded by tensormem's own traces, or inferred by the doctor for
+// PyTorch's, keyed as snapshots write them) keep torch.profiler's memory-timeline colours, so a
+// band means the same thing on both plots (its input black, softened here to dark grey); what
+// the inference finds of no known category is grey.
 const BY_KIND = new Map(Object.entries({
-  before_trace: '#b9c0cc', no_stack: UNKNOWN,
+  before_trace: '#b9c0cc', no_stack: UNKNOWN, unknown: UNKNOWN,
   parameter: '#006400', optimizer_state: '#daa520', input: '#3c3c3c', temporary: '#9370db',
   activation: '#ff0000', gradient: '#0000cd', autograd_detail: '#4169e1',
 }));

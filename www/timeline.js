@@ -94,6 +94,24 @@ export class Timeline {
     return new Promise((resolve) => { this.onPainted = resolve; });
   }
 
+  // Colours the bands by another grouping (the worker's answer to 'colorBy': each allocation's
+  // group, and the groups): the legend's hidden groups are cleared, and the image on screen stays
+  // until the new one arrives.
+  setGrouping(allocGroup, groups) {
+    this.data.arrays.allocGroup = allocGroup;
+    this.data.meta.groups = groups;
+    const { order, colors, pixels } = colorGroups(groups);
+    this.groupOrder = order;
+    this.groupColor = colors;
+    this.groupPixel = pixels;
+    this.hidden = new Set();
+    this.groupingVersion = (this.groupingVersion || 0) + 1;
+    // A band's tooltip names its group: the keyboard's is described again, the pointer's waits
+    // for the next move.
+    if (this.keyTooltip) this.placeKeyTooltip(); else this.tooltip.hidden = true;
+    this.requestDraw();
+  }
+
   // x coordinate (axis units) of every position, and one past the end: `xs` on the time axis;
   // on the event axis a position is its own coordinate and no array is held (a 1 M event trace
   // would hold 8 MB here and again in the worker).
@@ -378,7 +396,7 @@ export class Timeline {
 
   // What a layer depends on besides the view.
   layerKey(p, ymax, dpr) {
-    return `${p.w}x${p.h}@${dpr}|${ymax}|${[...this.hidden].join(',')}|${this.maskVersion}|${this.axis}|${this.replayVersion || 0}`;
+    return `${p.w}x${p.h}@${dpr}|${ymax}|${[...this.hidden].join(',')}|${this.maskVersion}|${this.axis}|${this.replayVersion || 0}|${this.groupingVersion || 0}`;
   }
 
   // Asks the worker for the bands of the view plus one view-width each side, at the view's

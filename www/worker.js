@@ -110,7 +110,9 @@ function get(id) {
 function add(t, name) {
   const id = nextTrace++;
   traces.set(id, t);
-  return { trace: id, name, devices: Array.from(t.devices()), deviceLabels: t.device_labels(), run: t.run_json() ?? null };
+  return {
+    trace: id, name, devices: Array.from(t.devices()), deviceLabels: t.device_labels(), defaultDevice: t.default_device() ?? null, run: t.run_json() ?? null,
+  };
 }
 
 
@@ -120,12 +122,29 @@ function add(t, name) {
 const views = new Map();
 let nextView = 1;
 
+// Each allocation's inferred category ({category, confidence, reason}: Uint8Arrays by allocation
+// id, indices into the lists `categories`, `confidences` and `reasons`), inferred in wasm the
+// first time.
+function inferredOf(t) {
+  const [category, confidence, reason] = t.inferred();
+  return { category, confidence, reason, ...JSON.parse(t.inferred_names_json()) };
+}
+const inferredBuffers = (inferred) => (inferred ? [inferred.category.buffer, inferred.confidence.buffer, inferred.reason.buffer] : []);
+
 // `first` ({width, height} in device pixels), when the page will draw by event index: the whole
 // trace is rasterised right away and sent with the timeline, saving the page a round trip.
-function timeline(trace, device, first) {
+// `colorBy`: what the bands are coloured by (`recorded`, `inferred`, `frame`), or null for the
+// trace's default: its own categories where it records them (tensormem's traces), else the
+// categories the doctor infers. A trace without categories of its own gets the inferred ones
+// whatever colours it (the page shows an allocation's in its details).
+function timeline(trace, device, first, colorBy) {
   progress('laying out the timeline', 1);
   const loaded = get(trace);
   const t = loaded.timeline(device);
+  const options = t.color_options();
+  const by = options.includes(colorBy) ? colorBy : options[0];
+  t.set_color_by(by);
+  const inferred = by === 'inferred' || !options.includes('recorded') ? inferredOf(t) : null;
   for (const [v, old] of views) if (old.trace === trace) { old.t.free(); views.delete(v); }
   const viewId = nextView++;
   views.set(viewId, { trace, t });
@@ -147,7 +166,7 @@ function timeline(trace, device, first) {
     scopeFrames: t.scope_frames(),
   };
   const meta = JSON.parse(t.meta_json());
-  const transfer = Object.values(arrays).map((a) => a.buffer);
+  const transfer = [...Object.values(arrays).map((a) => a.buffer), ...inferredBuffers(inferred)];
   // The first image is drawn after the timeline is posted, so that the page sets itself up
   // while this worker draws (two cores at work), and posted on its own as 'firstImage'.
   // Without it (an error) the page asks for the image itself.
@@ -160,7 +179,7 @@ function timeline(trace, device, first) {
       postMessage({ type: 'firstImage', view: viewId, pixels: null });
     }
   });
-  return { result: { view: viewId, device, arrays, meta }, transfer, after };
+  return { result: { view: viewId, device, arrays, meta, colorBy: { by, options }, inferred }, transfer, after };
 }
 
 function view(id) {
@@ -246,8 +265,17 @@ const handlers = {
   async pieces({ view: v, alloc }) {
     return view(v).pieces_of(alloc);
   },
-  async timeline({ trace, device, first }) {
-    const out = timeline(trace, device, first);
+  // The bands coloured by `by` (see timeline()): each allocation's new group and the groups, and
+  // the inferred categories when the page asks for them (the first time they are needed).
+  async colorBy({ view: v, by, withInferred }) {
+    const t = view(v);
+    t.set_color_by(by);
+    const allocGroup = t.alloc_group();
+    const inferred = withInferred && by === 'inferred' ? inferredOf(t) : null;
+    return { result: { allocGroup, groups: JSON.parse(t.groups_json()), by, inferred }, transfer: [allocGroup.buffer, ...inferredBuffers(inferred)] };
+  },
+  async timeline({ trace, device, first, colorBy }) {
+    const out = timeline(trace, device, first, colorBy);
     wasmAt.laidOut = wasm.memory.buffer.byteLength;
     return out;
   },

@@ -24,7 +24,7 @@
 //!   workspace) → `unknown`.
 
 use super::steps;
-use crate::timeline::Timeline;
+use crate::timeline::{Group, GroupKind, Grouping, Timeline};
 use crate::trace::{Category, Frame, Snapshot};
 use serde::{Serialize, Serializer};
 
@@ -68,6 +68,44 @@ impl Inferred {
     pub fn name(&self) -> &'static str {
         self.category.map_or(UNKNOWN, Category::name)
     }
+}
+
+impl Inferred {
+    /// Where its category stands in [`CATEGORIES`].
+    pub fn index(&self) -> usize {
+        self.category.map_or(Category::ALL.len(), |c| c as usize)
+    }
+}
+
+/// Every category an allocation can be inferred to be: torch.profiler's, then `unknown`.
+pub const CATEGORIES: [&str; Category::ALL.len() + 1] = {
+    let mut names = [UNKNOWN; Category::ALL.len() + 1];
+    let mut k = 0;
+    while k < Category::ALL.len() {
+        names[k] = Category::ALL[k].name();
+        k += 1;
+    }
+    names
+};
+
+/// A timeline's bands grouped by inferred category, for [`Timeline::set_grouping`]: `categories`
+/// holds each allocation's (by id) as its index in [`CATEGORIES`] ([`Inferred::index`]); a group
+/// per category found, in that order.
+pub fn grouping(categories: &[u8]) -> Grouping {
+    let mut used = [false; CATEGORIES.len()];
+    for &k in categories {
+        used[k as usize] = true;
+    }
+    let mut slot = [u32::MAX; CATEGORIES.len()];
+    let mut groups = Vec::new();
+    for k in (0..CATEGORIES.len()).filter(|&k| used[k]) {
+        slot[k] = groups.len() as u32;
+        groups.push(match Category::ALL.get(k) {
+            Some(&c) => Group::new(&c.label(), GroupKind::Category(c)),
+            None => Group::new(UNKNOWN, GroupKind::Unknown),
+        });
+    }
+    Grouping { groups, group: categories.iter().map(|&k| slot[k as usize]).collect() }
 }
 
 /// One allocation of a device's timeline, with its inferred category.

@@ -37,7 +37,7 @@ mod temporaries;
 mod truncated;
 mod what_if;
 
-pub use categories::{Confidence, Inferred, InferredAllocation, UNKNOWN, infer, infer_categories};
+pub use categories::{CATEGORIES, Confidence, Inferred, InferredAllocation, UNKNOWN, grouping, infer, infer_categories};
 pub use fix_variant::verify_by_fix;
 pub use live::{AllocationRef, GroupBytes, Live, StackBytes, frames_shown};
 pub use oom::{smallest_fitting_capacity, with_failed_request};
@@ -212,8 +212,8 @@ fn default_device(snapshot: &Snapshot) -> Result<i64, DoctorError> {
     pick_device(snapshot).ok_or(DoctorError::Empty)
 }
 
-/// The device a file is about: the one with an out-of-memory entry, else the one whose trace
-/// reserved the most; None when the snapshot has no segments and no trace.
+/// The device a file is about (the one the doctor diagnoses and the page opens unless told):
+/// the one with an out-of-memory entry, else the one whose trace reserved the most; None when the snapshot has no segments and no trace.
 pub fn pick_device(snapshot: &Snapshot) -> Option<i64> {
     let devices = snapshot.devices();
     if let Some(&d) = devices.iter().find(|&&d| snapshot.trace_of(d).iter().any(|e| e.action == Action::Oom)) {

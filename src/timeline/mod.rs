@@ -112,9 +112,24 @@ pub struct Group {
     pub allocations: u32,
 }
 
+impl Group {
+    /// An empty group (its counts are filled when the timeline indexes its groups).
+    pub fn new(name: &str, kind: GroupKind) -> Group {
+        let category = matches!(kind, GroupKind::Category(_) | GroupKind::Unknown);
+        Group { name: name.to_string(), kind, category, bytes_at_peak: 0, allocations: 0 }
+    }
+}
+
+/// What the bands are coloured by: the groups, and each allocation's (by allocation id).
+#[derive(Debug, Clone, Default)]
+pub struct Grouping {
+    pub groups: Vec<Group>,
+    pub group: Vec<u32>,
+}
+
 /// What a group is. Serialized as one string: `frame`, `before_trace`, `no_stack`, or the
 /// category's snapshot key (`parameter`, `optimizer_state`, ...; see [`Category::name`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GroupKind {
     /// Allocations whose stacks share a top user frame (the group's name).
     Frame,
@@ -122,8 +137,11 @@ pub enum GroupKind {
     BeforeTrace,
     /// Allocations recorded without a stack.
     NoStack,
-    /// Allocations a trace (tensormem's own) says are of this category.
+    /// Allocations a trace (tensormem's own) says are of this category, or that the doctor
+    /// infers are (see [`Timeline::set_grouping`]).
     Category(Category),
+    /// Allocations the doctor's inference finds of no known category (torch.profiler's `unknown`).
+    Unknown,
 }
 
 impl GroupKind {
@@ -133,6 +151,7 @@ impl GroupKind {
             GroupKind::BeforeTrace => "before_trace",
             GroupKind::NoStack => "no_stack",
             GroupKind::Category(c) => c.name(),
+            GroupKind::Unknown => "unknown",
         }
     }
 }
@@ -256,6 +275,74 @@ impl Timeline {
     /// An allocation's rectangles as `[x0, x1, y]` triples (positions, bytes).
     pub fn pieces_of(&self, alloc: u32) -> Vec<f64> {
         self.pieces(alloc).flat_map(|p| [p.x0 as f64, p.x1 as f64, p.y]).collect()
+    }
+
+    /// Colours the bands by another grouping (the doctor's inferred categories, or frames where
+    /// the trace records categories): its groups' counts and the allocations by group are
+    /// rebuilt. Returns the grouping it replaces.
+    pub fn set_grouping(&mut self, grouping: Grouping) -> Grouping {
+        assert_eq!(grouping.group.len(), self.allocations.size.len(), "a group for every allocation");
+        let old =
+            Grouping { groups: std::mem::replace(&mut self.groups, grouping.groups), group: std::mem::replace(&mut self.allocations.group, grouping.group) };
+        self.index_groups(self.summary.peak_x);
+        old
+    }
+
+    /// Each group's allocations and bytes live at `peak_x`, and the allocations by group.
+    fn index_groups(&mut self, peak_x: u32) {
+        let a = &mut self.allocations;
+        for g in &mut self.groups {
+            (g.allocations, g.bytes_at_peak) = (0, 0);
+        }
+        for i in 0..a.size.len() {
+            let g = &mut self.groups[a.group[i] as usize];
+            g.allocations += 1;
+            if a.start[i] <= peak_x && peak_x < a.end[i] {
+                g.bytes_at_peak += a.size[i] as u64;
+            }
+        }
+        // Allocations by group (a counting sort).
+        let mut group_start = vec![0u32; self.groups.len() + 1];
+        for (g, group) in self.groups.iter().enumerate() {
+            group_start[g + 1] = group_start[g] + group.allocations;
+        }
+        let mut fill = group_start.clone();
+        a.by_group = vec![0; a.size.len()];
+        for (id, &g) in a.group.iter().enumerate() {
+            a.by_group[fill[g as usize] as usize] = id as u32;
+            fill[g as usize] += 1;
+        }
+        a.group_start = group_start;
+    }
+
+    /// The grouping by the top user frame of each allocation's stack, whatever categories the
+    /// trace records (what the builder gives a trace without them).
+    pub fn frame_grouping(&self) -> Grouping {
+        let mut groups: Vec<Group> = Vec::new();
+        let mut new_group = |name: &str, kind: GroupKind| {
+            groups.push(Group::new(name, kind));
+            groups.len() as u32 - 1
+        };
+        let mut by_name: FxHashMap<String, u32> = FxHashMap::default();
+        let stack_groups: Vec<Option<u32>> = (0..self.stack_offsets.len().saturating_sub(1))
+            .map(|s| {
+                let ids = &self.stack_frames[self.stack_offsets[s] as usize..self.stack_offsets[s + 1] as usize];
+                let frames: Vec<Frame> = ids.iter().map(|&f| self.frames[f as usize].clone()).collect();
+                let name = group_name(&frames)?;
+                Some(*by_name.entry(name).or_insert_with_key(|name| new_group(name, GroupKind::Frame)))
+            })
+            .collect();
+        // The groups without a stack, made when first needed.
+        let (mut before, mut bare) = (None, None);
+        let a = &self.allocations;
+        let group = (0..a.size.len())
+            .map(|id| match stack_groups.get(a.stack[id] as usize).copied().flatten() {
+                Some(g) => g,
+                None if a.start[id] == 0 => *before.get_or_insert_with(|| new_group(BEFORE_TRACE, GroupKind::BeforeTrace)),
+                None => *bare.get_or_insert_with(|| new_group(NO_FRAMES, GroupKind::NoStack)),
+            })
+            .collect();
+        Grouping { groups, group }
     }
 }
 
@@ -550,8 +637,7 @@ impl Builder {
     }
 
     fn new_group(&mut self, name: &str, kind: GroupKind) -> u32 {
-        let category = matches!(kind, GroupKind::Category(_));
-        self.t.groups.push(Group { name: name.to_string(), kind, category, bytes_at_peak: 0, allocations: 0 });
+        self.t.groups.push(Group::new(name, kind));
         self.t.groups.len() as u32 - 1
     }
 
@@ -569,26 +655,7 @@ impl Builder {
     fn finish_groups(&mut self, peak_x: u32) {
         self.t.stack_offsets.push(self.t.stack_frames.len() as u32);
         self.t.scope_offsets.push(self.t.scope_frames.len() as u32);
-        let a = &mut self.t.allocations;
-        for i in 0..a.size.len() {
-            let g = &mut self.t.groups[a.group[i] as usize];
-            g.allocations += 1;
-            if a.start[i] <= peak_x && peak_x < a.end[i] {
-                g.bytes_at_peak += a.size[i] as u64;
-            }
-        }
-        // Allocations by group (a counting sort).
-        let mut group_start = vec![0u32; self.t.groups.len() + 1];
-        for (g, group) in self.t.groups.iter().enumerate() {
-            group_start[g + 1] = group_start[g] + group.allocations;
-        }
-        let mut fill = group_start.clone();
-        a.by_group = vec![0; a.size.len()];
-        for (id, &g) in a.group.iter().enumerate() {
-            a.by_group[fill[g as usize] as usize] = id as u32;
-            fill[g as usize] += 1;
-        }
-        a.group_start = group_start;
+        self.t.index_groups(peak_x);
     }
 }
 

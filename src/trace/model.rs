@@ -255,7 +255,7 @@ impl Category {
     ];
 
     /// The key as written in a snapshot: `optimizer_state`.
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             Category::Parameter => "parameter",
             Category::Gradient => "gradient",

@@ -86,6 +86,13 @@ async function inkedFraction(page) {
   });
 }
 
+// Colours the timeline by `by` (recorded, inferred or frame) and waits for the legend to say so.
+const LEGEND_CAPTION = { recorded: 'category (recorded):', inferred: 'category (inferred):', frame: 'stack frame:' };
+async function colorBy(page, by) {
+  await page.selectOption('[data-testid=color-by]', by);
+  await page.waitForFunction((text) => document.querySelector('[data-testid=legend-caption]')?.textContent === text, LEGEND_CAPTION[by]);
+}
+
 test('the default page runs the default scenario and draws its timeline', async () => {
   const page = await newPage();
   await page.goto(baseUrl);
@@ -123,31 +130,36 @@ test('every fixture loads and shows the peaks the CLI reports', async () => {
   for (const f of files) {
     const path = join(fixtures, f);
     const expected = cliPeaks(path);
+    // A file with several devices opens on the one the doctor diagnoses unless told (the one
+    // with an out-of-memory entry, else the one that reserved the most).
+    const opened = expected.length > 1 ? cliDoctor([path])[0].evidence.device : expected[0].device;
+    const order = [expected.find((d) => d.device === opened), ...expected.filter((d) => d.device !== opened)];
     paints += 1;
     await openFile(page, path, paints);
     const shown = await peaks(page);
-    assert.deepEqual(shown, { allocated: expected[0].allocated, reserved: expected[0].reserved }, f);
+    assert.deepEqual(shown, { allocated: order[0].allocated, reserved: order[0].reserved }, f);
     assert.equal(await page.isVisible('[data-testid=error]'), false, f);
     assert.equal(await page.textContent('#source-name'), f);
+    assert.match(await page.textContent('#trace-settings'), new RegExp(`^device ${opened} `), f);
     await page.screenshot({ path: join(shots, `fixture-${f}.png`) });
     // A multi-device file switches devices, and each device shows its own peaks.
     if (expected.length > 1) {
       assert.equal(await page.isVisible('[data-testid=device-select]'), true, f);
-      for (const d of expected.slice(1)) {
+      assert.equal(await page.$eval('[data-testid=device-select]', (s) => s.value), String(opened), f);
+      if (f === 'expandable-3gpu-oom.pickle') {
+        // Device 1 ran out of memory: the page opens on it, and says so in the device list, in a
+        // warning, and on the timeline.
+        assert.equal(opened, 1);
+        assert.match(await page.textContent('[data-testid=device-select] option[value="1"]'), /out of memory/);
+        assert.match(await page.textContent('#warnings'), /out-of-memory error at event \d+: out of memory: 4\.94 GiB requested with 91\.\d+ MiB free/);
+      }
+      for (const d of order.slice(1)) {
         paints += 1;
         await page.selectOption('[data-testid=device-select]', String(d.device));
         await painted(page, paints);
         assert.deepEqual(await peaks(page), { allocated: d.allocated, reserved: d.reserved }, `${f} device ${d.device}`);
       }
-      await page.screenshot({ path: join(shots, `fixture-${f}-device-${expected.at(-1).device}.png`) });
-      if (f === 'expandable-3gpu-oom.pickle') {
-        // Device 1 ran out of memory: said in the device list, in a warning, and on the timeline.
-        assert.match(await page.textContent('[data-testid=device-select] option[value="1"]'), /out of memory/);
-        await page.selectOption('[data-testid=device-select]', '1');
-        paints += 1;
-        await painted(page, paints);
-        assert.match(await page.textContent('#warnings'), /out-of-memory error at event \d+: out of memory: 4\.94 GiB requested with 91\.\d+ MiB free/);
-      }
+      await page.screenshot({ path: join(shots, `fixture-${f}-device-${order.at(-1).device}.png`) });
     }
   }
   assert.deepEqual(page.errors, []);
@@ -304,7 +316,8 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     await painted(page);
     assert.deepEqual(await peaks(page), { allocated: cliPeaks(file)[0].allocated, reserved: cliPeaks(file)[0].reserved });
     assert.match(await page.textContent('#warnings'), /does not start at the beginning/);
-    // The legend names the groups, biggest at the peak first.
+    // Coloured by stack frame, the legend names the groups, biggest at the peak first.
+    await colorBy(page, 'frame');
     assert.match(await page.textContent('#legend button'), /^\(allocated before the trace, no stack\) 1\.59 GiB at peak · 226 allocs/);
     assert.match(await page.textContent('#legend'), /step \(cs336_basics\/optimizer\.py:74\) 1\.54 GiB at peak/);
     // The record_function scope of the optimizer step is drawn, and named on hover.
@@ -583,6 +596,7 @@ test('names from a snapshot are shown as text, never run as markup', async () =>
   await painted(page);
   await openFile(page, path, 2);
   await page.waitForFunction(() => /^after event/.test(document.querySelector('#cursor-label').textContent));
+  await colorBy(page, 'frame');
   assert.ok((await page.textContent('#legend')).includes(markup), await page.textContent('#legend'));
   assert.ok((await page.textContent('#live')).includes(markup));
   // The tooltip and the details panel, reached by keyboard.
@@ -737,19 +751,20 @@ test('the Diagnosis panel finds the recorded out-of-memory on the device that ra
   await page.goto(baseUrl);
   await painted(page);
   await openFile(page, path, 2);
-  // The page opens the first device; its diagnosis is that device's.
-  assert.deepEqual(await shownFindings(page), kindsAndBytes(cliDoctor([path, '--device', '0'])));
-  // The doctor's own choice (no --device) is the device with the OOM: pick it in the selector.
+  // The page opens on the doctor's own choice (no --device): the device with the OOM.
   const expected = cliDoctor([path]);
   const oom = expected.find((f) => f.kind === 'oom');
   assert.ok(oom, 'the doctor finds the OOM');
-  const label = await page.$eval('[data-testid=device-select]', (s, d) => [...s.options].find((o) => o.value === String(d)).textContent, oom.evidence.device);
-  assert.match(label, /out of memory/);
-  await page.selectOption('[data-testid=device-select]', String(oom.evidence.device));
-  await painted(page, 3);
+  assert.equal(await page.$eval('[data-testid=device-select]', (s) => s.value), String(oom.evidence.device));
+  assert.match(await page.$eval('[data-testid=device-select]', (s) => s.selectedOptions[0].textContent), /out of memory/);
   assert.deepEqual(await shownFindings(page), kindsAndBytes(expected));
   await activateFinding(page, oom, 'keyboard');
   await page.screenshot({ path: join(shots, 'diagnosis-oom.png') });
+  // Another device: its own diagnosis.
+  const other = oom.evidence.device === 0 ? 1 : 0;
+  await page.selectOption('[data-testid=device-select]', String(other));
+  await painted(page, 3);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(cliDoctor([path, '--device', String(other)])));
   assert.deepEqual(page.errors, []);
   await page.close();
 });
@@ -779,6 +794,113 @@ test('the default scenario\'s findings, and the doctor\'s verdict on its mistake
   await page.evaluate(() => window.scrollTo(0, 0));
   const card = await page.locator('#scenario-card').boundingBox();
   await page.screenshot({ path: join(shots, 'diagnosis-scenario-verdict.png'), fullPage: true, clip: card });
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+// ---- colour by category (issue 23): PyTorch's snapshots record none; the doctor infers them
+
+// The legend's groups as {kind, bytes (at the peak), allocations, hidden}.
+function legendGroups(page) {
+  return page.$$eval('#legend button', (buttons) => buttons.map((b) => ({
+    kind: b.dataset.kind, bytes: Number(b.dataset.bytes), allocations: Number(b.dataset.allocations), category: b.dataset.category === 'true', off: b.classList.contains('off'),
+  })));
+}
+
+test('a PyTorch snapshot is coloured by the categories the doctor infers; the legend, the details and the colour-by control say so', async () => {
+  const path = join(fixtures, 'gpt-medium-ctx128-training.pickle');
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  // tensormem's own trace (the default scenario) keeps the categories it records.
+  assert.equal(await page.$eval('[data-testid=color-by]', (s) => s.value), 'recorded');
+  assert.deepEqual(await page.$$eval('[data-testid=color-by] option', (o) => o.map((x) => x.textContent)), ['category (recorded)', 'category (inferred)', 'stack frame']);
+  assert.equal(await page.textContent('[data-testid=legend-caption]'), LEGEND_CAPTION.recorded);
+
+  await openFile(page, path, 2);
+  assert.equal(await page.$eval('[data-testid=color-by]', (s) => s.value), 'inferred');
+  assert.deepEqual(await page.$$eval('[data-testid=color-by] option', (o) => o.map((x) => x.textContent)), ['category (inferred)', 'stack frame']);
+  assert.equal(await page.textContent('[data-testid=legend-caption]'), LEGEND_CAPTION.inferred);
+  // What the doctor reports live at the peak by inferred category (`tensormem doctor --json`,
+  // the peak's evidence) is what the legend shows, category by category.
+  const peak = cliDoctor([path, '--device', '0']).find((f) => f.kind === 'peak');
+  const reported = peak.evidence.inferred_categories;
+  assert.ok(reported.length >= 3, JSON.stringify(reported));
+  const legend = await legendGroups(page);
+  assert.ok(legend.every((g) => g.category), JSON.stringify(legend));
+  const byKind = new Map(legend.map((g) => [g.kind, g]));
+  assert.deepEqual(reported.map((c) => [c.category, byKind.get(c.category)?.bytes]), reported.map((c) => [c.category, c.bytes]));
+  assert.ok(legend.filter((g) => g.bytes > 0).every((g) => reported.some((c) => c.category === g.kind)), 'no category live at the peak that the doctor does not report');
+  assert.equal(legend.reduce((n, g) => n + g.allocations, 0), 7190);
+  // Allocation by allocation, the page's inferred categories add up, at the peak, to the
+  // doctor's figures: the allocations and the bytes of each confidence.
+  const pageAtPeak = await page.evaluate(() => {
+    const { data, cursor } = window.__tensormem.timeline;
+    const { arrays: a, inferred, meta } = data;
+    const out = {};
+    const x = meta.summary.peak_x;
+    for (let id = 0; id < a.allocSize.length; id++) {
+      if (a.allocStart[id] > x || a.allocEnd[id] <= x) continue;
+      const c = (out[inferred.categories[inferred.category[id]]] ||= { allocations: 0, high_bytes: 0, medium_bytes: 0, low_bytes: 0 });
+      c.allocations++;
+      c[`${inferred.confidences[inferred.confidence[id]]}_bytes`] += a.allocSize[id];
+    }
+    return { out, cursor, peak: x };
+  });
+  for (const c of reported) {
+    assert.deepEqual(pageAtPeak.out[c.category], { allocations: c.allocations, high_bytes: c.high_bytes, medium_bytes: c.medium_bytes, low_bytes: c.low_bytes }, c.category);
+  }
+  assert.equal(Object.keys(pageAtPeak.out).length, reported.length);
+  await page.screenshot({ path: join(shots, 'inferred-categories.png') });
+
+  // The details panel: the pinned allocation's inferred category and how sure (the largest at the peak).
+  await page.waitForSelector('[data-testid=diagnosis][data-state=ready]', { timeout: 60000 });
+  await page.click('[data-testid=finding][data-kind=peak] .finding-go');
+  const pinned = Number(await timelineState(page, 'pinned'));
+  const expectedDetails = await page.evaluate((id) => {
+    const i = window.__tensormem.timeline.data.inferred;
+    return { category: i.categories[i.category[id]], confidence: i.confidences[i.confidence[id]], reason: i.reasons[i.reason[id]] };
+  }, pinned);
+  assert.ok(reported.some((c) => c.category === expectedDetails.category), JSON.stringify(expectedDetails));
+  const cell = page.locator('#details [data-testid=inferred-category]');
+  await cell.waitFor();
+  assert.deepEqual({ category: await cell.getAttribute('data-category'), confidence: await cell.getAttribute('data-confidence') },
+    { category: expectedDetails.category, confidence: expectedDetails.confidence });
+  assert.equal(await cell.textContent(), `${expectedDetails.category.replace(/_/g, ' ')} · ${expectedDetails.confidence} confidence${expectedDetails.reason}`);
+  assert.equal(await page.textContent('#details dd[data-testid=inferred-category] >> xpath=preceding-sibling::dt[1]'), 'category (inferred)');
+  await page.locator('#details-card').screenshot({ path: join(shots, 'inferred-category-details.png') });
+  // Hovering a band names its inferred category and how sure.
+  await page.focus('[data-testid=timeline]');
+  await page.keyboard.press('ArrowUp');
+  await page.waitForSelector('#tooltip:not([hidden])');
+  assert.match(await page.textContent('#tooltip'), /^[\d.]+ (B|KiB|MiB|GiB) · (parameter|gradient|optimizer state|activation|temporary|input|autograd detail|unknown) \(inferred, (high|medium|low) confidence\)/);
+
+  // The legend hides and shows a category: its allocations are counted as hidden at the cursor.
+  const biggest = legend[0];
+  const button = page.locator(`#legend button[data-kind=${biggest.kind}]`);
+  await button.click();
+  await page.waitForFunction((k) => document.querySelector(`#legend button[data-kind=${k}]`).classList.contains('off'), biggest.kind);
+  await page.waitForFunction(() => /hidden by the filter or the legend/.test(document.querySelector('#live').textContent));
+  assert.match(await page.textContent('#live th'), /^by category \(inferred\)$/);
+  await frame(page);
+  await page.locator('.timeline-card').screenshot({ path: join(shots, 'inferred-categories-hidden.png') });
+  await page.locator(`#legend button[data-kind=${biggest.kind}]`).click();
+  await page.waitForFunction((k) => !document.querySelector(`#legend button[data-kind=${k}]`).classList.contains('off'), biggest.kind);
+  await page.waitForFunction(() => !/hidden by the filter or the legend/.test(document.querySelector('#live').textContent));
+
+  // Colour by stack frame: the legend's groups are frames (and the blocks from before the trace);
+  // the details still say the inferred category; and back.
+  await colorBy(page, 'frame');
+  const frames = await legendGroups(page);
+  assert.ok(frames.every((g) => ['frame', 'before_trace', 'no_stack'].includes(g.kind)), JSON.stringify(frames));
+  assert.match(await page.textContent('#legend'), /step \(cs336_basics\/optimizer\.py:74\) 1\.54 GiB at peak/);
+  assert.match(await page.textContent('#live th'), /^by where it was allocated$/);
+  assert.equal(await page.getAttribute('#details [data-testid=inferred-category]', 'data-category'), expectedDetails.category);
+  assert.match(await page.textContent('#details'), /group/);
+  await frame(page);
+  await page.screenshot({ path: join(shots, 'inferred-categories-by-frame.png') });
+  await colorBy(page, 'inferred');
+  assert.deepEqual(await legendGroups(page), legend);
   assert.deepEqual(page.errors, []);
   await page.close();
 });
