@@ -164,6 +164,9 @@ export function setUpFits({ ask, presets, showProgress, hideProgress, download }
     } catch (e) {
       if (mine === ticket) {
         $('fits-status').textContent = '';
+        // No figures of an earlier prediction under an error about this one.
+        $('fits-result').replaceChildren();
+        $('fits-export').hidden = true;
         showError(e.message);
       }
     } finally {

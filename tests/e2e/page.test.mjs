@@ -808,6 +808,8 @@ test('What fits predicts from two real snapshots as tensormem predict does, plot
   await page.fill('[data-testid=fits-target]', 'context=1024');
   await page.click('[data-testid=fits-run]');
   await page.waitForFunction(() => /every recording must give the same variables/.test(document.querySelector('[data-testid=fits-error]').textContent), null, { timeout: 30000 });
+  // The sticky header would cover the card's top in its screenshots.
+  await page.addStyleTag({ content: 'header.bar { position: static !important; }' });
   await page.locator('#fits-card').screenshot({ path: join(shots, 'fits-error.png') });
   assert.equal(await page.isVisible('[data-testid=error]'), false);
 
@@ -838,6 +840,18 @@ test('What fits predicts from two real snapshots as tensormem predict does, plot
   for (const v of [128, 256, 1024, cli.fit.largest]) assert.ok(values.includes(v), `${v} in ${values}`);
   assert.ok(values.length >= 8 && values.length <= 20, String(values));
   await page.locator('#fits-card').screenshot({ path: join(shots, 'fits.png') });
+  // Another program in the second slot: said in the view, and the next prediction still works.
+  await page.setInputFiles('[data-testid=fits-file-1]', join(fixtures, 'gpt-medium-ctx128-training.pickle'));
+  await page.waitForFunction(() => /training.*peak/.test(document.querySelectorAll('.fits-row .fits-name')[1].textContent), null, { timeout: 30000 });
+  await page.click('[data-testid=fits-run]');
+  await page.waitForFunction(() => /do not look like one program/.test(document.querySelector('[data-testid=fits-error]').textContent), null, { timeout: 30000 });
+  await page.locator('#fits-card').screenshot({ path: join(shots, 'fits-mismatch.png') });
+  await page.setInputFiles('[data-testid=fits-file-1]', b);
+  await page.waitForFunction(() => /ctx256.*peak/.test(document.querySelectorAll('.fits-row .fits-name')[1].textContent), null, { timeout: 30000 });
+  await page.selectOption('[data-testid=fits-card-select]', '');
+  await page.click('[data-testid=fits-run]');
+  await page.waitForFunction(() => document.querySelector('[data-testid=fits-error]').hidden && !document.querySelector('[data-testid=fits-largest]'), null, { timeout: 60000 });
+  assert.equal(Number(await page.getAttribute('[data-testid=fits-peak-allocated]', 'data-bytes')), cli.peak_allocated_bytes);
   assert.deepEqual(page.errors, []);
   await page.close();
 });
