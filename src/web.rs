@@ -518,6 +518,11 @@ impl Predictor {
         .map_err(js_error)
     }
 
+    /// The last prediction's trace, replayed, as a trace of its own (the timeline shows it).
+    pub fn predicted_trace(&self) -> Option<LoadedTrace> {
+        self.predicted.clone().map(|snapshot| LoadedTrace { snapshot, run_json: None })
+    }
+
     /// The last prediction's trace, replayed, as a protocol-4 pickle (pytorch.org/memory_viz
     /// opens it); empty before the first.
     pub fn predicted_pickle(&self) -> Vec<u8> {

@@ -682,7 +682,7 @@ async function setUpScenarios() {
 async function start() {
   try {
     await setUpScenarios();
-    setUpFits({ ask, presets: scenarios.presets, showProgress, hideProgress, download });
+    setUpFits({ ask, load, presets: scenarios.presets, showProgress, hideProgress, download });
   } catch (e) {
     showError(`the page could not start its wasm: ${e.message}`);
     return;

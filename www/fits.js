@@ -31,7 +31,7 @@ export function variableOf(valueSets) {
   return names.find((n) => valueSets.some((v) => v[n] !== valueSets[0][n])) || names[0];
 }
 
-export function setUpFits({ ask, presets, showProgress, hideProgress, download }) {
+export function setUpFits({ ask, load, presets, showProgress, hideProgress, download }) {
   const slots = [];
   const rows = $('fits-recordings');
   for (let k = 0; k < SLOTS; k++) {
@@ -65,6 +65,12 @@ export function setUpFits({ ask, presets, showProgress, hideProgress, download }
   $('fits-card-select').value = 'H100-80GB';
   $('fits-card-select').onchange = () => { $('fits-capacity-box').hidden = $('fits-card-select').value !== 'custom'; };
   $('fits-run').onclick = () => predict();
+  // The predicted trace on the timeline above, as a file would be.
+  let shown = '';
+  $('fits-open').onclick = async () => {
+    await load('fitsOpenPredicted', { name: shown });
+    document.querySelector('.timeline-card').scrollIntoView();
+  };
   $('fits-export').onclick = async () => {
     try {
       download(await ask('fitsExport'), 'predicted', 'pickle');
@@ -167,6 +173,7 @@ export function setUpFits({ ask, presets, showProgress, hideProgress, download }
         // No figures of an earlier prediction under an error about this one.
         $('fits-result').replaceChildren();
         $('fits-export').hidden = true;
+        $('fits-open').hidden = true;
         showError(e.message);
       }
     } finally {
@@ -212,6 +219,8 @@ export function setUpFits({ ask, presets, showProgress, hideProgress, download }
         ${laws.map((l) => `<tr><td class="num">${formatBytes(l.target_bytes)}</td><td class="num">${l.allocations}</td><td><code>${escape(l.law)}</code></td><td>${escape(l.stack)}</td></tr>`).join('')}</table>` : ''}
       ${out.notes.length ? `<ul class="warnings">${out.notes.map((n) => `<li>${escape(n)}</li>`).join('')}</ul>` : ''}`;
     $('fits-export').hidden = false;
+    $('fits-open').hidden = false;
+    shown = `predicted at ${target}`;
     drawCurves($('fits-curves'), r.slots.map((k) => ({ color: RECORDED_COLORS[k], ...slots[k].overview })), { color: PREDICTED, ...out.curve });
     if (out.sweep) {
       const recorded = r.request.values.map((v) => parseValues(v)[out.sweep.variable]);

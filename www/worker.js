@@ -231,6 +231,12 @@ const handlers = {
       throw e;
     }
   },
+  // The last prediction's trace as the page's trace (the timeline and every panel show it).
+  async fitsOpenPredicted({ name }) {
+    const t = predictor?.predicted_trace();
+    if (!t) throw new Error('nothing to show: predict first');
+    return add(t, name);
+  },
   async fitsExport() {
     const bytes = predictor ? predictor.predicted_pickle() : new Uint8Array(0);
     if (!bytes.length) throw new Error('nothing to export: predict first');

@@ -852,6 +852,17 @@ test('What fits predicts from two real snapshots as tensormem predict does, plot
   await page.click('[data-testid=fits-run]');
   await page.waitForFunction(() => document.querySelector('[data-testid=fits-error]').hidden && !document.querySelector('[data-testid=fits-largest]'), null, { timeout: 60000 });
   assert.equal(Number(await page.getAttribute('[data-testid=fits-peak-allocated]', 'data-bytes')), cli.peak_allocated_bytes);
+  // The predicted trace opens in the timeline, with the peaks the CLI's predicted snapshot shows
+  // (the trace's own figures, as for every file; reserved is the prediction's).
+  const written = join(scratch, 'predicted-context-1024.pickle');
+  execFileSync(bin, ['predict', `${a}@context=128`, `${b}@context=256`, '--to', 'context=1024', '--snapshot', written]);
+  const [expected] = cliPeaks(written);
+  assert.equal(expected.reserved, cli.peak_reserved_bytes);
+  await page.click('[data-testid=fits-open]');
+  await painted(page, 2);
+  assert.match(await page.textContent('#source-name'), /predicted at context=1024/);
+  assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
+  await page.screenshot({ path: join(shots, 'fits-predicted-timeline.png') });
   assert.deepEqual(page.errors, []);
   await page.close();
 });
