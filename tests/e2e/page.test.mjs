@@ -866,3 +866,25 @@ test('What fits predicts from two real snapshots as tensormem predict does, plot
   assert.deepEqual(page.errors, []);
   await page.close();
 });
+
+test('a file dropped on What fits is one of its recordings, not the page\'s trace', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  const before = await page.textContent('#source-name');
+  await page.locator('#fits-card').scrollIntoViewIfNeeded();
+  const box = await page.locator('#fits-card').boundingBox();
+  const drop = (name, text) => page.evaluate(({ name, text, x, y }) => {
+    const data = new DataTransfer();
+    data.items.add(new File([text], name));
+    const at = document.elementFromPoint(x, y);
+    for (const type of ['dragenter', 'dragover', 'drop']) at.dispatchEvent(new DragEvent(type, { bubbles: true, cancelable: true, dataTransfer: data, clientX: x, clientY: y }));
+  }, { name, text, x: box.x + box.width / 2, y: box.y + 20 });
+  await drop('not-a-snapshot.pickle', 'hello');
+  await page.waitForFunction(() => /Could not load not-a-snapshot\.pickle/.test(document.querySelector('[data-testid=fits-error]').textContent), null, { timeout: 30000 });
+  assert.equal(await page.textContent('#source-name'), before, 'the page\'s trace is still shown');
+  assert.equal(await page.isVisible('[data-testid=error]'), false);
+  assert.equal(await page.isVisible('#drop'), false);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
