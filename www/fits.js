@@ -200,7 +200,7 @@ export function setUpFits({ ask, load, presets, showProgress, hideProgress, down
       </table>
       ${f ? `<p class="fits-largest" data-testid="fits-largest" data-value="${f.largest ?? ''}" data-expandable="${f.largest_expandable ?? ''}">
         Largest ${escape(f.variable)} that fits ${escape(r.card)} (${formatBytes(f.capacity_bytes)}):
-        <strong>${largest(f.largest)}</strong> with ${escape(f.settings)};
+        <strong>${largest(f.largest)}</strong> with ${f.settings === '(defaults)' ? 'the default settings' : escape(f.settings)};
         <strong>${largest(f.largest_expandable)}</strong> with ${escape(f.expandable_settings)}
         <span class="muted">(${f.replays} predictions replayed)</span></p>` : ''}
       <h3>Memory over the run: recorded and predicted</h3>
