@@ -481,3 +481,171 @@ pub async fn run_scenario(request: String) -> Result<LoadedTrace, JsError> {
     let run_json = serde_json::to_string(&result).map_err(js_error)?;
     Ok(LoadedTrace { snapshot: result.snapshot, run_json: Some(run_json) })
 }
+
+/// A device's curves cut to at most `points` buckets of positions, each the largest value in it
+/// (the peaks stay): `{device, events, allocated: [...], reserved: [...], peak_allocated_bytes,
+/// peak_reserved_bytes}`. For the "What fits" view's small plots.
+fn overview(snapshot: &Snapshot, device: i64, points: usize) -> Result<serde_json::Value, JsError> {
+    let t = timeline::build_without_curves(snapshot, device).map_err(js_error)?;
+    let s = &t.summary;
+    let trace = snapshot.trace_of(device);
+    let n = trace.len() + 1;
+    let buckets = points.clamp(2, n.max(2));
+    let (mut allocated, mut reserved) = (vec![0f64; buckets], vec![0f64; buckets]);
+    for (i, p) in timeline::curves(trace, s.start_allocated_bytes, s.start_reserved_bytes).enumerate() {
+        let b = i * buckets / n;
+        allocated[b] = allocated[b].max(p.allocated as f64);
+        reserved[b] = reserved[b].max(p.reserved as f64);
+    }
+    let filled = n.min(buckets);
+    allocated.truncate(filled);
+    reserved.truncate(filled);
+    Ok(serde_json::json!({
+        "device": device, "events": trace.len(), "allocated": allocated, "reserved": reserved,
+        "peak_allocated_bytes": s.peak_allocated_bytes, "peak_reserved_bytes": s.peak_reserved_bytes,
+    }))
+}
+
+/// Points of the small curves the "What fits" view draws.
+const OVERVIEW_POINTS: usize = 600;
+
+#[wasm_bindgen]
+impl LoadedTrace {
+    /// The curves of the device `tensormem predict` reads (the doctor's pick), for the "What
+    /// fits" view; see `overview`.
+    pub fn overview_json(&self) -> Result<String, JsError> {
+        let device = crate::doctor::pick_device(&self.snapshot).ok_or_else(|| JsError::new("the snapshot has no segments and no trace"))?;
+        Ok(overview(&self.snapshot, device, OVERVIEW_POINTS)?.to_string())
+    }
+}
+
+/// `tensormem predict` for the page: the recordings added (copies of loaded traces), then
+/// `predict(request, progress)`.
+#[wasm_bindgen]
+pub struct Predictor {
+    recordings: Vec<(String, Snapshot)>,
+    predicted: Option<Snapshot>,
+}
+
+impl Default for Predictor {
+    fn default() -> Self {
+        Predictor::new()
+    }
+}
+
+#[wasm_bindgen]
+impl Predictor {
+    #[wasm_bindgen(constructor)]
+    pub fn new() -> Predictor {
+        Predictor { recordings: Vec::new(), predicted: None }
+    }
+
+    /// A recording, named `label` in messages; its values come with each request.
+    pub fn add(&mut self, trace: &LoadedTrace, label: String) {
+        self.recordings.push((label, trace.snapshot.clone()));
+    }
+
+    /// `request` is JSON: `{values: ["context=128", ...] (one per recording, in the order
+    /// added), to?: "context=1024", fit?: "context", capacity?: "80GiB" | "H100-80GB",
+    /// alloc_conf?: "...", points?: 12}`. Returns `{prediction (tensormem predict --json's
+    /// object), curve (the predicted trace's, see overview), sweep: {variable, points: [{value,
+    /// peak_allocated_bytes, peak_reserved_bytes}]}, capacity_bytes, settings, reference, notes}`.
+    /// `progress(done, of)` is called after each value of the sweep.
+    pub fn predict(&mut self, request: &str, progress: &js_sys::Function) -> Result<String, JsError> {
+        use crate::predict::{self, PredictOptions, Recording};
+        #[derive(serde::Deserialize)]
+        struct Request {
+            values: Vec<String>,
+            to: Option<String>,
+            fit: Option<String>,
+            capacity: Option<String>,
+            alloc_conf: Option<String>,
+            points: Option<usize>,
+        }
+        let r: Request = serde_json::from_str(request).map_err(js_error)?;
+        let given = |s: &Option<String>| s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_string);
+        if r.values.len() != self.recordings.len() {
+            return Err(JsError::new(&format!("{} recordings but {} sets of values", self.recordings.len(), r.values.len())));
+        }
+        let mut recordings = Vec::new();
+        for ((label, snapshot), values) in self.recordings.iter().zip(&r.values) {
+            let values = predict::parse_values(values).map_err(|e| JsError::new(&format!("{label}: {e} (write its values as context=128)")))?;
+            recordings.push(Recording { label: label.clone(), snapshot, values });
+        }
+        let target = match given(&r.to) {
+            Some(to) => predict::parse_values(&to).map_err(|e| JsError::new(&format!("target {to}: {e}")))?,
+            None => predict::Values::new(),
+        };
+        let fit = given(&r.fit);
+        if fit.is_none() && target.is_empty() {
+            return Err(JsError::new("set a target value or a card to fit"));
+        }
+        let capacity = given(&r.capacity).map(|c| crate::device::parse_capacity(&c)).transpose().map_err(js_error)?;
+        let config = given(&r.alloc_conf).map(|c| crate::alloc::AllocatorConfig::parse(&c)).transpose().map_err(js_error)?;
+        let options = PredictOptions { device: None, capacity, config, keep_snapshot: true };
+        let mut prediction = predict::predict_or_fit(&recordings, &target, fit.as_deref(), &options).map_err(js_error)?;
+        let device = prediction.devices[prediction.reference];
+        let snapshot = prediction.snapshot.take().ok_or_else(|| JsError::new("the prediction kept no trace"))?;
+        let curve = overview(&snapshot, device, OVERVIEW_POINTS)?;
+        self.predicted = Some(snapshot);
+
+        // The sweep: along the fitted variable, else the one the recordings vary.
+        let first = &recordings[0].values;
+        let varies = |n: &String| recordings.iter().any(|r| r.values[n] != first[n]);
+        let variable = fit.clone().or_else(|| first.keys().find(|n| varies(n)).cloned()).or_else(|| target.keys().next().cloned());
+        let mut sweep = serde_json::Value::Null;
+        if let Some(variable) = variable.filter(|v| first.contains_key(v)) {
+            let recorded: Vec<u64> = recordings.iter().map(|r| r.values[&variable]).collect();
+            let (low, top) = (*recorded.iter().min().unwrap_or(&1), *recorded.iter().max().unwrap_or(&1));
+            let mut also = recorded.clone();
+            let mut high = top;
+            if let Some(&t) = prediction.target.get(&variable) {
+                also.push(t);
+                high = high.max(t);
+            }
+            if let Some(f) = &prediction.fit {
+                for v in [f.largest, f.largest_expandable].into_iter().flatten() {
+                    // Past the search's limit: the plot stops at 16 x the largest recorded.
+                    let v = if v >= f.search_limit { high.max(16 * top) } else { v };
+                    also.push(v);
+                    high = high.max(v);
+                }
+            }
+            // A little past the largest value that fits, to show where it stops fitting.
+            if prediction.fit.is_some() {
+                high += high / 8;
+            }
+            let values = predict::sweep_values(low, high, r.points.unwrap_or(12), &also);
+            let mut others = prediction.target.clone();
+            others.remove(&variable);
+            let sweep_options = PredictOptions { keep_snapshot: false, ..options.clone() };
+            let mut report = |done: usize, of: usize| {
+                let _ = progress.call2(&JsValue::NULL, &JsValue::from(done as u32), &JsValue::from(of as u32));
+            };
+            let points = predict::sweep(&recordings, &others, &variable, &values, &sweep_options, &mut report).map_err(js_error)?;
+            sweep = serde_json::json!({ "variable": variable, "points": points });
+        }
+        serde_json::to_string(&serde_json::json!({
+            "prediction": prediction,
+            "curve": curve,
+            "sweep": sweep,
+            "capacity_bytes": capacity,
+            "settings": prediction.settings,
+            "reference": prediction.reference,
+            "weak": prediction.weak,
+            "notes": prediction.notes,
+        }))
+        .map_err(js_error)
+    }
+
+    /// The last prediction's trace, replayed, as a trace of its own (the timeline shows it).
+    pub fn predicted_trace(&self) -> Option<LoadedTrace> {
+        self.predicted.clone().map(|snapshot| LoadedTrace { snapshot, run_json: None })
+    }
+
+    /// The last prediction's trace, replayed, as a protocol-4 pickle (pytorch.org/memory_viz
+    /// opens it); empty before the first.
+    pub fn predicted_pickle(&self) -> Vec<u8> {
+        self.predicted.as_ref().map(trace::to_pickle).unwrap_or_default()
+    }
+}

@@ -228,3 +228,45 @@ fn fit_finds_the_largest_context_that_a_direct_run_fits() {
     let e = predict::fit(&recordings, &Values::new(), "batch", capacity, &PredictOptions::default()).unwrap_err().to_string();
     assert!(e.contains("no recording gives batch"), "{e}");
 }
+
+#[test]
+fn predict_or_fit_and_the_sweep_agree_with_single_predictions() {
+    let set = |c: u64| vec![("size", "small".to_string()), ("batch", "2".to_string()), ("context", c.to_string())];
+    let (a, b) = (run("lm-train", &set(16)), run("lm-train", &set(32)));
+    let recordings = [recording("a", &a.snapshot, &[("context", 16)]), recording("b", &b.snapshot, &[("context", 32)])];
+    let at = |c: u64| predict::predict(&recordings, &values(&[("context", c)]), &PredictOptions::default()).unwrap();
+    // The sweep: one alignment, a replay per value, the same peaks as predictions one by one.
+    let sweep_values = predict::sweep_values(16, 128, 8, &[100]);
+    assert_eq!(sweep_values, [16, 32, 48, 64, 80, 96, 100, 112, 128]);
+    let mut calls = 0;
+    let peaks = predict::sweep(&recordings, &Values::new(), "context", &sweep_values, &PredictOptions::default(), &mut |done, of| {
+        calls += 1;
+        assert_eq!((done, of), (calls, 9));
+    })
+    .unwrap();
+    assert_eq!(calls, 9);
+    for peak in &peaks {
+        let p = at(peak.value);
+        assert_eq!((peak.peak_allocated_bytes, peak.peak_reserved_bytes), (p.peak_allocated_bytes, p.peak_reserved_bytes), "context={}", peak.value);
+    }
+
+    // predict_or_fit: with a fit, the prediction is at the largest value that fits unless a target is given.
+    let capacity = at(100).peak_reserved_bytes;
+    let options = PredictOptions { capacity: Some(capacity), ..Default::default() };
+    let fitted = predict::predict_or_fit(&recordings, &Values::new(), Some("context"), &options).unwrap();
+    let fit = fitted.fit.as_ref().unwrap();
+    assert_eq!(fitted.target, values(&[("context", fit.largest.unwrap())]));
+    assert!(fitted.out_of_memory.is_none());
+    let targeted = predict::predict_or_fit(&recordings, &values(&[("context", 128)]), Some("context"), &options).unwrap();
+    assert_eq!(targeted.fit, fitted.fit);
+    assert_eq!(targeted.target, values(&[("context", 128)]));
+    let direct = predict::predict(&recordings, &values(&[("context", 128)]), &options).unwrap();
+    assert_eq!((targeted.peak_reserved_bytes, &targeted.out_of_memory), (direct.peak_reserved_bytes, &direct.out_of_memory));
+    let e = predict::predict_or_fit(&recordings, &Values::new(), Some("context"), &PredictOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("needs --capacity"), "{e}");
+    // Card presets as capacities.
+    assert_eq!(tensormem::device::parse_capacity("h100-80gb"), Ok(85_045_379_072));
+    assert_eq!(tensormem::device::parse_capacity("sim:T4-16GB"), Ok(15_828_320_256));
+    assert_eq!(tensormem::device::parse_capacity("24GiB"), Ok(24 << 30));
+    assert!(tensormem::device::parse_capacity("H100").unwrap_err().contains("or a card: H100-80GB"));
+}

@@ -7,6 +7,7 @@ import { applyFilter, streamsOf } from './filter.js';
 import { Icicle, buildTree } from './icicle.js';
 import { showComparison } from './compare.js';
 import { UNKNOWN } from './palette.js';
+import { setUpFits } from './fits.js';
 import { showFindings, allocationsOf, momentOf, verdictRow, verifiedText, isProblem } from './diagnosis.js';
 
 const $ = (id) => document.getElementById(id);
@@ -751,6 +752,7 @@ async function setUpScenarios() {
 async function start() {
   try {
     await setUpScenarios();
+    setUpFits({ ask, load, presets: scenarios.presets, showProgress, hideProgress, download });
   } catch (e) {
     showError(`the page could not start its wasm: ${e.message}`);
     return;

@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, diagnose, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { TraceLoader, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
+import init, { Predictor, TraceLoader, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
@@ -207,7 +207,60 @@ function replaceOther(t) {
   other = t;
 }
 
+// The "What fits" view's recordings by slot ({trace, name}), and the last prediction (kept for
+// its export).
+const fitsSlots = new Map();
+let predictor = null;
+
 const handlers = {
+  // A recording for the "What fits" view, in `slot`: its small curves.
+  async fitsOpen({ slot, file }) {
+    const t = await loadFile(file);
+    let overview;
+    try {
+      overview = JSON.parse(t.overview_json());
+    } catch (e) {
+      t.free();
+      throw e;
+    }
+    fitsSlots.get(slot)?.trace.free();
+    fitsSlots.set(slot, { trace: t, name: file.name });
+    return { slot, name: file.name, overview };
+  },
+  async fitsClear({ slot }) {
+    fitsSlots.get(slot)?.trace.free();
+    fitsSlots.delete(slot);
+  },
+  // `tensormem predict` from the slots given (in order) with their values; see Predictor.predict.
+  async fitsPredict({ slots, request }) {
+    const p = new Predictor();
+    try {
+      for (const slot of slots) {
+        const s = fitsSlots.get(slot);
+        if (!s) throw new Error('a recording of this view is no longer open: pick it again');
+        p.add(s.trace, s.name);
+      }
+      progress(request.fit ? `searching the largest ${request.fit} that fits` : 'aligning, fitting and replaying', 0.05);
+      const out = JSON.parse(p.predict(JSON.stringify(request), (done, of) => progress(`replaying the sweep: ${done} of ${of} values`, done / of)));
+      predictor?.free();
+      predictor = p;
+      return out;
+    } catch (e) {
+      p.free();
+      throw e;
+    }
+  },
+  // The last prediction's trace as the page's trace (the timeline and every panel show it).
+  async fitsOpenPredicted({ name }) {
+    const t = predictor?.predicted_trace();
+    if (!t) throw new Error('nothing to show: predict first');
+    return add(t, name);
+  },
+  async fitsExport() {
+    const bytes = predictor ? predictor.predicted_pickle() : new Uint8Array(0);
+    if (!bytes.length) throw new Error('nothing to export: predict first');
+    return { result: bytes, transfer: [bytes.buffer] };
+  },
   async scenarios() {
     // Scenarios run here, so WebGPU must be exposed to this worker (not only to the page).
     return { ...JSON.parse(scenarios_json()), webgpu: 'gpu' in self.navigator };

@@ -168,9 +168,9 @@ enum Command {
         /// The snapshots' device index (default: as the doctor picks it).
         #[arg(long)]
         device: Option<i64>,
-        /// Device memory, e.g. 80GiB: an out-of-memory error, with PyTorch's text, when the
-        /// prediction does not fit.
-        #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+        /// Device memory, e.g. 80GiB, or a card preset (H100-80GB, A100-40GB, ...): an
+        /// out-of-memory error, with PyTorch's text, when the prediction does not fit.
+        #[arg(long, value_name = "SIZE|CARD", value_parser = capacity_arg)]
         capacity: Option<u64>,
         /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, instead of the recordings'.
         #[arg(long, value_name = "STR")]
@@ -232,6 +232,10 @@ enum Command {
 
 fn size_arg(s: &str) -> Result<u64, String> {
     report::parse_size(s)
+}
+
+fn capacity_arg(s: &str) -> Result<u64, String> {
+    tensormem::device::parse_capacity(s)
 }
 
 fn start_arg(s: &str) -> Result<StartMode, String> {
@@ -510,14 +514,39 @@ fn predict_command(
     specs: &[String],
     to: Option<&str>,
     fit: Option<&str>,
-    mut options: PredictOptions,
+    options: PredictOptions,
     alloc_conf: Option<&str>,
     out: Option<&Path>,
     json: bool,
 ) -> Result<(), Failure> {
+    let (mut prediction, parsed) = predict_files(specs, to, fit, options, alloc_conf, out)?;
+    if let (Some(out), Some(snapshot)) = (out, prediction.snapshot.take()) {
+        save(&snapshot, out)?;
+        if !json {
+            println!("wrote the predicted trace to {}", out.display());
+        }
+    }
+    if json {
+        println!("{}", json_line(&prediction)?);
+    } else {
+        predict_print::print(&prediction, &parsed);
+    }
+    Ok(())
+}
+
+/// What `tensormem predict` (and the MCP tool) computes: the recordings (FILE@name=value) read,
+/// the fit searched when asked, the prediction made; with each recording's path and values.
+pub(crate) fn predict_files(
+    specs: &[String],
+    to: Option<&str>,
+    fit: Option<&str>,
+    mut options: PredictOptions,
+    alloc_conf: Option<&str>,
+    out: Option<&Path>,
+) -> Result<(predict::Prediction, Vec<(String, predict::Values)>), Failure> {
     let usage = |e: String| Failure(e, 2);
     let parsed: Vec<(String, predict::Values)> = specs.iter().map(|s| predict::parse_recording(s).map_err(usage)).collect::<Result<_, _>>()?;
-    let mut target = match to {
+    let target = match to {
         Some(to) => predict::parse_values(to).map_err(|e| usage(format!("--to {to}: {e}")))?,
         None => predict::Values::new(),
     };
@@ -528,36 +557,11 @@ fn predict_command(
     let snapshots: Vec<Snapshot> = parsed.iter().map(|(path, _)| load(Path::new(path))).collect::<Result<_, _>>()?;
     let recordings: Vec<predict::Recording> =
         parsed.iter().zip(&snapshots).map(|((path, values), snapshot)| predict::Recording { label: path.clone(), snapshot, values: values.clone() }).collect();
-    let failure = |e: predict::PredictError| match e {
+    let prediction = predict::predict_or_fit(&recordings, &target, fit, &options).map_err(|e| match e {
         predict::PredictError::Input(m) => Failure(m, 2),
         other => Failure(other.to_string(), 1),
-    };
-    let found = match (fit, options.capacity) {
-        (Some(variable), Some(capacity)) => {
-            let mut others = target.clone();
-            others.remove(variable);
-            let found = predict::fit(&recordings, &others, variable, capacity, &options).map_err(failure)?;
-            // Shown at the largest value that fits, unless --to names one.
-            let smallest = recordings.iter().filter_map(|r| r.values.get(variable)).min().copied().unwrap_or(1);
-            target.entry(variable.to_string()).or_insert(found.largest.unwrap_or(smallest));
-            Some(found)
-        }
-        _ => None,
-    };
-    let mut prediction = predict::predict(&recordings, &target, &options).map_err(failure)?;
-    prediction.fit = found;
-    if let (Some(out), Some(snapshot)) = (out, prediction.snapshot.take()) {
-        save(&snapshot, out)?;
-        if !json {
-            println!("wrote the predicted trace to {}", out.display());
-        }
-    }
-    if json {
-        println!("{}", json_line(&prediction)?);
-    } else {
-        predict_print::print(&prediction, &recordings);
-    }
-    Ok(())
+    })?;
+    Ok((prediction, parsed))
 }
 
 /// `tensormem doctor`: a file's trace, or a scenario's run on the sim device, diagnosed alike.

@@ -9,10 +9,11 @@
 //! object a line); a failure is a tool result with `isError` and the line the CLI prints. Tools
 //! read the files they are given and write nothing. End of input ends the server (exit 0).
 
-use crate::{DoctorRequest, Failure, ScenarioRun, diagnose, json_line, replay_file, run_outcome, run_scenario, summary_json};
+use crate::{DoctorRequest, Failure, ScenarioRun, diagnose, json_line, predict_files, replay_file, run_outcome, run_scenario, summary_json};
 use serde_json::{Map, Value, json};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
+use tensormem::predict::PredictOptions;
 use tensormem::replay::StartMode;
 use tensormem::{report, scenarios};
 
@@ -87,7 +88,8 @@ fn initialize(params: &Value) -> Value {
             (torch.cuda.memory._dump_snapshot, pickle or JSON) says what is wrong: the peak, growth per step, \
             retained graphs, missing no_grad, fragmentation, out-of-memory errors, each with evidence, a fix and \
             what the fix saves. `summary` gives memory_stats(), `replay` replays the trace under other allocator \
-            settings or a smaller card, `scenarios` and `run` show worked examples of each mistake and its fix.",
+            settings or a smaller card, `predict` says what a bigger batch or context needs (and what fits a card) \
+            from two or three snapshots at small sizes, `scenarios` and `run` show worked examples of each mistake and its fix.",
     })
 }
 
@@ -186,6 +188,44 @@ fn tools() -> Vec<Value> {
                 &["name"],
             ),
         ),
+        tool(
+            "predict",
+            "Predict a program's memory at another batch or context from two or three snapshots of it at small values \
+             (the user says which values each was recorded at): allocations aligned, each size's law fitted, the trace at \
+             the target replayed through the caching allocator. With fit and capacity, also the largest value that fits \
+             the card (with the recordings' settings and with expandable_segments:True). Returns {target, \
+             peak_allocated_bytes, peak_reserved_bytes, peak_phase, out_of_memory, aligned_fraction, unaligned_bytes, laws, \
+             fit}, as `tensormem predict --json`.",
+            schema(
+                vec![
+                    (
+                        "recordings",
+                        json!({ "type": "array", "minItems": 1,
+                            "items": { "type": ["string", "object"] },
+                            "description": "Snapshots of one program, each as \"FILE@name=value[,name=value]\" (e.g. small.pickle@context=128) \
+                                or {\"file\": PATH, \"values\": {\"context\": 128}}." }),
+                    ),
+                    (
+                        "to",
+                        property(
+                            &["string", "object"],
+                            "The values to predict at: \"context=1024\" or {\"context\": 1024} (with fit, the fitted variable defaults to the largest value that fits).",
+                        ),
+                    ),
+                    ("fit", property(&["string"], "Find the largest value of this variable that fits capacity (needs capacity).")),
+                    ("capacity", capacity("Device memory, or a card preset such as H100-80GB, A100-40GB, RTX4090-24GB (default: unlimited)")),
+                    ("alloc_conf", alloc_conf()),
+                    (
+                        "device",
+                        property(
+                            &["integer"],
+                            "The snapshots' device index (default: the one with an out-of-memory error, else the one that reserved the most).",
+                        ),
+                    ),
+                ],
+                &["recordings"],
+            ),
+        ),
         tool("scenarios", "List the scenarios, with their parameters and variants, as `tensormem scenarios --json`.", schema(vec![], &[])),
     ]
 }
@@ -260,6 +300,22 @@ fn run_tool(name: &str, args: &Args, lines: &mut Vec<String>) -> Result<(), Fail
             lines.push(json_line(&result)?);
             run_outcome(&result, None)?;
         }
+        "predict" => {
+            let specs = args.recordings()?;
+            let to = args.values("to")?;
+            let fit = args.string("fit")?;
+            if fit.is_some() && !args.has("capacity") {
+                return Err(Failure("fit needs capacity: the card's memory (a size, or a preset such as H100-80GB)".into(), 2));
+            }
+            if fit.is_none() && to.is_none() {
+                return Err(Failure("give to (the values to predict at, e.g. \"context=1024\") or fit with capacity".into(), 2));
+            }
+            let capacity =
+                args.string("capacity")?.map(|c| tensormem::device::parse_capacity(&c).map_err(|e| Failure(format!("capacity: {e}"), 2))).transpose()?;
+            let options = PredictOptions { device: args.int("device")?, capacity, config: None, keep_snapshot: false };
+            let (prediction, _) = predict_files(&specs, to.as_deref(), fit.as_deref(), options, args.string("alloc_conf")?.as_deref(), None)?;
+            lines.push(json_line(&prediction)?);
+        }
         "scenarios" => lines.push(json_line(&scenarios::list())?),
         _ => unreachable!("call() checks the name"),
     }
@@ -314,6 +370,41 @@ impl Args {
         self.string(key)?.map(|s| report::parse_size(&s).map_err(|e| Failure(format!("{key}: {e}"), 2))).transpose()
     }
 
+    /// Values as the command line writes them (`context=1024`), from that text or an object.
+    fn values(&self, key: &str) -> Result<Option<String>, Failure> {
+        match self.0.get(key) {
+            Some(Value::Object(m)) => Ok(Some(values_text(key, m)?)),
+            _ => self.string(key),
+        }
+    }
+
+    /// `recordings` as the command line's FILE@name=value arguments.
+    fn recordings(&self) -> Result<Vec<String>, Failure> {
+        let bad = |v: &Value| Failure(format!("each of recordings is \"FILE@name=value\" or {{\"file\": PATH, \"values\": {{\"name\": value}}}}, got {v}"), 2);
+        let Some(Value::Array(items)) = self.0.get("recordings") else {
+            return Err(Failure(
+                "recordings must be a list of snapshots with their values, e.g. [\"small.pickle@context=128\", \"big.pickle@context=256\"]".into(),
+                2,
+            ));
+        };
+        items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) => Ok(s.clone()),
+                Value::Object(m) => {
+                    let file = m.get("file").and_then(Value::as_str).ok_or_else(|| bad(item))?;
+                    let values = match m.get("values") {
+                        Some(Value::Object(v)) => values_text("values", v)?,
+                        Some(Value::String(v)) => v.clone(),
+                        _ => return Err(bad(item)),
+                    };
+                    Ok(format!("{file}@{values}"))
+                }
+                _ => Err(bad(item)),
+            })
+            .collect()
+    }
+
     /// Scenario parameters as `--set KEY=VALUE` items: from an object, or a list of such strings.
     fn set(&self) -> Result<Vec<String>, Failure> {
         let text = |v: &Value| match v {
@@ -330,4 +421,17 @@ impl Args {
             Some(other) => Err(bad(other)),
         }
     }
+}
+
+/// `{"context": 128}` as `context=128`.
+fn values_text(key: &str, m: &Map<String, Value>) -> Result<String, Failure> {
+    let items: Vec<String> = m
+        .iter()
+        .map(|(k, v)| match v {
+            Value::Number(n) => Ok(format!("{k}={n}")),
+            Value::String(s) => Ok(format!("{k}={s}")),
+            _ => Err(Failure(format!("{key}: {k} must be a whole number, got {v}"), 2)),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(items.join(","))
 }

@@ -2,21 +2,22 @@
 //! laws that grow the most, and what to keep in mind.
 
 use tensormem::alloc::format_size;
-use tensormem::predict::{Basis, Prediction, Recording, values_text};
+use tensormem::predict::{Basis, Prediction, Values, values_text};
 
 /// Laws shown: the largest at the target.
 const LAWS_SHOWN: usize = 12;
 
-pub fn print(p: &Prediction, recordings: &[Recording]) {
-    let from: Vec<String> = recordings.iter().map(|r| format!("{} ({})", r.label, values_text(&r.values))).collect();
+/// `recordings`: each one's label and values, in the order given.
+pub fn print(p: &Prediction, recordings: &[(String, Values)]) {
+    let from: Vec<String> = recordings.iter().map(|(label, values)| format!("{label} ({})", values_text(values))).collect();
     println!("prediction at {} from {}", values_text(&p.target), from.join(", "));
     if p.weak {
         println!("  WEAK: one recording, so each size's growth is guessed from its factors (see the notes)");
     }
-    let reference = &recordings[p.reference];
+    let (reference, _) = &recordings[p.reference];
     println!(
         "  events scaled from {} (device {}), {} events replayed from an empty device, settings {}",
-        reference.label, p.devices[p.reference], p.events, p.settings
+        reference, p.devices[p.reference], p.events, p.settings
     );
     println!("  {:<16} {} ({} bytes)", "peak allocated", format_size(p.peak_allocated_bytes), p.peak_allocated_bytes);
     println!("  {:<16} {} ({} bytes)", "peak reserved", format_size(p.peak_reserved_bytes), p.peak_reserved_bytes);

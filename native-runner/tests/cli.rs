@@ -484,5 +484,13 @@ fn predict_json_has_exactly_the_contract_fields_and_writes_the_predicted_trace()
     let unknown = tensormem(&["predict", &a_at, &b_at, "--to", "seq=128"]);
     assert_eq!(unknown.status.code(), Some(2));
     assert!(stderr(&unknown).contains("--to names seq"), "{}", stderr(&unknown));
+    // --capacity takes a card preset (the simulator's names) as well as a size.
+    let card = tensormem(&["predict", &a_at, &b_at, "--to", "context=128", "--capacity", "browser-2GB", "--json"]);
+    let size = tensormem(&["predict", &a_at, &b_at, "--to", "context=128", "--capacity", "2GiB", "--json"]);
+    assert!(card.status.success(), "{}", stderr(&card));
+    assert_eq!(stdout(&card), stdout(&size));
+    let no_card = tensormem(&["predict", &a_at, &b_at, "--to", "context=128", "--capacity", "H100"]);
+    assert_eq!(no_card.status.code(), Some(2));
+    assert!(stderr(&no_card).contains("or a card: H100-80GB, A100-80GB"), "{}", stderr(&no_card));
     std::fs::remove_dir_all(&dir).ok();
 }

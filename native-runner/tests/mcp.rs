@@ -130,7 +130,7 @@ fn initialize_lists_the_tools_with_their_schemas_and_eof_ends_the_server() {
 
     let tools = server.request("tools/list", json!({}))["result"]["tools"].as_array().unwrap().clone();
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["doctor", "summary", "replay", "run", "scenarios"]);
+    assert_eq!(names, ["doctor", "summary", "replay", "run", "predict", "scenarios"]);
     let schema = |name: &str| tools.iter().find(|t| t["name"] == name).unwrap()["inputSchema"].clone();
     let properties = |name: &str| {
         let s = schema(name);
@@ -144,6 +144,8 @@ fn initialize_lists_the_tools_with_their_schemas_and_eof_ends_the_server() {
     assert_eq!(properties("replay"), ["alloc_conf", "capacity", "device", "file", "start"]);
     assert_eq!(properties("doctor"), ["capacity", "device", "file", "scenario", "set", "variant"]);
     assert_eq!(properties("run"), ["alloc_conf", "capacity", "device", "name", "set", "steps", "variant"]);
+    assert_eq!(properties("predict"), ["alloc_conf", "capacity", "device", "fit", "recordings", "to"]);
+    assert_eq!(schema("predict")["required"], json!(["recordings"]));
     assert!(properties("scenarios").is_empty());
     assert_eq!(schema("summary")["required"], json!(["file"]));
     assert_eq!(schema("replay")["required"], json!(["file"]));
@@ -221,6 +223,42 @@ fn scenarios_run_and_doctor_a_scenario() {
     let steps: Value = serde_json::from_str(content[0]["text"].as_str().unwrap()).unwrap();
     assert!(!steps["out_of_memory"].is_null(), "{steps}");
     assert_eq!(content[1]["text"], "error: the scenario ran out of memory (see above)");
+    assert_eq!(server.finish().code(), Some(0));
+}
+
+#[test]
+fn predict_returns_what_the_cli_prints_with_a_card_preset() {
+    let (Some(a), Some(b)) = (fixture("gpt-medium-ctx128-inference.pickle"), fixture("gpt-medium-ctx256-inference.pickle")) else { return };
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let (a_at, b_at) = (format!("{a}@context=128"), format!("{b}@context=256"));
+    let mut server = Server::initialized();
+    // Recordings as the CLI writes them, or as objects; values as text or as an object.
+    let predict = server.call(
+        "predict",
+        json!({ "recordings": [a_at, { "file": b, "values": { "context": 256 } }], "to": { "context": 1024 }, "fit": "context", "capacity": "H100-80GB" }),
+    );
+    let cli = tensormem(&["predict", &a_at, &b_at, "--to", "context=1024", "--fit", "context", "--capacity", "H100-80GB", "--json"]);
+    assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
+    assert_eq!(text(&predict), String::from_utf8(cli.stdout).unwrap().trim_end(), "the same bytes as `tensormem predict --json`");
+    let v: Value = serde_json::from_str(text(&predict)).unwrap();
+    assert_eq!(v["target"], json!({ "context": 1024 }));
+    assert_eq!(v["fit"]["capacity_bytes"], 85_045_379_072u64, "H100-80GB's memory");
+    assert!(v["fit"]["largest"].as_u64().unwrap() > 1024, "{v}");
+    assert!(v["fit"]["largest_expandable"].as_u64() >= v["fit"]["largest"].as_u64(), "{v}");
+
+    for (arguments, message) in [
+        (json!({ "recordings": [a_at] }), "error: give to (the values to predict at"),
+        (json!({ "recordings": [a_at, b_at], "fit": "context" }), "error: fit needs capacity"),
+        (json!({ "recordings": [a_at, b_at], "to": "context=1024", "capacity": "H100" }), "error: capacity: \"H100\" is not a size"),
+        (json!({ "recordings": [a, b_at], "to": "context=1024" }), "error: "),
+        (json!({ "recordings": [a_at, format!("{b}@batch=4")], "to": "context=1024" }), "error: "),
+        (json!({ "recordings": [a_at, 4], "to": "context=1024" }), "error: each of recordings is"),
+    ] {
+        let result = server.call("predict", arguments.clone());
+        assert_eq!(result["isError"], true, "{arguments}: {result}");
+        let text = result["content"][0]["text"].as_str().unwrap();
+        assert!(text.starts_with(message) && !text.contains('\n'), "{arguments}: {text}");
+    }
     assert_eq!(server.finish().code(), Some(0));
 }
 

@@ -10,7 +10,7 @@ mod tune;
 pub use crate::kernels::matmul::MatmulKernel;
 pub use gpu::{AdapterSummary, GpuOptions};
 pub(crate) use launch::{Arg, Bindings};
-pub use sim::{H100_MULTIPROCESSORS, Multiprocessors, PRESETS, SimOptions, Speed};
+pub use sim::{H100_MULTIPROCESSORS, Multiprocessors, PRESETS, SimOptions, Speed, parse_capacity};
 pub(crate) use tune::MatmulClass;
 pub use tune::{MatmulChoice, MatmulTuning};
 

@@ -69,6 +69,20 @@ pub const PRESETS: [(&str, u64); CARDS.len()] = {
     out
 };
 
+/// A card's memory as the command line and the page take it: a preset's name (`H100-80GB`,
+/// case-insensitive, `sim:` allowed before it) or a size (`80GiB`, `24GB`, bytes).
+pub fn parse_capacity(text: &str) -> Result<u64, String> {
+    let name = text.trim();
+    let name = name.strip_prefix("sim:").unwrap_or(name);
+    if let Some(card) = SimOptions::find(name) {
+        return Ok(card.capacity);
+    }
+    crate::report::parse_size(name).map_err(|e| {
+        let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
+        format!("{e}, or a card: {}", names.join(", "))
+    })
+}
+
 /// What ATen reads from `cudaDeviceProp` to size a reduction's grid (see
 /// `tensor::ops::cuda_reduce`): a long reduction is split over more blocks on a bigger card,
 /// and the split allocates.

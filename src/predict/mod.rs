@@ -20,9 +20,11 @@ mod align;
 mod events;
 mod fit;
 mod law;
+mod sweep;
 
 pub use fit::{Fit, SEARCH_LIMIT, fit};
 pub use law::{Basis, Law};
+pub use sweep::{Peak, predict_or_fit, sweep, sweep_values};
 
 use crate::alloc::{AllocatorConfig, ConfigError};
 use crate::replay::{self, ReplayError, ReplayOptions, StartMode};

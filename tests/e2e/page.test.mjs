@@ -904,3 +904,109 @@ test('a PyTorch snapshot is coloured by the categories the doctor infers; the le
   assert.deepEqual(page.errors, []);
   await page.close();
 });
+
+test('What fits predicts from two real snapshots as tensormem predict does, plots the peaks per value and the largest that fits', async () => {
+  const a = join(fixtures, 'gpt-medium-ctx128-inference.pickle');
+  const b = join(fixtures, 'gpt-medium-ctx256-inference.pickle');
+  const cli = JSON.parse(execFileSync(bin, ['predict', `${a}@context=128`, `${b}@context=256`, '--to', 'context=1024', '--fit', 'context', '--capacity', 'H100-80GB', '--json'], { encoding: 'utf8', maxBuffer: 1 << 26 }));
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  // A bad input first: one snapshot only, then a missing value.
+  await page.setInputFiles('[data-testid=fits-file-0]', a);
+  await page.waitForFunction(() => /peak/.test(document.querySelector('.fits-row .fits-name').textContent), null, { timeout: 30000 });
+  await page.click('[data-testid=fits-run]');
+  await page.waitForSelector('[data-testid=fits-error]:not([hidden])');
+  assert.match(await page.textContent('[data-testid=fits-error]'), /two or three snapshots/);
+  await page.setInputFiles('[data-testid=fits-file-1]', b);
+  await page.waitForFunction(() => /peak/.test(document.querySelectorAll('.fits-row .fits-name')[1].textContent), null, { timeout: 30000 });
+  // The value is guessed from the file name; clear it to see the error.
+  assert.equal(await page.inputValue('[data-testid=fits-values-1]'), 'context=256');
+  await page.fill('[data-testid=fits-values-0]', '');
+  await page.click('[data-testid=fits-run]');
+  await page.waitForFunction(() => /say which value/.test(document.querySelector('[data-testid=fits-error]').textContent));
+  // Values that differ in name: the engine's message, in the view; the page keeps working.
+  await page.fill('[data-testid=fits-values-0]', 'batch=4');
+  await page.fill('[data-testid=fits-target]', 'context=1024');
+  await page.click('[data-testid=fits-run]');
+  await page.waitForFunction(() => /every recording must give the same variables/.test(document.querySelector('[data-testid=fits-error]').textContent), null, { timeout: 30000 });
+  // The sticky header would cover the card's top in its screenshots.
+  await page.addStyleTag({ content: 'header.bar { position: static !important; }' });
+  await page.locator('#fits-card').screenshot({ path: join(shots, 'fits-error.png') });
+  assert.equal(await page.isVisible('[data-testid=error]'), false);
+
+  await page.fill('[data-testid=fits-values-0]', 'context=128');
+  await page.fill('[data-testid=fits-target]', '1024');
+  await page.selectOption('[data-testid=fits-card-select]', 'H100-80GB');
+  await page.click('[data-testid=fits-run]');
+  await page.waitForSelector('[data-testid=fits-peak-allocated]', { timeout: 60000 });
+  assert.equal(await page.isVisible('[data-testid=fits-error]'), false);
+  assert.equal(Number(await page.getAttribute('[data-testid=fits-peak-allocated]', 'data-bytes')), cli.peak_allocated_bytes);
+  assert.equal(Number(await page.getAttribute('[data-testid=fits-peak-reserved]', 'data-bytes')), cli.peak_reserved_bytes);
+  const largest = page.locator('[data-testid=fits-largest]');
+  assert.equal(Number(await largest.getAttribute('data-value')), cli.fit.largest);
+  assert.equal(Number(await largest.getAttribute('data-expandable')), cli.fit.largest_expandable);
+  assert.match(await largest.textContent(), new RegExp(cli.fit.largest.toLocaleString('en-US')));
+  // Both plots are drawn.
+  for (const id of ['fits-curves', 'fits-sweep']) {
+    const inked = await page.$eval(`[data-testid=${id}]`, (c) => {
+      const { data } = c.getContext('2d').getImageData(0, 0, c.width, c.height);
+      let n = 0;
+      for (let i = 3; i < data.length; i += 4) if (data[i] > 0) n++;
+      return n / (data.length / 4);
+    });
+    assert.ok(inked > 0.005, `${id}: ${inked}`);
+  }
+  // The sweep's values include the recorded ones, the target and the largest that fits, up to past it.
+  const values = (await page.$$eval('[data-testid=fits-sweep-table] tr td:first-child', (tds) => tds.map((td) => Number(td.textContent))));
+  for (const v of [128, 256, 1024, cli.fit.largest]) assert.ok(values.includes(v), `${v} in ${values}`);
+  assert.ok(values.length >= 8 && values.length <= 20, String(values));
+  await page.locator('#fits-card').screenshot({ path: join(shots, 'fits.png') });
+  // Another program in the second slot: said in the view, and the next prediction still works.
+  await page.setInputFiles('[data-testid=fits-file-1]', join(fixtures, 'gpt-medium-ctx128-training.pickle'));
+  await page.waitForFunction(() => /training.*peak/.test(document.querySelectorAll('.fits-row .fits-name')[1].textContent), null, { timeout: 30000 });
+  await page.click('[data-testid=fits-run]');
+  await page.waitForFunction(() => /do not look like one program/.test(document.querySelector('[data-testid=fits-error]').textContent), null, { timeout: 30000 });
+  await page.locator('#fits-card').screenshot({ path: join(shots, 'fits-mismatch.png') });
+  await page.setInputFiles('[data-testid=fits-file-1]', b);
+  await page.waitForFunction(() => /ctx256.*peak/.test(document.querySelectorAll('.fits-row .fits-name')[1].textContent), null, { timeout: 30000 });
+  await page.selectOption('[data-testid=fits-card-select]', '');
+  await page.click('[data-testid=fits-run]');
+  await page.waitForFunction(() => document.querySelector('[data-testid=fits-error]').hidden && !document.querySelector('[data-testid=fits-largest]'), null, { timeout: 60000 });
+  assert.equal(Number(await page.getAttribute('[data-testid=fits-peak-allocated]', 'data-bytes')), cli.peak_allocated_bytes);
+  // The predicted trace opens in the timeline, with the peaks the CLI's predicted snapshot shows
+  // (the trace's own figures, as for every file; reserved is the prediction's).
+  const written = join(scratch, 'predicted-context-1024.pickle');
+  execFileSync(bin, ['predict', `${a}@context=128`, `${b}@context=256`, '--to', 'context=1024', '--snapshot', written]);
+  const [expected] = cliPeaks(written);
+  assert.equal(expected.reserved, cli.peak_reserved_bytes);
+  await page.click('[data-testid=fits-open]');
+  await painted(page, 2);
+  assert.match(await page.textContent('#source-name'), /predicted at context=1024/);
+  assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
+  await page.screenshot({ path: join(shots, 'fits-predicted-timeline.png') });
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('a file dropped on What fits is one of its recordings, not the page\'s trace', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  const before = await page.textContent('#source-name');
+  await page.locator('#fits-card').scrollIntoViewIfNeeded();
+  const box = await page.locator('#fits-card').boundingBox();
+  const drop = (name, text) => page.evaluate(({ name, text, x, y }) => {
+    const data = new DataTransfer();
+    data.items.add(new File([text], name));
+    const at = document.elementFromPoint(x, y);
+    for (const type of ['dragenter', 'dragover', 'drop']) at.dispatchEvent(new DragEvent(type, { bubbles: true, cancelable: true, dataTransfer: data, clientX: x, clientY: y }));
+  }, { name, text, x: box.x + box.width / 2, y: box.y + 20 });
+  await drop('not-a-snapshot.pickle', 'hello');
+  await page.waitForFunction(() => /Could not load not-a-snapshot\.pickle/.test(document.querySelector('[data-testid=fits-error]').textContent), null, { timeout: 30000 });
+  assert.equal(await page.textContent('#source-name'), before, 'the page\'s trace is still shown');
+  assert.equal(await page.isVisible('[data-testid=error]'), false);
+  assert.equal(await page.isVisible('#drop'), false);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
