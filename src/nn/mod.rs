@@ -4,12 +4,14 @@
 //! allocation it causes, backward included, carries that name in its frames.
 
 mod attention;
+mod hf;
 mod lm;
 mod loss;
 mod model;
 pub mod optim;
 
 pub use attention::{CausalSelfAttention, PositionEncoding};
+pub use hf::{AttentionImplementation, Family, HF_PRESETS, HfConfig, HfModel, HfRmsNorm, LlamaDecoderLayer, LlamaForCausalLM};
 pub use lm::{LM_SIZE_NAMES, LM_SIZES, Lm, LmBlock, LmConfig};
 pub use loss::{cross_entropy, mse_loss};
 pub use model::{Architecture, Transformer, TransformerConfig};

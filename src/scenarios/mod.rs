@@ -60,6 +60,8 @@ pub enum Kind {
         #[serde(skip_serializing_if = "no_aliases")]
         aliases: &'static [(&'static str, &'static str)],
     },
+    /// Free text of at most `max_len` bytes (a preset's name or a file's path).
+    Text { max_len: usize },
 }
 
 fn no_aliases(aliases: &&[(&str, &str)]) -> bool {
@@ -77,6 +79,10 @@ impl Parameter {
 
     pub const fn choice(name: &'static str, default: &'static str, options: &'static [&'static str], help: &'static str) -> Parameter {
         Parameter { name, default, help, kind: Kind::Choice { options, aliases: &[] } }
+    }
+
+    pub const fn text(name: &'static str, default: &'static str, max_len: usize, help: &'static str) -> Parameter {
+        Parameter { name, default, help, kind: Kind::Text { max_len } }
     }
 
     /// A choice that also accepts `aliases`, each `(spelling, option)`: the value used is the
@@ -112,6 +118,10 @@ impl Parameter {
                 "false" | "0" | "no" => false.into(),
                 _ => return Err(format!("{} must be true or false, got {text:?}", self.name)),
             },
+            Kind::Text { max_len } if text.is_empty() || text.len() > max_len => {
+                return Err(format!("{} takes 1 to {max_len} bytes of text, got {}", self.name, text.len()));
+            }
+            Kind::Text { .. } => text.into(),
             Kind::Choice { options, .. } if options.contains(&text) => text.into(),
             Kind::Choice { options, aliases } => match aliases.iter().find(|(alias, _)| *alias == text) {
                 Some((_, option)) => (*option).into(),
@@ -151,6 +161,10 @@ impl Values {
 
     pub fn choice(&self, name: &str) -> &str {
         self.map[name].as_str().expect("checked as a choice")
+    }
+
+    pub fn text(&self, name: &str) -> &str {
+        self.map[name].as_str().expect("checked as text")
     }
 
     /// Whether the run shows the fix (else the mistake, or a scenario without variants).
