@@ -245,7 +245,10 @@ pub enum HfModel {
 impl HfModel {
     /// Builds the model's parameters in `dtype` (as `from_config(config, torch_dtype=...)`).
     #[track_caller]
-    pub fn new(device: &Device, config: &HfConfig, dtype: DType, context: usize) -> Result<HfModel> {
+    pub fn new(device: &Device, config: &HfConfig, dtype: DType, context: usize, lora: Option<&LoraConfig>) -> Result<HfModel> {
+        if lora.is_some() && config.family == Family::Gpt2 {
+            return Err(TensorError::Shape("LoRA is built for the Llama family (q_proj, ..., down_proj); GPT2LMHeadModel's Conv1D layers are not yet".into()));
+        }
         if context > config.max_positions && config.family == Family::Gpt2 {
             return Err(TensorError::Shape(format!("GPT-2's learned positions cover {} tokens: context {context} is longer", config.max_positions)));
         }
@@ -264,8 +267,14 @@ impl HfModel {
                 };
                 HfModel::Gpt2(Transformer::new(device, c)?)
             }
-            _ => HfModel::Llama(LlamaForCausalLM::new(device, config.clone(), dtype)?),
+            _ => HfModel::Llama(LlamaForCausalLM::new(device, config.clone(), dtype, lora)?),
         })
+    }
+
+    /// The parameters that require grad (all of them in a full fine-tune, the adapters under
+    /// LoRA), as the Trainer hands them to the optimizer.
+    pub fn trainable_parameters(&self) -> Vec<Tensor> {
+        self.parameters().into_iter().filter(Tensor::requires_grad).collect()
     }
 
     pub fn set_checkpointing(&mut self, on: bool) {
@@ -340,16 +349,120 @@ impl Module for HfRmsNorm {
     }
 }
 
+/// LoRA as PEFT's `LoraConfig` asks for it: rank `r`, `lora_alpha`, the targeted linears
+/// (`q_proj`, ...), no dropout, no bias.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    pub rank: usize,
+    pub alpha: f64,
+    pub targets: Vec<&'static str>,
+}
+
+/// The linears of a Llama-family layer LoRA can target, as PEFT's `target_modules` names them.
+pub const LORA_TARGETS: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+impl LoraConfig {
+    /// `q,k,v,o` (or `q_proj,v_proj`, `gate,up,down`): the targets, in `LORA_TARGETS`' order.
+    pub fn parse_targets(text: &str) -> std::result::Result<Vec<&'static str>, String> {
+        let mut targets = Vec::new();
+        for name in text.split(',').map(str::trim) {
+            let full = if name.ends_with("_proj") { name.to_string() } else { format!("{name}_proj") };
+            let Some(&target) = LORA_TARGETS.iter().find(|t| **t == full) else {
+                return Err(format!("lora_targets: {name:?} is not a linear of the layer; use q, k, v, o, gate, up, down"));
+            };
+            if !targets.contains(&target) {
+                targets.push(target);
+            }
+        }
+        targets.sort_by_key(|t| LORA_TARGETS.iter().position(|x| x == t));
+        Ok(targets)
+    }
+
+    /// The trainable parameters: r x (in + out) for every targeted linear of every layer.
+    pub fn trainable_count(&self, config: &HfConfig) -> u64 {
+        let (h, i) = (config.hidden as u64, config.intermediate as u64);
+        let (q, kv) = ((config.heads * config.head_dim) as u64, (config.kv_heads * config.head_dim) as u64);
+        let per_layer: u64 = self
+            .targets
+            .iter()
+            .map(|t| match *t {
+                "q_proj" => h + q,
+                "k_proj" | "v_proj" => h + kv,
+                "o_proj" => q + h,
+                _ => h + i,
+            })
+            .sum();
+        self.rank as u64 * per_layer * config.layers as u64
+    }
+}
+
+/// A linear with an optional LoRA adapter (PEFT's `lora.Linear`: the frozen `base_layer`,
+/// `lora_A` [r, in] and `lora_B` [out, r]).
+pub struct Projection {
+    pub base: Linear,
+    pub lora: Option<LoraAdapter>,
+}
+
+pub struct LoraAdapter {
+    pub a: Linear,
+    pub b: Linear,
+    pub scaling: f64,
+}
+
+impl Projection {
+    /// PEFT's forward: `result = base_layer(x)`; `x = x.to(lora_A.weight.dtype)`;
+    /// `result = result + lora_B(lora_A(x)) * scaling`; `result.to(the base's result type)`.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let result = self.base.forward(x)?;
+        let Some(lora) = &self.lora else { return Ok(result) };
+        let result_dtype = result.dtype();
+        let x = x.to(lora.a.weight.dtype())?;
+        let delta = lora.b.forward(&lora.a.forward(&x)?)?;
+        let _scope = x.device().module_scope(&lora.b.name);
+        result.add(&delta.mul_scalar(lora.scaling)?)?.to(result_dtype)
+    }
+
+    /// Adds an adapter as PEFT injects it: `lora_A` with nn.Linear's initialisation, `lora_B`
+    /// zeros, in float32 when the base is float16 or bfloat16 (`autocast_adapter_dtype=True`);
+    /// the base layer is renamed `...base_layer`.
+    #[track_caller]
+    fn add_lora(&mut self, device: &Device, rank: usize, alpha: f64) -> Result<()> {
+        let name = self.base.name.clone();
+        let [outputs, inputs] = *self.base.weight.shape() else { unreachable!("a linear's weight is 2-D") };
+        let dtype = match self.base.weight.dtype() {
+            DType::F16 | DType::BF16 => DType::F32,
+            other => other,
+        };
+        let a = Linear::new(device, &child(&name, "lora_A.default"), inputs, rank, false, dtype)?;
+        let b = Linear::with_init(device, &child(&name, "lora_B.default"), rank, outputs, false, dtype, Init::Zeros)?;
+        self.base.name = child(&name, "base_layer");
+        self.lora = Some(LoraAdapter { a, b, scaling: alpha / rank as f64 });
+        Ok(())
+    }
+}
+
+impl Module for Projection {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.base.named_parameters();
+        if let Some(lora) = &self.lora {
+            out.extend(lora.a.named_parameters());
+            out.extend(lora.b.named_parameters());
+        }
+        out
+    }
+}
+
 /// One `LlamaDecoderLayer`.
 pub struct LlamaDecoderLayer {
     pub name: String,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    q_proj: Projection,
+    k_proj: Projection,
+    v_proj: Projection,
+    o_proj: Projection,
+    gate_proj: Projection,
+    up_proj: Projection,
+    down_proj: Projection,
     input_layernorm: HfRmsNorm,
     post_attention_layernorm: HfRmsNorm,
     heads: usize,
@@ -376,18 +489,19 @@ impl LlamaForCausalLM {
     /// Parameters in registration order, initialised as `_init_weights` does (normal with
     /// `initializer_range` for linears and the embedding, zero biases, norms at one).
     #[track_caller]
-    pub fn new(device: &Device, config: HfConfig, dtype: DType) -> Result<LlamaForCausalLM> {
+    pub fn new(device: &Device, config: HfConfig, dtype: DType, lora: Option<&LoraConfig>) -> Result<LlamaForCausalLM> {
         let c = &config;
         let init = Init::Normal(c.initializer_range);
         let embed_tokens = Embedding::new(device, "model.embed_tokens", c.vocab, c.hidden, dtype, init)?;
         let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        let layers = (0..c.layers)
+        let mut layers = (0..c.layers)
             .map(|i| {
                 let name = format!("model.layers.{i}");
-                let linear =
-                    |path: &str, inputs: usize, outputs: usize, bias: bool| Linear::with_init(device, &child(&name, path), inputs, outputs, bias, dtype, init);
+                let linear = |path: &str, inputs: usize, outputs: usize, bias: bool| -> Result<Projection> {
+                    Ok(Projection { base: Linear::with_init(device, &child(&name, path), inputs, outputs, bias, dtype, init)?, lora: None })
+                };
                 let norm = |path: &str| HfRmsNorm::new(device, &child(&name, path), c.hidden, c.norm_eps, dtype);
-                Ok(Rc::new(LlamaDecoderLayer {
+                Ok(LlamaDecoderLayer {
                     q_proj: linear("self_attn.q_proj", c.hidden, q, c.qkv_bias)?,
                     k_proj: linear("self_attn.k_proj", c.hidden, kv, c.qkv_bias)?,
                     v_proj: linear("self_attn.v_proj", c.hidden, kv, c.qkv_bias)?,
@@ -402,12 +516,28 @@ impl LlamaForCausalLM {
                     head_dim: c.head_dim,
                     attention_dropout: c.attention_dropout,
                     name,
-                }))
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = HfRmsNorm::new(device, "model.norm", c.hidden, c.norm_eps, dtype)?;
         let lm_head = if c.tie_word_embeddings { None } else { Some(Linear::with_init(device, "lm_head", c.hidden, c.vocab, false, dtype, init)?) };
-        Ok(LlamaForCausalLM { config, embed_tokens, layers, norm, lm_head, attention: AttentionImplementation::Eager, checkpointing: false })
+        let mut model =
+            LlamaForCausalLM { config, embed_tokens, layers: Vec::new(), norm, lm_head, attention: AttentionImplementation::Eager, checkpointing: false };
+        if let Some(lora) = lora {
+            // get_peft_model: every base parameter frozen, then the adapters injected layer by
+            // layer, target by target.
+            let base: Vec<Tensor> = model.parameters().into_iter().chain(layers.iter().flat_map(|l| l.parameters())).collect();
+            for p in &base {
+                p.requires_grad_(false)?;
+            }
+            for layer in &mut layers {
+                for target in &lora.targets {
+                    layer.projection_mut(target).add_lora(device, lora.rank, lora.alpha)?;
+                }
+            }
+        }
+        model.layers = layers.into_iter().map(Rc::new).collect();
+        Ok(model)
     }
 
     /// ids [batch, T] (int64) -> logits [batch, T, vocab], in training mode.
@@ -472,6 +602,18 @@ fn dtype_min(dtype: DType) -> f64 {
 }
 
 impl LlamaDecoderLayer {
+    fn projection_mut(&mut self, name: &str) -> &mut Projection {
+        match name {
+            "q_proj" => &mut self.q_proj,
+            "k_proj" => &mut self.k_proj,
+            "v_proj" => &mut self.v_proj,
+            "o_proj" => &mut self.o_proj,
+            "gate_proj" => &mut self.gate_proj,
+            "up_proj" => &mut self.up_proj,
+            _ => &mut self.down_proj,
+        }
+    }
+
     #[track_caller]
     pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let _scope = x.device().module_scope(&self.name);
@@ -533,7 +675,7 @@ impl Module for LlamaDecoderLayer {
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj, &self.gate_proj, &self.up_proj, &self.down_proj]
             .into_iter()
-            .flat_map(Linear::named_parameters)
+            .flat_map(Projection::named_parameters)
             .chain(self.input_layernorm.named_parameters())
             .chain(self.post_attention_layernorm.named_parameters())
             .collect()

@@ -247,6 +247,9 @@ pub struct RunResult {
     pub parameters: BTreeMap<String, serde_json::Value>,
     /// Parameter count, where the scenario has a model.
     pub model_parameters: Option<u64>,
+    /// The parameters that require grad, where they are fewer than the model's (LoRA).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trainable_parameters: Option<u64>,
     pub steps: Vec<Step>,
     /// `max_memory_allocated()` / `max_memory_reserved()` over the run.
     pub peak_allocated_bytes: u64,
@@ -425,6 +428,7 @@ impl Plan {
             settings: self.config.to_string(),
             parameters: self.values.map,
             model_parameters: rec.model_parameters,
+            trainable_parameters: rec.trainable_parameters,
             peak_allocated_bytes,
             peak_reserved_bytes,
             out_of_memory,
@@ -441,6 +445,8 @@ pub(crate) struct Recorder {
     steps: Vec<Step>,
     /// The parameter count of the run's model, if it has one.
     pub model_parameters: Option<u64>,
+    /// The number of parameters that require grad (hf-train).
+    pub trainable_parameters: Option<u64>,
     /// Peak allocated and reserved over the whole run (the device's peaks restart each step).
     peaks: (u64, u64),
 }
@@ -448,7 +454,7 @@ pub(crate) struct Recorder {
 impl Recorder {
     fn new(device: Device) -> Recorder {
         device.record_memory_history(true, RecordContext::All, 1 << 22);
-        Recorder { device, steps: Vec::new(), model_parameters: None, peaks: (0, 0) }
+        Recorder { device, steps: Vec::new(), model_parameters: None, trainable_parameters: None, peaks: (0, 0) }
     }
 
     /// Records a labelled point: allocated and reserved now, and the peak since the last one.

@@ -9,7 +9,7 @@
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp;
 use crate::nn::optim::{Adam, GradScaler, HandwrittenAdamW, Optimizer, Sgd};
-use crate::nn::{Architecture, Family, HfConfig, HfModel, LM_SIZE_NAMES, Lm, LmConfig, Module, Transformer, TransformerConfig};
+use crate::nn::{Architecture, Family, HfConfig, HfModel, LM_SIZE_NAMES, Lm, LmConfig, LoraConfig, Module, Transformer, TransformerConfig};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 /// GPT-2's published sizes: (name, d_model, layers, heads); d_ff is 4 x d_model.
@@ -79,6 +79,11 @@ fn hf_parameters() -> Vec<Parameter> {
          LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and GPT2LMHeadModel are built",
     )];
     parameters.extend(step_parameters("1", "512", "adamw", "bfloat16"));
+    parameters.extend([
+        Parameter::integer("lora", "0", 0, 4096, "LoRA's rank r (0: a full fine-tune): the base frozen (no gradients, no optimizer state), adapters lora_A [r, in] and lora_B [out, r] on each targeted linear, float32 when the base is 16-bit (PEFT's autocast_adapter_dtype)"),
+        Parameter::integer("lora_alpha", "8", 1, 1 << 20, "LoRA's alpha: the update is scaled by alpha / r"),
+        Parameter::text("lora_targets", "q,v", 64, "the linears LoRA adapts, from q, k, v, o, gate, up, down (PEFT's default for Llama: q,v)"),
+    ]);
     parameters.push(Parameter::choice(
         "attn",
         "eager",
@@ -200,15 +205,28 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 if config.family == Family::Gpt2 && v.u64("context") > config.max_positions as u64 {
                     return Err(format!("GPT-2's learned positions cover {} tokens: context={} is longer", config.max_positions, v.u64("context")));
                 }
+                LoraConfig::parse_targets(v.text("lora_targets"))?;
+                if v.u64("lora") > 0 && config.family == Family::Gpt2 {
+                    return Err("lora: LoRA is built for the Llama family (q, k, v, o, gate, up, down) so far, not GPT2LMHeadModel".into());
+                }
                 fits(v, config.vocab as u64)
             },
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(async move {
                     let config = HfConfig::load(v.text("config")).map_err(TensorError::Shape)?;
-                    let mut model = HfModel::new(&rec.device, &config, dtype(v), v.int("context"))?;
+                    let lora = match v.int("lora") {
+                        0 => None,
+                        rank => Some(LoraConfig {
+                            rank,
+                            alpha: v.u64("lora_alpha") as f64,
+                            targets: LoraConfig::parse_targets(v.text("lora_targets")).map_err(TensorError::Shape)?,
+                        }),
+                    };
+                    let mut model = HfModel::new(&rec.device, &config, dtype(v), v.int("context"), lora.as_ref())?;
                     model.set_checkpointing(v.flag("checkpointing"));
                     rec.model_parameters = Some(model.parameter_count());
+                    rec.trainable_parameters = Some(model.trainable_parameters().iter().map(|p| p.numel() as u64).sum());
                     train(rec, v, Model::Hf(model)).await
                 })
             }),
@@ -277,7 +295,7 @@ impl Model {
         match self {
             Model::Lm(m) => m.parameters(),
             Model::Gpt2(m) => m.parameters(),
-            Model::Hf(m) => m.parameters(),
+            Model::Hf(m) => m.trainable_parameters(),
         }
     }
 
