@@ -478,6 +478,8 @@ pub struct LlamaForCausalLM {
     /// Shared so that a checkpointed layer can be run again in backward.
     pub layers: Vec<Rc<LlamaDecoderLayer>>,
     pub norm: HfRmsNorm,
+    /// `model.rotary_emb.inv_freq`: a float32 buffer of head_dim / 2.
+    pub inv_freq: Tensor,
     /// None when tied to `embed_tokens` (`tie_word_embeddings`).
     pub lm_head: Option<Linear>,
     pub attention: AttentionImplementation,
@@ -520,9 +522,25 @@ impl LlamaForCausalLM {
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = HfRmsNorm::new(device, "model.norm", c.hidden, c.norm_eps, dtype)?;
+        // LlamaRotaryEmbedding's buffer: inv_freq [head_dim / 2], made in float32 explicitly (it
+        // stays so under from_pretrained(torch_dtype=...), which casts no buffer).
+        let inv_freq = {
+            let _no_grad = autograd::no_grad();
+            let _scope = device.scope("model.rotary_emb");
+            let inverse: Vec<f32> = (0..c.head_dim / 2).map(|i| c.rope_theta.powf(-2.0 * i as f64 / c.head_dim as f64) as f32).collect();
+            device.from_slice(&inverse, &[c.head_dim / 2])?
+        };
         let lm_head = if c.tie_word_embeddings { None } else { Some(Linear::with_init(device, "lm_head", c.hidden, c.vocab, false, dtype, init)?) };
-        let mut model =
-            LlamaForCausalLM { config, embed_tokens, layers: Vec::new(), norm, lm_head, attention: AttentionImplementation::Eager, checkpointing: false };
+        let mut model = LlamaForCausalLM {
+            config,
+            embed_tokens,
+            layers: Vec::new(),
+            norm,
+            inv_freq,
+            lm_head,
+            attention: AttentionImplementation::Eager,
+            checkpointing: false,
+        };
         if let Some(lora) = lora {
             // get_peft_model: every base parameter frozen, then the adapters injected layer by
             // layer, target by target.
@@ -554,12 +572,17 @@ impl LlamaForCausalLM {
         let (cos, sin) = {
             let _scope = device.scope("model.rotary_emb");
             let _autocast_off = crate::amp::autocast_disabled();
-            let angles = super::attention::rotary_angles(&device, t, self.config.head_dim, self.config.rope_theta)?;
-            let emb = Tensor::cat(&[&angles, &angles], -1)?;
+            let half = self.config.head_dim / 2;
+            // cache_position = arange(T); position_ids = cache_position.unsqueeze(0).
+            let positions = device.arange(t, DType::I64)?.unsqueeze(0)?;
+            let inv_freq = self.inv_freq.view(&[1, half as isize, 1])?;
+            let positions = positions.unsqueeze(1)?.to(DType::F32)?;
+            let freqs = inv_freq.matmul(&positions)?.transpose(1, 2)?;
+            let emb = Tensor::cat(&[&freqs, &freqs], -1)?;
             // `emb.cos() * self.attention_scaling` (1.0 without rope scaling): a new tensor.
             let cos = emb.cos()?.mul_scalar(1.0)?.to(dtype)?;
             let sin = emb.sin()?.mul_scalar(1.0)?.to(dtype)?;
-            (cos.unsqueeze(0)?, sin.unsqueeze(0)?)
+            (cos, sin)
         };
         // The eager causal mask: [batch, 1, T, T] in the model's type, 0 where a key is seen
         // and the type's minimum where it is not, made once per forward.
