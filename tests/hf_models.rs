@@ -166,3 +166,25 @@ fn lora_rank_16_on_q_k_v_o_of_llama_3_8b_trains_what_peft_trains() {
     // PEFT's default targets for Llama are q_proj and v_proj.
     assert_eq!(LoraConfig::parse_targets("v_proj,q").unwrap(), vec!["q_proj", "v_proj"]);
 }
+
+#[test]
+fn sdpa_keeps_no_t_by_t_tensor_where_eager_keeps_two_per_layer() {
+    let forward = |attn: &str| allocated(&run(&[("warmup", "0"), ("attn", attn)]), "forward");
+    // Per layer of Llama-3-8B in bfloat16, batch 1, T = 512, 32 query heads and 8 key/value
+    // heads of 128. Eager keeps what sdpa does not: k and v repeated to 32 heads (repeat_kv's
+    // copies, saved by the two matmuls: 2 x 2 x 32 x T x 128 bytes), the float32 softmax
+    // (4 x 32 x T^2) and its bfloat16 cast (2 x 32 x T^2). SDPA keeps instead k and v as they
+    // are (the rotated k and v_proj's output: 2 x 2 x 8 x T x 128), its output (2 x 32 x T x
+    // 128; eager's matmul output is freed once copied by transpose(1, 2).contiguous()) and the
+    // float32 log-sum-exp (4 x 32 x T). The mask eager builds once is freed at the end of the
+    // forward. Per layer: 192 T^2 + 16,384 T - 12,416 T.
+    let t: u64 = 512;
+    let per_layer = 192 * t * t + 16_384 * t - 12_416 * t;
+    assert_eq!(forward("eager") - forward("sdpa"), 32 * per_layer);
+    // At 4,096 tokens eager's scores do not fit on the 80 GB card; sdpa's step does.
+    let long = |attn: &str| run(&[("warmup", "0"), ("context", "4096"), ("attn", attn)]);
+    assert!(long("eager").out_of_memory.is_some());
+    assert_eq!(long("sdpa").out_of_memory, None);
+    let e = run_error(&[("config", "gpt2"), ("attn", "sdpa")]);
+    assert!(e.contains("GPT2LMHeadModel takes attn=eager"), "{e}");
+}

@@ -53,6 +53,10 @@ pub enum AttentionImplementation {
     /// `eager_attention_forward`: the scores and the softmax are real [batch, heads, T, T]
     /// tensors that autograd keeps.
     Eager,
+    /// `sdpa_attention_forward`: `F.scaled_dot_product_attention(..., is_causal=True,
+    /// enable_gqa=True)` as CUDA's flash kernel runs it (no causal mask, k and v not repeated,
+    /// only the output and a float32 log-sum-exp per row kept). Simulated only.
+    Sdpa,
 }
 
 /// A parsed `config.json`: what the model's shapes need.
@@ -275,6 +279,16 @@ impl HfModel {
     /// LoRA), as the Trainer hands them to the optimizer.
     pub fn trainable_parameters(&self) -> Vec<Tensor> {
         self.parameters().into_iter().filter(Tensor::requires_grad).collect()
+    }
+
+    /// Attention as `attn_implementation` asks (GPT-2 is built with eager attention only).
+    pub fn set_attention(&mut self, attention: AttentionImplementation) -> Result<()> {
+        match self {
+            HfModel::Llama(m) => m.attention = attention,
+            HfModel::Gpt2(_) if attention == AttentionImplementation::Eager => {}
+            HfModel::Gpt2(_) => return Err(TensorError::Unsupported("GPT2LMHeadModel is built with eager attention only (attn=eager)".into())),
+        }
+        Ok(())
     }
 
     pub fn set_checkpointing(&mut self, on: bool) {
@@ -586,22 +600,25 @@ impl LlamaForCausalLM {
         };
         // The eager causal mask: [batch, 1, T, T] in the model's type, 0 where a key is seen
         // and the type's minimum where it is not, made once per forward.
-        let mask = {
+        // SDPA: no mask (create_causal_mask returns None and attention runs with is_causal).
+        let mask = if self.attention == AttentionImplementation::Sdpa {
+            None
+        } else {
             let _scope = device.scope("model.causal_mask");
             let at = device.arange(t, DType::I64)?;
             let seen = at.view(&[t as isize, 1])?.ge(&at.view(&[1, t as isize])?)?.expand(&[b, 1, t, t])?;
             let zero = device.full(&[], 0.0, dtype)?;
             let min = device.full(&[], dtype_min(dtype), dtype)?;
-            seen.where_(&zero, &min)?
+            Some(seen.where_(&zero, &min)?)
         };
         let rope = Rc::new((cos, sin, mask));
         let mut x = x;
         for layer in &self.layers {
             x = if self.checkpointing && autograd::is_grad_enabled() {
                 let (layer, rope) = (Rc::clone(layer), Rc::clone(&rope));
-                checkpoint(move |h| layer.forward(&h[0], &rope.0, &rope.1, &rope.2), &[&x])?
+                checkpoint(move |h| layer.forward(&h[0], &rope.0, &rope.1, rope.2.as_ref()), &[&x])?
             } else {
-                layer.forward(&x, &rope.0, &rope.1, &rope.2)?
+                layer.forward(&x, &rope.0, &rope.1, rope.2.as_ref())?
             };
         }
         let x = self.norm.forward(&x)?;
@@ -638,7 +655,7 @@ impl LlamaDecoderLayer {
     }
 
     #[track_caller]
-    pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let _scope = x.device().module_scope(&self.name);
         let h = self.attention(&self.input_layernorm.forward(x)?, cos, sin, mask)?;
         let x = x.add(&h)?;
@@ -656,7 +673,7 @@ impl LlamaDecoderLayer {
 
     /// `LlamaAttention` with `eager_attention_forward`.
     #[track_caller]
-    fn attention(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    fn attention(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let _scope = x.device().module_scope(&child(&self.name, "self_attn"));
         let [b, t, _] = *x.shape() else {
             return Err(TensorError::Shape(format!("{}: input must be [batch, T, features], got {:?}", self.name, x.shape())));
@@ -670,6 +687,12 @@ impl LlamaDecoderLayer {
         // apply_rotary_pos_emb: cos, sin unsqueezed to [1, 1, T, head_dim].
         let (cos, sin) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
         let (q, k) = (rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?);
+        let Some(mask) = mask else {
+            // sdpa_attention_forward: k and v as they are (enable_gqa), then
+            // `attn_output.transpose(1, 2).contiguous()`.
+            let y = q.scaled_dot_product_attention(&k, &v)?.transpose(1, 2)?.contiguous()?;
+            return self.o_proj.forward(&y.reshape(&[bi, ti, -1])?);
+        };
         let n_rep = self.heads / self.kv_heads;
         let (k, v) = (repeat_kv(&k, n_rep)?, repeat_kv(&v, n_rep)?);
         let scores = q.matmul(&k.transpose(2, 3)?)?.mul_scalar(1.0 / (self.head_dim as f64).sqrt())?;

@@ -9,7 +9,9 @@
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp;
 use crate::nn::optim::{Adam, GradScaler, HandwrittenAdamW, Optimizer, Sgd};
-use crate::nn::{Architecture, Family, HfConfig, HfModel, LM_SIZE_NAMES, Lm, LmConfig, LoraConfig, Module, Transformer, TransformerConfig};
+use crate::nn::{
+    Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, Lm, LmConfig, LoraConfig, Module, Transformer, TransformerConfig,
+};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 /// GPT-2's published sizes: (name, d_model, layers, heads); d_ff is 4 x d_model.
@@ -88,13 +90,14 @@ fn hf_parameters() -> Vec<Parameter> {
         "attn",
         "eager",
         ATTENTION,
-        "attention as transformers' attn_implementation: eager (the scores and their float32 softmax are [batch, heads, T, T] tensors autograd keeps)",
+        "attention as transformers' attn_implementation: eager (the scores and their float32 softmax are [batch, heads, T, T] tensors autograd keeps) \
+         or sdpa (scaled_dot_product_attention as CUDA's flash kernel runs it: no T x T tensor, a float32 log-sum-exp per row; Llama family, sim device only)",
     ));
     parameters
 }
 
 /// `attn`'s choices.
-const ATTENTION: &[&str] = &["eager"];
+const ATTENTION: &[&str] = &["eager", "sdpa"];
 
 pub(super) fn scenarios() -> Vec<Scenario> {
     vec![
@@ -206,6 +209,9 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                     return Err(format!("GPT-2's learned positions cover {} tokens: context={} is longer", config.max_positions, v.u64("context")));
                 }
                 LoraConfig::parse_targets(v.text("lora_targets"))?;
+                if v.choice("attn") == "sdpa" && config.family == Family::Gpt2 {
+                    return Err("attn=sdpa is built for the Llama family so far; GPT2LMHeadModel takes attn=eager".into());
+                }
                 if v.u64("lora") > 0 && config.family == Family::Gpt2 {
                     return Err("lora: LoRA is built for the Llama family (q, k, v, o, gate, up, down) so far, not GPT2LMHeadModel".into());
                 }
@@ -225,6 +231,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                     };
                     let mut model = HfModel::new(&rec.device, &config, dtype(v), v.int("context"), lora.as_ref())?;
                     model.set_checkpointing(v.flag("checkpointing"));
+                    model.set_attention(if v.choice("attn") == "sdpa" { AttentionImplementation::Sdpa } else { AttentionImplementation::Eager })?;
                     rec.model_parameters = Some(model.parameter_count());
                     rec.trainable_parameters = Some(model.trainable_parameters().iter().map(|p| p.numel() as u64).sum());
                     train(rec, v, Model::Hf(model)).await

@@ -36,7 +36,7 @@ PARAMETERS = [
     ("lora", "0", {"type": "integer", "min": 0, "max": 4096}),
     ("lora_alpha", "8", {"type": "integer", "min": 1, "max": 1048576}),
     ("lora_targets", "q,v", {"type": "text", "max_len": 64}),
-    ("attn", "eager", {"type": "choice", "options": ["eager"]}),
+    ("attn", "eager", {"type": "choice", "options": ["eager", "sdpa"]}),
 ]
 FIX_SETTINGS = None
 
