@@ -188,3 +188,15 @@ fn sdpa_keeps_no_t_by_t_tensor_where_eager_keeps_two_per_layer() {
     let e = run_error(&[("config", "gpt2"), ("attn", "sdpa")]);
     assert!(e.contains("GPT2LMHeadModel takes attn=eager"), "{e}");
 }
+
+#[test]
+fn gpt2_from_its_config_writes_gelu_new_out_as_transformers_does() {
+    let set = [("batch", "8"), ("context", "1024"), ("warmup", "0")];
+    let hf = run(&[("config", "gpt2"), ("dtype", "float32"), ("batch", "8"), ("context", "1024"), ("warmup", "0")]);
+    let request = RunRequest { scenario: "gpt2-train".into(), set: set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..Default::default() };
+    let fused = scenarios::run(&request).unwrap();
+    assert_eq!(allocated(&hf, "model and batch"), allocated(&fused, "model and batch"));
+    // NewGELUActivation keeps the tanh, 0.5 * x and 1 + tanh besides x (which the fused GELU
+    // keeps alone): 3 more float32 [8, 1024, 3072] tensors in each of the 12 layers.
+    assert_eq!(allocated(&hf, "forward") - allocated(&fused, "forward"), 12 * 3 * 8 * 1024 * 3072 * 4);
+}

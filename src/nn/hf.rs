@@ -10,7 +10,7 @@
 //! upcasts the logits to float32 (`logits.float()`) before `cross_entropy`.
 
 use super::attention::rotate;
-use super::{Embedding, Init, Linear, Module, Transformer, TransformerConfig, child, cross_entropy};
+use super::{Activation, Block, Embedding, Init, Linear, Mlp, Module, Transformer, TransformerConfig, child, cross_entropy};
 use crate::autograd::{self, checkpoint};
 use crate::device::Device;
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -269,7 +269,14 @@ impl HfModel {
                     dropout: config.residual_dropout,
                     dtype,
                 };
-                HfModel::Gpt2(Transformer::new(device, c)?)
+                let mut model = Transformer::new(device, c)?;
+                // GPT2MLP's act: ACT2FN["gelu_new"] (NewGELUActivation), written out.
+                for block in &mut model.blocks {
+                    if let Some(Block { mlp: Mlp::Plain { activation, .. }, .. }) = Rc::get_mut(block) {
+                        *activation = Activation::GeluNew;
+                    }
+                }
+                HfModel::Gpt2(model)
             }
             _ => HfModel::Llama(LlamaForCausalLM::new(device, config.clone(), dtype, lora)?),
         })
