@@ -605,18 +605,20 @@ impl LlamaForCausalLM {
             let sin = emb.sin()?.mul_scalar(1.0)?.to(dtype)?;
             (cos, sin)
         };
-        // The eager causal mask: [batch, 1, T, T] in the model's type, 0 where a key is seen
-        // and the type's minimum where it is not, made once per forward.
-        // SDPA: no mask (create_causal_mask returns None and attention runs with is_causal).
+        // The eager causal mask (`_prepare_4d_causal_attention_mask_with_cache_position`): [T, T]
+        // in the model's type, 0 where a key is seen and the type's minimum where it is not,
+        // made once per forward and expanded to [batch, 1, T, T].
+        // SDPA: no mask (without padding the mask is skipped and attention runs with is_causal).
         let mask = if self.attention == AttentionImplementation::Sdpa {
             None
         } else {
             let _scope = device.scope("model.causal_mask");
             let at = device.arange(t, DType::I64)?;
-            let seen = at.view(&[t as isize, 1])?.ge(&at.view(&[1, t as isize])?)?.expand(&[b, 1, t, t])?;
+            let seen = at.view(&[t as isize, 1])?.ge(&at.view(&[1, t as isize])?)?;
             let zero = device.full(&[], 0.0, dtype)?;
             let min = device.full(&[], dtype_min(dtype), dtype)?;
-            Some(seen.where_(&zero, &min)?)
+            // One [T, T] mask, expanded (a view) to [batch, 1, T, T].
+            Some(seen.where_(&zero, &min)?.view(&[1, 1, t as isize, t as isize])?.expand(&[b, 1, t, t])?)
         };
         let rope = Rc::new((cos, sin, mask));
         let mut x = x;
