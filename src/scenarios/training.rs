@@ -198,8 +198,10 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                               warm-up step (warmup=0: the first step, where AdamW makes its moments). Parameters, gradients and \
                               AdamW's two moments in the parameters' type come first: Llama-3-8B in float32 needs 128 GB of them \
                               and runs out of memory on an 80 GB card, in bfloat16 (the default) 64 GB. Then the activations: \
-                              per layer the eager attention's scores and float32 softmax ([batch, heads, T, T]), and at the end \
-                              the logits and their float32 copy for the loss (batch x T x vocabulary, 128,256 for Llama-3).",
+                              per layer the eager attention's scores and float32 softmax ([batch, heads, T, T]; attn=sdpa keeps \
+                              none), and at the end the logits and their float32 copy for the loss (batch x T x vocabulary, \
+                              128,256 for Llama-3). lora=RANK freezes the base as PEFT does: only the float32 adapters get \
+                              gradients and AdamW's moments.",
                 parameters: hf_parameters(),
                 variants: vec![],
             },
