@@ -200,3 +200,16 @@ fn gpt2_from_its_config_writes_gelu_new_out_as_transformers_does() {
     // keeps alone): 3 more float32 [8, 1024, 3072] tensors in each of the 12 layers.
     assert_eq!(allocated(&hf, "forward") - allocated(&fused, "forward"), 12 * 3 * 8 * 1024 * 3072 * 4);
 }
+
+#[test]
+fn lora_with_checkpointing_backpropagates_through_the_frozen_embedding_s_output_as_peft_makes_it() {
+    // Without enable_input_require_grads the first checkpointed layer would have no input
+    // that requires grad (PyTorch's "element 0 of tensors does not require grad").
+    let set = |checkpointing| [("warmup", "0"), ("lora", "16"), ("lora_targets", "q,k,v,o"), ("checkpointing", checkpointing)];
+    let (plain, checkpointed) = (run(&set("false")), run(&set("true")));
+    assert_eq!(checkpointed.trainable_parameters, Some(13_631_488));
+    assert!(checkpointed.peak_allocated_bytes < plain.peak_allocated_bytes);
+    // The forward keeps each layer's input instead of its activations.
+    let kept = |r: &RunResult| allocated(r, "forward") - allocated(r, "model and batch");
+    assert!(kept(&checkpointed) * 10 < kept(&plain), "{} vs {}", kept(&checkpointed), kept(&plain));
+}

@@ -587,6 +587,12 @@ impl LlamaForCausalLM {
             return Err(TensorError::Shape(format!("token ids must be [batch, T], got {:?}", ids.shape())));
         };
         let x = self.embed_tokens.forward(ids)?;
+        if self.checkpointing && !self.embed_tokens.weight.requires_grad() {
+            // PEFT with gradient checkpointing calls `enable_input_require_grads()`: a hook makes
+            // the frozen embedding's output require grad, so that the reentrant checkpoint of
+            // the first layer has an input to backpropagate to.
+            x.requires_grad_(true)?;
+        }
         let dtype = x.dtype();
         // LlamaRotaryEmbedding: cos and sin [1, T, head_dim], made in float32 once per forward
         // (autocast off), then cast to the hidden states' type.
