@@ -6,8 +6,12 @@
 //! float32 (`hidden_states.to(torch.float32)` ... `weight * hidden_states.to(input_dtype)`),
 //! `repeat_kv` (an expand and a reshape: a copy of k and v per layer when heads share them),
 //! eager attention (scores, an additive 4-D causal mask built once per forward, softmax in
-//! float32 cast back, dropout, `transpose(1, 2).contiguous()`), and the causal-LM loss, which
-//! upcasts the logits to float32 (`logits.float()`) before `cross_entropy`.
+//! float32 cast back, dropout, `transpose(1, 2).contiguous()`) or SDPA (`attn=sdpa`: flash
+//! attention's allocations, k and v not repeated), and the causal-LM loss, which upcasts the
+//! logits to float32 (`logits.float()`) before `cross_entropy`; the forward runs with
+//! `use_cache=False` (no DynamicCache holds k and v). LoRA as PEFT injects it (`Projection`).
+//! GPT-2 is tensormem's `Transformer` (nn.Linear where transformers has Conv1D: the same
+//! shapes) with `gelu_new` written out as `NewGELUActivation` is.
 
 use super::attention::rotate;
 use super::{Activation, Block, Embedding, Init, Linear, Mlp, Module, Transformer, TransformerConfig, child, cross_entropy};
