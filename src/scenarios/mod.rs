@@ -247,7 +247,7 @@ pub struct RunResult {
     pub parameters: BTreeMap<String, serde_json::Value>,
     /// Parameter count, where the scenario has a model.
     pub model_parameters: Option<u64>,
-    /// The parameters that require grad, where they are fewer than the model's (LoRA).
+    /// The parameters that require grad (hf-train: all of them, or the adapters under LoRA).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trainable_parameters: Option<u64>,
     pub steps: Vec<Step>,
