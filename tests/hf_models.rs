@@ -213,3 +213,13 @@ fn lora_with_checkpointing_backpropagates_through_the_frozen_embedding_s_output_
     let kept = |r: &RunResult| allocated(r, "forward") - allocated(r, "model and batch");
     assert!(kept(&checkpointed) * 10 < kept(&plain), "{} vs {}", kept(&checkpointed), kept(&plain));
 }
+
+#[test]
+fn sdpa_is_simulated_for_16_bit_q_k_v_only() {
+    // CUDA's flash kernel takes float16 or bfloat16; float32 would run another kernel.
+    let e = run_error(&[("attn", "sdpa"), ("dtype", "float32")]);
+    assert!(e.contains("attn=sdpa is simulated as CUDA's flash kernel"), "{e}");
+    // Under autocast, SDPA casts q, k and v to bfloat16 (CUDA's autocast lists it) and runs.
+    let r = run(&[("attn", "sdpa"), ("dtype", "float32"), ("amp", "bfloat16"), ("lora", "8"), ("warmup", "0")]);
+    assert_eq!((r.out_of_memory, r.trainable_parameters), (None, Some(3_407_872)));
+}

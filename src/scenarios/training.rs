@@ -91,7 +91,7 @@ fn hf_parameters() -> Vec<Parameter> {
         "eager",
         ATTENTION,
         "attention as transformers' attn_implementation: eager (the scores and their float32 softmax are [batch, heads, T, T] tensors autograd keeps) \
-         or sdpa (scaled_dot_product_attention as CUDA's flash kernel runs it: no T x T tensor, a float32 log-sum-exp per row; Llama family, sim device only)",
+         or sdpa (scaled_dot_product_attention as CUDA's flash kernel runs it: no T x T tensor, a float32 log-sum-exp per row; Llama family, 16-bit q/k/v, sim device only)",
     ));
     parameters
 }
@@ -213,6 +213,9 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 LoraConfig::parse_targets(v.text("lora_targets"))?;
                 if v.choice("attn") == "sdpa" && config.family == Family::Gpt2 {
                     return Err("attn=sdpa is built for the Llama family so far; GPT2LMHeadModel takes attn=eager".into());
+                }
+                if v.choice("attn") == "sdpa" && v.choice("dtype") == "float32" && autocast_dtype(v).is_none() {
+                    return Err("attn=sdpa is simulated as CUDA's flash kernel, which takes float16 or bfloat16: with dtype=float32 use amp=bfloat16 (or float16), or attn=eager".into());
                 }
                 if v.u64("lora") > 0 && config.family == Family::Gpt2 {
                     return Err("lora: LoRA is built for the Llama family (q, k, v, o, gate, up, down) so far, not GPT2LMHeadModel".into());

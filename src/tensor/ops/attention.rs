@@ -3,6 +3,7 @@
 //! each row (float32) are made, and saved with q, k and v for backward. Its memory only: the
 //! simulation device runs it, the GPU refuses it (no kernel yet).
 
+use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -22,6 +23,10 @@ impl Tensor {
     /// head ([batch, T, heads, d]) and summed.
     #[track_caller]
     pub fn scaled_dot_product_attention(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        // Autocast runs it in the lower precision (CUDA's autocast lists it so): q, k, v cast.
+        if let Some((cast, _autocast_off)) = amp::cast_inputs(Policy::LowerPrecision, &[self, k, v])? {
+            return cast[0].scaled_dot_product_attention(&cast[1], &cast[2]);
+        }
         let device = self.device().clone();
         if !device.is_sim() {
             return Err(TensorError::Unsupported(
@@ -45,6 +50,12 @@ impl Tensor {
                 self.dtype().torch_type_name(),
                 k.dtype().torch_type_name(),
                 v.dtype().torch_type_name()
+            )));
+        }
+        if !matches!(self.dtype(), DType::F16 | DType::BF16) {
+            return Err(TensorError::Unsupported(format!(
+                "scaled_dot_product_attention is simulated as CUDA's flash kernel, which takes float16 or bfloat16; {} q, k, v would run the memory-efficient or math kernel (not simulated): use dtype=bfloat16, amp=bfloat16 or attn=eager",
+                self.dtype()
             )));
         }
         let out = device.empty_tensor(self.shape(), self.dtype(), "_scaled_dot_product_flash_attention")?;
