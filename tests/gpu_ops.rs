@@ -118,7 +118,9 @@ fn hf_train_allocates_identically_on_the_gpu_and_the_sim_device() {
     assert_eq!(on_gpu.trainable_parameters, on_sim.trainable_parameters);
     let events = |r: &scenarios::RunResult| r.snapshot.device_traces[0].iter().map(|e| (e.action, e.size, e.category)).collect::<Vec<_>>();
     assert_eq!(events(&on_gpu), events(&on_sim));
-    let err = pollster::block_on(scenarios::run_anywhere(&request("gpu", "sdpa"))).unwrap_err().to_string();
+    let mut sdpa = request("gpu", "sdpa");
+    sdpa.set.insert("amp".into(), "bfloat16".into());
+    let err = pollster::block_on(scenarios::run_anywhere(&sdpa)).unwrap_err().to_string();
     assert!(err.contains("simulated only"), "{err}");
 }
 
