@@ -3,7 +3,8 @@
 //! under autocast with a gradient scaler. Target (issue "Autograd ... nn and optimizers"):
 //! under a second per step, so a browser tab can size models. Baseline in the same run: the
 //! same step's allocation trace replayed through the allocator alone, i.e. what the step costs
-//! beyond the allocator's own bookkeeping.
+//! beyond the allocator's own bookkeeping. Then `hf-train` on Llama-3-8B (8.03B parameters,
+//! bfloat16, batch 1 x 512, a warm-up step and a recorded one) as `tensormem run` runs it.
 
 use std::time::Instant;
 use tensormem::amp;
@@ -54,5 +55,20 @@ fn main() {
         println!("gpt2-small sim step (batch 8 x 1024, AdamW, {what}): {:.3} s (first {:.3} s; target < 1 s)", step, times[0]);
         println!("  peak allocated {:.2} GiB, {} trace events over 4 steps", gib(dev.max_memory_allocated()), events);
         println!("  baseline: replaying one step's allocations alone {:.4} s -> the step is {:.1}x its allocator work", replay, step / replay);
+    }
+    for set in [&[][..], &[("attn", "sdpa"), ("context", "4096")][..], &[("lora", "16"), ("lora_targets", "q,k,v,o")][..]] {
+        let request = tensormem::scenarios::RunRequest {
+            scenario: "hf-train".into(),
+            set: set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..Default::default()
+        };
+        let start = Instant::now();
+        let r = tensormem::scenarios::run(&request).unwrap();
+        println!(
+            "hf-train llama-3-8b {set:?}: {:.3} s for 2 steps, peak allocated {:.2} GiB, {} trace events",
+            start.elapsed().as_secs_f64(),
+            gib(r.peak_allocated_bytes),
+            r.snapshot.device_traces[0].len()
+        );
     }
 }

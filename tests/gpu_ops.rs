@@ -94,6 +94,36 @@ fn a_scenario_allocates_identically_on_the_gpu_and_the_sim_device() {
     assert!(err.contains("expandable_segments") && err.contains("sim device"), "{err}");
 }
 
+/// hf-train on a small Qwen2 config (grouped-query attention, q/k/v biases, tied embeddings,
+/// LoRA on five linears) runs its real kernels and allocates as the sim device records;
+/// attn=sdpa is simulated only and says so on the GPU.
+#[test]
+fn hf_train_allocates_identically_on_the_gpu_and_the_sim_device() {
+    use tensormem::scenarios::{self, RunRequest};
+    let Some(_) = gpu() else { return };
+    let config = r#"{"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": true}"#;
+    let request = |device: &str, attn: &str| RunRequest {
+        scenario: "hf-train".into(),
+        set: [("config", config), ("batch", "2"), ("context", "8"), ("dtype", "float32"), ("lora", "4"), ("lora_targets", "q,k,v,o,gate"), ("attn", attn)]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        device: Some(device.into()),
+        ..Default::default()
+    };
+    let on_gpu = pollster::block_on(scenarios::run_anywhere(&request("gpu", "eager"))).unwrap();
+    let on_sim = scenarios::run(&request("sim:H100-80GB", "eager")).unwrap();
+    assert_eq!(on_gpu.steps, on_sim.steps);
+    assert_eq!(on_gpu.trainable_parameters, on_sim.trainable_parameters);
+    let events = |r: &scenarios::RunResult| r.snapshot.device_traces[0].iter().map(|e| (e.action, e.size, e.category)).collect::<Vec<_>>();
+    assert_eq!(events(&on_gpu), events(&on_sim));
+    let mut sdpa = request("gpu", "sdpa");
+    sdpa.set.insert("amp".into(), "bfloat16".into());
+    let err = pollster::block_on(scenarios::run_anywhere(&sdpa)).unwrap_err().to_string();
+    assert!(err.contains("simulated only"), "{err}");
+}
+
 /// matmul measures the candidate kernels at the first use of a class of shapes, off the
 /// allocator (the trace is the program's alone), keeps the winner in its file per adapter and
 /// reads it from there in later runs; tiny products are not measured; a damaged file is

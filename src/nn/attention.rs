@@ -156,7 +156,7 @@ fn rope_tables(device: &Device, t: usize, d: usize, theta: f64, dtype: DType) ->
 
 /// x * cos + rotate_half(x) * sin, where rotate_half(x) = cat(-x2, x1) over the halves.
 #[track_caller]
-fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+pub(super) fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let d = *x.shape().last().expect("4-D");
     let (x1, x2) = (x.narrow(-1, 0, d / 2)?, x.narrow(-1, d / 2, d / 2)?);
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], -1)?;

@@ -4,12 +4,17 @@
 //! allocation it causes, backward included, carries that name in its frames.
 
 mod attention;
+mod hf;
 mod lm;
 mod loss;
 mod model;
 pub mod optim;
 
 pub use attention::{CausalSelfAttention, PositionEncoding};
+pub use hf::{
+    AttentionImplementation, Family, HF_PRESETS, HfConfig, HfModel, HfRmsNorm, LORA_TARGETS, LlamaDecoderLayer, LlamaForCausalLM, LoraAdapter, LoraConfig,
+    Projection,
+};
 pub use lm::{LM_SIZE_NAMES, LM_SIZES, Lm, LmBlock, LmConfig};
 pub use loss::{cross_entropy, mse_loss};
 pub use model::{Architecture, Transformer, TransformerConfig};
@@ -209,6 +214,10 @@ pub enum Mlp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
     Gelu,
+    /// transformers' `NewGELUActivation` (GPT-2's `gelu_new`), written out in Python ops:
+    /// `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))`; autograd keeps x, the tanh,
+    /// `0.5 * x` and `1 + tanh`.
+    GeluNew,
     Silu,
     Relu,
 }
@@ -218,6 +227,10 @@ impl Activation {
     pub fn forward(self, x: &Tensor) -> Result<Tensor> {
         match self {
             Activation::Gelu => x.gelu(),
+            Activation::GeluNew => {
+                let inner = x.add(&x.pow_scalar(3.0)?.mul_scalar(0.044715)?)?.mul_scalar((2.0 / std::f64::consts::PI).sqrt())?;
+                x.mul_scalar(0.5)?.mul(&inner.tanh()?.add_scalar(1.0)?)
+            }
             Activation::Silu => x.silu(),
             Activation::Relu => x.relu(),
         }

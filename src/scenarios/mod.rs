@@ -60,6 +60,8 @@ pub enum Kind {
         #[serde(skip_serializing_if = "no_aliases")]
         aliases: &'static [(&'static str, &'static str)],
     },
+    /// Free text of at most `max_len` bytes (a preset's name or a file's path).
+    Text { max_len: usize },
 }
 
 fn no_aliases(aliases: &&[(&str, &str)]) -> bool {
@@ -77,6 +79,10 @@ impl Parameter {
 
     pub const fn choice(name: &'static str, default: &'static str, options: &'static [&'static str], help: &'static str) -> Parameter {
         Parameter { name, default, help, kind: Kind::Choice { options, aliases: &[] } }
+    }
+
+    pub const fn text(name: &'static str, default: &'static str, max_len: usize, help: &'static str) -> Parameter {
+        Parameter { name, default, help, kind: Kind::Text { max_len } }
     }
 
     /// A choice that also accepts `aliases`, each `(spelling, option)`: the value used is the
@@ -112,6 +118,10 @@ impl Parameter {
                 "false" | "0" | "no" => false.into(),
                 _ => return Err(format!("{} must be true or false, got {text:?}", self.name)),
             },
+            Kind::Text { max_len } if text.is_empty() || text.len() > max_len => {
+                return Err(format!("{} takes 1 to {max_len} bytes of text, got {}", self.name, text.len()));
+            }
+            Kind::Text { .. } => text.into(),
             Kind::Choice { options, .. } if options.contains(&text) => text.into(),
             Kind::Choice { options, aliases } => match aliases.iter().find(|(alias, _)| *alias == text) {
                 Some((_, option)) => (*option).into(),
@@ -151,6 +161,10 @@ impl Values {
 
     pub fn choice(&self, name: &str) -> &str {
         self.map[name].as_str().expect("checked as a choice")
+    }
+
+    pub fn text(&self, name: &str) -> &str {
+        self.map[name].as_str().expect("checked as text")
     }
 
     /// Whether the run shows the fix (else the mistake, or a scenario without variants).
@@ -233,6 +247,9 @@ pub struct RunResult {
     pub parameters: BTreeMap<String, serde_json::Value>,
     /// Parameter count, where the scenario has a model.
     pub model_parameters: Option<u64>,
+    /// The parameters that require grad (hf-train: all of them, or the adapters under LoRA).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trainable_parameters: Option<u64>,
     pub steps: Vec<Step>,
     /// `max_memory_allocated()` / `max_memory_reserved()` over the run.
     pub peak_allocated_bytes: u64,
@@ -411,6 +428,7 @@ impl Plan {
             settings: self.config.to_string(),
             parameters: self.values.map,
             model_parameters: rec.model_parameters,
+            trainable_parameters: rec.trainable_parameters,
             peak_allocated_bytes,
             peak_reserved_bytes,
             out_of_memory,
@@ -427,6 +445,8 @@ pub(crate) struct Recorder {
     steps: Vec<Step>,
     /// The parameter count of the run's model, if it has one.
     pub model_parameters: Option<u64>,
+    /// The number of parameters that require grad (hf-train).
+    pub trainable_parameters: Option<u64>,
     /// Peak allocated and reserved over the whole run (the device's peaks restart each step).
     peaks: (u64, u64),
 }
@@ -434,7 +454,7 @@ pub(crate) struct Recorder {
 impl Recorder {
     fn new(device: Device) -> Recorder {
         device.record_memory_history(true, RecordContext::All, 1 << 22);
-        Recorder { device, steps: Vec::new(), model_parameters: None, peaks: (0, 0) }
+        Recorder { device, steps: Vec::new(), model_parameters: None, trainable_parameters: None, peaks: (0, 0) }
     }
 
     /// Records a labelled point: allocated and reserved now, and the peak since the last one.

@@ -9,8 +9,10 @@
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp;
 use crate::nn::optim::{Adam, GradScaler, HandwrittenAdamW, Optimizer, Sgd};
-use crate::nn::{Architecture, LM_SIZE_NAMES, Lm, LmConfig, Module, Transformer, TransformerConfig};
-use crate::tensor::{DType, Result, Tensor};
+use crate::nn::{
+    Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, Lm, LmConfig, LoraConfig, Module, Transformer, TransformerConfig,
+};
+use crate::tensor::{DType, Result, Tensor, TensorError};
 
 /// GPT-2's published sizes: (name, d_model, layers, heads); d_ff is 4 x d_model.
 const GPT2_SIZES: [(&str, usize, usize, usize); 4] = [("small", 768, 12, 12), ("medium", 1024, 24, 16), ("large", 1280, 36, 20), ("xl", 1600, 48, 25)];
@@ -43,8 +45,15 @@ fn training_parameters(
     context: &'static str,
     optimizer: &'static str,
 ) -> Vec<Parameter> {
+    let mut parameters = vec![Parameter::choice("size", size, sizes, "model size")];
+    parameters.extend(step_parameters(batch, context, optimizer, "float32"));
+    parameters
+}
+
+/// What a training step takes whatever builds its model: the batch, the optimizer, the types,
+/// checkpointing and the steps recorded.
+fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'static str, dtype: &'static str) -> Vec<Parameter> {
     vec![
-        Parameter::choice("size", size, sizes, "model size"),
         Parameter::integer("batch", batch, 1, 65_536, "sequences per batch"),
         Parameter::integer("context", context, 1, 1 << 20, "tokens per sequence"),
         Parameter::choice(
@@ -54,13 +63,41 @@ fn training_parameters(
             "handwritten-adamw: the recorded run's own AdamW (new moments every step); adamw, adam: torch.optim's (see foreach); sgd: with momentum 0.9",
         ),
         Parameter::flag("foreach", "true", FOREACH_HELP),
-        Parameter::choice("dtype", "float32", DTYPES, "the parameters' type"),
+        Parameter::choice("dtype", dtype, DTYPES, "the parameters' type"),
         Parameter::choice_with_aliases("amp", "false", AMP, AMP_ALIASES, AMP_HELP),
         Parameter::flag("checkpointing", "false", "checkpoint every block: keep its input, recompute it in backward"),
         Parameter::integer("warmup", "1", 0, 1000, WARMUP_HELP),
         Parameter::integer("steps", "1", 1, 1000, "steps recorded after the warm-up"),
     ]
 }
+
+/// `hf-train`'s parameters: the config, then a training step's.
+fn hf_parameters() -> Vec<Parameter> {
+    let mut parameters = vec![Parameter::text(
+        "config",
+        "llama-3-8b",
+        4096,
+        "a Hugging Face config.json: its path, its JSON text, or a preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2); \
+         LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and GPT2LMHeadModel are built",
+    )];
+    parameters.extend(step_parameters("1", "512", "adamw", "bfloat16"));
+    parameters.extend([
+        Parameter::integer("lora", "0", 0, 4096, "LoRA's rank r (0: a full fine-tune): the base frozen (no gradients, no optimizer state), adapters lora_A [r, in] and lora_B [out, r] on each targeted linear, float32 when the base is 16-bit (PEFT's autocast_adapter_dtype)"),
+        Parameter::integer("lora_alpha", "8", 1, 1 << 20, "LoRA's alpha: the update is scaled by alpha / r"),
+        Parameter::text("lora_targets", "q,v", 64, "the linears LoRA adapts, from q, k, v, o, gate, up, down (PEFT's default for Llama: q,v)"),
+    ]);
+    parameters.push(Parameter::choice(
+        "attn",
+        "eager",
+        ATTENTION,
+        "attention as transformers' attn_implementation: eager (the scores and their float32 softmax are [batch, heads, T, T] tensors autograd keeps) \
+         or sdpa (scaled_dot_product_attention as CUDA's flash kernel runs it: no T x T tensor, a float32 log-sum-exp per row; Llama family, 16-bit q/k/v, sim device only)",
+    ));
+    parameters
+}
+
+/// `attn`'s choices.
+const ATTENTION: &[&str] = &["eager", "sdpa"];
 
 pub(super) fn scenarios() -> Vec<Scenario> {
     vec![
@@ -137,17 +174,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                               first optimizer step runs out of memory with PyTorch's error. Read the error: how much the card has, \
                               how much is allocated, how much is reserved but unallocated. Try --capacity to find the card that \
                               fits, or dtype=bfloat16 to halve everything.",
-                parameters: vec![
-                    Parameter::integer("batch", "1", 1, 65_536, "sequences per batch"),
-                    Parameter::integer("context", "512", 1, 1 << 20, "tokens per sequence"),
-                    Parameter::choice("optimizer", "adamw", OPTIMIZERS, "the optimizer"),
-                    Parameter::flag("foreach", "true", FOREACH_HELP),
-                    Parameter::choice("dtype", "float32", DTYPES, "the parameters' type"),
-                    Parameter::choice_with_aliases("amp", "false", AMP, AMP_ALIASES, AMP_HELP),
-                    Parameter::flag("checkpointing", "false", "checkpoint every block"),
-                    Parameter::integer("warmup", "1", 0, 1000, WARMUP_HELP),
-                    Parameter::integer("steps", "1", 1, 1000, "steps recorded after the warm-up"),
-                ],
+                parameters: step_parameters("1", "512", "adamw", "float32"),
                 variants: vec![],
             },
             check: |v| fits(v, LLAMA_7B.4 as u64),
@@ -158,6 +185,61 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                     let config = LmConfig { vocab, dim, hidden, layers, heads, context: v.int("context"), dtype: dtype(v) };
                     let model = Model::lm(rec, config, v.flag("checkpointing"))?;
                     train(rec, v, model).await
+                })
+            }),
+        },
+        Scenario {
+            info: ScenarioInfo {
+                name: "hf-train",
+                title: "Fine-tune a Hugging Face model: size it from its config.json",
+                explanation: "A full fine-tuning step of a model built from its Hugging Face config.json (LlamaForCausalLM, \
+                              MistralForCausalLM, Qwen2ForCausalLM: grouped-query attention, RMSNorm in float32, SwiGLU, RoPE, \
+                              Qwen2's q/k/v biases; GPT2LMHeadModel) as transformers builds it, with torch.optim.AdamW, after a \
+                              warm-up step (warmup=0: the first step, where AdamW makes its moments). Parameters, gradients and \
+                              AdamW's two moments in the parameters' type come first: Llama-3-8B in float32 needs 128 GB of them \
+                              and runs out of memory on an 80 GB card, in bfloat16 (the default) 64 GB. Then the activations: \
+                              per layer the eager attention's scores and float32 softmax ([batch, heads, T, T]; attn=sdpa keeps \
+                              none), and at the end the logits and their float32 copy for the loss (batch x T x vocabulary, \
+                              128,256 for Llama-3). lora=RANK freezes the base as PEFT does: only the float32 adapters get \
+                              gradients and AdamW's moments.",
+                parameters: hf_parameters(),
+                variants: vec![],
+            },
+            check: |v| {
+                let config = HfConfig::load(v.text("config"))?;
+                if config.family == Family::Gpt2 && v.u64("context") > config.max_positions as u64 {
+                    return Err(format!("GPT-2's learned positions cover {} tokens: context={} is longer", config.max_positions, v.u64("context")));
+                }
+                LoraConfig::parse_targets(v.text("lora_targets"))?;
+                if v.choice("attn") == "sdpa" && config.family == Family::Gpt2 {
+                    return Err("attn=sdpa is built for the Llama family so far; GPT2LMHeadModel takes attn=eager".into());
+                }
+                if v.choice("attn") == "sdpa" && v.choice("dtype") == "float32" && autocast_dtype(v).is_none() {
+                    return Err("attn=sdpa is simulated as CUDA's flash kernel, which takes float16 or bfloat16: with dtype=float32 use amp=bfloat16 (or float16), or attn=eager".into());
+                }
+                if v.u64("lora") > 0 && config.family == Family::Gpt2 {
+                    return Err("lora: LoRA is built for the Llama family (q, k, v, o, gate, up, down) so far, not GPT2LMHeadModel".into());
+                }
+                fits(v, config.vocab as u64)
+            },
+            fix_settings: None,
+            program: Program::Async(|rec, v| {
+                Box::pin(async move {
+                    let config = HfConfig::load(v.text("config")).map_err(TensorError::Shape)?;
+                    let lora = match v.int("lora") {
+                        0 => None,
+                        rank => Some(LoraConfig {
+                            rank,
+                            alpha: v.u64("lora_alpha") as f64,
+                            targets: LoraConfig::parse_targets(v.text("lora_targets")).map_err(TensorError::Shape)?,
+                        }),
+                    };
+                    let mut model = HfModel::new(&rec.device, &config, dtype(v), v.int("context"), lora.as_ref())?;
+                    model.set_checkpointing(v.flag("checkpointing"));
+                    model.set_attention(if v.choice("attn") == "sdpa" { AttentionImplementation::Sdpa } else { AttentionImplementation::Eager })?;
+                    rec.model_parameters = Some(model.parameter_count());
+                    rec.trainable_parameters = Some(model.trainable_parameters().iter().map(|p| p.numel() as u64).sum());
+                    train(rec, v, Model::Hf(model)).await
                 })
             }),
         },
@@ -203,6 +285,7 @@ fn dtype(v: &Values) -> DType {
 enum Model {
     Lm(Lm),
     Gpt2(Transformer),
+    Hf(HfModel),
 }
 
 impl Model {
@@ -224,6 +307,7 @@ impl Model {
         match self {
             Model::Lm(m) => m.parameters(),
             Model::Gpt2(m) => m.parameters(),
+            Model::Hf(m) => m.trainable_parameters(),
         }
     }
 
@@ -231,6 +315,7 @@ impl Model {
         match self {
             Model::Lm(m) => m.config.vocab,
             Model::Gpt2(m) => m.config.vocab,
+            Model::Hf(m) => m.vocab(),
         }
     }
 
@@ -238,6 +323,7 @@ impl Model {
         match self {
             Model::Lm(m) => m.forward(ids),
             Model::Gpt2(m) => m.forward(ids, true),
+            Model::Hf(m) => m.forward(ids),
         }
     }
 
@@ -248,6 +334,7 @@ impl Model {
                 let _scope = logits.device().scope("loss");
                 crate::nn::cross_entropy(&logits.view(&[-1, m.config.vocab as isize])?, &targets.view(&[-1])?)
             }
+            Model::Hf(m) => m.loss(logits, targets),
         }
     }
 }

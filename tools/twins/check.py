@@ -64,6 +64,14 @@ CPU_SETTINGS = {
                    "size=small,batch=1,context=8,foreach=false"],
     # A 7B model: 27 GB of float32 parameters, not for a CPU check.
     "oom": None,
+    # A small Llama with grouped-query attention, given as JSON text; and GPT-2 (124M).
+    "hf-train": ['config={"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128, '
+                 '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000},'
+                 'batch=1,context=8,dtype=float32',
+                 'config={"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128, '
+                 '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000},'
+                 'batch=1,context=8,dtype=float32,lora=4,lora_targets=q,k,v,o',
+                 "config=gpt2,batch=1,context=8,dtype=float32"],
 }
 
 

@@ -51,6 +51,9 @@ class Values:
     def choice(self, name):
         return self.map[name]
 
+    def text(self, name):
+        return self.map[name]
+
     def fix(self):
         return self.variant == "fix"
 
@@ -109,6 +112,10 @@ def parse_value(name, kind, text):
             return aliases[text]
         listed = f" ({', '.join(f'{a} = {o}' for a, o in kind.get('aliases', []))})" if aliases else ""
         raise ValueError(f"{name} must be one of {', '.join(kind['options'])}{listed}, got {text!r}")
+    if t == "text":
+        if not text or len(text.encode()) > kind["max_len"]:
+            raise ValueError(f"{name} takes 1 to {kind['max_len']} bytes of text, got {len(text.encode())}")
+        return text
     raise ValueError(f"{name}: unknown kind {t!r}")
 
 

@@ -2,6 +2,7 @@
 //! directly; each output is one allocation; in-place ops allocate nothing. On the simulation
 //! device the same allocations happen and the kernels are skipped.
 
+mod attention;
 mod cuda_reduce;
 mod elementwise;
 mod factory;

@@ -1,0 +1,110 @@
+"""Twin of `tensormem run hf-train` (src/scenarios/training.rs, src/nn/hf.rs): a full fine-tune
+(or LoRA) step of a model built by transformers from a config.json (a path, the JSON text, or
+one of tensormem's presets in src/nn/hf_configs/), with eager attention, use_cache=False, the
+loss as ForCausalLMLoss computes it (logits.float(), then cross_entropy), torch.optim.AdamW,
+after `warmup` warm-up steps. LoRA: peft.get_peft_model with LoraConfig(r, lora_alpha,
+target_modules, lora_dropout=0.0); only the adapters go to the optimizer.
+
+Needs `transformers` (and `peft` for lora > 0) besides torch."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import common  # noqa: E402
+
+import torch.nn.functional as F  # noqa: E402
+
+import models  # noqa: E402
+
+NAME = "hf-train"
+VARIANTS = []
+PARAMETERS = [
+    ("config", "llama-3-8b", {"type": "text", "max_len": 4096}),
+    ("batch", "1", {"type": "integer", "min": 1, "max": 65536}),
+    ("context", "512", {"type": "integer", "min": 1, "max": 1048576}),
+    ("optimizer", "adamw", {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
+    ("foreach", "true", {"type": "flag"}),
+    ("dtype", "bfloat16", {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
+    ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),
+    ("checkpointing", "false", {"type": "flag"}),
+    ("warmup", "1", {"type": "integer", "min": 0, "max": 1000}),
+    ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
+    ("lora", "0", {"type": "integer", "min": 0, "max": 4096}),
+    ("lora_alpha", "8", {"type": "integer", "min": 1, "max": 1048576}),
+    ("lora_targets", "q,v", {"type": "text", "max_len": 64}),
+    ("attn", "eager", {"type": "choice", "options": ["eager", "sdpa"]}),
+]
+FIX_SETTINGS = None
+
+presets_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src", "nn", "hf_configs")
+
+
+def load_config(spec):
+    """HfConfig::load: a preset's name, the JSON text, or a config.json path."""
+    spec = spec.strip()
+    preset = os.path.join(presets_dir, spec + ".json")
+    if "/" not in spec and os.path.isfile(preset):
+        return json.load(open(preset))
+    if spec.startswith("{"):
+        return json.loads(spec)
+    return json.load(open(spec))
+
+
+class Net(torch.nn.Module):
+    """The transformers model, with the scenario's `ordered_parameters` (what the optimizer gets)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def ordered_parameters(self):
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def program(rec, v):
+    import transformers
+
+    raw = load_config(v.text("config"))
+    # HfConfig::parse: architectures[0] names the class, model_type where it is missing.
+    kinds = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2", "GPT2LMHeadModel": "gpt2"}
+    raw = dict(raw)
+    model_type = kinds.get((raw.get("architectures") or [None])[0]) or raw.pop("model_type", None)
+    raw.pop("model_type", None)
+    config = transformers.AutoConfig.for_model(model_type, **raw)
+    vocab = config.vocab_size
+    if config.model_type == "gpt2" and v.int("context") > config.n_positions:
+        raise SystemExit(f"GPT-2's learned positions cover {config.n_positions} tokens: context={v.int('context')} is longer")
+    models.check_fits(v, vocab)
+    dtype = models.DTYPES[v.choice("dtype")]
+    # Parameters made on the device in their type, as `from_config(..., torch_dtype=dtype)`.
+    with rec.device:
+        model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype, attn_implementation=v.choice("attn"))
+    model.train()
+    if v.flag("checkpointing"):
+        model.gradient_checkpointing_enable()
+    rec.count_parameters(list(model.parameters()))
+    if v.int("lora") > 0:
+        import peft
+
+        targets = [t if t.endswith("_proj") else t + "_proj" for t in v.text("lora_targets").split(",")]
+        lora = peft.LoraConfig(r=v.int("lora"), lora_alpha=v.int("lora_alpha"), target_modules=targets, lora_dropout=0.0, bias="none")
+        model = peft.get_peft_model(model, lora)
+        rec.count_parameters(list(model.parameters()))
+    net = Net(model)
+
+    def forward(ids):
+        return model(input_ids=ids, use_cache=False).logits
+
+    def loss_of(logits, targets):
+        # ForCausalLMLoss: logits.float() (a float32 copy of 16-bit logits), then cross_entropy.
+        return F.cross_entropy(logits.float().view(-1, vocab), targets.view(-1))
+
+    models.train(rec, v, net, vocab, forward, loss_of)
+
+
+if __name__ == "__main__":
+    common.main(globals())
