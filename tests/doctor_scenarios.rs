@@ -31,7 +31,7 @@ const TAUGHT: [(&str, &str); 13] = [
 ];
 
 /// Scenarios left out of the table, and why.
-const LEFT_OUT: [(&str, &str); 8] = [
+const LEFT_OUT: [(&str, &str); 9] = [
     ("grad-accumulation", "a technique that lowers the peak (activations per micro-batch): the peak finding shows it, no problem kind"),
     ("checkpointing", "a technique that lowers the peak (block inputs kept, recomputed in backward): the peak finding shows it"),
     ("mixed-precision", "the mistake (loss outside autocast) costs accuracy, not memory: it holds less"),
@@ -46,6 +46,12 @@ const LEFT_OUT: [(&str, &str); 8] = [
     ("oom", "teaches `oom`, which ranks by its request (172 MiB) below optimizer-state and fragmentation; tests/doctor.rs checks it"),
     ("lm-train", "a prediction of a training step (and gpt2-train): no mistake to find"),
     ("hf-train", "a prediction of a Hugging Face model's training step: no mistake to find"),
+    (
+        "hf-generate",
+        "a prediction of generation (no variants); at its defaults (batch 1, prompt 512, new 256) the prefill's freed attention scores absorb \
+         the dynamic cache's cats, so no fragmentation; tests/hf_generate.rs checks that a long generation (batch 8, prompt 16, new 1,024) \
+         is diagnosed `fragmentation` with cache=dynamic and not with cache=static",
+    ),
 ];
 
 fn run(scenario: &str, variant: Option<&str>) -> (RunResult, Diagnosis) {

@@ -651,6 +651,135 @@ impl LlamaForCausalLM {
     }
 }
 
+/// The key/value cache `generate` keeps: transformers' `DynamicCache` (each layer's keys and
+/// values grow by `torch.cat([past, new], dim=-2)`: a new tensor of the grown size, the old one
+/// freed) or `StaticCache` (each layer's [batch, kv_heads, max_len, head_dim] keys and values
+/// made with `torch.zeros` at the layer's first update, then written in place with
+/// `index_copy_`).
+pub struct KvCache {
+    /// `Some(max_len)`: a static cache of that many positions.
+    pub static_len: Option<usize>,
+    /// Per layer: (keys, values), once the layer has seen a token.
+    pub layers: Vec<Option<(Tensor, Tensor)>>,
+    /// The positions seen so far (`get_seq_length()`).
+    pub seen: usize,
+}
+
+impl KvCache {
+    pub fn new(layers: usize, static_len: Option<usize>) -> KvCache {
+        KvCache { static_len, layers: (0..layers).map(|_| None).collect(), seen: 0 }
+    }
+
+    /// The bytes the cache holds now.
+    pub fn bytes(&self) -> u64 {
+        self.layers.iter().flatten().map(|(k, v)| (k.numel() * k.dtype().size() + v.numel() * v.dtype().size()) as u64).sum()
+    }
+
+    /// `DynamicLayer.update` / `StaticLayer.update`: the layer's keys and values after adding
+    /// `k`, `v` [batch, kv_heads, q, head_dim] at position `past`.
+    #[track_caller]
+    fn update(&mut self, layer: usize, k: &Tensor, v: &Tensor, past: usize) -> Result<(Tensor, Tensor)> {
+        let slot = &mut self.layers[layer];
+        match self.static_len {
+            None => {
+                // `self.keys = torch.cat([self.keys, key_states], dim=-2)`: the first update cats
+                // onto an empty tensor (a copy of k), every later one makes the grown tensor and
+                // frees the old keys before the values are grown.
+                let (keys, values) = match slot.take() {
+                    None => {
+                        let keys = Tensor::cat(&[k], -2)?;
+                        (keys, Tensor::cat(&[v], -2)?)
+                    }
+                    Some((old_k, old_v)) => {
+                        let keys = Tensor::cat(&[&old_k, k], -2)?;
+                        drop(old_k);
+                        let values = Tensor::cat(&[&old_v, v], -2)?;
+                        (keys, values)
+                    }
+                };
+                *slot = Some((keys.share(), values.share()));
+                Ok((keys, values))
+            }
+            Some(max_len) => {
+                let &[b, kv, q, d] = k.shape() else { unreachable!("4-D heads") };
+                if past + q > max_len {
+                    return Err(TensorError::Shape(format!("static cache of {max_len} positions is full: position {} does not fit", past + q)));
+                }
+                if slot.is_none() {
+                    // StaticLayer.lazy_initialization: torch.zeros for the keys, then the values.
+                    let keys = k.device().zeros(&[b, kv, max_len, d], k.dtype())?;
+                    let values = k.device().zeros(&[b, kv, max_len, d], v.dtype())?;
+                    *slot = Some((keys, values));
+                }
+                let (keys, values) = slot.as_ref().expect("made above");
+                // index_copy_(2, cache_position, key_states): in place, nothing allocated.
+                keys.narrow(2, past, q)?.copy_(k)?;
+                values.narrow(2, past, q)?.copy_(v)?;
+                Ok((keys.share(), values.share()))
+            }
+        }
+    }
+}
+
+impl LlamaForCausalLM {
+    /// A forward of `generate` under inference_mode: ids [batch, q] (the prompt, then one token)
+    /// with the cache holding the positions before them; returns the logits of the last position
+    /// only, [batch, 1, vocab] (`logits_to_keep=1`, which generate passes since transformers
+    /// 4.45, prefill included): the final norm runs over every position, the head over the last.
+    #[track_caller]
+    pub fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let device = ids.device().clone();
+        let [b, q] = *ids.shape() else {
+            return Err(TensorError::Shape(format!("token ids must be [batch, T], got {:?}", ids.shape())));
+        };
+        let past = cache.seen;
+        let kv_len = cache.static_len.unwrap_or(past + q);
+        let x = self.embed_tokens.forward(ids)?;
+        let dtype = x.dtype();
+        // cache_position = arange(past, past + q); position_ids its unsqueeze(0).
+        let positions: Vec<i64> = (past..past + q).map(|p| p as i64).collect();
+        let cache_position = device.from_slice(&positions, &[q])?;
+        let (cos, sin) = {
+            let _scope = device.scope("model.rotary_emb");
+            let _autocast_off = crate::amp::autocast_disabled();
+            let half = self.config.head_dim / 2;
+            let inv_freq = self.inv_freq.view(&[1, half as isize, 1])?;
+            let positions = cache_position.unsqueeze(0)?.unsqueeze(1)?.to(DType::F32)?;
+            let freqs = inv_freq.matmul(&positions)?.transpose(1, 2)?;
+            let emb = Tensor::cat(&[&freqs, &freqs], -1)?;
+            let cos = emb.cos()?.mul_scalar(1.0)?.to(dtype)?;
+            let sin = emb.sin()?.mul_scalar(1.0)?.to(dtype)?;
+            (cos, sin)
+        };
+        // The eager mask [q, kv_len] (a key is seen where its position <= the query's; a static
+        // cache's unwritten positions are masked), in the model's type, expanded to
+        // [batch, 1, q, kv_len].
+        let mask = {
+            let _scope = device.scope("model.causal_mask");
+            let keys = device.arange(kv_len, DType::I64)?;
+            let seen = cache_position.view(&[q as isize, 1])?.ge(&keys.view(&[1, kv_len as isize])?)?;
+            let zero = device.full(&[], 0.0, dtype)?;
+            let min = device.full(&[], dtype_min(dtype), dtype)?;
+            seen.where_(&zero, &min)?.view(&[1, 1, q as isize, kv_len as isize])?.expand(&[b, 1, q, kv_len])?
+        };
+        let mut x = x;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward_with_cache(&x, &cos, &sin, Some(&mask), Some((&mut *cache, i, past)))?;
+        }
+        cache.seen = past + q;
+        let x = self.norm.forward(&x)?;
+        // hidden_states[:, slice(-1, None), :]: a view of the last position.
+        let x = x.narrow(1, q - 1, 1)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&x),
+            None => {
+                let _scope = device.module_scope("lm_head");
+                x.linear(&self.embed_tokens.weight, None)
+            }
+        }
+    }
+}
+
 /// The most negative finite value of a type (`torch.finfo(dtype).min`).
 fn dtype_min(dtype: DType) -> f64 {
     match dtype {
@@ -675,8 +804,15 @@ impl LlamaDecoderLayer {
 
     #[track_caller]
     pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_with_cache(x, cos, sin, mask, None)
+    }
+
+    /// The layer, its attention reading the keys and values `cache` (the cache, this layer's
+    /// index, the positions before x) returns after adding x's (generate, in eval mode).
+    #[track_caller]
+    fn forward_with_cache(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>, cache: Option<(&mut KvCache, usize, usize)>) -> Result<Tensor> {
         let _scope = x.device().module_scope(&self.name);
-        let h = self.attention(&self.input_layernorm.forward(x)?, cos, sin, mask)?;
+        let h = self.attention(&self.input_layernorm.forward(x)?, cos, sin, mask, cache)?;
         let x = x.add(&h)?;
         let h = self.mlp(&self.post_attention_layernorm.forward(&x)?)?;
         x.add(&h)
@@ -692,7 +828,7 @@ impl LlamaDecoderLayer {
 
     /// `LlamaAttention` with `eager_attention_forward`.
     #[track_caller]
-    fn attention(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    fn attention(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>, cache: Option<(&mut KvCache, usize, usize)>) -> Result<Tensor> {
         let _scope = x.device().module_scope(&child(&self.name, "self_attn"));
         let [b, t, _] = *x.shape() else {
             return Err(TensorError::Shape(format!("{}: input must be [batch, T, features], got {:?}", self.name, x.shape())));
@@ -706,6 +842,12 @@ impl LlamaDecoderLayer {
         // apply_rotary_pos_emb: cos, sin unsqueezed to [1, 1, T, head_dim].
         let (cos, sin) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
         let (q, k) = (rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?);
+        // generate: past_key_values.update(k, v, layer_idx); dropout off (eval mode).
+        let training = cache.is_none();
+        let (k, v) = match cache {
+            Some((cache, index, past)) => cache.update(index, &k, &v, past)?,
+            None => (k, v),
+        };
         let Some(mask) = mask else {
             // sdpa_attention_forward: k and v as they are (enable_gqa), then
             // `attn_output.transpose(1, 2).contiguous()`.
@@ -718,7 +860,7 @@ impl LlamaDecoderLayer {
         let scores = scores.add(mask)?;
         let probs = scores.softmax_to_dtype(-1, DType::F32)?.to(q.dtype())?;
         drop(scores);
-        let probs = probs.dropout(self.attention_dropout, true)?;
+        let probs = probs.dropout(self.attention_dropout, training)?;
         let y = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?;
         self.o_proj.forward(&y.reshape(&[bi, ti, -1])?)
     }

@@ -14,6 +14,7 @@ use crate::{Device, GpuOptions};
 use serde::Serialize;
 
 pub mod compare;
+mod generation;
 mod pitfalls;
 mod seeds;
 mod techniques;
@@ -287,6 +288,7 @@ fn all() -> Vec<Scenario> {
     all.extend(pitfalls::scenarios());
     all.extend(techniques::scenarios());
     all.extend(training::scenarios());
+    all.push(generation::scenario());
     all
 }
 

@@ -72,6 +72,12 @@ CPU_SETTINGS = {
                  '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000},'
                  'batch=1,context=8,dtype=float32,lora=4,lora_targets=q,k,v,o',
                  "config=gpt2,batch=1,context=8,dtype=float32"],
+    "hf-generate": ['config={"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128, '
+                    '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000},'
+                    'batch=2,prompt=8,new_tokens=3,dtype=float32',
+                    'config={"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128, '
+                    '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000},'
+                    'batch=2,prompt=8,new_tokens=3,dtype=float32,cache=static'],
 }
 
 

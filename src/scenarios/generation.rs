@@ -1,0 +1,141 @@
+//! `hf-generate`: `model.generate` of a Hugging Face model under inference_mode, greedy, with a
+//! key/value cache: the prefill of `prompt` tokens, then a forward per new token, with
+//! transformers' DynamicCache (grown by a `cat` per layer per token) or a static cache
+//! (preallocated, written in place).
+
+use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values};
+use crate::autograd;
+use crate::nn::{Family, HfConfig, HfModel, KvCache, Module};
+use crate::tensor::{DType, Result, Tensor, TensorError};
+use crate::trace::Category;
+
+const CACHES: &[&str] = &["dynamic", "static"];
+const DTYPES: &[&str] = &["bfloat16", "float16", "float32"];
+const ATTENTION: &[&str] = &["eager"];
+
+fn parameters() -> Vec<Parameter> {
+    vec![
+        Parameter::text(
+            "config",
+            "llama-3-8b",
+            4096,
+            "a Hugging Face config.json: its path, its JSON text, or a preset (llama-3-8b, mistral-7b, qwen2.5-7b); \
+             LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM generate",
+        ),
+        Parameter::integer("batch", "1", 1, 4096, "sequences generated at once"),
+        Parameter::integer("prompt", "512", 1, 1 << 20, "tokens of the prompt (the prefill)"),
+        Parameter::integer("new_tokens", "256", 1, 1 << 20, "tokens generated (max_new_tokens): the prefill's forward, then one forward per further token"),
+        Parameter::choice("dtype", "bfloat16", DTYPES, "the parameters' type (torch_dtype)"),
+        Parameter::choice(
+            "cache",
+            "dynamic",
+            CACHES,
+            "dynamic: transformers' DynamicCache, each layer's keys and values grown by torch.cat per token (a new tensor, the old freed); \
+             static: [batch, kv_heads, prompt + new_tokens, head_dim] per layer made at the layer's first update and written in place (index_copy_)",
+        ),
+        Parameter::choice(
+            "attn",
+            "eager",
+            ATTENTION,
+            "attention as transformers' attn_implementation: eager (the scores and their float32 softmax are real tensors)",
+        ),
+    ]
+}
+
+fn dtype(v: &Values) -> DType {
+    match v.choice("dtype") {
+        "float16" => DType::F16,
+        "float32" => DType::F32,
+        _ => DType::BF16,
+    }
+}
+
+fn check(v: &Values) -> std::result::Result<(), String> {
+    let config = HfConfig::load(v.text("config"))?;
+    if config.family == Family::Gpt2 {
+        return Err("hf-generate builds the Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) so far, not GPT2LMHeadModel".into());
+    }
+    let (batch, prompt, new) = (v.u64("batch"), v.u64("prompt"), v.u64("new_tokens"));
+    // The largest tensor: the prefill's scores [batch, heads, prompt, prompt + new_tokens] (a
+    // static cache's keys span every position).
+    let scores = batch.checked_mul(config.heads as u64).and_then(|n| n.checked_mul(prompt)).and_then(|n| n.checked_mul(prompt + new));
+    if scores.is_none_or(|n| n > u32::MAX as u64) {
+        return Err(format!(
+            "batch {batch} x {} heads x prompt {prompt} x (prompt + new_tokens) {} makes attention scores larger than tensormem can index",
+            config.heads,
+            prompt + new
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn scenario() -> Scenario {
+    Scenario {
+        info: ScenarioInfo {
+            name: "hf-generate",
+            title: "Generate with a Hugging Face model: the KV cache, dynamic or static",
+            explanation: "model.generate (greedy) of a model built from its Hugging Face config.json, under inference_mode: \
+                          the prefill runs the prompt through every layer and keeps its keys and values, then one forward per \
+                          new token (logits of the last position only, copied to float32 to pick the token). With \
+                          cache=dynamic (transformers' DynamicCache) every layer's keys and values grow by torch.cat at every \
+                          token: a new tensor one position longer, the old one freed into the cache of free blocks, where \
+                          the next, larger request cannot reuse it: reserved memory climbs above allocated (fragmentation). \
+                          cache=static makes [batch, kv_heads, prompt + new_tokens, head_dim] keys and values per layer at \
+                          once and writes each token in place: the same bytes from the start, no reallocation. Read the steps: \
+                          `prefill`, then `decode k` (the forward that makes token k + 1).",
+            parameters: parameters(),
+            variants: vec![],
+        },
+        check,
+        fix_settings: None,
+        program: Program::Sync(generate),
+    }
+}
+
+fn generate(rec: &mut Recorder, v: &Values) -> Result<()> {
+    let config = HfConfig::load(v.text("config")).map_err(TensorError::Shape)?;
+    let (batch, prompt, new_tokens) = (v.int("batch"), v.int("prompt"), v.int("new_tokens"));
+    let model = HfModel::new(&rec.device, &config, dtype(v), prompt + new_tokens, None)?;
+    rec.model_parameters = Some(model.parameter_count());
+    let HfModel::Llama(model) = model else {
+        return Err(TensorError::Unsupported("hf-generate builds the Llama family so far".into()));
+    };
+    let dev = rec.device.clone();
+    let _inference = autograd::inference_mode();
+    let ids = {
+        let _inputs = dev.category(Category::Input);
+        let ids: Vec<i64> = (0..batch * prompt).map(|i| (i * 7919 % config.vocab) as i64).collect();
+        dev.from_slice(&ids, &[batch, prompt])?
+    };
+    rec.step("model and prompt");
+    let static_len = (v.choice("cache") == "static").then_some(prompt + new_tokens);
+    let mut cache = KvCache::new(config.layers, static_len);
+    // generate's own tensors: attention_mask = ones(input_ids.shape) (no pad token: every
+    // position attends) and unfinished_sequences = ones(batch), both int64.
+    let mut attention_mask = dev.ones(&[batch, prompt], DType::I64)?;
+    let _unfinished_sequences = dev.ones(&[batch], DType::I64)?;
+    let mut input_ids = ids.share();
+    let mut next = ids;
+    for k in 0..new_tokens {
+        // outputs = self(**model_inputs): the logits of the last position.
+        let logits = model.forward_cached(&next, &mut cache)?;
+        // _update_model_kwargs_for_generation: attention_mask grows by a column of ones.
+        attention_mask = Tensor::cat(&[&attention_mask, &dev.ones(&[batch, 1], DType::I64)?], -1)?;
+        // next_token_logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+        let last = logits.select(1, 0)?;
+        let next_logits = if last.dtype() == DType::F32 { last.clone()? } else { last.to(DType::F32)? };
+        drop(last);
+        let tokens = next_logits.argmax(-1, false)?;
+        // input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
+        let column = tokens.unsqueeze(1)?;
+        input_ids = Tensor::cat(&[&input_ids, &column], -1)?;
+        next = column;
+        // The step is marked where the stopping criteria run: the outputs and the float32
+        // logits are still referenced (`del outputs` ends the iteration).
+        rec.step(if k == 0 { "prefill".to_string() } else { format!("decode {k}") });
+        drop((logits, next_logits));
+    }
+    drop((next, input_ids, attention_mask));
+    drop(cache);
+    Ok(())
+}
