@@ -124,6 +124,33 @@ fn hf_train_allocates_identically_on_the_gpu_and_the_sim_device() {
     assert!(err.contains("simulated only"), "{err}");
 }
 
+/// hf-generate on a small Llama (grouped-query attention) runs its real kernels (the dynamic
+/// cache's cats, the static cache's in-place writes, the argmax) and allocates as the sim
+/// device records, with either cache.
+#[test]
+fn hf_generate_allocates_identically_on_the_gpu_and_the_sim_device() {
+    use tensormem::scenarios::{self, RunRequest};
+    let Some(_) = gpu() else { return };
+    let config = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}"#;
+    for cache in ["dynamic", "static"] {
+        let request = |device: &str| RunRequest {
+            scenario: "hf-generate".into(),
+            set: [("config", config), ("batch", "2"), ("prompt", "8"), ("new_tokens", "4"), ("dtype", "float32"), ("cache", cache)]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            device: Some(device.into()),
+            ..Default::default()
+        };
+        let on_gpu = pollster::block_on(scenarios::run_anywhere(&request("gpu"))).unwrap();
+        let on_sim = scenarios::run(&request("sim:H100-80GB")).unwrap();
+        assert_eq!(on_gpu.steps, on_sim.steps, "{cache}");
+        let events = |r: &scenarios::RunResult| r.snapshot.device_traces[0].iter().map(|e| (e.action, e.size, e.category)).collect::<Vec<_>>();
+        assert_eq!(events(&on_gpu), events(&on_sim), "{cache}");
+    }
+}
+
 /// matmul measures the candidate kernels at the first use of a class of shapes, off the
 /// allocator (the trace is the program's alone), keeps the winner in its file per adapter and
 /// reads it from there in later runs; tiny products are not measured; a damaged file is
