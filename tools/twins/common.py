@@ -66,6 +66,21 @@ PITFALL_PARAMETERS = [
 ]
 
 
+# A training step's parameters after the model's own (src/scenarios/training.rs `step_parameters`),
+# shared by lm-train, gpt2-train, oom and hf-train. A lambda so that check.py, which reads the
+# twins' literals without imports, can call it.
+STEP_PARAMETERS = lambda batch, context, optimizer, dtype: [  # noqa: E731
+    ("batch", batch, {"type": "integer", "min": 1, "max": 65536}),
+    ("context", context, {"type": "integer", "min": 1, "max": 1048576}),
+    ("optimizer", optimizer, {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
+    ("foreach", "true", {"type": "flag"}),
+    ("dtype", dtype, {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
+    ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),
+    ("checkpointing", "false", {"type": "flag"}),
+    ("warmup", "1", {"type": "integer", "min": 0, "max": 1000}),
+    ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
+]
+
 def split_settings(text):
     """`--set a=1,b=2`: splits on commas that start a new `key=` (batches=32,31,33 keeps its commas)."""
     items = []

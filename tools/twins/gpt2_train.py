@@ -19,16 +19,7 @@ NAME = "gpt2-train"
 VARIANTS = []
 PARAMETERS = [
     ("size", "small", {"type": "choice", "options": ["small", "medium", "large", "xl"]}),
-    ("batch", "8", {"type": "integer", "min": 1, "max": 65536}),
-    ("context", "1024", {"type": "integer", "min": 1, "max": 1048576}),
-    ("optimizer", "adamw", {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
-    ("foreach", "true", {"type": "flag"}),
-    ("dtype", "float32", {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
-    ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),
-    ("checkpointing", "false", {"type": "flag"}),
-    ("warmup", "1", {"type": "integer", "min": 0, "max": 1000}),
-    ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
-]
+] + common.STEP_PARAMETERS("8", "1024", "adamw", "float32")
 FIX_SETTINGS = None
 
 # GPT-2's published sizes: d_model, layers, heads (d_ff is 4 x d_model).

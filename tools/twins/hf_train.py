@@ -24,15 +24,7 @@ NAME = "hf-train"
 VARIANTS = []
 PARAMETERS = [
     ("config", "llama-3-8b", {"type": "text", "max_len": 4096}),
-    ("batch", "1", {"type": "integer", "min": 1, "max": 65536}),
-    ("context", "512", {"type": "integer", "min": 1, "max": 1048576}),
-    ("optimizer", "adamw", {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
-    ("foreach", "true", {"type": "flag"}),
-    ("dtype", "bfloat16", {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
-    ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),
-    ("checkpointing", "false", {"type": "flag"}),
-    ("warmup", "1", {"type": "integer", "min": 0, "max": 1000}),
-    ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
+] + common.STEP_PARAMETERS("1", "512", "adamw", "bfloat16") + [
     ("lora", "0", {"type": "integer", "min": 0, "max": 4096}),
     ("lora_alpha", "8", {"type": "integer", "min": 1, "max": 1048576}),
     ("lora_targets", "q,v", {"type": "text", "max_len": 64}),

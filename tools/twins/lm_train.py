@@ -17,16 +17,7 @@ NAME = "lm-train"
 VARIANTS = []
 PARAMETERS = [
     ("size", "medium", {"type": "choice", "options": ["small", "medium", "large", "xl", "2.7b"]}),
-    ("batch", "4", {"type": "integer", "min": 1, "max": 65536}),
-    ("context", "128", {"type": "integer", "min": 1, "max": 1048576}),
-    ("optimizer", "handwritten-adamw", {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
-    ("foreach", "true", {"type": "flag"}),
-    ("dtype", "float32", {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
-    ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),
-    ("checkpointing", "false", {"type": "flag"}),
-    ("warmup", "1", {"type": "integer", "min": 0, "max": 1000}),
-    ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
-]
+] + common.STEP_PARAMETERS("4", "128", "handwritten-adamw", "float32")
 FIX_SETTINGS = None
 
 

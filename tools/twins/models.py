@@ -468,10 +468,6 @@ def grad_scaler(device):
 # ---------------------------------------------------------------------------------------------
 # src/scenarios/training.rs: `warmup` steps, then `steps` recorded steps
 
-TRAINING_PARAMETER_KINDS = {
-    "optimizer": {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]},
-    "dtype": {"type": "choice", "options": ["float32", "bfloat16", "float16"]},
-}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # `amp`: the type autocast runs the forward and loss in (float16 with a GradScaler, bfloat16
 # without one); `amp=true` is read as float16 (the kind's alias).

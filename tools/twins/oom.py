@@ -14,17 +14,7 @@ import models  # noqa: E402
 
 NAME = "oom"
 VARIANTS = []
-PARAMETERS = [
-    ("batch", "1", {"type": "integer", "min": 1, "max": 65536}),
-    ("context", "512", {"type": "integer", "min": 1, "max": 1048576}),
-    ("optimizer", "adamw", {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
-    ("foreach", "true", {"type": "flag"}),
-    ("dtype", "float32", {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
-    ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),
-    ("checkpointing", "false", {"type": "flag"}),
-    ("warmup", "1", {"type": "integer", "min": 0, "max": 1000}),
-    ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
-]
+PARAMETERS = common.STEP_PARAMETERS("1", "512", "adamw", "float32")
 FIX_SETTINGS = None
 
 
