@@ -23,7 +23,8 @@ fn allocated(r: &RunResult, label: &str) -> u64 {
 
 /// The published counts (`sum(p.numel() for p in model.parameters())`, as the model cards and
 /// `model.num_parameters()` give them).
-const PUBLISHED: [(&str, u64); 4] = [("llama-3-8b", 8_030_261_248), ("mistral-7b", 7_241_732_096), ("qwen2.5-7b", 7_615_616_512), ("gpt2", 124_439_808)];
+const PUBLISHED: [(&str, u64); 5] =
+    [("llama-3-8b", 8_030_261_248), ("llama-3-70b", 70_553_706_496), ("mistral-7b", 7_241_732_096), ("qwen2.5-7b", 7_615_616_512), ("gpt2", 124_439_808)];
 
 #[test]
 fn the_presets_have_their_published_parameter_counts_from_the_shapes_and_from_the_built_model() {
@@ -31,7 +32,9 @@ fn the_presets_have_their_published_parameter_counts_from_the_shapes_and_from_th
     for (preset, count) in PUBLISHED {
         let config = HfConfig::load(preset).unwrap();
         assert_eq!(config.parameter_count(), count, "{preset}: from the shapes");
-        let r = run(&[("config", preset), ("batch", "1"), ("context", "32"), ("warmup", "0")]);
+        // 70B parameters in bfloat16 are 141 GB, more than one H100 holds: 16 under FSDP.
+        let sharded: &[(&str, &str)] = if preset == "llama-3-70b" { &[("world", "16"), ("strategy", "fsdp")] } else { &[] };
+        let r = run(&[&[("config", preset), ("batch", "1"), ("context", "32"), ("warmup", "0")], sharded].concat());
         assert_eq!(r.model_parameters, Some(count), "{preset}: the built model");
         assert_eq!(r.trainable_parameters, Some(count), "{preset}: a full fine-tune trains every parameter");
         assert_eq!(r.out_of_memory, None, "{preset} at context 32 in bfloat16 fits on an H100");
@@ -108,7 +111,7 @@ fn unsupported_or_incomplete_configs_are_refused_with_what_is_wrong() {
     assert!(parse("{").contains("config.json is not JSON"));
     // Through the scenario: checked before anything runs.
     let e = run_error(&[("config", "/nonexistent/config.json")]);
-    assert!(e.contains("is neither a preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2) nor a readable config.json"), "{e}");
+    assert!(e.contains("is neither a preset (llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-7b, gpt2) nor a readable config.json"), "{e}");
     let e = run_error(&[("config", "gpt2"), ("context", "2048")]);
     assert!(e.contains("GPT-2's learned positions cover 1024 tokens: context=2048 is longer"), "{e}");
     let e = run_error(&[("lora", "8"), ("lora_targets", "q,x")]);

@@ -71,5 +71,29 @@ pub fn print_run(r: &RunResult) {
     if let Some(e) = &r.out_of_memory {
         println!("out of memory: {e}");
     }
+    print_ranks(r);
     println!("\n{}", r.explanation);
+}
+
+/// One line per rank, or per run of ranks that allocate alike; the heaviest rank named.
+fn print_ranks(r: &RunResult) {
+    let Some(heaviest) = r.ranks.iter().max_by_key(|k| (k.peak_allocated_bytes, std::cmp::Reverse(k.rank))) else { return };
+    println!("\nranks (the run's steps above are rank {}'s):", r.parameters.get("rank").and_then(|v| v.as_u64()).unwrap_or(0));
+    println!("  {:<12} {:>14} {:>14}  at the peak", "rank", "peak allocated", "peak reserved");
+    let mut start = 0;
+    while start < r.ranks.len() {
+        let first = &r.ranks[start];
+        let alike = |k: &&tensormem::scenarios::RankResult| {
+            k.peak_allocated_bytes == first.peak_allocated_bytes && k.peak_reserved_bytes == first.peak_reserved_bytes && k.by_category == first.by_category
+        };
+        let end = start + r.ranks[start..].iter().take_while(alike).count();
+        let ranks = if end - start == 1 { first.rank.to_string() } else { format!("{}-{}", first.rank, r.ranks[end - 1].rank) };
+        let mut by: Vec<_> = first.by_category.iter().collect();
+        by.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
+        let by: Vec<String> = by.iter().map(|(c, b)| format!("{c} {}", format_size(**b))).collect();
+        let oom = if first.out_of_memory.is_some() { "  OUT OF MEMORY" } else { "" };
+        println!("  {ranks:<12} {:>14} {:>14}  {}{oom}", format_size(first.peak_allocated_bytes), format_size(first.peak_reserved_bytes), by.join(", "));
+        start = end;
+    }
+    println!("heaviest: rank {} ({})", heaviest.rank, format_size(heaviest.peak_allocated_bytes));
 }

@@ -158,6 +158,20 @@ impl History {
         }
     }
 
+    /// Stamps `category` on the allocation at `addr` when it is among the last `within` entries
+    /// and has none: what an allocation is for is sometimes known only after it is made (a
+    /// gradient that AccumulateGrad takes over as a leaf's `.grad`).
+    pub fn categorize_recent(&mut self, addr: u64, category: Category, within: usize) {
+        let len = self.entries.len();
+        for back in 1..=within.min(len) {
+            let entry = &mut self.entries[(self.next + len - back) % len];
+            if entry.addr == addr && entry.action == Action::Alloc {
+                entry.category.get_or_insert(category);
+                return;
+            }
+        }
+    }
+
     /// Entries oldest first.
     pub fn entries(&self) -> Vec<TraceEntry> {
         let mut out = Vec::with_capacity(self.entries.len());

@@ -5,6 +5,7 @@
 
 use super::{Edge, Node};
 use crate::tensor::{Result, Tensor};
+use crate::trace::Category;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BinaryHeap;
 use std::rc::Rc;
@@ -149,9 +150,17 @@ fn add_to_buffer(buffers: &mut FxHashMap<Key, Tensor>, k: Key, g: Tensor) -> Res
 /// `AccumulateGrad`: the first gradient becomes the leaf's `.grad` (taken as it is when nothing
 /// else holds it and it is contiguous, else copied); later ones are added in place.
 fn accumulate(leaf: &Tensor, grad: Tensor) -> Result<()> {
+    let device = leaf.device();
     match leaf.grad() {
-        None if grad.unique() && grad.is_contiguous() => leaf.set_grad(Some(grad)),
-        None => leaf.set_grad(Some(grad.clone()?)),
+        None if grad.unique() && grad.is_contiguous() => {
+            // Made by the node that computed it; now it is the leaf's gradient.
+            device.categorize_recent(grad.data_ptr(), Category::Gradient);
+            leaf.set_grad(Some(grad))
+        }
+        None => {
+            let _gradient = device.category(Category::Gradient);
+            leaf.set_grad(Some(grad.clone()?))
+        }
         Some(existing) => {
             existing.add_(&grad)?;
         }

@@ -149,6 +149,11 @@ struct DeviceInner {
     backward_of: RefCell<Option<Origin>>,
     /// Tensors bypass the cache (`GpuOptions::uncached`).
     uncached: Cell<bool>,
+    /// The stream new blocks are allocated on (`torch.cuda.stream(s)`; 0 = the default stream).
+    stream: Cell<crate::alloc::Stream>,
+    /// Parameters made now get no memory (`torch.device("meta")`, deferred initialisation):
+    /// a sharding strategy gives them their memory itself.
+    deferred_parameters: Cell<bool>,
     /// The CUDA card whose reduction launches this device models (None: no split reductions).
     multiprocessors: Option<Multiprocessors>,
 }
@@ -224,6 +229,8 @@ impl Device {
             scope_path: RefCell::new(Arc::from("")),
             backward_of: RefCell::new(None),
             uncached: Cell::new(false),
+            stream: Cell::new(0),
+            deferred_parameters: Cell::new(false),
             multiprocessors,
         }))
     }
@@ -309,7 +316,7 @@ impl Device {
                 .ok_or_else(|| DeviceError::Unsupported(format!("the adapter refused a buffer of {size} bytes")));
         }
         let frames = self.frames(op, std::panic::Location::caller());
-        Ok(self.0.alloc.borrow_mut().malloc(bytes, 0, Some(frames))?)
+        Ok(self.0.alloc.borrow_mut().malloc(bytes, self.0.stream.get(), Some(frames))?)
     }
 
     pub(crate) fn release(&self, block: &Allocation) {
@@ -393,6 +400,37 @@ impl Device {
     pub fn category(&self, category: Category) -> CategoryGuard {
         let before = self.0.alloc.borrow_mut().history_mut().set_category(Some(category));
         CategoryGuard { device: self.clone(), before }
+    }
+
+    /// `with torch.cuda.stream(s)`: blocks allocated until the guard drops belong to stream `s`
+    /// (the caching allocator keeps each stream's free blocks apart, as NCCL's collectives on
+    /// their own streams see them).
+    #[must_use = "the stream holds only while the guard lives"]
+    pub fn stream(&self, stream: crate::alloc::Stream) -> StreamGuard {
+        let before = self.0.stream.replace(stream);
+        StreamGuard { device: self.clone(), before }
+    }
+
+    /// Parameters made until the guard drops get no memory (on the sim device only: a GPU needs
+    /// a buffer behind every tensor it computes with).
+    #[must_use = "deferral holds only while the guard lives"]
+    pub fn defer_parameters(&self) -> DeferGuard {
+        let before = self.0.deferred_parameters.replace(self.is_sim());
+        DeferGuard { device: self.clone(), before }
+    }
+
+    /// Classifies a block made a moment ago (see [`History::categorize_recent`]).
+    pub(crate) fn categorize_recent(&self, addr: u64, category: Category) {
+        self.0.alloc.borrow_mut().history_mut().categorize_recent(addr, category, 256);
+    }
+
+    /// Entries in the allocation history so far.
+    pub(crate) fn history_len(&self) -> usize {
+        self.0.alloc.borrow().history().len()
+    }
+
+    pub(crate) fn parameters_deferred(&self) -> bool {
+        self.0.deferred_parameters.get()
     }
 
     // ------------------------------------------------------------------ torch.cuda names
@@ -580,6 +618,30 @@ pub(crate) struct BackwardGuard {
 impl Drop for BackwardGuard {
     fn drop(&mut self) {
         *self.device.0.backward_of.borrow_mut() = self.before.take();
+    }
+}
+
+/// Restores the stream that was current before [`Device::stream`].
+pub struct StreamGuard {
+    device: Device,
+    before: crate::alloc::Stream,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.device.0.stream.set(self.before);
+    }
+}
+
+/// Ends [`Device::defer_parameters`].
+pub struct DeferGuard {
+    device: Device,
+    before: bool,
+}
+
+impl Drop for DeferGuard {
+    fn drop(&mut self) {
+        self.device.0.deferred_parameters.set(self.before);
     }
 }
 

@@ -14,6 +14,7 @@
 //! shapes) with `gelu_new` written out as `NewGELUActivation` is.
 
 use super::attention::rotate;
+use super::parallel::{Hooks, run_block};
 use super::{Activation, Block, Embedding, Init, Linear, Mlp, Module, Transformer, TransformerConfig, child, cross_entropy};
 use crate::autograd::{self, checkpoint};
 use crate::device::Device;
@@ -27,8 +28,9 @@ use std::rc::Rc;
 /// - `mistral-7b`: mistralai/Mistral-7B-v0.1/config.json (7,241,732,096)
 /// - `qwen2.5-7b`: Qwen/Qwen2.5-7B/config.json (7,615,616,512)
 /// - `gpt2`: openai-community/gpt2/config.json (124,439,808)
-pub const HF_PRESETS: [(&str, &str); 4] = [
+pub const HF_PRESETS: [(&str, &str); 5] = [
     ("llama-3-8b", include_str!("hf_configs/llama-3-8b.json")),
+    ("llama-3-70b", include_str!("hf_configs/llama-3-70b.json")),
     ("mistral-7b", include_str!("hf_configs/mistral-7b.json")),
     ("qwen2.5-7b", include_str!("hf_configs/qwen2.5-7b.json")),
     ("gpt2", include_str!("hf_configs/gpt2.json")),
@@ -302,6 +304,22 @@ impl HfModel {
         Ok(())
     }
 
+    /// Each decoder layer's name and parameters, in forward order.
+    pub fn blocks(&self) -> Vec<(String, Vec<Tensor>)> {
+        match self {
+            HfModel::Llama(m) => m.layers.iter().enumerate().map(|(i, l)| (format!("model.layers.{i}"), l.parameters())).collect(),
+            HfModel::Gpt2(m) => m.blocks.iter().enumerate().map(|(i, b)| (format!("transformer.h.{i}"), b.parameters())).collect(),
+        }
+    }
+
+    /// A data-parallel strategy's hooks around each decoder layer.
+    pub fn set_hooks(&mut self, hooks: super::parallel::Hooks) {
+        match self {
+            HfModel::Llama(m) => m.hooks = hooks,
+            HfModel::Gpt2(m) => m.hooks = hooks,
+        }
+    }
+
     pub fn set_checkpointing(&mut self, on: bool) {
         match self {
             HfModel::Llama(m) => m.checkpointing = on,
@@ -510,6 +528,8 @@ pub struct LlamaForCausalLM {
     pub attention: AttentionImplementation,
     /// Gradient checkpointing of every decoder layer.
     pub checkpointing: bool,
+    /// A data-parallel strategy's hooks around each decoder layer.
+    pub hooks: Hooks,
 }
 
 impl LlamaForCausalLM {
@@ -565,6 +585,7 @@ impl LlamaForCausalLM {
             lm_head,
             attention: AttentionImplementation::Eager,
             checkpointing: false,
+            hooks: None,
         };
         if let Some(lora) = lora {
             // get_peft_model: every base parameter frozen, then the adapters injected layer by
@@ -632,13 +653,15 @@ impl LlamaForCausalLM {
         };
         let rope = Rc::new((cos, sin, mask));
         let mut x = x;
-        for layer in &self.layers {
-            x = if self.checkpointing && autograd::is_grad_enabled() {
-                let (layer, rope) = (Rc::clone(layer), Rc::clone(&rope));
-                checkpoint(move |h| layer.forward(&h[0], &rope.0, &rope.1, rope.2.as_ref()), &[&x])?
-            } else {
-                layer.forward(&x, &rope.0, &rope.1, rope.2.as_ref())?
-            };
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = run_block(&self.hooks, i, &x, |x| {
+                if self.checkpointing && autograd::is_grad_enabled() {
+                    let (layer, rope) = (Rc::clone(layer), Rc::clone(&rope));
+                    checkpoint(move |h| layer.forward(&h[0], &rope.0, &rope.1, rope.2.as_ref()), &[x])
+                } else {
+                    layer.forward(x, &rope.0, &rope.1, rope.2.as_ref())
+                }
+            })?;
         }
         let x = self.norm.forward(&x)?;
         match &self.lm_head {

@@ -8,6 +8,7 @@
 //! log-probabilities). RMSNorm, SwiGLU, no biases, an untied head.
 
 use super::attention::rotary_angles;
+use super::parallel::{Hooks, run_block};
 use super::{Embedding, Init, Linear, Module, RmsNorm, child};
 use crate::autograd::{self, checkpoint};
 use crate::device::Device;
@@ -76,6 +77,8 @@ pub struct Lm {
     pub output: Linear,
     /// Checkpoint each block (keep its input, recompute it in backward).
     pub checkpointing: bool,
+    /// A data-parallel strategy's hooks around each block.
+    pub hooks: Hooks,
 }
 
 impl Lm {
@@ -109,7 +112,7 @@ impl Lm {
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::new(device, "norm", c.dim, 1e-5, c.dtype)?;
         let output = Linear::new(device, "output", c.dim, c.vocab, false, c.dtype)?;
-        Ok(Lm { config, tok_embeddings, blocks, norm, output, checkpointing: false })
+        Ok(Lm { config, tok_embeddings, blocks, norm, output, checkpointing: false, hooks: None })
     }
 
     /// ids [batch, T] (int64) -> logits [batch, T, vocab].
@@ -122,13 +125,15 @@ impl Lm {
             return Err(TensorError::Shape(format!("a sequence of {t} tokens is longer than the context of {}", self.config.context)));
         }
         let mut x = self.tok_embeddings.forward(ids)?;
-        for block in &self.blocks {
-            x = if self.checkpointing && autograd::is_grad_enabled() {
-                let block = Rc::clone(block);
-                checkpoint(move |t| block.forward(&t[0]), &[&x])?
-            } else {
-                block.forward(&x)?
-            };
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = run_block(&self.hooks, i, &x, |x| {
+                if self.checkpointing && autograd::is_grad_enabled() {
+                    let block = Rc::clone(block);
+                    checkpoint(move |t| block.forward(&t[0]), &[x])
+                } else {
+                    block.forward(x)
+                }
+            })?;
         }
         let x = self.norm.forward(&x)?;
         einsum_linear(&x, &self.output)

@@ -9,6 +9,7 @@ mod lm;
 mod loss;
 mod model;
 pub mod optim;
+pub mod parallel;
 
 pub use attention::{CausalSelfAttention, PositionEncoding};
 pub use hf::{
@@ -49,11 +50,13 @@ pub enum Init {
     Zeros,
 }
 
-/// A new parameter: one allocation, initialised in place, then marked as requiring grad.
+/// A new parameter: one allocation, initialised in place, then marked as requiring grad. Under
+/// [`Device::defer_parameters`] it has a shape and no memory (its strategy holds the memory).
 #[track_caller]
 pub fn parameter(device: &Device, shape: &[usize], dtype: DType, init: Init) -> Result<Tensor> {
     let _tag = device.category(Category::Parameter);
     let p = match init {
+        _ if device.parameters_deferred() => device.unbacked(shape, dtype)?,
         Init::Normal(std) => {
             let p = device.randn(shape, dtype)?;
             p.mul_scalar_(std)?;

@@ -2,6 +2,7 @@
 //! (learned positions, LayerNorm, GELU MLP, biases, fused qkv, tied embeddings) and a Llama-style
 //! one (RoPE, RMSNorm, SwiGLU, no biases, untied head).
 
+use super::parallel::{Hooks, run_block};
 use super::{Activation, Block, CausalSelfAttention, Embedding, Init, LayerNorm, Linear, Mlp, Module, Norm, PositionEncoding, RmsNorm, child, cross_entropy};
 use crate::autograd::{self, checkpoint};
 use crate::device::Device;
@@ -59,6 +60,8 @@ pub struct Transformer {
     pub head: Option<Linear>,
     /// Checkpoint each block (keep its input, recompute it in backward).
     pub checkpointing: bool,
+    /// A data-parallel strategy's hooks around each block.
+    pub hooks: Hooks,
 }
 
 impl Transformer {
@@ -120,7 +123,7 @@ impl Transformer {
             Norm::Rms(RmsNorm::new(device, "norm", c.dim, 1e-5, c.dtype)?)
         };
         let head = if gpt2 { None } else { Some(Linear::new(device, "output", c.dim, c.vocab, false, c.dtype)?) };
-        Ok(Transformer { config, wte, wpe, blocks, norm, head, checkpointing: false })
+        Ok(Transformer { config, wte, wpe, blocks, norm, head, checkpointing: false, hooks: None })
     }
 
     /// ids [batch, T] (int64) -> logits [batch, T, vocab].
@@ -140,13 +143,15 @@ impl Transformer {
             let _scope = ids.device().scope("transformer.drop");
             x = x.dropout(self.config.dropout, training)?;
         }
-        for block in &self.blocks {
-            x = if self.checkpointing && autograd::is_grad_enabled() {
-                let block = Rc::clone(block);
-                checkpoint(move |t| block.forward(&t[0], training), &[&x])?
-            } else {
-                block.forward(&x, training)?
-            };
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = run_block(&self.hooks, i, &x, |x| {
+                if self.checkpointing && autograd::is_grad_enabled() {
+                    let block = Rc::clone(block);
+                    checkpoint(move |t| block.forward(&t[0], training), &[x])
+                } else {
+                    block.forward(x, training)
+                }
+            })?;
         }
         let x = self.norm.forward(&x)?;
         match &self.head {

@@ -19,7 +19,7 @@ fn parameters() -> Vec<Parameter> {
             "config",
             "llama-3-8b",
             4096,
-            "a Hugging Face config.json: its path, its JSON text, or a preset (llama-3-8b, mistral-7b, qwen2.5-7b); \
+            "a Hugging Face config.json: its path, its JSON text, or a preset (llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-7b); \
              LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM generate",
         ),
         Parameter::integer("batch", "1", 1, 4096, "sequences generated at once"),

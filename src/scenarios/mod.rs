@@ -16,11 +16,13 @@ use serde::Serialize;
 pub mod compare;
 mod generation;
 mod pitfalls;
+mod ranks;
 mod seeds;
 mod techniques;
 mod training;
 mod variable_batch;
 
+pub use ranks::RankResult;
 use std::collections::BTreeMap;
 pub use variable_batch::variable_batch_inference;
 
@@ -257,6 +259,10 @@ pub struct RunResult {
     pub peak_reserved_bytes: u64,
     /// The run's out-of-memory error, when it ran out (the steps before it are kept).
     pub out_of_memory: Option<String>,
+    /// Training over several simulated GPUs (`world` > 1): every rank, in order. The run's own
+    /// steps, peaks and snapshot are those of the rank it records (`rank`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankResult>,
     pub explanation: String,
     #[serde(skip)]
     pub snapshot: Snapshot,
@@ -383,7 +389,7 @@ pub async fn run_anywhere(request: &RunRequest) -> Result<RunResult, ScenarioErr
         return plan.run_on_sim().await;
     }
     let device = Device::gpu_with(GpuOptions { capacity: plan.capacity, ..Default::default() }, plan.config.clone()).await?;
-    let result = plan.run_on(device.clone()).await?;
+    let result = plan.run_on(device.clone(), None).await?;
     // As torch.cuda.synchronize does, waiting reports a command the GPU rejected meanwhile.
     device.wait().await?;
     Ok(result)
@@ -393,23 +399,26 @@ impl Plan {
     async fn run_on_sim(self) -> Result<RunResult, ScenarioError> {
         let Some(card) = self.card.clone() else { return Err(ScenarioError::GpuIsAsync) };
         let card = SimOptions { capacity: self.capacity.unwrap_or(card.capacity), ..card };
-        let device = Device::sim_with(card, self.config.clone());
-        self.run_on(device).await
+        let (device, config) = (Device::sim_with(card.clone(), self.config.clone()), self.config.clone());
+        self.run_on(device, Some((card, config))).await
     }
 
     /// Runs the program; running out of memory is a result (the steps before it are kept), any
     /// other failure an error.
-    async fn run_on(self, device: Device) -> Result<RunResult, ScenarioError> {
+    async fn run_on(self, device: Device, sim: Option<(SimOptions, AllocatorConfig)>) -> Result<RunResult, ScenarioError> {
         let mut rec = Recorder::new(device);
+        rec.sim = sim;
         let outcome = match self.scenario.program {
             Program::Sync(program) => program(&mut rec, &self.values),
             Program::Async(program) => program(&mut rec, &self.values).await,
         };
-        let out_of_memory = match outcome {
-            Ok(()) => None,
-            Err(TensorError::Device(DeviceError::Alloc(AllocError::OutOfMemory(e)))) => Some(e.to_string()),
-            Err(e) => return Err(ScenarioError::Failed { scenario: self.scenario.info.name.into(), error: e }),
-        };
+        let out_of_memory = out_of_memory(outcome).map_err(|error| ScenarioError::Failed { scenario: self.scenario.info.name.into(), error })?;
+        let recorded = std::mem::take(&mut rec.recorded_ranks);
+        if let Some(&first) = recorded.first() {
+            let summary = ranks::summarize(&mut rec, first, out_of_memory.clone());
+            rec.ranks.extend(recorded.iter().map(|&rank| RankResult { rank, ..summary.clone() }));
+            rec.ranks.sort_by_key(|r| r.rank);
+        }
         rec.fold_peaks();
         let (peak_allocated_bytes, peak_reserved_bytes) = rec.peaks;
         let dev = &rec.device;
@@ -437,7 +446,17 @@ impl Plan {
             explanation,
             snapshot: dev.snapshot(),
             steps: rec.steps,
+            ranks: rec.ranks,
         })
+    }
+}
+
+/// Running out of memory is a result (PyTorch's message); any other failure stays an error.
+pub(crate) fn out_of_memory(outcome: Result<(), TensorError>) -> Result<Option<String>, TensorError> {
+    match outcome {
+        Ok(()) => Ok(None),
+        Err(TensorError::Device(DeviceError::Alloc(AllocError::OutOfMemory(e)))) => Ok(Some(e.to_string())),
+        Err(e) => Err(e),
     }
 }
 
@@ -451,12 +470,44 @@ pub(crate) struct Recorder {
     pub trainable_parameters: Option<u64>,
     /// Peak allocated and reserved over the whole run (the device's peaks restart each step).
     peaks: (u64, u64),
+    /// The trace's length at each step: where each step's allocations end.
+    step_positions: Vec<usize>,
+    /// The simulated card and settings, to simulate other ranks alike (None on a GPU).
+    sim: Option<(SimOptions, AllocatorConfig)>,
+    /// Ranks simulated on devices of their own, summarised.
+    pub ranks: Vec<RankResult>,
+    /// The ranks whose allocations are this recorder's own (the recorded rank and its equals).
+    pub recorded_ranks: Vec<usize>,
 }
 
 impl Recorder {
     fn new(device: Device) -> Recorder {
         device.record_memory_history(true, RecordContext::All, 1 << 22);
-        Recorder { device, steps: Vec::new(), model_parameters: None, trainable_parameters: None, peaks: (0, 0) }
+        Recorder {
+            device,
+            steps: Vec::new(),
+            model_parameters: None,
+            trainable_parameters: None,
+            peaks: (0, 0),
+            step_positions: Vec::new(),
+            sim: None,
+            ranks: Vec::new(),
+            recorded_ranks: Vec::new(),
+        }
+    }
+
+    /// A recorder on a fresh simulated card like this one's: another rank. None on a GPU.
+    pub fn sibling(&self) -> Option<Recorder> {
+        let (card, config) = self.sim.clone()?;
+        let mut rec = Recorder::new(Device::sim_with(card.clone(), config.clone()));
+        rec.sim = Some((card, config));
+        Some(rec)
+    }
+
+    /// Summarises this recorder's run as rank `rank` (another rank's device, before it is
+    /// dropped).
+    pub fn summarize(&mut self, rank: usize, out_of_memory: Option<String>) -> RankResult {
+        ranks::summarize(self, rank, out_of_memory)
     }
 
     /// Records a labelled point: allocated and reserved now, and the peak since the last one.
@@ -471,6 +522,7 @@ impl Recorder {
             requested_bytes: dev.memory_requested(),
             max_requested_bytes: dev.max_memory_requested(),
         });
+        self.step_positions.push(dev.history_len());
         self.fold_peaks();
         self.device.reset_peak_memory_stats();
     }

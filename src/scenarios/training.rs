@@ -8,11 +8,13 @@
 
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp;
-use crate::nn::optim::{Adam, GradScaler, HandwrittenAdamW, Optimizer, Sgd};
+use crate::nn::optim::{Adam, GradScaler, HandwrittenAdamW, MasterWeights, Optimizer, Sgd};
+use crate::nn::parallel::{self, BlockHooks, Ddp, Hooks, Parallel, Sharded, Strategy};
 use crate::nn::{
     Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, Lm, LmConfig, LoraConfig, Module, Transformer, TransformerConfig,
 };
 use crate::tensor::{DType, Result, Tensor, TensorError};
+use std::rc::Rc;
 
 /// GPT-2's published sizes: (name, d_model, layers, heads); d_ff is 4 x d_model.
 const GPT2_SIZES: [(&str, usize, usize, usize); 4] = [("small", 768, 12, 12), ("medium", 1024, 24, 16), ("large", 1280, 36, 20), ("xl", 1600, 48, 25)];
@@ -68,8 +70,22 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
         Parameter::flag("checkpointing", "false", "checkpoint every block: keep its input, recompute it in backward"),
         Parameter::integer("warmup", "1", 0, 1000, WARMUP_HELP),
         Parameter::integer("steps", "1", 1, 1000, "steps recorded after the warm-up"),
+        Parameter::flag("master_weights", "false", MASTER_WEIGHTS_HELP),
+        Parameter::integer("world", "1", 1, 65_536, "GPUs training together (data parallel), each rank simulated"),
+        Parameter::choice("strategy", "ddp", Strategy::NAMES, STRATEGY_HELP),
+        Parameter::integer("node", "8", 1, 1024, "GPUs per node: hsdp shards within a node"),
+        Parameter::integer("rank", "0", 0, 65_535, "the rank whose trace the run records (every rank is summarised in ranks)"),
     ]
 }
+
+const STRATEGY_HELP: &str = "with world > 1: ddp (DistributedDataParallel: everything on every rank, gradients all-reduced from 25 MiB \
+                             buckets the reducer keeps), zero1 (DDP with ZeroRedundancyOptimizer: each parameter's optimizer state on \
+                             one rank), zero2 (gradients and optimizer state in flat shards, 1/world each, gradients reduce-scattered \
+                             after each block), fsdp (FULL_SHARD: parameters too; a block's parameters all-gathered while it runs) or \
+                             hsdp (fsdp within a node, replicated across nodes)";
+const MASTER_WEIGHTS_HELP: &str = "16-bit parameters with a float32 master copy in the optimizer, as DeepSpeed's bf16/fp16 modes and \
+                                   Megatron keep: the optimizer updates a float32 copy of each parameter (its shard under zero1/2, \
+                                   fsdp) from a float32 gradient it keeps, then copies the result back";
 
 /// `hf-train`'s parameters: the config, then a training step's.
 fn hf_parameters() -> Vec<Parameter> {
@@ -77,7 +93,7 @@ fn hf_parameters() -> Vec<Parameter> {
         "config",
         "llama-3-8b",
         4096,
-        "a Hugging Face config.json: its path, its JSON text, or a preset (llama-3-8b, mistral-7b, qwen2.5-7b, gpt2); \
+        "a Hugging Face config.json: its path, its JSON text, or a preset (llama-3-8b, llama-3-70b, mistral-7b, qwen2.5-7b, gpt2); \
          LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and GPT2LMHeadModel are built",
     )];
     parameters.extend(step_parameters("1", "512", "adamw", "bfloat16"));
@@ -119,11 +135,10 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             check: |v| fits(v, 10_000),
             fix_settings: None,
             program: Program::Async(|rec, v| {
-                Box::pin(async move {
+                Box::pin(train(rec, v, |rec, v| {
                     let config = LmConfig::preset(v.choice("size"), v.int("context"), dtype(v)).expect("checked against the size list");
-                    let model = Model::lm(rec, config, v.flag("checkpointing"))?;
-                    train(rec, v, model).await
-                })
+                    Model::lm(rec, config, v.flag("checkpointing"))
+                }))
             }),
         },
         Scenario {
@@ -147,7 +162,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             },
             fix_settings: None,
             program: Program::Async(|rec, v| {
-                Box::pin(async move {
+                Box::pin(train(rec, v, |rec, v| {
                     let &(_, dim, layers, heads) = GPT2_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list");
                     let config = TransformerConfig {
                         architecture: Architecture::Gpt2,
@@ -160,9 +175,8 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                         dropout: 0.1,
                         dtype: dtype(v),
                     };
-                    let model = Model::gpt2(rec, config, v.flag("checkpointing"))?;
-                    train(rec, v, model).await
-                })
+                    Model::gpt2(rec, config, v.flag("checkpointing"))
+                }))
             }),
         },
         Scenario {
@@ -180,12 +194,11 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             check: |v| fits(v, LLAMA_7B.4 as u64),
             fix_settings: None,
             program: Program::Async(|rec, v| {
-                Box::pin(async move {
+                Box::pin(train(rec, v, |rec, v| {
                     let (dim, hidden, layers, heads, vocab) = LLAMA_7B;
                     let config = LmConfig { vocab, dim, hidden, layers, heads, context: v.int("context"), dtype: dtype(v) };
-                    let model = Model::lm(rec, config, v.flag("checkpointing"))?;
-                    train(rec, v, model).await
-                })
+                    Model::lm(rec, config, v.flag("checkpointing"))
+                }))
             }),
         },
         Scenario {
@@ -224,7 +237,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             },
             fix_settings: None,
             program: Program::Async(|rec, v| {
-                Box::pin(async move {
+                Box::pin(train(rec, v, |rec, v| {
                     let config = HfConfig::load(v.text("config")).map_err(TensorError::Shape)?;
                     let lora = match v.int("lora") {
                         0 => None,
@@ -239,8 +252,8 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                     model.set_attention(if v.choice("attn") == "sdpa" { AttentionImplementation::Sdpa } else { AttentionImplementation::Eager })?;
                     rec.model_parameters = Some(model.parameter_count());
                     rec.trainable_parameters = Some(model.trainable_parameters().iter().map(|p| p.numel() as u64).sum());
-                    train(rec, v, Model::Hf(model)).await
-                })
+                    Ok(Model::Hf(model))
+                }))
             }),
         },
     ]
@@ -254,6 +267,14 @@ fn fits(v: &Values, vocab: u64) -> std::result::Result<(), String> {
     let logits = v.u64("batch").checked_mul(v.u64("context")).and_then(|t| t.checked_mul(vocab));
     if logits.is_none_or(|n| n > u32::MAX as u64) {
         return Err(format!("batch {} x context {} x vocabulary {vocab} makes logits larger than tensormem can index", v.u64("batch"), v.u64("context")));
+    }
+    let parallel = parallel(v);
+    parallel::check(&parallel)?;
+    if v.int("rank") >= parallel.world {
+        return Err(format!("rank={} is not one of the {} ranks (0 to {})", v.int("rank"), parallel.world, parallel.world - 1));
+    }
+    if v.flag("master_weights") && v.choice("dtype") == "float32" {
+        return Err("master_weights keeps float32 copies of 16-bit parameters: with dtype=float32 there is nothing to copy (use dtype=bfloat16)".into());
     }
     if autocast_dtype(v) == Some(DType::F16) && v.choice("dtype") != "float32" {
         return Err(format!(
@@ -303,11 +324,38 @@ impl Model {
         Ok(Model::Gpt2(model))
     }
 
+    /// The parameters that train, in registration order.
     fn parameters(&self) -> Vec<Tensor> {
         match self {
             Model::Lm(m) => m.parameters(),
             Model::Gpt2(m) => m.parameters(),
             Model::Hf(m) => m.trainable_parameters(),
+        }
+    }
+
+    /// Every parameter, frozen ones (LoRA's base) included.
+    fn all_parameters(&self) -> Vec<Tensor> {
+        match self {
+            Model::Lm(m) => m.parameters(),
+            Model::Gpt2(m) => m.parameters(),
+            Model::Hf(m) => m.parameters(),
+        }
+    }
+
+    /// Each block's name and parameters, in forward order: FSDP's units.
+    fn blocks(&self) -> Vec<(String, Vec<Tensor>)> {
+        match self {
+            Model::Lm(m) => m.blocks.iter().map(|b| (b.name.clone(), b.parameters())).collect(),
+            Model::Gpt2(m) => m.blocks.iter().enumerate().map(|(i, b)| (format!("h.{i}"), b.parameters())).collect(),
+            Model::Hf(m) => m.blocks(),
+        }
+    }
+
+    fn set_hooks(&mut self, hooks: Hooks) {
+        match self {
+            Model::Lm(m) => m.hooks = hooks,
+            Model::Gpt2(m) => m.hooks = hooks,
+            Model::Hf(m) => m.set_hooks(hooks),
         }
     }
 
@@ -339,27 +387,130 @@ impl Model {
     }
 }
 
-/// The `optimizer` asked for; torch.optim's Adam and AdamW take `foreach`.
-fn optimizer(name: &str, foreach: bool, params: Vec<Tensor>) -> Box<dyn Optimizer> {
-    match name {
-        "handwritten-adamw" => Box::new(HandwrittenAdamW::new(params, 3e-4, 0.1)),
-        "adamw" | "adam" => {
-            let mut adam = if name == "adamw" { Adam::adamw(params, 3e-4, 0.01) } else { Adam::new(params, 3e-4, 0.0) };
-            adam.foreach = foreach;
-            Box::new(adam)
+/// The `optimizer` asked for; torch.optim's Adam and AdamW take `foreach`. With
+/// `master_weights` it updates float32 copies of `params`.
+fn optimizer(v: &Values, params: Vec<Tensor>) -> Result<Box<dyn Optimizer>> {
+    let (name, foreach) = (v.choice("optimizer"), v.flag("foreach"));
+    let make = |params: Vec<Tensor>| -> Box<dyn Optimizer> {
+        match name {
+            "handwritten-adamw" => Box::new(HandwrittenAdamW::new(params, 3e-4, 0.1)),
+            "adamw" | "adam" => {
+                let mut adam = if name == "adamw" { Adam::adamw(params, 3e-4, 0.01) } else { Adam::new(params, 3e-4, 0.0) };
+                adam.foreach = foreach;
+                Box::new(adam)
+            }
+            _ => Box::new(Sgd::new(params, 1e-2, 0.9, 0.0)),
         }
-        _ => Box::new(Sgd::new(params, 1e-2, 0.9, 0.0)),
+    };
+    Ok(if v.flag("master_weights") { Box::new(MasterWeights::new(params, make)?) } else { make(params) })
+}
+
+fn parallel(v: &Values) -> Parallel {
+    Parallel { world: v.int("world"), strategy: Strategy::parse(v.choice("strategy")).expect("checked against the names"), node: v.int("node") }
+}
+
+/// Builds a run's model on a recorder's device.
+type Build = fn(&mut Recorder, &Values) -> Result<Model>;
+
+/// Trains on one GPU, or over `world` simulated GPUs: the ranks whose allocations differ from
+/// the recorded rank's are run first, each on a device of its own, summarised and dropped;
+/// then the recorded rank on the run's device.
+async fn train(rec: &mut Recorder, v: &Values, build: Build) -> Result<()> {
+    let parallel = parallel(v);
+    if parallel.world == 1 {
+        let model = build(rec, v)?;
+        return train_rank(rec, v, model, &parallel, 0).await;
     }
+    if !rec.device.is_sim() {
+        return Err(parallel::needs_sim());
+    }
+    let recorded = v.int("rank");
+    let model = build_deferred(rec, v, build, &parallel)?;
+    let classes = rank_classes(&parallel, &model.all_parameters());
+    for class in classes.iter().filter(|c| !c.contains(&recorded)) {
+        let mut other = rec.sibling().ok_or_else(parallel::needs_sim)?;
+        let model = build_deferred(&mut other, v, build, &parallel)?;
+        let out_of_memory = crate::scenarios::out_of_memory(train_rank(&mut other, v, model, &parallel, class[0]).await)?;
+        let summary = other.summarize(class[0], out_of_memory);
+        rec.ranks.extend(class.iter().map(|&rank| crate::scenarios::RankResult { rank, ..summary.clone() }));
+    }
+    rec.recorded_ranks = classes.into_iter().find(|c| c.contains(&recorded)).expect("every rank is in a class");
+    train_rank(rec, v, model, &parallel, recorded).await
+}
+
+/// Builds the model; under fsdp its parameters get no memory (the shards hold it).
+fn build_deferred(rec: &mut Recorder, v: &Values, build: Build, parallel: &Parallel) -> Result<Model> {
+    let _deferred = parallel.shards_parameters().then(|| rec.device.defer_parameters());
+    build(rec, v)
+}
+
+/// Ranks that allocate alike, each class in rank order: all of them, except under zero1, whose
+/// ranks each own a different set of parameters.
+fn rank_classes(parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
+    if parallel.strategy != Strategy::Zero1 {
+        return vec![(0..parallel.world).collect()];
+    }
+    let mut classes: Vec<(Vec<Vec<usize>>, Vec<usize>)> = Vec::new();
+    for rank in 0..parallel.world {
+        let shapes: Vec<Vec<usize>> = zero1_owned(parameters, parallel.world, rank).iter().map(|p| p.shape().to_vec()).collect();
+        match classes.iter_mut().find(|(s, _)| *s == shapes) {
+            Some((_, ranks)) => ranks.push(rank),
+            None => classes.push((shapes, vec![rank])),
+        }
+    }
+    classes.into_iter().map(|(_, ranks)| ranks).collect()
+}
+
+/// The trainable parameters rank `rank` steps under zero1: ZeroRedundancyOptimizer partitions
+/// every parameter (frozen ones too), largest first; its local optimizer holds them in that
+/// order.
+fn zero1_owned(parameters: &[Tensor], world: usize, rank: usize) -> Vec<Tensor> {
+    let numels: Vec<usize> = parameters.iter().map(Tensor::numel).collect();
+    let owned = &parallel::partition_parameters(&numels, world)[rank];
+    owned.iter().map(|&i| &parameters[i]).filter(|p| p.requires_grad()).map(Tensor::share).collect()
+}
+
+/// What a strategy wraps around one rank's training step.
+enum Wrapper {
+    None,
+    /// DDP's buckets (zero1 too): kept for the whole run.
+    Ddp(Ddp),
+    Sharded(Rc<Sharded>),
 }
 
 /// `warmup` steps, then `steps` recorded steps, each labelled by phase (`warm-up forward` for
 /// the one warm-up step, `warm-up 2 forward` where there are several; `forward`, or `step 2
 /// forward` where several are recorded). The optimizer makes its state in the first step it
 /// takes: with `warmup=0`, inside the first recorded one.
-async fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
+async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: &Parallel, rank: usize) -> Result<()> {
     let dev = rec.device.clone();
     let (batch, context, vocab) = (v.int("batch"), v.int("context"), model.vocab());
-    let mut optimizer = optimizer(v.choice("optimizer"), v.flag("foreach"), model.parameters());
+    let trainable = model.parameters();
+    let (mut wrapper, stepped) = if parallel.world == 1 {
+        (Wrapper::None, trainable.iter().map(Tensor::share).collect())
+    } else {
+        match parallel.strategy {
+            Strategy::Ddp | Strategy::Zero1 => {
+                let frozen: Vec<Tensor> = model.all_parameters().into_iter().filter(|p| !p.requires_grad()).collect();
+                let ddp = Ddp::new(&dev, &trainable, &frozen)?;
+                let stepped = match parallel.strategy {
+                    Strategy::Zero1 => zero1_owned(&model.all_parameters(), parallel.world, rank),
+                    _ => trainable.iter().map(Tensor::share).collect(),
+                };
+                (Wrapper::Ddp(ddp), stepped)
+            }
+            Strategy::Zero2 | Strategy::Fsdp | Strategy::Hsdp => {
+                let blocks = model.blocks();
+                let in_blocks: std::collections::HashSet<u64> = blocks.iter().flat_map(|(_, ps)| ps.iter().map(Tensor::id)).collect();
+                let root = model.all_parameters().into_iter().filter(|p| !in_blocks.contains(&p.id())).collect();
+                let sharded = Rc::new(Sharded::new(&dev, blocks, root, parallel)?);
+                model.set_hooks(Some(Rc::clone(&sharded) as Rc<dyn BlockHooks>));
+                let stepped = sharded.optimizer_parameters();
+                (Wrapper::Sharded(sharded), stepped)
+            }
+        }
+    };
+    let mut optimizer = optimizer(v, stepped)?;
     let autocast_dtype = autocast_dtype(v);
     // PyTorch's recipes: a GradScaler with float16 (its narrow range flushes small gradients to
     // zero), none with bfloat16 (float32's range).
@@ -374,7 +525,17 @@ async fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
             (Some(_), _, 1) => phase.to_string(),
             (Some(recorded), _, _) => format!("step {} {phase}", recorded + 1),
         };
+        // zero_grad(set_to_none) over every parameter (ZeroRedundancyOptimizer's param_groups
+        // hold them all, not only the rank's own).
         optimizer.zero_grad(true)?;
+        for p in &trainable {
+            p.set_grad(None);
+        }
+        match &mut wrapper {
+            Wrapper::Ddp(ddp) => ddp.before_forward()?,
+            Wrapper::Sharded(sharded) => sharded.begin_forward()?,
+            Wrapper::None => {}
+        }
         let autocast = autocast_dtype.map(amp::autocast).transpose()?;
         let logits = model.forward(&ids)?;
         rec.step(label("forward"));
@@ -384,6 +545,9 @@ async fn train(rec: &mut Recorder, v: &Values, model: Model) -> Result<()> {
         match &mut scaler {
             Some(scaler) => scaler.scale(&loss)?.backward()?,
             None => loss.backward()?,
+        }
+        if let Wrapper::Sharded(sharded) = &wrapper {
+            sharded.finish_backward()?;
         }
         rec.step(label("backward"));
         match &mut scaler {

@@ -35,6 +35,66 @@ pub trait Optimizer {
     }
 }
 
+/// An optimizer over float32 master copies of 16-bit parameters (DeepSpeed's bf16 and fp16
+/// modes, Megatron's distributed optimizer): the copies are made when it is built, each step
+/// casts the gradients into float32 gradients it keeps (made at the first step), runs the
+/// inner optimizer on the copies and copies them back into the parameters; the 16-bit
+/// gradients are freed once upcast. Per parameter element that is 4 bytes of copy and 4 of
+/// gradient besides the inner optimizer's state.
+pub struct MasterWeights {
+    params: Vec<Tensor>,
+    masters: Vec<Tensor>,
+    inner: Box<dyn Optimizer>,
+}
+
+impl MasterWeights {
+    pub fn new(params: Vec<Tensor>, inner: impl FnOnce(Vec<Tensor>) -> Box<dyn Optimizer>) -> Result<MasterWeights> {
+        let _no_grad = autograd::no_grad();
+        let masters = match params.first() {
+            Some(p) => {
+                let _state = p.device().category(Category::OptimizerState);
+                params.iter().map(|p| p.to(crate::tensor::DType::F32)).collect::<Result<Vec<_>>>()?
+            }
+            None => Vec::new(),
+        };
+        Ok(MasterWeights { inner: inner(masters.iter().map(Tensor::share).collect()), params, masters })
+    }
+}
+
+impl Optimizer for MasterWeights {
+    fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    fn step(&mut self) -> Result<()> {
+        {
+            let _no_grad = autograd::no_grad();
+            for (p, master) in self.params.iter().zip(&self.masters) {
+                let Some(grad) = p.grad() else { continue };
+                match master.grad() {
+                    Some(kept) => {
+                        kept.copy_(&grad)?;
+                    }
+                    None => {
+                        let _gradient = p.device().category(Category::Gradient);
+                        master.set_grad(Some(grad.to(crate::tensor::DType::F32)?));
+                    }
+                }
+                // Upcast, the 16-bit gradient goes (DeepSpeed frees it once copied).
+                p.set_grad(None);
+            }
+        }
+        self.inner.step()?;
+        let _no_grad = autograd::no_grad();
+        for (p, master) in self.params.iter().zip(&self.masters) {
+            if master.grad().is_some() {
+                p.copy_(master)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The parameters that have a gradient, with it.
 fn with_grads(params: &[Tensor]) -> Vec<(usize, Tensor, Tensor)> {
     params.iter().enumerate().filter_map(|(i, p)| p.grad().map(|g| (i, p.share(), g))).collect()

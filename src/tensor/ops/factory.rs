@@ -32,6 +32,14 @@ impl Device {
         Ok(Tensor::from_parts(Rc::new(storage), Layout::contiguous(shape), dtype, false))
     }
 
+    /// A tensor with a shape and no memory: a deferred parameter, whose memory a sharding
+    /// strategy holds elsewhere (the sim device computes with shapes only).
+    pub(crate) fn unbacked(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let bytes = shape.iter().product::<usize>() as u64 * dtype.size() as u64;
+        let storage = Storage { device: self.clone(), block: None, bytes, id: self.next_storage_id(), version: Cell::new(0) };
+        Ok(Tensor::from_parts(Rc::new(storage), Layout::contiguous(shape), dtype, false))
+    }
+
     /// `torch.empty`: allocates without writing (contents are whatever the block held).
     #[track_caller]
     pub fn empty(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {

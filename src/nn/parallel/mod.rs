@@ -1,0 +1,154 @@
+//! Data parallelism over several GPUs, one rank at a time: what each rank's caching allocator
+//! sees under PyTorch's `DistributedDataParallel` (`ddp`), DDP with
+//! `ZeroRedundancyOptimizer` (`zero1`: optimizer state partitioned by parameter), gradients
+//! reduce-scattered into flat shards after each block (`zero2`), and FSDP's full sharding
+//! (`fsdp`; `hsdp` shards within a node and replicates across nodes).
+//!
+//! Collectives move bytes between ranks but allocate on each rank exactly what one rank does:
+//! NCCL writes in place into buffers the caching allocator gave, on a stream of its own. So a
+//! rank is simulated alone, and ranks whose allocations are identical (all of them, except
+//! under `zero1`'s uneven partition) are simulated once.
+
+mod ddp;
+mod sharded;
+mod zero;
+
+pub use ddp::{DDP_BROADCAST_BUCKET_BYTES, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, Ddp, bucket_assignment};
+pub use sharded::{Sharded, shard_numel};
+pub use zero::partition_parameters;
+
+use crate::autograd;
+use crate::tensor::{Result, Tensor, TensorError};
+use std::rc::Rc;
+
+/// The stream NCCL's all-gathers allocate on (FSDP's `all_gather_stream`).
+pub const ALL_GATHER_STREAM: crate::alloc::Stream = 1;
+/// The stream reduce-scatters allocate on (FSDP's `reduce_scatter_stream`).
+pub const REDUCE_SCATTER_STREAM: crate::alloc::Stream = 2;
+
+/// How parameters, gradients and optimizer state are spread over the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Every rank holds everything; gradients are all-reduced in 25 MiB buckets.
+    Ddp,
+    /// DDP, with each parameter's optimizer state on one rank (`ZeroRedundancyOptimizer`).
+    Zero1,
+    /// Parameters replicated; gradients and optimizer state in flat shards, 1/world each.
+    Zero2,
+    /// Parameters, gradients and optimizer state in flat shards; a block's parameters gathered
+    /// while it runs (FULL_SHARD).
+    Fsdp,
+    /// FSDP within a node, replicated across nodes (HYBRID_SHARD).
+    Hsdp,
+}
+
+impl Strategy {
+    pub const NAMES: &'static [&'static str] = &["ddp", "zero1", "zero2", "fsdp", "hsdp"];
+
+    pub fn parse(name: &str) -> Option<Strategy> {
+        Some(match name {
+            "ddp" => Strategy::Ddp,
+            "zero1" => Strategy::Zero1,
+            "zero2" => Strategy::Zero2,
+            "fsdp" => Strategy::Fsdp,
+            "hsdp" => Strategy::Hsdp,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        Strategy::NAMES[self as usize]
+    }
+}
+
+/// The ranks and how they split the work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parallel {
+    pub world: usize,
+    pub strategy: Strategy,
+    /// GPUs per node: `hsdp` shards over this many ranks.
+    pub node: usize,
+}
+
+impl Parallel {
+    pub fn single() -> Parallel {
+        Parallel { world: 1, strategy: Strategy::Ddp, node: 8 }
+    }
+
+    /// The ranks one shard is split over: the world, or the node under `hsdp`.
+    pub fn shard_world(&self) -> usize {
+        match self.strategy {
+            Strategy::Hsdp => self.node.min(self.world),
+            _ => self.world,
+        }
+    }
+
+    /// Whether parameters live in shards between uses (FSDP, HSDP).
+    pub fn shards_parameters(&self) -> bool {
+        matches!(self.strategy, Strategy::Fsdp | Strategy::Hsdp)
+    }
+}
+
+/// What a strategy does around each block (one FSDP unit: a transformer layer): the module
+/// hooks FSDP registers. `block` counts from 0 in forward order.
+pub trait BlockHooks {
+    fn pre_forward(&self, block: usize) -> Result<()>;
+    fn post_forward(&self, block: usize) -> Result<()>;
+    /// The block's output gradient has arrived; its backward is about to run.
+    fn pre_backward(&self, block: usize) -> Result<()>;
+    /// The block's backward has run: every gradient of its parameters is accumulated.
+    fn post_backward(&self, block: usize) -> Result<()>;
+}
+
+/// Hooks a model runs its blocks with (None: no strategy).
+pub type Hooks = Option<Rc<dyn BlockHooks>>;
+
+/// Runs block `block` as `f(x)` inside its hooks: pre-forward, then identity nodes on its input
+/// and output whose backward runs the post- and pre-backward hooks (as PyTorch's
+/// `BackwardHookFunction`: views, no memory). Checkpointing belongs inside `f`: a recomputation
+/// in backward runs no forward hooks.
+#[track_caller]
+pub fn run_block(hooks: &Hooks, block: usize, x: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    let Some(hooks) = hooks else { return f(x) };
+    hooks.pre_forward(block)?;
+    let after = Rc::clone(hooks);
+    let x = backward_hook(x, move || after.post_backward(block));
+    let y = f(&x)?;
+    hooks.post_forward(block)?;
+    let before = Rc::clone(hooks);
+    Ok(backward_hook(&y, move || before.pre_backward(block)))
+}
+
+/// `x` itself, with `hook` run when its gradient passes backward.
+#[track_caller]
+fn backward_hook(x: &Tensor, hook: impl Fn() -> Result<()> + 'static) -> Tensor {
+    if !autograd::records(&[x]) {
+        return x.share();
+    }
+    autograd::record(
+        "BackwardHookFunctionBackward",
+        &[x],
+        x.alias(),
+        &[],
+        Box::new(move |_, g| {
+            hook()?;
+            Ok(vec![Some(g.share())])
+        }),
+    )
+}
+
+/// Checks a strategy against the ranks: a shard group must divide the world.
+pub fn check(parallel: &Parallel) -> std::result::Result<(), String> {
+    if parallel.world == 1 && parallel.strategy != Strategy::Ddp {
+        return Err(format!("strategy={} shards over several ranks: set world (world=1 is one GPU)", parallel.strategy.name()));
+    }
+    if parallel.strategy == Strategy::Hsdp && !parallel.world.is_multiple_of(parallel.shard_world()) {
+        return Err(format!("hsdp shards within a node of {} GPUs: world={} is not a whole number of nodes", parallel.node, parallel.world));
+    }
+    Ok(())
+}
+
+/// A refusal for the GPU device: ranks are simulated.
+pub fn needs_sim() -> TensorError {
+    TensorError::Unsupported("several GPUs are simulated on the sim device (--device sim:CARD): this machine has one GPU".into())
+}
