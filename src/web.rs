@@ -452,6 +452,30 @@ pub fn scenarios_json() -> String {
     serde_json::json!({ "scenarios": scenarios::list(), "presets": presets }).to_string()
 }
 
+/// What fits (`tensormem fit`): the largest `vary` (batch or context) for every strategy on
+/// every card, each found by running the step. `request` is JSON: `{scenario, set?: {name:
+/// value}, vary: "batch" | "context", strategies: [...], cards: [...]}`; `progress(done, of)`
+/// is called after each cell. Returns the table as JSON (`scenarios::fit::FitTable`).
+#[wasm_bindgen]
+pub fn fit_table(request: &str, progress: &js_sys::Function) -> Result<String, JsError> {
+    #[derive(serde::Deserialize)]
+    struct Request {
+        scenario: String,
+        #[serde(default)]
+        set: BTreeMap<String, String>,
+        vary: String,
+        strategies: Vec<String>,
+        cards: Vec<String>,
+    }
+    let r: Request = serde_json::from_str(request).map_err(js_error)?;
+    let base = RunRequest { scenario: r.scenario, set: r.set, ..Default::default() };
+    let table = scenarios::fit::fit_table(&base, &r.vary, &r.strategies, &r.cards, &mut |done, of| {
+        let _ = progress.call2(&JsValue::NULL, &JsValue::from(done as u32), &JsValue::from(of as u32));
+    })
+    .map_err(js_error)?;
+    serde_json::to_string(&table).map_err(js_error)
+}
+
 /// Runs a scenario on a simulated card or, with `device: "gpu"`, on this browser's WebGPU
 /// adapter (real kernels). `request` is JSON: `{scenario, variant?, set?: {name: value},
 /// device?: "sim:H100-80GB" | "gpu", capacity?: "24GiB", alloc_conf?: "..."}`.

@@ -108,6 +108,24 @@ fn fsdp_ranks_hold_flat_shards_and_their_optimizer_state() {
         // AdamW makes two moments per shard in the first step.
         assert_eq!(requested(&r.steps, "optimizer step") - requested(&r.steps, "backward"), 2 * shards, "world {world}");
         assert_eq!(r.ranks.len(), world);
+        // reshard_after_forward=false (SHARD_GRAD_OP): every block's gathered parameters are
+        // still there when the forward ends; by default only the root's are.
+        let kept = run(
+            "lm-train",
+            &[
+                ("size", "small"),
+                ("batch", "2"),
+                ("context", "64"),
+                ("optimizer", "adamw"),
+                ("warmup", "0"),
+                ("world", &w),
+                ("strategy", "fsdp"),
+                ("reshard_after_forward", "false"),
+            ],
+        );
+        let gathered: u64 = blocks.iter().map(|&u| (shard_numel(u, world) * world) as u64 * 4).sum();
+        assert_eq!(requested(&kept.steps, "forward") - requested(&r.steps, "forward"), gathered, "world {world}");
+        assert_eq!(requested(&kept.steps, "optimizer step"), requested(&r.steps, "optimizer step"), "resharded after backward either way");
     }
 }
 
@@ -181,4 +199,36 @@ fn strategies_say_what_is_wrong_with_their_settings() {
     assert!(error(&[("world", "2"), ("rank", "2")]).contains("rank=2 is not one of the 2 ranks"));
     assert!(error(&[("world", "12"), ("strategy", "hsdp")]).contains("not a whole number of nodes"));
     assert!(error(&[("master_weights", "true")]).contains("dtype=float32"));
+}
+
+#[test]
+fn fit_finds_the_largest_batch_that_runs_on_every_rank() {
+    use tensormem::scenarios::fit::{fit_table, largest_that_fits};
+    let set = [("size", "small"), ("context", "256"), ("optimizer", "adamw"), ("world", "4")];
+    let base = |strategy: &str| RunRequest { device: Some("sim:4GiB".into()), ..request("lm-train", &[&set[..], &[("strategy", strategy)]].concat()) };
+    let fits = |strategy: &str, batch: u64| {
+        let mut r = base(strategy);
+        r.set.insert("batch".into(), batch.to_string());
+        let result = scenarios::run(&r).unwrap();
+        result.out_of_memory.is_none() && result.ranks.iter().all(|k| k.out_of_memory.is_none())
+    };
+    let mut largest = Vec::new();
+    for strategy in ["ddp", "fsdp"] {
+        let cell = largest_that_fits(&base(strategy), "batch").unwrap();
+        let b = cell.largest.unwrap_or_else(|| panic!("{strategy}: batch 1 fits 4 GiB"));
+        assert!(fits(strategy, b) && !fits(strategy, b + 1), "{strategy}: {b} fits, {} does not", b + 1);
+        assert_eq!(cell.limited_by, None);
+        assert!(cell.peak_allocated_bytes.unwrap() <= 4 << 30);
+        largest.push(b);
+    }
+    assert!(largest[1] > largest[0], "sharding leaves room for more batch: {largest:?}");
+    let table = fit_table(&request("lm-train", &set), "batch", &["ddp".into(), "fsdp".into()], &["4GiB".into(), "A100-40GB".into()], &mut |_, _| {}).unwrap();
+    assert_eq!(table.cells.len(), 4);
+    assert_eq!(table.cells[0].largest, Some(largest[0]), "ddp on 4 GiB, in the table");
+    assert_eq!(table.cells[2].largest, Some(largest[1]), "fsdp on 4 GiB, in the table");
+    assert!(table.cells[1].largest > table.cells[0].largest, "a bigger card fits more");
+    // A scenario's own limit stops the search and says so: GPT-2's 1024 positions.
+    let gpt2 = largest_that_fits(&request("gpt2-train", &[("batch", "1")]), "context").unwrap();
+    assert_eq!(gpt2.largest, Some(1024));
+    assert!(gpt2.limited_by.as_deref().unwrap_or("").contains("1024"), "{gpt2:?}");
 }

@@ -194,6 +194,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What fits: the largest batch (or context) a training scenario's step runs at without any
+    /// rank running out of memory, found by running the step, for every strategy on every card.
+    Fit {
+        /// A training scenario: lm-train, gpt2-train, oom, hf-train.
+        name: String,
+        /// Parameter values, as `run`'s (world=8, config=llama-3-8b, ...).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// The parameter to search.
+        #[arg(long, default_value = "batch", value_parser = ["batch", "context"])]
+        vary: String,
+        /// Strategies to compare (one column each).
+        #[arg(long, value_delimiter = ',', default_values_t = ["ddp".to_string(), "zero1".into(), "zero2".into(), "fsdp".into()])]
+        strategies: Vec<String>,
+        /// Cards to compare (simulator presets or sizes such as 24GiB).
+        #[arg(long, value_delimiter = ',', default_values_t = ["H100-80GB".to_string(), "A100-40GB".into(), "RTX4090-24GB".into()])]
+        cards: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Engine speed on the first adapter, each figure beside a baseline measured in the same
     /// run: matmul kernels vs the naive one, elementwise add vs the device's buffer copy, small
     /// ops with outputs from the caching allocator vs a fresh buffer each.
@@ -301,6 +321,7 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Info { json } => info(json),
         Command::Serve { file, port, host, root } => serve::run(file.as_deref(), &host, port, root.as_deref()).map_err(|e| Failure(e, 1)),
         Command::Bench { sizes, json } => bench_command(&sizes, json),
+        Command::Fit { name, set, vary, strategies, cards, json } => fit_command(name, &set, &vary, &strategies, &cards, json),
     }
 }
 
@@ -411,6 +432,51 @@ fn scenarios_command(json: bool) -> Result<(), Failure> {
                 println!("    --set {}={:<12} {}", p.name, p.default, p.help);
             }
         }
+    }
+    Ok(())
+}
+
+/// `tensormem fit`: the strategy x card table of the largest value that fits.
+fn fit_command(name: String, set: &[String], vary: &str, strategies: &[String], cards: &[String], json: bool) -> Result<(), Failure> {
+    let request = RunRequest { scenario: name, set: parse_set(set)?, ..Default::default() };
+    let bar = indicatif::ProgressBar::new((strategies.len() * cards.len()) as u64);
+    if json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let table =
+        scenarios::fit::fit_table(&request, vary, strategies, cards, &mut |done, _| bar.set_position(done as u64)).map_err(|e| Failure(e.to_string(), 2))?;
+    bar.finish_and_clear();
+    if json {
+        println!("{}", json_line(&table)?);
+        return Ok(());
+    }
+    println!(
+        "the largest {vary} that fits, {} on {} GPU{} (each found by running the step):",
+        table.scenario,
+        table.world,
+        if table.world == 1 { "" } else { "s" }
+    );
+    print!("  {:<10}", "strategy");
+    for card in cards {
+        print!(" {card:>16}");
+    }
+    println!();
+    for strategy in strategies {
+        print!("  {strategy:<10}");
+        for cell in table.cells.iter().filter(|c| &c.strategy == strategy) {
+            let text = match (cell.largest, &cell.limited_by) {
+                (Some(v), None) => v.to_string(),
+                (Some(v), Some(_)) => format!("{v}+"),
+                (None, None) => "does not fit".into(),
+                (None, Some(_)) => "refused".into(),
+            };
+            print!(" {text:>16}");
+        }
+        println!();
+    }
+    let limits: std::collections::BTreeSet<&String> = table.cells.iter().filter_map(|c| c.limited_by.as_ref()).collect();
+    for limit in limits {
+        println!("  (+ / refused: {limit})");
     }
     Ok(())
 }

@@ -9,7 +9,7 @@
 //! object a line); a failure is a tool result with `isError` and the line the CLI prints. Tools
 //! read the files they are given and write nothing. End of input ends the server (exit 0).
 
-use crate::{DoctorRequest, Failure, ScenarioRun, diagnose, json_line, predict_files, replay_file, run_outcome, run_scenario, summary_json};
+use crate::{DoctorRequest, Failure, ScenarioRun, diagnose, json_line, parse_set, predict_files, replay_file, run_outcome, run_scenario, summary_json};
 use serde_json::{Map, Value, json};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -226,6 +226,32 @@ fn tools() -> Vec<Value> {
                 &["recordings"],
             ),
         ),
+        tool(
+            "fit",
+            "What fits: for a training scenario (lm-train, gpt2-train, oom, hf-train, with its parameters in set, e.g. \
+             config=llama-3-8b, world=8, lora=16), the largest batch (or context) that runs without any rank running out of \
+             memory, found by running the step, for every strategy on every card. Returns {scenario, vary, world, cells: \
+             [{strategy, card, capacity_bytes, largest, heaviest_rank, peak_allocated_bytes, peak_reserved_bytes, limited_by, \
+             runs}]}, as `tensormem fit --json`.",
+            schema(
+                vec![
+                    ("name", property(&["string"], "A training scenario: lm-train, gpt2-train, oom or hf-train.")),
+                    ("set", set_property()),
+                    ("vary", json!({ "type": "string", "enum": ["batch", "context"], "description": "The parameter to search (default batch)." })),
+                    (
+                        "strategies",
+                        json!({ "type": "array", "items": { "type": "string", "enum": ["ddp", "zero1", "zero2", "fsdp", "hsdp"] },
+                            "description": "Strategies to compare (default ddp, zero1, zero2, fsdp); all but ddp need world > 1 in set." }),
+                    ),
+                    (
+                        "cards",
+                        json!({ "type": "array", "items": { "type": "string" },
+                            "description": "Cards: simulator presets (H100-80GB, A100-40GB, A100-80GB, RTX4090-24GB, L4-24GB, T4-16GB) or sizes such as 24GiB (default H100-80GB, A100-40GB, RTX4090-24GB)." }),
+                    ),
+                ],
+                &["name"],
+            ),
+        ),
         tool("scenarios", "List the scenarios, with their parameters and variants, as `tensormem scenarios --json`.", schema(vec![], &[])),
     ]
 }
@@ -315,6 +341,23 @@ fn run_tool(name: &str, args: &Args, lines: &mut Vec<String>) -> Result<(), Fail
             let options = PredictOptions { device: args.int("device")?, capacity, config: None, keep_snapshot: false };
             let (prediction, _) = predict_files(&specs, to.as_deref(), fit.as_deref(), options, args.string("alloc_conf")?.as_deref(), None)?;
             lines.push(json_line(&prediction)?);
+        }
+        "fit" => {
+            let request = scenarios::RunRequest { scenario: args.required("name")?, set: parse_set(&args.set()?)?, ..Default::default() };
+            let list = |key: &str, default: &[&str]| -> Result<Vec<String>, Failure> {
+                match args.0.get(key) {
+                    None | Some(Value::Null) => Ok(default.iter().map(|s| s.to_string()).collect()),
+                    Some(Value::Array(items)) => {
+                        items.iter().map(|v| v.as_str().map(String::from).ok_or_else(|| Failure(format!("{key} takes strings, got {v}"), 2))).collect()
+                    }
+                    Some(other) => Err(Failure(format!("{key} takes a list of strings, got {other}"), 2)),
+                }
+            };
+            let strategies = list("strategies", &["ddp", "zero1", "zero2", "fsdp"])?;
+            let cards = list("cards", &["H100-80GB", "A100-40GB", "RTX4090-24GB"])?;
+            let vary = args.string("vary")?.unwrap_or_else(|| "batch".into());
+            let table = scenarios::fit::fit_table(&request, &vary, &strategies, &cards, &mut |_, _| {}).map_err(|e| Failure(e.to_string(), 2))?;
+            lines.push(json_line(&table)?);
         }
         "scenarios" => lines.push(json_line(&scenarios::list())?),
         _ => unreachable!("call() checks the name"),

@@ -130,7 +130,7 @@ fn initialize_lists_the_tools_with_their_schemas_and_eof_ends_the_server() {
 
     let tools = server.request("tools/list", json!({}))["result"]["tools"].as_array().unwrap().clone();
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["doctor", "summary", "replay", "run", "predict", "scenarios"]);
+    assert_eq!(names, ["doctor", "summary", "replay", "run", "predict", "fit", "scenarios"]);
     let schema = |name: &str| tools.iter().find(|t| t["name"] == name).unwrap()["inputSchema"].clone();
     let properties = |name: &str| {
         let s = schema(name);
@@ -146,6 +146,8 @@ fn initialize_lists_the_tools_with_their_schemas_and_eof_ends_the_server() {
     assert_eq!(properties("run"), ["alloc_conf", "capacity", "device", "name", "set", "steps", "variant"]);
     assert_eq!(properties("predict"), ["alloc_conf", "capacity", "device", "fit", "recordings", "to"]);
     assert_eq!(schema("predict")["required"], json!(["recordings"]));
+    assert_eq!(properties("fit"), ["cards", "name", "set", "strategies", "vary"]);
+    assert_eq!(schema("fit")["required"], json!(["name"]));
     assert!(properties("scenarios").is_empty());
     assert_eq!(schema("summary")["required"], json!(["file"]));
     assert_eq!(schema("replay")["required"], json!(["file"]));
@@ -159,6 +161,20 @@ fn initialize_lists_the_tools_with_their_schemas_and_eof_ends_the_server() {
 
     let status = server.finish();
     assert_eq!(status.code(), Some(0), "end of input ends the server cleanly");
+}
+
+#[test]
+fn fit_returns_what_the_cli_prints() {
+    let mut server = Server::initialized();
+    let set = json!({ "size": "small", "context": 64, "world": 2 });
+    let fit = server.call("fit", json!({ "name": "lm-train", "set": set, "strategies": ["ddp", "fsdp"], "cards": ["3GiB"] }));
+    let cli = tensormem(&["fit", "lm-train", "--set", "size=small,context=64,world=2", "--strategies", "ddp,fsdp", "--cards", "3GiB", "--json"]);
+    assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
+    assert_eq!(text(&fit), String::from_utf8(cli.stdout).unwrap().trim_end(), "the same bytes as `tensormem fit --json`");
+    let table: Value = serde_json::from_str(text(&fit)).unwrap();
+    let largest: Vec<u64> = table["cells"].as_array().unwrap().iter().map(|c| c["largest"].as_u64().unwrap()).collect();
+    assert!(largest[1] > largest[0], "fsdp fits a bigger batch than ddp on 3 GiB: {largest:?}");
+    assert_eq!(server.finish().code(), Some(0));
 }
 
 #[test]

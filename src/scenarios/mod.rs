@@ -14,6 +14,7 @@ use crate::{Device, GpuOptions};
 use serde::Serialize;
 
 pub mod compare;
+pub mod fit;
 mod generation;
 mod pitfalls;
 mod ranks;

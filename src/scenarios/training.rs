@@ -74,6 +74,11 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
         Parameter::integer("world", "1", 1, 65_536, "GPUs training together (data parallel), each rank simulated"),
         Parameter::choice("strategy", "ddp", Strategy::NAMES, STRATEGY_HELP),
         Parameter::integer("node", "8", 1, 1024, "GPUs per node: hsdp shards within a node"),
+        Parameter::flag(
+            "reshard_after_forward",
+            "true",
+            "fsdp, hsdp: free a block's all-gathered parameters after its forward and gather them again for its backward (true, FULL_SHARD) or keep them until its backward (false, SHARD_GRAD_OP: one all-gather less, a whole model of gathered parameters at the end of forward)",
+        ),
         Parameter::integer("rank", "0", 0, 65_535, "the rank whose trace the run records (every rank is summarised in ranks)"),
     ]
 }
@@ -406,7 +411,12 @@ fn optimizer(v: &Values, params: Vec<Tensor>) -> Result<Box<dyn Optimizer>> {
 }
 
 fn parallel(v: &Values) -> Parallel {
-    Parallel { world: v.int("world"), strategy: Strategy::parse(v.choice("strategy")).expect("checked against the names"), node: v.int("node") }
+    Parallel {
+        world: v.int("world"),
+        strategy: Strategy::parse(v.choice("strategy")).expect("checked against the names"),
+        node: v.int("node"),
+        reshard_after_forward: v.flag("reshard_after_forward"),
+    }
 }
 
 /// Builds a run's model on a recorder's device.

@@ -68,11 +68,14 @@ pub struct Parallel {
     pub strategy: Strategy,
     /// GPUs per node: `hsdp` shards over this many ranks.
     pub node: usize,
+    /// fsdp, hsdp: a block's gathered parameters are freed after its forward (FULL_SHARD) or
+    /// kept until its backward has run (`reshard_after_forward=False`, SHARD_GRAD_OP).
+    pub reshard_after_forward: bool,
 }
 
 impl Parallel {
     pub fn single() -> Parallel {
-        Parallel { world: 1, strategy: Strategy::Ddp, node: 8 }
+        Parallel { world: 1, strategy: Strategy::Ddp, node: 8, reshard_after_forward: true }
     }
 
     /// The ranks one shard is split over: the world, or the node under `hsdp`.

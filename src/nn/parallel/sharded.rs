@@ -11,7 +11,9 @@
 //! as on the meta device). A unit's full parameters are all-gathered into a flat buffer on the
 //! all-gather stream before its forward and before its backward, and freed after each; the
 //! root's stay from the start of forward to the end of backward, and in backward the next
-//! unit's gather is issued with the current one's (`BACKWARD_PRE` prefetch). Under `zero2` every
+//! unit's gather is issued with the current one's (`BACKWARD_PRE` prefetch). With
+//! `reshard_after_forward` false (SHARD_GRAD_OP) a block's stay from its forward to the end of
+//! its backward. Under `zero2` every
 //! rank keeps the full parameters, and the shards are views of them.
 
 use super::{ALL_GATHER_STREAM, BlockHooks, Parallel, REDUCE_SCATTER_STREAM};
@@ -51,6 +53,7 @@ pub struct Sharded {
     units: Vec<Unit>,
     ranks: usize,
     shards_parameters: bool,
+    reshard_after_forward: bool,
 }
 
 impl Sharded {
@@ -78,7 +81,7 @@ impl Sharded {
             }
             units.push(Unit { name, groups, gathered: RefCell::new(Vec::new()), reduced: Cell::new(false) });
         }
-        Ok(Sharded { device: device.clone(), units, ranks, shards_parameters })
+        Ok(Sharded { device: device.clone(), units, ranks, shards_parameters, reshard_after_forward: parallel.reshard_after_forward })
     }
 
     /// The trainable shards, root first, as the optimizer takes them.
@@ -164,7 +167,9 @@ impl BlockHooks for Sharded {
     }
 
     fn post_forward(&self, block: usize) -> Result<()> {
-        self.reshard(block);
+        if self.reshard_after_forward {
+            self.reshard(block);
+        }
         Ok(())
     }
 

@@ -1,0 +1,152 @@
+//! What fits: the largest `batch` (or `context`) a training step runs at without any rank
+//! running out of memory, found by running the step (doubling, then bisecting), for one card
+//! and strategy or for a table of strategies by cards.
+
+use super::{RunRequest, ScenarioError, run};
+use serde::Serialize;
+
+/// One cell of the table: a strategy on a card.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitCell {
+    pub strategy: String,
+    pub card: String,
+    pub capacity_bytes: u64,
+    /// The largest value that fits; None when even 1 does not.
+    pub largest: Option<u64>,
+    /// At `largest`: the heaviest rank and its peaks.
+    pub heaviest_rank: Option<usize>,
+    pub peak_allocated_bytes: Option<u64>,
+    pub peak_reserved_bytes: Option<u64>,
+    /// What stopped the search short of running out of memory (the parameter's own limit).
+    pub limited_by: Option<String>,
+    /// Steps run to find it.
+    pub runs: usize,
+}
+
+/// `tensormem fit`: every strategy on every card.
+#[derive(Debug, Clone, Serialize)]
+pub struct FitTable {
+    pub scenario: String,
+    /// The parameter searched (`batch` or `context`).
+    pub vary: String,
+    pub world: u64,
+    pub cells: Vec<FitCell>,
+}
+
+/// The parameters a fit may search.
+pub const FIT_PARAMETERS: [&str; 2] = ["batch", "context"];
+
+/// The outcome of one probe: it fits (the heaviest rank's peaks), it ran out of memory, or the
+/// value is refused by the scenario's own checks (a limit, not memory).
+enum Probe {
+    Fits { rank: usize, allocated: u64, reserved: u64 },
+    OutOfMemory,
+    Refused(String),
+}
+
+fn probe(base: &RunRequest, vary: &str, value: u64) -> Result<Probe, ScenarioError> {
+    let mut request = base.clone();
+    request.set.insert(vary.to_string(), value.to_string());
+    let result = match run(&request) {
+        Ok(result) => result,
+        Err(ScenarioError::Parameter { message, .. }) => return Ok(Probe::Refused(message)),
+        Err(e) => return Err(e),
+    };
+    if result.out_of_memory.is_some() || result.ranks.iter().any(|r| r.out_of_memory.is_some()) {
+        return Ok(Probe::OutOfMemory);
+    }
+    let rank = result.parameters.get("rank").and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+    let heaviest = result.ranks.iter().max_by_key(|r| (r.peak_allocated_bytes, std::cmp::Reverse(r.rank)));
+    Ok(match heaviest {
+        Some(r) => Probe::Fits { rank: r.rank, allocated: r.peak_allocated_bytes, reserved: r.peak_reserved_bytes },
+        None => Probe::Fits { rank, allocated: result.peak_allocated_bytes, reserved: result.peak_reserved_bytes },
+    })
+}
+
+/// The largest value of `vary` at which `base` runs without running out of memory: 1, 2, 4, ...
+/// until a step runs out (or the scenario refuses the value), then bisection.
+pub fn largest_that_fits(base: &RunRequest, vary: &str) -> Result<FitCell, ScenarioError> {
+    if !FIT_PARAMETERS.contains(&vary) {
+        return Err(ScenarioError::Parameter { scenario: base.scenario.clone(), message: format!("fit searches batch or context, not {vary:?}") });
+    }
+    let mut runs = 0;
+    let mut at = |value: u64| {
+        runs += 1;
+        probe(base, vary, value)
+    };
+    let mut best: Option<(u64, Probe)> = None;
+    let mut limited_by = None;
+    // Doubling: the last value that fits and the first that does not.
+    let mut value = 1;
+    let high = loop {
+        match at(value)? {
+            fits @ Probe::Fits { .. } => best = Some((value, fits)),
+            Probe::OutOfMemory => break value,
+            Probe::Refused(message) => {
+                limited_by = Some(message);
+                break value;
+            }
+        }
+        value *= 2;
+    };
+    if let Some((low, _)) = &best {
+        let (mut low, mut h) = (*low, high);
+        while h - low > 1 {
+            let mid = low + (h - low) / 2;
+            match at(mid)? {
+                fits @ Probe::Fits { .. } => {
+                    best = Some((mid, fits));
+                    low = mid;
+                }
+                Probe::OutOfMemory => h = mid,
+                Probe::Refused(message) => {
+                    limited_by = Some(message);
+                    h = mid;
+                }
+            }
+        }
+    }
+    let (largest, rank, allocated, reserved) = match best {
+        Some((value, Probe::Fits { rank, allocated, reserved })) => (Some(value), Some(rank), Some(allocated), Some(reserved)),
+        _ => (None, None, None, None),
+    };
+    let strategy = base.set.get("strategy").cloned().unwrap_or_else(|| "ddp".into());
+    let card = base.device.clone().unwrap_or_else(|| "sim:H100-80GB".into());
+    let capacity_bytes = base.capacity.unwrap_or_else(|| super::parse_device(&card).map(|c| c.capacity).unwrap_or(0));
+    Ok(FitCell {
+        strategy,
+        card: card.trim_start_matches("sim:").to_string(),
+        capacity_bytes,
+        largest,
+        heaviest_rank: rank,
+        peak_allocated_bytes: allocated,
+        peak_reserved_bytes: reserved,
+        limited_by,
+        runs,
+    })
+}
+
+/// The table a user compares: the largest value for every strategy on every card.
+/// `progress(done, total)` is called after each cell.
+pub fn fit_table(
+    base: &RunRequest,
+    vary: &str,
+    strategies: &[String],
+    cards: &[String],
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<FitTable, ScenarioError> {
+    let total = strategies.len() * cards.len();
+    let mut cells = Vec::with_capacity(total);
+    for strategy in strategies {
+        for card in cards {
+            let mut request = base.clone();
+            request.set.insert("strategy".into(), strategy.clone());
+            request.device = Some(if card.starts_with("sim:") { card.clone() } else { format!("sim:{card}") });
+            request.capacity = None;
+            cells.push(largest_that_fits(&request, vary)?);
+            progress(cells.len(), total);
+        }
+    }
+    let world = base.set.get("world").and_then(|w| w.parse().ok()).unwrap_or(1);
+    Ok(FitTable { scenario: base.scenario.clone(), vary: vary.to_string(), world, cells })
+}
