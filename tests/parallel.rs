@@ -232,3 +232,30 @@ fn fit_finds_the_largest_batch_that_runs_on_every_rank() {
     assert_eq!(gpt2.largest, Some(1024));
     assert!(gpt2.limited_by.as_deref().unwrap_or("").contains("1024"), "{gpt2:?}");
 }
+
+#[test]
+fn tensor_parallelism_splits_each_layer_and_keeps_the_whole_models_counts() {
+    // lm-train small (d 768, d_ff 3072, 12 heads, vocabulary 10,000) on tp=2: per block wq, wk,
+    // wv [384, 768], wo [768, 384], w1, w3 [1536, 768], w2 [768, 1536], two norms [768]; the
+    // embedding and the output [5000, 768]; the final norm.
+    let (d, f, v, layers) = (768u64, 3072u64, 10_000u64, 12u64);
+    let local = 2 * (v / 2) * d + layers * (4 * d * d / 2 + 3 * d * f / 2 + 2 * d) + d;
+    let r = run("lm-train", &[("size", "small"), ("batch", "2"), ("context", "64"), ("world", "2"), ("tp", "2"), ("warmup", "0")]);
+    assert_eq!(r.model_parameters, Some(128_625_408), "the whole model's count");
+    let (inputs, rope) = (2 * 2 * 64 * 8, 2 * 64 * 32 * 4);
+    // One replica: DDP over a single data-parallel rank still makes its bucket of every gradient.
+    assert_eq!(requested(&r.steps, "model and batch"), 2 * local * 4 + inputs + rope);
+    assert_eq!(r.ranks.len(), 2);
+    // Llama-3-8B's LoRA adapters split with their layers; the counts stay the whole model's.
+    let hf = run(
+        "hf-train",
+        &[("config", "llama-3-8b"), ("context", "256"), ("lora", "16"), ("lora_targets", "q,k,v,o"), ("world", "8"), ("tp", "8"), ("warmup", "0")],
+    );
+    assert_eq!(hf.model_parameters, Some(8_043_892_736), "with the adapters, as PEFT counts all params");
+    assert_eq!(hf.trainable_parameters, Some(13_631_488));
+    let error = |scenario: &str, set: &[(&str, &str)]| scenarios::run(&request(scenario, set)).map(|_| ()).unwrap_err().to_string();
+    assert!(error("lm-train", &[("size", "small"), ("world", "4"), ("tp", "3")]).contains("tp=3 must divide world=4"));
+    assert!(error("lm-train", &[("size", "small"), ("world", "5"), ("tp", "5")]).contains("do not split evenly over 5 ranks"));
+    assert!(error("gpt2-train", &[("world", "2"), ("tp", "2")]).contains("not GPT-2's fused c_attn"));
+    assert!(error("lm-train", &[("world", "2"), ("tp", "2"), ("strategy", "fsdp")]).contains("one replica"));
+}

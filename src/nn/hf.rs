@@ -229,6 +229,33 @@ impl HfConfig {
         Ok(())
     }
 
+    /// One rank's share under tensor parallelism of degree `tp`, as torchtitan's plan for
+    /// Llama splits it: q, k, v, gate and up column-wise (their outputs: `tp` times fewer heads
+    /// and intermediate features), o and down row-wise (their inputs), the embedding and the
+    /// output over the vocabulary (the logits and the loss on 1/tp of it, `loss_parallel`); norms
+    /// and biases of row-wise layers whole. Without sequence parallelism each rank keeps the
+    /// whole [batch, T, hidden] activations between them.
+    pub fn tensor_parallel(&self, tp: usize) -> std::result::Result<HfConfig, String> {
+        if tp == 1 {
+            return Ok(self.clone());
+        }
+        if self.family == Family::Gpt2 {
+            return Err("tp: tensor parallelism is built for the Llama family (q, k, v, o, gate, up, down) so far, not GPT2LMHeadModel".into());
+        }
+        for (what, n) in [("attention heads", self.heads), ("key/value heads", self.kv_heads), ("intermediate features", self.intermediate)] {
+            if !n.is_multiple_of(tp) {
+                return Err(format!("tp={tp}: the {n} {what} do not split evenly over {tp} ranks"));
+            }
+        }
+        Ok(HfConfig {
+            heads: self.heads / tp,
+            kv_heads: self.kv_heads / tp,
+            intermediate: self.intermediate / tp,
+            vocab: self.vocab.div_ceil(tp),
+            ..self.clone()
+        })
+    }
+
     /// The parameter count, from the shapes alone (what `sum(p.numel() for p in
     /// model.parameters())` prints; a tied head counts once).
     pub fn parameter_count(&self) -> u64 {

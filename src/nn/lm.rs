@@ -49,6 +49,13 @@ impl LmConfig {
         let &(_, dim, hidden, layers, heads) = LM_SIZES.iter().find(|s| s.0 == size)?;
         Some(LmConfig { vocab: 10_000, dim, hidden, layers, heads, context, dtype })
     }
+
+    /// The parameter count from the shapes: embedding and output, and per block four d x d
+    /// attention weights, three d x d_ff feed-forward weights and two norms; the final norm.
+    pub fn parameter_count(&self) -> u64 {
+        let (v, d, f) = (self.vocab as u64, self.dim as u64, self.hidden as u64);
+        2 * v * d + self.layers as u64 * (4 * d * d + 3 * d * f + 2 * d) + d
+    }
 }
 
 /// One block: attention and SwiGLU feed-forward, each after an RMSNorm, each added back.
@@ -63,7 +70,9 @@ pub struct LmBlock {
     w3: Linear,
     attention_norm: RmsNorm,
     ffn_norm: RmsNorm,
+    /// This rank's heads (all of them without tensor parallelism), each of `head_size`.
     heads: usize,
+    head_size: usize,
     /// cos and sin of the rotary angles, [context, head size / 2].
     rope: (Tensor, Tensor),
 }
@@ -84,27 +93,46 @@ pub struct Lm {
 impl Lm {
     #[track_caller]
     pub fn new(device: &Device, config: LmConfig) -> Result<Lm> {
+        Lm::tensor_parallel(device, config, 1)
+    }
+
+    /// One rank's share under tensor parallelism of degree `tp` (torchtitan's plan): wq, wk, wv,
+    /// w1 and w3 split by their outputs (`tp` times fewer heads and d_ff features), wo and w2 by
+    /// their inputs, the embedding and the output over the vocabulary (logits and loss on 1/tp
+    /// of it); norms whole. `config` stays the whole model's except that its vocabulary becomes
+    /// the rank's share.
+    #[track_caller]
+    pub fn tensor_parallel(device: &Device, mut config: LmConfig, tp: usize) -> Result<Lm> {
         let c = &config;
         if c.heads == 0 || !c.dim.is_multiple_of(c.heads) || !(c.dim / c.heads).is_multiple_of(2) {
             return Err(TensorError::Shape(format!("{} features do not split into {} heads of an even size", c.dim, c.heads)));
         }
+        if tp == 0 || !c.heads.is_multiple_of(tp) || !c.hidden.is_multiple_of(tp) {
+            return Err(TensorError::Shape(format!("tp={tp}: {} heads and {} feed-forward features do not split evenly over {tp} ranks", c.heads, c.hidden)));
+        }
+        let head_size = c.dim / c.heads;
+        let (heads, hidden) = (c.heads / tp, c.hidden / tp);
+        config.vocab = config.vocab.div_ceil(tp);
+        let c = &config;
         let tok_embeddings = Embedding::new(device, "tok_embeddings", c.vocab, c.dim, c.dtype, Init::Normal(1.0))?;
-        let rope = rope_tables(device, c.context, c.dim / c.heads, c.dtype)?;
+        let rope = rope_tables(device, c.context, head_size, c.dtype)?;
         let blocks = (0..c.layers)
             .map(|i| {
                 let name = format!("layers.{i}");
                 let linear = |path: &str, inputs: usize, outputs: usize| Linear::new(device, &child(&name, path), inputs, outputs, false, c.dtype);
+                let local = heads * head_size;
                 Ok(Rc::new(LmBlock {
-                    wq: linear("attention.wq", c.dim, c.dim)?,
-                    wk: linear("attention.wk", c.dim, c.dim)?,
-                    wv: linear("attention.wv", c.dim, c.dim)?,
-                    wo: linear("attention.wo", c.dim, c.dim)?,
-                    w1: linear("feed_forward.w1", c.dim, c.hidden)?,
-                    w2: linear("feed_forward.w2", c.hidden, c.dim)?,
-                    w3: linear("feed_forward.w3", c.dim, c.hidden)?,
+                    wq: linear("attention.wq", c.dim, local)?,
+                    wk: linear("attention.wk", c.dim, local)?,
+                    wv: linear("attention.wv", c.dim, local)?,
+                    wo: linear("attention.wo", local, c.dim)?,
+                    w1: linear("feed_forward.w1", c.dim, hidden)?,
+                    w2: linear("feed_forward.w2", hidden, c.dim)?,
+                    w3: linear("feed_forward.w3", c.dim, hidden)?,
                     attention_norm: RmsNorm::new(device, &child(&name, "attention_norm"), c.dim, 1e-5, c.dtype)?,
                     ffn_norm: RmsNorm::new(device, &child(&name, "ffn_norm"), c.dim, 1e-5, c.dtype)?,
-                    heads: c.heads,
+                    heads,
+                    head_size,
                     rope: (rope.0.share(), rope.1.share()),
                     name,
                 }))
@@ -180,10 +208,10 @@ impl LmBlock {
     fn attention(&self, x: &Tensor) -> Result<Tensor> {
         let device = x.device().clone();
         let _scope = device.module_scope(&child(&self.name, "attention"));
-        let [b, t, c] = *x.shape() else {
+        let [b, t, _] = *x.shape() else {
             return Err(TensorError::Shape(format!("{}: input must be [batch, T, features], got {:?}", self.name, x.shape())));
         };
-        let (h, d) = (self.heads, c / self.heads);
+        let (h, d) = (self.heads, self.head_size);
         // rearrange 'b t (h d) -> b h t d': views.
         let heads = |p: Tensor| p.view(&[b as isize, t as isize, h as isize, d as isize])?.transpose(1, 2);
         let (cos, sin) = (self.rope.0.narrow(0, 0, t)?, self.rope.1.narrow(0, 0, t)?);
@@ -199,7 +227,7 @@ impl LmBlock {
         let probs = softmax(&scores)?;
         drop(scores);
         // einsum makes a contiguous copy of the permuted v for its bmm; rearrange back copies.
-        let y = probs.matmul(&v)?.transpose(1, 2)?.reshape(&[b as isize, t as isize, c as isize])?;
+        let y = probs.matmul(&v)?.transpose(1, 2)?.reshape(&[b as isize, t as isize, (h * d) as isize])?;
         einsum_linear(&y, &self.wo)
     }
 }

@@ -11,7 +11,7 @@ use crate::amp;
 use crate::nn::optim::{Adam, GradScaler, HandwrittenAdamW, MasterWeights, Optimizer, Sgd};
 use crate::nn::parallel::{self, BlockHooks, Ddp, Hooks, Parallel, Sharded, Strategy};
 use crate::nn::{
-    Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, Lm, LmConfig, LoraConfig, Module, Transformer, TransformerConfig,
+    Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, LM_SIZES, Lm, LmConfig, LoraConfig, Module, Transformer, TransformerConfig,
 };
 use crate::tensor::{DType, Result, Tensor, TensorError};
 use std::rc::Rc;
@@ -73,6 +73,7 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
         Parameter::flag("master_weights", "false", MASTER_WEIGHTS_HELP),
         Parameter::integer("world", "1", 1, 65_536, "GPUs training together (data parallel), each rank simulated"),
         Parameter::choice("strategy", "ddp", Strategy::NAMES, STRATEGY_HELP),
+        Parameter::integer("tp", "1", 1, 1024, TP_HELP),
         Parameter::integer("node", "8", 1, 1024, "GPUs per node: hsdp shards within a node"),
         Parameter::flag(
             "reshard_after_forward",
@@ -88,6 +89,9 @@ const STRATEGY_HELP: &str = "with world > 1: ddp (DistributedDataParallel: every
                              one rank), zero2 (gradients and optimizer state in flat shards, 1/world each, gradients reduce-scattered \
                              after each block), fsdp (FULL_SHARD: parameters too; a block's parameters all-gathered while it runs) or \
                              hsdp (fsdp within a node, replicated across nodes)";
+const TP_HELP: &str = "tensor parallelism: each layer split over tp ranks (the Llama-style models: q, k, v, gate, up and the vocabulary \
+                       by their outputs, o and down by their inputs, as torchtitan's plan), world / tp replicas trained under \
+                       strategy; tp divides world";
 const MASTER_WEIGHTS_HELP: &str = "16-bit parameters with a float32 master copy in the optimizer, as DeepSpeed's bf16/fp16 modes and \
                                    Megatron keep: the optimizer updates a float32 copy of each parameter (its shard under zero1/2, \
                                    fsdp) from a float32 gradient it keeps, then copies the result back";
@@ -137,12 +141,16 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 parameters: training_parameters(&LM_SIZE_NAMES, "medium", "4", "128", "handwritten-adamw"),
                 variants: vec![],
             },
-            check: |v| fits(v, 10_000),
+            check: |v| {
+                let &(_, _, hidden, _, heads) = LM_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list");
+                splits(v, heads, hidden)?;
+                fits(v, 10_000)
+            },
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
                     let config = LmConfig::preset(v.choice("size"), v.int("context"), dtype(v)).expect("checked against the size list");
-                    Model::lm(rec, config, v.flag("checkpointing"))
+                    Model::lm(rec, config, v)
                 }))
             }),
         },
@@ -162,6 +170,12 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             check: |v| {
                 if v.u64("context") > 1024 {
                     return Err(format!("GPT-2's learned positions cover 1024 tokens: context={} is longer", v.u64("context")));
+                }
+                if v.int("tp") > 1 {
+                    return Err(
+                        "tp: tensor parallelism is built for the Llama-style models (lm-train, oom, hf-train's Llama family) so far, not GPT-2's fused c_attn"
+                            .into(),
+                    );
                 }
                 fits(v, 50_257)
             },
@@ -196,13 +210,16 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 parameters: step_parameters("1", "512", "adamw", "float32"),
                 variants: vec![],
             },
-            check: |v| fits(v, LLAMA_7B.4 as u64),
+            check: |v| {
+                splits(v, LLAMA_7B.3, LLAMA_7B.1)?;
+                fits(v, LLAMA_7B.4 as u64)
+            },
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
                     let (dim, hidden, layers, heads, vocab) = LLAMA_7B;
                     let config = LmConfig { vocab, dim, hidden, layers, heads, context: v.int("context"), dtype: dtype(v) };
-                    Model::lm(rec, config, v.flag("checkpointing"))
+                    Model::lm(rec, config, v)
                 }))
             }),
         },
@@ -225,6 +242,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             },
             check: |v| {
                 let config = HfConfig::load(v.text("config"))?;
+                config.tensor_parallel(v.int("tp"))?;
                 if config.family == Family::Gpt2 && v.u64("context") > config.max_positions as u64 {
                     return Err(format!("GPT-2's learned positions cover {} tokens: context={} is longer", config.max_positions, v.u64("context")));
                 }
@@ -243,7 +261,8 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
-                    let config = HfConfig::load(v.text("config")).map_err(TensorError::Shape)?;
+                    let whole = HfConfig::load(v.text("config")).map_err(TensorError::Shape)?;
+                    let config = whole.tensor_parallel(v.int("tp")).map_err(TensorError::Shape)?;
                     let lora = match v.int("lora") {
                         0 => None,
                         rank => Some(LoraConfig {
@@ -255,8 +274,18 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                     let mut model = HfModel::new(&rec.device, &config, dtype(v), v.int("context"), lora.as_ref())?;
                     model.set_checkpointing(v.flag("checkpointing"));
                     model.set_attention(if v.choice("attn") == "sdpa" { AttentionImplementation::Sdpa } else { AttentionImplementation::Eager })?;
-                    rec.model_parameters = Some(model.parameter_count());
-                    rec.trainable_parameters = Some(model.trainable_parameters().iter().map(|p| p.numel() as u64).sum());
+                    // The whole model's counts (adapters included, as PEFT prints them); a rank's
+                    // share under tp is counted on the whole model's shapes alone.
+                    let count = |m: &HfModel| (m.parameter_count(), m.trainable_parameters().iter().map(|p| p.numel() as u64).sum());
+                    let (all, trainable) = if v.int("tp") == 1 {
+                        count(&model)
+                    } else {
+                        let scratch = crate::Device::sim(crate::SimOptions::custom(u64::MAX));
+                        let _shapes = scratch.defer_parameters();
+                        count(&HfModel::new(&scratch, &whole, dtype(v), v.int("context"), lora.as_ref())?)
+                    };
+                    rec.model_parameters = Some(all);
+                    rec.trainable_parameters = Some(trainable);
                     Ok(Model::Hf(model))
                 }))
             }),
@@ -290,6 +319,16 @@ fn fits(v: &Values, vocab: u64) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Whether tensor parallelism splits a Llama-style layer evenly: its heads and feed-forward
+/// features over `tp`.
+fn splits(v: &Values, heads: usize, hidden: usize) -> std::result::Result<(), String> {
+    let tp = v.int("tp");
+    if !heads.is_multiple_of(tp) || !hidden.is_multiple_of(tp) {
+        return Err(format!("tp={tp}: the {heads} attention heads and {hidden} feed-forward features do not split evenly over {tp} ranks"));
+    }
+    Ok(())
+}
+
 /// The type autocast runs the forward and loss in, None without autocast (`amp=false`).
 fn autocast_dtype(v: &Values) -> Option<DType> {
     match v.choice("amp") {
@@ -315,10 +354,11 @@ enum Model {
 }
 
 impl Model {
-    fn lm(rec: &mut Recorder, config: LmConfig, checkpointing: bool) -> Result<Model> {
-        let mut model = Lm::new(&rec.device, config)?;
-        model.checkpointing = checkpointing;
-        rec.model_parameters = Some(model.parameter_count());
+    /// The LM, or its rank's share under `tp`; the parameter count is the whole model's.
+    fn lm(rec: &mut Recorder, config: LmConfig, v: &Values) -> Result<Model> {
+        rec.model_parameters = Some(config.parameter_count());
+        let mut model = Lm::tensor_parallel(&rec.device, config, v.int("tp"))?;
+        model.checkpointing = v.flag("checkpointing");
         Ok(Model::Lm(model))
     }
 
@@ -413,6 +453,7 @@ fn optimizer(v: &Values, params: Vec<Tensor>) -> Result<Box<dyn Optimizer>> {
 fn parallel(v: &Values) -> Parallel {
     Parallel {
         world: v.int("world"),
+        tp: v.int("tp"),
         strategy: Strategy::parse(v.choice("strategy")).expect("checked against the names"),
         node: v.int("node"),
         reshard_after_forward: v.flag("reshard_after_forward"),
@@ -431,6 +472,7 @@ async fn train(rec: &mut Recorder, v: &Values, build: Build) -> Result<()> {
         let model = build(rec, v)?;
         return train_rank(rec, v, model, &parallel, 0).await;
     }
+    // Ranks are simulated; a model split by tp is one rank's share.
     if !rec.device.is_sim() {
         return Err(parallel::needs_sim());
     }
@@ -462,7 +504,7 @@ fn rank_classes(parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
     }
     let mut classes: Vec<(Vec<Vec<usize>>, Vec<usize>)> = Vec::new();
     for rank in 0..parallel.world {
-        let shapes: Vec<Vec<usize>> = zero1_owned(parameters, parallel.world, rank).iter().map(|p| p.shape().to_vec()).collect();
+        let shapes: Vec<Vec<usize>> = zero1_owned(parameters, parallel.dp(), parallel.dp_rank(rank)).iter().map(|p| p.shape().to_vec()).collect();
         match classes.iter_mut().find(|(s, _)| *s == shapes) {
             Some((_, ranks)) => ranks.push(rank),
             None => classes.push((shapes, vec![rank])),
@@ -504,7 +546,7 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
                 let frozen: Vec<Tensor> = model.all_parameters().into_iter().filter(|p| !p.requires_grad()).collect();
                 let ddp = Ddp::new(&dev, &trainable, &frozen)?;
                 let stepped = match parallel.strategy {
-                    Strategy::Zero1 => zero1_owned(&model.all_parameters(), parallel.world, rank),
+                    Strategy::Zero1 => zero1_owned(&model.all_parameters(), parallel.dp(), parallel.dp_rank(rank)),
                     _ => trainable.iter().map(Tensor::share).collect(),
                 };
                 (Wrapper::Ddp(ddp), stepped)

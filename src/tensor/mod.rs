@@ -67,6 +67,15 @@ impl Drop for Storage {
     }
 }
 
+/// Memory without a tensor over it ([`Device::buffer`]), freed when dropped.
+pub struct Buffer(Rc<Storage>);
+
+impl Buffer {
+    pub fn bytes(&self) -> u64 {
+        self.0.bytes
+    }
+}
+
 /// A tensor: a cheap handle (`Tensor::share` clones it, as Python's `y = x` names the same
 /// object) to one record with an identity. Views are tensors of their own over the same storage.
 /// Autograd keeps handles to the tensors it saves: real allocations held alive, which is what

@@ -82,6 +82,7 @@ STEP_PARAMETERS = lambda batch, context, optimizer, dtype: [  # noqa: E731
     ("master_weights", "false", {"type": "flag"}),
     ("world", "1", {"type": "integer", "min": 1, "max": 65536}),
     ("strategy", "ddp", {"type": "choice", "options": ["ddp", "zero1", "zero2", "fsdp", "hsdp"]}),
+    ("tp", "1", {"type": "integer", "min": 1, "max": 1024}),
     ("node", "8", {"type": "integer", "min": 1, "max": 1024}),
     ("reshard_after_forward", "true", {"type": "flag"}),
     ("rank", "0", {"type": "integer", "min": 0, "max": 65535}),

@@ -487,9 +487,9 @@ def train(rec, v, net, vocab, forward, loss_of):
     """`train`: zero_grad(set_to_none) -> forward -> loss -> backward -> optimizer step, each
     labelled by phase; `warmup` steps first (none: the first recorded step is the optimizer's
     first, where it makes its state)."""
-    if v.int("world") > 1 or v.flag("master_weights"):
+    if v.int("world") > 1 or v.int("tp") > 1 or v.flag("master_weights"):
         # One process on one GPU: torch.distributed's strategies need torchrun and a GPU per rank.
-        raise SystemExit("world > 1 and master_weights are simulated by tensormem only; this twin runs one process (world=1, master_weights=false)")
+        raise SystemExit("world > 1, tp > 1 and master_weights are simulated by tensormem only; this twin runs one process (world=1, tp=1, master_weights=false)")
     dev = rec.device
     opt = optimizer(v.choice("optimizer"), net.ordered_parameters(), v.flag("foreach"))
     amp_dtype = AMP_DTYPES[v.choice("amp")]

@@ -6,7 +6,7 @@
 //! forward they are rebuilt as 1 MiB then 25 MiB buckets in the order gradients arrived.
 
 use crate::device::Device;
-use crate::tensor::{DType, Result, Tensor};
+use crate::tensor::{Buffer, DType, Result, Tensor};
 use crate::trace::Category;
 use std::collections::VecDeque;
 
@@ -63,7 +63,9 @@ fn bucket_assignment_unsorted(tensors: &[(usize, DType)], limits: &[u64]) -> Vec
 pub struct Ddp {
     device: Device,
     params: Vec<Tensor>,
-    buckets: Vec<Tensor>,
+    /// Buffers, not tensors: the first bucket holds every gradient, more elements than a tensor
+    /// indexes in wasm.
+    buckets: Vec<Buffer>,
     rebuilt: bool,
 }
 
@@ -109,15 +111,15 @@ impl Ddp {
         let _gradients = self.device.category(Category::Gradient);
         let _scope = self.device.scope("DistributedDataParallel.reducer");
         for bucket in assignment {
-            let numel = bucket.iter().map(|&i| self.params[index[i]].numel()).sum::<usize>();
-            self.buckets.push(self.device.empty(&[numel], self.params[index[bucket[0]]].dtype())?);
+            let bytes = bucket.iter().map(|&i| self.params[index[i]].numel() as u64 * self.params[index[i]].dtype().size() as u64).sum::<u64>();
+            self.buckets.push(self.device.buffer(bytes, "empty")?);
         }
         Ok(())
     }
 
     /// The buckets' sizes in bytes, in the reducer's order.
     pub fn bucket_bytes(&self) -> Vec<u64> {
-        self.buckets.iter().map(|b| b.storage_bytes()).collect()
+        self.buckets.iter().map(Buffer::bytes).collect()
     }
 }
 
@@ -127,13 +129,13 @@ impl Ddp {
 fn broadcast_coalesced<'a>(device: &Device, tensors: impl Iterator<Item = &'a Tensor>) -> Result<()> {
     let tensors: Vec<(usize, DType)> = tensors.map(|t| (t.numel(), t.dtype())).collect();
     let _scope = device.scope("DistributedDataParallel._sync_module_states");
-    let mut in_flight: VecDeque<Option<Tensor>> = VecDeque::new();
+    let mut in_flight: VecDeque<Option<Buffer>> = VecDeque::new();
     for bucket in bucket_assignment(&tensors, &[DDP_BROADCAST_BUCKET_BYTES]) {
         if in_flight.len() == 2 {
             in_flight.pop_front();
         }
-        let numel = bucket.iter().map(|&i| tensors[i].0).sum::<usize>();
-        in_flight.push_back(if bucket.len() == 1 { None } else { Some(device.empty(&[numel], tensors[bucket[0]].1)?) });
+        let bytes = bucket.iter().map(|&i| tensors[i].0 as u64 * tensors[i].1.size() as u64).sum::<u64>();
+        in_flight.push_back(if bucket.len() == 1 { None } else { Some(device.buffer(bytes, "cat")?) });
     }
     Ok(())
 }

@@ -61,10 +61,13 @@ impl Strategy {
     }
 }
 
-/// The ranks and how they split the work.
+/// The ranks and how they split the work: `tp` ranks split each layer (tensor parallelism,
+/// innermost: ranks `k * tp .. (k + 1) * tp` hold one model replica), and the `world / tp`
+/// replicas train data-parallel under `strategy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parallel {
     pub world: usize,
+    pub tp: usize,
     pub strategy: Strategy,
     /// GPUs per node: `hsdp` shards over this many ranks.
     pub node: usize,
@@ -75,14 +78,24 @@ pub struct Parallel {
 
 impl Parallel {
     pub fn single() -> Parallel {
-        Parallel { world: 1, strategy: Strategy::Ddp, node: 8, reshard_after_forward: true }
+        Parallel { world: 1, tp: 1, strategy: Strategy::Ddp, node: 8, reshard_after_forward: true }
     }
 
-    /// The ranks one shard is split over: the world, or the node under `hsdp`.
+    /// The data-parallel ranks: model replicas.
+    pub fn dp(&self) -> usize {
+        self.world / self.tp
+    }
+
+    /// A rank's place among the replicas.
+    pub fn dp_rank(&self, rank: usize) -> usize {
+        rank / self.tp
+    }
+
+    /// The replicas one shard is split over: all of them, or a node's under `hsdp`.
     pub fn shard_world(&self) -> usize {
         match self.strategy {
-            Strategy::Hsdp => self.node.min(self.world),
-            _ => self.world,
+            Strategy::Hsdp => (self.node / self.tp).clamp(1, self.dp()),
+            _ => self.dp(),
         }
     }
 
@@ -142,10 +155,14 @@ fn backward_hook(x: &Tensor, hook: impl Fn() -> Result<()> + 'static) -> Tensor 
 
 /// Checks a strategy against the ranks: a shard group must divide the world.
 pub fn check(parallel: &Parallel) -> std::result::Result<(), String> {
-    if parallel.world == 1 && parallel.strategy != Strategy::Ddp {
-        return Err(format!("strategy={} shards over several ranks: set world (world=1 is one GPU)", parallel.strategy.name()));
+    if parallel.tp == 0 || !parallel.world.is_multiple_of(parallel.tp) {
+        return Err(format!("tp={} must divide world={}: the ranks are world / tp replicas of tp ranks each", parallel.tp, parallel.world));
     }
-    if parallel.strategy == Strategy::Hsdp && !parallel.world.is_multiple_of(parallel.shard_world()) {
+    if parallel.dp() == 1 && parallel.strategy != Strategy::Ddp {
+        let ranks = if parallel.tp > 1 { format!("world={} with tp={} is one replica", parallel.world, parallel.tp) } else { "world=1 is one GPU".into() };
+        return Err(format!("strategy={} shards over several data-parallel ranks: set world ({ranks})", parallel.strategy.name()));
+    }
+    if parallel.strategy == Strategy::Hsdp && !parallel.dp().is_multiple_of(parallel.shard_world()) {
         return Err(format!("hsdp shards within a node of {} GPUs: world={} is not a whole number of nodes", parallel.node, parallel.world));
     }
     Ok(())

@@ -18,7 +18,7 @@
 
 use super::{ALL_GATHER_STREAM, BlockHooks, Parallel, REDUCE_SCATTER_STREAM};
 use crate::device::Device;
-use crate::tensor::{DType, Result, Tensor};
+use crate::tensor::{Buffer, DType, Result, Tensor, TensorError};
 use crate::trace::Category;
 use std::cell::{Cell, RefCell};
 
@@ -26,6 +26,14 @@ use std::cell::{Cell, RefCell};
 /// of the ranks, then split evenly.
 pub fn shard_numel(numel: usize, ranks: usize) -> usize {
     numel.div_ceil(ranks)
+}
+
+/// [`shard_numel`] of a sum counted in u64 (a unit can hold more elements than a 32-bit
+/// platform's usize), which must itself fit a tensor.
+fn shard_of(params: &[Tensor], ranks: usize) -> Result<usize> {
+    let numel: u64 = params.iter().map(|p| p.numel() as u64).sum();
+    usize::try_from(numel.div_ceil(ranks as u64))
+        .map_err(|_| TensorError::Shape(format!("a shard of {numel} elements over {ranks} ranks has more elements than this platform indexes")))
 }
 
 /// A unit's parameters of one type, trainable or frozen, flattened.
@@ -41,7 +49,7 @@ struct Unit {
     name: String,
     groups: Vec<FlatGroup>,
     /// The all-gathered flat parameters while the unit is unsharded.
-    gathered: RefCell<Vec<Tensor>>,
+    gathered: RefCell<Vec<Buffer>>,
     /// Its gradients were reduce-scattered in this backward.
     reduced: Cell<bool>,
 }
@@ -75,7 +83,7 @@ impl Sharded {
                 }
             }
             for g in &mut groups {
-                let numel = shard_numel(g.params.iter().map(Tensor::numel).sum(), ranks);
+                let numel = shard_of(&g.params, ranks)?;
                 g.shard = if shards_parameters { device.empty(&[numel], g.dtype)? } else { device.unbacked(&[numel], g.dtype)? };
                 g.shard.requires_grad_(g.trainable)?;
             }
@@ -126,7 +134,8 @@ impl Sharded {
         let _stream = self.device.stream(ALL_GATHER_STREAM);
         let _parameters = self.device.category(Category::Parameter);
         let _scope = self.device.scope(&format!("FSDP.{}.all_gather", u.name));
-        let gathered = u.groups.iter().map(|g| self.device.empty(&[g.shard.numel() * self.ranks], g.dtype)).collect::<Result<Vec<_>>>()?;
+        let bytes = |g: &FlatGroup| g.shard.numel() as u64 * g.dtype.size() as u64 * self.ranks as u64;
+        let gathered = u.groups.iter().map(|g| self.device.buffer(bytes(g), "all_gather")).collect::<Result<Vec<_>>>()?;
         *u.gathered.borrow_mut() = gathered;
         Ok(())
     }
@@ -144,7 +153,7 @@ impl Sharded {
         let _scope = self.device.scope(&format!("FSDP.{}.reduce_scatter", u.name));
         for g in u.groups.iter().filter(|g| g.trainable && g.params.iter().any(|p| p.grad().is_some())) {
             let shard = g.shard.numel();
-            let input = self.device.empty(&[shard * self.ranks], g.dtype)?;
+            let input = self.device.buffer(shard as u64 * g.dtype.size() as u64 * self.ranks as u64, "reduce_scatter")?;
             for p in &g.params {
                 p.set_grad(None);
             }

@@ -7,7 +7,7 @@ use crate::device::Device;
 use crate::kernels::WgslScalar;
 use crate::kernels::elementwise::{Entry, Fused, Unary};
 use crate::tensor::layout::{Layout, MAX_DIMS};
-use crate::tensor::{DType, Element, Result, Storage, Tensor, TensorError};
+use crate::tensor::{Buffer, DType, Element, Result, Storage, Tensor, TensorError};
 use std::cell::Cell;
 use std::rc::Rc;
 
@@ -30,6 +30,15 @@ impl Device {
         let block = if bytes == 0 { None } else { Some(self.allocate(bytes, op)?) };
         let storage = Storage { device: self.clone(), block, bytes, id: self.next_storage_id(), version: Cell::new(0) };
         Ok(Tensor::from_parts(Rc::new(storage), Layout::contiguous(shape), dtype, false))
+    }
+
+    /// `bytes` of memory with no tensor over it (a communication bucket), freed when dropped.
+    /// Counted in u64: a bucket of a whole model may hold more elements than a tensor indexes
+    /// on a 32-bit platform.
+    #[track_caller]
+    pub(crate) fn buffer(&self, bytes: u64, op: &'static str) -> Result<Buffer> {
+        let block = if bytes == 0 { None } else { Some(self.allocate(bytes, op)?) };
+        Ok(Buffer(Rc::new(Storage { device: self.clone(), block, bytes, id: self.next_storage_id(), version: Cell::new(0) })))
     }
 
     /// A tensor with a shape and no memory: a deferred parameter, whose memory a sharding
