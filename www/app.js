@@ -8,6 +8,7 @@ import { Icicle, buildTree } from './icicle.js';
 import { showComparison } from './compare.js';
 import { UNKNOWN } from './palette.js';
 import { setUpFits } from './fits.js';
+import { setUpSize } from './size.js';
 import { showFindings, allocationsOf, momentOf, verdictRow, verifiedText, isProblem } from './diagnosis.js';
 
 const $ = (id) => document.getElementById(id);
@@ -753,6 +754,7 @@ async function start() {
   try {
     await setUpScenarios();
     setUpFits({ ask, load, presets: scenarios.presets, showProgress, hideProgress, download });
+    setUpSize({ ask, load, scenarios, showProgress, hideProgress });
   } catch (e) {
     showError(`the page could not start its wasm: ${e.message}`);
     return;

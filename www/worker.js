@@ -283,10 +283,41 @@ const handlers = {
     const name = decodeURIComponent(url.split('/').pop() || url);
     return add(await loadStream(response.body, total, name), name);
   },
-  async runScenario({ request }) {
+  // `label`: the name the page shows for the run (default: the scenario's).
+  async runScenario({ request, label }) {
     const where = request.device === 'gpu' ? ' on this browser\'s GPU' : '';
     progress(`running ${request.scenario}${where}`, 1);
-    return add(await run_scenario(JSON.stringify(request)), `scenario ${request.scenario}${request.variant ? ` (${request.variant})` : ''}`);
+    return add(await run_scenario(JSON.stringify(request)), label || `scenario ${request.scenario}${request.variant ? ` (${request.variant})` : ''}`);
+  },
+  // The "Size a model" view: a training scenario's run (`tensormem run --json`) with every rank in
+  // `ranks`; the trace is not kept (a rank's trace is opened with runScenario). A run on one GPU
+  // lists no ranks: its one rank is the run itself, its peak by category read from its trace.
+  async sizeModel({ request }) {
+    progress(`simulating ${request.set.world || 1} GPU${request.set.world > 1 ? 's' : ''}: ${request.scenario}`, 1);
+    const t = await run_scenario(JSON.stringify(request));
+    try {
+      const run = JSON.parse(t.run_json());
+      if (!run.ranks) {
+        const by_category = {};
+        const devices = Array.from(t.devices());
+        if (devices.length) {
+          const view = t.timeline(devices[0]);
+          const { groups } = JSON.parse(view.meta_json());
+          view.free();
+          for (const g of groups) {
+            if (!g.bytes_at_peak) continue;
+            const key = g.category ? g.kind : 'unknown';
+            by_category[key] = (by_category[key] || 0) + g.bytes_at_peak;
+          }
+        }
+        run.ranks = [{
+          rank: 0, peak_allocated_bytes: run.peak_allocated_bytes, peak_reserved_bytes: run.peak_reserved_bytes, by_category, steps: run.steps, out_of_memory: run.out_of_memory,
+        }];
+      }
+      return run;
+    } finally {
+      t.free();
+    }
   },
   // The candidate `trace` is now the page's, and `previous` (the one it replaces) is closed; candidates still loading are left to their own
   // 'use' or 'drop'.
