@@ -187,19 +187,33 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress }) 
   function show(r, run) {
     const capacity = run.capacity_bytes;
     const card = r.device.replace(/^sim:/, '');
+    const custom = $('size-card-select').value === 'custom';
     const groups = groupRanks(run.ranks);
     shown = { request: r, run, groups };
     const world = run.ranks.length;
     const oomRanks = run.ranks.filter((x) => x.out_of_memory).map((x) => x.rank).sort((a, b) => a - b);
-    const heaviest = [...run.ranks].sort((a, b) => b.peak_reserved_bytes - a.peak_reserved_bytes || b.peak_allocated_bytes - a.peak_allocated_bytes || a.rank - b.rank)[0];
+    // The heaviest rank: the most allocated at its peak (then reserved), among the ranks that
+    // finished where some did not (a run stopped by out-of-memory has not reached its peak).
+    const finished = run.ranks.filter((x) => !x.out_of_memory);
+    const heaviest = [...(finished.length ? finished : run.ranks)]
+      .sort((a, b) => b.peak_allocated_bytes - a.peak_allocated_bytes || b.peak_reserved_bytes - a.peak_reserved_bytes || a.rank - b.rank)[0];
     const share = (b) => `${Math.round((100 * b) / capacity)}%`;
     const gpus = world > 1 ? `${world} GPUs (${escape(r.set.strategy)})` : 'one GPU';
-    const heavy = `${world > 1 ? `the heaviest rank, rank ${heaviest.rank},` : 'the run'} peaks at <b>${formatBytes(heaviest.peak_allocated_bytes)}</b> allocated, `
-      + `<b>${formatBytes(heaviest.peak_reserved_bytes)}</b> reserved: ${share(heaviest.peak_reserved_bytes)} of the card`;
-    const verdict = oomRanks.length
-      ? `<strong>Out of memory</strong> on ${escape(card)} (${formatBytes(capacity)}): ${oomRanks.length === world ? (world > 1 ? `every rank of ${world}` : 'the one GPU') : `${oomRanks.length === 1 ? 'rank' : 'ranks'} ${rankRanges(oomRanks)} of ${world}`} `
-        + `(${escape(triedOf(run.ranks.find((x) => x.out_of_memory).out_of_memory))}); ${heavy}.`
-      : `<strong>Fits</strong> on ${escape(card)} (${formatBytes(capacity)}) on ${gpus}: ${heavy}.`;
+    const cardName = custom ? `a ${formatBytes(capacity)} card` : `${escape(card)} (${formatBytes(capacity)})`;
+    const peaks = (x) => `<b>${formatBytes(x.peak_allocated_bytes)}</b> allocated, <b>${formatBytes(x.peak_reserved_bytes)}</b> reserved: ${share(x.peak_reserved_bytes)} of the card`;
+    const firstOom = run.ranks.find((x) => x.out_of_memory);
+    let verdict;
+    if (!oomRanks.length) {
+      verdict = `<strong>Fits</strong> on ${cardName} on ${gpus}: ${world > 1 ? `the heaviest rank, rank ${heaviest.rank},` : 'the run'} peaks at ${peaks(heaviest)}.`;
+    } else if (oomRanks.length === world) {
+      verdict = `<strong>Out of memory</strong> on ${cardName}: ${world > 1 ? `every rank of ${world} (${escape(r.set.strategy)})` : 'the one GPU'} `
+        + `(${escape(triedOf(firstOom.out_of_memory))} at ${formatBytes(firstOom.peak_allocated_bytes)} allocated).`;
+    } else {
+      const fit = finished.map((x) => x.rank).sort((a, b) => a - b);
+      verdict = `<strong>Out of memory</strong> on ${cardName}: ${oomRanks.length === 1 ? 'rank' : 'ranks'} ${rankRanges(oomRanks)} of ${world} `
+        + `(${escape(triedOf(firstOom.out_of_memory))} at ${formatBytes(firstOom.peak_allocated_bytes)} allocated); `
+        + `${fit.length === 1 ? 'rank' : 'ranks'} ${rankRanges(fit)} fit, the heaviest, rank ${heaviest.rank}, peaking at ${peaks(heaviest)}.`;
+    }
     const millions = (n) => (n >= 1e9 ? `${(n / 1e9).toFixed(2)} B` : `${(n / 1e6).toFixed(1)} M`);
     const params = run.model_parameters ? `${millions(run.model_parameters)} parameters${run.trainable_parameters != null && run.trainable_parameters !== run.model_parameters ? `, ${millions(run.trainable_parameters)} trainable` : ''}` : '';
     const p = run.parameters || {};
@@ -212,7 +226,10 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress }) 
     const steps = run.ranks[0].steps;
     const longest = run.ranks.reduce((a, x) => (x.steps.length > a.length ? x.steps : a), steps);
     const options = world <= MAX_RANK_OPTIONS
-      ? run.ranks.map((x) => x.rank).sort((a, b) => a - b).map((k) => new Option(`rank ${k}${world > 1 ? ` (${groups.length > 1 ? `group ${groups.findIndex((g) => g.ranks.includes(k)) + 1}` : 'all alike'})` : ''}`, String(k)))
+      ? run.ranks.map((x) => x.rank).sort((a, b) => a - b).map((k) => {
+        const alike = groups.find((g) => g.ranks.includes(k)).ranks;
+        return new Option(`rank ${k}${alike.length > 1 ? ` (ranks ${rankRanges(alike)} alike)` : ''}`, String(k));
+      })
       : groups.map((g) => new Option(`rank ${g.ranks[0]} (ranks ${rankRanges(g.ranks)})`, String(g.ranks[0])));
     $('size-result').innerHTML = `
       <p class="size-verdict ${oomRanks.length ? 'bad' : 'good'}" data-testid="size-verdict" data-fits="${!oomRanks.length}" data-oom-ranks="${oomRanks.join(',')}"
@@ -220,7 +237,7 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress }) 
       <p class="result-line muted">${about}</p>
       <div class="compare-keys size-keys">${categories.map((c) => `<span><i class="swatch-box" style="background:${categoryColor(c)}"></i>${escape(c.replace(/_/g, ' '))}</span>`).join('')}
         <span><i class="swatch-box" style="background:${RESERVED_FILL};border:1px solid #9ca3af"></i>reserved, not allocated</span>
-        <span><i class="line" style="border-color:#111827;border-top-style:dashed"></i>${escape(card)}</span>
+        <span><i class="line" style="border-color:#111827;border-top-style:dashed"></i>${custom ? 'the card' : escape(card)}</span>
         <span><i class="swatch-box" style="background:${STEP_MAX}"></i>max allocated in the step</span>
         <span><i class="swatch-box" style="background:${STEP_NOW};border-radius:50%"></i>allocated at its end</span></div>
       <p class="result-line muted size-steps">steps: ${longest.map((s, i) => `<b>${i + 1}</b> ${escape(s.label)}`).join(' · ')}</p>
@@ -230,7 +247,10 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress }) 
         <button class="button" id="size-open" data-testid="size-open">Open</button>
         <span class="hint">or click a rank's chart</span>
       </div>`;
-    const ymax = Math.max(capacity, ...run.ranks.map((x) => Math.max(x.peak_reserved_bytes, x.peak_allocated_bytes))) * 1.08;
+    // One scale for every chart: up to the card, unless the card is far above every peak (the
+    // charts then show the peaks, and the card is named above them).
+    const tallest = Math.max(1, ...run.ranks.map((x) => Math.max(x.peak_reserved_bytes, x.peak_allocated_bytes, ...x.steps.map((q) => q.max_allocated_bytes))));
+    const ymax = capacity > 2 * tallest ? tallest * 1.12 : Math.max(capacity, tallest) * 1.08;
     const box = $('size-result').querySelector('.size-multiples');
     for (const g of groups) {
       const x = g.rank;
@@ -251,19 +271,19 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress }) 
       figure.onclick = () => openRank(g.ranks[0]);
       figure.onkeydown = (e) => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); openRank(g.ranks[0]); } };
       box.appendChild(figure);
-      drawRank(figure.querySelector('canvas'), x, { ymax, capacity, card, categories, steps: longest.length });
+      drawRank(figure.querySelector('canvas'), x, { ymax, capacity, card: custom ? 'card' : card, categories, steps: longest.length, tallest });
     }
     $('size-rank').replaceChildren(...options);
     $('size-open').onclick = () => openRank(Number($('size-rank').value));
   }
 }
 
-const M = { left: 56, right: 10, top: 12, bottom: 22 };
+const M = { left: 56, right: 10, top: 16, bottom: 22 };
 const BAR = 30;
 
 // One rank: its peak as a stacked bar by category (reserved above it, lighter), the card as a
 // dashed line, then each step's max allocated (a column) and allocated at its end (a dot).
-function drawRank(canvas, rank, { ymax, capacity, card, categories, steps }) {
+function drawRank(canvas, rank, { ymax, capacity, card, categories, steps, tallest }) {
   const height = 190;
   const { ctx, width } = prepareCanvas(canvas, height);
   const h = height - M.top - M.bottom;
@@ -315,16 +335,21 @@ function drawRank(canvas, rank, { ymax, capacity, card, categories, steps }) {
   }
   ctx.fillStyle = '#6b7280';
   for (let i = 0; i < steps; i += every) ctx.fillText(String(i + 1), s0 + (i + 0.5) * slot, height - 9);
-  // The card: a dashed line, named at its right end (below the line when it is at the top).
-  ctx.strokeStyle = '#111827';
-  ctx.lineWidth = 1;
-  ctx.setLineDash([6, 4]);
-  ctx.beginPath(); ctx.moveTo(M.left, Y(capacity)); ctx.lineTo(width - M.right, Y(capacity)); ctx.stroke();
-  ctx.setLineDash([]);
+  // The card: a dashed line, named at its right end (below the line when it is at the top); a
+  // card far above the chart is named at its top.
   ctx.fillStyle = '#111827';
   ctx.textAlign = 'right';
-  const above = Y(capacity) - 8 > 4;
-  ctx.fillText(`${card} ${shortBytes(capacity)}`, width - M.right, Y(capacity) + (above ? -8 : 9));
+  if (capacity <= ymax) {
+    ctx.strokeStyle = '#111827';
+    ctx.lineWidth = 1;
+    ctx.setLineDash([6, 4]);
+    ctx.beginPath(); ctx.moveTo(M.left, Y(capacity)); ctx.lineTo(width - M.right, Y(capacity)); ctx.stroke();
+    ctx.setLineDash([]);
+    const above = Y(capacity) - 8 > 4;
+    ctx.fillText(`${card} ${shortBytes(capacity)}`, width - M.right, Y(capacity) + (above ? -8 : 9));
+  } else {
+    ctx.fillText(`↑ ${card} ${shortBytes(capacity)}: ${(capacity / tallest).toFixed(1)}× the tallest peak`, width - M.right, 5);
+  }
   // Out of memory: where the run stopped, marked after its last step.
   if (rank.out_of_memory) {
     const x = s0 + rank.steps.length * slot;
