@@ -132,6 +132,11 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress, sh
       set[name] = text;
     }
     for (const name of CHOICES) set[name] = $(`size-${name}`).value;
+    // One GPU: no strategy (nothing is sharded or all-reduced).
+    if (set.world === '1') {
+      delete set.strategy;
+      delete set.node;
+    }
     set.checkpointing = String($('size-checkpointing').checked);
     if ($('size-finetune').value === 'lora') {
       const r = $('size-lora').value.trim();
@@ -276,6 +281,7 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress, sh
       Object.assign(figure.dataset, {
         testid: 'size-group', ranks: g.ranks.join(','), count: String(g.ranks.length), label: rankRanges(g.ranks),
         peakAllocated: String(x.peak_allocated_bytes), peakReserved: String(x.peak_reserved_bytes), oom: x.out_of_memory ? 'true' : 'false',
+        byCategory: JSON.stringify(x.by_category || {}),
       });
       const name = world === 1 ? 'the one GPU' : `${g.ranks.length > 1 ? 'ranks' : 'rank'} ${rankRanges(g.ranks)}`;
       figure.innerHTML = `<figcaption><b>${escape(name)}</b>${g.ranks.length > 1 && world > 1 ? ` <span class="muted">(${g.ranks.length} alike)</span>` : ''}

@@ -291,7 +291,10 @@ const handlers = {
   },
   // The "Size a model" view: a training scenario's run (`tensormem run --json`) with every rank in
   // `ranks`; the trace is not kept (a rank's trace is opened with runScenario). A run on one GPU
-  // lists no ranks: its one rank is the run itself, its peak by category read from its trace.
+  // lists no ranks: its one rank is the run itself, and what its peak holds is read from its
+  // trace at the peak (requested bytes of the live tensors, as `ranks` counts them): by the
+  // category each allocation records, and for the untagged ones (activations and temporaries)
+  // by the category the doctor infers from its stack, phase and lifetime.
   async sizeModel({ request }) {
     progress(`simulating ${request.set.world || 1} GPU${request.set.world > 1 ? 's' : ''}: ${request.scenario}`, 1);
     const t = await run_scenario(JSON.stringify(request));
@@ -302,12 +305,23 @@ const handlers = {
         const devices = Array.from(t.devices());
         if (devices.length) {
           const view = t.timeline(devices[0]);
-          const { groups } = JSON.parse(view.meta_json());
-          view.free();
-          for (const g of groups) {
-            if (!g.bytes_at_peak) continue;
-            const key = g.category ? g.kind : 'unknown';
-            by_category[key] = (by_category[key] || 0) + g.bytes_at_peak;
+          try {
+            const { groups, summary } = JSON.parse(view.meta_json());
+            const [size, start, end, group] = [view.alloc_size(), view.alloc_start(), view.alloc_end(), view.alloc_group()];
+            const peak = summary.peak_x;
+            let inferred = null;
+            for (let i = 0; i < size.length; i++) {
+              if (start[i] > peak || end[i] <= peak) continue;
+              const g = groups[group[i]];
+              let key = g.category ? g.kind : null;
+              if (!key) {
+                inferred ||= inferredOf(view);
+                key = inferred.categories[inferred.category[i]] || 'unknown';
+              }
+              by_category[key] = (by_category[key] || 0) + size[i];
+            }
+          } finally {
+            view.free();
           }
         }
         run.ranks = [{

@@ -1178,7 +1178,7 @@ test('Size a model: ZeRO-1 shards the optimizer unevenly, so the ranks differ; p
   await page.close();
 });
 
-test('Size a model: a request the library refuses is said in the view, and the next one runs', async () => {
+test('Size a model: a request the library refuses is said in the view; then a config.json of one\'s own with LoRA, and one GPU', async () => {
   const page = await newPage();
   await page.goto(baseUrl);
   await painted(page);
@@ -1208,6 +1208,23 @@ test('Size a model: a request the library refuses is said in the view, and the n
   for (const x of groups) assert.equal(x.allocated, cli.ranks[x.ranks[0]].peak_allocated_bytes);
   assert.match(await page.textContent('#size-result'), new RegExp(`your config\\.json · ${(cli.model_parameters / 1e9).toFixed(2)} B parameters, ${(cli.trainable_parameters / 1e6).toFixed(1)} M trainable · .* · LoRA r=8 on q,v`));
   await page.locator('#size-card').screenshot({ path: join(shots, 'size-lora-hsdp.png') });
+  // One GPU: the run lists no ranks; its one chart is the run, its peak by category read from its trace.
+  const one = cliRun('hf-train', 'config=gpt2,context=64');
+  await page.selectOption('[data-testid=size-model]', 'gpt2');
+  await page.selectOption('[data-testid=size-finetune]', 'full');
+  await sizeModel(page, { world: '1' });
+  const [single] = await sizeGroups(page);
+  assert.equal(await page.locator('[data-testid=size-group]').count(), 1);
+  assert.match(single.text, /^the one GPU/);
+  assert.equal(single.allocated, one.peak_allocated_bytes);
+  assert.equal(single.reserved, one.peak_reserved_bytes);
+  const byCategory = JSON.parse(await page.getAttribute('[data-testid=size-group]', 'data-by-category'));
+  // GPT-2's peak is AdamW's step: parameters, gradients, both moments and the step's temporaries.
+  for (const c of ['parameter', 'gradient', 'optimizer_state', 'temporary']) assert.ok(byCategory[c] > 0, JSON.stringify(byCategory));
+  assert.equal(byCategory.optimizer_state, 2 * byCategory.parameter);
+  const total = Object.values(byCategory).reduce((a, b) => a + b, 0);
+  assert.ok(total <= one.peak_allocated_bytes && total > 0.95 * one.peak_allocated_bytes, `${total} of ${one.peak_allocated_bytes}`);
+  assert.match(await page.textContent('[data-testid=size-verdict]'), /^Fits on H100-80GB \(79\.20 GiB\) on one GPU: the run peaks at /);
   assert.deepEqual(page.errors, []);
   await page.close();
 });
