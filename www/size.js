@@ -291,7 +291,8 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress, sh
       figure.onclick = () => openRank(g.ranks[0]);
       figure.onkeydown = (e) => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); openRank(g.ranks[0]); } };
       box.appendChild(figure);
-      drawRank(figure.querySelector('canvas'), x, { ymax, capacity, card: custom ? 'card' : card, categories, steps: longest.length, tallest });
+      // A slot after the steps for the one an out-of-memory stopped, where any rank ran out.
+      drawRank(figure.querySelector('canvas'), x, { ymax, capacity, card: custom ? 'card' : card, categories, steps: longest.length + (oomRanks.length ? 1 : 0), labelled: longest.length, tallest });
     }
     $('size-rank').replaceChildren(...options);
     $('size-open').onclick = () => openRank(Number($('size-rank').value));
@@ -303,7 +304,7 @@ const BAR = 30;
 
 // One rank: its peak as a stacked bar by category (reserved above it, lighter), the card as a
 // dashed line, then each step's max allocated (a column) and allocated at its end (a dot).
-function drawRank(canvas, rank, { ymax, capacity, card, categories, steps, tallest }) {
+function drawRank(canvas, rank, { ymax, capacity, card, categories, steps, labelled, tallest }) {
   const height = 190;
   const { ctx, width } = prepareCanvas(canvas, height);
   const h = height - M.top - M.bottom;
@@ -354,7 +355,19 @@ function drawRank(canvas, rank, { ymax, capacity, card, categories, steps, talle
     ctx.beginPath(); ctx.arc(s0 + (i + 0.5) * slot, Y(s.allocated_bytes), 2.5, 0, 2 * Math.PI); ctx.fill();
   }
   ctx.fillStyle = '#6b7280';
-  for (let i = 0; i < steps; i += every) ctx.fillText(String(i + 1), s0 + (i + 0.5) * slot, height - 9);
+  const stopped = rank.out_of_memory ? rank.steps.length : -1;
+  for (let i = 0; i < (rank.out_of_memory ? stopped : labelled); i += every) ctx.fillText(String(i + 1), s0 + (i + 0.5) * slot, height - 9);
+  // Out of memory: the step it stopped, a red line named on the axis.
+  if (rank.out_of_memory) {
+    const x = s0 + (stopped + 0.5) * slot;
+    ctx.strokeStyle = '#b91c1c';
+    ctx.lineWidth = 2;
+    ctx.beginPath(); ctx.moveTo(x, M.top); ctx.lineTo(x, Y(0)); ctx.stroke();
+    ctx.fillStyle = '#b91c1c';
+    ctx.textAlign = 'center';
+    ctx.fillText('OOM', x, height - 9);
+    ctx.lineWidth = 1;
+  }
   // The card: a dashed line, named at its right end (below the line when it is at the top); a
   // card far above the chart is named at its top.
   ctx.fillStyle = '#111827';
@@ -366,19 +379,18 @@ function drawRank(canvas, rank, { ymax, capacity, card, categories, steps, talle
     ctx.beginPath(); ctx.moveTo(M.left, Y(capacity)); ctx.lineTo(width - M.right, Y(capacity)); ctx.stroke();
     ctx.setLineDash([]);
     const above = Y(capacity) - 8 > 4;
-    ctx.fillText(`${card} ${shortBytes(capacity)}`, width - M.right, Y(capacity) + (above ? -8 : 9));
+    label(ctx, `${card} ${shortBytes(capacity)}`, width - M.right, Y(capacity) + (above ? -8 : 9));
   } else {
-    ctx.fillText(`↑ ${card} ${shortBytes(capacity)}: ${(capacity / tallest).toFixed(1)}× the tallest peak`, width - M.right, 5);
+    label(ctx, `↑ ${card} ${shortBytes(capacity)}: ${(capacity / tallest).toFixed(1)}× the tallest peak`, width - M.right, 6);
   }
-  // Out of memory: where the run stopped, marked after its last step.
-  if (rank.out_of_memory) {
-    const x = s0 + rank.steps.length * slot;
-    ctx.strokeStyle = '#b91c1c';
-    ctx.lineWidth = 2;
-    ctx.beginPath(); ctx.moveTo(x, M.top); ctx.lineTo(x, Y(0)); ctx.stroke();
-    ctx.fillStyle = '#b91c1c';
-    ctx.textAlign = 'left';
-    if (x + 40 < width) ctx.fillText('OOM', x + 4, M.top + 14);
-    ctx.lineWidth = 1;
-  }
+}
+
+// Right-aligned text on a white box, readable over the lines beneath it.
+function label(ctx, text, x, y) {
+  const w = ctx.measureText(text).width;
+  const fill = ctx.fillStyle;
+  ctx.fillStyle = 'rgba(255, 255, 255, 0.9)';
+  ctx.fillRect(x - w - 3, y - 7, w + 6, 14);
+  ctx.fillStyle = fill;
+  ctx.fillText(text, x, y);
 }
