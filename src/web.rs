@@ -445,11 +445,17 @@ pub fn parse_size(text: &str) -> Result<f64, JsError> {
     crate::report::parse_size(text).map(|b| b as f64).map_err(js_error)
 }
 
-/// Every scenario with its parameters, variants and explanation, and the simulated cards.
+/// Every scenario with its parameters, variants and explanation, the simulated cards, and the
+/// Hugging Face configs shipped with tensormem (`hf_presets`: the names `config=` takes) and the
+/// linears LoRA can adapt (`lora_targets`: `q_proj`..., as `lora_targets=` takes them).
 #[wasm_bindgen]
 pub fn scenarios_json() -> String {
     let presets: Vec<_> = crate::device::PRESETS.iter().map(|(name, bytes)| serde_json::json!({ "name": name, "bytes": bytes })).collect();
-    serde_json::json!({ "scenarios": scenarios::list(), "presets": presets }).to_string()
+    let hf_presets: Vec<&str> = crate::nn::HF_PRESETS.iter().map(|(name, _)| *name).collect();
+    serde_json::json!({
+        "scenarios": scenarios::list(), "presets": presets, "hf_presets": hf_presets, "lora_targets": crate::nn::LORA_TARGETS,
+    })
+    .to_string()
 }
 
 /// What fits (`tensormem fit`): the largest `vary` (batch or context) for every strategy on

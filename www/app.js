@@ -8,6 +8,7 @@ import { Icicle, buildTree } from './icicle.js';
 import { showComparison } from './compare.js';
 import { UNKNOWN } from './palette.js';
 import { setUpFits } from './fits.js';
+import { setUpSize } from './size.js';
 import { showFindings, allocationsOf, momentOf, verdictRow, verifiedText, isProblem } from './diagnosis.js';
 
 const $ = (id) => document.getElementById(id);
@@ -729,6 +730,23 @@ async function runScenario() {
   await load('runScenario', { request: scenarioRequest() });
 }
 
+// The scenarios panel set to a request run from elsewhere (a rank opened by Size a model), so
+// that its Run button runs it again.
+function showRequestInScenarios(request) {
+  if (!scenarios?.scenarios.some((s) => s.name === request.scenario)) return;
+  $('scenario-select').value = request.scenario;
+  showScenarioForm();
+  for (const [name, value] of Object.entries(request.set || {})) {
+    const input = $('scenario-params').querySelector(`[data-param="${CSS.escape(name)}"]`);
+    if (input) input.value = value;
+  }
+  const card = (request.device || '').replace(/^sim:/, '');
+  const preset = scenarios.presets.some((p) => p.name === card);
+  $('card-select').value = preset ? card : 'custom';
+  if (!preset) $('custom-card').value = card;
+  $('custom-card-box').hidden = preset;
+}
+
 async function setUpScenarios() {
   scenarios = await ask('scenarios');
   $('scenario-select').replaceChildren(...scenarios.scenarios.map((s) => new Option(`${s.name}: ${s.title}`, s.name)));
@@ -753,6 +771,7 @@ async function start() {
   try {
     await setUpScenarios();
     setUpFits({ ask, load, presets: scenarios.presets, showProgress, hideProgress, download });
+    setUpSize({ ask, load, scenarios, showProgress, hideProgress, showRequestInScenarios });
   } catch (e) {
     showError(`the page could not start its wasm: ${e.message}`);
     return;

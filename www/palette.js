@@ -19,6 +19,13 @@ const BY_KIND = new Map(Object.entries({
   parameter: '#006400', optimizer_state: '#daa520', input: '#3c3c3c', temporary: '#9370db',
   activation: '#ff0000', gradient: '#0000cd', autograd_detail: '#4169e1',
 }));
+// A category's colour (its key as traces write it: `optimizer_state`), grey for any other.
+export function categoryColor(kind) {
+  return BY_KIND.get(kind) || UNKNOWN;
+}
+// The categories bottom up, as stacked charts of a peak draw them.
+export const CATEGORY_ORDER = ['parameter', 'gradient', 'optimizer_state', 'activation', 'temporary', 'input', 'autograd_detail', 'unknown'];
+
 // Hidden allocations stay as faint ghosts (#eef0f3), so the picture keeps its shape.
 export const GHOST = 0xfff3f0ee;
 

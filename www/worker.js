@@ -283,10 +283,55 @@ const handlers = {
     const name = decodeURIComponent(url.split('/').pop() || url);
     return add(await loadStream(response.body, total, name), name);
   },
-  async runScenario({ request }) {
+  // `label`: the name the page shows for the run (default: the scenario's).
+  async runScenario({ request, label }) {
     const where = request.device === 'gpu' ? ' on this browser\'s GPU' : '';
     progress(`running ${request.scenario}${where}`, 1);
-    return add(await run_scenario(JSON.stringify(request)), `scenario ${request.scenario}${request.variant ? ` (${request.variant})` : ''}`);
+    return add(await run_scenario(JSON.stringify(request)), label || `scenario ${request.scenario}${request.variant ? ` (${request.variant})` : ''}`);
+  },
+  // The "Size a model" view: a training scenario's run (`tensormem run --json`) with every rank in
+  // `ranks`; the trace is not kept (a rank's trace is opened with runScenario). A run on one GPU
+  // lists no ranks: its one rank is the run itself, and what its peak holds is read from its
+  // trace at the peak (requested bytes of the live tensors, as `ranks` counts them): by the
+  // category each allocation records, and for the untagged ones (activations and temporaries)
+  // by the category the doctor infers from its stack, phase and lifetime.
+  async sizeModel({ request }) {
+    progress(`simulating ${request.set.world || 1} GPU${request.set.world > 1 ? 's' : ''}: ${request.scenario}`, 1);
+    const t = await run_scenario(JSON.stringify(request));
+    try {
+      const run = JSON.parse(t.run_json());
+      if (!run.ranks) {
+        const by_category = {};
+        const devices = Array.from(t.devices());
+        if (devices.length) {
+          const view = t.timeline(devices[0]);
+          try {
+            const { groups, summary } = JSON.parse(view.meta_json());
+            const [size, start, end, group] = [view.alloc_size(), view.alloc_start(), view.alloc_end(), view.alloc_group()];
+            const peak = summary.peak_x;
+            let inferred = null;
+            for (let i = 0; i < size.length; i++) {
+              if (start[i] > peak || end[i] <= peak) continue;
+              const g = groups[group[i]];
+              let key = g.category ? g.kind : null;
+              if (!key) {
+                inferred ||= inferredOf(view);
+                key = inferred.categories[inferred.category[i]] || 'unknown';
+              }
+              by_category[key] = (by_category[key] || 0) + size[i];
+            }
+          } finally {
+            view.free();
+          }
+        }
+        run.ranks = [{
+          rank: 0, peak_allocated_bytes: run.peak_allocated_bytes, peak_reserved_bytes: run.peak_reserved_bytes, by_category, steps: run.steps, out_of_memory: run.out_of_memory,
+        }];
+      }
+      return run;
+    } finally {
+      t.free();
+    }
   },
   // The candidate `trace` is now the page's, and `previous` (the one it replaces) is closed; candidates still loading are left to their own
   // 'use' or 'drop'.

@@ -1010,3 +1010,221 @@ test('a file dropped on What fits is one of its recordings, not the page\'s trac
   assert.deepEqual(page.errors, []);
   await page.close();
 });
+
+// ---- Size a model (www/size.js): `tensormem run hf-train` with every rank simulated.
+// A run that runs out of memory still prints its JSON, then exits non-zero.
+function cliRun(name, set) {
+  let out;
+  try {
+    out = execFileSync(bin, ['run', name, '--set', set, '--json'], { encoding: 'utf8', maxBuffer: 1 << 26, stdio: ['ignore', 'pipe', 'pipe'] });
+  } catch (e) {
+    if (!/ran out of memory/.test(e.stderr) || !e.stdout) throw e;
+    out = e.stdout;
+  }
+  return JSON.parse(out);
+}
+// Fills the Size a model form: `values` by field (size-<name>), then runs it.
+async function sizeModel(page, values) {
+  for (const [name, value] of Object.entries(values)) {
+    const selector = `[data-testid=size-${name}]`;
+    if (await page.$eval(selector, (e) => e.tagName) === 'SELECT') await page.selectOption(selector, value);
+    else await page.fill(selector, value);
+  }
+  const before = await page.$eval('[data-testid=size-result]', (e) => e.firstElementChild);
+  await page.click('[data-testid=size-run]');
+  // A new result or an error; the button comes back.
+  await page.waitForFunction((old) => {
+    const result = document.querySelector('[data-testid=size-result]');
+    const error = document.querySelector('[data-testid=size-error]');
+    return !document.querySelector('[data-testid=size-run]').disabled && (!error.hidden || (result.firstElementChild && result.firstElementChild !== old));
+  }, before, { timeout: 120000 });
+}
+async function sizeGroups(page) {
+  return page.$$eval('[data-testid=size-group]', (figures) => figures.map((f) => ({
+    ranks: f.dataset.ranks.split(',').map(Number), label: f.dataset.label, count: Number(f.dataset.count),
+    allocated: Number(f.dataset.peakAllocated), reserved: Number(f.dataset.peakReserved), oom: f.dataset.oom === 'true',
+    text: f.querySelector('figcaption').textContent.replace(/\s+/g, ' ').trim(),
+  })));
+}
+// Fraction of a canvas's pixels that are not blank.
+async function canvasInk(locator) {
+  return locator.evaluate((c) => {
+    const { data } = c.getContext('2d').getImageData(0, 0, c.width, c.height);
+    let n = 0;
+    for (let i = 3; i < data.length; i += 4) if (data[i] > 0) n++;
+    return n / (data.length / 4);
+  });
+}
+
+test('Size a model: llama-3-8b on 8 GPUs with FSDP fits an H100, its 8 ranks alike in one chart with the peaks tensormem run reports', async () => {
+  const set = 'config=llama-3-8b,world=8,strategy=fsdp,context=256,attn=sdpa,amp=bfloat16';
+  const cli = cliRun('hf-train', set);
+  assert.equal(cli.ranks.length, 8);
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  // The model list is the library's presets (and a config.json of one's own); the choices are the scenario's.
+  assert.deepEqual(await page.$$eval('[data-testid=size-model] option', (o) => o.map((x) => x.value)),
+    ['llama-3-8b', 'llama-3-70b', 'mistral-7b', 'qwen2.5-7b', 'gpt2', 'custom']);
+  assert.deepEqual(await page.$$eval('[data-testid=size-strategy] option', (o) => o.map((x) => x.value)), ['ddp', 'zero1', 'zero2', 'fsdp', 'hsdp']);
+  assert.equal(await page.inputValue('[data-testid=size-card-select]'), 'H100-80GB');
+  await page.addStyleTag({ content: 'header.bar { position: static !important; }' });
+  await sizeModel(page, { model: 'llama-3-8b', context: '256', attn: 'sdpa', amp: 'bfloat16', world: '8', strategy: 'fsdp' });
+  assert.equal(await page.isVisible('[data-testid=size-error]'), false);
+  const groups = await sizeGroups(page);
+  assert.equal(groups.length, 1, JSON.stringify(groups));
+  const [g] = groups;
+  assert.deepEqual(g.ranks, [0, 1, 2, 3, 4, 5, 6, 7]);
+  assert.equal(g.label, '0-7');
+  assert.match(g.text, /^ranks 0-7 \(8 alike\)/);
+  assert.equal(g.allocated, cli.ranks[0].peak_allocated_bytes);
+  assert.equal(g.reserved, cli.ranks[0].peak_reserved_bytes);
+  assert.ok(cli.ranks.every((r) => r.peak_allocated_bytes === g.allocated));
+  assert.equal(g.oom, false);
+  assert.ok(g.text.includes(`${(cli.ranks[0].peak_allocated_bytes / 2 ** 30).toFixed(2)} GiB allocated`), g.text);
+  const verdict = page.locator('[data-testid=size-verdict]');
+  assert.equal(await verdict.getAttribute('data-fits'), 'true');
+  assert.equal(Number(await verdict.getAttribute('data-peak-allocated')), cli.ranks[0].peak_allocated_bytes);
+  assert.equal(Number(await verdict.getAttribute('data-capacity')), cli.capacity_bytes);
+  assert.match(await verdict.textContent(), /^Fits on H100-80GB \(79\.20 GiB\) on 8 GPUs \(fsdp\): the heaviest rank, rank 0, peaks at [\d.]+ GiB allocated, [\d.]+ GiB reserved: \d+% of the card\.$/);
+  assert.ok(await canvasInk(page.locator('[data-testid=size-group] canvas')) > 0.03);
+  // Every rank can be opened.
+  assert.equal(await page.locator('[data-testid=size-rank] option').count(), 8);
+  await page.locator('#size-card').screenshot({ path: join(shots, 'size-llama-3-8b-fsdp-8.png') });
+  assert.equal(await page.isVisible('[data-testid=size-warning]'), false);
+  // DDP's first bucket of Llama-3-8B's 8.03 B gradients: more elements than the wasm build counts in
+  // 32 bits, said in the view (the command line's figures are right).
+  await sizeModel(page, { world: '2', strategy: 'ddp' });
+  assert.match(await page.textContent('[data-testid=size-warning]'), /8,030,261,248 elements \(more than 2\^32\)/);
+
+  assert.equal(await page.isVisible('[data-testid=error]'), false);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('Size a model: ZeRO-1 shards the optimizer unevenly, so the ranks differ; picking a rank opens its trace in the timeline', async () => {
+  const cli = cliRun('hf-train', 'config=gpt2,world=4,strategy=zero1,context=128');
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await page.addStyleTag({ content: 'header.bar { position: static !important; }' });
+  await sizeModel(page, { model: 'gpt2', context: '128', world: '4', strategy: 'zero1' });
+  const groups = await sizeGroups(page);
+  assert.ok(groups.length > 1, JSON.stringify(groups));
+  // Each group: ranks with the same figures as the CLI's, every rank in exactly one group.
+  assert.deepEqual(groups.flatMap((x) => x.ranks).sort(), [0, 1, 2, 3]);
+  for (const x of groups) {
+    for (const k of x.ranks) {
+      assert.equal(x.allocated, cli.ranks[k].peak_allocated_bytes, `rank ${k}`);
+      assert.equal(x.reserved, cli.ranks[k].peak_reserved_bytes, `rank ${k}`);
+    }
+  }
+  const heaviest = [...cli.ranks].sort((a, b) => b.peak_allocated_bytes - a.peak_allocated_bytes || b.peak_reserved_bytes - a.peak_reserved_bytes)[0];
+  assert.equal(Number(await page.getAttribute('[data-testid=size-verdict]', 'data-heaviest-rank')), heaviest.rank);
+  await page.locator('#size-card').screenshot({ path: join(shots, 'size-gpt2-zero1-4.png') });
+
+  // Rank 2 from the list: the run again with rank=2, its trace in the timeline and the scenario panel.
+  const rank2 = cliRun('hf-train', 'config=gpt2,world=4,strategy=zero1,context=128,rank=2');
+  await page.selectOption('[data-testid=size-rank]', '2');
+  await page.click('[data-testid=size-open]');
+  await painted(page, 2);
+  assert.match(await page.textContent('#source-name'), /hf-train gpt2 · zero1 × 4 · rank 2/);
+  const run = JSON.parse(await page.getAttribute('#scenario-result', 'data-run'));
+  assert.equal(run.parameters.rank, 2);
+  assert.equal(run.peak_allocated_bytes, rank2.peak_allocated_bytes);
+  assert.equal(run.peak_allocated_bytes, cli.ranks[2].peak_allocated_bytes);
+  assert.equal(Number(await page.getAttribute('[data-testid=scenario-peak-allocated]', 'data-bytes')), cli.ranks[2].peak_allocated_bytes);
+  assert.equal(Number(await page.getAttribute('[data-testid=peak-reserved]', 'data-bytes')), cli.ranks[2].peak_reserved_bytes);
+  // The scenarios panel is set to the run, so that its Run button makes it again.
+  assert.equal(await page.inputValue('[data-testid=scenario-select]'), 'hf-train');
+  assert.equal(await page.inputValue('input[data-param=rank]'), '2');
+  assert.equal(await page.inputValue('select[data-param=strategy]'), 'zero1');
+  // Clicking a chart opens its first rank.
+  const other = groups.find((x) => !x.ranks.includes(2));
+  await page.locator(`[data-testid=size-group][data-ranks="${other.ranks.join(',')}"]`).click();
+  await painted(page, 3);
+  assert.match(await page.textContent('#source-name'), new RegExp(`rank ${other.ranks[0]}$`));
+  assert.equal(Number(await page.getAttribute('[data-testid=scenario-peak-allocated]', 'data-bytes')), cli.ranks[other.ranks[0]].peak_allocated_bytes);
+  assert.equal(await page.$eval(`[data-testid=size-group][data-ranks="${other.ranks.join(',')}"]`, (f) => f.classList.contains('open')), true);
+  await page.screenshot({ path: join(shots, 'size-rank-opened.png') });
+
+  // A card of one's own that only rank 0 (the most optimizer state) overflows: the verdict names it, its chart says so, the others fit.
+  let oomCli;
+  try {
+    execFileSync(bin, ['run', 'hf-train', '--set', 'config=gpt2,world=4,strategy=zero1,context=128', '--device', 'sim:980MiB', '--json'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  } catch (e) {
+    oomCli = JSON.parse(e.stdout);
+  }
+  assert.deepEqual(oomCli.ranks.map((r) => Boolean(r.out_of_memory)), [true, false, false, false]);
+  await page.locator('#size-card').scrollIntoViewIfNeeded();
+  await page.selectOption('[data-testid=size-card-select]', 'custom');
+  await sizeModel(page, { capacity: '980MiB' });
+  const verdict = page.locator('[data-testid=size-verdict]');
+  assert.equal(await verdict.getAttribute('data-fits'), 'false');
+  assert.equal(await verdict.getAttribute('data-oom-ranks'), '0');
+  assert.equal(Number(await verdict.getAttribute('data-capacity')), 980 * 2 ** 20);
+  const text = (await verdict.textContent()).replace(/\s+/g, ' ');
+  assert.match(text, /^Out of memory on a 980\.00 MiB card: rank 0 of 4 \(Tried to allocate [\d.]+ MiB at [\d.]+ MiB allocated\); ranks 1-3 fit, the heaviest, rank (\d), peaking at /);
+  const fitting = oomCli.ranks.slice(1).sort((a, b) => b.peak_allocated_bytes - a.peak_allocated_bytes)[0];
+  assert.equal(Number(await verdict.getAttribute('data-heaviest-rank')), fitting.rank);
+  assert.equal(Number(await verdict.getAttribute('data-peak-allocated')), fitting.peak_allocated_bytes);
+  const oomGroups = await sizeGroups(page);
+  assert.deepEqual(oomGroups.filter((x) => x.oom).map((x) => x.ranks), [[0]]);
+  for (const x of oomGroups) for (const k of x.ranks) assert.equal(x.allocated, oomCli.ranks[k].peak_allocated_bytes, `rank ${k}`);
+  assert.match(await page.textContent('[data-testid=size-group][data-oom=true] .size-oom'), /^ran out of memory: Tried to allocate/);
+  await page.locator('#size-card').screenshot({ path: join(shots, 'size-oom.png') });
+  assert.equal(await page.isVisible('[data-testid=error]'), false);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('Size a model: a request the library refuses is said in the view; then a config.json of one\'s own with LoRA, and one GPU', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await page.addStyleTag({ content: 'header.bar { position: static !important; }' });
+  await sizeModel(page, { model: 'gpt2', context: '64', world: '12', strategy: 'hsdp' });
+  assert.equal(await page.isVisible('[data-testid=size-node]'), true);
+  assert.equal(await page.isVisible('[data-testid=size-error]'), true);
+  assert.match(await page.textContent('[data-testid=size-error]'), /world=12 is not a whole number of nodes/);
+  assert.equal(await page.locator('[data-testid=size-group]').count(), 0);
+  assert.equal(await page.isVisible('[data-testid=error]'), false);
+  await page.locator('#size-card').screenshot({ path: join(shots, 'size-error.png') });
+  // A config.json of one's own, with LoRA: Llama-3-8B's own config pasted.
+  const config = readFileSync(join(root, 'src/nn/hf_configs/llama-3-8b.json'), 'utf8');
+  await page.selectOption('[data-testid=size-model]', 'custom');
+  await page.fill('[data-testid=size-config]', '{ "not": "a model" }');
+  await sizeModel(page, { world: '12', node: '4' });
+  assert.equal(await page.isVisible('[data-testid=size-error]'), true);
+  assert.doesNotMatch(await page.textContent('[data-testid=size-error]'), /whole number of nodes/);
+  await page.fill('[data-testid=size-config]', config);
+  await page.selectOption('[data-testid=size-finetune]', 'lora');
+  await page.fill('[data-testid=size-lora]', '8');
+  const cli = cliRun('hf-train', 'config=llama-3-8b,context=64,world=12,strategy=hsdp,node=4,lora=8,lora_targets=q,v');
+  await sizeModel(page, {});
+  assert.equal(await page.isVisible('[data-testid=size-error]'), false);
+  const groups = await sizeGroups(page);
+  assert.deepEqual(groups.flatMap((x) => x.ranks).sort((a, b) => a - b), [...Array(12).keys()]);
+  for (const x of groups) assert.equal(x.allocated, cli.ranks[x.ranks[0]].peak_allocated_bytes);
+  assert.match(await page.textContent('#size-result'), new RegExp(`your config\\.json · ${(cli.model_parameters / 1e9).toFixed(2)} B parameters, ${(cli.trainable_parameters / 1e6).toFixed(1)} M trainable · .* · LoRA r=8 on q,v`));
+  await page.locator('#size-card').screenshot({ path: join(shots, 'size-lora-hsdp.png') });
+  // One GPU: the run lists no ranks; its one chart is the run, its peak by category read from its trace.
+  const one = cliRun('hf-train', 'config=gpt2,context=64');
+  await page.selectOption('[data-testid=size-model]', 'gpt2');
+  await page.selectOption('[data-testid=size-finetune]', 'full');
+  await sizeModel(page, { world: '1' });
+  const [single] = await sizeGroups(page);
+  assert.equal(await page.locator('[data-testid=size-group]').count(), 1);
+  assert.match(single.text, /^the one GPU/);
+  assert.equal(single.allocated, one.peak_allocated_bytes);
+  assert.equal(single.reserved, one.peak_reserved_bytes);
+  const byCategory = JSON.parse(await page.getAttribute('[data-testid=size-group]', 'data-by-category'));
+  // GPT-2's peak is AdamW's step: parameters, gradients, both moments and the step's temporaries.
+  for (const c of ['parameter', 'gradient', 'optimizer_state', 'temporary']) assert.ok(byCategory[c] > 0, JSON.stringify(byCategory));
+  assert.equal(byCategory.optimizer_state, 2 * byCategory.parameter);
+  const total = Object.values(byCategory).reduce((a, b) => a + b, 0);
+  assert.ok(total <= one.peak_allocated_bytes && total > 0.95 * one.peak_allocated_bytes, `${total} of ${one.peak_allocated_bytes}`);
+  assert.match(await page.textContent('[data-testid=size-verdict]'), /^Fits on H100-80GB \(79\.20 GiB\) on one GPU: the run peaks at /);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});

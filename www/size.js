@@ -1,0 +1,396 @@
+// The "Size a model" view: a Hugging Face model's fine-tuning step (`tensormem run hf-train`) on a
+// simulated card across GPUs, every rank simulated. The verdict (does it fit, which ranks run out
+// of memory, the heaviest rank against the card), and the ranks side by side as small multiples:
+// ranks with identical results share one, each its peak split by category against the card and
+// its memory per step. A rank (picked in the list, or a small multiple clicked) is run again with
+// `rank=k` and opens in the timeline above, as a scenario run does.
+import { escapeHtml as escape, formatBytes, ticks } from './format.js';
+import { prepareCanvas } from './canvas.js';
+import { CATEGORY_ORDER, categoryColor } from './palette.js';
+
+const $ = (id) => document.getElementById(id);
+const SCENARIO = 'hf-train';
+// The choices the form offers as lists, in the form's order (their options and defaults come
+// from the scenario's parameters).
+const CHOICES = ['dtype', 'amp', 'attn', 'optimizer', 'strategy'];
+const NUMBERS = ['batch', 'context', 'world', 'node'];
+const RESERVED_FILL = '#e5e7eb';
+const STEP_MAX = '#c7d2fe';
+const STEP_NOW = '#3a5bd9';
+// Rank lists longer than this offer one entry per group instead of one per rank.
+const MAX_RANK_OPTIONS = 1024;
+
+// A byte count short enough for an axis: 64 GiB, 1.5 GiB, 512 MiB.
+export function shortBytes(bytes) {
+  const text = formatBytes(bytes);
+  return text.replace(/\.00 /, ' ').replace(/(\.\d)0 /, '$1 ');
+}
+
+// Ranks as text: [0,1,2,3,5,7] -> "0-3, 5, 7".
+export function rankRanges(ranks) {
+  const parts = [];
+  for (let i = 0; i < ranks.length;) {
+    let j = i;
+    while (j + 1 < ranks.length && ranks[j + 1] === ranks[j] + 1) j++;
+    parts.push(j > i ? `${ranks[i]}-${ranks[j]}` : String(ranks[i]));
+    i = j + 1;
+  }
+  return parts.join(', ');
+}
+
+// Ranks whose figures are the same (peaks, categories, steps, out of memory), in rank order:
+// [{ranks: [..], rank: the first one's figures}].
+export function groupRanks(ranks) {
+  const groups = new Map();
+  for (const r of [...ranks].sort((a, b) => a.rank - b.rank)) {
+    const { rank } = r;
+    const categories = Object.entries(r.by_category || {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    const key = JSON.stringify([r.peak_allocated_bytes, r.peak_reserved_bytes, r.out_of_memory || null, categories, r.steps]);
+    if (!groups.has(key)) groups.set(key, { ranks: [], rank: r });
+    groups.get(key).ranks.push(rank);
+  }
+  return [...groups.values()];
+}
+
+// DDP's first gradient bucket (ddp and zero1) holds every trainable parameter of a type in one
+// tensor; the page's wasm build counts a tensor's elements in 32 bits, so a bucket of 2^32
+// elements or more is undercounted (a known limit of the wasm build; the command line is right).
+function bigBucket(r, run) {
+  const n = run.trainable_parameters ?? run.model_parameters ?? 0;
+  if (!['ddp', 'zero1'].includes(r.set.strategy) || Number(r.set.world) < 2 || n < 2 ** 32) return '';
+  return `On this page (wasm, 32-bit element counts) DDP's first gradient bucket of ${n.toLocaleString('en-US')} elements `
+    + `(more than 2^32) is undercounted by a multiple of 4 GiB: check these figures with tensormem run hf-train on the command line.`;
+}
+
+// "Tried to allocate 112.00 MiB" out of PyTorch's out-of-memory text.
+const triedOf = (text) => /Tried to allocate [\d.]+ \w+/.exec(text || '')?.[0] || 'out of memory';
+
+export function setUpSize({ ask, load, scenarios, showProgress, hideProgress, showRequestInScenarios }) {
+  const scenario = scenarios.scenarios.find((s) => s.name === SCENARIO);
+  if (!scenario) {
+    $('size-card').hidden = true;
+    return;
+  }
+  const param = (name) => scenario.parameters.find((p) => p.name === name);
+  const presets = scenarios.hf_presets || [];
+  $('size-model').replaceChildren(...presets.map((n) => new Option(n, n)), new Option('config.json of your own…', 'custom'));
+  $('size-model').value = presets.includes(param('config')?.default) ? param('config').default : presets[0] || 'custom';
+  for (const name of CHOICES) {
+    const p = param(name);
+    if (!p) continue;
+    $(`size-${name}`).replaceChildren(...p.kind.options.map((o) => new Option(o, o)));
+    $(`size-${name}`).value = p.default;
+  }
+  for (const name of NUMBERS) if (param(name)) $(`size-${name}`).value = param(name).default;
+  $('size-checkpointing').checked = param('checkpointing')?.default === 'true';
+  // LoRA's targets as checkboxes, by the names `lora_targets=` takes (q, k, ..., down).
+  const defaults = (param('lora_targets')?.default || 'q,v').split(',');
+  $('size-targets').replaceChildren(...(scenarios.lora_targets || []).map((full) => {
+    const short = full.replace(/_proj$/, '');
+    const label = document.createElement('label');
+    label.className = 'check';
+    label.innerHTML = `<input type="checkbox" value="${escape(short)}"${defaults.includes(short) ? ' checked' : ''}>${escape(short)}`;
+    return label;
+  }));
+  $('size-card-select').replaceChildren(
+    ...scenarios.presets.map((p) => new Option(`${p.name} (${formatBytes(p.bytes)})`, p.name)),
+    new Option('memory of your own…', 'custom'),
+  );
+  $('size-card-select').value = scenarios.presets.some((p) => p.name === 'H100-80GB') ? 'H100-80GB' : scenarios.presets[0]?.name;
+  const showInputs = () => {
+    $('size-config').hidden = $('size-model').value !== 'custom';
+    const lora = $('size-finetune').value === 'lora';
+    $('size-lora-box').hidden = !lora;
+    $('size-targets-box').hidden = !lora;
+    $('size-node-box').hidden = $('size-strategy').value !== 'hsdp';
+    $('size-capacity-box').hidden = $('size-card-select').value !== 'custom';
+  };
+  for (const id of ['size-model', 'size-finetune', 'size-strategy', 'size-card-select']) $(id).addEventListener('change', showInputs);
+  showInputs();
+
+  function showError(message) {
+    $('size-error').textContent = message;
+    $('size-error').hidden = false;
+  }
+  const clearError = () => { $('size-error').hidden = true; };
+
+  // The run's request from the form ({scenario, set, device}), or an error in words.
+  function request() {
+    const set = {};
+    const model = $('size-model').value;
+    if (model === 'custom') {
+      const text = $('size-config').value.trim();
+      if (!text) throw new Error('paste the model\'s config.json, or pick a preset');
+      set.config = text;
+    } else {
+      set.config = model;
+    }
+    for (const name of NUMBERS) {
+      const text = $(`size-${name}`).value.trim();
+      if (name === 'node' && $('size-strategy').value !== 'hsdp') continue;
+      if (!/^\d+$/.test(text)) throw new Error(`${name}: "${text}" is not a whole number`);
+      set[name] = text;
+    }
+    for (const name of CHOICES) set[name] = $(`size-${name}`).value;
+    // One GPU: no strategy (nothing is sharded or all-reduced).
+    if (set.world === '1') {
+      delete set.strategy;
+      delete set.node;
+    }
+    set.checkpointing = String($('size-checkpointing').checked);
+    if ($('size-finetune').value === 'lora') {
+      const r = $('size-lora').value.trim();
+      if (!/^\d+$/.test(r) || Number(r) < 1) throw new Error(`LoRA rank: "${r}" is not a whole number of 1 or more`);
+      const targets = [...$('size-targets').querySelectorAll('input:checked')].map((c) => c.value);
+      if (!targets.length) throw new Error('LoRA: pick the linears it adapts (q, v, ...)');
+      set.lora = r;
+      set.lora_targets = targets.join(',');
+    } else {
+      set.lora = '0';
+    }
+    const card = $('size-card-select').value;
+    const size = $('size-capacity').value.trim();
+    if (card === 'custom' && !size) throw new Error('say the card\'s memory, e.g. 48GiB');
+    return { scenario: SCENARIO, set, device: `sim:${card === 'custom' ? size : card}` };
+  }
+
+  let ticket = 0;
+  let shown = null; // {request, run, groups}
+  async function size() {
+    clearError();
+    let r;
+    try {
+      r = request();
+    } catch (e) {
+      return showError(e.message);
+    }
+    const mine = ++ticket;
+    $('size-run').disabled = true;
+    $('size-status').textContent = `simulating ${r.set.world} GPU${r.set.world === '1' ? '' : 's'}…`;
+    try {
+      const run = await ask('sizeModel', { request: r });
+      if (mine !== ticket) return;
+      show(r, run);
+    } catch (e) {
+      if (mine !== ticket) return;
+      // No figures of an earlier run under an error about this one.
+      shown = null;
+      $('size-result').replaceChildren();
+      showError(e.message);
+    } finally {
+      if (mine === ticket) {
+        $('size-run').disabled = false;
+        $('size-status').textContent = '';
+        hideProgress();
+      }
+    }
+  }
+  $('size-run').onclick = size;
+
+  // One rank's trace in the timeline and every panel above: the run again, recording rank k.
+  async function openRank(k) {
+    if (!shown) return;
+    const { request: r } = shown;
+    $('size-rank').value = String(k);
+    for (const f of $('size-result').querySelectorAll('.size-group')) f.classList.toggle('open', f.dataset.ranks.split(',').includes(String(k)));
+    const label = `${SCENARIO} ${r.set.config.startsWith('{') ? 'config.json' : r.set.config} · ${r.set.world > 1 ? `${r.set.strategy} × ${r.set.world} · ` : ''}rank ${k}`;
+    const request = { ...r, set: { ...r.set, rank: String(k) } };
+    await load('runScenario', { request, label });
+    if ($('source-name').textContent !== label) return;
+    $('size-result').dataset.openRank = String(k);
+    showRequestInScenarios?.(request);
+    document.querySelector('.timeline-card').scrollIntoView();
+  }
+
+  function show(r, run) {
+    const capacity = run.capacity_bytes;
+    const card = r.device.replace(/^sim:/, '');
+    const custom = $('size-card-select').value === 'custom';
+    const groups = groupRanks(run.ranks);
+    shown = { request: r, run, groups };
+    const world = run.ranks.length;
+    const oomRanks = run.ranks.filter((x) => x.out_of_memory).map((x) => x.rank).sort((a, b) => a - b);
+    // The heaviest rank: the most allocated at its peak (then reserved), among the ranks that
+    // finished where some did not (a run stopped by out-of-memory has not reached its peak).
+    const finished = run.ranks.filter((x) => !x.out_of_memory);
+    const heaviest = [...(finished.length ? finished : run.ranks)]
+      .sort((a, b) => b.peak_allocated_bytes - a.peak_allocated_bytes || b.peak_reserved_bytes - a.peak_reserved_bytes || a.rank - b.rank)[0];
+    const share = (b) => `${Math.round((100 * b) / capacity)}%`;
+    const gpus = world > 1 ? `${world} GPUs (${escape(r.set.strategy)})` : 'one GPU';
+    const cardName = custom ? `a ${formatBytes(capacity)} card` : `${escape(card)} (${formatBytes(capacity)})`;
+    const peaks = (x) => `<b>${formatBytes(x.peak_allocated_bytes)}</b> allocated, <b>${formatBytes(x.peak_reserved_bytes)}</b> reserved: ${share(x.peak_reserved_bytes)} of the card`;
+    const firstOom = run.ranks.find((x) => x.out_of_memory);
+    let verdict;
+    if (!oomRanks.length) {
+      verdict = `<strong>Fits</strong> on ${cardName} on ${gpus}: ${world > 1 ? `the heaviest rank, rank ${heaviest.rank},` : 'the run'} peaks at ${peaks(heaviest)}.`;
+    } else if (oomRanks.length === world) {
+      verdict = `<strong>Out of memory</strong> on ${cardName}: ${world > 1 ? `every rank of ${world} (${escape(r.set.strategy)})` : 'the one GPU'} `
+        + `(${escape(triedOf(firstOom.out_of_memory))} at ${formatBytes(firstOom.peak_allocated_bytes)} allocated).`;
+    } else {
+      const fit = finished.map((x) => x.rank).sort((a, b) => a - b);
+      verdict = `<strong>Out of memory</strong> on ${cardName}: ${oomRanks.length === 1 ? 'rank' : 'ranks'} ${rankRanges(oomRanks)} of ${world} `
+        + `(${escape(triedOf(firstOom.out_of_memory))} at ${formatBytes(firstOom.peak_allocated_bytes)} allocated); `
+        + `${fit.length === 1 ? 'rank' : 'ranks'} ${rankRanges(fit)} fit, the heaviest, rank ${heaviest.rank}, peaking at ${peaks(heaviest)}.`;
+    }
+    const millions = (n) => (n >= 1e9 ? `${(n / 1e9).toFixed(2)} B` : `${(n / 1e6).toFixed(1)} M`);
+    const params = run.model_parameters ? `${millions(run.model_parameters)} parameters${run.trainable_parameters != null && run.trainable_parameters !== run.model_parameters ? `, ${millions(run.trainable_parameters)} trainable` : ''}` : '';
+    const p = run.parameters || {};
+    const about = [
+      r.set.config.startsWith('{') ? 'your config.json' : r.set.config, params,
+      `batch ${p.batch} × context ${p.context}`, `${p.dtype}${p.amp && p.amp !== 'false' ? `, autocast ${p.amp}` : ''}`,
+      p.lora ? `LoRA r=${p.lora} on ${p.lora_targets}` : 'full fine-tune', `attention ${p.attn}`, p.optimizer, p.checkpointing ? 'checkpointing' : '',
+    ].filter(Boolean).map(escape).join(' · ');
+    const categories = CATEGORY_ORDER.filter((c) => run.ranks.some((x) => x.by_category?.[c]));
+    const steps = run.ranks[0].steps;
+    const longest = run.ranks.reduce((a, x) => (x.steps.length > a.length ? x.steps : a), steps);
+    const options = world <= MAX_RANK_OPTIONS
+      ? run.ranks.map((x) => x.rank).sort((a, b) => a - b).map((k) => {
+        const alike = groups.find((g) => g.ranks.includes(k)).ranks;
+        return new Option(`rank ${k}${alike.length > 1 ? ` (ranks ${rankRanges(alike)} alike)` : ''}`, String(k));
+      })
+      : groups.map((g) => new Option(`rank ${g.ranks[0]} (ranks ${rankRanges(g.ranks)})`, String(g.ranks[0])));
+    $('size-result').innerHTML = `
+      <p class="size-verdict ${oomRanks.length ? 'bad' : 'good'}" data-testid="size-verdict" data-fits="${!oomRanks.length}" data-oom-ranks="${oomRanks.join(',')}"
+        data-heaviest-rank="${heaviest.rank}" data-peak-allocated="${heaviest.peak_allocated_bytes}" data-peak-reserved="${heaviest.peak_reserved_bytes}" data-capacity="${capacity}">${verdict}</p>
+      <p class="result-line muted">${about}</p>
+      ${bigBucket(r, run) ? `<p class="warning" data-testid="size-warning">${escape(bigBucket(r, run))}</p>` : ''}
+      <div class="compare-keys size-keys">${categories.map((c) => `<span><i class="swatch-box" style="background:${categoryColor(c)}"></i>${escape(c.replace(/_/g, ' '))}</span>`).join('')}
+        <span><i class="swatch-box" style="background:${RESERVED_FILL};border:1px solid #9ca3af"></i>reserved, not allocated</span>
+        <span><i class="line" style="border-color:#111827;border-top-style:dashed"></i>${custom ? 'the card' : escape(card)}</span>
+        <span><i class="swatch-box" style="background:${STEP_MAX}"></i>max allocated in the step</span>
+        <span><i class="swatch-box" style="background:${STEP_NOW};border-radius:50%"></i>allocated at its end</span></div>
+      <p class="result-line muted size-steps">steps: ${longest.map((s, i) => `<b>${i + 1}</b> ${escape(s.label)}`).join(' · ')}</p>
+      <div class="size-multiples" data-testid="size-multiples"></div>
+      <div class="form size-open">
+        <label>open a rank's trace in the timeline <select id="size-rank" data-testid="size-rank"></select></label>
+        <button class="button" id="size-open" data-testid="size-open">Open</button>
+        <span class="hint">or click a rank's chart</span>
+      </div>`;
+    // One scale for every chart: up to the card, unless the card is far above every peak (the
+    // charts then show the peaks, and the card is named above them).
+    const tallest = Math.max(1, ...run.ranks.map((x) => Math.max(x.peak_reserved_bytes, x.peak_allocated_bytes, ...x.steps.map((q) => q.max_allocated_bytes))));
+    const ymax = capacity > 2 * tallest ? tallest * 1.12 : Math.max(capacity, tallest) * 1.08;
+    const box = $('size-result').querySelector('.size-multiples');
+    for (const g of groups) {
+      const x = g.rank;
+      const figure = document.createElement('figure');
+      figure.className = `size-group${x.out_of_memory ? ' oom' : ''}`;
+      figure.tabIndex = 0;
+      figure.setAttribute('role', 'button');
+      figure.title = `open rank ${g.ranks[0]}'s trace in the timeline`;
+      Object.assign(figure.dataset, {
+        testid: 'size-group', ranks: g.ranks.join(','), count: String(g.ranks.length), label: rankRanges(g.ranks),
+        peakAllocated: String(x.peak_allocated_bytes), peakReserved: String(x.peak_reserved_bytes), oom: x.out_of_memory ? 'true' : 'false',
+        byCategory: JSON.stringify(x.by_category || {}),
+      });
+      const name = world === 1 ? 'the one GPU' : `${g.ranks.length > 1 ? 'ranks' : 'rank'} ${rankRanges(g.ranks)}`;
+      figure.innerHTML = `<figcaption><b>${escape(name)}</b>${g.ranks.length > 1 && world > 1 ? ` <span class="muted">(${g.ranks.length} alike)</span>` : ''}
+          <span class="size-peak">${formatBytes(x.peak_allocated_bytes)} allocated · ${formatBytes(x.peak_reserved_bytes)} reserved</span></figcaption>
+        <canvas aria-label="${escape(name)}: peak memory by category and memory per step"></canvas>
+        ${x.out_of_memory ? `<p class="size-oom" title="${escape(x.out_of_memory)}">ran out of memory: ${escape(triedOf(x.out_of_memory))}</p>` : ''}`;
+      figure.onclick = () => openRank(g.ranks[0]);
+      figure.onkeydown = (e) => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); openRank(g.ranks[0]); } };
+      box.appendChild(figure);
+      // A slot after the steps for the one an out-of-memory stopped, where any rank ran out.
+      drawRank(figure.querySelector('canvas'), x, { ymax, capacity, card: custom ? 'card' : card, categories, steps: longest.length + (oomRanks.length ? 1 : 0), labelled: longest.length, tallest });
+    }
+    $('size-rank').replaceChildren(...options);
+    $('size-open').onclick = () => openRank(Number($('size-rank').value));
+  }
+}
+
+const M = { left: 56, right: 10, top: 16, bottom: 22 };
+const BAR = 30;
+
+// One rank: its peak as a stacked bar by category (reserved above it, lighter), the card as a
+// dashed line, then each step's max allocated (a column) and allocated at its end (a dot).
+function drawRank(canvas, rank, { ymax, capacity, card, categories, steps, labelled, tallest }) {
+  const height = 190;
+  const { ctx, width } = prepareCanvas(canvas, height);
+  const h = height - M.top - M.bottom;
+  const Y = (b) => M.top + h - (b / ymax) * h;
+  ctx.strokeStyle = '#eef0f3';
+  ctx.fillStyle = '#6b7280';
+  ctx.textAlign = 'right';
+  for (const v of ticks(0, ymax, 4, true)) {
+    if (Y(v) < M.top + 4) continue;
+    ctx.beginPath(); ctx.moveTo(M.left, Y(v)); ctx.lineTo(width - M.right, Y(v)); ctx.stroke();
+    ctx.fillText(shortBytes(v), M.left - 6, Y(v));
+  }
+  // The peak, by category, bottom up; reserved above what is allocated.
+  const x0 = M.left + 10;
+  ctx.fillStyle = RESERVED_FILL;
+  ctx.fillRect(x0, Y(rank.peak_reserved_bytes), BAR, Y(0) - Y(rank.peak_reserved_bytes));
+  let below = 0;
+  for (const c of categories) {
+    const bytes = rank.by_category?.[c] || 0;
+    if (!bytes) continue;
+    ctx.fillStyle = categoryColor(c);
+    ctx.fillRect(x0, Y(below + bytes), BAR, Y(below) - Y(below + bytes));
+    below += bytes;
+  }
+  ctx.fillStyle = '#374151';
+  ctx.textAlign = 'center';
+  ctx.fillText('peak', x0 + BAR / 2, height - 9);
+  // The steps.
+  const s0 = x0 + BAR + 18;
+  const sw = Math.max(1, width - M.right - s0);
+  const slot = sw / Math.max(1, steps);
+  const every = Math.max(1, Math.ceil(14 / slot));
+  ctx.fillStyle = STEP_MAX;
+  rank.steps.forEach((s, i) => {
+    const x = s0 + i * slot;
+    ctx.fillRect(x + slot * 0.15, Y(s.max_allocated_bytes), slot * 0.7, Y(0) - Y(s.max_allocated_bytes));
+  });
+  ctx.strokeStyle = STEP_NOW;
+  ctx.fillStyle = STEP_NOW;
+  ctx.lineWidth = 1.5;
+  ctx.beginPath();
+  rank.steps.forEach((s, i) => {
+    const x = s0 + (i + 0.5) * slot;
+    if (i) ctx.lineTo(x, Y(s.allocated_bytes)); else ctx.moveTo(x, Y(s.allocated_bytes));
+  });
+  ctx.stroke();
+  for (const [i, s] of rank.steps.entries()) {
+    ctx.beginPath(); ctx.arc(s0 + (i + 0.5) * slot, Y(s.allocated_bytes), 2.5, 0, 2 * Math.PI); ctx.fill();
+  }
+  ctx.fillStyle = '#6b7280';
+  const stopped = rank.out_of_memory ? rank.steps.length : -1;
+  for (let i = 0; i < (rank.out_of_memory ? stopped : labelled); i += every) ctx.fillText(String(i + 1), s0 + (i + 0.5) * slot, height - 9);
+  // Out of memory: the step it stopped, a red line named on the axis.
+  if (rank.out_of_memory) {
+    const x = s0 + (stopped + 0.5) * slot;
+    ctx.strokeStyle = '#b91c1c';
+    ctx.lineWidth = 2;
+    ctx.beginPath(); ctx.moveTo(x, M.top); ctx.lineTo(x, Y(0)); ctx.stroke();
+    ctx.fillStyle = '#b91c1c';
+    ctx.textAlign = 'center';
+    ctx.fillText('OOM', x, height - 9);
+    ctx.lineWidth = 1;
+  }
+  // The card: a dashed line, named at its right end (below the line when it is at the top); a
+  // card far above the chart is named at its top.
+  ctx.fillStyle = '#111827';
+  ctx.textAlign = 'right';
+  if (capacity <= ymax) {
+    ctx.strokeStyle = '#111827';
+    ctx.lineWidth = 1;
+    ctx.setLineDash([6, 4]);
+    ctx.beginPath(); ctx.moveTo(M.left, Y(capacity)); ctx.lineTo(width - M.right, Y(capacity)); ctx.stroke();
+    ctx.setLineDash([]);
+    const above = Y(capacity) - 8 > 4;
+    label(ctx, `${card} ${shortBytes(capacity)}`, width - M.right, Y(capacity) + (above ? -8 : 9));
+  } else {
+    label(ctx, `↑ ${card} ${shortBytes(capacity)}: ${(capacity / tallest).toFixed(1)}× the tallest peak`, width - M.right, 6);
+  }
+}
+
+// Right-aligned text on a white box, readable over the lines beneath it.
+function label(ctx, text, x, y) {
+  const w = ctx.measureText(text).width;
+  const fill = ctx.fillStyle;
+  ctx.fillStyle = 'rgba(255, 255, 255, 0.9)';
+  ctx.fillRect(x - w - 3, y - 7, w + 6, 14);
+  ctx.fillStyle = fill;
+  ctx.fillText(text, x, y);
+}
