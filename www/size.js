@@ -52,16 +52,6 @@ export function groupRanks(ranks) {
   return [...groups.values()];
 }
 
-// DDP's first gradient bucket (ddp and zero1) holds every trainable parameter of a type in one
-// tensor; the page's wasm build counts a tensor's elements in 32 bits, so a bucket of 2^32
-// elements or more is undercounted (a known limit of the wasm build; the command line is right).
-function bigBucket(r, run) {
-  const n = run.trainable_parameters ?? run.model_parameters ?? 0;
-  if (!['ddp', 'zero1'].includes(r.set.strategy) || Number(r.set.world) < 2 || n < 2 ** 32) return '';
-  return `On this page (wasm, 32-bit element counts) DDP's first gradient bucket of ${n.toLocaleString('en-US')} elements `
-    + `(more than 2^32) is undercounted by a multiple of 4 GiB: check these figures with tensormem run hf-train on the command line.`;
-}
-
 // "Tried to allocate 112.00 MiB" out of PyTorch's out-of-memory text.
 const triedOf = (text) => /Tried to allocate [\d.]+ \w+/.exec(text || '')?.[0] || 'out of memory';
 
@@ -253,7 +243,6 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress, sh
       <p class="size-verdict ${oomRanks.length ? 'bad' : 'good'}" data-testid="size-verdict" data-fits="${!oomRanks.length}" data-oom-ranks="${oomRanks.join(',')}"
         data-heaviest-rank="${heaviest.rank}" data-peak-allocated="${heaviest.peak_allocated_bytes}" data-peak-reserved="${heaviest.peak_reserved_bytes}" data-capacity="${capacity}">${verdict}</p>
       <p class="result-line muted">${about}</p>
-      ${bigBucket(r, run) ? `<p class="warning" data-testid="size-warning">${escape(bigBucket(r, run))}</p>` : ''}
       <div class="compare-keys size-keys">${categories.map((c) => `<span><i class="swatch-box" style="background:${categoryColor(c)}"></i>${escape(c.replace(/_/g, ' '))}</span>`).join('')}
         <span><i class="swatch-box" style="background:${RESERVED_FILL};border:1px solid #9ca3af"></i>reserved, not allocated</span>
         <span><i class="line" style="border-color:#111827;border-top-style:dashed"></i>${custom ? 'the card' : escape(card)}</span>
