@@ -8,10 +8,10 @@
 
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp;
-use crate::nn::optim::{Adam, GradScaler, HandwrittenAdamW, MasterWeights, Optimizer, Sgd};
+use crate::nn::optim::{Adam, AdamW8bit, GradScaler, HandwrittenAdamW, MasterWeights, Optimizer, Sgd};
 use crate::nn::parallel::{self, BlockHooks, Ddp, Hooks, Parallel, Sharded, Strategy};
 use crate::nn::{
-    Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, Lm, LmConfig, LoraConfig, Module, Transformer, TransformerConfig,
+    Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, Lm, LmConfig, LoraConfig, Module, Quantize, Transformer, TransformerConfig,
 };
 use crate::tensor::{DType, Result, Tensor, TensorError};
 use std::rc::Rc;
@@ -23,7 +23,12 @@ const GPT2_NAMES: [&str; 4] = [GPT2_SIZES[0].0, GPT2_SIZES[1].0, GPT2_SIZES[2].0
 /// The Llama-style 7B of the `oom` scenario: (d_model, d_ff, layers, heads, vocabulary).
 const LLAMA_7B: (usize, usize, usize, usize, usize) = (4096, 11008, 32, 32, 32_000);
 
-const OPTIMIZERS: &[&str] = &["handwritten-adamw", "adamw", "adam", "sgd"];
+const OPTIMIZERS: &[&str] = &["handwritten-adamw", "adamw", "adam", "sgd", "adamw-fused", "adamw8bit"];
+const OPTIMIZER_HELP: &str = "handwritten-adamw: the recorded run's own AdamW (new moments every step); adamw, adam: torch.optim's (see foreach); \
+                              sgd: with momentum 0.9; adamw-fused: torch.optim.AdamW(fused=True) (a float32 step tensor per parameter \
+                              on the device besides the moments, no foreach temporaries; sim device only); adamw8bit: bitsandbytes' \
+                              AdamW8bit (two uint8 states and a float32 absmax per 256-element block for each, 32-bit states for \
+                              parameters under 4,096 elements; sim device only)";
 const DTYPES: &[&str] = &["float32", "bfloat16", "float16"];
 
 /// `amp`'s choices: off, autocast to float16 with a GradScaler, autocast to bfloat16 without
@@ -58,12 +63,7 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
     vec![
         Parameter::integer("batch", batch, 1, 65_536, "sequences per batch"),
         Parameter::integer("context", context, 1, 1 << 20, "tokens per sequence"),
-        Parameter::choice(
-            "optimizer",
-            optimizer,
-            OPTIMIZERS,
-            "handwritten-adamw: the recorded run's own AdamW (new moments every step); adamw, adam: torch.optim's (see foreach); sgd: with momentum 0.9",
-        ),
+        Parameter::choice("optimizer", optimizer, OPTIMIZERS, OPTIMIZER_HELP),
         Parameter::flag("foreach", "true", FOREACH_HELP),
         Parameter::choice("dtype", dtype, DTYPES, "the parameters' type"),
         Parameter::choice_with_aliases("amp", "false", AMP, AMP_ALIASES, AMP_HELP),
@@ -102,6 +102,7 @@ fn hf_parameters() -> Vec<Parameter> {
         Parameter::integer("lora_alpha", "8", 1, 1 << 20, "LoRA's alpha: the update is scaled by alpha / r"),
         Parameter::text("lora_targets", "q,v", 64, "the linears LoRA adapts, from q, k, v, o, gate, up, down (PEFT's default for Llama: q,v)"),
     ]);
+    parameters.push(Parameter::choice("quantize", "none", QUANTIZE, QUANTIZE_HELP));
     parameters.push(Parameter::choice(
         "attn",
         "eager",
@@ -111,6 +112,14 @@ fn hf_parameters() -> Vec<Parameter> {
     ));
     parameters
 }
+
+/// `quantize`'s choices.
+const QUANTIZE: &[&str] = &["none", "4bit"];
+const QUANTIZE_HELP: &str = "4bit: QLoRA's base, as bitsandbytes loads it with BitsAndBytesConfig(load_in_4bit=True, \
+                             bnb_4bit_quant_type=nf4, bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=bfloat16): every linear \
+                             of the decoder layers packed two weights a byte, with a uint8 absmax per 64 weights, a float32 absmax per \
+                             256 of those and the maps; each forward and backward dequantises the weight to an [out, in] temporary. \
+                             The embedding, norms and lm_head stay in dtype. Needs lora > 0; sim device only";
 
 /// `attn`'s choices.
 const ATTENTION: &[&str] = &["eager", "sdpa"];
@@ -233,6 +242,16 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 if v.u64("lora") > 0 && config.family == Family::Gpt2 {
                     return Err("lora: LoRA is built for the Llama family (q, k, v, o, gate, up, down) so far, not GPT2LMHeadModel".into());
                 }
+                if v.choice("quantize") == "4bit" {
+                    if v.u64("lora") == 0 {
+                        return Err("quantize=4bit needs lora > 0: a 4-bit base cannot be trained itself (bitsandbytes' Params4bit gets no gradient), \
+                                    QLoRA trains adapters on it"
+                            .into());
+                    }
+                    if v.u64("world") > 1 {
+                        return Err("quantize=4bit is simulated on one GPU (world=1) so far".into());
+                    }
+                }
                 fits(v, config.vocab as u64)
             },
             fix_settings: None,
@@ -247,7 +266,13 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                             targets: LoraConfig::parse_targets(v.text("lora_targets")).map_err(TensorError::Shape)?,
                         }),
                     };
-                    let mut model = HfModel::new(&rec.device, &config, dtype(v), v.int("context"), lora.as_ref())?;
+                    let quantize = if v.choice("quantize") == "4bit" { Quantize::Nf4 } else { Quantize::None };
+                    if quantize != Quantize::None && !rec.device.is_sim() {
+                        return Err(TensorError::Unsupported(
+                            "quantize=4bit is simulated only: tensormem has no bitsandbytes kernels on the GPU; run it on a sim: device".into(),
+                        ));
+                    }
+                    let mut model = HfModel::with_quantization(&rec.device, &config, dtype(v), v.int("context"), lora.as_ref(), quantize)?;
                     model.set_checkpointing(v.flag("checkpointing"));
                     model.set_attention(if v.choice("attn") == "sdpa" { AttentionImplementation::Sdpa } else { AttentionImplementation::Eager })?;
                     rec.model_parameters = Some(model.parameter_count());
@@ -399,6 +424,12 @@ fn optimizer(v: &Values, params: Vec<Tensor>) -> Result<Box<dyn Optimizer>> {
                 adam.foreach = foreach;
                 Box::new(adam)
             }
+            "adamw-fused" => {
+                let mut adam = Adam::adamw(params, 3e-4, 0.01);
+                (adam.foreach, adam.fused) = (false, true);
+                Box::new(adam)
+            }
+            "adamw8bit" => Box::new(AdamW8bit::new(params, 3e-4, 0.01)),
             _ => Box::new(Sgd::new(params, 1e-2, 0.9, 0.0)),
         }
     };
