@@ -230,4 +230,35 @@ fn llama_3_8b_qlora_r16_on_q_k_v_o_keeps_its_base_in_5_7_gb_instead_of_16_gb() {
     assert_eq!(requested(&lora, "model and batch"), base_bf16 + 4 * adapters + batch);
     assert_eq!(qlora.trainable_parameters, Some(adapters));
     assert_eq!(qlora.out_of_memory, None);
+    // The optimizer's state over the float32 adapters (each lora_A [16, 4096], lora_B
+    // [4096, 16] or [1024, 16]: all of at least 4,096 elements). AdamW: 8 bytes per parameter;
+    // AdamW8bit: 2 bytes and 8 per 256, plus its two maps; adamw-fused: AdamW's and a 4-byte
+    // step per tensor (256 of them: 32 layers x 4 targets x A and B).
+    let state = |r: &RunResult| requested(r, "optimizer step") - requested(r, "backward");
+    assert_eq!(state(&qlora), 8 * adapters);
+    let eight_bit = run(&[&set("4bit")[..], &[("optimizer", "adamw8bit")]].concat());
+    assert_eq!(state(&eight_bit), 2 * adapters + 8 * adapters / 256 + 2048);
+    assert_eq!(state(&eight_bit), 27_691_008);
+    let fused = run(&[&set("4bit")[..], &[("optimizer", "adamw-fused")]].concat());
+    assert_eq!(state(&fused), 8 * adapters + 256 * 4);
+}
+
+#[test]
+fn on_a_gpu_the_4bit_base_and_the_fused_and_8_bit_optimizers_are_refused_before_anything_runs() {
+    // tensormem has no bitsandbytes or fused-Adam kernels on wgpu: each says so at once.
+    let on_gpu = |extra: &[(&str, &str)]| {
+        let mut request = request(&[&[("config", SMALL), ("batch", "1"), ("context", "8"), ("lora", "4")], extra].concat());
+        request.device = Some("gpu".into());
+        pollster::block_on(scenarios::run_anywhere(&request)).map(|_| ()).unwrap_err().to_string()
+    };
+    if pollster::block_on(Device::gpu(Default::default())).is_err() {
+        eprintln!("skipped: no GPU adapter");
+        return;
+    }
+    let e = on_gpu(&[("quantize", "4bit")]);
+    assert!(e.contains("quantize=4bit is simulated only"), "{e}");
+    for optimizer in ["adamw-fused", "adamw8bit"] {
+        let e = on_gpu(&[("optimizer", optimizer)]);
+        assert!(e.contains(&format!("optimizer={optimizer} is simulated only")), "{e}");
+    }
 }

@@ -416,6 +416,12 @@ impl Model {
 /// `master_weights` it updates float32 copies of `params`.
 fn optimizer(v: &Values, params: Vec<Tensor>) -> Result<Box<dyn Optimizer>> {
     let (name, foreach) = (v.choice("optimizer"), v.flag("foreach"));
+    // Before any step runs: tensormem has no fused or 8-bit optimizer kernels on the GPU.
+    if matches!(name, "adamw-fused" | "adamw8bit") && params.first().is_some_and(|p| !p.device().is_sim()) {
+        return Err(TensorError::Unsupported(format!(
+            "optimizer={name} is simulated only (tensormem has no kernel for it on the GPU): run on a sim: device, or use adamw"
+        )));
+    }
     let make = |params: Vec<Tensor>| -> Box<dyn Optimizer> {
         match name {
             "handwritten-adamw" => Box::new(HandwrittenAdamW::new(params, 3e-4, 0.1)),
