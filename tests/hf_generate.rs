@@ -3,19 +3,17 @@
 //! bytes the shapes make exact are pinned; the fragmentation the dynamic cache causes is
 //! measured.
 
+mod common;
+
 use tensormem::doctor::{self, DoctorOptions};
 use tensormem::scenarios::{self, RunRequest, RunResult};
 
-fn request(set: &[(&str, &str)]) -> RunRequest {
-    RunRequest { scenario: "hf-generate".into(), set: set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..Default::default() }
-}
-
 fn run(set: &[(&str, &str)]) -> RunResult {
-    scenarios::run(&request(set)).unwrap_or_else(|e| panic!("hf-generate {set:?}: {e}"))
+    common::run_scenario("hf-generate", set)
 }
 
 fn run_error(set: &[(&str, &str)]) -> String {
-    scenarios::run(&request(set)).map(|_| ()).unwrap_err().to_string()
+    common::scenario_error("hf-generate", set)
 }
 
 /// What the live tensors asked for at a step (allocated counts whole blocks: a large block is
@@ -168,7 +166,8 @@ fn bad_values_are_refused_with_clear_errors() {
 
 #[test]
 fn a_small_card_runs_out_of_memory_with_the_steps_before_kept() {
-    let r = scenarios::run(&RunRequest { capacity: Some(16_500_000_000), ..request(&[("batch", "8"), ("prompt", "512")]) }).unwrap();
+    let r = scenarios::run(&RunRequest { capacity: Some(16_500_000_000), ..common::scenario_request("hf-generate", &[("batch", "8"), ("prompt", "512")]) })
+        .unwrap();
     // Llama-3-8B's bfloat16 weights (16.06 GB) fit; the prefill at batch 8 (17.6 GB) does not.
     assert!(r.out_of_memory.as_deref().is_some_and(|e| e.contains("Out of memory. Tried to allocate")), "{:?}", r.out_of_memory);
     let labels: Vec<&str> = r.steps.iter().map(|s| s.label.as_str()).collect();

@@ -2,19 +2,17 @@
 //! PEFT's LoRA trainable count, the config errors, and the bytes a step keeps where the shapes
 //! make them exact (sim device).
 
+mod common;
+
 use tensormem::nn::{Family, HF_PRESETS, HfConfig, LoraConfig};
 use tensormem::scenarios::{self, RunRequest, RunResult};
 
-fn request(set: &[(&str, &str)]) -> RunRequest {
-    RunRequest { scenario: "hf-train".into(), set: set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..Default::default() }
-}
-
 fn run(set: &[(&str, &str)]) -> RunResult {
-    scenarios::run(&request(set)).unwrap_or_else(|e| panic!("hf-train {set:?}: {e}"))
+    common::run_scenario("hf-train", set)
 }
 
 fn run_error(set: &[(&str, &str)]) -> String {
-    scenarios::run(&request(set)).map(|_| ()).unwrap_err().to_string()
+    common::scenario_error("hf-train", set)
 }
 
 fn allocated(r: &RunResult, label: &str) -> u64 {

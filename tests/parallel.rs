@@ -7,21 +7,13 @@ use tensormem::Device;
 use tensormem::SimOptions;
 use tensormem::nn::parallel::{bucket_assignment, partition_parameters, shard_numel};
 use tensormem::nn::{Lm, LmConfig, Module};
-use tensormem::scenarios::{self, RunRequest, RunResult};
+use tensormem::scenarios::{self, RunRequest};
 
 const MIB: u64 = 1 << 20;
 
-fn request(scenario: &str, set: &[(&str, &str)]) -> RunRequest {
-    RunRequest { scenario: scenario.into(), set: set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..Default::default() }
-}
+mod common;
 
-fn run(scenario: &str, set: &[(&str, &str)]) -> RunResult {
-    scenarios::run(&request(scenario, set)).unwrap_or_else(|e| panic!("{scenario} {set:?}: {e}"))
-}
-
-fn requested(steps: &[scenarios::Step], label: &str) -> u64 {
-    steps.iter().find(|s| s.label == label).unwrap_or_else(|| panic!("no step {label:?}")).requested_bytes
-}
+use common::{requested_at as requested, run_scenario as run, scenario_request as request};
 
 /// lm-train's small model: each block's parameter count, and the rest (embedding, final norm,
 /// output), the units FSDP shards.

@@ -14,6 +14,7 @@
 //! shapes) with `gelu_new` written out as `NewGELUActivation` is.
 
 use super::attention::rotate;
+use super::bnb::{COMPUTE_DTYPE_4BIT, Quant4bit, Quantize};
 use super::parallel::{Hooks, run_block};
 use super::{Activation, Block, Embedding, Init, Linear, Mlp, Module, Transformer, TransformerConfig, child, cross_entropy};
 use crate::autograd::{self, checkpoint};
@@ -283,6 +284,25 @@ impl HfModel {
     /// Builds the model's parameters in `dtype` (as `from_config(config, torch_dtype=...)`).
     #[track_caller]
     pub fn new(device: &Device, config: &HfConfig, dtype: DType, context: usize, lora: Option<&LoraConfig>) -> Result<HfModel> {
+        HfModel::with_quantization(device, config, dtype, context, lora, Quantize::None)
+    }
+
+    /// As `new`, the decoder layers' linears stored as `quantize` asks (`BitsAndBytesConfig`);
+    /// a quantised base trains only through LoRA.
+    #[track_caller]
+    pub fn with_quantization(
+        device: &Device,
+        config: &HfConfig,
+        dtype: DType,
+        context: usize,
+        lora: Option<&LoraConfig>,
+        quantize: Quantize,
+    ) -> Result<HfModel> {
+        if quantize != Quantize::None && (lora.is_none() || config.family == Family::Gpt2) {
+            return Err(TensorError::Unsupported(
+                "quantize=4bit: a 4-bit base cannot be trained itself (bitsandbytes' Params4bit has no gradient); train LoRA adapters on it (lora > 0, Llama family)".into(),
+            ));
+        }
         if lora.is_some() && config.family == Family::Gpt2 {
             return Err(TensorError::Shape("LoRA is built for the Llama family (q_proj, ..., down_proj); GPT2LMHeadModel's Conv1D layers are not yet".into()));
         }
@@ -311,7 +331,7 @@ impl HfModel {
                 }
                 HfModel::Gpt2(model)
             }
-            _ => HfModel::Llama(LlamaForCausalLM::new(device, config.clone(), dtype, lora)?),
+            _ => HfModel::Llama(LlamaForCausalLM::with_quantization(device, config.clone(), dtype, lora, quantize)?),
         })
     }
 
@@ -469,8 +489,11 @@ impl LoraConfig {
 /// A linear with an optional LoRA adapter (PEFT's `lora.Linear`: the frozen `base_layer`,
 /// `lora_A` [r, in] and `lora_B` [out, r]).
 pub struct Projection {
+    /// The base layer; with a 4-bit base its `weight` is the packed uint8 `Params4bit`.
     pub base: Linear,
     pub lora: Option<LoraAdapter>,
+    /// The base stored in 4 bits (`bnb.nn.Linear4bit`, quantize=4bit), with its quant state.
+    pub quant: Option<Quant4bit>,
 }
 
 pub struct LoraAdapter {
@@ -484,6 +507,9 @@ impl Projection {
     /// `result = result + lora_B(lora_A(x)) * scaling`; `result.to(the base's result type)`.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(quant) = &self.quant {
+            return self.forward_4bit(quant, x);
+        }
         let result = self.base.forward(x)?;
         let Some(lora) = &self.lora else { return Ok(result) };
         let result_dtype = result.dtype();
@@ -493,14 +519,63 @@ impl Projection {
         result.add(&delta.mul_scalar(lora.scaling)?)?.to(result_dtype)
     }
 
+    /// PEFT's `lora.bnb.Linear4bit.forward`: `result = base_layer(x)` (bitsandbytes'
+    /// `Linear4bit`), `result = result.clone()` ("As per Tim Dettmers, for 4bit, we need to
+    /// defensively clone here"), then without autocast x cast to the adapter's type,
+    /// `output = lora_B(lora_A(x)) * scaling`, `output.to(result.dtype)`, `result + output`.
+    #[track_caller]
+    fn forward_4bit(&self, quant: &Quant4bit, x: &Tensor) -> Result<Tensor> {
+        let result = {
+            let _scope = x.device().module_scope(&self.base.name);
+            let [_, inputs] = quant.shape;
+            if x.shape().last() != Some(&inputs) {
+                return Err(TensorError::Shape(format!("{}: input {:?} does not end in {inputs} features", self.base.name, x.shape())));
+            }
+            quant.linear(x, self.base.bias.as_ref(), COMPUTE_DTYPE_4BIT)?
+        };
+        let Some(lora) = &self.lora else { return Ok(result) };
+        let result = result.clone()?;
+        let convert = !crate::amp::is_autocast_enabled();
+        let x = if convert { x.to(lora.a.weight.dtype())? } else { x.share() };
+        let output = lora.b.forward(&lora.a.forward(&x)?)?;
+        let _scope = x.device().module_scope(&lora.b.name);
+        let output = output.mul_scalar(lora.scaling)?;
+        let output = if convert { output.to(result.dtype())? } else { output };
+        result.add(&output)
+    }
+
+    /// The base weight's shape, [out, in] (kept by the quant state when stored in 4 bits).
+    fn shape(&self) -> [usize; 2] {
+        match &self.quant {
+            Some(quant) => quant.shape,
+            None => {
+                let [outputs, inputs] = *self.base.weight.shape() else { unreachable!("a linear's weight is 2-D") };
+                [outputs, inputs]
+            }
+        }
+    }
+
+    /// `replace_with_bnb_linear` and loading: the base's weight quantised to NF4 (double
+    /// quantisation); the 16-bit weight is freed, the packed one becomes the (frozen) parameter.
+    #[track_caller]
+    fn quantize(&mut self) -> Result<()> {
+        let quant = Quant4bit::quantize(&self.base.weight)?;
+        self.base.weight = quant.packed.share();
+        self.quant = Some(quant);
+        Ok(())
+    }
+
     /// Adds an adapter as PEFT injects it: `lora_A` with nn.Linear's initialisation, `lora_B`
     /// zeros, in float32 when the base is float16 or bfloat16 (`autocast_adapter_dtype=True`);
     /// the base layer is renamed `...base_layer`.
     #[track_caller]
     fn add_lora(&mut self, device: &Device, rank: usize, alpha: f64) -> Result<()> {
         let name = self.base.name.clone();
-        let [outputs, inputs] = *self.base.weight.shape() else { unreachable!("a linear's weight is 2-D") };
-        let dtype = match self.base.weight.dtype() {
+        let [outputs, inputs] = self.shape();
+        // A 4-bit base's weight is uint8: PEFT leaves the adapters in float32 (its
+        // `_move_adapter_to_device_of_base_layer` casts only to a floating-point base type).
+        let base_dtype = self.quant.as_ref().map_or(self.base.weight.dtype(), |_| DType::F32);
+        let dtype = match base_dtype {
             DType::F16 | DType::BF16 => DType::F32,
             other => other,
         };
@@ -557,6 +632,9 @@ pub struct LlamaForCausalLM {
     pub checkpointing: bool,
     /// A data-parallel strategy's hooks around each decoder layer.
     pub hooks: Hooks,
+    /// What bitsandbytes keeps on the device for the whole process with a 4-bit base (its
+    /// dynamic map).
+    pub quant_maps: Vec<Tensor>,
 }
 
 impl LlamaForCausalLM {
@@ -564,15 +642,32 @@ impl LlamaForCausalLM {
     /// `initializer_range` for linears and the embedding, zero biases, norms at one).
     #[track_caller]
     pub fn new(device: &Device, config: HfConfig, dtype: DType, lora: Option<&LoraConfig>) -> Result<LlamaForCausalLM> {
+        LlamaForCausalLM::with_quantization(device, config, dtype, lora, Quantize::None)
+    }
+
+    /// As `new`, with `quantize=4bit` every linear of the decoder layers stored as
+    /// bitsandbytes' `Linear4bit` (transformers' `replace_with_bnb_linear` replaces every
+    /// nn.Linear but those in `modules_to_not_convert`, which holds the output embedding,
+    /// `lm_head`): the embedding, the norms and lm_head stay in `dtype`. Each weight is made in
+    /// `dtype` and quantised at once, as loading does weight by weight.
+    #[track_caller]
+    pub fn with_quantization(device: &Device, config: HfConfig, dtype: DType, lora: Option<&LoraConfig>, quantize: Quantize) -> Result<LlamaForCausalLM> {
         let c = &config;
         let init = Init::Normal(c.initializer_range);
         let embed_tokens = Embedding::new(device, "model.embed_tokens", c.vocab, c.hidden, dtype, init)?;
+        // bitsandbytes' name2qmap["dynamic"], made on the device by the first quantize_blockwise.
+        let quant_maps = if quantize == Quantize::Nf4 { vec![super::bnb::dynamic_map(device)?] } else { Vec::new() };
         let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let mut layers = (0..c.layers)
             .map(|i| {
                 let name = format!("model.layers.{i}");
                 let linear = |path: &str, inputs: usize, outputs: usize, bias: bool| -> Result<Projection> {
-                    Ok(Projection { base: Linear::with_init(device, &child(&name, path), inputs, outputs, bias, dtype, init)?, lora: None })
+                    let mut projection =
+                        Projection { base: Linear::with_init(device, &child(&name, path), inputs, outputs, bias, dtype, init)?, lora: None, quant: None };
+                    if quantize == Quantize::Nf4 {
+                        projection.quantize()?;
+                    }
+                    Ok(projection)
                 };
                 let norm = |path: &str| HfRmsNorm::new(device, &child(&name, path), c.hidden, c.norm_eps, dtype);
                 Ok(LlamaDecoderLayer {
@@ -613,6 +708,7 @@ impl LlamaForCausalLM {
             attention: AttentionImplementation::Eager,
             checkpointing: false,
             hooks: None,
+            quant_maps,
         };
         if let Some(lora) = lora {
             // get_peft_model: every base parameter frozen, then the adapters injected layer by

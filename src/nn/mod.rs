@@ -4,6 +4,7 @@
 //! allocation it causes, backward included, carries that name in its frames.
 
 mod attention;
+pub mod bnb;
 mod hf;
 mod lm;
 mod loss;
@@ -12,6 +13,7 @@ pub mod optim;
 pub mod parallel;
 
 pub use attention::{CausalSelfAttention, PositionEncoding};
+pub use bnb::{Quant4bit, Quantize};
 pub use hf::{
     AttentionImplementation, Family, HF_PRESETS, HfConfig, HfModel, HfRmsNorm, KvCache, LORA_TARGETS, LlamaDecoderLayer, LlamaForCausalLM, LoraAdapter,
     LoraConfig, Projection,

@@ -8,10 +8,11 @@
 
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp;
-use crate::nn::optim::{Adam, GradScaler, HandwrittenAdamW, MasterWeights, Optimizer, Sgd};
+use crate::nn::optim::{Adam, AdamW8bit, GradScaler, HandwrittenAdamW, MasterWeights, Optimizer, Sgd};
 use crate::nn::parallel::{self, BlockHooks, Ddp, Hooks, Parallel, Sharded, Strategy};
 use crate::nn::{
-    Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, LM_SIZES, Lm, LmConfig, LoraConfig, Module, Transformer, TransformerConfig,
+    Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, LM_SIZES, Lm, LmConfig, LoraConfig, Module, Quantize, Transformer,
+    TransformerConfig,
 };
 use crate::tensor::{DType, Result, Tensor, TensorError};
 use std::rc::Rc;
@@ -23,7 +24,12 @@ const GPT2_NAMES: [&str; 4] = [GPT2_SIZES[0].0, GPT2_SIZES[1].0, GPT2_SIZES[2].0
 /// The Llama-style 7B of the `oom` scenario: (d_model, d_ff, layers, heads, vocabulary).
 const LLAMA_7B: (usize, usize, usize, usize, usize) = (4096, 11008, 32, 32, 32_000);
 
-const OPTIMIZERS: &[&str] = &["handwritten-adamw", "adamw", "adam", "sgd"];
+const OPTIMIZERS: &[&str] = &["handwritten-adamw", "adamw", "adam", "sgd", "adamw-fused", "adamw8bit"];
+const OPTIMIZER_HELP: &str = "handwritten-adamw: the recorded run's own AdamW (new moments every step); adamw, adam: torch.optim's (see foreach); \
+                              sgd: with momentum 0.9; adamw-fused: torch.optim.AdamW(fused=True) (a float32 step tensor per parameter \
+                              on the device besides the moments, no foreach temporaries; sim device only); adamw8bit: bitsandbytes' \
+                              AdamW8bit (two uint8 states and a float32 absmax per 256-element block for each, 32-bit states for \
+                              parameters under 4,096 elements; sim device only)";
 const DTYPES: &[&str] = &["float32", "bfloat16", "float16"];
 
 /// `amp`'s choices: off, autocast to float16 with a GradScaler, autocast to bfloat16 without
@@ -58,12 +64,7 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
     vec![
         Parameter::integer("batch", batch, 1, 65_536, "sequences per batch"),
         Parameter::integer("context", context, 1, 1 << 20, "tokens per sequence"),
-        Parameter::choice(
-            "optimizer",
-            optimizer,
-            OPTIMIZERS,
-            "handwritten-adamw: the recorded run's own AdamW (new moments every step); adamw, adam: torch.optim's (see foreach); sgd: with momentum 0.9",
-        ),
+        Parameter::choice("optimizer", optimizer, OPTIMIZERS, OPTIMIZER_HELP),
         Parameter::flag("foreach", "true", FOREACH_HELP),
         Parameter::choice("dtype", dtype, DTYPES, "the parameters' type"),
         Parameter::choice_with_aliases("amp", "false", AMP, AMP_ALIASES, AMP_HELP),
@@ -111,6 +112,7 @@ fn hf_parameters() -> Vec<Parameter> {
         Parameter::integer("lora_alpha", "8", 1, 1 << 20, "LoRA's alpha: the update is scaled by alpha / r"),
         Parameter::text("lora_targets", "q,v", 64, "the linears LoRA adapts, from q, k, v, o, gate, up, down (PEFT's default for Llama: q,v)"),
     ]);
+    parameters.push(Parameter::choice("quantize", "none", QUANTIZE, QUANTIZE_HELP));
     parameters.push(Parameter::choice(
         "attn",
         "eager",
@@ -120,6 +122,14 @@ fn hf_parameters() -> Vec<Parameter> {
     ));
     parameters
 }
+
+/// `quantize`'s choices.
+const QUANTIZE: &[&str] = &["none", "4bit"];
+const QUANTIZE_HELP: &str = "4bit: QLoRA's base, as bitsandbytes loads it with BitsAndBytesConfig(load_in_4bit=True, \
+                             bnb_4bit_quant_type=nf4, bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=bfloat16): every linear \
+                             of the decoder layers packed two weights a byte, with a uint8 absmax per 64 weights, a float32 absmax per \
+                             256 of those and the maps; each forward and backward dequantises the weight to an [out, in] temporary. \
+                             The embedding, norms and lm_head stay in dtype. Needs lora > 0; sim device only";
 
 /// `attn`'s choices.
 const ATTENTION: &[&str] = &["eager", "sdpa"];
@@ -236,7 +246,9 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                               per layer the eager attention's scores and float32 softmax ([batch, heads, T, T]; attn=sdpa keeps \
                               none), and at the end the logits and their float32 copy for the loss (batch x T x vocabulary, \
                               128,256 for Llama-3). lora=RANK freezes the base as PEFT does: only the float32 adapters get \
-                              gradients and AdamW's moments.",
+                              gradients and AdamW's moments. quantize=4bit stores that frozen base as QLoRA does (bitsandbytes' \
+                              NF4 with double quantisation, about 0.52 bytes per weight: Llama-3-8B's base in 5.7 GB instead \
+                              of 16.1), and each of its linears dequantises its weight to a temporary in forward and backward.",
                 parameters: hf_parameters(),
                 variants: vec![],
             },
@@ -256,6 +268,16 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 if v.u64("lora") > 0 && config.family == Family::Gpt2 {
                     return Err("lora: LoRA is built for the Llama family (q, k, v, o, gate, up, down) so far, not GPT2LMHeadModel".into());
                 }
+                if v.choice("quantize") == "4bit" {
+                    if v.u64("lora") == 0 {
+                        return Err("quantize=4bit needs lora > 0: a 4-bit base cannot be trained itself (bitsandbytes' Params4bit gets no gradient), \
+                                    QLoRA trains adapters on it"
+                            .into());
+                    }
+                    if v.u64("world") > 1 {
+                        return Err("quantize=4bit is simulated on one GPU (world=1) so far".into());
+                    }
+                }
                 fits(v, config.vocab as u64)
             },
             fix_settings: None,
@@ -271,7 +293,13 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                             targets: LoraConfig::parse_targets(v.text("lora_targets")).map_err(TensorError::Shape)?,
                         }),
                     };
-                    let mut model = HfModel::new(&rec.device, &config, dtype(v), v.int("context"), lora.as_ref())?;
+                    let quantize = if v.choice("quantize") == "4bit" { Quantize::Nf4 } else { Quantize::None };
+                    if quantize != Quantize::None && !rec.device.is_sim() {
+                        return Err(TensorError::Unsupported(
+                            "quantize=4bit is simulated only: tensormem has no bitsandbytes kernels on the GPU; run it on a sim: device".into(),
+                        ));
+                    }
+                    let mut model = HfModel::with_quantization(&rec.device, &config, dtype(v), v.int("context"), lora.as_ref(), quantize)?;
                     model.set_checkpointing(v.flag("checkpointing"));
                     model.set_attention(if v.choice("attn") == "sdpa" { AttentionImplementation::Sdpa } else { AttentionImplementation::Eager })?;
                     // The whole model's counts (adapters included, as PEFT prints them); a rank's
@@ -436,6 +464,12 @@ impl Model {
 /// `master_weights` it updates float32 copies of `params`.
 fn optimizer(v: &Values, params: Vec<Tensor>) -> Result<Box<dyn Optimizer>> {
     let (name, foreach) = (v.choice("optimizer"), v.flag("foreach"));
+    // Before any step runs: tensormem has no fused or 8-bit optimizer kernels on the GPU.
+    if matches!(name, "adamw-fused" | "adamw8bit") && params.first().is_some_and(|p| !p.device().is_sim()) {
+        return Err(TensorError::Unsupported(format!(
+            "optimizer={name} is simulated only (tensormem has no kernel for it on the GPU): run on a sim: device, or use adamw"
+        )));
+    }
     let make = |params: Vec<Tensor>| -> Box<dyn Optimizer> {
         match name {
             "handwritten-adamw" => Box::new(HandwrittenAdamW::new(params, 3e-4, 0.1)),
@@ -444,6 +478,12 @@ fn optimizer(v: &Values, params: Vec<Tensor>) -> Result<Box<dyn Optimizer>> {
                 adam.foreach = foreach;
                 Box::new(adam)
             }
+            "adamw-fused" => {
+                let mut adam = Adam::adamw(params, 3e-4, 0.01);
+                (adam.foreach, adam.fused) = (false, true);
+                Box::new(adam)
+            }
+            "adamw8bit" => Box::new(AdamW8bit::new(params, 3e-4, 0.01)),
             _ => Box::new(Sgd::new(params, 1e-2, 0.9, 0.0)),
         }
     };

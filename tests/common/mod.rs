@@ -43,3 +43,23 @@ pub const FIXTURES: [&str; 7] = [
     "small-state.pickle",
     "tiny-settings.pickle",
 ];
+
+/// A scenario run request with `--set` values.
+pub fn scenario_request(scenario: &str, set: &[(&str, &str)]) -> tensormem::scenarios::RunRequest {
+    tensormem::scenarios::RunRequest { scenario: scenario.into(), set: set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..Default::default() }
+}
+
+/// Runs a scenario on the default simulated card; any error fails the test.
+pub fn run_scenario(scenario: &str, set: &[(&str, &str)]) -> tensormem::scenarios::RunResult {
+    tensormem::scenarios::run(&scenario_request(scenario, set)).unwrap_or_else(|e| panic!("{scenario} {set:?}: {e}"))
+}
+
+/// The error a scenario run is refused with.
+pub fn scenario_error(scenario: &str, set: &[(&str, &str)]) -> String {
+    tensormem::scenarios::run(&scenario_request(scenario, set)).map(|_| ()).unwrap_err().to_string()
+}
+
+/// What the live tensors asked for after the step labelled `label`.
+pub fn requested_at(steps: &[tensormem::scenarios::Step], label: &str) -> u64 {
+    steps.iter().find(|s| s.label == label).unwrap_or_else(|| panic!("no step {label:?} in {steps:?}")).requested_bytes
+}

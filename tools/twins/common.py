@@ -72,7 +72,7 @@ PITFALL_PARAMETERS = [
 STEP_PARAMETERS = lambda batch, context, optimizer, dtype: [  # noqa: E731
     ("batch", batch, {"type": "integer", "min": 1, "max": 65536}),
     ("context", context, {"type": "integer", "min": 1, "max": 1048576}),
-    ("optimizer", optimizer, {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd"]}),
+    ("optimizer", optimizer, {"type": "choice", "options": ["handwritten-adamw", "adamw", "adam", "sgd", "adamw-fused", "adamw8bit"]}),
     ("foreach", "true", {"type": "flag"}),
     ("dtype", dtype, {"type": "choice", "options": ["float32", "bfloat16", "float16"]}),
     ("amp", "false", {"type": "choice", "options": ["false", "float16", "bfloat16"], "aliases": [["true", "float16"]]}),

@@ -3,9 +3,11 @@
 one of tensormem's presets in src/nn/hf_configs/), with eager attention, use_cache=False, the
 loss as ForCausalLMLoss computes it (logits.float(), then cross_entropy), torch.optim.AdamW,
 after `warmup` warm-up steps. LoRA: peft.get_peft_model with LoraConfig(r, lora_alpha,
-target_modules, lora_dropout=0.0); only the adapters go to the optimizer.
+target_modules, lora_dropout=0.0); only the adapters go to the optimizer. quantize=4bit: the
+decoder layers' linears as bitsandbytes' NF4 Linear4bit (double quantisation, bfloat16 compute).
 
-Needs `transformers` (and `peft` for lora > 0) besides torch."""
+Needs `transformers` (and `peft` for lora > 0, `bitsandbytes` and a CUDA GPU for quantize=4bit
+or optimizer=adamw8bit) besides torch."""
 import json
 import os
 import sys
@@ -28,6 +30,7 @@ PARAMETERS = [
     ("lora", "0", {"type": "integer", "min": 0, "max": 4096}),
     ("lora_alpha", "8", {"type": "integer", "min": 1, "max": 1048576}),
     ("lora_targets", "q,v", {"type": "text", "max_len": 64}),
+    ("quantize", "none", {"type": "choice", "options": ["none", "4bit"]}),
     ("attn", "eager", {"type": "choice", "options": ["eager", "sdpa"]}),
 ]
 FIX_SETTINGS = None
@@ -57,6 +60,34 @@ class Net(torch.nn.Module):
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
+def quantize_4bit(model, device):
+    """quantize=4bit: every nn.Linear of the decoder layers (transformers' replace_with_bnb_linear
+    skips lm_head) becomes bitsandbytes' Linear4bit as BitsAndBytesConfig(load_in_4bit=True,
+    bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=bfloat16)
+    loads it: the weight (already on the device) quantised by Params4bit._quantize, then the
+    16-bit original freed."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise SystemExit("quantize=4bit is bitsandbytes' 4-bit storage: this twin needs bitsandbytes (and a CUDA GPU) installed")
+    if device.type != "cuda":
+        raise SystemExit("quantize=4bit: bitsandbytes' 4-bit kernels run on a CUDA GPU (--device cuda)")
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, old in list(parent.named_children()):
+                if not isinstance(old, torch.nn.Linear):
+                    continue
+                new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=old.bias is not None, compute_dtype=torch.bfloat16,
+                                        compress_statistics=True, quant_type="nf4", device="meta")
+                new.weight = bnb.nn.Params4bit(old.weight.data, requires_grad=False, compress_statistics=True, quant_type="nf4", module=new)
+                if old.bias is not None:
+                    new.bias = torch.nn.Parameter(old.bias.data, requires_grad=False)
+                new.weight._quantize(device)
+                setattr(parent, name, new)
+                del old, new
+    model.is_loaded_in_4bit = True
+
+
 def program(rec, v):
     import transformers
 
@@ -78,6 +109,10 @@ def program(rec, v):
     model.train()
     if v.flag("checkpointing"):
         model.gradient_checkpointing_enable()
+    if v.choice("quantize") == "4bit":
+        if v.int("lora") == 0:
+            raise SystemExit("quantize=4bit needs lora > 0: a 4-bit base cannot be trained itself (bitsandbytes' Params4bit gets no gradient), QLoRA trains adapters on it")
+        quantize_4bit(model, rec.device)
     rec.count_parameters(list(model.parameters()))
     if v.int("lora") > 0:
         import peft

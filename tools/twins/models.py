@@ -452,6 +452,17 @@ def optimizer(name, params, foreach=True):
         return torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01, foreach=foreach)
     if name == "adam":
         return torch.optim.Adam(params, lr=3e-4, weight_decay=0.0, foreach=foreach)
+    if name == "adamw-fused":
+        # A float32 `step` tensor per parameter on the device, the step in one fused kernel.
+        return torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01, fused=True)
+    if name == "adamw8bit":
+        try:
+            import bitsandbytes
+        except ImportError:
+            raise SystemExit("optimizer=adamw8bit is bitsandbytes' AdamW8bit: this twin needs bitsandbytes (and a CUDA GPU) installed")
+        if not all(p.is_cuda for p in params):
+            raise SystemExit("optimizer=adamw8bit: bitsandbytes' 8-bit optimizers run on a CUDA GPU (--device cuda)")
+        return bitsandbytes.optim.AdamW8bit(params, lr=3e-4, weight_decay=0.01)
     return torch.optim.SGD(params, lr=1e-2, momentum=0.9, weight_decay=0.0, foreach=foreach)
 
 

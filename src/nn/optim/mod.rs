@@ -166,6 +166,8 @@ struct AdamState {
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
     steps: u64,
+    /// `state["step"]` on the device (fused: `torch.zeros((), dtype=float32, device=p.device)`).
+    _step: Option<Tensor>,
 }
 
 /// `torch.optim.Adam` and `AdamW` (`decoupled_weight_decay`), PyTorch's defaults: betas
@@ -181,6 +183,10 @@ pub struct Adam {
     /// AdamW: weight decay scales the parameters instead of adding to the gradients.
     pub decoupled_weight_decay: bool,
     pub foreach: bool,
+    /// `fused=True` (`_fused_adam` / `_fused_adamw`): one kernel per device and type updates
+    /// every parameter in place; the state holds a float32 `step` tensor per parameter on the
+    /// device. Simulated only (tensormem has no fused kernel).
+    pub fused: bool,
     state: Vec<Option<AdamState>>,
 }
 
@@ -188,7 +194,7 @@ impl Adam {
     /// `torch.optim.Adam(params, lr)`.
     pub fn new(params: Vec<Tensor>, lr: f64, weight_decay: f64) -> Adam {
         let state = params.iter().map(|_| None).collect();
-        Adam { params, lr, betas: (0.9, 0.999), eps: 1e-8, weight_decay, decoupled_weight_decay: false, foreach: true, state }
+        Adam { params, lr, betas: (0.9, 0.999), eps: 1e-8, weight_decay, decoupled_weight_decay: false, foreach: true, fused: false, state }
     }
 
     /// `torch.optim.AdamW(params, lr, weight_decay)` (PyTorch's default weight decay is 0.01).
@@ -209,11 +215,23 @@ impl Optimizer for Adam {
         let device = first.device().clone();
         {
             // Lazy state, as `_init_group`: each new parameter's exp_avg, then its exp_avg_sq.
+            // Fused: `state["step"]` first, a float32 scalar on the device
+            // (`_get_scalar_dtype(is_fused=True)`); otherwise a CPU tensor.
+            if self.fused && !device.is_sim() {
+                return Err(TensorError::Unsupported(
+                    "optimizer=adamw-fused is simulated only (tensormem has no fused Adam kernel): run on a sim: device, or use adamw".into(),
+                ));
+            }
             let _state = device.category(Category::OptimizerState);
             for (i, p, _) in &group {
                 if self.state[*i].is_none() {
-                    self.state[*i] =
-                        Some(AdamState { exp_avg: p.device().zeros(p.shape(), p.dtype())?, exp_avg_sq: p.device().zeros(p.shape(), p.dtype())?, steps: 0 });
+                    let step = if self.fused { Some(p.device().zeros(&[], crate::tensor::DType::F32)?) } else { None };
+                    self.state[*i] = Some(AdamState {
+                        exp_avg: p.device().zeros(p.shape(), p.dtype())?,
+                        exp_avg_sq: p.device().zeros(p.shape(), p.dtype())?,
+                        steps: 0,
+                        _step: step,
+                    });
                 }
             }
         }
@@ -230,6 +248,23 @@ impl Optimizer for Adam {
         // decoupled (AdamW) scales each parameter in place by 1 - lr x weight_decay.
         let coupled = wd != 0.0 && !self.decoupled_weight_decay;
         let decoupled = wd != 0.0 && self.decoupled_weight_decay;
+        if self.fused {
+            // `_fused_adamw`: `torch._foreach_add_(state_steps, 1)`, then `torch._fused_adamw_`
+            // updates parameters and moments in place: nothing allocated. (The sim device
+            // computes with shapes only; the in-place ops below stand for the kernel.)
+            for ((_, p, g), s) in group.iter().zip(&states) {
+                if let Some(step) = &s._step {
+                    step.add_scalar_(1.0)?;
+                }
+                if decoupled {
+                    p.mul_scalar_(1.0 - lr * wd)?;
+                }
+                s.exp_avg.lerp_(g, 1.0 - beta1)?;
+                s.exp_avg_sq.mul_scalar_(beta2)?.addcmul_(g, g, 1.0 - beta2)?;
+                p.addcdiv_(&s.exp_avg, &s.exp_avg_sq, -lr)?;
+            }
+            return Ok(());
+        }
         let step_size = |s: &AdamState| lr / (1.0 - beta1.powi(s.steps as i32));
         let correction2_sqrt = |s: &AdamState| (1.0 - beta2.powi(s.steps as i32)).sqrt();
         if !self.foreach {
@@ -284,6 +319,86 @@ impl Optimizer for Adam {
         }
         for ((_, p, _), (s, d)) in group.iter().zip(states.iter().zip(&denominators)) {
             p.addcdiv_(&s.exp_avg, d, -step_size(s))?;
+        }
+        Ok(())
+    }
+}
+
+/// bitsandbytes' `AdamW8bit` (`Optimizer2State` with `optim_bits=8`, `block_wise=True`,
+/// `min_8bit_size=4096`, `percentile_clipping=100`, `max_unorm=0`), after bitsandbytes 0.49.2
+/// `optim/optimizer.py` `init_state`: a parameter of fewer than 4,096 elements keeps two
+/// float32 states (`torch.zeros_like(p, dtype=float32)`); a larger one two uint8 states
+/// (`zeros_like(p, dtype=uint8)`) and a float32 absmax per 256-element block for each
+/// (`torch.zeros((blocks,), float32)`), and the first such parameter moves the signed and
+/// unsigned dynamic maps (256 float32 each) to the device. `state["step"]` is a Python int.
+/// `update_step` runs `optimizer_update_8bit_blockwise` (or `optimizer_update_32bit`) in
+/// place: the step allocates nothing. Simulated only (tensormem has no 8-bit kernels).
+pub struct AdamW8bit {
+    params: Vec<Tensor>,
+    pub lr: f64,
+    pub weight_decay: f64,
+    state: Vec<Option<Vec<Tensor>>>,
+    /// `name2qmap["dynamic"]` and `["udynamic"]`, on the device once a state is 8-bit.
+    qmaps: Vec<Tensor>,
+}
+
+/// `min_8bit_size`: parameters with fewer elements keep 32-bit state.
+pub const MIN_8BIT_SIZE: usize = 4096;
+/// The block of the 8-bit blockwise states (`init_state`'s `blocksize = 256`).
+pub const BLOCKSIZE_8BIT: usize = 256;
+
+impl AdamW8bit {
+    /// `bnb.optim.AdamW8bit(params, lr, weight_decay)` (its default weight decay is 0.01).
+    pub fn new(params: Vec<Tensor>, lr: f64, weight_decay: f64) -> AdamW8bit {
+        let state = params.iter().map(|_| None).collect();
+        AdamW8bit { params, lr, weight_decay, state, qmaps: Vec::new() }
+    }
+
+    /// The state bytes of a parameter of `n` elements (exact, without allocator rounding).
+    pub fn state_bytes(n: u64) -> u64 {
+        if n < MIN_8BIT_SIZE as u64 { 2 * 4 * n } else { 2 * n + 2 * 4 * n.div_ceil(BLOCKSIZE_8BIT as u64) }
+    }
+}
+
+impl Optimizer for AdamW8bit {
+    fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    fn step(&mut self) -> Result<()> {
+        use crate::tensor::DType;
+        let _no_grad = autograd::no_grad();
+        for (p, state) in self.params.iter().zip(self.state.iter_mut()) {
+            let Some(_grad) = p.grad() else { continue };
+            let device = p.device().clone();
+            if !device.is_sim() {
+                return Err(TensorError::Unsupported(
+                    "optimizer=adamw8bit is simulated only (tensormem has no bitsandbytes kernels): run on a sim: device, or use adamw".into(),
+                ));
+            }
+            if state.is_none() {
+                let _state = device.category(Category::OptimizerState);
+                let n = p.numel();
+                *state = Some(if n < MIN_8BIT_SIZE {
+                    vec![device.zeros(p.shape(), DType::F32)?, device.zeros(p.shape(), DType::F32)?]
+                } else {
+                    if self.qmaps.is_empty() {
+                        // fill_qmap() on the CPU, then `.to(p.device)`: dynamic, then udynamic.
+                        self.qmaps = vec![device.empty(&[256], DType::F32)?, device.empty(&[256], DType::F32)?];
+                    }
+                    let blocks = n.div_ceil(BLOCKSIZE_8BIT);
+                    vec![
+                        device.zeros(p.shape(), DType::U8)?,
+                        device.zeros(p.shape(), DType::U8)?,
+                        device.zeros(&[blocks], DType::F32)?,
+                        device.zeros(&[blocks], DType::F32)?,
+                    ]
+                });
+            }
+            // optimizer_update_8bit_blockwise / optimizer_update_32bit: in place.
+            if self.weight_decay != 0.0 {
+                p.mul_scalar_(1.0 - self.lr * self.weight_decay)?;
+            }
         }
         Ok(())
     }
