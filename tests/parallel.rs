@@ -251,3 +251,21 @@ fn tensor_parallelism_splits_each_layer_and_keeps_the_whole_models_counts() {
     assert!(error("gpt2-train", &[("world", "2"), ("tp", "2")]).contains("not GPT-2's fused c_attn"));
     assert!(error("lm-train", &[("world", "2"), ("tp", "2"), ("strategy", "fsdp")]).contains("one replica"));
 }
+
+#[test]
+fn gradient_accumulation_adds_into_the_gradients_and_their_shards() {
+    let set = [("size", "small"), ("batch", "2"), ("context", "64"), ("optimizer", "adamw"), ("accumulation", "2")];
+    let p = 128_625_408u64;
+    let one = run("lm-train", &set);
+    // The second micro-batch's forward runs beside the first one's gradients (its logits go
+    // when the new ones are made, its loss, a float32 scalar, when the new loss is); its
+    // backward adds into them in place.
+    assert_eq!(requested(&one.steps, "micro-batch 2 forward") - requested(&one.steps, "micro-batch 1 forward"), p * 4 + 4);
+    assert_eq!(requested(&one.steps, "micro-batch 2 backward"), requested(&one.steps, "micro-batch 1 backward"));
+    // Under fsdp each micro-batch's gradients are reduce-scattered and added to the shards.
+    let fsdp = run("lm-train", &[&set[..], &[("world", "2"), ("strategy", "fsdp")]].concat());
+    assert_eq!(requested(&fsdp.steps, "micro-batch 2 backward"), requested(&fsdp.steps, "micro-batch 1 backward"));
+    let (blocks, root) = small_units();
+    let shards: u64 = blocks.iter().chain([&root]).map(|&u| shard_numel(u, 2) as u64 * 4).sum();
+    assert_eq!(requested(&fsdp.steps, "micro-batch 2 forward") - requested(&fsdp.steps, "micro-batch 1 forward"), shards + 4);
+}

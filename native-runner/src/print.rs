@@ -57,9 +57,16 @@ pub fn print_run(r: &RunResult) {
     println!("{}{variant} on {} ({}), settings {}", r.scenario, r.device, format_size(r.capacity_bytes), r.settings);
     let params: Vec<String> = r.parameters.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("parameters: {}", params.join(" "));
-    println!("  {:<24} {:>14} {:>14} {:>14}", "step", "allocated", "reserved", "max allocated");
+    let width = r.steps.iter().map(|s| s.label.len()).max().unwrap_or(0).max(24);
+    println!("  {:<width$} {:>14} {:>14} {:>14}", "step", "allocated", "reserved", "max allocated");
     for s in &r.steps {
-        println!("  {:<24} {:>14} {:>14} {:>14}", s.label, format_size(s.allocated_bytes), format_size(s.reserved_bytes), format_size(s.max_allocated_bytes));
+        println!(
+            "  {:<width$} {:>14} {:>14} {:>14}",
+            s.label,
+            format_size(s.allocated_bytes),
+            format_size(s.reserved_bytes),
+            format_size(s.max_allocated_bytes)
+        );
     }
     println!(
         "peak allocated {} ({} bytes), peak reserved {} ({} bytes)",

@@ -71,6 +71,15 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
         Parameter::flag("checkpointing", "false", "checkpoint every block: keep its input, recompute it in backward"),
         Parameter::integer("warmup", "1", 0, 1000, WARMUP_HELP),
         Parameter::integer("steps", "1", 1, 1000, "steps recorded after the warm-up"),
+        Parameter::integer(
+            "accumulation",
+            "1",
+            1,
+            1024,
+            "gradient accumulation: micro-batches of `batch` per optimizer step, each forward, loss / accumulation and backward \
+             (the previous micro-batch's logits and loss referenced until the next forward returns, as a Python loop keeps them); \
+             gradients (and under zero2/fsdp their shards) add up",
+        ),
         Parameter::flag("master_weights", "false", MASTER_WEIGHTS_HELP),
         Parameter::integer("world", "1", 1, 65_536, "GPUs training together (data parallel), each rank simulated"),
         Parameter::choice("strategy", "ddp", Strategy::NAMES, STRATEGY_HELP),
@@ -623,25 +632,37 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
         for p in &trainable {
             p.set_grad(None);
         }
-        match &mut wrapper {
-            Wrapper::Ddp(ddp) => ddp.before_forward()?,
-            Wrapper::Sharded(sharded) => sharded.begin_forward()?,
-            Wrapper::None => {}
+        let micro_batches = v.int("accumulation");
+        // The script's `logits` and `loss`: each rebound by the next micro-batch, the last ones
+        // referenced to the end of the step.
+        let (mut logits, mut loss): (Option<Tensor>, Option<Tensor>) = (None, None);
+        for micro in 0..micro_batches {
+            let phase = |name: &str| if micro_batches == 1 { label(name) } else { label(&format!("micro-batch {} {name}", micro + 1)) };
+            match &mut wrapper {
+                Wrapper::Ddp(ddp) => ddp.before_forward()?,
+                Wrapper::Sharded(sharded) => sharded.begin_forward()?,
+                Wrapper::None => {}
+            }
+            let autocast = autocast_dtype.map(amp::autocast).transpose()?;
+            // `logits = model(x)` rebinds only once the forward returns.
+            let out = logits.insert(model.forward(&ids)?);
+            rec.step(phase("forward"));
+            let mut new_loss = model.loss(out, &targets)?;
+            if micro_batches > 1 {
+                new_loss = new_loss.div_scalar(micro_batches as f64)?;
+            }
+            let loss = loss.insert(new_loss);
+            rec.step(phase("loss"));
+            drop(autocast);
+            match &mut scaler {
+                Some(scaler) => scaler.scale(loss)?.backward()?,
+                None => loss.backward()?,
+            }
+            if let Wrapper::Sharded(sharded) = &wrapper {
+                sharded.finish_backward()?;
+            }
+            rec.step(phase("backward"));
         }
-        let autocast = autocast_dtype.map(amp::autocast).transpose()?;
-        let logits = model.forward(&ids)?;
-        rec.step(label("forward"));
-        let loss = model.loss(&logits, &targets)?;
-        rec.step(label("loss"));
-        drop(autocast);
-        match &mut scaler {
-            Some(scaler) => scaler.scale(&loss)?.backward()?,
-            None => loss.backward()?,
-        }
-        if let Wrapper::Sharded(sharded) = &wrapper {
-            sharded.finish_backward()?;
-        }
-        rec.step(label("backward"));
         match &mut scaler {
             Some(scaler) => {
                 scaler.step(optimizer.as_mut()).await?;
@@ -650,7 +671,6 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
             None => optimizer.step()?,
         }
         rec.step(label("optimizer step"));
-        // The script's logits and loss stay referenced to the end of the step.
         drop((logits, loss));
     }
     Ok(())

@@ -1,7 +1,10 @@
 // Browser benchmark of the page (a script, not a test): for each snapshot given, the time from
 // choosing the file to `tensormem:painted`, then frame times while panning and zooming, and the
-// renderer's peak memory. Run by scripts/bench-web.sh, which builds everything and generates the
-// synthetic 100 k and 1 M entry snapshots.
+// renderer's peak memory. Then "Size a model": Llama-3-70B's training step under FSDP on 64
+// simulated GPUs, its time and the wasm memory it leaves, beside the same step on 8 GPUs (the
+// baseline, in the same run): the ranks are simulated one at a time, so 64 should cost what 8
+// do. Run by scripts/bench-web.sh, which builds everything and generates the synthetic 100 k and
+// 1 M entry snapshots.
 //
 //   node bench.mjs URL FILE...
 import { chromium } from 'playwright-core';
@@ -107,3 +110,37 @@ for (const file of files) {
   console.log(JSON.stringify(r));
 }
 console.table(results);
+
+// Size a model: one browser; each world size twice, the second run timed (the first warms up).
+{
+  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: CHROMIUM_ARGS });
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+  await page.goto(url);
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:painted').length >= 1, null, { timeout: 120000 });
+  const size = async (world) => {
+    await page.selectOption('[data-testid=size-model]', 'llama-3-70b');
+    for (const [name, value] of Object.entries({ context: '4096', world })) await page.fill(`[data-testid=size-${name}]`, value);
+    for (const [name, value] of Object.entries({ attn: 'sdpa', amp: 'bfloat16', strategy: 'fsdp' })) await page.selectOption(`[data-testid=size-${name}]`, value);
+    await page.check('[data-testid=size-checkpointing]');
+    const started = Date.now();
+    await page.click('[data-testid=size-run]');
+    await page.waitForFunction(() => !document.querySelector('[data-testid=size-run]').disabled
+      && document.querySelector('[data-testid=size-verdict]'), null, { timeout: 600000 });
+    const ms = Date.now() - started;
+    const { wasmBytes } = await page.evaluate(() => window.__tensormem.ask('memory'));
+    const verdict = await page.textContent('[data-testid=size-verdict]');
+    return { ms, wasm_mb: Math.round(wasmBytes / 1048576), verdict };
+  };
+  const sized = {};
+  for (const world of ['8', '64']) {
+    await size(world);
+    sized[world] = await size(world);
+  }
+  await browser.close();
+  const r = {
+    benchmark: 'size a model: llama-3-70b fsdp, context 4096, sdpa, bf16 autocast, checkpointing',
+    world_8_ms: sized['8'].ms, world_64_ms: sized['64'].ms, time_ratio_64_to_8: +(sized['64'].ms / sized['8'].ms).toFixed(2),
+    world_8_wasm_mb: sized['8'].wasm_mb, world_64_wasm_mb: sized['64'].wasm_mb, verdict_64: sized['64'].verdict,
+  };
+  console.log(JSON.stringify(r));
+}

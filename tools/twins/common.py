@@ -79,6 +79,7 @@ STEP_PARAMETERS = lambda batch, context, optimizer, dtype: [  # noqa: E731
     ("checkpointing", "false", {"type": "flag"}),
     ("warmup", "1", {"type": "integer", "min": 0, "max": 1000}),
     ("steps", "1", {"type": "integer", "min": 1, "max": 1000}),
+    ("accumulation", "1", {"type": "integer", "min": 1, "max": 1024}),
     ("master_weights", "false", {"type": "flag"}),
     ("world", "1", {"type": "integer", "min": 1, "max": 65536}),
     ("strategy", "ddp", {"type": "choice", "options": ["ddp", "zero1", "zero2", "fsdp", "hsdp"]}),

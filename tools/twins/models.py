@@ -516,20 +516,28 @@ def train(rec, v, net, vocab, forward, loss_of):
             return phase if steps == 1 else f"step {step - warmup + 1} {phase}"
 
         opt.zero_grad(set_to_none=True)
-        ac = autocast(dev, True, amp_dtype) if amp_dtype is not None else None
-        if ac is not None:
-            ac.__enter__()
-        logits = forward(ids)
-        rec.step(label("forward"))
-        loss = loss_of(logits, targets)
-        rec.step(label("loss"))
-        if ac is not None:
-            ac.__exit__(None, None, None)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
-        rec.step(label("backward"))
+        micro_batches = v.int("accumulation")
+        for micro in range(micro_batches):
+            def phase(name):
+                return label(name) if micro_batches == 1 else label(f"micro-batch {micro + 1} {name}")
+
+            ac = autocast(dev, True, amp_dtype) if amp_dtype is not None else None
+            if ac is not None:
+                ac.__enter__()
+            # `logits` is rebound when forward returns: the previous micro-batch's go then.
+            logits = forward(ids)
+            rec.step(phase("forward"))
+            loss = loss_of(logits, targets)
+            if micro_batches > 1:
+                loss = loss / micro_batches
+            rec.step(phase("loss"))
+            if ac is not None:
+                ac.__exit__(None, None, None)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            rec.step(phase("backward"))
         if scaler is not None:
             scaler.step(opt)
             scaler.update()
