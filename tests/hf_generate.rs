@@ -131,6 +131,10 @@ fn a_long_generation_fragments_the_dynamic_cache_and_not_the_static_one() {
         |run: &RunResult| doctor::diagnose(&run.snapshot, &DoctorOptions::default()).unwrap().findings.iter().map(|f| f.kind.to_string()).collect::<Vec<_>>();
     assert!(kinds(&r).iter().any(|k| k == doctor::FRAGMENTATION), "dynamic: {:?}", kinds(&r));
     assert!(!kinds(&s).iter().any(|k| k == doctor::FRAGMENTATION), "static: {:?}", kinds(&s));
+    // Either cache outlives the forward that made it on purpose: no retained graph.
+    for (name, run) in [("dynamic", &r), ("static", &s)] {
+        assert!(!kinds(run).iter().any(|k| k == doctor::RETAINED_GRAPH), "{name}: {:?}", kinds(run));
+    }
 }
 
 #[test]

@@ -213,6 +213,15 @@ pub(super) fn is_library_buffer(p: &Patient, id: usize) -> bool {
     trace_index(p, id).and_then(|i| trace.get(i)).is_some_and(|e| e.frames.iter().flat_map(|f| f.iter()).take(12).any(is_cublas_workspace))
 }
 
+/// A key/value cache's own tensor: transformers' `cache_utils.py` (DynamicCache's cat, the
+/// static cache's zeros) or tensormem's scopes named after its methods. It is meant to outlive
+/// the forward that made it, so it is state, not a retained graph.
+pub(super) fn is_kv_cache(p: &Patient, id: usize) -> bool {
+    let trace = p.snapshot.trace_of(p.device);
+    let cache_frame = |f: &Frame| f.filename.ends_with("transformers/cache_utils.py") || crate::nn::KV_CACHE_SCOPES.iter().any(|s| f.name.ends_with(s));
+    trace_index(p, id).and_then(|i| trace.get(i)).is_some_and(|e| e.frames.iter().flat_map(|f| f.iter()).take(12).any(cache_frame))
+}
+
 /// A frame of the call that makes cuBLAS's (or cuBLASLt's) workspace; it is near the top of the
 /// stack, so callers look at the first dozen frames.
 pub(super) fn is_cublas_workspace(f: &Frame) -> bool {

@@ -797,6 +797,10 @@ impl LlamaForCausalLM {
     }
 }
 
+/// The scopes a KV cache's allocations are made in, named as transformers' methods that make
+/// them (`cache_utils.py`).
+pub const KV_CACHE_SCOPES: [&str; 2] = ["DynamicLayer.update", "StaticLayer.lazy_initialization"];
+
 /// The key/value cache `generate` keeps: transformers' `DynamicCache` (each layer's keys and
 /// values grow by `torch.cat([past, new], dim=-2)`: a new tensor of the grown size, the old one
 /// freed) or `StaticCache` (each layer's [batch, kv_heads, max_len, head_dim] keys and values
@@ -826,8 +830,11 @@ impl KvCache {
     #[track_caller]
     fn update(&mut self, layer: usize, k: &Tensor, v: &Tensor, past: usize) -> Result<(Tensor, Tensor)> {
         let slot = &mut self.layers[layer];
+        let device = k.device().clone();
         match self.static_len {
             None => {
+                // Named as transformers' frame is: the doctor knows a cache from a leak by it.
+                let _scope = device.scope(KV_CACHE_SCOPES[0]);
                 // `self.keys = torch.cat([self.keys, key_states], dim=-2)`: the first update cats
                 // onto an empty tensor (a copy of k), every later one makes the grown tensor and
                 // frees the old keys before the values are grown.
@@ -853,6 +860,7 @@ impl KvCache {
                 }
                 if slot.is_none() {
                     // StaticLayer.lazy_initialization: torch.zeros for the keys, then the values.
+                    let _scope = device.scope(KV_CACHE_SCOPES[1]);
                     let keys = k.device().zeros(&[b, kv, max_len, d], k.dtype())?;
                     let values = k.device().zeros(&[b, kv, max_len, d], v.dtype())?;
                     *slot = Some((keys, values));

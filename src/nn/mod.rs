@@ -15,8 +15,8 @@ pub mod parallel;
 pub use attention::{CausalSelfAttention, PositionEncoding};
 pub use bnb::{Quant4bit, Quantize};
 pub use hf::{
-    AttentionImplementation, Family, HF_PRESETS, HfConfig, HfModel, HfRmsNorm, KvCache, LORA_TARGETS, LlamaDecoderLayer, LlamaForCausalLM, LoraAdapter,
-    LoraConfig, Projection,
+    AttentionImplementation, Family, HF_PRESETS, HfConfig, HfModel, HfRmsNorm, KV_CACHE_SCOPES, KvCache, LORA_TARGETS, LlamaDecoderLayer, LlamaForCausalLM,
+    LoraAdapter, LoraConfig, Projection,
 };
 pub use lm::{LM_SIZE_NAMES, LM_SIZES, Lm, LmBlock, LmConfig};
 pub use loss::{cross_entropy, mse_loss};
