@@ -227,6 +227,9 @@ fn llama_3_8b_qlora_r16_on_q_k_v_o_keeps_its_base_in_5_7_gb_instead_of_16_gb() {
     assert_eq!(requested(&qlora, "model and batch"), base_4bit + 4 * adapters + batch);
     assert_eq!(requested(&lora, "model and batch"), base_bf16 + 4 * adapters + batch);
     assert_eq!(qlora.trainable_parameters, Some(adapters));
+    // PEFT counts a 4-bit weight by its elements, not its packed bytes: the same 8,043,892,736.
+    assert_eq!(qlora.model_parameters, lora.model_parameters);
+    assert_eq!(qlora.model_parameters, Some(8_043_892_736));
     assert_eq!(qlora.out_of_memory, None);
     // The optimizer's state over the float32 adapters (each lora_A [16, 4096], lora_B
     // [4096, 16] or [1024, 16]: all of at least 4,096 elements). AdamW: 8 bytes per parameter;

@@ -311,10 +311,11 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                     let mut model = HfModel::with_quantization(&rec.device, &config, dtype(v), v.int("context"), lora.as_ref(), quantize)?;
                     model.set_checkpointing(v.flag("checkpointing"));
                     model.set_attention(if v.choice("attn") == "sdpa" { AttentionImplementation::Sdpa } else { AttentionImplementation::Eager })?;
-                    // The whole model's counts (adapters included, as PEFT prints them); a rank's
-                    // share under tp is counted on the whole model's shapes alone.
+                    // The whole model's counts (adapters included, as PEFT prints them, a 4-bit
+                    // weight as its unpacked elements); a rank's share under tp, or a quantized
+                    // base, is counted on the whole model's shapes alone.
                     let count = |m: &HfModel| (m.parameter_count(), m.trainable_parameters().iter().map(|p| p.numel() as u64).sum());
-                    let (all, trainable) = if v.int("tp") == 1 {
+                    let (all, trainable) = if v.int("tp") == 1 && quantize == Quantize::None {
                         count(&model)
                     } else {
                         let scratch = crate::Device::sim(crate::SimOptions::custom(u64::MAX));
