@@ -237,6 +237,7 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress, sh
       return showError(e.message);
     }
     const changed = Object.keys({ ...now, ...req.set }).filter((k) => !['strategy', 'node', table.vary].includes(k) && now[k] !== req.set[k]);
+    if (req.set.node && $('size-node').value.trim() !== req.set.node) changed.push('GPUs per node');
     if (changed.length) {
       return showError(`the form's ${changed.join(', ')} changed since this table was made: run "What fits" again, then pick a cell`);
     }

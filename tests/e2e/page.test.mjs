@@ -1381,3 +1381,49 @@ test('Size a model: what fits on one GPU: the sharding strategies are refused, d
   assert.deepEqual(page.errors, []);
   await page.close();
 });
+
+test('Size a model: what fits Llama-3-8B on 16 GPUs in nodes of 8: hsdp joins the rows, "does not fit" where not even batch 1 does; the button waits for the table', async () => {
+  const strategies = ['ddp', 'zero1', 'zero2', 'fsdp', 'hsdp'];
+  const cli = cliFit('config=llama-3-8b,world=16,node=8,context=2048,attn=sdpa,amp=bfloat16', 'batch', strategies);
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await page.addStyleTag({ content: 'header.bar { position: static !important; }' });
+  for (const [name, value] of Object.entries({ model: 'llama-3-8b', context: '2048', attn: 'sdpa', amp: 'bfloat16', world: '16' })) {
+    const selector = `[data-testid=size-${name}]`;
+    if (await page.$eval(selector, (e) => e.tagName) === 'SELECT') await page.selectOption(selector, value);
+    else await page.fill(selector, value);
+  }
+  // While the table runs, its button is disabled and the page's progress bar says how far it is.
+  await page.click('[data-testid=size-fit-run]');
+  assert.equal(await page.isDisabled('[data-testid=size-fit-run]'), true);
+  await page.waitForFunction(() => !document.getElementById('progress').hidden && /searching the largest batch that fits: \d+ of 25/.test(document.getElementById('progress-text').textContent), null, { timeout: 60000 });
+  await page.waitForFunction(() => !document.querySelector('[data-testid=size-fit-run]').disabled, null, { timeout: 240000 });
+  assert.equal(await page.isVisible('[data-testid=size-error]'), false);
+  assert.equal(await page.isHidden('#progress'), true);
+  assert.deepEqual(await page.$$eval('[data-testid=size-fit-table] tbody th', (t) => t.map((x) => x.textContent)), strategies);
+  const cells = await fitCells(page);
+  assert.equal(cells.length, 25);
+  for (const c of cli.cells) {
+    const mine = cells.find((x) => x.strategy === c.strategy && x.card === c.card);
+    assert.equal(mine.largest, c.largest, `${c.strategy} on ${c.card}`);
+    assert.equal(mine.peak, c.peak_allocated_bytes, `${c.strategy} on ${c.card}`);
+    assert.equal(mine.value, c.largest === null ? 'does not fit' : String(c.largest), `${c.strategy} on ${c.card}`);
+  }
+  // Llama-3-8B's full fine-tune with DDP fits no card at batch 1; FSDP fits even the 24 GB ones.
+  assert.ok(cli.cells.filter((c) => c.strategy === 'ddp').every((c) => c.largest === null));
+  assert.ok(cli.cells.filter((c) => c.strategy === 'fsdp').every((c) => c.largest >= 1));
+  await page.locator('#size-card').screenshot({ path: join(shots, 'size-fit-llama-16.png') });
+  // The hsdp cell on an H100 sized: its nodes of 8 go with it.
+  const pick = cli.cells.find((x) => x.strategy === 'hsdp' && x.card === 'H100-80GB');
+  await page.click('[data-testid=size-fit-cell][data-strategy=hsdp][data-card=H100-80GB]');
+  await page.waitForFunction((peak) => {
+    const v = document.querySelector('[data-testid=size-verdict]');
+    return v && v.dataset.peakAllocated === String(peak) && !document.querySelector('[data-testid=size-run]').disabled;
+  }, pick.peak_allocated_bytes, { timeout: 120000 });
+  assert.equal(await page.inputValue('[data-testid=size-strategy]'), 'hsdp');
+  assert.equal(await page.isVisible('[data-testid=size-node]'), true);
+  assert.equal(await page.getAttribute('[data-testid=size-verdict]', 'data-fits'), 'true');
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
