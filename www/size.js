@@ -14,6 +14,10 @@ const SCENARIO = 'hf-train';
 // from the scenario's parameters).
 const CHOICES = ['dtype', 'amp', 'attn', 'optimizer', 'strategy'];
 const NUMBERS = ['batch', 'context', 'world', 'node'];
+// "What fits": the strategies compared (hsdp too where the GPUs span nodes) and the cards, the
+// simulator's presets among these.
+const FIT_STRATEGIES = ['ddp', 'zero1', 'zero2', 'fsdp'];
+const FIT_CARDS = ['H100-80GB', 'A100-80GB', 'A100-40GB', 'RTX4090-24GB', 'L4-24GB'];
 const RESERVED_FILL = '#e5e7eb';
 const STEP_MAX = '#c7d2fe';
 const STEP_NOW = '#3a5bd9';
@@ -176,6 +180,132 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress, sh
     }
   }
   $('size-run').onclick = size;
+
+  // ---- What fits: the largest batch (or context) for every strategy on every card.
+  const fitCards = FIT_CARDS.filter((c) => scenarios.presets.some((p) => p.name === c));
+  let fitTicket = 0;
+  async function fitTable() {
+    clearError();
+    let r;
+    try {
+      r = request();
+    } catch (e) {
+      return showError(e.message);
+    }
+    const vary = $('size-fit-vary').value;
+    const set = { ...r.set };
+    delete set.strategy;
+    delete set.node;
+    const world = Number(set.world);
+    const node = $('size-node').value.trim();
+    const strategies = [...FIT_STRATEGIES];
+    if (/^\d+$/.test(node) && world > Number(node)) {
+      strategies.push('hsdp');
+      set.node = node;
+    }
+    const req = { scenario: SCENARIO, set, vary, strategies, cards: fitCards };
+    const mine = ++fitTicket;
+    $('size-fit-run').disabled = true;
+    $('size-fit-status').textContent = `searching the largest ${vary}: ${strategies.length} strategies × ${fitCards.length} cards…`;
+    try {
+      const table = await ask('sizeFitTable', { request: req });
+      if (mine !== fitTicket) return;
+      showFit(req, table);
+    } catch (e) {
+      if (mine !== fitTicket) return;
+      $('size-fit').replaceChildren();
+      showError(e.message);
+    } finally {
+      if (mine === fitTicket) {
+        $('size-fit-run').disabled = false;
+        $('size-fit-status').textContent = '';
+        hideProgress();
+      }
+    }
+  }
+  $('size-fit-run').onclick = fitTable;
+
+  // A cell clicked: the form set to its strategy, card and value, then sized.
+  // The form must still hold the table's settings (but for the strategy, card and the value
+  // searched, which the cell sets): otherwise the cell would be sized under other settings.
+  function sizeCell(req, table, cell) {
+    if (cell.largest == null) return;
+    let now;
+    try {
+      now = request().set;
+    } catch (e) {
+      return showError(e.message);
+    }
+    const changed = Object.keys({ ...now, ...req.set }).filter((k) => !['strategy', 'node', table.vary].includes(k) && now[k] !== req.set[k]);
+    if (req.set.node && $('size-node').value.trim() !== req.set.node) changed.push('GPUs per node');
+    if (changed.length) {
+      return showError(`the form's ${changed.join(', ')} changed since this table was made: run "What fits" again, then pick a cell`);
+    }
+    clearError();
+    const world = Number(table.world);
+    if (world > 1) $('size-strategy').value = cell.strategy;
+    $('size-card-select').value = cell.card;
+    $(`size-${table.vary}`).value = String(cell.largest);
+    showInputs();
+    for (const td of $('size-fit').querySelectorAll('td.size-fit-cell')) td.classList.toggle('open', td.dataset.strategy === cell.strategy && td.dataset.card === cell.card);
+    size();
+  }
+
+  function showFit(req, table) {
+    const { vary, cells } = table;
+    const world = Number(table.world);
+    const cell = (strategy, card) => cells.find((c) => c.strategy === strategy && c.card === card);
+    const best = new Map(req.cards.map((card) => [card, Math.max(0, ...cells.filter((c) => c.card === card).map((c) => c.largest || 0))]));
+    const capacity = new Map(cells.map((c) => [c.card, c.capacity_bytes]));
+    // Notes under the table: each refusal and each limit of the scenario's own, once.
+    const notes = new Map();
+    const note = (mark, text) => {
+      const key = `${mark} ${text}`;
+      if (!notes.has(key)) notes.set(key, { mark, text, strategies: new Set() });
+      return notes.get(key);
+    };
+    const td = (c) => {
+      const attrs = `class="size-fit-cell${c.largest != null && c.largest === best.get(c.card) ? ' best' : ''}${c.largest == null ? ' none' : ''}" data-testid="size-fit-cell"
+        data-strategy="${escape(c.strategy)}" data-card="${escape(c.card)}" data-largest="${c.largest ?? ''}" data-peak-allocated="${c.peak_allocated_bytes ?? ''}"
+        data-peak-reserved="${c.peak_reserved_bytes ?? ''}" data-heaviest-rank="${c.heaviest_rank ?? ''}" data-limited-by="${escape(c.limited_by || '')}"`;
+      if (c.largest == null) {
+        if (c.limited_by) {
+          note('refused', c.limited_by).strategies.add(c.strategy);
+          return `<td ${attrs} title="${escape(c.limited_by)}"><span class="size-fit-value">refused</span><span class="size-fit-peak">see below</span></td>`;
+        }
+        return `<td ${attrs} title="${escape(`${vary} 1 runs out of memory`)}"><span class="size-fit-value">does not fit</span><span class="size-fit-peak">not even ${escape(vary)} 1</span></td>`;
+      }
+      const plus = c.limited_by ? '<sup class="size-fit-plus">+</sup>' : '';
+      if (c.limited_by) note('+', c.limited_by).strategies.add(c.strategy);
+      const share = Math.round((100 * c.peak_allocated_bytes) / c.capacity_bytes);
+      const title = `${c.strategy} on ${c.card}: ${vary} ${c.largest} fits${c.limited_by ? ` (and more might: the search stopped at the scenario's limit: ${c.limited_by})` : ''}; `
+        + `${world > 1 ? `the heaviest rank, rank ${c.heaviest_rank}, peaks` : 'it peaks'} at ${formatBytes(c.peak_allocated_bytes)} allocated, ${formatBytes(c.peak_reserved_bytes)} reserved; click to size it`;
+      return `<td ${attrs} title="${escape(title)}" tabindex="0" role="button"><span class="size-fit-value">${c.largest}${plus}</span>`
+        + `<span class="size-fit-peak">${world > 1 ? `rank ${c.heaviest_rank}: ` : ''}${formatBytes(c.peak_allocated_bytes)} · ${share}%</span></td>`;
+    };
+    const body = req.strategies.map((s) => `<tr><th scope="row">${escape(s)}</th>${req.cards.map((card) => td(cell(s, card) || { strategy: s, card, largest: null, limited_by: 'not in the answer' })).join('')}</tr>`).join('');
+    const p = req.set;
+    const about = [
+      p.config.startsWith('{') ? 'your config.json' : p.config, `${world > 1 ? `${world} GPUs` : 'one GPU'}`,
+      vary === 'batch' ? `context ${p.context}` : `batch ${p.batch}`, `${p.dtype}${p.amp && p.amp !== 'false' ? `, autocast ${p.amp}` : ''}`,
+      p.lora && p.lora !== '0' ? `LoRA r=${p.lora}` : 'full fine-tune', `attention ${p.attn}`, p.optimizer, p.checkpointing === 'true' ? 'checkpointing' : '',
+    ].filter(Boolean).map(escape).join(' · ');
+    const runs = cells.reduce((a, c) => a + c.runs, 0);
+    $('size-fit').innerHTML = `
+      <p class="result-line"><b>The largest ${escape(vary)} that fits</b>, by strategy and card <span class="muted">(${about}; ${runs} steps simulated)</span></p>
+      <div class="size-fit-scroll"><table class="size-fit-table" data-testid="size-fit-table" data-vary="${escape(vary)}" data-world="${world}">
+        <thead><tr><th></th>${req.cards.map((card) => `<th scope="col">${escape(card)}<span class="size-fit-peak">${capacity.has(card) ? formatBytes(capacity.get(card)) : ''}</span></th>`).join('')}</tr></thead>
+        <tbody>${body}</tbody></table></div>
+      <p class="result-line muted size-fit-notes" data-testid="size-fit-notes">Each cell: the largest ${escape(vary)} at which no rank runs out of memory; below it, ${world > 1 ? 'the heaviest rank\'s' : 'the'} peak allocated and its share of the card.
+        <span class="size-fit-best-key">Highlighted</span>: the best strategy on each card. Click a cell to size it.
+        ${[...notes.values()].map((n) => `<br><b>${escape(n.mark)}</b> ${escape([...n.strategies].join(', '))}: ${n.mark === '+' ? 'stopped by the scenario\'s own limit, not by memory: ' : ''}${escape(n.text)}`).join('')}</p>`;
+    for (const el of $('size-fit').querySelectorAll('td.size-fit-cell')) {
+      const c = cell(el.dataset.strategy, el.dataset.card);
+      if (!c || c.largest == null) continue;
+      el.onclick = () => sizeCell(req, table, c);
+      el.onkeydown = (e) => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); sizeCell(req, table, c); } };
+    }
+  }
 
   // One rank's trace in the timeline and every panel above: the run again, recording rank k.
   async function openRank(k) {

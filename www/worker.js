@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, diagnose, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { Predictor, TraceLoader, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
+import init, { Predictor, TraceLoader, fit_table, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
@@ -288,6 +288,14 @@ const handlers = {
     const where = request.device === 'gpu' ? ' on this browser\'s GPU' : '';
     progress(`running ${request.scenario}${where}`, 1);
     return add(await run_scenario(JSON.stringify(request)), label || `scenario ${request.scenario}${request.variant ? ` (${request.variant})` : ''}`);
+  },
+  // The "Size a model" view's table (`tensormem fit --json`): the largest `vary` (batch or
+  // context) that fits, for every strategy on every card, each cell found by running the step.
+  async sizeFitTable({ request }) {
+    const of = request.strategies.length * request.cards.length;
+    const phase = (done) => `searching the largest ${request.vary} that fits: ${done} of ${of} strategy × card`;
+    progress(phase(0), 0);
+    return JSON.parse(fit_table(JSON.stringify(request), (done, n) => progress(phase(done), done / n)));
   },
   // The "Size a model" view: a training scenario's run (`tensormem run --json`) with every rank in
   // `ranks`; the trace is not kept (a rank's trace is opened with runScenario). A run on one GPU

@@ -1230,3 +1230,200 @@ test('Size a model: a request the library refuses is said in the view; then a co
   assert.deepEqual(page.errors, []);
   await page.close();
 });
+
+// ---- Size a model's "What fits" table: `tensormem fit` in the page, a cell per strategy and card.
+const FIT_CARDS = ['H100-80GB', 'A100-80GB', 'A100-40GB', 'RTX4090-24GB', 'L4-24GB'];
+function cliFit(set, vary, strategies, cards = FIT_CARDS) {
+  const out = execFileSync(bin, ['fit', 'hf-train', '--set', set, '--vary', vary, '--strategies', strategies.join(','), '--cards', cards.join(','), '--json'],
+    { encoding: 'utf8', maxBuffer: 1 << 26, stdio: ['ignore', 'pipe', 'pipe'] });
+  return JSON.parse(out);
+}
+// Fills the Size a model form, picks what to vary and runs the table; waits for it (or an error).
+async function fitTable(page, values, vary = 'batch') {
+  for (const [name, value] of Object.entries(values)) {
+    const selector = `[data-testid=size-${name}]`;
+    if (await page.$eval(selector, (e) => e.tagName) === 'SELECT') await page.selectOption(selector, value);
+    else await page.fill(selector, value);
+  }
+  await page.selectOption('[data-testid=size-fit-vary]', vary);
+  const before = await page.$eval('[data-testid=size-fit]', (e) => e.firstElementChild);
+  await page.click('[data-testid=size-fit-run]');
+  await page.waitForFunction((old) => {
+    const result = document.querySelector('[data-testid=size-fit]');
+    const error = document.querySelector('[data-testid=size-error]');
+    return !document.querySelector('[data-testid=size-fit-run]').disabled && (!error.hidden || (result.firstElementChild && result.firstElementChild !== old));
+  }, before, { timeout: 240000 });
+}
+async function fitCells(page) {
+  return page.$$eval('[data-testid=size-fit-cell]', (tds) => tds.map((td) => ({
+    strategy: td.dataset.strategy, card: td.dataset.card, largest: td.dataset.largest === '' ? null : Number(td.dataset.largest),
+    peak: td.dataset.peakAllocated === '' ? null : Number(td.dataset.peakAllocated), limitedBy: td.dataset.limitedBy || null,
+    best: td.classList.contains('best'), value: td.querySelector('.size-fit-value').textContent, second: td.querySelector('.size-fit-peak').textContent, title: td.title,
+  })));
+}
+
+test('Size a model: what fits, strategies × cards: gpt2 on 4 GPUs, every cell the largest batch tensormem fit finds; a cell clicked is sized', async () => {
+  const strategies = ['ddp', 'zero1', 'zero2', 'fsdp'];
+  const cli = cliFit('config=gpt2,world=4,context=256', 'batch', strategies);
+  assert.equal(cli.cells.length, strategies.length * FIT_CARDS.length);
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await page.addStyleTag({ content: 'header.bar { position: static !important; }' });
+  assert.equal(await page.inputValue('[data-testid=size-fit-vary]'), 'batch');
+  await fitTable(page, { model: 'gpt2', context: '256', world: '4' });
+  assert.equal(await page.isVisible('[data-testid=size-error]'), false);
+  const table = page.locator('[data-testid=size-fit-table]');
+  assert.equal(await table.getAttribute('data-vary'), 'batch');
+  // Rows: the strategies (no hsdp: 4 GPUs are one node); columns: the cards.
+  assert.deepEqual(await page.$$eval('[data-testid=size-fit-table] tbody th', (t) => t.map((x) => x.textContent)), strategies);
+  assert.deepEqual(await page.$$eval('[data-testid=size-fit-table] thead th', (t) => t.slice(1).map((x) => x.firstChild.textContent)), FIT_CARDS);
+  const cells = await fitCells(page);
+  assert.equal(cells.length, cli.cells.length);
+  for (const c of cli.cells) {
+    const mine = cells.find((x) => x.strategy === c.strategy && x.card === c.card);
+    assert.ok(mine, `${c.strategy} on ${c.card}`);
+    assert.equal(mine.largest, c.largest, `${c.strategy} on ${c.card}`);
+    assert.equal(mine.peak, c.peak_allocated_bytes, `${c.strategy} on ${c.card}`);
+    assert.ok(c.largest > 0 && c.limited_by === null, JSON.stringify(c));
+    assert.equal(mine.value, String(c.largest));
+    assert.ok(mine.second.startsWith(`rank ${c.heaviest_rank}: `), mine.second);
+    // The best strategy on each card is highlighted.
+    const best = Math.max(...cli.cells.filter((x) => x.card === c.card).map((x) => x.largest));
+    assert.equal(mine.best, c.largest === best, `${c.strategy} on ${c.card}`);
+  }
+  // A bigger card fits a bigger batch.
+  const ddp = (card) => cli.cells.find((x) => x.strategy === 'ddp' && x.card === card).largest;
+  assert.ok(ddp('H100-80GB') > ddp('A100-40GB') && ddp('A100-40GB') > ddp('L4-24GB'));
+  await page.locator('#size-card').screenshot({ path: join(shots, 'size-fit-table.png') });
+
+  // A cell clicked after the form changed: said, nothing sized.
+  await page.fill('[data-testid=size-context]', '128');
+  await page.click('[data-testid=size-fit-cell][data-strategy=zero1][data-card=L4-24GB]');
+  assert.match(await page.textContent('[data-testid=size-error]'), /the form's context changed since this table was made/);
+  assert.equal(await page.locator('[data-testid=size-verdict]').count(), 0);
+  await page.fill('[data-testid=size-context]', '256');
+  // A cell clicked: the form takes its strategy, card and batch, and "Size it" runs it.
+  const pick = cli.cells.find((x) => x.strategy === 'zero1' && x.card === 'L4-24GB');
+  await page.click('[data-testid=size-fit-cell][data-strategy=zero1][data-card=L4-24GB]');
+  await page.waitForFunction((peak) => {
+    const v = document.querySelector('[data-testid=size-verdict]');
+    return v && v.dataset.peakAllocated === String(peak) && !document.querySelector('[data-testid=size-run]').disabled;
+  }, pick.peak_allocated_bytes, { timeout: 120000 });
+  assert.equal(await page.inputValue('[data-testid=size-strategy]'), 'zero1');
+  assert.equal(await page.inputValue('[data-testid=size-card-select]'), 'L4-24GB');
+  assert.equal(await page.inputValue('[data-testid=size-batch]'), String(pick.largest));
+  const verdict = page.locator('[data-testid=size-verdict]');
+  assert.equal(await verdict.getAttribute('data-fits'), 'true');
+  assert.equal(Number(await verdict.getAttribute('data-peak-allocated')), pick.peak_allocated_bytes);
+  assert.equal(Number(await verdict.getAttribute('data-heaviest-rank')), pick.heaviest_rank);
+  assert.equal(Number(await verdict.getAttribute('data-capacity')), pick.capacity_bytes);
+  assert.equal(await page.$eval('[data-testid=size-fit-cell][data-strategy=zero1][data-card=L4-24GB]', (td) => td.classList.contains('open')), true);
+  // One more in the batch runs out of memory on that card, as the command line says.
+  let over = null;
+  try {
+    execFileSync(bin, ['run', 'hf-train', '--set', `config=gpt2,world=4,context=256,strategy=zero1,batch=${pick.largest + 1}`, '--device', 'sim:L4-24GB', '--json'], { encoding: 'utf8', maxBuffer: 1 << 26, stdio: ['ignore', 'pipe', 'pipe'] });
+  } catch (e) {
+    over = JSON.parse(e.stdout);
+  }
+  assert.ok(over?.ranks.some((r) => r.out_of_memory), 'one more runs out of memory');
+  await page.locator('#size-card').screenshot({ path: join(shots, 'size-fit-sized.png') });
+  assert.equal(await page.isVisible('[data-testid=error]'), false);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('Size a model: what fits on one GPU: the sharding strategies are refused, ddp\'s context stops at GPT-2\'s 1024 positions (+); a bad form is said', async () => {
+  const strategies = ['ddp', 'zero1', 'zero2', 'fsdp'];
+  const cli = cliFit('config=gpt2,world=1,batch=1', 'context', strategies);
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await page.addStyleTag({ content: 'header.bar { position: static !important; }' });
+  // A form the table cannot run: said in the view, no table.
+  await fitTable(page, { model: 'gpt2', batch: 'two', world: '1' }, 'context');
+  assert.equal(await page.isVisible('[data-testid=size-error]'), true);
+  assert.match(await page.textContent('[data-testid=size-error]'), /batch: "two" is not a whole number/);
+  assert.equal(await page.locator('[data-testid=size-fit-table]').count(), 0);
+  await fitTable(page, { batch: '1' }, 'context');
+  assert.equal(await page.isVisible('[data-testid=size-error]'), false);
+  assert.equal(await page.getAttribute('[data-testid=size-fit-table]', 'data-vary'), 'context');
+  const cells = await fitCells(page);
+  assert.equal(cells.length, cli.cells.length);
+  for (const c of cli.cells) {
+    const mine = cells.find((x) => x.strategy === c.strategy && x.card === c.card);
+    assert.equal(mine.largest, c.largest, `${c.strategy} on ${c.card}`);
+    assert.equal(mine.peak, c.peak_allocated_bytes, `${c.strategy} on ${c.card}`);
+    assert.equal(mine.limitedBy, c.limited_by, `${c.strategy} on ${c.card}`);
+    if (c.strategy === 'ddp') {
+      // The search stopped at the model's own limit, not at the card's: "+", the reason in its tooltip.
+      assert.equal(c.largest, 1024);
+      assert.match(c.limited_by, /GPT-2's learned positions cover 1024 tokens/);
+      assert.equal(mine.value, '1024+');
+      assert.ok(mine.title.includes(c.limited_by), mine.title);
+    } else {
+      assert.equal(c.largest, null);
+      assert.match(c.limited_by, new RegExp(`^strategy=${c.strategy} shards over several data-parallel ranks`));
+      assert.equal(mine.value, 'refused');
+      assert.equal(mine.title, c.limited_by);
+      assert.equal(mine.best, false);
+    }
+  }
+  // The reasons are listed once under the table.
+  const notes = (await page.textContent('[data-testid=size-fit-notes]')).replace(/\s+/g, ' ');
+  assert.ok(notes.includes(`refused zero2: ${cli.cells.find((x) => x.strategy === 'zero2').limited_by}`), notes);
+  assert.ok(notes.includes(`+ ddp: stopped by the scenario's own limit, not by memory: ${cli.cells[0].limited_by}`), notes);
+  await page.locator('#size-card').screenshot({ path: join(shots, 'size-fit-one-gpu.png') });
+  // A refused cell does nothing when clicked.
+  await page.click('[data-testid=size-fit-cell][data-strategy=zero2][data-card=L4-24GB]');
+  assert.equal(await page.locator('[data-testid=size-verdict]').count(), 0);
+  assert.equal(await page.isVisible('[data-testid=error]'), false);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('Size a model: what fits Llama-3-8B on 16 GPUs in nodes of 8: hsdp joins the rows, "does not fit" where not even batch 1 does; the button waits for the table', async () => {
+  const strategies = ['ddp', 'zero1', 'zero2', 'fsdp', 'hsdp'];
+  const cli = cliFit('config=llama-3-8b,world=16,node=8,context=2048,attn=sdpa,amp=bfloat16', 'batch', strategies);
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await page.addStyleTag({ content: 'header.bar { position: static !important; }' });
+  for (const [name, value] of Object.entries({ model: 'llama-3-8b', context: '2048', attn: 'sdpa', amp: 'bfloat16', world: '16' })) {
+    const selector = `[data-testid=size-${name}]`;
+    if (await page.$eval(selector, (e) => e.tagName) === 'SELECT') await page.selectOption(selector, value);
+    else await page.fill(selector, value);
+  }
+  // While the table runs, its button is disabled and the page's progress bar says how far it is.
+  await page.click('[data-testid=size-fit-run]');
+  assert.equal(await page.isDisabled('[data-testid=size-fit-run]'), true);
+  await page.waitForFunction(() => !document.getElementById('progress').hidden && /searching the largest batch that fits: \d+ of 25/.test(document.getElementById('progress-text').textContent), null, { timeout: 60000 });
+  await page.waitForFunction(() => !document.querySelector('[data-testid=size-fit-run]').disabled, null, { timeout: 240000 });
+  assert.equal(await page.isVisible('[data-testid=size-error]'), false);
+  assert.equal(await page.isHidden('#progress'), true);
+  assert.deepEqual(await page.$$eval('[data-testid=size-fit-table] tbody th', (t) => t.map((x) => x.textContent)), strategies);
+  const cells = await fitCells(page);
+  assert.equal(cells.length, 25);
+  for (const c of cli.cells) {
+    const mine = cells.find((x) => x.strategy === c.strategy && x.card === c.card);
+    assert.equal(mine.largest, c.largest, `${c.strategy} on ${c.card}`);
+    assert.equal(mine.peak, c.peak_allocated_bytes, `${c.strategy} on ${c.card}`);
+    assert.equal(mine.value, c.largest === null ? 'does not fit' : String(c.largest), `${c.strategy} on ${c.card}`);
+  }
+  // Llama-3-8B's full fine-tune with DDP fits no card at batch 1; FSDP fits even the 24 GB ones.
+  assert.ok(cli.cells.filter((c) => c.strategy === 'ddp').every((c) => c.largest === null));
+  assert.ok(cli.cells.filter((c) => c.strategy === 'fsdp').every((c) => c.largest >= 1));
+  await page.locator('#size-card').screenshot({ path: join(shots, 'size-fit-llama-16.png') });
+  // The hsdp cell on an H100 sized: its nodes of 8 go with it.
+  const pick = cli.cells.find((x) => x.strategy === 'hsdp' && x.card === 'H100-80GB');
+  await page.click('[data-testid=size-fit-cell][data-strategy=hsdp][data-card=H100-80GB]');
+  await page.waitForFunction((peak) => {
+    const v = document.querySelector('[data-testid=size-verdict]');
+    return v && v.dataset.peakAllocated === String(peak) && !document.querySelector('[data-testid=size-run]').disabled;
+  }, pick.peak_allocated_bytes, { timeout: 120000 });
+  assert.equal(await page.inputValue('[data-testid=size-strategy]'), 'hsdp');
+  assert.equal(await page.isVisible('[data-testid=size-node]'), true);
+  assert.equal(await page.getAttribute('[data-testid=size-verdict]', 'data-fits'), 'true');
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
