@@ -7,7 +7,7 @@ use tensormem::Device;
 use tensormem::SimOptions;
 use tensormem::nn::parallel::{bucket_assignment, partition_parameters, shard_numel};
 use tensormem::nn::{Lm, LmConfig, Module};
-use tensormem::scenarios::{self, RunRequest};
+use tensormem::scenarios::{self, RunRequest, RunResult};
 
 const MIB: u64 = 1 << 20;
 
@@ -55,7 +55,10 @@ fn ddp_holds_one_bucket_of_every_gradient_beside_the_model() {
     let ddp = run("lm-train", &[&set[..], &[("world", "2"), ("strategy", "ddp")]].concat());
     let parameter_bytes = single.model_parameters.unwrap() * 4;
     assert_eq!(ddp.ranks.len(), 2);
-    assert_eq!(ddp.ranks[0], scenarios::RankResult { rank: 0, ..ddp.ranks[1].clone() }, "DDP's ranks allocate alike");
+    // Rank 1 recorded on its own allocates as rank 0 does.
+    let rank1 = run("lm-train", &[&set[..], &[("world", "2"), ("strategy", "ddp"), ("rank", "1")]].concat());
+    assert_eq!(rank1.steps, ddp.steps, "DDP's ranks allocate alike");
+    assert_eq!(rank1.ranks, ddp.ranks);
     // After construction: the module broadcast in 250 MiB buckets (freed) and the reducer's
     // first bucket, every float32 gradient in one.
     assert_eq!(requested(&ddp.steps, "model and batch") - requested(&single.steps, "model and batch"), parameter_bytes);
@@ -235,8 +238,8 @@ fn tensor_parallelism_splits_each_layer_and_keeps_the_whole_models_counts() {
     let r = run("lm-train", &[("size", "small"), ("batch", "2"), ("context", "64"), ("world", "2"), ("tp", "2"), ("warmup", "0")]);
     assert_eq!(r.model_parameters, Some(128_625_408), "the whole model's count");
     let (inputs, rope) = (2 * 2 * 64 * 8, 2 * 64 * 32 * 4);
-    // One replica: DDP over a single data-parallel rank still makes its bucket of every gradient.
-    assert_eq!(requested(&r.steps, "model and batch"), 2 * local * 4 + inputs + rope);
+    // One replica: no data-parallel wrapper, no bucket.
+    assert_eq!(requested(&r.steps, "model and batch"), local * 4 + inputs + rope);
     assert_eq!(r.ranks.len(), 2);
     // Llama-3-8B's LoRA adapters split with their layers; the counts stay the whole model's.
     let hf = run(
@@ -250,6 +253,8 @@ fn tensor_parallelism_splits_each_layer_and_keeps_the_whole_models_counts() {
     assert!(error("lm-train", &[("size", "small"), ("world", "5"), ("tp", "5")]).contains("do not split evenly over 5 ranks"));
     assert!(error("gpt2-train", &[("world", "2"), ("tp", "2")]).contains("not GPT-2's fused c_attn"));
     assert!(error("lm-train", &[("world", "2"), ("tp", "2"), ("strategy", "fsdp")]).contains("one replica"));
+    let hsdp = error("lm-train", &[("size", "small"), ("world", "16"), ("tp", "4"), ("node", "2"), ("strategy", "hsdp")]);
+    assert!(hsdp.contains("node=2 must be a multiple of tp=4"), "{hsdp}");
 }
 
 #[test]
@@ -268,4 +273,51 @@ fn gradient_accumulation_adds_into_the_gradients_and_their_shards() {
     let (blocks, root) = small_units();
     let shards: u64 = blocks.iter().chain([&root]).map(|&u| shard_numel(u, 2) as u64 * 4).sum();
     assert_eq!(requested(&fsdp.steps, "micro-batch 2 forward") - requested(&fsdp.steps, "micro-batch 1 forward"), shards + 4);
+}
+
+#[test]
+fn ddp_rebuilds_its_buckets_at_the_second_forward_in_gradient_order() {
+    // With a warm-up step, the recorded step's forward rebuilds the reducer's buckets: the one
+    // bucket of every gradient is released, then buckets of 1 MiB and 25 MiB (closing at or
+    // past their limit) over the parameters in the order their gradients arrived.
+    let r = run("lm-train", &[("size", "small"), ("batch", "2"), ("context", "64"), ("optimizer", "sgd"), ("world", "2")]);
+    let p = r.model_parameters.unwrap() * 4;
+    let trace = &r.snapshot.device_traces[0];
+    let is_reducer =
+        |e: &tensormem::trace::TraceEntry| e.frames.as_ref().is_some_and(|f| f.iter().any(|f| f.name.ends_with("DistributedDataParallel.reducer")));
+    let allocs: Vec<(usize, u64)> =
+        trace.iter().enumerate().filter(|(_, e)| e.action == tensormem::trace::Action::Alloc && is_reducer(e)).map(|(i, e)| (i, e.size)).collect();
+    let reducer: Vec<u64> = allocs.iter().map(|a| a.1).collect();
+    assert_eq!(reducer[0], p, "the first bucket holds every gradient");
+    let rebuilt = &reducer[1..];
+    assert_eq!(rebuilt.iter().sum::<u64>(), p, "the rebuilt buckets hold every gradient once: {rebuilt:?}");
+    // The first gradient ready is the output layer's (10,000 x 768 float32): past 1 MiB alone.
+    assert_eq!(rebuilt[0], 10_000 * 768 * 4, "the first bucket closes at 1 MiB, with the output layer alone");
+    assert!(rebuilt[1..rebuilt.len() - 1].iter().all(|&b| b >= 25 * MIB), "then 25 MiB ones: {rebuilt:?}");
+    // The first bucket is released before the rebuilt ones are made.
+    let first = trace[allocs[0].0].addr;
+    let freed = allocs[0].0
+        + trace[allocs[0].0..].iter().position(|e| e.action == tensormem::trace::Action::FreeCompleted && e.addr == first).expect("the first bucket freed");
+    assert!(freed < allocs[1].0);
+}
+
+#[test]
+fn master_weights_leave_float32_parameters_to_the_optimizer() {
+    // LoRA's float32 adapters over a bfloat16 base: they have no 16-bit copy to keep, so the
+    // optimizer steps them as without master weights (AdamW's two moments, 8 bytes each).
+    let set = [("config", "llama-3-8b"), ("context", "64"), ("lora", "16"), ("lora_targets", "q,k,v,o"), ("warmup", "0"), ("dtype", "bfloat16")];
+    let state = |r: &RunResult| requested(&r.steps, "optimizer step") - requested(&r.steps, "backward");
+    let plain = run("hf-train", &set);
+    let master = run("hf-train", &[&set[..], &[("master_weights", "true")]].concat());
+    assert_eq!(state(&plain), 8 * 13_631_488);
+    assert_eq!(state(&master), state(&plain));
+}
+
+#[test]
+fn fit_reports_a_setting_the_scenario_refuses_as_an_error() {
+    use tensormem::scenarios::fit::fit_table;
+    let e = fit_table(&request("lm-train", &[("world", "2"), ("rank", "5")]), "batch", &["ddp".into(), "fsdp".into()], &["H100-80GB".into()], &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rank=5 is not one of the 2 ranks"), "{e}");
 }

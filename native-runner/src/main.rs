@@ -206,10 +206,10 @@ enum Command {
         #[arg(long, default_value = "batch", value_parser = ["batch", "context"])]
         vary: String,
         /// Strategies to compare (one column each).
-        #[arg(long, value_delimiter = ',', default_values_t = ["ddp".to_string(), "zero1".into(), "zero2".into(), "fsdp".into()])]
+        #[arg(long, value_delimiter = ',', default_values_t = scenarios::fit::DEFAULT_STRATEGIES.map(String::from))]
         strategies: Vec<String>,
         /// Cards to compare (simulator presets or sizes such as 24GiB).
-        #[arg(long, value_delimiter = ',', default_values_t = ["H100-80GB".to_string(), "A100-40GB".into(), "RTX4090-24GB".into()])]
+        #[arg(long, value_delimiter = ',', default_values_t = scenarios::fit::DEFAULT_CARDS.map(String::from))]
         cards: Vec<String>,
         #[arg(long)]
         json: bool,

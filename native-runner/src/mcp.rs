@@ -353,8 +353,8 @@ fn run_tool(name: &str, args: &Args, lines: &mut Vec<String>) -> Result<(), Fail
                     Some(other) => Err(Failure(format!("{key} takes a list of strings, got {other}"), 2)),
                 }
             };
-            let strategies = list("strategies", &["ddp", "zero1", "zero2", "fsdp"])?;
-            let cards = list("cards", &["H100-80GB", "A100-40GB", "RTX4090-24GB"])?;
+            let strategies = list("strategies", &scenarios::fit::DEFAULT_STRATEGIES)?;
+            let cards = list("cards", &scenarios::fit::DEFAULT_CARDS)?;
             let vary = args.string("vary")?.unwrap_or_else(|| "batch".into());
             let table = scenarios::fit::fit_table(&request, &vary, &strategies, &cards, &mut |_, _| {}).map_err(|e| Failure(e.to_string(), 2))?;
             lines.push(json_line(&table)?);

@@ -367,6 +367,14 @@ impl Device {
         BackwardGuard { device: self.clone(), before }
     }
 
+    /// Until the guard drops, allocations are named by the current scope rather than as the
+    /// backward of a forward op: a module hook that runs in backward (FSDP's gathers and
+    /// reduce-scatters) names itself.
+    pub(crate) fn hook_frames(&self) -> BackwardGuard {
+        let before = self.0.backward_of.replace(None);
+        BackwardGuard { device: self.clone(), before }
+    }
+
     fn rebuild_scope_path(&self) {
         let scope = self.0.scope.borrow();
         let names: Vec<&str> = scope.iter().map(|(name, _)| name.as_str()).collect();

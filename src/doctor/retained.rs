@@ -3,8 +3,8 @@
 //! hidden state not detached, `retain_graph=True`), or, in a loop that never calls backward, two
 //! iterations later (the graph kept past the next step, not just until its replacement). A
 //! tensor freed by the next iteration's backward is a state carried into the new graph (a
-//! detached hidden state): the new graph uses it, it is not retained. Nor is a key/value cache,
-//! which generation keeps on purpose.
+//! detached hidden state): the new graph uses it, it is not retained. Nor is a key/value cache
+//! in a loop without backward: generation keeps it on purpose.
 
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, Patient, RETAINED_GRAPH, StackBytes, size};
@@ -38,8 +38,12 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         return None;
     }
     let a = &p.timeline.allocations;
-    let forward: Vec<usize> =
-        s.order.iter().copied().filter(|&id| s.phase[id] == Some(Phase::Forward) && !steps::is_library_buffer(p, id) && !steps::is_kv_cache(p, id)).collect();
+    let forward: Vec<usize> = s
+        .order
+        .iter()
+        .copied()
+        .filter(|&id| s.phase[id] == Some(Phase::Forward) && !steps::is_library_buffer(p, id) && (s.has_backward || !steps::is_kv_cache(p, id)))
+        .collect();
     let events = p.timeline.events;
     // Each iteration's backward: from its first backward allocation to the next pass.
     let backward: Vec<Option<(u32, u32)>> = (0..=n)

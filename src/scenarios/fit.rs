@@ -36,6 +36,10 @@ pub struct FitTable {
 /// The parameters a fit may search.
 pub const FIT_PARAMETERS: [&str; 2] = ["batch", "context"];
 
+/// The strategies and cards a table compares unless told otherwise.
+pub const DEFAULT_STRATEGIES: [&str; 4] = ["ddp", "zero1", "zero2", "fsdp"];
+pub const DEFAULT_CARDS: [&str; 3] = ["H100-80GB", "A100-40GB", "RTX4090-24GB"];
+
 /// The outcome of one probe: it fits (the heaviest rank's peaks), it ran out of memory, or the
 /// value is refused by the scenario's own checks (a limit, not memory).
 enum Probe {
@@ -135,6 +139,16 @@ pub fn fit_table(
     cards: &[String],
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<FitTable, ScenarioError> {
+    // A setting the scenario refuses whatever the strategy and the value (a bad rank, an
+    // unknown parameter) is an error, not a cell of the table.
+    let mut plain = base.clone();
+    plain.set.insert(vary.to_string(), "1".into());
+    plain.set.remove("strategy");
+    if let Err(e @ ScenarioError::Parameter { .. }) = super::check(&plain)
+        && !strategies.is_empty()
+    {
+        return Err(e);
+    }
     let total = strategies.len() * cards.len();
     let mut cells = Vec::with_capacity(total);
     for strategy in strategies {

@@ -373,6 +373,12 @@ fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
     Ok(Plan { scenario, values, config, card, capacity: request.capacity })
 }
 
+/// Checks a request as `run` would (the scenario, its variant and parameters, the card and the
+/// settings) without running it.
+pub fn check(request: &RunRequest) -> Result<(), ScenarioError> {
+    plan(request).map(|_| ())
+}
+
 /// Runs a scenario on a simulated card (`sim:...`, the default).
 pub fn run(request: &RunRequest) -> Result<RunResult, ScenarioError> {
     let plan = plan(request)?;

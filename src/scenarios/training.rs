@@ -77,11 +77,11 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
             1,
             1024,
             "gradient accumulation: micro-batches of `batch` per optimizer step, each forward, loss / accumulation and backward \
-             (the previous micro-batch's logits and loss referenced until the next forward returns, as a Python loop keeps them); \
-             gradients (and under zero2/fsdp their shards) add up",
+             (the previous micro-batch's logits referenced until the next forward returns, its loss until the next loss is \
+             made, as a Python loop rebinds them); gradients (and under zero2/fsdp their shards) add up",
         ),
         Parameter::flag("master_weights", "false", MASTER_WEIGHTS_HELP),
-        Parameter::integer("world", "1", 1, 65_536, "GPUs training together (data parallel), each rank simulated"),
+        Parameter::integer("world", "1", 1, 65_536, "GPUs training together (world / tp data-parallel replicas of tp ranks each), each rank simulated"),
         Parameter::choice("strategy", "ddp", Strategy::NAMES, STRATEGY_HELP),
         Parameter::integer("tp", "1", 1, 1024, TP_HELP),
         Parameter::integer("node", "8", 1, 1024, "GPUs per node: hsdp shards within a node"),
@@ -94,9 +94,10 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
     ]
 }
 
-const STRATEGY_HELP: &str = "with world > 1: ddp (DistributedDataParallel: everything on every rank, gradients all-reduced from 25 MiB \
-                             buckets the reducer keeps), zero1 (DDP with ZeroRedundancyOptimizer: each parameter's optimizer state on \
-                             one rank), zero2 (gradients and optimizer state in flat shards, 1/world each, gradients reduce-scattered \
+const STRATEGY_HELP: &str = "with world > 1: ddp (DistributedDataParallel: everything on every rank, gradients all-reduced from \
+                             buckets the reducer keeps: one of every gradient, rebuilt after the first backward as 1 MiB then \
+                             25 MiB ones), zero1 (DDP with ZeroRedundancyOptimizer: each parameter's optimizer state on \
+                             one rank), zero2 (gradients and optimizer state in flat shards, one per data-parallel rank, reduce-scattered \
                              after each block), fsdp (FULL_SHARD: parameters too; a block's parameters all-gathered while it runs) or \
                              hsdp (fsdp within a node, replicated across nodes)";
 const TP_HELP: &str = "tensor parallelism: each layer split over tp ranks (the Llama-style models: q, k, v, gate, up and the vocabulary \
@@ -552,9 +553,11 @@ fn rank_classes(parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
     if parallel.strategy != Strategy::Zero1 {
         return vec![(0..parallel.world).collect()];
     }
-    let mut classes: Vec<(Vec<Vec<usize>>, Vec<usize>)> = Vec::new();
+    // Each class: what its ranks step (shape and type of each parameter), and the ranks.
+    type Owned = Vec<(Vec<usize>, DType)>;
+    let mut classes: Vec<(Owned, Vec<usize>)> = Vec::new();
     for rank in 0..parallel.world {
-        let shapes: Vec<Vec<usize>> = zero1_owned(parameters, parallel.dp(), parallel.dp_rank(rank)).iter().map(|p| p.shape().to_vec()).collect();
+        let shapes: Owned = zero1_owned(parameters, parallel.dp(), parallel.dp_rank(rank)).iter().map(|p| (p.shape().to_vec(), p.dtype())).collect();
         match classes.iter_mut().find(|(s, _)| *s == shapes) {
             Some((_, ranks)) => ranks.push(rank),
             None => classes.push((shapes, vec![rank])),
@@ -588,13 +591,13 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
     let dev = rec.device.clone();
     let (batch, context, vocab) = (v.int("batch"), v.int("context"), model.vocab());
     let trainable = model.parameters();
-    let (mut wrapper, stepped) = if parallel.world == 1 {
+    // One replica (world = tp) has no data-parallel wrapper.
+    let (mut wrapper, stepped) = if parallel.dp() == 1 {
         (Wrapper::None, trainable.iter().map(Tensor::share).collect())
     } else {
         match parallel.strategy {
             Strategy::Ddp | Strategy::Zero1 => {
-                let frozen: Vec<Tensor> = model.all_parameters().into_iter().filter(|p| !p.requires_grad()).collect();
-                let ddp = Ddp::new(&dev, &trainable, &frozen)?;
+                let ddp = Ddp::new(&dev, &trainable, &model.all_parameters())?;
                 let stepped = match parallel.strategy {
                     Strategy::Zero1 => zero1_owned(&model.all_parameters(), parallel.dp(), parallel.dp_rank(rank)),
                     _ => trainable.iter().map(Tensor::share).collect(),
@@ -650,6 +653,8 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
             rec.step(phase("forward"));
             let mut new_loss = model.loss(out, &targets)?;
             if micro_batches > 1 {
+                // `loss = loss_fn(...)` rebinds before `loss = loss / n` divides it.
+                loss = None;
                 new_loss = new_loss.div_scalar(micro_batches as f64)?;
             }
             let loss = loss.insert(new_loss);
@@ -659,8 +664,10 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
                 Some(scaler) => scaler.scale(loss)?.backward()?,
                 None => loss.backward()?,
             }
-            if let Wrapper::Sharded(sharded) = &wrapper {
-                sharded.finish_backward()?;
+            match &mut wrapper {
+                Wrapper::Ddp(ddp) => ddp.after_backward(),
+                Wrapper::Sharded(sharded) => sharded.finish_backward()?,
+                Wrapper::None => {}
             }
             rec.step(phase("backward"));
         }

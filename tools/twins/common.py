@@ -224,7 +224,9 @@ class Recorder:
                           max(self.peaks[1], torch.cuda.max_memory_reserved(self.device)))
 
     def count_parameters(self, params):
-        self.model_parameters = sum(p.numel() for p in params)
+        # A bitsandbytes 4-bit weight stores two elements per byte: counted by its elements, as
+        # PEFT's get_nb_trainable_parameters does (and tensormem's model_parameters).
+        self.model_parameters = sum(p.numel() * (2 if type(p).__name__ == "Params4bit" else 1) for p in params)
 
 
 def start_recording(torch, args, device):

@@ -10,7 +10,7 @@ pub use scaler::GradScaler;
 
 use crate::autograd;
 use crate::device::Device;
-use crate::tensor::{Result, Tensor, TensorError};
+use crate::tensor::{DType, Result, Tensor, TensorError};
 use crate::trace::Category;
 
 /// What every optimizer does.
@@ -43,21 +43,24 @@ pub trait Optimizer {
 /// gradient besides the inner optimizer's state.
 pub struct MasterWeights {
     params: Vec<Tensor>,
-    masters: Vec<Tensor>,
+    /// Each 16-bit parameter's float32 copy; None for a float32 parameter (a LoRA adapter over
+    /// a 16-bit base), which the inner optimizer steps itself.
+    masters: Vec<Option<Tensor>>,
     inner: Box<dyn Optimizer>,
 }
 
 impl MasterWeights {
     pub fn new(params: Vec<Tensor>, inner: impl FnOnce(Vec<Tensor>) -> Box<dyn Optimizer>) -> Result<MasterWeights> {
         let _no_grad = autograd::no_grad();
-        let masters = match params.first() {
-            Some(p) => {
+        let masters = params
+            .iter()
+            .map(|p| {
                 let _state = p.device().category(Category::OptimizerState);
-                params.iter().map(|p| p.to(crate::tensor::DType::F32)).collect::<Result<Vec<_>>>()?
-            }
-            None => Vec::new(),
-        };
-        Ok(MasterWeights { inner: inner(masters.iter().map(Tensor::share).collect()), params, masters })
+                (p.dtype() != DType::F32).then(|| p.to(DType::F32)).transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let stepped = params.iter().zip(&masters).map(|(p, m)| m.as_ref().unwrap_or(p).share()).collect();
+        Ok(MasterWeights { inner: inner(stepped), params, masters })
     }
 }
 
@@ -67,9 +70,10 @@ impl Optimizer for MasterWeights {
     }
 
     fn step(&mut self) -> Result<()> {
+        let copies = || self.params.iter().zip(&self.masters).filter_map(|(p, m)| m.as_ref().map(|m| (p, m)));
         {
             let _no_grad = autograd::no_grad();
-            for (p, master) in self.params.iter().zip(&self.masters) {
+            for (p, master) in copies() {
                 let Some(grad) = p.grad() else { continue };
                 match master.grad() {
                     Some(kept) => {
@@ -77,7 +81,7 @@ impl Optimizer for MasterWeights {
                     }
                     None => {
                         let _gradient = p.device().category(Category::Gradient);
-                        master.set_grad(Some(grad.to(crate::tensor::DType::F32)?));
+                        master.set_grad(Some(grad.to(DType::F32)?));
                     }
                 }
                 // Upcast, the 16-bit gradient goes (DeepSpeed frees it once copied).
@@ -86,7 +90,7 @@ impl Optimizer for MasterWeights {
         }
         self.inner.step()?;
         let _no_grad = autograd::no_grad();
-        for (p, master) in self.params.iter().zip(&self.masters) {
+        for (p, master) in copies() {
             if master.grad().is_some() {
                 p.copy_(master)?;
             }

@@ -66,17 +66,21 @@ pub struct Ddp {
     /// Buffers, not tensors: the first bucket holds every gradient, more elements than a tensor
     /// indexes in wasm.
     buckets: Vec<Buffer>,
+    /// The parameters in the order their gradients became ready in the first backward.
+    ready: Option<Vec<usize>>,
     rebuilt: bool,
 }
 
 impl Ddp {
-    /// Wraps a model whose trainable parameters are `params` (registration order) and whose
-    /// frozen parameters are `frozen`: broadcasts them all from rank 0, then makes the first
-    /// buckets: with `find_unused_parameters=False` (the default) one per type, holding every
-    /// parameter (`[sys.maxsize]` limits, "put all params in one bucket initially").
-    pub fn new(device: &Device, params: &[Tensor], frozen: &[Tensor]) -> Result<Ddp> {
-        broadcast_coalesced(device, params.iter().chain(frozen))?;
-        let mut ddp = Ddp { device: device.clone(), params: params.iter().map(Tensor::share).collect(), buckets: Vec::new(), rebuilt: false };
+    /// Wraps a model whose trainable parameters are `params` and whose every parameter, frozen
+    /// ones included, is `module_states` (both in registration order): broadcasts the module
+    /// from rank 0, then makes the first buckets: with `find_unused_parameters=False` (the
+    /// default) one per type, holding every parameter (`[sys.maxsize]` limits, "put all params
+    /// in one bucket initially").
+    pub fn new(device: &Device, params: &[Tensor], module_states: &[Tensor]) -> Result<Ddp> {
+        broadcast_coalesced(device, module_states.iter())?;
+        let shared = params.iter().map(Tensor::share).collect();
+        let mut ddp = Ddp { device: device.clone(), params: shared, buckets: Vec::new(), ready: None, rebuilt: false };
         let tensors: Vec<(usize, DType)> = params.iter().map(|p| (p.numel(), p.dtype())).collect();
         let mut assignment = bucket_assignment(&tensors, &[u64::MAX]);
         assignment.reverse();
@@ -84,17 +88,25 @@ impl Ddp {
         Ok(ddp)
     }
 
-    /// `_pre_forward`'s `_rebuild_buckets`, once, at the second forward: buckets of 1 MiB then
-    /// 25 MiB over the parameters in the order their gradients became ready in the first
-    /// backward (the old buckets are released first). Before any backward, nothing.
-    pub fn before_forward(&mut self) -> Result<()> {
-        if self.rebuilt || self.params.iter().all(|p| p.grad().is_none()) {
-            return Ok(());
+    /// After a backward: the first one's gradient-ready order is what the rebuild follows (the
+    /// reducer's autograd hooks record it).
+    pub fn after_backward(&mut self) {
+        if self.ready.is_some() {
+            return;
         }
-        self.rebuilt = true;
         // A gradient's tensor id orders it by when it was made in backward.
         let mut ready: Vec<usize> = (0..self.params.len()).filter(|&i| self.params[i].grad().is_some()).collect();
         ready.sort_by_key(|&i| self.params[i].grad().map(|g| g.id()));
+        self.ready = Some(ready);
+    }
+
+    /// `_pre_forward`'s `_rebuild_buckets`, once, at the forward after the first backward:
+    /// buckets of 1 MiB then 25 MiB over the parameters in the order their gradients became
+    /// ready (the old buckets are released first).
+    pub fn before_forward(&mut self) -> Result<()> {
+        let Some(ready) = self.ready.as_ref().filter(|_| !self.rebuilt) else { return Ok(()) };
+        self.rebuilt = true;
+        let ready = ready.clone();
         let tensors: Vec<(usize, DType)> = ready.iter().map(|&i| (self.params[i].numel(), self.params[i].dtype())).collect();
         // In gradient-ready order: no sort (the C++ sorts only without indices).
         let mut assignment = bucket_assignment_unsorted(&tensors, &[DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES]);
@@ -115,11 +127,6 @@ impl Ddp {
             self.buckets.push(self.device.buffer(bytes, "empty")?);
         }
         Ok(())
-    }
-
-    /// The buckets' sizes in bytes, in the reducer's order.
-    pub fn bucket_bytes(&self) -> Vec<u64> {
-        self.buckets.iter().map(Buffer::bytes).collect()
     }
 }
 

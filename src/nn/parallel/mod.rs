@@ -147,6 +147,7 @@ fn backward_hook(x: &Tensor, hook: impl Fn() -> Result<()> + 'static) -> Tensor 
         x.alias(),
         &[],
         Box::new(move |_, g| {
+            let _named = g.device().hook_frames();
             hook()?;
             Ok(vec![Some(g.share())])
         }),
@@ -161,6 +162,9 @@ pub fn check(parallel: &Parallel) -> std::result::Result<(), String> {
     if parallel.dp() == 1 && parallel.strategy != Strategy::Ddp {
         let ranks = if parallel.tp > 1 { format!("world={} with tp={} is one replica", parallel.world, parallel.tp) } else { "world=1 is one GPU".into() };
         return Err(format!("strategy={} shards over several data-parallel ranks: set world ({ranks})", parallel.strategy.name()));
+    }
+    if parallel.strategy == Strategy::Hsdp && (parallel.node < parallel.tp || !parallel.node.is_multiple_of(parallel.tp)) {
+        return Err(format!("hsdp shards within a node: node={} must be a multiple of tp={} (a node holds whole replicas)", parallel.node, parallel.tp));
     }
     if parallel.strategy == Strategy::Hsdp && !parallel.dp().is_multiple_of(parallel.shard_world()) {
         return Err(format!("hsdp shards within a node of {} GPUs: world={} is not a whole number of nodes", parallel.node, parallel.world));

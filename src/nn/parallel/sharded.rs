@@ -4,8 +4,9 @@
 //! parameters, per type and per trainable-or-frozen, pads them to a multiple of the ranks and
 //! keeps 1/ranks of them. The optimizer sees only these shards: its state is 1/ranks of the
 //! model's. After a unit's backward its gradients are reduce-scattered: a flat buffer of the
-//! unit's padded size on the reduce-scatter stream, the unsharded gradients freed, and the
-//! rank's shard of the sum, which becomes the shard's gradient.
+//! unit's padded size on the compute stream (FSDP1's padded unsharded gradient), the unsharded
+//! gradients freed, and the rank's shard of the sum on the reduce-scatter stream, which becomes
+//! the shard's gradient.
 //!
 //! Under `fsdp` the parameters themselves live only as shards (they are made without memory,
 //! as on the meta device). A unit's full parameters are all-gathered into a flat buffer on the
@@ -98,11 +99,6 @@ impl Sharded {
         root.chain(&self.units[..self.units.len() - 1]).flat_map(|u| u.groups.iter().filter(|g| g.trainable).map(|g| g.shard.share())).collect()
     }
 
-    /// Each unit's shard bytes (all its groups), blocks then root.
-    pub fn shard_bytes(&self) -> Vec<u64> {
-        self.units.iter().map(|u| u.groups.iter().map(|g| g.shard.storage_bytes()).sum()).collect()
-    }
-
     fn root(&self) -> usize {
         self.units.len() - 1
     }
@@ -148,16 +144,19 @@ impl Sharded {
     fn reduce(&self, unit: usize) -> Result<()> {
         let u = &self.units[unit];
         u.reduced.set(true);
-        let _stream = self.device.stream(REDUCE_SCATTER_STREAM);
         let _gradients = self.device.category(Category::Gradient);
         let _scope = self.device.scope(&format!("FSDP.{}.reduce_scatter", u.name));
         for g in u.groups.iter().filter(|g| g.trainable && g.params.iter().any(|p| p.grad().is_some())) {
             let shard = g.shard.numel();
+            // The padded flat gradient, on the compute stream where backward made it.
             let input = self.device.buffer(shard as u64 * g.dtype.size() as u64 * self.ranks as u64, "reduce_scatter")?;
             for p in &g.params {
                 p.set_grad(None);
             }
-            let output = self.device.empty(&[shard], g.dtype)?;
+            let output = {
+                let _stream = self.device.stream(REDUCE_SCATTER_STREAM);
+                self.device.empty(&[shard], g.dtype)?
+            };
             drop(input);
             match g.shard.grad() {
                 None => g.shard.set_grad(Some(output)),
