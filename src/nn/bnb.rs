@@ -129,17 +129,6 @@ impl Quant4bit {
         [&self.packed, &self.absmax, &self.code, &self.offset, &self.absmax2, &self.code2].iter().map(|t| (t.numel() * t.dtype().size()) as u64).sum()
     }
 
-    /// `F.dequantize_4bit(B, quant_state)`: the absmax dequantised (float32 [blocks], the
-    /// offset added in place, freed on return), then the weight [out, in] in its original type.
-    #[track_caller]
-    fn dequantize(&self, device: &Device) -> Result<Tensor> {
-        let blocks = (self.shape[0] * self.shape[1]).div_ceil(BLOCKSIZE_4BIT);
-        let absmax = device.empty_tensor(&[blocks], DType::F32, "bitsandbytes::dequantize_blockwise")?;
-        let weight = device.empty_tensor(&self.shape, self.dtype, "bitsandbytes::dequantize_4bit")?;
-        drop(absmax);
-        Ok(weight)
-    }
-
     /// `Linear4bit.forward` with `bnb_4bit_compute_dtype`: x cast to `compute`, `matmul_4bit`
     /// (`MatMul4Bit`), the result cast back to x's type. Simulated only: tensormem has no 4-bit
     /// kernels.
@@ -157,7 +146,7 @@ impl Quant4bit {
         let output = {
             // Inside an autograd.Function's forward nothing is recorded.
             let _no_grad = autograd::no_grad();
-            let weight = self.dequantize(&device)?;
+            let weight = dequantize(&device, self.shape, self.dtype)?;
             // `.to(A.dtype)`: a copy when the weight was quantised from another type.
             let weight = weight.to(x.dtype())?;
             x.linear(&weight, bias.as_ref())?
@@ -171,12 +160,7 @@ impl Quant4bit {
                 &[],
                 Box::new(move |_saved, g| {
                     // grad_A = grad_output @ dequantize_4bit(B).to(grad_output.dtype).
-                    let device = g.device().clone();
-                    let blocks = (shape[0] * shape[1]).div_ceil(BLOCKSIZE_4BIT);
-                    let absmax = device.empty_tensor(&[blocks], DType::F32, "bitsandbytes::dequantize_blockwise")?;
-                    let weight = device.empty_tensor(&shape, dtype, "bitsandbytes::dequantize_4bit")?;
-                    drop(absmax);
-                    let weight = weight.to(g.dtype())?;
+                    let weight = dequantize(g.device(), shape, dtype)?.to(g.dtype())?;
                     Ok(vec![Some(g.matmul(&weight)?)])
                 }),
             )
@@ -185,4 +169,16 @@ impl Quant4bit {
         };
         output.to(input_dtype)
     }
+}
+
+/// `F.dequantize_4bit(B, quant_state)` of a weight of `shape` quantised from `dtype`: the absmax
+/// dequantised (float32 [blocks], the offset added in place, freed on return), then the weight
+/// [out, in] in its original type. Forward and backward both run it.
+#[track_caller]
+fn dequantize(device: &Device, shape: [usize; 2], dtype: DType) -> Result<Tensor> {
+    let blocks = (shape[0] * shape[1]).div_ceil(BLOCKSIZE_4BIT);
+    let absmax = device.empty_tensor(&[blocks], DType::F32, "bitsandbytes::dequantize_blockwise")?;
+    let weight = device.empty_tensor(&shape, dtype, "bitsandbytes::dequantize_4bit")?;
+    drop(absmax);
+    Ok(weight)
 }
