@@ -321,3 +321,31 @@ fn fit_reports_a_setting_the_scenario_refuses_as_an_error() {
         .to_string();
     assert!(e.contains("rank=5 is not one of the 2 ranks"), "{e}");
 }
+
+#[test]
+fn fsdp2_keeps_a_padded_shard_per_parameter_and_its_last_ranks_step_fewer_rows() {
+    use tensormem::nn::parallel::shard_sizes;
+    let lm = Lm::new(&Device::sim(SimOptions::preset("H100-80GB")), LmConfig::preset("small", 64, DType::F32).unwrap()).unwrap();
+    let shapes: Vec<Vec<usize>> = lm.parameters().iter().map(|p| p.shape().to_vec()).collect();
+    let set = [("size", "small"), ("batch", "2"), ("context", "64"), ("optimizer", "adamw"), ("warmup", "0"), ("strategy", "fsdp"), ("fsdp_version", "2")];
+    let (inputs, rope) = (2 * 2 * 64 * 8, 2 * 64 * 32 * 4);
+    for world in [3usize, 4] {
+        let w = world.to_string();
+        let r = run("lm-train", &[&set[..], &[("world", &w)]].concat());
+        // fully_shard: each parameter's dim 0 padded to ceil(dim0 / ranks) rows, one buffer each
+        // (10,000 vocabulary rows over 3 ranks: 3,334 each, the last rank's 2 of them padding).
+        let padded: u64 = shapes.iter().map(|s| shard_sizes(s, world, 0).0 as u64 * 4).sum();
+        assert_eq!(requested(&r.steps, "model and batch"), padded + inputs + rope, "world {world}");
+        for rank in &r.ranks {
+            let local: u64 = shapes.iter().map(|s| shard_sizes(s, world, rank.rank).1 as u64 * 4).sum();
+            assert_eq!(
+                requested(&rank.steps, "optimizer step") - requested(&rank.steps, "backward"),
+                2 * local,
+                "world {world} rank {}: AdamW's moments of its rows",
+                rank.rank
+            );
+        }
+        let distinct: std::collections::BTreeSet<u64> = r.ranks.iter().map(|k| requested(&k.steps, "optimizer step")).collect();
+        assert_eq!(distinct.len(), if world == 3 { 2 } else { 1 }, "world {world}: the last rank steps fewer rows only where 10,000 does not divide");
+    }
+}

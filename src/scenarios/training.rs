@@ -9,7 +9,7 @@
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp;
 use crate::nn::optim::{Adam, AdamW8bit, GradScaler, HandwrittenAdamW, MasterWeights, Optimizer, Sgd};
-use crate::nn::parallel::{self, BlockHooks, Ddp, Hooks, Parallel, Sharded, Strategy};
+use crate::nn::parallel::{self, BlockHooks, Ddp, FullyShard, Hooks, Parallel, Sharded, Strategy};
 use crate::nn::{
     Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, LM_SIZES, Lm, LmConfig, LoraConfig, Module, Quantize, Transformer,
     TransformerConfig,
@@ -85,6 +85,7 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
         Parameter::choice("strategy", "ddp", Strategy::NAMES, STRATEGY_HELP),
         Parameter::integer("tp", "1", 1, 1024, TP_HELP),
         Parameter::integer("node", "8", 1, 1024, "GPUs per node: hsdp shards within a node"),
+        Parameter::choice("fsdp_version", "1", &["1", "2"], FSDP_VERSION_HELP),
         Parameter::flag(
             "reshard_after_forward",
             "true",
@@ -100,6 +101,11 @@ const STRATEGY_HELP: &str = "with world > 1: ddp (DistributedDataParallel: every
                              one rank), zero2 (gradients and optimizer state in flat shards, one per data-parallel rank, reduce-scattered \
                              after each block), fsdp (FULL_SHARD: parameters too; a block's parameters all-gathered while it runs) or \
                              hsdp (fsdp within a node, replicated across nodes)";
+const FSDP_VERSION_HELP: &str = "fsdp, hsdp: 1 (FullyShardedDataParallel: each block's parameters one flat, padded FlatParameter, \
+                                 gathered into one buffer) or 2 (fully_shard: each parameter its own padded dim-0 shard; a block's \
+                                 all-gather output copied out into a buffer per parameter, the previous block's output kept until the \
+                                 next exists in forward; the reduce-scatter input kept until the next block's; sharded gradients views \
+                                 of the reduce-scatter output)";
 const TP_HELP: &str = "tensor parallelism: each layer split over tp ranks (the Llama-style models: q, k, v, gate, up and the vocabulary \
                        by their outputs, o and down by their inputs, as torchtitan's plan), world / tp replicas trained under \
                        strategy; tp divides world";
@@ -508,6 +514,7 @@ fn parallel(v: &Values) -> Parallel {
         strategy: Strategy::parse(v.choice("strategy")).expect("checked against the names"),
         node: v.int("node"),
         reshard_after_forward: v.flag("reshard_after_forward"),
+        fsdp_version: if v.choice("fsdp_version") == "2" { 2 } else { 1 },
     }
 }
 
@@ -550,6 +557,18 @@ fn build_deferred(rec: &mut Recorder, v: &Values, build: Build, parallel: &Paral
 /// Ranks that allocate alike, each class in rank order: all of them, except under zero1, whose
 /// ranks each own a different set of parameters.
 fn rank_classes(parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
+    if parallel.shards_parameters() && parallel.fsdp_version == 2 {
+        // fully_shard's last ranks step fewer rows where dim 0 does not divide.
+        let mut classes: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
+        for rank in 0..parallel.world {
+            let local: Vec<usize> = parameters.iter().map(|p| parallel::shard_sizes(p.shape(), parallel.shard_world(), parallel.shard_rank(rank)).1).collect();
+            match classes.iter_mut().find(|(l, _)| *l == local) {
+                Some((_, ranks)) => ranks.push(rank),
+                None => classes.push((local, vec![rank])),
+            }
+        }
+        return classes.into_iter().map(|(_, ranks)| ranks).collect();
+    }
     if parallel.strategy != Strategy::Zero1 {
         return vec![(0..parallel.world).collect()];
     }
@@ -581,6 +600,7 @@ enum Wrapper {
     /// DDP's buckets (zero1 too): kept for the whole run.
     Ddp(Ddp),
     Sharded(Rc<Sharded>),
+    FullyShard(Rc<FullyShard>),
 }
 
 /// `warmup` steps, then `steps` recorded steps, each labelled by phase (`warm-up forward` for
@@ -608,10 +628,17 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
                 let blocks = model.blocks();
                 let in_blocks: std::collections::HashSet<u64> = blocks.iter().flat_map(|(_, ps)| ps.iter().map(Tensor::id)).collect();
                 let root = model.all_parameters().into_iter().filter(|p| !in_blocks.contains(&p.id())).collect();
-                let sharded = Rc::new(Sharded::new(&dev, blocks, root, parallel)?);
-                model.set_hooks(Some(Rc::clone(&sharded) as Rc<dyn BlockHooks>));
-                let stepped = sharded.optimizer_parameters();
-                (Wrapper::Sharded(sharded), stepped)
+                if parallel.shards_parameters() && parallel.fsdp_version == 2 {
+                    let fully = Rc::new(FullyShard::new(&dev, blocks, root, parallel, rank)?);
+                    model.set_hooks(Some(Rc::clone(&fully) as Rc<dyn BlockHooks>));
+                    let stepped = fully.optimizer_parameters();
+                    (Wrapper::FullyShard(fully), stepped)
+                } else {
+                    let sharded = Rc::new(Sharded::new(&dev, blocks, root, parallel)?);
+                    model.set_hooks(Some(Rc::clone(&sharded) as Rc<dyn BlockHooks>));
+                    let stepped = sharded.optimizer_parameters();
+                    (Wrapper::Sharded(sharded), stepped)
+                }
             }
         }
     };
@@ -645,11 +672,15 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
             match &mut wrapper {
                 Wrapper::Ddp(ddp) => ddp.before_forward()?,
                 Wrapper::Sharded(sharded) => sharded.begin_forward()?,
+                Wrapper::FullyShard(fully) => fully.begin_forward()?,
                 Wrapper::None => {}
             }
             let autocast = autocast_dtype.map(amp::autocast).transpose()?;
             // `logits = model(x)` rebinds only once the forward returns.
             let out = logits.insert(model.forward(&ids)?);
+            if let Wrapper::FullyShard(fully) = &wrapper {
+                fully.end_forward();
+            }
             rec.step(phase("forward"));
             let mut new_loss = model.loss(out, &targets)?;
             if micro_batches > 1 {
@@ -667,6 +698,7 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
             match &mut wrapper {
                 Wrapper::Ddp(ddp) => ddp.after_backward(),
                 Wrapper::Sharded(sharded) => sharded.finish_backward()?,
+                Wrapper::FullyShard(fully) => fully.finish_backward()?,
                 Wrapper::None => {}
             }
             rec.step(phase("backward"));

@@ -85,6 +85,7 @@ STEP_PARAMETERS = lambda batch, context, optimizer, dtype: [  # noqa: E731
     ("strategy", "ddp", {"type": "choice", "options": ["ddp", "zero1", "zero2", "fsdp", "hsdp"]}),
     ("tp", "1", {"type": "integer", "min": 1, "max": 1024}),
     ("node", "8", {"type": "integer", "min": 1, "max": 1024}),
+    ("fsdp_version", "1", {"type": "choice", "options": ["1", "2"]}),
     ("reshard_after_forward", "true", {"type": "flag"}),
     ("rank", "0", {"type": "integer", "min": 0, "max": 65535}),
 ]

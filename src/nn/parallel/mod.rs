@@ -10,10 +10,12 @@
 //! under `zero1`'s uneven partition) are simulated once.
 
 mod ddp;
+mod fully_shard;
 mod sharded;
 mod zero;
 
 pub use ddp::{DDP_BROADCAST_BUCKET_BYTES, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, Ddp, bucket_assignment};
+pub use fully_shard::{FullyShard, shard_sizes};
 pub use sharded::{Sharded, shard_numel};
 pub use zero::partition_parameters;
 
@@ -74,11 +76,14 @@ pub struct Parallel {
     /// fsdp, hsdp: a block's gathered parameters are freed after its forward (FULL_SHARD) or
     /// kept until its backward has run (`reshard_after_forward=False`, SHARD_GRAD_OP).
     pub reshard_after_forward: bool,
+    /// fsdp, hsdp: 1 (FlatParameter shards, `FullyShardedDataParallel`) or 2 (per-parameter
+    /// shards, `fully_shard`).
+    pub fsdp_version: u8,
 }
 
 impl Parallel {
     pub fn single() -> Parallel {
-        Parallel { world: 1, tp: 1, strategy: Strategy::Ddp, node: 8, reshard_after_forward: true }
+        Parallel { world: 1, tp: 1, strategy: Strategy::Ddp, node: 8, reshard_after_forward: true, fsdp_version: 1 }
     }
 
     /// The data-parallel ranks: model replicas.
@@ -89,6 +94,11 @@ impl Parallel {
     /// A rank's place among the replicas.
     pub fn dp_rank(&self, rank: usize) -> usize {
         rank / self.tp
+    }
+
+    /// A rank's place in its shard group.
+    pub fn shard_rank(&self, rank: usize) -> usize {
+        self.dp_rank(rank) % self.shard_world()
     }
 
     /// The replicas one shard is split over: all of them, or a node's under `hsdp`.
