@@ -5,6 +5,7 @@
 // largest value that fits, with the recordings' settings and with expandable_segments:True.
 import { escapeHtml as escape, formatBytes, ticks } from './format.js';
 import { prepareCanvas } from './canvas.js';
+import { latestOnly } from './job.js';
 
 const SLOTS = 3;
 const RECORDED_COLORS = ['#2563eb', '#0d9488', '#7c3aed'];
@@ -149,38 +150,25 @@ export function setUpFits({ ask, load, presets, showProgress, hideProgress, down
     };
   }
 
-  let ticket = 0;
-  async function predict() {
-    clearError();
-    let r;
-    try {
-      r = request();
-    } catch (e) {
-      return showError(e.message);
-    }
-    const mine = ++ticket;
-    $('fits-run').disabled = true;
-    $('fits-status').textContent = 'predicting…';
-    showProgress('predicting', 0);
-    try {
-      const out = await ask('fitsPredict', { slots: r.slots, request: r.request });
-      if (mine !== ticket) return;
-      show(out, r);
-      $('fits-status').textContent = '';
-    } catch (e) {
-      if (mine === ticket) {
-        $('fits-status').textContent = '';
-        // No figures of an earlier prediction under an error about this one.
-        $('fits-result').replaceChildren();
-        $('fits-export').hidden = true;
-        $('fits-open').hidden = true;
-        showError(e.message);
-      }
-    } finally {
-      $('fits-run').disabled = false;
-      hideProgress();
-    }
-  }
+  const predict = latestOnly({
+    button: $('fits-run'),
+    status: $('fits-status'),
+    read: request,
+    busy: () => 'predicting…',
+    work: (r) => {
+      showProgress('predicting', 0);
+      return ask('fitsPredict', { slots: r.slots, request: r.request });
+    },
+    show: (r, out) => show(out, r),
+    fail: () => {
+      $('fits-result').replaceChildren();
+      $('fits-export').hidden = true;
+      $('fits-open').hidden = true;
+    },
+    showError,
+    clearError,
+    hideProgress,
+  });
 
   function show(out, r) {
     const p = out.prediction;

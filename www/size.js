@@ -6,6 +6,7 @@
 // `rank=k` and opens in the timeline above, as a scenario run does.
 import { escapeHtml as escape, formatBytes, ticks } from './format.js';
 import { prepareCanvas } from './canvas.js';
+import { latestOnly } from './job.js';
 import { CATEGORY_ORDER, categoryColor } from './palette.js';
 
 const $ = (id) => document.getElementById(id);
@@ -148,50 +149,29 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress, sh
     return { scenario: SCENARIO, set, device: `sim:${card === 'custom' ? size : card}` };
   }
 
-  let ticket = 0;
   let shown = null; // {request, run, groups}
-  async function size() {
-    clearError();
-    let r;
-    try {
-      r = request();
-    } catch (e) {
-      return showError(e.message);
-    }
-    const mine = ++ticket;
-    $('size-run').disabled = true;
-    $('size-status').textContent = `simulating ${r.set.world} GPU${r.set.world === '1' ? '' : 's'}…`;
-    try {
-      const run = await ask('sizeModel', { request: r });
-      if (mine !== ticket) return;
-      show(r, run);
-    } catch (e) {
-      if (mine !== ticket) return;
-      // No figures of an earlier run under an error about this one.
+  const size = latestOnly({
+    button: $('size-run'),
+    status: $('size-status'),
+    read: request,
+    busy: (r) => `simulating ${r.set.world} GPU${r.set.world === '1' ? '' : 's'}…`,
+    work: (r) => ask('sizeModel', { request: r }),
+    show,
+    fail: () => {
       shown = null;
       $('size-result').replaceChildren();
-      showError(e.message);
-    } finally {
-      if (mine === ticket) {
-        $('size-run').disabled = false;
-        $('size-status').textContent = '';
-        hideProgress();
-      }
-    }
-  }
+    },
+    showError,
+    clearError,
+    hideProgress,
+  });
   $('size-run').onclick = size;
 
   // ---- What fits: the largest batch (or context) for every strategy on every card.
   const fitCards = FIT_CARDS.filter((c) => scenarios.presets.some((p) => p.name === c));
-  let fitTicket = 0;
-  async function fitTable() {
-    clearError();
-    let r;
-    try {
-      r = request();
-    } catch (e) {
-      return showError(e.message);
-    }
+  // The table's request: the form's settings but for the strategy, searched over `vary`.
+  function fitRequest() {
+    const r = request();
     const vary = $('size-fit-vary').value;
     const set = { ...r.set };
     delete set.strategy;
@@ -203,27 +183,20 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress, sh
       strategies.push('hsdp');
       set.node = node;
     }
-    const req = { scenario: SCENARIO, set, vary, strategies, cards: fitCards };
-    const mine = ++fitTicket;
-    $('size-fit-run').disabled = true;
-    $('size-fit-status').textContent = `searching the largest ${vary}: ${strategies.length} strategies × ${fitCards.length} cards…`;
-    try {
-      const table = await ask('sizeFitTable', { request: req });
-      if (mine !== fitTicket) return;
-      showFit(req, table);
-    } catch (e) {
-      if (mine !== fitTicket) return;
-      $('size-fit').replaceChildren();
-      showError(e.message);
-    } finally {
-      if (mine === fitTicket) {
-        $('size-fit-run').disabled = false;
-        $('size-fit-status').textContent = '';
-        hideProgress();
-      }
-    }
+    return { scenario: SCENARIO, set, vary, strategies, cards: fitCards };
   }
-  $('size-fit-run').onclick = fitTable;
+  $('size-fit-run').onclick = latestOnly({
+    button: $('size-fit-run'),
+    status: $('size-fit-status'),
+    read: fitRequest,
+    busy: (req) => `searching the largest ${req.vary}: ${req.strategies.length} strategies × ${req.cards.length} cards…`,
+    work: (req) => ask('sizeFitTable', { request: req }),
+    show: showFit,
+    fail: () => $('size-fit').replaceChildren(),
+    showError,
+    clearError,
+    hideProgress,
+  });
 
   // A cell clicked: the form set to its strategy, card and value, then sized.
   // The form must still hold the table's settings (but for the strategy, card and the value
