@@ -575,8 +575,10 @@ fn rank_classes(parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
     // Each class: what its ranks step (shape and type of each parameter), and the ranks.
     type Owned = Vec<(Vec<usize>, DType)>;
     let mut classes: Vec<(Owned, Vec<usize>)> = Vec::new();
+    // Partitioned once: a partition per rank would cost world x world x parameters.
+    let partition = zero1_partition(parameters, parallel.dp());
     for rank in 0..parallel.world {
-        let shapes: Owned = zero1_owned(parameters, parallel.dp(), parallel.dp_rank(rank)).iter().map(|p| (p.shape().to_vec(), p.dtype())).collect();
+        let shapes: Owned = zero1_owned(parameters, &partition[parallel.dp_rank(rank)]).iter().map(|p| (p.shape().to_vec(), p.dtype())).collect();
         match classes.iter_mut().find(|(s, _)| *s == shapes) {
             Some((_, ranks)) => ranks.push(rank),
             None => classes.push((shapes, vec![rank])),
@@ -585,13 +587,17 @@ fn rank_classes(parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
     classes.into_iter().map(|(_, ranks)| ranks).collect()
 }
 
-/// The trainable parameters rank `rank` steps under zero1: ZeroRedundancyOptimizer partitions
-/// every parameter (frozen ones too), largest first; its local optimizer holds them in that
-/// order.
-fn zero1_owned(parameters: &[Tensor], world: usize, rank: usize) -> Vec<Tensor> {
+/// ZeroRedundancyOptimizer's partition of every parameter (frozen ones too) over `world`
+/// data-parallel ranks: each rank's parameter indices, largest first.
+fn zero1_partition(parameters: &[Tensor], world: usize) -> Vec<Vec<usize>> {
     let numels: Vec<usize> = parameters.iter().map(Tensor::numel).collect();
-    let owned = &parallel::partition_parameters(&numels, world)[rank];
-    owned.iter().map(|&i| &parameters[i]).filter(|p| p.requires_grad()).map(Tensor::share).collect()
+    parallel::partition_parameters(&numels, world)
+}
+
+/// The trainable parameters a rank steps under zero1, of the indices it `owns`, in the order
+/// its local optimizer holds them.
+fn zero1_owned(parameters: &[Tensor], owns: &[usize]) -> Vec<Tensor> {
+    owns.iter().map(|&i| &parameters[i]).filter(|p| p.requires_grad()).map(Tensor::share).collect()
 }
 
 /// What a strategy wraps around one rank's training step.
@@ -619,7 +625,10 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
             Strategy::Ddp | Strategy::Zero1 => {
                 let ddp = Ddp::new(&dev, &trainable, &model.all_parameters())?;
                 let stepped = match parallel.strategy {
-                    Strategy::Zero1 => zero1_owned(&model.all_parameters(), parallel.dp(), parallel.dp_rank(rank)),
+                    Strategy::Zero1 => {
+                        let all = model.all_parameters();
+                        zero1_owned(&all, &zero1_partition(&all, parallel.dp())[parallel.dp_rank(rank)])
+                    }
                     _ => trainable.iter().map(Tensor::share).collect(),
                 };
                 (Wrapper::Ddp(ddp), stepped)

@@ -177,7 +177,10 @@ pub fn check(parallel: &Parallel) -> std::result::Result<(), String> {
         return Err(format!("hsdp shards within a node: node={} must be a multiple of tp={} (a node holds whole replicas)", parallel.node, parallel.tp));
     }
     if parallel.strategy == Strategy::Hsdp && !parallel.dp().is_multiple_of(parallel.shard_world()) {
-        return Err(format!("hsdp shards within a node of {} GPUs: world={} is not a whole number of nodes", parallel.node, parallel.world));
+        return Err(format!(
+            "hsdp shards within a node of {} GPUs: world={} is not a whole number of nodes (set world to a multiple of {}, or node to a divisor of {})",
+            parallel.node, parallel.world, parallel.node, parallel.world
+        ));
     }
     Ok(())
 }
