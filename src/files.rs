@@ -60,6 +60,41 @@ fn temporary_beside(path: &Path, dir: &Path) -> std::io::Result<PathBuf> {
     Ok(dir.join(format!(".{name}.{}-{write}.tmp", std::process::id())))
 }
 
+/// The files this process has read as inputs (snapshots, configs, run summaries), so that a
+/// result is never written over one of them, whatever option named it.
+static INPUTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Notes that `path` is an input of this process (see [`input_named_by`]).
+pub fn note_input(path: &Path) {
+    if let Ok(mut inputs) = INPUTS.lock()
+        && !inputs.iter().any(|p| p == path)
+    {
+        inputs.push(path.to_path_buf());
+    }
+}
+
+/// The input (as it was named) that `out` would overwrite: the same file through any spelling,
+/// link or hard link. Writers of results check it before writing.
+pub fn input_named_by(out: &Path) -> Option<PathBuf> {
+    let inputs = INPUTS.lock().ok()?;
+    inputs.iter().find(|input| same_file(out, input)).cloned()
+}
+
+/// Reads a small input whole (a config.json, a run's JSON, a cache): at most `limit` bytes, so
+/// that a huge file or an endless device (`/dev/zero`) is refused at once, with what the file
+/// should be (`what`, e.g. "a config.json") and its bound. Notes it as an input.
+pub fn read_small(path: &Path, limit: u64, what: &str) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    note_input(path);
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!("{} is larger than {}: not {what}, which is never that large", path.display(), crate::alloc::format_size(limit)));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("{}: not text ({e}): not {what}", path.display()))
+}
+
 /// Whether two paths name the same existing file (through links, `..` or another spelling).
 pub fn same_file(a: &Path, b: &Path) -> bool {
     let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) else { return false };

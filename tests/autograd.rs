@@ -299,3 +299,28 @@ fn fused_add_forms_allocate_one_output() {
     let error = leaf(&dev).add_relu(&y).unwrap_err().to_string();
     assert!(error.contains("_add_relu") && error.contains("does not differentiate"), "{error}");
 }
+
+/// A graph as deep as a user's model makes it is taken apart without recursion: 100,000 chained
+/// ops (each saving its input) drop on a thread with a 256 KiB stack, freeing every block.
+#[test]
+fn a_graph_of_any_depth_drops_without_overflowing_the_stack() {
+    let freed = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(|| {
+            let dev = device();
+            let x = dev.randn(&[16], DType::F32).unwrap();
+            x.requires_grad_(true).unwrap();
+            let before = dev.memory_allocated();
+            let mut y = x.mul(&x).unwrap();
+            for _ in 0..100_000 {
+                y = y.mul(&y).unwrap();
+            }
+            assert!(dev.memory_allocated() > before + 100_000 * 512, "each op keeps its input alive for backward");
+            drop(y);
+            (dev.memory_allocated(), before)
+        })
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+    assert_eq!(freed.0, freed.1, "the whole graph was freed");
+}

@@ -532,7 +532,8 @@ fn run_outcome(result: &RunResult, snapshot: Option<&Path>) -> Result<(), Failur
 
 /// `tensormem compare`: a run's phases against a PyTorch trace's.
 fn compare_command(run: &Path, file: &Path, device: i64, json: bool) -> Result<(), Failure> {
-    let text = std::fs::read_to_string(run).map_err(|e| Failure(format!("{}: {e}", run.display()), 1))?;
+    // A run's JSON: its steps and ranks, never near this bound.
+    let text = tensormem::files::read_small(run, 64 << 20, "a run's JSON (tensormem run --json)").map_err(|e| Failure(e, 1))?;
     let run_json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure(format!("{}: not a run's JSON: {e}", run.display()), 1))?;
     let snapshot = load(file)?;
     let phases = scenarios::compare::compare(&run_json, &snapshot, device).map_err(|e| Failure(e, 1))?;
@@ -773,6 +774,9 @@ fn merge_snapshots(parts: impl Iterator<Item = Snapshot>) -> Snapshot {
 /// Writes a snapshot the command made: whole or not at all (an existing OUT stays as it was
 /// when the write fails).
 fn save(snapshot: &Snapshot, out: &Path) -> Result<(), Failure> {
+    if let Some(input) = tensormem::files::input_named_by(out) {
+        return Err(Failure(format!("--snapshot {} is a file this command read ({}): write the result to another file", out.display(), input.display()), 2));
+    }
     trace::save_file(snapshot, out).map_err(|e| Failure(e.to_string(), 1))
 }
 

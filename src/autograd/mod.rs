@@ -102,6 +102,62 @@ pub struct Node {
     pub(crate) origin: Origin,
 }
 
+impl Drop for Node {
+    /// Takes apart the graph this node alone holds in the order Rust's own recursive drop would
+    /// (each edge's node whole before the next edge, then the saved tensors, a saved tensor's
+    /// storage before the node that made it), so the trace's frees are the same, but with a
+    /// stack of its own: recursion one frame per op overflowed the thread's on a model of
+    /// thousands of layers.
+    fn drop(&mut self) {
+        enum Work {
+            Edges(std::vec::IntoIter<Option<Edge>>),
+            Saved(std::vec::IntoIter<Option<Saved>>),
+            /// A node whose edges and saved tensors were taken: the rest of it drops.
+            Finish(Node),
+        }
+        fn take_apart(node: &mut Node, work: &mut Vec<Work>) {
+            let saved = node.saved.get_mut().take().unwrap_or_default();
+            work.push(Work::Saved(saved.into_iter()));
+            work.push(Work::Edges(std::mem::take(&mut node.edges).into_iter()));
+        }
+        fn release(node: Rc<Node>, work: &mut Vec<Work>) {
+            // Shared: another holder keeps it, and dropping this handle only counts down.
+            if let Ok(mut node) = Rc::try_unwrap(node) {
+                let at = work.len();
+                take_apart(&mut node, work);
+                work.insert(at, Work::Finish(node));
+            }
+        }
+        let mut work = Vec::new();
+        take_apart(self, &mut work);
+        while let Some(item) = work.pop() {
+            match item {
+                Work::Edges(mut edges) => {
+                    let Some(edge) = edges.next() else { continue };
+                    work.push(Work::Edges(edges));
+                    match edge {
+                        Some(Edge::Node(node)) => release(node, &mut work),
+                        Some(Edge::Leaf(leaf)) => drop(leaf),
+                        None => {}
+                    }
+                }
+                Work::Saved(mut saved) => {
+                    let Some(entry) = saved.next() else { continue };
+                    work.push(Work::Saved(saved));
+                    let Some(entry) = entry else { continue };
+                    // The tensor's own fields go first (its storage), then the node that made it.
+                    let made_by = entry.tensor.take_grad_fn_if_last();
+                    drop(entry);
+                    if let Some(node) = made_by {
+                        release(node, &mut work);
+                    }
+                }
+                Work::Finish(node) => drop(node),
+            }
+        }
+    }
+}
+
 impl Node {
     pub fn name(&self) -> &'static str {
         self.name

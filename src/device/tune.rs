@@ -146,10 +146,17 @@ fn default_file() -> Option<PathBuf> {
     Some(dir.join("matmul-kernels.json"))
 }
 
-/// The file's contents; None when it is missing, unreadable or of another format (it will be
-/// rewritten).
+/// The file's contents; None when it is missing, unreadable, of another format or larger than
+/// any cache this code writes (a link to `/dev/zero` is not read on): it will be rewritten.
 fn read_file(path: &PathBuf) -> Option<TuningFile> {
-    let file: TuningFile = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    use std::io::Read;
+    const LIMIT: u64 = 1 << 20;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).ok()?.take(LIMIT + 1).read_to_end(&mut bytes).ok()?;
+    if bytes.len() as u64 > LIMIT {
+        return None;
+    }
+    let file: TuningFile = serde_json::from_slice(&bytes).ok()?;
     (file.format == FILE_FORMAT).then_some(file)
 }
 

@@ -122,7 +122,7 @@ pub struct InferredAllocation {
 /// Every allocation of one device (those live when the trace starts, then the trace's allocs in
 /// order), with its inferred category. The trace's own categories are not read.
 pub fn infer_categories(snapshot: &Snapshot, device: i64) -> Result<Vec<InferredAllocation>, crate::replay::ReplayError> {
-    let t = crate::timeline::build(snapshot, device)?;
+    let t = crate::timeline::build_without_bands(snapshot, device)?;
     let a = &t.allocations;
     Ok(infer(&t)
         .into_iter()

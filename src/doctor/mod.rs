@@ -169,7 +169,7 @@ pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosi
         }
         None => default_device(snapshot)?,
     };
-    let timeline = timeline::build(snapshot, device)?;
+    let timeline = timeline::build_without_bands(snapshot, device)?;
     let what_if_start = what_if_start(&timeline);
     let patient = Patient { snapshot, device, timeline, what_if_start };
 

@@ -7,7 +7,7 @@
 
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, MISSING_NO_GRAD, Patient, StackBytes, size};
-use crate::trace::Category;
+use crate::trace::{Category, Frame};
 use serde::Serialize;
 
 /// Held bytes worth reporting: this share of the peak...
@@ -114,8 +114,11 @@ fn grad_mode(p: &Patient, s: &Steps) -> Option<String> {
         return (parameters > 0).then(|| format!("a model: {parameters} parameter allocations (tensormem's categories)"));
     }
     let marks = ["torch::autograd::VariableType::", "torch/autograd/function.py"];
+    // Entries share their stacks: each is read once.
+    let mut read: rustc_hash::FxHashSet<*const Frame> = Default::default();
     trace
         .iter()
-        .flat_map(|e| e.frames.iter().flat_map(|f| f.iter()))
+        .filter_map(|e| e.frames.as_deref().filter(|f| read.insert(f.as_ptr())))
+        .flat_map(|f| f.iter())
         .find_map(|f| marks.iter().find(|m| f.name.contains(*m) || f.filename.ends_with(*m)).map(|m| format!("autograd on the forward's stacks: `{m}`")))
 }

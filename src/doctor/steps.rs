@@ -78,7 +78,18 @@ pub(super) fn find(p: &Patient) -> Steps {
     let a = &p.timeline.allocations;
     let tensormem = trace.iter().any(|e| e.category.is_some());
     let entry = |id: usize| (a.start[id] as usize).checked_sub(1).and_then(|i| trace.get(i));
-    let phase: Vec<Option<Phase>> = (0..a.start.len()).map(|id| entry(id).and_then(|e| phase_of(e, tensormem))).collect();
+    // The frames' phase is read once per distinct stack (a million entries may share one).
+    let mut by_stack: Vec<Option<Option<Phase>>> = vec![None; p.timeline.stack_offsets.len()];
+    let phase: Vec<Option<Phase>> = (0..a.start.len())
+        .map(|id| {
+            let e = entry(id)?;
+            let frames = match by_stack.get_mut(a.stack[id] as usize) {
+                Some(known) => *known.get_or_insert_with(|| frames_phase(e)),
+                None => frames_phase(e),
+            };
+            frames.or_else(|| category_phase(e, tensormem))
+        })
+        .collect();
 
     let order = in_order(p);
     let mut passes: Vec<Pass> = Vec::new();
@@ -133,6 +144,11 @@ pub fn entry_phase(e: &TraceEntry, tensormem: bool) -> Option<&'static str> {
 
 /// One allocation's phase, from its own entry.
 fn phase_of(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
+    frames_phase(e).or_else(|| category_phase(e, tensormem))
+}
+
+/// The phase an entry's frames name, if they name one.
+fn frames_phase(e: &TraceEntry) -> Option<Phase> {
     match compare::event_phase(e) {
         Some("backward") => return Some(Phase::Backward),
         Some("optimizer step") => return Some(Phase::Optimizer),
@@ -146,6 +162,12 @@ fn phase_of(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
     if frames().any(|f| f.filename.contains("nn/optim/")) {
         return Some(Phase::Optimizer);
     }
+    None
+}
+
+/// The phase of an entry whose frames name none: from tensormem's category.
+fn category_phase(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
+    let frames = || e.frames.iter().flat_map(|f| f.iter());
     match e.category {
         Some(Category::Gradient) => Some(Phase::Backward),
         Some(Category::OptimizerState) => Some(Phase::Optimizer),

@@ -97,6 +97,13 @@ pub struct HfConfig {
     pub initializer_range: f64,
 }
 
+/// The largest config.json read (Hugging Face's are a few kilobytes; a label map can make one
+/// larger, never megabytes).
+const CONFIG_LIMIT: u64 = 4 << 20;
+
+/// The deepest model built: eight times the deepest released (Llama-3.1-405B has 126 layers).
+pub const MAX_LAYERS: usize = 1024;
+
 impl HfConfig {
     /// A preset's name, a `config.json` path, or the JSON text itself (starting with `{`).
     pub fn load(spec: &str) -> std::result::Result<HfConfig, String> {
@@ -108,8 +115,10 @@ impl HfConfig {
             return HfConfig::parse(spec);
         }
         let presets: Vec<&str> = HF_PRESETS.iter().map(|(n, _)| *n).collect();
-        let text = std::fs::read_to_string(spec)
-            .map_err(|e| format!("config {spec:?} is neither a preset ({}) nor a readable config.json: {e}", presets.join(", ")))?;
+        if !std::path::Path::new(spec).exists() {
+            return Err(format!("config {spec:?} is neither a preset ({}) nor a config.json that exists", presets.join(", ")));
+        }
+        let text = crate::files::read_small(std::path::Path::new(spec), CONFIG_LIMIT, "a config.json")?;
         HfConfig::parse(&text).map_err(|e| format!("{spec}: {e}"))
     }
 
@@ -213,6 +222,12 @@ impl HfConfig {
 
     fn validate(&self) -> std::result::Result<(), String> {
         let a = &self.architecture;
+        if self.layers > MAX_LAYERS {
+            return Err(format!(
+                "{a}: {} layers is more than {MAX_LAYERS}: no model is that deep (released ones have at most about 130), so tensormem refuses it rather than build it",
+                self.layers
+            ));
+        }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!("{a}: {} attention heads do not share {} key/value heads evenly", self.heads, self.kv_heads));
         }

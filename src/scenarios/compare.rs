@@ -11,7 +11,7 @@
 
 use crate::replay::ReplayError;
 use crate::timeline;
-use crate::trace::{Action, Frame, Snapshot, TraceEntry};
+use crate::trace::{Action, Frame, PerStack, Snapshot, TraceEntry};
 use serde::Serialize;
 
 /// One phase's allocated bytes in the trace and in the run.
@@ -95,9 +95,14 @@ pub fn phase_at(snapshot: &Snapshot, device: i64, position: usize) -> Option<&'s
 pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, String> {
     crate::replay::check_device(snapshot, device).map_err(|e| e.to_string())?;
     let trace = snapshot.trace_of(device);
-    let backward_start = trace
-        .iter()
-        .position(|e| under(e, &[BACKWARD_FILE]))
+    // Which of the three files each entry runs under, read once per distinct stack.
+    let mut per_stack = PerStack::default();
+    let marks: Vec<[bool; 3]> =
+        trace.iter().map(|e| per_stack.get(&e.frames, |_| [BACKWARD_FILE, OPTIMIZER_FILE, MODULE_FILE].map(|file| under(e, &[file])))).collect();
+    let marks = &marks;
+    let [backward, optimizer, module] = [0, 1, 2].map(|k| move |i: usize| marks[i][k]);
+    let backward_start = (0..trace.len())
+        .position(backward)
         .ok_or("the trace has no event under loss.backward() (torch/autograd/__init__.py): record a whole training step, with Python stacks")?;
     // The optimizer step's record_function range, on this device and after backward started.
     let started = trace[..=backward_start].iter().rev().find_map(|e| e.time_us);
@@ -111,9 +116,8 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
             .find(|&t| started.is_none_or(|s| t >= s))
     };
     let (step_start, step_end) = (annotation("START"), annotation("END"));
-    let optimizer_start = trace[backward_start..]
-        .iter()
-        .position(|e| under(e, &[OPTIMIZER_FILE]) || step_start.zip(e.time_us).is_some_and(|(start, t)| t >= start))
+    let optimizer_start = (backward_start..trace.len())
+        .position(|i| optimizer(i) || step_start.zip(trace[i].time_us).is_some_and(|(start, t)| t >= start))
         .map(|i| backward_start + i)
         .ok_or("the trace has no optimizer step after backward (torch/optim/optimizer.py)")?;
     // The step ends where the optimizer's range ends, else where the trace does; a second
@@ -122,12 +126,12 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
         Some(end) => trace.iter().rposition(|e| e.time_us.is_some_and(|t| t <= end)).map_or(trace.len(), |i| i + 1),
         None => trace.len(),
     };
-    if trace[optimizer_start..end].iter().any(|e| under(e, &[BACKWARD_FILE])) {
+    if (optimizer_start..end).any(backward) {
         return Err("the trace holds more than one training step: record one (the comparison needs its phases)".into());
     }
-    let forward_end = trace[..backward_start]
-        .iter()
-        .rposition(|e| e.action == Action::Alloc && under(e, &[MODULE_FILE]))
+    let forward_end = (0..backward_start)
+        .rev()
+        .find(|&i| trace[i].action == Action::Alloc && module(i))
         .map(|i| i + 1)
         .ok_or("the trace has no allocation inside a module's forward before backward")?;
     Ok(TracePhases { forward_end, backward_start, optimizer_start, end })
@@ -137,7 +141,7 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
 /// and the peaks. `run` is `tensormem run --json`'s output for lm-train or gpt2-train.
 pub fn compare(run: &serde_json::Value, snapshot: &Snapshot, device: i64) -> Result<Vec<PhaseComparison>, String> {
     let phases = trace_phases(snapshot, device)?;
-    let timeline = timeline::build(snapshot, device).map_err(|e: ReplayError| e.to_string())?;
+    let timeline = timeline::build_without_bands(snapshot, device).map_err(|e: ReplayError| e.to_string())?;
     let at = |position: usize| timeline.allocated[position] as u64;
     let steps = run["steps"].as_array().ok_or("the run's JSON has no steps (use tensormem run ... --json)")?;
     let step = |phase: &str| -> Result<&serde_json::Value, String> {

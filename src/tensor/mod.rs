@@ -113,6 +113,12 @@ impl std::fmt::Debug for Tensor {
 }
 
 impl Tensor {
+    /// The node that made this tensor, taken out when this handle is the tensor's last (it is
+    /// about to drop): autograd takes a graph apart without recursion through it.
+    pub(crate) fn take_grad_fn_if_last(&self) -> Option<Rc<Node>> {
+        (Rc::strong_count(&self.0) == 1).then(|| self.grad_fn.borrow_mut().take()).flatten()
+    }
+
     fn from_parts(storage: Rc<Storage>, layout: Layout, dtype: DType, is_view: bool) -> Tensor {
         let id = storage.device.next_tensor_id();
         let (requires_grad, grad, grad_fn) = (Cell::new(false), RefCell::new(None), RefCell::new(None));

@@ -11,6 +11,7 @@
 
 mod notes;
 pub mod raster;
+mod stacking;
 
 use crate::replay::{self, StartState, recorded_config, start_state};
 use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot, Totals, TraceEntry, running_totals};
@@ -347,13 +348,20 @@ impl Timeline {
 }
 
 pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, true)
+    build_with(snapshot, device, true, true)
+}
+
+/// The timeline without its bands' pieces (each allocation's lifetime, stack and group, the
+/// curves): what the analysis reads, in time and memory linear in the trace whatever the order
+/// of its frees.
+pub fn build_without_bands(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
+    build_with(snapshot, device, true, false)
 }
 
 /// The timeline without its three curves (8 bytes a position each): the page's worker hands them
 /// to JavaScript straight from [`curves`], so that wasm memory never holds them beside the bands.
 pub fn build_without_curves(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, false)
+    build_with(snapshot, device, false, true)
 }
 
 /// One position of the curves: requested bytes live, bytes reserved, and the time (NaN where
@@ -379,7 +387,7 @@ pub fn curves(trace: &[TraceEntry], start_allocated: u64, start_reserved: u64) -
     })
 }
 
-fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool) -> Result<Timeline, replay::ReplayError> {
+fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool, bands: bool) -> Result<Timeline, replay::ReplayError> {
     replay::check_device(snapshot, device)?;
     let config = recorded_config(snapshot)?;
     let trace = snapshot.trace_of(device);
@@ -391,8 +399,8 @@ fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool) -> Result<Tim
     let curve = b.lay_curves(trace, start_totals, keep_curves);
     let mut warnings = start.warnings.clone();
     let any_frames = b.lay_events(trace, &mut warnings);
-    let stacked = b.stack_bands(&start, trace);
-    notes::trace_warnings(&mut warnings, start_totals, trace, &stacked, any_frames);
+    let lifetimes = b.lay_bands(&start, trace, bands, &mut warnings);
+    notes::trace_warnings(&mut warnings, start_totals, trace, &lifetimes, any_frames);
     b.t.spans = spans(snapshot, device, trace);
     b.finish_groups(curve.peak_x);
     b.t.summary = TimelineSummary {
@@ -545,35 +553,23 @@ impl Builder {
         a.group.push(group);
     }
 
-    /// Stacks the bands (see [`Stacking`]) twice: once to count each allocation's pieces and find
-    /// where it ends, once to write the pieces where they belong, so that millions of pieces are
-    /// never held twice to be sorted.
-    fn stack_bands(&mut self, start: &StartState, trace: &[TraceEntry]) -> Stacking {
+    /// Each allocation's end, then its pieces unless `bands` is false (the analysis reads only
+    /// the lifetimes): a warning says when they were sampled rather than exact.
+    fn lay_bands(&mut self, start: &StartState, trace: &[TraceEntry], bands: bool, warnings: &mut Vec<String>) -> stacking::Lifetimes {
         let a = &mut self.t.allocations;
-        let mut counting = Stacking::new(a.size.len());
-        let mut count = vec![0u32; a.size.len()];
-        counting.run(&a.size, start, trace, &mut |id, _, _| count[id as usize] += 1);
-        a.piece_offsets = Vec::with_capacity(count.len() + 1);
-        let mut total = 0u32;
-        for &c in &count {
-            a.piece_offsets.push(total);
-            total += c;
+        let mut lifetimes = stacking::lifetimes(start, trace, a.size.len());
+        a.end = std::mem::take(&mut lifetimes.end);
+        if !bands {
+            a.piece_offsets = vec![0; a.size.len() + 1];
+            return lifetimes;
         }
-        a.piece_offsets.push(total);
-        drop(count);
-        a.end = std::mem::take(&mut counting.end);
-
-        let p = &mut self.t.pieces;
-        p.x0 = vec![0; total as usize];
-        p.y = vec![0.0; total as usize];
-        let mut next = a.piece_offsets.clone();
-        Stacking::new(a.size.len()).run(&a.size, start, trace, &mut |id, x0, y| {
-            let k = next[id as usize] as usize;
-            next[id as usize] += 1;
-            p.x0[k] = x0;
-            p.y[k] = y as f32;
-        });
-        counting
+        let laid = stacking::lay(&a.size, &a.start, &a.end, trace.len(), stacking::PIECE_BUDGET);
+        a.piece_offsets = laid.offsets;
+        self.t.pieces = laid.pieces;
+        if let Some(step) = laid.sampled_every {
+            warnings.push(notes::sampled_bands(step));
+        }
+        lifetimes
     }
 
     fn stack_id(&mut self, frames: &Frames) -> u32 {
@@ -656,119 +652,6 @@ impl Builder {
         self.t.stack_offsets.push(self.t.stack_frames.len() as u32);
         self.t.scope_offsets.push(self.t.scope_frames.len() as u32);
         self.t.index_groups(peak_x);
-    }
-}
-
-/// Stacks live allocations as MemoryViz does, in the order they were made: when one ends,
-/// everything above it drops by its size, closing a piece each. Fed the same allocations and
-/// frees the timeline was built from (the blocks live at the start, then the trace).
-struct Stacking {
-    /// Live allocations, bottom of the stack first.
-    live: Vec<u32>,
-    /// Position of each allocation in `live` (valid while it is live).
-    position: Vec<u32>,
-    /// Start and height of each live allocation's current piece.
-    piece_start: Vec<u32>,
-    offset: Vec<f64>,
-    /// Where each allocation ends (exclusive).
-    end: Vec<u32>,
-    /// Address -> live allocation.
-    by_addr: FxHashMap<u64, u32>,
-    /// Height of the stack.
-    top: f64,
-    /// Where the trace does not add up: an address allocated again without a recorded free, and
-    /// frees of addresses that were never allocated.
-    reused_without_free: usize,
-    unknown_frees: usize,
-}
-
-/// Called for each piece closed: (allocation, x0, y). Pieces of one allocation come in x order.
-type PieceSink<'a> = dyn FnMut(u32, u32, f64) + 'a;
-
-impl Stacking {
-    fn new(allocations: usize) -> Stacking {
-        Stacking {
-            live: Vec::new(),
-            position: vec![0; allocations],
-            piece_start: vec![0; allocations],
-            offset: vec![0.0; allocations],
-            end: vec![0; allocations],
-            by_addr: FxHashMap::default(),
-            top: 0.0,
-            reused_without_free: 0,
-            unknown_frees: 0,
-        }
-    }
-
-    /// `size`: every allocation's size, in the order `build` made them.
-    fn run(&mut self, size: &[f64], start: &StartState, trace: &[TraceEntry], piece: &mut PieceSink) {
-        let mut id = 0u32;
-        for s in &start.segments {
-            for blk in s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated) {
-                self.push(0, id, blk.address, size, piece);
-                id += 1;
-            }
-        }
-        for (i, e) in trace.iter().enumerate() {
-            let x = i as u32 + 1;
-            match e.action {
-                Action::Alloc => {
-                    self.push(x, id, e.addr, size, piece);
-                    id += 1;
-                }
-                Action::FreeRequested => match self.by_addr.remove(&e.addr) {
-                    Some(old) => self.remove(x, old, size, piece),
-                    None => self.unknown_frees += 1,
-                },
-                _ => {}
-            }
-        }
-        let end = trace.len() as u32 + 1;
-        for q in 0..self.live.len() {
-            let id = self.live[q];
-            self.close_piece(end, id, piece);
-            self.end[id as usize] = end;
-        }
-    }
-
-    fn push(&mut self, x: u32, id: u32, addr: u64, size: &[f64], piece: &mut PieceSink) {
-        self.position[id as usize] = self.live.len() as u32;
-        self.piece_start[id as usize] = x;
-        self.offset[id as usize] = self.top;
-        self.live.push(id);
-        // A reused address means the earlier allocation's free was not recorded: close it.
-        if let Some(old) = self.by_addr.insert(addr, id) {
-            self.reused_without_free += 1;
-            self.remove(x, old, size, piece);
-        }
-        self.top += size[id as usize];
-    }
-
-    /// Ends allocation `id` at `x`; everything above it drops by its size (a new piece each).
-    fn remove(&mut self, x: u32, id: u32, size: &[f64], piece: &mut PieceSink) {
-        let p = self.position[id as usize] as usize;
-        if self.live.get(p) != Some(&id) {
-            return;
-        }
-        self.close_piece(x, id, piece);
-        self.end[id as usize] = x;
-        let size = size[id as usize];
-        self.live.remove(p);
-        for q in p..self.live.len() {
-            let above = self.live[q];
-            self.close_piece(x, above, piece);
-            self.position[above as usize] = q as u32;
-            self.offset[above as usize] -= size;
-        }
-        self.top -= size;
-    }
-
-    fn close_piece(&mut self, x: u32, id: u32, piece: &mut PieceSink) {
-        let start = self.piece_start[id as usize];
-        if x > start {
-            piece(id, start, self.offset[id as usize]);
-        }
-        self.piece_start[id as usize] = x;
     }
 }
 

@@ -1,7 +1,7 @@
 //! What the page tells its user about a trace: the warnings above the timeline and the text of
 //! its out-of-memory markers. Kept apart from the layout so the prose reads as a whole.
 
-use super::Stacking;
+use super::stacking::Lifetimes;
 use crate::alloc::format_size;
 use crate::trace::{Totals, TraceEntry};
 
@@ -16,7 +16,7 @@ pub(super) fn out_of_memory(i: usize, e: &TraceEntry) -> (String, String) {
 /// Adds the warnings about the trace as a whole to those found while laying it out (the start
 /// state's and the out-of-memory errors): first whether it starts mid-run, then whether it adds
 /// up, then what it lacks.
-pub(super) fn trace_warnings(warnings: &mut Vec<String>, start: Totals, trace: &[TraceEntry], stacked: &Stacking, any_frames: bool) {
+pub(super) fn trace_warnings(warnings: &mut Vec<String>, start: Totals, trace: &[TraceEntry], stacked: &Lifetimes, any_frames: bool) {
     if start.reserved > 0 && !trace.is_empty() {
         warnings.insert(
             0,
@@ -40,4 +40,13 @@ pub(super) fn trace_warnings(warnings: &mut Vec<String>, start: Totals, trace: &
             "No trace entry has stack frames: the snapshot was recorded with context=None (or stacks='python' without frames); record with _record_memory_history(context='all') to see where memory came from.".into(),
         );
     }
+}
+
+/// The warning for bands sampled every `step` positions (exact pieces would have passed the
+/// budget: many allocations freed beneath live ones).
+pub(super) fn sampled_bands(step: u32) -> String {
+    format!(
+        "Many allocations are freed beneath live ones (oldest first), so drawing every band exactly would take more than {} rectangles: the bands are drawn at their true heights every {step} events and held in between. The curves, sizes and lifetimes are exact.",
+        super::stacking::PIECE_BUDGET
+    )
 }

@@ -291,6 +291,27 @@ pub fn no_frames() -> Frames {
     Arc::from(Vec::new())
 }
 
+/// A question about stacks answered once per distinct stack: the entries of a trace share their
+/// frame lists (a loaded pickle shares one per stack), so per-entry work over frames, whose
+/// count a file decides, is paid once per list instead.
+pub struct PerStack<T> {
+    answers: rustc_hash::FxHashMap<(*const Frame, usize), T>,
+}
+
+impl<T: Copy> Default for PerStack<T> {
+    fn default() -> Self {
+        PerStack { answers: Default::default() }
+    }
+}
+
+impl<T: Copy> PerStack<T> {
+    /// `ask(frames)` for this entry's frames (empty without any), remembered by the list.
+    pub fn get(&mut self, frames: &Option<Frames>, ask: impl FnOnce(&[Frame]) -> T) -> T {
+        let frames: &[Frame] = frames.as_deref().unwrap_or_default();
+        *self.answers.entry((frames.as_ptr(), frames.len())).or_insert_with(|| ask(frames))
+    }
+}
+
 impl Snapshot {
     /// Device indices that have segments or a trace.
     pub fn devices(&self) -> Vec<i64> {

@@ -21,6 +21,7 @@ and exits 0. It exits 1 only when a twin or tensormem fails to run.
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -108,6 +109,28 @@ def main():
     print(f"GPU: {gpu}; tensormem on {args.device}; doctor: {'yes' if has_doctor else 'not in this binary'}", flush=True)
 
     rows, failures = [], 0
+    # report.json is rewritten after every run, and a SIGTERM (`timeout`) or Ctrl-C stops the
+    # loop in order: the runs done so far keep their results, the table is still printed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        failures = run_scenarios(args, scenarios, tensormem, has_doctor, gpu, rows)
+    except KeyboardInterrupt:
+        if rows and "steps_differing" not in rows[-1] and "error" not in rows[-1]:
+            rows[-1]["error"] = "interrupted (run_all.py was stopped)"
+        failures = sum(1 for r in rows if "error" in r)
+        print("\nstopped: the table holds the runs done so far", flush=True)
+    save_report(args, gpu, rows)
+    print_table(rows, args.out_dir)
+    sys.exit(1 if failures else 0)
+
+
+def save_report(args, gpu, rows):
+    with open(os.path.join(args.out_dir, "report.json"), "w") as f:
+        json.dump({"gpu": gpu, "device": args.device, "rows": rows}, f, indent=1)
+
+
+def run_scenarios(args, scenarios, tensormem, has_doctor, gpu, rows):
+    failures = 0
     for s in scenarios:
         name = s["name"]
         for variant in [v for v in (s["variants"] or [None]) if args.variant in (None, v) or v is None]:
@@ -115,6 +138,7 @@ def main():
             vargs = ["--variant", variant] if variant else []
             label = name + (f" --variant {variant}" if variant else "")
             row = {"scenario": name, "variant": variant, "snapshot": stem + ".pickle"}
+            save_report(args, gpu, rows)
             rows.append(row)
             print(f"== {label}", flush=True)
             if not os.path.exists(twin_file(name)):
@@ -158,10 +182,10 @@ def main():
             ]
             if len(torch_steps) != len(sim_steps):
                 row["steps_count"] = [len(torch_steps), len(sim_steps)]
+    return failures
 
-    with open(os.path.join(args.out_dir, "report.json"), "w") as f:
-        json.dump({"gpu": gpu, "device": args.device, "rows": rows}, f, indent=1)
 
+def print_table(rows, out_dir):
     header = ["scenario", "variant", "torch alloc MiB", "torch resv MiB", "tm alloc MiB", "tm resv MiB", "alloc diff MiB", "resv diff MiB",
               "steps !=", "replay seg/addr", "doctor torch", "doctor tm"]
     table = []
@@ -187,8 +211,7 @@ def main():
     for line in [header] + table:
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
     print(f"\nalloc/resv diff = tensormem - PyTorch. PyTorch's figures include what tensormem does not model "
-          f"(cuBLAS workspaces; see tools/twins/README.md). Full report: {os.path.relpath(os.path.join(args.out_dir, 'report.json'), ROOT)}")
-    sys.exit(1 if failures else 0)
+          f"(cuBLAS workspaces; see tools/twins/README.md). Full report: {os.path.relpath(os.path.join(out_dir, 'report.json'), ROOT)}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,332 @@
+//! Where each allocation's band lies: its lifetime, then the rectangles ("pieces") of MemoryViz's
+//! stacking. Live allocations stack in the order they were made; when one ends, everything above
+//! it drops by its size, closing a piece each.
+//!
+//! Exact pieces cost one per band above each free: allocations freed oldest-first (a queue, a
+//! sliding window) make that the square of the allocations. So the pieces are laid exactly while
+//! they stay under a budget; past it every band is sampled at a common step of positions (still
+//! linear in the allocations plus the budget), and the timeline says so. The lifetimes, the
+//! curves and everything the doctor reads are exact either way.
+
+use super::Pieces;
+use crate::replay::StartState;
+use crate::trace::{Action, BlockState, TraceEntry};
+use rustc_hash::FxHashMap;
+
+/// The most pieces laid exactly (8 bytes each: 128 MiB). Real traces stay far below it.
+pub(super) const PIECE_BUDGET: usize = 1 << 24;
+
+/// Where each allocation ends, and where the trace does not add up.
+pub(super) struct Lifetimes {
+    /// Exclusive end position; `events + 1` for allocations live at the end.
+    pub end: Vec<u32>,
+    /// Addresses allocated again without a recorded free (the earlier allocation ends there).
+    pub reused_without_free: usize,
+    /// Frees of addresses that were never allocated.
+    pub unknown_frees: usize,
+}
+
+/// The lifetimes of the blocks live at `start` (in address order, at position 0), then of the
+/// trace's allocations: one pass with a map from address to live allocation.
+pub(super) fn lifetimes(start: &StartState, trace: &[TraceEntry], allocations: usize) -> Lifetimes {
+    let last = trace.len() as u32 + 1;
+    let mut l = Lifetimes { end: vec![last; allocations], reused_without_free: 0, unknown_frees: 0 };
+    let mut by_addr: FxHashMap<u64, u32> = FxHashMap::default();
+    let mut id = 0u32;
+    let live_at_start = start.segments.iter().flat_map(|s| s.blocks.iter()).filter(|b| b.state == BlockState::ActiveAllocated);
+    for blk in live_at_start {
+        by_addr.insert(blk.address, id);
+        id += 1;
+    }
+    for (i, e) in trace.iter().enumerate() {
+        let x = i as u32 + 1;
+        match e.action {
+            Action::Alloc => {
+                // A reused address means the earlier allocation's free was not recorded.
+                if let Some(old) = by_addr.insert(e.addr, id) {
+                    l.reused_without_free += 1;
+                    l.end[old as usize] = x;
+                }
+                id += 1;
+            }
+            Action::FreeRequested => match by_addr.remove(&e.addr) {
+                Some(old) => l.end[old as usize] = x,
+                None => l.unknown_frees += 1,
+            },
+            _ => {}
+        }
+    }
+    l
+}
+
+/// The laid-out bands: each allocation's pieces (`offsets[id] .. offsets[id + 1]`, in x order),
+/// and the step they were sampled at where exact pieces would have passed the budget.
+pub(super) struct Bands {
+    pub offsets: Vec<u32>,
+    pub pieces: Pieces,
+    pub sampled_every: Option<u32>,
+}
+
+/// Lays the bands of allocations with these sizes and lifetimes over `events` positions, exactly
+/// when that takes at most `budget` pieces.
+pub(super) fn lay(size: &[f64], start: &[u32], end: &[u32], events: usize, budget: usize) -> Bands {
+    let walk = Walk::new(start, end, events);
+    let mut count = vec![0u32; size.len()];
+    let exact = walk.run(size, None, budget, &mut |id, _, _| count[id as usize] += 1);
+    let sampled_every = (!exact).then(|| {
+        count.fill(0);
+        let step = sampling_step(start, end, budget);
+        walk.run(size, Some(step), usize::MAX, &mut |id, _, _| count[id as usize] += 1);
+        step
+    });
+    let mut offsets = Vec::with_capacity(count.len() + 1);
+    let mut total = 0u32;
+    for &c in &count {
+        offsets.push(total);
+        total += c;
+    }
+    offsets.push(total);
+    drop(count);
+
+    let mut pieces = Pieces { x0: vec![0; total as usize], y: vec![0.0; total as usize] };
+    let mut next = offsets.clone();
+    walk.run(size, sampled_every, usize::MAX, &mut |id, x0, y| {
+        let k = next[id as usize] as usize;
+        next[id as usize] += 1;
+        pieces.x0[k] = x0;
+        pieces.y[k] = y as f32;
+    });
+    Bands { offsets, pieces, sampled_every }
+}
+
+/// The step at which sampling every live band keeps the pieces near `budget`: the bands' total
+/// length over what the budget leaves beside one piece per allocation.
+fn sampling_step(start: &[u32], end: &[u32], budget: usize) -> u32 {
+    let total: u64 = start.iter().zip(end).map(|(&s, &e)| (e - s) as u64).sum();
+    let room = budget.saturating_sub(start.len()).max(1) as u64;
+    total.div_ceil(room).clamp(2, u32::MAX as u64) as u32
+}
+
+/// Called for each piece closed: (allocation, x0, y). Pieces of one allocation come in x order.
+type PieceSink<'a> = dyn FnMut(u32, u32, f64) + 'a;
+
+/// The allocations' starts and ends as one walk over positions.
+struct Walk<'a> {
+    start: &'a [u32],
+    end: &'a [u32],
+    /// Allocations by end position (those live at the end left out).
+    by_end: Vec<u32>,
+    events: usize,
+}
+
+impl<'a> Walk<'a> {
+    fn new(start: &'a [u32], end: &'a [u32], events: usize) -> Walk<'a> {
+        let last = events as u32 + 1;
+        let mut by_end: Vec<u32> = (0..end.len() as u32).filter(|&id| end[id as usize] < last).collect();
+        by_end.sort_by_key(|&id| end[id as usize]);
+        Walk { start, end, by_end, events }
+    }
+
+    /// Walks the positions: at each, the allocations ending there leave the stack, then those
+    /// starting there join it. Exact (`step` None) pieces stop once more than `limit` were
+    /// closed: returns false then. Sampled, every band is set to its height every `step`
+    /// positions.
+    fn run(&self, size: &[f64], step: Option<u32>, limit: usize, piece: &mut PieceSink) -> bool {
+        let mut stack = Stack::new(size.len());
+        let (mut next_start, mut next_end) = (0usize, 0usize);
+        for x in 0..=self.events as u32 {
+            while let Some(&id) = self.by_end.get(next_end).filter(|&&id| self.end[id as usize] == x) {
+                match step {
+                    None => stack.remove_exact(x, id, size, piece),
+                    Some(_) => stack.remove_lazy(x, id, size, piece),
+                }
+                next_end += 1;
+            }
+            while next_start < self.start.len() && self.start[next_start] == x {
+                stack.push(x, next_start as u32, size);
+                next_start += 1;
+            }
+            if step.is_some_and(|s| x % s == 0) {
+                stack.resample(x, size, piece);
+            }
+            if stack.closed > limit {
+                return false;
+            }
+        }
+        stack.close_all(self.events as u32 + 1, piece);
+        true
+    }
+}
+
+/// The live allocations, bottom first, with each one's current piece.
+struct Stack {
+    /// Live ids in the order they were made; sampled walks leave freed ones in place (`dead`)
+    /// until they outnumber the living.
+    live: Vec<u32>,
+    dead: Vec<bool>,
+    dead_count: usize,
+    /// Position of each allocation in `live` (exact walks only).
+    position: Vec<u32>,
+    piece_start: Vec<u32>,
+    offset: Vec<f64>,
+    top: f64,
+    closed: usize,
+}
+
+impl Stack {
+    fn new(allocations: usize) -> Stack {
+        Stack {
+            live: Vec::new(),
+            dead: vec![false; allocations],
+            dead_count: 0,
+            position: vec![0; allocations],
+            piece_start: vec![0; allocations],
+            offset: vec![0.0; allocations],
+            top: 0.0,
+            closed: 0,
+        }
+    }
+
+    fn push(&mut self, x: u32, id: u32, size: &[f64]) {
+        self.position[id as usize] = self.live.len() as u32;
+        self.piece_start[id as usize] = x;
+        self.offset[id as usize] = self.top;
+        self.live.push(id);
+        self.top += size[id as usize];
+    }
+
+    /// Ends `id` at `x`; everything above it drops by its size (a new piece each).
+    fn remove_exact(&mut self, x: u32, id: u32, size: &[f64], piece: &mut PieceSink) {
+        let p = self.position[id as usize] as usize;
+        self.close_piece(x, id, piece);
+        let size = size[id as usize];
+        self.live.remove(p);
+        for q in p..self.live.len() {
+            let above = self.live[q];
+            self.close_piece(x, above, piece);
+            self.position[above as usize] = q as u32;
+            self.offset[above as usize] -= size;
+        }
+        self.top -= size;
+    }
+
+    /// Ends `id` at `x`, leaving the bands above where they are until the next sample.
+    fn remove_lazy(&mut self, x: u32, id: u32, size: &[f64], piece: &mut PieceSink) {
+        self.close_piece(x, id, piece);
+        self.dead[id as usize] = true;
+        self.dead_count += 1;
+        self.top -= size[id as usize];
+        if self.dead_count * 2 > self.live.len() {
+            let dead = &self.dead;
+            self.live.retain(|&id| !dead[id as usize]);
+            self.dead_count = 0;
+        }
+    }
+
+    /// Sets every live band to its true height at `x`, closing a piece where it moved.
+    fn resample(&mut self, x: u32, size: &[f64], piece: &mut PieceSink) {
+        let mut below = 0.0;
+        for q in 0..self.live.len() {
+            let id = self.live[q];
+            if self.dead[id as usize] {
+                continue;
+            }
+            if self.offset[id as usize] != below {
+                self.close_piece(x, id, piece);
+                self.offset[id as usize] = below;
+            }
+            below += size[id as usize];
+        }
+    }
+
+    fn close_all(&mut self, x: u32, piece: &mut PieceSink) {
+        for q in 0..self.live.len() {
+            let id = self.live[q];
+            if !self.dead[id as usize] {
+                self.close_piece(x, id, piece);
+            }
+        }
+    }
+
+    fn close_piece(&mut self, x: u32, id: u32, piece: &mut PieceSink) {
+        let start = self.piece_start[id as usize];
+        if x > start {
+            piece(id, start, self.offset[id as usize]);
+            self.closed += 1;
+        }
+        self.piece_start[id as usize] = x;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` allocations of sizes 1, 2, 3, ... all live, then freed oldest first (a queue).
+    fn queue(n: u32) -> (Vec<f64>, Vec<u32>, Vec<u32>, usize) {
+        let size = (1..=n).map(f64::from).collect();
+        let start = (1..=n).collect();
+        let end = (n + 1..=2 * n).collect();
+        (size, start, end, 2 * n as usize)
+    }
+
+    /// The (y, size) of every band live at `x`, bottom first.
+    fn bands_at(b: &Bands, size: &[f64], end: &[u32], x: u32) -> Vec<(f64, f64)> {
+        let mut live = Vec::new();
+        for id in 0..size.len() {
+            let range = b.offsets[id] as usize..b.offsets[id + 1] as usize;
+            let pieces: Vec<u32> = b.pieces.x0[range.clone()].to_vec();
+            if let Some(k) = pieces.partition_point(|&x0| x0 <= x).checked_sub(1)
+                && x < end[id]
+            {
+                live.push((b.pieces.y[range.start + k] as f64, size[id]));
+            }
+        }
+        live.sort_by(|a, b| a.0.total_cmp(&b.0));
+        live
+    }
+
+    fn tiles(live: &[(f64, f64)]) -> bool {
+        let mut top = 0.0;
+        live.iter().all(|&(y, s)| {
+            let ok = y == top;
+            top += s;
+            ok
+        })
+    }
+
+    #[test]
+    fn a_queue_is_exact_under_the_budget_and_costs_the_square() {
+        let (size, start, end, events) = queue(40);
+        let b = lay(&size, &start, &end, events, 10_000);
+        assert_eq!(b.sampled_every, None);
+        // Each band gets one piece, plus one for every band freed beneath it while it lives.
+        assert_eq!(b.pieces.x0.len(), 40 + (0..40).sum::<usize>());
+        for x in 0..=events as u32 {
+            assert!(tiles(&bands_at(&b, &size, &end, x)), "position {x}");
+        }
+    }
+
+    #[test]
+    fn past_the_budget_the_bands_are_sampled_and_exact_at_each_sample() {
+        let (size, start, end, events) = queue(400);
+        let budget = 2_000;
+        let b = lay(&size, &start, &end, events, budget);
+        let step = b.sampled_every.expect("a queue of 400 needs 80,200 exact pieces");
+        assert!(b.pieces.x0.len() <= budget + 2 * size.len(), "{} pieces", b.pieces.x0.len());
+        for x in (0..=events as u32).step_by(step as usize) {
+            let live = bands_at(&b, &size, &end, x);
+            assert!(tiles(&live), "position {x}: {live:?}");
+            let expected: f64 = (0..size.len()).filter(|&id| start[id] <= x && x < end[id]).map(|id| size[id]).sum();
+            assert_eq!(live.iter().map(|b| b.1).sum::<f64>(), expected, "position {x}");
+        }
+    }
+
+    #[test]
+    fn the_sampled_cost_stays_linear_for_a_long_queue() {
+        let (size, start, end, events) = queue(200_000);
+        let b = lay(&size, &start, &end, events, 1 << 20);
+        assert!(b.sampled_every.is_some());
+        assert!(b.pieces.x0.len() <= (1 << 20) + 2 * size.len(), "{} pieces", b.pieces.x0.len());
+    }
+}
