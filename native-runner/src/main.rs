@@ -188,7 +188,12 @@ enum Command {
     ///
     /// Register it with an assistant as the command `tensormem mcp`. It reads the files it is
     /// given and writes none; it ends when its input ends.
-    Mcp,
+    Mcp {
+        /// Run one tool call (its params as JSON on stdin) and print its reply: what the server
+        /// runs each call in.
+        #[arg(long, hide = true)]
+        call: bool,
+    },
     /// The GPU adapter wgpu finds: name, backend, features and limits.
     Info {
         #[arg(long)]
@@ -274,7 +279,7 @@ impl<E: std::fmt::Display> From<E> for Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Serve { .. }) {
-        quiet_on_closed_pipe();
+        set_signals();
     }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
@@ -289,11 +294,18 @@ fn main() -> ExitCode {
 /// tools do: Rust ignores SIGPIPE, so a write fails and `println!` panics; restoring the default
 /// lets the signal end the process. (The server keeps ignoring it: a client hanging up is a write
 /// error on that connection only.)
-fn quiet_on_closed_pipe() {
+fn set_signals() {
     #[cfg(unix)]
     // SAFETY: setting a signal's disposition to its default at start-up, before any thread runs.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    // A file-size limit (`ulimit -f`) kills a writer with SIGXFSZ mid-write, leaving its
+    // temporary file behind; ignored, the write fails with EFBIG and the file is removed.
+    #[cfg(unix)]
+    // SAFETY: as above.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
 }
 
@@ -317,7 +329,8 @@ fn run(command: Command) -> Result<(), Failure> {
             let options = PredictOptions { device, capacity, config: None, keep_snapshot: snapshot.is_some() };
             predict_command(&recordings, to.as_deref(), fit.as_deref(), options, alloc_conf.as_deref(), snapshot.as_deref(), json)
         }
-        Command::Mcp => mcp::serve(),
+        Command::Mcp { call: false } => mcp::serve(),
+        Command::Mcp { call: true } => mcp::call_from_stdin(),
         Command::Info { json } => info(json),
         Command::Serve { file, port, host, root } => serve::run(file.as_deref(), &host, port, root.as_deref()).map_err(|e| Failure(e, 1)),
         Command::Bench { sizes, json } => bench_command(&sizes, json),
@@ -483,7 +496,25 @@ fn fit_command(name: String, set: &[String], vary: &str, strategies: &[String], 
 
 /// `tensormem run`: one scenario's steps; running out of memory is a failure, after the steps.
 fn run_command(request: ScenarioRun, snapshot: Option<&Path>, json: bool) -> Result<(), Failure> {
-    let result = run_scenario(request)?;
+    // On a terminal, a spinner naming the step the run is at (long runs: thousands of tokens,
+    // hundreds of steps); nothing into a pipe.
+    let spinner = std::io::stderr().is_terminal().then(|| {
+        let s = ProgressBar::new_spinner();
+        s.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").unwrap());
+        s.enable_steady_tick(std::time::Duration::from_millis(120));
+        s.set_message(format!("{}: starting", request.name));
+        s
+    });
+    let observer = spinner.clone().map(|s| {
+        let name = request.name.clone();
+        scenarios::observe_steps(move |n, label| s.set_message(format!("{name}: step {n}, {label}")))
+    });
+    let result = run_scenario(request);
+    drop(observer);
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    let result = result?;
     if let Some(out) = snapshot {
         save(&result.snapshot, out)?;
     }

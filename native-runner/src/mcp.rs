@@ -7,12 +7,18 @@
 //!
 //! Each tool runs the function its subcommand runs and returns what its `--json` prints (one JSON
 //! object a line); a failure is a tool result with `isError` and the line the CLI prints. Tools
-//! read the files they are given and write nothing. End of input ends the server (exit 0).
+//! read the files they are given and write nothing (a GPU run keeps its matmul measurements in
+//! memory). Each call runs in a process of its own, so calls run side by side, a cancel stops
+//! one, and no input ends the server but the end of its input (exit 0, once the calls running
+//! have answered).
 
 use crate::{DoctorRequest, Failure, ScenarioRun, diagnose, json_line, parse_set, predict_files, replay_file, run_outcome, run_scenario, summary_json};
 use serde_json::{Map, Value, json};
-use std::io::{BufRead, Write};
+use std::collections::HashMap;
+use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use tensormem::predict::PredictOptions;
 use tensormem::replay::StartMode;
 use tensormem::{report, scenarios};
@@ -25,21 +31,212 @@ const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
 const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
+const INTERNAL_ERROR: i64 = -32603;
 
-/// Serves requests from stdin until it ends.
+/// The longest message read (a request names files and settings: kilobytes). A longer line is
+/// skipped, not buffered, and answered with an error.
+const MAX_MESSAGE: usize = 16 << 20;
+
+/// Where a tool call's answer is written: replies from calls running side by side, whole lines.
+type Output = Arc<Mutex<std::io::Stdout>>;
+
+/// Tool calls running, by request id (its JSON text): the process doing each.
+type Running = Arc<Mutex<HashMap<String, Child>>>;
+
+/// Serves requests from stdin until it ends, then waits for the calls still running.
+///
+/// Each `tools/call` runs in a process of its own (this binary, `mcp --call`), so the server
+/// answers other requests meanwhile, `notifications/cancelled` stops a call by ending its
+/// process, and a call that fails hard (out of memory, a stack overflow) fails alone.
 pub fn serve() -> Result<(), Failure> {
-    let stdin = std::io::stdin().lock();
-    let mut stdout = std::io::stdout().lock();
-    for line in stdin.lines() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        if let Some(reply) = handle(&line) {
-            writeln!(stdout, "{reply}")?;
-            stdout.flush()?;
+    let mut stdin = std::io::BufReader::new(std::io::stdin().lock());
+    let out: Output = Arc::new(Mutex::new(std::io::stdout()));
+    let running: Running = Arc::default();
+    let mut calls = Vec::new();
+    loop {
+        let reply = match read_message(&mut stdin)? {
+            Message::End => break,
+            Message::TooLong => Some(error_reply(Value::Null, INVALID_REQUEST, format!("invalid request: a message longer than {} MiB", MAX_MESSAGE >> 20))),
+            Message::NotText => Some(error_reply(Value::Null, PARSE_ERROR, "parse error: the line is not UTF-8".into())),
+            Message::Line(line) if line.trim().is_empty() => None,
+            Message::Line(line) => match tool_call(&line) {
+                Some((id, params)) => {
+                    calls.retain(|c: &std::thread::JoinHandle<()>| !c.is_finished());
+                    calls.push(start_call(id, params, out.clone(), running.clone()));
+                    None
+                }
+                None => {
+                    cancel_if_asked(&line, &running);
+                    handle(&line)
+                }
+            },
+        };
+        if let Some(reply) = reply {
+            write_reply(&out, &reply)?;
         }
     }
+    for call in calls {
+        let _ = call.join();
+    }
+    Ok(())
+}
+
+/// One line of input.
+enum Message {
+    Line(String),
+    NotText,
+    TooLong,
+    End,
+}
+
+/// The next line, read at most [`MAX_MESSAGE`] bytes at a time: a longer one is skipped to its end.
+fn read_message(input: &mut impl BufRead) -> Result<Message, Failure> {
+    let mut line = Vec::new();
+    let mut too_long = false;
+    loop {
+        let available = match input.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if available.is_empty() {
+            return Ok(match (too_long, line.is_empty()) {
+                (true, _) => Message::TooLong,
+                (false, true) => Message::End,
+                (false, false) => text(line),
+            });
+        }
+        let (chunk, ends) = match available.iter().position(|&b| b == b'\n') {
+            Some(at) => (&available[..at], Some(at + 1)),
+            None => (available, None),
+        };
+        if !too_long && line.len() + chunk.len() <= MAX_MESSAGE {
+            line.extend_from_slice(chunk);
+        } else {
+            too_long = true;
+            line = Vec::new();
+        }
+        let used = ends.unwrap_or(available.len());
+        input.consume(used);
+        if ends.is_some() {
+            return Ok(if too_long { Message::TooLong } else { text(line) });
+        }
+    }
+}
+
+fn text(line: Vec<u8>) -> Message {
+    String::from_utf8(line).map_or(Message::NotText, Message::Line)
+}
+
+fn write_reply(out: &Output, reply: &Value) -> Result<(), Failure> {
+    let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+    writeln!(out, "{reply}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// A `tools/call` request's id and params; None for any other message (or a malformed one,
+/// which [`handle`] answers).
+fn tool_call(line: &str) -> Option<(Value, Value)> {
+    let message: Value = serde_json::from_str(line).ok()?;
+    let id = message.get("id").filter(|id| !id.is_null())?.clone();
+    (message.get("method")? == "tools/call").then(|| (id, message.get("params").cloned().unwrap_or(Value::Null)))
+}
+
+/// `notifications/cancelled`: ends the named call's process; the call gets no answer, as the
+/// protocol asks.
+fn cancel_if_asked(line: &str, running: &Running) {
+    let Ok(message) = serde_json::from_str::<Value>(line) else { return };
+    if message.get("method").and_then(Value::as_str) != Some("notifications/cancelled") {
+        return;
+    }
+    let Some(id) = message.pointer("/params/requestId") else { return };
+    let child = running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id.to_string());
+    if let Some(mut child) = child {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Runs one tool call in a process of its own and answers it when the process ends (unless it
+/// was cancelled).
+fn start_call(id: Value, params: Value, out: Output, running: Running) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let key = id.to_string();
+        let reply = match spawn_call(&params) {
+            Err(e) => Some(error_reply(id, INTERNAL_ERROR, format!("cannot start the tool call: {e}"))),
+            Ok(mut child) => {
+                let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+                running.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), child);
+                let errors = std::thread::spawn(move || read_all(stderr));
+                let answer = read_all(stdout);
+                let errors = errors.join().unwrap_or_default();
+                // Gone from the table: cancelled, and answered by nobody.
+                let child = running.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+                child.map(|mut child| {
+                    let status = child.wait().ok();
+                    call_reply(id, &answer, &errors, status)
+                })
+            }
+        };
+        if let Some(reply) = reply {
+            let _ = write_reply(&out, &reply);
+        }
+    })
+}
+
+fn spawn_call(params: &Value) -> std::io::Result<Child> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["mcp", "--call"])
+        // The tools write nothing: a GPU run keeps its matmul measurements in memory.
+        .env("TENSORMEM_CACHE", "memory")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut stdin = child.stdin.take().expect("piped");
+    // The params are at most a message long: written whole before the call reads them.
+    let _ = stdin.write_all(params.to_string().as_bytes());
+    Ok(child)
+}
+
+fn read_all(pipe: Option<impl Read>) -> String {
+    let mut text = String::new();
+    if let Some(mut pipe) = pipe {
+        let _ = pipe.read_to_string(&mut text);
+    }
+    text
+}
+
+/// The answer to a call from its process's output: the JSON-RPC reply it printed, or, when it
+/// ended without one, a tool error saying how it ended.
+fn call_reply(id: Value, answer: &str, errors: &str, status: Option<std::process::ExitStatus>) -> Value {
+    match serde_json::from_str::<Value>(answer.trim()) {
+        Ok(Value::Object(mut reply)) => {
+            reply.insert("jsonrpc".into(), json!("2.0"));
+            reply.insert("id".into(), id);
+            Value::Object(reply)
+        }
+        _ => {
+            let how = status.map_or("ended".to_string(), |s| format!("ended ({s})"));
+            let last = errors.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+            let text = format!("error: the tool call {how} without an answer: {last}");
+            json!({ "jsonrpc": "2.0", "id": id, "result": { "content": [{ "type": "text", "text": text }], "isError": true } })
+        }
+    }
+}
+
+/// `tensormem mcp --call`: one tool call, its params on stdin, its reply (without `jsonrpc` and
+/// `id`, which the server adds) on stdout.
+pub fn call_from_stdin() -> Result<(), Failure> {
+    let mut text = String::new();
+    std::io::stdin().lock().take(MAX_MESSAGE as u64).read_to_string(&mut text)?;
+    let params: Value = serde_json::from_str(&text).map_err(|e| Failure(format!("tool call params: {e}"), 2))?;
+    let reply = match call(&params) {
+        Ok(result) => json!({ "result": result }),
+        Err((code, message)) => json!({ "error": { "code": code, "message": message } }),
+    };
+    println!("{reply}");
     Ok(())
 }
 
@@ -118,7 +315,24 @@ fn tools() -> Vec<Value> {
     let capacity = |what: &str| property(&["string", "integer"], &format!("{what}: bytes or a size such as 80GiB, 24GB, 512MiB."));
     let alloc_conf = || property(&["string"], "Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, e.g. expandable_segments:True.");
     let variant = || property(&["string"], "`mistake` or `fix`, for scenarios that show a mistake (default: mistake).");
-    let tool = |name: &str, description: &str, input: Value| json!({ "name": name, "description": description, "inputSchema": input });
+    // Every tool only reads; all but `scenarios` can take long (a large file, a big model, many
+    // steps): they say so, and a client may cancel them (`notifications/cancelled`).
+    let tool = |name: &str, description: &str, input: Value| {
+        let long = name != "scenarios";
+        let description = match long {
+            true => {
+                format!("{description} Can take minutes on large inputs; the server answers other requests meanwhile, and notifications/cancelled stops it.")
+            }
+            false => description.to_string(),
+        };
+        json!({
+            "name": name,
+            "description": description,
+            "inputSchema": input,
+            "annotations": { "readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false },
+            "_meta": { "tensormem/long_running": long },
+        })
+    };
     vec![
         tool(
             "doctor",

@@ -134,9 +134,10 @@ impl Tuning {
 }
 
 /// `$TENSORMEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tensormem`, else `~/.cache/tensormem`; none on
-/// the web, where there are no files.
+/// the web, where there are no files, nor with `TENSORMEM_CACHE=memory` (the MCP server's tools
+/// write nothing).
 fn default_file() -> Option<PathBuf> {
-    if cfg!(target_arch = "wasm32") {
+    if cfg!(target_arch = "wasm32") || std::env::var_os("TENSORMEM_CACHE").is_some_and(|v| v == "memory") {
         return None;
     }
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);

@@ -70,6 +70,34 @@ pub enum PredictError {
     Settings(String, ConfigError),
 }
 
+/// PyTorch refuses to allocate 1 EB (2^60 bytes) or more; far below it no card exists either.
+const ONE_EB: u128 = 1 << 60;
+
+/// Refuses a predicted trace that holds 1 EB or more at once (counted exactly, before the
+/// allocator's 64-bit counters could overflow): a target far past anything that runs.
+fn refuse_beyond_any_card(entries: &[TraceEntry], target: &Values) -> Result<(), PredictError> {
+    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    let (mut now, mut peak) = (0u128, 0u128);
+    for e in entries {
+        match e.action {
+            Action::Alloc => {
+                now += e.size as u128;
+                now -= live.insert(e.addr, e.size).unwrap_or(0) as u128;
+            }
+            Action::FreeRequested => now -= live.remove(&e.addr).unwrap_or(0) as u128,
+            _ => {}
+        }
+        peak = peak.max(now);
+    }
+    match peak >= ONE_EB {
+        true => Err(PredictError::Input(format!(
+            "at {} the program would hold more than 1 EB at once ({peak} bytes; PyTorch refuses to allocate 2^60 bytes or more): predict a smaller target",
+            values_text(target)
+        ))),
+        false => Ok(()),
+    }
+}
+
 /// The prediction. Its JSON (`predict --json`) has exactly the contract's fields; the rest is
 /// for the printed report.
 #[derive(Debug, Clone, Serialize)]
@@ -438,7 +466,7 @@ impl<'r, 'a> Model<'r, 'a> {
                     target_bytes: 0,
                 });
                 group.allocations += 1;
-                group.target_bytes += e.size;
+                group.target_bytes = group.target_bytes.saturating_add(e.size);
                 for (sum, s) in group.recorded_bytes.iter_mut().zip(recorded) {
                     *sum += s;
                 }
@@ -450,6 +478,7 @@ impl<'r, 'a> Model<'r, 'a> {
             entries.push(e);
         }
 
+        refuse_beyond_any_card(&entries, target)?;
         let device = self.devices[self.reference];
         let mut synthesized = Snapshot { allocator_settings: self.recordings[self.reference].snapshot.allocator_settings.clone(), ..Default::default() };
         synthesized.device_traces = vec![Vec::new(); device as usize + 1];

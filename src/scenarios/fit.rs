@@ -130,6 +130,30 @@ pub fn largest_that_fits(base: &RunRequest, vary: &str) -> Result<FitCell, Scena
     })
 }
 
+/// The most steps (warm-up included) and micro-batches fit runs per candidate: it runs the step
+/// a dozen times per cell, and the peak repeats from the step after the first optimizer step
+/// (AdamW's moments exist then), and from the second micro-batch.
+pub const FIT_MAX_STEPS: u64 = 4;
+pub const FIT_MAX_ACCUMULATION: u64 = 8;
+
+/// Refuses settings that would make every candidate's run long without changing its peak.
+fn refuse_long_searches(base: &RunRequest) -> Result<(), ScenarioError> {
+    let value = |key: &str, default: u64| base.set.get(key).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(default);
+    let (warmup, steps, accumulation) = (value("warmup", 1), value("steps", 1), value("accumulation", 1));
+    let refuse = |message: String| Err(ScenarioError::Parameter { scenario: base.scenario.clone(), message });
+    if warmup.saturating_add(steps) > FIT_MAX_STEPS {
+        return refuse(format!(
+            "fit runs the step for each value it tries on each card, and the peak repeats after the first optimizer step: warmup + steps must be at most {FIT_MAX_STEPS} (got {warmup} + {steps})"
+        ));
+    }
+    if accumulation > FIT_MAX_ACCUMULATION {
+        return refuse(format!(
+            "fit runs the step for each value it tries on each card, and the peak repeats from the second micro-batch: accumulation must be at most {FIT_MAX_ACCUMULATION} (got {accumulation})"
+        ));
+    }
+    Ok(())
+}
+
 /// The table a user compares: the largest value for every strategy on every card.
 /// `progress(done, total)` is called after each cell.
 pub fn fit_table(
@@ -149,6 +173,7 @@ pub fn fit_table(
     {
         return Err(e);
     }
+    refuse_long_searches(base)?;
     let total = strategies.len() * cards.len();
     let mut cells = Vec::with_capacity(total);
     for strategy in strategies {

@@ -24,7 +24,13 @@ fn parameters() -> Vec<Parameter> {
         ),
         Parameter::integer("batch", "1", 1, 4096, "sequences generated at once"),
         Parameter::integer("prompt", "512", 1, 1 << 20, "tokens of the prompt (the prefill)"),
-        Parameter::integer("new_tokens", "256", 1, 1 << 20, "tokens generated (max_new_tokens): the prefill's forward, then one forward per further token"),
+        Parameter::integer(
+            "new_tokens",
+            "256",
+            1,
+            32_768,
+            "tokens generated (max_new_tokens): the prefill's forward, then one forward per further token (at most 32,768: a minute of simulation; the cache's growth is plain long before)",
+        ),
         Parameter::choice("dtype", "bfloat16", DTYPES, "the parameters' type (torch_dtype)"),
         Parameter::choice(
             "cache",

@@ -467,6 +467,26 @@ pub(crate) fn out_of_memory(outcome: Result<(), TensorError>) -> Result<Option<S
     }
 }
 
+thread_local! {
+    static STEP_OBSERVER: std::cell::RefCell<Option<Box<dyn FnMut(usize, &str)>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Calls `observe(n, label)` at each labelled step (the n-th) of the runs this thread makes, until
+/// the returned guard drops: how a command line shows a long run's progress.
+pub fn observe_steps(observe: impl FnMut(usize, &str) + 'static) -> StepObserver {
+    STEP_OBSERVER.with(|o| *o.borrow_mut() = Some(Box::new(observe)));
+    StepObserver(())
+}
+
+/// Stops [`observe_steps`]' observer when dropped.
+pub struct StepObserver(());
+
+impl Drop for StepObserver {
+    fn drop(&mut self) {
+        STEP_OBSERVER.with(|o| *o.borrow_mut() = None);
+    }
+}
+
 /// A device recording everything, plus the labelled steps taken so far.
 pub(crate) struct Recorder {
     pub device: Device,
@@ -520,6 +540,11 @@ impl Recorder {
     /// Records a labelled point: allocated and reserved now, and the peak since the last one.
     pub fn step(&mut self, label: impl Into<String>) {
         let label = label.into();
+        STEP_OBSERVER.with(|o| {
+            if let Some(observe) = o.borrow_mut().as_mut() {
+                observe(self.steps.len() + 1, &label);
+            }
+        });
         let dev = &self.device;
         self.steps.push(Step {
             label,

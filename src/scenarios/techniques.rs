@@ -34,7 +34,9 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 Parameter::integer("batch", "32", 1, 65_536, "sequences per batch"),
                 Parameter::integer("timesteps", "16", 1, 4096, "LSTM steps per batch"),
                 Parameter::integer("hidden", "512", 1, 16_384, "hidden size (the input has half)"),
-                steps("4"),
+                // The mistake's backward k walks all k batches' graphs, as PyTorch's does: the
+                // run's cost grows with the square of the steps (128 take seconds, 1000 minutes).
+                Parameter::integer("steps", "4", 1, 128, "batches (at most 128: each backward of the mistake walks every earlier batch)"),
             ],
             true,
             Program::Sync(rnn_hidden),
