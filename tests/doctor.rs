@@ -397,3 +397,19 @@ fn a_tensormem_scenario_has_no_cublas_workspace() {
     assert_eq!(f.evidence["likely_cublas_workspaces_before_trace"].as_array().map(Vec::len), Some(0));
     assert!(f.bytes > 0 && f.estimate.is_some() && !f.title.contains("cuBLAS"));
 }
+
+/// The hostile shapes of issue 30: allocations freed oldest first (the layout used to grow with
+/// their square) and entries sharing one deep stack (read once per entry, it took minutes). The
+/// doctor reads lifetimes and reads each distinct stack once: it answers, with the peak exact.
+#[test]
+fn the_doctor_answers_on_queues_windows_and_shared_deep_stacks() {
+    for (name, snap, peak) in [
+        ("queue", common::shapes::queue(40_000, true), 40_000 * 512),
+        ("window", common::shapes::window(100_000, 2_000), 2_001 * 512),
+        ("shared stack", common::shapes::shared_stack(20_000, 2_000), 512),
+    ] {
+        let d = diagnose(&snap, None);
+        let first = &d.findings[0];
+        assert_eq!((first.kind.as_str(), first.bytes), ("peak", peak), "{name}: {}", first.title);
+    }
+}

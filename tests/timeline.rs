@@ -598,3 +598,25 @@ fn a_timeline_can_be_regrouped_and_grouped_by_frame_whatever_it_records() {
     assert_eq!(serde_json::to_value(&t.groups).unwrap(), serde_json::to_value(&groups).unwrap());
     assert_eq!((t.allocations.by_group.clone(), t.allocations.group_start.clone()), (by_group, group_start));
 }
+
+/// The hostile shapes of issue 30: allocations freed oldest first (a queue, a sliding window)
+/// would take one piece per band above each free, the square of the allocations (800 M pieces
+/// for 40,000). The layout stays within its budget, says that the bands are sampled, and keeps
+/// the curves and lifetimes exact; freed newest first, every band stays exact.
+#[test]
+fn bands_freed_oldest_first_are_laid_out_within_a_budget() {
+    let budget = (1usize << 24) + 2 * 40_000;
+    // (name, trace, most live at once: the window holds one more just before it frees the oldest)
+    for (name, snap, live) in [("queue", common::shapes::queue(40_000, true), 40_000u64), ("window", common::shapes::window(100_000, 2_000), 2_001)] {
+        let t = timeline::build(&snap, 0).unwrap();
+        assert!(t.pieces.x0.len() <= budget, "{name}: {} pieces", t.pieces.x0.len());
+        assert!(t.summary.warnings.iter().any(|w| w.contains("drawn at their true heights every")), "{name}: {:?}", t.summary.warnings);
+        assert_eq!(t.summary.peak_allocated_bytes, live * 512, "{name}");
+        let ends_in_order = (1..t.allocations.end.len()).all(|id| t.allocations.end[id] >= t.allocations.end[id - 1]);
+        assert!(ends_in_order, "{name}: freed oldest first");
+    }
+    let t = timeline::build(&common::shapes::queue(2_000, false), 0).unwrap();
+    assert_eq!(t.pieces.x0.len(), 2_000, "freed newest first, each band is one rectangle");
+    assert!(!t.summary.warnings.iter().any(|w| w.contains("true heights")), "{:?}", t.summary.warnings);
+    assert_stacked("lifo", &t);
+}

@@ -158,16 +158,19 @@ fn cancel_if_asked(line: &str, running: &Running) {
     }
 }
 
-/// Runs one tool call in a process of its own and answers it when the process ends (unless it
-/// was cancelled).
+/// Runs one tool call in a process of its own, started here (so that a cancel read next finds
+/// it), and answers it from a thread when the process ends, unless it was cancelled.
 fn start_call(id: Value, params: Value, out: Output, running: Running) -> std::thread::JoinHandle<()> {
+    let key = id.to_string();
+    let started = spawn_call(&params).map(|mut child| {
+        let pipes = (child.stdout.take(), child.stderr.take());
+        running.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), child);
+        pipes
+    });
     std::thread::spawn(move || {
-        let key = id.to_string();
-        let reply = match spawn_call(&params) {
+        let reply = match started {
             Err(e) => Some(error_reply(id, INTERNAL_ERROR, format!("cannot start the tool call: {e}"))),
-            Ok(mut child) => {
-                let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-                running.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), child);
+            Ok((stdout, stderr)) => {
                 let errors = std::thread::spawn(move || read_all(stderr));
                 let answer = read_all(stdout);
                 let errors = errors.join().unwrap_or_default();

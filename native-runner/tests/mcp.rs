@@ -318,3 +318,52 @@ fn errors_are_tool_results_or_json_rpc_errors() {
     assert_eq!(server.request("ping", json!({}))["result"], json!({}));
     assert_eq!(server.finish().code(), Some(0));
 }
+
+/// Issue 30's hostile lines: a line that is not UTF-8 and one of 17 MiB are answered with an
+/// error and the server goes on; a long call does not hold up the next request, and
+/// `notifications/cancelled` ends it (no answer for it, and the server ends at the end of its
+/// input without waiting for it).
+#[test]
+fn hostile_lines_are_answered_and_a_long_call_is_cancelled() {
+    let mut server = Server::initialized();
+    let tools = server.request("tools/list", json!({}));
+    for tool in tools["result"]["tools"].as_array().unwrap() {
+        let long = tool["name"] != "scenarios";
+        assert_eq!(tool["_meta"]["tensormem/long_running"], long, "{tool}");
+        assert_eq!(tool["annotations"]["readOnlyHint"], true, "{tool}");
+    }
+
+    let stdin = server.stdin.as_mut().unwrap();
+    stdin.write_all(b"\xff\xfe not text\n").unwrap();
+    stdin.flush().unwrap();
+    let reply = server.read();
+    assert_eq!(reply["error"]["code"], -32700, "{reply}");
+    assert_eq!(server.request("ping", json!({}))["result"], json!({}));
+
+    let huge = vec![b'x'; 17 << 20];
+    let stdin = server.stdin.as_mut().unwrap();
+    stdin.write_all(&huge).unwrap();
+    stdin.write_all(b"\n").unwrap();
+    stdin.flush().unwrap();
+    let reply = server.read();
+    assert_eq!(reply["error"]["code"], -32600, "{reply}");
+    assert!(reply["error"]["message"].as_str().unwrap().contains("longer than 16 MiB"), "{reply}");
+    assert_eq!(server.request("ping", json!({}))["result"], json!({}));
+
+    // A generation of 32,768 tokens: minutes in a debug build.
+    let long = json!({ "jsonrpc": "2.0", "id": "long", "method": "tools/call",
+        "params": { "name": "run", "arguments": { "name": "hf-generate", "set": { "new_tokens": 32768 } } } });
+    server.send_line(&long.to_string());
+    assert_eq!(server.request("ping", json!({}))["result"], json!({}), "answered while the call runs");
+    server.send_line(&json!({ "jsonrpc": "2.0", "method": "notifications/cancelled", "params": { "requestId": "long", "reason": "test" } }).to_string());
+    assert_eq!(server.request("ping", json!({}))["result"], json!({}));
+    let started = Instant::now();
+    drop(server.stdin.take());
+    let mut replies = Vec::new();
+    while let Ok(line) = server.lines.recv_timeout(Duration::from_secs(60)) {
+        replies.push(line);
+    }
+    assert!(started.elapsed() < Duration::from_secs(60), "the cancelled call was not stopped");
+    assert!(replies.iter().all(|r| !r.contains("\"long\"")), "a cancelled call gets no answer: {replies:?}");
+    assert_eq!(server.finish().code(), Some(0));
+}

@@ -137,10 +137,18 @@ impl Tuning {
 /// the web, where there are no files, nor with `TENSORMEM_CACHE=memory` (the MCP server's tools
 /// write nothing).
 fn default_file() -> Option<PathBuf> {
-    if cfg!(target_arch = "wasm32") || std::env::var_os("TENSORMEM_CACHE").is_some_and(|v| v == "memory") {
+    if cfg!(target_arch = "wasm32") {
         return None;
     }
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    file_named_by(|name| std::env::var_os(name))
+}
+
+/// The tuning file the environment `env` names (see [`default_file`]).
+fn file_named_by(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    if env("TENSORMEM_CACHE").is_some_and(|v| v == "memory") {
+        return None;
+    }
+    let var = |name: &str| env(name).filter(|v| !v.is_empty()).map(PathBuf::from);
     let dir = var("TENSORMEM_CACHE_DIR")
         .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tensormem")))
         .or_else(|| var("HOME").map(|d| d.join(".cache").join("tensormem")))?;
@@ -334,5 +342,24 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
             return out;
         }
         std::thread::yield_now();
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tuning_file_follows_the_environment_and_memory_keeps_it_off_disk() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.into());
+        assert_eq!(file_named_by(env(&[("HOME", "/h")])), Some(PathBuf::from("/h/.cache/tensormem/matmul-kernels.json")));
+        assert_eq!(file_named_by(env(&[("HOME", "/h"), ("TENSORMEM_CACHE_DIR", "/c")])), Some(PathBuf::from("/c/matmul-kernels.json")));
+        // What `tensormem mcp` sets for its tool calls: they write nothing.
+        assert_eq!(file_named_by(env(&[("HOME", "/h"), ("TENSORMEM_CACHE_DIR", "/c"), ("TENSORMEM_CACHE", "memory")])), None);
+    }
+
+    #[test]
+    fn a_cache_that_is_an_endless_device_is_not_read_on() {
+        assert!(read_file(&PathBuf::from("/dev/zero")).is_none());
     }
 }

@@ -1,6 +1,8 @@
 //! Shared helpers for integration tests.
 #![allow(dead_code)]
 
+pub mod shapes;
+
 use std::path::PathBuf;
 
 /// The folder of real PyTorch snapshots: `TENSORMEM_FIXTURES`, or `../shared/fixtures/pytorch-snapshots`.
