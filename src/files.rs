@@ -66,9 +66,8 @@ static INPUTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new()
 
 /// Notes that `path` is an input of this process (see [`input_named_by`]).
 pub fn note_input(path: &Path) {
-    if let Ok(mut inputs) = INPUTS.lock()
-        && !inputs.iter().any(|p| p == path)
-    {
+    let mut inputs = INPUTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !inputs.iter().any(|p| p == path) {
         inputs.push(path.to_path_buf());
     }
 }
@@ -76,7 +75,7 @@ pub fn note_input(path: &Path) {
 /// The input (as it was named) that `out` would overwrite: the same file through any spelling,
 /// link or hard link. Writers of results check it before writing.
 pub fn input_named_by(out: &Path) -> Option<PathBuf> {
-    let inputs = INPUTS.lock().ok()?;
+    let inputs = INPUTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     inputs.iter().find(|input| same_file(out, input)).cloned()
 }
 

@@ -496,6 +496,10 @@ fn fit_command(name: String, set: &[String], vary: &str, strategies: &[String], 
 
 /// `tensormem run`: one scenario's steps; running out of memory is a failure, after the steps.
 fn run_command(request: ScenarioRun, snapshot: Option<&Path>, json: bool) -> Result<(), Failure> {
+    // A config.json named as OUT is refused before the run (save refuses any input after it).
+    if let Some(config) = parse_set(&request.set)?.get("config") {
+        refuse_overwriting_input(snapshot, Path::new(config))?;
+    }
     // On a terminal, a spinner naming the step the run is at (long runs: thousands of tokens,
     // hundreds of steps); nothing into a pipe.
     let spinner = std::io::stderr().is_terminal().then(|| {
@@ -815,7 +819,7 @@ fn save(snapshot: &Snapshot, out: &Path) -> Result<(), Failure> {
 fn refuse_overwriting_input(out: Option<&Path>, input: &Path) -> Result<(), Failure> {
     match out {
         Some(out) if tensormem::files::same_file(out, input) => {
-            Err(Failure(format!("--snapshot {} is the input file: write the result to another file", out.display()), 2))
+            Err(Failure(format!("--snapshot {} is the input file {}: write the result to another file", out.display(), input.display()), 2))
         }
         _ => Ok(()),
     }

@@ -49,21 +49,48 @@ type Running = Arc<Mutex<HashMap<String, Child>>>;
 /// answers other requests meanwhile, `notifications/cancelled` stops a call by ending its
 /// process, and a call that fails hard (out of memory, a stack overflow) fails alone.
 pub fn serve() -> Result<(), Failure> {
+    // A call's process that dies before reading its request must not take the server with it:
+    // a write to a closed pipe is an error here, not a signal.
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition before this server starts any thread.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     let mut stdin = std::io::BufReader::new(std::io::stdin().lock());
     let out: Output = Arc::new(Mutex::new(std::io::stdout()));
     let running: Running = Arc::default();
-    let mut calls = Vec::new();
-    loop {
-        let reply = match read_message(&mut stdin)? {
-            Message::End => break,
-            Message::TooLong => Some(error_reply(Value::Null, INVALID_REQUEST, format!("invalid request: a message longer than {} MiB", MAX_MESSAGE >> 20))),
-            Message::NotText => Some(error_reply(Value::Null, PARSE_ERROR, "parse error: the line is not UTF-8".into())),
-            Message::Line(line) if line.trim().is_empty() => None,
-            Message::Line(line) => match tool_call(&line) {
-                Some((id, params)) => {
-                    calls.retain(|c: &std::thread::JoinHandle<()>| !c.is_finished());
-                    calls.push(start_call(id, params, out.clone(), running.clone()));
-                    None
+    let most = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+    let mut calls: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let outcome = loop {
+        let reply = match read_message(&mut stdin) {
+            Err(e) => break Err(e),
+            Ok(Message::End) => break Ok(()),
+            Ok(Message::TooLong) => {
+                Some(error_reply(Value::Null, INVALID_REQUEST, format!("invalid request: a message longer than {} MiB", MAX_MESSAGE >> 20)))
+            }
+            Ok(Message::NotText) => Some(error_reply(Value::Null, PARSE_ERROR, "parse error: the line is not UTF-8".into())),
+            Ok(Message::Line(line)) if line.trim().is_empty() => None,
+            Ok(Message::Line(line)) => match tool_call(&line) {
+                Some(id) => {
+                    calls.retain(|c| !c.is_finished());
+                    let key = id.to_string();
+                    if running.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&key) {
+                        Some(error_reply(id, INVALID_REQUEST, format!("invalid request: id {key} is used by a call still running")))
+                    } else if calls.len() >= most {
+                        Some(error_reply(
+                            id,
+                            INVALID_REQUEST,
+                            format!("{most} tool calls are running, the most at once here: wait for one to end or cancel one"),
+                        ))
+                    } else {
+                        match start_call(id.clone(), line, out.clone(), running.clone()) {
+                            Ok(call) => {
+                                calls.push(call);
+                                None
+                            }
+                            Err(e) => Some(error_reply(id, INTERNAL_ERROR, format!("cannot start the tool call: {e}"))),
+                        }
+                    }
                 }
                 None => {
                     cancel_if_asked(&line, &running);
@@ -71,14 +98,23 @@ pub fn serve() -> Result<(), Failure> {
                 }
             },
         };
-        if let Some(reply) = reply {
-            write_reply(&out, &reply)?;
+        if let Some(reply) = reply
+            && let Err(e) = write_reply(&out, &reply)
+        {
+            break Err(e);
+        }
+    };
+    // The calls still running answer before the server ends (unless it cannot write any more).
+    if outcome.is_err() {
+        for (_, mut child) in running.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
     for call in calls {
         let _ = call.join();
     }
-    Ok(())
+    outcome
 }
 
 /// One line of input.
@@ -135,12 +171,12 @@ fn write_reply(out: &Output, reply: &Value) -> Result<(), Failure> {
     Ok(())
 }
 
-/// A `tools/call` request's id and params; None for any other message (or a malformed one,
-/// which [`handle`] answers).
-fn tool_call(line: &str) -> Option<(Value, Value)> {
+/// A `tools/call` request's id (a string or a number, as MCP requires); None for any other
+/// message (or a malformed one, which [`handle`] answers).
+fn tool_call(line: &str) -> Option<Value> {
     let message: Value = serde_json::from_str(line).ok()?;
-    let id = message.get("id").filter(|id| !id.is_null())?.clone();
-    (message.get("method")? == "tools/call").then(|| (id, message.get("params").cloned().unwrap_or(Value::Null)))
+    let id = message.get("id").filter(|id| id.is_string() || id.is_number())?.clone();
+    (message.get("method")? == "tools/call").then_some(id)
 }
 
 /// `notifications/cancelled`: ends the named call's process; the call gets no answer, as the
@@ -158,57 +194,75 @@ fn cancel_if_asked(line: &str, running: &Running) {
     }
 }
 
-/// Runs one tool call in a process of its own, started here (so that a cancel read next finds
-/// it), and answers it from a thread when the process ends, unless it was cancelled.
-fn start_call(id: Value, params: Value, out: Output, running: Running) -> std::thread::JoinHandle<()> {
+/// Runs one tool call (its whole request line) in a process of its own, started here so that
+/// a cancel read next finds it, and answers it from a thread when the process ends, unless it
+/// was cancelled.
+fn start_call(id: Value, request: String, out: Output, running: Running) -> std::io::Result<std::thread::JoinHandle<()>> {
     let key = id.to_string();
-    let started = spawn_call(&params).map(|mut child| {
-        let pipes = (child.stdout.take(), child.stderr.take());
-        running.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), child);
-        pipes
-    });
-    std::thread::spawn(move || {
-        let reply = match started {
-            Err(e) => Some(error_reply(id, INTERNAL_ERROR, format!("cannot start the tool call: {e}"))),
-            Ok((stdout, stderr)) => {
-                let errors = std::thread::spawn(move || read_all(stderr));
-                let answer = read_all(stdout);
-                let errors = errors.join().unwrap_or_default();
-                // Gone from the table: cancelled, and answered by nobody.
-                let child = running.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
-                child.map(|mut child| {
-                    let status = child.wait().ok();
-                    call_reply(id, &answer, &errors, status)
-                })
-            }
-        };
-        if let Some(reply) = reply {
-            let _ = write_reply(&out, &reply);
+    let mut child = spawn_call()?;
+    let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+    running.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), child);
+    let answer = move || {
+        let errors = std::thread::spawn(move || read_tail(stderr, 8 << 10));
+        let reader = std::thread::spawn(move || read_tail(stdout, usize::MAX));
+        // The readers run first: a process that writes before reading all cannot block.
+        if let Some(mut stdin) = stdin {
+            let _ = stdin.write_all(request.as_bytes());
         }
-    })
+        let answer = reader.join().unwrap_or_default();
+        let errors = errors.join().unwrap_or_default();
+        // Gone from the table: cancelled, and answered by nobody.
+        let child = running.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        if let Some(mut child) = child {
+            let status = child.wait().ok();
+            let _ = write_reply(&out, &call_reply(id, &answer, &errors, status));
+        }
+    };
+    std::thread::Builder::new().name("mcp call".into()).spawn(answer)
 }
 
-fn spawn_call(params: &Value) -> std::io::Result<Child> {
-    let mut child = Command::new(std::env::current_exe()?)
+fn spawn_call() -> std::io::Result<Child> {
+    let mut command = Command::new(std::env::current_exe()?);
+    command
         .args(["mcp", "--call"])
         // The tools write nothing: a GPU run keeps its matmul measurements in memory.
         .env("TENSORMEM_CACHE", "memory")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let mut stdin = child.stdin.take().expect("piped");
-    // The params are at most a message long: written whole before the call reads them.
-    let _ = stdin.write_all(params.to_string().as_bytes());
-    Ok(child)
+        .stderr(Stdio::piped());
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; it asks the kernel to end the call with the server.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    command.spawn()
 }
 
-fn read_all(pipe: Option<impl Read>) -> String {
-    let mut text = String::new();
+/// What a pipe gives until it closes, keeping at most its last `keep` bytes (a call's stderr
+/// is read for its last line only).
+fn read_tail(pipe: Option<impl Read>, keep: usize) -> String {
+    let mut kept = Vec::new();
     if let Some(mut pipe) = pipe {
-        let _ = pipe.read_to_string(&mut text);
+        let mut chunk = [0u8; 64 << 10];
+        loop {
+            match pipe.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => kept.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+            if kept.len() > keep {
+                kept.drain(..kept.len() - keep);
+            }
+        }
     }
-    text
+    String::from_utf8_lossy(&kept).into_owned()
 }
 
 /// The answer to a call from its process's output: the JSON-RPC reply it printed, or, when it
@@ -229,13 +283,13 @@ fn call_reply(id: Value, answer: &str, errors: &str, status: Option<std::process
     }
 }
 
-/// `tensormem mcp --call`: one tool call, its params on stdin, its reply (without `jsonrpc` and
-/// `id`, which the server adds) on stdout.
+/// `tensormem mcp --call`: one tool call, its request line on stdin, its reply (without `jsonrpc`
+/// and `id`, which the server adds) on stdout.
 pub fn call_from_stdin() -> Result<(), Failure> {
     let mut text = String::new();
-    std::io::stdin().lock().take(MAX_MESSAGE as u64).read_to_string(&mut text)?;
-    let params: Value = serde_json::from_str(&text).map_err(|e| Failure(format!("tool call params: {e}"), 2))?;
-    let reply = match call(&params) {
+    std::io::stdin().lock().take(MAX_MESSAGE as u64 + 1).read_to_string(&mut text)?;
+    let request: Value = serde_json::from_str(&text).map_err(|e| Failure(format!("tool call: {e}"), 2))?;
+    let reply = match call(request.get("params").unwrap_or(&Value::Null)) {
         Ok(result) => json!({ "result": result }),
         Err((code, message)) => json!({ "error": { "code": code, "message": message } }),
     };
@@ -264,7 +318,8 @@ fn handle(line: &str) -> Option<Value> {
         "initialize" => Ok(initialize(params)),
         "ping" => Ok(json!({})),
         "tools/list" => Ok(json!({ "tools": tools() })),
-        "tools/call" => call(params),
+        // A call with a proper id runs in a process of its own (see `serve`).
+        "tools/call" => Err((INVALID_REQUEST, "invalid request: a tools/call needs an id that is a string or a number".to_string())),
         _ => Err((METHOD_NOT_FOUND, format!("method not found: {method}"))),
     };
     Some(match result {

@@ -355,6 +355,13 @@ fn hostile_lines_are_answered_and_a_long_call_is_cancelled() {
         "params": { "name": "run", "arguments": { "name": "hf-generate", "set": { "new_tokens": 32768 } } } });
     server.send_line(&long.to_string());
     assert_eq!(server.request("ping", json!({}))["result"], json!({}), "answered while the call runs");
+    // Its id, reused while it runs, is refused (the answer would go to the wrong call).
+    server.send_line(&long.to_string());
+    let reused = server.read();
+    assert_eq!((&reused["id"], &reused["error"]["code"]), (&json!("long"), &json!(-32600)), "{reused}");
+    // A tools/call without a usable id is refused, not run inside the server.
+    server.send_line(&json!({ "jsonrpc": "2.0", "id": null, "method": "tools/call", "params": { "name": "scenarios" } }).to_string());
+    assert_eq!(server.read()["error"]["code"], -32600);
     server.send_line(&json!({ "jsonrpc": "2.0", "method": "notifications/cancelled", "params": { "requestId": "long", "reason": "test" } }).to_string());
     assert_eq!(server.request("ping", json!({}))["result"], json!({}));
     let started = Instant::now();

@@ -128,6 +128,10 @@ impl Drop for Node {
                 work.insert(at, Work::Finish(node));
             }
         }
+        // A node already taken apart (the last step below drops it) has nothing left to do.
+        if self.edges.is_empty() && self.saved.get_mut().is_none() {
+            return;
+        }
         let mut work = Vec::new();
         take_apart(self, &mut work);
         while let Some(item) = work.pop() {

@@ -115,8 +115,8 @@ impl HfConfig {
             return HfConfig::parse(spec);
         }
         let presets: Vec<&str> = HF_PRESETS.iter().map(|(n, _)| *n).collect();
-        if !std::path::Path::new(spec).exists() {
-            return Err(format!("config {spec:?} is neither a preset ({}) nor a config.json that exists", presets.join(", ")));
+        if let Err(e) = std::fs::metadata(spec) {
+            return Err(format!("config {spec:?} is neither a preset ({}) nor a readable config.json: {e}", presets.join(", ")));
         }
         let text = crate::files::read_small(std::path::Path::new(spec), CONFIG_LIMIT, "a config.json")?;
         HfConfig::parse(&text).map_err(|e| format!("{spec}: {e}"))

@@ -43,12 +43,13 @@ pub struct TracePhases {
     pub end: usize,
 }
 
-fn python_frames(e: &TraceEntry) -> impl Iterator<Item = &Frame> {
-    e.frames.iter().flat_map(|f| f.iter()).filter(|f| f.filename.ends_with(".py"))
+fn under(e: &TraceEntry, files: &[&str]) -> bool {
+    frames_under(e.frames.as_deref().unwrap_or_default(), files)
 }
 
-fn under(e: &TraceEntry, files: &[&str]) -> bool {
-    python_frames(e).any(|f| files.iter().any(|file| f.filename.ends_with(file)))
+/// Whether a Python frame of `frames` is in one of `files`.
+fn frames_under(frames: &[Frame], files: &[&str]) -> bool {
+    frames.iter().filter(|f| f.filename.ends_with(".py")).any(|f| files.iter().any(|file| f.filename.ends_with(file)))
 }
 
 /// `loss.backward()`: torch/autograd/__init__.py's backward (or _make_grads) is on the stack.
@@ -97,8 +98,10 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
     let trace = snapshot.trace_of(device);
     // Which of the three files each entry runs under, read once per distinct stack.
     let mut per_stack = PerStack::default();
-    let marks: Vec<[bool; 3]> =
-        trace.iter().map(|e| per_stack.get(&e.frames, |_| [BACKWARD_FILE, OPTIMIZER_FILE, MODULE_FILE].map(|file| under(e, &[file])))).collect();
+    let marks: Vec<[bool; 3]> = trace
+        .iter()
+        .map(|e| per_stack.get(&e.frames, |frames| [BACKWARD_FILE, OPTIMIZER_FILE, MODULE_FILE].map(|file| frames_under(frames, &[file]))))
+        .collect();
     let marks = &marks;
     let [backward, optimizer, module] = [0, 1, 2].map(|k| move |i: usize| marks[i][k]);
     let backward_start = (0..trace.len())

@@ -467,8 +467,11 @@ pub(crate) fn out_of_memory(outcome: Result<(), TensorError>) -> Result<Option<S
     }
 }
 
+/// What [`observe_steps`] calls: the step's number and label.
+type StepObserverFn = Box<dyn FnMut(usize, &str)>;
+
 thread_local! {
-    static STEP_OBSERVER: std::cell::RefCell<Option<Box<dyn FnMut(usize, &str)>>> = const { std::cell::RefCell::new(None) };
+    static STEP_OBSERVER: std::cell::RefCell<Option<StepObserverFn>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Calls `observe(n, label)` at each labelled step (the n-th) of the runs this thread makes, until

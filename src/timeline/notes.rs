@@ -46,7 +46,7 @@ pub(super) fn trace_warnings(warnings: &mut Vec<String>, start: Totals, trace: &
 /// budget: many allocations freed beneath live ones).
 pub(super) fn sampled_bands(step: u32) -> String {
     format!(
-        "Many allocations are freed beneath live ones (oldest first), so drawing every band exactly would take more than {} rectangles: the bands are drawn at their true heights every {step} events and held in between. The curves, sizes and lifetimes are exact.",
-        super::stacking::PIECE_BUDGET
+        "Many allocations are freed beneath live ones (oldest first), so drawing every band exactly would take more than {} million rectangles: the bands are drawn at their true heights every {step} events and held in between. The curves, sizes and lifetimes are exact.",
+        super::stacking::PIECE_BUDGET / 1_000_000
     )
 }

@@ -2,8 +2,8 @@
 //! stacking. Live allocations stack in the order they were made; when one ends, everything above
 //! it drops by its size, closing a piece each.
 //!
-//! Exact pieces cost one per band above each free: allocations freed oldest-first (a queue, a
-//! sliding window) make that the square of the allocations. So the pieces are laid exactly while
+//! Exact pieces cost one per band above each free: allocations freed oldest-first make that the
+//! square of the allocations (a queue), or the allocations times the live ones (a sliding window). So the pieces are laid exactly while
 //! they stay under a budget; past it every band is sampled at a common step of positions (still
 //! linear in the allocations plus the budget), and the timeline says so. The lifetimes, the
 //! curves and everything the doctor reads are exact either way.
@@ -35,7 +35,11 @@ pub(super) fn lifetimes(start: &StartState, trace: &[TraceEntry], allocations: u
     let mut id = 0u32;
     let live_at_start = start.segments.iter().flat_map(|s| s.blocks.iter()).filter(|b| b.state == BlockState::ActiveAllocated);
     for blk in live_at_start {
-        by_addr.insert(blk.address, id);
+        // Two live blocks at one address (an edited file): the first ends before it begins.
+        if let Some(old) = by_addr.insert(blk.address, id) {
+            l.reused_without_free += 1;
+            l.end[old as usize] = 0;
+        }
         id += 1;
     }
     for (i, e) in trace.iter().enumerate() {
@@ -68,7 +72,7 @@ pub(super) struct Bands {
 }
 
 /// Lays the bands of allocations with these sizes and lifetimes over `events` positions, exactly
-/// when that takes at most `budget` pieces.
+/// when that takes about `budget` pieces at most (the check runs after each position).
 pub(super) fn lay(size: &[f64], start: &[u32], end: &[u32], events: usize, budget: usize) -> Bands {
     let walk = Walk::new(start, end, events);
     let mut count = vec![0u32; size.len()];
@@ -122,7 +126,8 @@ struct Walk<'a> {
 impl<'a> Walk<'a> {
     fn new(start: &'a [u32], end: &'a [u32], events: usize) -> Walk<'a> {
         let last = events as u32 + 1;
-        let mut by_end: Vec<u32> = (0..end.len() as u32).filter(|&id| end[id as usize] < last).collect();
+        let lives = |id: u32| start[id as usize] < end[id as usize];
+        let mut by_end: Vec<u32> = (0..end.len() as u32).filter(|&id| lives(id) && end[id as usize] < last).collect();
         by_end.sort_by_key(|&id| end[id as usize]);
         Walk { start, end, by_end, events }
     }
@@ -143,7 +148,10 @@ impl<'a> Walk<'a> {
                 next_end += 1;
             }
             while next_start < self.start.len() && self.start[next_start] == x {
-                stack.push(x, next_start as u32, size);
+                // An allocation that ends where it starts never joins the stack.
+                if self.end[next_start] > x {
+                    stack.push(x, next_start as u32, size);
+                }
                 next_start += 1;
             }
             if step.is_some_and(|s| x % s == 0) {
