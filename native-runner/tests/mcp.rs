@@ -350,6 +350,15 @@ fn hostile_lines_are_answered_and_a_long_call_is_cancelled() {
     assert!(reply["error"]["message"].as_str().unwrap().contains("longer than 16 MiB"), "{reply}");
     assert_eq!(server.request("ping", json!({}))["result"], json!({}));
 
+    // A model of 3,000 layers (the stack overflow that ended the server) is refused, and the
+    // server answers on.
+    let config = json!({ "model_type": "llama", "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 3000,
+        "num_attention_heads": 1, "num_key_value_heads": 1, "vocab_size": 8 });
+    let deep = server.call("run", json!({ "name": "hf-train", "set": { "config": config.to_string(), "context": 8, "warmup": 0 } }));
+    assert_eq!(deep["isError"], true, "{deep}");
+    assert!(deep["content"][0]["text"].as_str().unwrap().contains("3000 layers is more than 1024"), "{deep}");
+    assert_eq!(server.request("ping", json!({}))["result"], json!({}));
+
     // A generation of 32,768 tokens: minutes in a debug build.
     let long = json!({ "jsonrpc": "2.0", "id": "long", "method": "tools/call",
         "params": { "name": "run", "arguments": { "name": "hf-generate", "set": { "new_tokens": 32768 } } } });

@@ -26,7 +26,7 @@ PARAMETERS = [
     ("config", "llama-3-8b", {"type": "text", "max_len": 4096}),
     ("batch", "1", {"type": "integer", "min": 1, "max": 4096}),
     ("prompt", "512", {"type": "integer", "min": 1, "max": 1048576}),
-    ("new_tokens", "256", {"type": "integer", "min": 1, "max": 1048576}),
+    ("new_tokens", "256", {"type": "integer", "min": 1, "max": 32768}),
     ("dtype", "bfloat16", {"type": "choice", "options": ["bfloat16", "float16", "float32"]}),
     ("cache", "dynamic", {"type": "choice", "options": ["dynamic", "static"]}),
     ("attn", "eager", {"type": "choice", "options": ["eager"]}),

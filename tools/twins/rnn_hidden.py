@@ -18,7 +18,7 @@ PARAMETERS = [
     ("batch", "32", {"type": "integer", "min": 1, "max": 65536}),
     ("timesteps", "16", {"type": "integer", "min": 1, "max": 4096}),
     ("hidden", "512", {"type": "integer", "min": 1, "max": 16384}),
-    ("steps", "4", {"type": "integer", "min": 1, "max": 1000}),
+    ("steps", "4", {"type": "integer", "min": 1, "max": 128}),
 ]
 FIX_SETTINGS = None
 
