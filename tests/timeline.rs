@@ -620,3 +620,14 @@ fn bands_freed_oldest_first_are_laid_out_within_a_budget() {
     assert!(!t.summary.warnings.iter().any(|w| w.contains("true heights")), "{:?}", t.summary.warnings);
     assert_stacked("lifo", &t);
 }
+
+/// A trace whose file lacks its final segments: every free is unaccounted for. The page names a
+/// few and counts the rest in one line, rather than a warning per event.
+#[test]
+fn a_trace_without_its_segments_warns_in_a_few_lines() {
+    let t = timeline::build(&common::shapes::queue(1_000, true), 0).unwrap();
+    let about_events: Vec<&String> = t.summary.warnings.iter().filter(|w| w.starts_with("event ") || w.contains("more events like these")).collect();
+    assert_eq!(about_events.len(), 6, "{about_events:?}");
+    // 3,001 events (the segment, 1,000 allocs, 1,000 pairs of frees) cannot be undone; 5 named.
+    assert!(about_events[5].starts_with("2996 more events like these"), "{}", about_events[5]);
+}

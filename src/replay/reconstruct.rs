@@ -49,12 +49,20 @@ struct Work<'a> {
     config: &'a AllocatorConfig,
     segments: BTreeMap<u64, WSegment>,
     warnings: Vec<String>,
+    /// Events that could not be undone, beyond those named in `warnings`.
+    unexplained: usize,
 }
+
+/// The events that do not add up named one by one; the rest are counted in one line (a file
+/// without its final segments would otherwise name every event of its trace).
+const NAMED_WARNINGS: usize = 5;
 
 impl Work<'_> {
     fn warn(&mut self, index: usize, e: &TraceEntry, what: &str) {
-        if self.warnings.len() < 20 {
+        if self.warnings.len() < NAMED_WARNINGS {
             self.warnings.push(format!("event {index} ({} at {:#x}): {what}", e.action.name(), e.addr));
+        } else {
+            self.unexplained += 1;
         }
     }
 
@@ -263,7 +271,7 @@ fn absorb_gap(seg: &mut WSegment, gap: u64) {
 
 /// Undoes `trace` from `final_segments` (one device's) back to the trace's first event.
 pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], config: &AllocatorConfig) -> StartState {
-    let mut work = Work { config, segments: BTreeMap::new(), warnings: Vec::new() };
+    let mut work = Work { config, segments: BTreeMap::new(), warnings: Vec::new(), unexplained: 0 };
     for s in final_segments {
         let blocks = s
             .blocks
@@ -302,5 +310,12 @@ pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], con
             }
         })
         .collect();
-    StartState { segments, warnings: work.warnings }
+    let mut warnings = work.warnings;
+    if work.unexplained > 0 {
+        warnings.push(format!(
+            "{} more events like these: the snapshot's final segments do not account for them (were its segments dropped, or the file edited?)",
+            work.unexplained
+        ));
+    }
+    StartState { segments, warnings }
 }
