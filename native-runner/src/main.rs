@@ -189,8 +189,8 @@ enum Command {
     /// Register it with an assistant as the command `tensormem mcp`. It reads the files it is
     /// given and writes none; it ends when its input ends.
     Mcp {
-        /// Run one tool call (its params as JSON on stdin) and print its reply: what the server
-        /// runs each call in.
+        /// Run one tool call (its JSON-RPC request line on stdin) and print its reply: what the
+        /// server runs each call in.
         #[arg(long, hide = true)]
         call: bool,
     },

@@ -3,9 +3,10 @@
 //! it drops by its size, closing a piece each.
 //!
 //! Exact pieces cost one per band above each free: allocations freed oldest-first make that the
-//! square of the allocations (a queue), or the allocations times the live ones (a sliding window). So the pieces are laid exactly while
-//! they stay under a budget; past it every band is sampled at a common step of positions (still
-//! linear in the allocations plus the budget), and the timeline says so. The lifetimes, the
+//! square of the allocations (a queue), or the allocations times the live ones (a sliding
+//! window). So the pieces are laid exactly while they stay under a budget; past it every band is
+//! sampled at a common step of positions (still linear in the allocations plus the budget), and
+//! the timeline says so. The lifetimes, the
 //! curves and everything the doctor reads are exact either way.
 
 use super::Pieces;

@@ -160,8 +160,7 @@ def main():
     for n in args.skip:
         rows.append({"scenario": n, "variant": None, "error": "skipped (--skip)"})
     rows.sort(key=lambda r: (order.index(r["scenario"]) if r["scenario"] in order else len(order), str(r.get("variant"))))
-    with open(os.path.join(args.out_dir, "report.json"), "w") as f:
-        json.dump({"gpu": gpu, "device": device, "rows": rows}, f, indent=1)
+    run_all.write_report(args.out_dir, gpu, device, rows)
     ok = sum(1 for r in rows if "error" not in r)
     failed = sum(1 for r in rows if "error" in r and not r["error"].startswith("skipped"))
     log(f"{ok} of {len(rows)} runs compared, {failed} failed or not run ({len(done)} started) in {time.time() - started:.0f} s; GPU: {gpu}")

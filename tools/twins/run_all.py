@@ -125,8 +125,16 @@ def main():
 
 
 def save_report(args, gpu, rows):
-    with open(os.path.join(args.out_dir, "report.json"), "w") as f:
-        json.dump({"gpu": gpu, "device": args.device, "rows": rows}, f, indent=1)
+    write_report(args.out_dir, gpu, args.device, rows)
+
+
+def write_report(out_dir, gpu, device, rows):
+    """OUT_DIR/report.json, whole or not at all (written beside it, then renamed over it): a
+    stop mid-write keeps the previous report."""
+    path = os.path.join(out_dir, "report.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"gpu": gpu, "device": device, "rows": rows}, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def run_scenarios(args, scenarios, tensormem, has_doctor, gpu, rows):
