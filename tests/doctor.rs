@@ -6,7 +6,7 @@ mod common;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use tensormem::alloc::AllocatorConfig;
-use tensormem::doctor::{self, CAPACITY_RESOLUTION, Diagnosis, DoctorError, DoctorOptions, Finding, Setup, Verified};
+use tensormem::doctor::{self, CAPACITY_RESOLUTION, Diagnosis, DoctorError, DoctorOptions, Finding, FindingConfidence, Setup, Verified};
 use tensormem::replay::{self, ReplayOptions, StartMode};
 use tensormem::scenarios::{self, RunRequest};
 use tensormem::trace::{self, Snapshot};
@@ -48,8 +48,14 @@ fn assert_well_formed(name: &str, d: &Diagnosis) {
     assert_eq!(kinds(d).iter().filter(|&&k| k == doctor::PEAK).count(), 1, "{name}");
     assert_eq!(d.findings.last().map(|f| f.kind.as_str()), Some(doctor::OUTSIDE_ALLOCATOR), "{name}");
     assert_eq!(kinds(d).iter().filter(|&&k| k == doctor::OUTSIDE_ALLOCATOR).count(), 1, "{name}");
-    let bytes: Vec<u64> = d.findings[1..d.findings.len() - 1].iter().map(|f| f.bytes).collect();
+    // Problems by bytes, then the inconclusive findings (never ranked among them).
+    let middle = &d.findings[1..d.findings.len() - 1];
+    let bytes: Vec<u64> = middle.iter().filter(|f| !f.is_inconclusive()).map(|f| f.bytes).collect();
     assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "{name}: problems not ranked by bytes: {bytes:?}");
+    assert!(middle.windows(2).all(|w| !w[0].is_inconclusive() || w[1].is_inconclusive()), "{name}: an inconclusive finding ranked among the problems");
+    for f in &d.findings {
+        assert_eq!(f.confidence_reason.is_some(), f.confidence != FindingConfidence::High, "{name}: {} says why it is not high exactly when it is not", f.kind);
+    }
     for f in &d.findings {
         assert!(doctor::KINDS.contains(&f.kind.as_str()), "{name}: {}", f.kind);
         assert!(!f.title.contains('\n') && !f.why.is_empty() && !f.fix.is_empty(), "{name}: {f:?}");
@@ -142,7 +148,8 @@ fn fragmentation_is_split_and_each_setting_verified_by_replay() {
     assert_eq!(e["requested_bytes"], 3_249_143_816u64);
     assert_eq!(e["internal_bytes"], 1016);
     assert_eq!(e["external_bytes"], 3_781_165_056u64 - 3_249_144_832);
-    assert_eq!(f.bytes, 3_781_165_056 - 3_249_143_816);
+    // Its bytes are what the best setting recovers (the gap is 507.37 MiB; 492 MiB of it closes).
+    assert_eq!(f.bytes, 3_781_165_056 - 3_265_265_664);
     assert_eq!(e["free_blocks"], 5);
     // The trace starts empty: replays start as recorded, so "before" is the file's own peak.
     let v = f.verified.as_ref().unwrap();
@@ -170,9 +177,10 @@ fn fragmentation_is_split_and_each_setting_verified_by_replay() {
 fn a_trace_that_starts_with_memory_reserved_is_verified_from_a_replaced_start() {
     let Some(snapshot) = load("eor-nn-legacy-with-snapshots.pickle") else { return };
     let d = diagnose(&snapshot, None);
-    assert_eq!(kinds(&d), ["peak", "fragmentation", "truncated-trace", "optimizer-state", "outside-allocator"]);
+    assert_eq!(kinds(&d), ["peak", "truncated-trace", "optimizer-state", "fragmentation", "outside-allocator"]);
     let f = finding(&d, doctor::FRAGMENTATION);
-    assert_eq!(f.bytes, 134_217_728 - 108_258_676);
+    // What expandable segments recover, not the whole gap (134,217,728 - 108,258,676 bytes).
+    assert_eq!(f.bytes, 134_217_728 - 113_246_208);
     let v = f.verified.as_ref().unwrap();
     assert_eq!(v.start, "replaced");
     assert_eq!((v.alloc_conf.as_str(), v.before_peak_reserved_bytes, v.after_peak_reserved_bytes), ("expandable_segments:True", 134_217_728, 113_246_208));
@@ -217,7 +225,7 @@ fn every_fixture_gives_the_peak_first_then_problems_by_bytes() {
         // Adam's state for the one 7.5 MiB tensor it optimises (made at the first of 10 steps);
         // its grads are freed by zero_grad each step (the 8.12 MiB cuBLAS workspace that the
         // autograd thread's first matmul makes is not a gradient).
-        ("eor-nn-legacy-with-snapshots.pickle", &["peak", "fragmentation", "truncated-trace", "optimizer-state", "outside-allocator"][..]),
+        ("eor-nn-legacy-with-snapshots.pickle", &["peak", "truncated-trace", "optimizer-state", "fragmentation", "outside-allocator"][..]),
         ("expandable-3gpu-oom.pickle", &["peak", "oom", "outside-allocator"]),
         ("finetune-legacy.pickle", &["peak", "truncated-trace", "fragmentation", "outside-allocator"]),
         ("gpt-ctx128-forward.pickle", &["peak", "truncated-trace", "missing-no-grad", "outside-allocator"]),
@@ -225,7 +233,8 @@ fn every_fixture_gives_the_peak_first_then_problems_by_bytes() {
         ("gpt-medium-ctx256-inference.pickle", &["peak", "truncated-trace", "outside-allocator"]),
         ("gpt-medium-ctx128-training.pickle", &["peak", "truncated-trace", "optimizer-state", "outside-allocator"]),
         ("lm2.7b-ctx128-fullstep.pickle", &["peak", "truncated-trace", "optimizer-state", "fragmentation", "outside-allocator"]),
-        ("lm2.7b-ctx256-fullstep.pickle", &["peak", "truncated-trace", "fragmentation", "optimizer-state", "outside-allocator"]),
+        // Fragmentation ranks by what a setting recovers (4.13 GiB), below the optimizer's state.
+        ("lm2.7b-ctx256-fullstep.pickle", &["peak", "truncated-trace", "optimizer-state", "fragmentation", "outside-allocator"]),
         ("small-state.pickle", &["peak", "fragmentation", "outside-allocator"]),
         ("tiny-settings.pickle", &["peak", "outside-allocator"]),
     ]);
@@ -293,7 +302,12 @@ fn a_forward_with_grad_on_and_no_backward_is_missing_no_grad() {
     // A torch.compile'd forward run as an autograd.Function (its training graph, which returns
     // the tensors saved for backward): everything the trace made is still live at its end; all
     // of it is held but the last allocation (the logits, 20,480,000 bytes) and cuBLAS's workspace.
+    // One forward, dumped with its graph alive: a backward after the dump would have needed it,
+    // so the finding is inconclusive (listed after the problems).
     assert!(e["grad_mode_evidence"].as_str().unwrap().contains("torch/autograd/function.py"));
+    assert_eq!(m.confidence, FindingConfidence::Inconclusive);
+    assert!(m.confidence_reason.as_deref().is_some_and(|r| r.contains("where the trace ends")), "{:?}", m.confidence_reason);
+    assert_eq!(e["forwards_held_to_the_end"], 1);
     assert_eq!((e["iterations"].as_u64(), e["position"].as_u64()), (Some(1), Some(8227)));
     assert_eq!(m.bytes, 3_920_136_192);
     let mut live = std::collections::HashMap::new();

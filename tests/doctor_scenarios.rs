@@ -163,9 +163,9 @@ fn a_flat_loop_shows_no_growth_and_steady_optimizer_state_is_not_growth() {
 fn the_variants_parameters_move_the_verdict() {
     // zero_grad(set_to_none=False) keeps the gradient blocks (zeroed) through the forward.
     let d = diagnose_with("zero-grad", Some("fix"), "set_to_none", "false");
-    assert_eq!(rank(&d, doctor::GRADS_KEPT), Some(2));
+    assert_eq!(rank(&d, doctor::GRADS_KEPT), Some(1));
     assert_eq!(
-        d.findings[2].bytes,
+        d.findings[1].bytes,
         d.findings[0].evidence["live"]["by_group"].as_array().unwrap().iter().find(|g| g["kind"] == "parameter").unwrap()["bytes"].as_u64().unwrap(),
         "one gradient per parameter"
     );

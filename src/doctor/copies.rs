@@ -59,7 +59,7 @@ pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
         .collect();
     let at_peak: Vec<usize> = copies.iter().copied().filter(|&id| steps::live_at(p, id, peak)).collect();
     let bytes: u64 = at_peak.iter().map(|&id| steps::bytes(p, id)).sum();
-    if !steps::material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
         return None;
     }
     let peak_bytes = t.summary.peak_allocated_bytes;
@@ -93,5 +93,5 @@ pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
         top_stacks: steps::top_stacks(p, &at_peak, 3),
         allocations: steps::largest(p, &at_peak, 5),
     };
-    Some(Finding { kind: COPIES.into(), title, bytes, evidence: serde_json::to_value(evidence).unwrap_or_default(), why, fix, verified: None, estimate: None })
+    Some(Finding::new(COPIES, title, bytes, evidence, why, fix))
 }

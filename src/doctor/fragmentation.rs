@@ -1,7 +1,9 @@
 //! `fragmentation`: reserved memory above what the tensors asked for, at the peak of reserved;
 //! how much is rounding inside live blocks and how much is cached free blocks; and what
 //! `expandable_segments:True` or a `max_split_size_mb` would reserve instead, each by replay
-//! (the best one is the finding's `verified`, all of them are in its evidence).
+//! (the best one is the finding's `verified`, all of them are in its evidence). Its bytes are
+//! what the best setting recovers: a gap no setting closes is cache the program reuses, not a
+//! problem a change would fix, and is not reported.
 
 use super::what_if::{Outcome, Setup, candidate_settings, each_in_parallel, verified};
 use super::{DoctorError, FRAGMENTATION, Finding, Patient, Verified, size};
@@ -13,6 +15,10 @@ use serde::Serialize;
 const MATERIAL_SHARE: f64 = 0.05;
 /// ...and at least one large segment's worth (PyTorch's kLargeBuffer).
 const MATERIAL_BYTES: u64 = 20 << 20;
+/// What a setting must recover to be worth changing: this share of the peak reserved...
+const RECOVERED_SHARE: f64 = 0.01;
+/// ...and at least one small segment (PyTorch's kSmallBuffer).
+const RECOVERED_BYTES: u64 = 2 << 20;
 
 #[derive(Serialize)]
 struct Evidence {
@@ -71,42 +77,26 @@ pub(super) fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
             Ok(verified(format!("replay with {setting}, {}", setup.start_words()), &setup, p.device, before, after, true))
         })
         .collect::<Result<Vec<_>, DoctorError>>()?;
-    let best = what_ifs.iter().filter(|v| !v.after_out_of_memory).min_by_key(|v| v.after_peak_reserved_bytes).cloned();
+    let Some(best) = what_ifs.iter().filter(|v| !v.after_out_of_memory).min_by_key(|v| v.after_peak_reserved_bytes).cloned() else { return Ok(None) };
+    let recovered = best.before_peak_reserved_bytes.saturating_sub(best.after_peak_reserved_bytes);
+    if recovered < RECOVERED_BYTES || (recovered as f64) < RECOVERED_SHARE * best.before_peak_reserved_bytes as f64 {
+        return Ok(None);
+    }
     Ok(Some(finding(p, position, &state, internal, external, before, what_ifs, best)))
 }
 
 #[allow(clippy::too_many_arguments)]
-fn finding(
-    p: &Patient,
-    position: usize,
-    state: &State,
-    internal: u64,
-    external: u64,
-    before: Outcome,
-    what_ifs: Vec<Verified>,
-    best: Option<Verified>,
-) -> Finding {
-    let waste = internal + external;
-    let saving = best.as_ref().map_or(0, |b| b.before_peak_reserved_bytes.saturating_sub(b.after_peak_reserved_bytes));
-    let gap = format!("Reserved is {} above allocated at its peak ({} cached free, {} rounding)", size(waste), size(external), size(internal));
-    let (title, fix) = match best.as_ref().filter(|_| saving > 0) {
-        Some(b) => (
-            format!("{gap}: {} would reserve {} less", b.alloc_conf, size(saving)),
-            format!(
-                "Set PYTORCH_CUDA_ALLOC_CONF={} before the first CUDA allocation (or torch.cuda.memory._set_allocator_settings): \
-                 replayed with it, peak reserved is {} instead of {}.",
-                b.alloc_conf,
-                size(b.after_peak_reserved_bytes),
-                size(b.before_peak_reserved_bytes)
-            ),
-        ),
-        None => (
-            format!("{gap}: no allocator setting tried lowers it (by replay)"),
-            "The gap is memory the run frees and allocates again in other sizes; the settings tried do not close it. \
-             torch.cuda.empty_cache() between phases returns the cached part to the device, at the cost of new cudaMalloc calls."
-                .to_string(),
-        ),
-    };
+fn finding(p: &Patient, position: usize, state: &State, internal: u64, external: u64, before: Outcome, what_ifs: Vec<Verified>, best: Verified) -> Finding {
+    let recovered = best.before_peak_reserved_bytes.saturating_sub(best.after_peak_reserved_bytes);
+    let gap = format!("Reserved is {} above allocated at its peak ({} cached free, {} rounding)", size(internal + external), size(external), size(internal));
+    let title = format!("{gap}: {} would reserve {} less", best.alloc_conf, size(recovered));
+    let fix = format!(
+        "Set PYTORCH_CUDA_ALLOC_CONF={} before the first CUDA allocation (or torch.cuda.memory._set_allocator_settings): \
+         replayed with it, peak reserved is {} instead of {}.",
+        best.alloc_conf,
+        size(best.after_peak_reserved_bytes),
+        size(best.before_peak_reserved_bytes)
+    );
     let why = format!(
         "PyTorch's caching allocator keeps freed blocks reserved to reuse them, and splits cached segments to serve smaller \
          requests; when later requests do not fit the free pieces, it reserves new segments while {} sits free in {} cached \
@@ -136,16 +126,7 @@ fn finding(
             size(before.peak_reserved)
         )
     });
-    Finding {
-        kind: FRAGMENTATION.into(),
-        title,
-        bytes: waste,
-        evidence: serde_json::to_value(evidence).unwrap_or_default(),
-        why,
-        fix,
-        verified: best,
-        estimate,
-    }
+    Finding::new(FRAGMENTATION, title, recovered, evidence, why, fix).verified(Some(best)).estimate(estimate)
 }
 
 /// Among the positions where reserved is at its peak, the one with the most allocated.

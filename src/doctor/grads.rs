@@ -44,12 +44,15 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
             s.passes.get(next).is_some_and(|next| steps::live_at(p, id, next.first))
         })
         .collect();
+    // In PyTorch's traces a gradient has its parameter's size: a backward buffer of no
+    // parameter's size (the autograd thread's cuBLAS workspace, with Python-only stacks) is not one.
+    let gradients = if s.tensormem { gradients } else { of_parameter_sizes(p, s, gradients) };
     // The first optimizer step after each position.
     let optimizer_steps: Vec<u32> = s.passes.iter().filter(|q| q.phase == Phase::Optimizer).map(|q| q.first).collect();
     let optimizer_between = |from: u32, to: u32| optimizer_steps.get(optimizer_steps.partition_point(|&x| x <= from)).is_some_and(|&x| x < to);
     let (per_iteration, (bytes, k, kept)) =
         s.worst_iteration(p, &gradients, |_, b, id| a.start[id] < b && (!s.has_optimizer || optimizer_between(a.start[id], b)));
-    if !steps::material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
         return None;
     }
     let title = format!("{} of gradients stay allocated through the forward of iteration {k}: they are never freed between steps", size(bytes));
@@ -77,5 +80,21 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         top_stacks: steps::top_stacks(p, &kept, 3),
         allocations: steps::largest(p, &kept, 5),
     };
-    Some(Finding { kind: GRADS_KEPT.into(), title, bytes, evidence: serde_json::to_value(evidence).unwrap_or_default(), why, fix, verified: None, estimate })
+    Some(Finding::new(GRADS_KEPT, title, bytes, evidence, why, fix).estimate(estimate))
+}
+
+/// The `candidates` that have the size of a parameter, each parameter matched once, the
+/// earliest candidates first.
+fn of_parameter_sizes(p: &Patient, s: &Steps, candidates: Vec<usize>) -> Vec<usize> {
+    let mut sizes = steps::parameter_sizes(p, &s.iterations);
+    candidates
+        .into_iter()
+        .filter(|&id| match sizes.get_mut(&steps::bytes(p, id)) {
+            Some(left) if *left > 0 => {
+                *left -= 1;
+                true
+            }
+            _ => false,
+        })
+        .collect()
 }

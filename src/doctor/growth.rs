@@ -2,6 +2,8 @@
 //! iteration, the stacks that keep them, and the iteration at which the card runs out at this
 //! rate. The first iteration is left out (optimizer state, caches warming up: a steady state, not
 //! growth), and so is the last one's neighbour (a result kept until the next one replaces it).
+//! A PyTorch loop without backward keeps its results and its cache on purpose: there only what
+//! the forwards keep counts.
 
 use super::steps::{self, Steps};
 use super::{AllocationRef, Finding, GROWTH, Patient, StackBytes, size};
@@ -33,6 +35,13 @@ struct Evidence {
     runs_out_at_iteration: Option<u64>,
 }
 
+/// Whether growth counts allocation `id`. A PyTorch loop without backward (evaluation,
+/// inference, generation) keeps its results on purpose (`preds.append(out.argmax(1))`, made
+/// outside any module call) and its key/value cache: only what its forwards keep counts there.
+fn loop_keeps(p: &Patient, s: &Steps, id: usize) -> bool {
+    s.has_backward || s.tensormem || (s.phase[id] == Some(steps::Phase::Forward) && !steps::is_kv_cache(p, id))
+}
+
 pub(super) fn find(p: &Patient, s: &Steps, capacity: Option<u64>) -> Option<Finding> {
     let n = s.iterations.len();
     if n < MIN_ITERATIONS {
@@ -45,7 +54,7 @@ pub(super) fn find(p: &Patient, s: &Steps, capacity: Option<u64>) -> Option<Find
     let mut kept: Vec<Vec<usize>> = vec![Vec::new(); n + 1];
     for &id in order {
         let k = s.iteration_of(a.start[id]);
-        if a.start[id] > 0 && examined.contains(&k) && steps::live_at(p, id, examined_at) && !steps::is_library_buffer(p, id) {
+        if a.start[id] > 0 && examined.contains(&k) && steps::live_at(p, id, examined_at) && !steps::is_library_buffer(p, id) && loop_keeps(p, s, id) {
             kept[k].push(id);
         }
     }
@@ -108,20 +117,11 @@ pub(super) fn find(p: &Patient, s: &Steps, capacity: Option<u64>) -> Option<Find
         capacity_source,
         runs_out_at_iteration,
     };
-    Some(Finding {
-        kind: GROWTH.into(),
-        title,
-        bytes: rate * (n as u64 - 3),
-        evidence: serde_json::to_value(evidence).unwrap_or_default(),
-        why,
-        fix,
-        verified: None,
-        estimate: Some(format!(
-            "The iteration at which the card runs out assumes every later iteration keeps {} more than the peak so far ({}); \
+    Some(Finding::new(GROWTH, title, rate * (n as u64 - 3), evidence, why, fix).estimate(Some(format!(
+        "The iteration at which the card runs out assumes every later iteration keeps {} more than the peak so far ({}); \
              the bytes at stake are what iterations 2 to {} kept by the end.",
-            size(rate),
-            size(peak),
-            n - 2
-        )),
-    })
+        size(rate),
+        size(peak),
+        n - 2
+    ))))
 }

@@ -82,14 +82,5 @@ pub(super) fn find(p: &Patient, ops: &Ops) -> Option<Finding> {
         unnamed_bytes: unnamed,
         allocations: steps::largest(p, &live, 5),
     };
-    Some(Finding {
-        kind: INTERMEDIATES.into(),
-        title,
-        bytes: output_bytes,
-        evidence: serde_json::to_value(evidence).unwrap_or_default(),
-        why,
-        fix,
-        verified: None,
-        estimate: None,
-    })
+    Some(Finding::new(INTERMEDIATES, title, output_bytes, evidence, why, fix))
 }

@@ -86,8 +86,9 @@ pub const KINDS: [&str; 13] = [
 ];
 
 /// What the doctor found: the `peak` summary first (with `intermediates` when there is no
-/// problem), then the problems, most bytes first, then
-/// `outside-allocator` (information, estimated: ranked last whatever its bytes).
+/// problem), then the problems, most bytes first, then the inconclusive findings (what the
+/// trace cannot tell), then `outside-allocator` (information, estimated: ranked last whatever
+/// its bytes).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Diagnosis {
     pub findings: Vec<Finding>,
@@ -113,6 +114,64 @@ pub struct Finding {
     /// Which figures are estimates, and what they rest on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate: Option<String>,
+    /// How sure the doctor is that the finding holds (see [`FindingConfidence`]).
+    #[serde(default)]
+    pub confidence: FindingConfidence,
+    /// Why it is not `high`: what the trace lacks to tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence_reason: Option<String>,
+}
+
+/// How sure a finding is (a contract: `high`, `medium`, `inconclusive`). An inconclusive finding
+/// says what the trace cannot tell; it is listed apart, after the problems, and never ranked
+/// among them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FindingConfidence {
+    #[default]
+    High,
+    Medium,
+    Inconclusive,
+}
+
+impl Finding {
+    /// The one way findings are made: what every kind has; the rest is added by the methods below.
+    pub(crate) fn new(kind: &str, title: String, bytes: u64, evidence: impl Serialize, why: String, fix: String) -> Finding {
+        Finding {
+            kind: kind.to_string(),
+            title,
+            bytes,
+            evidence: serde_json::to_value(evidence).unwrap_or_default(),
+            why,
+            fix,
+            verified: None,
+            estimate: None,
+            confidence: FindingConfidence::High,
+            confidence_reason: None,
+        }
+    }
+
+    pub(crate) fn verified(mut self, verified: Option<Verified>) -> Finding {
+        self.verified = verified;
+        self
+    }
+
+    pub(crate) fn estimate(mut self, estimate: Option<String>) -> Finding {
+        self.estimate = estimate;
+        self
+    }
+
+    /// Less than `high`, and why.
+    pub(crate) fn confidence(mut self, confidence: FindingConfidence, reason: String) -> Finding {
+        self.confidence = confidence;
+        self.confidence_reason = (confidence != FindingConfidence::High).then_some(reason);
+        self
+    }
+
+    /// Whether it counts as a problem to rank (not information, not inconclusive).
+    pub fn is_inconclusive(&self) -> bool {
+        self.confidence == FindingConfidence::Inconclusive
+    }
 }
 
 /// A fix measured by replaying the trace: the same figures `tensormem replay` reports for the
@@ -187,12 +246,14 @@ pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosi
     problems.extend(temporaries::find(&patient, &steps, &ops));
     problems.extend(copies::find(&patient, &steps, &ops));
     problems.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.kind.cmp(&b.kind)));
+    let (inconclusive, problems): (Vec<Finding>, Vec<Finding>) = problems.into_iter().partition(Finding::is_inconclusive);
 
     let mut findings = vec![peak::find(&patient)];
     if problems.is_empty() {
         findings.extend(intermediates::find(&patient, &ops));
     }
     findings.extend(problems);
+    findings.extend(inconclusive);
     findings.push(outside::find(&patient));
     Ok(Diagnosis { findings })
 }

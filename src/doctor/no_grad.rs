@@ -1,12 +1,20 @@
 //! `missing-no-grad`: forward passes whose saved tensors are never used, because no backward
 //! follows: what each forward still holds when the next one starts (or the trace ends), less its
-//! last allocation (its result, which no_grad keeps too). The trace must show that autograd was
-//! on: in PyTorch's traces an autograd kernel or `autograd.Function` on the forward's stacks
-//! (`torch::autograd::VariableType::`, `torch/autograd/function.py`, which `torch.compile`'s
-//! training graphs run under); in tensormem's, a model (parameters) whose forward keeps memory.
+//! last allocation (its result, which no_grad keeps too).
+//!
+//! Whether autograd was on is read from the lifetimes themselves, which every trace has: with
+//! grad on, a forward's intermediates stay allocated until its result (or the loss) dies, and
+//! then go together, one free after another with nothing allocated between (the graph torn
+//! down); under no_grad each dies as soon as the next op has read it, and nothing of the forward
+//! is left when the next one starts. Frames add to it where they show autograd (PyTorch's
+//! `torch::autograd::VariableType::`, `torch/autograd/function.py`; tensormem's parameters). How
+//! sure the finding is depends on how many forwards show it: `high` from two torn-down graphs,
+//! `medium` from one (or from frames alone); `inconclusive` when what the forward holds is still
+//! allocated where the trace ends (a dump between a forward and its backward, a device of a run
+//! that died elsewhere): a backward the recording missed may have needed it.
 
 use super::steps::{self, Phase, Steps};
-use super::{AllocationRef, Finding, MISSING_NO_GRAD, Patient, StackBytes, size};
+use super::{AllocationRef, Finding, FindingConfidence, MISSING_NO_GRAD, Patient, StackBytes, size};
 use crate::trace::{Category, Frame};
 use serde::Serialize;
 
@@ -19,8 +27,12 @@ const MATERIAL_BYTES: u64 = 1 << 20;
 struct Evidence {
     #[serde(flatten)]
     iterations: steps::IterationsEvidence,
-    /// What tells that autograd was on.
+    /// What tells that autograd was on, in words.
     grad_mode_evidence: String,
+    /// Forwards whose held tensors were freed together later (a graph torn down when its
+    /// result died), and forwards whose held tensors are still live where the trace ends.
+    forwards_torn_down: usize,
+    forwards_held_to_the_end: usize,
     /// Per forward: bytes it still holds when the next one starts (or the trace ends).
     held_per_iteration: Vec<u64>,
     /// The forward holding the most, and the position it is measured at.
@@ -30,20 +42,31 @@ struct Evidence {
     allocations: Vec<AllocationRef>,
 }
 
+/// What became of what one forward held past its end.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Freed together, with nothing allocated between: a graph torn down.
+    TornDown,
+    /// Freed one at a time among other allocations: not how a graph dies.
+    FreedApart,
+    /// Still live where the trace ends.
+    HeldToTheEnd,
+}
+
 pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     if s.has_backward || s.iterations.is_empty() {
         return None;
     }
-    let grad_mode_evidence = grad_mode(p, s)?;
     let a = &p.timeline.allocations;
     let events = p.timeline.events;
     let mut by_iteration: Vec<Vec<usize>> = vec![Vec::new(); s.iterations.len() + 1];
     for &id in &s.order {
-        if s.phase[id] == Some(Phase::Forward) && a.start[id] > 0 && !steps::is_library_buffer(p, id) {
+        if s.phase[id] == Some(Phase::Forward) && a.start[id] > 0 && !s.made_once[id] {
             by_iteration[s.iteration_of(a.start[id])].push(id);
         }
     }
     let mut held_per_iteration = Vec::new();
+    let mut fates = Vec::new();
     let mut worst: (u64, usize, u32, Vec<usize>) = (0, 0, 0, Vec::new());
     for (k, made) in by_iteration.iter().enumerate().skip(1) {
         let at = s.iteration_end(k, events);
@@ -54,18 +77,49 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         let held: Vec<usize> = made.iter().copied().filter(|&id| id != result && steps::live_at(p, id, at)).collect();
         let bytes: u64 = held.iter().map(|&id| steps::bytes(p, id)).sum();
         held_per_iteration.push(bytes);
+        if s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+            fates.push(fate(p, s, &held));
+        }
         if bytes > worst.0 {
             worst = (bytes, k, at, held);
         }
     }
     let (bytes, k, position, held) = worst;
-    if !steps::material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
         return None;
     }
+    let torn_down = fates.iter().filter(|&&f| f == Fate::TornDown).count();
+    let to_the_end = fates.iter().filter(|&&f| f == Fate::HeldToTheEnd).count();
+    let frames = grad_mode_frames(p, s);
+    let (confidence, reason) = match (torn_down, &frames) {
+        (2.., _) => (FindingConfidence::High, String::new()),
+        (1, _) => (FindingConfidence::Medium, "one forward shows its graph torn down; more forwards would confirm it".to_string()),
+        (0, Some(_)) if to_the_end == 0 || s.tensormem => {
+            (FindingConfidence::Medium, "the frames show autograd on; no forward's tensors were seen freed together".to_string())
+        }
+        (0, _) if to_the_end > 0 => (
+            FindingConfidence::Inconclusive,
+            "what the forward holds is still allocated where the trace ends: if the recording stopped before a backward (a \
+             snapshot dumped between forward and backward, or a device of a run that died elsewhere), the graph was needed"
+                .to_string(),
+        ),
+        // Held past the forward but freed one at a time: a cache or a list, not a graph.
+        (0, _) => return None,
+    };
+    let grad_mode_evidence = match (&frames, torn_down) {
+        (Some(f), 0) => f.clone(),
+        (Some(f), n) => format!("{f}; {n} forward{} freed together when {} result died", plural(n), if n == 1 { "its" } else { "their" }),
+        (None, 0) => "none: the trace ends with the forward's tensors live".to_string(),
+        (None, n) => format!("{n} forward{}' tensors freed together when {} result died, as a graph is", plural(n), if n == 1 { "its" } else { "their" }),
+    };
     let top_stacks = steps::top_stacks(p, &held, 3);
     let n = s.iterations.len();
-    let title =
-        format!("{} forward pass{} with autograd on and no backward: {} saved for a backward that never comes", n, if n > 1 { "es" } else { "" }, size(bytes));
+    let title = format!(
+        "{n} forward pass{} with autograd on and no backward: {} saved for a backward that never comes{}",
+        if n > 1 { "es" } else { "" },
+        size(bytes),
+        if confidence == FindingConfidence::Inconclusive { " (unless one followed after the trace ends)" } else { "" }
+    );
     let when = if (position as usize) < events { format!("when the next forward starts (position {position})") } else { "when the trace ends".to_string() };
     let why = format!(
         "With grad mode on, every op records a node and keeps what its backward would need (the activations of every \
@@ -79,35 +133,48 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let evidence = Evidence {
         iterations: s.evidence(p),
         grad_mode_evidence,
+        forwards_torn_down: torn_down,
+        forwards_held_to_the_end: to_the_end,
         held_per_iteration,
         worst_iteration: k,
         position,
         allocations: steps::largest(p, &held, 5),
         top_stacks,
     };
-    Some(Finding {
-        kind: MISSING_NO_GRAD.into(),
-        title,
-        bytes,
-        evidence: serde_json::to_value(evidence).unwrap_or_default(),
-        why,
-        fix,
-        verified: None,
-        estimate: Some(format!(
-            "What no_grad would not hold rests on the forward's last allocation being its result (kept either way) and \
-             everything else it still holds being saved for backward.{}",
-            if position as usize >= events {
-                " It is measured where the trace ends: if the recording stopped before a backward that did run, the graph \
-                 was needed."
-            } else {
-                ""
-            }
-        )),
-    })
+    Some(
+        Finding::new(MISSING_NO_GRAD, title, bytes, evidence, why, fix)
+            .estimate(Some(
+                "What no_grad would not hold rests on the forward's last allocation being its result (kept either way) and \
+                 everything else it still holds being saved for backward."
+                    .to_string(),
+            ))
+            .confidence(confidence, reason),
+    )
 }
 
-/// What shows that autograd was on during the forward; None when nothing does.
-fn grad_mode(p: &Patient, s: &Steps) -> Option<String> {
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// How the `held` allocations of one forward ended: together (nothing allocated between their
+/// first and last free), one at a time, or not within the trace.
+fn fate(p: &Patient, s: &Steps, held: &[usize]) -> Fate {
+    let a = &p.timeline.allocations;
+    if held.iter().any(|&id| a.end[id] as usize > p.timeline.events) {
+        return Fate::HeldToTheEnd;
+    }
+    let first = held.iter().map(|&id| a.end[id]).min().unwrap_or(0);
+    let last = held.iter().map(|&id| a.end[id]).max().unwrap_or(0);
+    // The first allocation after the first free: it must come after the last one.
+    let next = s.order.partition_point(|&id| a.start[id] <= first);
+    match s.order.get(next) {
+        Some(&id) if a.start[id] < last => Fate::FreedApart,
+        _ => Fate::TornDown,
+    }
+}
+
+/// What the frames show of autograd being on during the forward; None when they show nothing.
+fn grad_mode_frames(p: &Patient, s: &Steps) -> Option<String> {
     let trace = p.snapshot.trace_of(p.device);
     if s.tensormem {
         let parameters = trace.iter().filter(|e| e.category == Some(Category::Parameter)).count();

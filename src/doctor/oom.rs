@@ -190,7 +190,7 @@ impl Facts {
             capacity_resolution_bytes: CAPACITY_RESOLUTION,
             live,
         };
-        Ok(Finding { kind: OOM.into(), title, bytes: self.request, evidence: serde_json::to_value(evidence).unwrap_or_default(), why, fix, verified, estimate })
+        Ok(Finding::new(OOM, title, self.request, evidence, why, fix).verified(verified).estimate(estimate))
     }
 
     /// The fix measured at the capacity that failed: the setting (of those the doctor tries)

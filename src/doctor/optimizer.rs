@@ -74,7 +74,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     }
     let state_bytes = state_per_step.iter().copied().max()?;
     let at_stake = state_bytes + temporaries_peak;
-    if !steps::material(p, at_stake, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, at_stake, MATERIAL_SHARE, MATERIAL_BYTES) {
         return None;
     }
     // Made anew: every step (of those that made state) frees about as much old memory as it makes.
@@ -141,20 +141,11 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         top_stacks: steps::top_stacks(p, &state_ids, 3),
         allocations: steps::largest(p, &state_ids, 5),
     };
-    Some(Finding {
-        kind: OPTIMIZER_STATE.into(),
-        title,
-        bytes: at_stake,
-        evidence: serde_json::to_value(evidence).unwrap_or_default(),
-        why,
-        fix,
-        verified: None,
-        estimate: parameter_bytes.is_none().then(|| {
-            "The trace does not say which allocations are parameters: what a leaner optimizer saves is read from the state's \
+    Some(Finding::new(OPTIMIZER_STATE, title, at_stake, evidence, why, fix).estimate(parameter_bytes.is_none().then(|| {
+        "The trace does not say which allocations are parameters: what a leaner optimizer saves is read from the state's \
              size alone."
-                .to_string()
-        }),
-    })
+            .to_string()
+    })))
 }
 
 /// The most `ids` hold at once.

@@ -210,11 +210,11 @@ pub(super) fn find(p: &Patient) -> Finding {
              handle, 8,519,680 B, or 32 MiB on Hopper and later), with no stack to confirm it.",
         );
     }
-    Finding {
-        kind: OUTSIDE_ALLOCATOR.into(),
+    Finding::new(
+        OUTSIDE_ALLOCATOR,
         title,
-        bytes: outside,
-        evidence: serde_json::to_value(Evidence {
+        outside,
+        serde_json::to_value(Evidence {
             device: p.device,
             peak_reserved_bytes: reserved,
             outside_bytes: outside,
@@ -228,7 +228,6 @@ pub(super) fn find(p: &Patient) -> Finding {
         .unwrap_or_default(),
         why,
         fix,
-        verified: None,
-        estimate: Some(estimate),
-    }
+    )
+    .estimate(Some(estimate))
 }

@@ -68,11 +68,11 @@ pub(super) fn find(p: &Patient) -> Finding {
         }
         None => "Shrink what is live at the peak: start with the largest group and stack above.",
     };
-    Finding {
-        kind: PEAK.into(),
+    Finding::new(
+        PEAK,
         title,
-        bytes: summary.peak_allocated_bytes,
-        evidence: serde_json::to_value(Evidence {
+        summary.peak_allocated_bytes,
+        serde_json::to_value(Evidence {
             device: p.device,
             devices: p.snapshot.devices(),
             event,
@@ -84,8 +84,6 @@ pub(super) fn find(p: &Patient) -> Finding {
         })
         .unwrap_or_default(),
         why,
-        fix: fix.into(),
-        verified: None,
-        estimate: None,
-    }
+        fix.into(),
+    )
 }

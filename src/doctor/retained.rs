@@ -38,12 +38,8 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         return None;
     }
     let a = &p.timeline.allocations;
-    let forward: Vec<usize> = s
-        .order
-        .iter()
-        .copied()
-        .filter(|&id| s.phase[id] == Some(Phase::Forward) && !steps::is_library_buffer(p, id) && (s.has_backward || !steps::is_kv_cache(p, id)))
-        .collect();
+    let forward: Vec<usize> =
+        s.order.iter().copied().filter(|&id| s.forward_made(p, id) && !s.made_once[id] && (s.has_backward || !steps::is_kv_cache(p, id))).collect();
     let events = p.timeline.events;
     // Each iteration's backward: from its first backward allocation to the next pass.
     let backward: Vec<Option<(u32, u32)>> = (0..=n)
@@ -60,7 +56,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         let carried = backward[k].is_some_and(|(from, to)| a.end[id] > from && a.end[id] <= to);
         old_enough && !carried
     });
-    if !steps::material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
         return None;
     }
     let mut made_in: Vec<usize> = retained.iter().map(|&id| s.iteration_of(a.start[id])).collect();
@@ -97,14 +93,5 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         allocations: steps::largest(p, &retained, 5),
         top_stacks,
     };
-    Some(Finding {
-        kind: RETAINED_GRAPH.into(),
-        title,
-        bytes,
-        evidence: serde_json::to_value(evidence).unwrap_or_default(),
-        why,
-        fix,
-        verified: None,
-        estimate: None,
-    })
+    Some(Finding::new(RETAINED_GRAPH, title, bytes, evidence, why, fix))
 }

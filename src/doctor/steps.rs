@@ -50,6 +50,8 @@ pub(super) struct Steps {
     pub tensormem: bool,
     pub has_backward: bool,
     pub has_optimizer: bool,
+    /// Per allocation: made once by a forward and kept to the end (see [`made_once`]).
+    pub made_once: Vec<bool>,
 }
 
 impl Steps {
@@ -57,6 +59,27 @@ impl Steps {
     /// k for the k-th iteration.
     pub fn iteration_of(&self, start: u32) -> usize {
         self.iterations.partition_point(|&b| b <= start)
+    }
+
+    /// Whether allocation `id` is the forward's: made in a module call, or (in a training loop)
+    /// by the code between a forward's first module call and its backward (`torch.tanh(layer(x))`,
+    /// the loss), which a Python stack shows outside any module. What runs after backward (the
+    /// next batch, a hand-written update) is not.
+    pub fn forward_made(&self, p: &Patient, id: usize) -> bool {
+        match self.phase[id] {
+            Some(Phase::Forward) => true,
+            Some(_) => false,
+            None => {
+                let start = p.timeline.allocations.start[id];
+                // tensormem's traces name every forward allocation's phase (no phase: a
+                // parameter or an input).
+                !self.tensormem
+                    && self.has_backward
+                    && self.iteration_of(start) >= 1
+                    && p.timeline.allocations.stack[id] != u32::MAX
+                    && self.passes[..self.passes.partition_point(|q| q.first <= start)].last().is_some_and(|q| q.phase == Phase::Forward)
+            }
+        }
     }
 
     /// The end of iteration `k` (1-based): where the next one starts, or the trace's end.
@@ -77,27 +100,43 @@ pub(super) fn find(p: &Patient) -> Steps {
     let trace = p.snapshot.trace_of(p.device);
     let a = &p.timeline.allocations;
     let tensormem = trace.iter().any(|e| e.category.is_some());
+    // A PyTorch trace with stacks: an allocation without frames there was made by a thread
+    // without Python (the autograd engine's, with `stacks="python"`).
+    let framed = !tensormem && trace.iter().any(has_frames);
     let entry = |id: usize| (a.start[id] as usize).checked_sub(1).and_then(|i| trace.get(i));
+    let order = in_order(p);
+    let optimizer_steps = optimizer_annotations(p);
+    let in_optimizer_step = |x: u32| optimizer_steps.iter().any(|&(from, to)| from <= x && x <= to);
     // The frames' phase is read once per distinct stack (a million entries may share one).
     let mut by_stack: Vec<Option<Option<Phase>>> = vec![None; p.timeline.stack_offsets.len()];
-    let phase: Vec<Option<Phase>> = (0..a.start.len())
-        .map(|id| {
-            let e = entry(id)?;
+    let mut phase: Vec<Option<Phase>> = vec![None; a.start.len()];
+    let mut last_framed = None;
+    for &id in &order {
+        let Some(e) = entry(id) else { continue };
+        let ph = if framed && !has_frames(e) {
+            // The main thread waits in backward() while the engine's thread allocates.
+            last_framed.filter(|&ph| ph == Phase::Backward)
+        } else {
             let frames = match by_stack.get_mut(a.stack[id] as usize) {
                 Some(known) => *known.get_or_insert_with(|| frames_phase(e)),
                 None => frames_phase(e),
             };
-            frames.or_else(|| category_phase(e, tensormem))
-        })
-        .collect();
+            let ph = frames.or_else(|| category_phase(e, tensormem));
+            last_framed = ph;
+            ph
+        };
+        phase[id] = if in_optimizer_step(a.start[id]) { Some(Phase::Optimizer) } else { ph };
+    }
 
-    let order = in_order(p);
+    // Passes: runs of one phase, with each annotated optimizer step (which may allocate nothing).
+    let mut marks: Vec<(u32, Phase)> = order.iter().filter_map(|&id| Some((a.start[id], phase[id]?))).collect();
+    marks.extend(optimizer_steps.iter().map(|&(from, _)| (from, Phase::Optimizer)));
+    marks.sort_by_key(|&(x, _)| x);
     let mut passes: Vec<Pass> = Vec::new();
-    for &id in &order {
-        let Some(ph) = phase[id] else { continue };
+    for (x, ph) in marks {
         match passes.last_mut() {
-            Some(pass) if pass.phase == ph => pass.last = a.start[id],
-            _ => passes.push(Pass { phase: ph, first: a.start[id], last: a.start[id] }),
+            Some(pass) if pass.phase == ph => pass.last = x,
+            _ => passes.push(Pass { phase: ph, first: x, last: x }),
         }
     }
     let has_backward = passes.iter().any(|q| q.phase == Phase::Backward);
@@ -113,9 +152,87 @@ pub(super) fn find(p: &Patient) -> Steps {
     } else if tensormem {
         (by_repetition(p, &order, &phase), "the repetition of the first stack that recurs in the forward")
     } else {
-        (passes.iter().filter(|q| q.phase == Phase::Forward).take(1).map(|q| q.first).collect(), "one forward (no backward or optimizer step in the frames)")
+        (by_calls(p, &order, &phase), "each call of the first module the program calls (from the frames)")
     };
-    Steps { order, phase, passes, iterations, how, tensormem, has_backward, has_optimizer }
+    let made_once = made_once(p, &phase, &iterations);
+    Steps { order, phase, passes, iterations, how, tensormem, has_backward, has_optimizer, made_once }
+}
+
+fn has_frames(e: &TraceEntry) -> bool {
+    e.frames.as_ref().is_some_and(|f| !f.is_empty())
+}
+
+/// The optimizer steps PyTorch annotated (`Optimizer.step#AdamW.step`, a record_function range
+/// every torch.optim optimizer opens), as position ranges: from the first entry at or after the
+/// start to the last one at or before the end. A step of plain SGD allocates nothing: this is
+/// where the trace shows it.
+fn optimizer_annotations(p: &Patient) -> Vec<(u32, u32)> {
+    let trace = p.snapshot.trace_of(p.device);
+    if trace.iter().any(|e| e.time_us.is_none()) {
+        return Vec::new();
+    }
+    let position = |t: i64, inclusive: bool| trace.partition_point(|e| e.time_us.is_some_and(|x| if inclusive { x <= t } else { x < t })) as u32;
+    let mut ranges = Vec::new();
+    let mut open = None;
+    for note in p.snapshot.external_annotations.iter().flatten().filter(|n| n.device == p.device && n.name.starts_with("Optimizer.step")) {
+        match (note.stage.as_str(), note.time_us) {
+            ("START", Some(t)) => open = Some(position(t, false) + 1),
+            ("END", Some(t)) => {
+                if let Some(from) = open.take() {
+                    ranges.push((from, position(t, true).max(from)));
+                }
+            }
+            _ => {}
+        }
+    }
+    ranges
+}
+
+/// Allocations a forward or a backward makes once and keeps to the end of the trace, whose like
+/// (same stack, same size) nothing else keeps though the same stack allocates again in a later
+/// iteration: a library's workspace (cuBLAS makes one at each
+/// thread's first matmul, the autograd thread's in the first backward) or a buffer built lazily,
+/// not a graph. A backward's must also have no parameter's size (a gradient has its
+/// parameter's): with Python-only stacks every allocation of the engine's thread shares one
+/// empty stack.
+fn made_once(p: &Patient, phase: &[Option<Phase>], iterations: &[u32]) -> Vec<bool> {
+    let a = &p.timeline.allocations;
+    let kept = |id: usize| matches!(phase[id], Some(Phase::Forward | Phase::Backward)) && a.end[id] as usize > p.timeline.events;
+    let mut alike: rustc_hash::FxHashMap<(u32, u64), usize> = Default::default();
+    for id in (0..a.start.len()).filter(|&id| kept(id)) {
+        *alike.entry((a.stack[id], bytes(p, id))).or_default() += 1;
+    }
+    // The last iteration each stack allocates in: a buffer is made once when its op runs again
+    // later without keeping another.
+    let iteration = |id: usize| iterations.partition_point(|&b| b <= a.start[id]);
+    let mut last_use: rustc_hash::FxHashMap<u32, usize> = Default::default();
+    for id in 0..a.start.len() {
+        let k = last_use.entry(a.stack[id]).or_default();
+        *k = (*k).max(iteration(id));
+    }
+    let parameters = parameter_sizes(p, iterations);
+    (0..a.start.len())
+        .map(|id| {
+            let unique = || {
+                alike[&(a.stack[id], bytes(p, id))] == 1
+                    && last_use[&a.stack[id]] > iteration(id)
+                    && (phase[id] == Some(Phase::Forward) || !parameters.contains_key(&bytes(p, id)))
+            };
+            kept(id) && (is_library_buffer(p, id) || unique())
+        })
+        .collect()
+}
+
+/// How many parameters of each size the trace shows: allocations made before the first
+/// iteration and still live when the last one starts.
+pub(super) fn parameter_sizes(p: &Patient, iterations: &[u32]) -> rustc_hash::FxHashMap<u64, usize> {
+    let a = &p.timeline.allocations;
+    let (first, last) = (iterations.first().copied().unwrap_or(0), iterations.last().copied().unwrap_or(0));
+    let mut sizes: rustc_hash::FxHashMap<u64, usize> = Default::default();
+    for id in (0..a.start.len()).filter(|&id| a.start[id] < first && a.end[id] > last) {
+        *sizes.entry(bytes(p, id)).or_default() += 1;
+    }
+    sizes
 }
 
 /// The starts of the earliest forward stack that occurs more than once.
@@ -130,6 +247,58 @@ fn by_repetition(p: &Patient, order: &[usize], phase: &[Option<Phase>]) -> Vec<u
         Some(&anchor) => forward.iter().filter(|&&id| a.stack[id] == a.stack[anchor]).map(|&id| a.start[id]).collect(),
         None => forward.first().map(|&id| vec![a.start[id]]).unwrap_or_default(),
     }
+}
+
+/// Where a module call is made from, read off a Python stack: the code that calls the outermost
+/// module (`out = model(x)` in the loop), that module's `forward`, and the line it is at.
+#[derive(Clone, PartialEq, Eq)]
+struct CallSite {
+    caller: u64,
+    forward: u64,
+    line: i64,
+}
+
+fn call_site(frames: &[Frame]) -> Option<CallSite> {
+    use std::hash::{Hash, Hasher};
+    let python: Vec<&Frame> = frames.iter().filter(|f| f.filename.ends_with(".py")).collect();
+    let outermost = python.iter().rposition(|f| f.filename.ends_with("torch/nn/modules/module.py") && f.name.ends_with("call_impl"))?;
+    let forward = python[..outermost].iter().rposition(|f| !f.filename.ends_with("torch/nn/modules/module.py"))?;
+    let mut caller = rustc_hash::FxHasher::default();
+    for f in &python[outermost + 1..] {
+        (&f.filename, &f.name, f.line).hash(&mut caller);
+    }
+    let mut module = rustc_hash::FxHasher::default();
+    (&python[forward].filename, &python[forward].name).hash(&mut module);
+    Some(CallSite { caller: caller.finish(), forward: module.finish(), line: python[forward].line as i64 })
+}
+
+/// The iterations of a PyTorch trace without backward (evaluation, inference): each call of the
+/// module the program calls first, from the same place. A call starts where a forward
+/// allocation follows anything else, or moves to another module or caller, or goes back to an
+/// earlier line of the outermost forward; the calls from elsewhere (a loss module) belong to the
+/// iteration before them. Allocations before the first call are setup.
+fn by_calls(p: &Patient, order: &[usize], phase: &[Option<Phase>]) -> Vec<u32> {
+    let a = &p.timeline.allocations;
+    let trace = p.snapshot.trace_of(p.device);
+    let mut sites: rustc_hash::FxHashMap<u32, Option<CallSite>> = Default::default();
+    let mut anchor: Option<(u64, u64)> = None;
+    let mut previous: Option<CallSite> = None;
+    let mut starts = Vec::new();
+    for &id in order {
+        if phase[id] != Some(Phase::Forward) {
+            previous = None;
+            continue;
+        }
+        let Some(e) = trace_index(p, id).and_then(|i| trace.get(i)) else { continue };
+        let site = sites.entry(a.stack[id]).or_insert_with(|| call_site(e.frames.as_deref().unwrap_or_default())).clone();
+        let Some(site) = site else { continue };
+        let new_call = previous.as_ref().is_none_or(|q| q.caller != site.caller || q.forward != site.forward || site.line < q.line);
+        if new_call && *anchor.get_or_insert((site.caller, site.forward)) == (site.caller, site.forward) {
+            starts.push(a.start[id]);
+        }
+        previous = Some(site);
+    }
+    starts
 }
 
 /// One allocation's phase in words (`forward`, `backward`, `optimizer step`), from its own
@@ -247,7 +416,7 @@ pub(super) fn is_kv_cache(p: &Patient, id: usize) -> bool {
 /// A frame of the call that makes cuBLAS's (or cuBLASLt's) workspace; it is near the top of the
 /// stack, so callers look at the first dozen frames.
 pub(super) fn is_cublas_workspace(f: &Frame) -> bool {
-    f.name.contains("getNewWorkspace") || f.name.contains("BlasLtWorkspace")
+    f.name.contains("getNewWorkspace") || f.name.contains("BlasLtWorkspace") || f.name.contains("setWorkspaceForHandle")
 }
 
 /// A frame that runs in backward: PyTorch's `loss.backward()` or its autograd engine's C++
@@ -304,7 +473,13 @@ impl Steps {
     }
 }
 
-/// Whether `bytes` are worth a finding: at least `share` of the peak and `min` bytes.
-pub(super) fn material(p: &Patient, bytes: u64, share: f64, min: u64) -> bool {
-    bytes >= min && bytes as f64 >= share * p.timeline.summary.peak_allocated_bytes as f64
+impl Steps {
+    /// Whether `bytes` are worth a finding: at least `min` bytes and `share` of the peak the
+    /// program's own memory reaches (the peak less the buffers made once, a library's workspaces:
+    /// 65 MiB of cuBLAS's on an H100 are not the program's to save).
+    pub fn material(&self, p: &Patient, bytes: u64, share: f64, min: u64) -> bool {
+        let once: u64 = (0..self.made_once.len()).filter(|&id| self.made_once[id]).map(|id| self::bytes(p, id)).sum();
+        let peak = p.timeline.summary.peak_allocated_bytes.saturating_sub(once);
+        bytes >= min && bytes as f64 >= share * peak as f64
+    }
 }

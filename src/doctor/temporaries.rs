@@ -74,7 +74,7 @@ pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
     let sum = |ids: &[usize]| ids.iter().map(|&id| steps::bytes(p, id)).sum::<u64>();
     let (temporary_bytes, replaced_bytes) = (sum(&temporaries), sum(&replaced));
     let bytes = temporary_bytes + replaced_bytes;
-    if !steps::material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
         return None;
     }
     let all: Vec<usize> = temporaries.iter().chain(&replaced).copied().collect();
@@ -106,18 +106,11 @@ pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
         top_stacks: steps::top_stacks(p, &all, 3),
         allocations: steps::largest(p, &all, 5),
     };
-    Some(Finding {
-        kind: TEMPORARIES.into(),
-        title,
-        bytes,
-        evidence: serde_json::to_value(evidence).unwrap_or_default(),
-        why,
-        fix,
-        verified: None,
-        estimate: Some(
+    Some(
+        Finding::new(TEMPORARIES, title, bytes, evidence, why, fix).estimate(Some(
             "The bytes are what these temporaries hold at the peak; removing them lowers the peak by at most that much \
              (another moment may then be the peak)."
                 .into(),
-        ),
-    })
+        )),
+    )
 }

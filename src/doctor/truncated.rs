@@ -41,30 +41,31 @@ pub(super) fn find(p: &Patient) -> Option<Finding> {
          torch.cuda.memory._record_memory_history(max_entries={suggested}) (this trace has {} entries)",
         s.events
     );
-    Some(Finding {
-        kind: TRUNCATED_TRACE.into(),
-        title,
-        bytes: s.start_reserved_bytes,
-        evidence: serde_json::to_value(Evidence {
-            device: p.device,
-            events: s.events,
-            start_reserved_bytes: s.start_reserved_bytes,
-            start_allocated_bytes: s.start_allocated_bytes,
-            start_allocations: at_start.len(),
-            start_allocations_without_stack: without_stack,
-            suggested_max_entries: suggested,
-        })
-        .unwrap_or_default(),
-        why,
-        fix,
-        verified: None,
-        estimate: Some(format!(
+    Some(
+        Finding::new(
+            TRUNCATED_TRACE,
+            title,
+            s.start_reserved_bytes,
+            serde_json::to_value(Evidence {
+                device: p.device,
+                events: s.events,
+                start_reserved_bytes: s.start_reserved_bytes,
+                start_allocated_bytes: s.start_allocated_bytes,
+                start_allocations: at_start.len(),
+                start_allocations_without_stack: without_stack,
+                suggested_max_entries: suggested,
+            })
+            .unwrap_or_default(),
+            why,
+            fix,
+        )
+        .estimate(Some(format!(
             "max_entries={suggested} is an estimate: twice this trace's {} entries plus three entries (alloc, free_requested, \
              free_completed) for each of the {} allocations live at its start, rounded up; a longer run before the trace needs more",
             s.events,
             at_start.len()
-        )),
-    })
+        ))),
+    )
 }
 
 /// Twice the trace plus three entries per allocation that predates it, rounded up to 1, 2 or 5

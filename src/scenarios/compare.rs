@@ -43,10 +43,6 @@ pub struct TracePhases {
     pub end: usize,
 }
 
-fn under(e: &TraceEntry, files: &[&str]) -> bool {
-    frames_under(e.frames.as_deref().unwrap_or_default(), files)
-}
-
 /// Whether a Python frame of `frames` is in one of `files`.
 fn frames_under(frames: &[Frame], files: &[&str]) -> bool {
     frames.iter().filter(|f| f.filename.ends_with(".py")).any(|f| files.iter().any(|file| f.filename.ends_with(file)))
@@ -59,21 +55,50 @@ const OPTIMIZER_FILE: &str = "torch/optim/optimizer.py";
 const MODULE_FILE: &str = "torch/nn/modules/module.py";
 
 /// The phase one event belongs to, from its own frames alone: backward (Python's
-/// `loss.backward()`, or the autograd engine's C++ thread, which has no Python frames), the
-/// optimizer step, or a module's forward. None when its frames do not say.
+/// `loss.backward()`, the autograd engine's C++ thread, or Python the engine runs: a custom
+/// Function's backward, a checkpoint's recomputation), the optimizer step, or a module's
+/// forward (a module *call*: `model.to()`, `_apply` and `load_state_dict` also run in
+/// module.py, and are setup, not a forward). None when its frames do not say.
 pub fn event_phase(e: &TraceEntry) -> Option<&'static str> {
-    let on_autograd_thread =
-        || e.frames.iter().flat_map(|f| f.iter()).any(|f| f.name.contains("torch::autograd::Engine::") || f.name.contains("torch::autograd::generated::"));
-    if under(e, &[BACKWARD_FILE]) || on_autograd_thread() {
+    frames_phase(e.frames.as_deref().unwrap_or_default())
+}
+
+/// [`event_phase`] of one stack.
+pub fn frames_phase(frames: &[Frame]) -> Option<&'static str> {
+    let on_autograd_thread = || frames.iter().any(|f| f.name.contains("torch::autograd::Engine::") || f.name.contains("torch::autograd::generated::"));
+    if frames_under(frames, &[BACKWARD_FILE]) || on_autograd_thread() || python_on_autograd_thread(frames) {
         Some("backward")
-    } else if under(e, &[OPTIMIZER_FILE]) {
+    } else if frames_under(frames, &[OPTIMIZER_FILE]) {
         Some("optimizer step")
-    } else if under(e, &[MODULE_FILE]) {
+    } else if in_module_call(frames) {
         Some("forward")
     } else {
         None
     }
 }
+
+/// Python the autograd engine runs on its own thread: the stack's outermost Python frame is
+/// where the engine calls into Python (a custom Function's backward, `BackwardCFunction.apply`
+/// in torch/autograd/function.py; a checkpoint's recomputation in torch/utils/checkpoint.py). A
+/// main thread's stack starts at the script (`<module>`, or runpy's frames for `python -m`).
+fn python_on_autograd_thread(frames: &[Frame]) -> bool {
+    frames
+        .iter()
+        .rfind(|f| f.filename.ends_with(".py"))
+        .is_some_and(|f| f.filename.ends_with("torch/autograd/function.py") || f.filename.ends_with("torch/utils/checkpoint.py"))
+}
+
+/// Whether the stack is inside a module call (`module(x)`: `_call_impl` in module.py) and not
+/// in setup that runs there too (`model.to()`, `.cuda()`, `_apply`, `load_state_dict`).
+pub fn in_module_call(frames: &[Frame]) -> bool {
+    let in_module = |f: &&Frame| f.filename.ends_with(MODULE_FILE);
+    let mut module_frames = frames.iter().filter(in_module);
+    module_frames.clone().any(|f| f.name == "_call_impl" || f.name == "_wrapped_call_impl")
+        && !module_frames.any(|f| SETUP_FUNCTIONS.contains(&f.name.as_str()))
+}
+
+/// module.py's functions that move or load a model: their allocations are setup.
+const SETUP_FUNCTIONS: [&str; 7] = ["_apply", "to", "cuda", "convert", "load_state_dict", "_load_from_state_dict", "to_empty"];
 
 /// The phase of a position (the state after `position` events): from the step's phases when the
 /// trace holds one training step, otherwise from the frames of the event that led there.
