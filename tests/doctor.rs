@@ -50,7 +50,10 @@ fn assert_well_formed(name: &str, d: &Diagnosis) {
     assert_eq!(kinds(d).iter().filter(|&&k| k == doctor::OUTSIDE_ALLOCATOR).count(), 1, "{name}");
     // Problems by bytes, then the inconclusive findings (never ranked among them).
     let middle = &d.findings[1..d.findings.len() - 1];
-    let bytes: Vec<u64> = middle.iter().filter(|f| !f.is_inconclusive()).map(|f| f.bytes).collect();
+    let problems: Vec<&Finding> = middle.iter().filter(|f| !f.is_inconclusive()).collect();
+    let oom = problems.iter().position(|f| f.kind == doctor::OOM);
+    assert!(oom.is_none_or(|i| i == 0), "{name}: an out-of-memory error comes first");
+    let bytes: Vec<u64> = problems.iter().filter(|f| f.kind != doctor::OOM).map(|f| f.bytes).collect();
     assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "{name}: problems not ranked by bytes: {bytes:?}");
     assert!(middle.windows(2).all(|w| !w[0].is_inconclusive() || w[1].is_inconclusive()), "{name}: an inconclusive finding ranked among the problems");
     for f in &d.findings {

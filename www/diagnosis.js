@@ -1,6 +1,7 @@
 // The Diagnosis panel: the doctor's findings (src/doctor, run in the worker) as compact cards, in
-// the doctor's order: the peak summary first, then the problems by bytes at stake, what lies
-// outside the allocator last. Every text from the wasm side (titles, why, fix, frames) goes in as text
+// the doctor's order: the peak summary first, then the problems by bytes at stake, the
+// inconclusive ones apart under a heading, what lies outside the allocator last. A finding the
+// doctor is less than sure of says so (its confidence, and why). Every text from the wasm side (titles, why, fix, frames) goes in as text
 // (textContent), never as markup.
 import { formatBytes } from './format.js';
 
@@ -42,28 +43,22 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 
-const KIND_LABEL = {
-  peak: 'peak',
-  fragmentation: 'fragmentation',
-  oom: 'out of memory',
-  'truncated-trace': 'truncated trace',
-  growth: 'growth',
-  'retained-graph': 'retained graph',
-  'missing-no-grad': 'missing no_grad',
-  'grads-kept': 'gradients kept',
-  'optimizer-state': 'optimizer state',
-  'outside-allocator': 'outside the allocator',
-  temporaries: 'temporaries',
-  copies: 'copies',
-  intermediates: 'intermediates',
-};
+// Each finding carries its label (the doctor's registry of kinds, src/doctor/kinds.rs).
+const labelOf = (f) => f.label || f.kind;
 
 // Findings that describe rather than accuse: the peak summary, what it is made of by op when
 // nothing is wrong (`intermediates`), and what nvidia-smi shows beyond reserved
 // (`outside-allocator`, an estimate, always last).
 const INFORMATION = new Set(['peak', 'intermediates', 'outside-allocator']);
 export function isProblem(f) {
-  return !INFORMATION.has(f.kind);
+  return !INFORMATION.has(f.kind) && f.confidence !== 'inconclusive';
+}
+
+// "medium confidence: why", "inconclusive: why"; null for a finding the doctor is sure of.
+function confidenceText(f) {
+  if (!f.confidence || f.confidence === 'high') return null;
+  const reason = f.confidence_reason ? `: ${f.confidence_reason}` : '';
+  return f.confidence === 'inconclusive' ? `Inconclusive${reason}.` : `Medium confidence${reason}.`;
 }
 
 // The verified what-if in one line: "replay with expandable_segments:True: peak reserved 1.2 GiB → 900 MiB".
@@ -101,11 +96,13 @@ export function showFindings(root, findings, on) {
       type: 'button',
       title: moment == null ? 'Show its details' : `Move the cursor to ${moment === 0 ? 'the start of the trace' : `after event ${moment - 1}`} and show what it names`,
     },
-    el('span', { class: `finding-kind kind-${f.kind}`, text: KIND_LABEL[f.kind] || f.kind }),
+    el('span', { class: `finding-kind kind-${f.kind}`, text: labelOf(f) }),
+    f.confidence && f.confidence !== 'high' ? el('span', { class: `finding-confidence confidence-${f.confidence}`, text: f.confidence }) : null,
     el('span', { class: 'finding-title', text: f.title }),
     el('span', { class: 'finding-bytes', text: formatBytes(f.bytes) }));
     go.addEventListener('click', () => on.go(f, card));
     const more = el('div', { class: 'finding-more', id: `finding-more-${k}`, hidden: '' },
+      confidenceText(f) ? el('p', { class: 'finding-confidence-reason', text: confidenceText(f) }) : null,
       el('p', { class: 'finding-why', text: f.why }),
       el('p', { class: 'finding-fix' }, el('b', { text: 'Fix: ' }), f.fix),
       ...evidenceLines(f).map((line) => el('p', { class: 'finding-evidence', text: line })),
@@ -124,12 +121,15 @@ export function showFindings(root, findings, on) {
       toggle.setAttribute('aria-expanded', String(!more.hidden));
     });
     const card = el('li', {
-      class: 'finding',
+      class: f.confidence === 'inconclusive' ? 'finding inconclusive' : 'finding',
       'data-testid': 'finding',
-      dataset: { kind: f.kind, bytes: String(f.bytes), position: moment == null ? '' : String(moment), rank: String(k) },
+      dataset: { kind: f.kind, bytes: String(f.bytes), position: moment == null ? '' : String(moment), rank: String(k), confidence: f.confidence || 'high' },
     }, el('div', { class: 'finding-row' }, go, toggle, fix), more);
     return card;
   }));
+  // The inconclusive findings (after the problems, never ranked among them) under a heading of their own.
+  const first = root.querySelector('.finding.inconclusive');
+  if (first) first.before(el('li', { class: 'finding-section muted', 'data-testid': 'inconclusive-heading', text: 'Inconclusive: the trace cannot tell' }));
   return findings;
 }
 
@@ -140,7 +140,7 @@ export function verdictRow(label, findings) {
     el('b', { text: `${label}: ` }),
     problems.length ? `${problems.length} problem${problems.length > 1 ? 's' : ''}` : 'no problem found beyond the peak');
   const list = el('ul');
-  for (const f of findings) list.append(el('li', { class: isProblem(f) ? '' : 'muted' }, el('span', { class: `finding-kind kind-${f.kind}`, text: KIND_LABEL[f.kind] || f.kind }), ` ${f.title}`));
+  for (const f of findings) list.append(el('li', { class: isProblem(f) ? '' : 'muted' }, el('span', { class: `finding-kind kind-${f.kind}`, text: labelOf(f) }), f.confidence && f.confidence !== 'high' ? ` (${f.confidence})` : null, ` ${f.title}`));
   row.append(list);
   return row;
 }

@@ -10,6 +10,9 @@ pub fn print(diagnosis: &Diagnosis) {
             println!();
         }
         println!("[{}] {}", f.kind, f.title);
+        if let Some(reason) = &f.confidence_reason {
+            println!("  confidence: {} ({reason})", serde_json::to_value(f.confidence).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default());
+        }
         println!("  why: {}", f.why);
         println!("  fix: {}", f.fix);
         if let Some(v) = &f.verified {

@@ -368,6 +368,23 @@ fn set_property() -> Value {
 }
 
 /// The tools, as `tools/list` gives them.
+/// The doctor tool's description, its kinds read from the doctor's registry.
+fn doctor_description() -> String {
+    use tensormem::doctor::{REGISTRY, Role};
+    let listed = |role: Role| REGISTRY.iter().filter(|k| k.role == role).map(|k| format!("{} ({})", k.name, k.about)).collect::<Vec<_>>().join(", ");
+    format!(
+        "Say what is wrong with a snapshot's memory, or a scenario's: the peak first ({}), then the problems ranked by the \
+         bytes at stake (an oom first): {}; then the inconclusive ones (confidence \"inconclusive\": what the trace cannot \
+         tell); {} when there is no problem; {} last. Each finding has evidence, why, the fix, a confidence (high, medium, \
+         inconclusive) and, where measured, what the fix saves. Returns {{\"findings\": [...]}}, as `tensormem doctor --json`. \
+         Give a file or a scenario.",
+        listed(Role::Summary),
+        listed(Role::Problem),
+        listed(Role::WhenNoProblem),
+        listed(Role::Last)
+    )
+}
+
 fn tools() -> Vec<Value> {
     let file = || property(&["string"], "Path of a PyTorch memory snapshot on this machine: pickle (torch.cuda.memory._dump_snapshot) or JSON.");
     let capacity = |what: &str| property(&["string", "integer"], &format!("{what}: bytes or a size such as 80GiB, 24GB, 512MiB."));
@@ -394,10 +411,7 @@ fn tools() -> Vec<Value> {
     vec![
         tool(
             "doctor",
-            "Say what is wrong with a snapshot's memory, or a scenario's: findings ranked by the bytes at stake \
-             (kinds: peak, growth, retained-graph, missing-no-grad, grads-kept, optimizer-state, fragmentation, oom, \
-             truncated-trace, temporaries, copies, outside-allocator; intermediates when there is no problem), each with evidence, why, the fix and, where measured, what the fix \
-             saves. Returns {\"findings\": [...]}, as `tensormem doctor --json`. Give a file or a scenario.",
+            &doctor_description(),
             schema(
                 vec![
                     ("file", file()),

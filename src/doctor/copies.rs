@@ -4,15 +4,11 @@
 //! costs nothing; a copy costs its whole size. dtype casts (`.to()`, autocast) are not counted,
 //! nor are the copies backward and the optimizer make (the autograd engine's, not the program's).
 
+use super::kinds::{Kind, Material, Role};
 use super::ops::{OpKind, Ops};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, COPIES, Finding, Patient, StackBytes, size};
 use serde::Serialize;
-
-/// Bytes worth reporting: this share of the peak...
-const MATERIAL_SHARE: f64 = 0.10;
-/// ...and at least this many bytes.
-const MATERIAL_BYTES: u64 = 64 << 10;
 
 #[derive(Serialize)]
 struct Evidence {
@@ -51,6 +47,17 @@ fn by_op(p: &Patient, ops: &Ops, ids: &[usize]) -> Vec<OpBytes> {
     out
 }
 
+/// Bytes worth reporting: this share of the peak...
+/// ...and at least this many bytes.
+pub(super) const KIND: Kind = Kind {
+    name: COPIES,
+    label: "copies",
+    about: "copies in another layout at the peak, where views cost nothing",
+    role: Role::Problem,
+    find: |x| Ok(find(&x.patient, &x.steps, &x.ops)),
+    material: Material { share: 0.10, min_bytes: 64 << 10 },
+};
+
 pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
     let t = &p.timeline;
     let peak = t.summary.peak_x;
@@ -59,7 +66,7 @@ pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
         .collect();
     let at_peak: Vec<usize> = copies.iter().copied().filter(|&id| steps::live_at(p, id, peak)).collect();
     let bytes: u64 = at_peak.iter().map(|&id| steps::bytes(p, id)).sum();
-    if !s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, bytes, KIND.material) {
         return None;
     }
     let peak_bytes = t.summary.peak_allocated_bytes;

@@ -5,20 +5,12 @@
 //! what the best setting recovers: a gap no setting closes is cache the program reuses, not a
 //! problem a change would fix, and is not reported.
 
+use super::kinds::{Kind, Material, Role};
 use super::what_if::{Outcome, Setup, candidate_settings, each_in_parallel, verified};
 use super::{DoctorError, FRAGMENTATION, Finding, Patient, Verified, size};
 use crate::replay::{self, ReplayOptions};
 use crate::trace::BlockState;
 use serde::Serialize;
-
-/// Waste worth reporting: at least this share of reserved memory...
-const MATERIAL_SHARE: f64 = 0.05;
-/// ...and at least one large segment's worth (PyTorch's kLargeBuffer).
-const MATERIAL_BYTES: u64 = 20 << 20;
-/// What a setting must recover to be worth changing: this share of the peak reserved...
-const RECOVERED_SHARE: f64 = 0.01;
-/// ...and at least one small segment (PyTorch's kSmallBuffer).
-const RECOVERED_BYTES: u64 = 2 << 20;
 
 #[derive(Serialize)]
 struct Evidence {
@@ -50,11 +42,23 @@ struct State {
     largest_free_block: u64,
 }
 
+/// What a setting recovers, worth reporting: at least this share of the peak reserved, and at
+/// least one large segment's worth (PyTorch's kLargeBuffer).
+pub(super) const KIND: Kind = Kind {
+    name: FRAGMENTATION,
+    label: "fragmentation",
+    about: "reserved above allocated that an allocator setting recovers, by replay",
+    role: Role::Problem,
+    find: |x| find(&x.patient),
+    material: Material { share: 0.05, min_bytes: 20 << 20 },
+};
+
 pub(super) fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
     let Some(position) = position_at_peak_reserved(p) else { return Ok(None) };
     let state = state_at(p, position)?;
     let waste = state.reserved.saturating_sub(state.requested);
-    if waste < MATERIAL_BYTES || (waste as f64) < MATERIAL_SHARE * state.reserved as f64 {
+    // What a setting recovers is part of the gap: a gap below the threshold needs no replay.
+    if !KIND.material.holds(waste, state.reserved) {
         return Ok(None);
     }
     let (internal, external) = (state.allocated.saturating_sub(state.requested), state.reserved.saturating_sub(state.allocated));
@@ -79,7 +83,7 @@ pub(super) fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
         .collect::<Result<Vec<_>, DoctorError>>()?;
     let Some(best) = what_ifs.iter().filter(|v| !v.after_out_of_memory).min_by_key(|v| v.after_peak_reserved_bytes).cloned() else { return Ok(None) };
     let recovered = best.before_peak_reserved_bytes.saturating_sub(best.after_peak_reserved_bytes);
-    if recovered < RECOVERED_BYTES || (recovered as f64) < RECOVERED_SHARE * best.before_peak_reserved_bytes as f64 {
+    if !KIND.material.holds(recovered, best.before_peak_reserved_bytes) {
         return Ok(None);
     }
     Ok(Some(finding(p, position, &state, internal, external, before, what_ifs, best)))

@@ -5,14 +5,10 @@
 //! no step comes between. Where the trace shows no optimizer step (tensormem's plain SGD
 //! allocates nothing), any later forward counts, and the finding says so.
 
+use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, GRADS_KEPT, Patient, StackBytes, size};
 use serde::Serialize;
-
-/// Kept bytes worth reporting: this share of the peak...
-const MATERIAL_SHARE: f64 = 0.01;
-/// ...and at least this many bytes.
-const MATERIAL_BYTES: u64 = 64 << 10;
 
 #[derive(Serialize)]
 struct Evidence {
@@ -27,6 +23,17 @@ struct Evidence {
     top_stacks: Vec<StackBytes>,
     allocations: Vec<AllocationRef>,
 }
+
+/// Kept bytes worth reporting: this share of the peak...
+/// ...and at least this many bytes.
+pub(super) const KIND: Kind = Kind {
+    name: GRADS_KEPT,
+    label: "gradients kept",
+    about: "gradients alive through the next forward",
+    role: Role::Problem,
+    find: |x| Ok(find(&x.patient, &x.steps)),
+    material: Material { share: 0.01, min_bytes: 64 << 10 },
+};
 
 pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     if !s.has_backward || s.iterations.len() < 2 || !(s.has_optimizer || s.tensormem) {
@@ -52,7 +59,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let optimizer_between = |from: u32, to: u32| optimizer_steps.get(optimizer_steps.partition_point(|&x| x <= from)).is_some_and(|&x| x < to);
     let (per_iteration, (bytes, k, kept)) =
         s.worst_iteration(p, &gradients, |_, b, id| a.start[id] < b && (!s.has_optimizer || optimizer_between(a.start[id], b)));
-    if !s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, bytes, KIND.material) {
         return None;
     }
     let title = format!("{} of gradients stay allocated through the forward of iteration {k}: they are never freed between steps", size(bytes));

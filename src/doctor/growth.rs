@@ -5,6 +5,7 @@
 //! A PyTorch loop without backward keeps its results and its cache on purpose: there only what
 //! the forwards keep counts.
 
+use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Steps};
 use super::{AllocationRef, Finding, GROWTH, Patient, StackBytes, size};
 use rustc_hash::FxHashSet;
@@ -41,6 +42,15 @@ struct Evidence {
 fn loop_keeps(p: &Patient, s: &Steps, id: usize) -> bool {
     s.has_backward || s.tensormem || (s.phase[id] == Some(steps::Phase::Forward) && !steps::is_kv_cache(p, id))
 }
+
+pub(super) const KIND: Kind = Kind {
+    name: GROWTH,
+    label: "growth",
+    about: "memory each iteration keeps",
+    role: Role::Problem,
+    find: |x| Ok(find(&x.patient, &x.steps, x.options.capacity)),
+    material: Material::ANY,
+};
 
 pub(super) fn find(p: &Patient, s: &Steps, capacity: Option<u64>) -> Option<Finding> {
     let n = s.iterations.len();

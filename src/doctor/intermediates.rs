@@ -4,6 +4,7 @@
 //! a matmul its output and nothing else). The stacks must name ops (tensormem's, or PyTorch's
 //! C++ frames); Python-only stacks give no finding.
 
+use super::kinds::{Kind, Material, Role};
 use super::ops::{OpKind, Ops};
 use super::steps;
 use super::{AllocationRef, Finding, INTERMEDIATES, Patient, size};
@@ -37,6 +38,15 @@ fn add(groups: &mut Vec<(String, u64)>, op: &str, bytes: u64) {
 fn named(groups: &[(String, u64)]) -> String {
     groups.iter().take(NAMED).map(|(op, bytes)| format!("{op} {}", size(*bytes))).collect::<Vec<_>>().join(", ")
 }
+
+pub(super) const KIND: Kind = Kind {
+    name: INTERMEDIATES,
+    label: "intermediates",
+    about: "the peak by op, when nothing is wrong",
+    role: Role::WhenNoProblem,
+    find: |x| Ok(find(&x.patient, &x.ops)),
+    material: Material::ANY,
+};
 
 pub(super) fn find(p: &Patient, ops: &Ops) -> Option<Finding> {
     let t = &p.timeline;

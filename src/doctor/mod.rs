@@ -24,6 +24,7 @@ mod fragmentation;
 mod grads;
 mod growth;
 mod intermediates;
+mod kinds;
 mod live;
 mod no_grad;
 mod oom;
@@ -39,6 +40,7 @@ mod what_if;
 
 pub use categories::{CATEGORIES, Confidence, Inferred, InferredAllocation, UNKNOWN, grouping, infer, infer_categories};
 pub use fix_variant::verify_by_fix;
+pub use kinds::{Kind, Material, Role};
 pub use live::{AllocationRef, GroupBytes, Live, StackBytes, frames_shown};
 pub use oom::{smallest_fitting_capacity, with_failed_request};
 pub use steps::entry_phase;
@@ -68,25 +70,43 @@ pub const COPIES: &str = "copies";
 pub const INTERMEDIATES: &str = "intermediates";
 /// Information rather than a problem: always reported, last.
 pub const OUTSIDE_ALLOCATOR: &str = "outside-allocator";
-/// Every kind: those the issue lists in its order, then those about single expressions.
-pub const KINDS: [&str; 13] = [
-    PEAK,
-    GROWTH,
-    RETAINED_GRAPH,
-    MISSING_NO_GRAD,
-    GRADS_KEPT,
-    OPTIMIZER_STATE,
-    FRAGMENTATION,
-    OOM,
-    TRUNCATED_TRACE,
-    OUTSIDE_ALLOCATOR,
-    TEMPORARIES,
-    COPIES,
-    INTERMEDIATES,
+
+/// The registry: every kind, one row each (see [`kinds`]), those about the training loop first,
+/// then the allocator's, then those about single expressions.
+pub const REGISTRY: [&Kind; 13] = [
+    &peak::KIND,
+    &growth::KIND,
+    &retained::KIND,
+    &no_grad::KIND,
+    &grads::KIND,
+    &optimizer::KIND,
+    &fragmentation::KIND,
+    &oom::KIND,
+    &truncated::KIND,
+    &outside::KIND,
+    &temporaries::KIND,
+    &copies::KIND,
+    &intermediates::KIND,
 ];
 
+/// Every kind's name, in the registry's order.
+pub const KINDS: [&str; REGISTRY.len()] = {
+    let mut names = [""; REGISTRY.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = REGISTRY[i].name;
+        i += 1;
+    }
+    names
+};
+
+/// The registry's row of `kind`.
+pub fn kind(name: &str) -> Option<&'static Kind> {
+    REGISTRY.into_iter().find(|k| k.name == name)
+}
+
 /// What the doctor found: the `peak` summary first (with `intermediates` when there is no
-/// problem), then the problems, most bytes first, then the inconclusive findings (what the
+/// problem), then the problems (an `oom` first, the others most bytes first), then the inconclusive findings (what the
 /// trace cannot tell), then `outside-allocator` (information, estimated: ranked last whatever
 /// its bytes).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -98,6 +118,9 @@ pub struct Diagnosis {
 pub struct Finding {
     /// A stable name: one of [`KINDS`].
     pub kind: String,
+    /// Its label, as the page shows it (the registry's).
+    #[serde(default)]
+    pub label: String,
     /// One line in plain words, with the figure.
     pub title: String,
     /// Bytes at stake.
@@ -139,6 +162,7 @@ impl Finding {
     pub(crate) fn new(kind: &str, title: String, bytes: u64, evidence: impl Serialize, why: String, fix: String) -> Finding {
         Finding {
             kind: kind.to_string(),
+            label: self::kind(kind).map_or(kind, |k| k.label).to_string(),
             title,
             bytes,
             evidence: serde_json::to_value(evidence).unwrap_or_default(),
@@ -231,30 +255,29 @@ pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosi
     let timeline = timeline::build_without_bands(snapshot, device)?;
     let what_if_start = what_if_start(&timeline);
     let patient = Patient { snapshot, device, timeline, what_if_start };
-
-    let mut problems = Vec::new();
-    problems.extend(truncated::find(&patient));
-    problems.extend(oom::find(&patient, options.capacity)?);
-    problems.extend(fragmentation::find(&patient)?);
     let steps = steps::find(&patient);
-    problems.extend(growth::find(&patient, &steps, options.capacity));
-    problems.extend(retained::find(&patient, &steps));
-    problems.extend(no_grad::find(&patient, &steps));
-    problems.extend(grads::find(&patient, &steps));
-    problems.extend(optimizer::find(&patient, &steps));
     let ops = ops::Ops::new(&patient.timeline);
-    problems.extend(temporaries::find(&patient, &steps, &ops));
-    problems.extend(copies::find(&patient, &steps, &ops));
-    problems.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.kind.cmp(&b.kind)));
+    let exam = kinds::Exam { patient, steps, ops, options };
+    let run = |role: Role| -> Result<Vec<Finding>, DoctorError> {
+        let mut found = Vec::new();
+        for kind in REGISTRY.iter().filter(|k| k.role == role) {
+            found.extend((kind.find)(&exam)?);
+        }
+        Ok(found)
+    };
+
+    let mut problems = run(Role::Problem)?;
+    // An out-of-memory error is what the file is about: it comes first, whatever its request.
+    problems.sort_by(|a, b| (b.kind == OOM).cmp(&(a.kind == OOM)).then(b.bytes.cmp(&a.bytes)).then_with(|| a.kind.cmp(&b.kind)));
     let (inconclusive, problems): (Vec<Finding>, Vec<Finding>) = problems.into_iter().partition(Finding::is_inconclusive);
 
-    let mut findings = vec![peak::find(&patient)];
+    let mut findings = run(Role::Summary)?;
     if problems.is_empty() {
-        findings.extend(intermediates::find(&patient, &ops));
+        findings.extend(run(Role::WhenNoProblem)?);
     }
     findings.extend(problems);
     findings.extend(inconclusive);
-    findings.push(outside::find(&patient));
+    findings.extend(run(Role::Last)?);
     Ok(Diagnosis { findings })
 }
 

@@ -13,15 +13,11 @@
 //! allocated where the trace ends (a dump between a forward and its backward, a device of a run
 //! that died elsewhere): a backward the recording missed may have needed it.
 
+use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, FindingConfidence, MISSING_NO_GRAD, Patient, StackBytes, size};
 use crate::trace::{Category, Frame};
 use serde::Serialize;
-
-/// Held bytes worth reporting: this share of the peak...
-const MATERIAL_SHARE: f64 = 0.05;
-/// ...and at least this many bytes.
-const MATERIAL_BYTES: u64 = 1 << 20;
 
 #[derive(Serialize)]
 struct Evidence {
@@ -53,6 +49,17 @@ enum Fate {
     HeldToTheEnd,
 }
 
+/// Held bytes worth reporting: this share of the peak...
+/// ...and at least this many bytes.
+pub(super) const KIND: Kind = Kind {
+    name: MISSING_NO_GRAD,
+    label: "missing no_grad",
+    about: "forwards that keep a graph no backward uses",
+    role: Role::Problem,
+    find: |x| Ok(find(&x.patient, &x.steps)),
+    material: Material { share: 0.05, min_bytes: 1 << 20 },
+};
+
 pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     if s.has_backward || s.iterations.is_empty() {
         return None;
@@ -77,7 +84,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         let held: Vec<usize> = made.iter().copied().filter(|&id| id != result && steps::live_at(p, id, at)).collect();
         let bytes: u64 = held.iter().map(|&id| steps::bytes(p, id)).sum();
         held_per_iteration.push(bytes);
-        if s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+        if s.material(p, bytes, KIND.material) {
             fates.push(fate(p, s, &held));
         }
         if bytes > worst.0 {
@@ -85,7 +92,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         }
     }
     let (bytes, k, position, held) = worst;
-    if !s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, bytes, KIND.material) {
         return None;
     }
     let torn_down = fates.iter().filter(|&&f| f == Fate::TornDown).count();

@@ -2,6 +2,7 @@
 //! card of `--capacity`: the request, what was live, the smallest capacity that fits (searched
 //! by replay) and whether expandable segments avoid it.
 
+use super::kinds::{Kind, Material, Role};
 use super::what_if::{CAPACITY_RESOLUTION, Outcome, Setup, candidate_settings, verified};
 use super::{DoctorError, Finding, OOM, Patient, Verified, live, size};
 use crate::replay;
@@ -31,6 +32,15 @@ struct Evidence {
     capacity_resolution_bytes: u64,
     live: live::Live,
 }
+
+pub(super) const KIND: Kind = Kind {
+    name: OOM,
+    label: "out of memory",
+    about: "an out-of-memory error, recorded or replayed, and the capacity that fits",
+    role: Role::Problem,
+    find: |x| find(&x.patient, x.options.capacity),
+    material: Material::ANY,
+};
 
 pub(super) fn find(p: &Patient, capacity: Option<u64>) -> Result<Option<Finding>, DoctorError> {
     let trace = p.snapshot.trace_of(p.device);

@@ -4,16 +4,12 @@
 //! after the new ones exist). The state is what an optimizer pass allocates and leaves live when
 //! it ends; "anew" is memory made before the step (or before the trace) that the step frees.
 
+use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, OPTIMIZER_STATE, Patient, StackBytes, size};
 use crate::timeline::GroupKind;
 use crate::trace::Category;
 use serde::Serialize;
-
-/// State worth reporting: this share of the peak...
-const MATERIAL_SHARE: f64 = 0.01;
-/// ...and at least this many bytes.
-const MATERIAL_BYTES: u64 = 1 << 20;
 
 #[derive(Serialize)]
 struct Evidence {
@@ -36,6 +32,17 @@ struct Evidence {
     top_stacks: Vec<StackBytes>,
     allocations: Vec<AllocationRef>,
 }
+
+/// State worth reporting: this share of the peak...
+/// ...and at least this many bytes.
+pub(super) const KIND: Kind = Kind {
+    name: OPTIMIZER_STATE,
+    label: "optimizer state",
+    about: "the optimizer's state and what a leaner one saves",
+    role: Role::Problem,
+    find: |x| Ok(find(&x.patient, &x.steps)),
+    material: Material { share: 0.01, min_bytes: 1 << 20 },
+};
 
 pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let a = &p.timeline.allocations;
@@ -74,7 +81,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     }
     let state_bytes = state_per_step.iter().copied().max()?;
     let at_stake = state_bytes + temporaries_peak;
-    if !s.material(p, at_stake, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, at_stake, KIND.material) {
         return None;
     }
     // Made anew: every step (of those that made state) frees about as much old memory as it makes.

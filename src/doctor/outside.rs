@@ -21,6 +21,7 @@
 //! - NCCL (when frames show `nccl`, `ProcessGroupNCCL` or `c10d`) keeps its buffers outside the
 //!   allocator: an estimate too.
 
+use super::kinds::{Kind, Material, Role};
 use super::{Finding, OUTSIDE_ALLOCATOR, Patient, size, steps};
 use crate::timeline::GroupKind;
 use crate::trace::{Action, Frame};
@@ -94,6 +95,15 @@ fn is_nccl(name: &str, filename: &str) -> bool {
     let nccl = |text: &str| text.as_bytes().windows(4).any(|w| w.eq_ignore_ascii_case(b"nccl"));
     nccl(name) || name.contains("c10d") || nccl(filename) || filename.contains("c10d")
 }
+
+pub(super) const KIND: Kind = Kind {
+    name: OUTSIDE_ALLOCATOR,
+    label: "outside the allocator",
+    about: "what nvidia-smi shows beyond reserved",
+    role: Role::Last,
+    find: |x| Ok(Some(find(&x.patient))),
+    material: Material::ANY,
+};
 
 pub(super) fn find(p: &Patient) -> Finding {
     let trace = p.snapshot.trace_of(p.device);

@@ -1,5 +1,6 @@
 //! `peak`: when allocated memory peaks, in which phase, and what is live then.
 
+use super::kinds::{Kind, Material, Role};
 use super::{Finding, PEAK, Patient, categories, live, size};
 use crate::scenarios::compare;
 use serde::Serialize;
@@ -20,6 +21,9 @@ struct Evidence {
     #[serde(skip_serializing_if = "Option::is_none")]
     inferred_categories: Option<Vec<categories::CategoryBytes>>,
 }
+
+pub(super) const KIND: Kind =
+    Kind { name: PEAK, label: "peak", about: "what the peak is made of", role: Role::Summary, find: |x| Ok(Some(find(&x.patient))), material: Material::ANY };
 
 pub(super) fn find(p: &Patient) -> Finding {
     let summary = &p.timeline.summary;

@@ -6,14 +6,10 @@
 //! detached hidden state): the new graph uses it, it is not retained. Nor is a key/value cache
 //! in a loop without backward: generation keeps it on purpose.
 
+use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, Patient, RETAINED_GRAPH, StackBytes, size};
 use serde::Serialize;
-
-/// Retained bytes worth reporting: this share of the peak...
-const MATERIAL_SHARE: f64 = 0.005;
-/// ...and at least this many bytes (a kept 0-d loss, 512 bytes a step, is `growth`'s to report).
-const MATERIAL_BYTES: u64 = 4096;
 
 #[derive(Serialize)]
 struct Evidence {
@@ -31,6 +27,17 @@ struct Evidence {
     top_stacks: Vec<StackBytes>,
     allocations: Vec<AllocationRef>,
 }
+
+/// Retained bytes worth reporting: this share of the peak...
+/// ...and at least this many bytes (a kept 0-d loss, 512 bytes a step, is `growth`'s to report).
+pub(super) const KIND: Kind = Kind {
+    name: RETAINED_GRAPH,
+    label: "retained graph",
+    about: "forward tensors alive past their backward",
+    role: Role::Problem,
+    find: |x| Ok(find(&x.patient, &x.steps)),
+    material: Material { share: 0.005, min_bytes: 4096 },
+};
 
 pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let n = s.iterations.len();
@@ -56,7 +63,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         let carried = backward[k].is_some_and(|(from, to)| a.end[id] > from && a.end[id] <= to);
         old_enough && !carried
     });
-    if !s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, bytes, KIND.material) {
         return None;
     }
     let mut made_in: Vec<usize> = retained.iter().map(|&id| s.iteration_of(a.start[id])).collect();

@@ -15,6 +15,7 @@
 //! forward no stack repeats, and the earliest stack that does marks each iteration. (PyTorch's
 //! Python stacks repeat across the layers of one forward: splitting there would find layers.)
 
+use super::kinds::Material;
 use super::{AllocationRef, Patient, StackBytes};
 use crate::scenarios::compare;
 use crate::trace::{Category, Frame, TraceEntry};
@@ -474,12 +475,11 @@ impl Steps {
 }
 
 impl Steps {
-    /// Whether `bytes` are worth a finding: at least `min` bytes and `share` of the peak the
-    /// program's own memory reaches (the peak less the buffers made once, a library's workspaces:
-    /// 65 MiB of cuBLAS's on an H100 are not the program's to save).
-    pub fn material(&self, p: &Patient, bytes: u64, share: f64, min: u64) -> bool {
+    /// Whether `bytes` pass a kind's threshold against the peak the program's own memory
+    /// reaches (the peak less the buffers made once, a library's workspaces: 65 MiB of cuBLAS's
+    /// on an H100 are not the program's to save).
+    pub fn material(&self, p: &Patient, bytes: u64, threshold: Material) -> bool {
         let once: u64 = (0..self.made_once.len()).filter(|&id| self.made_once[id]).map(|id| self::bytes(p, id)).sum();
-        let peak = p.timeline.summary.peak_allocated_bytes.saturating_sub(once);
-        bytes >= min && bytes as f64 >= share * peak as f64
+        threshold.holds(bytes, p.timeline.summary.peak_allocated_bytes.saturating_sub(once))
     }
 }

@@ -13,6 +13,7 @@
 //! autograd engine's, the optimizer's are the `optimizer-state` finding's. Copies in another
 //! layout (`clone`, `contiguous`) are the `copies` finding's.
 
+use super::kinds::{Kind, Material, Role};
 use super::ops::{OpKind, Ops};
 use super::steps::{self, Phase, Steps, is_library_buffer};
 use super::{AllocationRef, Finding, Patient, StackBytes, TEMPORARIES, size};
@@ -20,10 +21,6 @@ use serde::Serialize;
 
 /// A temporary is freed after at most this many further allocations.
 const SHORT_LIFE: usize = 3;
-/// Bytes worth reporting: this share of the peak...
-const MATERIAL_SHARE: f64 = 0.10;
-/// ...and at least this many bytes.
-const MATERIAL_BYTES: u64 = 64 << 10;
 
 #[derive(Serialize)]
 struct Evidence {
@@ -38,6 +35,17 @@ struct Evidence {
     top_stacks: Vec<StackBytes>,
     allocations: Vec<AllocationRef>,
 }
+
+/// Bytes worth reporting: this share of the peak...
+/// ...and at least this many bytes.
+pub(super) const KIND: Kind = Kind {
+    name: TEMPORARIES,
+    label: "temporaries",
+    about: "an out-of-place op's inputs at the peak",
+    role: Role::Problem,
+    find: |x| Ok(find(&x.patient, &x.steps, &x.ops)),
+    material: Material { share: 0.10, min_bytes: 64 << 10 },
+};
 
 pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
     let t = &p.timeline;
@@ -74,7 +82,7 @@ pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
     let sum = |ids: &[usize]| ids.iter().map(|&id| steps::bytes(p, id)).sum::<u64>();
     let (temporary_bytes, replaced_bytes) = (sum(&temporaries), sum(&replaced));
     let bytes = temporary_bytes + replaced_bytes;
-    if !s.material(p, bytes, MATERIAL_SHARE, MATERIAL_BYTES) {
+    if !s.material(p, bytes, KIND.material) {
         return None;
     }
     let all: Vec<usize> = temporaries.iter().chain(&replaced).copied().collect();

@@ -1,6 +1,7 @@
 //! `truncated-trace`: the trace starts with memory already reserved, so part of what the device
 //! holds has no recorded origin.
 
+use super::kinds::{Kind, Material, Role};
 use super::{Finding, Patient, TRUNCATED_TRACE, size};
 use crate::timeline::GroupKind;
 use serde::Serialize;
@@ -17,6 +18,15 @@ struct Evidence {
     start_allocations_without_stack: usize,
     suggested_max_entries: u64,
 }
+
+pub(super) const KIND: Kind = Kind {
+    name: TRUNCATED_TRACE,
+    label: "truncated trace",
+    about: "memory that predates the trace",
+    role: Role::Problem,
+    find: |x| Ok(find(&x.patient)),
+    material: Material::ANY,
+};
 
 pub(super) fn find(p: &Patient) -> Option<Finding> {
     let s = &p.timeline.summary;
