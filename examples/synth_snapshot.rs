@@ -14,14 +14,14 @@ use std::sync::Arc;
 use tensormem::alloc::{AllocatorConfig, RecordContext, TimeSource, VirtualAllocator};
 use tensormem::trace::{self, Frame, Frames};
 
+/// A stack `depth` frames deep under `function` (innermost first), inside `file`: the project's
+/// own file, or PyTorch's when it names one (`torch/...`, as backward and the optimizer run).
 fn stack(file: &str, function: &str, line: u64, depth: usize) -> Frames {
-    let mut frames = vec![Frame { filename: format!("/home/user/project/{file}"), line, name: function.into() }];
+    let place = |file: &str| if file.starts_with("torch/") { format!("/usr/lib/python3.12/site-packages/{file}") } else { format!("/home/user/project/{file}") };
+    let mut frames = vec![Frame { filename: place(file), line, name: function.into() }];
+    let (caller, name) = if file.starts_with("torch/") { (file, function) } else { ("torch/nn/modules/module.py", "_call_impl") };
     for d in 0..depth {
-        frames.push(Frame {
-            filename: "/usr/lib/python3.12/site-packages/torch/nn/modules/module.py".into(),
-            line: 1700 + d as u64,
-            name: "_call_impl".into(),
-        });
+        frames.push(Frame { filename: place(caller), line: 1700 + d as u64, name: name.into() });
     }
     frames.push(Frame { filename: "/home/user/project/train.py".into(), line: 88, name: "main".into() });
     Arc::from(frames)
@@ -52,8 +52,8 @@ pub fn synthesize(entries: usize) -> (trace::Snapshot, u64) {
     a.history_mut().set_time_source(TimeSource::modelled());
     let forward: Vec<Frames> = (0..LAYERS).map(|l| stack("model.py", &format!("forward_layer_{l}"), 100 + l as u64, 6)).collect();
     let temp = stack("model.py", "attention_scores", 140, 8);
-    let grads: Vec<Frames> = (0..LAYERS).map(|l| stack("model.py", &format!("backward_layer_{l}"), 300 + l as u64, 3)).collect();
-    let optim = stack("optimizer.py", "step", 74, 2);
+    let grads: Vec<Frames> = (0..LAYERS).map(|l| stack("torch/autograd/__init__.py", "backward", 300 + l as u64, 3)).collect();
+    let optim = stack("torch/optim/adamw.py", "step", 74, 2);
 
     let _params: Vec<_> = (0..LAYERS).map(|_| a.malloc(12 * HIDDEN * HIDDEN * 2, 0, Some(stack("model.py", "__init__", 20, 2))).unwrap()).collect();
     let mut state = Vec::new();

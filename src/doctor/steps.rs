@@ -53,6 +53,8 @@ pub(super) struct Steps {
     pub has_optimizer: bool,
     /// Per allocation: made once by a forward and kept to the end (see [`made_once`]).
     pub made_once: Vec<bool>,
+    /// Their bytes.
+    pub made_once_bytes: u64,
 }
 
 impl Steps {
@@ -107,7 +109,8 @@ pub(super) fn find(p: &Patient) -> Steps {
     let entry = |id: usize| (a.start[id] as usize).checked_sub(1).and_then(|i| trace.get(i));
     let order = in_order(p);
     let optimizer_steps = optimizer_annotations(p);
-    let in_optimizer_step = |x: u32| optimizer_steps.iter().any(|&(from, to)| from <= x && x <= to);
+    // The ranges are in trace order and do not overlap: the last one starting at or before x.
+    let in_optimizer_step = |x: u32| optimizer_steps[..optimizer_steps.partition_point(|&(from, _)| from <= x)].last().is_some_and(|&(_, to)| x <= to);
     // The frames' phase is read once per distinct stack (a million entries may share one).
     let mut by_stack: Vec<Option<Option<Phase>>> = vec![None; p.timeline.stack_offsets.len()];
     let mut phase: Vec<Option<Phase>> = vec![None; a.start.len()];
@@ -156,7 +159,8 @@ pub(super) fn find(p: &Patient) -> Steps {
         (by_calls(p, &order, &phase), "each call of the first module the program calls (from the frames)")
     };
     let made_once = made_once(p, &phase, &iterations);
-    Steps { order, phase, passes, iterations, how, tensormem, has_backward, has_optimizer, made_once }
+    let made_once_bytes = (0..made_once.len()).filter(|&id| made_once[id]).map(|id| bytes(p, id)).sum();
+    Steps { order, phase, passes, iterations, how, tensormem, has_backward, has_optimizer, made_once, made_once_bytes }
 }
 
 fn has_frames(e: &TraceEntry) -> bool {
@@ -479,7 +483,6 @@ impl Steps {
     /// reaches (the peak less the buffers made once, a library's workspaces: 65 MiB of cuBLAS's
     /// on an H100 are not the program's to save).
     pub fn material(&self, p: &Patient, bytes: u64, threshold: Material) -> bool {
-        let once: u64 = (0..self.made_once.len()).filter(|&id| self.made_once[id]).map(|id| self::bytes(p, id)).sum();
-        threshold.holds(bytes, p.timeline.summary.peak_allocated_bytes.saturating_sub(once))
+        threshold.holds(bytes, p.timeline.summary.peak_allocated_bytes.saturating_sub(self.made_once_bytes))
     }
 }
