@@ -17,7 +17,8 @@ use tensormem::trace::{self, Frame, Frames};
 /// A stack `depth` frames deep under `function` (innermost first), inside `file`: the project's
 /// own file, or PyTorch's when it names one (`torch/...`, as backward and the optimizer run).
 fn stack(file: &str, function: &str, line: u64, depth: usize) -> Frames {
-    let place = |file: &str| if file.starts_with("torch/") { format!("/usr/lib/python3.12/site-packages/{file}") } else { format!("/home/user/project/{file}") };
+    let place =
+        |file: &str| if file.starts_with("torch/") { format!("/usr/lib/python3.12/site-packages/{file}") } else { format!("/home/user/project/{file}") };
     let mut frames = vec![Frame { filename: place(file), line, name: function.into() }];
     let (caller, name) = if file.starts_with("torch/") { (file, function) } else { ("torch/nn/modules/module.py", "_call_impl") };
     for d in 0..depth {

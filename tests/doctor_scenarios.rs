@@ -275,3 +275,21 @@ fn the_seeds_findings_name_their_bytes() {
         assert!(rank(&d, kind).is_none(), "{scenario}");
     }
 }
+
+#[test]
+fn deliberate_gradient_accumulation_is_not_gradients_kept() {
+    // rnn-hidden's fix accumulates gradients over its batches and steps once, at the end. Its
+    // trace carries the step's range, as torch.optim records it (plain SGD allocates nothing):
+    // no step comes between the backwards, so the gradients alive through the next forward are
+    // accumulating, not kept.
+    let (fix, d) = run("rnn-hidden", Some("fix"));
+    let notes = fix.snapshot.external_annotations.clone().unwrap_or_default();
+    let steps: Vec<&str> = notes.iter().map(|n| n.stage.as_str()).collect();
+    assert_eq!(steps, ["START", "END"], "one optimizer step: {notes:?}");
+    assert!(notes.iter().all(|n| n.name == "Optimizer.step#SGD.step" && n.time_us.is_some()));
+    assert!(rank(&d, doctor::GRADS_KEPT).is_none(), "{:?}", d.findings.iter().map(|f| &f.kind).collect::<Vec<_>>());
+    // zero-grad's mistake steps between its backwards, with nothing freeing the gradients.
+    let (mistake, d) = run("zero-grad", Some("mistake"));
+    assert_eq!(mistake.snapshot.external_annotations.as_ref().map_or(0, Vec::len), 2 * 4, "four steps, each a range");
+    assert_eq!(rank(&d, doctor::GRADS_KEPT), Some(1));
+}

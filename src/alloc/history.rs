@@ -1,6 +1,6 @@
 //! Allocation history: PyTorch's `_record_memory_history` ring buffer of trace entries.
 
-use crate::trace::{Action, Category, TraceEntry};
+use crate::trace::{Action, Annotation, Category, TraceEntry};
 
 /// Where modelled clocks start: 2026-01-01T00:00:00Z in microseconds since the Unix epoch, so
 /// viewers show a plausible date rather than 1970.
@@ -93,6 +93,9 @@ pub struct History {
     time: TimeSource,
     /// The category stamped on new `alloc` entries (what the engine is allocating for).
     category: Option<Category>,
+    /// `record_function` ranges, as PyTorch keeps them beside the trace (its
+    /// `external_annotations`): an optimizer's step.
+    annotations: Vec<Annotation>,
 }
 
 impl History {
@@ -196,5 +199,27 @@ impl History {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.next = 0;
+        self.annotations.clear();
+    }
+
+    /// Opens (`start`) or closes a `record_function` range named `name` on `device`, stamped
+    /// with the clock. A modelled clock moves one microsecond past the range's edge, so that
+    /// every entry inside it and none outside has a time within it (as a reader places ranges).
+    pub fn annotate(&mut self, name: &str, start: bool, device: i64) {
+        if !self.enabled {
+            return;
+        }
+        if start {
+            self.advance_time_us(1.0);
+        }
+        self.annotations.push(Annotation { name: name.to_string(), stage: if start { "START" } else { "END" }.into(), device, time_us: self.time.now_us() });
+        if !start {
+            self.advance_time_us(1.0);
+        }
+    }
+
+    /// The ranges recorded, in order.
+    pub fn annotations(&self) -> &[Annotation] {
+        &self.annotations
     }
 }

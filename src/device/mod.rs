@@ -410,6 +410,17 @@ impl Device {
         CategoryGuard { device: self.clone(), before }
     }
 
+    /// `torch.profiler.record_function(name)`: a range recorded beside the trace until the guard
+    /// drops (the snapshot's `external_annotations`), as PyTorch records an optimizer's step.
+    #[must_use = "the range ends when the guard drops"]
+    pub fn record_function(&self, name: &str) -> RecordFunctionGuard {
+        let mut alloc = self.0.alloc.borrow_mut();
+        let index = alloc.device();
+        alloc.history_mut().annotate(name, true, index);
+        drop(alloc);
+        RecordFunctionGuard { device: self.clone(), name: name.to_string() }
+    }
+
     /// `with torch.cuda.stream(s)`: blocks allocated until the guard drops belong to stream `s`
     /// (the caching allocator keeps each stream's free blocks apart, as NCCL's collectives on
     /// their own streams see them).
@@ -657,6 +668,19 @@ impl Drop for DeferGuard {
 pub struct CategoryGuard {
     device: Device,
     before: Option<Category>,
+}
+
+pub struct RecordFunctionGuard {
+    device: Device,
+    name: String,
+}
+
+impl Drop for RecordFunctionGuard {
+    fn drop(&mut self) {
+        let mut alloc = self.device.0.alloc.borrow_mut();
+        let index = alloc.device();
+        alloc.history_mut().annotate(&self.name, false, index);
+    }
 }
 
 impl Drop for CategoryGuard {

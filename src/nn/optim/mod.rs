@@ -17,8 +17,20 @@ use crate::trace::Category;
 pub trait Optimizer {
     fn params(&self) -> &[Tensor];
 
+    /// Its class name, as PyTorch's `record_function` range names the step
+    /// (`Optimizer.step#SGD.step`).
+    fn name(&self) -> &'static str;
+
     /// One update from the parameters' `.grad` (parameters without one are skipped).
-    fn step(&mut self) -> Result<()>;
+    fn update(&mut self) -> Result<()>;
+
+    /// `optimizer.step()`: the update, inside the range torch.optim records around every
+    /// optimizer's step (the trace then shows the step even where it allocates nothing).
+    fn step(&mut self) -> Result<()> {
+        let name = format!("Optimizer.step#{0}.step", self.name());
+        let _range = self.params().first().map(|p| p.device().record_function(&name));
+        self.update()
+    }
 
     /// `zero_grad(set_to_none)`: True (PyTorch's default) frees every gradient; False keeps
     /// the blocks and fills them with zeros.
@@ -69,7 +81,11 @@ impl Optimizer for MasterWeights {
         &self.params
     }
 
-    fn step(&mut self) -> Result<()> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn update(&mut self) -> Result<()> {
         let copies = || self.params.iter().zip(&self.masters).filter_map(|(p, m)| m.as_ref().map(|m| (p, m)));
         {
             let _no_grad = autograd::no_grad();
@@ -88,7 +104,7 @@ impl Optimizer for MasterWeights {
                 p.set_grad(None);
             }
         }
-        self.inner.step()?;
+        self.inner.update()?;
         let _no_grad = autograd::no_grad();
         for (p, master) in copies() {
             if master.grad().is_some() {
@@ -126,9 +142,13 @@ impl Optimizer for Sgd {
         &self.params
     }
 
+    fn name(&self) -> &'static str {
+        "SGD"
+    }
+
     /// `_multi_tensor_sgd`: weight decay makes new gradients (`_foreach_add`), a missing
     /// momentum buffer is a clone of the gradient, then `param -= lr * update`.
-    fn step(&mut self) -> Result<()> {
+    fn update(&mut self) -> Result<()> {
         let _no_grad = autograd::no_grad();
         let group = with_grads(&self.params);
         let device = match group.first() {
@@ -212,7 +232,11 @@ impl Optimizer for Adam {
         &self.params
     }
 
-    fn step(&mut self) -> Result<()> {
+    fn name(&self) -> &'static str {
+        if self.decoupled_weight_decay { "AdamW" } else { "Adam" }
+    }
+
+    fn update(&mut self) -> Result<()> {
         let _no_grad = autograd::no_grad();
         let group = with_grads(&self.params);
         let Some((_, first, _)) = group.first() else { return Ok(()) };
@@ -369,7 +393,11 @@ impl Optimizer for AdamW8bit {
         &self.params
     }
 
-    fn step(&mut self) -> Result<()> {
+    fn name(&self) -> &'static str {
+        "AdamW8bit"
+    }
+
+    fn update(&mut self) -> Result<()> {
         use crate::tensor::DType;
         let _no_grad = autograd::no_grad();
         for (p, state) in self.params.iter().zip(self.state.iter_mut()) {
@@ -446,7 +474,11 @@ impl Optimizer for HandwrittenAdamW {
         &self.params
     }
 
-    fn step(&mut self) -> Result<()> {
+    fn name(&self) -> &'static str {
+        "AdamW"
+    }
+
+    fn update(&mut self) -> Result<()> {
         let _no_grad = autograd::no_grad();
         let (beta1, beta2) = self.betas;
         // The script's locals m_old and v_old: the previous parameter's old moments.
