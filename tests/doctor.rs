@@ -97,6 +97,8 @@ fn a_recorded_oom_gives_its_request_and_the_smallest_capacity_that_fits() {
     // The request needs 253 more 20 MiB pages of the expandable segment than were mapped.
     let smallest = e["smallest_capacity_bytes"].as_u64().unwrap();
     assert_eq!(smallest, 84_202_749_952 + 253 * 20 * 1024 * 1024);
+    // The title sets what it needs against what it had, not against a card size.
+    assert!(oom.title.contains("needs at least 83.36 GiB for PyTorch, 4.85 GiB more than the 78.51 GiB it had"), "{}", oom.title);
     assert_eq!(e["live"]["allocations"], 111);
     assert_eq!(e["live"]["bytes"], 84_063_351_764u64);
 
@@ -137,6 +139,51 @@ fn a_trace_that_starts_mid_run_is_truncated() {
     assert_eq!((peak.bytes, peak.evidence["event"].as_u64()), (7_013_335_044, Some(9966)));
     assert_eq!(peak.bytes, r.recorded.peak_allocated_bytes);
     assert_eq!(peak.evidence["phase"], "optimizer step");
+}
+
+#[test]
+fn the_truncated_trace_fix_names_the_keyword_of_the_files_pytorch() {
+    // finetune-legacy is in PyTorch 2.0/2.1's format (no times, no settings): its keyword was
+    // trace_alloc_max_entries; gpt-medium's (2.5+) is max_entries.
+    let Some(legacy) = load("finetune-legacy.pickle") else { return };
+    let t = finding(&diagnose(&legacy, None), doctor::TRUNCATED_TRACE).clone();
+    assert!(t.fix.contains("_record_memory_history(True, trace_alloc_max_entries=50000, trace_alloc_record_context=True)"), "{}", t.fix);
+    let Some(recent) = load("gpt-medium-ctx128-training.pickle") else { return };
+    let t = finding(&diagnose(&recent, None), doctor::TRUNCATED_TRACE).clone();
+    assert!(t.fix.contains("_record_memory_history(max_entries=") && !t.fix.contains("trace_alloc"), "{}", t.fix);
+}
+
+#[test]
+fn the_peak_fix_fits_the_program() {
+    // Checkpointing is advice for a training step's activations, not for inference.
+    let Some(inference) = load("gpt-medium-ctx128-inference.pickle") else { return };
+    let fix = diagnose(&inference, None).findings[0].fix.clone();
+    assert!(!fix.contains("checkpoint") && fix.contains("no backward"), "{fix}");
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/corpus");
+    let training = trace::load_file(&corpus.join("grad-accumulation.pickle")).unwrap();
+    let d = diagnose(&training, None);
+    assert!(d.findings[0].fix.contains("checkpointing") || d.findings[0].fix.contains("optimizer"), "{}", d.findings[0].fix);
+}
+
+#[test]
+fn windows_stacks_are_read_as_linux_ones() {
+    // The corpus's discarded forward, its frames rewritten as a Windows machine records them
+    // (C:\...\torch\nn\modules\module.py): the doctor finds the same missing no_grad.
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/corpus");
+    let mut snapshot = trace::load_file(&corpus.join("discarded-forward-mistake.pickle")).unwrap();
+    let windows = |f: &trace::Frame| trace::Frame { filename: format!("C:{}", f.filename.replace('/', "\\")), ..f.clone() };
+    for entries in &mut snapshot.device_traces {
+        for e in entries.iter_mut() {
+            if let Some(frames) = &e.frames {
+                e.frames = Some(frames.iter().map(windows).collect::<Vec<_>>().into());
+            }
+        }
+    }
+    let read = trace::load(&trace::to_pickle(&snapshot)).unwrap();
+    let frame = read.trace_of(0).iter().find_map(|e| e.frames.as_ref().and_then(|f| f.first().cloned())).unwrap();
+    assert!(frame.filename.starts_with("C:/") && !frame.filename.contains('\\'), "{}", frame.filename);
+    let d = diagnose(&read, None);
+    assert_eq!(kinds(&d)[1], doctor::MISSING_NO_GRAD, "{:?}", kinds(&d));
 }
 
 #[test]

@@ -151,11 +151,19 @@ impl Facts {
         let (verified, avoided_by) = self.verify(p, replayed, own_trace, &tried)?;
         let at = self.event.map_or("at the start of the trace".to_string(), |i| format!("at event {i}"));
         let free = self.device_free.map(|f| format!(" with {} free", size(f))).unwrap_or_default();
-        let title = format!(
-            "Out of memory {at}: a request of {}{free} failed; this trace needs at least {} for PyTorch (found by replay)",
-            size(self.request),
-            size(self.smallest)
-        );
+        // What it needs, against what it had (reserved plus what the device still had free: the
+        // card less what CUDA and other processes hold), so that the figure is not read as a
+        // card size it already had.
+        let need = match self.capacity {
+            Some(had) if self.smallest > had => format!(
+                "this trace needs at least {} for PyTorch, {} more than the {} it had (found by replay)",
+                size(self.smallest),
+                size(self.smallest - had),
+                size(had)
+            ),
+            _ => format!("this trace needs at least {} for PyTorch (found by replay)", size(self.smallest)),
+        };
+        let title = format!("Out of memory {at}: a request of {}{free} failed; {need}", size(self.request));
         let why = format!(
             "PyTorch asked for {} more while {} was reserved, and the device could not give it: the allocator had already \
              released its unused cached blocks and retried, so the memory was held by live tensors ({} of them requested {} at \

@@ -1,6 +1,7 @@
 //! `peak`: when allocated memory peaks, in which phase, and what is live then.
 
 use super::kinds::{Kind, Material, Role};
+use super::steps::Steps;
 use super::{Finding, PEAK, Patient, categories, live, size};
 use crate::scenarios::compare;
 use serde::Serialize;
@@ -23,9 +24,9 @@ struct Evidence {
 }
 
 pub(super) const KIND: Kind =
-    Kind { name: PEAK, label: "peak", about: "what the peak is made of", role: Role::Summary, find: |x| Ok(Some(find(&x.patient))), material: Material::ANY };
+    Kind { name: PEAK, label: "peak", about: "what the peak is made of", role: Role::Summary, find: |x| Ok(Some(find(&x.patient, &x.steps))), material: Material::ANY };
 
-pub(super) fn find(p: &Patient) -> Finding {
+pub(super) fn find(p: &Patient, steps: &Steps) -> Finding {
     let summary = &p.timeline.summary;
     let position = summary.peak_x as usize;
     let live = live::at(&p.timeline, position);
@@ -62,9 +63,15 @@ pub(super) fn find(p: &Patient) -> Finding {
          that hold the most are in the evidence."
     );
     let fix = match phase {
-        Some("forward" | "loss" | "backward") => {
+        Some("forward" | "loss" | "backward") if steps.has_backward => {
             "Shrink what is live at the peak: activations saved for backward dominate a training step's peak; a smaller batch, \
              activation checkpointing (torch.utils.checkpoint) or mixed precision lowers them."
+        }
+        Some("forward" | "loss" | "backward") => {
+            "Shrink what is live at the peak: with no backward in the trace, nothing needs to be saved for one; under \
+             torch.no_grad() (or inference_mode) each activation is freed once the next op has read it, so what remains is the \
+             weights, the largest ops' outputs and any cache (generation's key/value cache). A smaller batch or sequence, \
+             lower-precision weights (bfloat16, 8-bit or 4-bit), or computing the largest op in chunks lowers it."
         }
         Some(_) => {
             "Shrink what is live at the peak: during the optimizer step, its state and foreach temporaries add up; \

@@ -46,11 +46,18 @@ pub(super) fn find(p: &Patient) -> Option<Finding> {
                this trace begins with memory already in use, so where that memory came from (the model, the optimizer state, \
                an earlier step) is not in it. Figures about the start are rebuilt from the final state by undoing the trace."
         .to_string();
-    let fix = format!(
-        "Start recording before the model is built, with room for the whole run: \
-         torch.cuda.memory._record_memory_history(max_entries={suggested}) (this trace has {} entries)",
-        s.events
-    );
+    // PyTorch 2.0 and 2.1 wrote files without times or settings, and took the size under an
+    // older keyword (later versions read it too).
+    let old = p.snapshot.allocator_settings.is_none() && p.snapshot.trace_of(p.device).iter().all(|e| e.time_us.is_none());
+    let call = if old {
+        format!(
+            "torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries={suggested}, trace_alloc_record_context=True) \
+             (this file is in PyTorch 2.0/2.1's format, whose keywords these are; from 2.2 on: max_entries={suggested})"
+        )
+    } else {
+        format!("torch.cuda.memory._record_memory_history(max_entries={suggested})")
+    };
+    let fix = format!("Start recording before the model is built, with room for the whole run: {call} (this trace has {} entries)", s.events);
     Some(
         Finding::new(
             TRUNCATED_TRACE,

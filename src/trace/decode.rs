@@ -273,7 +273,7 @@ impl<'a> Decoder<'a> {
             }
             let p = || format!("{}[{i}]", path());
             let frame = Frame {
-                filename: self.opt_string_field(f, "filename", &p)?.unwrap_or_default(),
+                filename: windows_path_as_posix(self.opt_string_field(f, "filename", &p)?.unwrap_or_default()),
                 line: match self.field(f, "line") {
                     Some(l) => self.line(l, &|| format!("{}.line", p()))?,
                     None => 0,
@@ -507,4 +507,11 @@ impl<'a> Decoder<'a> {
 pub fn snapshot(arena: &Arena, root: NodeId, compactor: EntryCompactor) -> Result<Snapshot> {
     let EntryCompactor { mut caches, mut lists } = compactor;
     Decoder { arena, c: &mut caches }.snapshot(root, &mut lists)
+}
+
+/// A Windows path (`C:\...\torch\functional.py`) with forward slashes, as Windows also
+/// accepts: what reads frames (library or user code, PyTorch's own files) then reads it as on
+/// Linux.
+fn windows_path_as_posix(filename: String) -> String {
+    if filename.contains('\\') { filename.replace('\\', "/") } else { filename }
 }
