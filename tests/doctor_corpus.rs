@@ -163,3 +163,15 @@ fn each_twin_is_diagnosed_with_the_kind_its_scenario_teaches() {
     eprintln!("{}", table.join("\n"));
     assert!(wrong.is_empty(), "{wrong:?}");
 }
+
+#[test]
+fn python_only_stacks_say_once_what_they_cannot_show() {
+    // The same program recorded with Python frames only and with C++ frames too: only the first
+    // lacks the ops that copies and temporaries read, and the diagnosis says so, once.
+    let (dir, _) = corpus();
+    let diagnose = |name: &str| doctor::diagnose(&trace::load_file(&dir.join(name)).unwrap(), &doctor::DoctorOptions::default()).unwrap();
+    let python = diagnose("clean-train.pickle");
+    assert_eq!(python.notes.len(), 1, "{:?}", python.notes);
+    assert!(python.notes[0].contains("stacks=\"all\""), "{}", python.notes[0]);
+    assert!(diagnose("clean-train-all-stacks.pickle").notes.is_empty());
+}

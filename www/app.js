@@ -359,7 +359,7 @@ async function diagnose(info, d, ticket) {
     return;
   }
   if (ticket !== diagnosisTicket) return;
-  const shown = showFindings($('findings'), out.findings, { go: goToFinding, fix: showFix });
+  const shown = showFindings($('findings'), out.findings, { go: goToFinding, fix: showFix }, out.notes || []);
   const problems = shown.filter(isProblem).length;
   $('diagnosis-status').textContent = problems ? `${problems} problem${problems > 1 ? 's' : ''} found, device ${d}` : `no problem found beyond the peak, device ${d}`;
   $('diagnosis').dataset.state = 'ready';

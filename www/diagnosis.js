@@ -86,9 +86,10 @@ function evidenceLines(f) {
   return lines;
 }
 
-// Fills `root` (the panel's list) with one card per finding. `on.go(finding)` moves the timeline
-// to it, `on.fix(finding)` runs its verified what-if.
-export function showFindings(root, findings, on) {
+// Fills `root` (the panel's list) with one card per finding, and the doctor's notes (what the
+// trace cannot show) after them. `on.go(finding)` moves the timeline to it, `on.fix(finding)`
+// runs its verified what-if.
+export function showFindings(root, findings, on, notes = []) {
   root.replaceChildren(...findings.map((f, k) => {
     const moment = momentOf(f);
     const go = el('button', {
@@ -130,6 +131,7 @@ export function showFindings(root, findings, on) {
   // The inconclusive findings (after the problems, never ranked among them) under a heading of their own.
   const first = root.querySelector('.finding.inconclusive');
   if (first) first.before(el('li', { class: 'finding-section muted', 'data-testid': 'inconclusive-heading', text: 'Inconclusive: the trace cannot tell' }));
+  for (const note of notes) root.append(el('li', { class: 'finding-note muted', 'data-testid': 'diagnosis-note', text: `Note: ${note}` }));
   return findings;
 }
 

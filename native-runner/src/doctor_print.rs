@@ -23,6 +23,10 @@ pub fn print(diagnosis: &Diagnosis) {
         }
         print_evidence(f);
     }
+    for note in &diagnosis.notes {
+        println!();
+        println!("note: {note}");
+    }
 }
 
 fn print_verified(v: &Verified) {

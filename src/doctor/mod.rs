@@ -112,6 +112,10 @@ pub fn kind(name: &str) -> Option<&'static Kind> {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Diagnosis {
     pub findings: Vec<Finding>,
+    /// What the trace cannot show, said once (a file whose stacks name no op cannot show
+    /// temporaries or copies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -278,7 +282,8 @@ pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosi
     findings.extend(problems);
     findings.extend(inconclusive);
     findings.extend(run(Role::Last)?);
-    Ok(Diagnosis { findings })
+    let notes = exam.ops.unreadable_note(&exam.patient.timeline).into_iter().collect();
+    Ok(Diagnosis { findings, notes })
 }
 
 /// What every finding looks at: one device's trace, laid out once.

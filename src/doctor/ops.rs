@@ -75,6 +75,18 @@ impl Ops {
     pub fn kind(&self, t: &Timeline, id: usize) -> Option<OpKind> {
         self.name(t, id).map(kind_of)
     }
+
+    /// When the stacks have frames but none names an op (PyTorch's `stacks="python"`), what the
+    /// findings that need the op cannot say, once.
+    pub fn unreadable_note(&self, t: &Timeline) -> Option<String> {
+        let framed = t.frames.iter().any(|f| f.filename.ends_with(".py"));
+        (framed && self.names.iter().all(Option::is_none)).then(|| {
+            "The stacks are Python frames only (recorded with stacks=\"python\"): they name no op, so copies (clone, \
+             contiguous), the temporaries an op makes for itself and the peak by op cannot be told. Record with torch.cuda.memory._record_memory_history(stacks=\"all\") (the \
+             default) to have them."
+                .to_string()
+        })
+    }
 }
 
 /// The op in a stack of (name, file) frames, innermost first.

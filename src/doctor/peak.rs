@@ -23,8 +23,14 @@ struct Evidence {
     inferred_categories: Option<Vec<categories::CategoryBytes>>,
 }
 
-pub(super) const KIND: Kind =
-    Kind { name: PEAK, label: "peak", about: "what the peak is made of", role: Role::Summary, find: |x| Ok(Some(find(&x.patient, &x.steps))), material: Material::ANY };
+pub(super) const KIND: Kind = Kind {
+    name: PEAK,
+    label: "peak",
+    about: "what the peak is made of",
+    role: Role::Summary,
+    find: |x| Ok(Some(find(&x.patient, &x.steps))),
+    material: Material::ANY,
+};
 
 pub(super) fn find(p: &Patient, steps: &Steps) -> Finding {
     let summary = &p.timeline.summary;
