@@ -477,3 +477,82 @@ fn the_doctor_answers_on_queues_windows_and_shared_deep_stacks() {
         assert_eq!((first.kind.as_str(), first.bytes), ("peak", peak), "{name}: {}", first.title);
     }
 }
+
+/// A Python-stacked trace built with the allocator: stacks are (file, function) frames,
+/// innermost first, under PyTorch's files where they name `torch/`.
+fn python_stack(frames: &[(&str, &str)]) -> trace::Frames {
+    let frame = |(file, name): &(&str, &str)| trace::Frame {
+        filename: if file.starts_with("torch/") { format!("/usr/lib/python3.12/site-packages/{file}") } else { format!("/home/user/{file}") },
+        line: 1,
+        name: name.to_string(),
+    };
+    frames.iter().map(frame).collect::<Vec<_>>().into()
+}
+
+#[test]
+fn parameters_a_hand_written_step_makes_anew_are_not_state() {
+    use tensormem::alloc::{RecordContext, TimeSource, VirtualAllocator};
+    const MIB: u64 = 1 << 20;
+    let init = python_stack(&[("torch/nn/modules/linear.py", "__init__"), ("train.py", "<module>")]);
+    let forward = python_stack(&[("torch/nn/modules/linear.py", "forward"), ("torch/nn/modules/module.py", "_call_impl"), ("train.py", "<module>")]);
+    let backward = python_stack(&[("torch/autograd/__init__.py", "backward"), ("train.py", "<module>")]);
+    // A torch.optim.Optimizer subclass whose step does `p.data = p.data - lr * p.grad`.
+    let step = python_stack(&[("my_sgd.py", "step"), ("torch/optim/optimizer.py", "wrapper"), ("train.py", "<module>")]);
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::All, 1 << 16);
+    a.history_mut().set_time_source(TimeSource::modelled());
+    let mut params: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(init.clone())).unwrap().ptr).collect();
+    for _ in 0..4 {
+        let activations: Vec<u64> = (0..4).map(|_| a.malloc(8 * MIB, 0, Some(forward.clone())).unwrap().ptr).collect();
+        let grads: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(backward.clone())).unwrap().ptr).collect();
+        for ptr in activations {
+            a.free(ptr, None).unwrap();
+        }
+        a.history_mut().annotate("Optimizer.step#MySGD.step", true, 0);
+        for p in params.iter_mut() {
+            let update = a.malloc(4 * MIB, 0, Some(step.clone())).unwrap().ptr;
+            let remade = a.malloc(4 * MIB, 0, Some(step.clone())).unwrap().ptr;
+            a.free(update, None).unwrap();
+            a.free(*p, None).unwrap();
+            *p = remade;
+        }
+        a.history_mut().annotate("Optimizer.step#MySGD.step", false, 0);
+        for ptr in grads {
+            a.free(ptr, None).unwrap();
+        }
+    }
+    let snapshot = a.snapshot();
+    let d = diagnose(&snapshot, None);
+    assert_well_formed("hand-written step", &d);
+    // Each step re-makes the four parameters (16 MiB) and frees the old ones: that is not state.
+    assert!(!kinds(&d).contains(&doctor::OPTIMIZER_STATE), "{:?}", d.findings.iter().map(|f| &f.title).collect::<Vec<_>>());
+    // The same step keeping momentum buffers (made at the first step, kept) is state.
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::All, 1 << 16);
+    a.history_mut().set_time_source(TimeSource::modelled());
+    let _params: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(init.clone())).unwrap().ptr).collect();
+    let mut buffers = Vec::new();
+    for _ in 0..4 {
+        let activations: Vec<u64> = (0..4).map(|_| a.malloc(8 * MIB, 0, Some(forward.clone())).unwrap().ptr).collect();
+        let grads: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(backward.clone())).unwrap().ptr).collect();
+        for ptr in activations {
+            a.free(ptr, None).unwrap();
+        }
+        a.history_mut().annotate("Optimizer.step#MySGD.step", true, 0);
+        if buffers.is_empty() {
+            buffers = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(step.clone())).unwrap().ptr).collect();
+        }
+        let update = a.malloc(4 * MIB, 0, Some(step.clone())).unwrap().ptr;
+        a.free(update, None).unwrap();
+        a.history_mut().annotate("Optimizer.step#MySGD.step", false, 0);
+        for ptr in grads {
+            a.free(ptr, None).unwrap();
+        }
+    }
+    let d = diagnose(&a.snapshot(), None);
+    let o = finding(&d, doctor::OPTIMIZER_STATE);
+    assert_eq!(o.evidence["state_bytes"], 16 * MIB);
+    assert_eq!(o.evidence["parameters_remade"], 0);
+    // Its step is its own code: no torch.optim option to name.
+    assert!(o.fix.contains("its own expressions") && !o.fix.contains("foreach=False"), "{}", o.fix);
+}

@@ -25,6 +25,8 @@ struct Evidence {
     /// Per step: bytes made before it that it freed (old state replaced by new).
     replaced_per_step: Vec<u64>,
     made_anew_each_step: bool,
+    /// Parameters a step made anew (`p.data = p.data - ...`), not counted as state.
+    parameters_remade: usize,
     /// The parameters' bytes, where the trace names them (tensormem's categories).
     parameter_bytes: Option<u64>,
     /// state / parameters: about 2 for Adam, 1 for momentum.
@@ -53,6 +55,17 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let mut temporaries_peak = 0u64;
     let mut state_ids = Vec::new();
     let mut position = 0;
+    // Parameters, and the allocations a step re-made them into (`p.data = p.data - lr * grad`
+    // makes a new parameter and frees the old): what a step makes in place of one is the
+    // parameter, not state.
+    let first_iteration = s.iterations.first().copied().unwrap_or(0);
+    let mut parameter = vec![false; a.start.len()];
+    for id in 0..a.start.len() {
+        // (What predates the trace could be anything: old state, too.)
+        parameter[id] = a.start[id] > 0 && a.start[id] < first_iteration && s.phase[id].is_none();
+    }
+    let mut remade = Vec::new();
+    let mut steps_temporaries: Vec<usize> = Vec::new();
     // What an optimizer step can replace (made before the trace, or by a step), by end.
     let mut by_end: Vec<usize> = order.iter().copied().filter(|&id| a.start[id] == 0 || s.phase[id] == Some(Phase::Optimizer)).collect();
     by_end.sort_by_key(|&id| a.end[id]);
@@ -60,7 +73,22 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         let end = s.passes.get(i + 1).map_or(events, |next| next.first);
         let from = order.partition_point(|&id| a.start[id] < q.first);
         let to = order.partition_point(|&id| a.start[id] <= q.last);
-        let made: Vec<usize> = order[from..to].iter().copied().filter(|&id| s.phase[id] == Some(Phase::Optimizer)).collect();
+        let mut made: Vec<usize> = order[from..to].iter().copied().filter(|&id| s.phase[id] == Some(Phase::Optimizer)).collect();
+        // Parameters this step freed, by size: an allocation it made and kept, of one of their
+        // sizes, replaces one.
+        let mut freed_parameters: rustc_hash::FxHashMap<u64, usize> = Default::default();
+        for id in (0..a.start.len()).filter(|&id| parameter[id] && a.end[id] > q.first && a.end[id] <= end) {
+            *freed_parameters.entry(steps::bytes(p, id)).or_default() += 1;
+        }
+        made.retain(|&id| match freed_parameters.get_mut(&steps::bytes(p, id)).filter(|_| steps::live_at(p, id, end)) {
+            Some(left) if *left > 0 => {
+                *left -= 1;
+                parameter[id] = true;
+                remade.push(id);
+                false
+            }
+            _ => true,
+        });
         // tensormem's traces name the state (its category): their last step's state is freed when the
         // program ends, with everything else. PyTorch's: what is still live when the next pass starts.
         let is_state = |id: usize| match s.tensormem {
@@ -69,17 +97,21 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         };
         let (state, temporaries): (Vec<usize>, Vec<usize>) = made.iter().partition(|&&id| is_state(id));
         state_per_step.push(state.iter().map(|&id| steps::bytes(p, id)).sum());
-        temporaries_peak = temporaries_peak.max(peak_of(p, &temporaries));
+        if peak_of(p, &temporaries) > temporaries_peak {
+            temporaries_peak = peak_of(p, &temporaries);
+            steps_temporaries = temporaries.clone();
+        }
         // Old state: made before the trace or by an earlier step, freed during this one.
         let freed = by_end.partition_point(|&id| a.end[id] <= q.first)..by_end.partition_point(|&id| a.end[id] <= q.last + 1);
-        let replaced: u64 = by_end[freed].iter().filter(|&&id| a.start[id] < q.first).map(|&id| steps::bytes(p, id)).sum();
+        let replaced: u64 = by_end[freed].iter().filter(|&&id| a.start[id] < q.first && !parameter[id]).map(|&id| steps::bytes(p, id)).sum();
         replaced_per_step.push(replaced);
         if state.iter().map(|&id| steps::bytes(p, id)).sum::<u64>() >= state_ids.iter().map(|&id| steps::bytes(p, id)).sum() {
             state_ids = state;
             position = q.first.saturating_sub(1);
         }
     }
-    let state_bytes = state_per_step.iter().copied().max()?;
+    // A step that keeps nothing has no state to speak of (its temporaries are the peak's).
+    let state_bytes = state_per_step.iter().copied().max().filter(|&b| b > 0)?;
     let at_stake = state_bytes + temporaries_peak;
     if !s.material(p, at_stake, KIND.material) {
         return None;
@@ -114,7 +146,23 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         _ => "A leaner optimizer (SGD with momentum: one buffer per parameter; Adafactor, 8-bit Adam) keeps less".to_string(),
     };
     let mut fix = format!("{leaner}.");
-    if temporaries_peak > 0 {
+    // torch.optim's foreach and fused paths are options of its own optimizers (the innermost
+    // Python frame is theirs); a hand-written step (a torch.optim.Optimizer subclass, under its
+    // wrapper) makes its temporaries in its own expressions.
+    let trace = p.snapshot.trace_of(p.device);
+    let library_step = s.tensormem
+        || state_ids
+            .iter()
+            .chain(&steps_temporaries)
+            .filter_map(|&id| steps::trace_index(p, id).and_then(|i| trace.get(i)))
+            .any(|e| e.frames.iter().flat_map(|f| f.iter()).find(|f| f.filename.ends_with(".py")).is_some_and(|f| f.filename.contains("torch/optim/")));
+    if temporaries_peak > 0 && !library_step {
+        fix.push_str(&format!(
+            " The step's temporaries ({}) come from its own expressions: in-place updates (p.add_(...), \
+             torch._foreach_mul_ and the other _foreach_*_ ops) make none.",
+            size(temporaries_peak)
+        ));
+    } else if temporaries_peak > 0 {
         fix.push_str(&format!(
             " The step's temporaries ({}) come from the multi-tensor (foreach) path: foreach=False holds one parameter's \
              square root and quotient at a time (beside the previous parameter's denominator), fused=True none.",
@@ -143,6 +191,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         temporaries_peak_bytes: temporaries_peak,
         replaced_per_step,
         made_anew_each_step: made_anew,
+        parameters_remade: remade.len(),
         parameter_bytes,
         state_per_parameter_byte: ratio,
         top_stacks: steps::top_stacks(p, &state_ids, 3),
