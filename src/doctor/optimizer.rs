@@ -59,11 +59,8 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     // makes a new parameter and frees the old): what a step makes in place of one is the
     // parameter, not state.
     let first_iteration = s.iterations.first().copied().unwrap_or(0);
-    let mut parameter = vec![false; a.start.len()];
-    for id in 0..a.start.len() {
-        // (What predates the trace could be anything: old state, too.)
-        parameter[id] = a.start[id] > 0 && a.start[id] < first_iteration && s.phase[id].is_none();
-    }
+    // (What predates the trace could be anything: old state, too.)
+    let mut parameter: Vec<bool> = (0..a.start.len()).map(|id| a.start[id] > 0 && a.start[id] < first_iteration && s.phase[id].is_none()).collect();
     let mut remade = Vec::new();
     let mut steps_temporaries: Vec<usize> = Vec::new();
     // What an optimizer step can replace (made before the trace, or by a step), by end.
