@@ -6,10 +6,11 @@
 //! grad on, a forward's intermediates stay allocated until its result (or the loss) dies, and
 //! then go together, one free after another with nothing allocated between (the graph torn
 //! down); under no_grad each dies as soon as the next op has read it, and nothing of the forward
-//! is left when the next one starts. Frames add to it where they show autograd (PyTorch's
-//! `torch::autograd::VariableType::`, `torch/autograd/function.py`; tensormem's parameters). How
-//! sure the finding is depends on how many forwards show it: `high` from two torn-down graphs,
-//! `medium` from one (or from frames alone); `inconclusive` when what the forward holds is still
+//! is left when the next one starts. PyTorch's autograd frames (`torch::autograd::VariableType::`,
+//! `torch/autograd/function.py`) are named in the evidence but prove nothing alone: they appear
+//! under no_grad too. How sure the finding is depends on how many forwards show it: `high` from
+//! two torn-down graphs, `medium` from one (or, in tensormem's traces, from a model whose forward
+//! keeps memory); `inconclusive` when what the forward holds is still
 //! allocated where the trace ends (a dump between a forward and its backward, a device of a run
 //! that died elsewhere): a backward the recording missed may have needed it.
 
@@ -101,9 +102,9 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let (confidence, reason) = match (torn_down, &frames) {
         (2.., _) => (FindingConfidence::High, String::new()),
         (1, _) => (FindingConfidence::Medium, "one forward shows its graph torn down; more forwards would confirm it".to_string()),
-        (0, Some(_)) if to_the_end == 0 || s.tensormem => {
-            (FindingConfidence::Medium, "the frames show autograd on; no forward's tensors were seen freed together".to_string())
-        }
+        // tensormem's own traces know their model; PyTorch's autograd frames (VariableType,
+        // autograd.Function) appear under no_grad too, so they alone prove nothing.
+        (0, Some(_)) if s.tensormem => (FindingConfidence::Medium, "the trace shows a model; no forward's tensors were seen freed together".to_string()),
         (0, _) if to_the_end > 0 => (
             FindingConfidence::Inconclusive,
             "what the forward holds is still allocated where the trace ends: if the recording stopped before a backward (a \
