@@ -1,21 +1,23 @@
 //! The doctor: reads one device's trace and says what is wrong with its memory, with the
-//! evidence, the fix, and (wherever a replay can measure it) what the fix saves.
+//! evidence, the fix, how sure it is, and (wherever a replay can measure it) what the fix saves.
 //!
-//! The data flows top to bottom: pick the device, lay its trace out once (`timeline`), then each
-//! finding looks at it: `peak` (what the peak is made of), `truncated` (memory that predates the
-//! trace), `oom` (a recorded or replayed out-of-memory, and the capacity that fits, searched by
-//! replay), `fragmentation` (reserved above allocated, and the settings that reserve less,
-//! verified by replay), and those about the training loop, which `steps` lays out (the phase of
-//! each allocation, the passes, the iterations): `growth` (memory each iteration keeps),
-//! `retained` (`retained-graph`: forward tensors alive past their backward), `no_grad`
-//! (`missing-no-grad`: forwards that keep a graph no backward uses), `grads` (`grads-kept`:
-//! gradients alive through the next forward) and `optimizer` (`optimizer-state`); those about
-//! single expressions, which `ops` reads the op of each allocation for: `temporaries` (an
-//! out-of-place op's inputs at the peak), `copies` (clone, contiguous at the peak) and, when
-//! nothing else is found, `intermediates` (the peak by op: data made vs ops' outputs); `outside`
-//! (`outside-allocator`, always last) says what nvidia-smi shows beyond reserved. `live`
-//! describes what is live at a position; `what_if` runs the replays.
-//! The doctor sits above scenarios: it diagnoses their snapshots as it does a user's file.
+//! The data flows top to bottom: pick the device, lay its trace out once (`timeline`), read its
+//! training loop once (`steps`: the phase of each allocation from its frames or tensormem's
+//! categories, the passes, the iterations, the buffers made once) and the op of each allocation
+//! (`ops`), then run each row of the registry (`kinds`: one per finding kind, its finder, its
+//! threshold). `peak` says what the peak is made of; the problems are `truncated` (memory that
+//! predates the trace), `oom` (a recorded or replayed out-of-memory, and the capacity that fits,
+//! searched by replay), `fragmentation` (what an allocator setting recovers, verified by
+//! replay), those about the training loop: `growth` (memory each iteration keeps), `retained`
+//! (`retained-graph`: forward tensors alive past their backward), `no_grad`
+//! (`missing-no-grad`: forwards that keep a graph no backward uses, read from the lifetimes),
+//! `grads` (`grads-kept`: gradients alive through the next forward) and `optimizer`
+//! (`optimizer-state`), and those about single expressions: `temporaries` (an out-of-place op's
+//! inputs at the peak), `copies` (clone, contiguous at the peak) and, when nothing else is
+//! found, `intermediates` (the peak by op); `outside` (`outside-allocator`, always last) says
+//! what nvidia-smi shows beyond reserved. `live` describes what is live at a position;
+//! `what_if` runs the replays. The doctor sits above scenarios: it diagnoses their snapshots as
+//! it does a user's file.
 
 mod categories;
 mod copies;
