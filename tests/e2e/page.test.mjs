@@ -764,7 +764,16 @@ test('the Diagnosis panel finds the recorded out-of-memory on the device that ra
   const other = oom.evidence.device === 0 ? 1 : 0;
   await page.selectOption('[data-testid=device-select]', String(other));
   await painted(page, 3);
-  assert.deepEqual(await shownFindings(page), kindsAndBytes(cliDoctor([path, '--device', String(other)])));
+  const healthy = cliDoctor([path, '--device', String(other)]);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(healthy));
+  // A healthy device of the run holds its forward's tensors at the end: a backward the
+  // recording missed may have needed them, so missing-no-grad is inconclusive, shown apart
+  // under its own heading, its confidence beside its title.
+  assert.deepEqual(healthy.filter((f) => f.confidence === 'inconclusive').map((f) => f.kind), ['missing-no-grad']);
+  assert.deepEqual(await page.$$eval('[data-testid=finding][data-confidence=inconclusive]', (cards) => cards.map((c) => c.dataset.kind)), ['missing-no-grad']);
+  assert.equal(await page.$eval('[data-testid=inconclusive-heading]', (h) => h.nextElementSibling.dataset.confidence), 'inconclusive');
+  assert.equal(await page.$eval('[data-testid=finding][data-confidence=inconclusive] .finding-confidence', (b) => b.textContent), 'inconclusive');
+  await page.screenshot({ path: join(shots, 'diagnosis-inconclusive.png') });
   assert.deepEqual(page.errors, []);
   await page.close();
 });
