@@ -489,67 +489,63 @@ fn python_stack(frames: &[(&str, &str)]) -> trace::Frames {
     frames.iter().map(frame).collect::<Vec<_>>().into()
 }
 
-#[test]
-fn parameters_a_hand_written_step_makes_anew_are_not_state() {
+/// Four training steps of a model of four 4 MiB parameters, recorded as PyTorch records a loop
+/// with Python stacks; `step(allocator, parameters, first)` runs inside the step's range (a
+/// torch.optim.Optimizer subclass of the user's own, `my_sgd.py`).
+fn hand_written_training(mut step: impl FnMut(&mut tensormem::alloc::VirtualAllocator, &mut Vec<u64>, &trace::Frames, bool)) -> Snapshot {
     use tensormem::alloc::{RecordContext, TimeSource, VirtualAllocator};
     const MIB: u64 = 1 << 20;
     let init = python_stack(&[("torch/nn/modules/linear.py", "__init__"), ("train.py", "<module>")]);
     let forward = python_stack(&[("torch/nn/modules/linear.py", "forward"), ("torch/nn/modules/module.py", "_call_impl"), ("train.py", "<module>")]);
     let backward = python_stack(&[("torch/autograd/__init__.py", "backward"), ("train.py", "<module>")]);
-    // A torch.optim.Optimizer subclass whose step does `p.data = p.data - lr * p.grad`.
-    let step = python_stack(&[("my_sgd.py", "step"), ("torch/optim/optimizer.py", "wrapper"), ("train.py", "<module>")]);
+    let in_step = python_stack(&[("my_sgd.py", "step"), ("torch/optim/optimizer.py", "wrapper"), ("train.py", "<module>")]);
     let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
     a.record_memory_history(true, RecordContext::All, 1 << 16);
     a.history_mut().set_time_source(TimeSource::modelled());
     let mut params: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(init.clone())).unwrap().ptr).collect();
-    for _ in 0..4 {
+    for k in 0..4 {
         let activations: Vec<u64> = (0..4).map(|_| a.malloc(8 * MIB, 0, Some(forward.clone())).unwrap().ptr).collect();
         let grads: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(backward.clone())).unwrap().ptr).collect();
         for ptr in activations {
             a.free(ptr, None).unwrap();
         }
         a.history_mut().annotate("Optimizer.step#MySGD.step", true, 0);
+        step(&mut a, &mut params, &in_step, k == 0);
+        a.history_mut().annotate("Optimizer.step#MySGD.step", false, 0);
+        for ptr in grads {
+            a.free(ptr, None).unwrap();
+        }
+    }
+    a.snapshot()
+}
+
+#[test]
+fn parameters_a_hand_written_step_makes_anew_are_not_state() {
+    const MIB: u64 = 1 << 20;
+    // `p.data = p.data - lr * p.grad`: each step makes the four parameters anew (16 MiB) and
+    // frees the old ones; that is not state.
+    let remade = hand_written_training(|a, params, stack, _| {
         for p in params.iter_mut() {
-            let update = a.malloc(4 * MIB, 0, Some(step.clone())).unwrap().ptr;
-            let remade = a.malloc(4 * MIB, 0, Some(step.clone())).unwrap().ptr;
+            let update = a.malloc(4 * MIB, 0, Some(stack.clone())).unwrap().ptr;
+            let new = a.malloc(4 * MIB, 0, Some(stack.clone())).unwrap().ptr;
             a.free(update, None).unwrap();
             a.free(*p, None).unwrap();
-            *p = remade;
+            *p = new;
         }
-        a.history_mut().annotate("Optimizer.step#MySGD.step", false, 0);
-        for ptr in grads {
-            a.free(ptr, None).unwrap();
-        }
-    }
-    let snapshot = a.snapshot();
-    let d = diagnose(&snapshot, None);
+    });
+    let d = diagnose(&remade, None);
     assert_well_formed("hand-written step", &d);
-    // Each step re-makes the four parameters (16 MiB) and frees the old ones: that is not state.
     assert!(!kinds(&d).contains(&doctor::OPTIMIZER_STATE), "{:?}", d.findings.iter().map(|f| &f.title).collect::<Vec<_>>());
-    // The same step keeping momentum buffers (made at the first step, kept) is state.
-    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
-    a.record_memory_history(true, RecordContext::All, 1 << 16);
-    a.history_mut().set_time_source(TimeSource::modelled());
-    let _params: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(init.clone())).unwrap().ptr).collect();
+    // The same step keeping momentum buffers (made at the first step, kept) has state.
     let mut buffers = Vec::new();
-    for _ in 0..4 {
-        let activations: Vec<u64> = (0..4).map(|_| a.malloc(8 * MIB, 0, Some(forward.clone())).unwrap().ptr).collect();
-        let grads: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(backward.clone())).unwrap().ptr).collect();
-        for ptr in activations {
-            a.free(ptr, None).unwrap();
+    let momentum = hand_written_training(|a, _, stack, first| {
+        if first {
+            buffers = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(stack.clone())).unwrap().ptr).collect();
         }
-        a.history_mut().annotate("Optimizer.step#MySGD.step", true, 0);
-        if buffers.is_empty() {
-            buffers = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(step.clone())).unwrap().ptr).collect();
-        }
-        let update = a.malloc(4 * MIB, 0, Some(step.clone())).unwrap().ptr;
+        let update = a.malloc(4 * MIB, 0, Some(stack.clone())).unwrap().ptr;
         a.free(update, None).unwrap();
-        a.history_mut().annotate("Optimizer.step#MySGD.step", false, 0);
-        for ptr in grads {
-            a.free(ptr, None).unwrap();
-        }
-    }
-    let d = diagnose(&a.snapshot(), None);
+    });
+    let d = diagnose(&momentum, None);
     let o = finding(&d, doctor::OPTIMIZER_STATE);
     assert_eq!(o.evidence["state_bytes"], 16 * MIB);
     assert_eq!(o.evidence["parameters_remade"], 0);

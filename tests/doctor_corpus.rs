@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::taught::{NEED_THE_OP, TAUGHT};
 use serde_json::Value;
 use std::path::Path;
 use tensormem::{doctor, trace};
@@ -121,27 +122,14 @@ fn the_doctor_is_right_on_the_labelled_corpus_precision_and_recall() {
     assert!(wrong.is_empty(), "labels the doctor gets wrong:\n{}", wrong.join("\n"));
 }
 
-/// The kind each scenario teaches, as tests/doctor_scenarios.rs has it for tensormem's own
-/// traces; here on PyTorch's traces of the same programs (the H100 twins, Python stacks only).
-const TAUGHT: [(&str, &str); 9] = [
-    ("variable-batch", doctor::FRAGMENTATION),
-    ("eval-no-grad", doctor::MISSING_NO_GRAD),
-    ("loss-history", doctor::GROWTH),
-    ("zero-grad", doctor::GRADS_KEPT),
-    ("grad-fn-history", doctor::RETAINED_GRAPH),
-    ("rnn-hidden", doctor::RETAINED_GRAPH),
-    ("cached-graph", doctor::RETAINED_GRAPH),
-    ("optimizer-state", doctor::OPTIMIZER_STATE),
-    ("oom", doctor::OOM),
-];
-
 #[test]
 fn each_twin_is_diagnosed_with_the_kind_its_scenario_teaches() {
     let Some(dir) = common::fixtures_dir() else { return };
     let twins = dir.parent().unwrap().join("h100-twins");
     let mut table = vec![format!("{:<16} {:<8} {:<16} {:<7} {}", "twin", "variant", "taught kind", "found", "problems")];
     let mut wrong = Vec::new();
-    for (scenario, kind) in TAUGHT {
+    // The lessons Python stacks can show.
+    for (scenario, kind) in TAUGHT.into_iter().filter(|(_, kind)| !NEED_THE_OP.contains(kind)) {
         let variants: &[Option<&str>] = if twins.join(format!("{scenario}-mistake.pickle")).is_file() { &[Some("mistake"), Some("fix")] } else { &[None] };
         for &variant in variants {
             let file = match variant {

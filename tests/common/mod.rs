@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod shapes;
+pub mod taught;
 
 use std::path::PathBuf;
 
