@@ -235,6 +235,9 @@ fn a_trace_that_starts_with_memory_reserved_is_verified_from_a_replaced_start() 
     assert_eq!(v.start, "replaced");
     assert_eq!((v.alloc_conf.as_str(), v.before_peak_reserved_bytes, v.after_peak_reserved_bytes), ("expandable_segments:True", 134_217_728, 113_246_208));
     assert!(f.estimate.as_deref().is_some_and(|s| s.contains("placed afresh")));
+    // Figures from another start than the recorded one: medium, and said why.
+    assert_eq!(f.confidence, FindingConfidence::Medium);
+    assert!(f.confidence_reason.as_deref().is_some_and(|r| r.contains("mid-run")));
     for w in serde_json::from_value::<Vec<Verified>>(f.evidence["what_ifs"].clone()).unwrap() {
         assert_replay_agrees(&snapshot, 0, &w);
     }

@@ -7,7 +7,7 @@
 
 use super::kinds::{Kind, Material, Role};
 use super::what_if::{Outcome, Setup, candidate_settings, each_in_parallel, verified};
-use super::{DoctorError, FRAGMENTATION, Finding, Patient, Verified, size};
+use super::{DoctorError, FRAGMENTATION, Finding, FindingConfidence, Patient, Verified, size};
 use crate::replay::{self, ReplayOptions};
 use crate::trace::BlockState;
 use serde::Serialize;
@@ -130,7 +130,14 @@ fn finding(p: &Patient, position: usize, state: &State, internal: u64, external:
             size(before.peak_reserved)
         )
     });
-    Finding::new(FRAGMENTATION, title, recovered, evidence, why, fix).verified(Some(best)).estimate(estimate)
+    let finding = Finding::new(FRAGMENTATION, title, recovered, evidence, why, fix).verified(Some(best));
+    match estimate {
+        // The replays cannot start from the recorded state: their figures are another start's.
+        Some(e) => finding
+            .confidence(FindingConfidence::Medium, "the trace starts mid-run; the replays place what was live at its start afresh".into())
+            .estimate(Some(e)),
+        None => finding,
+    }
 }
 
 /// Among the positions where reserved is at its peak, the one with the most allocated.

@@ -7,7 +7,7 @@
 
 use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Phase, Steps};
-use super::{AllocationRef, Finding, GRADS_KEPT, Patient, StackBytes, size};
+use super::{AllocationRef, Finding, FindingConfidence, GRADS_KEPT, Patient, StackBytes, size};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -87,7 +87,11 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         top_stacks: steps::top_stacks(p, &kept, 3),
         allocations: steps::largest(p, &kept, 5),
     };
-    Some(Finding::new(GRADS_KEPT, title, bytes, evidence, why, fix).estimate(estimate))
+    let finding = Finding::new(GRADS_KEPT, title, bytes, evidence, why, fix).estimate(estimate);
+    Some(match s.has_optimizer {
+        true => finding,
+        false => finding.confidence(FindingConfidence::Medium, "no optimizer step shows in the trace: the gradients may be accumulating on purpose".into()),
+    })
 }
 
 /// The `candidates` that have the size of a parameter, each parameter matched once, the

@@ -7,7 +7,7 @@
 
 use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Steps};
-use super::{AllocationRef, Finding, GROWTH, Patient, StackBytes, size};
+use super::{AllocationRef, Finding, FindingConfidence, GROWTH, Patient, StackBytes, size};
 use rustc_hash::FxHashSet;
 use serde::Serialize;
 
@@ -127,11 +127,19 @@ pub(super) fn find(p: &Patient, s: &Steps, capacity: Option<u64>) -> Option<Find
         capacity_source,
         runs_out_at_iteration,
     };
-    Some(Finding::new(GROWTH, title, rate * (n as u64 - 3), evidence, why, fix).estimate(Some(format!(
+    let finding = Finding::new(GROWTH, title, rate * (n as u64 - 3), evidence, why, fix).estimate(Some(format!(
         "The iteration at which the card runs out assumes every later iteration keeps {} more than the peak so far ({}); \
              the bytes at stake are what iterations 2 to {} kept by the end.",
         size(rate),
         size(peak),
         n - 2
-    ))))
+    )));
+    // Fewer than three iterations examined: a steady state that warms up over a few steps looks the same.
+    Some(match n - 3 {
+        0..3 => finding.confidence(
+            FindingConfidence::Medium,
+            format!("seen over {} iteration{} only: a cache warming up over a few steps keeps memory too", n - 3, if n == 4 { "" } else { "s" }),
+        ),
+        _ => finding,
+    })
 }
