@@ -69,7 +69,8 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let events = p.timeline.events;
     let mut by_iteration: Vec<Vec<usize>> = vec![Vec::new(); s.iterations.len() + 1];
     for &id in &s.order {
-        if s.phase[id] == Some(Phase::Forward) && a.start[id] > 0 && !s.made_once[id] {
+        // A key/value cache is kept on purpose (generation), not for a backward.
+        if s.phase[id] == Some(Phase::Forward) && a.start[id] > 0 && !s.made_once[id] && !steps::is_kv_cache(p, id) {
             by_iteration[s.iteration_of(a.start[id])].push(id);
         }
     }

@@ -64,7 +64,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let mut remade = Vec::new();
     let mut steps_temporaries: Vec<usize> = Vec::new();
     // What an optimizer step can replace (made before the trace, or by a step), by end.
-    let mut by_end: Vec<usize> = order.iter().copied().filter(|&id| a.start[id] == 0 || s.phase[id] == Some(Phase::Optimizer)).collect();
+    let mut by_end: Vec<usize> = order.iter().copied().filter(|&id| a.start[id] == 0 || parameter[id] || s.phase[id] == Some(Phase::Optimizer)).collect();
     by_end.sort_by_key(|&id| a.end[id]);
     for (i, q) in s.passes.iter().enumerate().filter(|(_, q)| q.phase == Phase::Optimizer) {
         let end = s.passes.get(i + 1).map_or(events, |next| next.first);
@@ -74,7 +74,8 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         // Parameters this step freed, by size: an allocation it made and kept, of one of their
         // sizes, replaces one.
         let mut freed_parameters: rustc_hash::FxHashMap<u64, usize> = Default::default();
-        for id in (0..a.start.len()).filter(|&id| parameter[id] && a.end[id] > q.first && a.end[id] <= end) {
+        let freed = by_end.partition_point(|&id| a.end[id] <= q.first)..by_end.partition_point(|&id| a.end[id] <= end);
+        for &id in by_end[freed].iter().filter(|&&id| parameter[id]) {
             *freed_parameters.entry(steps::bytes(p, id)).or_default() += 1;
         }
         made.retain(|&id| match freed_parameters.get_mut(&steps::bytes(p, id)).filter(|_| steps::live_at(p, id, end)) {

@@ -133,11 +133,13 @@ pub(super) fn find(p: &Patient) -> Steps {
     }
 
     // Passes: runs of one phase, with each annotated optimizer step (which may allocate nothing).
-    let mut marks: Vec<(u32, Phase)> = order.iter().filter_map(|&id| Some((a.start[id], phase[id]?))).collect();
-    marks.extend(optimizer_steps.iter().map(|&(from, _)| (from, Phase::Optimizer)));
-    marks.sort_by_key(|&(x, _)| x);
+    let marks: Vec<(u32, Phase)> = order.iter().filter_map(|&id| Some((a.start[id], phase[id]?))).collect();
+    // A step's mark goes before an allocation at the same position (the step began before it).
+    let mut marks: Vec<(u32, bool, Phase)> = marks.into_iter().map(|(x, ph)| (x, true, ph)).collect();
+    marks.extend(optimizer_steps.iter().map(|&(from, _)| (from, false, Phase::Optimizer)));
+    marks.sort_by_key(|&(x, allocation, _)| (x, allocation));
     let mut passes: Vec<Pass> = Vec::new();
-    for (x, ph) in marks {
+    for (x, _, ph) in marks {
         match passes.last_mut() {
             Some(pass) if pass.phase == ph => pass.last = x,
             _ => passes.push(Pass { phase: ph, first: x, last: x }),
@@ -178,18 +180,33 @@ fn optimizer_annotations(p: &Patient) -> Vec<(u32, u32)> {
     }
     let position = |t: i64, inclusive: bool| trace.partition_point(|e| e.time_us.is_some_and(|x| if inclusive { x <= t } else { x < t })) as u32;
     let mut ranges = Vec::new();
-    let mut open = None;
+    // Nested steps (an optimizer wrapping another) count as the outermost; one left open (an
+    // out-of-memory inside the step) runs to the trace's end.
+    let (mut open, mut depth) = (None, 0usize);
     for note in p.snapshot.external_annotations.iter().flatten().filter(|n| n.device == p.device && n.name.starts_with("Optimizer.step")) {
         match (note.stage.as_str(), note.time_us) {
-            ("START", Some(t)) => open = Some(position(t, false) + 1),
-            ("END", Some(t)) => {
-                if let Some(from) = open.take() {
-                    ranges.push((from, position(t, true).max(from)));
+            ("START", Some(t)) => {
+                if depth == 0 {
+                    open = Some(position(t, false) + 1);
+                }
+                depth += 1;
+            }
+            ("END", Some(t)) if depth > 0 => {
+                depth -= 1;
+                if depth == 0
+                    && let Some(from) = open.take()
+                {
+                    // A step that allocates nothing is an empty range (to < from) at `from`.
+                    ranges.push((from, position(t, true)));
                 }
             }
             _ => {}
         }
     }
+    if let Some(from) = open {
+        ranges.push((from, trace.len() as u32));
+    }
+    ranges.sort_unstable();
     ranges
 }
 
