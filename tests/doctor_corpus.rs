@@ -10,12 +10,180 @@ mod common;
 use common::taught::{NEED_THE_OP, TAUGHT};
 use serde_json::Value;
 use std::path::Path;
-use tensormem::{doctor, trace};
+use tensormem::nn::optim::{Adam, Optimizer, Sgd};
+use tensormem::nn::{Architecture, Linear, Module, Transformer, TransformerConfig};
+use tensormem::tensor::Result;
+use tensormem::trace::Snapshot;
+use tensormem::{DType, Device, SimOptions, Tensor, autograd, doctor, trace};
 
 fn corpus() -> (std::path::PathBuf, Value) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/corpus");
     let labels: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("labels.json")).unwrap()).unwrap();
     (dir, labels)
+}
+
+/// The mistakes of issue 31 written with tensormem's engine on the simulated card: the same
+/// programs as the recordings, as tensormem traces them (its own frames and categories). Each
+/// returns the snapshot at the point its program dumps it; the doctor reads it back from the
+/// pickle, as a user's file.
+type EngineProgram = fn(&Device) -> Result<Snapshot>;
+const ENGINE_PROGRAMS: [(&str, EngineProgram); 11] = [
+    ("discarded-forward-mistake", |dev| discarded_forward::<()>(dev, None)),
+    ("discarded-forward-fix", |dev| discarded_forward(dev, Some(autograd::no_grad()))),
+    ("inference-mode", |dev| discarded_forward(dev, Some(autograd::inference_mode()))),
+    ("loss-history-mistake", |dev| loss_history(dev, false)),
+    ("loss-history-fix", |dev| loss_history(dev, true)),
+    ("setup-before-loop", setup_before_loop),
+    ("empty-cache-train", empty_cache_train),
+    ("grad-accumulation", grad_accumulation),
+    ("hand-written-optimizer", hand_written_optimizer),
+    ("dump-before-backward", dump_before_backward),
+    ("linear-forward", linear_forward),
+];
+
+fn engine_recordings() -> Vec<(&'static str, Snapshot)> {
+    ENGINE_PROGRAMS
+        .iter()
+        .map(|(name, program)| {
+            let dev = Device::sim(SimOptions::preset("H100-80GB"));
+            let snapshot = program(&dev).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (*name, trace::load(&trace::to_pickle(&snapshot)).unwrap())
+        })
+        .collect()
+}
+
+/// A small Llama-style model (4 layers of width 256) and one batch of 8 x 128 tokens.
+fn model(dev: &Device) -> Result<(Transformer, Tensor, Tensor)> {
+    let config = TransformerConfig {
+        architecture: Architecture::Llama,
+        vocab: 1000,
+        context: 128,
+        dim: 256,
+        layers: 4,
+        heads: 4,
+        hidden: 688,
+        dropout: 0.0,
+        dtype: DType::F32,
+    };
+    let model = Transformer::new(dev, config)?;
+    let ids: Vec<i64> = (0..8 * 128).map(|i| i * 7919 % 1000).collect();
+    let targets: Vec<i64> = ids.iter().map(|t| (t + 1) % 1000).collect();
+    Ok((model, dev.from_slice(&ids, &[8, 128])?, dev.from_slice(&targets, &[8, 128])?))
+}
+
+/// `for x in batches: out = model(x)`: each forward's result rebound, under `guard` if any.
+fn discarded_forward<G>(dev: &Device, guard: Option<G>) -> Result<Snapshot> {
+    let (model, ids, _) = model(dev)?;
+    let _guard = guard;
+    let mut out = None;
+    for _ in 0..4 {
+        out = Some(model.forward(&ids, false)?);
+    }
+    drop(out);
+    Ok(dev.snapshot())
+}
+
+/// Validation losses summed without backward: `total += loss` keeps every forward's graph;
+/// `total += loss.item()` (here: the loss dropped, as item() leaves a host number) keeps none.
+fn loss_history(dev: &Device, fix: bool) -> Result<Snapshot> {
+    let (model, ids, targets) = model(dev)?;
+    let mut total: Option<Tensor> = None;
+    for _ in 0..5 {
+        let loss = model.loss(&ids, &targets, false)?;
+        if !fix {
+            total = Some(match total {
+                Some(t) => t.add(&loss)?,
+                None => loss,
+            });
+        }
+    }
+    drop(total);
+    Ok(dev.snapshot())
+}
+
+/// Setup before the loop (the model built, then loaded from a checkpoint: a copy into every
+/// parameter), then a clean AdamW loop.
+fn setup_before_loop(dev: &Device) -> Result<Snapshot> {
+    let (model, ids, targets) = model(dev)?;
+    for p in model.parameters() {
+        let _no_grad = autograd::no_grad();
+        p.copy_(&dev.randn(p.shape(), p.dtype())?)?;
+    }
+    let mut optimizer = Adam::adamw(model.parameters(), 1e-3, 0.01);
+    for _ in 0..4 {
+        optimizer.zero_grad(true)?;
+        model.loss(&ids, &targets, true)?.backward()?;
+        optimizer.step()?;
+    }
+    Ok(dev.snapshot())
+}
+
+/// SGD with momentum, a 64 MiB scratch buffer that grows by 16 KiB a step, and the program's
+/// own `empty_cache()` after the third step.
+fn empty_cache_train(dev: &Device) -> Result<Snapshot> {
+    let (model, ids, targets) = model(dev)?;
+    let mut optimizer = Sgd::new(model.parameters(), 1e-3, 0.9, 0.0);
+    for step in 0..6 {
+        let scratch = dev.randn(&[(16 << 20) + step * 4096], DType::F32)?;
+        optimizer.zero_grad(true)?;
+        model.loss(&ids, &targets, true)?.backward()?;
+        optimizer.step()?;
+        drop(scratch);
+        if step == 2 {
+            dev.empty_cache();
+        }
+    }
+    Ok(dev.snapshot())
+}
+
+/// Deliberate gradient accumulation: four backwards per AdamW step.
+fn grad_accumulation(dev: &Device) -> Result<Snapshot> {
+    let (model, ids, targets) = model(dev)?;
+    let mut optimizer = Adam::adamw(model.parameters(), 1e-3, 0.01);
+    for _ in 0..3 {
+        for _ in 0..4 {
+            model.loss(&ids, &targets, true)?.div_scalar(4.0)?.backward()?;
+        }
+        optimizer.step()?;
+        optimizer.zero_grad(true)?;
+    }
+    Ok(dev.snapshot())
+}
+
+/// SGD by hand under no_grad (`p -= lr * p.grad`): no optimizer, no state.
+fn hand_written_optimizer(dev: &Device) -> Result<Snapshot> {
+    let (model, ids, targets) = model(dev)?;
+    for _ in 0..4 {
+        for p in model.parameters() {
+            p.set_grad(None);
+        }
+        model.loss(&ids, &targets, true)?.backward()?;
+        let _no_grad = autograd::no_grad();
+        for p in model.parameters() {
+            let g = p.grad().expect("backward made every gradient");
+            p.sub_(&g.mul_scalar(1e-3)?)?;
+        }
+    }
+    Ok(dev.snapshot())
+}
+
+/// One forward and its loss, the snapshot dumped before backward.
+fn dump_before_backward(dev: &Device) -> Result<Snapshot> {
+    let (model, ids, targets) = model(dev)?;
+    let loss = model.loss(&ids, &targets, true)?;
+    let snapshot = dev.snapshot();
+    loss.backward()?;
+    Ok(snapshot)
+}
+
+/// One `Linear(5000, 25000)` forward with grad on a 10000 x 5000 input made for it: the output
+/// (953.67 MiB) lives either way; grad keeps the input (190.73 MiB) for the weight's gradient.
+fn linear_forward(dev: &Device) -> Result<Snapshot> {
+    let layer = Linear::new(dev, "layer", 5000, 25000, true, DType::F32)?;
+    let out = layer.forward(&dev.randn(&[10000, 5000], DType::F32)?)?;
+    let snapshot = dev.snapshot();
+    drop(out);
+    Ok(snapshot)
 }
 
 #[test]
@@ -31,7 +199,12 @@ fn every_recording_is_labelled_with_known_kinds_and_loads_with_its_stacks() {
     let mut labelled: Vec<String> = files.keys().cloned().collect();
     labelled.sort();
     assert_eq!(on_disk, labelled, "every recording has a label and every label a recording");
-    for (name, label) in labels["shared"].as_object().unwrap() {
+    let mut programs: Vec<&str> = ENGINE_PROGRAMS.iter().map(|(name, _)| *name).collect();
+    let mut engine: Vec<&str> = labels["engine"].as_object().unwrap().keys().map(String::as_str).collect();
+    programs.sort();
+    engine.sort();
+    assert_eq!(programs, engine, "every engine program has a label and every label a program");
+    for (name, label) in labels["shared"].as_object().unwrap().iter().chain(labels["engine"].as_object().unwrap()) {
         for key in ["expect", "absent", "inconclusive"] {
             for kind in label[key].as_array().unwrap() {
                 assert!(doctor::KINDS.contains(&kind.as_str().unwrap()), "{name}: {key} names an unknown kind {kind}");
@@ -71,10 +244,9 @@ struct Check {
     holds: bool,
 }
 
-fn judge(file: &str, path: &Path, label: &Value) -> Vec<Check> {
-    let snapshot = trace::load_file(path).unwrap_or_else(|e| panic!("{file}: {e}"));
+fn judge(file: &str, snapshot: &Snapshot, label: &Value) -> Vec<Check> {
     let options = doctor::DoctorOptions { device: label["device"].as_i64(), capacity: None };
-    let d = doctor::diagnose(&snapshot, &options).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let d = doctor::diagnose(snapshot, &options).unwrap_or_else(|e| panic!("{file}: {e}"));
     let problems = problems(&d);
     let mut checks = Vec::new();
     for asked in ["expect", "absent", "inconclusive"] {
@@ -86,18 +258,26 @@ fn judge(file: &str, path: &Path, label: &Value) -> Vec<Check> {
     checks
 }
 
-/// Every labelled file: the corpus recorded for the doctor, then the files under ../shared/fixtures
-/// (None where that folder is missing, outside CI).
+fn load(file: &str, path: &Path) -> Snapshot {
+    trace::load_file(path).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// Every labelled file: the corpus recorded for the doctor, the programs written with
+/// tensormem's engine, then the files under ../shared/fixtures (None where that folder is
+/// missing, outside CI).
 fn all_checks() -> Option<Vec<Check>> {
     let (dir, labels) = corpus();
     let shared = common::fixtures_dir()?.parent().unwrap().to_path_buf();
     let mut checks = Vec::new();
     for (name, label) in labels["files"].as_object().unwrap() {
-        checks.extend(judge(name, &dir.join(format!("{name}.pickle")), label));
+        checks.extend(judge(name, &load(name, &dir.join(format!("{name}.pickle"))), label));
+    }
+    for (name, snapshot) in engine_recordings() {
+        checks.extend(judge(&format!("engine/{name}"), &snapshot, &labels["engine"][name]));
     }
     for (name, label) in labels["shared"].as_object().unwrap() {
         let file = name.split('#').next().unwrap();
-        checks.extend(judge(name, &shared.join(file), label));
+        checks.extend(judge(name, &load(name, &shared.join(file)), label));
     }
     Some(checks)
 }
@@ -162,4 +342,36 @@ fn python_only_stacks_say_once_what_they_cannot_show() {
     assert_eq!(python.notes.len(), 1, "{:?}", python.notes);
     assert!(python.notes[0].contains("stacks=\"all\""), "{}", python.notes[0]);
     assert!(diagnose("clean-train-all-stacks.pickle").notes.is_empty());
+}
+
+#[test]
+fn the_engine_programs_are_judged_like_the_recordings() {
+    // Runs without ../shared/fixtures: the programs need nothing but the engine.
+    let (_, labels) = corpus();
+    let mut wrong = Vec::new();
+    for (name, snapshot) in engine_recordings() {
+        let d = doctor::diagnose(&snapshot, &doctor::DoctorOptions::default()).unwrap();
+        let all: Vec<String> = d.findings.iter().map(|f| format!("{} ({:?}) {}", f.kind, f.confidence, f.title)).collect();
+        eprintln!("{name}:\n  {}", all.join("\n  "));
+        wrong.extend(judge(name, &snapshot, &labels["engine"][name]).into_iter().filter(|c| !c.holds).map(|c| format!("{name}: {} {}", c.asked, c.kind)));
+    }
+    assert!(wrong.is_empty(), "{wrong:?}");
+}
+
+#[test]
+fn a_single_forward_is_not_charged_its_output() {
+    // One Linear(5000, 25000) forward with grad, dumped with its output alive: the 953.67 MiB
+    // output lives with or without no_grad, so no finding may call it grad's cost; what grad
+    // keeps (the input, saved for the weight's gradient) cannot be told from a tensor the
+    // program still holds, so the doctor does not claim a graph at all.
+    let dev = Device::sim(SimOptions::preset("H100-80GB"));
+    let snapshot = trace::load(&trace::to_pickle(&linear_forward(&dev).unwrap())).unwrap();
+    let d = doctor::diagnose(&snapshot, &doctor::DoctorOptions::default()).unwrap();
+    let output = 10_000 * 25_000 * 4;
+    assert!(
+        d.findings.iter().all(|f| f.kind == doctor::PEAK || f.kind == doctor::INTERMEDIATES || f.bytes != output),
+        "{:?}",
+        d.findings.iter().map(|f| &f.title).collect::<Vec<_>>()
+    );
+    assert!(problems(&d).is_empty(), "{:?}", problems(&d));
 }

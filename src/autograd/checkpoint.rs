@@ -19,6 +19,8 @@ where
     let rng = device.rng_state();
     let out = {
         let _no_grad = no_grad();
+        // As torch/utils/checkpoint.py on PyTorch's stacks: the forward run under it shows.
+        let _scope = device.scope("checkpoint");
         f(&inputs.iter().map(|t| t.share()).collect::<Vec<_>>())?
     };
     // As PyTorch's reentrant checkpoint: with no input requiring grad, nothing flows back.

@@ -103,15 +103,15 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let (confidence, reason) = match (torn_down, &frames) {
         (2.., _) => (FindingConfidence::High, String::new()),
         (1, _) => (FindingConfidence::Medium, "one forward shows its graph torn down; more forwards would confirm it".to_string()),
-        // tensormem's own traces know their model; PyTorch's autograd frames (VariableType,
-        // autograd.Function) appear under no_grad too, so they alone prove nothing.
-        (0, Some(_)) if s.tensormem => (FindingConfidence::Medium, "the trace shows a model; no forward's tensors were seen freed together".to_string()),
         (0, _) if to_the_end > 0 => (
             FindingConfidence::Inconclusive,
             "what the forward holds is still allocated where the trace ends: if the recording stopped before a backward (a \
              snapshot dumped between forward and backward, or a device of a run that died elsewhere), the graph was needed"
                 .to_string(),
         ),
+        // tensormem's own traces know their model; PyTorch's autograd frames (VariableType,
+        // autograd.Function) appear under no_grad too, so they alone prove nothing.
+        (0, Some(_)) if s.tensormem => (FindingConfidence::Medium, "the trace shows a model; no forward's tensors were seen freed together".to_string()),
         // Held past the forward but freed one at a time: a cache or a list, not a graph.
         (0, _) => return None,
     };

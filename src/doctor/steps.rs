@@ -7,12 +7,13 @@
 //! `torch/autograd` or on the autograd engine's thread, the optimizer under `torch/optim`, the
 //! forward inside a module call); tensormem's own traces name the autograd node of a backward op
 //! (`mm (MmBackward0)`), run the optimizer in `src/nn/optim`, and carry a category (parameters
-//! and inputs are no pass; any other allocation with a stack is the forward's).
+//! and inputs are no pass; any other allocation inside a module's scope is the forward's, as
+//! inside a module call in PyTorch).
 //!
 //! An iteration starts with each forward pass that follows a backward pass or an optimizer step.
 //! A trace with neither (inference, evaluation, a loop that never calls backward) is one
-//! iteration, except in tensormem's traces: their stacks name the module scope, so within one
-//! forward no stack repeats, and the earliest stack that does marks each iteration. (PyTorch's
+//! iteration, except in tensormem's traces: their stacks name the module scope, so the earliest
+//! stack that recurs only after a whole forward marks each iteration. (PyTorch's
 //! Python stacks repeat across the layers of one forward: splitting there would find layers.)
 
 use super::kinds::Material;
@@ -257,16 +258,35 @@ pub(super) fn parameter_sizes(p: &Patient, iterations: &[u32]) -> rustc_hash::Fx
     sizes
 }
 
-/// The starts of the earliest forward stack that occurs more than once.
+/// The starts of the earliest forward stack that recurs only after a whole forward: between two
+/// of its allocations at least half of the forward's distinct stacks occur. (A stack may recur
+/// within one forward, as two multiplications in one norm do; the first op of a forward recurs
+/// only in the next one.) One iteration when no stack does.
 fn by_repetition(p: &Patient, order: &[usize], phase: &[Option<Phase>]) -> Vec<u32> {
     let a = &p.timeline.allocations;
     let forward: Vec<usize> = order.iter().copied().filter(|&id| phase[id] == Some(Phase::Forward) && a.stack[id] != u32::MAX).collect();
-    let mut count: rustc_hash::FxHashMap<u32, usize> = Default::default();
-    for &id in &forward {
-        *count.entry(a.stack[id]).or_default() += 1;
+    let mut at: rustc_hash::FxHashMap<u32, Vec<usize>> = Default::default();
+    for (i, &id) in forward.iter().enumerate() {
+        at.entry(a.stack[id]).or_default().push(i);
     }
-    match forward.iter().find(|&&id| count[&a.stack[id]] >= 2) {
-        Some(&anchor) => forward.iter().filter(|&&id| a.stack[id] == a.stack[anchor]).map(|&id| a.start[id]).collect(),
+    let distinct = at.len();
+    let whole_forward_between = |positions: &[usize]| {
+        positions.windows(2).all(|w| {
+            let between: rustc_hash::FxHashSet<u32> = forward[w[0]..w[1]].iter().map(|&id| a.stack[id]).collect();
+            2 * between.len() >= distinct
+        })
+    };
+    // The candidates in the order they first occur; a few suffice (the first op of the forward
+    // is among the first), and each is checked in one pass over the forward.
+    let mut seen: rustc_hash::FxHashSet<u32> = Default::default();
+    let anchor = forward
+        .iter()
+        .map(|&id| a.stack[id])
+        .filter(|&stack| seen.insert(stack) && at[&stack].len() >= 2)
+        .take(16)
+        .find(|stack| whole_forward_between(&at[stack]));
+    match anchor {
+        Some(stack) => at[&stack].iter().map(|&i| a.start[forward[i]]).collect(),
         None => forward.first().map(|&id| vec![a.start[id]]).unwrap_or_default(),
     }
 }
@@ -364,7 +384,10 @@ fn category_phase(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
         Some(Category::OptimizerState) => Some(Phase::Optimizer),
         Some(Category::Parameter | Category::Input) => None,
         Some(_) => Some(Phase::Forward),
-        None if tensormem && frames().next().is_some() => Some(Phase::Forward),
+        // Inside a module's scope (a frame with a name and no file): the forward, as PyTorch's
+        // allocations inside a module call are. What the program does outside any module (its
+        // inputs, a scratch buffer, a hand-written update) is no pass.
+        None if tensormem => frames().any(|f| f.filename.is_empty() && !f.name.is_empty()).then_some(Phase::Forward),
         None => None,
     }
 }
