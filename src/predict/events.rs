@@ -23,6 +23,8 @@ pub struct Program {
     pub at_start: usize,
     /// Per entry (allocations only): the allocation is never freed in the trace.
     pub kept: Vec<bool>,
+    /// Per entry: the index of the trace entry it comes from (None: live at the start).
+    pub trace_index: Vec<Option<usize>>,
 }
 
 pub const NO_ALLOC: usize = usize::MAX;
@@ -89,19 +91,24 @@ fn code(action: Action) -> u64 {
 }
 
 impl Program {
-    fn push(&mut self, e: TraceEntry, stack: u32, alloc: usize) {
+    fn push(&mut self, e: TraceEntry, stack: u32, alloc: usize, trace_index: Option<usize>) {
+        self.trace_index.push(trace_index);
         self.alloc_of.push(alloc);
         self.kept.push(e.action == Action::Alloc);
         self.entries.push(e);
         self.stacks.push(stack);
     }
-    /// Each entry's key: its action and its allocation's stack as `stack_id` maps it; an
-    /// allocation without frames is known by its size instead.
+    /// Each entry's key: its action and its allocation's stack as `stack_id` maps it. An
+    /// allocation without frames in a trace that has frames was made by a thread without Python
+    /// (the autograd engine's, with `stacks="python"`): those share one key, whatever their size
+    /// (which the variables change). In a trace without any frames, the size is all there is.
     pub fn keys(&self, stack_id: &[u32]) -> Vec<u64> {
+        let framed = self.stacks.iter().any(|&s| s != 0);
         (0..self.entries.len())
             .map(|i| {
                 let identity = match self.alloc_of[i] {
                     NO_ALLOC => 0,
+                    a if self.stacks[a] == 0 && framed => 1 << 56,
                     a if self.stacks[a] == 0 => (1 << 56) | (self.entries[a].size & ((1 << 56) - 1)),
                     a => stack_id[self.stacks[a] as usize] as u64,
                 };
@@ -116,7 +123,8 @@ pub fn program(snapshot: &Snapshot, device: i64, config: &AllocatorConfig, stack
     let trace = snapshot.trace_of(device);
     let final_segments: Vec<_> = snapshot.segments_of(device).collect();
     let start = replay::start_state(&final_segments, trace, config);
-    let mut p = Program { entries: Vec::with_capacity(trace.len()), stacks: Vec::new(), alloc_of: Vec::new(), at_start: 0, kept: Vec::new() };
+    let mut p =
+        Program { entries: Vec::with_capacity(trace.len()), stacks: Vec::new(), alloc_of: Vec::new(), at_start: 0, kept: Vec::new(), trace_index: Vec::new() };
     // Address -> index of the live allocation's entry.
     let mut live: FxHashMap<u64, usize> = FxHashMap::default();
 
@@ -133,9 +141,9 @@ pub fn program(snapshot: &Snapshot, device: i64, config: &AllocatorConfig, stack
         e.frames = (!b.frames.is_empty()).then(|| b.frames.clone());
         let at = p.entries.len();
         live.insert(b.address, at);
-        p.push(e.clone(), stack, at);
+        p.push(e.clone(), stack, at, None);
         if b.state == BlockState::ActivePendingFree {
-            p.push(TraceEntry { action: Action::FreeRequested, ..e }, stack, at);
+            p.push(TraceEntry { action: Action::FreeRequested, ..e }, stack, at, None);
         }
     }
     p.at_start = p.entries.len();
@@ -148,7 +156,7 @@ pub fn program(snapshot: &Snapshot, device: i64, config: &AllocatorConfig, stack
                 let stack = stacks.id(e.frames.as_ref());
                 let at = p.entries.len();
                 live.insert(e.addr, at);
-                p.push(e.clone(), stack, at);
+                p.push(e.clone(), stack, at, Some(i));
             }
             Action::FreeRequested | Action::FreeCompleted => {
                 let alloc = live.get(&e.addr).copied();
@@ -159,13 +167,13 @@ pub fn program(snapshot: &Snapshot, device: i64, config: &AllocatorConfig, stack
                 if e.action == Action::FreeCompleted {
                     live.remove(&e.addr);
                 }
-                p.push(e.clone(), stack, alloc.unwrap_or(NO_ALLOC));
+                p.push(e.clone(), stack, alloc.unwrap_or(NO_ALLOC), Some(i));
             }
             Action::SegmentFree | Action::SegmentUnmap => {
                 let end = trace[i..].iter().position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)).map_or(trace.len(), |n| i + n);
                 if asked_for(e, trace.get(end)) {
                     // One entry stands for the burst: the replay empties the cache once.
-                    p.push(TraceEntry { addr: 0, size: 0, ..e.clone() }, 0, NO_ALLOC);
+                    p.push(TraceEntry { addr: 0, size: 0, ..e.clone() }, 0, NO_ALLOC, Some(i));
                 }
                 i = end;
                 continue;

@@ -29,7 +29,7 @@ pub use sweep::{Peak, predict_or_fit, sweep, sweep_values};
 use crate::alloc::{AllocatorConfig, ConfigError};
 use crate::replay::{self, ReplayError, ReplayOptions, StartMode};
 use crate::trace::{self, Action, Category, Snapshot, Totals, TraceEntry};
-use events::{Program, Stacks};
+use events::{NO_ALLOC, Program, Stacks};
 use law::Fitter;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -321,11 +321,13 @@ impl<'r, 'a> Model<'r, 'a> {
         }
         let single = recordings.len() == 1;
         if !single && aligned_allocs(base, &matched) * 2 < allocs {
+            let other = &programs[others[0]];
             return Err(PredictError::Input(format!(
-                "{} and {} do not look like one program: only {} of {allocs} allocations align (same stacks in the same order)",
+                "{} and {} do not look like one program: only {} of {allocs} allocations align (same stacks in the same order); {}",
                 recordings[reference].label,
                 recordings[others[0]].label,
-                aligned_allocs(base, &matched)
+                aligned_allocs(base, &matched),
+                first_difference(base, other, &stacks, (&recordings[reference].label, &recordings[others[0]].label))
             )));
         }
 
@@ -524,6 +526,26 @@ impl<'r, 'a> Model<'r, 'a> {
 fn align_all(programs: &[Program], reference: usize, others: &[usize], stack_id: &[u32]) -> Vec<Vec<u32>> {
     let base = programs[reference].keys(stack_id);
     others.iter().map(|&o| align::align(&base, &programs[o].keys(stack_id))).collect()
+}
+
+/// Where two recordings' events first differ, in words: each one's trace entry there, its
+/// action and stack (or that one ends there).
+fn first_difference(a: &Program, b: &Program, stacks: &Stacks, labels: (&str, &str)) -> String {
+    let strict: Vec<u32> = (0..stacks.frames.len() as u32).collect();
+    let (ka, kb) = (a.keys(&strict), b.keys(&strict));
+    let at = ka.iter().zip(&kb).take_while(|(x, y)| x == y).count();
+    let describe = |p: &Program, label: &str| match p.entries.get(at) {
+        None => format!("{label} has no more events"),
+        Some(e) => {
+            let place = p.trace_index[at].map_or("an allocation live at its start".to_string(), |i| format!("trace entry {i}"));
+            let stack = match p.alloc_of[at] {
+                NO_ALLOC => "no allocation".to_string(),
+                alloc => stack_name(&stacks.frames[p.stacks[alloc] as usize]),
+            };
+            format!("{label} has {place}, {} of {} at {stack}", e.action.name(), crate::alloc::format_size(e.size))
+        }
+    };
+    format!("they first differ at their event {at}: {}; {}", describe(a, labels.0), describe(b, labels.1))
 }
 
 /// The reference's allocations with a counterpart in every other recording.
