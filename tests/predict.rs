@@ -134,6 +134,12 @@ fn one_recording_gives_a_weak_prediction_from_factors() {
     assert!(p.laws.iter().all(|l| l.basis == Basis::Factors));
     assert!(p.laws.iter().any(|l| l.law.contains("context")));
     assert!(p.peak_allocated_bytes > 0);
+    // Nothing checks a guess: every byte at the peak is extrapolated, and the prediction says so.
+    let h = &p.how_sure;
+    assert_eq!((h.checked_bytes, h.recorded_size_bytes, h.checked_share), (0, 0, 0.0));
+    assert!(h.extrapolated_bytes >= p.peak_allocated_bytes / 2, "{h:?}");
+    assert_eq!(h.beyond_recorded, 4.0);
+    assert!(h.warning.as_deref().is_some_and(|w| w.contains("no recording checks")), "{h:?}");
 }
 
 #[test]
@@ -298,7 +304,13 @@ fn recordings_with_python_stacks_align_their_backward() {
         }
         assert!(p.peak_allocated_bytes > previous);
         previous = p.peak_allocated_bytes;
+        // Every size at the peak follows a constant or a one-term law that both contexts check,
+        // and 2048 is 4x past 512: near enough to say nothing more.
+        assert_eq!((p.how_sure.checked_share, p.how_sure.warning.as_deref()), (1.0, None), "at {context}");
     }
+    let far = predict_at(&recordings, 8192);
+    assert_eq!(far.how_sure.beyond_recorded, 16.0);
+    assert!(far.how_sure.warning.as_deref().is_some_and(|w| w.starts_with("context=8192 lies 16.0x beyond")), "{:?}", far.how_sure);
 
     // GPT-2 at context 1024 against PyTorch's own run of it (h100-twins/gpt2-train.pickle).
     let gpt2 = [load("gpt2-train-ctx256.pickle"), load("gpt2-train-ctx512.pickle")];

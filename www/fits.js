@@ -172,6 +172,7 @@ export function setUpFits({ ask, load, presets, showProgress, hideProgress, down
 
   function show(out, r) {
     const p = out.prediction;
+    const h = p.how_sure;
     const target = Object.entries(p.target).map(([k, v]) => `${k}=${v}`).join(', ');
     const f = p.fit;
     const largest = (v) => (v == null ? `none (not even ${f.variable}=1)` : v >= f.search_limit ? `${v.toLocaleString('en-US')} or more` : v.toLocaleString('en-US'));
@@ -185,7 +186,11 @@ export function setUpFits({ ask, load, presets, showProgress, hideProgress, down
         <tr><td>peak phase</td><td class="num">${escape(p.peak_phase || 'unknown')}</td></tr>
         <tr><td>out of memory${out.capacity_bytes ? ` on ${escape(r.card)}` : ''}</td><td class="num" data-testid="fits-oom">${p.out_of_memory ? escape(p.out_of_memory) : 'no'}</td></tr>
         <tr><td>aligned</td><td class="num">${(100 * p.aligned_fraction).toFixed(2)}% of allocations; ${formatBytes(p.unaligned_bytes)} unaligned</td></tr>
+        <tr><td>how sure</td><td class="num" data-testid="fits-how-sure" data-checked-share="${h.checked_share}"
+          title="${formatBytes(h.extrapolated_bytes)} on laws only fitted through the recordings; ${formatBytes(h.recorded_size_bytes)} at a recorded size">
+          ${(100 * h.checked_share).toFixed(1)}% of the bytes at the peak on laws a recording checks</td></tr>
       </table>
+      ${h.warning ? `<p class="warning" data-testid="fits-warning">${escape(h.warning)}</p>` : ''}
       ${f ? `<p class="fits-largest" data-testid="fits-largest" data-value="${f.largest ?? ''}" data-expandable="${f.largest_expandable ?? ''}">
         Largest ${escape(f.variable)} that fits ${escape(r.card)} (${formatBytes(f.capacity_bytes)}):
         <strong>${largest(f.largest)}</strong> with ${f.settings === '(defaults)' ? 'the default settings' : escape(f.settings)};

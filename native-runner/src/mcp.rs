@@ -480,8 +480,9 @@ fn tools() -> Vec<Value> {
              (the user says which values each was recorded at): allocations aligned, each size's law fitted, the trace at \
              the target replayed through the caching allocator. With fit and capacity, also the largest value that fits \
              the card (with the recordings' settings and with expandable_segments:True). Returns {target, \
-             peak_allocated_bytes, peak_reserved_bytes, peak_phase, out_of_memory, aligned_fraction, unaligned_bytes, laws, \
-             fit}, as `tensormem predict --json`.",
+             peak_allocated_bytes, peak_reserved_bytes, peak_phase, out_of_memory, aligned_fraction, unaligned_bytes, how_sure \
+             (the bytes at the peak on checked laws, extrapolated ones and recorded sizes; a warning far outside the \
+             recorded values), laws, fit}, as `tensormem predict --json`.",
             schema(
                 vec![
                     (

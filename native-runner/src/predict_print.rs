@@ -27,6 +27,18 @@ pub fn print(p: &Prediction, recordings: &[(String, Values)]) {
         None => println!("  {:<16} none", "out of memory"),
     }
     println!("  {:<16} {:.2}% of allocations; {} unaligned", "aligned", 100.0 * p.aligned_fraction, format_size(p.unaligned_bytes));
+    let h = &p.how_sure;
+    println!(
+        "  {:<16} {:.1}% of the bytes at the peak rest on laws a recording checks ({}); {} on laws only fitted through the recordings; {} at a recorded size",
+        "how sure",
+        100.0 * h.checked_share,
+        format_size(h.checked_bytes),
+        format_size(h.extrapolated_bytes),
+        format_size(h.recorded_size_bytes)
+    );
+    if let Some(warning) = &h.warning {
+        println!("  WARNING: {warning}");
+    }
     if let Some(f) = &p.fit {
         let largest = |v: Option<u64>| match v {
             None => format!("none (not even {}=1)", f.variable),

@@ -455,7 +455,18 @@ fn predict_json_has_exactly_the_contract_fields_and_writes_the_predicted_trace()
     keys.sort_unstable();
     assert_eq!(
         keys,
-        ["aligned_fraction", "fit", "laws", "out_of_memory", "peak_allocated_bytes", "peak_phase", "peak_reserved_bytes", "target", "unaligned_bytes"]
+        [
+            "aligned_fraction",
+            "fit",
+            "how_sure",
+            "laws",
+            "out_of_memory",
+            "peak_allocated_bytes",
+            "peak_phase",
+            "peak_reserved_bytes",
+            "target",
+            "unaligned_bytes"
+        ]
     );
     assert_eq!(v["target"], serde_json::json!({"context": 128}));
     assert!(v["fit"].is_null() && v["out_of_memory"].is_null());

@@ -45,6 +45,17 @@ pub enum Basis {
     Unaligned,
 }
 
+/// What a predicted size rests on, from most to least sure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sureness {
+    /// A law that a recording checks beyond those that determine it.
+    Checked,
+    /// A law that only passes through the recordings (or a guess from one recording's factors).
+    Extrapolated,
+    /// No law: the nearest recording's size stands.
+    RecordedSize,
+}
+
 impl Law {
     pub fn constant(size: u64, basis: Basis, variables: usize) -> Law {
         Law { terms: vec![(Coefficient::Integer(size as i128), vec![0; variables])], basis }
@@ -64,6 +75,19 @@ impl Law {
         let total = exact as f64 + fraction;
         let bytes = if fraction == 0.0 { exact } else { total.ceil() as i128 };
         bytes.clamp(1, u64::MAX as i128) as u64
+    }
+
+    /// How far the law is to be trusted, given how many distinct points the recordings give:
+    /// a law with integer coefficients and fewer terms than points is checked by a recording
+    /// beyond those that determine it (a constant seen twice, `4096*context` through two
+    /// contexts); one with as many terms as points only passes through them.
+    pub fn sureness(&self, points: usize) -> Sureness {
+        let integer = self.terms.iter().all(|(c, _)| matches!(c, Coefficient::Integer(_)));
+        match self.basis {
+            Basis::Fitted if integer && self.terms.len() < points => Sureness::Checked,
+            Basis::Fitted | Basis::Factors => Sureness::Extrapolated,
+            Basis::Unfitted | Basis::Unaligned => Sureness::RecordedSize,
+        }
     }
 
     pub fn is_constant(&self) -> bool {
@@ -312,6 +336,24 @@ mod tests {
         let law = f.fit(&[vec![3], vec![5]], &[1, 2]);
         assert!(matches!(law.terms[0].0, Coefficient::Fraction(_)), "{law:?}");
         assert_eq!(law.eval(&[7]), 3);
+    }
+
+    #[test]
+    fn a_law_is_checked_only_by_a_point_it_was_not_solved_from() {
+        let mut f = Fitter::new(1);
+        let two = [vec![256], vec![512]];
+        // A constant and a one-term law through two contexts: the second point checks the first.
+        assert_eq!(f.fit(&two, &[4096, 4096]).sureness(2), Sureness::Checked);
+        assert_eq!(f.fit(&two, &[256 * 4096, 512 * 4096]).sureness(2), Sureness::Checked);
+        // Two terms through two points: any two sizes have one; a third point would check it.
+        let affine = f.fit(&two, &[256 * 4096 + 512, 512 * 4096 + 512]);
+        assert_eq!((affine.terms.len(), affine.sureness(2)), (2, Sureness::Extrapolated));
+        let three = [vec![256], vec![512], vec![1024]];
+        assert_eq!(f.fit(&three, &[256 * 4096 + 512, 512 * 4096 + 512, 1024 * 4096 + 512]).sureness(3), Sureness::Checked);
+        assert_eq!(f.fit(&[vec![3], vec![5]], &[1, 2]).sureness(2), Sureness::Extrapolated, "fractional coefficients");
+        assert_eq!(from_factors(4096, &[256], true).sureness(1), Sureness::Extrapolated);
+        assert_eq!(Law::constant(4096, Basis::Unaligned, 1).sureness(2), Sureness::RecordedSize);
+        assert_eq!(Law::constant(4096, Basis::Unfitted, 1).sureness(2), Sureness::RecordedSize);
     }
 
     #[test]

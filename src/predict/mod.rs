@@ -114,6 +114,9 @@ pub struct Prediction {
     pub aligned_fraction: f64,
     /// Bytes requested by the allocations without one, summed over the recordings.
     pub unaligned_bytes: u64,
+    /// How far to trust the figures: what the bytes at the peak rest on, and how far the
+    /// target lies outside the recorded values.
+    pub how_sure: HowSure,
     /// Per stack and law: what grows with what, largest at the target first.
     pub laws: Vec<StackLaw>,
     /// The largest value that fits (`--fit`), when asked for.
@@ -141,6 +144,88 @@ pub struct Prediction {
     /// The predicted trace as replayed (segments and trace with the recorded stacks).
     #[serde(skip)]
     pub snapshot: Option<Snapshot>,
+}
+
+/// How far to trust a prediction. The bytes live at the predicted peak (requested), by what
+/// their sizes rest on: a law a recording checks beyond those that determine it (constants seen
+/// in every recording, one-term laws through two sizes), a law that only passes through the
+/// recordings (two terms through two sizes, fractional coefficients, a guess from one
+/// recording's factors), or no law (the nearest recording's size stands).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HowSure {
+    pub checked_bytes: u64,
+    pub extrapolated_bytes: u64,
+    pub recorded_size_bytes: u64,
+    /// `checked_bytes` over the bytes live at the peak (1 when none are).
+    pub checked_share: f64,
+    /// How many times beyond the recorded range the target lies: over all variables, the target
+    /// over the largest recorded value, or the smallest recorded value over the target (1:
+    /// within the range).
+    pub beyond_recorded: f64,
+    /// Said when the target is far outside the recorded range or most bytes are extrapolated.
+    pub warning: Option<String>,
+}
+
+/// A target more than this many times beyond the recorded values is far outside them.
+const FAR_BEYOND: f64 = 4.0;
+
+impl HowSure {
+    /// From the predicted trace (`entries`, with each allocation's sureness) and the variables.
+    fn new(entries: &[TraceEntry], sureness: &[Option<law::Sureness>], vars: &Variables) -> HowSure {
+        use law::Sureness;
+        let mut live: FxHashMap<u64, (u64, Sureness)> = FxHashMap::default();
+        let mut now = [0u64; 3];
+        let (mut peak, mut at_peak) = (0u64, [0u64; 3]);
+        let slot = |s: Sureness| s as usize;
+        for (e, s) in entries.iter().zip(sureness) {
+            match (e.action, s) {
+                (Action::Alloc, Some(s)) => {
+                    if let Some((size, old)) = live.insert(e.addr, (e.size, *s)) {
+                        now[slot(old)] -= size;
+                    }
+                    now[slot(*s)] += e.size;
+                }
+                (Action::FreeRequested, _) => {
+                    if let Some((size, old)) = live.remove(&e.addr) {
+                        now[slot(old)] -= size;
+                    }
+                }
+                _ => {}
+            }
+            let total = now.iter().sum::<u64>();
+            if total > peak {
+                (peak, at_peak) = (total, now);
+            }
+        }
+        // Per variable: how many times beyond its recorded values the target lies (1 within).
+        let beyond = |v: usize| {
+            let recorded = vars.recorded.iter().map(|x| x[v] as f64);
+            let (low, high) = (recorded.clone().fold(f64::INFINITY, f64::min), recorded.fold(0.0, f64::max));
+            let t = vars.target[v] as f64;
+            (t / high).max(low / t).max(1.0)
+        };
+        let beyond_recorded = (0..vars.names.len()).map(beyond).fold(1.0, f64::max);
+        let [checked_bytes, extrapolated_bytes, recorded_size_bytes] = at_peak;
+        let checked_share = if peak == 0 { 1.0 } else { checked_bytes as f64 / peak as f64 };
+        let warning = if beyond_recorded > FAR_BEYOND {
+            let far: Vec<String> = (0..vars.names.len()).filter(|&v| beyond(v) > FAR_BEYOND).map(|v| format!("{}={}", vars.names[v], vars.target[v])).collect();
+            Some(format!(
+                "{} lies {beyond_recorded:.1}x beyond the recorded values: the laws are checked only where the program was recorded; \
+                 kernels chosen by size (attention backends, cuBLAS heuristics) may allocate otherwise there. Record nearer the target to be sure.",
+                far.join(", ")
+            ))
+        } else if extrapolated_bytes + recorded_size_bytes > checked_bytes {
+            Some(format!(
+                "most bytes at the peak rest on laws no recording checks ({} only fitted through the recordings, {} at a recorded size): \
+                 record the program at one more value to check them",
+                crate::alloc::format_size(extrapolated_bytes),
+                crate::alloc::format_size(recorded_size_bytes)
+            ))
+        } else {
+            None
+        };
+        HowSure { checked_bytes, extrapolated_bytes, recorded_size_bytes, checked_share, beyond_recorded, warning }
+    }
 }
 
 /// The allocations of one stack that follow one law.
@@ -192,6 +277,7 @@ pub fn parse_values(text: &str) -> Result<Values, String> {
 
 /// The variables a law is over: the ones that differ between the recordings (with one
 /// recording: all of them), with each recording's values and the target's.
+#[derive(Clone)]
 struct Variables {
     names: Vec<String>,
     recorded: Vec<Vec<i128>>,
@@ -246,6 +332,14 @@ fn variables(recordings: &[Recording], target: &Values) -> Result<Variables, Pre
         target: free.iter().map(|n| target.get(n).map_or_else(|| value(&first.values, n), |&v| v as i128)).collect(),
         names: free,
     })
+}
+
+/// How many distinct points (values of the free variables) the recordings give.
+fn distinct_points(vars: &Variables) -> usize {
+    let mut points = vars.recorded.clone();
+    points.sort();
+    points.dedup();
+    points.len()
 }
 
 /// The recording nearest the target (log distance over the variables; the later of equals).
@@ -448,10 +542,13 @@ impl<'r, 'a> Model<'r, 'a> {
         let x: Vec<i128> = self.vars.names.iter().map(|n| target.get(n).unwrap_or(&first[n]).to_owned() as i128).collect();
         let base = &self.base;
         let mut entries: Vec<TraceEntry> = Vec::with_capacity(base.entries.len());
+        let mut sureness = Vec::with_capacity(base.entries.len());
+        let points = distinct_points(&self.vars);
         let mut sizes_now: FxHashMap<u64, u64> = FxHashMap::default();
         let mut groups: FxHashMap<(u32, String, Basis), StackLaw> = FxHashMap::default();
         for (i, e) in base.entries.iter().enumerate() {
             let mut e = e.clone();
+            sureness.push(self.laws[i].as_ref().map(|(law, _)| law.sureness(points)));
             if let Some((law, recorded)) = &self.laws[i] {
                 e.size = law.eval(&x);
                 sizes_now.insert(e.addr, e.size);
@@ -481,6 +578,7 @@ impl<'r, 'a> Model<'r, 'a> {
         }
 
         refuse_beyond_any_card(&entries, target)?;
+        let how_sure = HowSure::new(&entries, &sureness, &Variables { target: x.clone(), ..self.vars.clone() });
         let device = self.devices[self.reference];
         let mut synthesized = Snapshot { allocator_settings: self.recordings[self.reference].snapshot.allocator_settings.clone(), ..Default::default() };
         synthesized.device_traces = vec![Vec::new(); device as usize + 1];
@@ -508,6 +606,7 @@ impl<'r, 'a> Model<'r, 'a> {
             out_of_memory: replayed.first_oom_message.clone().or(replayed.out_of_memory_at_start.clone()),
             aligned_fraction: self.aligned_fraction,
             unaligned_bytes: self.unaligned.iter().map(|u| u.1).sum(),
+            how_sure,
             laws,
             fit: None,
             weak: self.recordings.len() == 1,

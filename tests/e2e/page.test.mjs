@@ -952,6 +952,9 @@ test('What fits predicts from two real snapshots as tensormem predict does, plot
   assert.equal(await page.isVisible('[data-testid=fits-error]'), false);
   assert.equal(Number(await page.getAttribute('[data-testid=fits-peak-allocated]', 'data-bytes')), cli.peak_allocated_bytes);
   assert.equal(Number(await page.getAttribute('[data-testid=fits-peak-reserved]', 'data-bytes')), cli.peak_reserved_bytes);
+  // How sure, as the CLI says it: the share on checked laws, and the warning (1024 is 4x past 256: none).
+  assert.equal(Number(await page.getAttribute('[data-testid=fits-how-sure]', 'data-checked-share')), cli.how_sure.checked_share);
+  assert.equal(await page.isVisible('[data-testid=fits-warning]'), cli.how_sure.warning != null);
   const largest = page.locator('[data-testid=fits-largest]');
   assert.equal(Number(await largest.getAttribute('data-value')), cli.fit.largest);
   assert.equal(Number(await largest.getAttribute('data-expandable')), cli.fit.largest_expandable);
