@@ -324,3 +324,53 @@ fn recordings_with_python_stacks_align_their_backward() {
     eprintln!("gpt2-train at context 1024: allocated {:+.3}%, reserved {:+.3}% against PyTorch's run", 100.0 * allocated, 100.0 * reserved);
     assert!(allocated.abs() < 0.03 && reserved.abs() < 0.05, "allocated {allocated:+.4}, reserved {reserved:+.4}");
 }
+
+/// Recordings that ran a different number of steps: the reference's extra step has no
+/// counterpart, so each of its allocations follows the law of an aligned one of the same stack
+/// and size (the step before it), and the prediction equals the direct run; without that law it
+/// would keep the recorded sizes.
+#[test]
+fn a_step_more_in_one_recording_follows_its_neighbours_laws() {
+    let set = |context: u64, steps: u64| {
+        vec![("size", "small".to_string()), ("batch", "2".to_string()), ("context", context.to_string()), ("steps", steps.to_string())]
+    };
+    let (a, b, direct) = (run("lm-train", &set(16, 1)), run("lm-train", &set(32, 2)), run("lm-train", &set(128, 2)));
+    let recordings = [recording("a", &a.snapshot, &[("context", 16)]), recording("b", &b.snapshot, &[("context", 32)])];
+    let p = predict::predict(&recordings, &values(&[("context", 128)]), &PredictOptions::default()).unwrap();
+    assert!(p.aligned_fraction < 1.0 && p.unaligned_bytes > 0, "one step of b has no counterpart: {}", p.aligned_fraction);
+    assert!(p.laws.iter().any(|l| l.basis == Basis::Neighbour && !l.constant), "{:?}", p.laws.iter().map(|l| (&l.law, l.basis)).collect::<Vec<_>>());
+    assert!(p.notes.iter().any(|n| n.contains("follow the law of an aligned allocation of the same stack and size")), "{:?}", p.notes);
+    assert_eq!((p.peak_allocated_bytes, p.peak_reserved_bytes), (direct.peak_allocated_bytes, direct.peak_reserved_bytes));
+}
+
+/// torch.compile writes each size's kernels to a file named by their hash: two recordings of
+/// one compiled program at two sizes share no generated file name. Those files count as one
+/// name when aligning. (The compiled forward recorded at context 128, and the same trace with
+/// every generated file renamed as a recompilation would; sizes unchanged, so every law is a
+/// constant and the prediction is the recording's own.)
+#[test]
+fn kernels_compiled_for_each_size_still_align() {
+    let Some(path) = common::fixture("gpt-ctx128-forward.pickle") else { return };
+    let compiled = trace::load_file(&path).unwrap();
+    let mut recompiled = compiled.clone();
+    let mut renamed: std::collections::HashMap<*const trace::Frame, trace::Frames> = Default::default();
+    for e in recompiled.device_traces.iter_mut().flatten() {
+        if let Some(frames) = &e.frames {
+            let frames = renamed.entry(frames.as_ptr()).or_insert_with(|| {
+                frames
+                    .iter()
+                    .map(|f| trace::Frame {
+                        filename: f.filename.replace("/torchinductor_c-kaitwang/z3/cz3v", "/torchinductor_c-kaitwang/q7/cq7x"),
+                        ..f.clone()
+                    })
+                    .collect()
+            });
+            e.frames = Some(frames.clone());
+        }
+    }
+    assert_ne!(compiled, recompiled, "the fixture's forward runs generated code");
+    let recordings = [recording("128", &compiled, &[("context", 128)]), recording("256", &recompiled, &[("context", 256)])];
+    let p = predict::predict(&recordings, &values(&[("context", 512)]), &PredictOptions::default()).unwrap();
+    assert_eq!(p.aligned_fraction, 1.0, "{:?}", p.notes);
+    assert!(p.notes.iter().any(|n| n.contains("torch.compile's generated files as one")), "{:?}", p.notes);
+}

@@ -58,6 +58,7 @@ pub fn print(p: &Prediction, recordings: &[(String, Values)]) {
             Basis::Factors => " (guessed from factors)",
             Basis::Unfitted => " (no law fits: recorded size)",
             Basis::Unaligned => " (unaligned: recorded size)",
+            Basis::Neighbour => " (unaligned: its aligned neighbour's law)",
         };
         println!("  {:>12}  {:>5} x {}{}  {}", format_size(law.target_bytes), law.allocations, law.law, basis, law.stack);
     }

@@ -61,8 +61,10 @@ impl Stacks {
         id
     }
 
-    /// Per stack id, an id that ignores line numbers: a script edited between two recordings
-    /// moves the lines of its outer frames, not what the program does.
+    /// Per stack id, an id that ignores line numbers and the names of generated code: a script
+    /// edited between two recordings moves the lines of its outer frames, and torch.compile
+    /// writes each size's kernels to a file named by their hash
+    /// (`/tmp/torchinductor_user/z3/cz3vcpg….py`), not what the program does.
     pub fn loose_ids(&mut self) -> &[u32] {
         if self.loose.len() < self.frames.len() {
             let mut by_names: FxHashMap<Vec<(&str, &str)>, u32> = FxHashMap::default();
@@ -71,13 +73,19 @@ impl Stacks {
                 .iter()
                 .enumerate()
                 .map(|(id, f)| {
-                    let names: Vec<(&str, &str)> = f.iter().map(|f| (f.name.as_str(), f.filename.as_str())).collect();
+                    let names: Vec<(&str, &str)> = f.iter().map(|f| (f.name.as_str(), generated_as_one(&f.filename))).collect();
                     if id == 0 { 0 } else { *by_names.entry(names).or_insert(id as u32) }
                 })
                 .collect();
         }
         &self.loose
     }
+}
+
+/// A file torch.compile generated (under `torchinductor_<user>/`, named by its code's hash) as
+/// one name; any other file as it is.
+fn generated_as_one(filename: &str) -> &str {
+    if filename.contains("/torchinductor_") { "(torch.compile's generated code)" } else { filename }
 }
 
 /// The key's action part.

@@ -43,6 +43,9 @@ pub enum Basis {
     Unfitted,
     /// No counterpart in every recording: the nearest recording's size stands, unscaled.
     Unaligned,
+    /// No counterpart in every recording: the law of an aligned allocation of the same stack
+    /// and the same size in the nearest recording.
+    Neighbour,
 }
 
 /// What a predicted size rests on, from most to least sure.
@@ -85,7 +88,7 @@ impl Law {
         let integer = self.terms.iter().all(|(c, _)| matches!(c, Coefficient::Integer(_)));
         match self.basis {
             Basis::Fitted if integer && self.terms.len() < points => Sureness::Checked,
-            Basis::Fitted | Basis::Factors => Sureness::Extrapolated,
+            Basis::Fitted | Basis::Factors | Basis::Neighbour => Sureness::Extrapolated,
             Basis::Unfitted | Basis::Unaligned => Sureness::RecordedSize,
         }
     }

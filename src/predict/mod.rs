@@ -401,7 +401,8 @@ impl<'r, 'a> Model<'r, 'a> {
         let others: Vec<usize> = (0..programs.len()).filter(|&i| i != reference).collect();
         let mut notes = Vec::new();
         // matched[o][i]: the counterpart in recording others[o] of the reference's event i. By
-        // the exact stacks; where too little aligns, also without line numbers; the better stands.
+        // the exact stacks; where too little aligns, also without line numbers and generated files'
+        // names; the better stands.
         let base = &programs[reference];
         let strict: Vec<u32> = (0..stacks.frames.len() as u32).collect();
         let mut matched = align_all(&programs, reference, &others, &strict);
@@ -410,7 +411,11 @@ impl<'r, 'a> Model<'r, 'a> {
             let loose = align_all(&programs, reference, &others, stacks.loose_ids());
             if aligned_allocs(base, &loose) > aligned_allocs(base, &matched) {
                 matched = loose;
-                notes.push("aligned without line numbers: the recordings' stacks differ only in lines (was the script edited between them?)".to_string());
+                notes.push(
+                    "aligned without line numbers and with torch.compile's generated files as one: the recordings' stacks differ only \
+                     there (a script edited between them, or kernels compiled for each size)"
+                        .to_string(),
+                );
             }
         }
         let single = recordings.len() == 1;
@@ -468,6 +473,24 @@ impl<'r, 'a> Model<'r, 'a> {
             }
             laws.push(Some((law, recorded)));
         }
+        // An allocation of the reference without a counterpart (a step more in this recording,
+        // a buffer some sizes make and others not) follows the law of an aligned allocation of
+        // the same stack and the same size here, where there is one.
+        let mut neighbours: FxHashMap<(u32, u64), Law> = FxHashMap::default();
+        for (i, (law, _)) in laws.iter().enumerate().filter_map(|(i, l)| Some((i, l.as_ref()?))) {
+            if law.basis == Basis::Fitted {
+                neighbours.entry((base.stacks[i], base.entries[i].size)).or_insert_with(|| law.clone());
+            }
+        }
+        let mut borrowed = 0usize;
+        for (i, (law, _)) in laws.iter_mut().enumerate().filter_map(|(i, l)| Some((i, l.as_mut()?))) {
+            if law.basis == Basis::Unaligned
+                && let Some(neighbour) = neighbours.get(&(base.stacks[i], base.entries[i].size))
+            {
+                *law = Law { basis: Basis::Neighbour, ..neighbour.clone() };
+                borrowed += 1;
+            }
+        }
 
         // What no law covers: each recording's allocations outside the aligned tuples.
         let mut unaligned = Vec::new();
@@ -504,7 +527,12 @@ impl<'r, 'a> Model<'r, 'a> {
                     "{}: {count} allocation(s), {} requested, have no counterpart in every other recording{}",
                     recordings[r].label,
                     crate::alloc::format_size(*bytes),
-                    if r == reference { "; the prediction keeps their recorded sizes" } else { "; the prediction leaves them out" }
+                    match (r == reference, borrowed) {
+                        (true, 0) => "; the prediction keeps their recorded sizes".to_string(),
+                        (true, n) =>
+                            format!("; {n} of them follow the law of an aligned allocation of the same stack and size, the others keep their recorded sizes"),
+                        (false, _) => "; the prediction leaves them out".to_string(),
+                    }
                 ));
             }
         }
