@@ -31,6 +31,28 @@ pub fn align(a: &[u64], b: &[u64]) -> Vec<u32> {
     matched
 }
 
+/// [`align`] by the `fine` keys, then each stretch left between two matched events aligned by
+/// the `coarse` keys (which tell fewer events apart).
+pub fn align_refined(fine: (&[u64], &[u64]), coarse: (&[u64], &[u64])) -> Vec<u32> {
+    let mut matched = align(fine.0, fine.1);
+    // The gaps: from after one matched pair to before the next (or the ends).
+    let mut gaps = Vec::new();
+    let (mut from_a, mut from_b) = (0usize, 0usize);
+    for (i, &j) in matched.iter().enumerate() {
+        if j != NONE {
+            gaps.push((from_a..i, from_b..j as usize));
+            (from_a, from_b) = (i + 1, j as usize + 1);
+        }
+    }
+    gaps.push((from_a..fine.0.len(), from_b..fine.1.len()));
+    for (ga, gb) in gaps.into_iter().filter(|(ga, gb)| !ga.is_empty() && !gb.is_empty()) {
+        for (i, j) in align(&coarse.0[ga.clone()], &coarse.1[gb.clone()]).into_iter().enumerate().filter(|(_, j)| *j != NONE) {
+            matched[ga.start + i] = (gb.start + j as usize) as u32;
+        }
+    }
+    matched
+}
+
 /// The matched pairs of a shortest edit script between `a` and `b` (none when it would take
 /// more than [`MAX_DIFFERENCES`] edits).
 fn myers(a: &[u64], b: &[u64]) -> Vec<(usize, usize)> {
@@ -111,6 +133,20 @@ mod tests {
             assert_eq!(a[i], b[j]);
         }
         assert_eq!(pairs.len(), lcs_len(a, b), "{a:?} {b:?}");
+    }
+
+    #[test]
+    fn refined_alignment_anchors_on_fine_keys_and_fills_the_gaps_by_coarse_ones() {
+        // Fine keys: 100 and 200 are sizes that match (anchors); 7x are sizes that differ
+        // between the two. Coarse keys know all of them as 1.
+        let a = [5, 100, 71, 72, 200, 73, 6];
+        let b = [5, 100, 81, 200, 83, 84, 6];
+        let coarse = |k: &[u64]| k.iter().map(|&x| if x == 5 || x == 6 { x } else { 1 }).collect::<Vec<_>>();
+        let m = align_refined((&a, &b), (&coarse(&a), &coarse(&b)));
+        // 71 pairs with 81 (72 has none: the gap has one on b's side), 73 with 83.
+        assert_eq!(m, [0, 1, 2, NONE, 3, 4, 6]);
+        // By coarse keys alone every event pairs by order, 200 with 83.
+        assert_eq!(align(&coarse(&a), &coarse(&b)), [0, 1, 2, 3, 4, 5, 6]);
     }
 
     #[test]

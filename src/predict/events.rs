@@ -88,6 +88,13 @@ fn generated_as_one(filename: &str) -> &str {
     if filename.contains("/torchinductor_") { "(torch.compile's generated code)" } else { filename }
 }
 
+/// How [`Program::keys`] knows an allocation without frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frameless {
+    BySize,
+    AsOne,
+}
+
 /// The key's action part.
 fn code(action: Action) -> u64 {
     match action {
@@ -107,16 +114,17 @@ impl Program {
         self.stacks.push(stack);
     }
     /// Each entry's key: its action and its allocation's stack as `stack_id` maps it. An
-    /// allocation without frames in a trace that has frames was made by a thread without Python
-    /// (the autograd engine's, with `stacks="python"`): those share one key, whatever their size
-    /// (which the variables change). In a trace without any frames, the size is all there is.
-    pub fn keys(&self, stack_id: &[u32]) -> Vec<u64> {
-        let framed = self.stacks.iter().any(|&s| s != 0);
+    /// allocation without frames is known by its size (`Frameless::BySize`), or, in a trace that
+    /// has frames elsewhere, by that alone (`Frameless::AsOne`): it was made by a thread without
+    /// Python (the autograd engine's, with `stacks="python"`), and the variables change most
+    /// of those sizes.
+    pub fn keys(&self, stack_id: &[u32], frameless: Frameless) -> Vec<u64> {
+        let as_one = frameless == Frameless::AsOne && self.stacks.iter().any(|&s| s != 0);
         (0..self.entries.len())
             .map(|i| {
                 let identity = match self.alloc_of[i] {
                     NO_ALLOC => 0,
-                    a if self.stacks[a] == 0 && framed => 1 << 56,
+                    a if self.stacks[a] == 0 && as_one => 1 << 56,
                     a if self.stacks[a] == 0 => (1 << 56) | (self.entries[a].size & ((1 << 56) - 1)),
                     a => stack_id[self.stacks[a] as usize] as u64,
                 };

@@ -44,7 +44,7 @@ pub enum Basis {
     /// No counterpart in every recording: the nearest recording's size stands, unscaled.
     Unaligned,
     /// No counterpart in every recording: the law of an aligned allocation of the same stack
-    /// and the same size in the nearest recording.
+    /// and the same size in the nearest recording, else its stack's growth scaled to its size.
     Neighbour,
 }
 
@@ -91,6 +91,13 @@ impl Law {
             Basis::Fitted | Basis::Factors | Basis::Neighbour => Sureness::Extrapolated,
             Basis::Unfitted | Basis::Unaligned => Sureness::RecordedSize,
         }
+    }
+
+    /// `size` at `x` growing as the monomial `powers`: the one-term law through it, if the
+    /// monomial's value at `x` divides it.
+    pub fn scaled(size: u64, powers: &[u32], x: &[i128], basis: Basis) -> Option<Law> {
+        let m = monomial(x, powers);
+        (m > 0 && size as i128 % m == 0).then(|| Law { terms: vec![(Coefficient::Integer(size as i128 / m), powers.to_vec())], basis })
     }
 
     pub fn is_constant(&self) -> bool {

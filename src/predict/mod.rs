@@ -29,7 +29,7 @@ pub use sweep::{Peak, predict_or_fit, sweep, sweep_values};
 use crate::alloc::{AllocatorConfig, ConfigError};
 use crate::replay::{self, ReplayError, ReplayOptions, StartMode};
 use crate::trace::{self, Action, Category, Snapshot, Totals, TraceEntry};
-use events::{NO_ALLOC, Program, Stacks};
+use events::{Frameless, NO_ALLOC, Program, Stacks};
 use law::Fitter;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -474,20 +474,35 @@ impl<'r, 'a> Model<'r, 'a> {
             laws.push(Some((law, recorded)));
         }
         // An allocation of the reference without a counterpart (a step more in this recording,
-        // a buffer some sizes make and others not) follows the law of an aligned allocation of
-        // the same stack and the same size here, where there is one.
-        let mut neighbours: FxHashMap<(u32, u64), Law> = FxHashMap::default();
+        // a buffer some sizes make and others not) follows its aligned neighbours: the law of
+        // one of the same stack and the same size here, else the growth of its stack's
+        // one-term laws, scaled to its own size.
+        let mut same_size: FxHashMap<(u32, u64), Law> = FxHashMap::default();
+        let mut growth: FxHashMap<u32, FxHashMap<Vec<u32>, usize>> = FxHashMap::default();
         for (i, (law, _)) in laws.iter().enumerate().filter_map(|(i, l)| Some((i, l.as_ref()?))) {
             if law.basis == Basis::Fitted {
-                neighbours.entry((base.stacks[i], base.entries[i].size)).or_insert_with(|| law.clone());
+                same_size.entry((base.stacks[i], base.entries[i].size)).or_insert_with(|| law.clone());
+                if let [(_, powers)] = law.terms.as_slice()
+                    && !law.is_constant()
+                {
+                    *growth.entry(base.stacks[i]).or_default().entry(powers.clone()).or_default() += 1;
+                }
             }
         }
+        let at_reference = &vars.recorded[reference];
+        let neighbour = |i: usize| -> Option<Law> {
+            if let Some(law) = same_size.get(&(base.stacks[i], base.entries[i].size)) {
+                return Some(Law { basis: Basis::Neighbour, ..law.clone() });
+            }
+            let (powers, _) = growth.get(&base.stacks[i])?.iter().max_by_key(|(powers, n)| (**n, std::cmp::Reverse((*powers).clone())))?;
+            Law::scaled(base.entries[i].size, powers, at_reference, Basis::Neighbour)
+        };
         let mut borrowed = 0usize;
         for (i, (law, _)) in laws.iter_mut().enumerate().filter_map(|(i, l)| Some((i, l.as_mut()?))) {
             if law.basis == Basis::Unaligned
-                && let Some(neighbour) = neighbours.get(&(base.stacks[i], base.entries[i].size))
+                && let Some(found) = neighbour(i)
             {
-                *law = Law { basis: Basis::Neighbour, ..neighbour.clone() };
+                *law = found;
                 borrowed += 1;
             }
         }
@@ -529,8 +544,9 @@ impl<'r, 'a> Model<'r, 'a> {
                     crate::alloc::format_size(*bytes),
                     match (r == reference, borrowed) {
                         (true, 0) => "; the prediction keeps their recorded sizes".to_string(),
-                        (true, n) =>
-                            format!("; {n} of them follow the law of an aligned allocation of the same stack and size, the others keep their recorded sizes"),
+                        (true, n) => format!(
+                            "; {n} of them follow their aligned neighbours' laws (the same stack's at their size), the others keep their recorded sizes"
+                        ),
                         (false, _) => "; the prediction leaves them out".to_string(),
                     }
                 ));
@@ -651,15 +667,24 @@ impl<'r, 'a> Model<'r, 'a> {
 
 /// Every other recording aligned to the reference, by keys made with `stack_id`.
 fn align_all(programs: &[Program], reference: usize, others: &[usize], stack_id: &[u32]) -> Vec<Vec<u32>> {
-    let base = programs[reference].keys(stack_id);
-    others.iter().map(|&o| align::align(&base, &programs[o].keys(stack_id))).collect()
+    // Allocations without frames keep their sizes first: those the variables leave alone (the
+    // backward's gradients) anchor the alignment; between anchors they align in order.
+    let keys = |p: &Program| (p.keys(stack_id, Frameless::BySize), p.keys(stack_id, Frameless::AsOne));
+    let base = keys(&programs[reference]);
+    others
+        .iter()
+        .map(|&o| {
+            let other = keys(&programs[o]);
+            align::align_refined((&base.0, &other.0), (&base.1, &other.1))
+        })
+        .collect()
 }
 
 /// Where two recordings' events first differ, in words: each one's trace entry there, its
 /// action and stack (or that one ends there).
 fn first_difference(a: &Program, b: &Program, stacks: &Stacks, labels: (&str, &str)) -> String {
     let strict: Vec<u32> = (0..stacks.frames.len() as u32).collect();
-    let (ka, kb) = (a.keys(&strict), b.keys(&strict));
+    let (ka, kb) = (a.keys(&strict, Frameless::AsOne), b.keys(&strict, Frameless::AsOne));
     let at = ka.iter().zip(&kb).take_while(|(x, y)| x == y).count();
     let describe = |p: &Program, label: &str| match p.entries.get(at) {
         None => format!("{label} has no more events"),
