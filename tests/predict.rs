@@ -220,6 +220,9 @@ fn fit_finds_the_largest_context_that_a_direct_run_fits() {
     let largest = found.largest.expect("something fits");
     eprintln!("fit: {found:?}");
     assert!(largest >= 200, "{found:?}");
+    // Found far beyond the recordings (at 16 and 32 tokens): said so.
+    let farthest = largest.max(found.largest_expandable.unwrap_or(0));
+    assert!(found.warning.as_deref().is_some_and(|w| w.starts_with(&format!("context={farthest} lies "))), "{found:?}");
     assert!(found.largest_expandable.is_some_and(|e| e >= 190), "{found:?}");
     let direct = |c: u64| {
         let request = RunRequest {

@@ -195,7 +195,8 @@ export function setUpFits({ ask, load, presets, showProgress, hideProgress, down
         Largest ${escape(f.variable)} that fits ${escape(r.card)} (${formatBytes(f.capacity_bytes)}):
         <strong>${largest(f.largest)}</strong> with ${f.settings === '(defaults)' ? 'the default settings' : escape(f.settings)};
         <strong>${largest(f.largest_expandable)}</strong> with ${escape(f.expandable_settings)}
-        <span class="muted">(${f.replays} predictions replayed)</span></p>` : ''}
+        <span class="muted">(${f.replays} predictions replayed)</span></p>
+        ${f.warning ? `<p class="warning" data-testid="fits-largest-warning">${escape(f.warning)}</p>` : ''}` : ''}
       <h3>Memory over the run: recorded and predicted</h3>
       <div class="compare-keys">${r.names.map((n, i) => `<span><i class="line" style="border-color:${RECORDED_COLORS[r.slots[i]]}"></i>${escape(n)} (${escape(r.request.values[i])})</span>`).join('')}
         <span><i class="line" style="border-color:${PREDICTED}"></i>predicted at ${escape(target)}</span>

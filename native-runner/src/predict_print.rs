@@ -48,6 +48,9 @@ pub fn print(p: &Prediction, recordings: &[(String, Values)]) {
         println!("  largest that fits {} ({} predictions replayed):", format_size(f.capacity_bytes), f.replays);
         println!("    {:<40} {}", f.settings, largest(f.largest));
         println!("    {:<40} {}", f.expandable_settings, largest(f.largest_expandable));
+        if let Some(warning) = &f.warning {
+            println!("  WARNING: {warning}");
+        }
     }
     println!();
     let growing: Vec<_> = p.laws.iter().filter(|l| !l.constant).collect();

@@ -25,6 +25,9 @@ pub struct Fit {
     pub search_limit: u64,
     /// Predictions replayed by both searches.
     pub replays: usize,
+    /// Said when a largest value lies more than 4x beyond the recorded ones: the laws are
+    /// checked only where the program was recorded.
+    pub warning: Option<String>,
 }
 
 /// The largest value of `variable` (the others as `others` gives them, where they vary) whose
@@ -62,6 +65,14 @@ pub fn fit(recordings: &[Recording], others: &Values, variable: &str, capacity: 
     };
     let found = largest(&base)?;
     let found_expandable = largest(&expandable)?;
+    let farthest = found.max(found_expandable).unwrap_or(0);
+    let warning = (farthest as f64 > super::FAR_BEYOND * start as f64).then(|| {
+        format!(
+            "{variable}={farthest} lies {:.1}x beyond the largest recorded {variable} ({start}): the laws are checked only where the \
+             program was recorded; record nearer the values found to be sure",
+            farthest as f64 / start as f64
+        )
+    });
     Ok(Fit {
         variable: variable.to_string(),
         capacity_bytes: capacity,
@@ -71,6 +82,7 @@ pub fn fit(recordings: &[Recording], others: &Values, variable: &str, capacity: 
         largest_expandable: found_expandable,
         search_limit: SEARCH_LIMIT,
         replays,
+        warning,
     })
 }
 

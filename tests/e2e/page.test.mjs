@@ -959,6 +959,9 @@ test('What fits predicts from two real snapshots as tensormem predict does, plot
   assert.equal(Number(await largest.getAttribute('data-value')), cli.fit.largest);
   assert.equal(Number(await largest.getAttribute('data-expandable')), cli.fit.largest_expandable);
   assert.match(await largest.textContent(), new RegExp(cli.fit.largest.toLocaleString('en-US')));
+  // Thousands of tokens from recordings at 128 and 256: said to lie far beyond them, as the CLI says.
+  assert.ok(cli.fit.warning.includes('beyond the largest recorded context'), cli.fit.warning);
+  assert.equal(await page.textContent('[data-testid=fits-largest-warning]'), cli.fit.warning);
   // Both plots are drawn.
   for (const id of ['fits-curves', 'fits-sweep']) {
     const inked = await page.$eval(`[data-testid=${id}]`, (c) => {
