@@ -1271,7 +1271,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             segments,
             device_traces,
             allocator_settings: Some(self.config.to_snapshot_settings()),
-            external_annotations: Some(self.history.annotations().to_vec()),
+            external_annotations: Some(self.history.annotations()),
             tensormem: None,
         }
     }

@@ -94,8 +94,9 @@ pub struct History {
     /// The category stamped on new `alloc` entries (what the engine is allocating for).
     category: Option<Category>,
     /// `record_function` ranges, as PyTorch keeps them beside the trace (its
-    /// `external_annotations`): an optimizer's step.
-    annotations: Vec<Annotation>,
+    /// `external_annotations`): an optimizer's step. A ring of `max_entries` too, as PyTorch's
+    /// `annotation_buffer` is.
+    annotations: std::collections::VecDeque<Annotation>,
 }
 
 impl History {
@@ -109,6 +110,8 @@ impl History {
             self.entries = entries[keep..].to_vec();
             self.next = 0;
             self.max_entries = max_entries;
+            let over = self.annotations.len().saturating_sub(max_entries);
+            self.annotations.drain(..over);
         }
         if !enabled {
             self.clear();
@@ -212,14 +215,44 @@ impl History {
         if start {
             self.advance_time_us(1.0);
         }
-        self.annotations.push(Annotation { name: name.to_string(), stage: if start { "START" } else { "END" }.into(), device, time_us: self.time.now_us() });
+        if self.annotations.len() >= self.max_entries.max(1) {
+            self.annotations.pop_front();
+        }
+        self.annotations.push_back(Annotation {
+            name: name.to_string(),
+            stage: if start { "START" } else { "END" }.into(),
+            device,
+            time_us: self.time.now_us(),
+        });
         if !start {
             self.advance_time_us(1.0);
         }
     }
 
-    /// The ranges recorded, in order.
-    pub fn annotations(&self) -> &[Annotation] {
-        &self.annotations
+    /// The ranges recorded (the last `max_entries` of them), in order.
+    pub fn annotations(&self) -> Vec<Annotation> {
+        self.annotations.iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotations_are_a_ring_of_max_entries_as_the_trace_is() {
+        let mut h = History::default();
+        h.configure(true, RecordContext::All, 4);
+        for step in 0..3 {
+            h.annotate(&format!("Optimizer.step#SGD.step {step}"), true, 0);
+            h.annotate(&format!("Optimizer.step#SGD.step {step}"), false, 0);
+        }
+        let kept: Vec<(String, String)> = h.annotations().into_iter().map(|a| (a.name, a.stage)).collect();
+        let expected: Vec<(String, String)> =
+            [(1, "START"), (1, "END"), (2, "START"), (2, "END")].iter().map(|(s, st)| (format!("Optimizer.step#SGD.step {s}"), st.to_string())).collect();
+        assert_eq!(kept, expected);
+        h.configure(true, RecordContext::All, 1);
+        assert_eq!(h.annotations().len(), 1);
+        assert_eq!(h.annotations()[0].stage, "END");
     }
 }
