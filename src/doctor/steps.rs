@@ -54,7 +54,7 @@ pub(super) struct Steps {
     pub has_optimizer: bool,
     /// Per allocation: made once by a forward and kept to the end (see [`made_once`]).
     pub made_once: Vec<bool>,
-    /// Their bytes.
+    /// Their bytes live at the peak of allocated memory.
     pub made_once_bytes: u64,
 }
 
@@ -162,7 +162,9 @@ pub(super) fn find(p: &Patient) -> Steps {
         (by_calls(p, &order, &phase), "each call of the first module the program calls (from the frames)")
     };
     let made_once = made_once(p, &phase, &iterations);
-    let made_once_bytes = (0..made_once.len()).filter(|&id| made_once[id]).map(|id| bytes(p, id)).sum();
+    // What of them the peak holds (one made after the peak is no part of it).
+    let peak_x = p.timeline.summary.peak_x;
+    let made_once_bytes = (0..made_once.len()).filter(|&id| made_once[id] && live_at(p, id, peak_x)).map(|id| bytes(p, id)).sum();
     Steps { order, phase, passes, iterations, how, tensormem, has_backward, has_optimizer, made_once, made_once_bytes }
 }
 
