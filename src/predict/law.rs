@@ -14,11 +14,17 @@ const MAX_DEGREE: u32 = 3;
 /// A law has at most this many terms (and never more than the recordings have distinct points).
 const MAX_TERMS: usize = 3;
 
+/// Block sizes tried for a ceil division (`ceil(context/128)`): powers of two, as kernels tile.
+const BLOCKS: [i128; 11] = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048];
+
 /// A fitted law over the free variables (their order is the predictor's).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Law {
     /// (coefficient, exponent per free variable).
     pub terms: Vec<(Coefficient, Vec<u32>)>,
+    /// Per free variable, the block it is counted in: the law reads `ceil(x / block)` (1: x).
+    /// A kernel that tiles a dimension allocates per block begun.
+    pub blocks: Vec<i128>,
     /// How the law was found.
     pub basis: Basis,
 }
@@ -61,11 +67,12 @@ pub enum Sureness {
 
 impl Law {
     pub fn constant(size: u64, basis: Basis, variables: usize) -> Law {
-        Law { terms: vec![(Coefficient::Integer(size as i128), vec![0; variables])], basis }
+        Law { terms: vec![(Coefficient::Integer(size as i128), vec![0; variables])], blocks: vec![1; variables], basis }
     }
 
     /// The size at `x` (values of the free variables), rounded up to a whole byte; at least 1.
     pub fn eval(&self, x: &[i128]) -> u64 {
+        let x = &in_blocks(x, &self.blocks);
         let mut exact: i128 = 0;
         let mut fraction = 0.0;
         for (c, powers) in &self.terms {
@@ -97,7 +104,11 @@ impl Law {
     /// monomial's value at `x` divides it.
     pub fn scaled(size: u64, powers: &[u32], x: &[i128], basis: Basis) -> Option<Law> {
         let m = monomial(x, powers);
-        (m > 0 && size as i128 % m == 0).then(|| Law { terms: vec![(Coefficient::Integer(size as i128 / m), powers.to_vec())], basis })
+        (m > 0 && size as i128 % m == 0).then(|| Law {
+            terms: vec![(Coefficient::Integer(size as i128 / m), powers.to_vec())],
+            blocks: vec![1; powers.len()],
+            basis,
+        })
     }
 
     pub fn is_constant(&self) -> bool {
@@ -114,8 +125,15 @@ impl Law {
                 Coefficient::Integer(c) => (*c < 0, c.unsigned_abs().to_string()),
                 Coefficient::Fraction(c) => (*c < 0.0, format!("{:.4}", c.abs()).trim_end_matches('0').trim_end_matches('.').to_string()),
             };
-            let factors: Vec<String> =
-                names.iter().zip(powers).filter(|(_, e)| **e > 0).map(|(n, &e)| if e == 1 { n.clone() } else { format!("{n}^{e}") }).collect();
+            let name = |(n, &b): (&String, &i128)| if b > 1 { format!("ceil({n}/{b})") } else { n.clone() };
+            let factors: Vec<String> = names
+                .iter()
+                .zip(&self.blocks)
+                .map(name)
+                .zip(powers)
+                .filter(|(_, e)| **e > 0)
+                .map(|(n, &e)| if e == 1 { n } else { format!("{n}^{e}") })
+                .collect();
             let body = match (magnitude.as_str(), factors.is_empty()) {
                 (m, true) => m.to_string(),
                 ("1", false) => factors.join("*"),
@@ -131,6 +149,11 @@ impl Law {
         }
         text
     }
+}
+
+/// Each value counted in its block: `ceil(x / block)`.
+fn in_blocks(x: &[i128], blocks: &[i128]) -> Vec<i128> {
+    x.iter().zip(blocks).map(|(&v, &b)| if b > 1 { (v + b - 1).div_euclid(b) } else { v }).collect()
 }
 
 fn monomial(x: &[i128], powers: &[u32]) -> i128 {
@@ -190,11 +213,35 @@ impl Fitter {
                 None => points.push((x, s)),
             }
         }
-        for integer in [true, false] {
-            for terms in self.candidates.iter().filter(|t| t.len() <= points.len()) {
-                if let Some(law) = solve(&points, terms, integer) {
-                    return law;
+        let integer_law = |points: &[(&[i128], u64)], most_terms: usize| {
+            self.candidates.iter().filter(|t| t.len() <= most_terms).find_map(|terms| solve(points, terms, true))
+        };
+        if let Some(law) = integer_law(&points, points.len()) {
+            return law;
+        }
+        // A ceil division (a kernel's tiles): one variable counted in blocks, where an integer
+        // law with fewer terms than points (one a recording checks) then fits. Two points are
+        // too few to tell a block (at most one term would be checked, by one point).
+        for v in (0..self.variables).filter(|_| points.len() >= 3) {
+            for &b in &BLOCKS {
+                let mut blocks = vec![1; self.variables];
+                blocks[v] = b;
+                let counted: Vec<Vec<i128>> = points.iter().map(|(x, _)| in_blocks(x, &blocks)).collect();
+                let mut distinct = counted.clone();
+                distinct.sort();
+                distinct.dedup();
+                if distinct.len() < points.len() {
+                    continue;
                 }
+                let blocked: Vec<(&[i128], u64)> = counted.iter().zip(&points).map(|(x, (_, s))| (x.as_slice(), *s)).collect();
+                if let Some(law) = integer_law(&blocked, points.len() - 1) {
+                    return Law { blocks, ..law };
+                }
+            }
+        }
+        for terms in self.candidates.iter().filter(|t| t.len() <= points.len()) {
+            if let Some(law) = solve(&points, terms, false) {
+                return law;
             }
         }
         Law::constant(sizes[sizes.len() - 1], Basis::Unfitted, self.variables)
@@ -247,13 +294,17 @@ fn solve(points: &[(&[i128], u64)], terms: &[Vec<u32>], integer: bool) -> Option
         if !exact {
             return None;
         }
-        Law { terms: c.into_iter().map(Coefficient::Integer).zip(terms.iter().cloned()).collect(), basis: Basis::Fitted }
+        Law { terms: c.into_iter().map(Coefficient::Integer).zip(terms.iter().cloned()).collect(), blocks: vec![1; terms[0].len()], basis: Basis::Fitted }
     } else {
         let close = points.iter().all(|(x, s)| (terms.iter().zip(&coefficients).map(|(t, c)| c * monomial(x, t) as f64).sum::<f64>() - *s as f64).abs() <= 0.5);
         if !close || coefficients.contains(&0.0) {
             return None;
         }
-        Law { terms: coefficients.into_iter().map(Coefficient::Fraction).zip(terms.iter().cloned()).collect(), basis: Basis::Fitted }
+        Law {
+            terms: coefficients.into_iter().map(Coefficient::Fraction).zip(terms.iter().cloned()).collect(),
+            blocks: vec![1; terms[0].len()],
+            basis: Basis::Fitted,
+        }
     };
     Some(law)
 }
@@ -302,7 +353,7 @@ pub fn from_factors(size: u64, values: &[i128], scales: bool) -> Law {
             }
         }
     }
-    Law { terms: vec![(Coefficient::Integer(rest), powers)], basis: Basis::Factors }
+    Law { terms: vec![(Coefficient::Integer(rest), powers)], blocks: vec![1; values.len()], basis: Basis::Factors }
 }
 
 #[cfg(test)]
@@ -364,6 +415,25 @@ mod tests {
         assert_eq!(from_factors(4096, &[256], true).sureness(1), Sureness::Extrapolated);
         assert_eq!(Law::constant(4096, Basis::Unaligned, 1).sureness(2), Sureness::RecordedSize);
         assert_eq!(Law::constant(4096, Basis::Unfitted, 1).sureness(2), Sureness::RecordedSize);
+    }
+
+    #[test]
+    fn a_kernel_that_tiles_a_dimension_is_a_ceil_division() {
+        let n = names(&["batch", "context"]);
+        let mut f = Fitter::new(2);
+        // 4096 bytes per block of 128 tokens begun, times the batch: recorded at contexts that
+        // are not multiples of 128, where no polynomial law with integer coefficients fits.
+        let xs = vec![vec![2, 100], vec![2, 256], vec![2, 300], vec![4, 300]];
+        let size = |b: i128, c: i128| (4096 * b * ((c + 127) / 128)) as u64;
+        let law = f.fit(&xs, &xs.iter().map(|x| size(x[0], x[1])).collect::<Vec<_>>());
+        assert_eq!(law.display(&n), "4096*batch*ceil(context/128)");
+        assert_eq!(law.sureness(4), Sureness::Checked);
+        for (b, c) in [(8, 1000), (1, 1), (3, 1025)] {
+            assert_eq!(law.eval(&[b, c]), size(b, c), "at batch {b}, context {c}");
+        }
+        // At multiples of the block a plain law fits, and stands (it is the simpler one).
+        let plain = f.fit(&[vec![2, 128], vec![2, 256]], &[size(2, 128), size(2, 256)]);
+        assert_eq!(plain.display(&n), "64*context");
     }
 
     #[test]

@@ -484,6 +484,7 @@ impl<'r, 'a> Model<'r, 'a> {
                 same_size.entry((base.stacks[i], base.entries[i].size)).or_insert_with(|| law.clone());
                 if let [(_, powers)] = law.terms.as_slice()
                     && !law.is_constant()
+                    && law.blocks.iter().all(|&b| b == 1)
                 {
                     *growth.entry(base.stacks[i]).or_default().entry(powers.clone()).or_default() += 1;
                 }
