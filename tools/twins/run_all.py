@@ -137,6 +137,17 @@ def write_report(out_dir, gpu, device, rows):
     os.replace(path + ".tmp", path)
 
 
+def ran_out_of_memory(sim):
+    """The summary of a `tensormem run` that exits non-zero because the scenario ran out of
+    memory (its JSON is printed first, `out_of_memory` set): a result to compare, as PyTorch's
+    run of the same program may run out too. None for any other failure."""
+    try:
+        summary = json.loads(sim.stdout)
+    except ValueError:
+        return None
+    return summary if summary.get("out_of_memory") else None
+
+
 def run_scenarios(args, scenarios, tensormem, has_doctor, gpu, rows):
     failures = 0
     for s in scenarios:
@@ -165,12 +176,13 @@ def run_scenarios(args, scenarios, tensormem, has_doctor, gpu, rows):
                 continue
             row["pytorch"] = json.loads(twin.stdout.strip().splitlines()[-1])
             sim = run(tensormem + ["run", name, "--device", args.device, "--json", "--snapshot", stem + ".tensormem.pickle"] + vargs)
-            if sim.returncode != 0:
+            summary = ran_out_of_memory(sim) if sim.returncode != 0 else json.loads(sim.stdout)
+            if summary is None:
                 row["error"] = f"tensormem run failed: {sim.stderr.strip()[-600:]}"
                 print(row["error"])
                 failures += 1
                 continue
-            row["tensormem"] = json.loads(sim.stdout)
+            row["tensormem"] = summary
             replay = run(tensormem + ["replay", stem + ".pickle", "--json"]) if not args.cpu_dry_run else None
             if replay is None:
                 row["replay"] = None
