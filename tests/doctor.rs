@@ -555,3 +555,41 @@ fn parameters_a_hand_written_step_makes_anew_are_not_state() {
     // Its step is its own code: no torch.optim option to name.
     assert!(o.fix.contains("its own expressions") && !o.fix.contains("foreach=False"), "{}", o.fix);
 }
+
+/// Python a hook runs on the autograd thread during backward (DDP's reducer, a tensor hook) has a
+/// stack that does not start at the script: it belongs to the backward, and so do the frameless
+/// allocations of the engine's thread after it. Here gradients made after such a hook, never
+/// freed (no zero_grad), live through every later forward.
+#[test]
+fn a_hook_on_the_autograd_thread_keeps_the_backward_going() {
+    use tensormem::alloc::{RecordContext, TimeSource, VirtualAllocator};
+    const MIB: u64 = 1 << 20;
+    let init = python_stack(&[("torch/nn/modules/linear.py", "__init__"), ("train.py", "<module>")]);
+    let forward = python_stack(&[("torch/nn/modules/linear.py", "forward"), ("torch/nn/modules/module.py", "_call_impl"), ("train.py", "<module>")]);
+    let backward = python_stack(&[("torch/autograd/__init__.py", "backward"), ("train.py", "<module>")]);
+    let hook = python_stack(&[("torch/nn/parallel/distributed.py", "_hook")]);
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::All, 1 << 16);
+    a.history_mut().set_time_source(TimeSource::modelled());
+    let _params: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(init.clone())).unwrap().ptr).collect();
+    let mut grads = Vec::new();
+    for k in 0..4 {
+        let activations: Vec<u64> = (0..4).map(|_| a.malloc(8 * MIB, 0, Some(forward.clone())).unwrap().ptr).collect();
+        let seed = a.malloc(512, 0, Some(backward.clone())).unwrap().ptr;
+        let bucket = a.malloc(MIB, 0, Some(hook.clone())).unwrap().ptr;
+        a.free(bucket, None).unwrap();
+        if k == 0 {
+            grads = (0..4).map(|_| a.malloc(4 * MIB, 0, None).unwrap().ptr).collect();
+        }
+        a.free(seed, None).unwrap();
+        for ptr in activations {
+            a.free(ptr, None).unwrap();
+        }
+        a.history_mut().annotate("Optimizer.step#SGD.step", true, 0);
+        a.history_mut().annotate("Optimizer.step#SGD.step", false, 0);
+    }
+    assert_eq!(grads.len(), 4);
+    let d = diagnose(&a.snapshot(), None);
+    let g = finding(&d, doctor::GRADS_KEPT);
+    assert_eq!(g.bytes, 16 * MIB, "{}", g.title);
+}

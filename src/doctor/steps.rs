@@ -126,7 +126,14 @@ pub(super) fn find(p: &Patient) -> Steps {
                 Some(known) => *known.get_or_insert_with(|| frames_phase(e)),
                 None => frames_phase(e),
             };
-            let ph = frames.or_else(|| category_phase(e, tensormem));
+            let ph = match frames.or_else(|| category_phase(e, tensormem)) {
+                // Python a hook runs on the autograd thread during backward (DDP's reducer, a
+                // tensor hook) is the backward's, as the engine's frameless allocations are.
+                None if framed && last_framed == Some(Phase::Backward) && compare::off_the_main_thread(e.frames.as_deref().unwrap_or_default()) => {
+                    Some(Phase::Backward)
+                }
+                ph => ph,
+            };
             last_framed = ph;
             ph
         };

@@ -88,6 +88,13 @@ fn python_on_autograd_thread(frames: &[Frame]) -> bool {
         .is_some_and(|f| f.filename.ends_with("torch/autograd/function.py") || f.filename.ends_with("torch/utils/checkpoint.py"))
 }
 
+/// Whether a Python stack was not made on the program's main thread: its outermost Python frame
+/// is not the script's (`<module>`, or runpy's for `python -m`). During a backward that is the
+/// autograd engine's thread running a hook (DDP's reducer, a tensor hook).
+pub fn off_the_main_thread(frames: &[Frame]) -> bool {
+    frames.iter().rfind(|f| f.filename.ends_with(".py")).is_some_and(|f| f.name != "<module>" && !f.filename.ends_with("runpy.py"))
+}
+
 /// Whether the stack is inside a module call (`module(x)`: `_call_impl` in module.py) and not
 /// in setup that runs there too (`model.to()`, `.cuda()`, `_apply`, `load_state_dict`).
 pub fn in_module_call(frames: &[Frame]) -> bool {
