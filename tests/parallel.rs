@@ -68,6 +68,31 @@ fn ddp_holds_one_bucket_of_every_gradient_beside_the_model() {
 }
 
 #[test]
+fn a_hand_written_ddp_without_reducer_holds_what_one_gpu_holds() {
+    // ddp_reducer=none: parameters broadcast and gradients all-reduced in place, so each rank's
+    // every step is the single GPU's; zero1 then keeps the state of its own parameters only.
+    let set = [("size", "small"), ("batch", "2"), ("context", "64"), ("optimizer", "adamw"), ("warmup", "0")];
+    let single = run("lm-train", &set);
+    let ddp = run("lm-train", &[&set[..], &[("world", "2"), ("strategy", "ddp"), ("ddp_reducer", "none")]].concat());
+    assert_eq!(ddp.ranks.len(), 2);
+    for rank in &ddp.ranks {
+        assert_eq!(rank.steps, single.steps, "rank {}", rank.rank);
+    }
+    let buckets = run("lm-train", &[&set[..], &[("world", "2"), ("strategy", "ddp")]].concat());
+    let parameter_bytes = single.model_parameters.unwrap() * 4;
+    assert_eq!(requested(&buckets.steps, "optimizer step") - requested(&ddp.steps, "optimizer step"), parameter_bytes, "the reducer's bucket");
+
+    let zero1 = run("lm-train", &[&set[..], &[("world", "4"), ("strategy", "zero1"), ("ddp_reducer", "none")]].concat());
+    let numels = small_numels();
+    let total: u64 = numels.iter().map(|&n| n as u64).sum();
+    for (rank, owned) in partition_parameters(&numels, 4).iter().enumerate() {
+        let owned: u64 = owned.iter().map(|&i| numels[i] as u64).sum();
+        let less = requested(&single.steps, "optimizer step") - requested(&zero1.ranks[rank].steps, "optimizer step");
+        assert_eq!(less, 2 * 4 * (total - owned), "rank {rank}: AdamW's two moments of the others' parameters");
+    }
+}
+
+#[test]
 fn zero1_ranks_keep_the_optimizer_state_of_the_parameters_they_own() {
     let set = [("size", "small"), ("batch", "2"), ("context", "64"), ("optimizer", "adamw"), ("warmup", "0")];
     let single = run("lm-train", &set);

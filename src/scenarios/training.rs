@@ -9,7 +9,7 @@
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp;
 use crate::nn::optim::{Adam, AdamW8bit, GradScaler, HandwrittenAdamW, MasterWeights, Optimizer, Sgd};
-use crate::nn::parallel::{self, BlockHooks, Ddp, FullyShard, Hooks, Parallel, Sharded, Strategy};
+use crate::nn::parallel::{self, BlockHooks, Ddp, DdpReducer, FullyShard, Hooks, Parallel, Sharded, Strategy};
 use crate::nn::{
     Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, LM_SIZES, Lm, LmConfig, LoraConfig, Module, Quantize, Transformer,
     TransformerConfig,
@@ -83,6 +83,7 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
         Parameter::flag("master_weights", "false", MASTER_WEIGHTS_HELP),
         Parameter::integer("world", "1", 1, 65_536, "GPUs training together (world / tp data-parallel replicas of tp ranks each), each rank simulated"),
         Parameter::choice("strategy", "ddp", Strategy::NAMES, STRATEGY_HELP),
+        Parameter::choice("ddp_reducer", "buckets", DdpReducer::NAMES, DDP_REDUCER_HELP),
         Parameter::integer("tp", "1", 1, 1024, TP_HELP),
         Parameter::integer("node", "8", 1, 1024, "GPUs per node: hsdp shards within a node"),
         Parameter::choice("fsdp_version", "1", &["1", "2"], FSDP_VERSION_HELP),
@@ -94,6 +95,10 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
         Parameter::integer("rank", "0", 0, 65_535, "the rank whose trace the run records (every rank is summarised in ranks)"),
     ]
 }
+
+const DDP_REDUCER_HELP: &str = "ddp, zero1: buckets (torch's DistributedDataParallel: the reducer's buckets, a second copy of every \
+                                gradient) or none (no reducer: each gradient all-reduced in place after backward and the \
+                                parameters broadcast in place, as a hand-written DDP does)";
 
 const STRATEGY_HELP: &str = "with world > 1: ddp (DistributedDataParallel: everything on every rank, gradients all-reduced from \
                              buckets the reducer keeps: one of every gradient, rebuilt after the first backward as 1 MiB then \
@@ -515,6 +520,7 @@ fn parallel(v: &Values) -> Parallel {
         node: v.int("node"),
         reshard_after_forward: v.flag("reshard_after_forward"),
         fsdp_version: if v.choice("fsdp_version") == "2" { 2 } else { 1 },
+        ddp_reducer: DdpReducer::parse(v.choice("ddp_reducer")).expect("checked against the names"),
     }
 }
 
@@ -623,7 +629,11 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
     } else {
         match parallel.strategy {
             Strategy::Ddp | Strategy::Zero1 => {
-                let ddp = Ddp::new(&dev, &trainable, &model.all_parameters())?;
+                let wrapper = match parallel.ddp_reducer {
+                    DdpReducer::Buckets => Wrapper::Ddp(Ddp::new(&dev, &trainable, &model.all_parameters())?),
+                    // Broadcasts and all-reduces in place allocate nothing.
+                    DdpReducer::None => Wrapper::None,
+                };
                 let stepped = match parallel.strategy {
                     Strategy::Zero1 => {
                         let all = model.all_parameters();
@@ -631,7 +641,7 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
                     }
                     _ => trainable.iter().map(Tensor::share).collect(),
                 };
-                (Wrapper::Ddp(ddp), stepped)
+                (wrapper, stepped)
             }
             Strategy::Zero2 | Strategy::Fsdp | Strategy::Hsdp => {
                 let blocks = model.blocks();

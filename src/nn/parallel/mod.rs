@@ -63,6 +63,29 @@ impl Strategy {
     }
 }
 
+/// How ddp and zero1 all-reduce the gradients (`ddp_reducer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DdpReducer {
+    /// torch's `DistributedDataParallel` (`gradient_as_bucket_view=False`, its default): the
+    /// reducer's buckets, one more copy of every gradient.
+    Buckets,
+    /// No reducer: each gradient all-reduced in place after backward, as a hand-written DDP
+    /// does (`dist.all_reduce(p.grad)` over the parameters); parameters broadcast in place.
+    None,
+}
+
+impl DdpReducer {
+    pub const NAMES: &'static [&'static str] = &["buckets", "none"];
+
+    pub fn parse(name: &str) -> Option<DdpReducer> {
+        Some(match name {
+            "buckets" => DdpReducer::Buckets,
+            "none" => DdpReducer::None,
+            _ => return None,
+        })
+    }
+}
+
 /// The ranks and how they split the work: `tp` ranks split each layer (tensor parallelism,
 /// innermost: ranks `k * tp .. (k + 1) * tp` hold one model replica), and the `world / tp`
 /// replicas train data-parallel under `strategy`.
@@ -79,11 +102,13 @@ pub struct Parallel {
     /// fsdp, hsdp: 1 (FlatParameter shards, `FullyShardedDataParallel`) or 2 (per-parameter
     /// shards, `fully_shard`).
     pub fsdp_version: u8,
+    /// ddp, zero1: torch's reducer or none.
+    pub ddp_reducer: DdpReducer,
 }
 
 impl Parallel {
     pub fn single() -> Parallel {
-        Parallel { world: 1, tp: 1, strategy: Strategy::Ddp, node: 8, reshard_after_forward: true, fsdp_version: 1 }
+        Parallel { world: 1, tp: 1, strategy: Strategy::Ddp, node: 8, reshard_after_forward: true, fsdp_version: 1, ddp_reducer: DdpReducer::Buckets }
     }
 
     /// The data-parallel ranks: model replicas.
