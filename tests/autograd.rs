@@ -324,3 +324,21 @@ fn a_graph_of_any_depth_drops_without_overflowing_the_stack() {
         .expect("no stack overflow");
     assert_eq!(freed.0, freed.1, "the whole graph was freed");
 }
+
+#[test]
+fn a_post_accumulate_grad_hook_sees_each_gradient_accumulated_until_its_handle_drops() {
+    let dev = device();
+    let x = leaf(&dev);
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let log = std::rc::Rc::clone(&seen);
+    let handle = autograd::register_post_accumulate_grad_hook(&x, move |leaf| {
+        log.borrow_mut().push(leaf.grad().expect("accumulated before the hook runs").shape().to_vec());
+        Ok(())
+    });
+    x.mul_scalar(2.0).unwrap().sum(&[], false).unwrap().backward().unwrap();
+    x.mul_scalar(3.0).unwrap().sum(&[], false).unwrap().backward().unwrap();
+    assert_eq!(*seen.borrow(), vec![vec![512, 512]; 2], "once per backward, with the gradient in place");
+    drop(handle);
+    x.mul_scalar(4.0).unwrap().sum(&[], false).unwrap().backward().unwrap();
+    assert_eq!(seen.borrow().len(), 2, "no hook after its handle drops");
+}

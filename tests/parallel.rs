@@ -93,6 +93,34 @@ fn a_hand_written_ddp_without_reducer_holds_what_one_gpu_holds() {
 }
 
 #[test]
+fn ddp_with_gradients_as_bucket_views_holds_its_gradients_once() {
+    // gradient_as_bucket_view=True: each gradient is copied into its bucket as it arrives and
+    // becomes a view of it, so where torch's default reducer holds the gradients twice (theirs
+    // and the bucket), the views hold them once; before backward the two hold the same.
+    let set = [("size", "small"), ("batch", "2"), ("context", "64"), ("optimizer", "adamw"), ("warmup", "1"), ("steps", "2")];
+    let world = [("world", "2"), ("strategy", "ddp")];
+    let buckets = run("lm-train", &[&set[..], &world].concat());
+    let views = run("lm-train", &[&set[..], &world, &[("ddp_reducer", "views")]].concat());
+    let gradient_bytes = run("lm-train", &set).model_parameters.unwrap() * 4;
+    for label in ["model and batch", "warm-up forward", "step 1 forward", "step 2 loss"] {
+        assert_eq!(requested(&views.steps, label), requested(&buckets.steps, label), "{label}");
+    }
+    for label in ["warm-up backward", "warm-up optimizer step", "step 1 backward", "step 2 optimizer step"] {
+        assert_eq!(requested(&buckets.steps, label) - requested(&views.steps, label), gradient_bytes, "{label}");
+    }
+    // The buckets are rebuilt at the second forward in the order the gradients arrived, as
+    // with torch's default reducer.
+    let reducer = |r: &RunResult| -> Vec<u64> {
+        r.snapshot.device_traces[0]
+            .iter()
+            .filter(|e| e.action == tensormem::trace::Action::Alloc && e.frames.iter().flat_map(|f| f.iter()).any(|f| f.name.contains("reducer")))
+            .map(|e| e.size)
+            .collect()
+    };
+    assert_eq!(reducer(&views), reducer(&buckets));
+}
+
+#[test]
 fn zero1_ranks_keep_the_optimizer_state_of_the_parameters_they_own() {
     let set = [("size", "small"), ("batch", "2"), ("context", "64"), ("optimizer", "adamw"), ("warmup", "0")];
     let single = run("lm-train", &set);

@@ -165,5 +165,5 @@ fn accumulate(leaf: &Tensor, grad: Tensor) -> Result<()> {
             existing.add_(&grad)?;
         }
     }
-    Ok(())
+    super::run_post_accumulate_grad_hook(leaf)
 }

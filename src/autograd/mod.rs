@@ -19,6 +19,32 @@ use std::rc::Rc;
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
     static NEXT_SEQUENCE: Cell<u64> = const { Cell::new(0) };
+    /// Per leaf (by tensor id): the hook run after a gradient is accumulated into it.
+    static POST_ACCUMULATE_GRAD_HOOKS: RefCell<rustc_hash::FxHashMap<u64, PostAccumulateGradHook>> = RefCell::default();
+}
+
+type PostAccumulateGradHook = Rc<dyn Fn(&Tensor) -> Result<()>>;
+
+/// `Tensor.register_post_accumulate_grad_hook(hook)`: `hook(leaf)` runs each time backward has
+/// accumulated a gradient into `leaf`, until the handle drops (one hook a leaf here).
+#[must_use = "the hook holds only while its handle lives"]
+pub struct HookHandle(u64);
+
+impl Drop for HookHandle {
+    fn drop(&mut self) {
+        POST_ACCUMULATE_GRAD_HOOKS.with(|h| h.borrow_mut().remove(&self.0));
+    }
+}
+
+pub fn register_post_accumulate_grad_hook(leaf: &Tensor, hook: impl Fn(&Tensor) -> Result<()> + 'static) -> HookHandle {
+    POST_ACCUMULATE_GRAD_HOOKS.with(|h| h.borrow_mut().insert(leaf.id(), Rc::new(hook)));
+    HookHandle(leaf.id())
+}
+
+/// Runs `leaf`'s post-accumulate-grad hook, if it has one.
+fn run_post_accumulate_grad_hook(leaf: &Tensor) -> Result<()> {
+    let hook = POST_ACCUMULATE_GRAD_HOOKS.with(|h| h.borrow().get(&leaf.id()).cloned());
+    hook.map_or(Ok(()), |hook| hook(leaf))
 }
 
 /// Whether ops record a graph (`torch.is_grad_enabled()`).

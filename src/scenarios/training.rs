@@ -97,7 +97,8 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
 }
 
 const DDP_REDUCER_HELP: &str = "ddp, zero1: buckets (torch's DistributedDataParallel: the reducer's buckets, a second copy of every \
-                                gradient) or none (no reducer: each gradient all-reduced in place after backward and the \
+                                gradient), views (gradient_as_bucket_view=True: each gradient copied into its bucket as it \
+                                arrives and made a view of it, so held once) or none (no reducer: each gradient all-reduced in place after backward and the \
                                 parameters broadcast in place, as a hand-written DDP does)";
 
 const STRATEGY_HELP: &str = "with world > 1: ddp (DistributedDataParallel: everything on every rank, gradients all-reduced from \
@@ -630,7 +631,9 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
         match parallel.strategy {
             Strategy::Ddp | Strategy::Zero1 => {
                 let wrapper = match parallel.ddp_reducer {
-                    DdpReducer::Buckets => Wrapper::Ddp(Ddp::new(&dev, &trainable, &model.all_parameters())?),
+                    DdpReducer::Buckets | DdpReducer::Views => {
+                        Wrapper::Ddp(Ddp::new(&dev, &trainable, &model.all_parameters(), parallel.ddp_reducer == DdpReducer::Views)?)
+                    }
                     // Broadcasts and all-reduces in place allocate nothing.
                     DdpReducer::None => Wrapper::None,
                 };

@@ -83,7 +83,7 @@ STEP_PARAMETERS = lambda batch, context, optimizer, dtype: [  # noqa: E731
     ("master_weights", "false", {"type": "flag"}),
     ("world", "1", {"type": "integer", "min": 1, "max": 65536}),
     ("strategy", "ddp", {"type": "choice", "options": ["ddp", "zero1", "zero2", "fsdp", "hsdp"]}),
-    ("ddp_reducer", "buckets", {"type": "choice", "options": ["buckets", "none"]}),
+    ("ddp_reducer", "buckets", {"type": "choice", "options": ["buckets", "views", "none"]}),
     ("tp", "1", {"type": "integer", "min": 1, "max": 1024}),
     ("node", "8", {"type": "integer", "min": 1, "max": 1024}),
     ("fsdp_version", "1", {"type": "choice", "options": ["1", "2"]}),

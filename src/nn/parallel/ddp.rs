@@ -4,11 +4,17 @@
 //! into its bucket's view, the bucket all-reduced in place and copied back, so every rank holds
 //! its gradients twice). The first buckets hold everything, one per type; at the second
 //! forward they are rebuilt as 1 MiB then 25 MiB buckets in the order gradients arrived.
+//! With `gradient_as_bucket_view=True` the buckets are the gradients: as each gradient is
+//! accumulated, the reducer copies it into its bucket and makes the parameter's `.grad` that
+//! view, so the gradient backward made is freed at once and every rank holds its gradients once.
 
+use crate::autograd::{self, HookHandle};
 use crate::device::Device;
-use crate::tensor::{Buffer, DType, Result, Tensor};
+use crate::tensor::{Buffer, DType, Result, Tensor, TensorError};
 use crate::trace::Category;
+use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::rc::Rc;
 
 /// `_DEFAULT_FIRST_BUCKET_BYTES`: the first bucket closes at 1 MiB.
 pub const DDP_FIRST_BUCKET_BYTES: u64 = 1 << 20;
@@ -66,9 +72,23 @@ pub struct Ddp {
     /// Buffers, not tensors: the first bucket holds every gradient, more elements than a tensor
     /// indexes in wasm.
     buckets: Vec<Buffer>,
+    /// With `gradient_as_bucket_view=True`: the buckets as tensors, each parameter's view into
+    /// its bucket, and the hooks that make each gradient that view (held to be removed with
+    /// the wrapper).
+    views: Option<Rc<RefCell<BucketViews>>>,
+    _hooks: Vec<HookHandle>,
     /// The parameters in the order their gradients became ready in the first backward.
     ready: Option<Vec<usize>>,
     rebuilt: bool,
+}
+
+#[derive(Default)]
+struct BucketViews {
+    buckets: Vec<Tensor>,
+    /// Per parameter: its gradient's place in its bucket.
+    of_param: Vec<Option<Tensor>>,
+    /// The parameters in the order their gradients arrived (the hooks see it).
+    arrived: Vec<usize>,
 }
 
 impl Ddp {
@@ -76,11 +96,16 @@ impl Ddp {
     /// ones included, is `module_states` (both in registration order): broadcasts the module
     /// from rank 0, then makes the first buckets: with `find_unused_parameters=False` (the
     /// default) one per type, holding every parameter (`[sys.maxsize]` limits, "put all params
-    /// in one bucket initially").
-    pub fn new(device: &Device, params: &[Tensor], module_states: &[Tensor]) -> Result<Ddp> {
+    /// in one bucket initially"). `bucket_views`: `gradient_as_bucket_view=True`.
+    pub fn new(device: &Device, params: &[Tensor], module_states: &[Tensor], bucket_views: bool) -> Result<Ddp> {
         broadcast_coalesced(device, module_states.iter())?;
-        let shared = params.iter().map(Tensor::share).collect();
-        let mut ddp = Ddp { device: device.clone(), params: shared, buckets: Vec::new(), ready: None, rebuilt: false };
+        let shared: Vec<Tensor> = params.iter().map(Tensor::share).collect();
+        let views = bucket_views.then(|| Rc::new(RefCell::new(BucketViews { of_param: params.iter().map(|_| None).collect(), ..Default::default() })));
+        let hooks = match &views {
+            Some(views) => shared.iter().enumerate().map(|(i, p)| autograd::register_post_accumulate_grad_hook(p, gradient_into_bucket(views, i))).collect(),
+            None => Vec::new(),
+        };
+        let mut ddp = Ddp { device: device.clone(), params: shared, buckets: Vec::new(), views, _hooks: hooks, ready: None, rebuilt: false };
         let tensors: Vec<(usize, DType)> = params.iter().map(|p| (p.numel(), p.dtype())).collect();
         let mut assignment = bucket_assignment(&tensors, &[u64::MAX]);
         assignment.reverse();
@@ -94,10 +119,15 @@ impl Ddp {
         if self.ready.is_some() {
             return;
         }
-        // A gradient's tensor id orders it by when it was made in backward.
-        let mut ready: Vec<usize> = (0..self.params.len()).filter(|&i| self.params[i].grad().is_some()).collect();
-        ready.sort_by_key(|&i| self.params[i].grad().map(|g| g.id()));
-        self.ready = Some(ready);
+        self.ready = Some(match &self.views {
+            Some(views) => views.borrow().arrived.clone(),
+            None => {
+                // A gradient's tensor id orders it by when it was made in backward.
+                let mut ready: Vec<usize> = (0..self.params.len()).filter(|&i| self.params[i].grad().is_some()).collect();
+                ready.sort_by_key(|&i| self.params[i].grad().map(|g| g.id()));
+                ready
+            }
+        });
     }
 
     /// `_pre_forward`'s `_rebuild_buckets`, once, at the forward after the first backward:
@@ -116,6 +146,11 @@ impl Ddp {
             }
         }
         self.buckets.clear();
+        if let Some(views) = &self.views {
+            let mut views = views.borrow_mut();
+            views.buckets.clear();
+            views.of_param.iter_mut().for_each(|v| *v = None);
+        }
         self.allocate(&assignment, &(0..self.params.len()).collect::<Vec<_>>())
     }
 
@@ -124,7 +159,55 @@ impl Ddp {
         let _scope = self.device.scope("DistributedDataParallel.reducer");
         for bucket in assignment {
             let bytes = bucket.iter().map(|&i| self.params[index[i]].numel() as u64 * self.params[index[i]].dtype().size() as u64).sum::<u64>();
-            self.buckets.push(self.device.buffer(bytes, "empty")?);
+            let Some(views) = &self.views else {
+                self.buckets.push(self.device.buffer(bytes, "empty")?);
+                continue;
+            };
+            // The bucket as a flat tensor of its type, each parameter's gradient a view of it.
+            let dtype = self.params[index[bucket[0]]].dtype();
+            let numel = usize::try_from(bytes / dtype.size() as u64)
+                .map_err(|_| TensorError::Shape(format!("a gradient bucket of {bytes} bytes is too large for this build: use ddp_reducer=buckets")))?;
+            let flat = self.device.empty_tensor(&[numel], dtype, "empty")?;
+            let mut views = views.borrow_mut();
+            let mut offset = 0;
+            for &i in bucket {
+                let p = &self.params[index[i]];
+                let shape: Vec<isize> = p.shape().iter().map(|&d| d as isize).collect();
+                let view = flat.narrow(0, offset, p.numel())?.view(&shape)?;
+                offset += p.numel();
+                // `initialize_bucket_views`: a gradient that exists is copied into its view.
+                if let Some(grad) = p.grad() {
+                    let _no_grad = autograd::no_grad();
+                    view.copy_(&grad)?;
+                    p.set_grad(Some(view.share()));
+                }
+                views.of_param[index[i]] = Some(view);
+            }
+            views.buckets.push(flat);
+        }
+        Ok(())
+    }
+}
+
+/// The reducer's hook for parameter `i` (`mark_variable_ready` with bucket views): the
+/// gradient just accumulated is copied into the parameter's view of its bucket, which becomes
+/// its `.grad`; the gradient backward made is freed. A gradient that is the view already (one
+/// accumulated into in place) stays.
+fn gradient_into_bucket(views: &Rc<RefCell<BucketViews>>, i: usize) -> impl Fn(&Tensor) -> Result<()> + 'static {
+    let views = Rc::clone(views);
+    move |leaf| {
+        let view = {
+            let mut views = views.borrow_mut();
+            if !views.arrived.contains(&i) {
+                views.arrived.push(i);
+            }
+            views.of_param[i].as_ref().map(Tensor::share)
+        };
+        let (Some(view), Some(grad)) = (view, leaf.grad()) else { return Ok(()) };
+        if grad.id() != view.id() {
+            let _no_grad = autograd::no_grad();
+            view.copy_(&grad)?;
+            leaf.set_grad(Some(view));
         }
         Ok(())
     }

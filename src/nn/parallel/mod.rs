@@ -69,17 +69,21 @@ pub enum DdpReducer {
     /// torch's `DistributedDataParallel` (`gradient_as_bucket_view=False`, its default): the
     /// reducer's buckets, one more copy of every gradient.
     Buckets,
+    /// torch's `DistributedDataParallel(gradient_as_bucket_view=True)`: the gradients are views
+    /// of the buckets, held once.
+    Views,
     /// No reducer: each gradient all-reduced in place after backward, as a hand-written DDP
     /// does (`dist.all_reduce(p.grad)` over the parameters); parameters broadcast in place.
     None,
 }
 
 impl DdpReducer {
-    pub const NAMES: &'static [&'static str] = &["buckets", "none"];
+    pub const NAMES: &'static [&'static str] = &["buckets", "views", "none"];
 
     pub fn parse(name: &str) -> Option<DdpReducer> {
         Some(match name {
             "buckets" => DdpReducer::Buckets,
+            "views" => DdpReducer::Views,
             "none" => DdpReducer::None,
             _ => return None,
         })
