@@ -72,7 +72,14 @@ impl Law {
 
     /// The size at `x` (values of the free variables), rounded up to a whole byte; at least 1.
     pub fn eval(&self, x: &[i128]) -> u64 {
-        let x = &in_blocks(x, &self.blocks);
+        // Counted in blocks only where the law has one (most have none: no copy per call).
+        let counted;
+        let x = if self.blocks.iter().all(|&b| b == 1) {
+            x
+        } else {
+            counted = in_blocks(x, &self.blocks);
+            &counted
+        };
         let mut exact: i128 = 0;
         let mut fraction = 0.0;
         for (c, powers) in &self.terms {

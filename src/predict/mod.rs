@@ -170,8 +170,9 @@ pub struct HowSure {
 const FAR_BEYOND: f64 = 4.0;
 
 impl HowSure {
-    /// From the predicted trace (`entries`, with each allocation's sureness) and the variables.
-    fn new(entries: &[TraceEntry], sureness: &[Option<law::Sureness>], vars: &Variables) -> HowSure {
+    /// From the predicted trace (`entries`, with each allocation's sureness), the variables and
+    /// their values at the target.
+    fn new(entries: &[TraceEntry], sureness: &[Option<law::Sureness>], vars: &Variables, target: &[i128]) -> HowSure {
         use law::Sureness;
         let mut live: FxHashMap<u64, (u64, Sureness)> = FxHashMap::default();
         let mut now = [0u64; 3];
@@ -201,14 +202,14 @@ impl HowSure {
         let beyond = |v: usize| {
             let recorded = vars.recorded.iter().map(|x| x[v] as f64);
             let (low, high) = (recorded.clone().fold(f64::INFINITY, f64::min), recorded.fold(0.0, f64::max));
-            let t = vars.target[v] as f64;
+            let t = target[v] as f64;
             (t / high).max(low / t).max(1.0)
         };
         let beyond_recorded = (0..vars.names.len()).map(beyond).fold(1.0, f64::max);
         let [checked_bytes, extrapolated_bytes, recorded_size_bytes] = at_peak;
         let checked_share = if peak == 0 { 1.0 } else { checked_bytes as f64 / peak as f64 };
         let warning = if beyond_recorded > FAR_BEYOND {
-            let far: Vec<String> = (0..vars.names.len()).filter(|&v| beyond(v) > FAR_BEYOND).map(|v| format!("{}={}", vars.names[v], vars.target[v])).collect();
+            let far: Vec<String> = (0..vars.names.len()).filter(|&v| beyond(v) > FAR_BEYOND).map(|v| format!("{}={}", vars.names[v], target[v])).collect();
             Some(format!(
                 "{} lies {beyond_recorded:.1}x beyond the recorded values: the laws are checked only where the program was recorded; \
                  kernels chosen by size (attention backends, cuBLAS heuristics) may allocate otherwise there. Record nearer the target to be sure.",
@@ -277,7 +278,6 @@ pub fn parse_values(text: &str) -> Result<Values, String> {
 
 /// The variables a law is over: the ones that differ between the recordings (with one
 /// recording: all of them), with each recording's values and the target's.
-#[derive(Clone)]
 struct Variables {
     names: Vec<String>,
     recorded: Vec<Vec<i128>>,
@@ -623,7 +623,7 @@ impl<'r, 'a> Model<'r, 'a> {
         }
 
         refuse_beyond_any_card(&entries, target)?;
-        let how_sure = HowSure::new(&entries, &sureness, &Variables { target: x.clone(), ..self.vars.clone() });
+        let how_sure = HowSure::new(&entries, &sureness, &self.vars, &x);
         let device = self.devices[self.reference];
         let mut synthesized = Snapshot { allocator_settings: self.recordings[self.reference].snapshot.allocator_settings.clone(), ..Default::default() };
         synthesized.device_traces = vec![Vec::new(); device as usize + 1];
@@ -695,7 +695,8 @@ fn first_difference(a: &Program, b: &Program, stacks: &Stacks, labels: (&str, &s
                 NO_ALLOC => "no allocation".to_string(),
                 alloc => stack_name(&stacks.frames[p.stacks[alloc] as usize]),
             };
-            format!("{label} has {place}, {} of {} at {stack}", e.action.name(), crate::alloc::format_size(e.size))
+            let at = if stack.starts_with('(') { stack } else { format!("at {stack}") };
+            format!("{label} has {place}, {} of {} {at}", e.action.name(), crate::alloc::format_size(e.size))
         }
     };
     format!("they first differ at their event {at}: {}; {}", describe(a, labels.0), describe(b, labels.1))

@@ -87,8 +87,9 @@ struct BucketViews {
     buckets: Vec<Tensor>,
     /// Per parameter: its gradient's place in its bucket.
     of_param: Vec<Option<Tensor>>,
-    /// The parameters in the order their gradients arrived (the hooks see it).
+    /// The parameters in the order their gradients arrived (the hooks see it), and which have.
     arrived: Vec<usize>,
+    has_arrived: Vec<bool>,
 }
 
 impl Ddp {
@@ -100,7 +101,9 @@ impl Ddp {
     pub fn new(device: &Device, params: &[Tensor], module_states: &[Tensor], bucket_views: bool) -> Result<Ddp> {
         broadcast_coalesced(device, module_states.iter())?;
         let shared: Vec<Tensor> = params.iter().map(Tensor::share).collect();
-        let views = bucket_views.then(|| Rc::new(RefCell::new(BucketViews { of_param: params.iter().map(|_| None).collect(), ..Default::default() })));
+        let views = bucket_views.then(|| {
+            Rc::new(RefCell::new(BucketViews { of_param: params.iter().map(|_| None).collect(), has_arrived: vec![false; params.len()], ..Default::default() }))
+        });
         let hooks = match &views {
             Some(views) => shared.iter().enumerate().map(|(i, p)| autograd::register_post_accumulate_grad_hook(p, gradient_into_bucket(views, i))).collect(),
             None => Vec::new(),
@@ -198,7 +201,7 @@ fn gradient_into_bucket(views: &Rc<RefCell<BucketViews>>, i: usize) -> impl Fn(&
     move |leaf| {
         let view = {
             let mut views = views.borrow_mut();
-            if !views.arrived.contains(&i) {
+            if !std::mem::replace(&mut views.has_arrived[i], true) {
                 views.arrived.push(i);
             }
             views.of_param[i].as_ref().map(Tensor::share)

@@ -106,7 +106,7 @@ pub struct Parallel {
     /// fsdp, hsdp: 1 (FlatParameter shards, `FullyShardedDataParallel`) or 2 (per-parameter
     /// shards, `fully_shard`).
     pub fsdp_version: u8,
-    /// ddp, zero1: torch's reducer or none.
+    /// ddp, zero1: torch's reducer (its buckets, or gradients as views of them) or none.
     pub ddp_reducer: DdpReducer,
 }
 
