@@ -30,7 +30,7 @@ pub mod trace;
 #[cfg(target_arch = "wasm32")]
 pub mod web;
 
-pub use device::{Device, DeviceError, GpuOptions, Multiprocessors, SimOptions};
+pub use device::{CudaCard, Device, DeviceError, GpuOptions, Multiprocessors, SimOptions};
 /// The optimizers live with the layers (`nn::optim`), as DESIGN.md places them.
 pub use nn::optim;
 pub use tensor::{DType, Tensor, TensorError};

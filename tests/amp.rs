@@ -15,6 +15,11 @@ fn sim() -> Device {
     Device::sim(SimOptions::preset("A100-40GB"))
 }
 
+/// What cuBLAS's first call on a thread allocates on an A100 (compute capability 8.0: the
+/// default `:4096:2:16:8`), and cuBLASLt's first fused addmm after it.
+const CUBLAS_WORKSPACE: u64 = 8_519_680;
+const CUBLASLT_WORKSPACE: u64 = 1 << 20;
+
 /// The (op, size) of every allocation from trace entry `from` on.
 fn allocations(dev: &Device, from: usize) -> Vec<(String, u64)> {
     let snapshot = dev.snapshot();
@@ -36,17 +41,27 @@ fn autocast_holds_f16_copies_of_the_weights_it_cast_for_the_scope() {
     let (linear, x) = layer_and_input(&dev);
     let before = dev.memory_allocated();
     let weight_copies = rounded(512 * 256 * 2) + rounded(512 * 2);
+    let workspaces = CUBLAS_WORKSPACE + CUBLASLT_WORKSPACE;
     {
         let _autocast = amp::autocast(DType::F16).unwrap();
         let from = trace_len(&dev);
         let y = linear.forward(&x).unwrap();
         assert_eq!(y.dtype(), DType::F16, "linear runs in float16");
         // The bias, weight and input each cast once (last argument first, as GCC-built PyTorch
-        // evaluates autocast's argument pack), then one f16 output.
+        // evaluates autocast's argument pack), then one f16 output, then (the thread's first
+        // matmul, fused with its bias) cuBLAS's and cuBLASLt's workspaces.
         let first = allocations(&dev, from);
         assert_eq!(
             first,
-            [("to", 1024), ("to", 512 * 256 * 2), ("to", 64 * 256 * 2), ("addmm", 64 * 512 * 2)].map(|(op, n)| (op.to_string(), rounded(n))),
+            [
+                ("to", 1024),
+                ("to", 512 * 256 * 2),
+                ("to", 64 * 256 * 2),
+                ("addmm", 64 * 512 * 2),
+                ("at::cuda::getNewWorkspace", CUBLAS_WORKSPACE),
+                ("at::cuda::getCUDABlasLtWorkspace", CUBLASLT_WORKSPACE)
+            ]
+            .map(|(op, n)| (op.to_string(), rounded(n))),
             "casts, then the product"
         );
         assert_eq!(amp::cached_bytes(), 512 * 256 * 2 + 512 * 2, "the weight and bias copies are cached");
@@ -55,17 +70,17 @@ fn autocast_holds_f16_copies_of_the_weights_it_cast_for_the_scope() {
         let y2 = linear.forward(&x).unwrap();
         assert_eq!(allocations(&dev, from).len(), 2, "the cached weight copies are reused: {:?}", allocations(&dev, from));
         drop((y, y2));
-        assert_eq!(dev.memory_allocated(), before + weight_copies, "the cache holds the copies while the scope lasts");
+        assert_eq!(dev.memory_allocated(), before + weight_copies + workspaces, "the cache holds the copies while the scope lasts");
         {
             let _nested = amp::autocast(DType::F16).unwrap();
         }
-        assert_eq!(dev.memory_allocated(), before + weight_copies, "leaving a nested scope keeps the cache");
+        assert_eq!(dev.memory_allocated(), before + weight_copies + workspaces, "leaving a nested scope keeps the cache");
         {
             let _off = amp::autocast_disabled();
             assert_eq!(linear.forward(&x).unwrap().dtype(), DType::F32, "autocast(enabled=False) runs ops in their inputs' types");
         }
     }
-    assert_eq!(dev.memory_allocated(), before, "leaving the outermost scope frees the cached copies");
+    assert_eq!(dev.memory_allocated(), before + workspaces, "leaving the outermost scope frees the cached copies (cuBLAS keeps its workspaces)");
     assert_eq!(amp::cached_bytes(), 0);
     assert!(!amp::is_autocast_enabled());
 }
@@ -82,7 +97,18 @@ fn bfloat16_autocast_casts_weights_to_two_bytes_once_and_copies_before_softmax()
         assert_eq!(y.dtype(), DType::BF16, "linear runs in bfloat16");
         // The same casts as float16's: 2 bytes an element, the bias first.
         let made = allocations(&dev, from);
-        assert_eq!(made, [("to", 512 * 2), ("to", 512 * 256 * 2), ("to", 64 * 256 * 2), ("addmm", 64 * 512 * 2)].map(|(op, n)| (op.to_string(), n)));
+        assert_eq!(
+            made,
+            [
+                ("to", 512 * 2),
+                ("to", 512 * 256 * 2),
+                ("to", 64 * 256 * 2),
+                ("addmm", 64 * 512 * 2),
+                ("at::cuda::getNewWorkspace", CUBLAS_WORKSPACE),
+                ("at::cuda::getCUDABlasLtWorkspace", CUBLASLT_WORKSPACE)
+            ]
+            .map(|(op, n)| (op.to_string(), n))
+        );
         assert_eq!(amp::cached_bytes(), 512 * 256 * 2 + 512 * 2, "the weight and bias copies are cached");
         let from = trace_len(&dev);
         let again = linear.forward(&x).unwrap();
@@ -95,7 +121,7 @@ fn bfloat16_autocast_casts_weights_to_two_bytes_once_and_copies_before_softmax()
         assert_eq!(allocations(&dev, from), [("to", 64 * 512 * 4), ("softmax", 64 * 512 * 4)].map(|(op, n)| (op.to_string(), n)));
         drop((y, again, p));
     }
-    assert_eq!(dev.memory_allocated(), before, "leaving the scope frees the cached copies");
+    assert_eq!(dev.memory_allocated(), before + CUBLAS_WORKSPACE + CUBLASLT_WORKSPACE, "leaving the scope frees the cached copies");
     assert_eq!(amp::cached_bytes(), 0);
 }
 
@@ -112,7 +138,8 @@ fn each_op_runs_in_the_type_autocast_gives_it() {
         let ops: Vec<String> = allocations(&dev, from).into_iter().map(|(op, _)| op).collect();
         assert_eq!(ops, allocations_made, "{what}: allocations");
     };
-    case("matmul casts both inputs to f16", &|| a.matmul(&a.t().unwrap()).unwrap(), DType::F16, &["to", "to", "matmul"]);
+    let first_matmul = ["to", "to", "matmul", "at::cuda::getNewWorkspace"];
+    case("matmul casts both inputs to f16 (the first also gets cuBLAS's workspace)", &|| a.matmul(&a.t().unwrap()).unwrap(), DType::F16, &first_matmul);
     case("an f16 matmul casts nothing", &|| h.matmul(&h.t().unwrap()).unwrap(), DType::F16, &["matmul"]);
     case("exp is on the float32 list: its f16 input is copied", &|| h.exp().unwrap(), DType::F32, &["to", "exp"]);
     case("softmax reads f16 into a float32 result, without a copy", &|| h.softmax(-1).unwrap(), DType::F32, &["softmax"]);
@@ -142,12 +169,16 @@ fn under_autocast_a_linear_layer_saves_its_f16_inputs_and_gives_f32_gradients() 
     // mm saves its f16 operands: the input's copy (512 KiB) and the weight's (2 MiB), which the
     // graph keeps after the scope dropped its cache.
     assert_eq!(loss.dtype(), DType::F32);
-    assert_eq!(dev.memory_allocated(), before + (512 << 10) + (2 << 20) + 512);
+    assert_eq!(dev.memory_allocated(), before + (512 << 10) + (2 << 20) + 512 + CUBLAS_WORKSPACE);
     loss.backward().unwrap();
     let (gw, gx) = (linear.weight.grad().unwrap(), x.grad().unwrap());
     assert_eq!((gw.dtype(), gx.dtype()), (DType::F32, DType::F32), "ToCopyBackward0 returns each gradient in its leaf's type");
     drop(loss);
-    assert_eq!(dev.memory_allocated(), before + (4 << 20) + (1 << 20), "the f16 copies are gone; the f32 gradients remain");
+    assert_eq!(
+        dev.memory_allocated(),
+        before + (4 << 20) + (1 << 20) + 2 * CUBLAS_WORKSPACE,
+        "the f16 copies are gone; the f32 gradients remain (and the workspaces of the main thread and autograd's)"
+    );
 }
 
 #[test]

@@ -92,7 +92,7 @@ fn the_keys_every_entry_repeats_are_stored_once() {
 /// for the recorded ops.
 #[test]
 fn split_reductions_allocate_what_the_recorded_ones_did() {
-    use tensormem::{DType, Device, Multiprocessors, SimOptions};
+    use tensormem::{CudaCard, DType, Device, Multiprocessors, SimOptions};
     let Some(dir) = common::fixtures_dir() else { return };
     let recorded = |name: &str, events: std::ops::RangeInclusive<usize>| -> Vec<(Action, u64)> {
         let snap = trace::load_file(&dir.join(name)).unwrap();
@@ -120,7 +120,10 @@ fn split_reductions_allocate_what_the_recorded_ones_did() {
     // eor-nn-legacy-with-snapshots.pickle, `.mean()` of 1,966,080 floats (events 82-88) on a
     // card with 144 blocks of 512 threads in flight (72 SMs of 1,024 threads, as a Turing
     // Quadro RTX 8000): 576 bytes. An H100 would split it over 240 blocks.
-    let card = SimOptions { multiprocessors: Some(Multiprocessors { count: 72, max_threads_each: 1024 }), ..SimOptions::preset("H100-80GB") };
+    let card = SimOptions {
+        cuda: Some(CudaCard { multiprocessors: Multiprocessors { count: 72, max_threads_each: 1024 }, capability: (7, 5) }),
+        ..SimOptions::preset("H100-80GB")
+    };
     let dev = Device::sim(card);
     let image = dev.zeros(&[10, 3, 256, 256], DType::F32).unwrap();
     let theirs = recorded("eor-nn-legacy-with-snapshots.pickle", 82..=88);

@@ -58,6 +58,7 @@ impl Ord for Ready {
 pub(crate) fn run_backward(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()> {
     // Backward's own ops record nothing (no create_graph).
     let _no_grad = super::no_grad();
+    let _thread = root.device().autograd_thread();
     let root = match root.grad_fn() {
         Some(node) => Edge::Node(node),
         None => Edge::Leaf(root.share()),

@@ -25,11 +25,14 @@ pub struct GpuOptions {
     /// Where measured choices are kept across runs. None: `$TENSORMEM_CACHE_DIR`, else the user's
     /// cache directory (`$XDG_CACHE_HOME/tensormem` or `~/.cache/tensormem`); never on the web.
     pub tuning_file: Option<std::path::PathBuf>,
-    /// The CUDA card whose reduction launches the trace models (WebGPU reports no
-    /// multiprocessors): a long reduction is split as PyTorch splits it there, allocating what
-    /// it allocates, and the split kernel works in that memory. Default: the H100's. None:
-    /// never split, nothing allocated.
-    pub multiprocessors: Option<super::Multiprocessors>,
+    /// The CUDA card whose allocations the trace models (WebGPU reports neither multiprocessors
+    /// nor a compute capability): a long reduction is split as PyTorch splits it there,
+    /// allocating what it allocates, and the split kernel works in that memory; each thread's
+    /// first matmul allocates cuBLAS's workspace. Default: the H100's. None: never split, no
+    /// workspaces.
+    pub cuda: Option<super::CudaCard>,
+    /// `CUBLAS_WORKSPACE_CONFIG`'s size per handle in bytes; None: PyTorch's default for `cuda`.
+    pub cublas_workspace: Option<u64>,
 }
 
 impl Default for GpuOptions {
@@ -40,7 +43,8 @@ impl Default for GpuOptions {
             uncached: false,
             matmul: Default::default(),
             tuning_file: None,
-            multiprocessors: Some(super::sim::H100_MULTIPROCESSORS),
+            cuda: Some(super::sim::H100_CARD),
+            cublas_workspace: None,
         }
     }
 }

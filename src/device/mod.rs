@@ -1,6 +1,7 @@
 //! A device: GPU (wgpu: Vulkan, Metal, DX12, or WebGPU in the browser) or Sim (shapes only). Both
 //! hand every tensor a block from the same caching allocator, so both produce the same trace.
 
+pub mod cublas;
 mod gpu;
 mod launch;
 mod sim;
@@ -8,9 +9,10 @@ mod staging;
 mod tune;
 
 pub use crate::kernels::matmul::MatmulKernel;
+pub use cublas::{BlasWorkspaces, CudaCard};
 pub use gpu::{AdapterSummary, GpuOptions};
 pub(crate) use launch::{Arg, Bindings};
-pub use sim::{H100_MULTIPROCESSORS, Multiprocessors, PRESETS, SimOptions, Speed, parse_capacity};
+pub use sim::{H100_CARD, H100_MULTIPROCESSORS, Multiprocessors, PRESETS, SimOptions, Speed, parse_capacity};
 pub(crate) use tune::MatmulClass;
 pub use tune::{MatmulChoice, MatmulTuning};
 
@@ -156,7 +158,17 @@ struct DeviceInner {
     deferred_parameters: Cell<bool>,
     /// The CUDA card whose reduction launches this device models (None: no split reductions).
     multiprocessors: Option<Multiprocessors>,
+    /// The size of each cuBLAS handle's workspaces (None: a card without cuBLAS).
+    blas_workspaces: Option<BlasWorkspaces>,
+    /// The workspaces made so far: kept to the end, as PyTorch keeps them.
+    blas_made: RefCell<Vec<(WorkspaceKey, Allocation)>>,
+    /// Backward is running: ops run on the autograd engine's thread, whose cuBLAS handle (and
+    /// so workspace) is not the main thread's.
+    on_autograd_thread: Cell<bool>,
 }
+
+/// Whose workspace: on autograd's thread or not, the stream, cuBLASLt's or cuBLAS's.
+type WorkspaceKey = (bool, crate::alloc::Stream, bool);
 
 /// A device handle; cheap to clone (tensors keep one).
 #[derive(Clone)]
@@ -193,7 +205,8 @@ impl Device {
         let capacity = options.capacity.unwrap_or(ctx.summary.max_buffer_size.saturating_mul(4));
         let name = format!("gpu ({}, {})", ctx.summary.name, ctx.summary.backend);
         let alloc = CachingAllocator::new(config, Segments::Gpu(segments)).with_capacity(capacity);
-        let device = Device::from_parts(Backend::Gpu(ctx), alloc, name, options.multiprocessors);
+        let blas = options.cuda.map(|card| card.workspaces(options.cublas_workspace));
+        let device = Device::from_parts(Backend::Gpu(ctx), alloc, name, options.cuda.map(|c| c.multiprocessors), blas);
         device.0.uncached.set(options.uncached);
         Ok(device)
     }
@@ -205,10 +218,17 @@ impl Device {
 
     pub fn sim_with(options: SimOptions, config: AllocatorConfig) -> Device {
         let alloc = CachingAllocator::new(config, Segments::Virtual(VirtualSegments::default())).with_capacity(options.capacity);
-        Device::from_parts(Backend::Sim(options.speed), alloc, options.device_name(), options.multiprocessors)
+        let blas = options.cuda.map(|card| card.workspaces(options.cublas_workspace));
+        Device::from_parts(Backend::Sim(options.speed), alloc, options.device_name(), options.cuda.map(|c| c.multiprocessors), blas)
     }
 
-    fn from_parts(backend: Backend, mut alloc: CachingAllocator<Segments>, name: String, multiprocessors: Option<Multiprocessors>) -> Device {
+    fn from_parts(
+        backend: Backend,
+        mut alloc: CachingAllocator<Segments>,
+        name: String,
+        multiprocessors: Option<Multiprocessors>,
+        blas_workspaces: Option<BlasWorkspaces>,
+    ) -> Device {
         alloc.record_memory_history(true, RecordContext::All, 100_000);
         // A GPU's entries happen at real times; the sim device's at modelled ones.
         let time = match backend {
@@ -232,6 +252,9 @@ impl Device {
             stream: Cell::new(0),
             deferred_parameters: Cell::new(false),
             multiprocessors,
+            blas_workspaces,
+            blas_made: RefCell::new(Vec::new()),
+            on_autograd_thread: Cell::new(false),
         }))
     }
 
@@ -365,6 +388,32 @@ impl Device {
     pub(crate) fn backward_of(&self, origin: &Origin) -> BackwardGuard {
         let before = self.0.backward_of.replace(Some(origin.clone()));
         BackwardGuard { device: self.clone(), before }
+    }
+
+    /// Until the guard drops, ops run on the autograd engine's thread (see [`Self::blas_workspaces`]).
+    pub(crate) fn autograd_thread(&self) -> ThreadGuard {
+        let before = self.0.on_autograd_thread.replace(true);
+        ThreadGuard { device: self.clone(), before }
+    }
+
+    /// What a matmul's first call on this thread and stream allocates after its output: the
+    /// cuBLAS handle's workspace and, for a matmul through cuBLASLt (`lt`), the Lt workspace
+    /// after it (see [`cublas`]). Later matmuls there allocate nothing.
+    #[track_caller]
+    pub(crate) fn blas_workspaces(&self, lt: bool) -> Result<(), DeviceError> {
+        let Some(sizes) = self.0.blas_workspaces else { return Ok(()) };
+        let (thread, stream) = (self.0.on_autograd_thread.get(), self.0.stream.get());
+        let wanted = [(false, sizes.cublas, "at::cuda::getNewWorkspace"), (true, sizes.cublaslt, "at::cuda::getCUDABlasLtWorkspace")];
+        for (is_lt, bytes, op) in wanted.into_iter().filter(|w| lt || !w.0) {
+            let key = (thread, stream, is_lt);
+            // A zero size (`:0:0`, or Lt unified with cuBLAS's) allocates nothing.
+            if bytes == 0 || self.0.blas_made.borrow().iter().any(|(k, _)| *k == key) {
+                continue;
+            }
+            let block = self.allocate(bytes, op)?;
+            self.0.blas_made.borrow_mut().push((key, block));
+        }
+        Ok(())
     }
 
     /// Until the guard drops, allocations are named by the current scope rather than as the
@@ -637,6 +686,18 @@ pub(crate) struct BackwardGuard {
 impl Drop for BackwardGuard {
     fn drop(&mut self) {
         *self.device.0.backward_of.borrow_mut() = self.before.take();
+    }
+}
+
+/// Ends [`Device::autograd_thread`].
+pub(crate) struct ThreadGuard {
+    device: Device,
+    before: bool,
+}
+
+impl Drop for ThreadGuard {
+    fn drop(&mut self) {
+        self.device.0.on_autograd_thread.set(self.before);
     }
 }
 

@@ -1,5 +1,7 @@
 //! The simulation device's settings: the card being simulated, its memory and its speed.
 
+use super::CudaCard;
+
 /// A card's published peak speeds: the sim device's modelled clock charges each op by them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Speed {
@@ -33,30 +35,36 @@ const H100: Speed = Speed { bandwidth: 3.35e12, f32_flops: 67e12, half_flops: 98
 /// accumulation), Apple's M2 announcement (100 GB/s, 3.6 TFLOP/s; no separate f16 figure is
 /// published). T4 has no bf16 tensor cores: its f16 figure stands in. SM counts from the same
 /// documents; threads per SM from CUDA's compute capability table (2,048 on 8.0 and 9.0, 1,536
-/// on 8.9, 1,024 on 7.5). The M2 runs PyTorch's MPS backend, whose reductions allocate nothing
+/// on 8.9, 1,024 on 7.5), and each card's compute capability from the same table (it sizes
+/// cuBLAS's workspaces). The M2 runs PyTorch's MPS backend, whose reductions allocate nothing
 /// of this kind; the browser budget models what a GPU device models.
-const CARDS: [(&str, u64, Speed, Option<Multiprocessors>); 8] = [
-    ("H100-80GB", 85_045_379_072, H100, Some(H100_MULTIPROCESSORS)),
-    ("A100-80GB", 85_051_572_224, Speed { bandwidth: 2.039e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(AMPERE_A100)),
-    ("A100-40GB", 42_505_273_344, Speed { bandwidth: 1.555e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(AMPERE_A100)),
+const CARDS: [(&str, u64, Speed, Option<CudaCard>); 8] = [
+    ("H100-80GB", 85_045_379_072, H100, Some(H100_CARD)),
+    ("A100-80GB", 85_051_572_224, Speed { bandwidth: 2.039e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
+    ("A100-40GB", 42_505_273_344, Speed { bandwidth: 1.555e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
     (
         "RTX4090-24GB",
         25_386_352_640,
         Speed { bandwidth: 1.008e12, f32_flops: 82.6e12, half_flops: 165.2e12 },
-        Some(Multiprocessors { count: 128, max_threads_each: 1536 }),
+        Some(CudaCard { multiprocessors: Multiprocessors { count: 128, max_threads_each: 1536 }, capability: (8, 9) }),
     ),
     (
         "L4-24GB",
         23_580_639_232,
         Speed { bandwidth: 300e9, f32_flops: 30.3e12, half_flops: 121e12 },
-        Some(Multiprocessors { count: 58, max_threads_each: 1536 }),
+        Some(CudaCard { multiprocessors: Multiprocessors { count: 58, max_threads_each: 1536 }, capability: (8, 9) }),
     ),
-    ("T4-16GB", 15_828_320_256, Speed { bandwidth: 320e9, f32_flops: 8.1e12, half_flops: 65e12 }, Some(Multiprocessors { count: 40, max_threads_each: 1024 })),
+    (
+        "T4-16GB",
+        15_828_320_256,
+        Speed { bandwidth: 320e9, f32_flops: 8.1e12, half_flops: 65e12 },
+        Some(CudaCard { multiprocessors: Multiprocessors { count: 40, max_threads_each: 1024 }, capability: (7, 5) }),
+    ),
     ("M2-16GB-unified", 17_179_869_184, Speed { bandwidth: 100e9, f32_flops: 3.6e12, half_flops: 3.6e12 }, None),
-    ("browser-2GB", 2 << 30, H100, Some(H100_MULTIPROCESSORS)),
+    ("browser-2GB", 2 << 30, H100, Some(H100_CARD)),
 ];
 
-const AMPERE_A100: Multiprocessors = Multiprocessors { count: 108, max_threads_each: 2048 };
+const A100_CARD: CudaCard = CudaCard { multiprocessors: Multiprocessors { count: 108, max_threads_each: 2048 }, capability: (8, 0) };
 
 /// The presets' names and memory (the page lists these pairs).
 pub const PRESETS: [(&str, u64); CARDS.len()] = {
@@ -97,15 +105,22 @@ pub struct Multiprocessors {
 /// The H100 SXM5's 132 SMs of 2,048 threads: also what GPU devices model by default.
 pub const H100_MULTIPROCESSORS: Multiprocessors = Multiprocessors { count: 132, max_threads_each: 2048 };
 
+/// The H100 SXM5 as ATen sees it: 132 SMs, compute capability 9.0.
+pub const H100_CARD: CudaCard = CudaCard { multiprocessors: H100_MULTIPROCESSORS, capability: (9, 0) };
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimOptions {
     pub name: String,
     /// Device memory in bytes.
     pub capacity: u64,
     pub speed: Speed,
-    /// The card's multiprocessors, which decide how PyTorch splits long reductions (and what
-    /// the split allocates); None for a card whose backend is not CUDA.
-    pub multiprocessors: Option<Multiprocessors>,
+    /// The CUDA card's properties, which decide how PyTorch splits long reductions (and what
+    /// the split allocates) and how big cuBLAS's workspaces are; None for a card whose backend
+    /// is not CUDA (no split reductions, no workspaces).
+    pub cuda: Option<CudaCard>,
+    /// `CUBLAS_WORKSPACE_CONFIG`'s size per handle in bytes (see
+    /// [`super::cublas::parse_workspace_config`]); None: PyTorch's default for the card.
+    pub cublas_workspace: Option<u64>,
 }
 
 impl SimOptions {
@@ -115,16 +130,17 @@ impl SimOptions {
     }
 
     pub fn find(name: &str) -> Option<SimOptions> {
-        CARDS.iter().find(|(n, ..)| n.eq_ignore_ascii_case(name)).map(|&(n, capacity, speed, multiprocessors)| SimOptions {
+        CARDS.iter().find(|(n, ..)| n.eq_ignore_ascii_case(name)).map(|&(n, capacity, speed, cuda)| SimOptions {
             name: n.to_string(),
             capacity,
             speed,
-            multiprocessors,
+            cuda,
+            cublas_workspace: None,
         })
     }
 
     pub fn custom(capacity: u64) -> SimOptions {
-        SimOptions { name: format!("custom {}", crate::alloc::format_size(capacity)), capacity, speed: H100, multiprocessors: Some(H100_MULTIPROCESSORS) }
+        SimOptions { name: format!("custom {}", crate::alloc::format_size(capacity)), capacity, speed: H100, cuda: Some(H100_CARD), cublas_workspace: None }
     }
 
     /// The device's name: `sim (H100-80GB)`.

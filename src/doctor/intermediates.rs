@@ -1,8 +1,9 @@
 //! `intermediates` (information, given when the doctor finds no problem): what the peak is made
 //! of by the op that made each allocation: tensors the program asked for (`randn`, `zeros`,
 //! `empty`: its data) and the outputs of operations (intermediates: `a + b` makes exactly one,
-//! a matmul its output and nothing else). The stacks must name ops (tensormem's, or PyTorch's
-//! C++ frames); Python-only stacks give no finding.
+//! a matmul its output and nothing else) apart from cuBLAS's workspaces, which a thread's first
+//! matmul makes once. The stacks must name ops (tensormem's, or PyTorch's C++ frames);
+//! Python-only stacks give no finding.
 
 use super::kinds::{Kind, Material, Role};
 use super::ops::{OpKind, Ops};
@@ -25,6 +26,8 @@ struct Evidence {
     data_by_op: Vec<(String, u64)>,
     /// Live at the peak, made by no op the stacks name.
     unnamed_bytes: u64,
+    /// cuBLAS's (and cuBLASLt's) workspaces live at the peak: made once per thread, not tensors.
+    workspace_bytes: u64,
     allocations: Vec<AllocationRef>,
 }
 
@@ -52,9 +55,13 @@ pub(super) fn find(p: &Patient, ops: &Ops) -> Option<Finding> {
     let t = &p.timeline;
     let peak = t.summary.peak_x;
     let live: Vec<usize> = (0..t.allocations.start.len()).filter(|&id| steps::live_at(p, id, peak)).collect();
-    let (mut outputs, mut data, mut unnamed) = (Vec::new(), Vec::new(), 0);
+    let (mut outputs, mut data, mut unnamed, mut workspace_bytes) = (Vec::new(), Vec::new(), 0, 0);
     for &id in &live {
         let bytes = steps::bytes(p, id);
+        if steps::is_library_buffer(p, id) {
+            workspace_bytes += bytes;
+            continue;
+        }
         match (ops.name(t, id), ops.kind(t, id)) {
             (Some(op), Some(OpKind::Factory)) => add(&mut data, op, bytes),
             (Some(op), Some(_)) => add(&mut outputs, op, bytes),
@@ -75,9 +82,13 @@ pub(super) fn find(p: &Patient, ops: &Ops) -> Option<Finding> {
     if !data.is_empty() {
         parts.push(format!("{} tensors the program made ({})", size(data_bytes), named(&data)));
     }
+    if workspace_bytes > 0 {
+        parts.push(format!("{} cuBLAS's workspaces", size(workspace_bytes)));
+    }
     let title = format!("No hidden temporary at the peak: {}", parts.join(" and "));
     let why = "Each operation allocates its output and, for most ops, nothing else: a + b makes exactly one tensor the size \
-               of the result, a matmul its output (cuBLAS works in place), an in-place op (add_) none. What the peak holds \
+               of the result, a matmul its output (and, the first time on a thread, cuBLAS's workspace, kept to the end), an \
+               in-place op (add_) none. What the peak holds \
                is therefore the tensors your names still reference: the inputs you made and the results you kept."
         .to_string();
     let fix = "Nothing is wrong here. To lower the peak, release results you no longer need (del, or let them go out of \
@@ -90,6 +101,7 @@ pub(super) fn find(p: &Patient, ops: &Ops) -> Option<Finding> {
         outputs_by_op: outputs,
         data_by_op: data,
         unnamed_bytes: unnamed,
+        workspace_bytes,
         allocations: steps::largest(p, &live, 5),
     };
     Some(Finding::new(INTERMEDIATES, title, output_bytes, evidence, why, fix))

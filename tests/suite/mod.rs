@@ -416,6 +416,15 @@ fn reference_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f
 }
 
 /// Requested bytes of each allocation `dev` makes while `f` runs.
+/// Runs a matmul forward and backward, so that cuBLAS's workspaces (the main thread's and
+/// autograd's: made by the first matmul on each, and kept) exist before a test counts what an
+/// op allocates.
+fn make_cublas_workspaces(dev: &Device) {
+    let w = dev.ones(&[2, 2], DType::F32).unwrap();
+    w.requires_grad_(true).unwrap();
+    w.matmul(&w).unwrap().sum(&[], false).unwrap().backward().unwrap();
+}
+
 fn allocations_during<T>(dev: &Device, f: impl FnOnce() -> T) -> (T, Vec<u64>) {
     let before = dev.snapshot().device_traces[0].len();
     let out = f();
@@ -427,6 +436,7 @@ fn allocations_during<T>(dev: &Device, f: impl FnOnce() -> T) -> (T, Vec<u64>) {
 /// folds into one product (no copy), and broadcast batches are expanded and flattened, which
 /// copies an operand whose expanded batches cannot be flattened as a view.
 pub async fn matmul_allocates_what_aten_allocates(dev: &Device) {
+    make_cublas_workspaces(dev);
     let mut rng = Rng(5);
     // (a's shape, b's shape, the output's shape, the bytes allocated, in order)
     type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [u64]);
@@ -801,13 +811,17 @@ pub async fn the_sim_device_records_the_same_trace_as_the_gpu(gpu_dev: &Device) 
             let _v = kept.var(1, 1.0, true).unwrap().to(DType::F16).unwrap();
         }),
     ];
+    // Both devices with their cuBLAS workspaces made, whatever ran on the GPU device before.
+    make_cublas_workspaces(gpu_dev);
     for (name, program) in programs {
         let sim_dev = Device::sim(SimOptions::preset("H100-80GB"));
+        make_cublas_workspaces(&sim_dev);
         let before = gpu_dev.snapshot().device_traces[0].len();
         program(gpu_dev);
         let on_gpu: Vec<_> = gpu_dev.snapshot().device_traces[0][before..].iter().map(|e| (e.action, e.size)).collect();
+        let before = sim_dev.snapshot().device_traces[0].len();
         program(&sim_dev);
-        let on_sim: Vec<_> = sim_dev.snapshot().device_traces[0].iter().map(|e| (e.action, e.size)).collect();
+        let on_sim: Vec<_> = sim_dev.snapshot().device_traces[0][before..].iter().map(|e| (e.action, e.size)).collect();
         // The sim device starts empty, so it may allocate segments the GPU device had cached:
         // compare the tensor allocations and frees, which are the program's own.
         let tensors = |t: &[(tensormem::trace::Action, u64)]| {

@@ -27,10 +27,18 @@ struct OptimizerState {
 }
 
 /// Reads found_inf: a sync with the device, as PyTorch's `.item()`. The sim device has no
-/// values: it never overflows.
-async fn read_overflow(found_inf: &Tensor) -> Result<bool> {
-    Ok(!found_inf.device().is_sim() && found_inf.item::<f32>().await? != 0.0)
+/// values: it overflows only where the types alone decide it (`known`, see
+/// [`GradScaler::scale`]).
+async fn read_overflow(found_inf: &Tensor, known: bool) -> Result<bool> {
+    if found_inf.device().is_sim() {
+        return Ok(known);
+    }
+    Ok(found_inf.item::<f32>().await? != 0.0)
 }
+
+/// The smallest value float16 rounds to infinity (half-way between its largest, 65,504, and
+/// the 65,536 it cannot hold).
+const F16_ROUNDS_TO_INF: f64 = 65520.0;
 
 pub struct GradScaler {
     pub growth_factor: f64,
@@ -46,6 +54,8 @@ pub struct GradScaler {
     /// By optimizer (its address), as PyTorch keys them by `id(optimizer)`: an optimizer must
     /// stay in place from `unscale_`/`step` to `update`.
     states: FxHashMap<usize, OptimizerState>,
+    /// This iteration scaled a float16 output by a scale float16 cannot hold (see `scale`).
+    scaled_past_f16: bool,
 }
 
 impl Default for GradScaler {
@@ -76,6 +86,7 @@ impl GradScaler {
             scale_value: init_scale,
             tracker_value: 0,
             states: FxHashMap::default(),
+            scaled_past_f16: false,
         }
     }
 
@@ -85,9 +96,16 @@ impl GradScaler {
     }
 
     /// `scaler.scale(loss)`: the loss times the scale (a recorded `mul`), the scale and the
-    /// growth tracker made at the first call.
+    /// growth tracker made at the first call. A float16 loss (one computed outside autocast
+    /// from float16 logits) times the float32 scale is float32, but backward casts its
+    /// gradient back to float16: the scale itself, which float16 cannot hold at the default
+    /// 65,536. Every gradient is then inf, so the step is skipped and the scale halved, as on
+    /// a real GPU, whatever the values.
     #[track_caller]
     pub fn scale(&mut self, outputs: &Tensor) -> Result<Tensor> {
+        if outputs.dtype() == DType::F16 && outputs.requires_grad() && self.scale_value >= F16_ROUNDS_TO_INF {
+            self.scaled_past_f16 = true;
+        }
         let scale = match &self.scale {
             Some(scale) => scale.share(),
             None => {
@@ -176,7 +194,7 @@ impl GradScaler {
         let Some(found_inf) = self.state(optimizer).found_inf.as_ref().map(Tensor::share) else {
             return Err(TensorError::Unsupported("No inf checks were recorded for this optimizer.".into()));
         };
-        let overflowed = read_overflow(&found_inf).await?;
+        let overflowed = read_overflow(&found_inf, self.scaled_past_f16).await?;
         if !overflowed {
             optimizer.step()?;
         }
@@ -204,7 +222,7 @@ impl GradScaler {
         for (found_inf, read) in &found {
             overflowed |= match read {
                 Some(read) => *read,
-                None => read_overflow(found_inf).await?,
+                None => read_overflow(found_inf, self.scaled_past_f16).await?,
             };
         }
         if overflowed {
@@ -224,6 +242,7 @@ impl GradScaler {
         tracker.fill_(self.tracker_value as f64)?;
         drop(found);
         self.states.clear();
+        self.scaled_past_f16 = false;
         Ok(())
     }
 }

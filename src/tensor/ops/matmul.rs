@@ -182,7 +182,7 @@ impl Tensor {
         let out = {
             // The copies BLAS needs are the kernel's business, not the graph's.
             let _no_grad = autograd::no_grad();
-            self.mm_forward(other, kind, "matmul")?
+            self.mm_forward(other, kind, "matmul", false)?
         };
         Ok(self.record_mm(other, None, out))
     }
@@ -247,7 +247,7 @@ impl Tensor {
         }
         let out = {
             let _no_grad = autograd::no_grad();
-            let out = mat1.mm_forward(mat2, None, "addmm")?;
+            let out = mat1.mm_forward(mat2, None, "addmm", goes_through_cublaslt(bias, mat1, mat2))?;
             out.add_(bias)?;
             out
         };
@@ -255,7 +255,7 @@ impl Tensor {
     }
 
     #[track_caller]
-    fn mm_forward(&self, other: &Tensor, kind: Option<MatmulKernel>, op: &'static str) -> Result<Tensor> {
+    fn mm_forward(&self, other: &Tensor, kind: Option<MatmulKernel>, op: &'static str, lt: bool) -> Result<Tensor> {
         let a = self.blas_compatible()?;
         let b = other.blas_compatible()?;
         let batch: Vec<usize> = a.shape()[..a.ndim() - 2].to_vec();
@@ -266,6 +266,10 @@ impl Tensor {
         out_shape.extend([m, n]);
         let out = self.device().empty_tensor(&out_shape, self.dtype, op)?;
         let device = self.device().clone();
+        if k > 0 && out.numel() > 0 {
+            // cuBLAS's first call on this thread allocates its workspace after the output.
+            device.blas_workspaces(lt)?;
+        }
         let batches: usize = batch.iter().product();
         // A multiply and an add per term.
         let flops = [batches, m, n, k].iter().fold(2u64, |f, &d| f.saturating_mul(d as u64));
@@ -316,4 +320,13 @@ impl Tensor {
         }
         Ok(out)
     }
+}
+
+/// Whether ATen's addmm takes cuBLASLt's path with the bias fused (`addmm_out_cuda_impl`'s
+/// `useLtInterface`): a contiguous 1-D bias as long as the rows, floating point, and both
+/// matrices more than one row and column and under 65,535 x 32 in each dimension.
+fn goes_through_cublaslt(bias: &Tensor, mat1: &Tensor, mat2: &Tensor) -> bool {
+    const LIMIT: usize = 65535 * 32;
+    let fits = |t: &Tensor| t.shape().iter().all(|&d| d > 1 && d < LIMIT);
+    bias.ndim() == 1 && bias.shape()[0] == mat2.shape()[1] && bias.is_contiguous() && bias.dtype().is_float() && fits(mat1) && fits(mat2)
 }
