@@ -506,6 +506,7 @@ pub async fn run_scenario(request: String) -> Result<LoadedTrace, JsError> {
         device: r.device,
         capacity,
         alloc_conf: r.alloc_conf.filter(|c| !c.trim().is_empty()),
+        ..Default::default()
     };
     let result = scenarios::run_anywhere(&request).await.map_err(js_error)?;
     let run_json = serde_json::to_string(&result).map_err(js_error)?;

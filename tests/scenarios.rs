@@ -296,3 +296,32 @@ fn under_autocast_the_loss_in_float32_costs_more_than_outside_it() {
     let float32 = run("mixed-precision", Some("fix"), &[("amp", "false")]);
     assert!(step(&float32, "step 1: forward").allocated_bytes > step(&fix, "step 1: forward").allocated_bytes);
 }
+
+#[test]
+fn cublas_workspaces_follow_the_card_and_cublas_workspace_config() {
+    // intermediates: one matmul, forward only: its workspace is what the step adds beyond the
+    // 2,000,000-byte output (2,000,384 in blocks).
+    let workspace = |device: &str, config: Option<&str>| {
+        let request = RunRequest {
+            scenario: "intermediates".into(),
+            device: Some(device.into()),
+            cublas_workspace_config: config.map(String::from),
+            ..Default::default()
+        };
+        let r = scenarios::run(&request).unwrap();
+        step(&r, "c = matmul").allocated_bytes - step(&r, "a, b = randn(1000, 2000)").allocated_bytes - rounded(2_000_000)
+    };
+    // PyTorch 2.11: `:4096:8` on compute capability 9.x (and 10.x, 12.x), `:4096:2:16:8` before.
+    assert_eq!(workspace("sim:H100-80GB", None), 32 * MIB);
+    assert_eq!(workspace("sim:A100-80GB", None), 8_519_680);
+    assert_eq!(workspace("sim:T4-16GB", None), 8_519_680);
+    // A size is a card like the H100; Apple's M2 runs MPS, which has no cuBLAS.
+    assert_eq!(workspace("sim:24GiB", None), 32 * MIB);
+    assert_eq!(workspace("sim:M2-16GB-unified", None), 0);
+    // CUBLAS_WORKSPACE_CONFIG sums its :SIZE:COUNT pairs (KiB); :0:0 allocates nothing.
+    assert_eq!(workspace("sim:H100-80GB", Some(":4096:2:16:8")), 8_519_680);
+    assert_eq!(workspace("sim:A100-80GB", Some(":4096:8")), 32 * MIB);
+    assert_eq!(workspace("sim:H100-80GB", Some(":0:0")), 0);
+    let bad = RunRequest { scenario: "intermediates".into(), cublas_workspace_config: Some("4096".into()), ..Default::default() };
+    assert!(scenarios::run(&bad).unwrap_err().to_string().contains("expected :SIZE:COUNT pairs"));
+}

@@ -87,6 +87,11 @@ enum Command {
         /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, on top of the variant's.
         #[arg(long, value_name = "STR")]
         alloc_conf: Option<String>,
+        /// cuBLAS's workspace per thread in CUBLAS_WORKSPACE_CONFIG syntax (:SIZE_KIB:COUNT, e.g.
+        /// :4096:8 for 32 MiB, :4096:2:16:8 for PyTorch's pre-Hopper default); default: PyTorch 2.11's
+        /// for the card.
+        #[arg(long, value_name = "STR")]
+        cublas_workspace_config: Option<String>,
         /// Steps to record (the training scenarios' `steps`: after the `warmup` steps).
         #[arg(long, value_name = "N")]
         steps: Option<u64>,
@@ -318,8 +323,8 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Summary { file, device, json } => summary_command(&file, device, json),
         Command::Demo { out } => demo(&out),
         Command::Scenarios { json } => scenarios_command(json),
-        Command::Run { name, variant, set, device, capacity, alloc_conf, steps, snapshot, json } => {
-            run_command(ScenarioRun { name, variant, set, device, capacity, alloc_conf, steps }, snapshot.as_deref(), json)
+        Command::Run { name, variant, set, device, capacity, alloc_conf, cublas_workspace_config, steps, snapshot, json } => {
+            run_command(ScenarioRun { name, variant, set, device, capacity, alloc_conf, cublas_workspace_config, steps }, snapshot.as_deref(), json)
         }
         Command::Compare { run, file, device, json } => compare_command(&run, &file, device, json),
         Command::Doctor { file, scenario, variant, set, device, capacity, json } => {
@@ -538,19 +543,20 @@ struct ScenarioRun {
     device: String,
     capacity: Option<u64>,
     alloc_conf: Option<String>,
+    cublas_workspace_config: Option<String>,
     steps: Option<u64>,
 }
 
 /// One scenario's run, as `tensormem run` and the `run` tool of `tensormem mcp` make it.
 fn run_scenario(request: ScenarioRun) -> Result<RunResult, Failure> {
-    let ScenarioRun { name, variant, set, device, capacity, alloc_conf, steps } = request;
+    let ScenarioRun { name, variant, set, device, capacity, alloc_conf, cublas_workspace_config, steps } = request;
     let mut values = parse_set(&set)?;
     if let Some(steps) = steps
         && let Some(set) = values.insert("steps".into(), steps.to_string()).filter(|v| *v != steps.to_string())
     {
         return Err(Failure(format!("--steps {steps} and --set steps={set} disagree"), 2));
     }
-    let request = RunRequest { scenario: name, variant, set: values, device: Some(device), capacity, alloc_conf };
+    let request = RunRequest { scenario: name, variant, set: values, device: Some(device), capacity, alloc_conf, cublas_workspace_config };
     pollster::block_on(scenarios::run_anywhere(&request)).map_err(|e| Failure(e.to_string(), 2))
 }
 
@@ -704,7 +710,7 @@ fn diagnose(request: DoctorRequest) -> Result<tensormem::doctor::Diagnosis, Fail
                 return Err(Failure("doctor --scenario runs on the simulated card: use --device sim:PRESET or sim:SIZE".into(), 2));
             }
             let values = parse_set(&set)?;
-            let request = RunRequest { scenario, variant, set: values, device: device.or(Some("sim:H100-80GB".into())), capacity: None, alloc_conf: None };
+            let request = RunRequest { scenario, variant, set: values, device: device.or(Some("sim:H100-80GB".into())), ..Default::default() };
             let result = run(&request)?;
             let mut diagnosis = diagnose(&result.snapshot, None)?;
             // A mistake's findings that its fix variant no longer shows: verified by running the fix.

@@ -469,6 +469,13 @@ fn tools() -> Vec<Value> {
                     ("device", property(&["string"], "sim:PRESET (e.g. sim:H100-80GB, the default), sim:SIZE (e.g. sim:24GiB) or gpu.")),
                     ("capacity", capacity("Device memory, overriding the card's")),
                     ("alloc_conf", alloc_conf()),
+                    (
+                        "cublas_workspace_config",
+                        property(
+                            &["string"],
+                            "cuBLAS's workspace per thread in CUBLAS_WORKSPACE_CONFIG syntax (e.g. :4096:8); default: PyTorch's for the card.",
+                        ),
+                    ),
                     ("steps", property(&["integer"], "Steps to record (training scenarios: after the `warmup` steps).")),
                 ],
                 &["name"],
@@ -609,7 +616,8 @@ fn run_tool(name: &str, args: &Args, lines: &mut Vec<String>) -> Result<(), Fail
             let device = args.string("device")?.unwrap_or_else(|| "sim:H100-80GB".into());
             let steps = args.int("steps")?.map(|s| u64::try_from(s).map_err(|_| Failure(format!("steps must be a count, got {s}"), 2))).transpose()?;
             let (variant, set, capacity, alloc_conf) = (args.string("variant")?, args.set()?, args.size("capacity")?, args.string("alloc_conf")?);
-            let result = run_scenario(ScenarioRun { name, variant, set, device, capacity, alloc_conf, steps })?;
+            let cublas_workspace_config = args.string("cublas_workspace_config")?;
+            let result = run_scenario(ScenarioRun { name, variant, set, device, capacity, alloc_conf, cublas_workspace_config, steps })?;
             lines.push(json_line(&result)?);
             run_outcome(&result, None)?;
         }

@@ -143,7 +143,7 @@ fn initialize_lists_the_tools_with_their_schemas_and_eof_ends_the_server() {
     assert_eq!(properties("summary"), ["device", "file"]);
     assert_eq!(properties("replay"), ["alloc_conf", "capacity", "device", "file", "start"]);
     assert_eq!(properties("doctor"), ["capacity", "device", "file", "scenario", "set", "variant"]);
-    assert_eq!(properties("run"), ["alloc_conf", "capacity", "device", "name", "set", "steps", "variant"]);
+    assert_eq!(properties("run"), ["alloc_conf", "capacity", "cublas_workspace_config", "device", "name", "set", "steps", "variant"]);
     assert_eq!(properties("predict"), ["alloc_conf", "capacity", "device", "fit", "recordings", "to"]);
     assert_eq!(schema("predict")["required"], json!(["recordings"]));
     assert_eq!(properties("fit"), ["cards", "name", "set", "strategies", "vary"]);

@@ -112,7 +112,8 @@ pub(crate) fn run_backward(root: &Tensor, grad: Tensor, retain_graph: bool) -> R
 }
 
 fn run_node(node: &Node, grad: Tensor, retain_graph: bool) -> Result<Vec<Option<Tensor>>> {
-    let _labelled = grad.device().backward_of(&node.origin);
+    let device = grad.device().clone();
+    let _labelled = device.backward_of(&node.origin);
     let saved = node.saved()?;
     let grads = (node.backward)(&saved, &grad)?;
     drop(saved);
@@ -124,6 +125,9 @@ fn run_node(node: &Node, grad: Tensor, retain_graph: bool) -> Result<Vec<Option<
             g => Ok(g),
         })
         .collect::<Result<Vec<_>>>()?;
+    // As PyTorch's `evaluate_function`: the incoming gradient goes when `call_function`
+    // returns, then the node releases what it saved.
+    drop(grad);
     if !retain_graph {
         node.release();
     }

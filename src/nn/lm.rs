@@ -215,20 +215,25 @@ impl LmBlock {
         // rearrange 'b t (h d) -> b h t d': views.
         let heads = |p: Tensor| p.view(&[b as isize, t as isize, h as isize, d as isize])?.transpose(1, 2);
         let (cos, sin) = (self.rope.0.narrow(0, 0, t)?, self.rope.1.narrow(0, 0, t)?);
-        let (q, k, v) = (heads(einsum_linear(x, &self.wq)?)?, heads(einsum_linear(x, &self.wk)?)?, heads(einsum_linear(x, &self.wv)?)?);
-        let (q, k) = (rotate_halves(&q, &cos, &sin)?, rotate_halves(&k, &cos, &sin)?);
+        let (q_in, k_in, v) = (heads(einsum_linear(x, &self.wq)?)?, heads(einsum_linear(x, &self.wk)?)?, heads(einsum_linear(x, &self.wv)?)?);
+        let (q, k) = (rotate_halves(&q_in, &cos, &sin)?, rotate_halves(&k_in, &cos, &sin)?);
         // The causal mask, made here on every call: query i sees key j when i >= j.
         let mask = {
             let at = device.arange(t, DType::I64)?;
             at.view(&[t as isize, 1])?.ge(&at.view(&[1, t as isize])?)?
         };
-        let scores = q.matmul(&k.transpose(-2, -1)?)?.div_scalar((d as f64).sqrt())?;
-        let scores = mask.where_(&scores, &device.full(&[], f64::NEG_INFINITY, scores.dtype())?)?;
+        let scores_in = q.matmul(&k.transpose(-2, -1)?)?.div_scalar((d as f64).sqrt())?;
+        let scores = mask.where_(&scores_in, &device.full(&[], f64::NEG_INFINITY, scores_in.dtype())?)?;
         let probs = softmax(&scores)?;
         drop(scores);
         // einsum makes a contiguous copy of the permuted v for its bmm; rearrange back copies.
         let y = probs.matmul(&v)?.transpose(1, 2)?.reshape(&[b as isize, t as isize, (h * d) as isize])?;
-        einsum_linear(&y, &self.wo)
+        let out = einsum_linear(&y, &self.wo)?;
+        // Python releases a returning function's locals in the order they were first assigned
+        // (q, k, v, q_in, ...), where Rust would drop them last first; the order decides which
+        // cached blocks later requests reuse. (A tuple drops its fields in order.)
+        drop((q, k, v, q_in, k_in, mask, scores_in, probs, y));
+        Ok(out)
     }
 }
 

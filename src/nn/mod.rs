@@ -196,8 +196,15 @@ impl RmsNorm {
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _scope = x.device().module_scope(&self.name);
-        // Llama's `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight`.
-        x.mul(&x.pow_scalar(2.0)?.mean(&[-1], true)?.add_scalar(self.eps)?.rsqrt()?)?.mul(&self.weight)
+        // Llama's `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight`. Python
+        // frees each temporary as soon as the next op has its result (a Rust chain would keep
+        // them to the end of the statement, and the cache would place later blocks elsewhere).
+        let mean_square = x.pow_scalar(2.0)?.mean(&[-1], true)?;
+        let shifted = mean_square.add_scalar(self.eps)?;
+        drop(mean_square);
+        let rstd = shifted.rsqrt()?;
+        drop(shifted);
+        x.mul(&rstd)?.mul(&self.weight)
     }
 }
 

@@ -223,6 +223,9 @@ pub struct RunRequest {
     pub capacity: Option<u64>,
     /// Allocator settings (PYTORCH_CUDA_ALLOC_CONF syntax) on top of the variant's.
     pub alloc_conf: Option<String>,
+    /// cuBLAS's workspace per handle in `CUBLAS_WORKSPACE_CONFIG` syntax (`:4096:8`); None:
+    /// PyTorch's default for the card.
+    pub cublas_workspace_config: Option<String>,
 }
 
 /// One labelled point of a run.
@@ -285,6 +288,8 @@ pub enum ScenarioError {
     Failed { scenario: String, error: TensorError },
     #[error(transparent)]
     Settings(#[from] ConfigError),
+    #[error("{0}")]
+    Workspace(String),
 }
 
 /// Every scenario, in the order the page lists them.
@@ -328,6 +333,8 @@ struct Plan {
     card: Option<SimOptions>,
     /// The memory asked for instead of the card's (or, on a GPU, of the adapter's guess).
     capacity: Option<u64>,
+    /// `CUBLAS_WORKSPACE_CONFIG`'s bytes per handle, where given.
+    cublas_workspace: Option<u64>,
 }
 
 fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
@@ -370,7 +377,10 @@ fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
     if let Some(conf) = &request.alloc_conf {
         config.apply(conf)?;
     }
-    Ok(Plan { scenario, values, config, card, capacity: request.capacity })
+    let cublas_workspace =
+        request.cublas_workspace_config.as_deref().map(crate::device::cublas::parse_workspace_config).transpose().map_err(ScenarioError::Workspace)?;
+    let card = card.map(|card| SimOptions { cublas_workspace: cublas_workspace.or(card.cublas_workspace), ..card });
+    Ok(Plan { scenario, values, config, card, capacity: request.capacity, cublas_workspace })
 }
 
 /// Checks a request as `run` would (the scenario, its variant and parameters, the card and the
@@ -395,7 +405,8 @@ pub async fn run_anywhere(request: &RunRequest) -> Result<RunResult, ScenarioErr
     if plan.card.is_some() {
         return plan.run_on_sim().await;
     }
-    let device = Device::gpu_with(GpuOptions { capacity: plan.capacity, ..Default::default() }, plan.config.clone()).await?;
+    let options = GpuOptions { capacity: plan.capacity, cublas_workspace: plan.cublas_workspace, ..Default::default() };
+    let device = Device::gpu_with(options, plan.config.clone()).await?;
     let result = plan.run_on(device.clone(), None).await?;
     // As torch.cuda.synchronize does, waiting reports a command the GPU rejected meanwhile.
     device.wait().await?;

@@ -262,13 +262,17 @@ impl Tensor {
                         (need[0].then(|| g.share()), gb)
                     }
                     BinaryBackward::Sub => (need[0].then(|| g.share()), if need[1] { Some(g.neg()?) } else { None }),
-                    BinaryBackward::Mul => (if need[0] { Some(g.mul(slot(0))?) } else { None }, if need[1] { Some(g.mul(slot(1))?) } else { None }),
+                    // PyTorch's generated nodes compute their inputs' gradients in the
+                    // alphabetical order of the arguments' names: `other` before `self`.
+                    BinaryBackward::Mul => {
+                        let gb = if need[1] { Some(g.mul(slot(1))?) } else { None };
+                        (if need[0] { Some(g.mul(slot(0))?) } else { None }, gb)
+                    }
                     BinaryBackward::Div => {
                         let b = slot(0);
-                        let ga = if need[0] { Some(g.div(b)?) } else { None };
                         // d(a / b)/db = -a / b^2 = -(g * a / b) / b.
                         let gb = if need[1] { Some(g.mul(slot(1))?.div(b)?.div(b)?.neg()?) } else { None };
-                        (ga, gb)
+                        (if need[0] { Some(g.div(b)?) } else { None }, gb)
                     }
                 };
                 Ok(vec![ga.map(|g| g.sum_to(&a_shape)).transpose()?, gb.map(|g| g.sum_to(&b_shape)).transpose()?])

@@ -216,15 +216,25 @@ impl Tensor {
             &save,
             Box::new(move |saved, g| {
                 let (b, a) = (saved[0].as_ref(), saved[1].as_ref());
-                let ga = match b {
-                    Some(b) if a_column_major => b.matmul(&g.mt()?)?.mt().map(Some)?,
-                    Some(b) => Some(g.matmul(&b.mt()?)?),
-                    None => None,
+                let grad_a = || match b {
+                    Some(b) if a_column_major => b.matmul(&g.mt()?)?.mt().map(Some),
+                    Some(b) => Ok(Some(g.matmul(&b.mt()?)?)),
+                    None => Ok(None),
                 };
-                let gb = match a {
-                    Some(a) if b_column_major => g.mt()?.matmul(a)?.mt().map(Some)?,
-                    Some(a) => Some(a.mt()?.matmul(g)?),
-                    None => None,
+                let grad_b = || match a {
+                    Some(a) if b_column_major => g.mt()?.matmul(a)?.mt().map(Some),
+                    Some(a) => Ok(Some(a.mt()?.matmul(g)?)),
+                    None => Ok(None),
+                };
+                // PyTorch's generated nodes compute their inputs' gradients in the alphabetical
+                // order of the arguments' names: mm's and bmm's (self, mat2) mat2 first,
+                // addmm's (self, mat1, mat2) mat1 first.
+                let (ga, gb) = if bias_shape.is_some() {
+                    let ga = grad_a()?;
+                    (ga, grad_b()?)
+                } else {
+                    let gb = grad_b()?;
+                    (grad_a()?, gb)
                 };
                 let mut grads = vec![ga, gb];
                 if let Some(shape) = &bias_shape {

@@ -44,6 +44,19 @@ impl Tensor {
     /// one output allocation, however many dimensions.
     #[track_caller]
     fn reduce(&self, dims: &[isize], keepdim: bool, op: Reduction, dtype: DType) -> Result<Tensor> {
+        self.reduce_as(dims, keepdim, op, dtype, None)
+    }
+
+    /// A sum that another op's own kernel computes (layer norm's backward sums the bias's
+    /// gradient in its gamma/beta kernel): only the result, named `op`, is allocated, never
+    /// the scratch of a split reduction.
+    #[track_caller]
+    pub(crate) fn sum_inside(&self, dims: &[isize], op: &'static str) -> Result<Tensor> {
+        self.reduce_as(dims, false, Reduction::Sum, self.dtype, Some(op))
+    }
+
+    #[track_caller]
+    fn reduce_as(&self, dims: &[isize], keepdim: bool, op: Reduction, dtype: DType, inside: Option<&'static str>) -> Result<Tensor> {
         let mut dims: Vec<usize> =
             if dims.is_empty() { (0..self.ndim()).collect() } else { dims.iter().map(|&d| wrap_dim(d, self.ndim())).collect::<Result<_>>()? };
         dims.sort_unstable();
@@ -52,7 +65,7 @@ impl Tensor {
             return if dtype == self.dtype { self.clone() } else { self.to(dtype) };
         }
         let spec = self.reduction_spec(op)?;
-        let name = spec.name;
+        let name = inside.unwrap_or(spec.name);
         let mut out_shape = self.shape().to_vec();
         for &d in &dims {
             out_shape[d] = 1;
@@ -70,7 +83,7 @@ impl Tensor {
         } else {
             // PyTorch splits a long reduction over several blocks per output on a big enough
             // card, with a buffer and semaphores from the caching allocator, on both devices.
-            let split = device.multiprocessors().and_then(|mp| self.cuda_split(&dims, op, mp));
+            let split = device.multiprocessors().filter(|_| inside.is_none()).and_then(|mp| self.cuda_split(&dims, op, mp));
             // (No closures: they would hide the caller's location from the trace.)
             let scratch = match split {
                 Some(s) => Some((

@@ -134,7 +134,15 @@ impl Tensor {
                 let result = saved[0].as_ref().expect("saved");
                 // In the input's type (`_softmax_backward_data(..., input_dtype)`).
                 let grad = g.device().empty_tensor(g.shape(), input_dtype, backward.entry())?;
+                // CUDA's softmax backward first computes `tmp = grad * output` into a
+                // temporary, freed when it returns (log_softmax's reads grad directly). Here
+                // the kernel needs no such buffer: only the allocation is PyTorch's.
+                let tmp = match kind {
+                    Rows::Softmax => Some(g.device().empty_tensor(g.shape(), if g.dtype() == result.dtype() { g.dtype() } else { DType::F32 }, "mul")?),
+                    _ => None,
+                };
                 result.rows(backward, &grad, d, 0.0, &[&grad, g])?;
+                drop(tmp);
                 Ok(vec![Some(grad)])
             }),
         ))
@@ -227,10 +235,12 @@ impl Tensor {
                 } else {
                     None
                 };
+                // ATen's gamma/beta kernel sums the bias's gradient itself: one [features]
+                // result, no reduction scratch.
                 let db = match g.ndim() {
                     _ if !need[2] => None,
                     1 => Some(g.clone()?),
-                    ndim => Some(g.sum(&(0..ndim as isize - 1).collect::<Vec<_>>(), false)?),
+                    ndim => Some(g.sum_inside(&(0..ndim as isize - 1).collect::<Vec<_>>(), "native_layer_norm_backward")?),
                 };
                 Ok(vec![dx, dw, db])
             }),
