@@ -97,6 +97,9 @@ pub(crate) fn run_backward(root: &Tensor, grad: Tensor, retain_graph: bool) -> R
                     let Some(next) = next else { continue };
                     let k = key(next);
                     if let Some(g) = g {
+                        // A sum the buffer makes is named as the backward of the node whose
+                        // gradient arrived (PyTorch's autograd thread records no stack).
+                        let _labelled = g.device().clone().backward_of(&node.origin);
                         add_to_buffer(&mut buffers, k, g)?;
                     }
                     let waiting = dependencies.get_mut(&k).expect("every edge was counted");
@@ -135,13 +138,15 @@ fn run_node(node: &Node, grad: Tensor, retain_graph: bool) -> Result<Vec<Option<
 }
 
 /// Sums a gradient into a node's input buffer as PyTorch's `InputBuffer` does: in place when
-/// the gradient already there is held by nothing else, otherwise into a new tensor.
+/// the gradient already there is held by nothing else, otherwise into a new tensor. A view
+/// never is: PyTorch's views keep their base (and so a second reference to the storage), even
+/// those backward makes without grad mode.
 fn add_to_buffer(buffers: &mut FxHashMap<Key, Tensor>, k: Key, g: Tensor) -> Result<()> {
     match buffers.remove(&k) {
         None => {
             buffers.insert(k, g);
         }
-        Some(old) if old.unique() && old.is_contiguous() && old.shape() == g.shape() => {
+        Some(old) if old.unique() && !old.is_view() && old.is_contiguous() && old.shape() == g.shape() => {
             old.add_(&g)?;
             buffers.insert(k, old);
         }

@@ -269,9 +269,17 @@ fn einsum_linear(x: &Tensor, linear: &Linear) -> Result<Tensor> {
 fn rotate_halves(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let half = x.shape()[3] / 2;
     let (x1, x2) = (x.narrow(-1, 0, half)?, x.narrow(-1, half, half)?);
-    let first = x1.mul(cos)?.sub(&x2.mul(sin)?)?;
-    let second = x1.mul(sin)?.add(&x2.mul(cos)?)?;
-    Tensor::cat(&[&first, &second], -1)
+    // `x1 * cos - x2 * sin`: Python frees the two products as soon as their difference exists,
+    // the left one first (a Rust chain would free the right one first).
+    let python_order = |left: Tensor, right: Tensor, op: fn(&Tensor, &Tensor) -> Result<Tensor>| {
+        let out = op(&left, &right)?;
+        drop(left);
+        drop(right);
+        Ok::<_, TensorError>(out)
+    };
+    let first = python_order(x1.mul(cos)?, x2.mul(sin)?, |a, b| a.sub(b))?;
+    let second = python_order(x1.mul(sin)?, x2.mul(cos)?, |a, b| a.add(b))?;
+    python_order(first, second, |a, b| Tensor::cat(&[a, b], -1))
 }
 
 /// cos and sin [context, head size / 2] of the rotary angles (base 10,000): buffers.

@@ -197,7 +197,10 @@ fn cached_graph(rec: &mut Recorder, v: &Values) -> Result<()> {
         let out = checkpoint(move |t| l2.forward(&t[0])?.tanh(), &[&intermediate])?;
         drop(intermediate);
         rec.step(format!("step {step}: forward"));
-        out.pow_scalar(2.0)?.mean(&[], false)?.backward()?;
+        // Python frees `out.pow(2)` as soon as mean has its result, before backward.
+        let loss = out.pow_scalar(2.0)?.mean(&[], false)?;
+        loss.backward()?;
+        drop(loss);
         optimizer.step()?;
         rec.step(format!("step {step}: backward and step"));
     }
@@ -218,7 +221,13 @@ fn optimizer_state(rec: &mut Recorder, v: &Values) -> Result<()> {
     };
     for step in 1..=v.int("steps") {
         optimizer.zero_grad(true)?;
-        model.loss(&model.forward(&ids)?, &targets)?.backward()?;
+        // `net.loss(net(ids), targets).backward()`: Python lets the logits go when loss returns.
+        let loss = {
+            let logits = model.forward(&ids)?;
+            model.loss(&logits, &targets)?
+        };
+        loss.backward()?;
+        drop(loss);
         rec.step(format!("step {step}: backward"));
         optimizer.step()?;
         rec.step(format!("step {step}: optimizer.step()"));

@@ -127,7 +127,12 @@ impl Tensor {
             }
             None => return Err(TensorError::Autograd("grad can be implicitly created only for scalar outputs".into())),
         };
-        autograd::run_backward(self, grad, retain_graph)
+        // `torch.autograd.backward` holds its `grad_tensors` (the implicit ones_like too) until
+        // the engine returns: the seed lives through the whole backward.
+        let seed = grad.share();
+        let result = autograd::run_backward(self, grad, retain_graph);
+        drop(seed);
+        result
     }
 }
 

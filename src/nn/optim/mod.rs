@@ -508,9 +508,15 @@ impl Optimizer for HandwrittenAdamW {
             drop(squared);
             let v = in_state(&device, || decayed.add(&fresh))?;
             drop((decayed, fresh));
+            // `p.data -= lr * m / (v.sqrt() + eps)`: Python frees the square root once eps is
+            // added, the two operands of the division (left first) once it is done, and the
+            // quotient after the subtraction.
             let step = m.mul_scalar(self.lr)?;
             let denominator = v.sqrt()?.add_scalar(self.eps)?;
-            p.sub_(&step.div(&denominator)?)?;
+            let update = step.div(&denominator)?;
+            drop((step, denominator));
+            p.sub_(&update)?;
+            drop(update);
             *state = Some((m, v));
         }
         Ok(())

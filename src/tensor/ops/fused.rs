@@ -53,8 +53,19 @@ impl Tensor {
             &[Some(Save::Input(self))],
             Box::new(move |saved, g| {
                 let cond = saved[0].as_ref().expect("saved");
-                let side = |kept_where: bool, shape: &[usize]| g.kept_where(cond, kept_where, "where")?.sum_to(shape);
-                Ok(vec![need[0].then(|| side(true, &a_shape)).transpose()?, need[1].then(|| side(false, &b_shape)).transpose()?])
+                // `where(condition, grad, 0)`: ATen wraps the 0 in a 0-d tensor on the device
+                // first, freed when where returns.
+                let side = |kept_where: bool| {
+                    let zero = g.device().empty_tensor(&[], g.dtype(), "scalar_tensor")?;
+                    let side = g.kept_where(cond, kept_where, "where");
+                    drop(zero);
+                    side
+                };
+                // `other` before `self`, as the generated node orders them; then each summed back
+                // to its shape in input order, as the engine's validate_outputs does.
+                let gb = need[1].then(|| side(false)).transpose()?;
+                let ga = need[0].then(|| side(true)).transpose()?;
+                Ok(vec![ga.map(|g| g.sum_to(&a_shape)).transpose()?, gb.map(|g| g.sum_to(&b_shape)).transpose()?])
             }),
         ))
     }
