@@ -199,7 +199,12 @@ fn matmul_kernels_are_measured_at_first_use_and_remembered() {
 
     // Contiguous aligned f32 is another class; a later run takes its kernel from the file.
     let first = dev.matmul_kernel(DType::F32, 300, 300, 300);
-    assert_eq!(dev.matmul_kernel(DType::F32, 1000, 1000, 1000), first, "same class: 256 and more");
+    assert_eq!(dev.matmul_kernel(DType::F32, 1000, 1000, 1000), first, "same class: 256 to 1,023");
+    // A larger class is measured at its own size on a GPU; a CPU adapter (lavapipe here) measures
+    // it at 256, so it shares the file's entry.
+    if dev.adapter().unwrap().runs_on_cpu {
+        assert_eq!(dev.matmul_kernel(DType::F32, 2000, 2000, 2000), first, "measured at 256 on a CPU adapter");
+    }
     let mut file_json = read();
     let adapter = file_json["adapters"].as_object().unwrap().keys().next().unwrap().clone();
     assert_eq!(file_json["adapters"][&adapter].as_object().unwrap().len(), 2);

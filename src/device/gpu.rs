@@ -201,7 +201,7 @@ impl GpuContext {
         let adapter_key = format!("{} | {} | {} | native f16: {}", summary.name, summary.backend, summary.driver, summary.native_f16);
         let ctx = GpuContext {
             staging: super::staging::StagingPool::new(device.clone()),
-            tuning: RefCell::new(super::tune::Tuning::new(options.matmul.clone(), adapter_key, options.tuning_file.clone())),
+            tuning: RefCell::new(super::tune::Tuning::new(options.matmul.clone(), adapter_key, options.tuning_file.clone(), summary.runs_on_cpu)),
             errors,
             device,
             queue,

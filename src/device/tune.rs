@@ -35,7 +35,8 @@ const MEASURED_FROM: usize = 64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct MatmulClass {
     dtype: DType,
-    /// Size classes of m, n, k: under 64, under 256, 256 and more.
+    /// Size classes of m, n, k: under 64, 256, 1,024 and 4,096, and more (the best kernel at
+    /// 256 is not the best at 4,096: bigger tiles win once there are enough of them).
     dims: [u8; 3],
     vec4: [bool; 2],
     /// Whether m and n are large enough to measure.
@@ -48,7 +49,9 @@ impl MatmulClass {
         let class = |d: usize| match d {
             0..64 => 0,
             64..256 => 1,
-            _ => 2,
+            256..1024 => 2,
+            1024..4096 => 3,
+            _ => 4,
         };
         MatmulClass {
             dtype,
@@ -66,15 +69,16 @@ impl MatmulClass {
         MatmulClass::new(dtype, m, n, k, vec4(k), vec4(n))
     }
 
-    /// The shape measured for the class: large enough to rank kernels, small enough to take
-    /// milliseconds even on a CPU adapter.
-    fn representative(&self) -> [usize; 3] {
-        self.dims.map(|c| [32, 128, 256][c as usize])
+    /// The shape measured for the class: the class's own size (2,048 for the largest), so that
+    /// kernels are ranked where they will run; at most `largest` a side (a CPU adapter measures
+    /// at 256, to take milliseconds).
+    fn representative(&self, largest: usize) -> [usize; 3] {
+        self.dims.map(|c| [32, 128, 256, 1024, 2048][c as usize].min(largest))
     }
 
     /// The class in the cache file: `f32 128x256x256 a4 b4`.
-    fn key(&self) -> String {
-        let [m, n, k] = self.representative();
+    fn key(&self, largest: usize) -> String {
+        let [m, n, k] = self.representative(largest);
         let vec4 = |v: bool, name: &str| if v { format!(" {name}4") } else { String::new() };
         format!("{} {m}x{n}x{k}{}{}", self.dtype, vec4(self.vec4[0], "a"), vec4(self.vec4[1], "b"))
     }
@@ -96,6 +100,8 @@ pub(crate) struct Tuning {
     adapter: String,
     known: FxHashMap<MatmulClass, Option<MatmulKernel>>,
     file: Option<PathBuf>,
+    /// The largest side measured (see [`MatmulClass::representative`]).
+    largest: usize,
 }
 
 /// The cache file: per adapter (name, backend, driver), per class, the measurement.
@@ -108,15 +114,15 @@ struct TuningFile {
 const FILE_FORMAT: &str = "tensormem matmul tuning 1";
 
 impl Tuning {
-    pub fn new(choice: MatmulChoice, adapter: String, file: Option<PathBuf>) -> Tuning {
+    pub fn new(choice: MatmulChoice, adapter: String, file: Option<PathBuf>, runs_on_cpu: bool) -> Tuning {
         let file = file.or_else(default_file);
-        Tuning { choice, adapter, known: FxHashMap::default(), file }
+        Tuning { choice, adapter, known: FxHashMap::default(), file, largest: if runs_on_cpu { 256 } else { 2048 } }
     }
 
     /// What the file says for this adapter and class, if it can be read and names a kernel.
     fn remembered(&self, class: &MatmulClass) -> Option<MatmulKernel> {
         let file = read_file(self.file.as_ref()?)?;
-        let tuning = file.adapters.get(&self.adapter)?.get(&class.key())?;
+        let tuning = file.adapters.get(&self.adapter)?.get(&class.key(self.largest))?;
         MatmulKernel::from_name(&tuning.kernel)
     }
 
@@ -126,7 +132,7 @@ impl Tuning {
         let Some(path) = &self.file else { return };
         let mut file = read_file(path).unwrap_or_default();
         file.format = FILE_FORMAT.to_string();
-        file.adapters.entry(self.adapter.clone()).or_default().insert(class.key(), tuning.clone());
+        file.adapters.entry(self.adapter.clone()).or_default().insert(class.key(self.largest), tuning.clone());
         let Ok(text) = serde_json::to_string_pretty(&file) else { return };
         // Whole or not at all: devices on other threads or in other processes may write too.
         let _ = crate::files::write_atomically(path, text.as_bytes());
@@ -236,7 +242,8 @@ impl Device {
     /// Measures `class` and records the winner for the process and in the cache file.
     /// (A class no candidate runs for keeps the fixed rule, whose failure `matmul` reports.)
     async fn tune_matmul_class(&self, class: MatmulClass) -> MatmulKernel {
-        let [m, n, k] = class.representative();
+        let largest = self.gpu_context().map_or(256, |ctx| ctx.tuning.borrow().largest);
+        let [m, n, k] = class.representative(largest);
         let tuning = self.measure_matmul(class.dtype, m, n, k, class.vec4).await;
         let ctx = self.gpu_context().expect("tuning runs on GPU devices");
         let mut state = ctx.tuning.borrow_mut();
@@ -356,6 +363,18 @@ mod tests {
         assert_eq!(file_named_by(env(&[("HOME", "/h"), ("TENSORMEM_CACHE_DIR", "/c")])), Some(PathBuf::from("/c/matmul-kernels.json")));
         // What `tensormem mcp` sets for its tool calls: they write nothing.
         assert_eq!(file_named_by(env(&[("HOME", "/h"), ("TENSORMEM_CACHE_DIR", "/c"), ("TENSORMEM_CACHE", "memory")])), None);
+    }
+
+    #[test]
+    fn large_classes_are_measured_at_their_own_size_except_on_a_cpu_adapter() {
+        let class = |n: usize| MatmulClass::new(DType::F32, n, n, n, true, true);
+        assert_eq!(class(300), class(1000));
+        assert_ne!(class(1000), class(2048), "a 2048 product ranks kernels differently from a 256 one");
+        assert_ne!(class(2048), class(4096));
+        assert_eq!([class(300), class(2048), class(8192)].map(|c| c.representative(2048)), [[256; 3], [1024; 3], [2048; 3]]);
+        assert_eq!(class(8192).representative(256), [256; 3], "a CPU adapter measures in milliseconds");
+        assert_eq!(class(2048).key(2048), "float32 1024x1024x1024 a4 b4");
+        assert_eq!(class(2048).key(256), class(300).key(256), "on a CPU adapter the large classes share one measurement");
     }
 
     #[test]

@@ -55,16 +55,25 @@ def main():
     rows.append(("one tiny in-place op (add_ of 4)", "us/op", tm.get("dispatch_us"), pt.get("dispatch_us"), False))
     rows.append(("alloc+free 1 MiB (caching allocator)", "k/s", tb(tm, "alloc_free_per_s"), tb(pt, "alloc_free_per_s"), True))
 
+    # Issue 33's targets on an H100, by figure: tensormem's speed at least this share of PyTorch's.
+    targets = {f"matmul {s}^3 f32": 0.5 for s in (2048, 4096)}
+    targets.update({"elementwise add 16 Mi f32 (r+r+w)": 0.85, "sum over rows of 1024": 0.6, "one tiny in-place op (add_ of 4)": 0.5})
     fmt = lambda v: "-" if v is None else (f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}")
     print(f"tensormem: {tm.get('adapter', '(no result)')}  |  PyTorch: {pt.get('adapter', '(no result)')} {pt.get('torch_version', '')}")
     print()
-    print("| figure | unit | tensormem | PyTorch | tm/torch speed |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    print("| figure | unit | tensormem | PyTorch | tm/torch speed | target |")
+    print("| --- | --- | ---: | ---: | ---: | --- |")
     for what, unit, a, b, higher in rows:
-        ratio = "-"
+        ratio, target = "-", ""
+        goal = next((t for name, t in targets.items() if what.startswith(name)), None)
         if a and b:
-            ratio = f"{(a / b if higher else b / a):.2f}x"
-        print(f"| {what} | {unit} | {fmt(a)} | {fmt(b)} | {ratio} |")
+            speed = a / b if higher else b / a
+            ratio = f"{speed:.2f}x"
+            if goal is not None:
+                target = f"{'met' if speed >= goal else 'missed'} (>= {goal:.2f}x)"
+        elif goal is not None:
+            target = f">= {goal:.2f}x"
+        print(f"| {what} | {unit} | {fmt(a)} | {fmt(b)} | {ratio} | {target} |")
 
 
 if __name__ == "__main__":
