@@ -50,6 +50,10 @@ pub struct BenchReport {
     /// Microseconds per tiny op (an in-place add of 4 elements): recording and running one
     /// dispatch, the floor under every op of a training step.
     pub dispatch_us: f64,
+    /// Microseconds the host spends recording one such op (binding its operands, writing its
+    /// metadata, recording the dispatch), the GPU not waited for: the part of `dispatch_us` the
+    /// engine controls.
+    pub record_us: f64,
     /// Allocation and free of a 1 MiB tensor through the caching allocator, per second.
     pub alloc_free_per_s: f64,
 }
@@ -164,6 +168,19 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
     progress("dispatch: in-place adds of 4 elements");
     let (a, b) = (filled(dev, &[4])?, filled(dev, &[4])?);
     let dispatch_us = 1e6 * time_per_call(dev, budget, 100, 256, || a.add_(&b).map(drop).map_err(text)).await?;
+    // Batches of 200, under the 256 dispatches that trigger a submit: recording only.
+    let mut record_s = Vec::new();
+    for _ in 0..20 {
+        dev.wait().await.map_err(text)?;
+        let start = now_s();
+        for _ in 0..200 {
+            a.add_(&b).map_err(text)?;
+        }
+        record_s.push((now_s() - start) / 200.0);
+    }
+    dev.wait().await.map_err(text)?;
+    record_s.sort_by(f64::total_cmp);
+    let record_us = 1e6 * record_s[record_s.len() / 2];
     drop((a, b));
     let fresh = Device::gpu(GpuOptions { uncached: true, ..Default::default() }).await.map_err(text)?;
     let fresh_buffer_op_loop_per_s = small_op_loop(&fresh).await?;
@@ -186,6 +203,7 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
         cached_op_loop_per_s,
         fresh_buffer_op_loop_per_s,
         dispatch_us,
+        record_us,
         alloc_free_per_s,
     })
 }

@@ -119,15 +119,22 @@ pub(super) struct GpuContext {
     pub(super) limits: wgpu::Limits,
     /// Commands recorded but not yet submitted.
     pub(super) encoder: RefCell<Option<wgpu::CommandEncoder>>,
+    /// The compute pass the dispatches since the last copy or submit go into: one pass for a
+    /// run of dispatches, instead of one each (ended before any other command is recorded).
+    pass: RefCell<Option<wgpu::ComputePass<'static>>>,
     pub(super) pending_dispatches: Cell<u32>,
     /// Compiled pipelines by kernel (see `Kernel`: a structural key, binding count included).
     pub(super) pipelines: RefCell<FxHashMap<crate::kernels::Kernel, std::rc::Rc<super::launch::Pipeline>>>,
     /// Upload and readback buffers (their own pool, like PyTorch's pinned host allocator).
     pub(super) staging: super::staging::StagingPool,
     retired: Retired,
-    /// Kernel metadata of the dispatches recorded since the last submit: one buffer per batch,
-    /// filled by write_buffer right before the batch is submitted.
+    /// Kernel metadata of the dispatches recorded since the last submit: one buffer, made once
+    /// and refilled by write_buffer right before each batch is submitted (the queue runs that
+    /// write after the batches already submitted), bound at a dynamic offset per dispatch.
     metadata: RefCell<Option<(wgpu::Buffer, Vec<u8>)>>,
+    /// Bind groups by pipeline and operand buffers: a loop of ops on the cache's reused blocks
+    /// binds the same buffers again and again.
+    pub(super) bind_groups: RefCell<FxHashMap<super::launch::BindKey, wgpu::BindGroup>>,
     /// Bytes between two dispatches' metadata (the storage offset alignment, at least 256).
     metadata_stride: u64,
     /// Validation errors wgpu reported outside an error scope (in the browser they arrive late):
@@ -208,22 +215,44 @@ impl GpuContext {
             summary,
             limits,
             encoder: RefCell::new(None),
+            pass: RefCell::new(None),
             pending_dispatches: Cell::new(0),
             pipelines: RefCell::new(FxHashMap::default()),
             retired,
             metadata: RefCell::new(None),
+            bind_groups: RefCell::new(FxHashMap::default()),
             metadata_stride: (align as u64).max(256),
         };
         Ok((ctx, segments))
     }
 
-    /// Runs `f` on the pending encoder (created on demand); submits when many are pending.
+    /// Runs `f` on the pending encoder (created on demand), after ending the open compute pass;
+    /// submits when many commands are pending.
     pub(super) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        self.pass.borrow_mut().take();
         {
             let mut slot = self.encoder.borrow_mut();
             let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tensormem ops") }));
             f(encoder);
         }
+        self.count_pending();
+    }
+
+    /// Runs `f` on the open compute pass (begun on demand); submits when many are pending.
+    pub(super) fn record_dispatch(&self, f: impl FnOnce(&mut wgpu::ComputePass<'static>)) {
+        {
+            let mut pass = self.pass.borrow_mut();
+            let pass = pass.get_or_insert_with(|| {
+                let mut slot = self.encoder.borrow_mut();
+                let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tensormem ops") }));
+                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("tensormem ops"), timestamp_writes: None }).forget_lifetime()
+            });
+            f(pass);
+        }
+        self.count_pending();
+    }
+
+    fn count_pending(&self) {
         self.pending_dispatches.set(self.pending_dispatches.get() + 1);
         if self.pending_dispatches.get() >= MAX_PENDING_DISPATCHES {
             self.submit();
@@ -259,9 +288,14 @@ impl GpuContext {
     }
 
     pub(super) fn submit(&self) {
-        if let Some((buffer, data)) = self.metadata.borrow_mut().take() {
-            self.queue.write_buffer(&buffer, 0, &data);
+        if let Some((buffer, data)) = self.metadata.borrow_mut().as_mut()
+            && !data.is_empty()
+        {
+            self.queue.write_buffer(buffer, 0, data);
+            data.clear();
         }
+        // The pass must end before its encoder finishes.
+        self.pass.borrow_mut().take();
         if let Some(encoder) = self.encoder.borrow_mut().take() {
             self.staging.close();
             self.queue.submit([encoder.finish()]);

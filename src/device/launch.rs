@@ -11,6 +11,22 @@ pub(crate) struct Pipeline {
     layout: wgpu::BindGroupLayout,
 }
 
+/// What a bind group binds: the pipeline (by address: pipelines live as long as the device),
+/// the metadata buffer and its binding size, and each tensor binding's buffer, offset and size.
+/// Buffers compare by identity, and a cached bind group keeps its buffers, so a key never
+/// matches a buffer made later.
+#[derive(PartialEq, Eq, Hash)]
+pub(crate) struct BindKey {
+    pipeline: usize,
+    metadata: (wgpu::Buffer, u64),
+    tensors: Vec<(wgpu::Buffer, u64, u64)>,
+}
+
+/// Bind groups kept at most; past it the cache starts again (a loop's working set is far
+/// smaller). A released segment's buffer is destroyed whatever holds it: its bind groups stay
+/// unused until then.
+const MAX_BIND_GROUPS: usize = 4096;
+
 /// A tensor's bytes: its segment's buffer, the block's offset in it and a size.
 #[derive(Clone)]
 pub(crate) struct Arg {
@@ -59,7 +75,9 @@ impl Device {
         let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
             binding,
             visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Storage { read_only }, has_dynamic_offset: false, min_binding_size: None },
+            // The metadata (binding 0) sits at a dynamic offset in the batch's one buffer, so
+            // that the bind group does not change with it.
+            ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Storage { read_only }, has_dynamic_offset: binding == 0, min_binding_size: None },
             count: None,
         };
         // Tensors bind read_write even when only read: WebGPU forbids one buffer (a segment) bound
@@ -115,24 +133,41 @@ impl Device {
         debug_assert_eq!(kernel.bindings(), args.plan.ranges.len(), "the kernel was specialised for these bindings");
         let p = self.pipeline(kernel)?;
         let (meta_buffer, meta_offset, meta_size) = ctx.metadata_slot(bytemuck::bytes_of(meta))?;
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &meta_buffer, offset: meta_offset, size: wgpu::BufferSize::new(meta_size) }),
-        }];
         // Bindings round up to whole 16-byte quads, so an array of vec4 (of f32, or of f16: 8
         // bytes) reaches a tensor's last, partial quad; blocks are multiples of 512 bytes, so the
         // quad is inside the block.
-        for (i, (&(_, offset, size), buffer)) in args.plan.ranges.iter().zip(&args.buffers).enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset, size: wgpu::BufferSize::new(size.next_multiple_of(16).max(16)) }),
-            });
-        }
-        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.layout, entries: &entries });
-        ctx.record(|encoder| {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.entry), timestamp_writes: None });
+        let key = BindKey {
+            pipeline: Rc::as_ptr(&p) as usize,
+            metadata: (meta_buffer, meta_size),
+            tensors: args.plan.ranges.iter().zip(&args.buffers).map(|(&(_, offset, size), b)| (b.clone(), offset, size.next_multiple_of(16).max(16))).collect(),
+        };
+        let bind_group = {
+            let mut cache = ctx.bind_groups.borrow_mut();
+            if let Some(group) = cache.get(&key) {
+                group.clone()
+            } else {
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &key.metadata.0, offset: 0, size: wgpu::BufferSize::new(meta_size) }),
+                }];
+                for (i, (buffer, offset, size)) in key.tensors.iter().enumerate() {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: i as u32 + 1,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset: *offset, size: wgpu::BufferSize::new(*size) }),
+                    });
+                }
+                let group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.layout, entries: &entries });
+                if cache.len() >= MAX_BIND_GROUPS {
+                    cache.clear();
+                }
+                cache.insert(key, group.clone());
+                group
+            }
+        };
+        let dynamic_offset = u32::try_from(meta_offset).map_err(|_| DeviceError::Unsupported("kernel metadata beyond 4 GiB".into()))?;
+        ctx.record_dispatch(|pass| {
             pass.set_pipeline(&p.pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
+            pass.set_bind_group(0, &bind_group, &[dynamic_offset]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         });
         Ok(())
