@@ -117,11 +117,12 @@ pub(super) struct GpuContext {
     pub(super) queue: wgpu::Queue,
     pub(super) summary: AdapterSummary,
     pub(super) limits: wgpu::Limits,
-    /// Commands recorded but not yet submitted.
-    pub(super) encoder: RefCell<Option<wgpu::CommandEncoder>>,
     /// The compute pass the dispatches since the last copy or submit go into: one pass for a
     /// run of dispatches, instead of one each (ended before any other command is recorded).
+    /// Declared before the encoder, so that it ends first when the device is dropped.
     pass: RefCell<Option<wgpu::ComputePass<'static>>>,
+    /// Commands recorded but not yet submitted.
+    pub(super) encoder: RefCell<Option<wgpu::CommandEncoder>>,
     pub(super) pending_dispatches: Cell<u32>,
     /// Compiled pipelines by kernel (see `Kernel`: a structural key, binding count included).
     pub(super) pipelines: RefCell<FxHashMap<crate::kernels::Kernel, std::rc::Rc<super::launch::Pipeline>>>,

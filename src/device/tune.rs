@@ -116,7 +116,10 @@ const FILE_FORMAT: &str = "tensormem matmul tuning 1";
 impl Tuning {
     pub fn new(choice: MatmulChoice, adapter: String, file: Option<PathBuf>, runs_on_cpu: bool) -> Tuning {
         let file = file.or_else(default_file);
-        Tuning { choice, adapter, known: FxHashMap::default(), file, largest: if runs_on_cpu { 256 } else { 2048 } }
+        // In a browser the measurement runs beside the page, and the adapter may be a software
+        // one that does not say so: it stays as cheap as on a CPU adapter.
+        let largest = if runs_on_cpu || cfg!(target_arch = "wasm32") { 256 } else { 2048 };
+        Tuning { choice, adapter, known: FxHashMap::default(), file, largest }
     }
 
     /// What the file says for this adapter and class, if it can be read and names a kernel.

@@ -204,7 +204,9 @@ impl RmsNorm {
         drop(mean_square);
         let rstd = shifted.rsqrt()?;
         drop(shifted);
-        x.mul(&rstd)?.mul(&self.weight)
+        let normed = x.mul(&rstd)?;
+        drop(rstd);
+        normed.mul(&self.weight)
     }
 }
 

@@ -198,6 +198,12 @@ impl Tensor {
         Tensor::from_parts(self.storage.clone(), layout, self.dtype, true)
     }
 
+    /// An op's own fresh result given its final shape (a reduction's output without the reduced
+    /// dimensions): the same storage, but not a view, as ATen allocates it in that shape.
+    pub(crate) fn reshaped_result(&self, layout: Layout) -> Tensor {
+        Tensor::from_parts(self.storage.clone(), layout, self.dtype, false)
+    }
+
     /// The first `numel` elements of this tensor's storage read as `dtype`: a view, for kernels
     /// that use a byte buffer as scratch of another type.
     pub(crate) fn reinterpret(&self, dtype: DType, numel: usize) -> Tensor {

@@ -110,7 +110,8 @@ impl Tensor {
             return Ok(out);
         }
         let shape: Vec<usize> = (0..self.ndim()).filter(|d| !dims.contains(d)).map(|d| self.shape()[d]).collect();
-        Ok(out.view_with(Layout { shape: shape.clone(), strides: Layout::contiguous(&shape).strides, offset: out.layout.offset }))
+        // ATen allocates the result in its final shape: a tensor of its own, not a view.
+        Ok(out.reshaped_result(Layout { shape: shape.clone(), strides: Layout::contiguous(&shape).strides, offset: out.layout.offset }))
     }
 
     /// How PyTorch would split this reduction on a card with these multiprocessors (see
@@ -321,6 +322,10 @@ impl Tensor {
         let leading = self.ndim() - shape.len();
         let dims: Vec<isize> = (0..self.ndim()).filter(|&d| d < leading || (shape[d - leading] == 1 && self.shape()[d] != 1)).map(|d| d as isize).collect();
         let summed = if dims.is_empty() { self.share() } else { self.reduce(&dims, true, Reduction::Sum, self.dtype)? };
+        // As `at::sum_to`: the keepdim sum is the result; only leading dimensions make a view.
+        if leading == 0 {
+            return Ok(summed);
+        }
         summed.reshape(&shape.iter().map(|&n| n as isize).collect::<Vec<_>>())
     }
 }
