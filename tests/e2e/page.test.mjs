@@ -1168,20 +1168,20 @@ test('Size a model: ZeRO-1 shards the optimizer unevenly, so the ranks differ; p
   // A card of one's own that only rank 0 (the most optimizer state) overflows: the verdict names it, its chart says so, the others fit.
   let oomCli;
   try {
-    execFileSync(bin, ['run', 'hf-train', '--set', 'config=gpt2,world=4,strategy=zero1,context=128', '--device', 'sim:980MiB', '--json'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    execFileSync(bin, ['run', 'hf-train', '--set', 'config=gpt2,world=4,strategy=zero1,context=128', '--device', 'sim:1100MiB', '--json'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
   } catch (e) {
     oomCli = JSON.parse(e.stdout);
   }
   assert.deepEqual(oomCli.ranks.map((r) => Boolean(r.out_of_memory)), [true, false, false, false]);
   await page.locator('#size-card').scrollIntoViewIfNeeded();
   await page.selectOption('[data-testid=size-card-select]', 'custom');
-  await sizeModel(page, { capacity: '980MiB' });
+  await sizeModel(page, { capacity: '1100MiB' });
   const verdict = page.locator('[data-testid=size-verdict]');
   assert.equal(await verdict.getAttribute('data-fits'), 'false');
   assert.equal(await verdict.getAttribute('data-oom-ranks'), '0');
-  assert.equal(Number(await verdict.getAttribute('data-capacity')), 980 * 2 ** 20);
+  assert.equal(Number(await verdict.getAttribute('data-capacity')), 1100 * 2 ** 20);
   const text = (await verdict.textContent()).replace(/\s+/g, ' ');
-  assert.match(text, /^Out of memory on a 980\.00 MiB card: rank 0 of 4 \(Tried to allocate [\d.]+ MiB at [\d.]+ MiB allocated\); ranks 1-3 fit, the heaviest, rank (\d), peaking at /);
+  assert.match(text, /^Out of memory on a 1\.07 GiB card: rank 0 of 4 \(Tried to allocate [\d.]+ MiB at [\d.]+ [MG]iB allocated\); ranks 1-3 fit, the heaviest, rank (\d), peaking at /);
   const fitting = oomCli.ranks.slice(1).sort((a, b) => b.peak_allocated_bytes - a.peak_allocated_bytes)[0];
   assert.equal(Number(await verdict.getAttribute('data-heaviest-rank')), fitting.rank);
   assert.equal(Number(await verdict.getAttribute('data-peak-allocated')), fitting.peak_allocated_bytes);
