@@ -18,7 +18,8 @@ fi
 mkdir -p "$out"
 cargo build --locked --release -p native-runner --quiet
 echo "== tensormem bench --json --sizes $sizes"
-target/release/tensormem bench --json --sizes "$sizes" > "$out/tensormem.json"
+# Each report written whole or not at all: a stopped run leaves the previous one.
+target/release/tensormem bench --json --sizes "$sizes" > "$out/tensormem.json.tmp" && mv "$out/tensormem.json.tmp" "$out/tensormem.json"
 echo "== PyTorch (tools/bench/torch_bench.py --sizes $sizes)"
-"$python" tools/bench/torch_bench.py --sizes "$sizes" > "$out/torch.json"
+"$python" tools/bench/torch_bench.py --sizes "$sizes" > "$out/torch.json.tmp" && mv "$out/torch.json.tmp" "$out/torch.json"
 "$python" tools/bench/compare.py "$out/tensormem.json" "$out/torch.json"

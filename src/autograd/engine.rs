@@ -97,10 +97,7 @@ pub(crate) fn run_backward(root: &Tensor, grad: Tensor, retain_graph: bool) -> R
                     let Some(next) = next else { continue };
                     let k = key(next);
                     if let Some(g) = g {
-                        // A sum the buffer makes is named as the backward of the node whose
-                        // gradient arrived (PyTorch's autograd thread records no stack).
-                        let _labelled = g.device().clone().backward_of(&node.origin);
-                        add_to_buffer(&mut buffers, k, g)?;
+                        add_to_buffer(&mut buffers, k, g, &node.origin)?;
                     }
                     let waiting = dependencies.get_mut(&k).expect("every edge was counted");
                     *waiting -= 1;
@@ -141,7 +138,9 @@ fn run_node(node: &Node, grad: Tensor, retain_graph: bool) -> Result<Vec<Option<
 /// the gradient already there is held by nothing else, otherwise into a new tensor. A view
 /// never is: PyTorch's views keep their base (and so a second reference to the storage), even
 /// those backward makes without grad mode.
-fn add_to_buffer(buffers: &mut FxHashMap<Key, Tensor>, k: Key, g: Tensor) -> Result<()> {
+/// A sum it makes is named as the backward of `from`, the node whose gradient arrived
+/// (PyTorch's autograd thread records no stack).
+fn add_to_buffer(buffers: &mut FxHashMap<Key, Tensor>, k: Key, g: Tensor, from: &super::Origin) -> Result<()> {
     match buffers.remove(&k) {
         None => {
             buffers.insert(k, g);
@@ -151,6 +150,7 @@ fn add_to_buffer(buffers: &mut FxHashMap<Key, Tensor>, k: Key, g: Tensor) -> Res
             buffers.insert(k, old);
         }
         Some(old) => {
+            let _labelled = g.device().backward_of(from);
             buffers.insert(k, old.add(&g)?);
         }
     }

@@ -205,8 +205,7 @@ impl Device {
         let capacity = options.capacity.unwrap_or(ctx.summary.max_buffer_size.saturating_mul(4));
         let name = format!("gpu ({}, {})", ctx.summary.name, ctx.summary.backend);
         let alloc = CachingAllocator::new(config, Segments::Gpu(segments)).with_capacity(capacity);
-        let blas = options.cuda.map(|card| card.workspaces(options.cublas_workspace));
-        let device = Device::from_parts(Backend::Gpu(ctx), alloc, name, options.cuda.map(|c| c.multiprocessors), blas);
+        let device = Device::from_parts(Backend::Gpu(ctx), alloc, name, options.cuda, options.cublas_workspace);
         device.0.uncached.set(options.uncached);
         Ok(device)
     }
@@ -218,17 +217,10 @@ impl Device {
 
     pub fn sim_with(options: SimOptions, config: AllocatorConfig) -> Device {
         let alloc = CachingAllocator::new(config, Segments::Virtual(VirtualSegments::default())).with_capacity(options.capacity);
-        let blas = options.cuda.map(|card| card.workspaces(options.cublas_workspace));
-        Device::from_parts(Backend::Sim(options.speed), alloc, options.device_name(), options.cuda.map(|c| c.multiprocessors), blas)
+        Device::from_parts(Backend::Sim(options.speed), alloc, options.device_name(), options.cuda, options.cublas_workspace)
     }
 
-    fn from_parts(
-        backend: Backend,
-        mut alloc: CachingAllocator<Segments>,
-        name: String,
-        multiprocessors: Option<Multiprocessors>,
-        blas_workspaces: Option<BlasWorkspaces>,
-    ) -> Device {
+    fn from_parts(backend: Backend, mut alloc: CachingAllocator<Segments>, name: String, cuda: Option<CudaCard>, cublas_workspace: Option<u64>) -> Device {
         alloc.record_memory_history(true, RecordContext::All, 100_000);
         // A GPU's entries happen at real times; the sim device's at modelled ones.
         let time = match backend {
@@ -251,8 +243,8 @@ impl Device {
             uncached: Cell::new(false),
             stream: Cell::new(0),
             deferred_parameters: Cell::new(false),
-            multiprocessors,
-            blas_workspaces,
+            multiprocessors: cuda.map(|card| card.multiprocessors),
+            blas_workspaces: cuda.map(|card| card.workspaces(cublas_workspace)),
             blas_made: RefCell::new(Vec::new()),
             on_autograd_thread: Cell::new(false),
         }))
