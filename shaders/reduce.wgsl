@@ -27,26 +27,28 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     store_out(offset_of(i, info.out), {{FINISH}});
 }
 
-// One workgroup per output element: its 256 invocations take every 256th reduced element, then
-// combine their accumulators. For long reductions, which one invocation would walk alone,
-// slowly (and past the loop limits of CPU drivers); the longest are split over several
-// workgroups per output instead (reduce_split.wgsl).
+// {{LANES}} invocations per output element, 256 / {{LANES}} outputs per workgroup: each
+// invocation takes every {{LANES}}-th reduced element, so when they are one contiguous run,
+// neighbouring invocations read neighbouring elements (the loads a GPU coalesces), then the run's
+// invocations combine their accumulators. With 256 lanes: the long reductions, which one
+// invocation would walk alone, slowly (and past the loop limits of CPU drivers); the longest
+// are split over several workgroups per output instead (reduce_split.wgsl).
 @compute @workgroup_size(256)
-fn reduce_wide(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = wid.x + wid.y * nwg.x;
+fn reduce_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = (wid.x + wid.y * nwg.x) * (256u / {{LANES}}u) + lid.x / {{LANES}}u;
     // No early return: every invocation reaches the barriers.
     let in_range = i < info.numel;
     let n = info.count;
     var acc: {{ACC}} = {{INIT}};
     if (in_range) {
         let base = offset_of(i, info.a);
-        for (var k = lid.x; k < n; k = k + 256u) {
+        for (var k = lid.x % {{LANES}}u; k < n; k = k + {{LANES}}u) {
             let x = load_a(reduced_offset(k, base));
             {{STEP}}
         }
     }
-    acc = combine_workgroup(lid.x, acc);
-    if (in_range && lid.x == 0u) {
+    acc = combine_lanes(lid.x, acc);
+    if (in_range && lid.x % {{LANES}}u == 0u) {
         store_out(offset_of(i, info.out), {{FINISH}});
     }
 }

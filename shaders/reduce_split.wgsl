@@ -1,7 +1,7 @@
 // A long reduction split over info.parts workgroups per output element, in two passes that
 // keep their partial accumulators in `part`: the global-memory buffer PyTorch's split
 // reduction allocates (src/tensor/ops/cuda_reduce.rs), so the memory the trace shows is the
-// memory used. Placeholders as in reduce.wgsl.
+// memory used. Placeholders as in reduce.wgsl ({{LANES}} is 256: a workgroup per part).
 {{ENABLE}}
 
 {{COMMON}}
@@ -32,7 +32,7 @@ fn reduce_split(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
             {{STEP}}
         }
     }
-    acc = combine_workgroup(lid.x, acc);
+    acc = combine_lanes(lid.x, acc);
     if (in_range && lid.x == 0u) {
         store_part(info.part + i * info.parts + p, acc);
     }
@@ -51,7 +51,7 @@ fn reduce_parts(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
             {{COMBINE}}
         }
     }
-    acc = combine_workgroup(lid.x, acc);
+    acc = combine_lanes(lid.x, acc);
     if (in_range && lid.x == 0u) {
         store_out(offset_of(i, info.out), {{FINISH}});
     }

@@ -16,13 +16,15 @@ fn reduced_offset(k: u32, base: u32) -> u32 {
 
 var<workgroup> partial: array<{{ACC}}, 256>;
 
-// Combines the accumulators of a workgroup's 256 invocations in a tree; every invocation gets
-// the result. Call it from uniform control flow (it has barriers).
-fn combine_workgroup(lid: u32, mine: {{ACC}}) -> {{ACC}} {
+// Combines the accumulators of each run of {{LANES}} invocations (a power of two dividing 256)
+// in a tree; every invocation gets its run's result. Call it from uniform control flow (it has
+// barriers; the loop's bound is a constant, so every invocation meets the same ones).
+fn combine_lanes(lid: u32, mine: {{ACC}}) -> {{ACC}} {
     partial[lid] = mine;
     workgroupBarrier();
-    for (var span = 128u; span > 0u; span = span >> 1u) {
-        if (lid < span) {
+    let lane = lid % {{LANES}}u;
+    for (var span = {{LANES}}u / 2u; span > 0u; span = span >> 1u) {
+        if (lane < span) {
             var acc = partial[lid];
             let x = partial[lid + span];
             {{COMBINE}}
@@ -30,5 +32,5 @@ fn combine_workgroup(lid: u32, mine: {{ACC}}) -> {{ACC}} {
         }
         workgroupBarrier();
     }
-    return partial[0];
+    return partial[lid - lane];
 }

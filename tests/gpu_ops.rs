@@ -45,6 +45,18 @@ fn float16_packed_even_where_shader_f16_exists() {
     pollster::block_on(suite::f16_program(&packed));
 }
 
+/// A GPU's reduction shapes (rows shared among invocations) on this adapter too, which may be
+/// a software one that would otherwise take a thread per row.
+#[test]
+fn reductions_in_the_shapes_a_gpu_takes() {
+    let Some(_) = gpu() else { return };
+    let dev = pollster::block_on(Device::gpu(GpuOptions { gpu_kernel_shapes: true, ..options() })).unwrap();
+    assert!(!dev.adapter().unwrap().cpu_kernel_shapes);
+    pollster::block_on(suite::contiguous_rows_reduce_with_neighbours_reading_neighbours(&dev));
+    pollster::block_on(suite::reductions_over_dims(&dev));
+    pollster::block_on(suite::long_reductions_split_as_pytorch_splits_them(&dev));
+}
+
 /// A GPU device stamps its trace with the wall clock, in microseconds since the epoch as PyTorch does.
 #[test]
 fn gpu_trace_entries_carry_wall_time() {

@@ -33,6 +33,9 @@ pub struct GpuOptions {
     pub cuda: Option<super::CudaCard>,
     /// `CUBLAS_WORKSPACE_CONFIG`'s size per handle in bytes; None: PyTorch's default for `cuda`.
     pub cublas_workspace: Option<u64>,
+    /// Shape kernels as for a GPU even on a software adapter (tests run a GPU's kernel shapes
+    /// on lavapipe with this; matmul tuning still measures at the software adapter's sizes).
+    pub gpu_kernel_shapes: bool,
 }
 
 impl Default for GpuOptions {
@@ -45,6 +48,7 @@ impl Default for GpuOptions {
             tuning_file: None,
             cuda: Some(super::sim::H100_CARD),
             cublas_workspace: None,
+            gpu_kernel_shapes: false,
         }
     }
 }
@@ -58,6 +62,9 @@ pub struct AdapterSummary {
     /// A software adapter (lavapipe, SwiftShader, WARP): kernels that tune their shape for
     /// caches and workgroup cost ask this.
     pub runs_on_cpu: bool,
+    /// Whether kernels take the shapes that suit a CPU adapter (a thread per row where a GPU
+    /// wants neighbours reading neighbours): `runs_on_cpu` unless `gpu_kernel_shapes` is set.
+    pub cpu_kernel_shapes: bool,
     pub driver: String,
     pub native_f16: bool,
     pub max_buffer_size: u64,
@@ -185,6 +192,7 @@ impl GpuContext {
             },
             device_type: format!("{:?}", info.device_type),
             runs_on_cpu: info.device_type == wgpu::DeviceType::Cpu,
+            cpu_kernel_shapes: info.device_type == wgpu::DeviceType::Cpu && !options.gpu_kernel_shapes,
             driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
             native_f16,
             max_buffer_size: limits.max_buffer_size,

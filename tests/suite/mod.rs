@@ -21,6 +21,7 @@ macro_rules! every_check {
             in_place_ops_write_through_views_and_allocate_nothing,
             reductions_over_dims,
             long_reductions_split_as_pytorch_splits_them,
+            contiguous_rows_reduce_with_neighbours_reading_neighbours,
             matmul_variants_match_the_reference,
             matmul_kernels_are_chosen_per_class_of_shapes,
             float16,
@@ -339,6 +340,43 @@ pub async fn reductions_over_dims(dev: &Device) {
 /// results against the reference. Whole tensors just past the split threshold (130,561
 /// elements), odd lengths, a transposed view, column sums, f16 (whose max keeps 2-byte
 /// partials, so fewer parts fit its buffer).
+/// Rows long enough that a GPU shares each among several invocations (4 to 256 lanes, several
+/// rows per workgroup, the last workgroup partly out of range): every reduction against the
+/// reference, on whole rows, on rows narrowed from an offset, over two trailing dimensions at
+/// once, and in f16. (On a CPU adapter these take a thread per row unless the device was made
+/// with `gpu_kernel_shapes`.)
+pub async fn contiguous_rows_reduce_with_neighbours_reading_neighbours(dev: &Device) {
+    let mut rng = Rng(41);
+    for (rows, n) in [(3, 128), (7, 129), (65, 200), (5, 1000), (9, 1024), (2, 2047)] {
+        let data = rng.f32s(rows * (n + 3));
+        let base = dev.from_slice(&data, &[rows, n + 3]).unwrap();
+        for start in [0, 3] {
+            let x = base.narrow(1, start, n).unwrap();
+            let row = |r: usize| &data[r * (n + 3) + start..r * (n + 3) + start + n];
+            let fold = |f: &dyn Fn(&[f32]) -> f32| (0..rows).map(|r| f(row(r))).collect::<Vec<f32>>();
+            let what = format!("{rows} rows of {n} from {start}");
+            // Sums in f64: each order of f32 additions is off the exact sum by its own rounding.
+            let exact = |c: &[f32]| c.iter().map(|&v| v as f64).sum::<f64>();
+            close(&read::<f32>(&x.sum(&[-1], false).unwrap()).await, &fold(&|c| exact(c) as f32), 1e-4, &format!("sum, {what}"));
+            close(&read::<f32>(&x.mean(&[1], true).unwrap()).await, &fold(&|c| (exact(c) / n as f64) as f32), 1e-5, &format!("mean, {what}"));
+            close(&read::<f32>(&x.max(&[1], false).unwrap()).await, &fold(&|c| c.iter().cloned().fold(f32::MIN, f32::max)), 0.0, &format!("max, {what}"));
+            close(&read::<f32>(&x.min(&[1], false).unwrap()).await, &fold(&|c| c.iter().cloned().fold(f32::MAX, f32::min)), 0.0, &format!("min, {what}"));
+        }
+        // Two trailing dimensions of a contiguous tensor: one run of n * 3 elements per output.
+        let cube =
+            dev.from_slice(&data, &[rows, n + 3]).unwrap().narrow(1, 0, n).unwrap().contiguous().unwrap().reshape(&[rows as isize, 1, n as isize]).unwrap();
+        let both = cube.expand(&[rows, 3, n]).unwrap().contiguous().unwrap();
+        let want: Vec<f32> = (0..rows).map(|r| 3.0 * data[r * (n + 3)..r * (n + 3) + n].iter().map(|&v| v as f64).sum::<f64>()).map(|v| v as f32).collect();
+        close(&read::<f32>(&both.sum(&[1, 2], false).unwrap()).await, &want, 1e-4, &format!("sum over two dimensions, {rows} x 3 x {n}"));
+        // f16 rows accumulate in f32 and round once.
+        let halves: Vec<half::f16> = data[..rows * n].iter().map(|&v| half::f16::from_f32(v)).collect();
+        let h = dev.from_slice(&halves, &[rows, n]).unwrap();
+        let want: Vec<f32> = halves.chunks(n).map(|c| half::f16::from_f64(c.iter().map(|v| v.to_f64()).sum::<f64>()).to_f32()).collect();
+        let got: Vec<f32> = read::<half::f16>(&h.sum(&[1], false).unwrap()).await.iter().map(|v| v.to_f32()).collect();
+        close(&got, &want, 2e-3, &format!("f16 sum, {rows} rows of {n}"));
+    }
+}
+
 pub async fn long_reductions_split_as_pytorch_splits_them(dev: &Device) {
     use tensormem::trace::Action;
     let events = |f: &dyn Fn() -> Tensor| {

@@ -1,7 +1,7 @@
 //! Ops that gather or place slices: cat, stack, index_select, embedding, nll_loss, and their
 //! backward.
 
-use super::{bind, check_u32, shape_meta, strided, values};
+use super::{bind, check_u32, cuda_embedding, shape_meta, strided, values};
 use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::ElementwiseMeta;
@@ -199,9 +199,10 @@ impl Tensor {
             Box::new(move |saved, g| {
                 let index = saved[0].as_ref().expect("saved");
                 // Embedding's gradient comes shaped as the ids plus a feature dimension.
-                let g = if flat { g.reshape(&[-1, shape[1] as isize])? } else { g.share() };
-                let op = if flat { "embedding_dense_backward" } else { "index_select_backward" };
-                Ok(vec![Some(g.scatter_add_to_zeros(op, dim, &index.spread(dim, g.shape()), &shape)?)])
+                if flat {
+                    return Ok(vec![Some(g.reshape(&[-1, shape[1] as isize])?.embedding_dense_backward(index, &shape)?)]);
+                }
+                Ok(vec![Some(g.scatter_add_to_zeros("index_select_backward", dim, &index.spread(dim, g.shape()), &shape)?)])
             }),
         )
     }
@@ -234,6 +235,45 @@ impl Tensor {
         let mut strides = vec![0; shape.len()];
         strides[dim] = self.layout.strides[0];
         self.view_with(Layout { shape: shape.to_vec(), strides, offset: self.layout.offset })
+    }
+
+    /// `embedding_dense_backward`: self, the gradient of the picked rows [ids, features], summed
+    /// into zeros of the table's `shape` at the rows `ids` name. Where the device models a CUDA
+    /// card, past 3072 ids the allocations of PyTorch's sorting kernel come around the result's,
+    /// in its order (see [`cuda_embedding`]); the sum itself is one scatter-add either way.
+    #[track_caller]
+    fn embedding_dense_backward(&self, ids: &Tensor, shape: &[usize]) -> Result<Tensor> {
+        const OP: &str = "embedding_dense_backward";
+        let n = ids.numel();
+        let device = self.device();
+        if device.multiprocessors().is_none() || n <= cuda_embedding::UNSORTED_IDS {
+            return self.scatter_add_to_zeros(OP, 0, &ids.spread(0, self.shape()), shape);
+        }
+        // (No closures: they would hide the caller's location from the trace.) Locals drop in
+        // reverse order, as the C++ destructors run.
+        let (id, u8, i64) = (ids.dtype, DType::U8, DType::I64);
+        let sorted_ids = device.empty_tensor(&[n], id, OP)?;
+        let positions = device.empty_tensor(&[n], id, OP)?;
+        let range = device.empty_tensor(&[n], id, OP)?;
+        drop(device.empty_tensor(&[cuda_embedding::radix_sort_pairs_temp(n as u64, id.size() as u64) as usize], u8, OP)?);
+        drop(range);
+        let grad_weight = self.scatter_add_to_zeros(OP, 0, &ids.spread(0, self.shape()), shape)?;
+        let scratch = cuda_embedding::SegmentScratch::new(n, shape[0]);
+        let segment_offsets = device.empty_tensor(&[n], id, OP)?;
+        let segments = device.empty_tensor(&[], i64, OP)?;
+        let unique_ids = device.empty_tensor(&[n], id, OP)?;
+        drop(device.empty_tensor(&[cuda_embedding::unique_by_key_temp(n as u64) as usize], u8, OP)?);
+        drop(unique_ids);
+        let partials_per_segment = device.empty_tensor(&[scratch.max_segments], id, OP)?;
+        let partials_offsets = device.empty_tensor(&[scratch.max_segments], id, OP)?;
+        drop(device.empty_tensor(&[cuda_embedding::exclusive_sum_temp(scratch.max_segments as u64) as usize], u8, OP)?);
+        let partial_segments = device.empty_tensor(&[], i64, OP)?;
+        let partial_segment_offsets = device.empty_tensor(&[scratch.max_partial_segments], id, OP)?;
+        // Partial sums in the accumulator's type: f32 for f16 and bf16 gradients.
+        let acc = if matches!(self.dtype, DType::F16 | DType::BF16) { DType::F32 } else { self.dtype };
+        drop(device.empty_tensor(&[scratch.max_partial_segments, shape[1]], acc, OP)?);
+        drop((partial_segment_offsets, partial_segments, partials_offsets, partials_per_segment, segments, segment_offsets, positions, sorted_ids));
+        Ok(grad_weight)
     }
 
     /// `gather_backward` and `index_select_backward`: zeros of `shape` with self's elements

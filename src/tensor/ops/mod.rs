@@ -3,6 +3,7 @@
 //! device the same allocations happen and the kernels are skipped.
 
 mod attention;
+mod cuda_embedding;
 mod cuda_reduce;
 mod elementwise;
 mod factory;

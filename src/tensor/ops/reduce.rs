@@ -13,6 +13,24 @@ use crate::tensor::{DType, Result, Tensor, TensorError};
 /// Reductions of at least this many elements per output run a workgroup per output.
 const WIDE_REDUCTION: usize = 2048;
 
+/// On a GPU, contiguous reductions of at least this many elements per output share their
+/// elements among several invocations (fewer: a thread per output).
+const SHARED_REDUCTION: usize = 128;
+
+/// How many invocations reduce each output (`reduce_lanes`), or None for one (`reduce`).
+/// Long reductions take a workgroup of 256. On a GPU, a thread walking its own contiguous row
+/// reads memory a row apart from its neighbours', which the hardware cannot coalesce (0.40 TB/s
+/// for sums over rows of 1024 on an H100, a sixth of PyTorch's): there a contiguous reduction
+/// gets about 32 elements per invocation, neighbours reading neighbours. A CPU adapter runs
+/// a workgroup's invocations one SIMD batch after another and pays for each barrier, so a
+/// thread per row, walking it through its cache, stays best there (measured on lavapipe).
+fn reduction_lanes(n: usize, contiguous: bool, on_cpu: bool) -> Option<u32> {
+    if n >= WIDE_REDUCTION {
+        return Some(256);
+    }
+    (contiguous && !on_cpu && n >= SHARED_REDUCTION).then(|| (n.next_power_of_two() / 32).clamp(4, 256) as u32)
+}
+
 /// The most workgroups per output a split reduction uses on a CPU adapter.
 const CPU_PARTS: u64 = 64;
 
@@ -141,7 +159,7 @@ impl Tensor {
         // A CPU adapter runs a workgroup's invocations one SIMD batch after another, each
         // through the whole run: runs must stay cache-sized, and workgroups cost more than on a
         // GPU. 64 measured best on lavapipe (5.7 GB/s over 16 M floats; 4: 1.4, 528: 4.2-5.0).
-        let parts_cap = if device.adapter().is_some_and(|a| a.runs_on_cpu) { CPU_PARTS } else { u64::MAX };
+        let parts_cap = if device.adapter().is_some_and(|a| a.cpu_kernel_shapes) { CPU_PARTS } else { u64::MAX };
         // As many parts as PyTorch's blocks, as far as its buffer holds our accumulators (f32
         // where f16 max and min keep 2-byte ones there; i32 where 8-bit sums keep bytes).
         let split = split.and_then(|(s, buffer)| {
@@ -164,8 +182,10 @@ impl Tensor {
             ok
         });
         let finish = spec.finish.replace("{T}", values(out.dtype, device)?.name());
+        let lanes = reduction_lanes(n, contiguous, device.adapter().is_some_and(|a| a.cpu_kernel_shapes));
         let kernel = |family, entry| -> Result<Kernel> {
             Ok(Kernel::new(family, entry)
+                .with("LANES", if family == Family::ReduceSplit { 256 } else { lanes.unwrap_or(256) }.to_string())
                 .with_meta::<ReduceMeta>()
                 .with_operands(device.native_f16(), &b.plan, &names)?
                 .with("CONTIGUOUS", if contiguous { "true" } else { "false" })
@@ -199,8 +219,13 @@ impl Tensor {
                 device.launch(&kernel(Family::ReduceSplit, "reduce_split")?, &meta, &b, per_workgroup(outputs * parts as u64))?;
                 device.launch(&kernel(Family::ReduceSplit, "reduce_parts")?, &meta, &b, per_workgroup(outputs))?;
             }
-            None if n >= WIDE_REDUCTION => device.launch(&kernel(Family::Reduce, "reduce_wide")?, &meta, &b, per_workgroup(outputs))?,
-            None => device.launch(&kernel(Family::Reduce, "reduce")?, &meta, &b, Grid::Threads { threads: outputs, workgroup: WORKGROUP })?,
+            None => match lanes {
+                Some(lanes) => {
+                    let groups = outputs.div_ceil(256 / lanes as u64);
+                    device.launch(&kernel(Family::Reduce, "reduce_lanes")?, &meta, &b, per_workgroup(groups))?
+                }
+                None => device.launch(&kernel(Family::Reduce, "reduce")?, &meta, &b, Grid::Threads { threads: outputs, workgroup: WORKGROUP })?,
+            },
         }
         Ok(())
     }
