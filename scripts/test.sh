@@ -87,6 +87,12 @@ checks() {
   rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
   cargo clippy --workspace --all-targets --locked --quiet -- -D warnings
   cargo clippy --lib --target wasm32-unknown-unknown --locked --quiet -- -D warnings
+  echo "== the analysis and the sim device without wgpu (the gpu feature off), and the layers' order"
+  cargo clippy --lib --no-default-features --locked --quiet -- -D warnings
+  if cargo tree --locked -p tensormem --no-default-features -e normal | grep -q wgpu; then
+    echo "error: wgpu is a dependency of the build without the gpu feature" >&2
+    exit 1
+  fi
 }
 
 native() {

@@ -1,14 +1,15 @@
 //! tensormem: a tensor engine that makes GPU memory visible.
 //!
-//! Modules follow the data flow from the bottom up: `files` (writing files whole),
-//! `trace` (pure data, snapshot formats), `alloc` (PyTorch's caching allocator,
-//! device-agnostic), `report` (memory_stats and memory_summary), `replay` (feed a recorded
-//! trace through the allocator and compare), `kernels` (WGSL generation), `device` (the
-//! allocator and the GPU), `tensor` and `autograd` (ops and their graph), `amp` (autocast),
-//! `nn` (layers, losses, optimizers and the gradient scaler), `scenarios` (named workloads),
+//! Modules follow the data flow from the bottom up (docs/layers.md, checked by
+//! tests/layers.rs): `files`, `dtype` and `trace` (pure data, snapshot formats), `alloc`
+//! (PyTorch's caching allocator, device-agnostic), `report` (memory_stats and memory_summary),
+//! `replay` (feed a recorded trace through the allocator and compare); the analysis:
 //! `timeline` (a trace laid out for the page), `doctor` (what is wrong with a trace, each fix
 //! verified by replay), `predict` (a program's memory at other sizes, from recordings at small
-//! ones: align, fit, replay); `web` is the page's wasm-bindgen surface.
+//! ones); the engine: `kernels` (WGSL generation), `device` (the allocator and the GPU, whose
+//! wgpu side is the `gpu` feature), `autograd`, `tensor` (ops and their graph), `amp`
+//! (autocast), `nn` (layers, losses, optimizers and the gradient scaler); `scenarios` (named
+//! workloads); `web` is the page's wasm-bindgen surface.
 
 pub mod alloc;
 pub mod amp;
@@ -18,6 +19,8 @@ pub mod device;
 pub mod doctor;
 pub mod dtype;
 pub mod files;
+// Without the `gpu` feature the ops still describe their kernels, but nothing compiles the WGSL.
+#[cfg_attr(not(feature = "gpu"), allow(dead_code))]
 pub(crate) mod kernels;
 pub mod nn;
 pub mod predict;

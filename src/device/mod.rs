@@ -1,17 +1,21 @@
 //! A device: GPU (wgpu: Vulkan, Metal, DX12, or WebGPU in the browser) or Sim (shapes only). Both
 //! hand every tensor a block from the same caching allocator, so both produce the same trace.
 
+mod adapter;
+mod bindings;
 pub mod cublas;
+#[cfg(feature = "gpu")]
 mod gpu;
-mod launch;
+#[cfg(not(feature = "gpu"))]
+#[path = "no_gpu.rs"]
+mod gpu;
 mod sim;
-mod staging;
 mod tune;
 
 pub use crate::kernels::matmul::MatmulKernel;
+pub use adapter::{AdapterSummary, GpuOptions};
+pub(crate) use bindings::{Arg, Bindings};
 pub use cublas::{BlasWorkspaces, CudaCard};
-pub use gpu::{AdapterSummary, GpuOptions};
-pub(crate) use launch::{Arg, Bindings};
 pub use sim::{H100_CARD, H100_MULTIPROCESSORS, Multiprocessors, PRESETS, SimOptions, Speed, parse_capacity};
 pub(crate) use tune::MatmulClass;
 pub use tune::{MatmulChoice, MatmulTuning};
@@ -202,8 +206,8 @@ impl Device {
             ));
         }
         let (ctx, segments) = GpuContext::open(&options).await?;
-        let capacity = options.capacity.unwrap_or(ctx.summary.max_buffer_size.saturating_mul(4));
-        let name = format!("gpu ({}, {})", ctx.summary.name, ctx.summary.backend);
+        let capacity = options.capacity.unwrap_or(ctx.summary().max_buffer_size.saturating_mul(4));
+        let name = format!("gpu ({}, {})", ctx.summary().name, ctx.summary().backend);
         let alloc = CachingAllocator::new(config, Segments::Gpu(segments)).with_capacity(capacity);
         let device = Device::from_parts(Backend::Gpu(ctx), alloc, name, options.cuda, options.cublas_workspace);
         device.0.uncached.set(options.uncached);
@@ -261,7 +265,7 @@ impl Device {
     /// The adapter, for a GPU device.
     pub fn adapter(&self) -> Option<&AdapterSummary> {
         match &self.0.backend {
-            Backend::Gpu(g) => Some(&g.summary),
+            Backend::Gpu(g) => Some(g.summary()),
             Backend::Sim(_) => None,
         }
     }
@@ -316,7 +320,7 @@ impl Device {
     #[track_caller]
     pub(crate) fn allocate(&self, bytes: u64, op: &'static str) -> Result<Allocation, DeviceError> {
         if let Backend::Gpu(g) = &self.0.backend {
-            let limit = g.summary.max_storage_buffer_binding_size;
+            let limit = g.summary().max_storage_buffer_binding_size;
             if bytes > limit {
                 return Err(DeviceError::Unsupported(format!(
                     "a tensor of {bytes} bytes exceeds this adapter's max_storage_buffer_binding_size of {limit} bytes"
@@ -578,7 +582,7 @@ impl Device {
     /// host memory, kept for reuse up to 32 MiB idle each way.
     pub fn staging_memory(&self) -> (u64, u64) {
         match &self.0.backend {
-            Backend::Gpu(g) => g.staging.memory(),
+            Backend::Gpu(g) => g.staging_memory(),
             Backend::Sim(_) => (0, 0),
         }
     }
@@ -615,15 +619,7 @@ impl Device {
     /// adapter (the benchmark's baseline). None on the simulation device.
     pub(crate) fn copy_probe(&self, bytes: u64) -> Option<CopyProbe> {
         let ctx = self.gpu_context()?;
-        let buffer = || {
-            ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("tensormem bench copy"),
-                size: bytes,
-                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        };
-        Some(CopyProbe { device: self.clone(), from: buffer(), to: buffer(), bytes })
+        Some(CopyProbe { device: self.clone(), from: ctx.copy_buffer(bytes), to: ctx.copy_buffer(bytes), bytes })
     }
 
     /// Submits recorded GPU work (no-op on sim).
@@ -648,8 +644,8 @@ impl Device {
 /// Scratch buffers a benchmark copies between (see [`Device::copy_probe`]); destroyed on drop.
 pub(crate) struct CopyProbe {
     device: Device,
-    from: wgpu::Buffer,
-    to: wgpu::Buffer,
+    from: gpu::Buffer,
+    to: gpu::Buffer,
     bytes: u64,
 }
 
@@ -657,7 +653,7 @@ impl CopyProbe {
     /// Records one copy of the whole buffer.
     pub(crate) fn copy(&self) {
         if let Some(ctx) = self.device.gpu_context() {
-            ctx.record(|e| e.copy_buffer_to_buffer(&self.from, 0, &self.to, 0, self.bytes));
+            ctx.record_copy(&self.from, &self.to, self.bytes);
         }
     }
 }

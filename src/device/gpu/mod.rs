@@ -1,80 +1,21 @@
 //! The wgpu side of a GPU device: adapter, limits, one buffer per allocator segment, the pending
-//! command encoder, uploads and readback.
+//! command encoder, uploads and readback; kernel launches (`launch`), measuring matmul kernels
+//! (`measure`) and staging buffers (`staging`). The only module that names wgpu, built with the
+//! `gpu` feature (`no_gpu.rs` stands in without it).
+
+mod launch;
+mod measure;
+mod staging;
+mod tuning;
 
 use crate::alloc::{SegmentSource, VirtualSegments};
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
 
-use super::DeviceError;
+use super::{AdapterSummary, DeviceError, GpuOptions};
 
-/// How to open a GPU device.
-#[derive(Debug, Clone)]
-pub struct GpuOptions {
-    /// Bytes the device may reserve (the card's memory, or a browser budget). None: the adapter's
-    /// `max_buffer_size` times 4, a guess, since no API reports free GPU memory.
-    pub capacity: Option<u64>,
-    /// Store f16 packed in u32 words even when the adapter has `shader-f16` (the path browsers
-    /// without it take; tests use this to check both).
-    pub disable_native_f16: bool,
-    /// Give every tensor a buffer of its own, created when it is allocated and destroyed when
-    /// it is freed, bypassing the caching allocator (nothing is recorded), as PyTorch does under
-    /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: what an engine without a cache pays, for comparison.
-    pub uncached: bool,
-    /// How `matmul` picks its kernel: measured per class of shapes at first use (the default).
-    pub matmul: super::MatmulChoice,
-    /// Where measured choices are kept across runs. None: `$TENSORMEM_CACHE_DIR`, else the user's
-    /// cache directory (`$XDG_CACHE_HOME/tensormem` or `~/.cache/tensormem`); never on the web.
-    pub tuning_file: Option<std::path::PathBuf>,
-    /// The CUDA card whose allocations the trace models (WebGPU reports neither multiprocessors
-    /// nor a compute capability): a long reduction is split as PyTorch splits it there,
-    /// allocating what it allocates, and the split kernel works in that memory; each thread's
-    /// first matmul allocates cuBLAS's workspace. Default: the H100's. None: never split, no
-    /// workspaces.
-    pub cuda: Option<super::CudaCard>,
-    /// `CUBLAS_WORKSPACE_CONFIG`'s size per handle in bytes; None: PyTorch's default for `cuda`.
-    pub cublas_workspace: Option<u64>,
-    /// Shape kernels as for a GPU even on a software adapter (tests run a GPU's kernel shapes
-    /// on lavapipe with this; matmul tuning still measures at the software adapter's sizes).
-    pub gpu_kernel_shapes: bool,
-}
-
-impl Default for GpuOptions {
-    fn default() -> GpuOptions {
-        GpuOptions {
-            capacity: None,
-            disable_native_f16: false,
-            uncached: false,
-            matmul: Default::default(),
-            tuning_file: None,
-            cuda: Some(super::sim::H100_CARD),
-            cublas_workspace: None,
-            gpu_kernel_shapes: false,
-        }
-    }
-}
-
-/// What the adapter is and what it allows.
-#[derive(Debug, Clone)]
-pub struct AdapterSummary {
-    pub name: String,
-    pub backend: String,
-    pub device_type: String,
-    /// A software adapter (lavapipe, SwiftShader, WARP): kernels that tune their shape for
-    /// caches and workgroup cost ask this.
-    pub runs_on_cpu: bool,
-    /// Whether kernels take the shapes that suit a CPU adapter (a thread per row where a GPU
-    /// wants neighbours reading neighbours): `runs_on_cpu` unless `gpu_kernel_shapes` is set.
-    pub cpu_kernel_shapes: bool,
-    pub driver: String,
-    pub native_f16: bool,
-    pub max_buffer_size: u64,
-    pub max_storage_buffer_binding_size: u64,
-    pub min_storage_buffer_offset_alignment: u32,
-    pub max_compute_workgroup_size_x: u32,
-    pub max_compute_invocations_per_workgroup: u32,
-    pub max_compute_workgroups_per_dimension: u32,
-    pub max_storage_buffers_per_shader_stage: u32,
-}
+/// A segment's memory.
+pub(crate) type Buffer = wgpu::Buffer;
 
 /// Buffers of released segments, destroyed at the next submit: the allocator may release a
 /// segment (inside `malloc`'s free-and-retry path) while recorded commands still use it.
@@ -90,7 +31,7 @@ pub struct GpuSegments {
 }
 
 impl GpuSegments {
-    pub fn buffer(&self, segment: u64) -> Option<&wgpu::Buffer> {
+    pub(crate) fn buffer(&self, segment: u64) -> Option<&wgpu::Buffer> {
         self.buffers.get(&segment)
     }
 }
@@ -119,7 +60,7 @@ impl SegmentSource for GpuSegments {
     }
 }
 
-pub(super) struct GpuContext {
+pub(crate) struct GpuContext {
     pub(super) device: wgpu::Device,
     pub(super) queue: wgpu::Queue,
     pub(super) summary: AdapterSummary,
@@ -132,9 +73,9 @@ pub(super) struct GpuContext {
     pub(super) encoder: RefCell<Option<wgpu::CommandEncoder>>,
     pub(super) pending_dispatches: Cell<u32>,
     /// Compiled pipelines by kernel (see `Kernel`: a structural key, binding count included).
-    pub(super) pipelines: RefCell<FxHashMap<crate::kernels::Kernel, std::rc::Rc<super::launch::Pipeline>>>,
+    pub(super) pipelines: RefCell<FxHashMap<crate::kernels::Kernel, std::rc::Rc<launch::Pipeline>>>,
     /// Upload and readback buffers (their own pool, like PyTorch's pinned host allocator).
-    pub(super) staging: super::staging::StagingPool,
+    pub(super) staging: staging::StagingPool,
     retired: Retired,
     /// Kernel metadata of the dispatches recorded since the last submit: one buffer, made once
     /// and refilled by write_buffer right before each batch is submitted (the queue runs that
@@ -142,14 +83,14 @@ pub(super) struct GpuContext {
     metadata: RefCell<Option<(wgpu::Buffer, Vec<u8>)>>,
     /// Bind groups by pipeline and operand buffers: a loop of ops on the cache's reused blocks
     /// binds the same buffers again and again.
-    pub(super) bind_groups: RefCell<FxHashMap<super::launch::BindKey, wgpu::BindGroup>>,
+    pub(super) bind_groups: RefCell<FxHashMap<launch::BindKey, wgpu::BindGroup>>,
     /// Bytes between two dispatches' metadata (the storage offset alignment, at least 256).
     metadata_stride: u64,
     /// Validation errors wgpu reported outside an error scope (in the browser they arrive late):
     /// turned into `DeviceError`s instead of wgpu's default panic.
     pub(super) errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     /// Which matmul kernel each class of shapes uses on this adapter.
-    pub(super) tuning: RefCell<super::tune::Tuning>,
+    pub(super) tuning: RefCell<tuning::Tuning>,
 }
 
 /// Submit once this many dispatches are pending (bounds encoder memory on long programs).
@@ -216,8 +157,8 @@ impl GpuContext {
         device.on_uncaptured_error(std::sync::Arc::new(move |e: wgpu::Error| sink.lock().unwrap().push(e.to_string())));
         let adapter_key = format!("{} | {} | {} | native f16: {}", summary.name, summary.backend, summary.driver, summary.native_f16);
         let ctx = GpuContext {
-            staging: super::staging::StagingPool::new(device.clone()),
-            tuning: RefCell::new(super::tune::Tuning::new(options.matmul.clone(), adapter_key, options.tuning_file.clone(), summary.runs_on_cpu)),
+            staging: staging::StagingPool::new(device.clone()),
+            tuning: RefCell::new(tuning::Tuning::new(options.matmul.clone(), adapter_key, options.tuning_file.clone(), summary.runs_on_cpu)),
             errors,
             device,
             queue,
@@ -237,6 +178,30 @@ impl GpuContext {
 
     /// Runs `f` on the pending encoder (created on demand), after ending the open compute pass;
     /// submits when many commands are pending.
+    pub(super) fn summary(&self) -> &AdapterSummary {
+        &self.summary
+    }
+
+    /// Upload and readback staging bytes (current, peak).
+    pub(super) fn staging_memory(&self) -> (u64, u64) {
+        self.staging.memory()
+    }
+
+    /// A buffer of `bytes` outside the caching allocator that copies may read and write.
+    pub(super) fn copy_buffer(&self, bytes: u64) -> Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tensormem bench copy"),
+            size: bytes,
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Records a copy of `bytes` from the start of one buffer to the start of another.
+    pub(super) fn record_copy(&self, from: &Buffer, to: &Buffer, bytes: u64) {
+        self.record(|e| e.copy_buffer_to_buffer(from, 0, to, 0, bytes));
+    }
+
     pub(super) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         self.pass.borrow_mut().take();
         {

@@ -1,9 +1,9 @@
-//! Launching kernels on a GPU device: the kernels module writes WGSL (`crate::kernels`); the
+//! Launching kernels on a GPU device (the operands' bindings are `device::bindings`): the kernels module writes WGSL (`crate::kernels`); the
 //! device compiles it once per kernel key (its pipeline cache), binds the operands' buffers and
 //! records the dispatch.
 
-use super::{Device, DeviceError};
-use crate::kernels::{BindingPlan, Grid, Kernel, WgslStruct};
+use super::super::{Bindings, Device, DeviceError};
+use crate::kernels::{Grid, Kernel, WgslStruct};
 use std::rc::Rc;
 
 pub(crate) struct Pipeline {
@@ -27,41 +27,7 @@ pub(crate) struct BindKey {
 /// unused until then.
 const MAX_BIND_GROUPS: usize = 4096;
 
-/// A tensor's bytes: its segment's buffer, the block's offset in it and a size.
-#[derive(Clone)]
-pub(crate) struct Arg {
-    pub buffer: wgpu::Buffer,
-    pub segment: u64,
-    pub offset: u64,
-    pub size: u64,
-}
-
-/// The operands of one dispatch: where they bind (see [`BindingPlan`]) and the buffer behind
-/// each binding.
-pub(crate) struct Bindings {
-    pub plan: BindingPlan,
-    buffers: Vec<wgpu::Buffer>,
-}
-
-impl Bindings {
-    pub fn new(operands: &[Arg], element_sizes: &[u64]) -> Result<Bindings, DeviceError> {
-        let spans: Vec<(u64, u64, u64)> = operands.iter().map(|a| (a.segment, a.offset, a.size)).collect();
-        let plan = BindingPlan::new(&spans, element_sizes)?;
-        let buffers = plan
-            .ranges
-            .iter()
-            .map(|&(segment, ..)| operands.iter().find(|a| a.segment == segment).expect("a range is some operand's").buffer.clone())
-            .collect();
-        Ok(Bindings { plan, buffers })
-    }
-}
-
 impl Device {
-    /// Whether kernels may use f16 in registers (the adapter has `shader-f16`).
-    pub(crate) fn native_f16(&self) -> bool {
-        self.adapter().is_some_and(|a| a.native_f16)
-    }
-
     fn pipeline(&self, kernel: &Kernel) -> Result<Rc<Pipeline>, DeviceError> {
         let ctx = self.gpu_context().expect("kernels run on GPU devices");
         // A hit hashes the kernel's description; nothing is cloned or written.
