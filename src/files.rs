@@ -89,7 +89,7 @@ pub fn read_small(path: &Path, limit: u64, what: &str) -> Result<String, String>
     let mut bytes = Vec::new();
     file.take(limit + 1).read_to_end(&mut bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     if bytes.len() as u64 > limit {
-        return Err(format!("{} is larger than {}: not {what}, which is never that large", path.display(), crate::alloc::format_size(limit)));
+        return Err(format!("{} is larger than {}: not {what}, which is never that large", path.display(), crate::units::format_size(limit)));
     }
     String::from_utf8(bytes).map_err(|e| format!("{}: not text ({e}): not {what}", path.display()))
 }

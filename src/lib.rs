@@ -1,10 +1,10 @@
 //! tensormem: a tensor engine that makes GPU memory visible.
 //!
 //! Modules follow the data flow from the bottom up (docs/layers.md, checked by
-//! tests/layers.rs): `files`, `dtype` and `trace` (pure data, snapshot formats), `alloc`
+//! tests/layers.rs): `units`, `files`, `dtype` and `trace` (pure data, snapshot formats), `alloc`
 //! (PyTorch's caching allocator, device-agnostic), `report` (memory_stats and memory_summary),
 //! `replay` (feed a recorded trace through the allocator and compare); the analysis:
-//! `timeline` (a trace laid out for the page), `doctor` (what is wrong with a trace, each fix
+//! `pytorch` (what PyTorch's frames say: phases, threads, module calls), `timeline` (a trace laid out for the page), `doctor` (what is wrong with a trace, each fix
 //! verified by replay), `predict` (a program's memory at other sizes, from recordings at small
 //! ones); the engine: `kernels` (WGSL generation), `device` (the allocator and the GPU, whose
 //! wgpu side is the `gpu` feature), `autograd`, `tensor` (ops and their graph), `amp`
@@ -24,12 +24,14 @@ pub mod files;
 pub(crate) mod kernels;
 pub mod nn;
 pub mod predict;
+pub mod pytorch;
 pub mod replay;
 pub mod report;
 pub mod scenarios;
 pub mod tensor;
 pub mod timeline;
 pub mod trace;
+pub mod units;
 #[cfg(target_arch = "wasm32")]
 pub mod web;
 

@@ -64,7 +64,7 @@ fn each_scenario_is_diagnosed_with_the_kind_it_teaches() {
         } else {
             let ((mistake, mut d), (fix, fixed)) = (run(scenario, Some("mistake")), run(scenario, Some("fix")));
             // The mistake's findings that the fix removes, verified by the fix's run.
-            doctor::verify_by_fix(&mut d, &mistake, &fix, &fixed, "tensormem run");
+            tensormem::scenarios::verify_by_fix(&mut d, &mistake, &fix, &fixed, "tensormem run");
             vec![(Some("mistake"), mistake, d), (Some("fix"), fix, fixed)]
         };
         for (variant, result, d) in &runs {

@@ -719,7 +719,7 @@ fn diagnose(request: DoctorRequest) -> Result<tensormem::doctor::Diagnosis, Fail
                 let fix = run(&fix_request)?;
                 let sets: String = fix_request.set.iter().map(|(k, v)| format!(" --set {k}={v}")).collect();
                 let command = format!("tensormem run {} --variant fix{sets} --device {} --json", fix.scenario, fix.device);
-                tensormem::doctor::verify_by_fix(&mut diagnosis, &result, &fix, &diagnose(&fix.snapshot, None)?, &command);
+                tensormem::scenarios::verify_by_fix(&mut diagnosis, &result, &fix, &diagnose(&fix.snapshot, None)?, &command);
             }
             diagnosis
         }

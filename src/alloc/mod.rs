@@ -12,10 +12,11 @@ mod oom;
 mod source;
 mod stats;
 
+pub use crate::units::format_size;
 pub use caching::{AllocError, Allocation, CachingAllocator, Stream, allocation_size, round_size, roundup_power2_next_division};
 pub use config::{AllocatorConfig, ConfigError, ROUNDUP_INTERVALS};
 pub use history::{History, MODELLED_EPOCH_US, RecordContext, TimeSource};
-pub use oom::{OutOfMemoryError, format_size};
+pub use oom::OutOfMemoryError;
 pub use source::{SegmentSource, VIRTUAL_BASE, VirtualSegments};
 pub use stats::{DeviceStats, Stat, StatArray, StatType};
 

@@ -1,5 +1,6 @@
 //! The out-of-memory error, carrying the facts of PyTorch's message.
 
+use crate::units::format_size;
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,21 +43,6 @@ impl OutOfMemoryError {
     }
 }
 
-/// PyTorch's `format_size`: bytes up to 1 KiB, then KiB, MiB, GiB with two decimals.
-pub fn format_size(size: u64) -> String {
-    const KIB: f64 = 1024.0;
-    let s = size as f64;
-    if size <= 1024 {
-        format!("{size} bytes")
-    } else if size <= 1 << 20 {
-        format!("{:.2} KiB", s / KIB)
-    } else if size <= 1 << 30 {
-        format!("{:.2} MiB", s / KIB / KIB)
-    } else {
-        format!("{:.2} GiB", s / KIB / KIB / KIB)
-    }
-}
-
 impl fmt::Display for OutOfMemoryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.more_than_exabyte {
@@ -91,18 +77,3 @@ impl fmt::Display for OutOfMemoryError {
 }
 
 impl std::error::Error for OutOfMemoryError {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn format_size_matches_pytorch() {
-        assert_eq!(format_size(1024), "1024 bytes");
-        assert_eq!(format_size(1025), "1.00 KiB");
-        assert_eq!(format_size(20 << 20), "20.00 MiB");
-        assert_eq!(format_size((20 << 20) + 1), "20.00 MiB");
-        assert_eq!(format_size(80 << 30), "80.00 GiB");
-        assert_eq!(format_size(1 << 30), "1024.00 MiB");
-    }
-}

@@ -21,7 +21,6 @@
 
 mod categories;
 mod copies;
-mod fix_variant;
 mod fragmentation;
 mod grads;
 mod growth;
@@ -41,7 +40,6 @@ mod truncated;
 mod what_if;
 
 pub use categories::{CATEGORIES, Confidence, Inferred, InferredAllocation, UNKNOWN, grouping, infer, infer_categories};
-pub use fix_variant::verify_by_fix;
 pub use kinds::{Kind, Material, Role};
 pub use live::{AllocationRef, GroupBytes, Live, StackBytes, frames_shown};
 pub use oom::{smallest_fitting_capacity, with_failed_request};
@@ -207,7 +205,7 @@ impl Finding {
 /// A fix measured by replaying the trace: the same figures `tensormem replay` reports for the
 /// same settings (`command` reproduces the after side, when the replayed trace is the file's);
 /// or, for a scenario's mistake (`doctor --scenario`), by running its fix variant: the figures
-/// `tensormem run` reports, `command` its line ([`verify_by_fix`]).
+/// `tensormem run` reports, `command` its line (`scenarios::verify_by_fix`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verified {
     /// In words: "replay with expandable_segments:True".

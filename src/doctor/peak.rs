@@ -3,7 +3,6 @@
 use super::kinds::{Kind, Material, Role};
 use super::steps::Steps;
 use super::{Finding, PEAK, Patient, categories, live, size};
-use crate::scenarios::compare;
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -36,7 +35,7 @@ pub(super) fn find(p: &Patient, steps: &Steps) -> Finding {
     let summary = &p.timeline.summary;
     let position = summary.peak_x as usize;
     let live = live::at(&p.timeline, position);
-    let phase = compare::phase_at(p.snapshot, p.device, position);
+    let phase = crate::pytorch::phase_at(p.snapshot, p.device, position);
     let event = position.checked_sub(1);
     let when = match (event, phase) {
         (Some(i), Some(phase)) => format!("at event {i}, in the {phase}"),

@@ -3,7 +3,7 @@
 //! survives a step (`growth`, `retained-graph`, `missing-no-grad`, `grads-kept`,
 //! `optimizer-state`).
 //!
-//! The phase comes from the frames as `compare::event_phase` reads PyTorch's (backward under
+//! The phase comes from the frames as `pytorch::event_phase` reads PyTorch's (backward under
 //! `torch/autograd` or on the autograd engine's thread, the optimizer under `torch/optim`, the
 //! forward inside a module call); tensormem's own traces name the autograd node of a backward op
 //! (`mm (MmBackward0)`), run the optimizer in `src/nn/optim`, and carry a category (parameters
@@ -18,7 +18,6 @@
 
 use super::kinds::Material;
 use super::{AllocationRef, Patient, StackBytes};
-use crate::scenarios::compare;
 use crate::trace::{Category, Frame, TraceEntry};
 use serde::Serialize;
 
@@ -129,7 +128,7 @@ pub(super) fn find(p: &Patient) -> Steps {
             let ph = match frames.or_else(|| category_phase(e, tensormem)) {
                 // Python a hook runs on the autograd thread during backward (DDP's reducer, a
                 // tensor hook) is the backward's, as the engine's frameless allocations are.
-                None if framed && last_framed == Some(Phase::Backward) && compare::off_the_main_thread(e.frames.as_deref().unwrap_or_default()) => {
+                None if framed && last_framed == Some(Phase::Backward) && crate::pytorch::off_the_main_thread(e.frames.as_deref().unwrap_or_default()) => {
                     Some(Phase::Backward)
                 }
                 ph => ph,
@@ -369,7 +368,7 @@ fn phase_of(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
 
 /// The phase an entry's frames name, if they name one.
 fn frames_phase(e: &TraceEntry) -> Option<Phase> {
-    match compare::event_phase(e) {
+    match crate::pytorch::event_phase(e) {
         Some("backward") => return Some(Phase::Backward),
         Some("optimizer step") => return Some(Phase::Optimizer),
         Some(_) => return Some(Phase::Forward),
@@ -463,7 +462,7 @@ pub(super) fn is_library_buffer(p: &Patient, id: usize) -> bool {
 /// the forward that made it, so it is state, not a retained graph.
 pub(super) fn is_kv_cache(p: &Patient, id: usize) -> bool {
     let trace = p.snapshot.trace_of(p.device);
-    let cache_frame = |f: &Frame| f.filename.ends_with("transformers/cache_utils.py") || crate::nn::KV_CACHE_SCOPES.iter().any(|s| f.name.ends_with(s));
+    let cache_frame = |f: &Frame| f.filename.ends_with("transformers/cache_utils.py") || crate::pytorch::KV_CACHE_SCOPES.iter().any(|s| f.name.ends_with(s));
     trace_index(p, id).and_then(|i| trace.get(i)).is_some_and(|e| e.frames.iter().flat_map(|f| f.iter()).take(12).any(cache_frame))
 }
 

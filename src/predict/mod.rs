@@ -729,7 +729,7 @@ fn peak_phase(snapshot: &Snapshot, device: i64, at_start: usize) -> Option<Strin
     if position <= at_start {
         return Some("start".into());
     }
-    if let Some(phase) = crate::scenarios::compare::phase_at(snapshot, device, position) {
+    if let Some(phase) = crate::pytorch::phase_at(snapshot, device, position) {
         return Some(phase.into());
     }
     let tensormem = trace.iter().any(|e| e.category.is_some());

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 pub mod compare;
 pub mod fit;
+mod fix_variant;
 mod generation;
 mod pitfalls;
 mod ranks;
@@ -23,6 +24,7 @@ mod techniques;
 mod training;
 mod variable_batch;
 
+pub use fix_variant::verify_by_fix;
 pub use ranks::RankResult;
 use std::collections::BTreeMap;
 pub use variable_batch::variable_batch_inference;

@@ -2,9 +2,9 @@
 //! shows get the two runs' peaks as their `verified` (where no replay already measured one).
 //! The doctor reads the mistake's trace alone; this only adds what running the fix measured.
 
-use super::{Diagnosis, PEAK, Verified};
+use super::RunResult;
 use crate::alloc::AllocatorConfig;
-use crate::scenarios::RunResult;
+use crate::doctor::{Diagnosis, PEAK, Verified};
 
 /// Adds the fix run's effect to each problem of `diagnosis` (the mistake's) that `fixed` (the
 /// fix's diagnosis) does not report. `command` is the `tensormem run` line of the fix.

@@ -1,0 +1,157 @@
+//! What PyTorch's frames say about a trace, as a reader of it would tell: which phase of a
+//! training step an event belongs to, which thread made it, whether it ran inside a module's
+//! forward, and the names Hugging Face's KV cache allocates under. The analysis (timeline,
+//! doctor, predict) and the scenarios' comparisons ask here, so that this knowledge of
+//! PyTorch's files lives in one place.
+//!
+//! A step's phases come from its Python frames: backward starts at the first event under
+//! `torch/autograd/__init__.py`; the optimizer step at the first event under
+//! `torch/optim/optimizer.py` (or its `Optimizer.step` annotation), and ends with that
+//! annotation or the trace; the forward pass ends after the last allocation made inside a module
+//! call (`torch/nn/modules/module.py`) before backward, and the loss where backward starts.
+
+use crate::trace::{Action, Frame, PerStack, Snapshot, TraceEntry};
+use serde::Serialize;
+
+/// The scopes a KV cache's allocations are made in, named as transformers' methods that make
+/// them (`cache_utils.py`).
+pub const KV_CACHE_SCOPES: [&str; 2] = ["DynamicLayer.update", "StaticLayer.lazy_initialization"];
+
+/// Where the phases of one training step lie in a trace: each end is a curve position
+/// (the state after that many events).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TracePhases {
+    pub forward_end: usize,
+    pub backward_start: usize,
+    pub optimizer_start: usize,
+    pub end: usize,
+}
+
+/// Whether a Python frame of `frames` is in one of `files`.
+fn frames_under(frames: &[Frame], files: &[&str]) -> bool {
+    frames.iter().filter(|f| f.filename.ends_with(".py")).any(|f| files.iter().any(|file| f.filename.ends_with(file)))
+}
+
+/// `loss.backward()`: torch/autograd/__init__.py's backward (or _make_grads) is on the stack.
+/// (torch/_tensor.py alone is not enough: `1 - mask` runs Tensor.__rsub__ there in forward.)
+const BACKWARD_FILE: &str = "torch/autograd/__init__.py";
+const OPTIMIZER_FILE: &str = "torch/optim/optimizer.py";
+const MODULE_FILE: &str = "torch/nn/modules/module.py";
+
+/// The phase one event belongs to, from its own frames alone: backward (Python's
+/// `loss.backward()`, the autograd engine's C++ thread, or Python the engine runs: a custom
+/// Function's backward, a checkpoint's recomputation), the optimizer step, or a module's
+/// forward (a module *call*: `model.to()`, `_apply` and `load_state_dict` also run in
+/// module.py, and are setup, not a forward). None when its frames do not say.
+pub fn event_phase(e: &TraceEntry) -> Option<&'static str> {
+    frames_phase(e.frames.as_deref().unwrap_or_default())
+}
+
+/// [`event_phase`] of one stack.
+pub fn frames_phase(frames: &[Frame]) -> Option<&'static str> {
+    let on_autograd_thread = || frames.iter().any(|f| f.name.contains("torch::autograd::Engine::") || f.name.contains("torch::autograd::generated::"));
+    if frames_under(frames, &[BACKWARD_FILE]) || on_autograd_thread() || python_on_autograd_thread(frames) {
+        Some("backward")
+    } else if frames_under(frames, &[OPTIMIZER_FILE]) {
+        Some("optimizer step")
+    } else if in_module_call(frames) {
+        Some("forward")
+    } else {
+        None
+    }
+}
+
+/// Python the autograd engine runs on its own thread: the stack's outermost Python frame is
+/// where the engine calls into Python (a custom Function's backward, `BackwardCFunction.apply`
+/// in torch/autograd/function.py; a checkpoint's recomputation in torch/utils/checkpoint.py). A
+/// main thread's stack starts at the script (`<module>`, or runpy's frames for `python -m`).
+fn python_on_autograd_thread(frames: &[Frame]) -> bool {
+    frames
+        .iter()
+        .rfind(|f| f.filename.ends_with(".py"))
+        .is_some_and(|f| f.filename.ends_with("torch/autograd/function.py") || f.filename.ends_with("torch/utils/checkpoint.py"))
+}
+
+/// Whether a Python stack was not made on the program's main thread: its outermost Python frame
+/// is not the script's (`<module>`, or runpy's for `python -m`). During a backward that is the
+/// autograd engine's thread running a hook (DDP's reducer, a tensor hook).
+pub fn off_the_main_thread(frames: &[Frame]) -> bool {
+    frames.iter().rfind(|f| f.filename.ends_with(".py")).is_some_and(|f| f.name != "<module>" && !f.filename.ends_with("runpy.py"))
+}
+
+/// Whether the stack is inside a module call (`module(x)`: `_call_impl` in module.py) and not
+/// in setup that runs there too (`model.to()`, `.cuda()`, `_apply`, `load_state_dict`).
+pub fn in_module_call(frames: &[Frame]) -> bool {
+    let in_module = |f: &&Frame| f.filename.ends_with(MODULE_FILE);
+    let mut module_frames = frames.iter().filter(in_module);
+    module_frames.clone().any(|f| f.name == "_call_impl" || f.name == "_wrapped_call_impl")
+        && !module_frames.any(|f| SETUP_FUNCTIONS.contains(&f.name.as_str()))
+}
+
+/// module.py's functions that move or load a model: their allocations are setup.
+const SETUP_FUNCTIONS: [&str; 7] = ["_apply", "to", "cuda", "convert", "load_state_dict", "_load_from_state_dict", "to_empty"];
+
+/// The phase of a position (the state after `position` events): from the step's phases when the
+/// trace holds one training step, otherwise from the frames of the event that led there.
+pub fn phase_at(snapshot: &Snapshot, device: i64, position: usize) -> Option<&'static str> {
+    if let Ok(p) = trace_phases(snapshot, device)
+        && position <= p.end
+    {
+        return Some(match position {
+            x if x <= p.forward_end => "forward",
+            x if x <= p.backward_start => "loss",
+            x if x <= p.optimizer_start => "backward",
+            _ => "optimizer step",
+        });
+    }
+    let trace = snapshot.trace_of(device);
+    position.checked_sub(1).and_then(|i| trace.get(i)).and_then(event_phase)
+}
+
+/// The phases of the (first) training step in the trace, or why they cannot be found.
+pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, String> {
+    crate::replay::check_device(snapshot, device).map_err(|e| e.to_string())?;
+    let trace = snapshot.trace_of(device);
+    // Which of the three files each entry runs under, read once per distinct stack.
+    let mut per_stack = PerStack::default();
+    let marks: Vec<[bool; 3]> = trace
+        .iter()
+        .map(|e| per_stack.get(&e.frames, |frames| [BACKWARD_FILE, OPTIMIZER_FILE, MODULE_FILE].map(|file| frames_under(frames, &[file]))))
+        .collect();
+    let marks = &marks;
+    let [backward, optimizer, module] = [0, 1, 2].map(|k| move |i: usize| marks[i][k]);
+    let backward_start = (0..trace.len())
+        .position(backward)
+        .ok_or("the trace has no event under loss.backward() (torch/autograd/__init__.py): record a whole training step, with Python stacks")?;
+    // The optimizer step's record_function range, on this device and after backward started.
+    let started = trace[..=backward_start].iter().rev().find_map(|e| e.time_us);
+    let annotation = |stage: &str| {
+        snapshot
+            .external_annotations
+            .iter()
+            .flatten()
+            .filter(|a| a.device == device && a.stage == stage && a.name.starts_with("Optimizer.step"))
+            .filter_map(|a| a.time_us)
+            .find(|&t| started.is_none_or(|s| t >= s))
+    };
+    let (step_start, step_end) = (annotation("START"), annotation("END"));
+    let optimizer_start = (backward_start..trace.len())
+        .position(|i| optimizer(i) || step_start.zip(trace[i].time_us).is_some_and(|(start, t)| t >= start))
+        .map(|i| backward_start + i)
+        .ok_or("the trace has no optimizer step after backward (torch/optim/optimizer.py)")?;
+    // The step ends where the optimizer's range ends, else where the trace does; a second
+    // backward after it means the trace holds several steps, which the phases cannot tell apart.
+    let end = match step_end {
+        Some(end) => trace.iter().rposition(|e| e.time_us.is_some_and(|t| t <= end)).map_or(trace.len(), |i| i + 1),
+        None => trace.len(),
+    };
+    if (optimizer_start..end).any(backward) {
+        return Err("the trace holds more than one training step: record one (the comparison needs its phases)".into());
+    }
+    let forward_end = (0..backward_start)
+        .rev()
+        .find(|&i| trace[i].action == Action::Alloc && module(i))
+        .map(|i| i + 1)
+        .ok_or("the trace has no allocation inside a module's forward before backward")?;
+    Ok(TracePhases { forward_end, backward_start, optimizer_start, end })
+}
