@@ -61,7 +61,7 @@ pub fn fit(recordings: &[Recording], others: &Values, variable: &str, capacity: 
             replays += 1;
             Ok(model.predict(&at(v), &options)?.out_of_memory.is_none())
         };
-        search(start, &mut fits)
+        largest_fitting(start, SEARCH_LIMIT, &mut fits)
     };
     let found = largest(&base)?;
     let found_expandable = largest(&expandable)?;
@@ -86,18 +86,19 @@ pub fn fit(recordings: &[Recording], others: &Values, variable: &str, capacity: 
     })
 }
 
-/// The largest v in 1..=SEARCH_LIMIT with `fits(v)`, taking memory to grow with v: doubling
-/// (or halving) from `start` to bracket it, then bisecting.
-fn search(start: u64, fits: &mut dyn FnMut(u64) -> Result<bool, PredictError>) -> Result<Option<u64>, PredictError> {
-    let start = start.clamp(1, SEARCH_LIMIT);
+/// The largest v in 1..=`limit` with `fits(v)`, taking memory to grow with v: doubling (or
+/// halving) from `start` to bracket it, then bisecting. The one search for "the largest value
+/// that fits": `predict --fit` replays predictions with it, `tensormem fit` runs scenarios.
+pub fn largest_fitting<E>(start: u64, limit: u64, fits: &mut dyn FnMut(u64) -> Result<bool, E>) -> Result<Option<u64>, E> {
+    let start = start.clamp(1, limit);
     // `low` fits, `high` does not.
     let (mut low, mut high) = if fits(start)? {
         let mut low = start;
         loop {
-            if low == SEARCH_LIMIT {
-                return Ok(Some(SEARCH_LIMIT));
+            if low == limit {
+                return Ok(Some(limit));
             }
-            let next = (low * 2).min(SEARCH_LIMIT);
+            let next = low.saturating_mul(2).min(limit);
             if !fits(next)? {
                 break (low, next);
             }
@@ -131,7 +132,7 @@ mod tests {
     fn search_finds_the_boundary_from_either_side() {
         for (start, boundary) in [(128, 1000), (128, 128), (128, 5), (1, 1), (7, 7_000_000)] {
             let mut calls = 0;
-            let found = search(start, &mut |v| {
+            let found = largest_fitting::<PredictError>(start, SEARCH_LIMIT, &mut |v| {
                 calls += 1;
                 Ok(v <= boundary)
             })
@@ -139,7 +140,7 @@ mod tests {
             assert_eq!(found, Some(boundary), "start {start}");
             assert!(calls <= 60);
         }
-        assert_eq!(search(128, &mut |_| Ok(false)).unwrap(), None);
-        assert_eq!(search(128, &mut |_| Ok(true)).unwrap(), Some(SEARCH_LIMIT));
+        assert_eq!(largest_fitting::<PredictError>(128, SEARCH_LIMIT, &mut |_| Ok(false)).unwrap(), None);
+        assert_eq!(largest_fitting::<PredictError>(128, SEARCH_LIMIT, &mut |_| Ok(true)).unwrap(), Some(SEARCH_LIMIT));
     }
 }

@@ -22,7 +22,7 @@ mod fit;
 mod law;
 mod sweep;
 
-pub use fit::{Fit, SEARCH_LIMIT, fit};
+pub use fit::{Fit, SEARCH_LIMIT, fit, largest_fitting};
 pub use law::{Basis, Law};
 pub use sweep::{Peak, predict_or_fit, sweep, sweep_values};
 

@@ -68,48 +68,32 @@ fn probe(base: &RunRequest, vary: &str, value: u64) -> Result<Probe, ScenarioErr
 }
 
 /// The largest value of `vary` at which `base` runs without running out of memory: 1, 2, 4, ...
-/// until a step runs out (or the scenario refuses the value), then bisection.
+/// until a step runs out (or the scenario refuses the value), then bisection
+/// ([`crate::predict::largest_fitting`]).
 pub fn largest_that_fits(base: &RunRequest, vary: &str) -> Result<FitCell, ScenarioError> {
     if !FIT_PARAMETERS.contains(&vary) {
         return Err(ScenarioError::Parameter { scenario: base.scenario.clone(), message: format!("fit searches batch or context, not {vary:?}") });
     }
     let mut runs = 0;
-    let mut at = |value: u64| {
-        runs += 1;
-        probe(base, vary, value)
-    };
+    // The probe at the largest value that fitted, and the last refusal.
     let mut best: Option<(u64, Probe)> = None;
     let mut limited_by = None;
-    // Doubling: the last value that fits and the first that does not.
-    let mut value = 1;
-    let high = loop {
-        match at(value)? {
-            fits @ Probe::Fits { .. } => best = Some((value, fits)),
-            Probe::OutOfMemory => break value,
+    crate::predict::largest_fitting::<ScenarioError>(1, u64::MAX, &mut |value| {
+        runs += 1;
+        Ok(match probe(base, vary, value)? {
+            fits @ Probe::Fits { .. } => {
+                if best.as_ref().is_none_or(|(b, _)| value > *b) {
+                    best = Some((value, fits));
+                }
+                true
+            }
+            Probe::OutOfMemory => false,
             Probe::Refused(message) => {
                 limited_by = Some(message);
-                break value;
+                false
             }
-        }
-        value *= 2;
-    };
-    if let Some((low, _)) = &best {
-        let (mut low, mut h) = (*low, high);
-        while h - low > 1 {
-            let mid = low + (h - low) / 2;
-            match at(mid)? {
-                fits @ Probe::Fits { .. } => {
-                    best = Some((mid, fits));
-                    low = mid;
-                }
-                Probe::OutOfMemory => h = mid,
-                Probe::Refused(message) => {
-                    limited_by = Some(message);
-                    h = mid;
-                }
-            }
-        }
-    }
+        })
+    })?;
     let (largest, rank, allocated, reserved) = match best {
         Some((value, Probe::Fits { rank, allocated, reserved })) => (Some(value), Some(rank), Some(allocated), Some(reserved)),
         _ => (None, None, None, None),

@@ -5,7 +5,7 @@
 
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values};
 use crate::autograd;
-use crate::nn::{Family, HfConfig, HfModel, KvCache, Module};
+use crate::nn::{HfConfig, HfModel, KvCache, Module};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 use crate::trace::Category;
 
@@ -58,7 +58,7 @@ fn dtype(v: &Values) -> DType {
 
 fn check(v: &Values) -> std::result::Result<(), String> {
     let config = HfConfig::load(v.text("config"))?;
-    if config.family == Family::Gpt2 {
+    if !config.arch.generation {
         return Err("hf-generate builds the Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) so far, not GPT2LMHeadModel".into());
     }
     let (batch, prompt, new) = (v.u64("batch"), v.u64("prompt"), v.u64("new_tokens"));

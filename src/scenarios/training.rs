@@ -11,7 +11,7 @@ use crate::amp;
 use crate::nn::optim::{Adam, AdamW8bit, GradScaler, HandwrittenAdamW, MasterWeights, Optimizer, Sgd};
 use crate::nn::parallel::{self, BlockHooks, Ddp, DdpReducer, FullyShard, Hooks, Parallel, Sharded, Strategy};
 use crate::nn::{
-    Architecture, AttentionImplementation, Family, HfConfig, HfModel, LM_SIZE_NAMES, LM_SIZES, Lm, LmConfig, LoraConfig, Module, Quantize, Transformer,
+    Architecture, AttentionImplementation, HfConfig, HfModel, LM_SIZE_NAMES, LM_SIZES, Lm, LmConfig, LoraConfig, Module, Quantize, Transformer,
     TransformerConfig,
 };
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -277,17 +277,17 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             check: |v| {
                 let config = HfConfig::load(v.text("config"))?;
                 config.tensor_parallel(v.int("tp"))?;
-                if config.family == Family::Gpt2 && v.u64("context") > config.max_positions as u64 {
+                if !config.arch.rotary && v.u64("context") > config.max_positions as u64 {
                     return Err(format!("GPT-2's learned positions cover {} tokens: context={} is longer", config.max_positions, v.u64("context")));
                 }
                 LoraConfig::parse_targets(v.text("lora_targets"))?;
-                if v.choice("attn") == "sdpa" && config.family == Family::Gpt2 {
+                if v.choice("attn") == "sdpa" && !config.arch.sdpa {
                     return Err("attn=sdpa is built for the Llama family so far; GPT2LMHeadModel takes attn=eager".into());
                 }
                 if v.choice("attn") == "sdpa" && v.choice("dtype") == "float32" && autocast_dtype(v).is_none() {
                     return Err("attn=sdpa is simulated as CUDA's flash kernel, which takes float16 or bfloat16: with dtype=float32 use amp=bfloat16 (or float16), or attn=eager".into());
                 }
-                if v.u64("lora") > 0 && config.family == Family::Gpt2 {
+                if v.u64("lora") > 0 && !config.arch.lora {
                     return Err("lora: LoRA is built for the Llama family (q, k, v, o, gate, up, down) so far, not GPT2LMHeadModel".into());
                 }
                 if v.choice("quantize") == "4bit" {

@@ -17,12 +17,92 @@ pub const HF_PRESETS: [(&str, &str); 5] = [
     ("gpt2", include_str!("../hf_configs/gpt2.json")),
 ];
 
+/// Everything that differs between the architectures tensormem builds, in one row each: the
+/// config parser, the model builder and the scenarios read these instead of asking which
+/// architecture it is. A new architecture of the Llama family is one row here.
+#[derive(Debug, PartialEq)]
+pub struct HfArchitecture {
+    /// `architectures[0]` in a config.json.
+    pub class: &'static str,
+    /// `model_type`, for a config.json without `architectures`.
+    pub model_type: &'static str,
+    /// Which modeling file builds it.
+    pub family: Family,
+    /// Biases on q, k and v; on o_proj; on gate, up and down.
+    pub qkv_bias: Bias,
+    pub o_bias: Bias,
+    pub mlp_bias: Bias,
+    /// Rotary position embeddings (an even head size); otherwise learned positions, which cover
+    /// `max_positions` tokens and no more.
+    pub rotary: bool,
+    /// What is built for it so far: LoRA on q, k, v, o, gate, up and down (and a 4-bit base
+    /// under them), SDPA attention, tensor parallelism, generation with a KV cache.
+    pub lora: bool,
+    pub sdpa: bool,
+    pub tensor_parallel: bool,
+    pub generation: bool,
+}
+
+/// Whether a layer has a bias.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Bias {
+    Never,
+    Always,
+    /// As the config.json's flag says (false when absent).
+    Flag(&'static str),
+}
+
+/// The Llama family as `modeling_llama.py` builds it; Mistral and Qwen2 differ in their biases.
+const LLAMA: HfArchitecture = HfArchitecture {
+    class: "LlamaForCausalLM",
+    model_type: "llama",
+    family: Family::Llama,
+    qkv_bias: Bias::Flag("attention_bias"),
+    o_bias: Bias::Flag("attention_bias"),
+    mlp_bias: Bias::Flag("mlp_bias"),
+    rotary: true,
+    lora: true,
+    sdpa: true,
+    tensor_parallel: true,
+    generation: true,
+};
+
 /// The architectures tensormem builds (`architectures[0]`, or `model_type` without it).
-const ARCHITECTURES: [(&str, &str, Family); 4] = [
-    ("LlamaForCausalLM", "llama", Family::Llama),
-    ("MistralForCausalLM", "mistral", Family::Mistral),
-    ("Qwen2ForCausalLM", "qwen2", Family::Qwen2),
-    ("GPT2LMHeadModel", "gpt2", Family::Gpt2),
+const ARCHITECTURES: [HfArchitecture; 4] = [
+    LLAMA,
+    HfArchitecture {
+        class: "MistralForCausalLM",
+        model_type: "mistral",
+        family: Family::Mistral,
+        qkv_bias: Bias::Never,
+        o_bias: Bias::Never,
+        mlp_bias: Bias::Never,
+        ..LLAMA
+    },
+    // Qwen2Attention: q, k, v with bias=True, o_proj without.
+    HfArchitecture {
+        class: "Qwen2ForCausalLM",
+        model_type: "qwen2",
+        family: Family::Qwen2,
+        qkv_bias: Bias::Always,
+        o_bias: Bias::Never,
+        mlp_bias: Bias::Never,
+        ..LLAMA
+    },
+    // GPT-2's Conv1D layers all have biases; its positions are learned.
+    HfArchitecture {
+        class: "GPT2LMHeadModel",
+        model_type: "gpt2",
+        family: Family::Gpt2,
+        qkv_bias: Bias::Always,
+        o_bias: Bias::Always,
+        mlp_bias: Bias::Always,
+        rotary: false,
+        lora: false,
+        sdpa: false,
+        tensor_parallel: false,
+        generation: false,
+    },
 ];
 
 /// Which modeling file builds the model.
@@ -52,6 +132,8 @@ pub struct HfConfig {
     /// `architectures[0]` as the file names it (or the class its `model_type` maps to).
     pub architecture: String,
     pub family: Family,
+    /// What differs between architectures (see [`HfArchitecture`]).
+    pub arch: &'static HfArchitecture,
     pub vocab: usize,
     pub hidden: usize,
     pub intermediate: usize,
@@ -108,16 +190,19 @@ impl HfConfig {
         let Value::Object(map) = &json else { return Err("config.json must be a JSON object".into()) };
         let model_type = map.get("model_type").and_then(Value::as_str);
         let named = map.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
-        let supported = || ARCHITECTURES.iter().map(|a| a.0).collect::<Vec<_>>().join(", ");
-        let &(architecture, _, family) = match (named, model_type) {
-            (Some(name), _) => {
-                ARCHITECTURES.iter().find(|a| a.0 == name).ok_or_else(|| format!("architecture {name:?} is not supported; tensormem builds {}", supported()))?
-            }
-            (None, Some(kind)) => {
-                ARCHITECTURES.iter().find(|a| a.1 == kind).ok_or_else(|| format!("model_type {kind:?} is not supported; tensormem builds {}", supported()))?
-            }
+        let supported = || ARCHITECTURES.iter().map(|a| a.class).collect::<Vec<_>>().join(", ");
+        let arch = match (named, model_type) {
+            (Some(name), _) => ARCHITECTURES
+                .iter()
+                .find(|a| a.class == name)
+                .ok_or_else(|| format!("architecture {name:?} is not supported; tensormem builds {}", supported()))?,
+            (None, Some(kind)) => ARCHITECTURES
+                .iter()
+                .find(|a| a.model_type == kind)
+                .ok_or_else(|| format!("model_type {kind:?} is not supported; tensormem builds {}", supported()))?,
             (None, None) => return Err(format!("config.json names no architecture (\"architectures\" or \"model_type\"); tensormem builds {}", supported())),
         };
+        let (architecture, family) = (arch.class, arch.family);
         let field = |name: &str| map.get(name).filter(|v| !v.is_null());
         let count = |name: &str| -> std::result::Result<usize, String> {
             let value = field(name).ok_or_else(|| format!("{architecture}: config.json lacks {name:?}"))?;
@@ -140,6 +225,13 @@ impl HfConfig {
                 Some(v) => v.as_bool().ok_or_else(|| format!("{architecture}: {name:?} must be true or false, got {v}")),
             }
         };
+        let bias = |rule: Bias| -> std::result::Result<bool, String> {
+            match rule {
+                Bias::Never => Ok(false),
+                Bias::Always => Ok(true),
+                Bias::Flag(name) => flag(name, false),
+            }
+        };
         let config = if family == Family::Gpt2 {
             // GPT2Config: n_embd, n_layer, n_head, n_positions; n_inner null = 4 x n_embd;
             // embeddings tied to the output.
@@ -148,6 +240,7 @@ impl HfConfig {
             HfConfig {
                 architecture: architecture.into(),
                 family,
+                arch,
                 vocab: count("vocab_size")?,
                 hidden,
                 intermediate: optional_count("n_inner", 4 * hidden)?,
@@ -159,9 +252,9 @@ impl HfConfig {
                 norm_eps: number("layer_norm_epsilon", 1e-5)?,
                 rope_theta: 0.0,
                 tie_word_embeddings: flag("tie_word_embeddings", true)?,
-                qkv_bias: true,
-                o_bias: true,
-                mlp_bias: true,
+                qkv_bias: bias(arch.qkv_bias)?,
+                o_bias: bias(arch.o_bias)?,
+                mlp_bias: bias(arch.mlp_bias)?,
                 attention_dropout: number("attn_pdrop", 0.1)?,
                 residual_dropout: number("resid_pdrop", 0.1)?,
                 initializer_range: number("initializer_range", 0.02)?,
@@ -172,10 +265,10 @@ impl HfConfig {
             // As LlamaConfig: num_key_value_heads defaults to num_attention_heads, head_dim to
             // hidden_size / num_attention_heads.
             let kv_heads = optional_count("num_key_value_heads", heads)?;
-            let attention_bias = family == Family::Llama && flag("attention_bias", false)?;
             HfConfig {
                 architecture: architecture.into(),
                 family,
+                arch,
                 vocab: count("vocab_size")?,
                 hidden,
                 intermediate: count("intermediate_size")?,
@@ -187,10 +280,9 @@ impl HfConfig {
                 norm_eps: number("rms_norm_eps", 1e-6)?,
                 rope_theta: number("rope_theta", 10_000.0)?,
                 tie_word_embeddings: flag("tie_word_embeddings", false)?,
-                // Qwen2Attention: q, k, v with bias=True, o_proj without.
-                qkv_bias: family == Family::Qwen2 || attention_bias,
-                o_bias: attention_bias,
-                mlp_bias: family == Family::Llama && flag("mlp_bias", false)?,
+                qkv_bias: bias(arch.qkv_bias)?,
+                o_bias: bias(arch.o_bias)?,
+                mlp_bias: bias(arch.mlp_bias)?,
                 attention_dropout: number("attention_dropout", 0.0)?,
                 residual_dropout: 0.0,
                 initializer_range: number("initializer_range", 0.02)?,
@@ -211,10 +303,10 @@ impl HfConfig {
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!("{a}: {} attention heads do not share {} key/value heads evenly", self.heads, self.kv_heads));
         }
-        if self.family == Family::Gpt2 && !self.hidden.is_multiple_of(self.heads) {
+        if !self.arch.rotary && !self.hidden.is_multiple_of(self.heads) {
             return Err(format!("{a}: n_embd {} does not split into {} heads", self.hidden, self.heads));
         }
-        if self.family != Family::Gpt2 && (self.head_dim == 0 || !self.head_dim.is_multiple_of(2)) {
+        if self.arch.rotary && (self.head_dim == 0 || !self.head_dim.is_multiple_of(2)) {
             return Err(format!("{a}: rotary embeddings need an even head size, got {}", self.head_dim));
         }
         for (name, p) in [("attention dropout", self.attention_dropout), ("dropout", self.residual_dropout)] {
@@ -235,7 +327,7 @@ impl HfConfig {
         if tp == 1 {
             return Ok(self.clone());
         }
-        if self.family == Family::Gpt2 {
+        if !self.arch.tensor_parallel {
             return Err("tp: tensor parallelism is built for the Llama family (q, k, v, o, gate, up, down) so far, not GPT2LMHeadModel".into());
         }
         for (what, n) in [("attention heads", self.heads), ("key/value heads", self.kv_heads), ("intermediate features", self.intermediate)] {

@@ -60,15 +60,15 @@ impl HfModel {
         lora: Option<&LoraConfig>,
         quantize: Quantize,
     ) -> Result<HfModel> {
-        if quantize != Quantize::None && (lora.is_none() || config.family == Family::Gpt2) {
+        if quantize != Quantize::None && (lora.is_none() || !config.arch.lora) {
             return Err(TensorError::Unsupported(
                 "quantize=4bit: a 4-bit base cannot be trained itself (bitsandbytes' Params4bit has no gradient); train LoRA adapters on it (lora > 0, Llama family)".into(),
             ));
         }
-        if lora.is_some() && config.family == Family::Gpt2 {
+        if lora.is_some() && !config.arch.lora {
             return Err(TensorError::Shape("LoRA is built for the Llama family (q_proj, ..., down_proj); GPT2LMHeadModel's Conv1D layers are not yet".into()));
         }
-        if context > config.max_positions && config.family == Family::Gpt2 {
+        if context > config.max_positions && !config.arch.rotary {
             return Err(TensorError::Shape(format!("GPT-2's learned positions cover {} tokens: context {context} is longer", config.max_positions)));
         }
         Ok(match config.family {
