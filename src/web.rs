@@ -445,15 +445,17 @@ pub fn parse_size(text: &str) -> Result<f64, JsError> {
     crate::report::parse_size(text).map(|b| b as f64).map_err(js_error)
 }
 
-/// Every scenario with its parameters, variants and explanation, the simulated cards, and the
-/// Hugging Face configs shipped with tensormem (`hf_presets`: the names `config=` takes) and the
-/// linears LoRA can adapt (`lora_targets`: `q_proj`..., as `lora_targets=` takes them).
+/// Every scenario with its parameters, variants and explanation, the simulated cards, the
+/// Hugging Face configs shipped with tensormem (`hf_presets`: the names `config=` takes), the
+/// linears LoRA can adapt (`lora_targets`: `q_proj`..., as `lora_targets=` takes them) and the
+/// strategies "what fits" compares by default (`fit_strategies`, as `tensormem fit`).
 #[wasm_bindgen]
 pub fn scenarios_json() -> String {
     let presets: Vec<_> = crate::device::PRESETS.iter().map(|(name, bytes)| serde_json::json!({ "name": name, "bytes": bytes })).collect();
     let hf_presets: Vec<&str> = crate::nn::HF_PRESETS.iter().map(|(name, _)| *name).collect();
     serde_json::json!({
         "scenarios": scenarios::list(), "presets": presets, "hf_presets": hf_presets, "lora_targets": crate::nn::LORA_TARGETS,
+        "fit_strategies": scenarios::fit::DEFAULT_STRATEGIES,
     })
     .to_string()
 }

@@ -15,9 +15,8 @@ const SCENARIO = 'hf-train';
 // from the scenario's parameters).
 const CHOICES = ['dtype', 'amp', 'attn', 'optimizer', 'strategy'];
 const NUMBERS = ['batch', 'context', 'world', 'node'];
-// "What fits": the strategies compared (hsdp too where the GPUs span nodes) and the cards, the
-// simulator's presets among these.
-const FIT_STRATEGIES = ['ddp', 'zero1', 'zero2', 'fsdp'];
+// "What fits": the cards compared, the simulator's presets among these. The strategies are
+// `tensormem fit`'s defaults (scenarios.fit_strategies), hsdp too where the GPUs span nodes.
 const FIT_CARDS = ['H100-80GB', 'A100-80GB', 'A100-40GB', 'RTX4090-24GB', 'L4-24GB'];
 const RESERVED_FILL = '#e5e7eb';
 const STEP_MAX = '#c7d2fe';
@@ -178,7 +177,7 @@ export function setUpSize({ ask, load, scenarios, showProgress, hideProgress, sh
     delete set.node;
     const world = Number(set.world);
     const node = $('size-node').value.trim();
-    const strategies = [...FIT_STRATEGIES];
+    const strategies = [...scenarios.fit_strategies];
     if (/^\d+$/.test(node) && world > Number(node)) {
       strategies.push('hsdp');
       set.node = node;

@@ -534,8 +534,8 @@ fn tools() -> Vec<Value> {
                     ("vary", json!({ "type": "string", "enum": ["batch", "context"], "description": "The parameter to search (default batch)." })),
                     (
                         "strategies",
-                        json!({ "type": "array", "items": { "type": "string", "enum": ["ddp", "zero1", "zero2", "fsdp", "hsdp"] },
-                            "description": "Strategies to compare (default ddp, zero1, zero2, fsdp); all but ddp need world > 1 in set." }),
+                        json!({ "type": "array", "items": { "type": "string", "enum": tensormem::nn::parallel::Strategy::NAMES },
+                            "description": format!("Strategies to compare (default {}); all but ddp need world > 1 in set.", scenarios::fit::DEFAULT_STRATEGIES.join(", ")) }),
                     ),
                     (
                         "cards",

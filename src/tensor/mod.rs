@@ -2,6 +2,7 @@
 //! (shape, strides, offset) + dtype. Views share storage; ops allocate their outputs and
 //! temporaries through the device's allocator, where they appear in the trace.
 
+pub(crate) mod autocast;
 mod grad;
 mod layout;
 pub(crate) mod ops;

@@ -3,8 +3,8 @@
 //! each row (float32) are made, and saved with q, k and v for backward. Its memory only: the
 //! simulation device runs it, the GPU refuses it (no kernel yet).
 
-use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
+use crate::tensor::autocast::{self as amp, Policy};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 /// flash-attn's rounding of the sequence (128) and the head size (32) in its backward buffers.

@@ -4,10 +4,10 @@
 //! rules. The fused ones (where, masked_fill, the optimizers' updates) are in `fused`.
 
 use super::{bind, check_u32, shape_meta, strided, values};
-use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::elementwise::{Autocast, Binary, BinaryBackward, ElementwiseKernel, Entry, Saves, Unary, UnaryBackward, fused_backward};
 use crate::kernels::{ElementwiseMeta, loads_quads};
+use crate::tensor::autocast::{self as amp, Policy};
 use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};

@@ -2,10 +2,10 @@
 //! backward.
 
 use super::{bind, check_u32, cuda_embedding, shape_meta, strided, values};
-use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::ElementwiseMeta;
 use crate::kernels::elementwise::{ElementwiseKernel, Entry, Fused};
+use crate::tensor::autocast::{self as amp, Policy};
 use crate::tensor::layout::{Layout, wrap_dim};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 

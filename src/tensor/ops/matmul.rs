@@ -1,11 +1,11 @@
 //! matmul as ATen's `_matmul_impl` does it, down to mm / bmm on the matmul kernels.
 
 use super::{bind, check_u32};
-use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::device::MatmulClass;
 use crate::kernels::matmul::{MatmulKernel, matmul_kernel};
 use crate::kernels::{Grid, MatmulMeta, MatrixLayout, loads_quads};
+use crate::tensor::autocast::{self as amp, Policy};
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{Result, Tensor, TensorError};
 

@@ -2,10 +2,10 @@
 
 use super::cuda_reduce::{GlobalReduce, ReductionLaunch, global_reduce};
 use super::{bind, check_u32, shape_meta, strided, values};
-use crate::amp;
 use crate::autograd;
 use crate::device::Multiprocessors;
 use crate::kernels::{Family, Grid, Kernel, ReduceMeta, WORKGROUP, WgslScalar};
+use crate::tensor::autocast as amp;
 use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::{Layout, MAX_DIMS, wrap_dim};
 use crate::tensor::{DType, Result, Tensor, TensorError};

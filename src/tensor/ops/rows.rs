@@ -2,9 +2,9 @@
 //! backward kernels of the first three.
 
 use super::{bind, check_u32, shape_meta, strided};
-use crate::amp::{self, Policy};
 use crate::autograd::{self, Save};
 use crate::kernels::{Family, Grid, Kernel, RowsMeta, WORKGROUP};
+use crate::tensor::autocast::{self as amp, Policy};
 use crate::tensor::grad::not_differentiated_yet;
 use crate::tensor::layout::wrap_dim;
 use crate::tensor::{DType, Result, Tensor, TensorError};
