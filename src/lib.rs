@@ -1,7 +1,7 @@
 //! tensormem: a tensor engine that makes GPU memory visible.
 //!
 //! Modules follow the data flow from the bottom up (docs/layers.md, checked by
-//! tests/layers.rs): `units`, `files`, `dtype` and `trace` (pure data, snapshot formats), `alloc`
+//! tests/layers.rs): `clock`, `units`, `files`, `dtype` and `trace` (pure data, snapshot formats), `alloc`
 //! (PyTorch's caching allocator, device-agnostic), `report` (memory_stats and memory_summary),
 //! `replay` (feed a recorded trace through the allocator and compare); the analysis:
 //! `pytorch` (what PyTorch's frames say: phases, threads, module calls), `timeline` (a trace laid out for the page), `doctor` (what is wrong with a trace, each fix
@@ -15,6 +15,7 @@ pub mod alloc;
 pub mod amp;
 pub mod autograd;
 pub mod bench;
+mod clock;
 pub mod device;
 pub mod doctor;
 pub mod dtype;

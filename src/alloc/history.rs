@@ -29,7 +29,7 @@ impl TimeSource {
     pub fn now_us(&self) -> Option<i64> {
         match *self {
             TimeSource::None => None,
-            TimeSource::Wall => Some(wall_clock_us()),
+            TimeSource::Wall => Some(crate::clock::wall_clock_us()),
             TimeSource::Modelled { elapsed_us } => Some(MODELLED_EPOCH_US + elapsed_us as i64),
         }
     }
@@ -42,18 +42,6 @@ impl TimeSource {
             TimeSource::Modelled { .. } => Some("modelled"),
         }
     }
-}
-
-#[cfg(not(target_arch = "wasm32"))]
-fn wall_clock_us() -> i64 {
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    since_epoch.as_micros() as i64
-}
-
-/// `std::time` panics on wasm32: the browser's clock instead (milliseconds, fractional).
-#[cfg(target_arch = "wasm32")]
-fn wall_clock_us() -> i64 {
-    (js_sys::Date::now() * 1000.0) as i64
 }
 
 /// How much stack context is kept (PyTorch's `context` argument).

@@ -28,26 +28,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 
-/// Seconds since some fixed point, for timing: the OS's monotonic clock, or the browser's
-/// `performance.now()` (finer than `Date.now()`'s milliseconds; that where it is missing).
-pub(crate) fn now_s() -> f64 {
-    #[cfg(target_arch = "wasm32")]
-    {
-        use wasm_bindgen::JsCast;
-        let global = js_sys::global();
-        let precise = js_sys::Reflect::get(&global, &"performance".into()).ok().and_then(|performance| {
-            let now = js_sys::Reflect::get(&performance, &"now".into()).ok()?.dyn_into::<js_sys::Function>().ok()?;
-            now.call0(&performance).ok()?.as_f64()
-        });
-        precise.unwrap_or_else(js_sys::Date::now) / 1000.0
-    }
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        static START: OnceLock<std::time::Instant> = OnceLock::new();
-        START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
-    }
-}
+pub(crate) use crate::clock::now_s;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
