@@ -155,3 +155,31 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
         .ok_or("the trace has no allocation inside a module's forward before backward")?;
     Ok(TracePhases { forward_end, backward_start, optimizer_start, end })
 }
+
+/// A frame of PyTorch's module machinery (`torch/nn/modules/module.py`: module calls, `_apply`,
+/// loading).
+pub fn in_module_file(f: &Frame) -> bool {
+    f.filename.ends_with(MODULE_FILE)
+}
+
+/// A key/value cache's own tensor is made here: transformers' `cache_utils.py` (DynamicCache's
+/// cat, the static cache's zeros) or tensormem's scopes named after its methods.
+pub fn is_kv_cache_frame(f: &Frame) -> bool {
+    f.filename.ends_with("transformers/cache_utils.py") || KV_CACHE_SCOPES.iter().any(|s| f.name.ends_with(s))
+}
+
+/// A frame of the call that makes cuBLAS's (or cuBLASLt's) workspace; it is near the top of the
+/// stack, so callers look at the first dozen frames.
+pub fn is_cublas_workspace(f: &Frame) -> bool {
+    f.name.contains("getNewWorkspace") || f.name.contains("BlasLtWorkspace") || f.name.contains("setWorkspaceForHandle")
+}
+
+/// A frame that runs in backward: PyTorch's `loss.backward()` or its autograd engine's C++
+/// thread, or tensormem's autograd engine and its nodes (`mm (MmBackward0)`).
+pub fn is_backward_frame(f: &Frame) -> bool {
+    f.filename.ends_with("torch/autograd/__init__.py")
+        || f.name.contains("torch::autograd::Engine::")
+        || f.name.contains("torch::autograd::generated::")
+        || (f.name.contains("Backward") && f.name.ends_with(')'))
+        || f.filename.ends_with("autograd/engine.rs")
+}

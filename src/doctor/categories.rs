@@ -23,7 +23,6 @@
 //! - anything else (alive past its backward, allocated before the trace without a stack, cuBLAS's
 //!   workspace) → `unknown`.
 
-use super::steps;
 use crate::timeline::{Group, GroupKind, Grouping, Timeline};
 use crate::trace::{Category, Frame, Snapshot};
 use serde::{Serialize, Serializer};
@@ -165,13 +164,13 @@ fn read_stack(frames: &[&Frame]) -> StackInfo {
     let named = |part: &str| frames.iter().any(|f| f.name.contains(part));
     // tensormem's stacks: the op at its Rust call site, then the module scope.
     let rust = frames.first().is_some_and(|f| f.filename.ends_with(".rs"));
-    let workspace = frames.iter().take(12).any(|f| steps::is_cublas_workspace(f));
+    let workspace = frames.iter().take(12).any(|f| crate::pytorch::is_cublas_workspace(f));
     let accumulate = named("AccumulateGrad");
-    let backward = frames.iter().any(|f| steps::is_backward_frame(f));
+    let backward = frames.iter().any(|f| crate::pytorch::is_backward_frame(f));
     let optimizer = py_under("torch/optim/") || frames.iter().any(|f| f.filename.contains("nn/optim/"));
-    let module_call = frames.iter().filter(py).any(|f| f.filename.ends_with("torch/nn/modules/module.py") && f.name.contains("call_impl"));
+    let module_call = frames.iter().filter(py).any(|f| crate::pytorch::in_module_file(f) && f.name.contains("call_impl"));
     let parameter = frames.iter().filter(py).any(|f| {
-        (f.filename.ends_with("torch/nn/modules/module.py") && f.name == "_apply")
+        (crate::pytorch::in_module_file(f) && f.name == "_apply")
             || f.filename.ends_with("torch/nn/init.py")
             || f.name == "reset_parameters"
             || f.name == "load_state_dict"

@@ -22,7 +22,7 @@
 //!   allocator: an estimate too.
 
 use super::kinds::{Kind, Material, Role};
-use super::{Finding, OUTSIDE_ALLOCATOR, Patient, size, steps};
+use super::{Finding, OUTSIDE_ALLOCATOR, Patient, size};
 use crate::timeline::GroupKind;
 use crate::trace::{Action, Frame};
 use serde::Serialize;
@@ -122,13 +122,13 @@ pub(super) fn find(p: &Patient) -> Finding {
         if e.action != Action::Alloc {
             continue;
         }
-        if let Some(f) = frames.iter().take(12).find(|f| steps::is_cublas_workspace(f)) {
+        if let Some(f) = frames.iter().take(12).find(|f| crate::pytorch::is_cublas_workspace(f)) {
             workspaces.push(Workspace {
                 trace_index: i,
                 addr: e.addr,
                 bytes: e.size,
                 stream: e.stream,
-                backward: frames.iter().any(steps::is_backward_frame),
+                backward: frames.iter().any(crate::pytorch::is_backward_frame),
                 frame: f.name.clone(),
             });
         }

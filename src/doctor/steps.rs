@@ -311,8 +311,8 @@ struct CallSite {
 fn call_site(frames: &[Frame]) -> Option<CallSite> {
     use std::hash::{Hash, Hasher};
     let python: Vec<&Frame> = frames.iter().filter(|f| f.filename.ends_with(".py")).collect();
-    let outermost = python.iter().rposition(|f| f.filename.ends_with("torch/nn/modules/module.py") && f.name.ends_with("call_impl"))?;
-    let forward = python[..outermost].iter().rposition(|f| !f.filename.ends_with("torch/nn/modules/module.py"))?;
+    let outermost = python.iter().rposition(|f| crate::pytorch::in_module_file(f) && f.name.ends_with("call_impl"))?;
+    let forward = python[..outermost].iter().rposition(|f| !crate::pytorch::in_module_file(f))?;
     let mut caller = rustc_hash::FxHasher::default();
     for f in &python[outermost + 1..] {
         (&f.filename, &f.name, f.line).hash(&mut caller);
@@ -375,7 +375,7 @@ fn frames_phase(e: &TraceEntry) -> Option<Phase> {
         None => {}
     }
     let frames = || e.frames.iter().flat_map(|f| f.iter());
-    if frames().any(is_backward_frame) {
+    if frames().any(crate::pytorch::is_backward_frame) {
         return Some(Phase::Backward);
     }
     if frames().any(|f| f.filename.contains("nn/optim/")) {
@@ -454,7 +454,7 @@ pub(super) fn top_stacks(p: &Patient, ids: &[usize], count: usize) -> Vec<StackB
 /// per handle: the autograd thread's first matmul makes one, inside backward, that lives on).
 pub(super) fn is_library_buffer(p: &Patient, id: usize) -> bool {
     let trace = p.snapshot.trace_of(p.device);
-    trace_index(p, id).and_then(|i| trace.get(i)).is_some_and(|e| e.frames.iter().flat_map(|f| f.iter()).take(12).any(is_cublas_workspace))
+    trace_index(p, id).and_then(|i| trace.get(i)).is_some_and(|e| e.frames.iter().flat_map(|f| f.iter()).take(12).any(crate::pytorch::is_cublas_workspace))
 }
 
 /// A key/value cache's own tensor: transformers' `cache_utils.py` (DynamicCache's cat, the
@@ -462,24 +462,7 @@ pub(super) fn is_library_buffer(p: &Patient, id: usize) -> bool {
 /// the forward that made it, so it is state, not a retained graph.
 pub(super) fn is_kv_cache(p: &Patient, id: usize) -> bool {
     let trace = p.snapshot.trace_of(p.device);
-    let cache_frame = |f: &Frame| f.filename.ends_with("transformers/cache_utils.py") || crate::pytorch::KV_CACHE_SCOPES.iter().any(|s| f.name.ends_with(s));
-    trace_index(p, id).and_then(|i| trace.get(i)).is_some_and(|e| e.frames.iter().flat_map(|f| f.iter()).take(12).any(cache_frame))
-}
-
-/// A frame of the call that makes cuBLAS's (or cuBLASLt's) workspace; it is near the top of the
-/// stack, so callers look at the first dozen frames.
-pub(super) fn is_cublas_workspace(f: &Frame) -> bool {
-    f.name.contains("getNewWorkspace") || f.name.contains("BlasLtWorkspace") || f.name.contains("setWorkspaceForHandle")
-}
-
-/// A frame that runs in backward: PyTorch's `loss.backward()` or its autograd engine's C++
-/// thread, or tensormem's autograd engine and its nodes (`mm (MmBackward0)`).
-pub(super) fn is_backward_frame(f: &Frame) -> bool {
-    f.filename.ends_with("torch/autograd/__init__.py")
-        || f.name.contains("torch::autograd::Engine::")
-        || f.name.contains("torch::autograd::generated::")
-        || (f.name.contains("Backward") && f.name.ends_with(')'))
-        || f.filename.ends_with("autograd/engine.rs")
+    trace_index(p, id).and_then(|i| trace.get(i)).is_some_and(|e| e.frames.iter().flat_map(|f| f.iter()).take(12).any(crate::pytorch::is_kv_cache_frame))
 }
 
 /// The iterations, as every training-loop finding's evidence gives them (flattened into it).

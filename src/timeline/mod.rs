@@ -701,7 +701,7 @@ pub fn module_scope(frames: &[Frame]) -> Vec<usize> {
     }
     // Python frames only: with context='all' the interpreter's C++ frames sit between them.
     let py: Vec<usize> = (0..frames.len()).filter(|&i| frames[i].filename.ends_with(".py")).collect();
-    let in_module_py = |k: usize| frames[py[k]].filename.ends_with("torch/nn/modules/module.py");
+    let in_module_py = |k: usize| crate::pytorch::in_module_file(&frames[py[k]]);
     let mut scope = Vec::new();
     let mut leaf = None;
     let mut k = 0;
