@@ -232,6 +232,7 @@ impl HfConfig {
                 Bias::Flag(name) => flag(name, false),
             }
         };
+        let (qkv_bias, o_bias, mlp_bias) = (bias(arch.qkv_bias)?, bias(arch.o_bias)?, bias(arch.mlp_bias)?);
         let config = if family == Family::Gpt2 {
             // GPT2Config: n_embd, n_layer, n_head, n_positions; n_inner null = 4 x n_embd;
             // embeddings tied to the output.
@@ -252,9 +253,9 @@ impl HfConfig {
                 norm_eps: number("layer_norm_epsilon", 1e-5)?,
                 rope_theta: 0.0,
                 tie_word_embeddings: flag("tie_word_embeddings", true)?,
-                qkv_bias: bias(arch.qkv_bias)?,
-                o_bias: bias(arch.o_bias)?,
-                mlp_bias: bias(arch.mlp_bias)?,
+                qkv_bias,
+                o_bias,
+                mlp_bias,
                 attention_dropout: number("attn_pdrop", 0.1)?,
                 residual_dropout: number("resid_pdrop", 0.1)?,
                 initializer_range: number("initializer_range", 0.02)?,
@@ -280,9 +281,9 @@ impl HfConfig {
                 norm_eps: number("rms_norm_eps", 1e-6)?,
                 rope_theta: number("rope_theta", 10_000.0)?,
                 tie_word_embeddings: flag("tie_word_embeddings", false)?,
-                qkv_bias: bias(arch.qkv_bias)?,
-                o_bias: bias(arch.o_bias)?,
-                mlp_bias: bias(arch.mlp_bias)?,
+                qkv_bias,
+                o_bias,
+                mlp_bias,
                 attention_dropout: number("attention_dropout", 0.0)?,
                 residual_dropout: 0.0,
                 initializer_range: number("initializer_range", 0.02)?,
