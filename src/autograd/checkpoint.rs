@@ -4,7 +4,7 @@
 //! the forward had (dropout draws the same masks), and backpropagates through the recomputed
 //! graph: memory traded for a second forward.
 
-use super::{Save, enable_grad, no_grad, record, records};
+use crate::tensor::graph::{Save, enable_grad, no_grad, record, records};
 use crate::tensor::{Result, Tensor, TensorError};
 use std::rc::Rc;
 

@@ -3,8 +3,8 @@
 //! node first, leaves (`AccumulateGrad`) as soon as they are ready; what a node saved is freed
 //! right after it runs unless the graph is retained.
 
-use super::{Edge, Node};
-use crate::tensor::{Result, Tensor};
+use crate::tensor::graph::{Edge, Node};
+use crate::tensor::{Result, Tensor, TensorError};
 use crate::trace::Category;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BinaryHeap;
@@ -55,7 +55,7 @@ impl Ord for Ready {
     }
 }
 
-pub(crate) fn run_backward(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()> {
+fn run_backward(root: &Tensor, grad: Tensor, retain_graph: bool) -> Result<()> {
     // Backward's own ops record nothing (no create_graph).
     let _no_grad = super::no_grad();
     let _thread = root.device().autograd_thread();
@@ -140,7 +140,7 @@ fn run_node(node: &Node, grad: Tensor, retain_graph: bool) -> Result<Vec<Option<
 /// those backward makes without grad mode.
 /// A sum it makes is named as the backward of `from`, the node whose gradient arrived
 /// (PyTorch's autograd thread records no stack).
-fn add_to_buffer(buffers: &mut FxHashMap<Key, Tensor>, k: Key, g: Tensor, from: &super::Origin) -> Result<()> {
+fn add_to_buffer(buffers: &mut FxHashMap<Key, Tensor>, k: Key, g: Tensor, from: &crate::device::Origin) -> Result<()> {
     match buffers.remove(&k) {
         None => {
             buffers.insert(k, g);
@@ -176,4 +176,40 @@ fn accumulate(leaf: &Tensor, grad: Tensor) -> Result<()> {
         }
     }
     super::run_post_accumulate_grad_hook(leaf)
+}
+
+impl Tensor {
+    /// `backward()`: the gradient of this scalar with respect to every leaf that requires grad,
+    /// accumulated into their `.grad`. Frees what the graph saved.
+    #[track_caller]
+    pub fn backward(&self) -> Result<()> {
+        self.backward_with(None, false)
+    }
+
+    /// `backward(gradient, retain_graph)`.
+    #[track_caller]
+    pub fn backward_with(&self, gradient: Option<&Tensor>, retain_graph: bool) -> Result<()> {
+        if !self.requires_grad() {
+            return Err(TensorError::Autograd("element 0 of tensors does not require grad and does not have a grad_fn".into()));
+        }
+        let grad = match gradient {
+            Some(g) if g.shape() != self.shape() => {
+                return Err(TensorError::Shape(format!("backward: gradient of shape {:?} for a tensor of shape {:?}", g.shape(), self.shape())));
+            }
+            Some(g) => g.share(),
+            None if self.numel() == 1 => {
+                let _no_grad = super::no_grad();
+                let ones = self.device().empty_tensor(self.shape(), self.dtype(), "ones_like")?;
+                ones.fill_(1.0)?;
+                ones
+            }
+            None => return Err(TensorError::Autograd("grad can be implicitly created only for scalar outputs".into())),
+        };
+        // `torch.autograd.backward` holds its `grad_tensors` (the implicit ones_like too) until
+        // the engine returns: the seed lives through the whole backward.
+        let seed = grad.share();
+        let result = run_backward(self, grad, retain_graph);
+        drop(seed);
+        result
+    }
 }

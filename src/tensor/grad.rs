@@ -1,8 +1,8 @@
-//! The autograd side of a tensor: `requires_grad`, `grad`, `grad_fn`, `detach`, `backward`, the
+//! The autograd side of a tensor: `requires_grad`, `grad`, `grad_fn`, `detach`, the
 //! version counter in-place ops bump, and PyTorch's refusals.
 
+use super::graph::{self, Node};
 use super::{Result, Tensor, TensorError};
-use crate::autograd::{self, Node};
 use std::rc::Rc;
 
 impl Tensor {
@@ -78,7 +78,7 @@ impl Tensor {
     /// tracked view (whose base's history this engine does not rebase), are refused rather
     /// than given a wrong gradient.
     pub(crate) fn check_inplace(&self, op: &str, others: &[&Tensor], differentiated: bool) -> Result<()> {
-        if !autograd::is_grad_enabled() {
+        if !graph::is_grad_enabled() {
             return Ok(());
         }
         if self.requires_grad() && self.is_leaf() {
@@ -100,46 +100,12 @@ impl Tensor {
     pub(crate) fn bump_version(&self) {
         self.storage.version.set(self.storage.version.get() + 1);
     }
-
-    /// `backward()`: the gradient of this scalar with respect to every leaf that requires grad,
-    /// accumulated into their `.grad`. Frees what the graph saved.
-    #[track_caller]
-    pub fn backward(&self) -> Result<()> {
-        self.backward_with(None, false)
-    }
-
-    /// `backward(gradient, retain_graph)`.
-    #[track_caller]
-    pub fn backward_with(&self, gradient: Option<&Tensor>, retain_graph: bool) -> Result<()> {
-        if !self.requires_grad() {
-            return Err(TensorError::Autograd("element 0 of tensors does not require grad and does not have a grad_fn".into()));
-        }
-        let grad = match gradient {
-            Some(g) if g.shape() != self.shape() => {
-                return Err(TensorError::Shape(format!("backward: gradient of shape {:?} for a tensor of shape {:?}", g.shape(), self.shape())));
-            }
-            Some(g) => g.share(),
-            None if self.numel() == 1 => {
-                let _no_grad = autograd::no_grad();
-                let ones = self.device().empty_tensor(self.shape(), self.dtype, "ones_like")?;
-                ones.fill_(1.0)?;
-                ones
-            }
-            None => return Err(TensorError::Autograd("grad can be implicitly created only for scalar outputs".into())),
-        };
-        // `torch.autograd.backward` holds its `grad_tensors` (the implicit ones_like too) until
-        // the engine returns: the seed lives through the whole backward.
-        let seed = grad.share();
-        let result = autograd::run_backward(self, grad, retain_graph);
-        drop(seed);
-        result
-    }
 }
 
 /// What an op that autograd does not differentiate yet says when an input requires grad: an
 /// error, rather than a gradient that silently stops there.
 pub(crate) fn not_differentiated_yet(op: &str, inputs: &[&Tensor]) -> Result<()> {
-    if autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad()) {
+    if graph::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad()) {
         return Err(TensorError::Unsupported(format!(
             "{op}: autograd does not differentiate this op yet, and an input requires grad; run it under autograd::no_grad() or detach() the input"
         )));

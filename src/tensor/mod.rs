@@ -4,6 +4,7 @@
 
 pub(crate) mod autocast;
 mod grad;
+pub(crate) mod graph;
 mod layout;
 pub(crate) mod ops;
 
@@ -13,9 +14,9 @@ pub use crate::dtype::{DType, Element};
 pub use layout::{Layout, MAX_DIMS, broadcast_shapes};
 
 use crate::alloc::Allocation;
-use crate::autograd::Node;
 use crate::device::Arg;
 use crate::device::{Device, DeviceError};
+use graph::Node;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
@@ -230,11 +231,11 @@ impl Tensor {
     /// function from the output's gradient to the input's.
     #[track_caller]
     fn record_view<F: Fn(&Tensor) -> Result<Tensor> + 'static>(&self, name: &'static str, out: Tensor, backward: impl FnOnce() -> F) -> Tensor {
-        if !crate::autograd::records(&[self]) {
+        if !graph::records(&[self]) {
             return out;
         }
         let backward = backward();
-        crate::autograd::record(name, &[self], out, &[], Box::new(move |_, g| Ok(vec![Some(backward(g)?)])))
+        graph::record(name, &[self], out, &[], Box::new(move |_, g| Ok(vec![Some(backward(g)?)])))
     }
 
     #[track_caller]

@@ -3,8 +3,8 @@
 //! each row (float32) are made, and saved with q, k and v for backward. Its memory only: the
 //! simulation device runs it, the GPU refuses it (no kernel yet).
 
-use crate::autograd::{self, Save};
 use crate::tensor::autocast::{self as amp, Policy};
+use crate::tensor::graph::{self, Save};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 /// flash-attn's rounding of the sequence (128) and the head size (32) in its backward buffers.
@@ -60,12 +60,12 @@ impl Tensor {
         }
         let out = device.empty_tensor(self.shape(), self.dtype(), "_scaled_dot_product_flash_attention")?;
         let lse = device.empty_tensor(&[b, h, t], DType::F32, "_scaled_dot_product_flash_attention")?;
-        if !autograd::records(&[self, k, v]) {
+        if !graph::records(&[self, k, v]) {
             return Ok(out);
         }
         let dtype = self.dtype();
         let saves = [Some(Save::Input(self)), Some(Save::Input(k)), Some(Save::Input(v)), Some(Save::Output), Some(Save::Input(&lse))];
-        Ok(autograd::record(
+        Ok(graph::record(
             "ScaledDotProductFlashAttentionBackward0",
             &[self, k, v],
             out,

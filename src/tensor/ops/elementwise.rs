@@ -4,11 +4,11 @@
 //! rules. The fused ones (where, masked_fill, the optimizers' updates) are in `fused`.
 
 use super::{bind, check_u32, shape_meta, strided, values};
-use crate::autograd::{self, Save};
 use crate::kernels::elementwise::{Autocast, Binary, BinaryBackward, ElementwiseKernel, Entry, Saves, Unary, UnaryBackward, fused_backward};
 use crate::kernels::{ElementwiseMeta, loads_quads};
 use crate::tensor::autocast::{self as amp, Policy};
 use crate::tensor::grad::not_differentiated_yet;
+use crate::tensor::graph::{self, Save};
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -157,7 +157,7 @@ impl Tensor {
     /// (exp, sqrt, rsqrt, relu, tanh, sigmoid); the input otherwise.
     #[track_caller]
     fn record_unary(&self, op: Unary, scalar: f64, out: Tensor) -> Tensor {
-        if !autograd::records(&[self]) {
+        if !graph::records(&[self]) {
             return out;
         }
         let Some(grad) = op.decl().grad else { return out };
@@ -167,7 +167,7 @@ impl Tensor {
             Saves::Input => Some(Save::Input(self)),
         };
         let input_dtype = self.dtype;
-        autograd::record(
+        graph::record(
             grad.node,
             &[self],
             out,
@@ -231,7 +231,7 @@ impl Tensor {
     /// gradient; div saves the divisor, and the dividend too when the divisor needs a gradient.
     #[track_caller]
     fn record_binary(&self, other: &Tensor, op: Binary, alpha: f64, out: Tensor) -> Tensor {
-        if !autograd::records(&[self, other]) {
+        if !graph::records(&[self, other]) {
             return out;
         }
         let Some(grad) = op.decl().grad else { return out };
@@ -243,7 +243,7 @@ impl Tensor {
             BinaryBackward::Div => [Some(Save::Input(other)), need[1].then_some(Save::Input(self))],
             _ => [None, None],
         };
-        autograd::record(
+        graph::record(
             grad.node,
             &[self, other],
             out,

@@ -2,8 +2,8 @@
 //! several: `where`, `masked_fill` and its backward, the optimizers' in-place updates, the
 //! gradient scaler's unscale. Their WGSL is in `kernels::elementwise` (`Fused`, `Update`).
 
-use crate::autograd::{self, Save};
 use crate::kernels::elementwise::{Entry, Fused, Update};
+use crate::tensor::graph::{self, Save};
 use crate::tensor::layout::broadcast_shapes;
 use crate::tensor::ops::values;
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -39,14 +39,14 @@ impl Tensor {
         let shape = broadcast_shapes(&broadcast_shapes(self.shape(), a.shape())?, b.shape())?;
         let out = self.device().empty_tensor(&shape, a.dtype, "where")?;
         out.elementwise(Entry::Ternary(Fused::WHERE.into()), &[self, a, b], 0.0)?;
-        if !autograd::records(&[a, b]) {
+        if !graph::records(&[a, b]) {
             return Ok(out);
         }
         // WhereBackward0 saves the condition; each side's gradient is where(condition, grad, 0)
         // (or the other way round), summed back to its shape.
         let (a_shape, b_shape) = (a.shape().to_vec(), b.shape().to_vec());
         let need = [a.requires_grad(), b.requires_grad()];
-        Ok(autograd::record(
+        Ok(graph::record(
             "WhereBackward0",
             &[a, b],
             out,
@@ -84,10 +84,10 @@ impl Tensor {
         let t = values(self.dtype, self.device())?;
         let out = self.device().empty_tensor(self.shape(), self.dtype, "masked_fill")?;
         out.elementwise(Entry::Binary(Fused::MaskedFill.wgsl(t)), &[self, mask], value)?;
-        if !autograd::records(&[self]) {
+        if !graph::records(&[self]) {
             return Ok(out);
         }
-        Ok(autograd::record(
+        Ok(graph::record(
             "MaskedFillBackward0",
             &[self],
             out,

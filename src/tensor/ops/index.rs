@@ -2,10 +2,10 @@
 //! backward.
 
 use super::{bind, check_u32, cuda_embedding, shape_meta, strided, values};
-use crate::autograd::{self, Save};
 use crate::kernels::ElementwiseMeta;
 use crate::kernels::elementwise::{ElementwiseKernel, Entry, Fused};
 use crate::tensor::autocast::{self as amp, Policy};
+use crate::tensor::graph::{self, Save};
 use crate::tensor::layout::{Layout, wrap_dim};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -35,7 +35,7 @@ impl Tensor {
         let out = first.device().empty_tensor(&shape, first.dtype, "cat")?;
         let mut starts = Vec::with_capacity(tensors.len());
         {
-            let _no_grad = autograd::no_grad();
+            let _no_grad = graph::no_grad();
             let mut at = 0;
             for t in tensors {
                 out.narrow(d as isize, at, t.shape()[d])?.copy_(t)?;
@@ -43,10 +43,10 @@ impl Tensor {
                 at += t.shape()[d];
             }
         }
-        if !autograd::records(tensors) {
+        if !graph::records(tensors) {
             return Ok(out);
         }
-        Ok(autograd::record(
+        Ok(graph::record(
             "CatBackward0",
             tensors,
             out,
@@ -119,12 +119,12 @@ impl Tensor {
         if out.launches(&[target, target], 0) {
             out.indexed("nll_loss", self, target, &total_weight, classes, n)?;
         }
-        if !autograd::records(&[self]) {
+        if !graph::records(&[self]) {
             return Ok(out);
         }
         // (total_weight is the forward's second output; Save::Input keeps any tensor as it is.)
         let saves = [Some(Save::Input(self)), Some(Save::Input(target)), Some(Save::Input(&total_weight))];
-        Ok(autograd::record(
+        Ok(graph::record(
             "NllLossBackward0",
             &[self],
             out,
@@ -169,10 +169,10 @@ impl Tensor {
             }
             out.indexed("gather", self, index, &out, d, self.shape()[d])?;
         }
-        if !autograd::records(&[self]) {
+        if !graph::records(&[self]) {
             return Ok(out);
         }
-        Ok(autograd::record(
+        Ok(graph::record(
             "GatherBackward0",
             &[self],
             out,
@@ -187,11 +187,11 @@ impl Tensor {
     /// Records an op whose output holds `self`'s slices along `dim` picked by `index`.
     #[track_caller]
     fn record_index(&self, name: &'static str, dim: usize, index: &Tensor, out: Tensor) -> Tensor {
-        if !autograd::records(&[self]) {
+        if !graph::records(&[self]) {
             return out;
         }
         let (shape, flat) = (self.shape().to_vec(), out.shape().len() != self.ndim());
-        autograd::record(
+        graph::record(
             name,
             &[self],
             out,

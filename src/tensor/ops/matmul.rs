@@ -1,11 +1,11 @@
 //! matmul as ATen's `_matmul_impl` does it, down to mm / bmm on the matmul kernels.
 
 use super::{bind, check_u32};
-use crate::autograd::{self, Save};
 use crate::device::MatmulClass;
 use crate::kernels::matmul::{MatmulKernel, matmul_kernel};
 use crate::kernels::{Grid, MatmulMeta, MatrixLayout, loads_quads};
 use crate::tensor::autocast::{self as amp, Policy};
+use crate::tensor::graph::{self, Save};
 use crate::tensor::layout::{Layout, broadcast_shapes};
 use crate::tensor::{Result, Tensor, TensorError};
 
@@ -181,7 +181,7 @@ impl Tensor {
         debug_assert!(matches!(self.ndim(), 2 | 3) && self.ndim() == other.ndim());
         let out = {
             // The copies BLAS needs are the kernel's business, not the graph's.
-            let _no_grad = autograd::no_grad();
+            let _no_grad = graph::no_grad();
             self.mm_forward(other, kind, "matmul", false)?
         };
         Ok(self.record_mm(other, None, out))
@@ -196,7 +196,7 @@ impl Tensor {
     fn record_mm(&self, other: &Tensor, bias: Option<&Tensor>, out: Tensor) -> Tensor {
         let mut inputs = vec![self, other];
         inputs.extend(bias);
-        if !autograd::records(&inputs) {
+        if !graph::records(&inputs) {
             return out;
         }
         let need = [self.requires_grad(), other.requires_grad()];
@@ -209,7 +209,7 @@ impl Tensor {
         let column_major = |t: &Tensor| t.ndim() == 2 && t.strides()[0] == 1 && t.strides()[1] == t.shape()[0];
         let (a_column_major, b_column_major) = (column_major(self), column_major(other));
         let bias_shape = bias.map(|b| b.shape().to_vec());
-        autograd::record(
+        graph::record(
             name,
             &inputs,
             out,
@@ -256,7 +256,7 @@ impl Tensor {
             return Err(TensorError::Shape(format!("addmm needs [n, m] @ [m, p], got {:?} @ {:?}", mat1.shape(), mat2.shape())));
         }
         let out = {
-            let _no_grad = autograd::no_grad();
+            let _no_grad = graph::no_grad();
             let out = mat1.mm_forward(mat2, None, "addmm", goes_through_cublaslt(bias, mat1, mat2))?;
             out.add_(bias)?;
             out

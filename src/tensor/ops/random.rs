@@ -1,9 +1,9 @@
 //! Dropout, from the device's counter-based generator (`rand` and `randn` are in `factory`).
 
 use super::values;
-use crate::autograd::{self, Save};
 use crate::kernels::WgslScalar;
 use crate::kernels::elementwise::{Entry, Fused};
+use crate::tensor::graph::{self, Save};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 impl Tensor {
@@ -28,10 +28,10 @@ impl Tensor {
         let mask = self.device().empty_tensor(self.shape(), DType::Bool, "native_dropout")?;
         mask.elementwise(Entry::Random(Fused::DropoutMask(p as f32).wgsl(WgslScalar::U32), self.device().next_seed()), &[], 0.0)?;
         out.masked_scale(self, &mask, scale)?;
-        if !autograd::records(&[self]) {
+        if !graph::records(&[self]) {
             return Ok(out);
         }
-        Ok(autograd::record(
+        Ok(graph::record(
             "NativeDropoutBackward0",
             &[self],
             out,

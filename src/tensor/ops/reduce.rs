@@ -2,11 +2,11 @@
 
 use super::cuda_reduce::{GlobalReduce, ReductionLaunch, global_reduce};
 use super::{bind, check_u32, shape_meta, strided, values};
-use crate::autograd;
 use crate::device::Multiprocessors;
 use crate::kernels::{Family, Grid, Kernel, ReduceMeta, WORKGROUP, WgslScalar};
 use crate::tensor::autocast as amp;
 use crate::tensor::grad::not_differentiated_yet;
+use crate::tensor::graph;
 use crate::tensor::layout::{Layout, MAX_DIMS, wrap_dim};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -309,7 +309,7 @@ impl Tensor {
     /// dimensions (a view: no memory for sum; mean then divides, which allocates).
     #[track_caller]
     fn record_reduction(&self, dims: &[isize], keepdim: bool, op: Reduction, out: Tensor) -> Result<Tensor> {
-        if !autograd::records(&[self]) {
+        if !graph::records(&[self]) {
             return Ok(out);
         }
         let name = match (op, dims.is_empty()) {
@@ -323,7 +323,7 @@ impl Tensor {
             if dims.is_empty() { (0..self.ndim()).collect() } else { dims.iter().map(|&d| wrap_dim(d, self.ndim())).collect::<Result<_>>()? };
         let kept: Vec<isize> = (0..self.ndim()).map(|d| if reduced.contains(&d) { 1 } else { input_shape[d] as isize }).collect();
         let count: usize = reduced.iter().map(|&d| input_shape[d]).product();
-        Ok(autograd::record(
+        Ok(graph::record(
             name,
             &[self],
             out,

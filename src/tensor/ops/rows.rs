@@ -2,10 +2,10 @@
 //! backward kernels of the first three.
 
 use super::{bind, check_u32, shape_meta, strided};
-use crate::autograd::{self, Save};
 use crate::kernels::{Family, Grid, Kernel, RowsMeta, WORKGROUP};
 use crate::tensor::autocast::{self as amp, Policy};
 use crate::tensor::grad::not_differentiated_yet;
+use crate::tensor::graph::{self, Save};
 use crate::tensor::layout::wrap_dim;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -117,7 +117,7 @@ impl Tensor {
         let input_dtype = self.dtype;
         let out = self.device().empty_tensor(self.shape(), dtype, kind.entry())?;
         self.rows(kind, &out, d, 0.0, &[])?;
-        if !autograd::records(&[self]) {
+        if !graph::records(&[self]) {
             return Ok(out);
         }
         // Both save their result; their backward kernels write one gradient.
@@ -125,7 +125,7 @@ impl Tensor {
             Rows::Softmax => ("SoftmaxBackward0", Rows::SoftmaxBackward),
             _ => ("LogSoftmaxBackward0", Rows::LogSoftmaxBackward),
         };
-        Ok(autograd::record(
+        Ok(graph::record(
             name,
             &[self],
             out,
@@ -203,13 +203,13 @@ impl Tensor {
         let mean = self.device().empty_tensor(&[rows], DType::F32, "layer_norm")?;
         let rstd = self.device().empty_tensor(&[rows], DType::F32, "layer_norm")?;
         input.rows(Rows::LayerNorm, &out, self.ndim() - 1, eps as f32, &[weight, bias, &mean, &rstd])?;
-        if !autograd::records(&[&input, weight, bias]) {
+        if !graph::records(&[&input, weight, bias]) {
             return Ok(out);
         }
         let need = [input.requires_grad(), weight.requires_grad(), bias.requires_grad()];
         // As derivatives.yaml: input, weight, bias, and the mean and rstd (result1, result2).
         let save = [Some(Save::Input(&input)), Some(Save::Input(weight)), Some(Save::Input(&mean)), Some(Save::Input(&rstd)), Some(Save::Input(bias))];
-        Ok(autograd::record(
+        Ok(graph::record(
             "NativeLayerNormBackward0",
             &[&input, weight, bias],
             out,
@@ -286,11 +286,11 @@ impl Tensor {
         self.rows(Rows::MaxDim, &values, d, 0.0, &[&values, &values, &indices])?;
         let squeeze = |t: Tensor| if keepdim { Ok(t) } else { t.squeeze(Some(d as isize)) };
         let (values, indices) = (squeeze(values)?, squeeze(indices)?);
-        if !autograd::records(&[self]) {
+        if !graph::records(&[self]) {
             return Ok((values, indices));
         }
         let input_shape = self.shape().to_vec();
-        let values = autograd::record(
+        let values = graph::record(
             "MaxBackward0",
             &[self],
             values,
