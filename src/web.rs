@@ -455,7 +455,7 @@ pub fn scenarios_json() -> String {
     let hf_presets: Vec<&str> = crate::nn::HF_PRESETS.iter().map(|(name, _)| *name).collect();
     serde_json::json!({
         "scenarios": scenarios::list(), "presets": presets, "hf_presets": hf_presets, "lora_targets": crate::nn::LORA_TARGETS,
-        "fit_strategies": scenarios::fit::DEFAULT_STRATEGIES,
+        "fit_strategies": scenarios::fit::default_strategies(),
     })
     .to_string()
 }

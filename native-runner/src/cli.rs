@@ -200,7 +200,7 @@ pub(crate) enum Command {
         #[arg(long, default_value = "batch", value_parser = ["batch", "context"])]
         vary: String,
         /// Strategies to compare (one column each).
-        #[arg(long, value_delimiter = ',', default_values_t = scenarios::fit::DEFAULT_STRATEGIES.map(String::from))]
+        #[arg(long, value_delimiter = ',', default_values_t = scenarios::fit::default_strategies().iter().map(|s| s.to_string()))]
         strategies: Vec<String>,
         /// Cards to compare (simulator presets or sizes such as 24GiB).
         #[arg(long, value_delimiter = ',', default_values_t = scenarios::fit::DEFAULT_CARDS.map(String::from))]

@@ -534,8 +534,8 @@ fn tools() -> Vec<Value> {
                     ("vary", json!({ "type": "string", "enum": ["batch", "context"], "description": "The parameter to search (default batch)." })),
                     (
                         "strategies",
-                        json!({ "type": "array", "items": { "type": "string", "enum": tensormem::nn::parallel::Strategy::NAMES },
-                            "description": format!("Strategies to compare (default {}); all but ddp need world > 1 in set.", scenarios::fit::DEFAULT_STRATEGIES.join(", ")) }),
+                        json!({ "type": "array", "items": { "type": "string", "enum": tensormem::nn::parallel::Strategy::names() },
+                            "description": format!("Strategies to compare (default {}); all but ddp need world > 1 in set.", scenarios::fit::default_strategies().join(", ")) }),
                     ),
                     (
                         "cards",
@@ -648,7 +648,7 @@ fn run_tool(name: &str, args: &Args, lines: &mut Vec<String>) -> Result<(), Fail
                     Some(other) => Err(Failure(format!("{key} takes a list of strings, got {other}"), 2)),
                 }
             };
-            let strategies = list("strategies", &scenarios::fit::DEFAULT_STRATEGIES)?;
+            let strategies = list("strategies", scenarios::fit::default_strategies())?;
             let cards = list("cards", &scenarios::fit::DEFAULT_CARDS)?;
             let vary = args.string("vary")?.unwrap_or_else(|| "batch".into());
             let table = scenarios::fit::fit_table(&request, &vary, &strategies, &cards, &mut |_, _| {}).map_err(|e| Failure(e.to_string(), 2))?;

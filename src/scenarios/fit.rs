@@ -36,8 +36,11 @@ pub struct FitTable {
 /// The parameters a fit may search.
 pub const FIT_PARAMETERS: [&str; 2] = ["batch", "context"];
 
-/// The strategies and cards a table compares unless told otherwise.
-pub const DEFAULT_STRATEGIES: [&str; 4] = ["ddp", "zero1", "zero2", "fsdp"];
+/// The strategies a table compares unless told otherwise (the registry's rows that say so).
+pub fn default_strategies() -> &'static [&'static str] {
+    crate::nn::parallel::Strategy::fit_defaults()
+}
+/// The cards a table compares unless told otherwise.
 pub const DEFAULT_CARDS: [&str; 3] = ["H100-80GB", "A100-40GB", "RTX4090-24GB"];
 
 /// The outcome of one probe: it fits (the heaviest rank's peaks), it ran out of memory, or the

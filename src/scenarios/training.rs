@@ -9,13 +9,12 @@
 use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, token_batch};
 use crate::amp;
 use crate::nn::optim::{Adam, AdamW8bit, GradScaler, HandwrittenAdamW, MasterWeights, Optimizer, Sgd};
-use crate::nn::parallel::{self, BlockHooks, Ddp, DdpReducer, FullyShard, Hooks, Parallel, Sharded, Strategy};
+use crate::nn::parallel::{self, DdpReducer, Hooks, Parallel, RankWrapper, Replica, Strategy, Unwrapped};
 use crate::nn::{
     Architecture, AttentionImplementation, HfConfig, HfModel, LM_SIZE_NAMES, LM_SIZES, Lm, LmConfig, LoraConfig, Module, Quantize, Transformer,
     TransformerConfig,
 };
 use crate::tensor::{DType, Result, Tensor, TensorError};
-use std::rc::Rc;
 
 /// GPT-2's published sizes: (name, d_model, layers, heads); d_ff is 4 x d_model.
 const GPT2_SIZES: [(&str, usize, usize, usize); 4] = [("small", 768, 12, 12), ("medium", 1024, 24, 16), ("large", 1280, 36, 20), ("xl", 1600, 48, 25)];
@@ -82,7 +81,7 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
         ),
         Parameter::flag("master_weights", "false", MASTER_WEIGHTS_HELP),
         Parameter::integer("world", "1", 1, 65_536, "GPUs training together (world / tp data-parallel replicas of tp ranks each), each rank simulated"),
-        Parameter::choice("strategy", "ddp", Strategy::NAMES, STRATEGY_HELP),
+        Parameter::choice("strategy", "ddp", Strategy::names(), Strategy::help()),
         Parameter::choice("ddp_reducer", "buckets", DdpReducer::NAMES, DDP_REDUCER_HELP),
         Parameter::integer("tp", "1", 1, 1024, TP_HELP),
         Parameter::integer("node", "8", 1, 1024, "GPUs per node: hsdp shards within a node"),
@@ -101,12 +100,6 @@ const DDP_REDUCER_HELP: &str = "ddp, zero1: buckets (torch's DistributedDataPara
                                 arrives and made a view of it, so held once) or none (no reducer: each gradient all-reduced in place after backward and the \
                                 parameters broadcast in place, as a hand-written DDP does)";
 
-const STRATEGY_HELP: &str = "with world > 1: ddp (DistributedDataParallel: everything on every rank, gradients all-reduced from \
-                             buckets the reducer keeps: one of every gradient, rebuilt after the first backward as 1 MiB then \
-                             25 MiB ones), zero1 (DDP with ZeroRedundancyOptimizer: each parameter's optimizer state on \
-                             one rank), zero2 (gradients and optimizer state in flat shards, one per data-parallel rank, reduce-scattered \
-                             after each block), fsdp (FULL_SHARD: parameters too; a block's parameters all-gathered while it runs) or \
-                             hsdp (fsdp within a node, replicated across nodes)";
 const FSDP_VERSION_HELP: &str = "fsdp, hsdp: 1 (FullyShardedDataParallel: each block's parameters one flat, padded FlatParameter, \
                                  gathered into one buffer) or 2 (fully_shard: each parameter its own padded dim-0 shard; a block's \
                                  all-gather output copied out into a buffer per parameter, the previous block's output kept until the \
@@ -420,8 +413,36 @@ impl Model {
         Ok(Model::Gpt2(model))
     }
 
-    /// The parameters that train, in registration order.
-    fn parameters(&self) -> Vec<Tensor> {
+    fn vocab(&self) -> usize {
+        match self {
+            Model::Lm(m) => m.config.vocab,
+            Model::Gpt2(m) => m.config.vocab,
+            Model::Hf(m) => m.vocab(),
+        }
+    }
+
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        match self {
+            Model::Lm(m) => m.forward(ids),
+            Model::Gpt2(m) => m.forward(ids, true),
+            Model::Hf(m) => m.forward(ids),
+        }
+    }
+
+    fn loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        match self {
+            Model::Lm(m) => m.loss(logits, targets),
+            Model::Gpt2(m) => {
+                let _scope = logits.device().scope("loss");
+                crate::nn::cross_entropy(&logits.view(&[-1, m.config.vocab as isize])?, &targets.view(&[-1])?)
+            }
+            Model::Hf(m) => m.loss(logits, targets),
+        }
+    }
+}
+
+impl Replica for Model {
+    fn trainable(&self) -> Vec<Tensor> {
         match self {
             Model::Lm(m) => m.parameters(),
             Model::Gpt2(m) => m.parameters(),
@@ -452,33 +473,6 @@ impl Model {
             Model::Lm(m) => m.hooks = hooks,
             Model::Gpt2(m) => m.hooks = hooks,
             Model::Hf(m) => m.set_hooks(hooks),
-        }
-    }
-
-    fn vocab(&self) -> usize {
-        match self {
-            Model::Lm(m) => m.config.vocab,
-            Model::Gpt2(m) => m.config.vocab,
-            Model::Hf(m) => m.vocab(),
-        }
-    }
-
-    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        match self {
-            Model::Lm(m) => m.forward(ids),
-            Model::Gpt2(m) => m.forward(ids, true),
-            Model::Hf(m) => m.forward(ids),
-        }
-    }
-
-    fn loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        match self {
-            Model::Lm(m) => m.loss(logits, targets),
-            Model::Gpt2(m) => {
-                let _scope = logits.device().scope("loss");
-                crate::nn::cross_entropy(&logits.view(&[-1, m.config.vocab as isize])?, &targets.view(&[-1])?)
-            }
-            Model::Hf(m) => m.loss(logits, targets),
         }
     }
 }
@@ -543,7 +537,7 @@ async fn train(rec: &mut Recorder, v: &Values, build: Build) -> Result<()> {
     }
     let recorded = v.int("rank");
     let model = build_deferred(rec, v, build, &parallel)?;
-    let classes = rank_classes(&parallel, &model.all_parameters());
+    let classes = parallel.strategy.rank_classes(&parallel, &model.all_parameters());
     for class in classes.iter().filter(|c| !c.contains(&recorded)) {
         let mut other = rec.sibling().ok_or_else(parallel::needs_sim)?;
         let model = build_deferred(&mut other, v, build, &parallel)?;
@@ -561,61 +555,6 @@ fn build_deferred(rec: &mut Recorder, v: &Values, build: Build, parallel: &Paral
     build(rec, v)
 }
 
-/// Ranks that allocate alike, each class in rank order: all of them, except under zero1, whose
-/// ranks each own a different set of parameters.
-fn rank_classes(parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
-    if parallel.shards_parameters() && parallel.fsdp_version == 2 {
-        // fully_shard's last ranks step fewer rows where dim 0 does not divide.
-        let mut classes: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
-        for rank in 0..parallel.world {
-            let local: Vec<usize> = parameters.iter().map(|p| parallel::shard_sizes(p.shape(), parallel.shard_world(), parallel.shard_rank(rank)).1).collect();
-            match classes.iter_mut().find(|(l, _)| *l == local) {
-                Some((_, ranks)) => ranks.push(rank),
-                None => classes.push((local, vec![rank])),
-            }
-        }
-        return classes.into_iter().map(|(_, ranks)| ranks).collect();
-    }
-    if parallel.strategy != Strategy::Zero1 {
-        return vec![(0..parallel.world).collect()];
-    }
-    // Each class: what its ranks step (shape and type of each parameter), and the ranks.
-    type Owned = Vec<(Vec<usize>, DType)>;
-    let mut classes: Vec<(Owned, Vec<usize>)> = Vec::new();
-    // Partitioned once: a partition per rank would cost world x world x parameters.
-    let partition = zero1_partition(parameters, parallel.dp());
-    for rank in 0..parallel.world {
-        let shapes: Owned = zero1_owned(parameters, &partition[parallel.dp_rank(rank)]).iter().map(|p| (p.shape().to_vec(), p.dtype())).collect();
-        match classes.iter_mut().find(|(s, _)| *s == shapes) {
-            Some((_, ranks)) => ranks.push(rank),
-            None => classes.push((shapes, vec![rank])),
-        }
-    }
-    classes.into_iter().map(|(_, ranks)| ranks).collect()
-}
-
-/// ZeroRedundancyOptimizer's partition of every parameter (frozen ones too) over `world`
-/// data-parallel ranks: each rank's parameter indices, largest first.
-fn zero1_partition(parameters: &[Tensor], world: usize) -> Vec<Vec<usize>> {
-    let numels: Vec<usize> = parameters.iter().map(Tensor::numel).collect();
-    parallel::partition_parameters(&numels, world)
-}
-
-/// The trainable parameters a rank steps under zero1, of the indices it `owns`, in the order
-/// its local optimizer holds them.
-fn zero1_owned(parameters: &[Tensor], owns: &[usize]) -> Vec<Tensor> {
-    owns.iter().map(|&i| &parameters[i]).filter(|p| p.requires_grad()).map(Tensor::share).collect()
-}
-
-/// What a strategy wraps around one rank's training step.
-enum Wrapper {
-    None,
-    /// DDP's buckets (zero1 too): kept for the whole run.
-    Ddp(Ddp),
-    Sharded(Rc<Sharded>),
-    FullyShard(Rc<FullyShard>),
-}
-
 /// `warmup` steps, then `steps` recorded steps, each labelled by phase (`warm-up forward` for
 /// the one warm-up step, `warm-up 2 forward` where there are several; `forward`, or `step 2
 /// forward` where several are recorded). The optimizer makes its state in the first step it
@@ -623,46 +562,12 @@ enum Wrapper {
 async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: &Parallel, rank: usize) -> Result<()> {
     let dev = rec.device.clone();
     let (batch, context, vocab) = (v.int("batch"), v.int("context"), model.vocab());
-    let trainable = model.parameters();
+    let trainable = model.trainable();
     // One replica (world = tp) has no data-parallel wrapper.
-    let (mut wrapper, stepped) = if parallel.dp() == 1 {
-        (Wrapper::None, trainable.iter().map(Tensor::share).collect())
+    let (mut wrapper, stepped): (Box<dyn RankWrapper>, _) = if parallel.dp() == 1 {
+        (Box::new(Unwrapped), trainable.iter().map(Tensor::share).collect())
     } else {
-        match parallel.strategy {
-            Strategy::Ddp | Strategy::Zero1 => {
-                let wrapper = match parallel.ddp_reducer {
-                    DdpReducer::Buckets | DdpReducer::Views => {
-                        Wrapper::Ddp(Ddp::new(&dev, &trainable, &model.all_parameters(), parallel.ddp_reducer == DdpReducer::Views)?)
-                    }
-                    // Broadcasts and all-reduces in place allocate nothing.
-                    DdpReducer::None => Wrapper::None,
-                };
-                let stepped = match parallel.strategy {
-                    Strategy::Zero1 => {
-                        let all = model.all_parameters();
-                        zero1_owned(&all, &zero1_partition(&all, parallel.dp())[parallel.dp_rank(rank)])
-                    }
-                    _ => trainable.iter().map(Tensor::share).collect(),
-                };
-                (wrapper, stepped)
-            }
-            Strategy::Zero2 | Strategy::Fsdp | Strategy::Hsdp => {
-                let blocks = model.blocks();
-                let in_blocks: std::collections::HashSet<u64> = blocks.iter().flat_map(|(_, ps)| ps.iter().map(Tensor::id)).collect();
-                let root = model.all_parameters().into_iter().filter(|p| !in_blocks.contains(&p.id())).collect();
-                if parallel.shards_parameters() && parallel.fsdp_version == 2 {
-                    let fully = Rc::new(FullyShard::new(&dev, blocks, root, parallel, rank)?);
-                    model.set_hooks(Some(Rc::clone(&fully) as Rc<dyn BlockHooks>));
-                    let stepped = fully.optimizer_parameters();
-                    (Wrapper::FullyShard(fully), stepped)
-                } else {
-                    let sharded = Rc::new(Sharded::new(&dev, blocks, root, parallel)?);
-                    model.set_hooks(Some(Rc::clone(&sharded) as Rc<dyn BlockHooks>));
-                    let stepped = sharded.optimizer_parameters();
-                    (Wrapper::Sharded(sharded), stepped)
-                }
-            }
-        }
+        parallel.strategy.wrap(&dev, &mut model, parallel, rank)?
     };
     let mut optimizer = optimizer(v, stepped)?;
     let autocast_dtype = autocast_dtype(v);
@@ -691,18 +596,11 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
         let (mut logits, mut loss): (Option<Tensor>, Option<Tensor>) = (None, None);
         for micro in 0..micro_batches {
             let phase = |name: &str| if micro_batches == 1 { label(name) } else { label(&format!("micro-batch {} {name}", micro + 1)) };
-            match &mut wrapper {
-                Wrapper::Ddp(ddp) => ddp.before_forward()?,
-                Wrapper::Sharded(sharded) => sharded.begin_forward()?,
-                Wrapper::FullyShard(fully) => fully.begin_forward()?,
-                Wrapper::None => {}
-            }
+            wrapper.before_forward()?;
             let autocast = autocast_dtype.map(amp::autocast).transpose()?;
             // `logits = model(x)` rebinds only once the forward returns.
             let out = logits.insert(model.forward(&ids)?);
-            if let Wrapper::FullyShard(fully) = &wrapper {
-                fully.end_forward();
-            }
+            wrapper.after_forward();
             rec.step(phase("forward"));
             let mut new_loss = model.loss(out, &targets)?;
             if micro_batches > 1 {
@@ -717,12 +615,7 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
                 Some(scaler) => scaler.scale(loss)?.backward()?,
                 None => loss.backward()?,
             }
-            match &mut wrapper {
-                Wrapper::Ddp(ddp) => ddp.after_backward(),
-                Wrapper::Sharded(sharded) => sharded.finish_backward()?,
-                Wrapper::FullyShard(fully) => fully.finish_backward()?,
-                Wrapper::None => {}
-            }
+            wrapper.after_backward()?;
             rec.step(phase("backward"));
         }
         match &mut scaler {

@@ -12,11 +12,13 @@
 mod ddp;
 mod fully_shard;
 mod sharded;
+mod strategy;
 mod zero;
 
 pub use ddp::{DDP_BROADCAST_BUCKET_BYTES, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, Ddp, bucket_assignment};
 pub use fully_shard::{FullyShard, shard_sizes};
 pub use sharded::{Sharded, shard_numel};
+pub use strategy::{DataParallel, RankWrapper, Replica, Strategy, Unwrapped};
 pub use zero::partition_parameters;
 
 use crate::autograd;
@@ -27,41 +29,6 @@ use std::rc::Rc;
 pub const ALL_GATHER_STREAM: crate::alloc::Stream = 1;
 /// The stream reduce-scatters allocate on (FSDP's `reduce_scatter_stream`).
 pub const REDUCE_SCATTER_STREAM: crate::alloc::Stream = 2;
-
-/// How parameters, gradients and optimizer state are spread over the ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// Every rank holds everything; gradients are all-reduced in 25 MiB buckets.
-    Ddp,
-    /// DDP, with each parameter's optimizer state on one rank (`ZeroRedundancyOptimizer`).
-    Zero1,
-    /// Parameters replicated; gradients and optimizer state in flat shards, 1/world each.
-    Zero2,
-    /// Parameters, gradients and optimizer state in flat shards; a block's parameters gathered
-    /// while it runs (FULL_SHARD).
-    Fsdp,
-    /// FSDP within a node, replicated across nodes (HYBRID_SHARD).
-    Hsdp,
-}
-
-impl Strategy {
-    pub const NAMES: &'static [&'static str] = &["ddp", "zero1", "zero2", "fsdp", "hsdp"];
-
-    pub fn parse(name: &str) -> Option<Strategy> {
-        Some(match name {
-            "ddp" => Strategy::Ddp,
-            "zero1" => Strategy::Zero1,
-            "zero2" => Strategy::Zero2,
-            "fsdp" => Strategy::Fsdp,
-            "hsdp" => Strategy::Hsdp,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        Strategy::NAMES[self as usize]
-    }
-}
 
 /// How ddp and zero1 all-reduce the gradients (`ddp_reducer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +79,7 @@ pub struct Parallel {
 
 impl Parallel {
     pub fn single() -> Parallel {
-        Parallel { world: 1, tp: 1, strategy: Strategy::Ddp, node: 8, reshard_after_forward: true, fsdp_version: 1, ddp_reducer: DdpReducer::Buckets }
+        Parallel { world: 1, tp: 1, strategy: Strategy::DDP, node: 8, reshard_after_forward: true, fsdp_version: 1, ddp_reducer: DdpReducer::Buckets }
     }
 
     /// The data-parallel ranks: model replicas.
@@ -132,15 +99,12 @@ impl Parallel {
 
     /// The replicas one shard is split over: all of them, or a node's under `hsdp`.
     pub fn shard_world(&self) -> usize {
-        match self.strategy {
-            Strategy::Hsdp => (self.node / self.tp).clamp(1, self.dp()),
-            _ => self.dp(),
-        }
+        self.strategy.shard_world(self)
     }
 
     /// Whether parameters live in shards between uses (FSDP, HSDP).
     pub fn shards_parameters(&self) -> bool {
-        matches!(self.strategy, Strategy::Fsdp | Strategy::Hsdp)
+        self.strategy.shards_parameters()
     }
 }
 
@@ -198,20 +162,11 @@ pub fn check(parallel: &Parallel) -> std::result::Result<(), String> {
     if parallel.tp == 0 || !parallel.world.is_multiple_of(parallel.tp) {
         return Err(format!("tp={} must divide world={}: the ranks are world / tp replicas of tp ranks each", parallel.tp, parallel.world));
     }
-    if parallel.dp() == 1 && parallel.strategy != Strategy::Ddp {
+    if parallel.dp() == 1 && parallel.strategy.needs_replicas() {
         let ranks = if parallel.tp > 1 { format!("world={} with tp={} is one replica", parallel.world, parallel.tp) } else { "world=1 is one GPU".into() };
         return Err(format!("strategy={} shards over several data-parallel ranks: set world ({ranks})", parallel.strategy.name()));
     }
-    if parallel.strategy == Strategy::Hsdp && (parallel.node < parallel.tp || !parallel.node.is_multiple_of(parallel.tp)) {
-        return Err(format!("hsdp shards within a node: node={} must be a multiple of tp={} (a node holds whole replicas)", parallel.node, parallel.tp));
-    }
-    if parallel.strategy == Strategy::Hsdp && !parallel.dp().is_multiple_of(parallel.shard_world()) {
-        return Err(format!(
-            "hsdp shards within a node of {} GPUs: world={} is not a whole number of nodes (set world to a multiple of {}, or node to a divisor of {})",
-            parallel.node, parallel.world, parallel.node, parallel.world
-        ));
-    }
-    Ok(())
+    parallel.strategy.check(parallel)
 }
 
 /// A refusal for the GPU device: ranks are simulated.
