@@ -10,6 +10,34 @@ use crate::trace::{self, Snapshot};
 use std::collections::BTreeMap;
 use wasm_bindgen::prelude::*;
 
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = console, js_name = error)]
+    fn console_error(message: &str);
+}
+
+thread_local! {
+    /// The last panic's message and place, for the worker to show instead of `unreachable`.
+    static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs when the module is instantiated: a panic is logged and kept with where it happened (the
+/// page's wasm has no function names, so this is what a report can quote).
+#[wasm_bindgen(start)]
+fn start() {
+    std::panic::set_hook(Box::new(|info| {
+        let message = info.to_string();
+        console_error(&message);
+        LAST_PANIC.with(|last| *last.borrow_mut() = Some(message));
+    }));
+}
+
+/// The message of the panic that stopped the last call, once (None if none did).
+#[wasm_bindgen]
+pub fn take_panic() -> Option<String> {
+    LAST_PANIC.with(|last| last.borrow_mut().take())
+}
+
 fn js_error(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
 }

@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, diagnose, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { Predictor, TraceLoader, fit_table, parse_size, run_scenario, scenarios_json } from './pkg/tensormem.js';
+import init, { Predictor, TraceLoader, fit_table, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
@@ -450,6 +450,9 @@ onmessage = async (event) => {
     // Work the answer does not wait for (see timeline()).
     if (out && out.after) out.after();
   } catch (e) {
-    postMessage({ id, error: String(e && e.message ? e.message : e) });
+    // A panic reaches JavaScript as `unreachable`: say what Rust said, and where.
+    const panic = e instanceof WebAssembly.RuntimeError ? take_panic() : undefined;
+    const message = panic ? `tensormem crashed (a bug: please report it): ${panic}` : String(e && e.message ? e.message : e);
+    postMessage({ id, error: message });
   }
 };
