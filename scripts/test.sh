@@ -109,9 +109,10 @@ native() {
 export -f checks native
 
 # Lint first: a format or clippy error fails the run before an hour of tests.
-suite checks 1200 bash -c checks
+suite checks 600 bash -c checks
 [ -z "$failed_suites" ] || finish
 suite native 1500 bash -c native
-suite browser 1200 bash scripts/test-web.sh
+suite python 900 bash scripts/test-python.sh
+suite browser 900 bash scripts/test-web.sh
 suite page 1200 bash scripts/test-e2e.sh
 finish

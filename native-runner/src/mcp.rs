@@ -553,19 +553,15 @@ fn tools() -> Vec<Value> {
 /// `tools/call`: the tool's output lines, or its failure as a result with `isError`.
 fn call(params: &Value) -> Result<Value, (i64, String)> {
     let name = params.get("name").and_then(Value::as_str).ok_or((INVALID_PARAMS, "tools/call needs a tool name".to_string()))?;
-    let tools = tools();
-    let tool = tools.iter().find(|t| t["name"] == name).ok_or_else(|| (INVALID_PARAMS, format!("unknown tool: {name}")))?;
+    if !tools().iter().any(|t| t["name"] == name) {
+        return Err((INVALID_PARAMS, format!("unknown tool: {name}")));
+    }
     let args = match params.get("arguments") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(args)) => args.clone(),
         Some(_) => return Err((INVALID_PARAMS, "tools/call arguments must be an object".into())),
     };
-    let mut lines = Vec::new();
-    let args = Args(args);
-    let outcome = args.check(&tool["inputSchema"]).and_then(|()| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_tool(name, &args, &mut lines)))
-            .unwrap_or_else(|_| Err(Failure(format!("tensormem failed inside the {name} tool (a bug: please report it)"), 1)))
-    });
+    let (lines, outcome) = run_checked(name, args, None);
     let mut content = Vec::new();
     if !lines.is_empty() {
         content.push(json!({ "type": "text", "text": lines.join("\n") }));
@@ -574,6 +570,48 @@ fn call(params: &Value) -> Result<Value, (i64, String)> {
         content.push(json!({ "type": "text", "text": format!("error: {message}") }));
     }
     Ok(json!({ "content": content, "isError": outcome.is_err() }))
+}
+
+/// A tool's output lines (what the subcommand's `--json` prints), for callers in this process
+/// (the Python API): its arguments an object as `tools/call` takes them; `snapshot`, a
+/// snapshot's bytes read in place of a `file`.
+pub(crate) fn call_tool(name: &str, arguments: Value, snapshot: Option<&[u8]>) -> Result<Vec<String>, Failure> {
+    if !tools().iter().any(|t| t["name"] == name) {
+        let names: Vec<String> = tools().iter().filter_map(|t| t["name"].as_str().map(String::from)).collect();
+        return Err(Failure(format!("unknown tool: {name} (one of {})", names.join(", ")), 2));
+    }
+    let args = match arguments {
+        Value::Null => Map::new(),
+        Value::Object(args) => args,
+        other => return Err(Failure(format!("a tool's arguments are an object, got {other}"), 2)),
+    };
+    let (lines, outcome) = run_checked(name, args, snapshot);
+    outcome.map(|()| lines)
+}
+
+/// Checks the arguments against the tool's schema and runs it; a panic becomes a failure.
+fn run_checked(name: &str, mut args: Map<String, Value>, snapshot: Option<&[u8]>) -> (Vec<String>, Result<(), Failure>) {
+    let tools = tools();
+    let tool = tools.iter().find(|t| t["name"] == name).expect("the callers checked the name");
+    let mut lines = Vec::new();
+    let given = match snapshot {
+        None => None,
+        Some(_) if args.contains_key("file") => return (lines, Err(Failure("give a snapshot or a file, not both".into(), 2))),
+        Some(bytes) => match tensormem::trace::load(bytes) {
+            Ok(snapshot) => {
+                args.insert("file".into(), Value::String(crate::GIVEN_FILE.into()));
+                Some(snapshot)
+            }
+            Err(e) => return (lines, Err(Failure(format!("{}: {e}", crate::GIVEN_FILE), 1))),
+        },
+    };
+    let _given = crate::GivenSnapshot::hold(given);
+    let args = Args(args);
+    let outcome = args.check(&tool["inputSchema"]).and_then(|()| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_tool(name, &args, &mut lines)))
+            .unwrap_or_else(|_| Err(Failure(format!("tensormem failed inside the {name} tool (a bug: please report it)"), 1)))
+    });
+    (lines, outcome)
 }
 
 /// Runs one tool; its output lines are what the subcommand's `--json` prints.

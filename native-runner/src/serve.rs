@@ -169,17 +169,26 @@ pub fn run(file: Option<&Path>, host: &str, port: u16, root: Option<&Path>) -> R
     Ok(())
 }
 
-/// The canonical web root: `--root`, else `www` in the current directory, else the workspace's
-/// `www` next to this package. It must hold an index.html.
+/// The page's files shipped with the Python package, when this runs from it.
+static PACKAGED_ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Serves the page from `root` when no `--root` is given (the Python package's copy).
+pub fn set_packaged_root(root: PathBuf) {
+    let _ = PACKAGED_ROOT.set(root);
+}
+
+/// The canonical web root: `--root`, else the packaged page (Python), else `www` in the current
+/// directory, else the workspace's `www` next to this package. It must hold an index.html.
 fn find_root(root: Option<&Path>) -> Result<PathBuf, String> {
     let chosen = match root {
         Some(r) => r.to_path_buf(),
         None => {
-            let candidates = [PathBuf::from("www"), Path::new(env!("CARGO_MANIFEST_DIR")).join("../www")];
+            let packaged = PACKAGED_ROOT.get().cloned();
+            let candidates: Vec<PathBuf> = packaged.into_iter().chain([PathBuf::from("www"), Path::new(env!("CARGO_MANIFEST_DIR")).join("../www")]).collect();
             // The first with a page, else the first that exists (for the error message).
             let with_page = candidates.iter().find(|c| c.join("index.html").is_file());
             let existing = candidates.iter().find(|c| c.is_dir());
-            with_page.or(existing).unwrap_or(&candidates[1]).clone()
+            with_page.or(existing).unwrap_or(&candidates[candidates.len() - 1]).clone()
         }
     };
     let build_hint = "build the page first with `bash scripts/run.sh` (or pass --root DIR)";

@@ -1,0 +1,74 @@
+"""The page from Python: ``serve`` starts ``tensormem serve`` in the background on a snapshot,
+``show`` displays it (in a notebook's output cell, else in the browser)."""
+
+import atexit
+import os
+import subprocess
+import sys
+import tempfile
+import webbrowser
+from pathlib import Path
+
+_servers = []
+
+
+def page_folder():
+    """The page's files shipped in the wheel, or None (a source install without the page)."""
+    folder = Path(__file__).parent / "www"
+    return folder if (folder / "index.html").is_file() else None
+
+
+def _snapshot_file(snapshot):
+    """A path to serve: the given one, or the bytes / dict written whole to a temporary file."""
+    if snapshot is None or isinstance(snapshot, (str, os.PathLike)):
+        return snapshot
+    from . import _snapshot
+
+    _, data = _snapshot(snapshot)
+    # JSON or pickle: the page reads either; the name says which for a person who downloads it.
+    suffix = ".pickle" if data[:1] == b"\x80" else ".json"
+    fd, path = tempfile.mkstemp(prefix="tensormem-snapshot-", suffix=suffix)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    atexit.register(lambda: os.path.exists(path) and os.remove(path))
+    return path
+
+
+def serve(snapshot=None, *, port=0, host="127.0.0.1"):
+    """Serves the page (on ``snapshot`` if given) in the background; returns its URL. The server
+    stops when this Python process ends."""
+    path = _snapshot_file(snapshot)
+    args = [sys.executable, "-m", "tensormem", "serve", "--port", str(port), "--host", host]
+    if path is not None:
+        args.append(os.fspath(path))
+    server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = server.stdout.readline()
+    if not line.startswith("tensormem: serving "):
+        server.wait(timeout=10)
+        raise _error(server.stderr.read().strip() or line.strip() or "tensormem serve stopped")
+    _servers.append(server)
+    atexit.register(server.terminate)
+    return line[len("tensormem: serving "):].strip()
+
+
+def _error(message):
+    from ._tensormem import TensormemError
+
+    return TensormemError(message.removeprefix("error: "))
+
+
+def show(snapshot=None, *, height=720):
+    """Shows the page on ``snapshot``: in a notebook's output cell, else in the browser.
+    Returns the URL."""
+    url = serve(snapshot)
+    try:
+        from IPython import get_ipython
+        from IPython.display import IFrame, display
+
+        if get_ipython() is not None:
+            display(IFrame(url, width="100%", height=height))
+            return url
+    except ImportError:
+        pass
+    webbrowser.open(url)
+    return url

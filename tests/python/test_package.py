@@ -1,0 +1,223 @@
+"""The Python package as a user gets it: the wheel installed in a fresh virtual environment
+(scripts/test-python.sh builds it once). Its command line must answer as the cargo-built one,
+and its API give the same answers from a path, bytes and the unpickled snapshot dict.
+
+Environment: TENSORMEM_CLI (the cargo-built CLI), TENSORMEM_FIXTURES (PyTorch snapshots);
+run with this venv's python: `python tests/python/test_package.py`.
+"""
+
+import io
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import urllib.request
+from contextlib import redirect_stderr
+from pathlib import Path
+
+import tensormem
+
+FIXTURES = Path(os.environ.get("TENSORMEM_FIXTURES", Path(__file__).resolve().parents[3] / "shared/fixtures/pytorch-snapshots"))
+RECORDINGS = FIXTURES.parent / "predict-inputs"
+CARGO_CLI = os.environ.get("TENSORMEM_CLI", str(Path(__file__).resolve().parents[2] / "target/release/tensormem"))
+# The wheel's command, next to this interpreter in the virtual environment.
+WHEEL_CLI = shutil.which("tensormem", path=str(Path(sys.executable).parent))
+
+
+def snapshots():
+    if not FIXTURES.is_dir():
+        if os.environ.get("CI") == "true":
+            raise AssertionError(f"fixture folder {FIXTURES} is missing")
+        return []
+    return sorted(p for p in FIXTURES.iterdir() if p.suffix == ".pickle")
+
+
+def output(command, *args):
+    done = subprocess.run([command, *args], capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout, done.stderr
+
+
+def lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class CommandLine(unittest.TestCase):
+    def test_the_wheel_installs_the_command(self):
+        self.assertIsNotNone(WHEEL_CLI, "pip install put no tensormem command beside python")
+
+    def test_doctor_json_equals_the_cargo_built_cli_on_every_fixture(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        for path in files:
+            with self.subTest(path.name):
+                ours = output(WHEEL_CLI, "doctor", str(path), "--json")
+                cargo = output(CARGO_CLI, "doctor", str(path), "--json")
+                self.assertEqual(ours[0], 0, ours[2])
+                self.assertEqual(ours, cargo)
+
+    def test_summary_replay_and_errors_equal_the_cargo_built_cli(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        for args in (["summary", str(files[0]), "--json"], ["replay", str(files[0]), "--json", "--alloc-conf", "expandable_segments:True"],
+                     ["doctor", "/no/such/file.pickle"], ["run", "no-such-scenario"], ["no-such-command"]):
+            with self.subTest(" ".join(args)):
+                self.assertEqual(output(WHEEL_CLI, *args), output(CARGO_CLI, *args))
+
+    def test_python_dash_m_is_the_same_command(self):
+        code, out, _ = output(sys.executable, "-m", "tensormem", "--version")
+        self.assertEqual((code, out), (0, f"tensormem {tensormem.__version__}\n"))
+
+
+class Api(unittest.TestCase):
+    def test_the_same_findings_from_a_path_bytes_and_the_unpickled_dict(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        for path in files[:3]:
+            with self.subTest(path.name):
+                cli = lines(output(CARGO_CLI, "doctor", str(path), "--json")[1])[0]
+                self.assertEqual(tensormem.doctor(path), cli)
+                self.assertEqual(tensormem.doctor(str(path)), cli)
+                self.assertEqual(tensormem.doctor(path.read_bytes()), cli)
+                with open(path, "rb") as f:
+                    as_dict = pickle.load(f)  # a PyTorch snapshot is plain dicts and lists
+                self.assertEqual(tensormem.doctor(as_dict), cli)
+                self.assertIsInstance(tensormem.doctor(as_dict), tensormem.Diagnosis)
+
+    def test_summary_and_replay_per_device_as_the_cli(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        path = str(files[0])
+        self.assertEqual(tensormem.summary(path), lines(output(CARGO_CLI, "summary", path, "--json")[1]))
+        replayed = tensormem.replay(path, alloc_conf="expandable_segments:True", capacity="24GiB")
+        cli = lines(output(CARGO_CLI, "replay", path, "--json", "--alloc-conf", "expandable_segments:True", "--capacity", "24GiB")[1])
+        self.assertEqual(replayed, cli)
+        self.assertIn("device=", repr(replayed))
+
+    def test_run_fit_scenarios_and_predict_as_the_cli(self):
+        self.assertEqual(tensormem.run("seed-basics"), lines(output(CARGO_CLI, "run", "seed-basics", "--json")[1])[0])
+        settings = {"batch": 4, "context": 128}
+        set_args = ["--set", "batch=4", "--set", "context=128"]
+        self.assertEqual(tensormem.run("lm-train", settings=settings), lines(output(CARGO_CLI, "run", "lm-train", *set_args, "--json")[1])[0])
+        self.assertEqual(tensormem.scenarios(), lines(output(CARGO_CLI, "scenarios", "--json")[1])[0])
+        fit = tensormem.fit("lm-train", strategies=["ddp"], cards=["H100-80GB"])
+        self.assertEqual(fit, lines(output(CARGO_CLI, "fit", "lm-train", "--strategies", "ddp", "--cards", "H100-80GB", "--json")[1])[0])
+        small, big = RECORDINGS / "gpt2-train-ctx256.pickle", RECORDINGS / "gpt2-train-ctx512.pickle"
+        if not small.is_file():
+            self.skipTest(f"no recordings in {RECORDINGS}")
+        predicted = tensormem.predict({small: {"context": 256}, big: "context=512"}, to={"context": 1024})
+        cli = lines(output(CARGO_CLI, "predict", f"{small}@context=256", f"{big}@context=512", "--to", "context=1024", "--json")[1])[0]
+        self.assertEqual(predicted, cli)
+
+    def test_errors_are_python_exceptions_with_the_cli_message(self):
+        _, _, stderr = output(CARGO_CLI, "doctor", "/no/such/file.pickle")
+        with self.assertRaises(tensormem.TensormemError) as caught:
+            tensormem.doctor("/no/such/file.pickle")
+        self.assertEqual(f"error: {caught.exception}\n", stderr)
+        with self.assertRaises(tensormem.UsageError) as caught:
+            tensormem.run("no-such-scenario")
+        self.assertIn("known: ", str(caught.exception))
+        with self.assertRaises(tensormem.TensormemError) as caught:
+            tensormem.doctor(b"not a snapshot")
+        self.assertIn("<snapshot>", str(caught.exception))
+        with self.assertRaises(TypeError):
+            tensormem.doctor(12)
+        with self.assertRaises(TypeError):
+            tensormem.doctor({"segments": [object()]})
+        with self.assertRaises(tensormem.UsageError):
+            tensormem.doctor()
+
+    def test_a_diagnosis_prints_its_findings_and_a_table_in_a_notebook(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        diagnosis = tensormem.doctor(files[0])
+        text, html = repr(diagnosis), diagnosis._repr_html_()
+        for finding in diagnosis.findings:
+            self.assertIn(f"[{finding['kind']}] {finding['title']}", text)
+        self.assertEqual(html.count("<tr>"), len(diagnosis.findings) + 1)
+
+
+class Page(unittest.TestCase):
+    def test_serve_from_the_wheel_serves_the_page_and_the_snapshot(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        for given in (files[0], files[0].read_bytes()):
+            url = tensormem.serve(given)
+            base, _, query = url.partition("?")
+            self.assertTrue(query.startswith("file=/snapshot/"), url)
+            with urllib.request.urlopen(base, timeout=30) as page:
+                self.assertIn(b"<html", page.read().lower())
+            with urllib.request.urlopen(base + "pkg/tensormem_bg.wasm", timeout=30) as wasm:
+                self.assertEqual(wasm.read(4), b"\0asm")
+            with urllib.request.urlopen(base + query[len("file=/"):], timeout=30) as snapshot:
+                self.assertEqual(snapshot.read(), files[0].read_bytes())
+
+
+class Watch(unittest.TestCase):
+    """Without CUDA (no GPU here): watch() says so and runs the block unchanged."""
+
+    def test_without_cuda_the_block_runs_and_its_exception_is_untouched(self):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                self.skipTest("a CUDA device is present: the recording path runs instead")
+        except ImportError:
+            pass
+        said = io.StringIO()
+        with redirect_stderr(said), tensormem.watch():
+            ran = sum(range(10))
+        self.assertEqual(ran, 45)
+        self.assertIn("watch() needs PyTorch with CUDA", said.getvalue())
+
+        mine = KeyError("the script's own")
+
+        @tensormem.watch()
+        def script():
+            raise mine
+
+        with redirect_stderr(io.StringIO()), self.assertRaises(KeyError) as caught:
+            script()
+        self.assertIs(caught.exception, mine)
+
+    def test_the_snapshot_is_written_whole_and_an_existing_file_replaced_only_at_the_end(self):
+        from tensormem._watch import _write_whole
+
+        folder = tempfile.mkdtemp()
+        path = os.path.join(folder, "snap.pickle")
+        _write_whole(path, {"segments": [], "device_traces": [[]]})
+        with open(path, "rb") as f:
+            self.assertEqual(pickle.load(f), {"segments": [], "device_traces": [[]]})
+        with self.assertRaises(TypeError):  # cannot pickle a generator: the write fails midway
+            _write_whole(path, {"segments": [(i for i in ())]})
+        with open(path, "rb") as f:  # the earlier file is whole, no temporary left beside it
+            self.assertEqual(pickle.load(f)["segments"], [])
+        self.assertEqual(os.listdir(folder), ["snap.pickle"])
+
+
+class CountingResult(unittest.TextTestResult):
+    """Prints `SKIPPED name: reason` for each skip, which scripts/test.sh counts apart."""
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        print(f"SKIPPED python_{test.id().split('.')[-1]}: {reason}", flush=True)
+
+
+if __name__ == "__main__":
+    if os.environ.get("CI") == "true":
+        snapshots()  # a missing fixture folder fails under CI
+    runner = unittest.TextTestRunner(verbosity=2, resultclass=CountingResult, stream=sys.stdout)
+    result = runner.run(unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__]))
+    failed = len(result.failures) + len(result.errors)
+    passed = result.testsRun - failed
+    print(f"test result: {'ok' if failed == 0 else 'FAILED'}. {passed} passed; {failed} failed (Python package)")
+    sys.exit(1 if failed else 0)
