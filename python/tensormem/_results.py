@@ -61,9 +61,13 @@ class Diagnosis(Result):
     def findings(self):
         return self.get("findings", [])
 
+    def _in_print_order(self):
+        """An out-of-memory first (what a person who hit one reads first), the rest as ranked."""
+        return sorted(self.findings, key=lambda f: f.get("kind") != "oom")
+
     def __repr__(self):
         lines = [f"<tensormem diagnosis: {len(self.findings)} findings>"]
-        for f in self.findings:
+        for f in self._in_print_order():
             lines.append(f"  [{f.get('kind')}] {f.get('title')}")
             if f.get("fix"):
                 lines.append(f"      fix: {f['fix']}")
@@ -77,7 +81,7 @@ class Diagnosis(Result):
                 html.escape(str(f.get("title", ""))),
                 html.escape(str(f.get("fix") or "")),
             )
-            for f in self.findings
+            for f in self._in_print_order()
         )
         head = "<tr><th>kind</th><th>bytes</th><th>finding</th><th>fix</th></tr>"
         return f"<table><caption>tensormem doctor</caption>{head}{rows}</table>"

@@ -76,7 +76,9 @@ class watch(contextlib.ContextDecorator):
         _write_whole(path, snapshot)
         if self._oom is not None:
             device, requested, _ = self._oom
-            _say(f"out of memory on cuda:{device} asking for {requested} bytes; the snapshot was taken at that moment")
+            from ._results import _size
+
+            _say(f"out of memory on cuda:{device} asking for {_size(requested)} ({requested} bytes); the snapshot was taken at that moment")
         if self.diagnose:
             from . import doctor
 

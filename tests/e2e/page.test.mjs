@@ -306,6 +306,37 @@ test('an exported snapshot reloads with the same peaks, as pickle and as JSON', 
   await page.close();
 });
 
+test('the Python wheel serves the page with a snapshot loaded (tensormem.serve, as tensormem.show does)', async () => {
+  // scripts/test-python.sh installs the wheel here (the python suite runs before this one).
+  const python = join(root, 'target/python-test-venv/bin/python');
+  if (!existsSync(python)) {
+    assert.notEqual(process.env.CI, 'true', `no wheel installed at ${python}: run scripts/test-python.sh first`);
+    console.log(`SKIPPED page_wheel_serve: no wheel installed at ${python} (scripts/test-python.sh installs it)`);
+    return;
+  }
+  const file = join(fixtures, 'gpt-medium-ctx128-training.pickle');
+  const script = 'import sys, time, tensormem; print(tensormem.serve(sys.argv[1]), flush=True); time.sleep(3600)';
+  // Its own process group: the server it starts goes with it.
+  const child = spawn(python, ['-c', script, file], { cwd: scratch, detached: true, stdio: ['ignore', 'pipe', 'inherit'] });
+  try {
+    child.stdout.setEncoding('utf8');
+    const url = await new Promise((ok, fail) => {
+      child.stdout.once('data', (line) => ok(line.trim()));
+      child.once('exit', (code) => fail(new Error(`python exited with ${code}`)));
+    });
+    assert.match(url, /^http:\/\/127\.0\.0\.1:\d+\/\?file=\/snapshot\/gpt-medium-ctx128-training\.pickle$/);
+    const page = await newPage();
+    await page.goto(url);
+    await painted(page);
+    assert.deepEqual(await peaks(page), { allocated: cliPeaks(file)[0].allocated, reserved: cliPeaks(file)[0].reserved });
+    await page.screenshot({ path: join(shots, 'wheel-serve.png') });
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  } finally {
+    process.kill(-child.pid, 'SIGTERM');
+  }
+});
+
 test('tensormem serve FILE opens the page with that snapshot loaded, and what-if replays it', async () => {
   const file = join(fixtures, 'gpt-medium-ctx128-training.pickle');
   const { child, url } = await serve([file]);

@@ -189,6 +189,62 @@ class Watch(unittest.TestCase):
             script()
         self.assertIs(caught.exception, mine)
 
+    def test_an_out_of_memory_is_diagnosed_from_the_snapshot_taken_when_it_happened(self):
+        """torch stood in for by a fake whose calls are those watch() makes, replaying a real
+        out-of-memory snapshot: the recording, the observer, the file, the diagnosis."""
+        recorded = FIXTURES / "expandable-3gpu-oom.pickle"
+        if not recorded.is_file():
+            self.skipTest(f"no {recorded}")
+        with open(recorded, "rb") as f:
+            at_the_failure = pickle.load(f)
+        calls = []
+
+        class OutOfMemoryError(RuntimeError):
+            pass
+
+        class Fake:
+            pass
+
+        torch = Fake()
+        torch.cuda = Fake()
+        torch.cuda.memory = Fake()
+        torch._C = Fake()
+        torch.cuda.is_available = lambda: True
+        torch.cuda.init = lambda: calls.append("init")
+        torch.cuda.memory._record_memory_history = lambda **kw: calls.append(("record", kw))
+        # After the exception the script's tensors are gone: the end-of-block snapshot is empty.
+        torch.cuda.memory._snapshot = lambda: at_the_failure if "oom" in calls else {"segments": [], "device_traces": []}
+        torch._C._cuda_attach_out_of_memory_observer = lambda observer: calls.append(("observer", observer))
+        folder = tempfile.mkdtemp()
+        path = os.path.join(folder, "oom.pickle")
+        said = io.StringIO()
+        failure = OutOfMemoryError("CUDA out of memory. Tried to allocate 4.94 GiB")
+        sys.modules["torch"] = torch
+        try:
+            with redirect_stderr(said), self.assertRaises(OutOfMemoryError) as caught, tensormem.watch(path, max_entries=1000):
+                observer = next(c[1] for c in calls if c[0] == "observer")
+                calls.append("oom")
+                observer(1, 5308694528, 0, 95682560)  # the allocator calls it inside the failing malloc
+                calls.remove("oom")
+                raise failure
+        finally:
+            del sys.modules["torch"]
+        self.assertIs(caught.exception, failure)
+        self.assertEqual(calls[:2], ["init", ("record", {"max_entries": 1000, "stacks": "python"})])
+        self.assertEqual(calls[-1], ("record", {"enabled": None}))
+        with open(path, "rb") as f:
+            self.assertEqual(pickle.load(f), at_the_failure)
+        self.assertEqual(os.listdir(folder), ["oom.pickle"])
+        text = said.getvalue()
+        self.assertIn("out of memory on cuda:1 asking for 4.94 GiB (5308694528 bytes)", text)
+        expected = tensormem.doctor(recorded)
+        oom = next(f for f in expected.findings if f["kind"] == "oom")
+        # The out-of-memory is the first finding printed, with its fix, then the file's place.
+        first = text.index("  [")
+        self.assertEqual(text[first:].split("\n")[0], f"  [oom] {oom['title']}")
+        self.assertIn(f"fix: {oom['fix']}", text)
+        self.assertIn(f"snapshot written to {path}", text)
+
     def test_the_snapshot_is_written_whole_and_an_existing_file_replaced_only_at_the_end(self):
         from tensormem._watch import _write_whole
 
