@@ -162,6 +162,32 @@ class Page(unittest.TestCase):
                 self.assertEqual(snapshot.read(), files[0].read_bytes())
 
 
+    def test_show_in_a_notebook_displays_the_page_in_the_output_cell(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        shown = []
+        ipython = type(sys)("IPython")
+        display = type(sys)("IPython.display")
+        ipython.get_ipython = lambda: object()  # a running kernel
+        display.IFrame = lambda url, width, height: ("IFrame", url, width, height)
+        display.display = shown.append
+        ipython.display = display
+        saved = {name: sys.modules.get(name) for name in ("IPython", "IPython.display")}
+        sys.modules.update({"IPython": ipython, "IPython.display": display})
+        try:
+            url = tensormem.show(files[0], height=500)
+        finally:
+            for name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
+        self.assertEqual(shown, [("IFrame", url, "100%", 500)])
+        with urllib.request.urlopen(url.partition("?")[0], timeout=30) as page:
+            self.assertEqual(page.status, 200)
+
+
 class Watch(unittest.TestCase):
     """Without CUDA (no GPU here): watch() says so and runs the block unchanged."""
 
