@@ -15,6 +15,7 @@ pub mod alloc;
 pub mod amp;
 pub mod autograd;
 pub mod bench;
+pub mod cards;
 mod clock;
 pub mod device;
 pub mod doctor;

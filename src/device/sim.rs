@@ -1,6 +1,7 @@
 //! The simulation device's settings: the card being simulated, its memory and its speed.
 
 use super::CudaCard;
+use crate::cards;
 
 /// A card's published peak speeds: the sim device's modelled clock charges each op by them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,8 +29,8 @@ impl Speed {
 /// that are no card.
 const H100: Speed = Speed { bandwidth: 3.35e12, f32_flops: 67e12, half_flops: 989.4e12 };
 
-/// Name, memory as `torch.cuda.get_device_properties().total_memory` reports it (a little under
-/// the marketing size: the driver keeps some), speed and multiprocessors. Sources: NVIDIA's
+/// Name and memory (`crate::cards`: as `torch.cuda.get_device_properties().total_memory`
+/// reports it), speed and multiprocessors. Sources: NVIDIA's
 /// datasheets (A100: SXM4 figures; L4's and H100's bf16 are the dense halves of their "with
 /// sparsity" figures), the Ada Lovelace whitepaper for the RTX 4090 (bf16 with f32
 /// accumulation), Apple's M2 announcement (100 GB/s, 3.6 TFLOP/s; no separate f16 figure is
@@ -39,29 +40,29 @@ const H100: Speed = Speed { bandwidth: 3.35e12, f32_flops: 67e12, half_flops: 98
 /// cuBLAS's workspaces). The M2 runs PyTorch's MPS backend, whose reductions allocate nothing
 /// of this kind; the browser budget models what a GPU device models.
 const CARDS: [(&str, u64, Speed, Option<CudaCard>); 8] = [
-    ("H100-80GB", 85_045_379_072, H100, Some(H100_CARD)),
-    ("A100-80GB", 85_051_572_224, Speed { bandwidth: 2.039e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
-    ("A100-40GB", 42_505_273_344, Speed { bandwidth: 1.555e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
+    (cards::H100_80GB.0, cards::H100_80GB.1, H100, Some(H100_CARD)),
+    (cards::A100_80GB.0, cards::A100_80GB.1, Speed { bandwidth: 2.039e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
+    (cards::A100_40GB.0, cards::A100_40GB.1, Speed { bandwidth: 1.555e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
     (
-        "RTX4090-24GB",
-        25_386_352_640,
+        cards::RTX4090_24GB.0,
+        cards::RTX4090_24GB.1,
         Speed { bandwidth: 1.008e12, f32_flops: 82.6e12, half_flops: 165.2e12 },
         Some(CudaCard { multiprocessors: Multiprocessors { count: 128, max_threads_each: 1536 }, capability: (8, 9) }),
     ),
     (
-        "L4-24GB",
-        23_580_639_232,
+        cards::L4_24GB.0,
+        cards::L4_24GB.1,
         Speed { bandwidth: 300e9, f32_flops: 30.3e12, half_flops: 121e12 },
         Some(CudaCard { multiprocessors: Multiprocessors { count: 58, max_threads_each: 1536 }, capability: (8, 9) }),
     ),
     (
-        "T4-16GB",
-        15_828_320_256,
+        cards::T4_16GB.0,
+        cards::T4_16GB.1,
         Speed { bandwidth: 320e9, f32_flops: 8.1e12, half_flops: 65e12 },
         Some(CudaCard { multiprocessors: Multiprocessors { count: 40, max_threads_each: 1024 }, capability: (7, 5) }),
     ),
-    ("M2-16GB-unified", 17_179_869_184, Speed { bandwidth: 100e9, f32_flops: 3.6e12, half_flops: 3.6e12 }, None),
-    ("browser-2GB", 2 << 30, H100, Some(H100_CARD)),
+    (cards::M2_16GB_UNIFIED.0, cards::M2_16GB_UNIFIED.1, Speed { bandwidth: 100e9, f32_flops: 3.6e12, half_flops: 3.6e12 }, None),
+    (cards::BROWSER_2GB.0, cards::BROWSER_2GB.1, H100, Some(H100_CARD)),
 ];
 
 const A100_CARD: CudaCard = CudaCard { multiprocessors: Multiprocessors { count: 108, max_threads_each: 2048 }, capability: (8, 0) };

@@ -12,7 +12,7 @@ use rustc_hash::FxHashSet;
 use serde::Serialize;
 
 /// The card assumed when no capacity is given: tensormem's `sim:H100-80GB` preset.
-const DEFAULT_CARD: (&str, u64) = ("H100-80GB", 85_045_379_072);
+const DEFAULT_CARD: (&str, u64) = crate::cards::H100_80GB;
 /// Iterations needed: the first (warm-up), two examined, and the last (against which they are
 /// examined).
 const MIN_ITERATIONS: usize = 4;

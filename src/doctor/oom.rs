@@ -188,9 +188,10 @@ impl Facts {
                 };
                 let expandable = if recorded_config.expandable_segments { " (expandable_segments is already on)" } else { "" };
                 format!(
-                    "Give PyTorch at least {} of device memory{expandable}{settings}{rest}, or lower what is live at the failure: \
+                    "Give PyTorch at least {} of device memory{expandable}{settings}{rest}{}, or lower what is live at the failure: \
                      a smaller batch, activation checkpointing, or freeing the largest group above before this point.",
-                    size(self.smallest)
+                    size(self.smallest),
+                    smallest_card(self.smallest)
                 )
             }
         };
@@ -239,6 +240,17 @@ impl Facts {
             setup.start_words()
         );
         Ok((Some(verified(how, &setup, p.device, before, after, own_trace)), None))
+    }
+}
+
+/// Which card holds `bytes` for PyTorch beside the CUDA context, as a clause of the fix.
+fn smallest_card(bytes: u64) -> String {
+    let context = super::outside::CONTEXT_TYPICAL;
+    match crate::cards::smallest_cuda_card(bytes, context) {
+        Some((name, total)) => {
+            format!("; the smallest card that holds it beside the CUDA context (~{}): {name} ({} as PyTorch reports it)", size(context), size(total))
+        }
+        None => format!("; no single NVIDIA card tensormem knows holds it beside the CUDA context (~{}): shard it over several", size(context)),
     }
 }
 

@@ -32,7 +32,7 @@ const MIB: u64 = 1 << 20;
 /// the finding adds (its middle).
 const CONTEXT_LOW: u64 = 300 * MIB;
 const CONTEXT_HIGH: u64 = 600 * MIB;
-const CONTEXT_TYPICAL: u64 = 450 * MIB;
+pub(super) const CONTEXT_TYPICAL: u64 = 450 * MIB;
 /// NCCL's own buffers per card (NCCL_BUFFSIZE, 4 MiB by default, per channel and peer, and its
 /// kernels' context share): a typical range, not a measurement.
 const NCCL_LOW: u64 = 256 * MIB;

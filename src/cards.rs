@@ -1,0 +1,43 @@
+//! The cards tensormem knows by name, with their memory as PyTorch reports it
+//! (`torch.cuda.get_device_properties().total_memory`: a little under the marketing size, the
+//! driver keeps some). Plain data at the bottom of the layers: the sim device adds each card's
+//! speed and CUDA properties (`device::sim`), and the doctor names the smallest card that holds
+//! what a trace needs.
+
+pub const H100_80GB: (&str, u64) = ("H100-80GB", 85_045_379_072);
+pub const A100_80GB: (&str, u64) = ("A100-80GB", 85_051_572_224);
+pub const A100_40GB: (&str, u64) = ("A100-40GB", 42_505_273_344);
+pub const RTX4090_24GB: (&str, u64) = ("RTX4090-24GB", 25_386_352_640);
+pub const L4_24GB: (&str, u64) = ("L4-24GB", 23_580_639_232);
+pub const T4_16GB: (&str, u64) = ("T4-16GB", 15_828_320_256);
+/// Apple's M2 with 16 GB of unified memory (PyTorch's MPS backend).
+pub const M2_16GB_UNIFIED: (&str, u64) = ("M2-16GB-unified", 17_179_869_184);
+/// Not a card: what a browser tab may give WebGPU.
+pub const BROWSER_2GB: (&str, u64) = ("browser-2GB", 2 << 30);
+
+/// The NVIDIA cards, which run PyTorch's CUDA caching allocator.
+pub const CUDA_CARDS: [(&str, u64); 6] = [H100_80GB, A100_80GB, A100_40GB, RTX4090_24GB, L4_24GB, T4_16GB];
+
+/// The NVIDIA card with the least memory of which `bytes` fit in `total_memory` beside
+/// `outside` (the CUDA context and what else is not PyTorch's); None if none holds it.
+pub fn smallest_cuda_card(bytes: u64, outside: u64) -> Option<(&'static str, u64)> {
+    CUDA_CARDS.into_iter().filter(|&(_, total)| total.saturating_sub(outside) >= bytes).min_by_key(|&(_, total)| total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_smallest_card_that_holds_it_beside_the_context() {
+        let context = 450 << 20;
+        assert_eq!(smallest_cuda_card(1, context), Some(T4_16GB));
+        // 24 GiB does not fit an L4 (21.96 GiB as PyTorch reports it) but fits a 4090's 23.64.
+        assert_eq!(smallest_cuda_card(22 << 30, context), Some(RTX4090_24GB));
+        assert_eq!(smallest_cuda_card(RTX4090_24GB.1 - context, context), Some(RTX4090_24GB));
+        assert_eq!(smallest_cuda_card(RTX4090_24GB.1 - context + 1, context), Some(A100_40GB));
+        // Of the two 80 GB cards, the H100 reports a little less memory: it is the smaller.
+        assert_eq!(smallest_cuda_card(50 << 30, context), Some(H100_80GB));
+        assert_eq!(smallest_cuda_card(A100_80GB.1, context), None);
+    }
+}
