@@ -27,10 +27,13 @@ fn cli(py: Python<'_>, args: Vec<String>, page: Option<PathBuf>) -> PyResult<u8>
 #[pyo3(signature = (name, arguments, snapshot=None))]
 fn tool(py: Python<'_>, name: &str, arguments: &str, snapshot: Option<&[u8]>) -> PyResult<Vec<String>> {
     let arguments: serde_json::Value = serde_json::from_str(arguments).map_err(|e| UsageError::new_err(format!("the arguments are not JSON: {e}")))?;
-    py.detach(|| native_runner::call_tool(name, arguments, snapshot)).map_err(|(message, code)| match code {
-        2 => UsageError::new_err(message),
-        _ => TensormemError::new_err(message),
-    })
+    let answer = py.detach(|| catch_unwind(AssertUnwindSafe(|| native_runner::call_tool(name, arguments, snapshot))));
+    match answer {
+        Ok(Ok(lines)) => Ok(lines),
+        Ok(Err((message, 2))) => Err(UsageError::new_err(message)),
+        Ok(Err((message, _))) => Err(TensormemError::new_err(message)),
+        Err(_) => Err(TensormemError::new_err(format!("tensormem failed inside {name} (a bug: please report it)"))),
+    }
 }
 
 #[pymodule]
