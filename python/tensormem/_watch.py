@@ -79,9 +79,15 @@ class watch(contextlib.ContextDecorator):
             from ._results import _size
 
             _say(f"out of memory on cuda:{device} asking for {_size(requested)} ({requested} bytes); the snapshot was taken at that moment")
-        if self.diagnose:
-            from . import doctor
+        from . import doctor, summary
+        from ._results import _size
 
+        for device in summary(path, device=self.device):
+            _say(
+                f"cuda:{device['device']} peaked at {_size(device['trace_peak_allocated_bytes'])} allocated, "
+                f"{_size(device['trace_peak_reserved_bytes'])} reserved (torch.cuda.max_memory_reserved)"
+            )
+        if self.diagnose:
             print(doctor(path, device=self.device), file=sys.stderr, flush=True)
         _say(f"snapshot written to {path} (open it with `tensormem serve {path}`)")
         if self.open:

@@ -271,6 +271,45 @@ class Watch(unittest.TestCase):
         self.assertIn(f"fix: {oom['fix']}", text)
         self.assertIn(f"snapshot written to {path}", text)
 
+    def test_a_block_that_ends_normally_prints_its_peak_and_writes_its_snapshot(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        with open(files[0], "rb") as f:
+            at_the_end = pickle.load(f)
+
+        class Fake:
+            pass
+
+        torch = Fake()
+        torch.cuda, torch._C = Fake(), Fake()
+        torch.cuda.memory = Fake()
+        torch.cuda.is_available = lambda: True
+        torch.cuda.init = lambda: None
+        torch.cuda.memory._record_memory_history = lambda **kw: None
+        torch.cuda.memory._snapshot = lambda: at_the_end
+        torch._C._cuda_attach_out_of_memory_observer = lambda observer: None
+        path = os.path.join(tempfile.mkdtemp(), "end.pickle")
+        said = io.StringIO()
+        sys.modules["torch"] = torch
+        try:
+            with redirect_stderr(said), tensormem.watch(path, diagnose=False):
+                pass
+        finally:
+            del sys.modules["torch"]
+        with open(path, "rb") as f:
+            self.assertEqual(pickle.load(f), at_the_end)
+        lines = said.getvalue().splitlines()
+        devices = tensormem.summary(files[0])
+        peaks = [line for line in lines if " peaked at " in line]
+        self.assertEqual(len(peaks), len(devices))
+        for line, device in zip(peaks, devices):
+            self.assertTrue(line.startswith(f"tensormem: cuda:{device['device']} peaked at "), line)
+        from tensormem._results import _size
+
+        self.assertIn(f"{_size(devices[0]['trace_peak_allocated_bytes'])} allocated", peaks[0])
+        self.assertEqual(lines[-1], f"tensormem: snapshot written to {path} (open it with `tensormem serve {path}`)")
+
     def test_the_snapshot_is_written_whole_and_an_existing_file_replaced_only_at_the_end(self):
         from tensormem._watch import _write_whole
 
