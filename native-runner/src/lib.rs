@@ -605,7 +605,8 @@ fn refuse_overwriting_input(out: Option<&Path>, input: &Path) -> Result<(), Fail
 }
 
 thread_local! {
-    /// A snapshot given as bytes to `call_tool`: read in place of the file `file` names.
+    /// A snapshot given as bytes to `call_tool`: read (taken, not copied: a tool loads its file
+    /// once) in place of the file `file` names.
     static GIVEN_SNAPSHOT: std::cell::RefCell<Option<Snapshot>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -630,7 +631,7 @@ impl Drop for GivenSnapshot {
 
 fn load(path: &Path) -> Result<Snapshot, Failure> {
     if path == Path::new(GIVEN_FILE)
-        && let Some(snapshot) = GIVEN_SNAPSHOT.with(|given| given.borrow().clone())
+        && let Some(snapshot) = GIVEN_SNAPSHOT.with(|given| given.borrow_mut().take())
     {
         return Ok(snapshot);
     }

@@ -553,15 +553,14 @@ fn tools() -> Vec<Value> {
 /// `tools/call`: the tool's output lines, or its failure as a result with `isError`.
 fn call(params: &Value) -> Result<Value, (i64, String)> {
     let name = params.get("name").and_then(Value::as_str).ok_or((INVALID_PARAMS, "tools/call needs a tool name".to_string()))?;
-    if !tools().iter().any(|t| t["name"] == name) {
-        return Err((INVALID_PARAMS, format!("unknown tool: {name}")));
-    }
+    let tools = tools();
+    let tool = tools.iter().find(|t| t["name"] == name).ok_or_else(|| (INVALID_PARAMS, format!("unknown tool: {name}")))?;
     let args = match params.get("arguments") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(args)) => args.clone(),
         Some(_) => return Err((INVALID_PARAMS, "tools/call arguments must be an object".into())),
     };
-    let (lines, outcome) = run_checked(name, args, None);
+    let (lines, outcome) = run_checked(tool, args, None);
     let mut content = Vec::new();
     if !lines.is_empty() {
         content.push(json!({ "type": "text", "text": lines.join("\n") }));
@@ -576,23 +575,23 @@ fn call(params: &Value) -> Result<Value, (i64, String)> {
 /// (the Python API): its arguments an object as `tools/call` takes them; `snapshot`, a
 /// snapshot's bytes read in place of a `file`.
 pub(crate) fn call_tool(name: &str, arguments: Value, snapshot: Option<&[u8]>) -> Result<Vec<String>, Failure> {
-    if !tools().iter().any(|t| t["name"] == name) {
-        let names: Vec<String> = tools().iter().filter_map(|t| t["name"].as_str().map(String::from)).collect();
+    let tools = tools();
+    let Some(tool) = tools.iter().find(|t| t["name"] == name) else {
+        let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
         return Err(Failure(format!("unknown tool: {name} (one of {})", names.join(", ")), 2));
-    }
+    };
     let args = match arguments {
         Value::Null => Map::new(),
         Value::Object(args) => args,
         other => return Err(Failure(format!("a tool's arguments are an object, got {other}"), 2)),
     };
-    let (lines, outcome) = run_checked(name, args, snapshot);
+    let (lines, outcome) = run_checked(tool, args, snapshot);
     outcome.map(|()| lines)
 }
 
 /// Checks the arguments against the tool's schema and runs it; a panic becomes a failure.
-fn run_checked(name: &str, mut args: Map<String, Value>, snapshot: Option<&[u8]>) -> (Vec<String>, Result<(), Failure>) {
-    let tools = tools();
-    let tool = tools.iter().find(|t| t["name"] == name).expect("the callers checked the name");
+fn run_checked(tool: &Value, mut args: Map<String, Value>, snapshot: Option<&[u8]>) -> (Vec<String>, Result<(), Failure>) {
+    let name = tool["name"].as_str().expect("every tool has a name");
     let mut lines = Vec::new();
     let given = match snapshot {
         None => None,

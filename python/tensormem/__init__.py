@@ -43,9 +43,7 @@ def _snapshot(snapshot):
 def _dict_to_json(snapshot):
     """A snapshot dict as JSON bytes (the JSON snapshot format tensormem reads)."""
     def plain(value):
-        # Tuples and other sequences are lists; anything else is refused by name.
-        if isinstance(value, (list, tuple)):
-            return list(value)
+        # Called only for what JSON cannot hold (lists, tuples, dicts and scalars it writes).
         raise TypeError(f"a snapshot dict holds plain data (dicts, lists, str, int, float, bool, None); found {type(value).__name__}")
     return json.dumps(snapshot, default=plain, allow_nan=False).encode()
 

@@ -41,11 +41,14 @@ def serve(snapshot=None, *, port=0, host="127.0.0.1"):
     args = [sys.executable, "-m", "tensormem", "serve", "--port", str(port), "--host", host]
     if path is not None:
         args.append(os.fspath(path))
-    server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The server's messages go to a file: a pipe nobody reads would stop it once full.
+    log = tempfile.TemporaryFile(mode="w+")
+    server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
     line = server.stdout.readline()
     if not line.startswith("tensormem: serving "):
         server.wait(timeout=10)
-        raise _error(server.stderr.read().strip() or line.strip() or "tensormem serve stopped")
+        log.seek(0)
+        raise _error(log.read().strip() or line.strip() or "tensormem serve stopped")
     _servers.append(server)
     atexit.register(server.terminate)
     return line[len("tensormem: serving "):].strip()

@@ -81,7 +81,7 @@ fn step_parameters(batch: &'static str, context: &'static str, optimizer: &'stat
         ),
         Parameter::flag("master_weights", "false", MASTER_WEIGHTS_HELP),
         Parameter::integer("world", "1", 1, 65_536, "GPUs training together (world / tp data-parallel replicas of tp ranks each), each rank simulated"),
-        Parameter::choice("strategy", "ddp", Strategy::names(), Strategy::help()),
+        Parameter::choice("strategy", "ddp", Strategy::names(), Strategy::parameter_help()),
         Parameter::choice("ddp_reducer", "buckets", DdpReducer::NAMES, DDP_REDUCER_HELP),
         Parameter::integer("tp", "1", 1, 1024, TP_HELP),
         Parameter::integer("node", "8", 1, 1024, "GPUs per node: hsdp shards within a node"),

@@ -64,8 +64,12 @@ pub trait DataParallel: Sync {
     fn check(&self, _parallel: &Parallel) -> std::result::Result<(), String> {
         Ok(())
     }
-    /// Ranks that allocate alike, each class in rank order.
-    fn rank_classes(&self, parallel: &Parallel, _parameters: &[Tensor]) -> Vec<Vec<usize>> {
+    /// Ranks that allocate alike, each class in rank order: all of them, but where
+    /// `fully_shard` (fsdp_version=2) gives the last ranks fewer rows.
+    fn rank_classes(&self, parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
+        if self.shards_parameters() && parallel.fsdp_version == 2 {
+            return fully_shard_classes(parallel, parameters);
+        }
         vec![(0..parallel.world).collect()]
     }
     /// Wraps one rank's model: the wrapper, and the parameters the rank's optimizer steps.
@@ -109,7 +113,7 @@ impl Strategy {
     }
 
     /// The `strategy` parameter's help: each strategy with what it does.
-    pub fn help() -> &'static str {
+    pub fn parameter_help() -> &'static str {
         static HELP: LazyLock<String> = LazyLock::new(|| {
             let items: Vec<String> = STRATEGIES.iter().map(|s| format!("{} ({})", s.name(), s.help())).collect();
             let (last, rest) = items.split_last().expect("strategies");
@@ -230,12 +234,9 @@ fn wrap_sharded(device: &Device, model: &mut dyn Replica, parallel: &Parallel, r
     }
 }
 
-/// Under `fsdp_version=2`, `fully_shard`'s last ranks step fewer rows where dim 0 does not
-/// divide: ranks with the same local sizes allocate alike.
+/// `fully_shard`'s last ranks step fewer rows where dim 0 does not divide: ranks with the same
+/// local sizes allocate alike.
 fn fully_shard_classes(parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
-    if parallel.fsdp_version != 2 {
-        return vec![(0..parallel.world).collect()];
-    }
     let mut classes: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
     for rank in 0..parallel.world {
         let local: Vec<usize> = parameters.iter().map(|p| shard_sizes(p.shape(), parallel.shard_world(), parallel.shard_rank(rank)).1).collect();
@@ -268,9 +269,6 @@ impl DataParallel for Fsdp {
     }
     fn shards_parameters(&self) -> bool {
         true
-    }
-    fn rank_classes(&self, parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
-        fully_shard_classes(parallel, parameters)
     }
     fn wrap(&self, device: &Device, model: &mut dyn Replica, parallel: &Parallel, rank: usize) -> Result<(Box<dyn RankWrapper>, Vec<Tensor>)> {
         wrap_sharded(device, model, parallel, rank)
@@ -305,9 +303,6 @@ impl DataParallel for Hsdp {
             ));
         }
         Ok(())
-    }
-    fn rank_classes(&self, parallel: &Parallel, parameters: &[Tensor]) -> Vec<Vec<usize>> {
-        fully_shard_classes(parallel, parameters)
     }
     fn wrap(&self, device: &Device, model: &mut dyn Replica, parallel: &Parallel, rank: usize) -> Result<(Box<dyn RankWrapper>, Vec<Tensor>)> {
         wrap_sharded(device, model, parallel, rank)
