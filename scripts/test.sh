@@ -112,7 +112,7 @@ export -f checks native
 suite checks 600 bash -c checks
 [ -z "$failed_suites" ] || finish
 suite native 1500 bash -c native
-suite python 900 bash scripts/test-python.sh
+suite python 1200 bash scripts/test-python.sh
 suite browser 900 bash scripts/test-web.sh
-suite page 1200 bash scripts/test-e2e.sh
+suite page 900 bash scripts/test-e2e.sh
 finish
