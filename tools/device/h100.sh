@@ -11,7 +11,9 @@
 #      a missing adapter fails instead of skipping.
 #   c. `tensormem bench --json --sizes 1024,2048,4096` and tools/bench/torch_bench.py, and a
 #      table of the two (tools/bench/compare.py).
-#   d. the PyTorch twins against tensormem's simulation (tools/device/twins.py: run_all.py in
+#   d. tensormem.watch() from the wheel (.gl/wheel/, tools/device/watch_check.py): a script that
+#      runs out of memory, one that ends normally, one without CUDA.
+#   e. the PyTorch twins against tensormem's simulation (tools/device/twins.py: run_all.py in
 #      parallel shards, then the scenarios that need the card alone, until the deadline).
 #   Knobs (for trying it without a GPU too): H100_BUDGET, H100_SIZES, H100_SHARDS, H100_TWINS_SKIP
 #   (scenario names), H100_TWINS_ARGS (e.g. `--run-all-args --cpu-dry-run`), H100_TORCH_BENCH_ARGS
@@ -136,7 +138,11 @@ step tensormem_bench "$(limit 150 200)" .gl/bin/tensormem bench --json --sizes "
 step torch_bench "$(limit 90 170)" python3 tools/bench/torch_bench.py --sizes "$SIZES" ${H100_TORCH_BENCH_ARGS:-}
 python3 tools/bench/compare.py "$OUT/tensormem_bench.out" "$OUT/torch_bench.out" > "$OUT/bench_table.md" 2>&1
 
-# ---------------------------------------------------------------- d. twins
+# ---------------------------------------------------------------- d. watch() from the wheel
+step watch "$(limit 120 150)" python3 tools/device/watch_check.py --wheel '.gl/wheel/*.whl' --out "$OUT/watch"
+grep -E '^(PASS|FAIL|watch:)' "$OUT/watch.out" | sed 's/^/   /'
+
+# ---------------------------------------------------------------- e. twins
 TWINS_DIR=target/twins
 rm -rf "$TWINS_DIR"
 step twins "$(limit 400 8)" python3 tools/device/twins.py --tensormem .gl/bin/tensormem --deadline $((DEADLINE - 30)) \

@@ -4,7 +4,7 @@
     python3 tools/device/summary.py OUT
 
 Steps (exit, seconds), the adapter, the op suite's counts and failures, the bench table, and
-one line per twin run."""
+the watch() checks, one line per twin run."""
 
 import json
 import os
@@ -79,6 +79,13 @@ def bench(out):
             print(f"{name} failed: {err[-300:]}")
 
 
+def watch(out):
+    print("\n## tensormem.watch() from the wheel (tools/device/watch_check.py)")
+    text = read(out, "watch.out")
+    lines = [line for line in text.splitlines() if re.match(r"^(PASS|FAIL|watch:)", line)]
+    print("\n".join(lines) or "(no result) " + read(out, "watch.err").strip()[-400:])
+
+
 def twins(out):
     print("\n## twins: PyTorch on the card vs tensormem run --device sim:H100-80GB (MiB; diff = tm - torch)")
     try:
@@ -111,7 +118,7 @@ def twins(out):
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "/tmp/out")
     print("=" * 30 + " SUMMARY " + "=" * 30)
-    for part in (steps, adapter, gpu_ops, bench, twins):
+    for part in (steps, adapter, gpu_ops, bench, watch, twins):
         try:
             part(out)
         except Exception as e:  # a summary never fails the run
