@@ -108,7 +108,7 @@ fn a_recorded_oom_gives_its_request_and_the_smallest_capacity_that_fits() {
     assert!(!setup.replay(&with_request, 1).unwrap().out_of_memory);
     let below = setup.with_capacity(Some(smallest - CAPACITY_RESOLUTION)).replay(&with_request, 1).unwrap();
     assert!(below.out_of_memory);
-    assert_eq!(below.first_oom_event, Some(422), "the added request, right after the oom entry");
+    assert_eq!(below.first_oom_event, Some(421), "the added request, in the oom entry's place");
 
     // Expandable segments are already on: the fix verified is the capacity.
     let v = oom.verified.as_ref().unwrap();

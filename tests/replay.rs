@@ -92,6 +92,36 @@ fn a_smaller_card_runs_out_of_memory() {
 }
 
 #[test]
+fn a_recorded_out_of_memory_is_reproduced_at_the_card_pytorch_saw() {
+    // Device 1 of this run ran out at entry 421: 5,308,694,528 bytes asked, 95,682,560 free.
+    let replay_at = |capacity| {
+        let options = ReplayOptions { capacity, ..Default::default() };
+        let path = common::fixture("expandable-3gpu-oom.pickle")?;
+        Some(replay_device(&trace::load_file(&path).unwrap(), 1, &options, &mut |_, _| {}).unwrap())
+    };
+    let Some(unlimited) = replay_at(None) else { return };
+    let recorded = unlimited.recorded_oom.clone().expect("the oom entry is read");
+    let reserved = 84_202_749_952;
+    assert_eq!((recorded.event, recorded.request_bytes, recorded.device_free_bytes), (421, 5_308_694_528, Some(95_682_560)));
+    assert_eq!(recorded.reserved_bytes, reserved, "the replay agrees with PyTorch up to the failure");
+    assert_eq!(recorded.capacity_estimate_bytes, Some(reserved + 95_682_560));
+    // An unlimited card is not asked: the replay is the recording, decision for decision.
+    assert_faithful("expandable-3gpu-oom.pickle", &unlimited);
+
+    // At the card PyTorch saw, the request fails again, at the same entry, and nothing else differs.
+    let at_card = replay_at(recorded.capacity_estimate_bytes).unwrap();
+    assert_eq!((at_card.replayed.ooms, at_card.first_oom_event), (1, Some(421)));
+    assert_eq!(at_card.first_divergence, None);
+    assert!(at_card.final_state_match);
+    // 253 more 20 MiB pages than were mapped (the doctor's smallest capacity): the request fits,
+    // is freed at once, and the replay says where it parted from the recording.
+    let larger = replay_at(Some(reserved + 253 * (20 << 20))).unwrap();
+    assert_eq!((larger.replayed.ooms, larger.first_oom_event), (0, None));
+    let parted = larger.first_divergence.expect("fitting is a divergence");
+    assert_eq!(parted.event, 421);
+    assert!(parted.reason.contains("ran out of memory asking for 5308694528 bytes"), "{}", parted.reason);
+}
+#[test]
 fn expandable_segments_change_the_layout_of_a_classic_trace() {
     let options = ReplayOptions { config: Some(AllocatorConfig::parse("expandable_segments:True").unwrap()), ..Default::default() };
     let Some(results) = replay("finetune-legacy.pickle", &options) else { return };

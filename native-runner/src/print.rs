@@ -28,7 +28,7 @@ pub fn print_replay(r: &DeviceReplay) {
         ),
         ("peak reserved", format_size(r.recorded.peak_reserved_bytes), format_size(r.replayed.figures.peak_reserved_bytes)),
         ("peak allocated", format!("{} req.", format_size(r.recorded.peak_allocated_bytes)), format_size(r.replayed.figures.peak_allocated_bytes)),
-        ("out of memory", "-".into(), r.replayed.ooms.to_string()),
+        ("out of memory", r.recorded_oom.as_ref().map_or("-".into(), |o| format!("at event {}", o.event)), r.replayed.ooms.to_string()),
     ];
     for (label, a, b) in rows {
         println!("  {label:<28} {a:>16} {b:>16}");
@@ -41,6 +41,19 @@ pub fn print_replay(r: &DeviceReplay) {
     );
     if let Some(i) = r.first_oom_event {
         println!("  first out of memory: event {i}");
+    }
+    if let Some(o) = &r.recorded_oom {
+        let free = o.device_free_bytes.map(|f| format!(" with {} free", format_size(f))).unwrap_or_default();
+        print!("  PyTorch ran out of memory at event {} asking for {}{free}", o.event, format_size(o.request_bytes));
+        match (r.capacity, o.capacity_estimate_bytes) {
+            (Some(_), _) if r.first_oom_event == Some(o.event) => println!(": reproduced"),
+            (Some(_), _) => println!(": not reproduced at this capacity"),
+            (None, Some(estimate)) => println!(
+                "; the card is unlimited here: --capacity {estimate} (reserved then plus that free memory, {}) replays the failure",
+                format_size(estimate)
+            ),
+            (None, None) => println!("; the card is unlimited here: give --capacity to replay the failure"),
+        }
     }
     match &r.first_divergence {
         None => println!("  first divergence: none"),

@@ -87,9 +87,15 @@ class watch(contextlib.ContextDecorator):
                 f"cuda:{device['device']} peaked at {_size(device['trace_peak_allocated_bytes'])} allocated, "
                 f"{_size(device['trace_peak_reserved_bytes'])} reserved (torch.cuda.max_memory_reserved)"
             )
+        replay_command = ""
         if self.diagnose:
-            print(doctor(path, device=self.device), file=sys.stderr, flush=True)
-        _say(f"snapshot written to {path} (open it with `tensormem serve {path}`)")
+            diagnosis = doctor(path, device=self.device)
+            print(diagnosis, file=sys.stderr, flush=True)
+            for finding in diagnosis.findings:
+                capacity = finding.get("evidence", {}).get("capacity_bytes")
+                if finding.get("kind") == "oom" and capacity:
+                    replay_command = f"; `tensormem replay {path} --capacity {capacity}` replays the failure"
+        _say(f"snapshot written to {path} (open it with `tensormem serve {path}`{replay_command})")
         if self.open:
             from ._page import show
 

@@ -254,8 +254,8 @@ fn smallest_card(bytes: u64) -> String {
     }
 }
 
-/// The snapshot with the request that failed at trace entry `oom_index` made there, and freed
-/// right after (its lifetime is unknown), on that device: the trace as it would have run had the
+/// The snapshot with the request that failed at trace entry `oom_index` made there (in the
+/// entry's place), and freed right after (its lifetime is unknown), on that device: the trace as it would have run had the
 /// request fitted.
 pub fn with_failed_request(snapshot: &Snapshot, device: i64, oom_index: usize) -> Snapshot {
     let mut copy = snapshot.clone();
@@ -273,7 +273,8 @@ pub fn with_failed_request(snapshot: &Snapshot, device: i64, oom_index: usize) -
     let entry =
         |action| TraceEntry { action, addr, size: oom.size, stream: oom.stream, time_us: oom.time_us, frames: oom.frames.clone(), category: None, extra: None };
     let made = [entry(Action::Alloc), entry(Action::FreeRequested), entry(Action::FreeCompleted)];
-    trace.splice(oom_index + 1..oom_index + 1, made);
+    // In place of the oom entry, which a replay at a capacity would ask for a second time.
+    trace.splice(oom_index..oom_index + 1, made);
     copy
 }
 

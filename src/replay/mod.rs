@@ -109,6 +109,21 @@ pub struct Divergence {
     pub reason: String,
 }
 
+/// An out-of-memory PyTorch recorded (a trace entry `oom`): its request failed there, after the
+/// allocator had freed its cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RecordedOom {
+    pub event: usize,
+    pub request_bytes: u64,
+    /// The driver's free memory the entry records.
+    pub device_free_bytes: Option<u64>,
+    /// Reserved bytes in the replay when it met the entry (PyTorch's, where the replay agrees).
+    pub reserved_bytes: u64,
+    /// The card as PyTorch saw it then: reserved plus the free memory the entry records (what
+    /// memory outside PyTorch took is not in it). `--capacity` with it reproduces the failure.
+    pub capacity_estimate_bytes: Option<u64>,
+}
+
 /// The outcome for one device.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceReplay {
@@ -135,6 +150,8 @@ pub struct DeviceReplay {
     /// That allocation's error, in PyTorch's words.
     #[serde(skip)]
     pub first_oom_message: Option<String>,
+    /// The first out-of-memory the trace records (an `oom` entry), as the replay met it.
+    pub recorded_oom: Option<RecordedOom>,
     /// Where the recorded trace did not add up (a truncated or edited file).
     pub warnings: Vec<String>,
     pub start: StartMode,
@@ -221,6 +238,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
         first_divergence,
         first_oom_event: run.first_oom_event,
         first_oom_message: run.first_oom_message.take(),
+        recorded_oom: run.recorded_oom.take(),
         warnings,
         start: options.start,
         out_of_memory_at_start,
@@ -296,6 +314,9 @@ struct Run<'a> {
     compare_addresses: bool,
     first_oom_event: Option<usize>,
     first_oom_message: Option<String>,
+    /// The card's size: None is unlimited.
+    capacity: Option<u64>,
+    recorded_oom: Option<RecordedOom>,
 }
 
 impl<'a> Run<'a> {
@@ -364,6 +385,8 @@ impl<'a> Run<'a> {
             compare_addresses: options.start == StartMode::Recorded,
             first_oom_event: None,
             first_oom_message: None,
+            capacity: options.capacity,
+            recorded_oom: None,
         }
     }
 
@@ -496,8 +519,44 @@ impl<'a> Run<'a> {
             Action::Alloc => self.malloc(i),
             Action::FreeRequested => self.free_requested(i),
             Action::FreeCompleted => self.free_completed(i),
-            Action::Snapshot | Action::Oom | Action::Annotate => i + 1,
+            Action::Oom => self.failed_request(i),
+            Action::Snapshot | Action::Annotate => i + 1,
         }
+    }
+
+    /// A recorded `oom`: PyTorch asked for `size` bytes here and could not have them, with its
+    /// cache already freed (the trace's segment frees just before). On a card of a given
+    /// capacity the replay asks for the same bytes: running out too reproduces the failure;
+    /// fitting is where the replay parts from the recording, and the block is freed at once,
+    /// as the program never held it. An unlimited card (no capacity) is not asked: everything
+    /// fits there.
+    fn failed_request(&mut self, i: usize) -> usize {
+        let e = &self.trace[i];
+        let device_free = e.device_free();
+        let reserved = self.alloc.reserved();
+        self.recorded_oom.get_or_insert(RecordedOom {
+            event: i,
+            request_bytes: e.size,
+            device_free_bytes: device_free,
+            reserved_bytes: reserved,
+            capacity_estimate_bytes: device_free.map(|free| reserved.saturating_add(free)),
+        });
+        if self.capacity.is_none() {
+            return i + 1;
+        }
+        match self.alloc.malloc(e.size, e.stream as u64, None) {
+            Ok(a) => {
+                let _ = self.alloc.free(a.ptr, None);
+                self.diverge(i, format!("PyTorch ran out of memory asking for {} bytes here; at this capacity the replay fits them", e.size));
+            }
+            Err(AllocError::OutOfMemory(oom)) => {
+                self.ooms += 1;
+                self.first_oom_event.get_or_insert(i);
+                self.first_oom_message.get_or_insert_with(|| oom.to_string());
+            }
+            Err(err) => self.diverge(i, format!("the request PyTorch failed to get failed otherwise here: {err}")),
+        }
+        i + 1
     }
 
     /// A recorded segment_alloc / segment_map: PyTorch records it before the alloc that caused
