@@ -41,11 +41,7 @@ fn reduce_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
     let n = info.count;
     var acc: {{ACC}} = {{INIT}};
     if (in_range) {
-        let base = offset_of(i, info.a);
-        for (var k = lid.x % {{LANES}}u; k < n; k = k + {{LANES}}u) {
-            let x = load_a(reduced_offset(k, base));
-            {{STEP}}
-        }
+        acc = fold(acc, offset_of(i, info.a), lid.x % {{LANES}}u, n, {{LANES}}u);
     }
     acc = combine_lanes(lid.x, acc);
     if (in_range && lid.x % {{LANES}}u == 0u) {

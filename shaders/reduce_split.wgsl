@@ -26,11 +26,7 @@ fn reduce_split(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
     if (in_range) {
         let base = offset_of(i, info.a);
         let run = n / info.parts + select(0u, 1u, n % info.parts != 0u);
-        let end = min(p * run + run, n);
-        for (var k = p * run + lid.x; k < end; k = k + 256u) {
-            let x = load_a(reduced_offset(k, base));
-            {{STEP}}
-        }
+        acc = fold(acc, base, p * run + lid.x, min(p * run + run, n), 256u);
     }
     acc = combine_lanes(lid.x, acc);
     if (in_range && lid.x == 0u) {

@@ -79,7 +79,8 @@ fn text(e: impl std::fmt::Display) -> String {
 
 /// Seconds per call of `f`, after one untimed call (compiling pipelines), calling until `budget`
 /// seconds have passed and at least `min_calls` times; the GPU is waited for every `batch` calls
-/// and at the end, so queued work is paid for.
+/// and at the end, so queued work is paid for. For loops of small ops, where that round trip is
+/// part of what a program pays.
 async fn time_per_call(dev: &Device, budget: f64, min_calls: u32, batch: u32, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
     f()?;
     dev.wait().await.map_err(text)?;
@@ -94,6 +95,35 @@ async fn time_per_call(dev: &Device, budget: f64, min_calls: u32, batch: u32, mu
     }
     dev.wait().await.map_err(text)?;
     Ok((now_s() - start) / calls as f64)
+}
+
+/// Seconds per call of `f` run back to back, as CUDA events around a batch of calls time
+/// PyTorch's kernels (tools/bench/torch_bench.py): after one untimed call, batches of about
+/// 20 ms, the GPU waited for once per batch, until `budget` seconds have passed (at least three
+/// batches, two when a call alone takes a quarter of the budget); the median batch's time per
+/// call. Waiting every few calls would add the queue's round trip, tens of microseconds on
+/// Vulkan, to kernels that themselves take tens.
+async fn back_to_back(dev: &Device, budget: f64, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    f()?;
+    dev.wait().await.map_err(text)?;
+    let start = now_s();
+    f()?;
+    dev.wait().await.map_err(text)?;
+    let one = (now_s() - start).max(1e-7);
+    let batch = ((0.02 / one).ceil() as u32).clamp(1, 256);
+    let least = if one > budget / 4.0 { 2 } else { 3 };
+    let mut per_call = Vec::new();
+    let begin = now_s();
+    while per_call.len() < least || now_s() - begin < budget {
+        let t = now_s();
+        for _ in 0..batch {
+            f()?;
+        }
+        dev.wait().await.map_err(text)?;
+        per_call.push((now_s() - t) / batch as f64);
+    }
+    per_call.sort_by(f64::total_cmp);
+    Ok(per_call[per_call.len() / 2])
 }
 
 fn filled(dev: &Device, shape: &[usize]) -> Result<Tensor, String> {
@@ -120,8 +150,7 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
         let mut variants = BTreeMap::new();
         for kind in MatmulKernel::ALL {
             progress(&format!("matmul {s}x{s}x{s}: {}", kind.name()));
-            // Two calls at least, even when one takes seconds (the naive kernel at 1024 on CPUs).
-            let seconds = time_per_call(dev, budget, 2, 4, || a.matmul_with(&b, kind).map(drop).map_err(text)).await?;
+            let seconds = back_to_back(dev, budget, || a.matmul_with(&b, kind).map(drop).map_err(text)).await?;
             variants.insert(kind.name(), gflops(seconds));
         }
         let picked = dev.tune_matmul(DType::F32, s, s, s).await.name();
@@ -133,7 +162,7 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
     progress(&format!("copy_buffer_to_buffer of {} MiB", (n * 4) >> 20));
     let bytes = (n * 4) as u64;
     let probe = dev.copy_probe(bytes).ok_or("the benchmark needs a GPU device")?;
-    let copy = time_per_call(dev, budget, 4, 4, || {
+    let copy = back_to_back(dev, budget, || {
         probe.copy();
         Ok(())
     })
@@ -143,16 +172,16 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
 
     progress(&format!("elementwise add of {n} f32"));
     let (x, y) = (filled(dev, &[n])?, filled(dev, &[n])?);
-    let add = time_per_call(dev, budget, 4, 4, || x.add(&y).map(drop).map_err(text)).await?;
+    let add = back_to_back(dev, budget, || x.add(&y).map(drop).map_err(text)).await?;
     let elementwise_gbps = 12.0 * n as f64 / add / 1e9;
     // A kernel's own copy (read n, write n): what a compute shader reaches on this adapter.
-    let copy_kernel = time_per_call(dev, budget, 4, 4, || y.copy_(&x).map(drop).map_err(text)).await?;
+    let copy_kernel = back_to_back(dev, budget, || y.copy_(&x).map(drop).map_err(text)).await?;
     let elementwise_copy_gbps = 8.0 * n as f64 / copy_kernel / 1e9;
 
     progress(&format!("sums of {n} f32: rows of 1024, and the whole tensor"));
     let rows = x.view(&[(n / 1024) as isize, 1024]).map_err(text)?;
-    let row_sum = time_per_call(dev, budget, 4, 4, || rows.sum(&[-1], false).map(drop).map_err(text)).await?;
-    let total_sum = time_per_call(dev, budget, 2, 2, || x.sum(&[], false).map(drop).map_err(text)).await?;
+    let row_sum = back_to_back(dev, budget, || rows.sum(&[-1], false).map(drop).map_err(text)).await?;
+    let total_sum = back_to_back(dev, budget, || x.sum(&[], false).map(drop).map_err(text)).await?;
     let reduction_gbps = [4.0 * n as f64 / row_sum / 1e9, 4.0 * n as f64 / total_sum / 1e9];
     drop((x, y, rows));
 

@@ -16,7 +16,7 @@
 #   e. the PyTorch twins against tensormem's simulation (tools/device/twins.py: run_all.py in
 #      parallel shards, then the scenarios that need the card alone, until the deadline).
 #   Knobs (for trying it without a GPU too): H100_BUDGET, H100_SIZES, H100_SHARDS, H100_TWINS_SKIP
-#   (scenario names), H100_TWINS_ARGS (e.g. `--run-all-args --cpu-dry-run`), H100_TORCH_BENCH_ARGS
+#   (scenario names), H100_TWINS=0 (no twins: a rerun of the rest), H100_TWINS_ARGS (e.g. `--run-all-args --cpu-dry-run`), H100_TORCH_BENCH_ARGS
 #   (e.g. `--device cpu`), H100_INSTALL_LOADER=1 (extract the .debs even without nvidia-smi).
 #   Then a compact summary of all (tools/device/summary.py). Every step runs under `timeout`,
 #   its stdout and stderr land in $OUT/<step>.out/.err, and a failed step does not stop the
@@ -145,7 +145,7 @@ grep -E '^(PASS|FAIL|watch:)' "$OUT/watch.out" | sed 's/^/   /'
 # ---------------------------------------------------------------- e. twins
 TWINS_DIR=target/twins
 rm -rf "$TWINS_DIR"
-step twins "$(limit 400 8)" python3 tools/device/twins.py --tensormem .gl/bin/tensormem --deadline $((DEADLINE - 30)) \
+[ "${H100_TWINS:-1}" = 0 ] && echo "== twins: not run (H100_TWINS=0)" || step twins "$(limit 400 8)" python3 tools/device/twins.py --tensormem .gl/bin/tensormem --deadline $((DEADLINE - 30)) \
   --shards "${H100_SHARDS:-4}" --out-dir "$TWINS_DIR" ${H100_TWINS_SKIP:+--skip $H100_TWINS_SKIP} ${H100_TWINS_ARGS:-}
 mkdir -p "$OUT/twins"
 cp "$TWINS_DIR"/report.json "$TWINS_DIR"/*.log "$OUT/twins/" 2>/dev/null
