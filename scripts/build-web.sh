@@ -19,7 +19,7 @@ rm -rf www/pkg
 # console through the panic hook instead. TENSORMEM_WASM_NAMES=1 keeps it, for a profiler.
 names=--remove-name-section
 [ "${TENSORMEM_WASM_NAMES:-}" = 1 ] && names=""
-wasm-bindgen --target web --no-typescript $names --out-dir www/pkg target/wasm32-unknown-unknown/wasm-release/tensormem.wasm
+wasm-bindgen --target web --no-typescript $names --out-dir www/pkg "${CARGO_TARGET_DIR:-target}/wasm32-unknown-unknown/wasm-release/tensormem.wasm"
 if command -v wasm-opt >/dev/null; then
   wasm-opt -Oz --enable-bulk-memory --enable-nontrapping-float-to-int --enable-sign-ext --enable-mutable-globals \
     www/pkg/tensormem_bg.wasm -o www/pkg/tensormem_bg.wasm.opt && mv www/pkg/tensormem_bg.wasm.opt www/pkg/tensormem_bg.wasm
