@@ -21,11 +21,9 @@ fn main() {
     if env::var_os("CARGO_FEATURE_PAGE").is_none() {
         return;
     }
-    if !www.join("pkg/tensormem_bg.wasm").is_file() {
-        if let Err(e) = build_page(&workspace) {
-            println!("cargo:warning=the page was not built ({e}): `tensormem serve` from this package will say how to build it");
-            return;
-        }
+    if let Some(e) = (!www.join("pkg/tensormem_bg.wasm").is_file()).then(|| build_page(&workspace).err()).flatten() {
+        println!("cargo:warning=the page was not built ({e}): `tensormem serve` from this package will say how to build it");
+        return;
     }
     if let Err(e) = copy_page(&www, &package) {
         println!("cargo:warning=the page's files were not copied into the package: {e}");
@@ -57,9 +55,8 @@ fn copy_page(www: &Path, package: &Path) -> Result<(), String> {
     let _ = fs::remove_dir_all(&fresh);
     fs::create_dir_all(fresh.join("pkg")).map_err(|e| format!("{}: {e}", fresh.display()))?;
     let entries = fs::read_dir(www).map_err(|e| format!("{}: {e}", www.display()))?;
-    let page = entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| {
-        p.is_file() && p.extension().is_some_and(|x| x == "html" || x == "js" || x == "css")
-    });
+    let page =
+        entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "html" || x == "js" || x == "css"));
     let wasm = ["pkg/tensormem.js", "pkg/tensormem_bg.wasm"].map(|f| www.join(f));
     for from in page.chain(wasm) {
         let to = fresh.join(from.strip_prefix(www).expect("inside www"));

@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheel=$(bash scripts/build-wheel.sh | tail -n 1)
+# Portable: linked against glibc 2.17 (maturin refuses symbols newer than the tag it gives).
+case "$wheel" in
+  *manylinux_2_17_x86_64*) echo "== the wheel: $wheel" ;;
+  *) echo "error: the wheel is not tagged manylinux2014 (glibc 2.17): $wheel" >&2; exit 1 ;;
+esac
 echo "== the cargo-built command line, to compare with"
 cargo build --release --locked -p native-runner --quiet
 venv=target/python-test-venv

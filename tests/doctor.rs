@@ -598,3 +598,19 @@ fn a_hook_on_the_autograd_thread_keeps_the_backward_going() {
     let g = finding(&d, doctor::GRADS_KEPT);
     assert_eq!(g.bytes, 16 * MIB, "{}", g.title);
 }
+
+#[test]
+fn a_forward_stopped_by_an_out_of_memory_is_not_a_missing_no_grad() {
+    // tensormem.watch() on an H100: a training script's first forward ran out of memory, and the
+    // snapshot was taken in the out-of-memory observer (tests/data/corpus/watch-oom-forward).
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/corpus/watch-oom-forward.pickle");
+    let d = diagnose(&trace::load_file(&path).unwrap(), None);
+    // Its backward never had its chance: no finding, not even an inconclusive one, blames grad mode.
+    assert_eq!(kinds(&d), ["peak", "oom", "temporaries", "outside-allocator"]);
+    let oom = finding(&d, "oom");
+    assert_eq!((oom.evidence["event"].as_u64(), oom.evidence["request_bytes"].as_u64()), (Some(79), Some(8 << 30)));
+    assert_eq!(oom.evidence["reproduced_by_replay"], true);
+    let peak = finding(&d, "peak");
+    assert!(peak.fix.contains("ran out of memory before any backward"), "{}", peak.fix);
+    assert!(!peak.fix.contains("with no backward in the trace"), "{}", peak.fix);
+}

@@ -67,10 +67,16 @@ class Diagnosis(Result):
 
     def __repr__(self):
         lines = [f"<tensormem diagnosis: {len(self.findings)} findings>"]
-        for f in self._in_print_order():
+        # What the trace cannot decide comes apart, after the findings, as the command line says it.
+        decided = [f for f in self._in_print_order() if f.get("confidence") != "inconclusive"]
+        undecided = [f for f in self._in_print_order() if f.get("confidence") == "inconclusive"]
+        for f in decided:
             lines.append(f"  [{f.get('kind')}] {f.get('title')}")
             if f.get("fix"):
                 lines.append(f"      fix: {f['fix']}")
+        if undecided:
+            lines.append("  the trace cannot decide (inconclusive):")
+            lines.extend(f"  [{f.get('kind')}?] {f.get('title')}" for f in undecided)
         return "\n".join(lines)
 
     def _repr_html_(self):

@@ -295,6 +295,14 @@ pub(crate) struct Patient<'a> {
     what_if_start: StartMode,
 }
 
+impl Patient<'_> {
+    /// Where the trace records an out-of-memory (its first `oom` entry): the program stopped
+    /// there, mid-iteration, so what would have come after (a backward) is not evidence.
+    fn stopped_by_oom(&self) -> Option<u32> {
+        self.snapshot.trace_of(self.device).iter().position(|e| e.action == crate::trace::Action::Oom).map(|k| k as u32)
+    }
+}
+
 /// The device with an out-of-memory entry (the one the user is asking about), else the one whose
 /// trace reserved the most.
 fn default_device(snapshot: &Snapshot) -> Result<i64, DoctorError> {

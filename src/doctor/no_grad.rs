@@ -77,8 +77,14 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let mut held_per_iteration = Vec::new();
     let mut fates = Vec::new();
     let mut worst: (u64, usize, u32, Vec<usize>) = (0, 0, 0, Vec::new());
+    // The forward an out-of-memory stopped never reached its backward: it says nothing of grad mode.
+    let stopped = p.stopped_by_oom();
     for (k, made) in by_iteration.iter().enumerate().skip(1) {
         let at = s.iteration_end(k, events);
+        if stopped.is_some_and(|oom| oom < at) {
+            held_per_iteration.push(0);
+            continue;
+        }
         let Some(&result) = made.last() else {
             held_per_iteration.push(0);
             continue;

@@ -72,6 +72,12 @@ pub(super) fn find(p: &Patient, steps: &Steps) -> Finding {
             "Shrink what is live at the peak: activations saved for backward dominate a training step's peak; a smaller batch, \
              activation checkpointing (torch.utils.checkpoint) or mixed precision lowers them."
         }
+        Some("forward" | "loss") if p.stopped_by_oom().is_some() => {
+            "Shrink what is live at the peak: the program ran out of memory before any backward, so what its forward keeps \
+             for one (every layer's activations, while grad mode is on) is most of it; a smaller batch or sequence, \
+             activation checkpointing (torch.utils.checkpoint), mixed precision, or in-place ops where autograd allows them \
+             lower it. If this forward needs no backward (evaluation, inference), run it under torch.no_grad()."
+        }
         Some("forward" | "loss" | "backward") => {
             "Shrink what is live at the peak: with no backward in the trace, nothing needs to be saved for one; under \
              torch.no_grad() (or inference_mode) each activation is freed once the next op has read it, so what remains is the \

@@ -141,8 +141,23 @@ class Api(unittest.TestCase):
         diagnosis = tensormem.doctor(files[0])
         text, html = repr(diagnosis), diagnosis._repr_html_()
         for finding in diagnosis.findings:
-            self.assertIn(f"[{finding['kind']}] {finding['title']}", text)
+            mark = "?" if finding.get("confidence") == "inconclusive" else ""
+            self.assertIn(f"[{finding['kind']}{mark}] {finding['title']}", text)
         self.assertEqual(html.count("<tr>"), len(diagnosis.findings) + 1)
+
+    def test_what_the_trace_cannot_decide_is_printed_apart(self):
+        # Built from the JSON the doctor returns: one decided finding, one inconclusive.
+        diagnosis = tensormem._results.Diagnosis({"findings": [
+            {"kind": "missing-no-grad", "title": "maybe", "confidence": "inconclusive"},
+            {"kind": "peak", "title": "the peak", "confidence": "high", "fix": "shrink it"},
+        ]})
+        self.assertEqual(repr(diagnosis).splitlines(), [
+            "<tensormem diagnosis: 2 findings>",
+            "  [peak] the peak",
+            "      fix: shrink it",
+            "  the trace cannot decide (inconclusive):",
+            "  [missing-no-grad?] maybe",
+        ])
 
 
 class Page(unittest.TestCase):
