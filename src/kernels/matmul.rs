@@ -133,6 +133,27 @@ pub(crate) fn matmul_kernel(
             let [x, y] = tile.groups(m, n);
             (kernel, [x, y, batches as u32])
         }
+        MatmulKernel::Staged => {
+            let vec4: Vec<&'static str> = [("a", a_vec4), ("b", b_vec4)].iter().filter(|v| v.1).map(|v| v.0).collect();
+            // Four elements into v: one 128-bit load where the rows allow it (k, or n, a multiple
+            // of 4 then), else four strided ones.
+            let load_a = if a_vec4 {
+                "if (kq < info.k) { v = load4_a((ao + r * info.a.row_stride + kq) / 4u); }"
+            } else {
+                "for (var j = 0u; j < 4u; j = j + 1u) { if (kq + j < info.k) { v[j] = f32(load_a(ao + r * info.a.row_stride + (kq + j) * info.a.col_stride)); } }"
+            };
+            let load_b = if b_vec4 {
+                "v = load4_b((bo + kr * info.b.row_stride + min(c, info.n - 4u)) / 4u);"
+            } else {
+                "for (var j = 0u; j < 4u; j = j + 1u) { v[j] = f32(load_b(bo + kr * info.b.row_stride + min(c + j, info.n - 1u) * info.b.col_stride)); }"
+            };
+            let kernel = Kernel::new(Family::MatmulStaged, kind.entry())
+                .with_meta::<MatmulMeta>()
+                .with_operands_vec4(native_f16, plan, &operands, &vec4)?
+                .with("LOAD_A", load_a)
+                .with("LOAD_B", load_b);
+            (kernel, [(n as u32).div_ceil(128), (m as u32).div_ceil(128), batches as u32])
+        }
         _ => {
             let vec4 = kind == MatmulKernel::Blocked && a_vec4 && b_vec4;
             let kernel = Kernel::new(Family::Matmul, kind.entry())
@@ -165,14 +186,18 @@ pub enum MatmulKernel {
     /// No shared memory: `rows` x `cols` outputs per invocation in registers, straight-line
     /// code, 128-bit loads where the operands allow.
     Register { rows: u32, cols: u32 },
+    /// 128x128 tiles staged in shared memory eight steps of k at a time, 8x8 outputs per
+    /// invocation in registers: each element read from global memory once per workgroup.
+    Staged,
 }
 
 impl MatmulKernel {
     /// Every variant (the tests check each against the CPU reference).
-    pub const ALL: [MatmulKernel; 6] = [
+    pub const ALL: [MatmulKernel; 7] = [
         MatmulKernel::Naive,
         MatmulKernel::Tiled,
         MatmulKernel::Blocked,
+        MatmulKernel::Staged,
         MatmulKernel::Register { rows: 8, cols: 8 },
         MatmulKernel::Register { rows: 4, cols: 8 },
         MatmulKernel::Register { rows: 4, cols: 4 },
@@ -180,10 +205,11 @@ impl MatmulKernel {
 
     /// The variants measured at first use of a class of shapes: the naive and tiled kernels
     /// never win, and measuring them would make first calls slow.
-    pub const CANDIDATES: [MatmulKernel; 4] = [
+    pub const CANDIDATES: [MatmulKernel; 5] = [
         MatmulKernel::Register { rows: 8, cols: 8 },
         MatmulKernel::Register { rows: 4, cols: 8 },
         MatmulKernel::Register { rows: 4, cols: 4 },
+        MatmulKernel::Staged,
         MatmulKernel::Blocked,
     ];
 
@@ -203,11 +229,12 @@ impl MatmulKernel {
             MatmulKernel::Naive => "naive",
             MatmulKernel::Tiled => "tiled",
             MatmulKernel::Blocked => "blocked",
+            MatmulKernel::Staged => "staged",
             MatmulKernel::Register { .. } => "registers",
         }
     }
 
-    /// A short name: naive, tiled, blocked, register8x8.
+    /// A short name: naive, tiled, blocked, staged, register8x8.
     pub fn name(self) -> String {
         match self {
             MatmulKernel::Register { rows, cols } => format!("register{rows}x{cols}"),

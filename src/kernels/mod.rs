@@ -26,6 +26,7 @@ pub(crate) enum Family {
     ReduceSplit,
     Matmul,
     MatmulRegister,
+    MatmulStaged,
     Rows,
 }
 
@@ -37,6 +38,7 @@ impl Family {
             Family::ReduceSplit => include_str!("../../shaders/reduce_split.wgsl"),
             Family::Matmul => include_str!("../../shaders/matmul.wgsl"),
             Family::MatmulRegister => include_str!("../../shaders/matmul_register.wgsl"),
+            Family::MatmulStaged => include_str!("../../shaders/matmul_staged.wgsl"),
             Family::Rows => include_str!("../../shaders/rows.wgsl"),
         }
     }
