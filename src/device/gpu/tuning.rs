@@ -9,11 +9,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 impl MatmulClass {
-    /// The shape measured for the class: the class's own size (2,048 for the largest), so that
-    /// kernels are ranked where they will run; at most `largest` a side (a CPU adapter measures
-    /// at 256, to take milliseconds).
+    /// The shape measured for the class: the class's smallest size (32 under 64, 2,048 for the
+    /// largest), within a factor of two of every shape it holds, so that kernels are ranked
+    /// about where they will run; at most `largest` a side (a CPU adapter measures at 256, to
+    /// take milliseconds).
     pub(super) fn representative(&self, largest: usize) -> [usize; 3] {
-        self.dims.map(|c| [32, 128, 256, 1024, 2048][c as usize].min(largest))
+        self.dims.map(|c| [32, 64, 128, 256, 512, 1024, 2048][c as usize].min(largest))
     }
 
     /// The class in the cache file: `f32 128x256x256 a4 b4`.
