@@ -6,7 +6,8 @@
 #
 #   a. Vulkan: the loader and glvnd from .gl/*.deb extracted into /, the NVIDIA ICD found
 #      (VK_DRIVER_FILES), WGPU_BACKEND=vulkan (GL only if Vulkan gives no adapter, said loudly);
-#      nvidia-smi -L, torch's version and device, `tensormem info`.
+#      nvidia-smi -L, torch's version and device, the card's memory facts (card_facts.py),
+#      `tensormem info`.
 #   b. the native op suite (.gl/bin/gpu_ops, tests/gpu_ops.rs) on that adapter, CI=true so that
 #      a missing adapter fails instead of skipping.
 #   c. `tensormem bench --json --sizes 1024,2048,4096` and tools/bench/torch_bench.py, and a
@@ -111,6 +112,8 @@ fi
 step nvidia_smi "$(limit 20 420)" nvidia-smi -L && head -3 "$OUT/nvidia_smi.out" | sed 's/^/   /'
 step torch "$(limit 60 400)" python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())' \
   && sed 's/^/   /' "$OUT/torch.out"
+# The card's memory facts for the presets (total_memory, the context outside the allocator).
+step card "$(limit 30 400)" python3 tools/device/card_facts.py && sed 's/^/   /' "$OUT/card.out"
 if ! step info "$(limit 30 380)" .gl/bin/tensormem info; then
   sed 's/^/   /' "$OUT/info.err" | head -5
   # Vulkan gave no adapter: say so, and try wgpu's GL backend (NVIDIA's EGL) so the rest still says something.
@@ -155,5 +158,9 @@ done
 
 # ---------------------------------------------------------------- summary
 python3 tools/device/summary.py "$OUT" | tee "$OUT/summary.txt"
-echo "total: $(( $(date +%s) - START )) s; everything under $OUT"
-! awk -F'\t' '$2 != 0 { bad = 1 } END { exit !bad }' "$STEPS"
+# The device tool brings back only a few files from OUT: everything goes back as one archive
+# (tensormem's own large twin outputs left out), beside the summary.
+tar czf /tmp/h100-out.tgz -C "$OUT" --exclude='*.tensormem*' . && find "$OUT" -mindepth 1 -maxdepth 1 ! -name summary.txt -exec rm -rf {} + \
+  && mv /tmp/h100-out.tgz "$OUT/all.tgz"
+echo "total: $(( $(date +%s) - START )) s; everything in $OUT/all.tgz"
+! tar xzf "$OUT/all.tgz" -O ./steps.tsv | awk -F'\t' '$2 != 0 { bad = 1 } END { exit !bad }'
