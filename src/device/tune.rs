@@ -72,18 +72,3 @@ pub struct MatmulTuning {
     /// How long measuring took, compiling the candidates' pipelines included.
     pub seconds: f64,
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn classes_are_powers_of_two_from_64() {
-        let class = |d: usize| MatmulClass::new(DType::F32, d, d, d, true, true).dims[0];
-        let bounds = [(63, 0), (64, 1), (127, 1), (128, 2), (511, 3), (512, 4), (1023, 4), (1024, 5), (2047, 5), (2048, 6), (1 << 20, 6)];
-        for (d, expected) in bounds {
-            assert_eq!(class(d), expected, "side {d}");
-        }
-        assert!(!MatmulClass::new(DType::F32, 63, 4096, 4096, true, true).measured, "a thin product costs a dispatch whatever the kernel");
-    }
-}

@@ -125,15 +125,22 @@ mod tests {
     }
 
     #[test]
-    fn large_classes_are_measured_at_their_own_size_except_on_a_cpu_adapter() {
+    fn classes_are_powers_of_two_measured_at_their_own_size_except_on_a_cpu_adapter() {
         let class = |n: usize| MatmulClass::new(DType::F32, n, n, n, true, true);
-        assert_eq!(class(300), class(1000));
-        assert_ne!(class(1000), class(2048), "a 2048 product ranks kernels differently from a 256 one");
-        assert_ne!(class(2048), class(4096));
-        assert_eq!([class(300), class(2048), class(8192)].map(|c| c.representative(2048)), [[256; 3], [1024; 3], [2048; 3]]);
+        let bounds = [(63, 0), (64, 1), (127, 1), (128, 2), (511, 3), (512, 4), (1023, 4), (1024, 5), (2047, 5), (2048, 6), (1 << 20, 6)];
+        for (side, expected) in bounds {
+            assert_eq!(class(side).dims, [expected; 3], "side {side}");
+        }
+        assert_eq!(class(300), class(500));
+        // On an H100, register4x4 leads at 1,024 and register8x8 is 1.45x faster at 2,048.
+        assert_ne!(class(1500), class(2048), "a 2048 product ranks kernels differently from a 1024 one");
+        assert_eq!(class(2048), class(8192), "2,048 and more: one class");
+        let measured = [class(300), class(1000), class(1500), class(2048), class(8192)].map(|c| c.representative(2048));
+        assert_eq!(measured, [[256; 3], [512; 3], [1024; 3], [2048; 3], [2048; 3]], "each class at its smallest size");
         assert_eq!(class(8192).representative(256), [256; 3], "a CPU adapter measures in milliseconds");
-        assert_eq!(class(2048).key(2048), "float32 1024x1024x1024 a4 b4");
+        assert_eq!(class(2048).key(2048), "float32 2048x2048x2048 a4 b4");
         assert_eq!(class(2048).key(256), class(300).key(256), "on a CPU adapter the large classes share one measurement");
+        assert!(!MatmulClass::new(DType::F32, 63, 4096, 4096, true, true).measured, "a thin product costs a dispatch whatever the kernel");
     }
 
     #[test]
