@@ -16,7 +16,10 @@ fn main() {
     let www = workspace.join("www");
     let package = here.join("tensormem/www");
     println!("cargo:rerun-if-changed={}", www.display());
-    println!("cargo:rerun-if-changed={}", package.display());
+    // The copy's wasm, not its folder: the script rewrites the folder on every run, which would
+    // make cargo run it (and rebuild the crate) every time. The copies keep their sources'
+    // times, so only a deleted or stale copy brings the script back.
+    println!("cargo:rerun-if-changed={}", package.join("pkg/tensormem_bg.wasm").display());
     println!("cargo:rerun-if-changed=build.rs");
     if env::var_os("CARGO_FEATURE_PAGE").is_none() {
         return;
@@ -60,7 +63,10 @@ fn copy_page(www: &Path, package: &Path) -> Result<(), String> {
     let wasm = ["pkg/tensormem.js", "pkg/tensormem_bg.wasm"].map(|f| www.join(f));
     for from in page.chain(wasm) {
         let to = fresh.join(from.strip_prefix(www).expect("inside www"));
-        fs::copy(&from, &to).map_err(|e| format!("{} -> {}: {e}", from.display(), to.display()))?;
+        let failed = |e: std::io::Error| format!("{} -> {}: {e}", from.display(), to.display());
+        fs::copy(&from, &to).map_err(failed)?;
+        let modified = fs::metadata(&from).and_then(|m| m.modified()).map_err(failed)?;
+        fs::File::options().write(true).open(&to).and_then(|f| f.set_modified(modified)).map_err(failed)?;
     }
     let _ = fs::remove_dir_all(package);
     fs::rename(&fresh, package).map_err(|e| format!("{} -> {}: {e}", fresh.display(), package.display()))

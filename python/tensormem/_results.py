@@ -68,8 +68,9 @@ class Diagnosis(Result):
     def __repr__(self):
         lines = [f"<tensormem diagnosis: {len(self.findings)} findings>"]
         # What the trace cannot decide comes apart, after the findings, as the command line says it.
-        decided = [f for f in self._in_print_order() if f.get("confidence") != "inconclusive"]
-        undecided = [f for f in self._in_print_order() if f.get("confidence") == "inconclusive"]
+        ordered = self._in_print_order()
+        decided = [f for f in ordered if f.get("confidence") != "inconclusive"]
+        undecided = [f for f in ordered if f.get("confidence") == "inconclusive"]
         for f in decided:
             lines.append(f"  [{f.get('kind')}] {f.get('title')}")
             if f.get("fix"):

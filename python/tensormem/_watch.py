@@ -74,14 +74,12 @@ class watch(contextlib.ContextDecorator):
         path = self.path or f"tensormem-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.pickle"
         path = os.path.abspath(os.fspath(path))
         _write_whole(path, snapshot)
-        if self._oom is not None:
-            device, requested, _ = self._oom
-            from ._results import _size
-
-            _say(f"out of memory on cuda:{device} asking for {_size(requested)} ({requested} bytes); the snapshot was taken at that moment")
         from . import doctor, summary
         from ._results import _size
 
+        if self._oom is not None:
+            device, requested, _ = self._oom
+            _say(f"out of memory on cuda:{device} asking for {_size(requested)} ({requested} bytes); the snapshot was taken at that moment")
         for device in summary(path, device=self.device):
             _say(
                 f"cuda:{device['device']} peaked at {_size(device['trace_peak_allocated_bytes'])} allocated, "

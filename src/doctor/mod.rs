@@ -298,8 +298,8 @@ pub(crate) struct Patient<'a> {
 impl Patient<'_> {
     /// Where the trace records an out-of-memory (its first `oom` entry): the program stopped
     /// there, mid-iteration, so what would have come after (a backward) is not evidence.
-    fn stopped_by_oom(&self) -> Option<u32> {
-        self.snapshot.trace_of(self.device).iter().position(|e| e.action == crate::trace::Action::Oom).map(|k| k as u32)
+    fn stopped_by_oom(&self) -> Option<usize> {
+        self.snapshot.trace_of(self.device).iter().position(|e| e.action == crate::trace::Action::Oom)
     }
 }
 

@@ -81,7 +81,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let stopped = p.stopped_by_oom();
     for (k, made) in by_iteration.iter().enumerate().skip(1) {
         let at = s.iteration_end(k, events);
-        if stopped.is_some_and(|oom| oom < at) {
+        if stopped.is_some_and(|oom| oom < at as usize) {
             held_per_iteration.push(0);
             continue;
         }

@@ -43,8 +43,7 @@ pub(super) const KIND: Kind = Kind {
 };
 
 pub(super) fn find(p: &Patient, capacity: Option<u64>) -> Result<Option<Finding>, DoctorError> {
-    let trace = p.snapshot.trace_of(p.device);
-    match trace.iter().position(|e| e.action == Action::Oom) {
+    match p.stopped_by_oom() {
         Some(k) => recorded(p, k, capacity).map(Some),
         None => match capacity {
             Some(capacity) => replayed(p, capacity),
@@ -255,8 +254,8 @@ fn smallest_card(bytes: u64) -> String {
 }
 
 /// The snapshot with the request that failed at trace entry `oom_index` made there (in the
-/// entry's place), and freed right after (its lifetime is unknown), on that device: the trace as it would have run had the
-/// request fitted.
+/// entry's place), and freed right after (its lifetime is unknown), on that device: the trace
+/// as it would have run had the request fitted.
 pub fn with_failed_request(snapshot: &Snapshot, device: i64, oom_index: usize) -> Snapshot {
     let mut copy = snapshot.clone();
     let Some(trace) = usize::try_from(device).ok().and_then(|d| copy.device_traces.get_mut(d)) else { return copy };

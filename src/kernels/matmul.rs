@@ -122,10 +122,11 @@ pub(crate) fn matmul_kernel(
     batches: usize,
 ) -> Result<(Kernel, [u32; 3]), KernelError> {
     let operands = [("c", dtype), ("a", dtype), ("b", dtype)];
+    // The operands whose rows load 128 bits at a time (the register and staged kernels).
+    let vec4: Vec<&'static str> = [("a", a_vec4), ("b", b_vec4)].iter().filter(|v| v.1).map(|v| v.0).collect();
     Ok(match kind {
         MatmulKernel::Register { rows, cols } => {
             let tile = RegisterTile { rows, cols, a_vec4, b_vec4 };
-            let vec4: Vec<&'static str> = [("a", a_vec4), ("b", b_vec4)].iter().filter(|v| v.1).map(|v| v.0).collect();
             let kernel = Kernel::new(Family::MatmulRegister, kind.entry())
                 .with_meta::<MatmulMeta>()
                 .with_operands_vec4(native_f16, plan, &operands, &vec4)?
@@ -134,7 +135,6 @@ pub(crate) fn matmul_kernel(
             (kernel, [x, y, batches as u32])
         }
         MatmulKernel::Staged => {
-            let vec4: Vec<&'static str> = [("a", a_vec4), ("b", b_vec4)].iter().filter(|v| v.1).map(|v| v.0).collect();
             // Four elements into v: one 128-bit load where the rows allow it (k, or n, a multiple
             // of 4 then), else four strided ones.
             let load_a = if a_vec4 {

@@ -314,8 +314,6 @@ struct Run<'a> {
     compare_addresses: bool,
     first_oom_event: Option<usize>,
     first_oom_message: Option<String>,
-    /// The card's size: None is unlimited.
-    capacity: Option<u64>,
     recorded_oom: Option<RecordedOom>,
 }
 
@@ -385,7 +383,6 @@ impl<'a> Run<'a> {
             compare_addresses: options.start == StartMode::Recorded,
             first_oom_event: None,
             first_oom_message: None,
-            capacity: options.capacity,
             recorded_oom: None,
         }
     }
@@ -541,7 +538,7 @@ impl<'a> Run<'a> {
             reserved_bytes: reserved,
             capacity_estimate_bytes: device_free.map(|free| reserved.saturating_add(free)),
         });
-        if self.capacity.is_none() {
+        if self.alloc.capacity().is_none() {
             return i + 1;
         }
         match self.alloc.malloc(e.size, e.stream as u64, None) {
