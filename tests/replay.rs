@@ -200,15 +200,16 @@ fn a_replaced_start_lets_settings_and_capacity_shape_a_trace_recorded_after_warm
     use tensormem::replay::StartMode;
     const GIB: u64 = 1 << 30;
     let name = "gpt-medium-ctx128-training.pickle";
-    // Recorded start: every segment is already reserved (6.74 GiB), so a 6.6 GiB card is out of
+    // Recorded start: every segment is already reserved (6.74 GiB), so a 6.4 GiB card is out of
     // memory before the first event, and nothing else can change.
-    let recorded = ReplayOptions { capacity: Some(66 * GIB / 10), ..Default::default() };
+    let recorded = ReplayOptions { capacity: Some(64 * GIB / 10), ..Default::default() };
     let Some(results) = replay(name, &recorded) else { return };
     assert_eq!(results[0].start, StartMode::Recorded);
     assert!(results[0].out_of_memory_at_start.as_deref().unwrap().contains("replaced start"));
 
-    // Replaced start: the live tensors are placed afresh; the peak then needs more than 6.6 GiB.
-    let replaced = ReplayOptions { capacity: Some(66 * GIB / 10), start: StartMode::Replaced, ..Default::default() };
+    // Replaced start: the live tensors are placed afresh; the peak then needs more than 6.4 GiB
+    // (6.6 GiB is enough once the cached segments are released and the request retried).
+    let replaced = ReplayOptions { capacity: Some(64 * GIB / 10), start: StartMode::Replaced, ..Default::default() };
     let r = &replay(name, &replaced).unwrap()[0];
     assert_eq!(r.start, StartMode::Replaced);
     assert!(r.out_of_memory_at_start.is_none(), "{:?}", r.out_of_memory_at_start);
@@ -216,7 +217,7 @@ fn a_replaced_start_lets_settings_and_capacity_shape_a_trace_recorded_after_warm
     let first_oom = r.first_oom_event.unwrap();
     assert!(first_oom > 0, "the start fits; an allocation later in the trace does not");
     assert!(r.first_divergence.as_ref().unwrap().reason.contains("out of memory") || r.first_divergence.as_ref().unwrap().event < first_oom);
-    assert!(r.replayed.figures.peak_reserved_bytes <= 66 * GIB / 10);
+    assert!(r.replayed.figures.peak_reserved_bytes <= 64 * GIB / 10);
     // Live bytes at the start are the recorded ones, whatever the placement.
     assert_eq!(r.start_allocated_bytes, results[0].start_allocated_bytes);
 
@@ -252,4 +253,38 @@ fn a_replayed_trace_can_be_saved_and_reloaded() {
     assert_eq!(r2.replayed.figures.peak_reserved_bytes, r.replayed.figures.peak_reserved_bytes);
     assert_eq!(r2.replayed.figures.peak_allocated_bytes, r.replayed.figures.peak_allocated_bytes);
     assert_eq!(again.trace_of(0).iter().filter(|e| e.action == Action::Alloc).count(), snap.trace_of(0).iter().filter(|e| e.action == Action::Alloc).count());
+}
+
+#[test]
+fn the_driver_address_model_reproduces_every_decision_of_every_recorded_trace() {
+    // The caching allocator ranks equal free blocks by address, so where the driver puts each new
+    // segment decides which one a request is cut from. Replayed with addresses of our own (the
+    // simulated driver's), every trace PyTorch recorded must still make the same segment calls
+    // in the same order and reach the same peak.
+    let Some(dir) = common::fixtures_dir() else { return };
+    let folders = [dir.clone(), dir.parent().unwrap().join("h100-twins"), dir.parent().unwrap().join("predict-inputs")];
+    let mut files: Vec<_> = folders
+        .iter()
+        .filter(|f| f.is_dir())
+        .flat_map(|f| std::fs::read_dir(f).unwrap().filter_map(|e| Some(e.ok()?.path())))
+        .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 7, "{} traces", files.len());
+    let options = ReplayOptions { own_addresses: true, ..Default::default() };
+    let mut replayed = 0;
+    for path in &files {
+        let snap = trace::load_file(path).unwrap();
+        for r in replay_snapshot(&snap, &options, &mut |_, _| {}).unwrap() {
+            let name = format!("{} device {}", path.file_name().unwrap().to_string_lossy(), r.device);
+            assert_eq!(r.segment_alloc_match, 1.0, "{name}: {:?}", r.first_divergence);
+            assert_eq!(r.recorded.segment_allocs, r.replayed.figures.segment_allocs, "{name}");
+            assert_eq!(r.recorded.segment_frees, r.replayed.figures.segment_frees, "{name}");
+            assert_eq!(r.recorded.peak_reserved_bytes, r.replayed.figures.peak_reserved_bytes, "{name}");
+            // Only the final addresses differ, by design.
+            assert!(r.first_divergence.as_ref().is_none_or(|d| d.event == r.events), "{name}: {:?}", r.first_divergence);
+            replayed += usize::from(r.events > 0);
+        }
+    }
+    assert!(replayed >= 6, "{replayed} traces with events");
 }

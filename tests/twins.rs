@@ -12,28 +12,6 @@ use tensormem::scenarios::{self, RunRequest, RunResult};
 const ALLOCATED_TOLERANCE: f64 = 0.001;
 const RESERVED_TOLERANCE: f64 = 0.01;
 
-/// Twins known to differ beyond the tolerances, with the cause and the bound they stay within
-/// (allocated, reserved). A twin listed here that comes to agree fails the test too, so that
-/// the list only shrinks.
-const KNOWN_GAPS: [(&str, &str, f64, f64); 2] = [
-    (
-        "gpt2-train",
-        "every allocation is PyTorch's, the embedding backward's sorting scratch included, but the CUDA driver \
-         hands out segment addresses in an order of its own, and the allocator breaks ties between equal free \
-         blocks by address: a few blocks land in other segments and split differently (5 MiB more allocated)",
-        0.002,
-        0.01,
-    ),
-    (
-        "lm-train",
-        "every allocation and free is PyTorch's, in PyTorch's order, but the CUDA driver hands out segment \
-         addresses in an order of its own, and the allocator breaks ties between equal free blocks by address: one \
-         16 MiB gradient copy finds a cached block on the H100 and a new segment here",
-        0.001,
-        0.02,
-    ),
-];
-
 struct Row {
     twin: String,
     steps: usize,
@@ -114,22 +92,10 @@ fn every_scenario_agrees_with_its_twin_recorded_on_an_h100() {
     let mut table = vec![format!("{:<32} {:>5} {:>10} {:>10}  {}", "twin", "steps", "allocated", "reserved", "out of memory (sim, PyTorch)")];
     let mut wrong = Vec::new();
     for r in &rows {
-        let gap = KNOWN_GAPS.iter().find(|g| g.0 == r.twin);
-        let (allocated_limit, reserved_limit) =
-            gap.map_or((ALLOCATED_TOLERANCE, RESERVED_TOLERANCE), |g| (g.2.max(ALLOCATED_TOLERANCE), g.3.max(RESERVED_TOLERANCE)));
         let agrees = r.worst_allocated.0.abs() <= ALLOCATED_TOLERANCE && r.worst_reserved.0.abs() <= RESERVED_TOLERANCE && r.oom.0 == r.oom.1;
-        let within = r.worst_allocated.0.abs() <= allocated_limit && r.worst_reserved.0.abs() <= reserved_limit && r.oom.0 == r.oom.1;
-        table.push(format!(
-            "{:<32} {:>5} {:>+9.4}% {:>+9.4}%  {:?}{}",
-            r.twin,
-            r.steps,
-            100.0 * r.worst_allocated.0,
-            100.0 * r.worst_reserved.0,
-            r.oom,
-            if gap.is_some() { "  (known gap)" } else { "" }
-        ));
-        match (gap, agrees, within) {
-            (None, false, _) => wrong.push(format!(
+        table.push(format!("{:<32} {:>5} {:>+9.4}% {:>+9.4}%  {:?}", r.twin, r.steps, 100.0 * r.worst_allocated.0, 100.0 * r.worst_reserved.0, r.oom));
+        if !agrees {
+            wrong.push(format!(
                 "{}: allocated {:+.4}% at {:?}, reserved {:+.4}% at {:?}, out of memory {:?}",
                 r.twin,
                 100.0 * r.worst_allocated.0,
@@ -137,10 +103,7 @@ fn every_scenario_agrees_with_its_twin_recorded_on_an_h100() {
                 100.0 * r.worst_reserved.0,
                 r.worst_reserved.1,
                 r.oom
-            )),
-            (Some(_), true, _) => wrong.push(format!("{}: now agrees; remove it from KNOWN_GAPS", r.twin)),
-            (Some(g), false, false) => wrong.push(format!("{}: beyond its known gap ({})", r.twin, g.1)),
-            _ => {}
+            ));
         }
     }
     eprintln!("{}", table.join("\n"));

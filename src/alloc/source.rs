@@ -31,12 +31,12 @@ pub trait SegmentSource {
     }
 }
 
-/// Plain address ranges: the simulation device, tests and replay. Addresses are handed out upward
-/// from `next`, aligned to 2 MiB like CUDA's, and never reused, so a trace never sees one address
-/// stand for two segments at once.
+/// Plain address ranges: the simulation device, tests and replay. Fresh addresses are placed as
+/// the CUDA driver places them (`DriverAddressSpace`), so that equal free blocks in different
+/// segments rank as they do on a real card; addresses are never reused while in use.
 #[derive(Debug, Clone)]
 pub struct VirtualSegments {
-    next: u64,
+    space: DriverAddressSpace,
     /// Addresses the next segments should take when their sizes agree (replay's recorded layout).
     hints: std::collections::VecDeque<(u64, u64)>,
     /// Address the next expandable reservation should take.
@@ -44,6 +44,92 @@ pub struct VirtualSegments {
     /// Memory in use: segments and mapped pages. A hint never lands on it, and mapping never
     /// overlaps it. (Reservations are address space only: fresh addresses skip past them.)
     used: RangeSet,
+}
+
+/// Where the CUDA driver puts a new allocation in virtual address space, as the traces PyTorch
+/// recorded on an H100 (driver 580) show it. The caching allocator breaks ties between equal free
+/// blocks by address, so this order decides which segment a request is cut from.
+///
+/// - The driver maps address space in areas. The first is the context's (512 MiB here); each
+///   later one is carved directly below the lowest, sized to the allocation rounded up to 32 MiB
+///   and aligned to 32 MiB: area by area, addresses go down.
+/// - An allocation takes the lowest free range, 2 MiB aligned, that fits in any area (the rest
+///   of a 20 MiB segment's area takes a later 2 or 12 MiB one); only when none fits is a new area
+///   carved.
+///
+/// Replaying every recorded trace with these addresses instead of the recorded ones reproduces
+/// every segment decision (`tests/replay.rs`); handing addresses out upward does not.
+#[derive(Debug, Clone)]
+struct DriverAddressSpace {
+    /// Mapped areas: start -> (length, bytes free in it).
+    areas: std::collections::BTreeMap<u64, (u64, u64)>,
+    /// Everything from `floor` up to `ceiling` has been carved (areas and reservations).
+    floor: u64,
+    ceiling: u64,
+}
+
+/// The context's first area and the granularity of the areas carved after it.
+const FIRST_AREA: u64 = 512 << 20;
+const AREA_GRANULARITY: u64 = 32 << 20;
+/// How far above its base an address space starts carving down.
+const ADDRESS_SPAN: u64 = 1 << 39;
+
+impl DriverAddressSpace {
+    fn below(top: u64) -> DriverAddressSpace {
+        let top = top / AREA_GRANULARITY * AREA_GRANULARITY;
+        let mut areas = std::collections::BTreeMap::new();
+        areas.insert(top - FIRST_AREA, (FIRST_AREA, FIRST_AREA));
+        DriverAddressSpace { areas, floor: top - FIRST_AREA, ceiling: top }
+    }
+
+    /// The lowest free range of `size` bytes in an area, else a new area carved below the rest.
+    fn place(&mut self, size: u64, used: &RangeSet) -> Option<u64> {
+        let fits = self
+            .areas
+            .iter()
+            .filter(|(_, (_, free))| *free >= size)
+            .find_map(|(&start, &(len, _))| used.lowest_gap(start, start.checked_add(len)?, size, ALIGN));
+        if fits.is_some() {
+            return fits;
+        }
+        let len = size.checked_next_multiple_of(AREA_GRANULARITY)?;
+        let start = self.carve(len, used)?;
+        self.areas.insert(start, (len, len));
+        Some(start)
+    }
+
+    /// The area wholly holding `[addr, addr + size)`, if any: its free bytes.
+    fn free_bytes_around(&mut self, addr: u64, size: u64) -> Option<&mut u64> {
+        let (&start, (len, free)) = self.areas.range_mut(..=addr).next_back()?;
+        (addr.checked_add(size)? <= start + *len).then_some(free)
+    }
+
+    /// `[addr, addr + size)` came into use (or, `in_use` false, went out of use).
+    fn account(&mut self, addr: u64, size: u64, in_use: bool) {
+        if let Some(free) = self.free_bytes_around(addr, size) {
+            *free = if in_use { free.saturating_sub(size) } else { *free + size };
+        }
+    }
+
+    /// `len` bytes of address space directly below everything carved so far, clear of
+    /// anything in use (a replay's recorded addresses). A span larger than what lies below (an
+    /// expandable reservation for an absurd card) goes above everything instead.
+    fn carve(&mut self, len: u64, used: &RangeSet) -> Option<u64> {
+        let below = |mut end: u64| loop {
+            let start = end.checked_sub(len)? / AREA_GRANULARITY * AREA_GRANULARITY;
+            match used.first_in(start, len) {
+                None => return Some(start),
+                Some(taken) => end = taken,
+            }
+        };
+        if let Some(start) = below(self.floor) {
+            self.floor = start;
+            return Some(start);
+        }
+        let start = self.ceiling;
+        self.ceiling = start.checked_add(len)?.checked_next_multiple_of(AREA_GRANULARITY)?;
+        Some(start)
+    }
 }
 
 /// Disjoint address ranges.
@@ -58,6 +144,28 @@ impl RangeSet {
 
     fn insert(&mut self, addr: u64, size: u64) {
         self.0.insert(addr, size);
+    }
+
+    /// The start of the lowest range in use that overlaps `[addr, addr + size)`.
+    fn first_in(&self, addr: u64, size: u64) -> Option<u64> {
+        let end = addr.saturating_add(size);
+        let before = self.0.range(..addr).next_back().filter(|&(&b, &s)| b + s > addr).map(|(&b, _)| b);
+        before.or_else(|| self.0.range(addr..end).next().map(|(&b, _)| b))
+    }
+
+    /// The lowest `align`ed address in `[start, end)` where `size` free bytes begin.
+    fn lowest_gap(&self, start: u64, end: u64, size: u64, align: u64) -> Option<u64> {
+        let mut at = start.checked_next_multiple_of(align)?;
+        loop {
+            let stop = at.checked_add(size)?;
+            if stop > end {
+                return None;
+            }
+            match self.first_in(at, size) {
+                None => return Some(at),
+                Some(b) => at = (b + self.0[&b]).checked_next_multiple_of(align)?,
+            }
+        }
     }
 
     /// Removes `[addr, addr + size)`, splitting ranges that stick out of it.
@@ -87,9 +195,10 @@ impl Default for VirtualSegments {
 }
 
 impl VirtualSegments {
+    /// Fresh addresses lie in `[base, base + 512 GiB)`.
     pub fn starting_at(base: u64) -> VirtualSegments {
         VirtualSegments {
-            next: base.checked_next_multiple_of(ALIGN).unwrap_or(base),
+            space: DriverAddressSpace::below(base.saturating_add(ADDRESS_SPAN)),
             hints: Default::default(),
             reservation_hint: None,
             used: RangeSet::default(),
@@ -111,17 +220,9 @@ impl VirtualSegments {
         self.reservation_hint = None;
     }
 
-    /// An address for `size` bytes: the hinted one if nothing there is in use, else fresh
-    /// address space. None when the address space is exhausted.
-    fn take(&mut self, size: u64, hint: Option<u64>) -> Option<u64> {
-        match hint.filter(|&a| self.used.is_free(a, size)) {
-            Some(addr) => Some(addr),
-            None => {
-                let base = self.next;
-                self.next = self.next.checked_add(size)?.checked_next_multiple_of(ALIGN)?;
-                Some(base)
-            }
-        }
+    /// The hinted address if nothing there is in use. None when the address space is exhausted.
+    fn hinted(&self, size: u64, hint: Option<u64>) -> Option<u64> {
+        hint.filter(|&a| self.used.is_free(a, size))
     }
 }
 
@@ -134,18 +235,26 @@ impl SegmentSource for VirtualSegments {
             }
             _ => None,
         };
-        let base = self.take(size, hint)?;
+        let base = match self.hinted(size, hint) {
+            Some(addr) => addr,
+            None => self.space.place(size, &self.used)?,
+        };
         self.used.insert(base, size);
+        self.space.account(base, size, true);
         Some(base)
     }
 
     fn free(&mut self, base: u64, size: u64) {
         self.used.remove(base, size);
+        self.space.account(base, size, false);
     }
 
     fn reserve(&mut self, size: u64) -> Option<u64> {
         let hint = self.reservation_hint.take();
-        self.take(size, hint)
+        match self.hinted(size, hint) {
+            Some(addr) => Some(addr),
+            None => self.space.carve(size.checked_next_multiple_of(AREA_GRANULARITY)?, &self.used),
+        }
     }
 
     fn map(&mut self, addr: u64, size: u64) -> bool {
@@ -153,11 +262,13 @@ impl SegmentSource for VirtualSegments {
             return false;
         }
         self.used.insert(addr, size);
+        self.space.account(addr, size, true);
         true
     }
 
     fn unmap(&mut self, addr: u64, size: u64) {
         self.used.remove(addr, size);
+        self.space.account(addr, size, false);
     }
 
     fn adopt(&mut self, base: u64, size: u64) -> bool {
@@ -165,10 +276,58 @@ impl SegmentSource for VirtualSegments {
             return false;
         }
         self.used.insert(base, size);
+        self.space.account(base, size, true);
         true
     }
 
     fn supports_expandable(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// The layout lm-train's trace shows on the H100, past the context's first area: two 16 MiB
+    /// segments share a 32 MiB area bottom-up, a 20 MiB one starts the next area down, and a later
+    /// 2 MiB segment fills the lowest area with room before any new area is carved.
+    #[test]
+    fn addresses_go_down_area_by_area_and_up_within_an_area() {
+        let mut s = VirtualSegments::default();
+        let first = s.allocate(FIRST_AREA).unwrap();
+        let a = s.allocate(16 * MIB).unwrap();
+        let b = s.allocate(16 * MIB).unwrap();
+        let c = s.allocate(20 * MIB).unwrap();
+        let d = s.allocate(16 * MIB).unwrap();
+        assert_eq!(a, first - 32 * MIB, "below the first area");
+        assert_eq!(b, a + 16 * MIB, "the rest of the same area");
+        assert_eq!(c, a - 32 * MIB, "a new area below");
+        assert_eq!(d, c - 32 * MIB, "12 MiB left beside the 20 MiB segment is too small");
+        let e = s.allocate(2 * MIB).unwrap();
+        assert_eq!(e, d + 16 * MIB, "the lowest area with room");
+        // A freed range is taken again, once no lower one has room.
+        s.free(c, 20 * MIB);
+        assert_eq!(s.allocate(12 * MIB).unwrap(), e + 2 * MIB, "the 14 MiB left in the lowest area");
+        assert_eq!(s.allocate(20 * MIB).unwrap(), c);
+        // Larger segments take areas rounded up to 32 MiB.
+        let big = s.allocate(148 * MIB).unwrap();
+        assert_eq!(big, d - 160 * MIB);
+        assert_eq!(big % (32 * MIB), 0);
+    }
+
+    #[test]
+    fn carving_steps_over_addresses_in_use_and_a_huge_reservation_goes_above() {
+        let mut s = VirtualSegments::starting_at(VIRTUAL_BASE);
+        let top = VIRTUAL_BASE + ADDRESS_SPAN;
+        // A replay's recorded segment right below the first area.
+        let recorded = top - FIRST_AREA - 64 * MIB;
+        assert!(s.adopt(recorded, 64 * MIB));
+        let a = s.allocate(600 * MIB).unwrap();
+        assert!(a + 608 * MIB <= recorded, "the new area lies below what is in use");
+        let huge = s.reserve(1 << 60).unwrap();
+        assert!(huge >= top, "above everything rather than overflowing");
     }
 }

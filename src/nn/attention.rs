@@ -105,7 +105,13 @@ impl CausalSelfAttention {
         };
         let mask = self.buffers.mask.narrow(0, 0, t as usize)?.narrow(1, 0, t as usize)?;
         let scores = q.matmul(&k.transpose(-2, -1)?)?.mul_scalar(1.0 / (d as f64).sqrt())?;
-        let probs = scores.masked_fill(&mask, f64::NEG_INFINITY)?.softmax(-1)?.dropout(self.dropout, training)?;
+        // Python frees a temporary when the call it was passed to returns (a Rust temporary lives
+        // to the end of the statement): the masked scores go before dropout runs.
+        let masked = scores.masked_fill(&mask, f64::NEG_INFINITY)?;
+        let weights = masked.softmax(-1)?;
+        drop(masked);
+        let probs = weights.dropout(self.dropout, training)?;
+        drop(weights);
         let y = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.view(&[b, t, c])?;
         self.out.forward(&y)
     }

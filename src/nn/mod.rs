@@ -255,8 +255,20 @@ impl Mlp {
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Mlp::Plain { fc, proj, activation } => proj.forward(&activation.forward(&fc.forward(x)?)?),
-            Mlp::SwiGlu { w1, w2, w3 } => w2.forward(&w1.forward(x)?.silu()?.mul(&w3.forward(x)?)?),
+            // Each statement ends where Python's call returns, which frees the arguments it was
+            // passed (what autograd does not keep): a Rust temporary would live to the end of a
+            // chained statement, after the next allocation.
+            Mlp::Plain { fc, proj, activation } => {
+                let hidden = activation.forward(&fc.forward(x)?)?;
+                proj.forward(&hidden)
+            }
+            Mlp::SwiGlu { w1, w2, w3 } => {
+                let gate = w1.forward(x)?.silu()?;
+                let up = w3.forward(x)?;
+                let hidden = gate.mul(&up)?;
+                drop((gate, up));
+                w2.forward(&hidden)
+            }
         }
     }
 }
@@ -310,8 +322,17 @@ impl Block {
     #[track_caller]
     pub fn forward(&self, x: &Tensor, training: bool) -> Result<Tensor> {
         let _scope = x.device().module_scope(&self.name);
-        let x = x.add(&self.attn.forward(&self.norm1.forward(x)?, training)?.dropout(self.dropout, training)?)?;
-        x.add(&self.mlp.forward(&self.norm2.forward(&x)?)?.dropout(self.dropout, training)?)
+        // As Python runs `x = x + F.dropout(self.attn(self.norm1(x)))`: each call's arguments
+        // go when it returns, before the next allocation.
+        let attended = self.attn.forward(&self.norm1.forward(x)?, training)?;
+        let dropped = attended.dropout(self.dropout, training)?;
+        drop(attended);
+        let x = x.add(&dropped)?;
+        drop(dropped);
+        let transformed = self.mlp.forward(&self.norm2.forward(&x)?)?;
+        let dropped = transformed.dropout(self.dropout, training)?;
+        drop(transformed);
+        x.add(&dropped)
     }
 }
 

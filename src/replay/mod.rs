@@ -34,6 +34,9 @@ pub struct ReplayOptions {
     pub keep_snapshot: bool,
     /// Stop after this many trace entries (the state at a cursor); None: the whole trace.
     pub until: Option<usize>,
+    /// New segments go where the simulated driver puts them, not at the recorded addresses: the
+    /// segment decisions still agreeing is what shows the address model right.
+    pub own_addresses: bool,
 }
 
 /// Which state the replay starts from.
@@ -312,6 +315,8 @@ struct Run<'a> {
     /// Pass the recorded stacks to the allocator (for a replayed snapshot).
     keep_frames: bool,
     compare_addresses: bool,
+    /// Segments are placed by our address model; segment calls are compared by size.
+    own_addresses: bool,
     first_oom_event: Option<usize>,
     first_oom_message: Option<String>,
     recorded_oom: Option<RecordedOom>,
@@ -380,7 +385,8 @@ impl<'a> Run<'a> {
             ooms: 0,
             keep_frames: options.keep_snapshot,
             // From a replaced start every address differs by construction.
-            compare_addresses: options.start == StartMode::Recorded,
+            compare_addresses: options.start == StartMode::Recorded && !options.own_addresses,
+            own_addresses: options.own_addresses,
             first_oom_event: None,
             first_oom_message: None,
             recorded_oom: None,
@@ -564,10 +570,10 @@ impl<'a> Run<'a> {
         self.recorded_device_allocs.push((e.action, e.size));
         self.pending_segment_events.push((e.action, e.addr, e.size));
         let source = self.alloc.source_mut();
-        if e.action == Action::SegmentAlloc {
-            source.hint(e.addr, e.size);
-        } else {
-            source.hint_reservation(e.addr);
+        match (self.own_addresses, e.action) {
+            (true, _) => {}
+            (false, Action::SegmentAlloc) => source.hint(e.addr, e.size),
+            (false, _) => source.hint_reservation(e.addr),
         }
         i + 1
     }
@@ -586,7 +592,7 @@ impl<'a> Run<'a> {
         let mut recorded: Vec<(Action, u64, u64)> = self.trace[i..end].iter().map(|e| (e.action, e.addr, e.size)).collect();
         ours.sort();
         recorded.sort();
-        if ours != recorded {
+        if !self.same_segment_calls(&ours, &recorded) {
             self.diverge(i, format!("cache release: recorded {} segment release(s), replay made {}", recorded.len(), ours.len()));
         }
         end
@@ -629,7 +635,7 @@ impl<'a> Run<'a> {
         let ours = self.segment_events_since(before);
         let recorded = std::mem::take(&mut self.pending_segment_events);
         self.pending_since = None;
-        if ours != recorded {
+        if !self.same_segment_calls(&ours, &recorded) {
             self.diverge(i, format!("alloc of {} bytes: recorded {}; replay made {}", e.size, describe(&recorded), describe(&ours)));
         }
         self.alloc.source_mut().clear_hints();
@@ -678,6 +684,19 @@ impl<'a> Run<'a> {
             self.diverge(i, format!("free completion: {err}"));
         }
         i + 1
+    }
+
+    /// Whether two lists of segment calls agree: at the same addresses, unless ours are our own.
+    fn same_segment_calls(&self, ours: &[(Action, u64, u64)], recorded: &[(Action, u64, u64)]) -> bool {
+        if !self.own_addresses {
+            return ours == recorded;
+        }
+        let sizes = |calls: &[(Action, u64, u64)]| {
+            let mut v: Vec<(Action, u64)> = calls.iter().map(|&(a, _, size)| (a, size)).collect();
+            v.sort();
+            v
+        };
+        sizes(ours) == sizes(recorded)
     }
 
     /// The segment calls (alloc, free, map, unmap) our allocator recorded since history entry

@@ -8,8 +8,8 @@ use crate::tensor::{DType, Result, Tensor, TensorError};
 
 impl Tensor {
     /// `F.dropout(x, p, training)`. In training with 0 < p < 1 it is PyTorch's fused
-    /// `native_dropout`: the output, then a bool mask (one byte per element) that autograd
-    /// saves; otherwise the input itself, as PyTorch returns it.
+    /// `native_dropout`: a bool mask (one byte per element) that autograd saves, then the output,
+    /// in that order as `dropout_cuda` allocates them; otherwise the input itself, as PyTorch returns it.
     #[track_caller]
     pub fn dropout(&self, p: f64, training: bool) -> Result<Tensor> {
         if !(0.0..=1.0).contains(&p) {
@@ -24,8 +24,8 @@ impl Tensor {
         }
         self.float_only("dropout")?;
         let scale = 1.0 / (1.0 - p);
-        let out = self.device().empty_tensor(self.shape(), self.dtype, "native_dropout")?;
         let mask = self.device().empty_tensor(self.shape(), DType::Bool, "native_dropout")?;
+        let out = self.device().empty_tensor(self.shape(), self.dtype, "native_dropout")?;
         mask.elementwise(Entry::Random(Fused::DropoutMask(p as f32).wgsl(WgslScalar::U32), self.device().next_seed()), &[], 0.0)?;
         out.masked_scale(self, &mask, scale)?;
         if !graph::records(&[self]) {
