@@ -109,3 +109,35 @@ fn every_scenario_agrees_with_its_twin_recorded_on_an_h100() {
     eprintln!("{}", table.join("\n"));
     assert!(wrong.is_empty(), "twins that disagree:\n{}", wrong.join("\n"));
 }
+
+#[test]
+fn the_oom_twin_runs_out_on_the_same_request_given_the_memory_pytorch_had() {
+    // On the H100 the CUDA context and the kernels loaded took memory outside the allocator, so
+    // PyTorch had less than the card's total_memory. What it had is in its trace: the reserved
+    // bytes and the device's free bytes at the failed request. Given exactly that, the scenario
+    // fails on the same request with PyTorch's own figures.
+    let Some(dir) = common::fixtures_dir() else { return };
+    let twins = dir.parent().unwrap().join("h100-twins");
+    let snapshot = tensormem::trace::load_file(&twins.join("oom.pickle")).unwrap();
+    let replay = tensormem::replay::replay_device(&snapshot, 0, &Default::default(), &mut |_, _| {}).unwrap();
+    let recorded = replay.recorded_oom.expect("the trace records its out-of-memory");
+    let had = recorded.capacity_estimate_bytes.unwrap();
+    assert_eq!((recorded.request_bytes, recorded.device_free_bytes), (64 << 20, Some(65_208_320)));
+
+    let text = std::fs::read_to_string(twins.join("oom.json")).unwrap();
+    let twin: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let set = twin["parameters"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), set_value(v))).collect();
+    let request = RunRequest { scenario: "oom".into(), set, device: Some("sim:H100-80GB".into()), capacity: Some(had), ..Default::default() };
+    let run = scenarios::run(&request).unwrap();
+    let ours = run.out_of_memory.expect("runs out");
+    let pytorch = twin["out_of_memory"].as_str().unwrap();
+    for figure in ["Tried to allocate 64.00 MiB", "of which 62.19 MiB is free", "76.94 GiB is allocated by", "1.45 GiB is reserved by"] {
+        assert!(pytorch.contains(figure), "{pytorch}");
+        assert!(ours.contains(figure), "{figure}: {ours}");
+    }
+    assert_eq!(run.peak_reserved_bytes, twin["peak_reserved_bytes"].as_u64().unwrap());
+    assert_eq!(run.peak_allocated_bytes, twin["peak_allocated_bytes"].as_u64().unwrap());
+    // Outside the allocator at that moment: 750.8 MiB (the doctor's outside-allocator estimate
+    // for the context alone is 450 MiB).
+    assert_eq!(twin["capacity_bytes"].as_u64().unwrap() - had, 787_283_968);
+}
