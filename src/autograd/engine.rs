@@ -145,7 +145,8 @@ fn add_to_buffer(buffers: &mut FxHashMap<Key, Tensor>, k: Key, g: Tensor, from: 
         None => {
             buffers.insert(k, g);
         }
-        Some(old) if old.unique() && !old.is_view() && old.is_contiguous() && old.shape() == g.shape() => {
+        // `can_accumulate_inplace`: dense in any order of dimensions, not only row-major.
+        Some(old) if old.unique() && !old.is_view() && old.layout().is_dense() && old.shape() == g.shape() => {
             old.add_(&g)?;
             buffers.insert(k, old);
         }

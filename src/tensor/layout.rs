@@ -24,6 +24,70 @@ impl Layout {
         Layout { shape: shape.to_vec(), strides, offset: 0 }
     }
 
+    /// Dense, with the dimensions in memory in `order` (slowest first; a permutation of the
+    /// dimensions): what TensorIterator gives an elementwise result of permuted inputs.
+    pub fn dense_in_order(shape: &[usize], order: &[usize]) -> Layout {
+        let mut strides = vec![0; shape.len()];
+        let mut acc = 1;
+        for &d in order.iter().rev() {
+            strides[d] = acc;
+            acc *= shape[d].max(1);
+        }
+        Layout { shape: shape.to_vec(), strides, offset: 0 }
+    }
+
+    /// The order of the dimensions in memory that TensorIterator gives the result of an
+    /// elementwise op over operands of these layouts broadcast to `shape` (`reorder_dimensions`:
+    /// by the first operand whose strides tell two dimensions apart, broadcast ones ignored; equal
+    /// strides put the smaller dimension inside). None: row-major, the contiguous result.
+    pub fn result_order(shape: &[usize], operands: &[&Layout]) -> Option<Vec<usize>> {
+        let n = shape.len();
+        if n < 2 || operands.iter().all(|l| l.shape == shape && l.is_contiguous()) {
+            return None;
+        }
+        // Each operand's strides over the result's dimensions (0 where it is broadcast).
+        let strides: Vec<Vec<usize>> = operands
+            .iter()
+            .map(|l| {
+                let lead = n - l.shape.len().min(n);
+                (0..n).map(|d| if d < lead || l.shape[d - lead] != shape[d] { 0 } else { l.strides[d - lead] }).collect()
+            })
+            .collect();
+        let should_swap = |d0: usize, d1: usize| -> std::cmp::Ordering {
+            use std::cmp::Ordering::*;
+            for s in &strides {
+                let (s0, s1) = (s[d0], s[d1]);
+                if s0 == 0 || s1 == 0 {
+                    continue;
+                }
+                match s0.cmp(&s1) {
+                    Less => return Less,
+                    Greater => return Greater,
+                    Equal if shape[d0] > shape[d1] => return Greater,
+                    Equal => {}
+                }
+            }
+            Equal
+        };
+        // Fastest first, starting from row-major; an insertion sort as ATen's.
+        let mut perm: Vec<usize> = (0..n).rev().collect();
+        for i in 1..n {
+            let mut d1 = i;
+            for d0 in (0..i).rev() {
+                match should_swap(perm[d0], perm[d1]) {
+                    std::cmp::Ordering::Greater => {
+                        perm.swap(d0, d1);
+                        d1 = d0;
+                    }
+                    std::cmp::Ordering::Less => break,
+                    std::cmp::Ordering::Equal => {}
+                }
+            }
+        }
+        perm.reverse();
+        (perm.iter().enumerate().any(|(i, &d)| i != d)).then_some(perm)
+    }
+
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
@@ -37,6 +101,21 @@ impl Layout {
         let mut expected = 1;
         for d in (0..self.ndim()).rev() {
             if self.shape[d] != 1 && self.strides[d] != expected {
+                return false;
+            }
+            expected *= self.shape[d];
+        }
+        true
+    }
+
+    /// Every element at its own offset and no gaps between them, in whatever order of the
+    /// dimensions (`is_non_overlapping_and_dense`): contiguous, or a permutation of it.
+    pub fn is_dense(&self) -> bool {
+        let mut dims: Vec<usize> = (0..self.ndim()).filter(|&d| self.shape[d] != 1).collect();
+        dims.sort_by_key(|&d| self.strides[d]);
+        let mut expected = 1;
+        for d in dims {
+            if self.strides[d] != expected {
                 return false;
             }
             expected *= self.shape[d];
@@ -259,5 +338,36 @@ mod tests {
         assert_eq!(broadcast_shapes(&[3, 1], &[4]).unwrap(), vec![3, 4]);
         assert!(broadcast_shapes(&[3, 2], &[4]).is_err());
         assert_eq!(infer_shape(&[-1, 4], 12).unwrap(), vec![3, 4]);
+    }
+
+    /// RoPE on a transposed q, as PyTorch lays the results out: `x * cos` keeps x's layout
+    /// (cos broadcasts), `rotated * sin` is contiguous (cat makes a contiguous tensor), and their
+    /// sum follows its first operand, so the next matmul must copy it.
+    #[test]
+    fn an_elementwise_result_takes_its_first_decisive_operands_layout() {
+        let (b, t, h, d) = (2, 5, 3, 4);
+        let q = Layout::contiguous(&[b, t, h, d]).transpose(1, 2).unwrap();
+        let cos = Layout::contiguous(&[t, d]);
+        let shape = [b, h, t, d];
+        let order = Layout::result_order(&shape, &[&q, &cos]).expect("not row-major");
+        assert_eq!(order, vec![0, 2, 1, 3], "batch, position, head, feature in memory: q's own order");
+        let x_cos = Layout::dense_in_order(&shape, &order);
+        assert_eq!(x_cos.strides, q.strides);
+        assert!(x_cos.is_dense() && !x_cos.is_contiguous());
+        let rotated = Layout::contiguous(&shape);
+        assert_eq!(Layout::result_order(&shape, &[&x_cos, &rotated]), Some(order.clone()));
+        assert_eq!(Layout::result_order(&shape, &[&rotated, &x_cos]), None, "the first operand decides");
+        // Contiguous operands, or one broadcast everywhere it could tell: row-major.
+        assert_eq!(Layout::result_order(&shape, &[&rotated, &rotated]), None);
+        assert_eq!(Layout::result_order(&[4, 6], &[&Layout::contiguous(&[6])]), None);
+        // A transposed matrix alone (`x.t() * 2`) keeps its layout; equal strides of a size-1
+        // dimension change nothing.
+        let xt = Layout::contiguous(&[6, 4]).transpose(0, 1).unwrap();
+        assert_eq!(Layout::result_order(&[4, 6], &[&xt]), Some(vec![1, 0]));
+        assert_eq!(Layout::dense_in_order(&[4, 6], &[1, 0]).strides, xt.strides);
+        // Not dense: a narrowed or expanded layout.
+        assert!(!Layout::contiguous(&[4, 6]).narrow(1, 0, 3).unwrap().is_dense());
+        assert!(!Layout::contiguous(&[3, 1]).expand(&[3, 5]).unwrap().is_dense());
+        assert!(Layout::contiguous(&[3, 1, 5]).is_dense());
     }
 }

@@ -351,11 +351,7 @@ impl Tensor {
     /// `reshape`: a view when possible, otherwise a contiguous copy (which allocates).
     #[track_caller]
     pub fn reshape(&self, shape: &[isize]) -> Result<Tensor> {
-        let dims = layout::infer_shape(shape, self.numel())?;
-        match self.layout.view(&dims) {
-            Ok(l) => Ok(self.viewed(l)),
-            Err(_) => self.contiguous()?.view(shape),
-        }
+        self.reshape_for(shape, "clone")
     }
 
     /// `contiguous`: self if already contiguous (no memory), else a copy.
@@ -371,9 +367,26 @@ impl Tensor {
     #[allow(clippy::should_implement_trait)]
     #[track_caller]
     pub fn clone(&self) -> Result<Tensor> {
-        let out = self.device().empty_tensor(self.shape(), self.dtype, "clone")?;
+        self.copy_for("clone")
+    }
+
+    /// A contiguous copy that an op makes of its operand (`op` names the allocation): `clone`'s,
+    /// or a matmul's when its batch dimensions fold into no strides.
+    #[track_caller]
+    pub(crate) fn copy_for(&self, op: &'static str) -> Result<Tensor> {
+        let out = self.device().empty_tensor(self.shape(), self.dtype, op)?;
         out.unary_into(self, ops::Unary::Identity, 0.0)?;
         Ok(self.record_view("CloneBackward0", out, || |g: &Tensor| Ok(g.share())))
+    }
+
+    /// `reshape` as an op calls it inside itself: a copy it needs is named by `op`.
+    #[track_caller]
+    pub(crate) fn reshape_for(&self, shape: &[isize], op: &'static str) -> Result<Tensor> {
+        let dims = layout::infer_shape(shape, self.numel())?;
+        match self.layout.view(&dims) {
+            Ok(l) => Ok(self.viewed(l)),
+            Err(_) => self.copy_for(op)?.view(shape),
+        }
     }
 
     /// Copies to the host (`tensor.tolist()` / `.cpu().numpy()`). A non-contiguous tensor is

@@ -176,6 +176,20 @@ pub async fn binary_ops_broadcast_over_strided_views(dev: &Device) {
             close(&read::<f32>(&out).await, &expected, 1e-6, &format!("case {case} {name} {out_shape:?} with {b_shape:?}"));
         }
     }
+    // As TensorIterator: the result of a transposed matrix and a broadcast row keeps the matrix's
+    // layout (column-major here), and its values are the same; a view of it as one row is refused,
+    // as PyTorch refuses it, and reshape copies.
+    let data: Vec<f32> = (0..15).map(|i| i as f32).collect();
+    let xt = dev.from_slice(&data, &[5, 3]).unwrap().t().unwrap();
+    let row = dev.from_slice(&[10.0f32, 20.0, 30.0, 40.0, 50.0], &[5]).unwrap();
+    let sum = xt.add(&row).unwrap();
+    assert_eq!((sum.shape(), sum.strides()), (&[3usize, 5][..], &[1usize, 3][..]));
+    let expected: Vec<f32> = (0..3).flat_map(|i| (0..5).map(move |j| (j * 3 + i) as f32 + 10.0 * (j + 1) as f32)).collect();
+    assert_eq!(read::<f32>(&sum).await, expected);
+    assert!(sum.view(&[15]).is_err());
+    assert_eq!(read::<f32>(&sum.reshape(&[15]).unwrap()).await, expected);
+    assert!(sum.neg().unwrap().strides() == [1, 3], "a unary op keeps the layout too");
+
     // Mixed types compute in the promoted type, alpha too; integers refuse a fractional alpha.
     let ints = dev.from_slice(&[1i32, -2, 3], &[3]).unwrap();
     let floats = dev.from_slice(&[0.5f32, 1.5, -2.0], &[3]).unwrap();

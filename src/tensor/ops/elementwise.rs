@@ -147,7 +147,7 @@ impl Tensor {
         if op.decl().grad.is_none() {
             not_differentiated_yet(op.name(), &[self])?;
         }
-        let out = self.device().empty_tensor(self.shape(), self.dtype, op.name())?;
+        let out = self.device().empty_result(self.shape(), &[self], self.dtype, op.name())?;
         out.unary_into(self, op, scalar)?;
         Ok(self.record_unary(op, scalar, out))
     }
@@ -221,7 +221,7 @@ impl Tensor {
         if op.decl().grad.is_none() && op.out_dtype(compute) == compute {
             not_differentiated_yet(op.name(), &[self, other])?;
         }
-        let out = self.device().empty_tensor(&shape, op.out_dtype(compute), op.name())?;
+        let out = self.device().empty_result(&shape, &[self, other], op.out_dtype(compute), op.name())?;
         out.binary_into(self, other, op, scalar)?;
         Ok(self.record_binary(other, op, scalar, out))
     }

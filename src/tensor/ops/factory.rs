@@ -32,6 +32,18 @@ impl Device {
         Ok(Tensor::from_parts(Rc::new(storage), Layout::contiguous(shape), dtype, false))
     }
 
+    /// A new uninitialised tensor for an elementwise result over `operands`: laid out as
+    /// TensorIterator lays it out (contiguous, or dense in the operands' order of dimensions).
+    #[track_caller]
+    pub(crate) fn empty_result(&self, shape: &[usize], operands: &[&Tensor], dtype: DType, op: &'static str) -> Result<Tensor> {
+        let out = self.empty_tensor(shape, dtype, op)?;
+        let layouts: Vec<&Layout> = operands.iter().map(|t| t.layout()).collect();
+        match Layout::result_order(shape, &layouts) {
+            None => Ok(out),
+            Some(order) => Ok(Tensor::from_parts(out.storage.clone(), Layout::dense_in_order(shape, &order), dtype, false)),
+        }
+    }
+
     /// `bytes` of memory with no tensor over it (a communication bucket), freed when dropped.
     /// Counted in u64: a bucket of a whole model may hold more elements than a tensor indexes
     /// on a 32-bit platform.

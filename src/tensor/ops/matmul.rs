@@ -124,7 +124,7 @@ impl Tensor {
                 let mut out_shape: Vec<isize> = t1.shape()[..t1.ndim() - 1].iter().map(|&n| n as isize).collect();
                 let folded: usize = t1.shape()[..t1.ndim() - 1].iter().product();
                 let k = *t1.shape().last().expect("at least 3 dims");
-                let t1_folded = t1.reshape(&[folded as isize, k as isize])?;
+                let t1_folded = t1.reshape_for(&[folded as isize, k as isize], "matmul")?;
                 if t2.ndim() == 2 {
                     out_shape.push(t2.shape()[1] as isize);
                     let out = t1_folded.mm(&t2, kind)?.view(&out_shape)?;
@@ -139,11 +139,13 @@ impl Tensor {
                 let batch = broadcast_shapes(&self.shape()[..d1.saturating_sub(2)], &other.shape()[..d2.saturating_sub(2)])?;
                 let batches: usize = batch.iter().product();
                 let with = |tail: &[usize]| batch.iter().chain(tail).copied().collect::<Vec<usize>>();
-                let t1 = self.expand(&with(&[n, k1]))?.reshape(&[batches as isize, n as isize, k1 as isize])?;
+                // Operands whose batch dimensions fold into no strides are copied: matmul's
+                // own copies (what bmm saves for backward), not a clone() of the program's.
+                let t1 = self.expand(&with(&[n, k1]))?.reshape_for(&[batches as isize, n as isize, k1 as isize], "matmul")?;
                 let t2 = if d2 == 1 {
-                    other.expand(&with(&[k2]))?.reshape(&[batches as isize, k2 as isize])?.unsqueeze(2)?
+                    other.expand(&with(&[k2]))?.reshape_for(&[batches as isize, k2 as isize], "matmul")?.unsqueeze(2)?
                 } else {
-                    other.expand(&with(&[k2, p]))?.reshape(&[batches as isize, k2 as isize, p as isize])?
+                    other.expand(&with(&[k2, p]))?.reshape_for(&[batches as isize, k2 as isize, p as isize], "matmul")?
                 };
                 let mut out_shape: Vec<isize> = batch.iter().map(|&b| b as isize).collect();
                 if d1 > 1 {
