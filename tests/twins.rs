@@ -137,7 +137,7 @@ fn the_oom_twin_runs_out_on_the_same_request_given_the_memory_pytorch_had() {
     }
     assert_eq!(run.peak_reserved_bytes, twin["peak_reserved_bytes"].as_u64().unwrap());
     assert_eq!(run.peak_allocated_bytes, twin["peak_allocated_bytes"].as_u64().unwrap());
-    // Outside the allocator at that moment: 750.8 MiB (the doctor's outside-allocator estimate
-    // for the context alone is 450 MiB).
+    // Outside the allocator at that moment: 750.8 MiB (the doctor's outside-allocator finding
+    // counts 700 MiB for the context, from this and another H100 measurement).
     assert_eq!(twin["capacity_bytes"].as_u64().unwrap() - had, 787_283_968);
 }
