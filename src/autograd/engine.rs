@@ -170,7 +170,8 @@ fn accumulate(leaf: &Tensor, grad: Tensor) -> Result<()> {
         }
         None => {
             let _gradient = device.category(Category::Gradient);
-            leaf.set_grad(Some(grad.clone()?))
+            // `clone_obey_contract`: a contiguous parameter's gradient is contiguous.
+            leaf.set_grad(Some(grad.copy_for("clone")?))
         }
         Some(existing) => {
             existing.add_(&grad)?;

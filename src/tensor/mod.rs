@@ -360,21 +360,27 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.share());
         }
-        self.clone()
-    }
-
-    /// PyTorch's `clone()`: always a new tensor with its own memory.
-    #[allow(clippy::should_implement_trait)]
-    #[track_caller]
-    pub fn clone(&self) -> Result<Tensor> {
+        // `clone(memory_format=torch.contiguous_format)`.
         self.copy_for("clone")
     }
 
-    /// A contiguous copy that an op makes of its operand (`op` names the allocation): `clone`'s,
-    /// or a matmul's when its batch dimensions fold into no strides.
+    /// PyTorch's `clone()`: always a new tensor with its own memory. Its layout is preserved
+    /// (`memory_format=torch.preserve_format`): a transposed matrix's clone is transposed too.
+    #[allow(clippy::should_implement_trait)]
+    #[track_caller]
+    pub fn clone(&self) -> Result<Tensor> {
+        self.copy_into(self.device().empty_result(self.shape(), &[self], self.dtype, "clone")?)
+    }
+
+    /// A contiguous copy that an op makes of its operand (`op` names the allocation):
+    /// `contiguous()`'s, or a matmul's when its batch dimensions fold into no strides.
     #[track_caller]
     pub(crate) fn copy_for(&self, op: &'static str) -> Result<Tensor> {
-        let out = self.device().empty_tensor(self.shape(), self.dtype, op)?;
+        self.copy_into(self.device().empty_tensor(self.shape(), self.dtype, op)?)
+    }
+
+    #[track_caller]
+    fn copy_into(&self, out: Tensor) -> Result<Tensor> {
         out.unary_into(self, ops::Unary::Identity, 0.0)?;
         Ok(self.record_view("CloneBackward0", out, || |g: &Tensor| Ok(g.share())))
     }

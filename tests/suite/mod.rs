@@ -189,6 +189,10 @@ pub async fn binary_ops_broadcast_over_strided_views(dev: &Device) {
     assert!(sum.view(&[15]).is_err());
     assert_eq!(read::<f32>(&sum.reshape(&[15]).unwrap()).await, expected);
     assert!(sum.neg().unwrap().strides() == [1, 3], "a unary op keeps the layout too");
+    // clone() preserves the layout, contiguous() does not.
+    let copy = xt.clone().unwrap();
+    assert_eq!((copy.strides(), xt.contiguous().unwrap().strides()), (&[1usize, 3][..], &[5usize, 1][..]));
+    assert_eq!(read::<f32>(&copy).await, read::<f32>(&xt).await);
 
     // Mixed types compute in the promoted type, alpha too; integers refuse a fractional alpha.
     let ints = dev.from_slice(&[1i32, -2, 3], &[3]).unwrap();
@@ -1150,7 +1154,9 @@ pub async fn gradients_match_finite_differences(dev: &Device) {
         ("matmul, vector times a batch", &[4], &[3, 4, 2], |a, b| a.matmul(b).unwrap()),
         ("views", &[3, 4], &[4, 3], |a, b| {
             let v = a.t().unwrap().mul(b).unwrap().reshape(&[2, 6]).unwrap().unsqueeze(0).unwrap().expand(&[2, 2, 6]).unwrap();
-            v.permute(&[2, 0, 1]).unwrap().clone().unwrap().view(&[6, 4]).unwrap().transpose(0, 1).unwrap().squeeze(None).unwrap()
+            // contiguous(), not clone(): a clone keeps the permuted layout, which no view flattens
+            // (PyTorch refuses that view too).
+            v.permute(&[2, 0, 1]).unwrap().contiguous().unwrap().view(&[6, 4]).unwrap().transpose(0, 1).unwrap().squeeze(None).unwrap()
         }),
         ("sum and mean over dims", &[2, 3, 4], &[3], |a, b| {
             a.mean(&[0], false).unwrap().sum(&[1], true).unwrap().squeeze(Some(1)).unwrap().mul(b).unwrap().sum(&[], false).unwrap()

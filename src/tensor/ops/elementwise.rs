@@ -347,7 +347,8 @@ impl Tensor {
         if dtype == self.dtype {
             return Ok(self.share());
         }
-        let out = self.device().empty_tensor(self.shape(), dtype, "to")?;
+        // `memory_format=torch.preserve_format`: the layout of self, made dense.
+        let out = self.device().empty_result(self.shape(), &[self], dtype, "to")?;
         out.unary_into(self, Unary::Cast, 0.0)?;
         if !dtype.is_float() {
             // An integer result is outside the graph, as in PyTorch.

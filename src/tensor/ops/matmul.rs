@@ -32,7 +32,7 @@ impl Tensor {
         let (s0, s1) = (self.strides()[nd - 2], self.strides()[nd - 1]);
         let row_major = (s1 == 1 || cols == 1) && s0 >= cols.max(1);
         let col_major = (s0 == 1 || rows == 1) && s1 >= rows.max(1);
-        if row_major || col_major || self.numel() == 0 { Ok(self.share()) } else { self.clone() }
+        if row_major || col_major || self.numel() == 0 { Ok(self.share()) } else { self.copy_for("clone") }
     }
 
     /// `F.linear(self, weight, bias)` as ATen's `linear` runs it: with a bias, 2-D input (and
