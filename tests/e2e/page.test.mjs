@@ -406,8 +406,9 @@ test('tensormem serve FILE opens the page with that snapshot loaded, and what-if
     for (const id of ['#filter-text', '#filter-min', '#filter-max']) await page.fill(id, '');
     await page.waitForFunction(() => !/hidden/.test(document.querySelector('#filter-count').textContent));
 
-    // A 6.6 GiB card from a replaced start: the trace runs out of memory.
-    await page.fill('#whatif-capacity', '6.6GiB');
+    // A 6.4 GiB card from a replaced start: the trace runs out of memory (6.6 GiB is enough once
+    // the cached segments are released and the request retried).
+    await page.fill('#whatif-capacity', '6.4GiB');
     await page.selectOption('#whatif-start', 'replaced');
     await page.click('#whatif-run');
     await page.waitForSelector('#whatif-result table');
