@@ -220,7 +220,7 @@ impl VirtualSegments {
         self.reservation_hint = None;
     }
 
-    /// The hinted address if nothing there is in use. None when the address space is exhausted.
+    /// The hinted address, if nothing there is in use.
     fn hinted(&self, size: u64, hint: Option<u64>) -> Option<u64> {
         hint.filter(|&a| self.used.is_free(a, size))
     }
