@@ -197,7 +197,7 @@ impl Tensor {
     /// gradient (x) and what the op saved (y).
     #[track_caller]
     fn fused_backward(&self, name: &'static str, derivative: fn(&str, &str, &str) -> String, saved: &Tensor, scalar: f64) -> Result<Tensor> {
-        let out = self.device().empty_tensor(self.shape(), self.dtype, name)?;
+        let out = self.device().empty_result(self.shape(), &[self, saved], self.dtype, name)?;
         let t = values(self.dtype, self.device())?;
         out.elementwise(Entry::Binary(fused_backward(t, derivative)), &[self, saved], scalar)?;
         Ok(out)

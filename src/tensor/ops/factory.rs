@@ -15,6 +15,25 @@ impl Device {
     /// A new uninitialised contiguous tensor: one allocation.
     #[track_caller]
     pub(crate) fn empty_tensor(&self, shape: &[usize], dtype: DType, op: &'static str) -> Result<Tensor> {
+        self.empty_dense(Layout::contiguous(shape), dtype, op)
+    }
+
+    /// A new uninitialised tensor for an elementwise result over `operands`: laid out as
+    /// TensorIterator lays it out (contiguous, or dense in the operands' order of dimensions).
+    #[track_caller]
+    pub(crate) fn empty_result(&self, shape: &[usize], operands: &[&Tensor], dtype: DType, op: &'static str) -> Result<Tensor> {
+        let layouts: Vec<&Layout> = operands.iter().map(|t| t.layout()).collect();
+        let layout = match Layout::result_order(shape, &layouts) {
+            None => Layout::contiguous(shape),
+            Some(order) => Layout::dense_in_order(shape, &order),
+        };
+        self.empty_dense(layout, dtype, op)
+    }
+
+    /// One allocation for a dense layout (every element once, no gaps).
+    #[track_caller]
+    fn empty_dense(&self, layout: Layout, dtype: DType, op: &'static str) -> Result<Tensor> {
+        let shape = &layout.shape;
         if shape.len() > MAX_DIMS {
             return Err(TensorError::Shape(format!("{} dims; at most {MAX_DIMS} are supported", shape.len())));
         }
@@ -29,19 +48,7 @@ impl Device {
         }
         let block = if bytes == 0 { None } else { Some(self.allocate(bytes, op)?) };
         let storage = Storage { device: self.clone(), block, bytes, id: self.next_storage_id(), version: Cell::new(0) };
-        Ok(Tensor::from_parts(Rc::new(storage), Layout::contiguous(shape), dtype, false))
-    }
-
-    /// A new uninitialised tensor for an elementwise result over `operands`: laid out as
-    /// TensorIterator lays it out (contiguous, or dense in the operands' order of dimensions).
-    #[track_caller]
-    pub(crate) fn empty_result(&self, shape: &[usize], operands: &[&Tensor], dtype: DType, op: &'static str) -> Result<Tensor> {
-        let out = self.empty_tensor(shape, dtype, op)?;
-        let layouts: Vec<&Layout> = operands.iter().map(|t| t.layout()).collect();
-        match Layout::result_order(shape, &layouts) {
-            None => Ok(out),
-            Some(order) => Ok(Tensor::from_parts(out.storage.clone(), Layout::dense_in_order(shape, &order), dtype, false)),
-        }
+        Ok(Tensor::from_parts(Rc::new(storage), layout, dtype, false))
     }
 
     /// `bytes` of memory with no tensor over it (a communication bucket), freed when dropped.

@@ -37,7 +37,7 @@ impl Tensor {
             return Err(TensorError::DType(format!("where of {} and {}", a.dtype, b.dtype)));
         }
         let shape = broadcast_shapes(&broadcast_shapes(self.shape(), a.shape())?, b.shape())?;
-        let out = self.device().empty_tensor(&shape, a.dtype, "where")?;
+        let out = self.device().empty_result(&shape, &[self, a, b], a.dtype, "where")?;
         out.elementwise(Entry::Ternary(Fused::WHERE.into()), &[self, a, b], 0.0)?;
         if !graph::records(&[a, b]) {
             return Ok(out);
@@ -82,7 +82,7 @@ impl Tensor {
             return Err(TensorError::Shape(format!("masked_fill: mask {:?} does not broadcast to {:?}", mask.shape(), self.shape())));
         }
         let t = values(self.dtype, self.device())?;
-        let out = self.device().empty_tensor(self.shape(), self.dtype, "masked_fill")?;
+        let out = self.device().empty_result(self.shape(), &[self], self.dtype, "masked_fill")?;
         out.elementwise(Entry::Binary(Fused::MaskedFill.wgsl(t)), &[self, mask], value)?;
         if !graph::records(&[self]) {
             return Ok(out);
@@ -102,7 +102,7 @@ impl Tensor {
     #[track_caller]
     fn kept_where(&self, mask: &Tensor, kept_where: bool, op: &'static str) -> Result<Tensor> {
         let t = values(self.dtype, self.device())?;
-        let out = self.device().empty_tensor(self.shape(), self.dtype, op)?;
+        let out = self.device().empty_result(self.shape(), &[self, mask], self.dtype, op)?;
         out.elementwise(Entry::Binary(Fused::KeptWhere(kept_where).wgsl(t)), &[self, mask], 0.0)?;
         Ok(out)
     }
@@ -133,7 +133,7 @@ impl Tensor {
         if other.dtype != self.dtype || !self.dtype.is_float() {
             return Err(TensorError::DType(format!("add of {} and {}", self.dtype, other.dtype)));
         }
-        let out = self.device().empty_tensor(&broadcast_shapes(self.shape(), other.shape())?, self.dtype, "add")?;
+        let out = self.device().empty_result(&broadcast_shapes(self.shape(), other.shape())?, &[self, other], self.dtype, "add")?;
         out.elementwise(Entry::Ternary(expr.into()), &[self, other, other], value)?;
         Ok(out)
     }

@@ -24,8 +24,9 @@ impl Tensor {
         }
         self.float_only("dropout")?;
         let scale = 1.0 / (1.0 - p);
-        let mask = self.device().empty_tensor(self.shape(), DType::Bool, "native_dropout")?;
-        let out = self.device().empty_tensor(self.shape(), self.dtype, "native_dropout")?;
+        // Both `empty_like(self)`: in self's layout.
+        let mask = self.device().empty_result(self.shape(), &[self], DType::Bool, "native_dropout")?;
+        let out = self.device().empty_result(self.shape(), &[self], self.dtype, "native_dropout")?;
         mask.elementwise(Entry::Random(Fused::DropoutMask(p as f32).wgsl(WgslScalar::U32), self.device().next_seed()), &[], 0.0)?;
         out.masked_scale(self, &mask, scale)?;
         if !graph::records(&[self]) {
@@ -37,8 +38,9 @@ impl Tensor {
             out,
             &[Some(Save::Input(&mask))],
             Box::new(move |saved, g| {
-                let grad = g.device().empty_tensor(g.shape(), g.dtype, "native_dropout_backward")?;
-                grad.masked_scale(g, saved[0].as_ref().expect("saved"), scale)?;
+                let mask = saved[0].as_ref().expect("saved");
+                let grad = g.device().empty_result(g.shape(), &[g, mask], g.dtype, "native_dropout_backward")?;
+                grad.masked_scale(g, mask, scale)?;
                 Ok(vec![Some(grad)])
             }),
         ))
