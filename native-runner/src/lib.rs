@@ -522,6 +522,7 @@ fn info(json: bool) -> Result<(), Failure> {
             "max_compute_invocations_per_workgroup": a.max_compute_invocations_per_workgroup,
             "max_compute_workgroups_per_dimension": a.max_compute_workgroups_per_dimension,
             "max_storage_buffers_per_shader_stage": a.max_storage_buffers_per_shader_stage,
+            "max_compute_workgroup_storage_size": a.max_compute_workgroup_storage_size,
         },
         "capacity": dev.capacity(),
     });

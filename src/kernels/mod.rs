@@ -55,7 +55,7 @@ pub(crate) struct Kernel {
     spec: Vec<(&'static str, Cow<'static, str>)>,
     meta: Option<Meta>,
     operands: Option<Operands>,
-    body: Option<matmul::RegisterTile>,
+    body: Option<matmul::MatmulBody>,
 }
 
 /// The metadata struct a kernel binds at 0: named by its WGSL name, declared on demand.
@@ -103,9 +103,9 @@ impl Kernel {
         self
     }
 
-    /// A generated register-blocked matmul body (`matmul_register.wgsl`'s BODY).
-    pub fn with_register_tile(mut self, tile: matmul::RegisterTile) -> Kernel {
-        self.body = Some(tile);
+    /// A generated matmul body (BODY in `matmul_register.wgsl` or `matmul_staged.wgsl`).
+    pub fn with_body(mut self, body: matmul::MatmulBody) -> Kernel {
+        self.body = Some(body);
         self
     }
 
@@ -163,10 +163,8 @@ impl Kernel {
             spec.push(("T", WgslScalar::of(o.list[0].1, o.native_f16)?.name().into()));
             spec.push(("BUFFERS", declarations(o)?.into()));
         }
-        if let Some(tile) = &self.body {
-            spec.push(("BODY", tile.body().into()));
-            spec.push(("TM", tile.rows.to_string().into()));
-            spec.push(("TN", tile.cols.to_string().into()));
+        if let Some(body) = &self.body {
+            spec.extend(body.placeholders());
         }
         for (name, value) in &spec {
             text = text.replace(&format!("{{{{{name}}}}}"), value);

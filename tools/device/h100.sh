@@ -17,7 +17,8 @@
 #   e. the PyTorch twins against tensormem's simulation (tools/device/twins.py: run_all.py in
 #      parallel shards, then the scenarios that need the card alone, until the deadline).
 #   Knobs (for trying it without a GPU too): H100_BUDGET, H100_SIZES, H100_SHARDS, H100_TWINS_SKIP
-#   (scenario names), H100_TWINS=0 (no twins: a rerun of the rest), H100_TWINS_ARGS (e.g. `--run-all-args --cpu-dry-run`), H100_TORCH_BENCH_ARGS
+#   (scenario names), H100_TWINS=0 (no twins: a rerun of the rest), H100_SKIP (step names, e.g.
+#   `watch`), H100_TWINS_ARGS (e.g. `--run-all-args --cpu-dry-run`), H100_TORCH_BENCH_ARGS
 #   (e.g. `--device cpu`), H100_INSTALL_LOADER=1 (extract the .debs even without nvidia-smi).
 #   Then a compact summary of all (tools/device/summary.py). Every step runs under `timeout`,
 #   its stdout and stderr land in $OUT/<step>.out/.err, and a failed step does not stop the
@@ -46,6 +47,12 @@ limit() {
 step() {
   local name=$1 lim=$2 t0 rc took
   shift 2
+  case " ${H100_SKIP:-} " in
+    *" $name "*)
+      echo "== $name: not run (H100_SKIP)"
+      printf '%s\t%s\t%s\t%s\n' "$name" "skipped" 0 0 >> "$STEPS"
+      return 1 ;;
+  esac
   if [ "$lim" -lt 3 ]; then
     echo "== $name: SKIPPED, out of time ($(left) s left)"
     printf '%s\t%s\t%s\t%s\n' "$name" "skipped" 0 "$lim" >> "$STEPS"
@@ -131,9 +138,11 @@ echo "$WGPU_BACKEND" > "$OUT/backend.txt"
 # tests/gpu_ops.rs writes matmul choices under the CARGO_TARGET_TMPDIR compiled into the binary.
 # (tools/device/prepare.sh records it in .gl/target_tmpdir; the test creates it too where it can.)
 [ -s .gl/target_tmpdir ] && mkdir -p "$(cat .gl/target_tmpdir)" 2>/dev/null
-# Test threads as scripts/test.sh runs them (the harness's default: one per core; RUST_TEST_THREADS
-# overrides).
-CI=true step gpu_ops "$(limit 150 260)" .gl/bin/gpu_ops
+# One test at a time (RUST_TEST_THREADS overrides): a test that never ends is then named, the
+# harness printing each test's name before it runs. (On a fresh H100 with 16 test threads at
+# once, the suite once stopped after its first test, every thread waiting, and said nothing
+# more for 150 s.)
+CI=true step gpu_ops "$(limit 150 260)" .gl/bin/gpu_ops --test-threads "${RUST_TEST_THREADS:-1}"
 grep -E '^test result:' "$OUT/gpu_ops.out" | sed 's/^/   /'
 
 # ---------------------------------------------------------------- c. bench: tensormem vs PyTorch

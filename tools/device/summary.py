@@ -62,7 +62,9 @@ def gpu_ops(out):
             if m:
                 msg = " ".join(m.group(1).split())
                 print(f"  {name}: {msg[:240]}")
-    unfinished = [s for s in slow if s not in ok and s not in failed]
+    # One test at a time, the harness names a test before running it: the one with no result.
+    started = re.findall(r"^test (\S+) \.\.\. ?$", text, re.M)
+    unfinished = [s for s in slow + started if s not in ok and s not in failed]
     if unfinished:
         print("still running when stopped: " + ", ".join(unfinished))
     if skipped:

@@ -143,6 +143,7 @@ impl GpuContext {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+            max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
         };
         let retired = Retired::default();
         let segments = GpuSegments {
