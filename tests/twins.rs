@@ -1,7 +1,8 @@
 //! Every scenario against its PyTorch twin recorded on a real H100 (PyTorch 2.11,
 //! `../shared/fixtures/h100-twins/`): the scenario run on the simulated H100 with the twin's
 //! parameters must agree at every labelled step, within 0.1% in allocated bytes and 1% in
-//! reserved bytes, and run out of memory where the twin did. `tools/twins/run_all.py` makes the
+//! reserved bytes, its peak within each step within 0.2%, and run out of memory where the twin
+//! did. `tools/twins/run_all.py` makes the
 //! same comparison on a machine with the GPU; this is it from the recorded summaries.
 
 mod common;
@@ -11,12 +12,18 @@ use tensormem::scenarios::{self, RunRequest, RunResult};
 
 const ALLOCATED_TOLERANCE: f64 = 0.001;
 const RESERVED_TOLERANCE: f64 = 0.01;
+/// The peak inside a step (max_allocated since the previous label). Looser than at the labels:
+/// an 8B model's generate peaks at prefill 0.12% above PyTorch's (19 MB), transformers freeing
+/// its position and mask tensors in an order the model does not follow yet. The small twins
+/// peak to the byte.
+const PEAK_TOLERANCE: f64 = 0.002;
 
 struct Row {
     twin: String,
     steps: usize,
     worst_allocated: (f64, String),
     worst_reserved: (f64, String),
+    worst_peak: (f64, String),
     oom: (bool, bool),
 }
 
@@ -53,6 +60,7 @@ fn compare(summary: &Path) -> Row {
         steps: recorded.len(),
         worst_allocated: (0.0, String::new()),
         worst_reserved: (0.0, String::new()),
+        worst_peak: (0.0, String::new()),
         oom: (run.out_of_memory.is_some(), !twin["out_of_memory"].is_null()),
     };
     for (sim, torch) in run.steps.iter().zip(recorded) {
@@ -63,6 +71,10 @@ fn compare(summary: &Path) -> Row {
         }
         if reserved.abs() > row.worst_reserved.0.abs() {
             row.worst_reserved = (reserved, sim.label.clone());
+        }
+        let peak = relative(sim.max_allocated_bytes, torch["max_allocated_bytes"].as_u64().unwrap());
+        if peak.abs() > row.worst_peak.0.abs() {
+            row.worst_peak = (peak, sim.label.clone());
         }
     }
     row
@@ -89,19 +101,33 @@ fn every_scenario_agrees_with_its_twin_recorded_on_an_h100() {
         rows.sort_by_key(|(i, _)| *i);
         rows.into_iter().map(|(_, r)| r).collect()
     });
-    let mut table = vec![format!("{:<32} {:>5} {:>10} {:>10}  {}", "twin", "steps", "allocated", "reserved", "out of memory (sim, PyTorch)")];
+    let mut table =
+        vec![format!("{:<32} {:>5} {:>10} {:>10} {:>10}  {}", "twin", "steps", "allocated", "reserved", "step peak", "out of memory (sim, PyTorch)")];
     let mut wrong = Vec::new();
     for r in &rows {
-        let agrees = r.worst_allocated.0.abs() <= ALLOCATED_TOLERANCE && r.worst_reserved.0.abs() <= RESERVED_TOLERANCE && r.oom.0 == r.oom.1;
-        table.push(format!("{:<32} {:>5} {:>+9.4}% {:>+9.4}%  {:?}", r.twin, r.steps, 100.0 * r.worst_allocated.0, 100.0 * r.worst_reserved.0, r.oom));
+        let agrees = r.worst_allocated.0.abs() <= ALLOCATED_TOLERANCE
+            && r.worst_reserved.0.abs() <= RESERVED_TOLERANCE
+            && r.worst_peak.0.abs() <= PEAK_TOLERANCE
+            && r.oom.0 == r.oom.1;
+        table.push(format!(
+            "{:<32} {:>5} {:>+9.4}% {:>+9.4}% {:>+9.4}%  {:?}",
+            r.twin,
+            r.steps,
+            100.0 * r.worst_allocated.0,
+            100.0 * r.worst_reserved.0,
+            100.0 * r.worst_peak.0,
+            r.oom
+        ));
         if !agrees {
             wrong.push(format!(
-                "{}: allocated {:+.4}% at {:?}, reserved {:+.4}% at {:?}, out of memory {:?}",
+                "{}: allocated {:+.4}% at {:?}, reserved {:+.4}% at {:?}, step peak {:+.4}% at {:?}, out of memory {:?}",
                 r.twin,
                 100.0 * r.worst_allocated.0,
                 r.worst_allocated.1,
                 100.0 * r.worst_reserved.0,
                 r.worst_reserved.1,
+                100.0 * r.worst_peak.0,
+                r.worst_peak.1,
                 r.oom
             ));
         }

@@ -117,12 +117,28 @@ fn run_node(node: &Node, grad: Tensor, retain_graph: bool) -> Result<Vec<Option<
     let saved = node.saved()?;
     let grads = (node.backward)(&saved, &grad)?;
     drop(saved);
+    // `validate_outputs`, input by input: summed back to a broadcast input's shape, then
+    // converted to its dtype, each replacing (and so freeing) the gradient before it.
     let grads = grads
         .into_iter()
-        .zip(&node.input_dtypes)
-        .map(|(g, &dtype)| match g {
-            Some(g) if g.dtype() != dtype => g.to(dtype).map(Some),
-            g => Ok(g),
+        .zip(&node.inputs)
+        .enumerate()
+        .map(|(i, (g, (shape, dtype)))| {
+            let Some(mut g) = g else { return Ok(None) };
+            if g.shape() != shape.as_slice() {
+                if !g.expands_from(shape) {
+                    return Err(TensorError::Autograd(format!(
+                        "Function {} returned an invalid gradient at index {i} - got {:?} but expected shape compatible with {shape:?}",
+                        node.name,
+                        g.shape()
+                    )));
+                }
+                g = g.sum_to(shape)?;
+            }
+            if g.dtype() != *dtype {
+                g = g.to(*dtype)?;
+            }
+            Ok(Some(g))
         })
         .collect::<Result<Vec<_>>>()?;
     // As PyTorch's `evaluate_function`: the incoming gradient goes when `call_function`

@@ -190,16 +190,28 @@ impl LmBlock {
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _scope = x.device().module_scope(&self.name);
-        let x = x.add(&self.attention(&self.attention_norm.forward(x)?)?)?;
-        x.add(&self.feed_forward(&self.ffn_norm.forward(&x)?)?)
+        // As Python runs `x = x + self.attention(self.attention_norm(x))`: a call's argument
+        // goes when the call returns, the call's result when the add has its output. (Under
+        // no_grad, as a checkpointed block's forward runs, nothing else holds them.)
+        let normed = self.attention_norm.forward(x)?;
+        let attended = self.attention(&normed)?;
+        drop(normed);
+        let x = x.add(&attended)?;
+        drop(attended);
+        let normed = self.ffn_norm.forward(&x)?;
+        let transformed = self.feed_forward(&normed)?;
+        drop(normed);
+        x.add(&transformed)
     }
 
     /// SwiGLU with silu written out: w2(w1(h) * sigmoid(w1(h)) * w3(h)).
     #[track_caller]
     fn feed_forward(&self, h: &Tensor) -> Result<Tensor> {
         let _scope = h.device().module_scope(&child(&self.name, "feed_forward"));
-        let gate = einsum_linear(h, &self.w1)?;
-        let gate = gate.mul(&gate.sigmoid()?)?;
+        let projected = einsum_linear(h, &self.w1)?;
+        // Python's `gate = gate * gate.sigmoid()` frees the sigmoid, then the rebound gate.
+        let gate = projected.mul(&projected.sigmoid()?)?;
+        drop(projected);
         let up = einsum_linear(h, &self.w3)?;
         einsum_linear(&gate.mul(&up)?, &self.w2)
     }

@@ -86,9 +86,10 @@ pub struct Node {
     pub(crate) sequence: u64,
     /// One per input of the op; None where that input needs no gradient.
     pub(crate) edges: Vec<Option<Edge>>,
-    /// Each input's dtype: a gradient computed in another type is converted to it, as
-    /// PyTorch's engine does (`validate_outputs`), e.g. an f32 gradient of an f16 input.
-    pub(crate) input_dtypes: Vec<DType>,
+    /// Each input's shape and dtype (PyTorch's `InputMetadata`): the engine sums a gradient of
+    /// a broadcast input back to its shape and converts one computed in another type (an f32
+    /// gradient of an f16 input), input by input, as PyTorch's `validate_outputs` does.
+    pub(crate) inputs: Vec<(Vec<usize>, DType)>,
     saved: RefCell<Option<Vec<Option<Saved>>>>,
     pub(crate) backward: BackwardFn,
     /// Where the op was recorded: its backward's allocations are labelled so.
@@ -205,7 +206,7 @@ pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, sav
         return output;
     }
     let edges = inputs.iter().map(|t| edge_of(t)).collect();
-    let input_dtypes = inputs.iter().map(|t| t.dtype()).collect();
+    let input_meta = inputs.iter().map(|t| (t.shape().to_vec(), t.dtype())).collect();
     let saved = save
         .iter()
         .map(|s| {
@@ -217,7 +218,7 @@ pub(crate) fn record(name: &'static str, inputs: &[&Tensor], output: Tensor, sav
         .collect();
     let sequence = NEXT_SEQUENCE.with(|n| n.replace(n.get() + 1));
     let origin = output.device().origin(std::panic::Location::caller(), name);
-    let node = Rc::new(Node { name, sequence, edges, input_dtypes, saved: RefCell::new(Some(saved)), backward, origin });
+    let node = Rc::new(Node { name, sequence, edges, inputs: input_meta, saved: RefCell::new(Some(saved)), backward, origin });
     output.set_grad_fn(node);
     output
 }

@@ -235,7 +235,6 @@ impl Tensor {
             return out;
         }
         let Some(grad) = op.decl().grad else { return out };
-        let (a_shape, b_shape) = (self.shape().to_vec(), other.shape().to_vec());
         let need = [self.requires_grad(), other.requires_grad()];
         // mul keeps [b if a needs a gradient, a if b does]; div [b, a if b needs a gradient].
         let save = match grad.backward {
@@ -275,7 +274,8 @@ impl Tensor {
                         (if need[0] { Some(g.div(b)?) } else { None }, gb)
                     }
                 };
-                Ok(vec![ga.map(|g| g.sum_to(&a_shape)).transpose()?, gb.map(|g| g.sum_to(&b_shape)).transpose()?])
+                // The engine sums each back to its input's shape (validate_outputs).
+                Ok(vec![ga, gb])
             }),
         )
     }

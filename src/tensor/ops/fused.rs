@@ -43,8 +43,7 @@ impl Tensor {
             return Ok(out);
         }
         // WhereBackward0 saves the condition; each side's gradient is where(condition, grad, 0)
-        // (or the other way round), summed back to its shape.
-        let (a_shape, b_shape) = (a.shape().to_vec(), b.shape().to_vec());
+        // (or the other way round), summed back to its shape by the engine.
         let need = [a.requires_grad(), b.requires_grad()];
         Ok(graph::record(
             "WhereBackward0",
@@ -61,11 +60,11 @@ impl Tensor {
                     drop(zero);
                     side
                 };
-                // `other` before `self`, as the generated node orders them; then each summed back
-                // to its shape in input order, as the engine's validate_outputs does.
+                // `other` before `self`, as the generated node orders them; the engine sums each
+                // back to its input's shape (validate_outputs).
                 let gb = need[1].then(|| side(false)).transpose()?;
                 let ga = need[0].then(|| side(true)).transpose()?;
-                Ok(vec![ga.map(|g| g.sum_to(&a_shape)).transpose()?, gb.map(|g| g.sum_to(&b_shape)).transpose()?])
+                Ok(vec![ga, gb])
             }),
         ))
     }
