@@ -128,14 +128,23 @@ fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 // The same four over contiguous f32 or native f16 operands (same shape, each starting at a
 // multiple of 4 elements), four elements a load and store (vec4 bindings) and no index
 // arithmetic: what memory speed needs.
-// `{op}_quad(q, o)` computes elements 4q..4q+3 (o: the operands' offsets in quads, out, a, b, c),
-// `{op}_tail(q)` those of them that exist.
-fn binary_quad(q: u32, o: vec4<u32>) {
+// `{op}_load(q, o)` reads elements 4q..4q+3 of the inputs (o: the operands' offsets in quads,
+// out, a, b, c), `{op}_store(q, o, v)` computes and writes them, `{op}_tail(q)` those of them
+// that exist.
+struct Quads {
+    x: vec4<f32>,
+    y: vec4<f32>,
+    z: vec4<f32>,
+}
+
+fn binary_load(q: u32, o: vec4<u32>) -> Quads {
+    return Quads(load4_a(o.y + q), load4_b(o.z + q), vec4<f32>());
+}
+
+fn binary_store(q: u32, o: vec4<u32>, v: Quads) {
     let i = q * 4u;
-    let x = load4_a(o.y + q);
-    let y = load4_b(o.z + q);
-    store4_out(o.x + q, vec4<f32>(f32(binary_op(a_t(x[0]), b_t(y[0]), i)), f32(binary_op(a_t(x[1]), b_t(y[1]), i + 1u)),
-        f32(binary_op(a_t(x[2]), b_t(y[2]), i + 2u)), f32(binary_op(a_t(x[3]), b_t(y[3]), i + 3u))));
+    store4_out(o.x + q, vec4<f32>(f32(binary_op(a_t(v.x[0]), b_t(v.y[0]), i)), f32(binary_op(a_t(v.x[1]), b_t(v.y[1]), i + 1u)),
+        f32(binary_op(a_t(v.x[2]), b_t(v.y[2]), i + 2u)), f32(binary_op(a_t(v.x[3]), b_t(v.y[3]), i + 3u))));
 }
 
 fn binary_tail(q: u32) {
@@ -144,11 +153,14 @@ fn binary_tail(q: u32) {
     }
 }
 
-fn unary_quad(q: u32, o: vec4<u32>) {
+fn unary_load(q: u32, o: vec4<u32>) -> Quads {
+    return Quads(load4_a(o.y + q), vec4<f32>(), vec4<f32>());
+}
+
+fn unary_store(q: u32, o: vec4<u32>, v: Quads) {
     let i = q * 4u;
-    let x = load4_a(o.y + q);
-    store4_out(o.x + q, vec4<f32>(f32(unary_op(a_t(x[0]), i)), f32(unary_op(a_t(x[1]), i + 1u)),
-        f32(unary_op(a_t(x[2]), i + 2u)), f32(unary_op(a_t(x[3]), i + 3u))));
+    store4_out(o.x + q, vec4<f32>(f32(unary_op(a_t(v.x[0]), i)), f32(unary_op(a_t(v.x[1]), i + 1u)),
+        f32(unary_op(a_t(v.x[2]), i + 2u)), f32(unary_op(a_t(v.x[3]), i + 3u))));
 }
 
 fn unary_tail(q: u32) {
@@ -157,14 +169,15 @@ fn unary_tail(q: u32) {
     }
 }
 
-fn ternary_quad(q: u32, o: vec4<u32>) {
+fn ternary_load(q: u32, o: vec4<u32>) -> Quads {
+    return Quads(load4_a(o.y + q), load4_b(o.z + q), load4_c(o.w + q));
+}
+
+fn ternary_store(q: u32, o: vec4<u32>, v: Quads) {
     let i = q * 4u;
-    let x = load4_a(o.y + q);
-    let y = load4_b(o.z + q);
-    let z = load4_c(o.w + q);
-    store4_out(o.x + q, vec4<f32>(f32(ternary_op(a_t(x[0]), b_t(y[0]), c_t(z[0]), i)),
-        f32(ternary_op(a_t(x[1]), b_t(y[1]), c_t(z[1]), i + 1u)), f32(ternary_op(a_t(x[2]), b_t(y[2]), c_t(z[2]), i + 2u)),
-        f32(ternary_op(a_t(x[3]), b_t(y[3]), c_t(z[3]), i + 3u))));
+    store4_out(o.x + q, vec4<f32>(f32(ternary_op(a_t(v.x[0]), b_t(v.y[0]), c_t(v.z[0]), i)),
+        f32(ternary_op(a_t(v.x[1]), b_t(v.y[1]), c_t(v.z[1]), i + 1u)), f32(ternary_op(a_t(v.x[2]), b_t(v.y[2]), c_t(v.z[2]), i + 2u)),
+        f32(ternary_op(a_t(v.x[3]), b_t(v.y[3]), c_t(v.z[3]), i + 3u))));
 }
 
 fn ternary_tail(q: u32) {
@@ -173,7 +186,11 @@ fn ternary_tail(q: u32) {
     }
 }
 
-fn fill_quad(q: u32, o: vec4<u32>) {
+fn fill_load(q: u32, o: vec4<u32>) -> Quads {
+    return Quads(vec4<f32>(), vec4<f32>(), vec4<f32>());
+}
+
+fn fill_store(q: u32, o: vec4<u32>, v: Quads) {
     let i = q * 4u;
     store4_out(o.x + q, vec4<f32>(f32(fill_op(i)), f32(fill_op(i + 1u)), f32(fill_op(i + 2u)), f32(fill_op(i + 3u))));
 }
@@ -187,8 +204,10 @@ fn fill_tail(q: u32) {
 // One of the four (the kernels layer names it in QUADS) over the contiguous operands. A workgroup covers
 // 1024 consecutive quads, each invocation four of them 256 apart, so that neighbouring
 // invocations touch neighbouring quads. Several quads per invocation spread the per-invocation
-// cost (1.3-1.4x on lavapipe), and only the last, partial workgroup checks bounds per quad.
-// Keep QUADS_PER_GROUP in src/kernels/elementwise.rs in step.
+// cost (1.3-1.4x on lavapipe); all four are read before any is written, so that their loads
+// are in flight together (the output may share a buffer with the inputs, so a compiler could
+// not move a load past an earlier store itself). Only the last, partial workgroup checks
+// bounds per quad. Keep QUADS_PER_GROUP in src/kernels/elementwise.rs in step.
 @compute @workgroup_size(256)
 fn quads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     read_scalars();
@@ -197,14 +216,19 @@ fn quads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let first = group * 1024u + lid.x;
     // Whole workgroups (compared by division: (group + 1) * 4096 could wrap).
     if (group < info.numel / 4096u) {
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            {{QUADS}}_quad(first + j * 256u, o);
-        }
+        let v0 = {{QUADS}}_load(first, o);
+        let v1 = {{QUADS}}_load(first + 256u, o);
+        let v2 = {{QUADS}}_load(first + 512u, o);
+        let v3 = {{QUADS}}_load(first + 768u, o);
+        {{QUADS}}_store(first, o, v0);
+        {{QUADS}}_store(first + 256u, o, v1);
+        {{QUADS}}_store(first + 512u, o, v2);
+        {{QUADS}}_store(first + 768u, o, v3);
     } else {
         for (var j = 0u; j < 4u; j = j + 1u) {
             let q = first + j * 256u;
             if (q < info.numel / 4u) {
-                {{QUADS}}_quad(q, o);
+                {{QUADS}}_store(q, o, {{QUADS}}_load(q, o));
             } else {
                 {{QUADS}}_tail(q);
             }
