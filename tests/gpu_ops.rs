@@ -229,6 +229,6 @@ fn matmul_kernels_are_measured_at_first_use_and_remembered() {
     std::fs::write(&file, b"{ not json").unwrap();
     let kernel = open(MatmulChoice::Measure).matmul_kernel(DType::F32, 300, 300, 300);
     assert!(MatmulKernel::CANDIDATES.contains(&kernel));
-    assert_eq!(read()["format"], "tensormem matmul tuning 1", "the damaged file was rewritten");
+    assert_eq!(read()["format"], "tensormem matmul tuning 2", "the damaged file was rewritten");
     std::fs::remove_dir_all(&dir).unwrap();
 }

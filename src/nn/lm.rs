@@ -213,7 +213,10 @@ impl LmBlock {
         let gate = projected.mul(&projected.sigmoid()?)?;
         drop(projected);
         let up = einsum_linear(h, &self.w3)?;
-        einsum_linear(&gate.mul(&up)?, &self.w2)
+        let out = einsum_linear(&gate.mul(&up)?, &self.w2)?;
+        // The locals go at return in the order Python assigned them: gate, then up.
+        drop((gate, up));
+        Ok(out)
     }
 
     #[track_caller]

@@ -43,7 +43,8 @@ struct TuningFile {
     adapters: BTreeMap<String, BTreeMap<String, MatmulTuning>>,
 }
 
-const FILE_FORMAT: &str = "tensormem matmul tuning 1";
+/// 2: the staged kernels written out per tile (a file of format 1 never measured them).
+const FILE_FORMAT: &str = "tensormem matmul tuning 2";
 
 impl Tuning {
     pub fn new(choice: MatmulChoice, adapter: String, file: Option<PathBuf>, runs_on_cpu: bool) -> Tuning {

@@ -336,15 +336,15 @@ impl Tensor {
         ))
     }
 
-    /// The gradient of a broadcast operand: `self` summed back to `shape` (PyTorch's
-    /// `sum_to`): over the leading dimensions `shape` lacks and those where it has 1. Self when
-    /// nothing was broadcast.
     /// Whether `shape` broadcasts to this tensor's shape (`at::is_expandable_to`), so that
     /// `sum_to(shape)` undoes the broadcast.
     pub(crate) fn expands_from(&self, shape: &[usize]) -> bool {
         shape.len() <= self.ndim() && shape.iter().rev().zip(self.shape().iter().rev()).all(|(&s, &d)| s == d || s == 1)
     }
 
+    /// The gradient of a broadcast operand: `self` summed back to `shape` (PyTorch's
+    /// `sum_to`): over the leading dimensions `shape` lacks and those where it has 1. Self when
+    /// nothing was broadcast.
     #[track_caller]
     pub(crate) fn sum_to(&self, shape: &[usize]) -> Result<Tensor> {
         if self.shape() == shape {
