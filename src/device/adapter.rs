@@ -68,7 +68,8 @@ pub struct AdapterSummary {
     pub max_compute_invocations_per_workgroup: u32,
     pub max_compute_workgroups_per_dimension: u32,
     pub max_storage_buffers_per_shader_stage: u32,
-    /// Workgroup memory a kernel may declare (WebGPU guarantees 16 KiB, what every matmul
-    /// variant keeps within; NVIDIA's Vulkan driver offers 48).
+    /// Workgroup memory a kernel may declare: the tuner leaves out matmul kernels that need
+    /// more (WebGPU guarantees 16 KiB, what every variant keeps within; NVIDIA's Vulkan driver
+    /// offers 48).
     pub max_compute_workgroup_storage_size: u32,
 }

@@ -88,13 +88,19 @@ impl Device {
         kernel
     }
 
-    /// The kernels measured for products of `dtype` on this device: staged ones only on a GPU (on CPU adapters they never led: lavapipe ran them at
-    /// 10 GFLOP/s against register8x8's 17) and for operands that load four elements at a
-    /// time (f32, native f16), the only ones they were measured with on an H100.
+    /// The kernels measured for products of `dtype` on this device: those whose workgroup
+    /// memory the adapter allows, staged ones only on a GPU (on CPU adapters they never led:
+    /// lavapipe ran them at 10 GFLOP/s against register8x8's 17) and for operands that load
+    /// four elements at a time (f32, native f16), the only ones they were measured with on an
+    /// H100.
     pub fn matmul_candidates(&self, dtype: DType) -> Vec<MatmulKernel> {
         let Some(adapter) = self.adapter() else { return Vec::new() };
         let staged = !adapter.runs_on_cpu && crate::kernels::loads_quads(dtype, adapter.native_f16);
-        MatmulKernel::CANDIDATES.into_iter().filter(|&c| staged || !matches!(c, MatmulKernel::Staged(_))).collect()
+        MatmulKernel::CANDIDATES
+            .into_iter()
+            .filter(|&c| c.workgroup_bytes() <= adapter.max_compute_workgroup_storage_size)
+            .filter(|&c| staged || !matches!(c, MatmulKernel::Staged(_)))
+            .collect()
     }
 
     /// Times every candidate kernel on an m x k times k x n product of `dtype` in scratch
