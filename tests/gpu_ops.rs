@@ -57,6 +57,24 @@ fn reductions_in_the_shapes_a_gpu_takes() {
     pollster::block_on(suite::long_reductions_split_as_pytorch_splits_them(&dev));
 }
 
+/// A wait for the GPU past `wait_limit` is an error that says what was waited for, not a
+/// hang (on a lent H100 the op suite once stopped and said nothing). Eight 512^3 products keep
+/// even an H100 busy for about 100 us, a hundred times the limit; the wait starts as they are
+/// submitted.
+#[test]
+fn a_wait_past_the_limit_is_an_error_not_a_hang() {
+    let Some(_) = gpu() else { return };
+    let limit = std::time::Duration::from_micros(1);
+    let dev = pollster::block_on(Device::gpu(GpuOptions { wait_limit: Some(limit), ..options() })).unwrap();
+    let x = dev.ones(&[512, 512], tensormem::DType::F32).unwrap();
+    let mut y = x.relu().unwrap();
+    for _ in 0..8 {
+        y = y.matmul(&x).unwrap().mul_scalar(1.0 / 512.0).unwrap();
+    }
+    let error = pollster::block_on(y.to_vec::<f32>()).unwrap_err().to_string();
+    assert!(error.contains("had not finished a read back to the host after") && error.contains("TENSORMEM_GPU_WAIT_LIMIT"), "{error}");
+}
+
 /// A GPU device stamps its trace with the wall clock, in microseconds since the epoch as PyTorch does.
 #[test]
 fn gpu_trace_entries_carry_wall_time() {

@@ -30,6 +30,17 @@ pub struct GpuOptions {
     /// Shape kernels as for a GPU even on a software adapter (tests run a GPU's kernel shapes
     /// on lavapipe with this; matmul tuning still measures at the software adapter's sizes).
     pub gpu_kernel_shapes: bool,
+    /// Natively, how long one wait for the GPU may take before it is an error
+    /// ([`DeviceError::TimedOut`](super::DeviceError::TimedOut)) instead of a hang. None (the
+    /// default, unless `TENSORMEM_GPU_WAIT_LIMIT` gives seconds): no limit, a note on stderr
+    /// each minute of waiting.
+    pub wait_limit: Option<std::time::Duration>,
+}
+
+/// `TENSORMEM_GPU_WAIT_LIMIT`: seconds, positive and finite; anything else is no limit.
+fn wait_limit_from_env() -> Option<std::time::Duration> {
+    let seconds: f64 = std::env::var("TENSORMEM_GPU_WAIT_LIMIT").ok()?.trim().parse().ok()?;
+    (seconds.is_finite() && seconds > 0.0).then(|| std::time::Duration::from_secs_f64(seconds))
 }
 
 impl Default for GpuOptions {
@@ -43,6 +54,7 @@ impl Default for GpuOptions {
             cuda: Some(super::sim::H100_CARD),
             cublas_workspace: None,
             gpu_kernel_shapes: false,
+            wait_limit: wait_limit_from_env(),
         }
     }
 }

@@ -42,6 +42,9 @@ pub enum DeviceError {
     Unsupported(String),
     #[error("the GPU device was lost: {0}")]
     Lost(String),
+    /// The GPU had not finished the work waited for within `GpuOptions::wait_limit`.
+    #[error("{0}")]
+    TimedOut(String),
     #[error(transparent)]
     Kernel(#[from] crate::kernels::KernelError),
 }

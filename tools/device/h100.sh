@@ -17,7 +17,8 @@
 #   e. the PyTorch twins against tensormem's simulation (tools/device/twins.py: run_all.py in
 #      parallel shards, then the scenarios that need the card alone, until the deadline).
 #   Knobs (for trying it without a GPU too): H100_BUDGET, H100_SIZES, H100_SHARDS, H100_TWINS_SKIP
-#   (scenario names), H100_TWINS=0 (no twins: a rerun of the rest), H100_SKIP (step names, e.g.
+#   (scenario names), H100_TWINS=0 (no twins: a rerun of the rest), H100_SAMPLE (steps sampled
+#   while they run, default gpu_ops), H100_SKIP (step names, e.g.
 #   `watch`), H100_TWINS_ARGS (e.g. `--run-all-args --cpu-dry-run`), H100_TORCH_BENCH_ARGS
 #   (e.g. `--device cpu`), H100_INSTALL_LOADER=1 (extract the .debs even without nvidia-smi).
 #   Then a compact summary of all (tools/device/summary.py). Every step runs under `timeout`,
@@ -43,6 +44,29 @@ limit() {
   [ "$l" -lt 0 ] && l=0
   echo "$l"
 }
+# sample PID LIMIT: while PID (a timeout) runs, every 15 s its command's threads (state, kernel wait
+# channel, CPU), the host's memory and the card's; 20 s before the limit, where it still runs,
+# each thread's stack (gdb or eu-stack where present, else the kernel's /proc stacks), so that a
+# step that stops saying anything says where it waits.
+sample() {
+  local pid=$1 lim=$2 t=0 child
+  while kill -0 "$pid" 2>/dev/null; do
+    child=$(pgrep -P "$pid" | head -1)
+    echo "--- ${t} s"
+    [ -n "$child" ] && ps -L -o tid,stat,wchan:28,pcpu,rss,comm -p "$child" | head -40
+    free -m | head -2
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    if [ -n "$child" ] && [ "$t" -ge $((lim - 35)) ] && [ "$t" -lt $((lim - 20)) ]; then
+      echo "--- stacks at ${t} s"
+      if command -v gdb >/dev/null; then timeout 15 gdb -p "$child" -batch -ex 'thread apply all bt 12' 2>&1 | head -400
+      elif command -v eu-stack >/dev/null; then timeout 15 eu-stack -p "$child" 2>&1 | head -400
+      else for task in /proc/"$child"/task/*; do echo "[$(basename "$task")] $(cat "$task"/comm 2>/dev/null) syscall: $(cat "$task"/syscall 2>/dev/null)"; cat "$task"/stack 2>/dev/null | head -8; done
+      fi
+    fi
+    sleep 15
+    t=$((t + 15))
+  done
+}
 # step NAME LIMIT CMD...: runs CMD under timeout, output in $OUT/NAME.out/.err, one line in steps.tsv.
 step() {
   local name=$1 lim=$2 t0 rc took
@@ -60,7 +84,10 @@ step() {
   fi
   t0=$(date +%s)
   echo "== $name (limit ${lim} s, $(left) s left)"
-  timeout --kill-after=10 "$lim" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"
+  timeout --kill-after=10 "$lim" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err" &
+  local pid=$!
+  case " ${H100_SAMPLE:-gpu_ops} " in *" $name "*) sample "$pid" "$lim" > "$OUT/$name.samples" 2>&1 & ;; esac
+  wait "$pid"
   rc=$?
   took=$(( $(date +%s) - t0 ))
   [ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "   TIMED OUT after ${took} s"
@@ -142,7 +169,9 @@ echo "$WGPU_BACKEND" > "$OUT/backend.txt"
 # harness printing each test's name before it runs. (On a fresh H100 with 16 test threads at
 # once, the suite once stopped after its first test, every thread waiting, and said nothing
 # more for 150 s.)
-CI=true step gpu_ops "$(limit 150 260)" .gl/bin/gpu_ops --test-threads "${RUST_TEST_THREADS:-1}"
+# A wait for the GPU past 60 s fails its test with an error naming the wait (not a silent hang),
+# and the step is sampled (gpu_ops.samples: threads, memory, stacks before the limit).
+TENSORMEM_GPU_WAIT_LIMIT=${TENSORMEM_GPU_WAIT_LIMIT:-60} CI=true step gpu_ops "$(limit 150 260)" .gl/bin/gpu_ops --test-threads "${RUST_TEST_THREADS:-1}"
 grep -E '^test result:' "$OUT/gpu_ops.out" | sed 's/^/   /'
 
 # ---------------------------------------------------------------- c. bench: tensormem vs PyTorch

@@ -67,8 +67,30 @@ def gpu_ops(out):
     unfinished = [s for s in slow + started if s not in ok and s not in failed]
     if unfinished:
         print("still running when stopped: " + ", ".join(unfinished))
+        samples(out, "gpu_ops")
     if skipped:
         print("skipped: " + ", ".join(skipped))
+
+
+def samples(out, step):
+    """Where a stopped step waited (h100.sh's sampler): its threads at the last sample, and the
+    innermost frames of each thread's stack, where they were taken."""
+    text = read(out, f"{step}.samples")
+    if not text:
+        return
+    blocks = re.split(r"^--- ", text, flags=re.M)
+    threads = [b for b in blocks if re.match(r"\d+ s\n", b)]
+    if threads:
+        print(f"{step} threads at {threads[-1].splitlines()[0]}:")
+        for line in threads[-1].splitlines()[1:16]:
+            print("  " + line.strip())
+    stacks = [b for b in blocks if b.startswith("stacks")]
+    if stacks:
+        # gdb: "Thread N (...)" then "#0 ..." frames; /proc: "[tid] comm syscall: ..." lines.
+        shown = [line.strip()[:160] for line in stacks[-1].splitlines() if re.match(r"\s*(Thread \d|#[0-3] |\[\d+\])", line)]
+        print(f"{step} stacks ({len(shown)} lines; all in {step}.samples):")
+        for line in shown[:40]:
+            print("  " + line)
 
 
 def bench(out):

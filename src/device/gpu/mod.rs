@@ -91,6 +91,9 @@ pub(crate) struct GpuContext {
     pub(super) errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     /// Which matmul kernel each class of shapes uses on this adapter.
     pub(super) tuning: RefCell<tuning::Tuning>,
+    /// See `GpuOptions::wait_limit` (natively: a browser cannot block).
+    #[cfg(not(target_arch = "wasm32"))]
+    wait_limit: Option<std::time::Duration>,
 }
 
 /// Submit once this many dispatches are pending (bounds encoder memory on long programs).
@@ -173,6 +176,8 @@ impl GpuContext {
             metadata: RefCell::new(None),
             bind_groups: RefCell::new(FxHashMap::default()),
             metadata_stride: (align as u64).max(256),
+            #[cfg(not(target_arch = "wasm32"))]
+            wait_limit: options.wait_limit,
         };
         Ok((ctx, segments))
     }
@@ -296,12 +301,47 @@ impl GpuContext {
         }
     }
 
+    /// Blocks until the GPU has finished everything submitted so far, in slices, so that a
+    /// wait that never ends (a hung kernel, a driver that stopped) is seen: a note on stderr
+    /// each minute, and past `wait_limit` an error naming what was waited for.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn block_until_done(&self, what: &str) -> Result<(), DeviceError> {
+        use std::time::{Duration, Instant};
+        const NOTE_EVERY: Duration = Duration::from_secs(60);
+        let started = Instant::now();
+        let mut next_note = NOTE_EVERY;
+        loop {
+            let waited = started.elapsed();
+            let slice = self.wait_limit.map_or(NOTE_EVERY, |limit| limit.saturating_sub(waited).min(NOTE_EVERY));
+            match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(slice) }) {
+                Ok(_) => return Ok(()),
+                Err(wgpu::PollError::Timeout) => {
+                    let waited = started.elapsed();
+                    if let Some(limit) = self.wait_limit.filter(|&limit| waited >= limit) {
+                        return Err(DeviceError::TimedOut(format!(
+                            "the GPU ({}) had not finished {what} after {:.3} s, past the limit set ({} s, TENSORMEM_GPU_WAIT_LIMIT): a \
+                             kernel that does not end, or a driver that stopped",
+                            self.summary.name,
+                            waited.as_secs_f64(),
+                            limit.as_secs_f64()
+                        )));
+                    }
+                    if waited >= next_note {
+                        eprintln!("tensormem: still waiting for the GPU ({}) to finish {what}: {} s", self.summary.name, waited.as_secs());
+                        next_note += NOTE_EVERY;
+                    }
+                }
+                Err(e) => return Err(DeviceError::Lost(format!("waiting for the GPU failed: {e}"))),
+            }
+        }
+    }
+
     /// Waits for everything submitted so far.
     pub(super) async fn wait_idle(&self) -> Result<(), DeviceError> {
         let (sender, receiver) = oneshot();
         self.queue.on_submitted_work_done(move || sender.send(()));
         #[cfg(not(target_arch = "wasm32"))]
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| DeviceError::Lost(format!("waiting for the GPU failed: {e}")))?;
+        self.block_until_done("the work submitted")?;
         receiver.await;
         Ok(())
     }
@@ -333,7 +373,7 @@ impl GpuContext {
         let range = 0..(skip + len).next_multiple_of(4).max(4);
         staging.map_async(wgpu::MapMode::Read, range.clone(), move |r| sender.send(r));
         #[cfg(not(target_arch = "wasm32"))]
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| DeviceError::Lost(format!("waiting for the GPU failed: {e}")))?;
+        self.block_until_done("a read back to the host")?;
         receiver.await.map_err(|e| DeviceError::Lost(format!("readback failed: {e}")))?;
         let view = staging.get_mapped_range(range).map_err(|e| DeviceError::Lost(format!("readback mapping failed: {e}")))?;
         let bytes = view[skip as usize..(skip + len) as usize].to_vec();
