@@ -1,9 +1,12 @@
 //! Every scenario against its PyTorch twin recorded on a real H100 (PyTorch 2.11,
-//! `../shared/fixtures/h100-twins/`): the scenario run on the simulated H100 with the twin's
-//! parameters must agree at every labelled step, within 0.1% in allocated bytes and 1% in
-//! reserved bytes, its peak within each step within 0.2%, and run out of memory where the twin
-//! did. `tools/twins/run_all.py` makes the
-//! same comparison on a machine with the GPU; this is it from the recorded summaries.
+//! `../shared/fixtures/h100-twins/`, and the twins `predict` learns from,
+//! `../shared/fixtures/predict-inputs/`: transformers' Llama with PEFT LoRA and SDPA, GPT-2 at
+//! two contexts): the scenario run on the simulated H100 with the twin's parameters must agree
+//! at every labelled step, and run out of memory where the twin did. Issue 33 asks 0.1% in
+//! allocated bytes and 1% in reserved; every twin now agrees in reserved to the byte and in
+//! allocated within 0.004%, so 0.1% for all three (the peak within each step too) catches a
+//! regression long before it matters. `tools/twins/run_all.py` makes the same comparison on a
+//! machine with the GPU; this is it from the recorded summaries.
 
 mod common;
 
@@ -11,12 +14,11 @@ use std::path::Path;
 use tensormem::scenarios::{self, RunRequest, RunResult};
 
 const ALLOCATED_TOLERANCE: f64 = 0.001;
-const RESERVED_TOLERANCE: f64 = 0.01;
-/// The peak inside a step (max_allocated since the previous label). Looser than at the labels:
-/// an 8B model's generate peaks at prefill 0.12% above PyTorch's (19 MB), transformers freeing
-/// its position and mask tensors in an order the model does not follow yet. The small twins
-/// peak to the byte.
-const PEAK_TOLERANCE: f64 = 0.002;
+const RESERVED_TOLERANCE: f64 = 0.001;
+/// The peak inside a step (max_allocated since the previous label). Until the Llama model freed
+/// what Python frees when it does (`src/nn/hf/llama.rs`), an 8B generate peaked at prefill
+/// 0.12% above PyTorch's and hf-train reserved 0.32% more; now within 0.007% and exact.
+const PEAK_TOLERANCE: f64 = 0.001;
 
 struct Row {
     twin: String,
@@ -48,7 +50,8 @@ fn compare(summary: &Path) -> Row {
     let set = twin["parameters"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), set_value(v))).collect();
     let request = RunRequest { scenario: name.clone(), variant: variant.clone(), set, device: Some("sim:H100-80GB".into()), ..Default::default() };
     let run: RunResult = scenarios::run(&request).unwrap_or_else(|e| panic!("{}: {e}", summary.display()));
-    let label = name + &variant.map(|v| format!("-{v}")).unwrap_or_default();
+    // The file's name: a program recorded at several settings has one summary for each.
+    let label = summary.file_stem().unwrap().to_string_lossy().into_owned();
     let recorded = twin["steps"].as_array().unwrap();
     assert_eq!(
         run.steps.iter().map(|s| s.label.as_str()).collect::<Vec<_>>(),
@@ -83,14 +86,20 @@ fn compare(summary: &Path) -> Row {
 #[test]
 fn every_scenario_agrees_with_its_twin_recorded_on_an_h100() {
     let Some(dir) = common::fixtures_dir() else { return };
-    let twins = dir.parent().unwrap().join("h100-twins");
-    let mut summaries: Vec<_> = std::fs::read_dir(&twins)
-        .unwrap_or_else(|e| panic!("{}: {e}", twins.display()))
-        .filter_map(|e| Some(e.ok()?.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    summaries.sort();
-    assert!(summaries.len() >= 37, "{} twin summaries in {}", summaries.len(), twins.display());
+    let summaries_in = |folder: &str| {
+        let dir = dir.parent().unwrap().join(folder);
+        let mut summaries: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        summaries.sort();
+        summaries
+    };
+    let twins = summaries_in("h100-twins");
+    let predict_inputs = summaries_in("predict-inputs");
+    assert!(twins.len() >= 37 && predict_inputs.len() >= 4, "{} twin summaries and {} predict inputs", twins.len(), predict_inputs.len());
+    let summaries: Vec<_> = twins.into_iter().chain(predict_inputs).collect();
     // Two at a time: the largest (an 8B generation, a 7B step) take most of the time.
     let rows: Vec<Row> = std::thread::scope(|s| {
         let (even, odd): (Vec<_>, Vec<_>) = summaries.iter().enumerate().partition(|(i, _)| i % 2 == 0);

@@ -22,8 +22,20 @@ impl HfRmsNorm {
         let input_dtype = x.dtype();
         let h = x.to(DType::F32)?;
         let variance = h.pow_scalar(2.0)?.mean(&[-1], true)?;
-        let h = h.mul(&variance.add_scalar(self.eps)?.rsqrt()?)?;
-        self.weight.mul(&h.to(input_dtype)?)
+        // `hidden_states = hidden_states * torch.rsqrt(variance + eps)`: what autograd does not
+        // keep goes as Python frees it (the sum when rsqrt returns, rsqrt's output once the
+        // product exists, the f32 copy as the name is rebound; the cast once weighted; at
+        // return hidden_states, then variance). Without grad (a frozen first layer) it shows.
+        let shifted = variance.add_scalar(self.eps)?;
+        let scale = shifted.rsqrt()?;
+        drop(shifted);
+        let normalized = h.mul(&scale)?;
+        drop((scale, h));
+        let cast = normalized.to(input_dtype)?;
+        let out = self.weight.mul(&cast)?;
+        drop(cast);
+        drop((normalized, variance));
+        Ok(out)
     }
 }
 
@@ -177,6 +189,21 @@ impl LlamaForCausalLM {
             x.requires_grad_(true)?;
         }
         let dtype = x.dtype();
+        // The eager causal mask (`create_causal_mask`, made before the rotary embedding): [T, T]
+        // in the model's type, 0 where a key is seen and the type's minimum where it is not,
+        // made once per forward and expanded to [batch, 1, T, T].
+        // SDPA: no mask (without padding the mask is skipped and attention runs with is_causal).
+        let mask = if self.attention == AttentionImplementation::Sdpa {
+            None
+        } else {
+            let _scope = device.scope("model.causal_mask");
+            let at = device.arange(t, DType::I64)?;
+            let seen = at.view(&[t as isize, 1])?.ge(&at.view(&[1, t as isize])?)?;
+            let zero = device.full(&[], 0.0, dtype)?;
+            let min = device.full(&[], dtype_min(dtype), dtype)?;
+            // One [T, T] mask, expanded (a view) to [batch, 1, T, T].
+            Some(seen.where_(&zero, &min)?.view(&[1, 1, t as isize, t as isize])?.expand(&[b, 1, t, t])?)
+        };
         // LlamaRotaryEmbedding: cos and sin [1, T, head_dim], made in float32 once per forward
         // (autocast off), then cast to the hidden states' type.
         let (cos, sin) = {
@@ -194,23 +221,11 @@ impl LlamaForCausalLM {
             let sin = emb.sin()?.mul_scalar(1.0)?.to(dtype)?;
             (cos, sin)
         };
-        // The eager causal mask (`_prepare_4d_causal_attention_mask_with_cache_position`): [T, T]
-        // in the model's type, 0 where a key is seen and the type's minimum where it is not,
-        // made once per forward and expanded to [batch, 1, T, T].
-        // SDPA: no mask (without padding the mask is skipped and attention runs with is_causal).
-        let mask = if self.attention == AttentionImplementation::Sdpa {
-            None
-        } else {
-            let _scope = device.scope("model.causal_mask");
-            let at = device.arange(t, DType::I64)?;
-            let seen = at.view(&[t as isize, 1])?.ge(&at.view(&[1, t as isize])?)?;
-            let zero = device.full(&[], 0.0, dtype)?;
-            let min = device.full(&[], dtype_min(dtype), dtype)?;
-            // One [T, T] mask, expanded (a view) to [batch, 1, T, T].
-            Some(seen.where_(&zero, &min)?.view(&[1, 1, t as isize, t as isize])?.expand(&[b, 1, t, t])?)
-        };
         let rope = Rc::new((cos, sin, mask));
-        let mut x = x;
+        // `inputs_embeds` keeps the embedding until LlamaModel returns; `hidden_states`, rebound
+        // to each layer's output, frees the one before (the embedding is not its to free).
+        let inputs_embeds = x;
+        let mut x = inputs_embeds.share();
         for (i, layer) in self.layers.iter().enumerate() {
             x = run_block(&self.hooks, i, &x, |x| {
                 if self.checkpointing && autograd::is_grad_enabled() {
@@ -221,12 +236,17 @@ impl LlamaForCausalLM {
                 }
             })?;
         }
-        let x = self.norm.forward(&x)?;
+        let normed = self.norm.forward(&x)?;
+        drop(x);
+        // LlamaModel returns: its locals go (the embedding, then the mask, cos and sin) before
+        // the head makes the logits.
+        drop(inputs_embeds);
+        drop(rope);
         match &self.lm_head {
-            Some(head) => head.forward(&x),
+            Some(head) => head.forward(&normed),
             None => {
                 let _scope = device.module_scope("lm_head");
-                x.linear(&self.embed_tokens.weight, None)
+                normed.linear(&self.embed_tokens.weight, None)
             }
         }
     }
@@ -319,11 +339,22 @@ impl LlamaForCausalLM {
         };
         let past = cache.seen;
         let kv_len = cache.static_len.unwrap_or(past + q);
-        let x = self.embed_tokens.forward(ids)?;
-        let dtype = x.dtype();
+        let inputs_embeds = self.embed_tokens.forward(ids)?;
+        let dtype = inputs_embeds.dtype();
         // cache_position = arange(past, past + q); position_ids its unsqueeze(0).
         let positions: Vec<i64> = (past..past + q).map(|p| p as i64).collect();
         let cache_position = device.from_slice(&positions, &[q])?;
+        // The eager mask [q, kv_len] (a key is seen where its position <= the query's; a static
+        // cache's unwritten positions are masked), in the model's type, expanded to
+        // [batch, 1, q, kv_len]; made before the rotary embedding, as in `forward`.
+        let mask = {
+            let _scope = device.scope("model.causal_mask");
+            let keys = device.arange(kv_len, DType::I64)?;
+            let seen = cache_position.view(&[q as isize, 1])?.ge(&keys.view(&[1, kv_len as isize])?)?;
+            let zero = device.full(&[], 0.0, dtype)?;
+            let min = device.full(&[], dtype_min(dtype), dtype)?;
+            seen.where_(&zero, &min)?.view(&[1, 1, q as isize, kv_len as isize])?.expand(&[b, 1, q, kv_len])?
+        };
         let (cos, sin) = {
             let _scope = device.scope("model.rotary_emb");
             let _autocast_off = crate::amp::autocast_disabled();
@@ -336,30 +367,23 @@ impl LlamaForCausalLM {
             let sin = emb.sin()?.mul_scalar(1.0)?.to(dtype)?;
             (cos, sin)
         };
-        // The eager mask [q, kv_len] (a key is seen where its position <= the query's; a static
-        // cache's unwritten positions are masked), in the model's type, expanded to
-        // [batch, 1, q, kv_len].
-        let mask = {
-            let _scope = device.scope("model.causal_mask");
-            let keys = device.arange(kv_len, DType::I64)?;
-            let seen = cache_position.view(&[q as isize, 1])?.ge(&keys.view(&[1, kv_len as isize])?)?;
-            let zero = device.full(&[], 0.0, dtype)?;
-            let min = device.full(&[], dtype_min(dtype), dtype)?;
-            seen.where_(&zero, &min)?.view(&[1, 1, q as isize, kv_len as isize])?.expand(&[b, 1, q, kv_len])?
-        };
-        let mut x = x;
+        // As in `forward`: the embedding kept until LlamaModel returns, each layer's input
+        // freed as the next output rebinds the name.
+        let mut x = inputs_embeds.share();
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward_with_cache(&x, &cos, &sin, Some(&mask), Some((&mut *cache, i, past)))?;
         }
         cache.seen = past + q;
-        let x = self.norm.forward(&x)?;
+        let normed = self.norm.forward(&x)?;
+        drop(x);
+        drop((inputs_embeds, mask, cos, sin));
         // hidden_states[:, slice(-1, None), :]: a view of the last position.
-        let x = x.narrow(1, q - 1, 1)?;
+        let last = normed.narrow(1, q - 1, 1)?;
         match &self.lm_head {
-            Some(head) => head.forward(&x),
+            Some(head) => head.forward(&last),
             None => {
                 let _scope = device.module_scope("lm_head");
-                x.linear(&self.embed_tokens.weight, None)
+                last.linear(&self.embed_tokens.weight, None)
             }
         }
     }
@@ -397,23 +421,46 @@ impl LlamaDecoderLayer {
     #[track_caller]
     fn forward_with_cache(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>, cache: Option<(&mut KvCache, usize, usize)>) -> Result<Tensor> {
         let _scope = x.device().module_scope(&self.name);
-        let h = self.attention(&self.input_layernorm.forward(x)?, cos, sin, mask, cache)?;
-        let x = x.add(&h)?;
-        let h = self.mlp(&self.post_attention_layernorm.forward(&x)?)?;
-        x.add(&h)
+        // Python's lifetimes: `hidden_states` rebound frees what it held (the normed input
+        // when attention returns, attention's output once the residual sum exists, the MLP's
+        // after the second); `_` keeps attention's weights, and `residual` the first sum, until
+        // the layer returns (residual first: locals go in the order they were bound).
+        let (attended, weights) = self.attention(&self.input_layernorm.forward(x)?, cos, sin, mask, cache)?;
+        let residual = x.add(&attended)?;
+        drop(attended);
+        let h = self.mlp(&self.post_attention_layernorm.forward(&residual)?)?;
+        let out = residual.add(&h)?;
+        drop(h);
+        drop((residual, weights));
+        Ok(out)
     }
 
-    /// `LlamaMLP`: `down_proj(act_fn(gate_proj(x)) * up_proj(x))` with SiLU.
+    /// `LlamaMLP`: `down_proj(act_fn(gate_proj(x)) * up_proj(x))` with SiLU: the product's
+    /// operands freed when it exists (the left first), the product when down_proj returns.
     #[track_caller]
     fn mlp(&self, x: &Tensor) -> Result<Tensor> {
         let _scope = x.device().module_scope(&child(&self.name, "mlp"));
         let gate = self.gate_proj.forward(x)?.silu()?;
-        self.down_proj.forward(&gate.mul(&self.up_proj.forward(x)?)?)
+        let up = self.up_proj.forward(x)?;
+        let product = gate.mul(&up)?;
+        drop((gate, up));
+        self.down_proj.forward(&product)
     }
 
-    /// `LlamaAttention` with `eager_attention_forward`.
+    /// `LlamaAttention` with `eager_attention_forward` (or SDPA without a mask): the output
+    /// and, eager, the attention weights it returns beside it (the layer keeps them until it
+    /// returns). Tensors go when Python frees them: the projections when the rotated ones
+    /// rebind their names (q first), a rebound weight at once, eager_attention_forward's
+    /// repeated keys and values when it returns, q, k and v when this returns.
     #[track_caller]
-    fn attention(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>, cache: Option<(&mut KvCache, usize, usize)>) -> Result<Tensor> {
+    fn attention(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&Tensor>,
+        cache: Option<(&mut KvCache, usize, usize)>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let _scope = x.device().module_scope(&child(&self.name, "self_attn"));
         let [b, t, _] = *x.shape() else {
             return Err(TensorError::Shape(format!("{}: input must be [batch, T, features], got {:?}", self.name, x.shape())));
@@ -426,29 +473,65 @@ impl LlamaDecoderLayer {
         let v = heads(self.v_proj.forward(x)?)?;
         // apply_rotary_pos_emb: cos, sin unsqueezed to [1, 1, T, head_dim].
         let (cos, sin) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
-        let (q, k) = (rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?);
-        // generate: past_key_values.update(k, v, layer_idx); dropout off (eval mode).
+        let (q_embed, k_embed) = (rotate_half_embed(&q, &cos, &sin)?, rotate_half_embed(&k, &cos, &sin)?);
+        drop((q, k));
+        let (q, k) = (q_embed, k_embed);
+        // generate: past_key_values.update(k, v, layer_idx), rebinding k and v; dropout off
+        // (eval mode).
         let training = cache.is_none();
         let (k, v) = match cache {
-            Some((cache, index, past)) => cache.update(index, &k, &v, past)?,
+            Some((cache, index, past)) => {
+                let (keys, values) = cache.update(index, &k, &v, past)?;
+                drop((k, v));
+                (keys, values)
+            }
             None => (k, v),
         };
-        let Some(mask) = mask else {
+        let (y, weights) = match mask {
             // sdpa_attention_forward: k and v as they are (enable_gqa), then
             // `attn_output.transpose(1, 2).contiguous()`.
-            let y = q.scaled_dot_product_attention(&k, &v)?.transpose(1, 2)?.contiguous()?;
-            return self.o_proj.forward(&y.reshape(&[bi, ti, -1])?);
+            None => (q.scaled_dot_product_attention(&k, &v)?.transpose(1, 2)?.contiguous()?, None),
+            Some(mask) => {
+                let n_rep = self.heads / self.kv_heads;
+                let (k_rep, v_rep) = (repeat_kv(&k, n_rep)?, repeat_kv(&v, n_rep)?);
+                let scores = q.matmul(&k_rep.transpose(2, 3)?)?.mul_scalar(1.0 / (self.head_dim as f64).sqrt())?;
+                let masked = scores.add(mask)?;
+                drop(scores);
+                let probs = masked.softmax_to_dtype(-1, DType::F32)?.to(q.dtype())?;
+                drop(masked);
+                let dropped = probs.dropout(self.attention_dropout, training)?;
+                drop(probs);
+                let product = dropped.matmul(&v_rep)?;
+                let y = product.transpose(1, 2)?.contiguous()?;
+                drop(product);
+                drop((k_rep, v_rep));
+                (y, Some(dropped))
+            }
         };
-        let n_rep = self.heads / self.kv_heads;
-        let (k, v) = (repeat_kv(&k, n_rep)?, repeat_kv(&v, n_rep)?);
-        let scores = q.matmul(&k.transpose(2, 3)?)?.mul_scalar(1.0 / (self.head_dim as f64).sqrt())?;
-        let scores = scores.add(mask)?;
-        let probs = scores.softmax_to_dtype(-1, DType::F32)?.to(q.dtype())?;
-        drop(scores);
-        let probs = probs.dropout(self.attention_dropout, training)?;
-        let y = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?;
-        self.o_proj.forward(&y.reshape(&[bi, ti, -1])?)
+        let out = self.o_proj.forward(&y.reshape(&[bi, ti, -1])?)?;
+        drop(y);
+        drop((q, k, v));
+        Ok((out, weights))
     }
+}
+
+/// transformers' `(q * cos) + (rotate_half(q) * sin)` (`apply_rotary_pos_emb`), where
+/// rotate_half(x) = cat(-x2, x1) over the halves, in Python's order: left to right, each
+/// temporary freed as soon as the op it was passed to returns (-x2 when rotate_half returns,
+/// the rotated copy after its product, the two products after their sum, the left one first).
+#[track_caller]
+fn rotate_half_embed(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let d = *x.shape().last().expect("4-D");
+    let x_cos = x.mul(cos)?;
+    let rotated = {
+        let (x1, x2) = (x.narrow(-1, 0, d / 2)?, x.narrow(-1, d / 2, d / 2)?);
+        Tensor::cat(&[&x2.neg()?, &x1], -1)?
+    };
+    let rotated_sin = rotated.mul(sin)?;
+    drop(rotated);
+    let out = x_cos.add(&rotated_sin)?;
+    drop((x_cos, rotated_sin));
+    Ok(out)
 }
 
 /// `repeat_kv`: each key/value head repeated for the `n_rep` query heads sharing it, as

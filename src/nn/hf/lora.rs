@@ -77,9 +77,18 @@ impl Projection {
         let Some(lora) = &self.lora else { return Ok(result) };
         let result_dtype = result.dtype();
         let x = x.to(lora.a.weight.dtype())?;
+        // `result = result + lora_B(lora_A(x)) * scaling`, freeing as Python does: lora_A's
+        // output when lora_B returns, lora_B's once scaled, the scaled one once summed, then
+        // the base's result as the name is rebound; the sum when `.to` rebinds it again.
         let delta = lora.b.forward(&lora.a.forward(&x)?)?;
         let _scope = x.device().module_scope(&lora.b.name);
-        result.add(&delta.mul_scalar(lora.scaling)?)?.to(result_dtype)
+        let scaled = delta.mul_scalar(lora.scaling)?;
+        drop(delta);
+        let sum = result.add(&scaled)?;
+        drop((scaled, result));
+        let out = sum.to(result_dtype)?;
+        drop(sum);
+        Ok(out)
     }
 
     /// PEFT's `lora.bnb.Linear4bit.forward`: `result = base_layer(x)` (bitsandbytes'

@@ -26,7 +26,6 @@ pub use config::{AttentionImplementation, Family, HF_PRESETS, HfConfig};
 pub use llama::{HfRmsNorm, KvCache, LlamaDecoderLayer, LlamaForCausalLM};
 pub use lora::{LORA_TARGETS, LoraAdapter, LoraConfig, Projection};
 
-use super::attention::rotate;
 use super::bnb::{COMPUTE_DTYPE_4BIT, Quant4bit, Quantize};
 use super::parallel::{Hooks, run_block};
 use super::{Activation, Block, Embedding, Init, Linear, Mlp, Module, Transformer, TransformerConfig, child, cross_entropy};
