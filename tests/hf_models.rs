@@ -177,10 +177,11 @@ fn sdpa_keeps_no_t_by_t_tensor_where_eager_keeps_two_per_layer() {
     // (4 x 32 x T^2) and its bfloat16 cast (2 x 32 x T^2). SDPA keeps instead k and v as they
     // are (the rotated k and v_proj's output: 2 x 2 x 8 x T x 128), its output (2 x 32 x T x
     // 128; eager's matmul output is freed once copied by transpose(1, 2).contiguous()) and the
-    // float32 log-sum-exp (4 x 32 x T). The mask eager builds once is freed at the end of the
-    // forward. Per layer: 192 T^2 + 16,384 T - 12,416 T.
+    // float32 log-sum-exp (4 x 32 x T), and the RNG state's seed and offset (two int64
+    // scalars: a 512-byte block each). The mask eager builds once is freed at the end of the
+    // forward. Per layer: 192 T^2 + 16,384 T - 12,416 T - 1,024.
     let t: u64 = 512;
-    let per_layer = 192 * t * t + 16_384 * t - 12_416 * t;
+    let per_layer = 192 * t * t + 16_384 * t - 12_416 * t - 1_024;
     assert_eq!(forward("eager") - forward("sdpa"), 32 * per_layer);
     // At 4,096 tokens eager's scores do not fit on the 80 GB card; sdpa's step does.
     let long = |attn: &str| run(&[("warmup", "0"), ("context", "4096"), ("attn", attn)]);

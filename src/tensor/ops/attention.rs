@@ -1,6 +1,7 @@
 //! `F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)` as CUDA's flash
-//! attention runs it: no [T, T] scores or probabilities, only the output and the log-sum-exp of
-//! each row (float32) are made, and saved with q, k and v for backward. Its memory only: the
+//! attention runs it: no [T, T] scores or probabilities, only the output, the log-sum-exp of
+//! each row (float32) and the RNG state's seed and offset are made, and saved with q, k and v
+//! for backward. Its memory only: the
 //! simulation device runs it, the GPU refuses it (no kernel yet).
 
 use crate::tensor::autocast::{self as amp, Policy};
@@ -58,13 +59,29 @@ impl Tensor {
                 self.dtype()
             )));
         }
-        let out = device.empty_tensor(self.shape(), self.dtype(), "_scaled_dot_product_flash_attention")?;
-        let lse = device.empty_tensor(&[b, h, t], DType::F32, "_scaled_dot_product_flash_attention")?;
+        // As PyTorch 2.11 allocated them on the H100: the RNG state's seed and offset (int64
+        // scalars, saved for backward even without dropout), the output, the log-sum-exp, and
+        // 256 bytes the launch takes and gives back at once.
+        let op = "_scaled_dot_product_flash_attention";
+        let seed = device.empty_tensor(&[], DType::I64, op)?;
+        let offset = device.empty_tensor(&[], DType::I64, op)?;
+        let out = device.empty_tensor(self.shape(), self.dtype(), op)?;
+        let lse = device.empty_tensor(&[b, h, t], DType::F32, op)?;
+        drop(device.empty_tensor(&[256], DType::U8, op)?);
         if !graph::records(&[self, k, v]) {
             return Ok(out);
         }
         let dtype = self.dtype();
-        let saves = [Some(Save::Input(self)), Some(Save::Input(k)), Some(Save::Input(v)), Some(Save::Output), Some(Save::Input(&lse))];
+        // Released in this order after backward, as PyTorch's node releases them.
+        let saves = [
+            Some(Save::Input(self)),
+            Some(Save::Input(k)),
+            Some(Save::Input(v)),
+            Some(Save::Input(&lse)),
+            Some(Save::Output),
+            Some(Save::Input(&offset)),
+            Some(Save::Input(&seed)),
+        ];
         Ok(graph::record(
             "ScaledDotProductFlashAttentionBackward0",
             &[self, k, v],
