@@ -57,6 +57,20 @@ fn the_presets_carry_their_architectures_grouped_query_attention_and_qwen2_s_qkv
     assert!(gpt2.tie_word_embeddings);
 }
 
+#[test]
+fn end_of_sequence_ids_come_from_the_config_or_its_class_s_default() {
+    assert_eq!(HfConfig::load("llama-3-8b").unwrap().eos_token_ids, vec![128_001]);
+    assert_eq!(HfConfig::load("qwen2.5-7b").unwrap().eos_token_ids, vec![151_643]);
+    let with = |eos: &str| HfConfig::load(&small_llama(false).replacen('{', &format!("{{{eos}"), 1));
+    // LlamaConfig(eos_token_id=2) when the file says nothing; null means none (generate then
+    // adds no end-of-sequence processor); Llama-3-Instruct lists two.
+    assert_eq!(with("").unwrap().eos_token_ids, vec![2]);
+    assert_eq!(with(r#""eos_token_id": null, "#).unwrap().eos_token_ids, Vec::<i64>::new());
+    assert_eq!(with(r#""eos_token_id": [128001, 128009], "#).unwrap().eos_token_ids, vec![128_001, 128_009]);
+    let e = with(r#""eos_token_id": "</s>", "#).unwrap_err();
+    assert!(e.contains("\"eos_token_id\" must be a token id or a list of them"), "{e}");
+}
+
 /// A small Llama written out: hidden 64, 4 heads sharing 2 key/value heads (head_dim 16),
 /// intermediate 128, 2 layers, vocabulary 1,000.
 fn small_llama(tied: bool) -> String {

@@ -82,7 +82,9 @@ pub(super) fn scenario() -> Scenario {
             title: "Generate with a Hugging Face model: the KV cache, dynamic or static",
             explanation: "model.generate (greedy) of a model built from its Hugging Face config.json, under inference_mode: \
                           the prefill runs the prompt through every layer and keeps its keys and values, then one forward per \
-                          new token (logits of the last position only, copied to float32 to pick the token). With \
+                          new token (logits of the last position only, copied to float32; exactly new_tokens tokens, as \
+                          generate(min_new_tokens=new_tokens) makes them, so the end-of-sequence id is masked in a float32 \
+                          copy of the scores before the token is picked). With \
                           cache=dynamic (transformers' DynamicCache) every layer's keys and values grow by torch.cat at every \
                           token: a new tensor one position longer, the old one freed into the cache of free blocks, where \
                           the next, larger request cannot reuse it: reserved memory climbs above allocated (fragmentation). \
@@ -120,8 +122,15 @@ fn generate(rec: &mut Recorder, v: &Values) -> Result<()> {
     // position attends) and unfinished_sequences = ones(batch), both int64.
     let mut attention_mask = dev.ones(&[batch, prompt], DType::I64)?;
     let _unfinished_sequences = dev.ones(&[batch], DType::I64)?;
+    // Exactly new_tokens tokens: generate(min_new_tokens=new_tokens) (else an end-of-sequence
+    // token may stop it early), which adds MinNewTokensLengthLogitsProcessor where the config
+    // has an end-of-sequence id; `_prepare_special_tokens` puts the ids on the device.
+    let eos = if config.eos_token_ids.is_empty() { None } else { Some(dev.from_slice(&config.eos_token_ids, &[config.eos_token_ids.len()])?) };
     let mut input_ids = ids.share();
     let mut next = ids;
+    // next_token_logits and next_token_scores live until the next step rebinds them, through
+    // its forward.
+    let (mut next_logits, mut next_scores): (Option<Tensor>, Option<Tensor>) = (None, None);
     for k in 0..new_tokens {
         // outputs = self(**model_inputs): the logits of the last position.
         let logits = model.forward_cached(&next, &mut cache)?;
@@ -129,9 +138,19 @@ fn generate(rec: &mut Recorder, v: &Values) -> Result<()> {
         attention_mask = Tensor::cat(&[&attention_mask, &dev.ones(&[batch, 1], DType::I64)?], -1)?;
         // next_token_logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)
         let last = logits.select(1, 0)?;
-        let next_logits = if last.dtype() == DType::F32 { last.clone()? } else { last.to(DType::F32)? };
+        let copied = if last.dtype() == DType::F32 { last.clone()? } else { last.to(DType::F32)? };
         drop(last);
-        let tokens = next_logits.argmax(-1, false)?;
+        // Rebinding next_token_logits frees the previous step's once the new one exists.
+        drop(next_logits.replace(copied));
+        let current = next_logits.as_ref().expect("just set");
+        // next_token_scores = logits_processor(input_ids, next_token_logits): the logits
+        // themselves without processors.
+        let scores = match &eos {
+            Some(eos) => min_new_tokens_scores(current, eos)?,
+            None => current.share(),
+        };
+        drop(next_scores.replace(scores));
+        let tokens = next_scores.as_ref().expect("just set").argmax(-1, false)?;
         // input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
         let column = tokens.unsqueeze(1)?;
         input_ids = Tensor::cat(&[&input_ids, &column], -1)?;
@@ -139,9 +158,31 @@ fn generate(rec: &mut Recorder, v: &Values) -> Result<()> {
         // The step is marked where the stopping criteria run: the outputs and the float32
         // logits are still referenced (`del outputs` ends the iteration).
         rec.step(if k == 0 { "prefill".to_string() } else { format!("decode {k}") });
-        drop((logits, next_logits));
+        drop(logits);
     }
-    drop((next, input_ids, attention_mask));
+    drop((next_logits, next_scores));
+    drop((next, input_ids, attention_mask, eos));
     drop(cache);
     Ok(())
+}
+
+/// MinNewTokensLengthLogitsProcessor while fewer than min_new_tokens tokens are new (every
+/// step here): `scores.clone()`, `arange(vocab)`, `isin(vocab, eos)`, then
+/// `torch.where(eos_mask, -inf, scores)` rebinding the clone; the range and the mask go when it
+/// returns. (isin's own temporaries are not modelled: they come and go below the step's peak.)
+fn min_new_tokens_scores(scores: &Tensor, eos: &Tensor) -> Result<Tensor> {
+    let dev = scores.device();
+    let vocab = *scores.shape().last().expect("[batch, vocab]");
+    let cloned = scores.clone()?;
+    let ids = dev.arange(vocab, DType::I64)?;
+    // isin(ids, eos): one bool mask (the ids are distinct, so each further id's matches join by
+    // inequality: an exclusive or of disjoint sets).
+    let mut eos_mask = ids.eq(&eos.narrow(0, 0, 1)?)?;
+    for i in 1..eos.numel() {
+        eos_mask = eos_mask.ne(&ids.eq(&eos.narrow(0, i, 1)?)?)?;
+    }
+    let processed = scores.masked_fill(&eos_mask, f64::NEG_INFINITY)?;
+    drop(cloned);
+    drop((ids, eos_mask));
+    Ok(processed)
 }

@@ -157,6 +157,10 @@ pub struct HfConfig {
     /// GPT-2's `resid_pdrop` (also used for `embd_pdrop`).
     pub residual_dropout: f64,
     pub initializer_range: f64,
+    /// `eos_token_id` (one id or a list; the config class's default when absent: 2 for
+    /// LlamaConfig and MistralConfig, 50256 for GPT2Config, none for Qwen2Config; none when
+    /// null): generate's end-of-sequence ids.
+    pub eos_token_ids: Vec<i64>,
 }
 
 /// The largest config.json read (Hugging Face's are a few kilobytes; a label map can make one
@@ -233,6 +237,21 @@ impl HfConfig {
             }
         };
         let (qkv_bias, o_bias, mlp_bias) = (bias(arch.qkv_bias)?, bias(arch.o_bias)?, bias(arch.mlp_bias)?);
+        let eos_token_ids = match map.get("eos_token_id") {
+            None => match arch.model_type {
+                "llama" | "mistral" => vec![2],
+                "gpt2" => vec![50256],
+                _ => vec![],
+            },
+            Some(serde_json::Value::Null) => vec![],
+            Some(v) => {
+                let ids = v.as_array().map_or_else(|| vec![v.clone()], Clone::clone);
+                ids.iter()
+                    .map(|id| id.as_i64().filter(|&id| id >= 0))
+                    .collect::<Option<Vec<i64>>>()
+                    .ok_or_else(|| format!("{architecture}: \"eos_token_id\" must be a token id or a list of them, got {v}"))?
+            }
+        };
         let config = if family == Family::Gpt2 {
             // GPT2Config: n_embd, n_layer, n_head, n_positions; n_inner null = 4 x n_embd;
             // embeddings tied to the output.
@@ -259,6 +278,7 @@ impl HfConfig {
                 attention_dropout: number("attn_pdrop", 0.1)?,
                 residual_dropout: number("resid_pdrop", 0.1)?,
                 initializer_range: number("initializer_range", 0.02)?,
+                eos_token_ids,
             }
         } else {
             let hidden = count("hidden_size")?;
@@ -287,6 +307,7 @@ impl HfConfig {
                 attention_dropout: number("attention_dropout", 0.0)?,
                 residual_dropout: 0.0,
                 initializer_range: number("initializer_range", 0.02)?,
+                eos_token_ids,
             }
         };
         config.validate()?;
