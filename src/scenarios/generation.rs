@@ -140,8 +140,9 @@ fn generate(rec: &mut Recorder, v: &Values) -> Result<()> {
         let last = logits.select(1, 0)?;
         let copied = if last.dtype() == DType::F32 { last.clone()? } else { last.to(DType::F32)? };
         drop(last);
-        // Rebinding next_token_logits frees the previous step's once the new one exists.
-        drop(next_logits.replace(copied));
+        // Rebinding next_token_logits frees the previous step's once the new one exists (as
+        // assigning an Option drops the old value after the new one is made).
+        next_logits = Some(copied);
         let current = next_logits.as_ref().expect("just set");
         // next_token_scores = logits_processor(input_ids, next_token_logits): the logits
         // themselves without processors.
@@ -149,7 +150,7 @@ fn generate(rec: &mut Recorder, v: &Values) -> Result<()> {
             Some(eos) => min_new_tokens_scores(current, eos)?,
             None => current.share(),
         };
-        drop(next_scores.replace(scores));
+        next_scores = Some(scores);
         let tokens = next_scores.as_ref().expect("just set").argmax(-1, false)?;
         // input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
         let column = tokens.unsqueeze(1)?;

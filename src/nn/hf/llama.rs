@@ -519,6 +519,8 @@ impl LlamaDecoderLayer {
 /// rotate_half(x) = cat(-x2, x1) over the halves, in Python's order: left to right, each
 /// temporary freed as soon as the op it was passed to returns (-x2 when rotate_half returns,
 /// the rotated copy after its product, the two products after their sum, the left one first).
+/// The same sum as `attention::rotate`, which follows the twins' own Python (the rotated copy
+/// bound first and kept to the end): the two programs free in different orders.
 #[track_caller]
 fn rotate_half_embed(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let d = *x.shape().last().expect("4-D");

@@ -1,8 +1,8 @@
 //! `F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)` as CUDA's flash
 //! attention runs it: no [T, T] scores or probabilities, only the output, the log-sum-exp of
 //! each row (float32) and the RNG state's seed and offset are made, and saved with q, k and v
-//! for backward. Its memory only: the
-//! simulation device runs it, the GPU refuses it (no kernel yet).
+//! for backward. Its memory only: the simulation device runs it, the GPU refuses it (no kernel
+//! yet).
 
 use crate::tensor::autocast::{self as amp, Policy};
 use crate::tensor::graph::{self, Save};
