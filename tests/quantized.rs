@@ -219,13 +219,14 @@ fn llama_3_8b_qlora_r16_on_q_k_v_o_keeps_its_base_in_5_7_gb_instead_of_16_gb() {
     // 0.516 bytes per quantised weight: 4.13 bits.
     assert_eq!(32 * layer * 1000 / 6_979_321_856, 515);
     // The run: the base, PEFT's float32 adapters (13,631,488 parameters), the int64 ids and
-    // targets (64 x 8 bytes each) and the rotary inv_freq (64 float32).
+    // targets (64 x 8 bytes each) and the rotary inv_freq and original_inv_freq (64 float32
+    // each).
     let config = HfConfig::load("llama-3-8b").unwrap();
     let adapters = LoraConfig { rank: 16, alpha: 32.0, targets: LoraConfig::parse_targets("q,k,v,o").unwrap() }.trainable_count(&config);
     assert_eq!(adapters, 13_631_488);
     let set = |quantize| [("lora", "16"), ("lora_alpha", "32"), ("lora_targets", "q,k,v,o"), ("context", "64"), ("warmup", "0"), ("quantize", quantize)];
     let (qlora, lora) = (run(&set("4bit")), run(&set("none")));
-    let batch = 2 * 64 * 8 + 64 * 4;
+    let batch = 2 * 64 * 8 + 2 * 64 * 4;
     assert_eq!(requested(&qlora, "model and batch"), base_4bit + 4 * adapters + batch);
     assert_eq!(requested(&lora, "model and batch"), base_bf16 + 4 * adapters + batch);
     assert_eq!(qlora.trainable_parameters, Some(adapters));

@@ -72,6 +72,9 @@ pub struct LlamaForCausalLM {
     pub norm: HfRmsNorm,
     /// `model.rotary_emb.inv_freq`: a float32 buffer of head_dim / 2.
     pub inv_freq: Tensor,
+    /// `model.rotary_emb.original_inv_freq`: transformers 5 keeps a clone of it beside it (for
+    /// dynamic RoPE to return to); unused by the default RoPE, but on the device.
+    pub original_inv_freq: Tensor,
     /// None when tied to `embed_tokens` (`tie_word_embeddings`).
     pub lm_head: Option<Linear>,
     pub attention: AttentionImplementation,
@@ -144,6 +147,11 @@ impl LlamaForCausalLM {
             let inverse: Vec<f32> = (0..c.head_dim / 2).map(|i| c.rope_theta.powf(-2.0 * i as f64 / c.head_dim as f64) as f32).collect();
             device.from_slice(&inverse, &[c.head_dim / 2])?
         };
+        let original_inv_freq = {
+            let _no_grad = autograd::no_grad();
+            let _scope = device.scope("model.rotary_emb");
+            inv_freq.clone()?
+        };
         let lm_head = if c.tie_word_embeddings { None } else { Some(Linear::with_init(device, "lm_head", c.hidden, c.vocab, false, dtype, init)?) };
         let mut model = LlamaForCausalLM {
             config,
@@ -151,6 +159,7 @@ impl LlamaForCausalLM {
             layers: Vec::new(),
             norm,
             inv_freq,
+            original_inv_freq,
             lm_head,
             attention: AttentionImplementation::Eager,
             checkpointing: false,
@@ -167,6 +176,13 @@ impl LlamaForCausalLM {
             for layer in &mut layers {
                 for target in &lora.targets {
                     layer.projection_mut(target).add_lora(device, lora.rank, lora.alpha)?;
+                }
+            }
+            // PeftModel's constructor then casts 16-bit adapters to float32, module by module.
+            let _scope = device.scope("cast_adapter_dtype");
+            for layer in &mut layers {
+                for target in &lora.targets {
+                    layer.projection_mut(target).cast_adapter_to_float32()?;
                 }
             }
         }

@@ -138,24 +138,52 @@ impl Projection {
     }
 
     /// Adds an adapter as PEFT injects it: `lora_A` with nn.Linear's initialisation, `lora_B`
-    /// zeros, in float32 when the base is float16 or bfloat16 (`autocast_adapter_dtype=True`);
-    /// the base layer is renamed `...base_layer`.
+    /// zeros, made on the CPU and moved to the base's device in the base's floating-point type
+    /// (`_move_adapter_to_device_of_base_layer`); the base layer is renamed `...base_layer`.
+    /// A float16 or bfloat16 adapter becomes float32 later, when the whole model is wrapped
+    /// (`cast_adapter_to_float32`).
     #[track_caller]
     pub(super) fn add_lora(&mut self, device: &Device, rank: usize, alpha: f64) -> Result<()> {
         let name = self.base.name.clone();
         let [outputs, inputs] = self.shape();
-        // A 4-bit base's weight is uint8: PEFT leaves the adapters in float32 (its
-        // `_move_adapter_to_device_of_base_layer` casts only to a floating-point base type).
-        let base_dtype = self.quant.as_ref().map_or(self.base.weight.dtype(), |_| DType::F32);
-        let dtype = match base_dtype {
-            DType::F16 | DType::BF16 => DType::F32,
-            other => other,
-        };
+        // A 4-bit base's weight is uint8: PEFT leaves the adapters in float32 (it casts only to
+        // a floating-point base type).
+        let mut dtype = self.quant.as_ref().map_or(self.base.weight.dtype(), |_| DType::F32);
+        if device.parameters_deferred() {
+            // No memory behind the parameters yet: they are made in their final type.
+            dtype = float32_adapter(dtype);
+        }
         let a = Linear::new(device, &child(&name, "lora_A.default"), inputs, rank, false, dtype)?;
         let b = Linear::with_init(device, &child(&name, "lora_B.default"), rank, outputs, false, dtype, Init::Zeros)?;
         self.base.name = child(&name, "base_layer");
         self.lora = Some(LoraAdapter { a, b, scaling: alpha / rank as f64 });
         Ok(())
+    }
+
+    /// PeftModel's `_cast_adapter_dtype` (`autocast_adapter_dtype=True`): each float16 or
+    /// bfloat16 weight of the adapter, `lora_A` then `lora_B`, becomes float32 by
+    /// `param.data = param.data.to(torch.float32)`: the copy first, then the old one freed.
+    #[track_caller]
+    pub(super) fn cast_adapter_to_float32(&mut self) -> Result<()> {
+        let Some(lora) = &mut self.lora else { return Ok(()) };
+        for linear in [&mut lora.a, &mut lora.b] {
+            let dtype = float32_adapter(linear.weight.dtype());
+            if dtype != linear.weight.dtype() {
+                let _no_grad = autograd::no_grad();
+                let weight = linear.weight.to(dtype)?;
+                weight.requires_grad_(true)?;
+                linear.weight = weight;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The type PEFT keeps an adapter in: float32 for a float16 or bfloat16 one.
+fn float32_adapter(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        other => other,
     }
 }
 
