@@ -44,6 +44,7 @@ def program(rec, v):
     if model_type == "gpt2":
         raise SystemExit("hf-generate builds the Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) so far, not GPT2LMHeadModel")
     config = transformers.AutoConfig.for_model(model_type, **raw)
+    hf_train.import_model_module(config)
     with rec.device:
         model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=models.DTYPES[v.choice("dtype")], attn_implementation=v.choice("attn"))
     model.eval()

@@ -88,6 +88,19 @@ def quantize_4bit(model, device):
     model.is_loaded_in_4bit = True
 
 
+def import_model_module(config):
+    """Imports the model's module before the device context, as a program does at its top:
+    imported inside it, its imports allocate on the GPU (transformers imports torchaudio, whose
+    kaldi.py makes a 4-byte tensor), which no program of the scenario does. Recordings made
+    before this show that 512-byte block."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except (ImportError, KeyError):
+        pass  # from_config says what is wrong
+
+
 def program(rec, v):
     import transformers
 
@@ -104,6 +117,7 @@ def program(rec, v):
     models.check_fits(v, vocab)
     dtype = models.DTYPES[v.choice("dtype")]
     # Parameters made on the device in their type, as `from_config(..., torch_dtype=dtype)`.
+    import_model_module(config)
     with rec.device:
         model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype, attn_implementation=v.choice("attn"))
     model.train()
