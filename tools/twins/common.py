@@ -273,6 +273,12 @@ def token_batch(torch, device, batch, context, vocab):
     return as_tensor(ids), as_tensor(targets)
 
 
+def token_ids(torch, device, batch, context, vocab):
+    """The ids of `token_batch` alone (a prompt: generation makes no targets)."""
+    ids = [(i * 7919) % vocab for i in range(batch * context)]
+    return torch.tensor(ids, dtype=torch.int64).view(batch, context).to(device)
+
+
 def main(module_globals, argv=None):
     """Parses the command line, runs the twin's `program`, prints the JSON summary."""
     name = module_globals["NAME"]
