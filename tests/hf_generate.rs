@@ -50,9 +50,10 @@ fn ids_bytes(batch: u64, n: u64) -> u64 {
 /// token and unfinished_sequences ([batch] int64 each), the logits of the last position
 /// [batch, 1, 128,256] in bfloat16 beside their float32 copy and the scores
 /// MinNewTokensLengthLogitsProcessor made of it (float32; `min_new_tokens` makes exactly
-/// new_tokens tokens), and the end-of-sequence id on the device (one int64).
+/// new_tokens tokens), and the special tokens on the device (the beginning- and end-of-sequence
+/// ids and the padding id: one int64 each).
 fn generate_bytes(batch: u64, prompt: u64, k: u64) -> u64 {
-    2 * ids_bytes(batch, prompt + k + 1) + 2 * 8 * batch + batch * 128_256 * (2 + 4 + 4) + 8
+    2 * ids_bytes(batch, prompt + k + 1) + 2 * 8 * batch + batch * 128_256 * (2 + 4 + 4) + 3 * 8
 }
 
 const BIG: [(&str, &str); 3] = [("batch", "8"), ("prompt", "512"), ("new_tokens", "256")];

@@ -58,8 +58,9 @@ fn the_presets_carry_their_architectures_grouped_query_attention_and_qwen2_s_qkv
 }
 
 #[test]
-fn end_of_sequence_ids_come_from_the_config_or_its_class_s_default() {
+fn special_token_ids_come_from_the_config_or_its_class_s_default() {
     assert_eq!(HfConfig::load("llama-3-8b").unwrap().eos_token_ids, vec![128_001]);
+    assert_eq!(HfConfig::load("llama-3-8b").unwrap().bos_token_id, Some(128_000));
     assert_eq!(HfConfig::load("qwen2.5-7b").unwrap().eos_token_ids, vec![151_643]);
     let with = |eos: &str| HfConfig::load(&small_llama(false).replacen('{', &format!("{{{eos}"), 1));
     // LlamaConfig(eos_token_id=2) when the file says nothing; null means none (generate then
@@ -69,6 +70,11 @@ fn end_of_sequence_ids_come_from_the_config_or_its_class_s_default() {
     assert_eq!(with(r#""eos_token_id": [128001, 128009], "#).unwrap().eos_token_ids, vec![128_001, 128_009]);
     let e = with(r#""eos_token_id": "</s>", "#).unwrap_err();
     assert!(e.contains("\"eos_token_id\" must be a token id or a list of them"), "{e}");
+    // The beginning of a sequence: LlamaConfig's 1 by default, one id or none.
+    assert_eq!(with("").unwrap().bos_token_id, Some(1));
+    assert_eq!(with(r#""bos_token_id": null, "#).unwrap().bos_token_id, None);
+    let e = with(r#""bos_token_id": [1, 2], "#).unwrap_err();
+    assert!(e.contains("\"bos_token_id\" must be one token id"), "{e}");
 }
 
 /// A small Llama written out: hidden 64, 4 heads sharing 2 key/value heads (head_dim 16),

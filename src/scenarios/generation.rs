@@ -118,14 +118,18 @@ fn generate(rec: &mut Recorder, v: &Values) -> Result<()> {
     rec.step("model and prompt");
     let static_len = (v.choice("cache") == "static").then_some(prompt + new_tokens);
     let mut cache = KvCache::new(config.layers, static_len);
-    // generate's own tensors: attention_mask = ones(input_ids.shape) (no pad token: every
-    // position attends) and unfinished_sequences = ones(batch), both int64.
+    // generate(ids, attention_mask=ones_like(ids), pad_token_id=0, min_new_tokens=new_tokens):
+    // every position attends, and exactly new_tokens tokens are made (else an end-of-sequence
+    // token may stop it early), for which transformers adds MinNewTokensLengthLogitsProcessor
+    // where the config has an end-of-sequence id.
     let mut attention_mask = dev.ones(&[batch, prompt], DType::I64)?;
-    let _unfinished_sequences = dev.ones(&[batch], DType::I64)?;
-    // Exactly new_tokens tokens: generate(min_new_tokens=new_tokens) (else an end-of-sequence
-    // token may stop it early), which adds MinNewTokensLengthLogitsProcessor where the config
-    // has an end-of-sequence id; `_prepare_special_tokens` puts the ids on the device.
+    // `_prepare_special_tokens`: the beginning- and end-of-sequence ids and the padding id on
+    // the device, int64.
+    let _bos = config.bos_token_id.map(|id| dev.from_slice(&[id], &[])).transpose()?;
     let eos = if config.eos_token_ids.is_empty() { None } else { Some(dev.from_slice(&config.eos_token_ids, &[config.eos_token_ids.len()])?) };
+    let _pad = dev.from_slice(&[0i64], &[])?;
+    // _sample's unfinished_sequences = ones(batch).
+    let _unfinished_sequences = dev.ones(&[batch], DType::I64)?;
     let mut input_ids = ids.share();
     let mut next = ids;
     // next_token_logits and next_token_scores live until the next step rebinds them, through

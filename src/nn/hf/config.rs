@@ -161,6 +161,10 @@ pub struct HfConfig {
     /// LlamaConfig and MistralConfig, 50256 for GPT2Config, none for Qwen2Config; none when
     /// null): generate's end-of-sequence ids.
     pub eos_token_ids: Vec<i64>,
+    /// `bos_token_id` (the config class's default when absent: 1 for LlamaConfig and
+    /// MistralConfig, 50256 for GPT2Config, none for Qwen2Config): generate puts it on the
+    /// device with the other special tokens.
+    pub bos_token_id: Option<i64>,
 }
 
 /// The largest config.json read (Hugging Face's are a few kilobytes; a label map can make one
@@ -237,20 +241,29 @@ impl HfConfig {
             }
         };
         let (qkv_bias, o_bias, mlp_bias) = (bias(arch.qkv_bias)?, bias(arch.o_bias)?, bias(arch.mlp_bias)?);
-        let eos_token_ids = match map.get("eos_token_id") {
-            None => match arch.model_type {
-                "llama" | "mistral" => vec![2],
-                "gpt2" => vec![50256],
-                _ => vec![],
-            },
-            Some(serde_json::Value::Null) => vec![],
-            Some(v) => {
-                let ids = v.as_array().map_or_else(|| vec![v.clone()], Clone::clone);
-                ids.iter()
-                    .map(|id| id.as_i64().filter(|&id| id >= 0))
-                    .collect::<Option<Vec<i64>>>()
-                    .ok_or_else(|| format!("{architecture}: \"eos_token_id\" must be a token id or a list of them, got {v}"))?
+        // Special token ids: one id or a list, the config class's default when absent, none
+        // when null.
+        let token_ids = |key: &str, default: &[i64]| -> std::result::Result<Vec<i64>, String> {
+            let Some(v) = map.get(key) else { return Ok(default.to_vec()) };
+            if v.is_null() {
+                return Ok(vec![]);
             }
+            let ids = v.as_array().map_or_else(|| vec![v.clone()], Clone::clone);
+            ids.iter()
+                .map(|id| id.as_i64().filter(|&id| id >= 0))
+                .collect::<Option<Vec<i64>>>()
+                .ok_or_else(|| format!("{architecture}: \"{key}\" must be a token id or a list of them, got {v}"))
+        };
+        let (bos_default, eos_default): (&[i64], &[i64]) = match arch.model_type {
+            "llama" | "mistral" => (&[1], &[2]),
+            "gpt2" => (&[50256], &[50256]),
+            _ => (&[], &[]),
+        };
+        let eos_token_ids = token_ids("eos_token_id", eos_default)?;
+        let bos_token_id = match token_ids("bos_token_id", bos_default)?[..] {
+            [] => None,
+            [id] => Some(id),
+            _ => return Err(format!("{architecture}: \"bos_token_id\" must be one token id")),
         };
         let config = if family == Family::Gpt2 {
             // GPT2Config: n_embd, n_layer, n_head, n_positions; n_inner null = 4 x n_embd;
@@ -279,6 +292,7 @@ impl HfConfig {
                 residual_dropout: number("resid_pdrop", 0.1)?,
                 initializer_range: number("initializer_range", 0.02)?,
                 eos_token_ids,
+                bos_token_id,
             }
         } else {
             let hidden = count("hidden_size")?;
@@ -308,6 +322,7 @@ impl HfConfig {
                 residual_dropout: 0.0,
                 initializer_range: number("initializer_range", 0.02)?,
                 eos_token_ids,
+                bos_token_id,
             }
         };
         config.validate()?;
