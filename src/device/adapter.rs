@@ -14,7 +14,8 @@ pub struct GpuOptions {
     /// it is freed, bypassing the caching allocator (nothing is recorded), as PyTorch does under
     /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: what an engine without a cache pays, for comparison.
     pub uncached: bool,
-    /// How `matmul` picks its kernel: measured per class of shapes at first use (the default).
+    /// How `matmul` picks its kernel: measured per class of shapes at first use (the default,
+    /// unless `TENSORMEM_MATMUL` says otherwise: see [`MatmulChoice::parse`](super::MatmulChoice::parse)).
     pub matmul: super::MatmulChoice,
     /// Where measured choices are kept across runs. None: `$TENSORMEM_CACHE_DIR`, else the user's
     /// cache directory (`$XDG_CACHE_HOME/tensormem` or `~/.cache/tensormem`); never on the web.
@@ -49,7 +50,8 @@ impl Default for GpuOptions {
             capacity: None,
             disable_native_f16: false,
             uncached: false,
-            matmul: Default::default(),
+            // An unreadable value is reported by `Device::gpu`.
+            matmul: super::MatmulChoice::from_env().ok().flatten().unwrap_or_default(),
             tuning_file: None,
             cuda: Some(super::sim::H100_CARD),
             cublas_workspace: None,

@@ -177,9 +177,11 @@ impl PartialEq for Device {
 impl Device {
     /// A GPU device on whatever adapter wgpu finds (lavapipe counts). Allocator settings come
     /// from `PYTORCH_CUDA_ALLOC_CONF` natively; expandable segments need virtual memory mapping,
-    /// which WebGPU lacks, so they are refused here.
+    /// which WebGPU lacks, so they are refused here. A `TENSORMEM_MATMUL` that names no choice
+    /// is an error too (see [`MatmulChoice::parse`]).
     pub async fn gpu(options: GpuOptions) -> Result<Device, DeviceError> {
         let config = if cfg!(target_arch = "wasm32") { AllocatorConfig::default() } else { AllocatorConfig::from_env()? };
+        MatmulChoice::from_env().map_err(DeviceError::Unsupported)?;
         Device::gpu_with(options, config).await
     }
 

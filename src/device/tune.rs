@@ -24,6 +24,27 @@ pub enum MatmulChoice {
     Fixed(MatmulKernel),
 }
 
+impl MatmulChoice {
+    /// `measure`, `heuristic`, or a kernel's name (`register8x8`, `staged128k8db`, ...: see
+    /// [`MatmulKernel::name`]).
+    pub fn parse(text: &str) -> Result<MatmulChoice, String> {
+        match text.trim() {
+            "measure" => Ok(MatmulChoice::Measure),
+            "heuristic" => Ok(MatmulChoice::Heuristic),
+            name => MatmulKernel::from_name(name).map(MatmulChoice::Fixed).ok_or_else(|| {
+                let kernels: Vec<String> = MatmulKernel::ALL.iter().map(|k| k.name()).collect();
+                format!("TENSORMEM_MATMUL={name:?}: expected measure, heuristic or a kernel ({})", kernels.join(", "))
+            }),
+        }
+    }
+
+    /// `TENSORMEM_MATMUL`, where set: pins a kernel, or takes the rule without measuring (to
+    /// rule the measurement out when something goes wrong on a new adapter).
+    pub fn from_env() -> Result<Option<MatmulChoice>, String> {
+        std::env::var("TENSORMEM_MATMUL").ok().filter(|v| !v.trim().is_empty()).map(|v| MatmulChoice::parse(&v)).transpose()
+    }
+}
+
 /// Below this many rows or columns a matmul costs about one dispatch whatever the kernel: not
 /// worth measuring.
 const MEASURED_FROM: usize = 64;

@@ -9,7 +9,9 @@
 #      nvidia-smi -L, torch's version and device, the card's memory facts (card_facts.py),
 #      `tensormem info`.
 #   b. the native op suite (.gl/bin/gpu_ops, tests/gpu_ops.rs) on that adapter, CI=true so that
-#      a missing adapter fails instead of skipping.
+#      a missing adapter fails instead of skipping, one test at a time; where it passes, again 16
+#      at a time (gpu_ops_parallel), else the tests it did not pass again with
+#      TENSORMEM_MATMUL=heuristic (gpu_ops_rule).
 #   c. `tensormem bench --json --sizes 1024,2048,4096` and tools/bench/torch_bench.py, and a
 #      table of the two (tools/bench/compare.py).
 #   d. tensormem.watch() from the wheel (.gl/wheel/, tools/device/watch_check.py): a script that
@@ -18,7 +20,7 @@
 #      parallel shards, then the scenarios that need the card alone, until the deadline).
 #   Knobs (for trying it without a GPU too): H100_BUDGET, H100_SIZES, H100_SHARDS, H100_TWINS_SKIP
 #   (scenario names), H100_TWINS=0 (no twins: a rerun of the rest), H100_SAMPLE (steps sampled
-#   while they run, default gpu_ops), H100_SKIP (step names, e.g.
+#   while they run, default the op suite's), H100_SKIP (step names, e.g.
 #   `watch`), H100_TWINS_ARGS (e.g. `--run-all-args --cpu-dry-run`), H100_TORCH_BENCH_ARGS
 #   (e.g. `--device cpu`), H100_INSTALL_LOADER=1 (extract the .debs even without nvidia-smi).
 #   Then a compact summary of all (tools/device/summary.py). Every step runs under `timeout`,
@@ -86,7 +88,7 @@ step() {
   echo "== $name (limit ${lim} s, $(left) s left)"
   timeout --kill-after=10 "$lim" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err" &
   local pid=$!
-  case " ${H100_SAMPLE:-gpu_ops} " in *" $name "*) sample "$pid" "$lim" > "$OUT/$name.samples" 2>&1 & ;; esac
+  case " ${H100_SAMPLE:-gpu_ops gpu_ops_rule gpu_ops_parallel} " in *" $name "*) sample "$pid" "$lim" > "$OUT/$name.samples" 2>&1 & ;; esac
   wait "$pid"
   rc=$?
   took=$(( $(date +%s) - t0 ))
@@ -173,6 +175,21 @@ echo "$WGPU_BACKEND" > "$OUT/backend.txt"
 # and the step is sampled (gpu_ops.samples: threads, memory, stacks before the limit).
 TENSORMEM_GPU_WAIT_LIMIT=${TENSORMEM_GPU_WAIT_LIMIT:-60} CI=true step gpu_ops "$(limit 150 260)" .gl/bin/gpu_ops --test-threads "${RUST_TEST_THREADS:-1}"
 grep -E '^test result:' "$OUT/gpu_ops.out" | sed 's/^/   /'
+if grep -q '^test result: ok' "$OUT/gpu_ops.out"; then
+  # It passed: the whole suite again as cargo runs it, 16 tests at a time, measuring the matmul
+  # kernels anew (as on the fresh machine where it once stopped).
+  [ -s .gl/target_tmpdir ] && rm -f "$(cat .gl/target_tmpdir)/matmul-kernels.json"
+  TENSORMEM_GPU_WAIT_LIMIT=30 CI=true step gpu_ops_parallel "$(limit 60 250)" .gl/bin/gpu_ops --test-threads 16
+  grep -E '^test result:' "$OUT/gpu_ops_parallel.out" | sed 's/^/   /'
+else
+  # It did not: the tests it did not pass again with the matmul rule instead of measured kernels
+  # (TENSORMEM_MATMUL=heuristic: no measurement, no staged kernel), which says whether the stop
+  # follows the tuner and its kernels.
+  passed=()
+  for t in $(sed -n 's/^test \([^ ]*\) \.\.\. ok$/\1/p' "$OUT/gpu_ops.out"); do passed+=(--skip "$t"); done
+  TENSORMEM_MATMUL=heuristic TENSORMEM_GPU_WAIT_LIMIT=30 CI=true step gpu_ops_rule "$(limit 90 250)" .gl/bin/gpu_ops --exact --test-threads 1 "${passed[@]}"
+  grep -E '^test result:' "$OUT/gpu_ops_rule.out" | sed 's/^/   /'
+fi
 
 # ---------------------------------------------------------------- c. bench: tensormem vs PyTorch
 step tensormem_bench "$(limit 150 200)" .gl/bin/tensormem bench --json --sizes "$SIZES"

@@ -44,16 +44,16 @@ def adapter(out):
     print(f"tensormem info (WGPU_BACKEND={backend}): " + (" | ".join(x.strip() for x in lines) or "FAILED: " + read(out, "info.err").strip()[-300:]))
 
 
-def gpu_ops(out):
-    print("\n## op suite (tests/gpu_ops.rs)")
-    text = read(out, "gpu_ops.out") + "\n" + read(out, "gpu_ops.err")
+def gpu_ops(out, step="gpu_ops", title="op suite (tests/gpu_ops.rs)"):
+    print(f"\n## {title}")
+    text = read(out, f"{step}.out") + "\n" + read(out, f"{step}.err")
     results = re.findall(r"^test result: .*$", text, re.M)
     ok = re.findall(r"^test (\S+) \.\.\. ok$", text, re.M)
     failed = re.findall(r"^test (\S+) \.\.\. FAILED$", text, re.M)
     skipped = sorted(set(re.findall(r"^SKIPPED (\S+):", text, re.M)))
     slow = sorted(set(re.findall(r"^test (\S+) has been running for over 60 seconds", text, re.M)))
     print(results[-1] if results else f"no result line (stopped?): {len(ok)} ok, {len(failed)} failed so far")
-    print(f"gpu_ops: {len(ok) - len(skipped)} passed, {len(failed)} failed, {len(skipped)} skipped")
+    print(f"{step}: {len(ok) - len(skipped)} passed, {len(failed)} failed, {len(skipped)} skipped")
     if failed:
         print("failed: " + ", ".join(failed))
         # The first panic message of each failure, shortened.
@@ -67,9 +67,18 @@ def gpu_ops(out):
     unfinished = [s for s in slow + started if s not in ok and s not in failed]
     if unfinished:
         print("still running when stopped: " + ", ".join(unfinished))
-        samples(out, "gpu_ops")
+        samples(out, step)
     if skipped:
         print("skipped: " + ", ".join(skipped))
+
+
+def gpu_ops_again(out):
+    """The suite again (h100.sh): 16 tests at a time where it passed one at a time, else the
+    tests it did not pass without measured matmul kernels."""
+    if read(out, "gpu_ops_parallel.out") or read(out, "gpu_ops_parallel.err"):
+        gpu_ops(out, "gpu_ops_parallel", "the op suite again, 16 tests at a time")
+    if read(out, "gpu_ops_rule.out") or read(out, "gpu_ops_rule.err"):
+        gpu_ops(out, "gpu_ops_rule", "the tests it did not pass, with TENSORMEM_MATMUL=heuristic (no measured kernels)")
 
 
 def samples(out, step):
@@ -142,7 +151,7 @@ def twins(out):
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "/tmp/out")
     print("=" * 30 + " SUMMARY " + "=" * 30)
-    for part in (steps, adapter, gpu_ops, bench, watch, twins):
+    for part in (steps, adapter, gpu_ops, gpu_ops_again, bench, watch, twins):
         try:
             part(out)
         except Exception as e:  # a summary never fails the run
