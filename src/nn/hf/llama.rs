@@ -205,38 +205,10 @@ impl LlamaForCausalLM {
             x.requires_grad_(true)?;
         }
         let dtype = x.dtype();
-        // The eager causal mask (`create_causal_mask`, made before the rotary embedding): [T, T]
-        // in the model's type, 0 where a key is seen and the type's minimum where it is not,
-        // made once per forward and expanded to [batch, 1, T, T].
-        // SDPA: no mask (without padding the mask is skipped and attention runs with is_causal).
-        let mask = if self.attention == AttentionImplementation::Sdpa {
-            None
-        } else {
-            let _scope = device.scope("model.causal_mask");
-            let at = device.arange(t, DType::I64)?;
-            let seen = at.view(&[t as isize, 1])?.ge(&at.view(&[1, t as isize])?)?;
-            let zero = device.full(&[], 0.0, dtype)?;
-            let min = device.full(&[], dtype_min(dtype), dtype)?;
-            // One [T, T] mask, expanded (a view) to [batch, 1, T, T].
-            Some(seen.where_(&zero, &min)?.view(&[1, 1, t as isize, t as isize])?.expand(&[b, 1, t, t])?)
-        };
-        // LlamaRotaryEmbedding: cos and sin [1, T, head_dim], made in float32 once per forward
-        // (autocast off), then cast to the hidden states' type.
-        let (cos, sin) = {
-            let _scope = device.scope("model.rotary_emb");
-            let _autocast_off = crate::amp::autocast_disabled();
-            let half = self.config.head_dim / 2;
-            // cache_position = arange(T); position_ids = cache_position.unsqueeze(0).
-            let positions = device.arange(t, DType::I64)?.unsqueeze(0)?;
-            let inv_freq = self.inv_freq.view(&[1, half as isize, 1])?;
-            let positions = positions.unsqueeze(1)?.to(DType::F32)?;
-            let freqs = inv_freq.matmul(&positions)?.transpose(1, 2)?;
-            let emb = Tensor::cat(&[&freqs, &freqs], -1)?;
-            // `emb.cos() * self.attention_scaling` (1.0 without rope scaling): a new tensor.
-            let cos = emb.cos()?.mul_scalar(1.0)?.to(dtype)?;
-            let sin = emb.sin()?.mul_scalar(1.0)?.to(dtype)?;
-            (cos, sin)
-        };
+        // The eager mask [batch, 1, T, T], then cos and sin. SDPA: no mask (without padding the
+        // mask is skipped and attention runs with is_causal).
+        let mask = if self.attention == AttentionImplementation::Sdpa { None } else { Some(eager_mask(&device, None, t, b, dtype)?) };
+        let (cos, sin) = self.rotary_embedding(&device, None, t, dtype)?;
         let rope = Rc::new((cos, sin, mask));
         // `inputs_embeds` keeps the embedding until LlamaModel returns; `hidden_states`, rebound
         // to each layer's output, frees the one before (the embedding is not its to free).
@@ -258,11 +230,43 @@ impl LlamaForCausalLM {
         // the head makes the logits.
         drop(inputs_embeds);
         drop(rope);
-        match &self.lm_head {
-            Some(head) => head.forward(&normed),
+        self.head(&normed)
+    }
+
+    /// LlamaRotaryEmbedding: cos and sin [1, q, head_dim] for the positions `cache_position`
+    /// (None: arange(t), made here), in float32 with autocast off, then cast to `dtype`.
+    #[track_caller]
+    fn rotary_embedding(&self, device: &Device, cache_position: Option<&Tensor>, t: usize, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let _scope = device.scope("model.rotary_emb");
+        let _autocast_off = crate::amp::autocast_disabled();
+        let half = self.config.head_dim / 2;
+        // cache_position = arange(T) in a forward without a cache; position_ids its unsqueeze(0).
+        let made;
+        let cache_position = match cache_position {
+            Some(p) => p,
             None => {
-                let _scope = device.module_scope("lm_head");
-                normed.linear(&self.embed_tokens.weight, None)
+                made = device.arange(t, DType::I64)?;
+                &made
+            }
+        };
+        let inv_freq = self.inv_freq.view(&[1, half as isize, 1])?;
+        let positions = cache_position.unsqueeze(0)?.unsqueeze(1)?.to(DType::F32)?;
+        let freqs = inv_freq.matmul(&positions)?.transpose(1, 2)?;
+        let emb = Tensor::cat(&[&freqs, &freqs], -1)?;
+        // `emb.cos() * self.attention_scaling` (1.0 without rope scaling): a new tensor.
+        let cos = emb.cos()?.mul_scalar(1.0)?.to(dtype)?;
+        let sin = emb.sin()?.mul_scalar(1.0)?.to(dtype)?;
+        Ok((cos, sin))
+    }
+
+    /// `lm_head`, or the embedding's weight where the two are tied.
+    #[track_caller]
+    fn head(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.lm_head {
+            Some(head) => head.forward(x),
+            None => {
+                let _scope = x.device().module_scope("lm_head");
+                x.linear(&self.embed_tokens.weight, None)
             }
         }
     }
@@ -360,29 +364,8 @@ impl LlamaForCausalLM {
         // cache_position = arange(past, past + q); position_ids its unsqueeze(0).
         let positions: Vec<i64> = (past..past + q).map(|p| p as i64).collect();
         let cache_position = device.from_slice(&positions, &[q])?;
-        // The eager mask [q, kv_len] (a key is seen where its position <= the query's; a static
-        // cache's unwritten positions are masked), in the model's type, expanded to
-        // [batch, 1, q, kv_len]; made before the rotary embedding, as in `forward`.
-        let mask = {
-            let _scope = device.scope("model.causal_mask");
-            let keys = device.arange(kv_len, DType::I64)?;
-            let seen = cache_position.view(&[q as isize, 1])?.ge(&keys.view(&[1, kv_len as isize])?)?;
-            let zero = device.full(&[], 0.0, dtype)?;
-            let min = device.full(&[], dtype_min(dtype), dtype)?;
-            seen.where_(&zero, &min)?.view(&[1, 1, q as isize, kv_len as isize])?.expand(&[b, 1, q, kv_len])?
-        };
-        let (cos, sin) = {
-            let _scope = device.scope("model.rotary_emb");
-            let _autocast_off = crate::amp::autocast_disabled();
-            let half = self.config.head_dim / 2;
-            let inv_freq = self.inv_freq.view(&[1, half as isize, 1])?;
-            let positions = cache_position.unsqueeze(0)?.unsqueeze(1)?.to(DType::F32)?;
-            let freqs = inv_freq.matmul(&positions)?.transpose(1, 2)?;
-            let emb = Tensor::cat(&[&freqs, &freqs], -1)?;
-            let cos = emb.cos()?.mul_scalar(1.0)?.to(dtype)?;
-            let sin = emb.sin()?.mul_scalar(1.0)?.to(dtype)?;
-            (cos, sin)
-        };
+        let mask = eager_mask(&device, Some(&cache_position), kv_len, b, dtype)?;
+        let (cos, sin) = self.rotary_embedding(&device, Some(&cache_position), q, dtype)?;
         // As in `forward`: the embedding kept until LlamaModel returns, each layer's input
         // freed as the next output rebinds the name.
         let mut x = inputs_embeds.share();
@@ -395,17 +378,28 @@ impl LlamaForCausalLM {
         drop((inputs_embeds, mask, cos, sin));
         // hidden_states[:, slice(-1, None), :]: a view of the last position.
         let last = normed.narrow(1, q - 1, 1)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&last),
-            None => {
-                let _scope = device.module_scope("lm_head");
-                last.linear(&self.embed_tokens.weight, None)
-            }
-        }
+        self.head(&last)
     }
 }
 
 /// The most negative finite value of a type (`torch.finfo(dtype).min`).
+/// The eager causal mask (`create_causal_mask`, made before the rotary embedding): keys at
+/// positions 0..kv_len, queries at `cache_position` (None: the keys themselves, a forward over
+/// kv_len positions); 0 where a key is seen (its position at most the query's, so a static
+/// cache's unwritten positions are not) and the type's minimum where it is not: [q, kv_len] in
+/// the model's type, made once per forward and expanded (a view) to [batch, 1, q, kv_len].
+#[track_caller]
+fn eager_mask(device: &Device, cache_position: Option<&Tensor>, kv_len: usize, batch: usize, dtype: DType) -> Result<Tensor> {
+    let _scope = device.scope("model.causal_mask");
+    let keys = device.arange(kv_len, DType::I64)?;
+    let queries = cache_position.unwrap_or(&keys);
+    let q = queries.numel();
+    let seen = queries.view(&[q as isize, 1])?.ge(&keys.view(&[1, kv_len as isize])?)?;
+    let zero = device.full(&[], 0.0, dtype)?;
+    let min = device.full(&[], dtype_min(dtype), dtype)?;
+    seen.where_(&zero, &min)?.view(&[1, 1, q as isize, kv_len as isize])?.expand(&[batch, 1, q, kv_len])
+}
+
 fn dtype_min(dtype: DType) -> f64 {
     match dtype {
         DType::F16 => -65504.0,
