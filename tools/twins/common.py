@@ -267,16 +267,24 @@ def cpu_requested_bytes(profiler, steps):
 def token_batch(torch, device, batch, context, vocab):
     """`token_batch` of src/scenarios/mod.rs: ids (i * 7919 % vocab) and next-token targets,
     [batch, context] int64, each one allocation on the device (made on the host, copied)."""
-    ids = [(i * 7919) % vocab for i in range(batch * context)]
+    ids = token_list(batch, context, vocab)
     targets = [(t + 1) % vocab for t in ids]
-    as_tensor = lambda values: torch.tensor(values, dtype=torch.int64).view(batch, context).to(device)
-    return as_tensor(ids), as_tensor(targets)
+    return device_ids(torch, device, ids, batch, context), device_ids(torch, device, targets, batch, context)
 
 
 def token_ids(torch, device, batch, context, vocab):
     """The ids of `token_batch` alone (a prompt: generation makes no targets)."""
-    ids = [(i * 7919) % vocab for i in range(batch * context)]
-    return torch.tensor(ids, dtype=torch.int64).view(batch, context).to(device)
+    return device_ids(torch, device, token_list(batch, context, vocab), batch, context)
+
+
+def token_list(batch, context, vocab):
+    """The ids on the host: i * 7919 % vocab."""
+    return [(i * 7919) % vocab for i in range(batch * context)]
+
+
+def device_ids(torch, device, values, batch, context):
+    """Token ids made on the host and copied to the device: one allocation there."""
+    return torch.tensor(values, dtype=torch.int64).view(batch, context).to(device)
 
 
 def main(module_globals, argv=None):
