@@ -222,7 +222,12 @@ fn matmul_kernels_are_measured_at_first_use_and_remembered() {
     let winner = MatmulKernel::from_name(tuning["kernel"].as_str().unwrap()).unwrap();
     assert!(MatmulKernel::CANDIDATES.contains(&winner));
     let speeds = tuning["gflops"].as_object().unwrap();
-    assert_eq!(speeds.len(), dev.matmul_candidates(DType::F32).len());
+    assert_eq!(speeds.len(), dev.matmul_candidates(DType::F32, [true, true]).len());
+    // Staged kernels are measured only where both operands load four elements at a time, and
+    // only on a GPU.
+    let staged = |vec4| dev.matmul_candidates(DType::F32, vec4).into_iter().filter(|k| matches!(k, MatmulKernel::Staged(_))).count();
+    assert_eq!((staged([false, true]), staged([true, false])), (0, 0));
+    assert_eq!(staged([true, true]) > 0, !dev.adapter().unwrap().runs_on_cpu);
     assert!(speeds.values().all(|g| g.as_f64().unwrap() > 0.0), "{speeds:?}");
     let best = speeds.iter().max_by(|a, b| a.1.as_f64().partial_cmp(&b.1.as_f64()).unwrap()).unwrap().0;
     assert_eq!(best, &winner.name());

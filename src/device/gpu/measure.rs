@@ -88,14 +88,15 @@ impl Device {
         kernel
     }
 
-    /// The kernels measured for products of `dtype` on this device: those whose workgroup
-    /// memory the adapter allows, staged ones only on a GPU (on CPU adapters they never led:
-    /// lavapipe ran them at 10 GFLOP/s against register8x8's 17) and for operands that load
-    /// four elements at a time (f32, native f16), the only ones they were measured with on an
-    /// H100.
-    pub fn matmul_candidates(&self, dtype: DType) -> Vec<MatmulKernel> {
+    /// The kernels measured for products of `dtype` on this device (`vec4`: whether A's and
+    /// B's rows load four elements at a time): those whose workgroup memory the adapter allows,
+    /// staged ones only on a GPU (on CPU adapters they never led: lavapipe ran them at 10
+    /// GFLOP/s against register8x8's 17) and for operands that both load four elements at a
+    /// time (f32, native f16, rows a multiple of 4), the only ones they were measured with on
+    /// an H100.
+    pub fn matmul_candidates(&self, dtype: DType, vec4: [bool; 2]) -> Vec<MatmulKernel> {
         let Some(adapter) = self.adapter() else { return Vec::new() };
-        let staged = !adapter.runs_on_cpu && crate::kernels::loads_quads(dtype, adapter.native_f16);
+        let staged = !adapter.runs_on_cpu && crate::kernels::loads_quads(dtype, adapter.native_f16) && vec4 == [true, true];
         MatmulKernel::CANDIDATES
             .into_iter()
             .filter(|&c| c.workgroup_bytes() <= adapter.max_compute_workgroup_storage_size)
@@ -138,7 +139,7 @@ impl Device {
             ctx.submit();
             ctx.wait_idle().await?;
         }
-        for candidate in self.matmul_candidates(dtype) {
+        for candidate in self.matmul_candidates(dtype, vec4) {
             if error_pending {
                 break;
             }

@@ -94,6 +94,22 @@ pub(crate) struct GpuContext {
     /// See `GpuOptions::wait_limit` (natively: a browser cannot block).
     #[cfg(not(target_arch = "wasm32"))]
     wait_limit: Option<std::time::Duration>,
+    /// A wait ran past `wait_limit` (see `Drop`).
+    #[cfg(not(target_arch = "wasm32"))]
+    stuck: Cell<bool>,
+}
+
+impl Drop for GpuContext {
+    /// wgpu waits, without a limit, for the queue to be idle when it is dropped: after a wait
+    /// that ran past the limit, a device whose work still does not finish within it keeps its
+    /// queue (and its memory) for the rest of the process, so that the program goes on with
+    /// the error instead of hanging where the device is dropped.
+    fn drop(&mut self) {
+        #[cfg(not(target_arch = "wasm32"))]
+        if self.stuck.get() && self.block_until_done("the work submitted, before closing the device").is_err() {
+            std::mem::forget(self.queue.clone());
+        }
+    }
 }
 
 /// Submit once this many dispatches are pending (bounds encoder memory on long programs).
@@ -178,6 +194,8 @@ impl GpuContext {
             metadata_stride: (align as u64).max(256),
             #[cfg(not(target_arch = "wasm32"))]
             wait_limit: options.wait_limit,
+            #[cfg(not(target_arch = "wasm32"))]
+            stuck: Cell::new(false),
         };
         Ok((ctx, segments))
     }
@@ -303,7 +321,9 @@ impl GpuContext {
 
     /// Blocks until the GPU has finished everything submitted so far, in slices, so that a
     /// wait that never ends (a hung kernel, a driver that stopped) is seen: a note on stderr
-    /// each minute, and past `wait_limit` an error naming what was waited for.
+    /// each minute, and past `wait_limit` an error naming what was waited for. The notes go to
+    /// the process's stderr itself, which a test harness capturing `eprintln!` does not hold
+    /// back while the wait goes on.
     #[cfg(not(target_arch = "wasm32"))]
     fn block_until_done(&self, what: &str) -> Result<(), DeviceError> {
         use std::time::{Duration, Instant};
@@ -318,6 +338,7 @@ impl GpuContext {
                 Err(wgpu::PollError::Timeout) => {
                     let waited = started.elapsed();
                     if let Some(limit) = self.wait_limit.filter(|&limit| waited >= limit) {
+                        self.stuck.set(true);
                         return Err(DeviceError::TimedOut(format!(
                             "the GPU ({}) had not finished {what} after {:.3} s, past the limit set ({} s, TENSORMEM_GPU_WAIT_LIMIT): a \
                              kernel that does not end, or a driver that stopped",
@@ -327,7 +348,9 @@ impl GpuContext {
                         )));
                     }
                     if waited >= next_note {
-                        eprintln!("tensormem: still waiting for the GPU ({}) to finish {what}: {} s", self.summary.name, waited.as_secs());
+                        use std::io::Write;
+                        let note = format!("tensormem: still waiting for the GPU ({}) to finish {what}: {} s\n", self.summary.name, waited.as_secs());
+                        let _ = std::io::stderr().write_all(note.as_bytes());
                         next_note += NOTE_EVERY;
                     }
                 }
