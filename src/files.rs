@@ -79,12 +79,105 @@ pub fn input_named_by(out: &Path) -> Option<PathBuf> {
     inputs.iter().find(|input| same_file(out, input)).cloned()
 }
 
+/// How long an input that is a named pipe may wait for its first byte before it is an error
+/// (`TENSORMEM_PIPE_WAIT` seconds; default 10): a pipe nobody writes to would block for ever.
+fn pipe_wait() -> std::time::Duration {
+    let seconds = std::env::var("TENSORMEM_PIPE_WAIT").ok().and_then(|s| s.trim().parse::<f64>().ok()).filter(|s| s.is_finite() && *s >= 0.0);
+    std::time::Duration::from_secs_f64(seconds.unwrap_or(10.0))
+}
+
+/// Opens an input to read it front to back; returns the file and its length when it is a
+/// regular file (None for a pipe, whose length says nothing). A folder is refused; a pipe
+/// (`cat f | tensormem doctor /dev/stdin`, `<(zcat f.gz)`) is read to its end. A named pipe in
+/// the file system is opened without waiting for a writer, and one that sends nothing within
+/// `TENSORMEM_PIPE_WAIT` seconds is an error: opening it plainly would block for ever. The
+/// process's own streams (`/dev/stdin`, `/dev/fd/N`, `/proc/self/fd/N`) have their writer
+/// already and wait as long as it takes.
+pub fn open_input(path: &Path) -> std::io::Result<(std::fs::File, Option<u64>)> {
+    use std::io::{Error, ErrorKind};
+    let file = open_without_waiting(path)?;
+    let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(Error::new(ErrorKind::InvalidInput, "a folder, not a file"));
+    }
+    if meta.is_file() {
+        return Ok((file, Some(meta.len())));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let own_stream = path.starts_with("/dev") || path.starts_with("/proc");
+        if meta.file_type().is_fifo() && !own_stream {
+            wait_for_writer(&file, pipe_wait())?;
+        }
+        blocking(&file)?;
+    }
+    Ok((file, None))
+}
+
+#[cfg(unix)]
+fn open_without_waiting(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)
+}
+
+#[cfg(not(unix))]
+fn open_without_waiting(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::File::open(path)
+}
+
+/// Waits until a named pipe has something to read or its writer has come and gone.
+#[cfg(unix)]
+fn wait_for_writer(file: &std::fs::File, limit: std::time::Duration) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut poll = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let ready = unsafe { libc::poll(&mut poll, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if ready > 0 {
+            return Ok(());
+        }
+        if ready < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if left.is_zero() || std::time::Instant::now() >= deadline {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "a named pipe that nothing was written to in {} s (no writer?): give a snapshot file, or start the writer first (TENSORMEM_PIPE_WAIT sets the wait)",
+                    limit.as_secs_f64()
+                ),
+            ));
+        }
+    }
+}
+
+/// Reads from now on wait for data again (the file was opened not to wait for a writer).
+#[cfg(unix)]
+fn blocking(file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor this file owns.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Reads a small input whole (a config.json, a run's JSON, a cache): at most `limit` bytes, so
 /// that a huge file or an endless device (`/dev/zero`) is refused at once, with what the file
 /// should be (`what`, e.g. "a config.json") and its bound. Notes it as an input.
 pub fn read_small(path: &Path, limit: u64, what: &str) -> Result<String, String> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (file, _) = open_input(path).map_err(|e| format!("{}: {e}", path.display()))?;
     note_input(path);
     let mut bytes = Vec::new();
     file.take(limit + 1).read_to_end(&mut bytes).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -202,11 +202,12 @@ fn find_root(root: Option<&Path>) -> Result<PathBuf, String> {
 /// Checks that FILE can be served and returns its URL path (`/snapshot/<basename>`, decoded) and
 /// canonical path.
 fn snapshot_route(file: &Path) -> Result<(Vec<u8>, PathBuf), String> {
-    let f = File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
-    let meta = f.metadata().map_err(|e| format!("{}: {e}", file.display()))?;
+    // The type first, from the name: opening a named pipe would wait for a writer.
+    let meta = std::fs::metadata(file).map_err(|e| format!("{}: {e}", file.display()))?;
     if !meta.is_file() {
-        return Err(format!("{}: not a regular file", file.display()));
+        return Err(format!("{}: not a regular file (the page reads the snapshot each time it opens: save it to a file)", file.display()));
     }
+    File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let canonical = file.canonicalize().map_err(|e| format!("{}: {e}", file.display()))?;
     let name = canonical.file_name().ok_or_else(|| format!("{}: no file name", file.display()))?;
     let mut path = b"/snapshot/".to_vec();
@@ -420,6 +421,10 @@ fn resolve(root: &Path, decoded: &[u8]) -> Option<PathBuf> {
 }
 
 fn open(path: &Path, mime: &'static str) -> Reply {
+    // Only regular files, checked before opening (a pipe put in a file's place would block).
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Reply::Error(404);
+    }
     let Ok(file) = File::open(path) else {
         return Reply::Error(404);
     };

@@ -149,9 +149,10 @@ impl Loader {
 pub fn load_file(path: &Path) -> Result<Snapshot, TraceError> {
     use std::io::Read;
     let io = |source| TraceError::Io { path: path.display().to_string(), source };
-    let mut file = std::fs::File::open(path).map_err(io)?;
+    // A pipe's length is no length: only a regular file's bounds what the parser may expect.
+    let (mut file, length) = crate::files::open_input(path).map_err(io)?;
     crate::files::note_input(path);
-    let total = file.metadata().ok().map(|m| m.len() as usize);
+    let total = length.map(|n| n as usize);
     let mut loader = Loader::new(total);
     let mut chunk = vec![0u8; 1 << 20];
     loop {
