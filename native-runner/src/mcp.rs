@@ -104,17 +104,42 @@ pub fn serve() -> Result<(), Failure> {
             break Err(e);
         }
     };
-    // The calls still running answer before the server ends (unless it cannot write any more).
-    if outcome.is_err() {
+    // The calls still running answer before the server ends, unless nobody can read their
+    // answers: the server cannot write any more, or the client closed its end of stdout.
+    let end_calls = || {
         for (_, mut child) in running.lock().unwrap_or_else(|e| e.into_inner()).drain() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    };
+    if outcome.is_err() {
+        end_calls();
+    }
+    while calls.iter().any(|c| !c.is_finished()) {
+        if output_closed() {
+            end_calls();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
     for call in calls {
         let _ = call.join();
     }
     outcome
+}
+
+/// Whether stdout is a pipe whose reader has gone (a client that closed it): answers written
+/// now would go nowhere.
+fn output_closed() -> bool {
+    #[cfg(unix)]
+    {
+        let mut poll = libc::pollfd { fd: libc::STDOUT_FILENO, events: 0, revents: 0 };
+        // SAFETY: one valid pollfd, no wait.
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        ready > 0 && poll.revents & (libc::POLLERR | libc::POLLHUP) != 0
+    }
+    #[cfg(not(unix))]
+    false
 }
 
 /// One line of input.
@@ -175,8 +200,14 @@ fn write_reply(out: &Output, reply: &Value) -> Result<(), Failure> {
 /// message (or a malformed one, which [`handle`] answers).
 fn tool_call(line: &str) -> Option<Value> {
     let message: Value = serde_json::from_str(line).ok()?;
-    let id = message.get("id").filter(|id| id.is_string() || id.is_number())?.clone();
+    let id = message.get("id").filter(|id| id.is_string() || is_whole(id))?.clone();
     (message.get("method")? == "tools/call").then_some(id)
+}
+
+/// An id number this server can echo exactly: a whole number of at most 64 bits (a larger one
+/// or a fraction would come back as a float the client could not match).
+fn is_whole(id: &Value) -> bool {
+    id.is_i64() || id.is_u64()
 }
 
 /// `notifications/cancelled`: ends the named call's process; the call gets no answer, as the
@@ -307,6 +338,10 @@ fn handle(line: &str) -> Option<Value> {
         return Some(error_reply(Value::Null, INVALID_REQUEST, "invalid request: expected a JSON-RPC message object".into()));
     };
     let id = message.get("id").cloned();
+    if id.as_ref().is_some_and(|id| id.is_number() && !is_whole(id)) {
+        let text = "invalid request: an id must be a string or a whole number of at most 64 bits (this one could not be echoed exactly)";
+        return Some(error_reply(Value::Null, INVALID_REQUEST, text.into()));
+    }
     let Some(method) = message.get("method").and_then(Value::as_str) else {
         let is_response = message.contains_key("result") || message.contains_key("error");
         return (!is_response).then(|| error_reply(id.unwrap_or(Value::Null), INVALID_REQUEST, "invalid request: no method".into()));

@@ -383,3 +383,61 @@ fn hostile_lines_are_answered_and_a_long_call_is_cancelled() {
     assert!(replies.iter().all(|r| !r.contains("\"long\"")), "a cancelled call gets no answer: {replies:?}");
     assert_eq!(server.finish().code(), Some(0));
 }
+
+#[test]
+fn an_id_that_cannot_be_echoed_exactly_is_refused() {
+    let mut server = Server::initialized();
+    for id in ["123456789012345678901234567890", "18446744073709551616", "1.5"] {
+        for method in ["ping", "tools/call"] {
+            server.send_line(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{"name":"scenarios","arguments":{{}}}}}}"#));
+            let reply = server.read();
+            assert_eq!(reply["id"], Value::Null, "{id} {method}: {reply}");
+            assert_eq!(reply["error"]["code"], -32600, "{id} {method}: {reply}");
+            assert!(reply["error"]["message"].as_str().unwrap().contains("64 bits"), "{reply}");
+        }
+    }
+    // The largest ids that fit are echoed as they were written.
+    for id in ["18446744073709551615", "-9223372036854775808"] {
+        server.send_line(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#));
+        let line = server.lines.recv_timeout(TIMEOUT).unwrap();
+        assert!(line.contains(&format!("\"id\":{id}")), "{line}");
+    }
+    assert_eq!(server.finish().code(), Some(0));
+}
+
+#[test]
+fn a_client_that_closes_both_ends_stops_its_calls() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tensormem"))
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the binary runs");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    // Minutes in a debug build: only a server that stops its calls ends soon.
+    let long = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": { "name": "run", "arguments": { "name": "hf-generate", "set": { "new_tokens": 32768 } } } });
+    writeln!(stdin, "{long}").unwrap();
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":8,"method":"ping"}}"#).unwrap();
+    stdin.flush().unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("\"id\":8"), "answered while the call runs: {line}");
+    // The client goes away: both its ends close.
+    let started = Instant::now();
+    drop(stdout);
+    drop(stdin);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the server waited on a call nobody can read the answer of");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+}
