@@ -81,6 +81,7 @@ pub fn input_named_by(out: &Path) -> Option<PathBuf> {
 
 /// How long an input that is a named pipe may wait for its first byte before it is an error
 /// (`TENSORMEM_PIPE_WAIT` seconds; default 10): a pipe nobody writes to would block for ever.
+#[cfg(unix)]
 fn pipe_wait() -> std::time::Duration {
     let seconds = std::env::var("TENSORMEM_PIPE_WAIT").ok().and_then(|s| s.trim().parse::<f64>().ok()).filter(|s| s.is_finite() && *s >= 0.0);
     std::time::Duration::from_secs_f64(seconds.unwrap_or(10.0))

@@ -16,9 +16,31 @@ pub fn format_size(size: u64) -> String {
     }
 }
 
+/// A count with thousands separated by commas (`2,097,152`), as the messages write counts.
+pub fn format_count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_are_grouped_by_thousands() {
+        assert_eq!(format_count(0), "0");
+        assert_eq!(format_count(999), "999");
+        assert_eq!(format_count(1000), "1,000");
+        assert_eq!(format_count(2_097_152), "2,097,152");
+        assert_eq!(format_count(u64::MAX), "18,446,744,073,709,551,615");
+    }
 
     #[test]
     fn format_size_matches_pytorch() {

@@ -182,6 +182,9 @@ pub(crate) enum Command {
         /// server runs each call in.
         #[arg(long, hide = true)]
         call: bool,
+        /// With --call: a call of the Python API (its request line, then a snapshot's bytes).
+        #[arg(long, hide = true, requires = "call")]
+        python: bool,
     },
     /// The GPU adapter wgpu finds: name, backend, features and limits.
     Info {
@@ -241,6 +244,13 @@ pub(crate) enum Command {
         /// Folder to serve (default: www in the current directory, else the workspace's www).
         #[arg(long, value_name = "DIR")]
         root: Option<PathBuf>,
+        /// Stop when stdin ends: how a parent process (Python's tensormem.serve) takes the server
+        /// down with it, even when it is killed.
+        #[arg(long, hide = true)]
+        until_stdin_ends: bool,
+        /// The snapshot is a temporary copy made for this server: remove it when stdin ends.
+        #[arg(long, hide = true, requires = "until_stdin_ends")]
+        remove_file_at_end: bool,
     },
 }
 

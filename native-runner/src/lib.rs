@@ -2,8 +2,8 @@
 //! package (`python/`) both run. Reads and replays PyTorch memory snapshots.
 //!
 //! Errors go to stderr as one line with a non-zero exit (1: bad input or a failed run, 2: bad
-//! usage), never as a panic trace. `call_tool` gives any subcommand's `--json` lines as values
-//! (the MCP server's tools, which the Python API calls too).
+//! usage), never as a panic trace. `tensormem mcp --call --python` gives any subcommand's
+//! `--json` lines (the MCP server's tools) to the Python API, in a process of its own.
 
 mod bench;
 mod cli;
@@ -80,13 +80,6 @@ fn set_signals() {
     }
 }
 
-/// The `--json` lines of one subcommand, named and given its arguments as the MCP server's
-/// tool of that name takes them (`file` a path). With `snapshot` (a pickle or JSON snapshot's
-/// bytes), the tool reads it instead of a file: leave `file` out.
-pub fn call_tool(name: &str, arguments: serde_json::Value, snapshot: Option<&[u8]>) -> Result<Vec<String>, (String, u8)> {
-    mcp::call_tool(name, arguments, snapshot).map_err(|Failure(message, code)| (message, code))
-}
-
 /// Runs one subcommand.
 fn run(command: Command) -> Result<(), Failure> {
     match command {
@@ -107,10 +100,14 @@ fn run(command: Command) -> Result<(), Failure> {
             let options = PredictOptions { device, capacity, config: None, keep_snapshot: snapshot.is_some() };
             predict_command(&recordings, to.as_deref(), fit.as_deref(), options, alloc_conf.as_deref(), snapshot.as_deref(), json)
         }
-        Command::Mcp { call: false } => mcp::serve(),
-        Command::Mcp { call: true } => mcp::call_from_stdin(),
+        Command::Mcp { call: false, .. } => mcp::serve(),
+        Command::Mcp { call: true, python: false } => mcp::call_from_stdin(),
+        Command::Mcp { call: true, python: true } => mcp::python_call_from_stdin(),
         Command::Info { json } => info(json),
-        Command::Serve { file, port, host, root } => serve::run(file.as_deref(), &host, port, root.as_deref()).map_err(|e| Failure(e, 1)),
+        Command::Serve { file, port, host, root, until_stdin_ends, remove_file_at_end } => {
+            let end = serve::End { until_stdin_ends, remove_file_at_end };
+            serve::run(file.as_deref(), &host, port, root.as_deref(), end).map_err(|e| Failure(e, 1))
+        }
         Command::Bench { sizes, json } => bench_command(&sizes, json),
         Command::Fit { name, set, vary, strategies, cards, json } => fit_command(name, &set, &vary, &strategies, &cards, json),
     }
@@ -552,7 +549,7 @@ fn parse_set(set: &[String]) -> Result<std::collections::BTreeMap<String, String
 
 /// `--set a=1,b=2`: splits on commas that start a new `key=` (a value may hold commas, as in
 /// `batches=32,31,33`).
-fn split_settings(text: &str) -> Vec<String> {
+pub(crate) fn split_settings(text: &str) -> Vec<String> {
     let mut items: Vec<String> = Vec::new();
     for part in text.split(',') {
         match items.last_mut() {
@@ -606,7 +603,7 @@ fn refuse_overwriting_input(out: Option<&Path>, input: &Path) -> Result<(), Fail
 }
 
 thread_local! {
-    /// A snapshot given as bytes to `call_tool`: read (taken, not copied: a tool loads its file
+    /// A snapshot given in place of a file to a tool call: read (taken, not copied: a tool loads its file
     /// once) in place of the file `file` names.
     static GIVEN_SNAPSHOT: std::cell::RefCell<Option<Snapshot>> = const { std::cell::RefCell::new(None) };
 }

@@ -606,10 +606,10 @@ fn call(params: &Value) -> Result<Value, (i64, String)> {
     Ok(json!({ "content": content, "isError": outcome.is_err() }))
 }
 
-/// A tool's output lines (what the subcommand's `--json` prints), for callers in this process
-/// (the Python API): its arguments an object as `tools/call` takes them; `snapshot`, a
-/// snapshot's bytes read in place of a `file`.
-pub(crate) fn call_tool(name: &str, arguments: Value, snapshot: Option<&[u8]>) -> Result<Vec<String>, Failure> {
+/// A tool's output lines (what the subcommand's `--json` prints), for the Python API: its
+/// arguments an object as `tools/call` takes them; `snapshot`, a snapshot read in place of a
+/// `file` (or why it could not be).
+fn call_tool(name: &str, arguments: Value, snapshot: Option<Result<tensormem::trace::Snapshot, String>>) -> Result<Vec<String>, Failure> {
     let tools = tools();
     let Some(tool) = tools.iter().find(|t| t["name"] == name) else {
         let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
@@ -624,20 +624,76 @@ pub(crate) fn call_tool(name: &str, arguments: Value, snapshot: Option<&[u8]>) -
     outcome.map(|()| lines)
 }
 
+/// `tensormem mcp --call --python`: one call of the Python API, in a process of its own, so that
+/// a failure no process survives (memory that cannot be had aborts a Rust program) ends the
+/// call, never the user's interpreter, and Ctrl-C can stop it. stdin: a line
+/// `{"name", "arguments", "snapshot"}`, then, when `snapshot` is true, a snapshot's bytes to
+/// the end, read as a stream. stdout: `{"lines": [...]}` or `{"error": message, "code": status}`.
+pub fn python_call_from_stdin() -> Result<(), Failure> {
+    end_with_parent();
+    let mut input = std::io::BufReader::with_capacity(1 << 20, std::io::stdin().lock());
+    let request = match read_message(&mut input)? {
+        Message::Line(line) => serde_json::from_str::<Value>(&line).map_err(|e| Failure(format!("tool call: {e}"), 2))?,
+        _ => return Err(Failure("tool call: expected a JSON line".into(), 2)),
+    };
+    let name = request["name"].as_str().unwrap_or_default().to_string();
+    let snapshot = request["snapshot"].as_bool().unwrap_or(false).then(|| read_snapshot(&mut input));
+    let reply = match call_tool(&name, request["arguments"].clone(), snapshot) {
+        Ok(lines) => json!({ "lines": lines }),
+        Err(Failure(message, code)) => json!({ "error": message, "code": code }),
+    };
+    println!("{reply}");
+    Ok(())
+}
+
+/// A snapshot streamed in (pickle or JSON), never held whole as bytes.
+fn read_snapshot(input: &mut impl BufRead) -> Result<tensormem::trace::Snapshot, String> {
+    let mut loader = tensormem::trace::Loader::new(None);
+    loop {
+        let chunk = match input.fill_buf() {
+            Ok(chunk) => chunk,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("cannot read the snapshot: {e}")),
+        };
+        if chunk.is_empty() {
+            break;
+        }
+        loader.feed(chunk).map_err(|e| e.to_string())?;
+        let used = chunk.len();
+        input.consume(used);
+    }
+    loader.finish().map_err(|e| e.to_string())
+}
+
+/// On Linux, this process ends when the process that started it does (`TENSORMEM_PARENT_PID`
+/// names it): a call whose caller was killed does not run on.
+fn end_with_parent() {
+    #[cfg(target_os = "linux")]
+    if let Some(parent) = std::env::var("TENSORMEM_PARENT_PID").ok().and_then(|p| p.parse::<i32>().ok()) {
+        // SAFETY: prctl and getppid change and read only this process's own state.
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            // The parent may have gone before the request took effect.
+            if libc::getppid() != parent {
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
 /// Checks the arguments against the tool's schema and runs it; a panic becomes a failure.
-fn run_checked(tool: &Value, mut args: Map<String, Value>, snapshot: Option<&[u8]>) -> (Vec<String>, Result<(), Failure>) {
+/// `snapshot`: a snapshot given in place of a file (already read, or why it could not be).
+fn run_checked(tool: &Value, mut args: Map<String, Value>, snapshot: Option<Result<tensormem::trace::Snapshot, String>>) -> (Vec<String>, Result<(), Failure>) {
     let name = tool["name"].as_str().expect("every tool has a name");
     let mut lines = Vec::new();
     let given = match snapshot {
         None => None,
         Some(_) if args.contains_key("file") => return (lines, Err(Failure("give a snapshot or a file, not both".into(), 2))),
-        Some(bytes) => match tensormem::trace::load(bytes) {
-            Ok(snapshot) => {
-                args.insert("file".into(), Value::String(crate::GIVEN_FILE.into()));
-                Some(snapshot)
-            }
-            Err(e) => return (lines, Err(Failure(format!("{}: {e}", crate::GIVEN_FILE), 1))),
-        },
+        Some(Ok(snapshot)) => {
+            args.insert("file".into(), Value::String(crate::GIVEN_FILE.into()));
+            Some(snapshot)
+        }
+        Some(Err(e)) => return (lines, Err(Failure(format!("{}: {e}", crate::GIVEN_FILE), 1))),
     };
     let _given = crate::GivenSnapshot::hold(given);
     let args = Args(args);
@@ -763,7 +819,12 @@ impl Args {
     }
 
     fn path(&self, key: &str) -> Result<PathBuf, Failure> {
-        self.required(key).map(PathBuf::from)
+        let path = self.required(key)?;
+        // No file system takes a longer name; a message repeating it would be as long.
+        if path.len() > 4096 {
+            return Err(Failure(format!("{key}: {} bytes is longer than any path (4,096 at most): give a file's path", path.len()), 2));
+        }
+        Ok(PathBuf::from(path))
     }
 
     fn int(&self, key: &str) -> Result<Option<i64>, Failure> {
@@ -825,7 +886,21 @@ impl Args {
         let bad = |v: &Value| Failure(format!("set must map parameter names to values, got {v}"), 2);
         match self.0.get("set") {
             None | Some(Value::Null) => Ok(Vec::new()),
-            Some(Value::Object(m)) => m.iter().map(|(k, v)| text(v).map(|v| format!("{k}={v}")).ok_or_else(|| bad(v))).collect(),
+            Some(Value::Object(m)) => m
+                .iter()
+                .map(|(k, v)| {
+                    let item = text(v).map(|v| format!("{k}={v}")).ok_or_else(|| bad(v))?;
+                    // One name, one value: a value must not read as more settings after a comma.
+                    match crate::split_settings(&item).as_slice() {
+                        [_] => Ok(item),
+                        [_, extra, ..] => Err(Failure(
+                            format!("set: the value of {k} holds another setting after a comma ({extra:?}); a value sets its own parameter only"),
+                            2,
+                        )),
+                        [] => Err(bad(v)),
+                    }
+                })
+                .collect(),
             Some(Value::Array(items)) => items.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(|| bad(v))).collect(),
             Some(Value::String(s)) => Ok(vec![s.clone()]),
             Some(other) => Err(bad(other)),

@@ -121,7 +121,16 @@ impl Drop for Place<'_> {
 
 /// Runs the server until the process is killed. Errors are for start-up only (bad FILE, no page,
 /// cannot listen).
-pub fn run(file: Option<&Path>, host: &str, port: u16, root: Option<&Path>) -> Result<(), String> {
+/// When the server stops other than by being killed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct End {
+    /// When stdin ends (the parent that holds its other end is gone).
+    pub until_stdin_ends: bool,
+    /// Then the snapshot, a temporary copy, is removed.
+    pub remove_file_at_end: bool,
+}
+
+pub fn run(file: Option<&Path>, host: &str, port: u16, root: Option<&Path>, end: End) -> Result<(), String> {
     let snapshot = file.map(snapshot_route).transpose()?;
     let root = find_root(root)?;
     let listener = TcpListener::bind((host, port)).map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
@@ -135,6 +144,17 @@ pub fn run(file: Option<&Path>, host: &str, port: u16, root: Option<&Path>) -> R
     let mut out = io::stdout().lock();
     let _ = writeln!(out, "tensormem: serving {url}").and_then(|()| out.flush());
     drop(out);
+    if end.until_stdin_ends {
+        let remove = end.remove_file_at_end.then(|| file.map(Path::to_path_buf)).flatten();
+        std::thread::spawn(move || {
+            // Nothing is ever written to it: it ends when the parent closes it or dies.
+            let _ = io::copy(&mut io::stdin().lock(), &mut io::sink());
+            if let Some(path) = remove {
+                let _ = std::fs::remove_file(path);
+            }
+            std::process::exit(0);
+        });
+    }
 
     let site = Arc::new(Site { root, snapshot, loopback: addr.ip().is_loopback(), connections: Mutex::default() });
     for stream in listener.incoming() {

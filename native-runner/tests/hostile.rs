@@ -130,3 +130,59 @@ fn a_file_size_limit_fails_the_write_and_leaves_no_temporary_file() {
     assert_eq!(names.len(), 2, "only the input and the old file: {names:?}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A config.json of `layers` tiny layers: the cost of a run is its layer count, not its sizes.
+fn tiny_layers(dir: &Path, layers: u32) -> PathBuf {
+    let path = dir.join(format!("layers-{layers}.json"));
+    let config = format!(
+        r#"{{"model_type":"llama","hidden_size":8,"intermediate_size":8,"num_hidden_layers":{layers},"num_attention_heads":1,"num_key_value_heads":1,"vocab_size":8}}"#
+    );
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+#[test]
+fn the_product_of_legal_parameters_is_bounded_by_one_budget_before_anything_runs() {
+    let dir = scratch("budget");
+    let deep = tiny_layers(&dir, 1024);
+    let generate = format!("config={},new_tokens=32768,prompt=1", s(&deep));
+    let generate_at_budget = format!("config={},new_tokens=513,prompt=1", s(&deep));
+    let fit_deep = format!("config={}", s(&deep));
+    for (args, said) in [
+        // steps 1000 and accumulation 1024 are each legal: 49 million layer passes are not.
+        (
+            vec!["run", "lm-train", "--set", "size=small,steps=1000,accumulation=1024"],
+            "49,201,152 layer passes (steps with warm-up 1001 x accumulation 1024 x layers 12 x 4)",
+        ),
+        (vec!["run", "hf-generate", "--set", generate.as_str()], "33,554,432 layer passes (layers 1024 x tokens generated 32768)"),
+        (vec!["run", "hf-generate", "--set", generate_at_budget.as_str()], "525,312 layer passes"),
+        (vec!["run", "rnn-hidden", "--set", "steps=128,timesteps=4096"], "33,816,576 layer passes (batches walked by backward 8256 x timesteps 4096)"),
+        (vec!["run", "grad-accumulation", "--variant", "fix", "--set", "micro_batches=4096,steps=1000"], "65,536,000 layer passes"),
+        (vec!["fit", "hf-train", "--set", fit_deep.as_str(), "--vary", "context"], "this table would take up to"),
+    ] {
+        let start = std::time::Instant::now();
+        let out = tensormem(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(said), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("more than the 524,288"), "{args:?}: {}", stderr(&out));
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "{args:?} was refused only after {:?}", start.elapsed());
+    }
+    // One token fewer is within the budget: the next check speaks (the card), and nothing runs.
+    let out = tensormem(&["run", "hf-generate", "--set", &format!("config={},new_tokens=512,prompt=1", s(&deep)), "--device", "sim:no-such-card"]);
+    assert!(stderr(&out).contains("unknown device"), "the next check, not the budget: {}", stderr(&out));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_fit_table_names_each_strategy_and_card_once_and_has_a_bounded_size() {
+    let cards: Vec<String> = (1..=200).map(|g| format!("{g}GiB")).collect();
+    for (args, said) in [
+        (vec!["fit", "lm-train", "--set", "world=2", "--strategies", "ddp,zero1,ddp", "--cards", "A100-40GB"], "strategies: ddp is named twice"),
+        (vec!["fit", "lm-train", "--set", "world=2", "--cards", "A100-40GB,H100-80GB,A100-40GB"], "cards: A100-40GB is named twice"),
+        (vec!["fit", "lm-train", "--cards", &cards.join(",")], "800 cells, more than 36"),
+    ] {
+        let out = tensormem(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(said), "{args:?}: {}", stderr(&out));
+    }
+}

@@ -359,9 +359,9 @@ fn hostile_lines_are_answered_and_a_long_call_is_cancelled() {
     assert!(deep["content"][0]["text"].as_str().unwrap().contains("3000 layers is more than 1024"), "{deep}");
     assert_eq!(server.request("ping", json!({}))["result"], json!({}));
 
-    // A generation of 32,768 tokens: minutes in a debug build.
+    // A generation of 16,000 tokens (512,000 layer passes, under the budget): minutes in a debug build.
     let long = json!({ "jsonrpc": "2.0", "id": "long", "method": "tools/call",
-        "params": { "name": "run", "arguments": { "name": "hf-generate", "set": { "new_tokens": 32768 } } } });
+        "params": { "name": "run", "arguments": { "name": "hf-generate", "set": { "new_tokens": 16000 } } } });
     server.send_line(&long.to_string());
     assert_eq!(server.request("ping", json!({}))["result"], json!({}), "answered while the call runs");
     // Its id, reused while it runs, is refused (the answer would go to the wrong call).
@@ -418,7 +418,7 @@ fn a_client_that_closes_both_ends_stops_its_calls() {
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     // Minutes in a debug build: only a server that stops its calls ends soon.
     let long = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
-        "params": { "name": "run", "arguments": { "name": "hf-generate", "set": { "new_tokens": 32768 } } } });
+        "params": { "name": "run", "arguments": { "name": "hf-generate", "set": { "new_tokens": 16000 } } } });
     writeln!(stdin, "{long}").unwrap();
     writeln!(stdin, r#"{{"jsonrpc":"2.0","id":8,"method":"ping"}}"#).unwrap();
     stdin.flush().unwrap();

@@ -13,9 +13,12 @@ with the command line's message.
 
 import json
 import os
+import pickle
+import subprocess
+import sys
+import threading
 
 from ._tensormem import TensormemError, UsageError, __version__
-from ._tensormem import tool as _tool
 from ._results import Diagnosis, Result, Results
 from ._watch import watch
 from ._page import serve, show
@@ -27,30 +30,105 @@ __all__ = [
 
 
 def _snapshot(snapshot):
-    """The tool arguments and bytes that stand for a snapshot given as a path, bytes or a dict."""
+    """The tool arguments and the source of the snapshot given as a path, bytes or a dict: None
+    for a path (the tool reads the file), else a function that writes it to a binary stream."""
     if isinstance(snapshot, (str, os.PathLike)):
-        return {"file": os.fspath(snapshot)}, None
+        path = os.fspath(snapshot)
+        if isinstance(path, str) and (path.lstrip()[:1] in ("{", "[") or "\n" in path or len(path) > 4096):
+            raise UsageError(
+                f"a str is a snapshot's path, and this one ({len(path):,} characters) holds a snapshot's text: "
+                "pass it as bytes (text.encode()) or as the dict json.loads gives"
+            )
+        if _own_stream(path):
+            # This process's own descriptor (a pipe, stdin): the tool's process has other ones.
+            return {}, lambda stream: _copy_from(path, stream)
+        return {"file": path}, None
     if isinstance(snapshot, (bytes, bytearray, memoryview)):
-        return {}, bytes(snapshot)
+        data = memoryview(snapshot)
+        return {}, lambda stream: stream.write(data)
     if isinstance(snapshot, dict):
-        return {}, _dict_to_json(snapshot)
+        return {}, lambda stream: _PlainPickler(stream, protocol=4).dump(snapshot)
     raise TypeError(
         "a snapshot is a path, the bytes of a snapshot file, or the dict torch.cuda.memory._snapshot() returns; "
         f"got {type(snapshot).__name__}"
     )
 
 
-def _dict_to_json(snapshot):
-    """A snapshot dict as JSON bytes (the JSON snapshot format tensormem reads)."""
-    def plain(value):
-        # Called only for what JSON cannot hold (lists, tuples, dicts and scalars it writes).
-        raise TypeError(f"a snapshot dict holds plain data (dicts, lists, str, int, float, bool, None); found {type(value).__name__}")
-    return json.dumps(snapshot, default=plain, allow_nan=False).encode()
+def _own_stream(path):
+    """Whether `path` names one of this process's open descriptors (`/dev/stdin`, `/dev/fd/N`,
+    `/proc/self/fd/N`), which mean something else in another process."""
+    own = ("/dev/stdin", "/dev/fd/", "/proc/self/", f"/proc/{os.getpid()}/", "/proc/thread-self/")
+    return isinstance(path, str) and path.startswith(own)
 
 
-def _call(name, arguments, snapshot_bytes=None):
+def _copy_from(path, stream):
+    with open(path, "rb") as source:
+        while chunk := source.read(1 << 20):
+            stream.write(chunk)
+
+
+class _PlainPickler(pickle.Pickler):
+    """Pickles a snapshot dict as _dump_snapshot would, streamed to the tool as it is made (a
+    3-million-entry dict never exists twice), and only plain data: the reader refuses any class."""
+
+    def reducer_override(self, value):
+        # Called only for what pickle does not write itself (not dict, list, tuple, str, bytes,
+        # int, float, bool, None).
+        raise TypeError(
+            "a snapshot dict holds plain data (dicts, lists, tuples, str, int, float, bool, None); "
+            f"found {type(value).__name__}"
+        )
+
+
+def _call(name, arguments, write_snapshot=None):
+    """Runs one tool in a process of its own (`tensormem mcp --call --python`): nothing it does,
+    running out of memory included, can end this interpreter, and Ctrl-C stops it. Returns its
+    output lines as dicts."""
     arguments = {key: value for key, value in arguments.items() if value is not None}
-    return [json.loads(line) for line in _tool(name, json.dumps(arguments), snapshot_bytes)]
+    request = json.dumps({"name": name, "arguments": arguments, "snapshot": write_snapshot is not None}).encode() + b"\n"
+    env = dict(os.environ, TENSORMEM_PARENT_PID=str(os.getpid()))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tensormem", "mcp", "--call", "--python"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )
+    answer, errors = [], []
+    readers = [
+        threading.Thread(target=lambda: answer.append(child.stdout.read()), daemon=True),
+        threading.Thread(target=lambda: errors.append(child.stderr.read()), daemon=True),
+    ]
+    try:
+        for reader in readers:
+            reader.start()
+        try:
+            child.stdin.write(request)
+            if write_snapshot is not None:
+                write_snapshot(child.stdin)
+            child.stdin.close()
+        except BrokenPipeError:
+            pass  # the tool stopped reading (a file it refused): its answer says why
+        child.wait()
+        for reader in readers:
+            reader.join()
+    finally:
+        if child.poll() is None:  # interrupted (Ctrl-C) or failed here: the tool stops too
+            child.kill()
+            child.wait()
+    return _answer(name, child.returncode, b"".join(answer), b"".join(errors).decode(errors="replace"))
+
+
+def _answer(name, status, out, errors):
+    try:
+        reply = json.loads(out)
+    except ValueError:
+        lines = [line.strip() for line in errors.splitlines() if line.strip()]
+        last = next((line for line in reversed(lines) if "memory allocation of" in line), lines[-1] if lines else "no message")
+        if "memory allocation of" in errors:
+            raise MemoryError(f"tensormem ran out of memory in {name} ({last}); this interpreter is unharmed") from None
+        how = f"was killed by signal {-status}" if status < 0 else f"ended with status {status}"
+        raise TensormemError(f"tensormem's {name} {how} without an answer: {last}") from None
+    if "error" in reply:
+        raise (UsageError if reply.get("code") == 2 else TensormemError)(reply["error"])
+    return [json.loads(line) for line in reply["lines"]]
 
 
 def doctor(snapshot=None, *, scenario=None, variant=None, settings=None, device=None, capacity=None):

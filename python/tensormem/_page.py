@@ -19,39 +19,59 @@ def page_folder():
 
 
 def _snapshot_file(snapshot):
-    """A path to serve: the given one, or the bytes / dict written whole to a temporary file."""
+    """A path to serve, and whether it is a temporary copy: the given path, or the bytes / dict
+    written whole to a private temporary file."""
     if snapshot is None or isinstance(snapshot, (str, os.PathLike)):
-        return snapshot
+        return snapshot, False
     from . import _snapshot
 
-    _, data = _snapshot(snapshot)
+    _, write = _snapshot(snapshot)
     # JSON or pickle: the page reads either; the name says which for a person who downloads it.
-    suffix = ".pickle" if data[:1] == b"\x80" else ".json"
-    fd, path = tempfile.mkstemp(prefix="tensormem-snapshot-", suffix=suffix)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    atexit.register(lambda: os.path.exists(path) and os.remove(path))
-    return path
+    is_json = isinstance(snapshot, (bytes, bytearray, memoryview)) and bytes(snapshot[:1]) != b"\x80"
+    fd, path = tempfile.mkstemp(prefix="tensormem-snapshot-", suffix=".json" if is_json else ".pickle")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+    except BaseException:
+        os.remove(path)
+        raise
+    return path, True
 
 
 def serve(snapshot=None, *, port=0, host="127.0.0.1"):
     """Serves the page (on ``snapshot`` if given) in the background; returns its URL. The server
-    stops when this Python process ends."""
-    path = _snapshot_file(snapshot)
-    args = [sys.executable, "-m", "tensormem", "serve", "--port", str(port), "--host", host]
+    stops when this Python process ends, however it ends (it watches a pipe from this process,
+    which closes even when the process is killed), and then removes its temporary copy of a
+    snapshot given as bytes or a dict."""
+    path, temporary = _snapshot_file(snapshot)
+    args = [sys.executable, "-m", "tensormem", "serve", "--port", str(port), "--host", host, "--until-stdin-ends"]
+    if temporary:
+        args.append("--remove-file-at-end")
     if path is not None:
         args.append(os.fspath(path))
     # The server's messages go to a file: a pipe nobody reads would stop it once full.
     log = tempfile.TemporaryFile(mode="w+")
-    server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
+    server = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
     line = server.stdout.readline()
     if not line.startswith("tensormem: serving "):
+        server.stdin.close()
         server.wait(timeout=10)
+        if temporary and os.path.exists(path):
+            os.remove(path)
         log.seek(0)
         raise _error(log.read().strip() or line.strip() or "tensormem serve stopped")
     _servers.append(server)
-    atexit.register(server.terminate)
+    atexit.register(_stop, server)
     return line[len("tensormem: serving "):].strip()
+
+
+def _stop(server):
+    """At exit: closing the pipe stops the server, which removes its temporary copy."""
+    server.stdin.close()
+    try:
+        server.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        server.terminate()
 
 
 def _error(message):

@@ -141,6 +141,49 @@ fn refuse_long_searches(base: &RunRequest) -> Result<(), ScenarioError> {
     Ok(())
 }
 
+/// The most cells a table may have (strategies x cards).
+pub const FIT_MAX_CELLS: usize = 36;
+
+/// Refuses a table with a strategy or card named twice (its rows would not line up), more than
+/// [`FIT_MAX_CELLS`] cells, or more work than one run may take ([`super::WORK_BUDGET`]): every
+/// cell runs the step up to twice per bit of the searched parameter's range.
+fn refuse_large_tables(plain: &RunRequest, vary: &str, strategies: &[String], cards: &[String]) -> Result<(), ScenarioError> {
+    let refuse = |message: String| Err(ScenarioError::Parameter { scenario: plain.scenario.clone(), message });
+    for (what, names) in [("strategies", strategies), ("cards", cards)] {
+        if let Some(name) = names.iter().enumerate().find_map(|(i, n)| names[..i].contains(n).then_some(n)) {
+            return refuse(format!("{what}: {name} is named twice"));
+        }
+    }
+    let cells = strategies.len() * cards.len();
+    if cells > FIT_MAX_CELLS {
+        return refuse(format!(
+            "a table of {} strategies x {} cards is {cells} cells, more than {FIT_MAX_CELLS}: each runs a dozen steps or more; compare fewer at once",
+            strategies.len(),
+            cards.len()
+        ));
+    }
+    let Ok(one_run) = super::work(plain) else { return Ok(()) };
+    let range = super::find(&plain.scenario)
+        .and_then(|s| s.parameters.into_iter().find(|p| p.name == vary))
+        .and_then(|p| match p.kind {
+            super::Kind::Integer { max, .. } => Some(max),
+            _ => None,
+        })
+        .unwrap_or(u64::MAX);
+    let probes = 2 * u64::from(64 - range.leading_zeros()) + 1;
+    let total = one_run.passes.saturating_mul(probes).saturating_mul(cells as u64);
+    if total > super::WORK_BUDGET {
+        return refuse(format!(
+            "this table would take up to {} layer passes ({cells} cells x up to {probes} runs x {} for one run: {}), more than the {} a run or a table may take: compare fewer strategies or cards, or a smaller model",
+            crate::units::format_count(total),
+            crate::units::format_count(one_run.passes),
+            one_run.counted,
+            crate::units::format_count(super::WORK_BUDGET)
+        ));
+    }
+    Ok(())
+}
+
 /// The table a user compares: the largest value for every strategy on every card.
 /// `progress(done, total)` is called after each cell.
 pub fn fit_table(
@@ -161,6 +204,7 @@ pub fn fit_table(
         return Err(e);
     }
     refuse_long_searches(base)?;
+    refuse_large_tables(&plain, vary, strategies, cards)?;
     let total = strategies.len() * cards.len();
     let mut cells = Vec::with_capacity(total);
     for strategy in strategies {

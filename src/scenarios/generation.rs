@@ -29,7 +29,7 @@ fn parameters() -> Vec<Parameter> {
             "256",
             1,
             32_768,
-            "tokens generated (max_new_tokens): the prefill's forward, then one forward per further token (at most 32,768: a minute of simulation; the cache's growth is plain long before)",
+            "tokens generated (max_new_tokens): the prefill's forward, then one forward per further token (at most 32,768, and layers x new_tokens at most 524,288: a few minutes of simulation; the cache's growth is plain long before)",
         ),
         Parameter::choice("dtype", "bfloat16", DTYPES, "the parameters' type (torch_dtype)"),
         Parameter::choice(
@@ -75,6 +75,12 @@ fn check(v: &Values) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// The prefill, then a forward per further token, through every layer.
+fn work(v: &Values) -> std::result::Result<super::Work, String> {
+    let layers = HfConfig::load(v.text("config"))?.layers as u64;
+    Ok(super::Work::product(&[("layers", layers), ("tokens generated", v.u64("new_tokens"))]))
+}
+
 pub(super) fn scenario() -> Scenario {
     Scenario {
         info: ScenarioInfo {
@@ -95,6 +101,7 @@ pub(super) fn scenario() -> Scenario {
             variants: vec![],
         },
         check,
+        work,
         fix_settings: None,
         program: Program::Sync(generate),
     }

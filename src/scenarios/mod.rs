@@ -184,6 +184,8 @@ pub(crate) struct Scenario {
     pub info: ScenarioInfo,
     /// Checks that need several parameters at once (sizes that would not index).
     pub check: fn(&Values) -> Result<(), String>,
+    /// The work a run takes with these values, estimated before it runs (see [`WORK_BUDGET`]).
+    pub work: fn(&Values) -> Result<Work, String>,
     /// Allocator settings the fix variant brings (PYTORCH_CUDA_ALLOC_CONF syntax), if any.
     pub fix_settings: Option<&'static str>,
     pub program: Program,
@@ -210,6 +212,46 @@ fn now<T>(future: impl std::future::Future<Output = T>) -> Option<T> {
 
 fn no_check(_: &Values) -> Result<(), String> {
     Ok(())
+}
+
+/// The most work one run may take, in layer passes: a layer's forward is one pass, a training
+/// micro-batch costs four per layer (forward, backward, the optimizer), a generated token one per
+/// layer, an LSTM timestep one. On the simulated card a pass takes 0.1 to 0.5 ms on a 2-core
+/// machine, so the budget is at most a few minutes of simulation. Parameters each have a range;
+/// this bounds their product (steps x accumulation x layers, layers x new tokens, ...): a run
+/// past it is refused before it starts, with the estimate.
+pub const WORK_BUDGET: u64 = 1 << 19;
+
+/// A run's estimated work: layer passes, and how they were counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Work {
+    pub passes: u64,
+    /// The product, as a person reads it (`(warmup 1 + steps 1000) x accumulation 1024 x 12 layers x 4`).
+    pub counted: String,
+}
+
+impl Work {
+    /// The product of `factors` (`(name, value)`), saturating.
+    pub(crate) fn product(factors: &[(&str, u64)]) -> Work {
+        let passes = factors.iter().fold(1u64, |n, &(_, f)| n.saturating_mul(f));
+        let counted = factors.iter().map(|(name, f)| if name.is_empty() { f.to_string() } else { format!("{name} {f}") }).collect::<Vec<_>>().join(" x ");
+        Work { passes, counted }
+    }
+}
+
+/// The work of a small program that repeats a step: the product of whichever repetition counts
+/// it takes (`steps`, `micro_batches`, `timesteps`, `layers`), four passes each (forward,
+/// backward, optimizer) on a model of four layers unless it names its own.
+fn repeated_steps(v: &Values) -> Result<Work, String> {
+    let mut factors = vec![];
+    for name in ["steps", "micro_batches", "timesteps"] {
+        if v.map.contains_key(name) {
+            factors.push((name, v.u64(name)));
+        }
+    }
+    factors.push(("layers", if v.map.contains_key("layers") { v.u64("layers") } else { 4 }));
+    factors.push(("", 4));
+    Ok(Work::product(&factors))
 }
 
 /// What to run: a scenario by name, its variant and parameter overrides, on which card.
@@ -337,6 +379,8 @@ struct Plan {
     capacity: Option<u64>,
     /// `CUBLAS_WORKSPACE_CONFIG`'s bytes per handle, where given.
     cublas_workspace: Option<u64>,
+    /// The run's estimated work, within [`WORK_BUDGET`].
+    work: Work,
 }
 
 fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
@@ -368,6 +412,15 @@ fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
     }
     let values = Values { map, variant };
     (scenario.check)(&values).map_err(bad)?;
+    let work = (scenario.work)(&values).map_err(bad)?;
+    if work.passes > WORK_BUDGET {
+        return Err(bad(format!(
+            "this run would take about {} layer passes ({}), more than the {} one run may take (a few minutes of simulation): lower the counts that multiply",
+            crate::units::format_count(work.passes),
+            work.counted,
+            crate::units::format_count(WORK_BUDGET)
+        )));
+    }
     let card = match request.device.as_deref().unwrap_or("sim:H100-80GB") {
         "gpu" => None,
         other => Some(parse_device(other)?),
@@ -382,13 +435,18 @@ fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
     let cublas_workspace =
         request.cublas_workspace_config.as_deref().map(crate::device::cublas::parse_workspace_config).transpose().map_err(ScenarioError::Workspace)?;
     let card = card.map(|card| SimOptions { cublas_workspace: cublas_workspace.or(card.cublas_workspace), ..card });
-    Ok(Plan { scenario, values, config, card, capacity: request.capacity, cublas_workspace })
+    Ok(Plan { scenario, values, config, card, capacity: request.capacity, cublas_workspace, work })
 }
 
 /// Checks a request as `run` would (the scenario, its variant and parameters, the card and the
 /// settings) without running it.
 pub fn check(request: &RunRequest) -> Result<(), ScenarioError> {
     plan(request).map(|_| ())
+}
+
+/// The work a run of `request` would take (checked as `run` checks it, the budget included).
+pub fn work(request: &RunRequest) -> Result<Work, ScenarioError> {
+    plan(request).map(|plan| plan.work)
 }
 
 /// Runs a scenario on a simulated card (`sim:...`, the default).

@@ -171,6 +171,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 splits(v, heads, hidden)?;
                 fits(v, 10_000)
             },
+            work: |v| Ok(train_work(v, LM_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list").3)),
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
@@ -204,6 +205,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 }
                 fits(v, 50_257)
             },
+            work: |v| Ok(train_work(v, GPT2_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list").2)),
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
@@ -239,6 +241,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 splits(v, LLAMA_7B.3, LLAMA_7B.1)?;
                 fits(v, LLAMA_7B.4 as u64)
             },
+            work: |v| Ok(train_work(v, LLAMA_7B.2)),
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
@@ -295,6 +298,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                 }
                 fits(v, config.vocab as u64)
             },
+            work: |v| Ok(train_work(v, HfConfig::load(v.text("config"))?.layers)),
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
@@ -517,6 +521,13 @@ fn parallel(v: &Values) -> Parallel {
         fsdp_version: if v.choice("fsdp_version") == "2" { 2 } else { 1 },
         ddp_reducer: DdpReducer::parse(v.choice("ddp_reducer")).expect("checked against the names"),
     }
+}
+
+/// Every step (warm-up included) runs every micro-batch through every layer: forward, backward
+/// and the optimizer, four passes (per simulated rank).
+fn train_work(v: &Values, layers: usize) -> super::Work {
+    let steps = v.u64("warmup") + v.u64("steps");
+    super::Work::product(&[("steps with warm-up", steps), ("accumulation", v.u64("accumulation")), ("layers", layers as u64), ("", 4)])
 }
 
 /// Builds a run's model on a recorder's device.

@@ -34,6 +34,7 @@ pub(super) fn scenario() -> Scenario {
             variants: vec!["mistake", "fix"],
         },
         check: variable_batch_fits,
+        work: |v| Ok(super::Work::product(&[("layers", v.u64("layers")), ("batches", v.ints("batches").len() as u64)])),
         fix_settings: Some("expandable_segments:True"),
         program: Program::Sync(|rec, v| variable_batch(rec, v.u64("layers"), v.u64("hidden"), v.u64("seq"), &v.ints("batches"))),
     }

@@ -6,6 +6,7 @@ Environment: TENSORMEM_CLI (the cargo-built CLI), TENSORMEM_FIXTURES (PyTorch sn
 run with this venv's python: `python tests/python/test_package.py`.
 """
 
+import datetime
 import io
 import json
 import os
@@ -325,19 +326,264 @@ class Watch(unittest.TestCase):
         self.assertIn(f"{_size(devices[0]['trace_peak_allocated_bytes'])} allocated", peaks[0])
         self.assertEqual(lines[-1], f"tensormem: snapshot written to {path} (open it with `tensormem serve {path}`)")
 
-    def test_the_snapshot_is_written_whole_and_an_existing_file_replaced_only_at_the_end(self):
-        from tensormem._watch import _write_whole
+    def test_the_snapshot_is_written_whole_and_never_over_another_file(self):
+        from tensormem._watch import _write_new
 
         folder = tempfile.mkdtemp()
         path = os.path.join(folder, "snap.pickle")
-        _write_whole(path, {"segments": [], "device_traces": [[]]})
+        self.assertEqual(_write_new(path, {"segments": [], "device_traces": [[]]}), path)
+        with self.assertRaises(TypeError):  # cannot pickle a generator: the write fails midway
+            _write_new(path, {"segments": [(i for i in ())]})
+        self.assertEqual(os.listdir(folder), ["snap.pickle"], "no temporary left, nothing else written")
+        # The name is taken: the next free one, the first file untouched.
+        self.assertEqual(_write_new(path, {"segments": [], "device_traces": [[], []]}), os.path.join(folder, "snap-2.pickle"))
         with open(path, "rb") as f:
             self.assertEqual(pickle.load(f), {"segments": [], "device_traces": [[]]})
-        with self.assertRaises(TypeError):  # cannot pickle a generator: the write fails midway
-            _write_whole(path, {"segments": [(i for i in ())]})
-        with open(path, "rb") as f:  # the earlier file is whole, no temporary left beside it
-            self.assertEqual(pickle.load(f)["segments"], [])
-        self.assertEqual(os.listdir(folder), ["snap.pickle"])
+        self.assertEqual(oct(os.stat(path).st_mode & 0o777), "0o644", "an ordinary file, as _dump_snapshot writes")
+
+    def test_a_sweep_of_out_of_memory_blocks_in_one_second_keeps_every_snapshot(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        torch, calls = fake_torch(files[0])
+        folder = tempfile.mkdtemp()
+        cwd = os.getcwd()
+        os.chdir(folder)
+        said = io.StringIO()
+        sys.modules["torch"] = torch
+        try:
+            for batch in (64, 32, 16):  # each try runs out of memory at once: the same second
+                with redirect_stderr(said), self.assertRaises(MemoryError), tensormem.watch(diagnose=False):
+                    torch.observers[-1](0, batch << 30, 80 << 30, 10 << 30)
+                    raise MemoryError(f"CUDA out of memory. Tried to allocate {batch} GiB")
+            # The same path asked for twice: the second goes beside it.
+            for _ in range(2):
+                with redirect_stderr(said), tensormem.watch("mine.pickle", diagnose=False):
+                    pass
+        finally:
+            del sys.modules["torch"]
+            os.chdir(cwd)
+        written = [line.split("snapshot written to ")[1].split(" (")[0] for line in said.getvalue().splitlines() if "snapshot written to" in line]
+        self.assertEqual(len(written), 5)
+        self.assertEqual(len(set(written)), 5, written)
+        self.assertEqual(sorted(os.listdir(folder)), sorted(os.path.basename(w) for w in written))
+        self.assertEqual(written[3:], [os.path.join(folder, "mine.pickle"), os.path.join(folder, "mine-2.pickle")])
+        self.assertIn(f"{os.path.join(folder, 'mine.pickle')} exists and is kept", said.getvalue())
+        self.assertEqual(len([c for c in calls if c[0] == "observer"]), 1, "one observer for the process: PyTorch keeps each for good")
+
+    def test_nested_blocks_record_until_the_outermost_ends(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        torch, calls = fake_torch(files[0])
+        folder = tempfile.mkdtemp()
+        sys.modules["torch"] = torch
+        try:
+            with redirect_stderr(io.StringIO()):
+                with tensormem.watch(os.path.join(folder, "outer.pickle"), diagnose=False):
+                    with tensormem.watch(os.path.join(folder, "inner.pickle"), diagnose=False, max_entries=5):
+                        pass
+                    calls.append("the outer block goes on")
+        finally:
+            del sys.modules["torch"]
+        recording = [c for c in calls if c[0] in ("record", "snapshot") or c == "the outer block goes on"]
+        self.assertEqual(recording, [
+            ("record", {"max_entries": 100_000, "stacks": "python"}),
+            ("snapshot", True),  # the inner block's, recording on
+            "the outer block goes on",
+            ("snapshot", True),  # the outer block's, still recording
+            ("record", {"enabled": None}),
+        ])
+        self.assertEqual(sorted(os.listdir(folder)), ["inner.pickle", "outer.pickle"])
+
+    def test_blocks_in_threads_each_write_their_own_snapshot(self):
+        import threading
+
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        torch, calls = fake_torch(files[0])
+        folder = tempfile.mkdtemp()
+        path = os.path.join(folder, "run.pickle")
+        started = threading.Barrier(4)
+
+        def block():
+            with tensormem.watch(path, diagnose=False):
+                started.wait()
+
+        sys.modules["torch"] = torch
+        try:
+            with redirect_stderr(io.StringIO()):
+                threads = [threading.Thread(target=block) for _ in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        finally:
+            del sys.modules["torch"]
+        self.assertEqual(sorted(os.listdir(folder)), ["run-2.pickle", "run-3.pickle", "run-4.pickle", "run.pickle"])
+        self.assertEqual([c for c in calls if c[0] == "record"], [("record", {"max_entries": 100_000, "stacks": "python"}), ("record", {"enabled": None})])
+
+
+# A Python that runs `-m tensormem ARGS` with 16 MiB of address space to spare once imported.
+TIGHT_PYTHON = """#!PYTHON
+import resource, sys
+from tensormem import __main__ as command
+size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (size + (16 << 20), size + (16 << 20)))
+sys.argv = sys.argv[2:]
+command.main()
+"""
+
+
+def fake_torch(snapshot_file):
+    """A stand-in for torch with CUDA: the calls watch() makes, logged in `calls`; its snapshot
+    is a real PyTorch snapshot, and `observers` holds the out-of-memory observers attached."""
+    with open(snapshot_file, "rb") as f:
+        snapshot = pickle.load(f)
+    calls, state = [], {"recording": False}
+
+    class Fake:
+        pass
+
+    torch = Fake()
+    torch.cuda, torch._C, torch.cuda.memory = Fake(), Fake(), Fake()
+    torch.observers = []
+    torch.cuda.is_available = lambda: True
+    torch.cuda.init = lambda: None
+
+    def record(**kw):
+        state["recording"] = kw.get("enabled", "all") is not None
+        calls.append(("record", kw))
+
+    def take():
+        calls.append(("snapshot", state["recording"]))
+        return snapshot
+
+    def attach(observer):
+        torch.observers.append(observer)
+        calls.append(("observer", observer))
+
+    torch.cuda.memory._record_memory_history = record
+    torch.cuda.memory._snapshot = take
+    torch._C._cuda_attach_out_of_memory_observer = attach
+    return torch, calls
+
+
+class Robust(unittest.TestCase):
+    """Issue 49: what a careless or unlucky user does from Python ends in an answer or a clear
+    error, never in a killed interpreter, a hang or a lost file."""
+
+    def test_a_snapshot_dict_is_streamed_and_a_tool_out_of_memory_is_a_memory_error(self):
+        if not os.path.exists("/proc/self/statm"):
+            self.skipTest("no /proc/self/statm to bound the tool's memory by")
+        base = 0x7F0000000000
+        frames = [{"filename": "x.py", "line": 1, "name": "f"}]
+        trace = [{"action": "segment_alloc", "addr": base, "size": 20 << 20, "stream": 0, "time_us": 0, "frames": frames}]
+        for i in range(200_000):
+            for action in ("alloc", "free_requested", "free_completed"):
+                trace.append({"action": action, "addr": base, "size": 512, "stream": 0, "time_us": i, "frames": frames})
+        snapshot = {"segments": [], "device_traces": [trace]}
+        self.assertEqual(tensormem.summary(snapshot)[0]["trace_peak_allocated_bytes"], 512)
+        # The tool's process gets 16 MiB of address space beyond what it has once imported: the
+        # tool's allocation fails, Rust aborts there, and this interpreter raises MemoryError.
+        wrapper = os.path.join(tempfile.mkdtemp(), "python")
+        with open(wrapper, "w") as f:
+            f.write(TIGHT_PYTHON.replace("PYTHON", sys.executable))
+        os.chmod(wrapper, 0o755)
+        real, sys.executable = sys.executable, wrapper
+        try:
+            with self.assertRaises(MemoryError) as caught:
+                tensormem.summary(snapshot)
+        finally:
+            sys.executable = real
+        self.assertIn("memory allocation of", str(caught.exception))
+        self.assertIn("this interpreter is unharmed", str(caught.exception))
+        self.assertEqual(tensormem.summary(snapshot)[0]["trace_peak_allocated_bytes"], 512, "and the next call works")
+        with self.assertRaises(TypeError) as caught:
+            tensormem.summary({"segments": [], "device_traces": [[{"action": "alloc", "addr": 0, "size": 512, "time_us": datetime.datetime.now()}]]})
+        self.assertIn("found datetime", str(caught.exception))
+
+    def test_a_pipe_of_this_process_is_read_whole(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        import threading
+
+        data = files[0].read_bytes()
+        read, write = os.pipe()
+
+        def slowly():
+            with os.fdopen(write, "wb") as w:
+                w.write(data[:100])
+                w.flush()
+                import time
+
+                time.sleep(0.3)
+                w.write(data[100:])
+
+        writer = threading.Thread(target=slowly)
+        writer.start()
+        try:
+            piped = tensormem.summary(f"/proc/self/fd/{read}")
+        finally:
+            writer.join()
+            os.close(read)
+        whole = tensormem.summary(files[0])
+        self.assertEqual([d["trace_peak_allocated_bytes"] for d in piped], [d["trace_peak_allocated_bytes"] for d in whole])
+
+    def test_a_named_pipe_without_a_writer_is_an_error_in_bounded_time(self):
+        import time
+
+        folder = tempfile.mkdtemp()
+        fifo = os.path.join(folder, "f.pickle")
+        os.mkfifo(fifo)
+        os.environ["TENSORMEM_PIPE_WAIT"] = "0.5"
+        try:
+            start = time.monotonic()
+            with self.assertRaises(tensormem.TensormemError) as caught:
+                tensormem.doctor(fifo)
+            self.assertLess(time.monotonic() - start, 30)
+            self.assertIn("named pipe", str(caught.exception))
+            with self.assertRaises(tensormem.TensormemError) as caught:
+                tensormem.serve(fifo)
+            self.assertIn("not a regular file", str(caught.exception))
+        finally:
+            del os.environ["TENSORMEM_PIPE_WAIT"]
+
+    def test_a_str_holding_a_snapshots_text_is_refused_in_a_line(self):
+        text = json.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": i, "size": 512} for i in range(20_000)]]})
+        with self.assertRaises(tensormem.UsageError) as caught:
+            tensormem.doctor(text)
+        message = str(caught.exception)
+        self.assertLess(len(message), 300, message)
+        self.assertIn("pass it as bytes", message)
+        self.assertEqual(tensormem.summary(text.encode())[0]["trace_peak_allocated_bytes"], 20_000 * 512, "as bytes it is read")
+
+    def test_a_comma_in_a_setting_value_sets_nothing_else(self):
+        with self.assertRaises(tensormem.UsageError) as caught:
+            tensormem.run("seed-basics", settings={"n": "5,n=7"})
+        self.assertIn("holds another setting", str(caught.exception))
+        self.assertEqual(tensormem.run("variable-batch", settings={"batches": "3,4"})["parameters"]["batches"], [3, 4])
+
+    def test_a_killed_interpreter_takes_its_server_and_temporary_copy_with_it(self):
+        files = snapshots()
+        if not files:
+            self.skipTest(f"no fixtures in {FIXTURES}")
+        import time
+
+        folder = tempfile.mkdtemp()
+        code = f"import os, tensormem\nprint(tensormem.serve(open({str(files[0])!r}, 'rb').read()), flush=True)\nos.abort()"
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ, TMPDIR=folder))
+        url = child.stdout.strip()
+        self.assertTrue(url.startswith("http://127.0.0.1:"), child.stderr)
+        self.assertLess(child.returncode, 0, "the interpreter died")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and os.listdir(folder):
+            time.sleep(0.1)
+        self.assertEqual(os.listdir(folder), [], "the temporary copy is removed")
+        with self.assertRaises(OSError):
+            urllib.request.urlopen(url, timeout=5)
 
 
 class CountingResult(unittest.TextTestResult):
