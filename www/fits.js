@@ -191,6 +191,7 @@ export function setUpFits({ ask, load, presets, showProgress, hideProgress, down
           ${(100 * h.checked_share).toFixed(1)}% of the bytes at the peak on laws a recording checks</td></tr>
       </table>
       ${h.warning ? `<p class="warning" data-testid="fits-warning">${escape(h.warning)}</p>` : ''}
+      ${(p.warnings || []).map((w) => `<p class="warning" data-testid="fits-mislabeled">${escape(w)}</p>`).join('')}
       ${f ? `<p class="fits-largest" data-testid="fits-largest" data-value="${f.largest ?? ''}" data-expandable="${f.largest_expandable ?? ''}">
         Largest ${escape(f.variable)} that fits ${escape(r.card)} (${formatBytes(f.capacity_bytes)}):
         <strong>${largest(f.largest)}</strong> with ${f.settings === '(defaults)' ? 'the default settings' : escape(f.settings)};

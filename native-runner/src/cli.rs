@@ -168,7 +168,8 @@ pub(crate) enum Command {
         #[arg(long, value_name = "OUT")]
         snapshot: Option<PathBuf>,
         /// Print {"target", "peak_allocated_bytes", "peak_reserved_bytes", "peak_phase",
-        /// "out_of_memory", "aligned_fraction", "unaligned_bytes", "how_sure", "laws", "fit"}.
+        /// "out_of_memory", "aligned_fraction", "unaligned_bytes", "how_sure", "laws", "fit",
+        /// "warnings"}.
         #[arg(long)]
         json: bool,
     },

@@ -524,7 +524,9 @@ fn tools() -> Vec<Value> {
              the card (with the recordings' settings and with expandable_segments:True). Returns {target, \
              peak_allocated_bytes, peak_reserved_bytes, peak_phase, out_of_memory, aligned_fraction, unaligned_bytes, how_sure \
              (the bytes at the peak on checked laws, extrapolated ones and recorded sizes; a warning far outside the \
-             recorded values), laws, fit}, as `tensormem predict --json`.",
+             recorded values), laws, fit, warnings (what looks mislabeled: memory falling as a variable grows, laws \
+             negative at the target)}, as `tensormem predict --json`. Recordings of the same run given different values \
+             are refused.",
             schema(
                 vec![
                     (

@@ -39,6 +39,9 @@ pub fn print(p: &Prediction, recordings: &[(String, Values)]) {
     if let Some(warning) = &h.warning {
         println!("  WARNING: {warning}");
     }
+    for warning in &p.warnings {
+        println!("  WARNING: {warning}");
+    }
     if let Some(f) = &p.fit {
         let largest = |v: Option<u64>| match v {
             None => format!("none (not even {}=1)", f.variable),

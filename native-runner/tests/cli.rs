@@ -466,10 +466,12 @@ fn predict_json_has_exactly_the_contract_fields_and_writes_the_predicted_trace()
             "peak_phase",
             "peak_reserved_bytes",
             "target",
-            "unaligned_bytes"
+            "unaligned_bytes",
+            "warnings"
         ]
     );
     assert_eq!(v["target"], serde_json::json!({"context": 128}));
+    assert_eq!(v["warnings"], serde_json::json!([]), "nothing looks mislabeled");
     assert!(v["fit"].is_null() && v["out_of_memory"].is_null());
     assert_eq!(v["aligned_fraction"], 1.0);
     assert!(v["laws"].as_array().unwrap().iter().any(|l| l["law"].as_str().unwrap().contains("context^2")));
@@ -504,5 +506,109 @@ fn predict_json_has_exactly_the_contract_fields_and_writes_the_predicted_trace()
     let no_card = tensormem(&["predict", &a_at, &b_at, "--to", "context=128", "--capacity", "H100"]);
     assert_eq!(no_card.status.code(), Some(2));
     assert!(stderr(&no_card).contains("or a card: H100-80GB, A100-80GB"), "{}", stderr(&no_card));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `../shared/fixtures/predict-inputs`: PyTorch's own recordings of GPT-2 training at context
+/// 256 and 512 (H100, `stacks="python"`).
+fn predict_inputs() -> Option<std::path::PathBuf> {
+    let inputs = common::fixtures_dir()?.parent()?.join("predict-inputs");
+    if inputs.is_dir() {
+        return Some(inputs);
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("fixture folder {} is missing; CI requires it", inputs.display());
+    }
+    common::skip(format!("fixture folder {} not found (set TENSORMEM_FIXTURES)", inputs.display()));
+    None
+}
+
+/// Mislabeled recordings (issue 49, item 7): the same run given two values is refused, whatever
+/// the files are named; swapped values are warned of and not trusted; the right pair says nothing.
+#[test]
+fn predict_refuses_the_same_run_at_two_values_and_warns_of_swapped_ones() {
+    let Some(inputs) = predict_inputs() else { return };
+    let (small, large) = (inputs.join("gpt2-train-ctx256.pickle"), inputs.join("gpt2-train-ctx512.pickle"));
+    let at = |path: &std::path::Path, context: u32| format!("{}@context={context}", path.display());
+    let json = |out: &Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", stderr(out));
+        serde_json::from_str(stdout(out).trim()).unwrap()
+    };
+
+    // The right pair: PyTorch's 22.42 GiB at context 1024, every byte at the peak checked, no warning.
+    let right = json(&tensormem(&["predict", &at(&small, 256), &at(&large, 512), "--to", "context=1024", "--json"]));
+    assert_eq!(right["peak_allocated_bytes"], 24_077_857_792u64);
+    assert_eq!((&right["how_sure"]["checked_share"], &right["warnings"]), (&serde_json::json!(1.0), &serde_json::json!([])));
+    let text = tensormem(&["predict", &at(&small, 256), &at(&large, 512), "--to", "context=1024"]);
+    assert!(text.status.success() && !stdout(&text).contains("WARNING"), "{}", stdout(&text));
+
+    // The same file twice, and a byte-identical copy under another name: a usage error naming both.
+    let dir = scratch("predict-mislabeled");
+    let copy = dir.join("renamed.pickle");
+    std::fs::copy(&small, &copy).unwrap();
+    for second in [&small, &copy] {
+        for json_flag in [None, Some("--json")] {
+            let mut args = vec!["predict".to_string(), at(&small, 256), at(second, 512), "--to".into(), "context=1024".into()];
+            args.extend(json_flag.map(String::from));
+            let out = tensormem(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+            let said = format!(
+                "error: {} (context=256) and {} (context=512) record the same run: the same 7641 events, with the same sizes, addresses and stacks.",
+                small.display(),
+                second.display()
+            );
+            assert!(stderr(&out).starts_with(&said), "{args:?}: {}", stderr(&out));
+            assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+            assert!(stdout(&out).is_empty(), "no prediction: {}", stdout(&out));
+        }
+    }
+
+    // The values swapped: the recorded memory falls as the context grows, and at the target the
+    // activations' laws go negative (clamped to 1 byte): warned of, and "how sure" drops from
+    // 100% (they count at their recorded sizes, as not checked).
+    let swapped = |to: &str, json_flag: bool| {
+        let mut args = vec!["predict".to_string(), at(&large, 256), at(&small, 512), "--to".into(), to.into()];
+        args.extend(json_flag.then(|| "--json".to_string()));
+        tensormem(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let v = json(&swapped("context=1024", true));
+    let warnings: Vec<&str> = v["warnings"].as_array().unwrap().iter().map(|w| w.as_str().unwrap()).collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with(&format!(
+            "{} (context=512) peaks at 4.81 GiB requested, less than {} (context=256) at 9.41 GiB: memory falls as context grows",
+            small.display(),
+            large.display()
+        )),
+        "{}",
+        warnings[0]
+    );
+    assert!(warnings[1].starts_with("1380 allocation(s) (19.68 GiB requested in all in "), "{}", warnings[1]);
+    assert!(warnings[1].contains("go negative at context=1024, such as `-1608224*context + 1235116032`"), "{}", warnings[1]);
+    let share = v["how_sure"]["checked_share"].as_f64().unwrap();
+    assert!((0.30..0.31).contains(&share), "{share}");
+    assert!(v["how_sure"]["warning"].as_str().unwrap().starts_with("not to be trusted: 1380 allocation(s)"), "{}", v["how_sure"]);
+    // The contract's fields are all still there.
+    for key in [
+        "target",
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "peak_phase",
+        "out_of_memory",
+        "aligned_fraction",
+        "unaligned_bytes",
+        "how_sure",
+        "laws",
+        "fit",
+    ] {
+        assert!(v.get(key).is_some(), "{key}");
+    }
+    let text = swapped("context=2048", false);
+    assert!(text.status.success(), "{}", stderr(&text));
+    let text = stdout(&text);
+    assert!(text.contains("  how sure         30.5% of the bytes at the peak"), "{text}");
+    assert!(text.contains("  WARNING: not to be trusted: 1380 allocation(s) get their sizes from laws that go negative at context=2048"), "{text}");
+    assert!(text.contains("memory falls as context grows"), "{text}");
+    assert!(text.contains("such as `-1608224*context + 1235116032`"), "{text}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -72,6 +72,12 @@ impl Law {
 
     /// The size at `x` (values of the free variables), rounded up to a whole byte; at least 1.
     pub fn eval(&self, x: &[i128]) -> u64 {
+        self.value(x).clamp(1, u64::MAX as i128) as u64
+    }
+
+    /// The law's value at `x`, rounded up to a whole byte, unclamped: below 0 where the law
+    /// goes negative (a size falling as a variable grows, extrapolated past zero).
+    pub fn value(&self, x: &[i128]) -> i128 {
         // Counted in blocks only where the law has one (most have none: no copy per call).
         let counted;
         let x = if self.blocks.iter().all(|&b| b == 1) {
@@ -90,8 +96,7 @@ impl Law {
             }
         }
         let total = exact as f64 + fraction;
-        let bytes = if fraction == 0.0 { exact } else { total.ceil() as i128 };
-        bytes.clamp(1, u64::MAX as i128) as u64
+        if fraction == 0.0 { exact } else { total.ceil() as i128 }
     }
 
     /// How far the law is to be trusted, given how many distinct points the recordings give:
@@ -441,6 +446,19 @@ mod tests {
         // At multiples of the block a plain law fits, and stands (it is the simpler one).
         let plain = f.fit(&[vec![2, 128], vec![2, 256]], &[size(2, 128), size(2, 256)]);
         assert_eq!(plain.display(&n), "64*context");
+    }
+
+    #[test]
+    fn a_falling_law_goes_negative_and_its_size_is_clamped() {
+        let mut f = Fitter::new(1);
+        // Swapped values: 2 MiB "at 256", 1 MiB "at 512".
+        let law = f.fit(&[vec![256], vec![512]], &[2 << 20, 1 << 20]);
+        assert_eq!(law.display(&names(&["context"])), "-4096*context + 3145728");
+        assert_eq!((law.value(&[384]), law.eval(&[384])), (1_572_864, 1_572_864));
+        assert_eq!((law.value(&[1024]), law.eval(&[1024])), (-1_048_576, 1));
+        // Exactly 0 is a size (the shifted logits at context 1), not a negative one.
+        let shifted = f.fit(&[vec![128], vec![256]], &[40_000 * 127, 40_000 * 255]);
+        assert_eq!((shifted.value(&[1]), shifted.eval(&[1])), (0, 1));
     }
 
     #[test]

@@ -121,6 +121,10 @@ pub struct Prediction {
     pub laws: Vec<StackLaw>,
     /// The largest value that fits (`--fit`), when asked for.
     pub fit: Option<Fit>,
+    /// What looks mislabeled: recordings whose memory falls as a variable grows (swapped values,
+    /// a file given another's values), laws that go negative at the target (their sizes clamped
+    /// to 1 byte). Empty when nothing does.
+    pub warnings: Vec<String>,
     /// One recording: the laws are guesses from the sizes' factors.
     #[serde(skip)]
     pub weak: bool,
@@ -150,7 +154,9 @@ pub struct Prediction {
 /// their sizes rest on: a law a recording checks beyond those that determine it (constants seen
 /// in every recording, one-term laws through two sizes), a law that only passes through the
 /// recordings (two terms through two sizes, fractional coefficients, a guess from one
-/// recording's factors), or no law (the nearest recording's size stands).
+/// recording's factors), or no law (the nearest recording's size stands). An allocation whose
+/// law goes negative at the target (clamped to 1 byte) counts at its size in the nearest
+/// recording, as only fitted, with a warning that the figures are not to be trusted.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct HowSure {
     pub checked_bytes: u64,
@@ -376,6 +382,8 @@ pub struct Model<'r, 'a> {
     aligned_fraction: f64,
     unaligned: Vec<(usize, u64)>,
     notes: Vec<String>,
+    /// What the recordings themselves make doubtful (memory falling as a variable grows).
+    warnings: Vec<String>,
 }
 
 impl<'r, 'a> Model<'r, 'a> {
@@ -397,6 +405,8 @@ impl<'r, 'a> Model<'r, 'a> {
             programs.push(events::program(r.snapshot, device, &config, &mut stacks));
             devices.push(device);
         }
+        refuse_same_run(recordings, &programs)?;
+        let warnings = falling_memory(recordings, &vars, &programs);
         let reference = nearest(&vars);
         let others: Vec<usize> = (0..programs.len()).filter(|&i| i != reference).collect();
         let mut notes = Vec::new();
@@ -577,6 +587,7 @@ impl<'r, 'a> Model<'r, 'a> {
             aligned_fraction: if total_count == 0 { 1.0 } else { aligned_count as f64 / total_count as f64 },
             unaligned,
             notes,
+            warnings,
         })
     }
 
@@ -591,10 +602,18 @@ impl<'r, 'a> Model<'r, 'a> {
         let points = distinct_points(&self.vars);
         let mut sizes_now: FxHashMap<u64, u64> = FxHashMap::default();
         let mut groups: FxHashMap<(u32, String, Basis), StackLaw> = FxHashMap::default();
+        // Allocations whose law goes negative at the target (clamped to 1 byte).
+        let mut negative: Vec<usize> = Vec::new();
         for (i, e) in base.entries.iter().enumerate() {
             let mut e = e.clone();
             sureness.push(self.laws[i].as_ref().map(|(law, _)| law.sureness(points)));
             if let Some((law, recorded)) = &self.laws[i] {
+                if law.value(&x) < 0 {
+                    negative.push(i);
+                    // Checked where the program was recorded, not where the law says less than
+                    // nothing.
+                    sureness[i] = Some(law::Sureness::Extrapolated);
+                }
                 e.size = law.eval(&x);
                 sizes_now.insert(e.addr, e.size);
                 let stack = base.stacks[i];
@@ -623,7 +642,27 @@ impl<'r, 'a> Model<'r, 'a> {
         }
 
         refuse_beyond_any_card(&entries, target)?;
-        let how_sure = HowSure::new(&entries, &sureness, &self.vars, &x);
+        let mut warnings = self.warnings.clone();
+        let how_sure = if negative.is_empty() {
+            HowSure::new(&entries, &sureness, &self.vars, &x)
+        } else {
+            // The clamped allocations count at their size in the nearest recording, among the
+            // bytes on laws only fitted: the peak would hold at least that much of them.
+            let mut counted = entries.clone();
+            for &i in &negative {
+                counted[i].size = base.entries[i].size;
+            }
+            let mut how_sure = HowSure::new(&counted, &sureness, &self.vars, &x);
+            warnings.push(self.negative_laws(&negative, &x, target));
+            how_sure.warning = Some(format!(
+                "not to be trusted: {} allocation(s) get their sizes from laws that go negative at {} (see the warnings); \
+                 they count here at their size in {}, among the bytes on laws only fitted through the recordings",
+                negative.len(),
+                values_text(target),
+                self.recordings[self.reference].label
+            ));
+            how_sure
+        };
         let device = self.devices[self.reference];
         let mut synthesized = Snapshot { allocator_settings: self.recordings[self.reference].snapshot.allocator_settings.clone(), ..Default::default() };
         synthesized.device_traces = vec![Vec::new(); device as usize + 1];
@@ -654,6 +693,7 @@ impl<'r, 'a> Model<'r, 'a> {
             how_sure,
             laws,
             fit: None,
+            warnings,
             weak: self.recordings.len() == 1,
             reference: self.reference,
             devices: self.devices.clone(),
@@ -664,6 +704,116 @@ impl<'r, 'a> Model<'r, 'a> {
             snapshot: replayed.snapshot,
         })
     }
+}
+
+impl Model<'_, '_> {
+    /// The warning for the allocations (`negative`: indices of the reference's events) whose
+    /// laws go negative at `x`: how many, and the one largest in the nearest recording.
+    fn negative_laws(&self, negative: &[usize], x: &[i128], target: &Values) -> String {
+        let base = &self.base;
+        let bytes: u64 = negative.iter().map(|&i| base.entries[i].size).sum();
+        let largest = negative.iter().copied().max_by_key(|&i| (base.entries[i].size, std::cmp::Reverse(i))).expect("one at least");
+        let law = self.laws[largest].as_ref().map(|(law, _)| law).expect("an allocation with a law");
+        format!(
+            "{} allocation(s) ({} requested in all in {}) get their sizes from laws that go negative at {}, such as `{}` at {} \
+             ({} bytes there): each is clamped to 1 byte, so the prediction leaves them out and is not to be trusted. A law that \
+             falls as a variable grows usually means swapped values or a mislabeled file: check each recording's values, or record \
+             nearer the target",
+            negative.len(),
+            crate::alloc::format_size(bytes),
+            self.recordings[self.reference].label,
+            values_text(target),
+            law.display(&self.vars.names),
+            stack_name(&self.stacks.frames[base.stacks[largest] as usize]),
+            law.value(x)
+        )
+    }
+}
+
+/// Refuses two recordings given different values that record the same run (the same file twice,
+/// a copy, a conversion): the same events, with the same actions, sizes, addresses and stacks,
+/// the allocations live at their start included. Decided from their content, not their names.
+fn refuse_same_run(recordings: &[Recording], programs: &[Program]) -> Result<(), PredictError> {
+    for (j, b) in programs.iter().enumerate() {
+        for (i, a) in programs[..j].iter().enumerate() {
+            if recordings[i].values != recordings[j].values && same_run(a, b) {
+                let (first, second) = (&recordings[i], &recordings[j]);
+                return Err(PredictError::Input(format!(
+                    "{} ({}) and {} ({}) record the same run: the same {} events, with the same sizes, addresses and stacks. \
+                     A snapshot does not record the values it was made at, so these cannot both be right: give each value a \
+                     recording made at it",
+                    first.label,
+                    values_text(&first.values),
+                    second.label,
+                    values_text(&second.values),
+                    a.entries.len()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether two programs hold the same events: action, address, size and stack of each, in the
+/// same order, and as many live at the start.
+fn same_run(a: &Program, b: &Program) -> bool {
+    let event = |e: &TraceEntry| (e.action, e.addr, e.size);
+    !a.entries.is_empty()
+        && a.at_start == b.at_start
+        && a.entries.len() == b.entries.len()
+        && a.stacks == b.stacks
+        && a.entries.iter().map(event).eq(b.entries.iter().map(event))
+}
+
+/// The most bytes a program requests at once (its allocations live at the start included).
+fn peak_requested(p: &Program) -> u64 {
+    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    let (mut now, mut peak) = (0u64, 0u64);
+    for e in &p.entries {
+        match e.action {
+            Action::Alloc => {
+                now = now.saturating_add(e.size);
+                now -= live.insert(e.addr, e.size).unwrap_or(0).min(now);
+            }
+            Action::FreeRequested => now -= live.remove(&e.addr).unwrap_or(0).min(now),
+            _ => {}
+        }
+        peak = peak.max(now);
+    }
+    peak
+}
+
+/// A recording whose peak is more than this fraction below that of one at smaller values
+/// (1%: a kernel's workspace may differ a little between runs) is said to fall.
+const FALLS_BY: f64 = 0.01;
+
+/// Warnings for each pair of recordings where one at values no smaller (each variable at least
+/// as large, one larger) peaks lower: memory falling as a variable grows, which swapped values
+/// or a file given another's values make.
+fn falling_memory(recordings: &[Recording], vars: &Variables, programs: &[Program]) -> Vec<String> {
+    let peaks: Vec<u64> = programs.iter().map(peak_requested).collect();
+    let mut warnings = Vec::new();
+    for (small, x) in vars.recorded.iter().enumerate() {
+        for (large, y) in vars.recorded.iter().enumerate() {
+            let grows = x != y && x.iter().zip(y).all(|(a, b)| a <= b);
+            if !grows || (peaks[large] as f64) >= peaks[small] as f64 * (1.0 - FALLS_BY) {
+                continue;
+            }
+            let grown: Vec<&str> = vars.names.iter().zip(x.iter().zip(y)).filter(|(_, (a, b))| a < b).map(|(n, _)| n.as_str()).collect();
+            warnings.push(format!(
+                "{} ({}) peaks at {} requested, less than {} ({}) at {}: memory falls as {} grows. A program's memory rarely \
+                 does: check that each recording is given the values it was made at (swapped values, a mislabeled file)",
+                recordings[large].label,
+                values_text(&recordings[large].values),
+                crate::alloc::format_size(peaks[large]),
+                recordings[small].label,
+                values_text(&recordings[small].values),
+                crate::alloc::format_size(peaks[small]),
+                grown.join(" and ")
+            ));
+        }
+    }
+    warnings
 }
 
 /// Every other recording aligned to the reference, by keys made with `stack_id`.
@@ -739,4 +889,138 @@ fn peak_phase(snapshot: &Snapshot, device: i64, at_start: usize) -> Option<Strin
 /// A stack in one line, as the page's groups name it.
 fn stack_name(frames: &[trace::Frame]) -> String {
     crate::timeline::group_name(frames).unwrap_or_else(|| "(no stack)".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::Frame;
+    use std::sync::Arc;
+
+    fn frames(name: &str) -> trace::Frames {
+        Arc::from(vec![Frame { filename: "train.py".into(), line: 7, name: name.into() }])
+    }
+
+    /// One step of a small program at `context`: weights (constant), activations
+    /// (`4096*context`) and attention scores (`64*context^2`), the last two freed; `shift` moves
+    /// every address (another run of the same program).
+    fn step(context: u64, shift: u64) -> Snapshot {
+        let (weights, act, scores) = (0x1000 + shift, 0x10_0000_0000 + shift, 0x20_0000_0000 + shift);
+        let alloc = |addr, size, name| TraceEntry { frames: Some(frames(name)), ..TraceEntry::new(Action::Alloc, addr, size, 0) };
+        let free = |addr, size| [TraceEntry::new(Action::FreeRequested, addr, size, 0), TraceEntry::new(Action::FreeCompleted, addr, size, 0)];
+        let mut trace = vec![alloc(weights, 4 << 20, "weights"), alloc(act, 4096 * context, "forward"), alloc(scores, 64 * context * context, "attention")];
+        trace.extend(free(scores, 64 * context * context));
+        trace.extend(free(act, 4096 * context));
+        Snapshot { device_traces: vec![trace], ..Default::default() }
+    }
+
+    fn at<'a>(label: &str, snapshot: &'a Snapshot, context: u64) -> Recording<'a> {
+        Recording { label: label.into(), snapshot, values: Values::from([("context".to_string(), context)]) }
+    }
+
+    fn at_two<'a>(label: &str, snapshot: &'a Snapshot, batch: u64, context: u64) -> Recording<'a> {
+        Recording { label: label.into(), snapshot, values: Values::from([("batch".to_string(), batch), ("context".to_string(), context)]) }
+    }
+
+    fn to(context: u64) -> Values {
+        Values::from([("context".to_string(), context)])
+    }
+
+    #[test]
+    fn the_right_pair_predicts_without_warnings() {
+        let (a, b) = (step(256, 0), step(512, 0x800));
+        let p = predict(&[at("a", &a, 256), at("b", &b, 512)], &to(1024), &PredictOptions::default()).unwrap();
+        assert_eq!(p.peak_allocated_bytes, (4 << 20) + 4096 * 1024 + 64 * 1024 * 1024);
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        assert_eq!((p.how_sure.checked_share, p.how_sure.warning.as_deref()), (1.0, None));
+    }
+
+    #[test]
+    fn the_same_recording_at_two_values_is_refused() {
+        let a = step(256, 0);
+        // The same snapshot twice, and a copy of it under another name: the content decides.
+        for (first, second) in [("a.pickle", "a.pickle"), ("a.pickle", "copy-of-a.json")] {
+            let err = predict(&[at(first, &a, 256), at(second, &a, 512)], &to(1024), &PredictOptions::default()).unwrap_err();
+            let PredictError::Input(message) = err else { panic!("a usage error: {err}") };
+            assert!(message.starts_with(&format!("{first} (context=256) and {second} (context=512) record the same run: the same 7 events")), "{message}");
+        }
+        // Three recordings, two of them the same run: refused too.
+        let b = step(1024, 0x800);
+        let err = predict(&[at("a", &a, 256), at("b", &b, 1024), at("c", &a, 512)], &to(2048), &PredictOptions::default()).unwrap_err();
+        assert!(err.to_string().starts_with("a (context=256) and c (context=512) record the same run"), "{err}");
+        // Given the same values, the same run is no contradiction (and the existing check answers).
+        let err = predict(&[at("a", &a, 256), at("b", &a, 256)], &to(1024), &PredictOptions::default()).unwrap_err();
+        assert!(err.to_string().starts_with("context is 256 in every recording"), "{err}");
+    }
+
+    #[test]
+    fn only_equal_content_is_the_same_run() {
+        let mut stacks = Stacks::new();
+        let config = AllocatorConfig::default();
+        let mut program = |s: &Snapshot| events::program(s, 0, &config, &mut stacks);
+        let (a, copy) = (program(&step(256, 0)), program(&step(256, 0)));
+        assert!(same_run(&a, &copy));
+        // Another run of the same program (other addresses), or another size of one allocation.
+        assert!(!same_run(&a, &program(&step(256, 0x800))));
+        assert!(!same_run(&a, &program(&step(257, 0))));
+        let mut moved = step(256, 0);
+        moved.device_traces[0][1].frames = Some(frames("elsewhere"));
+        assert!(!same_run(&a, &program(&moved)));
+        assert!(!same_run(&program(&Snapshot::default()), &program(&Snapshot::default())), "no events: nothing to compare");
+    }
+
+    #[test]
+    fn swapped_values_are_warned_and_not_trusted() {
+        let (small, large) = (step(256, 0), step(512, 0x800));
+        let recordings = [at("ctx512.pickle", &large, 256), at("ctx256.pickle", &small, 512)];
+        let p = predict(&recordings, &to(1024), &PredictOptions::default()).unwrap();
+        // Both growing laws fall through the swapped sizes and go negative at 1024: 1 byte each,
+        // in the allocator's smallest block (512 bytes).
+        assert_eq!(p.peak_allocated_bytes, (4 << 20) + 2 * 512, "{:?}", p.laws.iter().map(|l| &l.law).collect::<Vec<_>>());
+        assert_eq!(p.warnings.len(), 2, "{:?}", p.warnings);
+        assert!(
+            p.warnings[0].starts_with(
+                "ctx256.pickle (context=512) peaks at 9.00 MiB requested, less than ctx512.pickle (context=256) at 22.00 MiB: memory falls as context grows"
+            ),
+            "{}",
+            p.warnings[0]
+        );
+        assert!(
+            p.warnings[1].starts_with("2 allocation(s) (5.00 MiB requested in all in ctx256.pickle) get their sizes from laws that go negative at context=1024, such as `-49152*context + 29360128` at attention (train.py:7) (-20971520 bytes there)"),
+            "{}",
+            p.warnings[1]
+        );
+        // The clamped allocations count at their recorded sizes, as only fitted: 4 of 9 MiB checked.
+        let h = &p.how_sure;
+        assert_eq!((h.checked_bytes, h.extrapolated_bytes), (4 << 20, 5 << 20));
+        assert!((h.checked_share - 4.0 / 9.0).abs() < 1e-9, "{h:?}");
+        assert!(h.warning.as_deref().is_some_and(|w| w.starts_with("not to be trusted: 2 allocation(s)")), "{h:?}");
+        // Between the recorded values the laws stay positive: the falling memory alone is said.
+        let p = predict(&recordings, &to(384), &PredictOptions::default()).unwrap();
+        assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
+        assert!(p.warnings[0].contains("memory falls as context grows"));
+    }
+
+    #[test]
+    fn memory_falls_only_past_a_small_tolerance() {
+        let mut stacks = Stacks::new();
+        let config = AllocatorConfig::default();
+        let programs: Vec<Program> = [step(256, 0), step(255, 0)].iter().map(|s| events::program(s, 0, &config, &mut stacks)).collect();
+        let (a, b) = (step(256, 0), step(255, 0));
+        let recordings = [at("a", &a, 256), at("b", &b, 512)];
+        let vars = variables(&recordings, &to(1024)).unwrap();
+        // 8.96 MiB at the larger value against 9.00 MiB: less than 1% lower, within a kernel's whim.
+        assert!(falling_memory(&recordings, &vars, &programs).is_empty());
+        assert_eq!(peak_requested(&programs[0]), (4 << 20) + 4096 * 256 + 64 * 256 * 256);
+        // Two variables: only a recording at values no smaller in each one is compared.
+        let (small, large) = (step(128, 0), step(512, 0));
+        let programs: Vec<Program> = [&large, &small].iter().map(|s| events::program(s, 0, &config, &mut stacks)).collect();
+        let target = |context| Values::from([("batch".to_string(), 8), ("context".to_string(), context)]);
+        let crossed = [at_two("a", &large, 2, 512), at_two("b", &small, 4, 128)];
+        assert!(falling_memory(&crossed, &variables(&crossed, &target(1024)).unwrap(), &programs).is_empty());
+        let grown = [at_two("a", &large, 2, 512), at_two("b", &small, 4, 512)];
+        let warnings = falling_memory(&grown, &variables(&grown, &target(512)).unwrap(), &programs);
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("memory falls as batch grows"), "{}", warnings[0]);
+    }
 }
