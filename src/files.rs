@@ -7,8 +7,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Writes `bytes` to `path`, replacing it only once everything is on disk. Missing folders are
-/// created. A link is followed: the file it names is replaced and the link kept. Devices, pipes
+/// Writes `bytes` to `path`, replacing it only once everything is on disk. The folder must
+/// exist: a mistyped folder is an error, not a new tree of folders (callers that keep files of
+/// their own, such as a cache, make theirs first). A link is followed: the file it names is replaced and the link kept. Devices, pipes
 /// and the process's own streams (`/dev/stdout`, `/dev/full`) are written in place: renaming
 /// over them would replace the device node (or the link to the stream) instead of writing to it.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -24,7 +25,9 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    std::fs::create_dir_all(dir)?;
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(std::io::ErrorKind::NotFound, format!("no folder {}", dir.display())));
+    }
     let temporary = temporary_beside(&target, dir)?;
     let written = (|| {
         {
@@ -222,9 +225,12 @@ mod tests {
         write_atomically(&path, b"new").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "only the target remains");
+        // A missing folder is not made: the write fails and nothing appears.
         let nested = dir.join("a/b/c.pickle");
-        write_atomically(&nested, b"x").unwrap();
-        assert_eq!(std::fs::read(&nested).unwrap(), b"x");
+        let err = write_atomically(&nested, b"x").unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+        assert!(err.to_string().contains("no folder"), "{err}");
+        assert!(!dir.join("a").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

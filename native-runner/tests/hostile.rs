@@ -186,3 +186,17 @@ fn a_fit_table_names_each_strategy_and_card_once_and_has_a_bounded_size() {
         assert!(stderr(&out).contains(said), "{args:?}: {}", stderr(&out));
     }
 }
+
+#[test]
+fn an_output_in_a_folder_that_does_not_exist_is_an_error_and_makes_no_folder() {
+    let dir = scratch("no-folder");
+    let missing = dir.join("typo/deeper");
+    let out_file = missing.join("x.pickle");
+    for args in [vec!["demo", "--out", s(&out_file)], vec!["run", "seed-basics", "--snapshot", s(&out_file)]] {
+        let out = tensormem(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(&format!("no folder {}", missing.display())), "{args:?}: {}", stderr(&out));
+        assert!(!dir.join("typo").exists(), "{args:?} made a folder");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

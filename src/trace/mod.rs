@@ -135,11 +135,10 @@ impl Loader {
                 Ok(decode::snapshot(&arena, root, *compactor)?)
             }
             LoaderState::Json(bytes) => {
-                let value: serde_json::Value = serde_json::from_slice(&bytes)?;
+                let mut compactor = decode::EntryCompactor::default();
+                let (arena, root) = node::Arena::parse_json(&bytes, &mut compactor)?;
                 drop(bytes);
-                let (arena, root) = node::Arena::from_json(&value);
-                drop(value);
-                Ok(decode::snapshot(&arena, root, decode::EntryCompactor::default())?)
+                Ok(decode::snapshot(&arena, root, compactor)?)
             }
         }
     }

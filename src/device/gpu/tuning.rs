@@ -71,6 +71,9 @@ impl Tuning {
         file.adapters.entry(self.adapter.clone()).or_default().insert(class.key(self.largest), tuning.clone());
         let Ok(text) = serde_json::to_string_pretty(&file) else { return };
         // Whole or not at all: devices on other threads or in other processes may write too.
+        if let Some(folder) = path.parent() {
+            let _ = std::fs::create_dir_all(folder);
+        }
         let _ = crate::files::write_atomically(path, text.as_bytes());
     }
 }
