@@ -41,9 +41,11 @@ fn assert_replay_agrees(snapshot: &Snapshot, device: i64, v: &Verified) {
     assert_eq!(r.replayed.ooms > 0, v.after_out_of_memory, "{}", v.how);
 }
 
-/// The `peak` finding first, exactly once, then the problems by bytes at stake, then
-/// `outside-allocator` (information, always last); JSON round-trips.
+/// The `peak` finding first (after `no-history` for a file without one), exactly once, then the
+/// problems by bytes at stake, then `outside-allocator` (information, always last); JSON
+/// round-trips.
 fn assert_well_formed(name: &str, d: &Diagnosis) {
+    let d = &Diagnosis { findings: d.findings.iter().filter(|f| f.kind != doctor::NO_HISTORY).cloned().collect(), notes: d.notes.clone() };
     assert_eq!(d.findings.first().map(|f| f.kind.as_str()), Some(doctor::PEAK), "{name}");
     assert_eq!(kinds(d).iter().filter(|&&k| k == doctor::PEAK).count(), 1, "{name}");
     assert_eq!(d.findings.last().map(|f| f.kind.as_str()), Some(doctor::OUTSIDE_ALLOCATOR), "{name}");
@@ -289,7 +291,8 @@ fn every_fixture_gives_the_peak_first_then_problems_by_bytes() {
         // Fragmentation ranks by what a setting recovers (4.13 GiB), below the optimizer's state.
         ("lm2.7b-ctx256-fullstep.pickle", &["peak", "truncated-trace", "optimizer-state", "fragmentation", "outside-allocator"]),
         ("small-state.pickle", &["peak", "fragmentation", "outside-allocator"]),
-        ("tiny-settings.pickle", &["peak", "outside-allocator"]),
+        // No history: an empty trace and no stacks (issue 50, cause 4).
+        ("tiny-settings.pickle", &["no-history", "peak", "outside-allocator"]),
     ]);
     let mut names: Vec<_> =
         std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".pickle")).collect();
@@ -613,4 +616,74 @@ fn a_forward_stopped_by_an_out_of_memory_is_not_a_missing_no_grad() {
     let peak = finding(&d, "peak");
     assert!(peak.fix.contains("ran out of memory before any backward"), "{}", peak.fix);
     assert!(!peak.fix.contains("with no backward in the trace"), "{}", peak.fix);
+}
+
+/// A snapshot whose segments hold `blocks` blocks of `size` made before the trace, without
+/// stacks (as PyTorch writes blocks that predate `_record_memory_history`), and a trace of one
+/// small allocation.
+fn blocks_before_the_trace(blocks: u64, size: u64) -> Snapshot {
+    let base = 0x7f00_0000_0000u64;
+    let segments: Vec<Value> = (0..blocks)
+        .map(|i| {
+            serde_json::json!({ "device": 0, "address": base + i * size, "total_size": size, "allocated_size": size, "active_size": size,
+                "requested_size": size, "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0], "is_expandable": false, "frames": [],
+                "blocks": [{ "address": base + i * size, "size": size, "requested_size": size, "state": "active_allocated", "frames": [] }] })
+        })
+        .collect();
+    let small = base + blocks * size;
+    let frames = serde_json::json!([{ "filename": "/home/user/serve.py", "line": 3, "name": "step" }]);
+    let entry = |action: &str, addr: u64, size: u64, t: u64| serde_json::json!({ "action": action, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": frames });
+    let trace = vec![
+        entry("segment_alloc", small, 2 << 20, 1),
+        entry("alloc", small, 512, 2),
+        entry("free_requested", small, 512, 3),
+        entry("free_completed", small, 512, 3),
+    ];
+    let mut last = segments;
+    last.push(serde_json::json!({ "device": 0, "address": small, "total_size": 2 << 20, "allocated_size": 0, "active_size": 0,
+        "requested_size": 0, "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0], "is_expandable": false, "frames": [],
+        "blocks": [{ "address": small, "size": 2 << 20, "requested_size": 0, "state": "inactive", "frames": [] }] }));
+    let text = serde_json::json!({ "segments": last, "device_traces": [trace] }).to_string();
+    trace::load(text.as_bytes()).unwrap()
+}
+
+/// Issue 50, cause 3: a program has one cuBLAS workspace per handle (a thread's and autograd's
+/// on a stream); 128 blocks of 32 MiB made before the trace are a KV cache, not workspaces.
+#[test]
+fn blocks_of_a_workspaces_size_are_named_workspaces_only_as_many_as_a_stream_has_handles() {
+    let likely = |d: &Diagnosis| finding(d, doctor::OUTSIDE_ALLOCATOR).evidence["likely_cublas_workspaces_before_trace"].as_array().unwrap().len();
+    let cache = diagnose(&blocks_before_the_trace(128, 32 << 20), None);
+    let f = finding(&cache, doctor::OUTSIDE_ALLOCATOR);
+    assert_eq!(likely(&cache), 0, "{}", f.title);
+    assert!(!f.title.contains("cuBLAS"), "{}", f.title);
+    assert!(f.estimate.as_deref().unwrap().contains("128 blocks from before the trace have a workspace's size"), "{:?}", f.estimate);
+    for (blocks, named) in [(1, 1), (2, 2), (3, 0), (14, 0)] {
+        let d = diagnose(&blocks_before_the_trace(blocks, 32 << 20), None);
+        assert_eq!(likely(&d), named, "{blocks} blocks of 32 MiB");
+    }
+    let two = diagnose(&blocks_before_the_trace(2, 32 << 20), None);
+    assert!(finding(&two, doctor::OUTSIDE_ALLOCATOR).estimate.as_deref().unwrap().contains("by their size alone"), "said to be a guess");
+}
+
+/// Issue 50, cause 4: `_dump_snapshot()` without `_record_memory_history()`: an empty trace and
+/// blocks without stacks. The doctor says no history was recorded, what the file still shows,
+/// and the lines that record one; it claims no peak or category it cannot know.
+#[test]
+fn a_snapshot_without_history_says_so_and_how_to_record_one() {
+    let mut snapshot = blocks_before_the_trace(3, 20 << 20);
+    snapshot.device_traces = vec![Vec::new()];
+    let d = diagnose(&snapshot, None);
+    assert_eq!(kinds(&d), ["no-history", "peak", "outside-allocator"]);
+    let f = finding(&d, doctor::NO_HISTORY);
+    assert!(f.title.starts_with("No memory history is in this file"), "{}", f.title);
+    assert!(f.title.contains("4 segments, 62.00 MiB reserved, 60.00 MiB allocated"), "{}", f.title);
+    assert_eq!(f.evidence["cached_free_bytes"], 2 << 20);
+    assert_eq!(f.evidence["largest_free_block_bytes"], 2 << 20);
+    assert!(f.fix.contains("torch.cuda.memory._record_memory_history(max_entries=100000)"), "{}", f.fix);
+    assert!(f.fix.contains("torch.cuda.memory._dump_snapshot("), "{}", f.fix);
+    let peak = finding(&d, doctor::PEAK);
+    assert!(peak.title.contains("when the snapshot was taken (no history"), "{}", peak.title);
+    assert!(!peak.title.contains("inferred"), "no category without a lifetime: {}", peak.title);
+    // A file with history is not one.
+    assert!(!kinds(&diagnose(&blocks_before_the_trace(3, 20 << 20), None)).contains(&"no-history"));
 }

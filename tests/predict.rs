@@ -118,6 +118,7 @@ fn a_capacity_below_the_prediction_is_an_out_of_memory_error_in_pytorchs_words()
     assert!(message.starts_with("Out of memory. Tried to allocate"), "{message}");
     // The predicted trace is a snapshot that loads again.
     let dir = std::env::temp_dir().join(format!("tensormem-predict-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("predicted.pickle");
     trace::save_file(p.snapshot.as_ref().unwrap(), &out).unwrap();
     let back = trace::load_file(&out).unwrap();

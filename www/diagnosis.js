@@ -46,10 +46,11 @@ function el(tag, props = {}, ...children) {
 // Each finding carries its label (the doctor's registry of kinds, src/doctor/kinds.rs).
 const labelOf = (f) => f.label || f.kind;
 
-// Findings that describe rather than accuse: the peak summary, what it is made of by op when
+// Findings that describe rather than accuse: a file without history (`no-history`), the peak
+// summary, what it is made of by op when
 // nothing is wrong (`intermediates`), and what nvidia-smi shows beyond reserved
 // (`outside-allocator`, an estimate, always last).
-const INFORMATION = new Set(['peak', 'intermediates', 'outside-allocator']);
+const INFORMATION = new Set(['no-history', 'peak', 'intermediates', 'outside-allocator']);
 export function isProblem(f) {
   return !INFORMATION.has(f.kind) && f.confidence !== 'inconclusive';
 }

@@ -408,7 +408,7 @@ fn doctor_description() -> String {
     use tensormem::doctor::{REGISTRY, Role};
     let listed = |role: Role| REGISTRY.iter().filter(|k| k.role == role).map(|k| format!("{} ({})", k.name, k.about)).collect::<Vec<_>>().join(", ");
     format!(
-        "Say what is wrong with a snapshot's memory, or a scenario's: the peak first ({}), then the problems ranked by the \
+        "Say what is wrong with a snapshot's memory, or a scenario's: first the summary ({}), then the problems ranked by the \
          bytes at stake (an oom first): {}; then the inconclusive ones (confidence \"inconclusive\": what the trace cannot \
          tell); {} when there is no problem; {} last. Each finding has evidence, why, the fix, a confidence (high, medium, \
          inconclusive) and, where measured, what the fix saves. Returns {{\"findings\": [...]}}, as `tensormem doctor --json`. \

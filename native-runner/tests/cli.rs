@@ -97,6 +97,7 @@ fn bad_input_gives_one_clear_line_and_a_nonzero_status() {
 #[test]
 fn demo_writes_a_snapshot_that_loads_and_replays() {
     let dir = std::env::temp_dir().join(format!("tensormem-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let out_file = dir.join("demo.json");
     let out = tensormem(&["demo", "--out", out_file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -182,6 +183,7 @@ fn run_errors_are_one_line_and_name_the_choices() {
 fn replay_with_a_replaced_start_reports_it_and_writes_the_replayed_trace() {
     let Some(path) = fixture("small-state.pickle") else { return };
     let dir = std::env::temp_dir().join(format!("tensormem-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let out_file = dir.join("replayed.json");
     let out = tensormem(&["replay", path.to_str().unwrap(), "--start", "replaced", "--snapshot", out_file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));

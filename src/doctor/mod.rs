@@ -28,6 +28,7 @@ mod intermediates;
 mod kinds;
 mod live;
 mod no_grad;
+mod no_history;
 mod oom;
 mod ops;
 mod optimizer;
@@ -54,6 +55,8 @@ use serde::{Deserialize, Serialize};
 
 /// Kinds of finding (a contract: the page and outside checks read them).
 pub const PEAK: &str = "peak";
+/// A snapshot taken without `_record_memory_history()`: the state at the end, no history.
+pub const NO_HISTORY: &str = "no-history";
 pub const FRAGMENTATION: &str = "fragmentation";
 pub const OOM: &str = "oom";
 pub const TRUNCATED_TRACE: &str = "truncated-trace";
@@ -73,7 +76,8 @@ pub const OUTSIDE_ALLOCATOR: &str = "outside-allocator";
 
 /// The registry: every kind, one row each (see [`kinds`]), those about the training loop first,
 /// then the allocator's, then those about single expressions.
-pub const REGISTRY: [&Kind; 13] = [
+pub const REGISTRY: [&Kind; 14] = [
+    &no_history::KIND,
     &peak::KIND,
     &growth::KIND,
     &retained::KIND,
@@ -105,7 +109,7 @@ pub fn kind(name: &str) -> Option<&'static Kind> {
     REGISTRY.into_iter().find(|k| k.name == name)
 }
 
-/// What the doctor found: the `peak` summary first (with `intermediates` when there is no
+/// What the doctor found: `no-history` where nothing was recorded, the `peak` summary (with `intermediates` when there is no
 /// problem), then the problems (an `oom` first, the others most bytes first), then the inconclusive findings (what the
 /// trace cannot tell), then `outside-allocator` (information, estimated: ranked last whatever
 /// its bytes).
@@ -249,6 +253,11 @@ pub enum DoctorError {
 
 /// Diagnoses one device of a snapshot.
 pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosis, DoctorError> {
+    diagnose_with(snapshot, options, &REGISTRY)
+}
+
+/// Diagnoses with the kinds of `registry` (the registry, or a test's).
+fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind]) -> Result<Diagnosis, DoctorError> {
     let device = match options.device {
         Some(d) => {
             replay::check_device(snapshot, d)?;
@@ -262,10 +271,16 @@ pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosi
     let steps = steps::find(&patient);
     let ops = ops::Ops::new(&patient.timeline);
     let exam = kinds::Exam { patient, steps, ops, options };
+    // A finder that fails on a trace is a bug, never the end of the diagnosis: the others
+    // report, and a note names it. (Natively; a wasm build aborts on a panic.)
+    let failed = std::cell::RefCell::new(Vec::new());
     let run = |role: Role| -> Result<Vec<Finding>, DoctorError> {
         let mut found = Vec::new();
-        for kind in REGISTRY.iter().filter(|k| k.role == role) {
-            found.extend((kind.find)(&exam)?);
+        for kind in registry.iter().filter(|k| k.role == role) {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (kind.find)(&exam))) {
+                Ok(result) => found.extend(result?),
+                Err(_) => failed.borrow_mut().push(kind.name),
+            }
         }
         Ok(found)
     };
@@ -282,7 +297,10 @@ pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosi
     findings.extend(problems);
     findings.extend(inconclusive);
     findings.extend(run(Role::Last)?);
-    let notes = exam.ops.unreadable_note(&exam.patient.timeline).into_iter().collect();
+    let mut notes: Vec<String> = exam.ops.unreadable_note(&exam.patient.timeline).into_iter().collect();
+    for name in failed.into_inner() {
+        notes.push(format!("the {name} finder failed on this trace (a bug in tensormem: please report it with the file); the other findings stand"));
+    }
     Ok(Diagnosis { findings, notes })
 }
 
@@ -335,4 +353,27 @@ fn what_if_start(timeline: &timeline::Timeline) -> StartMode {
 /// `1.23 GiB` with the exact bytes for a person checking the figure.
 fn size(bytes: u64) -> String {
     crate::alloc::format_size(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A finder with a bug: it panics on every trace.
+    fn broken(_: &kinds::Exam) -> Result<Option<Finding>, DoctorError> {
+        let positions: Vec<usize> = vec![149, 1];
+        Ok(positions[positions[0]..positions[1]].first().map(|_| unreachable!()))
+    }
+
+    #[test]
+    fn a_finder_that_fails_is_named_and_the_others_report() {
+        const BROKEN: Kind = Kind { name: GROWTH, label: "growth", about: "a finder with a bug", role: Role::Problem, find: broken, material: Material::ANY };
+        let snapshot = crate::scenarios::run(&crate::scenarios::RunRequest { scenario: "zero-grad".into(), ..Default::default() }).unwrap().snapshot;
+        let whole = diagnose(&snapshot, &DoctorOptions::default()).unwrap();
+        let registry: Vec<&Kind> = REGISTRY.iter().map(|&k| if k.name == GROWTH { &BROKEN } else { k }).collect();
+        let diagnosis = diagnose_with(&snapshot, &DoctorOptions::default(), &registry).unwrap();
+        let others: Vec<&Finding> = whole.findings.iter().filter(|f| f.kind != GROWTH).collect();
+        assert_eq!(diagnosis.findings.iter().collect::<Vec<_>>(), others, "every other finding, as without the bug");
+        assert!(diagnosis.notes.iter().any(|n| n.starts_with("the growth finder failed on this trace")), "{:?}", diagnosis.notes);
+    }
 }

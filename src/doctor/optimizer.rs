@@ -74,7 +74,9 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         // Parameters this step freed, by size: an allocation it made and kept, of one of their
         // sizes, replaces one.
         let mut freed_parameters: rustc_hash::FxHashMap<u64, usize> = Default::default();
-        let freed = by_end.partition_point(|&id| a.end[id] <= q.first)..by_end.partition_point(|&id| a.end[id] <= end);
+        // (Passes may overlap where a loop never clears its gradients: an empty range then.)
+        let from_freed = by_end.partition_point(|&id| a.end[id] <= q.first);
+        let freed = from_freed..by_end.partition_point(|&id| a.end[id] <= end).max(from_freed);
         for &id in by_end[freed].iter().filter(|&&id| parameter[id]) {
             *freed_parameters.entry(steps::bytes(p, id)).or_default() += 1;
         }

@@ -59,6 +59,11 @@ struct Workspace {
 /// and on compute capability 9.x, 10.x and 12.x.
 const DEFAULT_WORKSPACES: [u64; 2] = [4096 * 1024 * 2 + 16 * 1024 * 8, 4096 * 8 * 1024];
 
+/// cuBLAS makes one workspace per handle, and a handle per thread and stream: the program's
+/// thread and autograd's backward thread on each stream. A guess by size names at most that
+/// many blocks per stream, less the workspaces the trace itself shows there.
+const HANDLES_PER_STREAM: usize = 2;
+
 /// A block live at the trace's start, without a stack, of a default workspace's size.
 #[derive(Serialize)]
 struct LikelyWorkspace {
@@ -138,11 +143,18 @@ pub(super) fn find(p: &Patient) -> Finding {
     }
     let workspace_bytes: u64 = workspaces.iter().map(|w| w.bytes).sum();
     let a = &p.timeline.allocations;
-    let likely: Vec<LikelyWorkspace> = (0..a.start.len())
+    let mut likely: Vec<LikelyWorkspace> = (0..a.start.len())
         .filter(|&id| a.start[id] == 0 && p.timeline.groups[a.group[id] as usize].kind == GroupKind::BeforeTrace)
         .filter(|&id| DEFAULT_WORKSPACES.contains(&(a.size[id] as u64)))
         .map(|id| LikelyWorkspace { addr: a.addr[id] as u64, bytes: a.size[id] as u64, stream: a.stream[id] as i64 })
         .collect();
+    // More blocks of a workspace's size on a stream than it has handles are tensors of that size
+    // (a KV cache's 32 MiB blocks), and nothing tells which, if any, is a workspace: none is named.
+    let on_stream = |stream: i64| likely.iter().filter(|w| w.stream == stream).count() + workspaces.iter().filter(|w| w.stream == stream).count();
+    let too_many: Vec<bool> = likely.iter().map(|w| on_stream(w.stream) > HANDLES_PER_STREAM).collect();
+    let set_aside = too_many.iter().filter(|&&t| t).count();
+    let mut keep = too_many.iter().map(|&t| !t);
+    likely.retain(|_| keep.next().unwrap_or(false));
     let likely_bytes: u64 = likely.iter().map(|w| w.bytes).sum();
     let nccl = nccl_frame.is_some().then_some(Range { low_bytes: NCCL_LOW, high_bytes: NCCL_HIGH, typical_bytes: NCCL_TYPICAL });
     let outside = CONTEXT_TYPICAL + nccl.as_ref().map_or(0, |n| n.typical_bytes);
@@ -221,8 +233,14 @@ pub(super) fn find(p: &Patient) -> Finding {
     if !likely.is_empty() {
         estimate.push_str(
             " The blocks from before the trace are taken for cuBLAS workspaces by their size alone (PyTorch's default per \
-             handle, 8,519,680 B, or 32 MiB on Hopper and later), with no stack to confirm it.",
+             handle, 8,519,680 B, or 32 MiB on Hopper and later), with no stack to confirm it: a guess.",
         );
+    }
+    if set_aside > 0 {
+        estimate.push_str(&format!(
+            " {set_aside} blocks from before the trace have a workspace's size, more than the {HANDLES_PER_STREAM} handles (a thread's \
+             and autograd's) a stream has: they are tensors of that size, and none is taken for a workspace."
+        ));
     }
     Finding::new(
         OUTSIDE_ALLOCATOR,

@@ -40,10 +40,13 @@ pub(super) fn find(p: &Patient, steps: &Steps) -> Finding {
     let when = match (event, phase) {
         (Some(i), Some(phase)) => format!("at event {i}, in the {phase}"),
         (Some(i), None) => format!("at event {i}"),
+        (None, _) if super::no_history::without_history(p) => "when the snapshot was taken (no history: any peak before is unknown)".into(),
         (None, _) => "before the trace's first event".into(),
     };
     let recorded = p.timeline.groups.iter().any(|g| g.category);
-    let inferred = (!recorded).then(|| categories::live_by_category(&p.timeline, &categories::infer(&p.timeline), position));
+    // Without history there is no phase or lifetime to infer a category from.
+    let inferred =
+        (!recorded && !super::no_history::without_history(p)).then(|| categories::live_by_category(&p.timeline, &categories::infer(&p.timeline), position));
     let by_category = match &inferred {
         Some(by) if !by.is_empty() => {
             let largest: Vec<String> = by.iter().take(3).map(|c| format!("{} {}", c.category.replace('_', " "), size(c.bytes))).collect();

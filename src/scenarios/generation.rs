@@ -56,7 +56,7 @@ fn dtype(v: &Values) -> DType {
     }
 }
 
-fn check(v: &Values) -> std::result::Result<(), String> {
+fn check(v: &Values) -> std::result::Result<super::Work, String> {
     let config = HfConfig::load(v.text("config"))?;
     if !config.arch.generation {
         return Err("hf-generate builds the Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) so far, not GPT2LMHeadModel".into());
@@ -72,13 +72,7 @@ fn check(v: &Values) -> std::result::Result<(), String> {
             prompt + new
         ));
     }
-    Ok(())
-}
-
-/// The prefill, then a forward per further token, through every layer.
-fn work(v: &Values) -> std::result::Result<super::Work, String> {
-    let layers = HfConfig::load(v.text("config"))?.layers as u64;
-    Ok(super::Work::product(&[("layers", layers), ("tokens generated", v.u64("new_tokens"))]))
+    Ok(work(&config, v))
 }
 
 pub(super) fn scenario() -> Scenario {
@@ -101,7 +95,6 @@ pub(super) fn scenario() -> Scenario {
             variants: vec![],
         },
         check,
-        work,
         fix_settings: None,
         program: Program::Sync(generate),
     }
@@ -197,4 +190,9 @@ fn min_new_tokens_scores(scores: &Tensor, eos: &Tensor) -> Result<Tensor> {
     drop(cloned);
     drop((ids, eos_mask));
     Ok(processed)
+}
+
+/// The prefill, then a forward per further token, through every layer.
+fn work(config: &HfConfig, v: &Values) -> super::Work {
+    super::Work::product(&[("layers", config.layers as u64), ("tokens generated", v.u64("new_tokens"))])
 }

@@ -182,10 +182,9 @@ impl Values {
 /// A scenario: what the list shows, and its program.
 pub(crate) struct Scenario {
     pub info: ScenarioInfo,
-    /// Checks that need several parameters at once (sizes that would not index).
-    pub check: fn(&Values) -> Result<(), String>,
-    /// The work a run takes with these values, estimated before it runs (see [`WORK_BUDGET`]).
-    pub work: fn(&Values) -> Result<Work, String>,
+    /// Checks that need several parameters at once (sizes that would not index), and the
+    /// work a run takes with these values, estimated before it runs (see [`WORK_BUDGET`]).
+    pub check: fn(&Values) -> Result<Work, String>,
     /// Allocator settings the fix variant brings (PYTORCH_CUDA_ALLOC_CONF syntax), if any.
     pub fix_settings: Option<&'static str>,
     pub program: Program,
@@ -208,10 +207,6 @@ fn now<T>(future: impl std::future::Future<Output = T>) -> Option<T> {
         std::task::Poll::Ready(value) => Some(value),
         std::task::Poll::Pending => None,
     }
-}
-
-fn no_check(_: &Values) -> Result<(), String> {
-    Ok(())
 }
 
 /// The most work one run may take, in layer passes: a layer's forward is one pass, a training
@@ -239,7 +234,8 @@ impl Work {
     }
 }
 
-/// The work of a small program that repeats a step: the product of whichever repetition counts
+/// The check of a small program that repeats a step, whose parameters need no joint check: its
+/// work, the product of whichever repetition counts
 /// it takes (`steps`, `micro_batches`, `timesteps`, `layers`), four passes each (forward,
 /// backward, optimizer) on a model of four layers unless it names its own.
 fn repeated_steps(v: &Values) -> Result<Work, String> {
@@ -411,8 +407,7 @@ fn plan(request: &RunRequest) -> Result<Plan, ScenarioError> {
         map.insert(p.name.to_string(), p.parse(text).map_err(bad)?);
     }
     let values = Values { map, variant };
-    (scenario.check)(&values).map_err(bad)?;
-    let work = (scenario.work)(&values).map_err(bad)?;
+    let work = (scenario.check)(&values).map_err(bad)?;
     if work.passes > WORK_BUDGET {
         return Err(bad(format!(
             "this run would take about {} layer passes ({}), more than the {} one run may take (a few minutes of simulation): lower the counts that multiply",

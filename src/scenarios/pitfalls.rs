@@ -1,7 +1,7 @@
 //! The training pitfalls of the seed articles, each as a mistake and its fix on a small
 //! Llama-style language model: what the graph, the gradients and the optimizer keep alive.
 
-use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, no_check, repeated_steps, token_batch};
+use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, repeated_steps, token_batch};
 use crate::autograd;
 use crate::nn::optim::{Optimizer, Sgd};
 use crate::nn::{Architecture, Module, Transformer, TransformerConfig};
@@ -42,8 +42,7 @@ fn model(rec: &mut Recorder, v: &Values) -> Result<(Transformer, Tensor, Tensor)
 pub(super) fn scenarios() -> Vec<Scenario> {
     let scenario = |name, title, explanation, extra: Vec<Parameter>, program| Scenario {
         info: ScenarioInfo { name, title, explanation, parameters: model_parameters().into_iter().chain(extra).collect(), variants: vec!["mistake", "fix"] },
-        check: no_check,
-        work: repeated_steps,
+        check: repeated_steps,
         fix_settings: None,
         program: Program::Sync(program),
     };

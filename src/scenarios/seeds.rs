@@ -1,14 +1,13 @@
 //! The seed articles' tensor examples: what each line allocates, at the sizes the articles use.
 
-use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, no_check, repeated_steps};
+use super::{Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, repeated_steps};
 use crate::autograd;
 use crate::tensor::{DType, Result};
 
 pub(super) fn scenarios() -> Vec<Scenario> {
     let scenario = |name, title, explanation, parameters, variants: &[&'static str], program| Scenario {
         info: ScenarioInfo { name, title, explanation, parameters, variants: variants.to_vec() },
-        check: no_check,
-        work: repeated_steps,
+        check: repeated_steps,
         fix_settings: None,
         program: Program::Sync(program),
     };

@@ -2,7 +2,7 @@
 //! carried RNN hidden states, a checkpointed result cached on the module, optimizer state,
 //! gradient accumulation, activation checkpointing and mixed precision.
 
-use super::{LocalFuture, Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, Work, no_check, repeated_steps, token_batch};
+use super::{LocalFuture, Parameter, Program, Recorder, Scenario, ScenarioInfo, Values, Work, repeated_steps, token_batch};
 use crate::amp;
 use crate::autograd::checkpoint;
 use crate::nn::optim::{Adam, GradScaler, Optimizer, Sgd};
@@ -14,37 +14,33 @@ use std::rc::Rc;
 pub(super) fn scenarios() -> Vec<Scenario> {
     let scenario = |name, title, explanation, parameters: Vec<Parameter>, variants: bool, program: Program| Scenario {
         info: ScenarioInfo { name, title, explanation, parameters, variants: if variants { vec!["mistake", "fix"] } else { vec![] } },
-        check: no_check,
-        work: repeated_steps,
+        check: repeated_steps,
         fix_settings: None,
         program,
     };
     let steps = |default| Parameter::integer("steps", default, 1, 1000, "training steps (or batches)");
-    vec![
-        Scenario {
-            work: rnn_work,
-            ..scenario(
-                "rnn-hidden",
-                "An RNN's hidden state carried across batches keeps every batch's graph",
-                "The LSTM's hidden and cell states are passed from batch to batch. Without detach() the new batch's graph \
+    rnn_counted(vec![
+        scenario(
+            "rnn-hidden",
+            "An RNN's hidden state carried across batches keeps every batch's graph",
+            "The LSTM's hidden and cell states are passed from batch to batch. Without detach() the new batch's graph \
              hangs off the previous one: backward would walk into the previous batch's freed graph (PyTorch's \"Trying to \
              backward through the graph a second time\"), so the usual workaround is backward(retain_graph=True), and then \
              every batch's activations stay: allocated grows by one batch's graph per step and each backward walks all of \
              them. The fix detaches the states at each batch start (truncated backpropagation through time): flat after \
              the first step. (Gradients accumulate over the batches here: an optimizer step between them would make the \
              retained graphs' saved weights stale, which PyTorch refuses with its in-place modification error.)",
-                vec![
-                    Parameter::integer("batch", "32", 1, 65_536, "sequences per batch"),
-                    Parameter::integer("timesteps", "16", 1, 4096, "LSTM steps per batch"),
-                    Parameter::integer("hidden", "512", 1, 16_384, "hidden size (the input has half)"),
-                    // The mistake's backward k walks all k batches' graphs, as PyTorch's does: the
-                    // run's cost grows with the square of the steps (128 take seconds, 1000 minutes).
-                    Parameter::integer("steps", "4", 1, 128, "batches (at most 128: each backward of the mistake walks every earlier batch)"),
-                ],
-                true,
-                Program::Sync(rnn_hidden),
-            )
-        },
+            vec![
+                Parameter::integer("batch", "32", 1, 65_536, "sequences per batch"),
+                Parameter::integer("timesteps", "16", 1, 4096, "LSTM steps per batch"),
+                Parameter::integer("hidden", "512", 1, 16_384, "hidden size (the input has half)"),
+                // The mistake's backward k walks all k batches' graphs, as PyTorch's does: the
+                // run's cost grows with the square of the steps (128 take seconds, 1000 minutes).
+                Parameter::integer("steps", "4", 1, 128, "batches (at most 128: each backward of the mistake walks every earlier batch)"),
+            ],
+            true,
+            Program::Sync(rnn_hidden),
+        ),
         scenario(
             "cached-graph",
             "A checkpointed result cached on the module",
@@ -127,19 +123,11 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             true,
             Program::Async(mixed_precision),
         ),
-    ]
+    ])
 }
 
 /// A small language model of the `lm` family (vocabulary 1,000, width 256, 4 heads, 688 wide
 /// feed-forward) and one batch of ids and next-token targets.
-/// An LSTM step per timestep per batch; without detach (the mistake) each backward walks every
-/// earlier batch's graph too: steps x (steps + 1) / 2 batches' worth.
-fn rnn_work(v: &Values) -> std::result::Result<Work, String> {
-    let (steps, timesteps) = (v.u64("steps"), v.u64("timesteps"));
-    let walked = if v.fix() { steps } else { steps * (steps + 1) / 2 };
-    Ok(Work::product(&[("batches walked by backward", walked), ("timesteps", timesteps)]))
-}
-
 fn small_lm(rec: &mut Recorder, layers: usize, batch: usize, context: usize) -> Result<(Lm, Tensor, Tensor)> {
     let dev = rec.device.clone();
     let config = LmConfig { vocab: 1000, dim: 256, hidden: 688, layers, heads: 4, context, dtype: DType::F32 };
@@ -321,4 +309,18 @@ fn mixed_precision<'a>(rec: &'a mut Recorder, v: &'a Values) -> LocalFuture<'a> 
         }
         Ok(())
     })
+}
+
+/// rnn-hidden's work: an LSTM step per timestep per batch, and without detach (the mistake) each
+/// backward walks every earlier batch's graph too: steps x (steps + 1) / 2 batches' worth.
+fn rnn_counted(mut scenarios: Vec<Scenario>) -> Vec<Scenario> {
+    fn rnn_work(v: &Values) -> std::result::Result<Work, String> {
+        let (steps, timesteps) = (v.u64("steps"), v.u64("timesteps"));
+        let walked = if v.fix() { steps } else { steps * (steps + 1) / 2 };
+        Ok(Work::product(&[("batches walked by backward", walked), ("timesteps", timesteps)]))
+    }
+    for scenario in scenarios.iter_mut().filter(|s| s.info.name == "rnn-hidden") {
+        scenario.check = rnn_work;
+    }
+    scenarios
 }

@@ -169,9 +169,8 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             check: |v| {
                 let &(_, _, hidden, _, heads) = LM_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list");
                 splits(v, heads, hidden)?;
-                fits(v, 10_000)
+                fits(v, 10_000).map(|()| train_work(v, LM_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list").3))
             },
-            work: |v| Ok(train_work(v, LM_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list").3)),
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
@@ -203,9 +202,8 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                             .into(),
                     );
                 }
-                fits(v, 50_257)
+                fits(v, 50_257).map(|()| train_work(v, GPT2_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked").2))
             },
-            work: |v| Ok(train_work(v, GPT2_SIZES.iter().find(|s| s.0 == v.choice("size")).expect("checked against the size list").2)),
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
@@ -239,9 +237,8 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             },
             check: |v| {
                 splits(v, LLAMA_7B.3, LLAMA_7B.1)?;
-                fits(v, LLAMA_7B.4 as u64)
+                fits(v, LLAMA_7B.4 as u64).map(|()| train_work(v, LLAMA_7B.2))
             },
-            work: |v| Ok(train_work(v, LLAMA_7B.2)),
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
@@ -296,9 +293,8 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                         return Err("quantize=4bit is simulated on one GPU (world=1) so far".into());
                     }
                 }
-                fits(v, config.vocab as u64)
+                fits(v, config.vocab as u64).map(|()| train_work(v, config.layers))
             },
-            work: |v| Ok(train_work(v, HfConfig::load(v.text("config"))?.layers)),
             fix_settings: None,
             program: Program::Async(|rec, v| {
                 Box::pin(train(rec, v, |rec, v| {
@@ -523,13 +519,6 @@ fn parallel(v: &Values) -> Parallel {
     }
 }
 
-/// Every step (warm-up included) runs every micro-batch through every layer: forward, backward
-/// and the optimizer, four passes (per simulated rank).
-fn train_work(v: &Values, layers: usize) -> super::Work {
-    let steps = v.u64("warmup") + v.u64("steps");
-    super::Work::product(&[("steps with warm-up", steps), ("accumulation", v.u64("accumulation")), ("layers", layers as u64), ("", 4)])
-}
-
 /// Builds a run's model on a recorder's device.
 type Build = fn(&mut Recorder, &Values) -> Result<Model>;
 
@@ -640,4 +629,11 @@ async fn train_rank(rec: &mut Recorder, v: &Values, mut model: Model, parallel: 
         drop((logits, loss));
     }
     Ok(())
+}
+
+/// Every step (warm-up included) runs every micro-batch through every layer: forward, backward
+/// and the optimizer, four passes (per simulated rank).
+fn train_work(v: &Values, layers: usize) -> super::Work {
+    let steps = v.u64("warmup") + v.u64("steps");
+    super::Work::product(&[("steps with warm-up", steps), ("accumulation", v.u64("accumulation")), ("layers", layers as u64), ("", 4)])
 }

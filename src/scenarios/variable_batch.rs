@@ -34,7 +34,6 @@ pub(super) fn scenario() -> Scenario {
             variants: vec!["mistake", "fix"],
         },
         check: variable_batch_fits,
-        work: |v| Ok(super::Work::product(&[("layers", v.u64("layers")), ("batches", v.ints("batches").len() as u64)])),
         fix_settings: Some("expandable_segments:True"),
         program: Program::Sync(|rec, v| variable_batch(rec, v.u64("layers"), v.u64("hidden"), v.u64("seq"), &v.ints("batches"))),
     }
@@ -42,7 +41,7 @@ pub(super) fn scenario() -> Scenario {
 
 /// Every dimension must be an index (usize, 32 bits in wasm) and every tensor's bytes fit in 64
 /// bits: a card too small is refused with an out-of-memory error, an overflow never.
-fn variable_batch_fits(v: &Values) -> Result<(), String> {
+fn variable_batch_fits(v: &Values) -> Result<super::Work, String> {
     let (hidden, seq) = (v.u64("hidden"), v.u64("seq"));
     let max_batch = v.ints("batches").into_iter().max().unwrap_or(1);
     let product = |factors: &[u64]| factors.iter().try_fold(1u64, |p, &f| p.checked_mul(f));
@@ -51,7 +50,7 @@ fn variable_batch_fits(v: &Values) -> Result<(), String> {
     if dims.iter().any(|d| d.is_none_or(|d| d > u32::MAX as u64)) || bytes.iter().any(Option::is_none) {
         return Err(format!("hidden={hidden}, seq={seq} and batch {max_batch} make tensors larger than tensormem can index"));
     }
-    Ok(())
+    Ok(super::Work::product(&[("layers", v.u64("layers")), ("batches", v.ints("batches").len() as u64)]))
 }
 
 /// The variable-batch scenario's default batch sizes: a wobble around 32.
