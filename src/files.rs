@@ -110,13 +110,20 @@ pub fn open_input(path: &Path) -> std::io::Result<(std::fs::File, Option<u64>)> 
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileTypeExt;
-        let own_stream = path.starts_with("/dev") || path.starts_with("/proc");
-        if meta.file_type().is_fifo() && !own_stream {
+        if meta.file_type().is_fifo() && !is_own_stream(path) {
             wait_for_writer(&file, pipe_wait())?;
         }
         blocking(&file)?;
     }
     Ok((file, None))
+}
+
+/// `/dev/stdin`, `/dev/fd/N`, `/proc/self/fd/N`: a descriptor this process was given, whose
+/// writer exists or has been.
+#[cfg(unix)]
+fn is_own_stream(path: &Path) -> bool {
+    let own = format!("/proc/{}/fd", std::process::id());
+    ["/dev/stdin", "/dev/fd", "/proc/self/fd", "/proc/thread-self/fd", own.as_str()].iter().any(|p| path.starts_with(p))
 }
 
 #[cfg(unix)]

@@ -142,7 +142,7 @@ fn inferred_at_peak(name: &str) -> Option<(String, Vec<Row>)> {
     Some((peak.title.clone(), rows))
 }
 
-/// Every real fixture's peak splits into inferred categories: named ones, each with its
+/// Every real fixture's peak (but a file without history's) splits into inferred categories: named ones, each with its
 /// confidence split (high + medium + low = its bytes), together no more than the peak allocated
 /// (they count requested bytes, the peak whole blocks) and at least 90% of it. `-- --nocapture`
 /// prints them.
@@ -156,7 +156,12 @@ fn every_fixture_peak_splits_into_inferred_categories() {
     for name in names {
         let snapshot = trace::load_file(&common::fixture(&name).unwrap()).unwrap();
         let d = doctor::diagnose(&snapshot, &doctor::DoctorOptions::default()).unwrap();
-        let peak = &d.findings[0];
+        let peak = d.findings.iter().find(|f| f.kind == doctor::PEAK).unwrap();
+        if d.findings[0].kind == doctor::NO_HISTORY {
+            // No lifetime, phase or stack to infer a category from (issue 50, cause 4).
+            assert!(peak.evidence.get("inferred_categories").is_none(), "{name}: {}", peak.title);
+            continue;
+        }
         let rows = peak.evidence["inferred_categories"].as_array().unwrap_or_else(|| panic!("{name}: no inferred categories"));
         assert!(!rows.is_empty(), "{name}: the peak holds something");
         eprintln!("{name}: {}", peak.title);

@@ -34,7 +34,8 @@ def _snapshot(snapshot):
     for a path (the tool reads the file), else a function that writes it to a binary stream."""
     if isinstance(snapshot, (str, os.PathLike)):
         path = os.fspath(snapshot)
-        if isinstance(path, str) and (path.lstrip()[:1] in ("{", "[") or "\n" in path or len(path) > 4096):
+        looks_like_text = path.lstrip()[:1] in ("{", "[") or "\n" in path or len(path) > 4096
+        if isinstance(path, str) and looks_like_text and not os.path.exists(path):
             raise UsageError(
                 f"a str is a snapshot's path, and this one ({len(path):,} characters) holds a snapshot's text: "
                 "pass it as bytes (text.encode()) or as the dict json.loads gives"
@@ -86,7 +87,12 @@ def _call(name, arguments, write_snapshot=None):
     output lines as dicts."""
     arguments = {key: value for key, value in arguments.items() if value is not None}
     request = json.dumps({"name": name, "arguments": arguments, "snapshot": write_snapshot is not None}).encode() + b"\n"
-    env = dict(os.environ, TENSORMEM_PARENT_PID=str(os.getpid()))
+    if not sys.executable:
+        raise TensormemError("cannot start the tool: this interpreter does not know its own executable (sys.executable is empty)")
+    # The tool's interpreter finds this very package, wherever this one found it.
+    package_folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    python_path = os.pathsep.join(p for p in (package_folder, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, TENSORMEM_PARENT_PID=str(os.getpid()), PYTHONPATH=python_path)
     child = subprocess.Popen(
         [sys.executable, "-m", "tensormem", "mcp", "--call", "--python"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -96,23 +102,27 @@ def _call(name, arguments, write_snapshot=None):
         threading.Thread(target=lambda: answer.append(child.stdout.read()), daemon=True),
         threading.Thread(target=lambda: errors.append(child.stderr.read()), daemon=True),
     ]
-    try:
-        for reader in readers:
-            reader.start()
+    with child:  # its pipes closed and the process waited for, however this ends
         try:
-            child.stdin.write(request)
-            if write_snapshot is not None:
-                write_snapshot(child.stdin)
-            child.stdin.close()
-        except BrokenPipeError:
-            pass  # the tool stopped reading (a file it refused): its answer says why
-        child.wait()
-        for reader in readers:
-            reader.join()
-    finally:
-        if child.poll() is None:  # interrupted (Ctrl-C) or failed here: the tool stops too
-            child.kill()
+            for reader in readers:
+                reader.start()
+            try:
+                child.stdin.write(request)
+                if write_snapshot is not None:
+                    write_snapshot(child.stdin)
+                child.stdin.close()
+            except BrokenPipeError:
+                pass  # the tool stopped reading (a file it refused): its answer says why
             child.wait()
+            for reader in readers:
+                reader.join()
+        finally:
+            if child.poll() is None:  # interrupted (Ctrl-C) or failed here: the tool stops too
+                child.kill()
+            try:
+                child.stdin.close()  # what is still buffered has nowhere to go
+            except OSError:
+                pass
     return _answer(name, child.returncode, b"".join(answer), b"".join(errors).decode(errors="replace"))
 
 
@@ -166,7 +176,12 @@ def predict(recordings, *, to=None, fit=None, capacity=None, device=None, alloc_
     ``tensormem predict``."""
     if isinstance(recordings, dict):
         recordings = [{"file": os.fspath(path), "values": values} for path, values in recordings.items()]
-    arguments = {"recordings": list(recordings), "to": to, "fit": fit, "capacity": _size(capacity), "device": device, "alloc_conf": alloc_conf}
+    recordings = list(recordings)
+    for recording in recordings:
+        path = recording.get("file") if isinstance(recording, dict) else str(recording).rpartition("@")[0]
+        if isinstance(path, (str, os.PathLike)) and _own_stream(os.fspath(path)):
+            raise UsageError(f"predict reads each recording from a file: {path} is this process's own stream; save it to a file first")
+    arguments = {"recordings": recordings, "to": to, "fit": fit, "capacity": _size(capacity), "device": device, "alloc_conf": alloc_conf}
     return Result(_call("predict", arguments)[0], "prediction")
 
 

@@ -7,11 +7,11 @@ stops when the last one ends (PyTorch drops the history when recording stops), a
 writes a file of its own."""
 
 import contextlib
+import copy
 import datetime
 import os
 import pickle
 import sys
-import tempfile
 import threading
 
 
@@ -48,6 +48,10 @@ class watch(contextlib.ContextDecorator):
         self._oom = None
         self._thread = None
 
+    def _recreate_cm(self):
+        # As a decorator, each call is a block of its own (threads, recursion).
+        return copy.copy(self)
+
     def __enter__(self):
         try:
             import torch
@@ -83,13 +87,13 @@ class watch(contextlib.ContextDecorator):
         except Exception as failure:  # never hide the script's own exception behind ours
             snapshot = None
             _say(f"could not take the snapshot: {failure}")
-        with _lock:
-            _open.remove(self)
-            last = not any(w._torch is torch for w in _open)
         try:
-            if last:
-                # Only the last block stops recording: the ones still open record on.
-                torch.cuda.memory._record_memory_history(enabled=None)
+            with _lock:
+                _open.remove(self)
+                # Only the last block stops recording (under the lock: a block opening now
+                # starts it again after), the ones still open record on.
+                if not any(w._torch is torch for w in _open):
+                    torch.cuda.memory._record_memory_history(enabled=None)
             if snapshot is not None:
                 self._report(snapshot)
         except Exception as failure:
@@ -133,14 +137,17 @@ def _on_out_of_memory(device, requested, device_allocated, device_free):
     """PyTorch's out-of-memory observer, called inside the failing allocation: the snapshot now
     still holds every tensor that was live, before the exception unwinds the script's frames and
     frees them. It goes to the blocks of the failing thread (to every open block when none is)."""
-    with _lock:
-        waiting = [w for w in _open if w._oom is None]
-    if not waiting:
-        return
-    mine = [w for w in waiting if w._thread == threading.get_ident()] or waiting
-    snapshot = mine[0]._torch.cuda.memory._snapshot()
-    for w in mine:
-        w._oom = (device, requested, snapshot)
+    try:
+        with _lock:
+            waiting = [(w, w._torch) for w in _open if w._oom is None and w._torch is not None]
+        if not waiting:
+            return
+        mine = [(w, torch) for w, torch in waiting if w._thread == threading.get_ident()] or waiting
+        snapshot = mine[0][1].cuda.memory._snapshot()
+        for w, _ in mine:
+            w._oom = (device, requested, snapshot)
+    except Exception:  # raised here, it would replace PyTorch's OutOfMemoryError in the script
+        pass
 
 
 def _write_new(path, snapshot):
@@ -165,11 +172,17 @@ def _write_new(path, snapshot):
 def _write_temporary(folder, snapshot):
     """The snapshot pickled to a hidden temporary file in `folder` (a crash leaves no half file
     under a snapshot's name)."""
-    fd, temporary = tempfile.mkstemp(prefix=".tensormem-", suffix=".part", dir=folder)
+    # An ordinary file, under the umask (mkstemp's would be private, 0600).
+    while True:
+        temporary = os.path.join(folder, f".tensormem-{os.getpid()}-{os.urandom(4).hex()}.part")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as f:
             pickle.dump(snapshot, f)
-        os.chmod(temporary, 0o644)  # as an ordinary file, not mkstemp's private 0600
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(temporary)

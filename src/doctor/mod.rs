@@ -368,7 +368,15 @@ mod tests {
     #[test]
     fn a_finder_that_fails_is_named_and_the_others_report() {
         const BROKEN: Kind = Kind { name: GROWTH, label: "growth", about: "a finder with a bug", role: Role::Problem, find: broken, material: Material::ANY };
-        let snapshot = crate::scenarios::run(&crate::scenarios::RunRequest { scenario: "zero-grad".into(), ..Default::default() }).unwrap().snapshot;
+        // Three allocations of 1 MiB, freed at the end.
+        let entry = |action: &str, addr: u64| {
+            format!(r#"{{"action":"{action}","addr":{addr},"size":1048576,"stream":0,"frames":[{{"filename":"/home/u/t.py","line":1,"name":"f"}}]}}"#)
+        };
+        let mut trace = vec![r#"{"action":"segment_alloc","addr":0,"size":20971520,"stream":0,"frames":[]}"#.to_string()];
+        trace.extend((0..3).map(|i| entry("alloc", i << 20)));
+        trace.extend((0..3).flat_map(|i| [entry("free_requested", i << 20), entry("free_completed", i << 20)]));
+        let text = format!(r#"{{"segments":[],"device_traces":[[{}]]}}"#, trace.join(","));
+        let snapshot = crate::trace::load(text.as_bytes()).unwrap();
         let whole = diagnose(&snapshot, &DoctorOptions::default()).unwrap();
         let registry: Vec<&Kind> = REGISTRY.iter().map(|&k| if k.name == GROWTH { &BROKEN } else { k }).collect();
         let diagnosis = diagnose_with(&snapshot, &DoctorOptions::default(), &registry).unwrap();

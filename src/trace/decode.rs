@@ -36,6 +36,9 @@ struct Caches {
     strings: FxHashMap<NodeId, Arc<str>>,
     /// Each distinct set of an entry's rarer keys once.
     extras: rustc_hash::FxHashSet<Arc<EntryExtra>>,
+    /// Nodes are never shared and their ids are reused once freed (JSON, read as it streams):
+    /// the caches by node id above would answer for another node, so only `by_content` serves.
+    unshared: bool,
 }
 
 impl Caches {
@@ -90,6 +93,15 @@ impl Chunked {
             out.extend(chunk.into_iter().flatten());
         }
         out
+    }
+}
+
+impl EntryCompactor {
+    /// For input whose nodes are never shared and are freed as it streams (JSON).
+    pub fn unshared() -> EntryCompactor {
+        let mut compactor = EntryCompactor::default();
+        compactor.caches.unshared = true;
+        compactor
     }
 }
 
@@ -256,6 +268,9 @@ impl<'a> Decoder<'a> {
 
     fn frames(&mut self, id: Option<NodeId>, path: &dyn Fn() -> String) -> Result<Frames> {
         let Some(id) = id else { return Ok(no_frames()) };
+        if self.c.unshared {
+            return self.frames_by_content(id, path);
+        }
         if let Some(f) = self.c.frames.get(&id) {
             return Ok(f.clone());
         }
@@ -265,9 +280,19 @@ impl<'a> Decoder<'a> {
             self.c.frames.insert(id, f.clone());
             return Ok(f);
         }
+        let frames = self.frames_by_content(id, path)?;
+        self.c.frames.insert(id, frames.clone());
+        self.c.frame_lists.insert(items, frames.clone());
+        Ok(frames)
+    }
+
+    /// A frame list read frame by frame (each frame dict once, where nodes are shared), stored
+    /// once per distinct content.
+    fn frames_by_content(&mut self, id: NodeId, path: &dyn Fn() -> String) -> Result<Frames> {
+        let items = self.seq(id, path)?.to_vec();
         let mut frames = Vec::with_capacity(items.len());
         for (i, &f) in items.iter().enumerate() {
-            if let Some(frame) = self.c.frame_dicts.get(&f) {
+            if let Some(frame) = self.c.frame_dicts.get(&f).filter(|_| !self.c.unshared) {
                 frames.push(frame.clone());
                 continue;
             }
@@ -280,20 +305,19 @@ impl<'a> Decoder<'a> {
                 },
                 name: self.opt_string_field(f, "name", &p)?.unwrap_or_default(),
             };
-            self.c.frame_dicts.insert(f, frame.clone());
+            if !self.c.unshared {
+                self.c.frame_dicts.insert(f, frame.clone());
+            }
             frames.push(frame);
         }
         let frames: Frames = Arc::from(frames);
-        let frames = match self.c.by_content.get(&frames) {
+        Ok(match self.c.by_content.get(&frames) {
             Some(same) => same.clone(),
             None => {
                 self.c.by_content.insert(frames.clone());
                 frames
             }
-        };
-        self.c.frames.insert(id, frames.clone());
-        self.c.frame_lists.insert(items, frames.clone());
-        Ok(frames)
+        })
     }
 
     fn block(&mut self, id: NodeId, next_address: u64, path: &dyn Fn() -> String) -> Result<Block> {

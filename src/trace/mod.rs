@@ -135,7 +135,7 @@ impl Loader {
                 Ok(decode::snapshot(&arena, root, *compactor)?)
             }
             LoaderState::Json(bytes) => {
-                let mut compactor = decode::EntryCompactor::default();
+                let mut compactor = decode::EntryCompactor::unshared();
                 let (arena, root) = node::Arena::parse_json(&bytes, &mut compactor)?;
                 drop(bytes);
                 Ok(decode::snapshot(&arena, root, compactor)?)

@@ -339,7 +339,9 @@ class Watch(unittest.TestCase):
         self.assertEqual(_write_new(path, {"segments": [], "device_traces": [[], []]}), os.path.join(folder, "snap-2.pickle"))
         with open(path, "rb") as f:
             self.assertEqual(pickle.load(f), {"segments": [], "device_traces": [[]]})
-        self.assertEqual(oct(os.stat(path).st_mode & 0o777), "0o644", "an ordinary file, as _dump_snapshot writes")
+        umask = os.umask(0o022)
+        os.umask(umask)
+        self.assertEqual(oct(os.stat(path).st_mode & 0o777), oct(0o666 & ~umask), "an ordinary file, as _dump_snapshot writes")
 
     def test_a_sweep_of_out_of_memory_blocks_in_one_second_keeps_every_snapshot(self):
         files = snapshots()
@@ -422,6 +424,30 @@ class Watch(unittest.TestCase):
         finally:
             del sys.modules["torch"]
         self.assertEqual(sorted(os.listdir(folder)), ["run-2.pickle", "run-3.pickle", "run-4.pickle", "run.pickle"])
+        self.assertEqual([c for c in calls if c[0] == "record"], [("record", {"max_entries": 100_000, "stacks": "python"}), ("record", {"enabled": None})])
+
+        # As a decorator, each call is a block of its own, in threads and recursively.
+        decorated = os.path.join(folder, "decorated.pickle")
+
+        @tensormem.watch(decorated, diagnose=False)
+        def step(depth):
+            if depth:
+                step(depth - 1)
+            else:
+                started.wait()
+
+        del calls[:]
+        sys.modules["torch"] = torch
+        try:
+            with redirect_stderr(io.StringIO()):
+                threads = [threading.Thread(target=step, args=(d,)) for d in (0, 0, 0, 1)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        finally:
+            del sys.modules["torch"]
+        self.assertEqual(len([n for n in os.listdir(folder) if n.startswith("decorated")]), 5)
         self.assertEqual([c for c in calls if c[0] == "record"], [("record", {"max_entries": 100_000, "stacks": "python"}), ("record", {"enabled": None})])
 
 
