@@ -19,7 +19,7 @@
 //! - otherwise: freed during the next backward pass → `activation`; freed before it (or no
 //!   backward follows) → `temporary`;
 //! - allocated before the trace without a stack and alive to the end, where the trace makes the
-//!   gradients and the optimizer state (or has no step at all) → `parameter`, low;
+//!   gradients and the optimizer state (or has no step at all, but some event) → `parameter`, low;
 //! - anything else (alive past its backward, allocated before the trace without a stack, cuBLAS's
 //!   workspace) → `unknown`.
 
@@ -303,7 +303,8 @@ pub fn infer(t: &Timeline) -> Vec<Inferred> {
                 return verdict(Some(Category::Parameter), Confidence::High, "made by module construction or a parameter initialiser");
             }
             if start == 0 && a.stack[id] == u32::MAX {
-                return if lives_to_end && predates_parameters {
+                // With no event at all (a file dumped without a history) nothing says what it is.
+                return if lives_to_end && predates_parameters && events > 0 {
                     verdict(
                         Some(Category::Parameter),
                         Confidence::Low,

@@ -44,11 +44,10 @@ pub(super) fn find(p: &Patient, steps: &Steps) -> Finding {
         (None, _) => "before the trace's first event".into(),
     };
     let recorded = p.timeline.groups.iter().any(|g| g.category);
-    // Without history there is no phase or lifetime to infer a category from.
-    let inferred =
-        (!recorded && !super::no_history::without_history(p)).then(|| categories::live_by_category(&p.timeline, &categories::infer(&p.timeline), position));
+    let inferred = (!recorded).then(|| categories::live_by_category(&p.timeline, &categories::infer(&p.timeline), position));
     let by_category = match &inferred {
-        Some(by) if !by.is_empty() => {
+        // Nothing to say where no category could be told.
+        Some(by) if by.iter().any(|c| c.category != categories::UNKNOWN) => {
             let largest: Vec<String> = by.iter().take(3).map(|c| format!("{} {}", c.category.replace('_', " "), size(c.bytes))).collect();
             format!(" (inferred: {})", largest.join(", "))
         }
