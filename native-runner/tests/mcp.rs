@@ -21,15 +21,20 @@ struct Server {
     next_id: i64,
 }
 
+/// `tensormem mcp` with its stdin and stdout piped to this test.
+fn spawn_server() -> Child {
+    Command::new(env!("CARGO_BIN_EXE_tensormem"))
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the binary runs")
+}
+
 impl Server {
     fn start() -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tensormem"))
-            .arg("mcp")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the binary runs");
+        let mut child = spawn_server();
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = channel();
         std::thread::spawn(move || {
@@ -407,13 +412,7 @@ fn an_id_that_cannot_be_echoed_exactly_is_refused() {
 
 #[test]
 fn a_client_that_closes_both_ends_stops_its_calls() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tensormem"))
-        .arg("mcp")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the binary runs");
+    let mut child = spawn_server();
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     // Minutes in a debug build: only a server that stops its calls ends soon.

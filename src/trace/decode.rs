@@ -269,7 +269,8 @@ impl<'a> Decoder<'a> {
     fn frames(&mut self, id: Option<NodeId>, path: &dyn Fn() -> String) -> Result<Frames> {
         let Some(id) = id else { return Ok(no_frames()) };
         if self.c.unshared {
-            return self.frames_by_content(id, path);
+            let items = self.seq(id, path)?.to_vec();
+            return self.frames_by_content(&items, path);
         }
         if let Some(f) = self.c.frames.get(&id) {
             return Ok(f.clone());
@@ -280,7 +281,7 @@ impl<'a> Decoder<'a> {
             self.c.frames.insert(id, f.clone());
             return Ok(f);
         }
-        let frames = self.frames_by_content(id, path)?;
+        let frames = self.frames_by_content(&items, path)?;
         self.c.frames.insert(id, frames.clone());
         self.c.frame_lists.insert(items, frames.clone());
         Ok(frames)
@@ -288,8 +289,7 @@ impl<'a> Decoder<'a> {
 
     /// A frame list read frame by frame (each frame dict once, where nodes are shared), stored
     /// once per distinct content.
-    fn frames_by_content(&mut self, id: NodeId, path: &dyn Fn() -> String) -> Result<Frames> {
-        let items = self.seq(id, path)?.to_vec();
+    fn frames_by_content(&mut self, items: &[NodeId], path: &dyn Fn() -> String) -> Result<Frames> {
         let mut frames = Vec::with_capacity(items.len());
         for (i, &f) in items.iter().enumerate() {
             if let Some(frame) = self.c.frame_dicts.get(&f).filter(|_| !self.c.unshared) {

@@ -6,6 +6,7 @@ Environment: TENSORMEM_CLI (the cargo-built CLI), TENSORMEM_FIXTURES (PyTorch sn
 run with this venv's python: `python tests/python/test_package.py`.
 """
 
+import contextlib
 import datetime
 import io
 import json
@@ -343,27 +344,40 @@ class Watch(unittest.TestCase):
         os.umask(umask)
         self.assertEqual(oct(os.stat(path).st_mode & 0o777), oct(0o666 & ~umask), "an ordinary file, as _dump_snapshot writes")
 
-    def test_a_sweep_of_out_of_memory_blocks_in_one_second_keeps_every_snapshot(self):
+    def stand_in(self):
+        """`torch` stood in for by fake_torch on the first fixture's snapshot while the block runs
+        (the test skipped without fixtures); yields the log of its calls."""
         files = snapshots()
         if not files:
             self.skipTest(f"no fixtures in {FIXTURES}")
         torch, calls = fake_torch(files[0])
+
+        @contextlib.contextmanager
+        def installed():
+            sys.modules["torch"] = torch
+            try:
+                yield torch, calls
+            finally:
+                del sys.modules["torch"]
+
+        return installed()
+
+    def test_a_sweep_of_out_of_memory_blocks_in_one_second_keeps_every_snapshot(self):
         folder = tempfile.mkdtemp()
         cwd = os.getcwd()
         os.chdir(folder)
         said = io.StringIO()
-        sys.modules["torch"] = torch
         try:
-            for batch in (64, 32, 16):  # each try runs out of memory at once: the same second
-                with redirect_stderr(said), self.assertRaises(MemoryError), tensormem.watch(diagnose=False):
-                    torch.observers[-1](0, batch << 30, 80 << 30, 10 << 30)
-                    raise MemoryError(f"CUDA out of memory. Tried to allocate {batch} GiB")
-            # The same path asked for twice: the second goes beside it.
-            for _ in range(2):
-                with redirect_stderr(said), tensormem.watch("mine.pickle", diagnose=False):
-                    pass
+            with self.stand_in() as (torch, calls), redirect_stderr(said):
+                for batch in (64, 32, 16):  # each try runs out of memory at once: the same second
+                    with self.assertRaises(MemoryError), tensormem.watch(diagnose=False):
+                        torch.observers[-1](0, batch << 30, 80 << 30, 10 << 30)
+                        raise MemoryError(f"CUDA out of memory. Tried to allocate {batch} GiB")
+                # The same path asked for twice: the second goes beside it.
+                for _ in range(2):
+                    with tensormem.watch("mine.pickle", diagnose=False):
+                        pass
         finally:
-            del sys.modules["torch"]
             os.chdir(cwd)
         written = [line.split("snapshot written to ")[1].split(" (")[0] for line in said.getvalue().splitlines() if "snapshot written to" in line]
         self.assertEqual(len(written), 5)
@@ -374,20 +388,12 @@ class Watch(unittest.TestCase):
         self.assertEqual(len([c for c in calls if c[0] == "observer"]), 1, "one observer for the process: PyTorch keeps each for good")
 
     def test_nested_blocks_record_until_the_outermost_ends(self):
-        files = snapshots()
-        if not files:
-            self.skipTest(f"no fixtures in {FIXTURES}")
-        torch, calls = fake_torch(files[0])
         folder = tempfile.mkdtemp()
-        sys.modules["torch"] = torch
-        try:
-            with redirect_stderr(io.StringIO()):
-                with tensormem.watch(os.path.join(folder, "outer.pickle"), diagnose=False):
-                    with tensormem.watch(os.path.join(folder, "inner.pickle"), diagnose=False, max_entries=5):
-                        pass
-                    calls.append("the outer block goes on")
-        finally:
-            del sys.modules["torch"]
+        with self.stand_in() as (_, calls), redirect_stderr(io.StringIO()):
+            with tensormem.watch(os.path.join(folder, "outer.pickle"), diagnose=False):
+                with tensormem.watch(os.path.join(folder, "inner.pickle"), diagnose=False, max_entries=5):
+                    pass
+                calls.append("the outer block goes on")
         recording = [c for c in calls if c[0] in ("record", "snapshot") or c == "the outer block goes on"]
         self.assertEqual(recording, [
             ("record", {"max_entries": 100_000, "stacks": "python"}),
@@ -401,34 +407,17 @@ class Watch(unittest.TestCase):
     def test_blocks_in_threads_each_write_their_own_snapshot(self):
         import threading
 
-        files = snapshots()
-        if not files:
-            self.skipTest(f"no fixtures in {FIXTURES}")
-        torch, calls = fake_torch(files[0])
         folder = tempfile.mkdtemp()
         path = os.path.join(folder, "run.pickle")
+        decorated = os.path.join(folder, "decorated.pickle")
         started = threading.Barrier(4)
+        recorded = [("record", {"max_entries": 100_000, "stacks": "python"}), ("record", {"enabled": None})]
 
         def block():
             with tensormem.watch(path, diagnose=False):
                 started.wait()
 
-        sys.modules["torch"] = torch
-        try:
-            with redirect_stderr(io.StringIO()):
-                threads = [threading.Thread(target=block) for _ in range(4)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-        finally:
-            del sys.modules["torch"]
-        self.assertEqual(sorted(os.listdir(folder)), ["run-2.pickle", "run-3.pickle", "run-4.pickle", "run.pickle"])
-        self.assertEqual([c for c in calls if c[0] == "record"], [("record", {"max_entries": 100_000, "stacks": "python"}), ("record", {"enabled": None})])
-
         # As a decorator, each call is a block of its own, in threads and recursively.
-        decorated = os.path.join(folder, "decorated.pickle")
-
         @tensormem.watch(decorated, diagnose=False)
         def step(depth):
             if depth:
@@ -436,19 +425,21 @@ class Watch(unittest.TestCase):
             else:
                 started.wait()
 
-        del calls[:]
-        sys.modules["torch"] = torch
-        try:
-            with redirect_stderr(io.StringIO()):
-                threads = [threading.Thread(target=step, args=(d,)) for d in (0, 0, 0, 1)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-        finally:
-            del sys.modules["torch"]
+        def in_threads(*runs):
+            threads = [threading.Thread(target=target, args=args) for target, args in runs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        with self.stand_in() as (_, calls), redirect_stderr(io.StringIO()):
+            in_threads(*[(block, ())] * 4)
+            self.assertEqual(sorted(os.listdir(folder)), ["run-2.pickle", "run-3.pickle", "run-4.pickle", "run.pickle"])
+            self.assertEqual([c for c in calls if c[0] == "record"], recorded)
+            del calls[:]
+            in_threads((step, (0,)), (step, (0,)), (step, (0,)), (step, (1,)))
         self.assertEqual(len([n for n in os.listdir(folder) if n.startswith("decorated")]), 5)
-        self.assertEqual([c for c in calls if c[0] == "record"], [("record", {"max_entries": 100_000, "stacks": "python"}), ("record", {"enabled": None})])
+        self.assertEqual([c for c in calls if c[0] == "record"], recorded)
 
 
 # A Python that runs `-m tensormem ARGS` with 16 MiB of address space to spare once imported.
