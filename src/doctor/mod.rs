@@ -269,6 +269,7 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
     let what_if_start = what_if_start(&timeline);
     let patient = Patient { snapshot, device, timeline, what_if_start };
     let steps = steps::find(&patient);
+    if std::env::var_os("TM_DEBUG_STEPS").is_some() { steps.debug(&patient); }
     let ops = ops::Ops::new(&patient.timeline);
     let exam = kinds::Exam { patient, steps, ops, options };
     // A finder that fails on a trace is a bug, never the end of the diagnosis: the others

@@ -76,30 +76,38 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     }
     let mut held_per_iteration = Vec::new();
     let mut fates = Vec::new();
-    let mut worst: (u64, usize, u32, Vec<usize>) = (0, 0, 0, Vec::new());
+    // Forwards whose evidence is an input kept with the result, not their own layers.
+    let mut by_inputs = 0;
+    let mut worst: (u64, usize, u32, Vec<usize>, bool) = (0, 0, 0, Vec::new(), false);
     // The forward an out-of-memory stopped never reached its backward: it says nothing of grad mode.
     let stopped = p.stopped_by_oom();
     for (k, made) in by_iteration.iter().enumerate().skip(1) {
-        let at = s.iteration_end(k, events);
-        if stopped.is_some_and(|oom| oom < at as usize) {
-            held_per_iteration.push(0);
-            continue;
-        }
         let Some(&result) = made.last() else {
             held_per_iteration.push(0);
             continue;
         };
-        let held: Vec<usize> = made.iter().copied().filter(|&id| id != result && steps::live_at(p, id, at)).collect();
+        let forward_end = a.start[result];
+        if stopped.is_some_and(|oom| oom < s.iteration_end(k, events) as usize) {
+            held_per_iteration.push(0);
+            continue;
+        }
+        // What the forward holds at its end besides its result, where its layers show a graph;
+        // else the inputs its result kept alive, where they show one.
+        let (held, inputs) = match steps::graph_across_layers(p, made) {
+            Some(_) => (made.iter().copied().filter(|&id| id != result && steps::live_at(p, id, forward_end)).collect(), false),
+            None => (kept_inputs(p, s, k, result, &by_iteration), true),
+        };
         let bytes: u64 = held.iter().map(|&id| steps::bytes(p, id)).sum();
         held_per_iteration.push(bytes);
         if s.material(p, bytes, KIND.material) {
             fates.push(fate(p, s, &held));
+            by_inputs += usize::from(inputs);
         }
         if bytes > worst.0 {
-            worst = (bytes, k, at, held);
+            worst = (bytes, k, forward_end, held, inputs);
         }
     }
-    let (bytes, k, position, held) = worst;
+    let (bytes, k, position, held, held_inputs) = worst;
     if !s.material(p, bytes, KIND.material) {
         return None;
     }
@@ -107,7 +115,13 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let to_the_end = fates.iter().filter(|&&f| f == Fate::HeldToTheEnd).count();
     let frames = grad_mode_frames(p, s);
     let (confidence, reason) = match (torn_down, &frames) {
-        (2.., _) => (FindingConfidence::High, String::new()),
+        (2.., _) if by_inputs == 0 => (FindingConfidence::High, String::new()),
+        (2.., _) => (
+            FindingConfidence::Medium,
+            "the forwards' own tensors die with them; what shows the graph is each input freed with the result it was saved for, \
+             after the next forward (a program holding input and result together until then would look the same)"
+                .to_string(),
+        ),
         (1, _) => (FindingConfidence::Medium, "one forward shows its graph torn down; more forwards would confirm it".to_string()),
         (0, _) if to_the_end > 0 => (
             FindingConfidence::Inconclusive,
@@ -135,13 +149,25 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         size(bytes),
         if confidence == FindingConfidence::Inconclusive { " (unless one followed after the trace ends)" } else { "" }
     );
-    let when = if (position as usize) < events { format!("when the next forward starts (position {position})") } else { "when the trace ends".to_string() };
-    let why = format!(
-        "With grad mode on, every op records a node and keeps what its backward would need (the activations of every \
-         layer) for as long as its result lives. The trace has no backward: forward {k} still holds {} of its own tensors \
-         {when}, besides its result. Under torch.no_grad() each of them is freed as soon as the next op has used it.",
-        size(bytes)
-    );
+    let when = format!("when it ends (position {position})");
+    let why = if held_inputs {
+        format!(
+            "With grad mode on, an op keeps what its backward would need for as long as its result lives: a linear layer \
+             keeps its input for the weight's gradient. The trace has no backward: forward {k}'s input ({}) stays \
+             allocated through the next forward and is freed with forward {k}'s result, when the program rebinds it. Under \
+             torch.no_grad() nothing is saved: the input is freed when the program lets go of it, and the result costs the \
+             same either way.",
+            size(bytes)
+        )
+    } else {
+        format!(
+            "With grad mode on, every op records a node and keeps what its backward would need (the activations of every \
+             layer) for as long as its result lives. The trace has no backward: forward {k} still holds {} of its own tensors, \
+             made across its layers, {when}, besides its result. Under torch.no_grad() each of them is freed as soon as the \
+             next op has used it.",
+            size(bytes)
+        )
+    };
     let fix = "Run evaluation and inference under `with torch.no_grad():` (or `torch.inference_mode()`, or decorate the \
                function with @torch.no_grad()); model.eval() alone does not turn autograd off."
         .to_string();
@@ -169,6 +195,37 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
 
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
+}
+
+/// The inputs forward `k` kept alive the way only its graph does: made outside any module
+/// after the previous forward, still allocated when the next forward ends, and freed with `k`'s
+/// result (one free after the other, nothing allocated between) when the program rebinds it.
+/// Under no_grad the program's own reference frees an input when it is rebound (`inputs =
+/// torch.randn(...)`), before the next forward; with grad the result's graph holds it (a linear
+/// layer saves its input for the weight's gradient) until the result dies.
+fn kept_inputs(p: &Patient, s: &Steps, k: usize, result: usize, by_iteration: &[Vec<usize>]) -> Vec<usize> {
+    let a = &p.timeline.allocations;
+    let events = p.timeline.events as u32;
+    let (Some(&first), Some(&next_end)) = (by_iteration[k].first(), by_iteration.get(k + 1).and_then(|next| next.last())) else {
+        return Vec::new();
+    };
+    let (next_end, result_end) = (a.start[next_end], a.end[result]);
+    if result_end <= next_end || result_end > events {
+        return Vec::new();
+    }
+    let since = by_iteration[..k].iter().rev().find_map(|made| made.last()).map_or(0, |&id| a.start[id]);
+    let freed_with_result = |id: usize| {
+        let (lo, hi) = (a.end[id].min(result_end), a.end[id].max(result_end));
+        let i = s.order.partition_point(|&x| a.start[x] <= lo);
+        hi <= events && s.order.get(i).is_none_or(|&x| a.start[x] > hi)
+    };
+    let from = s.order.partition_point(|&id| a.start[id] <= since);
+    s.order[from..]
+        .iter()
+        .copied()
+        .take_while(|&id| a.start[id] < a.start[first])
+        .filter(|&id| s.phase[id].is_none() && a.start[id] > 0 && a.end[id] > next_end && freed_with_result(id))
+        .collect()
 }
 
 /// How the `held` allocations of one forward ended: together (nothing allocated between their

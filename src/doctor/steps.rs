@@ -400,6 +400,32 @@ fn category_phase(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
     }
 }
 
+/// What of one forward (`made`: its allocations in trace order) is still allocated when it
+/// makes its last allocation, counting only what it made before its last quarter: across the
+/// layers, what autograd saves for backward. Under no_grad each intermediate dies once the next
+/// op has read it, so nothing of the earlier layers is left when the forward ends but what the
+/// program keeps on purpose (a hook's list, hidden states it asked for, a cache), one tensor
+/// or two a layer, never a quarter of what the layers made; the result itself, made last, is
+/// kept either way. `Some(survivors)` when the forward shows a graph, else None.
+pub(super) fn graph_across_layers(p: &Patient, made: &[usize]) -> Option<Vec<usize>> {
+    let &last = made.last()?;
+    let end = p.timeline.allocations.start[last];
+    graph_kept_at(p, made, end).then(|| made[..made.len() * 3 / 4].iter().copied().filter(|&id| live_at(p, id, end)).collect())
+}
+
+/// Whether what one forward (`made`, in trace order) still holds at position `x` is a graph:
+/// at least a quarter of what it made before its last quarter (and a few tensors), as in
+/// [`graph_across_layers`]. After its backward a graph's saved tensors are freed; what is left
+/// is a result the program holds (the last logits until `logits` is rebound), made at the end.
+pub(super) fn graph_kept_at(p: &Patient, made: &[usize], x: u32) -> bool {
+    let early = &made[..made.len() * 3 / 4];
+    let survivors = early.iter().filter(|&&id| live_at(p, id, x)).count();
+    survivors >= GRAPH_MIN_SURVIVORS && survivors * 4 >= early.len()
+}
+
+/// Fewer earlier-layer tensors alive at a forward's end than this prove no graph.
+const GRAPH_MIN_SURVIVORS: usize = 3;
+
 /// Whether allocation `id` is live at position `x`.
 pub(super) fn live_at(p: &Patient, id: usize, x: u32) -> bool {
     let a = &p.timeline.allocations;
@@ -515,5 +541,18 @@ impl Steps {
     /// on an H100 are not the program's to save).
     pub fn material(&self, p: &Patient, bytes: u64, threshold: Material) -> bool {
         threshold.holds(bytes, p.timeline.summary.peak_allocated_bytes.saturating_sub(self.made_once_bytes))
+    }
+}
+
+impl Steps {
+    pub fn debug(&self, p: &Patient) {
+        let a = &p.timeline.allocations;
+        eprintln!("iterations {:?} how {} backward {} optimizer {}", self.iterations, self.how, self.has_backward, self.has_optimizer);
+        eprintln!("passes {:?}", self.passes.iter().map(|q| (q.phase, q.first, q.last)).collect::<Vec<_>>());
+        let trace = p.snapshot.trace_of(p.device);
+        for &id in &self.order {
+            let fr = trace_index(p, id).and_then(|i| trace.get(i)).and_then(|e| e.frames.as_ref()).map(|f| f.iter().filter(|f| f.filename.ends_with(".py")).take(2).map(|f| format!("{}:{}:{}", f.filename.rsplit('/').next().unwrap_or(""), f.line, f.name)).collect::<Vec<_>>().join(" < ")).unwrap_or_default();
+            eprintln!("{:>6} {:>6} {:>12} {:?} once={} it={} {}", a.start[id], a.end[id], a.size[id], self.phase[id], self.made_once[id], self.iteration_of(a.start[id]), fr);
+        }
     }
 }
