@@ -380,10 +380,22 @@ fn table(checks: &[Check]) -> String {
 
 #[test]
 fn the_doctor_is_right_on_the_labelled_corpus_precision_and_recall() {
+    // The acceptance of issue 50: no false claim anywhere (precision 1.0), and recall of at
+    // least 0.9 over the families the rules were tuned on; the held-out table is printed apart.
     let checks = all_checks();
     eprintln!("{}", table(&checks));
-    let wrong: Vec<String> = checks.iter().filter(|c| !c.holds).map(|c| format!("{} ({}): {} {}", c.file, c.family, c.asked, c.kind)).collect();
-    assert!(wrong.is_empty(), "labels the doctor gets wrong:\n{}", wrong.join("\n"));
+    let wrong = |pick: &dyn Fn(&Check) -> bool| -> Vec<String> {
+        checks.iter().filter(|c| !c.holds && pick(c)).map(|c| format!("{} ({}): {} {}", c.file, c.family, c.asked, c.kind)).collect()
+    };
+    let false_alarms = wrong(&|c| c.asked != "expect");
+    assert!(false_alarms.is_empty(), "false claims:\n{}", false_alarms.join("\n"));
+    let misses = wrong(&|c| c.asked == "expect" && c.family != HELD_OUT);
+    eprintln!("missed (tuned families): {misses:?}\nmissed (held out): {:?}", wrong(&|c| c.asked == "expect" && c.family == HELD_OUT));
+    let (found, missed, _) = score(checks.iter().filter(|c| c.family != HELD_OUT));
+    assert!(found as f64 >= 0.9 * (found + missed) as f64, "recall {found}/{} below 0.9: {misses:?}", found + missed);
+    // Every engine program, recording and twin holds every label: they are ours to keep exact.
+    let ours = wrong(&|c| c.family != REAL && c.family != HELD_OUT);
+    assert!(ours.is_empty(), "labels the doctor gets wrong:\n{}", ours.join("\n"));
 }
 
 #[test]

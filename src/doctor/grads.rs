@@ -4,6 +4,15 @@
 //! `zero_grad` at all). Gradients accumulated over micro-batches before one step are not kept:
 //! no step comes between. Where the trace shows no optimizer step (tensormem's plain SGD
 //! allocates nothing), any later forward counts, and the finding says so.
+//!
+//! A trace of one step shows kept gradients another way: its backward adds into them. When
+//! `.grad` is None (after `zero_grad()`), autograd's AccumulateGrad keeps the gradient the
+//! backward made as `.grad`, which outlives the backward; when `.grad` exists it adds the new one
+//! in place and frees it. So a first backward whose every parameter-sized output is freed
+//! within it proves that the gradients were alive through the forward before it: the
+//! counterfactual (zero_grad before the forward) would have left them allocated after the
+//! backward. It is `medium`: a recording that begins between two micro-batches of a deliberate
+//! accumulation looks the same.
 
 use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Phase, Steps};
@@ -31,7 +40,7 @@ pub(super) const KIND: Kind = Kind {
     label: "gradients kept",
     about: "gradients alive through the next forward",
     role: Role::Problem,
-    find: |x| Ok(find(&x.patient, &x.steps)),
+    find: |x| Ok(find(&x.patient, &x.steps).or_else(|| added_into(&x.patient, &x.steps))),
     material: Material { share: 0.01, min_bytes: 64 << 10 },
 };
 
@@ -93,6 +102,75 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         false => finding.confidence(FindingConfidence::Medium, "no optimizer step shows in the trace: the gradients may be accumulating on purpose".into()),
     })
 }
+
+/// Gradients that the trace's first backward adds into (see the module's doc): each
+/// parameter-sized allocation it makes is freed before it ends, at least a few of them.
+fn added_into(p: &Patient, s: &Steps) -> Option<Finding> {
+    if s.tensormem {
+        return None;
+    }
+    let a = &p.timeline.allocations;
+    let i = s.passes.iter().position(|q| q.phase == Phase::Backward)?;
+    if i == 0 || s.passes[i - 1].phase != Phase::Forward {
+        return None;
+    }
+    let (from, to) = (s.passes[i].first, s.passes.get(i + 1).map_or(p.timeline.events as u32, |q| q.first));
+    let made: Vec<usize> = s
+        .order
+        .iter()
+        .copied()
+        .filter(|&id| s.phase[id] == Some(Phase::Backward) && (from..to).contains(&a.start[id]) && !steps::is_library_buffer(p, id))
+        .collect();
+    let sizes = steps::parameter_sizes(p, &s.iterations);
+    let made_all = made.clone();
+    let gradients: Vec<usize> = made.into_iter().filter(|&id| sizes.contains_key(&steps::bytes(p, id))).collect();
+    // Each freed as the backward goes on: what outlives the backward's last allocation is at
+    // most the last gradient added (and a few small buffers). Gradients that became .grad outlive it all (until
+    // zero_grad() or the program frees them).
+    let last = s.passes[i].last;
+    let largest = gradients.iter().map(|&id| steps::bytes(p, id)).max().unwrap_or(0);
+    let outliving: u64 = made_all.iter().filter(|&&id| a.end[id] > last).map(|&id| steps::bytes(p, id)).sum();
+    if gradients.len() < MIN_ADDED || outliving > largest + largest / 16 || gradients.iter().any(|&id| a.end[id] > to) {
+        return None;
+    }
+    let bytes: u64 = gradients.iter().map(|&id| steps::bytes(p, id)).sum();
+    if !s.material(p, bytes, KIND.material) {
+        return None;
+    }
+    let n = gradients.len();
+    let title = format!(
+        "{} of gradients were allocated through the forward: the backward adds into them ({n} parameter-sized gradients, each freed within it), so nothing freed them since the last step",
+        size(bytes)
+    );
+    let why = format!(
+        "When a parameter's .grad is None, the backward's gradient becomes .grad and stays allocated after it; when .grad \
+         already exists, the backward adds into it and frees its own. Here every one of the {n} parameter-sized gradients \
+         the backward makes is freed before it ends: the {} of gradients existed before it, through the forward, \
+         whose activations piled on top of them. Without zero_grad() they also sum every step's gradient.",
+        size(bytes)
+    );
+    let fix = "Call optimizer.zero_grad() (set_to_none=True, the default since PyTorch 2.0), or model.zero_grad() where \
+               there is no optimizer, before the forward: the gradients' memory is free during the forward."
+        .to_string();
+    let evidence = Evidence {
+        iterations: s.evidence(p),
+        optimizer_steps_seen: s.has_optimizer,
+        kept_per_iteration: vec![bytes],
+        worst_iteration: 1,
+        position: from,
+        top_stacks: steps::top_stacks(p, &gradients, 3),
+        allocations: steps::largest(p, &gradients, 5),
+    };
+    Some(Finding::new(GRADS_KEPT, title, bytes, evidence, why, fix).confidence(
+        FindingConfidence::Medium,
+        "one backward adds into existing gradients: a recording that begins between two micro-batches of a deliberate \
+         accumulation would look the same"
+            .into(),
+    ))
+}
+
+/// Fewer parameter-sized gradients than this, all freed, prove nothing.
+const MIN_ADDED: usize = 4;
 
 /// The `candidates` that have the size of a parameter, each parameter matched once, the
 /// earliest candidates first.

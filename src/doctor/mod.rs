@@ -110,7 +110,7 @@ pub fn kind(name: &str) -> Option<&'static Kind> {
 }
 
 /// What the doctor found: `no-history` where nothing was recorded, the `peak` summary (with `intermediates` when there is no
-/// problem), then the problems (an `oom` first, the others most bytes first), then the inconclusive findings (what the
+/// problem), then the problems (an `oom` first, the others most bytes first, `truncated-trace` last of them), then the inconclusive findings (what the
 /// trace cannot tell), then `outside-allocator` (information, estimated: ranked last whatever
 /// its bytes).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -269,7 +269,6 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
     let what_if_start = what_if_start(&timeline);
     let patient = Patient { snapshot, device, timeline, what_if_start };
     let steps = steps::find(&patient);
-    if std::env::var_os("TM_DEBUG_STEPS").is_some() { steps.debug(&patient); }
     let ops = ops::Ops::new(&patient.timeline);
     let exam = kinds::Exam { patient, steps, ops, options };
     // A finder that fails on a trace is a bug, never the end of the diagnosis: the others
@@ -288,7 +287,11 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
 
     let mut problems = run(Role::Problem)?;
     // An out-of-memory error is what the file is about: it comes first, whatever its request.
-    problems.sort_by(|a, b| (b.kind == OOM).cmp(&(a.kind == OOM)).then(b.bytes.cmp(&a.bytes)).then_with(|| a.kind.cmp(&b.kind)));
+    // Memory from before the trace is about the recording, not a mistake of the program: it
+    // comes after the program's own problems.
+    problems.sort_by(|a, b| {
+        (b.kind == OOM).cmp(&(a.kind == OOM)).then((a.kind == TRUNCATED_TRACE).cmp(&(b.kind == TRUNCATED_TRACE))).then(b.bytes.cmp(&a.bytes)).then_with(|| a.kind.cmp(&b.kind))
+    });
     let (inconclusive, problems): (Vec<Finding>, Vec<Finding>) = problems.into_iter().partition(Finding::is_inconclusive);
 
     let mut findings = run(Role::Summary)?;

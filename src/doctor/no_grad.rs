@@ -1,18 +1,26 @@
 //! `missing-no-grad`: forward passes whose saved tensors are never used, because no backward
-//! follows: what each forward still holds when the next one starts (or the trace ends), less its
-//! last allocation (its result, which no_grad keeps too).
+//! follows.
 //!
-//! Whether autograd was on is read from the lifetimes themselves, which every trace has: with
-//! grad on, a forward's intermediates stay allocated until its result (or the loss) dies, and
-//! then go together, one free after another with nothing allocated between (the graph torn
-//! down); under no_grad each dies as soon as the next op has read it, and nothing of the forward
-//! is left when the next one starts. PyTorch's autograd frames (`torch::autograd::VariableType::`,
-//! `torch/autograd/function.py`) are named in the evidence but prove nothing alone: they appear
-//! under no_grad too. How sure the finding is depends on how many forwards show it: `high` from
-//! two torn-down graphs, `medium` from one (or, in tensormem's traces, from a model whose forward
-//! keeps memory); `inconclusive` when what the forward holds is still
-//! allocated where the trace ends (a dump between a forward and its backward, a device of a run
-//! that died elsewhere): a backward the recording missed may have needed it.
+//! The counterfactual: the same forward under no_grad frees each intermediate as soon as the
+//! next op has read it, so when it makes its last allocation nothing of its earlier layers is
+//! left but what the program keeps on purpose (a hook's list, hidden states, a cache: a tensor
+//! or two a layer), and its result, which lives either way. With grad on, what every layer
+//! saves for backward is still allocated there. So a forward is claimed only when, at its end,
+//! at least a quarter of what it made before its last quarter is still allocated
+//! (`steps::graph_across_layers`); a kept result (the previous batch's logits alive through the
+//! next forward) is not a graph and is never counted. A forward too small to show layers (one
+//! `Linear`) shows grad another way: its input, which the program lets go of, stays allocated
+//! through the next forward and is freed with the result it was saved for (`kept_inputs`); under
+//! no_grad it is freed when the program rebinds it.
+//!
+//! How sure: `high` from two forwards whose graphs are freed together (one free after another,
+//! nothing allocated between: the result died and took its graph along), `medium` from one, or
+//! from kept inputs only (a program holding input and result together would look the same);
+//! `inconclusive` when what the forward holds is still allocated where the trace ends (a dump
+//! between a forward and its backward): a backward the recording missed may have needed it,
+//! and a longer recording, or one that includes the backward, decides. PyTorch's autograd frames
+//! (`torch::autograd::VariableType::`) are named in the evidence but prove nothing alone: they
+//! appear under no_grad too.
 
 use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Phase, Steps};

@@ -1,10 +1,18 @@
-//! `retained-graph`: tensors a forward made (saved for backward, or its outputs) still live when
-//! a later iteration starts: after their backward (a loss or outputs stored across steps, a
-//! hidden state not detached, `retain_graph=True`), or, in a loop that never calls backward, two
-//! iterations later (the graph kept past the next step, not just until its replacement). A
+//! `retained-graph`: a graph a forward made (what it saved for backward) still live when a
+//! later iteration starts: after its backward (`retain_graph=True`, a hidden state not
+//! detached, a result cached on the module), or, in a loop that never calls backward, two
+//! iterations later (the graph kept past the next step, not just until its replacement).
+//!
+//! The counterfactual: after a backward (without retain_graph) the graph's saved tensors are
+//! freed, and under no_grad there is no graph at all, so what a correct program still holds of
+//! an earlier forward is a result it keeps (the last logits until `logits` is rebound), made at
+//! the forward's end. A claim needs what only a graph keeps: tensors of the forward's earlier
+//! layers, at least a quarter of them (`steps::graph_kept_at`), or an input the program let go
+//! of, kept until the held tensor dies and freed with it (saved by that tensor's graph). A
 //! tensor freed by the next iteration's backward is a state carried into the new graph (a
-//! detached hidden state): the new graph uses it, it is not retained. Nor is a key/value cache
-//! in a loop without backward: generation keeps it on purpose.
+//! detached hidden state): the new graph uses it. Nor is a key/value cache in a loop without
+//! backward: generation keeps it on purpose. A result kept across steps without a graph is
+//! `growth`'s to report when it accumulates.
 
 use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Phase, Steps};

@@ -544,15 +544,3 @@ impl Steps {
     }
 }
 
-impl Steps {
-    pub fn debug(&self, p: &Patient) {
-        let a = &p.timeline.allocations;
-        eprintln!("iterations {:?} how {} backward {} optimizer {}", self.iterations, self.how, self.has_backward, self.has_optimizer);
-        eprintln!("passes {:?}", self.passes.iter().map(|q| (q.phase, q.first, q.last)).collect::<Vec<_>>());
-        let trace = p.snapshot.trace_of(p.device);
-        for &id in &self.order {
-            let fr = trace_index(p, id).and_then(|i| trace.get(i)).and_then(|e| e.frames.as_ref()).map(|f| f.iter().filter(|f| f.filename.ends_with(".py")).take(2).map(|f| format!("{}:{}:{}", f.filename.rsplit('/').next().unwrap_or(""), f.line, f.name)).collect::<Vec<_>>().join(" < ")).unwrap_or_default();
-            eprintln!("{:>6} {:>6} {:>12} {:?} once={} it={} {}", a.start[id], a.end[id], a.size[id], self.phase[id], self.made_once[id], self.iteration_of(a.start[id]), fr);
-        }
-    }
-}
