@@ -160,7 +160,7 @@ fn the_variants_parameters_move_the_verdict() {
     // used (the cache it leaves, no setting recovers enough to report).
     let d = diagnose_with("loss-history", Some("mistake"), "backward", "false");
     let kinds: Vec<&str> = d.findings.iter().skip(1).map(|f| f.kind.as_str()).collect();
-    assert_eq!(kinds, [doctor::RETAINED_GRAPH, doctor::GROWTH, doctor::MISSING_NO_GRAD, doctor::OUTSIDE_ALLOCATOR]);
+    assert_eq!(kinds, [doctor::RETAINED_GRAPH, doctor::MISSING_NO_GRAD, doctor::GROWTH, doctor::OUTSIDE_ALLOCATOR]);
 }
 
 /// `scenario`'s `variant` (None: the default) with one parameter set.
@@ -186,9 +186,10 @@ fn growth_gives_its_rate_and_when_the_card_runs_out() {
     assert!(kept.windows(2).all(|w| w[0] == w[1]), "{kept:?}");
     let rate = e["bytes_per_iteration"].as_u64().unwrap();
     assert_eq!(rate, kept[0]);
-    // missing-no-grad measures the same forward's saved tensors, less its result.
+    // missing-no-grad measures the same forward's saved tensors, less its result, at its end,
+    // where the last op's inputs are live too (within 5%).
     let m = d.findings.iter().find(|f| f.kind == doctor::MISSING_NO_GRAD).unwrap();
-    assert!(m.bytes.abs_diff(rate) <= 4096, "{} vs {rate}", m.bytes);
+    assert!(m.bytes >= rate && m.bytes - rate <= rate / 20, "{} vs {rate}", m.bytes);
     assert!(e["capacity_source"].as_str().unwrap().contains("H100-80GB"));
     let peak = d.findings[0].bytes;
     assert_eq!(e["runs_out_at_iteration"], 4 + (85_045_379_072 - peak) / rate + 1);

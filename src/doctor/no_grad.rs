@@ -101,9 +101,19 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         }
         // What the forward holds at its end besides its result, where its layers show a graph;
         // else the inputs its result kept alive, where they show one.
-        let (held, inputs) = match steps::graph_across_layers(p, made) {
-            Some(_) => (made.iter().copied().filter(|&id| id != result && steps::live_at(p, id, forward_end)).collect(), false),
-            None => (kept_inputs(p, s, k, result, &by_iteration), true),
+        let at = s.iteration_end(k, events);
+        let (held, inputs, position) = match steps::graph_across_layers(p, made) {
+            Some(_) => (made.iter().copied().filter(|&id| id != result && steps::live_at(p, id, forward_end)).collect(), false, forward_end),
+            None => match kept_inputs(p, s, k, result, &by_iteration) {
+                inputs if !inputs.is_empty() => (inputs, true, forward_end),
+                // No layers to read (a compiled forward returns what it saves): what it still
+                // holds where the trace ends can only be inconclusive.
+                _ => {
+                    let held: Vec<usize> = made.iter().copied().filter(|&id| id != result && steps::live_at(p, id, at)).collect();
+                    let to_the_end = !held.is_empty() && held.iter().all(|&id| a.end[id] as usize > events);
+                    (if to_the_end { held } else { Vec::new() }, false, at)
+                }
+            },
         };
         let bytes: u64 = held.iter().map(|&id| steps::bytes(p, id)).sum();
         held_per_iteration.push(bytes);
@@ -112,7 +122,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
             by_inputs += usize::from(inputs);
         }
         if bytes > worst.0 {
-            worst = (bytes, k, forward_end, held, inputs);
+            worst = (bytes, k, position, held, inputs);
         }
     }
     let (bytes, k, position, held, held_inputs) = worst;
@@ -157,7 +167,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         size(bytes),
         if confidence == FindingConfidence::Inconclusive { " (unless one followed after the trace ends)" } else { "" }
     );
-    let when = format!("when it ends (position {position})");
+    let when = if (position as usize) < events { format!("when it ends (position {position})") } else { "where the trace ends".to_string() };
     let why = if held_inputs {
         format!(
             "With grad mode on, an op keeps what its backward would need for as long as its result lives: a linear layer \
