@@ -476,7 +476,9 @@ fn the_engine_programs_are_judged_like_the_recordings() {
         let d = doctor::diagnose(&snapshot, &doctor::DoctorOptions::default()).unwrap();
         let all: Vec<String> = d.findings.iter().map(|f| format!("{} ({:?}) {}", f.kind, f.confidence, f.title)).collect();
         eprintln!("{name}:\n  {}", all.join("\n  "));
-        wrong.extend(judge(ENGINE, name, &snapshot, &labels["engine"][name]).into_iter().filter(|c| !c.holds).map(|c| format!("{name}: {} {}", c.asked, c.kind)));
+        wrong.extend(
+            judge(ENGINE, name, &snapshot, &labels["engine"][name]).into_iter().filter(|c| !c.holds).map(|c| format!("{name}: {} {}", c.asked, c.kind)),
+        );
     }
     assert!(wrong.is_empty(), "{wrong:?}");
 }

@@ -154,7 +154,8 @@ fn the_doctor_survives_mutated_real_snapshots() {
     files.sort();
     files.retain(|p| std::fs::metadata(p).unwrap().len() < 700_000);
     assert!(files.len() >= 8, "{files:?}");
-    let snapshots: Vec<(String, Snapshot)> = files.iter().map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), trace::load_file(p).unwrap())).collect();
+    let snapshots: Vec<(String, Snapshot)> =
+        files.iter().map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), trace::load_file(p).unwrap())).collect();
     on_every_core(MUTATIONS, |i| {
         let (name, snapshot) = &snapshots[(i as usize) % snapshots.len()];
         check(&format!("{name} mutation {i}"), &mutate(snapshot, &mut Rng(i)));

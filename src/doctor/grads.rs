@@ -161,12 +161,14 @@ fn added_into(p: &Patient, s: &Steps) -> Option<Finding> {
         top_stacks: steps::top_stacks(p, &gradients, 3),
         allocations: steps::largest(p, &gradients, 5),
     };
-    Some(Finding::new(GRADS_KEPT, title, bytes, evidence, why, fix).confidence(
-        FindingConfidence::Medium,
-        "one backward adds into existing gradients: a recording that begins between two micro-batches of a deliberate \
+    Some(
+        Finding::new(GRADS_KEPT, title, bytes, evidence, why, fix).confidence(
+            FindingConfidence::Medium,
+            "one backward adds into existing gradients: a recording that begins between two micro-batches of a deliberate \
          accumulation would look the same"
-            .into(),
-    ))
+                .into(),
+        ),
+    )
 }
 
 /// Fewer parameter-sized gradients than this, all freed, prove nothing.

@@ -290,7 +290,11 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
     // Memory from before the trace is about the recording, not a mistake of the program: it
     // comes after the program's own problems.
     problems.sort_by(|a, b| {
-        (b.kind == OOM).cmp(&(a.kind == OOM)).then((a.kind == TRUNCATED_TRACE).cmp(&(b.kind == TRUNCATED_TRACE))).then(b.bytes.cmp(&a.bytes)).then_with(|| a.kind.cmp(&b.kind))
+        (b.kind == OOM)
+            .cmp(&(a.kind == OOM))
+            .then((a.kind == TRUNCATED_TRACE).cmp(&(b.kind == TRUNCATED_TRACE)))
+            .then(b.bytes.cmp(&a.bytes))
+            .then_with(|| a.kind.cmp(&b.kind))
     });
     let (inconclusive, problems): (Vec<Finding>, Vec<Finding>) = problems.into_iter().partition(Finding::is_inconclusive);
 

@@ -104,7 +104,10 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         let i = input_of.get(&id).copied().unwrap_or_else(|| s.iteration_of(a.start[id]));
         let old_enough = if s.has_backward { i >= 1 && i < k } else { i >= 1 && i + 2 <= k };
         let carried = backward[k].is_some_and(|(from, to)| a.end[id] > from && a.end[id] <= to);
-        old_enough && !carried && graph(i, b) && (!input_of.contains_key(&id) || by_iteration[i].iter().any(|&r| steps::live_at(p, r, b) && freed_together(id, r)))
+        old_enough
+            && !carried
+            && graph(i, b)
+            && (!input_of.contains_key(&id) || by_iteration[i].iter().any(|&r| steps::live_at(p, r, b) && freed_together(id, r)))
     });
     if !s.material(p, bytes, KIND.material) {
         return None;

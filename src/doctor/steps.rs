@@ -543,4 +543,3 @@ impl Steps {
         threshold.holds(bytes, p.timeline.summary.peak_allocated_bytes.saturating_sub(self.made_once_bytes))
     }
 }
-
