@@ -165,7 +165,10 @@ pub fn in_module_file(f: &Frame) -> bool {
 /// A key/value cache's own tensor is made here: transformers' `cache_utils.py` (DynamicCache's
 /// cat, the static cache's zeros) or tensormem's scopes named after its methods.
 pub fn is_kv_cache_frame(f: &Frame) -> bool {
-    f.filename.ends_with("transformers/cache_utils.py") || KV_CACHE_SCOPES.iter().any(|s| f.name.ends_with(s))
+    f.filename.ends_with("transformers/cache_utils.py")
+        // vLLM's cache engine (`CacheEngine._allocate_kv_cache`): its paged KV cache.
+        || (f.filename.ends_with("cache_engine.py") && f.name == "_allocate_kv_cache")
+        || KV_CACHE_SCOPES.iter().any(|s| f.name.ends_with(s))
 }
 
 /// A frame of the call that makes cuBLAS's (or cuBLASLt's) workspace; it is near the top of the

@@ -32,6 +32,19 @@ fn start() {
     }));
 }
 
+/// The doctor's finder that was running when a diagnosis stopped with a panic (None otherwise).
+#[wasm_bindgen]
+pub fn finder_running() -> Option<String> {
+    doctor::finder_running().map(str::to_string)
+}
+
+/// Makes one finder panic whenever it runs (None: none): the page's tests check that the other
+/// findings are still reported.
+#[wasm_bindgen]
+pub fn make_finder_fail_for_tests(kind: Option<String>) {
+    doctor::make_finder_fail_for_tests(kind.as_deref());
+}
+
 /// The message of the panic that stopped the last call, once (None if none did).
 #[wasm_bindgen]
 pub fn take_panic() -> Option<String> {
@@ -203,6 +216,14 @@ impl LoadedTrace {
     pub fn diagnose(&self, device: i32) -> Result<String, JsError> {
         let options = doctor::DoctorOptions { device: Some(device as i64), capacity: None };
         let diagnosis = doctor::diagnose(&self.snapshot, &options).map_err(js_error)?;
+        serde_json::to_string(&diagnosis).map_err(js_error)
+    }
+
+    /// `diagnose` without the finders named in `skip`, each named in a note as failed (the
+    /// worker's retry after a finder's panic, which wasm cannot catch: see `finder_running`).
+    pub fn diagnose_skipping(&self, device: i32, skip: Vec<String>) -> Result<String, JsError> {
+        let options = doctor::DoctorOptions { device: Some(device as i64), capacity: None };
+        let diagnosis = doctor::diagnose_skipping(&self.snapshot, &options, &skip).map_err(js_error)?;
         serde_json::to_string(&diagnosis).map_err(js_error)
     }
 

@@ -690,3 +690,45 @@ fn a_snapshot_without_history_says_so_and_how_to_record_one() {
     // A file with history is not one.
     assert!(!kinds(&diagnose(&blocks_before_the_trace(3, 20 << 20), None)).contains(&"no-history"));
 }
+
+#[test]
+fn an_end_state_file_takes_its_categories_from_the_blocks_frames_and_names_kept_forward_blocks() {
+    // Issue 50, cause 5. A real snapshot dumped right after a forward with grad (its graph
+    // alive), turned into an end-state file as PyTorch 2.0/2.1's `_record_memory_history(True)`
+    // or a dump without a history writes one: the same blocks, their frames, no event. Before,
+    // every block was a `parameter` ("made before the first step, alive to the end"); now the
+    // frames decide: made inside a module's forward is an activation, and those blocks are named.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/real/nothanmin-forward.pickle");
+    let mut snapshot = trace::load_file(&path).unwrap();
+    for t in &mut snapshot.device_traces {
+        t.clear();
+    }
+    let inferred = doctor::infer_categories(&snapshot, 0).unwrap();
+    let bytes_of = |c: &str| inferred.iter().filter(|i| i.inferred.name() == c).map(|i| i.bytes).sum::<u64>();
+    let activation = bytes_of("activation");
+    assert!(activation > 10 << 30, "{activation}");
+    assert!(bytes_of("parameter") < activation, "{} {activation}", bytes_of("parameter"));
+    let d = diagnose(&snapshot, None);
+    let kept = finding(&d, doctor::KEPT_ACTIVATIONS);
+    assert_eq!(kept.bytes, activation);
+    assert_eq!(kept.confidence, FindingConfidence::Medium);
+    assert!(kept.evidence["top_stacks"][0]["frames"].as_array().is_some_and(|f| !f.is_empty()));
+    // The same file with its history says nothing of the kind: the trace shows the forward.
+    assert!(!kinds(&diagnose(&trace::load_file(&path).unwrap(), None)).contains(&doctor::KEPT_ACTIVATIONS));
+}
+
+#[test]
+fn a_finder_that_fails_is_named_and_the_others_stand_and_a_caller_can_skip_it() {
+    // Natively a finder's panic is caught; where it cannot be (the page's wasm), the caller asks
+    // which finder was running and diagnoses again without it (www/worker.js).
+    let Some(snapshot) = load("gpt-medium-ctx128-training.pickle") else { return };
+    let whole = kinds(&diagnose(&snapshot, None)).into_iter().map(str::to_string).collect::<Vec<_>>();
+    doctor::make_finder_fail_for_tests(Some(doctor::OPTIMIZER_STATE));
+    let d = diagnose(&snapshot, None);
+    doctor::make_finder_fail_for_tests(None);
+    assert_eq!(doctor::finder_running(), None, "a diagnosis that returned leaves no finder running");
+    assert_eq!(kinds(&d), whole.iter().filter(|k| *k != doctor::OPTIMIZER_STATE).map(String::as_str).collect::<Vec<_>>());
+    assert!(d.notes.iter().any(|n| n.contains("the optimizer-state finder failed")), "{:?}", d.notes);
+    let skipped = doctor::diagnose_skipping(&snapshot, &DoctorOptions::default(), &[doctor::OPTIMIZER_STATE.to_string()]).unwrap();
+    assert_eq!(skipped, d);
+}

@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, diagnose, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { Predictor, TraceLoader, fit_table, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
+import init, { Predictor, TraceLoader, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
@@ -414,7 +414,11 @@ const handlers = {
   },
   // The doctor's findings on one device of a trace (`tensormem doctor FILE --device N --json`).
   async diagnose({ trace, device }) {
-    return JSON.parse(get(trace).diagnose(device));
+    return diagnoseSurviving(get(trace), device);
+  },
+  // For the page's tests: one finder made to panic whenever it runs (null: none).
+  async makeFinderFailForTests({ kind }) {
+    make_finder_fail_for_tests(kind);
   },
   // A scenario run only to be diagnosed (the other variant of the run on screen): its findings
   // and peaks; the trace is not kept.
@@ -423,7 +427,7 @@ const handlers = {
     try {
       const run = JSON.parse(t.run_json());
       const devices = Array.from(t.devices());
-      const { findings } = JSON.parse(t.diagnose(devices.length ? devices[0] : 0));
+      const { findings } = diagnoseSurviving(t, devices.length ? devices[0] : 0);
       return { findings, variant: run.variant, peakAllocated: run.peak_allocated_bytes, peakReserved: run.peak_reserved_bytes };
     } finally {
       t.free();
@@ -438,6 +442,24 @@ const handlers = {
     return { result: bytes, transfer: [bytes.buffer] };
   },
 };
+
+// The doctor's findings on one device of trace `t`. A finder that panics (wasm cannot catch
+// it: the call ends in `unreachable`) is a bug, not the end of the diagnosis: the doctor says
+// which finder was running, and the diagnosis runs again without it, the others reporting and a
+// note naming it.
+function diagnoseSurviving(t, device) {
+  const skip = [];
+  for (;;) {
+    try {
+      return JSON.parse(skip.length ? t.diagnose_skipping(device, skip) : t.diagnose(device));
+    } catch (e) {
+      const failed = e instanceof WebAssembly.RuntimeError ? finder_running() : undefined;
+      if (!failed || skip.includes(failed)) throw e;
+      take_panic();
+      skip.push(failed);
+    }
+  }
+}
 
 onmessage = async (event) => {
   const { id, type } = event.data;

@@ -156,6 +156,10 @@ struct StackInfo {
     workspace: bool,
     /// PyTorch's `AccumulateGrad`.
     accumulate: bool,
+    /// Inside a constructor (`__init__`): a module built, its parameters made.
+    constructor: bool,
+    /// A key/value cache's own tensor (transformers' cache, vLLM's cache engine).
+    kv_cache: bool,
 }
 
 fn read_stack(frames: &[&Frame]) -> StackInfo {
@@ -193,8 +197,14 @@ fn read_stack(frames: &[&Frame]) -> StackInfo {
     // from the start to the end, else an input.
     let factory =
         rust && frames.len() == 1 && frames.first().is_some_and(|f| matches!(f.name.as_str(), "randn" | "rand" | "full" | "zeros" | "ones" | "arange"));
-    StackInfo { phase, parameter, input, factory, workspace, accumulate }
+    let constructor = frames.iter().filter(py).any(|f| f.name == "__init__");
+    let kv_cache = frames.iter().any(|f| crate::pytorch::is_kv_cache_frame(f));
+    StackInfo { phase, parameter, input, factory, workspace, accumulate, constructor, kv_cache }
 }
+
+/// The reason given to a block of an end-state file made inside a module's forward: the
+/// `kept-activations` finding counts these.
+pub(super) const END_STATE_ACTIVATION: &str = "made inside a module's forward before the trace, alive at the end (a kept activation or forward output)";
 
 /// A run of allocations of one phase.
 #[derive(Debug, Clone, Copy)]
@@ -264,6 +274,8 @@ pub fn infer(t: &Timeline) -> Vec<Inferred> {
     let predates_parameters = if training { makes(Phase::Backward) && makes(Phase::Optimizer) } else { true };
 
     let verdict = |category: Option<Category>, confidence: Confidence, reason: &'static str| Inferred { category, confidence, reason };
+    // A file whose trace allocates nothing: what it holds predates the trace.
+    let end_state = (0..n).all(|id| a.start[id] == 0);
     (0..n)
         .map(|id| {
             let s = info(id);
@@ -296,11 +308,25 @@ pub fn infer(t: &Timeline) -> Vec<Inferred> {
                 }
                 _ => {}
             }
+            if start == 0 && s.kv_cache {
+                // torch.profiler has no category for it: neither a parameter nor an activation.
+                return verdict(None, Confidence::Medium, "a key/value cache (its frames name the cache), made before the trace");
+            }
             if s.input {
                 return verdict(Some(Category::Input), Confidence::Medium, "made by a data loader or a host-to-device copy outside a module");
             }
             if s.parameter {
                 return verdict(Some(Category::Parameter), Confidence::High, "made by module construction or a parameter initialiser");
+            }
+            // Made before the trace with a stack (an end-state file: PyTorch 2.0/2.1's
+            // `_record_memory_history(True)`, or blocks dumped with their frames): the frames
+            // say what it is, not its lifetime, which the file does not hold.
+            if start == 0 && a.stack[id] != u32::MAX && end_state {
+                return match s.phase {
+                    Some(Phase::Forward) => verdict(Some(Category::Activation), Confidence::Medium, END_STATE_ACTIVATION),
+                    _ if s.constructor => verdict(Some(Category::Parameter), Confidence::Medium, "made by a constructor (`__init__`) before the trace"),
+                    _ => verdict(None, Confidence::Low, "made before the trace; its frames name neither a module's construction nor a forward"),
+                };
             }
             if start == 0 && a.stack[id] == u32::MAX {
                 // With no event at all (a file dumped without a history) nothing says what it is.

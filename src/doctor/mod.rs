@@ -25,6 +25,7 @@ mod fragmentation;
 mod grads;
 mod growth;
 mod intermediates;
+mod kept;
 mod kinds;
 mod live;
 mod no_grad;
@@ -65,6 +66,8 @@ pub const RETAINED_GRAPH: &str = "retained-graph";
 pub const MISSING_NO_GRAD: &str = "missing-no-grad";
 pub const GRADS_KEPT: &str = "grads-kept";
 pub const OPTIMIZER_STATE: &str = "optimizer-state";
+/// Blocks made inside module forwards, alive at the end of a file without history.
+pub const KEPT_ACTIVATIONS: &str = "kept-activations";
 /// Memory at the peak that one expression needs for a moment (an out-of-place op's inputs).
 pub const TEMPORARIES: &str = "temporaries";
 /// Copies in another layout (clone, contiguous, reshape) at the peak, where views cost nothing.
@@ -76,7 +79,7 @@ pub const OUTSIDE_ALLOCATOR: &str = "outside-allocator";
 
 /// The registry: every kind, one row each (see [`kinds`]), those about the training loop first,
 /// then the allocator's, then those about single expressions.
-pub const REGISTRY: [&Kind; 14] = [
+pub const REGISTRY: [&Kind; 15] = [
     &no_history::KIND,
     &peak::KIND,
     &growth::KIND,
@@ -84,6 +87,7 @@ pub const REGISTRY: [&Kind; 14] = [
     &no_grad::KIND,
     &grads::KIND,
     &optimizer::KIND,
+    &kept::KIND,
     &fragmentation::KIND,
     &oom::KIND,
     &truncated::KIND,
@@ -256,6 +260,40 @@ pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosi
     diagnose_with(snapshot, options, &REGISTRY)
 }
 
+/// [`diagnose`] without the finders of `skip` (each named in a note as failed): where a panic
+/// cannot be caught (the page's wasm), the caller asks [`finder_running`] which finder stopped
+/// the diagnosis and runs it again without that one.
+pub fn diagnose_skipping(snapshot: &Snapshot, options: &DoctorOptions, skip: &[String]) -> Result<Diagnosis, DoctorError> {
+    let registry: Vec<&Kind> = REGISTRY.into_iter().filter(|k| !skip.iter().any(|s| s == k.name)).collect();
+    let mut d = diagnose_with(snapshot, options, &registry)?;
+    d.notes.extend(REGISTRY.iter().filter(|k| skip.iter().any(|s| s == k.name)).map(|k| failed_note(k.name)));
+    Ok(d)
+}
+
+thread_local! {
+    /// The finder running now (None between finders): what stopped a diagnosis that did not return.
+    static RUNNING: std::cell::Cell<Option<&'static str>> = const { std::cell::Cell::new(None) };
+    /// A finder made to fail, for the page's tests of the above.
+    static MADE_TO_FAIL: std::cell::Cell<Option<&'static str>> = const { std::cell::Cell::new(None) };
+}
+
+/// The finder that was running when the last diagnosis stopped without returning (a panic in
+/// the page's wasm, which aborts); None after a diagnosis that returned.
+pub fn finder_running() -> Option<&'static str> {
+    RUNNING.get()
+}
+
+/// Makes the finder of `kind` panic whenever it runs (None: none), so that the page's tests can
+/// check that a failing finder does not take the diagnosis down. Not for anything else.
+#[doc(hidden)]
+pub fn make_finder_fail_for_tests(kind: Option<&str>) {
+    MADE_TO_FAIL.set(kind.and_then(self::kind).map(|k| k.name));
+}
+
+fn failed_note(name: &str) -> String {
+    format!("the {name} finder failed on this trace (a bug in tensormem: please report it with the file); the other findings stand")
+}
+
 /// Diagnoses with the kinds of `registry` (the registry, or a test's).
 fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind]) -> Result<Diagnosis, DoctorError> {
     let device = match options.device {
@@ -277,7 +315,15 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
     let run = |role: Role| -> Result<Vec<Finding>, DoctorError> {
         let mut found = Vec::new();
         for kind in registry.iter().filter(|k| k.role == role) {
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (kind.find)(&exam))) {
+            RUNNING.set(Some(kind.name));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if MADE_TO_FAIL.get() == Some(kind.name) {
+                    panic!("the {} finder was made to fail for a test", kind.name);
+                }
+                (kind.find)(&exam)
+            }));
+            RUNNING.set(None);
+            match result {
                 Ok(result) => found.extend(result?),
                 Err(_) => failed.borrow_mut().push(kind.name),
             }
@@ -306,9 +352,7 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
     findings.extend(inconclusive);
     findings.extend(run(Role::Last)?);
     let mut notes: Vec<String> = exam.ops.unreadable_note(&exam.patient.timeline).into_iter().collect();
-    for name in failed.into_inner() {
-        notes.push(format!("the {name} finder failed on this trace (a bug in tensormem: please report it with the file); the other findings stand"));
-    }
+    notes.extend(failed.into_inner().into_iter().map(failed_note));
     Ok(Diagnosis { findings, notes })
 }
 

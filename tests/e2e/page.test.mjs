@@ -810,6 +810,32 @@ test('the Diagnosis panel finds the recorded out-of-memory on the device that ra
   await page.close();
 });
 
+test('a finder that fails is named in a note and the other findings stand (a panic in the worker is not the end)', async () => {
+  // Issue 50: no finder may take the doctor down. wasm cannot catch a panic: the worker asks
+  // which finder was running and diagnoses again without it.
+  const path = join(fixtures, 'expandable-3gpu-oom.pickle');
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await openFile(page, path, 2);
+  const expected = cliDoctor([path]);
+  const oom = expected.find((f) => f.kind === 'oom');
+  const other = oom.evidence.device === 0 ? 1 : 0;
+  await page.evaluate(() => window.__tensormem.ask('makeFinderFailForTests', { kind: 'outside-allocator' }));
+  await page.selectOption('[data-testid=device-select]', String(other));
+  await painted(page, 3);
+  const healthy = cliDoctor([path, '--device', String(other)]);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(healthy.filter((f) => f.kind !== 'outside-allocator')));
+  const notes = await page.$$eval('[data-testid=diagnosis-note]', (ns) => ns.map((n) => n.textContent));
+  assert.ok(notes.some((n) => /the outside-allocator finder failed on this trace/.test(n)), notes.join('\n'));
+  // The worker still works: with no finder failing, the device's diagnosis is whole again.
+  await page.evaluate(() => window.__tensormem.ask('makeFinderFailForTests', { kind: null }));
+  await page.selectOption('[data-testid=device-select]', String(oom.evidence.device));
+  await painted(page, 3);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(expected));
+  await page.close();
+});
+
 test('the default scenario\'s findings, and the doctor\'s verdict on its mistake and on its fix', async () => {
   const page = await newPage();
   await page.goto(baseUrl);
