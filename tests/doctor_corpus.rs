@@ -283,12 +283,10 @@ fn real_labels() -> (std::path::PathBuf, Value) {
 /// ../shared/fixtures (those only where that folder is, as in CI).
 fn all_checks() -> Vec<Check> {
     let (dir, labels) = corpus();
-    let mut checks = Vec::new();
+    // The files to judge: (family, name, path, label).
+    let mut files: Vec<(&'static str, String, std::path::PathBuf, Value)> = Vec::new();
     for (name, label) in labels["files"].as_object().unwrap() {
-        checks.extend(judge(RECORDED, name, &load(name, &dir.join(format!("{name}.pickle"))), label));
-    }
-    for (name, snapshot) in engine_recordings() {
-        checks.extend(judge(ENGINE, &format!("engine/{name}"), &snapshot, &labels["engine"][name]));
+        files.push((RECORDED, name.clone(), dir.join(format!("{name}.pickle")), label.clone()));
     }
     let shared = common::fixtures_dir().map(|d| d.parent().unwrap().to_path_buf());
     let (real_dir, real) = real_labels();
@@ -310,14 +308,34 @@ fn all_checks() -> Vec<Check> {
             },
             None => real_dir.join(format!("{name}.pickle")),
         };
-        checks.extend(judge(family, name, &load(name, &path), label));
+        files.push((family, name.clone(), path, label.clone()));
     }
-    if let Some(shared) = shared {
+    if let Some(shared) = &shared {
         for (name, label) in labels["shared"].as_object().unwrap() {
             let file = name.split('#').next().unwrap();
             let family = if name.starts_with("h100-twins/") { TWINS } else { REAL };
-            checks.extend(judge(family, name, &load(name, &shared.join(file)), label));
+            files.push((family, name.clone(), shared.join(file), label.clone()));
         }
+    }
+    // Each file read and diagnosed on its own, on every core.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut checks: Vec<Check> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..cores)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut checks = Vec::new();
+                    while let Some((family, name, path, label)) = files.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                        checks.extend(judge(family, name, &load(name, path), label));
+                    }
+                    checks
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
+    for (name, snapshot) in engine_recordings() {
+        checks.extend(judge(ENGINE, &format!("engine/{name}"), &snapshot, &labels["engine"][name]));
     }
     checks
 }
