@@ -122,14 +122,13 @@ fn added_into(p: &Patient, s: &Steps) -> Option<Finding> {
         .filter(|&id| s.phase[id] == Some(Phase::Backward) && (from..to).contains(&a.start[id]) && !steps::is_library_buffer(p, id))
         .collect();
     let sizes = steps::parameter_sizes(p, &s.iterations);
-    let made_all = made.clone();
-    let gradients: Vec<usize> = made.into_iter().filter(|&id| sizes.contains_key(&steps::bytes(p, id))).collect();
+    let gradients: Vec<usize> = made.iter().copied().filter(|&id| sizes.contains_key(&steps::bytes(p, id))).collect();
     // Each freed as the backward goes on: what outlives the backward's last allocation is at
-    // most the last gradient added (and a few small buffers). Gradients that became .grad outlive it all (until
-    // zero_grad() or the program frees them).
+    // most the last gradient added (and a few small buffers). Gradients that became .grad
+    // outlive it all (until zero_grad() or the program frees them).
     let last = s.passes[i].last;
     let largest = gradients.iter().map(|&id| steps::bytes(p, id)).max().unwrap_or(0);
-    let outliving: u64 = made_all.iter().filter(|&&id| a.end[id] > last).map(|&id| steps::bytes(p, id)).sum();
+    let outliving: u64 = made.iter().filter(|&&id| a.end[id] > last).map(|&id| steps::bytes(p, id)).sum();
     if gradients.len() < MIN_ADDED || outliving > largest + largest / 16 || gradients.iter().any(|&id| a.end[id] > to) {
         return None;
     }

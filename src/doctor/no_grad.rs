@@ -7,7 +7,7 @@
 //! or two a layer), and its result, which lives either way. With grad on, what every layer
 //! saves for backward is still allocated there. So a forward is claimed only when, at its end,
 //! at least a quarter of what it made before its last quarter is still allocated
-//! (`steps::graph_across_layers`); a kept result (the previous batch's logits alive through the
+//! (`steps::graph_kept_at`); a kept result (the previous batch's logits alive through the
 //! next forward) is not a graph and is never counted. A forward too small to show layers (one
 //! `Linear`) shows grad another way: its input, which the program lets go of, stays allocated
 //! through the next forward and is freed with the result it was saved for (`kept_inputs`); under
@@ -102,9 +102,9 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         // What the forward holds at its end besides its result, where its layers show a graph;
         // else the inputs its result kept alive, where they show one.
         let at = s.iteration_end(k, events);
-        let (held, inputs, position) = match steps::graph_across_layers(p, made) {
-            Some(_) => (made.iter().copied().filter(|&id| id != result && steps::live_at(p, id, forward_end)).collect(), false, forward_end),
-            None => match kept_inputs(p, s, k, result, &by_iteration) {
+        let (held, inputs, position) = match steps::graph_kept_at(p, made, forward_end) {
+            true => (made.iter().copied().filter(|&id| id != result && steps::live_at(p, id, forward_end)).collect(), false, forward_end),
+            false => match kept_inputs(p, s, k, result, &by_iteration) {
                 inputs if !inputs.is_empty() => (inputs, true, forward_end),
                 // No layers to read (a compiled forward returns what it saves): what it still
                 // holds where the trace ends can only be inconclusive.
@@ -232,11 +232,7 @@ fn kept_inputs(p: &Patient, s: &Steps, k: usize, result: usize, by_iteration: &[
         return Vec::new();
     }
     let since = by_iteration[..k].iter().rev().find_map(|made| made.last()).map_or(0, |&id| a.start[id]);
-    let freed_with_result = |id: usize| {
-        let (lo, hi) = (a.end[id].min(result_end), a.end[id].max(result_end));
-        let i = s.order.partition_point(|&x| a.start[x] <= lo);
-        hi <= events && s.order.get(i).is_none_or(|&x| a.start[x] > hi)
-    };
+    let freed_with_result = |id: usize| a.end[id] <= events && steps::nothing_allocated_between(p, s, a.end[id], result_end);
     let from = s.order.partition_point(|&id| a.start[id] <= since);
     s.order[from..]
         .iter()
@@ -255,12 +251,7 @@ fn fate(p: &Patient, s: &Steps, held: &[usize]) -> Fate {
     }
     let first = held.iter().map(|&id| a.end[id]).min().unwrap_or(0);
     let last = held.iter().map(|&id| a.end[id]).max().unwrap_or(0);
-    // The first allocation after the first free: it must come after the last one.
-    let next = s.order.partition_point(|&id| a.start[id] <= first);
-    match s.order.get(next) {
-        Some(&id) if a.start[id] < last => Fate::FreedApart,
-        _ => Fate::TornDown,
-    }
+    if steps::nothing_allocated_between(p, s, first, last) { Fate::TornDown } else { Fate::FreedApart }
 }
 
 /// What the frames show of autograd being on during the forward; None when they show nothing.

@@ -70,44 +70,38 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         by_iteration[s.iteration_of(a.start[id])].push(id);
     }
     // Each forward's inputs: what the program made outside any forward since the one before
-    // (`x = torch.randn(...)`), by the forward they feed.
-    let mut input_of: rustc_hash::FxHashMap<usize, usize> = Default::default();
+    // (`x = torch.randn(...)`), by the forward they feed (`feeds`: by allocation id, 0 for none).
+    let mut inputs: Vec<Vec<usize>> = vec![Vec::new(); n + 1];
+    let mut feeds = vec![0usize; a.start.len()];
     for &id in &s.order {
         let i = s.iteration_of(a.start[id]) + 1;
         if i <= n && a.start[id] > 0 && s.phase[id].is_none() && !s.forward_made(p, id) {
-            input_of.insert(id, i);
+            inputs[i].push(id);
+            feeds[id] = i;
         }
     }
     // Freed one after the other, nothing allocated between, while the loop still runs (what a
     // program frees as it ends, its model with the rest, says nothing of a graph).
     let last_start = *s.iterations.last().unwrap();
-    let freed_together = |x: usize, y: usize| {
-        let (lo, hi) = (a.end[x].min(a.end[y]), a.end[x].max(a.end[y]));
-        let i = s.order.partition_point(|&id| a.start[id] <= lo);
-        hi < last_start && s.order.get(i).is_none_or(|&id| a.start[id] > hi)
-    };
+    let freed_together = |x: usize, y: usize| a.end[x].max(a.end[y]) < last_start && steps::nothing_allocated_between(p, s, a.end[x], a.end[y]);
+    // An input of forward `i` freed with a tensor of `i` live at `b`: saved by that tensor's graph.
+    let kept_by_graph = |x: usize, i: usize, b: u32| by_iteration[i].iter().any(|&r| steps::live_at(p, r, b) && freed_together(x, r));
     // Whether what forward `i` still holds at position `b` is a graph rather than a result the
     // program holds: tensors of its earlier layers (`graph_kept_at`), or an input the program let
-    // go of, kept until the held tensor dies and freed with it (saved by that tensor's graph).
-    // Read once per (i, b).
+    // go of, kept until the held tensor dies and freed with it. Read once per (i, b).
     let mut graph_at: rustc_hash::FxHashMap<(usize, u32), bool> = Default::default();
     let mut graph = |i: usize, b: u32| {
-        *graph_at.entry((i, b)).or_insert_with(|| {
-            let held: Vec<usize> = by_iteration[i].iter().copied().filter(|&id| steps::live_at(p, id, b)).collect();
-            steps::graph_kept_at(p, &by_iteration[i], b)
-                || input_of.iter().any(|(&x, &j)| j == i && steps::live_at(p, x, b) && held.iter().any(|&r| freed_together(x, r)))
-        })
+        *graph_at
+            .entry((i, b))
+            .or_insert_with(|| steps::graph_kept_at(p, &by_iteration[i], b) || inputs[i].iter().any(|&x| steps::live_at(p, x, b) && kept_by_graph(x, i, b)))
     };
-    let mut candidates: Vec<usize> = forward.iter().copied().chain(input_of.keys().copied()).collect();
+    let mut candidates: Vec<usize> = forward.iter().copied().chain(inputs.iter().flatten().copied()).collect();
     candidates.sort_by_key(|&id| (a.start[id], id));
     let (per_iteration, (bytes, k, retained)) = s.worst_iteration(p, &candidates, |k, b, id| {
-        let i = input_of.get(&id).copied().unwrap_or_else(|| s.iteration_of(a.start[id]));
+        let i = if feeds[id] > 0 { feeds[id] } else { s.iteration_of(a.start[id]) };
         let old_enough = if s.has_backward { i >= 1 && i < k } else { i >= 1 && i + 2 <= k };
         let carried = backward[k].is_some_and(|(from, to)| a.end[id] > from && a.end[id] <= to);
-        old_enough
-            && !carried
-            && graph(i, b)
-            && (!input_of.contains_key(&id) || by_iteration[i].iter().any(|&r| steps::live_at(p, r, b) && freed_together(id, r)))
+        old_enough && !carried && graph(i, b) && (feeds[id] == 0 || kept_by_graph(id, i, b))
     });
     if !s.material(p, bytes, KIND.material) {
         return None;

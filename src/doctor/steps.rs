@@ -400,27 +400,26 @@ fn category_phase(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
     }
 }
 
-/// What of one forward (`made`: its allocations in trace order) is still allocated when it
-/// makes its last allocation, counting only what it made before its last quarter: across the
-/// layers, what autograd saves for backward. Under no_grad each intermediate dies once the next
-/// op has read it, so nothing of the earlier layers is left when the forward ends but what the
-/// program keeps on purpose (a hook's list, hidden states it asked for, a cache), one tensor
-/// or two a layer, never a quarter of what the layers made; the result itself, made last, is
-/// kept either way. `Some(survivors)` when the forward shows a graph, else None.
-pub(super) fn graph_across_layers(p: &Patient, made: &[usize]) -> Option<Vec<usize>> {
-    let &last = made.last()?;
-    let end = p.timeline.allocations.start[last];
-    graph_kept_at(p, made, end).then(|| made[..made.len() * 3 / 4].iter().copied().filter(|&id| live_at(p, id, end)).collect())
-}
-
-/// Whether what one forward (`made`, in trace order) still holds at position `x` is a graph:
-/// at least a quarter of what it made before its last quarter (and a few tensors), as in
-/// [`graph_across_layers`]. After its backward a graph's saved tensors are freed; what is left
-/// is a result the program holds (the last logits until `logits` is rebound), made at the end.
+/// Whether what one forward (`made`, in trace order) still holds at position `x` is a graph: at
+/// least a quarter of what it made before its last quarter (and a few tensors). Across the
+/// layers that is what autograd saves for backward. Under no_grad each intermediate dies once
+/// the next op has read it, so at the forward's end nothing of its earlier layers is left but
+/// what the program keeps on purpose (a hook's list, hidden states, a cache: a tensor or two a
+/// layer); after its backward a graph's saved tensors are freed too. What is left then is a
+/// result the program holds (the last logits until `logits` is rebound), made at the end.
 pub(super) fn graph_kept_at(p: &Patient, made: &[usize], x: u32) -> bool {
     let early = &made[..made.len() * 3 / 4];
     let survivors = early.iter().filter(|&&id| live_at(p, id, x)).count();
     survivors >= GRAPH_MIN_SURVIVORS && survivors * 4 >= early.len()
+}
+
+/// Whether nothing was allocated between two frees at positions `x` and `y` (either order): a
+/// graph torn down frees its tensors one after another.
+pub(super) fn nothing_allocated_between(p: &Patient, s: &Steps, x: u32, y: u32) -> bool {
+    let a = &p.timeline.allocations;
+    let (lo, hi) = (x.min(y), x.max(y));
+    let next = s.order.partition_point(|&id| a.start[id] <= lo);
+    s.order.get(next).is_none_or(|&id| a.start[id] > hi)
 }
 
 /// Fewer earlier-layer tensors alive at a forward's end than this prove no graph.
