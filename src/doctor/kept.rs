@@ -10,8 +10,10 @@
 //! result. Blocks made in a forward below a module call, a material share of what is
 //! allocated, are what the program still holds of its forwards. Without history the file cannot
 //! tell whether a backward was still to come (a snapshot dumped between forward and backward
-//! holds the same blocks): the finding says so and is `medium`. The categories come from the
-//! blocks' frames (`categories::infer`), never from their lifetime, which the file does not hold.
+//! holds the same blocks): a correct program can leave this file, so the finding is
+//! `inconclusive`, names the blocks with their stacks and says which recording decides. The
+//! categories come from the blocks' frames (`categories::infer`), never from their lifetime,
+//! which the file does not hold.
 
 use super::kinds::{Kind, Material, Role};
 use super::{AllocationRef, Finding, FindingConfidence, KEPT_ACTIVATIONS, Patient, StackBytes, categories, size, steps};
@@ -61,7 +63,7 @@ fn find(p: &Patient) -> Option<Finding> {
     let top_stacks = steps::top_stacks(p, &kept, 3);
     let keeper = top_stacks.first().and_then(|s| s.frames.first().cloned()).unwrap_or_default();
     let title = format!(
-        "{} in {} blocks made inside module forwards are still allocated where this file ends ({keeper}): forward results the program kept",
+        "{} in {} blocks made inside module forwards are still allocated where this file ends ({keeper}): forward results kept, or a graph whose backward had not run",
         size(bytes),
         kept.len()
     );
@@ -83,7 +85,11 @@ fn find(p: &Patient) -> Option<Finding> {
     let evidence =
         Evidence { device: p.device, blocks: kept.len(), allocated_bytes: allocated, position: end, allocations: steps::largest(p, &kept, 5), top_stacks };
     Some(
-        Finding::new(KEPT_ACTIVATIONS, title, bytes, evidence, why, fix)
-            .confidence(FindingConfidence::Medium, "a file without history: a snapshot taken between a forward and its backward holds the same blocks".into()),
+        Finding::new(KEPT_ACTIVATIONS, title, bytes, evidence, why, fix).confidence(
+            FindingConfidence::Inconclusive,
+            "a file without history: a snapshot taken between a forward and its backward holds the same blocks; a recorded \
+                 history (_record_memory_history before the loop) shows whether they pile up across forwards"
+                .into(),
+        ),
     )
 }
