@@ -734,3 +734,64 @@ fn a_finder_that_fails_is_named_and_the_others_stand_and_a_caller_can_skip_it() 
     let skipped = doctor::diagnose_skipping(&snapshot, &DoctorOptions::default(), &[doctor::OPTIMIZER_STATE.to_string()]).unwrap();
     assert_eq!(skipped, d);
 }
+
+fn real(name: &str) -> Snapshot {
+    trace::load_file(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/real").join(name)).unwrap()
+}
+
+fn recorded_peaks(snapshot: &Snapshot) -> (u64, u64) {
+    let r = replay::replay_device(snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+    (r.recorded.peak_reserved_bytes, r.recorded.peak_allocated_bytes)
+}
+
+/// missing-no-grad's figures come from the trace replayed with what the graph saved freed where
+/// no_grad frees it; the same program recorded under no_grad is what they must match. One
+/// `Linear` three times (shreyansh26/MLSys-Experiments, profile_grad.py and profile_no_grad.py):
+/// each saved input (200,000,000 B) freed when the next one is made. The H100 twin of the seeds'
+/// evaluation loop, where its fix is recorded beside it.
+#[test]
+fn missing_no_grad_figures_are_what_the_program_under_no_grad_recorded() {
+    let mut pairs = vec![(real("linear-grad.pickle"), real("linear-no-grad.pickle"), 0.001)];
+    if let (Some(mistake), Some(fix)) = (load("../h100-twins/eval-no-grad-mistake.pickle"), load("../h100-twins/eval-no-grad-fix.pickle")) {
+        pairs.push((mistake, fix, 0.05));
+    }
+    for (with_grad, no_grad, tolerance) in &pairs {
+        let d = diagnose(with_grad, None);
+        let m = finding(&d, doctor::MISSING_NO_GRAD);
+        let v = m.verified.as_ref().expect("a claim that replay can measure shows both figures");
+        assert!(v.command.is_none(), "an edited trace has no replay command");
+        let (reserved, allocated) = recorded_peaks(no_grad);
+        assert_eq!(v.after_peak_reserved_bytes, reserved, "{}", m.title);
+        assert!(
+            (v.after_peak_allocated_bytes as f64 - allocated as f64).abs() <= tolerance * allocated as f64,
+            "{} vs {allocated}",
+            v.after_peak_allocated_bytes
+        );
+        assert!(v.before_peak_allocated_bytes - v.after_peak_allocated_bytes >= m.bytes / 2, "{}", m.title);
+    }
+    let v = finding(&diagnose(&pairs[0].0, None), doctor::MISSING_NO_GRAD).verified.clone().unwrap();
+    assert_eq!(v.before_peak_allocated_bytes - v.after_peak_allocated_bytes, 200_000_000);
+}
+
+/// A forward dumped with its graph alive may await a backward; an earlier forward's graph, made
+/// before the trace and freed in it unused, shows it does not (sidsoc12's "infer" run: a warm-up
+/// `logits = model(inputs)` with grad, then the recorded one; rebinding `logits` frees the
+/// warm-up's 5.23 GiB in 773 blocks at once). Without that teardown the same forward is only
+/// inconclusive.
+#[test]
+fn an_earlier_graph_freed_unused_makes_a_held_forward_a_claim() {
+    let snapshot = real("sid-ctx128_fp32_infer.pickle");
+    let d = diagnose(&snapshot, None);
+    let m = finding(&d, doctor::MISSING_NO_GRAD);
+    assert_eq!(m.confidence, FindingConfidence::Medium);
+    let g = &m.evidence["earlier_graph"];
+    assert_eq!(g["allocations"], 773);
+    assert!((5.2e9..5.7e9).contains(&g["bytes"].as_f64().unwrap()), "{g}");
+    let mut cut = snapshot.clone();
+    let freed_at = g["freed_at"].as_u64().unwrap() as usize;
+    cut.device_traces[0].truncate(freed_at - 1);
+    let d = diagnose(&cut, None);
+    let m = finding(&d, doctor::MISSING_NO_GRAD);
+    assert_eq!(m.confidence, FindingConfidence::Inconclusive);
+    assert!(m.evidence["earlier_graph"].is_null());
+}

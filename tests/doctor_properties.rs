@@ -1,6 +1,7 @@
 //! The doctor never goes down and claims only bytes that are there (issue 50): on thousands of
 //! random programs run through the engine (loops, grad modes, backward or not, zero_grad or
-//! not, accumulation, kept outputs as a hook's list would keep them, empty_cache) and on
+//! not, accumulation, kept outputs as a hook's list would keep them, empty_cache, iterations on
+//! side streams whose freed blocks the caching allocator keeps apart) and on
 //! mutated real snapshots (entries dropped, sizes changed, frames removed, traces cut), every
 //! diagnosis completes without a finder failing, and every claim's bytes are allocated at the
 //! position it names.
@@ -33,7 +34,8 @@ impl Rng {
 
 /// One random training or evaluation program: a stack of linear layers, a few iterations of
 /// forward (with grad or not), backward or not, an SGD step or not, zero_grad or not, outputs
-/// kept in a list or rebound, empty_cache now and then. Returns its snapshot.
+/// kept in a list or rebound, empty_cache now and then, iterations on one of three streams (the
+/// input made on the default one, as a prefetch would). Returns its snapshot.
 fn random_program(seed: u64) -> Result<Snapshot> {
     let mut rng = Rng(seed);
     let dev = Device::sim(SimOptions::preset("H100-80GB"));
@@ -44,12 +46,14 @@ fn random_program(seed: u64) -> Result<Snapshot> {
     let mut optimizer = Sgd::new(parameters, 1e-3, if rng.chance(50) { 0.9 } else { 0.0 }, 0.0);
     let (grad, backward, step, zero_grad, keep) = (rng.chance(70), rng.chance(60), rng.chance(60), rng.chance(60), rng.chance(20));
     let accumulate = 1 + rng.below(3);
+    let streams = if rng.chance(40) { 3 } else { 1 };
     let mut kept = Vec::new();
     let mut out: Option<Tensor> = None;
     for iteration in 0..1 + rng.below(5) {
         let batch = 1 + rng.below(64) as usize;
         let x = dev.randn(&[batch, width], DType::F32)?;
         let _mode = (!grad).then(autograd::no_grad);
+        let _stream = dev.stream(rng.below(streams));
         let mut h = x;
         for layer in &layers {
             h = layer.forward(&h)?.relu()?;

@@ -397,7 +397,7 @@ async function showFix(f, card) {
   const r = await runWhatIf();
   if (!r) { line.textContent = 'The what-if replay failed (see above).'; return; }
   line.textContent = `The what-if reserved curve (dark, dashed) is drawn beside the recorded one: ${verifiedText(v)}`
-    + (v.command ? '' : ' (the doctor replayed the trace with the failed request added; the curve shown replays the file as recorded)')
+    + (v.command ? '' : ' (the doctor replayed the trace edited as it says; the curve shown replays the file itself, unedited)')
     + `. Replayed here: peak reserved ${formatBytes(r.replayed.peak_reserved_bytes)}${r.replayed.ooms || r.out_of_memory_at_start ? ', out of memory' : ''}.`;
 }
 

@@ -423,7 +423,7 @@ pub(super) fn nothing_allocated_between(p: &Patient, s: &Steps, x: u32, y: u32) 
 }
 
 /// Fewer earlier-layer tensors alive at a forward's end than this prove no graph.
-const GRAPH_MIN_SURVIVORS: usize = 3;
+pub(super) const GRAPH_MIN_SURVIVORS: usize = 3;
 
 /// Whether allocation `id` is live at position `x`.
 pub(super) fn live_at(p: &Patient, id: usize, x: u32) -> bool {

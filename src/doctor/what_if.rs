@@ -4,7 +4,7 @@
 use super::{DoctorError, Patient, Verified};
 use crate::alloc::AllocatorConfig;
 use crate::replay::{self, DeviceReplay, ReplayOptions, StartMode};
-use crate::trace::Snapshot;
+use crate::trace::{Action, Snapshot, TraceEntry};
 
 /// Capacities are searched to this resolution: 2 MiB, the granularity of large segments
 /// (PyTorch's kRoundLarge).
@@ -118,6 +118,47 @@ pub(crate) fn verified(how: String, setup: &Setup, device: i64, before: Outcome,
         before_out_of_memory: before.out_of_memory,
         after_out_of_memory: after.out_of_memory,
     }
+}
+
+/// `snapshot` with some of `device`'s allocations freed sooner: each `(alloc, after)` pair moves
+/// the free of the allocation made at trace index `alloc` to just after the entry at `after`,
+/// the counterfactual of a program that lets go of those tensors there (under no_grad, what a
+/// graph would have saved is freed once the next op has read it). An allocation already freed
+/// by then, or never freed in the trace (the reconstructed start rests on the trace's frees),
+/// keeps its own free. None when no free moves.
+pub(crate) fn with_earlier_frees(snapshot: &Snapshot, device: i64, moves: &[(usize, usize)]) -> Option<Snapshot> {
+    let trace = snapshot.trace_of(device);
+    let mut dropped = vec![false; trace.len()];
+    let mut moved_after: rustc_hash::FxHashMap<usize, Vec<usize>> = Default::default();
+    for &(alloc, after) in moves {
+        let Some(e) = trace.get(alloc).filter(|e| e.action == Action::Alloc) else { continue };
+        let find = |from: usize, action: Action| (from..trace.len()).find(|&j| trace[j].action == action && trace[j].addr == e.addr);
+        let Some(requested) = find(alloc + 1, Action::FreeRequested) else { continue };
+        if requested <= after {
+            continue;
+        }
+        dropped[requested] = true;
+        if let Some(completed) = find(requested + 1, Action::FreeCompleted) {
+            dropped[completed] = true;
+        }
+        moved_after.entry(after).or_default().push(alloc);
+    }
+    if moved_after.is_empty() {
+        return None;
+    }
+    let mut edited: Vec<TraceEntry> = Vec::with_capacity(trace.len());
+    for (j, e) in trace.iter().enumerate() {
+        if !dropped[j] {
+            edited.push(e.clone());
+        }
+        for &alloc in moved_after.get(&j).into_iter().flatten() {
+            let free = |action| TraceEntry { action, time_us: e.time_us, frames: None, category: None, extra: None, ..trace[alloc].clone() };
+            edited.extend([free(Action::FreeRequested), free(Action::FreeCompleted)]);
+        }
+    }
+    let mut snapshot = snapshot.clone();
+    snapshot.device_traces[device as usize] = edited;
+    Some(snapshot)
 }
 
 /// `f` over each of `items`, in order: natively each on a thread of its own (the what-if replays

@@ -1,5 +1,6 @@
 //! A scenario's mistake, verified by running its fix variant: the findings the fix no longer
-//! shows get the two runs' peaks as their `verified` (where no replay already measured one).
+//! shows get the two runs' peaks as their `verified` (where no replay of the file itself already
+//! measured one).
 //! The doctor reads the mistake's trace alone; this only adds what running the fix measured.
 
 use super::RunResult;
@@ -10,7 +11,9 @@ use crate::doctor::{Diagnosis, PEAK, Verified};
 /// fix's diagnosis) does not report. `command` is the `tensormem run` line of the fix.
 pub fn verify_by_fix(diagnosis: &mut Diagnosis, mistake: &RunResult, fix: &RunResult, fixed: &Diagnosis, command: &str) {
     let remains = |kind: &str| fixed.findings.iter().any(|f| f.kind == kind);
-    for finding in diagnosis.findings.iter_mut().filter(|f| f.kind != PEAK && f.verified.is_none() && !remains(&f.kind)) {
+    // A run of the fix outranks a replay of an edited trace (a verification without a command).
+    let replaceable = |v: &Option<Verified>| v.as_ref().is_none_or(|v| v.command.is_none());
+    for finding in diagnosis.findings.iter_mut().filter(|f| f.kind != PEAK && replaceable(&f.verified) && !remains(&f.kind)) {
         finding.verified = Some(Verified {
             how: format!("run the scenario's fix variant ({} --variant fix): the finding is gone", mistake.scenario),
             command: Some(command.to_string()),
