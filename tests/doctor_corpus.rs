@@ -269,7 +269,9 @@ const RECORDED: &str = "recorded for the doctor";
 const ENGINE: &str = "tensormem's engine";
 const TWINS: &str = "H100 twins";
 const REAL: &str = "real programs";
-const HELD_OUT: &str = "real, held out, set 1";
+/// Set aside first; its misses were read mid-way and the rules then changed for them.
+const HELD_OUT: &str = "real, set 1 (seen)";
+/// Set aside later and never read while rules changed.
 const HELD_OUT_2: &str = "real, held out, set 2";
 
 fn real_labels() -> (std::path::PathBuf, Value) {
@@ -412,7 +414,8 @@ fn table(checks: &[Check]) -> String {
 #[test]
 fn the_doctor_is_right_on_the_labelled_corpus_precision_and_recall() {
     // The acceptance of issue 50: no false claim anywhere (precision 1.0), and recall of at
-    // least 0.9 over the families the rules were tuned on; the held-out table is printed apart.
+    // least 0.9 over the families the rules were tuned on and over all real programs; the
+    // held-out tables are printed apart.
     let checks = all_checks();
     eprintln!("{}", table(&checks));
     let wrong = |pick: &dyn Fn(&Check) -> bool| -> Vec<String> {
@@ -424,6 +427,10 @@ fn the_doctor_is_right_on_the_labelled_corpus_precision_and_recall() {
     eprintln!("missed (tuned families): {misses:?}\nmissed (held out): {:?}", wrong(&|c| c.asked == "expect" && held_out(c)));
     let (found, missed, _) = score(checks.iter().filter(|c| !held_out(c)));
     assert!(found as f64 >= 0.9 * (found + missed) as f64, "recall {found}/{} below 0.9: {misses:?}", found + missed);
+    // And over every real program, the held-out sets included (unless TENSORMEM_HOLD_OUT keeps
+    // some unread).
+    let (found, missed, _) = score(checks.iter().filter(|c| c.family == REAL || held_out(c)));
+    assert!(found as f64 >= 0.9 * (found + missed) as f64, "recall over real programs {found}/{} below 0.9", found + missed);
     // Every engine program, recording and twin holds every label: they are ours to keep exact.
     let ours = wrong(&|c| c.family != REAL && !held_out(c));
     assert!(ours.is_empty(), "labels the doctor gets wrong:\n{}", ours.join("\n"));
