@@ -795,3 +795,41 @@ fn an_earlier_graph_freed_unused_makes_a_held_forward_a_claim() {
     assert_eq!(m.confidence, FindingConfidence::Inconclusive);
     assert!(m.evidence["earlier_graph"].is_null());
 }
+
+/// Issue 50, cause 6: PyTorch's trace of an SGD loop that never calls zero_grad(). Plain SGD's
+/// step allocates nothing, and the last one begins after the trace's last entry (the dump comes
+/// after it): the optimizer finder took the frees between that step and the trace's end as a
+/// range running backwards, and panicked. Each finder must read such a trace.
+#[test]
+fn a_last_optimizer_step_after_the_traces_last_entry_takes_no_finder_down() {
+    use tensormem::alloc::{RecordContext, TimeSource, VirtualAllocator};
+    const MIB: u64 = 1 << 20;
+    let init = python_stack(&[("torch/nn/modules/linear.py", "__init__"), ("train.py", "<module>")]);
+    let forward = python_stack(&[("torch/nn/modules/linear.py", "forward"), ("torch/nn/modules/module.py", "_call_impl"), ("train.py", "<module>")]);
+    let backward = python_stack(&[("torch/autograd/__init__.py", "backward"), ("train.py", "<module>")]);
+    let mut a = VirtualAllocator::virtual_with(AllocatorConfig::default());
+    a.record_memory_history(true, RecordContext::All, 1 << 16);
+    a.history_mut().set_time_source(TimeSource::modelled());
+    let _parameters: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(init.clone())).unwrap().ptr).collect();
+    for k in 0..3 {
+        let activations: Vec<u64> = (0..4).map(|_| a.malloc(8 * MIB, 0, Some(forward.clone())).unwrap().ptr).collect();
+        // The first backward's gradients become .grad; later ones are added into them and freed.
+        let gradients: Vec<u64> = (0..4).map(|_| a.malloc(4 * MIB, 0, Some(backward.clone())).unwrap().ptr).collect();
+        for ptr in activations.into_iter().chain(gradients.into_iter().filter(|_| k > 0)) {
+            a.free(ptr, None).unwrap();
+        }
+        a.history_mut().annotate("Optimizer.step#SGD.step", true, 0);
+        a.history_mut().annotate("Optimizer.step#SGD.step", false, 0);
+    }
+    let mut snapshot = a.snapshot();
+    // The last step's range, after the last entry (the modelled clock stamps it with the last free's time).
+    let last = snapshot.trace_of(0).last().and_then(|e| e.time_us).unwrap();
+    let notes = snapshot.external_annotations.as_mut().unwrap();
+    let n = notes.len();
+    for (k, note) in notes[n - 2..].iter_mut().enumerate() {
+        note.time_us = Some(last + 1 + k as i64);
+    }
+    let d = diagnose(&snapshot, None);
+    assert!(d.notes.iter().all(|n| !n.contains("failed")), "{:?}", d.notes);
+    assert_well_formed("sgd without zero_grad", &d);
+}
