@@ -65,8 +65,17 @@ function confidenceText(f) {
 // The verified what-if in one line: "replay with expandable_segments:True: peak reserved 1.2 GiB → 900 MiB".
 export function verifiedText(v) {
   const oom = (flag) => (flag ? ', out of memory' : '');
+  const allocated = v.before_peak_allocated_bytes === v.after_peak_allocated_bytes ? ''
+    : `, peak allocated ${formatBytes(v.before_peak_allocated_bytes)} → ${formatBytes(v.after_peak_allocated_bytes)}`;
   return `${v.how}: peak reserved ${formatBytes(v.before_peak_reserved_bytes)}${oom(v.before_out_of_memory)} → `
-    + `${formatBytes(v.after_peak_reserved_bytes)}${oom(v.after_out_of_memory)}`;
+    + `${formatBytes(v.after_peak_reserved_bytes)}${oom(v.after_out_of_memory)}${allocated}`;
+}
+
+// Whether the What if panel can replay a verification: a file's own trace under other settings
+// or on a card of a given size. A replay of an edited trace (tensors freed sooner) it cannot:
+// its figures are shown as text instead.
+function replayable(v) {
+  return Boolean(v.command) || v.capacity != null;
 }
 
 // What the evidence says beyond the title, as short lines of text.
@@ -112,7 +121,7 @@ export function showFindings(root, findings, on, notes = []) {
         el('div', { class: 'muted', text: `${formatBytes(s.bytes)} in ${s.allocations} allocations from:` }),
         ...s.frames.map((frame) => el('div', { class: 'py', text: frame })))),
       f.estimate ? el('p', { class: 'finding-estimate muted', text: `Estimate: ${f.estimate}` }) : null);
-    const fix = f.verified
+    const fix = f.verified && replayable(f.verified)
       ? el('button', { class: 'button finding-fix-button', type: 'button', 'data-testid': 'show-fix', title: verifiedText(f.verified) }, 'show the fix')
       : null;
     if (fix) fix.addEventListener('click', () => on.fix(f, card));
@@ -126,7 +135,9 @@ export function showFindings(root, findings, on, notes = []) {
       class: f.confidence === 'inconclusive' ? 'finding inconclusive' : 'finding',
       'data-testid': 'finding',
       dataset: { kind: f.kind, bytes: String(f.bytes), position: moment == null ? '' : String(moment), rank: String(k), confidence: f.confidence || 'high' },
-    }, el('div', { class: 'finding-row' }, go, toggle, fix), more);
+    }, el('div', { class: 'finding-row' }, go, toggle, fix),
+    f.verified && !replayable(f.verified) ? el('p', { class: 'finding-fixed', 'data-testid': 'finding-measured', text: `Measured: ${verifiedText(f.verified)}.` }) : null,
+    more);
     return card;
   }));
   // The inconclusive findings (after the problems, never ranked among them) under a heading of their own.

@@ -27,12 +27,12 @@
 //!
 //! The figures: the trace is replayed as recorded and with each saved tensor freed once the next
 //! op has read it, each kept input once the program makes the next allocation outside a forward
-//! (`without_saved_tensors`). On shreyansh26's `Linear` run, that gives the peaks its no_grad
+//! (`what_if::freed_sooner`). On shreyansh26's `Linear` run, that gives the peaks its no_grad
 //! twin recorded (tests/doctor.rs).
 
 use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Phase, Steps};
-use super::{AllocationRef, Finding, FindingConfidence, MISSING_NO_GRAD, Patient, StackBytes, Verified, size, what_if};
+use super::{AllocationRef, Finding, FindingConfidence, MISSING_NO_GRAD, Patient, StackBytes, size, what_if};
 use crate::trace::{Category, Frame};
 use serde::Serialize;
 
@@ -213,7 +213,9 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         (None, 0) => "none: the trace ends with the forward's tensors live".to_string(),
         (None, n) => format!("{n} forward{}' tensors freed together when {} result died, as a graph is", plural(n), if n == 1 { "its" } else { "their" }),
     };
-    let verified = (confidence != FindingConfidence::Inconclusive).then(|| without_saved_tensors(p, &sooner)).flatten();
+    let how = "replay the trace with each tensor the forwards saved for backward freed once the next op has read it, and each \
+               input they kept freed when the next allocation is made, as under torch.no_grad()";
+    let verified = (confidence != FindingConfidence::Inconclusive).then(|| what_if::freed_sooner(p, &sooner, how)).flatten();
     let top_stacks = steps::top_stacks(p, &held, 3);
     let n = s.iterations.len();
     let title = format!(
@@ -277,21 +279,6 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
             ))
             .confidence(confidence, reason),
     )
-}
-
-/// The trace replayed twice under its own settings: as recorded, and with what the forwards
-/// saved freed where no_grad would have freed it (`sooner`). None where replay cannot tell:
-/// nothing saved is freed within the trace (the start is rebuilt from the trace's frees), or a
-/// replay fails.
-fn without_saved_tensors(p: &Patient, sooner: &[(usize, usize)]) -> Option<Verified> {
-    let edited = what_if::with_earlier_frees(p.snapshot, p.device, sooner)?;
-    let setup = what_if::Setup::file_settings_plus(p, "").ok()?;
-    let mut outcomes = what_if::each_in_parallel(&[p.snapshot, &edited], |snapshot| setup.replay(snapshot, p.device).ok()).into_iter();
-    let (before, after) = (outcomes.next()??, outcomes.next()??);
-    let how = "replay the trace with each tensor the forwards saved for backward freed once the next op has read it, and each \
-               input they kept freed when the next allocation is made, as under torch.no_grad()"
-        .to_string();
-    Some(what_if::verified(how, &setup, p.device, before, after, false))
 }
 
 fn plural(n: usize) -> &'static str {

@@ -161,6 +161,18 @@ pub(crate) fn with_earlier_frees(snapshot: &Snapshot, device: i64, moves: &[(usi
     Some(snapshot)
 }
 
+/// The trace replayed twice under its own settings: as recorded, and with the frees of
+/// `with_earlier_frees(moves)`; `how` says where they moved. None where replay cannot tell:
+/// nothing moves (an allocation held to the trace's end keeps its place: the start is rebuilt
+/// from the trace's frees), or a replay fails.
+pub(crate) fn freed_sooner(p: &Patient, moves: &[(usize, usize)], how: &str) -> Option<Verified> {
+    let edited = with_earlier_frees(p.snapshot, p.device, moves)?;
+    let setup = Setup::file_settings_plus(p, "").ok()?;
+    let mut outcomes = each_in_parallel(&[p.snapshot, &edited], |snapshot| setup.replay(snapshot, p.device).ok()).into_iter();
+    let (before, after) = (outcomes.next()??, outcomes.next()??);
+    Some(verified(how.to_string(), &setup, p.device, before, after, false))
+}
+
 /// `f` over each of `items`, in order: natively each on a thread of its own (the what-if replays
 /// are independent, and a 1 M-entry trace takes a quarter of a second each); in the browser's
 /// worker, one after the other.

@@ -836,6 +836,26 @@ test('a finder that fails is named in a note and the other findings stand (a pan
   await page.close();
 });
 
+test('a finding measured on an edited trace shows both figures as text, not a replay it cannot run', async () => {
+  // Issue 50: missing-no-grad replays the trace with what the graph saved freed where no_grad
+  // frees it. The What if panel replays files, not edited traces: the card says the figures.
+  const path = resolve(root, 'tests/data/real/linear-grad.pickle');
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await openFile(page, path);
+  const expected = cliDoctor([path]);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(expected));
+  const v = expected.find((f) => f.kind === 'missing-no-grad').verified;
+  assert.ok(v && !v.command && v.after_peak_allocated_bytes < v.before_peak_allocated_bytes, JSON.stringify(v));
+  const card = page.locator('[data-testid=finding][data-kind=missing-no-grad]');
+  assert.equal(await card.locator('[data-testid=show-fix]').count(), 0);
+  const measured = await card.locator('[data-testid=finding-measured]').textContent();
+  assert.match(measured, /peak allocated 4\.13 GiB → 3\.95 GiB/);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
 test('the default scenario\'s findings, and the doctor\'s verdict on its mistake and on its fix', async () => {
   const page = await newPage();
   await page.goto(baseUrl);
