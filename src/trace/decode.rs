@@ -24,9 +24,10 @@ type Reader<'d, T> = fn(&Decoder<'d>, NodeId, &dyn Fn() -> String) -> Result<T>;
 /// What decoding remembers across nodes.
 #[derive(Default)]
 struct Caches {
-    /// Frame lists by node id, and by the ids of their frame dicts: PyTorch writes each frame
-    /// dict once but a new list per trace entry, so lists with the same frames share one `Frames`.
-    frames: FxHashMap<NodeId, Frames>,
+    /// Frame lists by the ids of their frame dicts: PyTorch writes each frame dict once but a
+    /// new list per trace entry, so lists with the same frames share one `Frames`. (Not by the
+    /// list's own id: a memoized list is a new one per entry, and 11.5 M of them made a map of
+    /// their own.)
     frame_lists: FxHashMap<Vec<NodeId>, Frames>,
     frame_dicts: FxHashMap<NodeId, Frame>,
     /// Every distinct stack once, by content: a JSON snapshot repeats a stack as separate
@@ -106,29 +107,28 @@ impl EntryCompactor {
 }
 
 impl Compact for EntryCompactor {
-    fn compact(&mut self, arena: &Arena, list: NodeId, item: NodeId, release: &mut Vec<NodeId>) -> Option<u32> {
+    fn compact(&mut self, arena: &Arena, list: NodeId, item: NodeId, lasting: &dyn Fn(NodeId) -> bool, release: &mut Vec<NodeId>) -> Option<u32> {
         let Node::Dict(fields) = arena.get(item) else { return None };
         if !matches!(arena.dict_get(item, "action").map(|a| arena.get(a)), Some(Node::Str(_))) {
             return None;
         }
         // A bad entry stays a node: decoding it again at the end names its path.
-        let entry = Decoder { arena, c: &mut self.caches }.entry(item, &String::new).ok()?;
+        let entry = Decoder { arena, c: &mut self.caches, lasting }.entry(item, &String::new).ok()?;
         release.push(item);
         release.extend(fields.iter().map(|&(_, value)| value));
         let entries = self.lists.entry(list).or_default();
         entries.push(entry);
         Some((entries.len - 1) as u32)
     }
-
-    fn released(&mut self, id: NodeId) {
-        self.caches.frames.remove(&id);
-        self.caches.strings.remove(&id);
-    }
 }
 
 struct Decoder<'a> {
     arena: &'a Arena,
     c: &'a mut Caches,
+    /// Whether a node outlives the entry being decoded: only those are remembered by id (a
+    /// freed node's id is reused). PyTorch memoizes each frame dict and each repeated string
+    /// once; each entry's frame list is new, and read by content.
+    lasting: &'a dyn Fn(NodeId) -> bool,
 }
 
 impl<'a> Decoder<'a> {
@@ -244,7 +244,9 @@ impl<'a> Decoder<'a> {
             return Ok(Some(s.clone()));
         }
         let s: Arc<str> = self.str(v, &|| format!("{}.{key}", path()))?.into();
-        self.c.strings.insert(v, s.clone());
+        if (self.lasting)(v) {
+            self.c.strings.insert(v, s.clone());
+        }
         Ok(Some(s))
     }
 
@@ -272,18 +274,18 @@ impl<'a> Decoder<'a> {
             let items = self.seq(id, path)?.to_vec();
             return self.frames_by_content(&items, path);
         }
-        if let Some(f) = self.c.frames.get(&id) {
+        let lasting = self.lasting;
+        let items = self.seq(id, path)?;
+        // A list of lasting frame dicts is known by their ids.
+        let by_items = items.iter().all(|&f| lasting(f));
+        if by_items && let Some(f) = self.c.frame_lists.get(items) {
             return Ok(f.clone());
         }
-        let items = self.seq(id, path)?.to_vec();
-        if let Some(f) = self.c.frame_lists.get(&items) {
-            let f = f.clone();
-            self.c.frames.insert(id, f.clone());
-            return Ok(f);
-        }
+        let items = items.to_vec();
         let frames = self.frames_by_content(&items, path)?;
-        self.c.frames.insert(id, frames.clone());
-        self.c.frame_lists.insert(items, frames.clone());
+        if by_items {
+            self.c.frame_lists.insert(items, frames.clone());
+        }
         Ok(frames)
     }
 
@@ -292,7 +294,7 @@ impl<'a> Decoder<'a> {
     fn frames_by_content(&mut self, items: &[NodeId], path: &dyn Fn() -> String) -> Result<Frames> {
         let mut frames = Vec::with_capacity(items.len());
         for (i, &f) in items.iter().enumerate() {
-            if let Some(frame) = self.c.frame_dicts.get(&f).filter(|_| !self.c.unshared) {
+            if let Some(frame) = self.c.frame_dicts.get(&f).filter(|_| !self.c.unshared && (self.lasting)(f)) {
                 frames.push(frame.clone());
                 continue;
             }
@@ -305,7 +307,7 @@ impl<'a> Decoder<'a> {
                 },
                 name: self.opt_string_field(f, "name", &p)?.unwrap_or_default(),
             };
-            if !self.c.unshared {
+            if !self.c.unshared && (self.lasting)(f) {
                 self.c.frame_dicts.insert(f, frame.clone());
             }
             frames.push(frame);
@@ -530,7 +532,7 @@ impl<'a> Decoder<'a> {
 /// The typed snapshot of a parsed tree, with the entries `compactor` decoded during the parse.
 pub fn snapshot(arena: &Arena, root: NodeId, compactor: EntryCompactor) -> Result<Snapshot> {
     let EntryCompactor { mut caches, mut lists } = compactor;
-    Decoder { arena, c: &mut caches }.snapshot(root, &mut lists)
+    Decoder { arena, c: &mut caches, lasting: &|_| true }.snapshot(root, &mut lists)
 }
 
 /// A Windows path (`C:\...\torch\functional.py`) with forward slashes, as Windows also

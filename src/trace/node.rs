@@ -168,7 +168,8 @@ impl JsonBuilder<'_> {
     /// index and freed with everything below it.
     fn appended(&mut self, list: NodeId, at: usize, item: NodeId) {
         self.release.clear();
-        let Some(k) = self.compact.compact(&self.arena, list, item, &mut self.release) else { return };
+        // JSON shares nothing: every node goes with its item.
+        let Some(k) = self.compact.compact(&self.arena, list, item, &|_| false, &mut self.release) else { return };
         if let Node::List(items) = self.arena.get_mut(list) {
             items[at] = COMPACTED | k;
         }
@@ -184,7 +185,6 @@ impl JsonBuilder<'_> {
                 _ => {}
             }
             self.arena.release(id);
-            self.compact.released(id);
         }
     }
 }

@@ -54,9 +54,10 @@ pub trait Compact {
     /// If `item`, just appended to `list`, can be stored in typed form, stores it and returns its
     /// index among the items compacted into that list; `release` receives the nodes it consumed
     /// (the item first, then its children), which the parser frees where nothing else refers to them.
-    fn compact(&mut self, arena: &Arena, list: NodeId, item: NodeId, release: &mut Vec<NodeId>) -> Option<u32>;
-    /// `id` was freed (its slot will be reused): forget anything cached under it.
-    fn released(&mut self, _id: NodeId) {}
+    /// `lasting(id)`: whether node `id` outlives this item (the pickle memoized it, so a later
+    /// reference may read it again and it is never freed): only such nodes may be remembered by
+    /// id, as a freed node's id is reused.
+    fn compact(&mut self, arena: &Arena, list: NodeId, item: NodeId, lasting: &dyn Fn(NodeId) -> bool, release: &mut Vec<NodeId>) -> Option<u32>;
 }
 
 /// Compacts nothing: the whole file stays a node tree.
@@ -65,7 +66,7 @@ pub struct KeepAll;
 
 #[cfg(test)]
 impl Compact for KeepAll {
-    fn compact(&mut self, _: &Arena, _: NodeId, _: NodeId, _: &mut Vec<NodeId>) -> Option<u32> {
+    fn compact(&mut self, _: &Arena, _: NodeId, _: NodeId, _: &dyn Fn(NodeId) -> bool, _: &mut Vec<NodeId>) -> Option<u32> {
         None
     }
 }
@@ -296,7 +297,10 @@ impl Parser {
             }
             self.release.clear();
             let mut release = std::mem::take(&mut self.release);
-            if let Some(k) = compact.compact(&self.arena, list, item, &mut release) {
+            let memo_slot = &self.memo_slot;
+            // Memoized children are never freed (see below); the item itself may be.
+            let lasting = |id: NodeId| id != item && memo_slot.get(id as usize).is_some_and(|&slot| slot != NOT_MEMOIZED);
+            if let Some(k) = compact.compact(&self.arena, list, item, &lasting, &mut release) {
                 if let Node::List(items) = self.arena.get_mut(list) {
                     items[at] = COMPACTED | k;
                 }
@@ -315,7 +319,6 @@ impl Parser {
                         _ => {}
                     }
                     self.arena.release(id);
-                    compact.released(id);
                 }
             }
             self.release = release;

@@ -1,0 +1,57 @@
+//! `cargo bench --bench load`: opening a snapshot, phase by phase, against a baseline measured in
+//! the same run: a plain read of the file's bytes (issue 51). Phases: decoding the file into a
+//! `Snapshot`, the page's timeline layout, and one replay (what `tensormem summary` adds). On
+//! generated training-loop snapshots of 100 k and 1 M entries (about 10 and 100 MB), and on
+//! `TENSORMEM_BIG` when it names a file (`python3 ../shared/tools/gen_big_snapshot.py 11500000
+//! big.pickle` writes the issue's 1.04 GB one). Goal for the 1 GB file: `summary` within 4 s.
+
+use std::path::Path;
+use std::time::Instant;
+use tensormem::replay::{ReplayOptions, replay_device};
+use tensormem::trace;
+
+#[allow(dead_code)]
+#[path = "../examples/synth_snapshot.rs"]
+mod synth;
+
+/// Seconds `f` takes, with its result.
+fn timed<T>(f: impl FnOnce() -> T) -> (f64, T) {
+    let start = Instant::now();
+    let out = f();
+    (start.elapsed().as_secs_f64(), out)
+}
+
+fn phases(name: &str, path: &Path) {
+    let (read, bytes) = timed(|| std::fs::read(path).unwrap());
+    let size = bytes.len();
+    drop(bytes);
+    let (load, snapshot) = timed(|| trace::load_file(path).unwrap());
+    let events = snapshot.trace_of(0).len();
+    let (layout, _) = timed(|| tensormem::timeline::build(&snapshot, 0).unwrap());
+    let (replay, _) = timed(|| replay_device(&snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap());
+    println!(
+        "{name}: {:.1} MB, {events} entries; read {:.2} s; decode {:.2} s = {:.1}x the read; layout {:.2} s ({:.1}x); replay {:.2} s ({:.1}x)",
+        size as f64 / 1e6,
+        read,
+        load,
+        load / read,
+        layout,
+        layout / read,
+        replay,
+        replay / read
+    );
+}
+
+fn main() {
+    let dir = std::env::temp_dir().join(format!("tensormem-bench-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entries in [100_000, 1_000_000] {
+        let path = dir.join(format!("synth-{entries}.pickle"));
+        trace::save_file(&synth::synthesize(entries).0, &path).unwrap();
+        phases(&format!("generated, {entries} entries"), &path);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(big) = std::env::var_os("TENSORMEM_BIG") {
+        phases("TENSORMEM_BIG", Path::new(&big));
+    }
+}
