@@ -127,6 +127,33 @@ fn an_entry_read_again_after_it_was_decoded_is_a_clear_error() {
     assert_eq!(trace::load(&data).map(|s| s.device_traces[0].len()).map_err(|e| e.to_string()), Ok(2));
 }
 
+/// An entry with a frame list memoized as `list`, holding one frame dict (memoized as `frame`
+/// when given), then read again by a later entry with BINGET: PyTorch memoizes every entry's
+/// list, and a block's history can name the same one. The parser frees such a list once its
+/// entry is decoded (11.5 M of them were most of a 1 GB file's memory) and rebuilds it when read again.
+#[test]
+fn a_frame_list_freed_with_its_entry_is_rebuilt_when_read_again() {
+    for frame in [Some(21u8), None] {
+        let data = snapshot_pickle(|p| {
+            p.op(b"}q\x0a(").str("action").str("alloc").str("addr").int(4096).str("size").int(512).str("stream").int(0);
+            p.str("frames").op(b"]q\x14(}");
+            if let Some(memo) = frame {
+                p.op(b"q").op(&[memo]);
+            }
+            p.op(b"(").str("filename").str("train.py").str("line").int(7).str("name").str("step").op(b"ueu");
+            // The first batch of entries is appended (and decoded) here; the second reads the list again.
+            p.op(b"e(}q\x0b(").str("action").str("free_requested").str("addr").int(4096).str("size").int(512).str("stream").int(0);
+            p.str("frames").op(b"h\x14u");
+        });
+        let snap = trace::load(&data).unwrap_or_else(|e| panic!("frame dict memoized: {frame:?}: {e}"));
+        let frames: Vec<_> = snap.device_traces[0].iter().map(|e| e.frames.clone().unwrap()).collect();
+        assert_eq!(frames.len(), 2);
+        assert_eq!((frames[0][0].filename.as_str(), frames[0][0].line, frames[0][0].name.as_str()), ("train.py", 7, "step"));
+        assert_eq!(frames[0], frames[1], "frame dict memoized: {frame:?}");
+        assert!(load_in_chunks(&data, &[3]).unwrap() == snap);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 

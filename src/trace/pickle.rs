@@ -167,6 +167,12 @@ pub struct Parser {
     arena: Arena,
     stack: Vec<Slot>,
     memo: Vec<u32>,
+    /// Lists freed while the memo still names them (`COMPACTED | k` in `memo`): their items, each
+    /// distinct list once. A real snapshot memoizes every trace entry's frame list (a new one
+    /// per entry, of frame dicts memoized once): 11.5 M lists held as nodes were most of the
+    /// memory a 1 GB file took. A later reference rebuilds the list from its items.
+    parked: Vec<Box<[NodeId]>>,
+    parked_index: rustc_hash::FxHashMap<Box<[NodeId]>, u32>,
     /// Per node: the memo index that refers to it, `NOT_MEMOIZED`, or `SHARED` once anything
     /// (BINGET, DUP, a second memo write) refers to it a second time.
     memo_slot: Vec<u32>,
@@ -186,6 +192,8 @@ impl Parser {
             arena: Arena::with_capacity((total / 4).min(1 << 16)),
             stack: Vec::new(),
             memo: Vec::new(),
+            parked: Vec::new(),
+            parked_index: Default::default(),
             memo_slot: Vec::new(),
             release: Vec::new(),
             stopped: false,
@@ -313,7 +321,12 @@ impl Parser {
                     match self.memo_slot[id as usize] {
                         SHARED => continue,
                         NOT_MEMOIZED => {}
-                        _ if n > 0 => continue,
+                        // A memoized child stays, unless it is a list of nodes that stay (an
+                        // entry's frames): its items are kept for the memo instead.
+                        idx if n > 0 => match self.park(id) {
+                            Some(k) if self.memo[idx as usize] == id => self.memo[idx as usize] = COMPACTED | k,
+                            _ => continue,
+                        },
                         // Unless a later PUT reused the index for another object.
                         idx if self.memo[idx as usize] == id => self.memo[idx as usize] = MEMO_RELEASED,
                         _ => {}
@@ -323,6 +336,23 @@ impl Parser {
             }
             self.release = release;
         }
+    }
+
+    /// The index under which list `id`'s items are kept, when each of them stays in the arena
+    /// (memoized: never freed); None for anything else.
+    fn park(&mut self, id: NodeId) -> Option<u32> {
+        let Node::List(items) = self.arena.get(id) else { return None };
+        if !items.iter().all(|&item| !is_compacted(item) && self.memo_slot.get(item as usize).is_some_and(|&slot| slot != NOT_MEMOIZED)) {
+            return None;
+        }
+        if let Some(&k) = self.parked_index.get(&items[..]) {
+            return Some(k);
+        }
+        let k = u32::try_from(self.parked.len()).ok().filter(|&k| k < MEMO_RELEASED & !COMPACTED)?;
+        let items: Box<[NodeId]> = items.clone().into_boxed_slice();
+        self.parked.push(items.clone());
+        self.parked_index.insert(items, k);
+        Some(k)
     }
 
     /// Runs one opcode; `Ok(false)` at STOP.
@@ -494,6 +524,14 @@ impl Parser {
                                 "memo entry {idx} (a trace entry) is referenced a second time; PyTorch never writes that, and tensormem has already decoded and freed it"
                             ))
                             .into())
+                    }
+                    parked if is_compacted(parked) => {
+                        // A freed list read again: rebuilt from its items, and kept from now on.
+                        let items = self.parked[(parked & !COMPACTED) as usize].to_vec();
+                        self.push(Node::List(items));
+                        let id = top_value(&self.stack, r)?;
+                        self.memo[idx] = id;
+                        self.share(id);
                     }
                     id => {
                         self.share(id);
