@@ -187,3 +187,18 @@ fn a_pickle_cut_between_opcodes_says_the_file_ends_early() {
     assert_eq!(trace::load(cut).unwrap_err().to_string(), format!("bad pickle at byte {}: the file ends before the pickle does (truncated?)", cut.len()));
     assert_eq!(load_in_chunks(cut, &[5]).unwrap_err(), trace::load(cut).unwrap_err().to_string());
 }
+
+/// Progress while a file loads (issue 51): bytes read, growing to the file's length, and the
+/// trace entries decoded so far, reaching the trace's length by the end.
+#[test]
+fn loading_a_file_tells_how_far_it_has_got() {
+    let Some(path) = common::fixture("gpt-medium-ctx128-training.pickle") else { return };
+    let mut seen: Vec<trace::LoadProgress> = Vec::new();
+    let snap = trace::load_file_with_progress(&path, &mut |p| seen.push(p)).unwrap();
+    let length = std::fs::metadata(&path).unwrap().len() as usize;
+    assert!(seen.len() > 1, "{} reports for a {length}-byte file", seen.len());
+    assert!(seen.windows(2).all(|w| w[0].bytes_read < w[1].bytes_read && w[0].entries_decoded <= w[1].entries_decoded));
+    let last = seen.last().unwrap();
+    assert_eq!((last.bytes_read, last.total_bytes), (length, Some(length)));
+    assert!(last.entries_decoded > 0 && last.entries_decoded <= snap.device_traces.iter().map(Vec::len).sum::<usize>());
+}

@@ -633,7 +633,24 @@ fn load(path: &Path) -> Result<Snapshot, Failure> {
     {
         return Ok(snapshot);
     }
-    trace::load_file(path).map_err(|e| Failure(format!("{}: {e}", path.display()), 1))
+    // A big file takes seconds: on a terminal, how far reading and decoding have got.
+    let big = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() > 64 << 20);
+    let bar = (big && std::io::stderr().is_terminal()).then(|| {
+        let bar = ProgressBar::new(0);
+        bar.set_style(ProgressStyle::with_template("reading {bar:40} {bytes}/{total_bytes}, {msg} ({eta})").unwrap());
+        bar
+    });
+    let loaded = trace::load_file_with_progress(path, &mut |p| {
+        if let Some(bar) = &bar {
+            bar.set_length(p.total_bytes.unwrap_or(p.bytes_read) as u64);
+            bar.set_position(p.bytes_read as u64);
+            bar.set_message(format!("{} entries decoded", p.entries_decoded));
+        }
+    });
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    loaded.map_err(|e| Failure(format!("{}: {e}", path.display()), 1))
 }
 
 fn replay_with_progress(snapshot: &Snapshot, device: Option<i64>, options: &ReplayOptions, show: bool) -> Result<Vec<DeviceReplay>, Failure> {

@@ -98,6 +98,11 @@ impl Chunked {
 }
 
 impl EntryCompactor {
+    /// Trace entries decoded so far.
+    pub fn entries(&self) -> usize {
+        self.lists.values().map(|l| l.len).sum()
+    }
+
     /// For input whose nodes are never shared and are freed as it streams (JSON).
     pub fn unshared() -> EntryCompactor {
         let mut compactor = EntryCompactor::default();

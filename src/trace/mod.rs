@@ -85,6 +85,14 @@ impl Loader {
         Loader { state: LoaderState::Start(Vec::new()), total }
     }
 
+    /// Trace entries decoded so far (a pickle's, as it streams; a JSON text is decoded at the end).
+    pub fn entries_decoded(&self) -> usize {
+        match &self.state {
+            LoaderState::Pickle(_, compactor) => compactor.entries(),
+            _ => 0,
+        }
+    }
+
     pub fn feed(&mut self, chunk: &[u8]) -> Result<(), TraceError> {
         match &mut self.state {
             LoaderState::Start(seen) => {
@@ -146,6 +154,20 @@ impl Loader {
 
 /// Reads a snapshot file as a stream (a 1 GB pickle is never held whole).
 pub fn load_file(path: &Path) -> Result<Snapshot, TraceError> {
+    load_file_with_progress(path, &mut |_| {})
+}
+
+/// How far a file's reading has got: for a progress bar.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadProgress {
+    pub bytes_read: usize,
+    /// The file's length, when it has one (a pipe has none).
+    pub total_bytes: Option<usize>,
+    pub entries_decoded: usize,
+}
+
+/// [`load_file`], telling `progress` after each chunk read.
+pub fn load_file_with_progress(path: &Path, progress: &mut dyn FnMut(LoadProgress)) -> Result<Snapshot, TraceError> {
     use std::io::Read;
     let io = |source| TraceError::Io { path: path.display().to_string(), source };
     // A pipe's length is no length: only a regular file's bounds what the parser may expect.
@@ -162,6 +184,7 @@ pub fn load_file(path: &Path) -> Result<Snapshot, TraceError> {
             Err(e) => return Err(io(e)),
         };
         loader.feed(&chunk[..n])?;
+        progress(LoadProgress { bytes_read: loader.position(), total_bytes: total, entries_decoded: loader.entries_decoded() });
     }
     loader.finish()
 }
