@@ -5,6 +5,9 @@
 //! what a trace needs.
 
 pub const H100_80GB: (&str, u64) = ("H100-80GB", 85_045_379_072);
+/// Measured on a lent H200 (SXM, driver 580.159.04, PyTorch 2.11.0+cu130) on 2026-11-28:
+/// 139.8 GiB of the 141 GB sold.
+pub const H200_141GB: (&str, u64) = ("H200-141GB", 150_109_880_320);
 pub const A100_80GB: (&str, u64) = ("A100-80GB", 85_051_572_224);
 pub const A100_40GB: (&str, u64) = ("A100-40GB", 42_505_273_344);
 pub const RTX4090_24GB: (&str, u64) = ("RTX4090-24GB", 25_386_352_640);
@@ -16,7 +19,7 @@ pub const M2_16GB_UNIFIED: (&str, u64) = ("M2-16GB-unified", 17_179_869_184);
 pub const BROWSER_2GB: (&str, u64) = ("browser-2GB", 2 << 30);
 
 /// The NVIDIA cards, which run PyTorch's CUDA caching allocator.
-pub const CUDA_CARDS: [(&str, u64); 6] = [H100_80GB, A100_80GB, A100_40GB, RTX4090_24GB, L4_24GB, T4_16GB];
+pub const CUDA_CARDS: [(&str, u64); 7] = [H200_141GB, H100_80GB, A100_80GB, A100_40GB, RTX4090_24GB, L4_24GB, T4_16GB];
 
 /// The NVIDIA card with the least memory of which `bytes` fit in `total_memory` beside
 /// `outside` (the CUDA context and what else is not PyTorch's); None if none holds it.
@@ -38,6 +41,7 @@ mod tests {
         assert_eq!(smallest_cuda_card(RTX4090_24GB.1 - context + 1, context), Some(A100_40GB));
         // Of the two 80 GB cards, the H100 reports a little less memory: it is the smaller.
         assert_eq!(smallest_cuda_card(50 << 30, context), Some(H100_80GB));
-        assert_eq!(smallest_cuda_card(A100_80GB.1, context), None);
+        assert_eq!(smallest_cuda_card(A100_80GB.1, context), Some(H200_141GB));
+        assert_eq!(smallest_cuda_card(H200_141GB.1 - context + 1, context), None);
     }
 }

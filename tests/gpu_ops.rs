@@ -57,6 +57,29 @@ fn reductions_in_the_shapes_a_gpu_takes() {
     pollster::block_on(suite::long_reductions_split_as_pytorch_splits_them(&dev));
 }
 
+/// On a GPU the first commands after a wait are submitted at once and later ones in batches
+/// that double (1, 2, 4 ... 256 commands): every batch's kernel metadata is written into the
+/// one metadata buffer that the batches before it may still be reading. A chain of dependent
+/// ops across many such batches, read back now and then (each read starts the doubling again),
+/// computes exactly what the CPU computes (one rounding per op: no fusion either side).
+#[test]
+fn work_submitted_early_and_in_doubling_batches_computes_every_op() {
+    let Some(_) = gpu() else { return };
+    let dev = pollster::block_on(Device::gpu(GpuOptions { gpu_kernel_shapes: true, ..options() })).unwrap();
+    let start: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin()).collect();
+    let mut x = dev.from_slice(&start, &[1000]).unwrap();
+    let mut expected = start;
+    for i in 0..700 {
+        x = x.mul_scalar(0.75).unwrap().add_scalar(i as f64).unwrap();
+        for e in &mut expected {
+            *e = *e * 0.75 + i as f32;
+        }
+        if i % 233 == 0 || i == 699 {
+            assert_eq!(pollster::block_on(x.to_vec::<f32>()).unwrap(), expected, "after op pair {i}");
+        }
+    }
+}
+
 /// A wait for the GPU past `wait_limit` is an error that says what was waited for, not a
 /// hang (on a lent H100 the op suite once stopped and said nothing). Eight 512^3 products keep
 /// even an H100 busy for about 100 us, a hundred times the limit; the wait starts as they are

@@ -46,6 +46,6 @@ pub fn print(report: &BenchReport) {
     println!("caching allocator: {:.0} alloc+free of 1 MiB per second", report.alloc_free_per_s);
 }
 
-pub fn options(sizes: &[usize]) -> BenchOptions {
-    BenchOptions { sizes: sizes.to_vec(), ..Default::default() }
+pub fn options(sizes: &[usize], elements: usize) -> BenchOptions {
+    BenchOptions { sizes: sizes.to_vec(), elementwise_elements: elements, ..Default::default() }
 }

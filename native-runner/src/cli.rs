@@ -219,6 +219,10 @@ pub(crate) enum Command {
         /// Square matmul sizes.
         #[arg(long, value_delimiter = ',', default_values_t = [256usize, 512, 1024])]
         sizes: Vec<usize>,
+        /// f32 elements of the bandwidth figures (add, copy, sums). Two sizes tell a fixed cost
+        /// per op from bandwidth.
+        #[arg(long, default_value_t = 16 << 20)]
+        elements: usize,
         #[arg(long)]
         json: bool,
     },

@@ -108,7 +108,7 @@ fn run(command: Command) -> Result<(), Failure> {
             let end = serve::End { until_stdin_ends, remove_file_at_end };
             serve::run(file.as_deref(), &host, port, root.as_deref(), end).map_err(|e| Failure(e, 1))
         }
-        Command::Bench { sizes, json } => bench_command(&sizes, json),
+        Command::Bench { sizes, elements, json } => bench_command(&sizes, elements, json),
         Command::Fit { name, set, vary, strategies, cards, json } => fit_command(name, &set, &vary, &strategies, &cards, json),
     }
 }
@@ -360,7 +360,10 @@ fn compare_command(run: &Path, file: &Path, device: i64, json: bool) -> Result<(
 }
 
 /// `tensormem bench`: the engine's speed on the first adapter.
-fn bench_command(sizes: &[usize], json: bool) -> Result<(), Failure> {
+fn bench_command(sizes: &[usize], elements: usize, json: bool) -> Result<(), Failure> {
+    if elements == 0 || !elements.is_multiple_of(1024) {
+        return Err(Failure(format!("--elements {elements}: the sums run over rows of 1024, so give a positive multiple of 1024"), 2));
+    }
     let dev = open_gpu()?;
     // A spinner naming the step on a terminal; nothing under --json or into a pipe.
     let spinner = (!json && std::io::stderr().is_terminal()).then(|| {
@@ -369,7 +372,7 @@ fn bench_command(sizes: &[usize], json: bool) -> Result<(), Failure> {
         s.enable_steady_tick(std::time::Duration::from_millis(120));
         s
     });
-    let report = pollster::block_on(tensormem::bench::run(&dev, &bench::options(sizes), &mut |step| {
+    let report = pollster::block_on(tensormem::bench::run(&dev, &bench::options(sizes, elements), &mut |step| {
         if let Some(s) = &spinner {
             s.set_message(step.to_string());
         }

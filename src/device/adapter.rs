@@ -28,8 +28,9 @@ pub struct GpuOptions {
     pub cuda: Option<super::CudaCard>,
     /// `CUBLAS_WORKSPACE_CONFIG`'s size per handle in bytes; None: PyTorch's default for `cuda`.
     pub cublas_workspace: Option<u64>,
-    /// Shape kernels as for a GPU even on a software adapter (tests run a GPU's kernel shapes
-    /// on lavapipe with this; matmul tuning still measures at the software adapter's sizes).
+    /// Shape kernels, and submit work, as for a GPU even on a software adapter (tests run a
+    /// GPU's kernel shapes on lavapipe with this; matmul tuning still measures at the software
+    /// adapter's sizes).
     pub gpu_kernel_shapes: bool,
     /// Natively, how long one wait for the GPU may take before it is an error
     /// ([`DeviceError::TimedOut`](super::DeviceError::TimedOut)) instead of a hang. None (the

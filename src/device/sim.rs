@@ -34,13 +34,16 @@ const H100: Speed = Speed { bandwidth: 3.35e12, f32_flops: 67e12, half_flops: 98
 /// datasheets (A100: SXM4 figures; L4's and H100's bf16 are the dense halves of their "with
 /// sparsity" figures), the Ada Lovelace whitepaper for the RTX 4090 (bf16 with f32
 /// accumulation), Apple's M2 announcement (100 GB/s, 3.6 TFLOP/s; no separate f16 figure is
-/// published). T4 has no bf16 tensor cores: its f16 figure stands in. SM counts from the same
+/// published). The H200 is the H100's chip (132 SMs, compute capability 9.0) with 4.8 TB/s of
+/// HBM3e (H200 datasheet; the card lent on 2026-11-28 reported the same SMs and capability).
+/// T4 has no bf16 tensor cores: its f16 figure stands in. SM counts from the same
 /// documents; threads per SM from CUDA's compute capability table (2,048 on 8.0 and 9.0, 1,536
 /// on 8.9, 1,024 on 7.5), and each card's compute capability from the same table (it sizes
 /// cuBLAS's workspaces). The M2 runs PyTorch's MPS backend, whose reductions allocate nothing
 /// of this kind; the browser budget models what a GPU device models.
-const CARDS: [(&str, u64, Speed, Option<CudaCard>); 8] = [
+const CARDS: [(&str, u64, Speed, Option<CudaCard>); 9] = [
     (cards::H100_80GB.0, cards::H100_80GB.1, H100, Some(H100_CARD)),
+    (cards::H200_141GB.0, cards::H200_141GB.1, Speed { bandwidth: 4.8e12, ..H100 }, Some(H100_CARD)),
     (cards::A100_80GB.0, cards::A100_80GB.1, Speed { bandwidth: 2.039e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
     (cards::A100_40GB.0, cards::A100_40GB.1, Speed { bandwidth: 1.555e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
     (

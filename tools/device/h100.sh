@@ -40,8 +40,12 @@ STEPS="$OUT/steps.tsv"
 
 left() { echo $((DEADLINE - $(date +%s))); }
 # limit CAP RESERVE: CAP seconds, or less so that RESERVE seconds stay for the later steps (0: no time).
+# The reserves are sized for the default budget of 525 s and shrink with a smaller one (with
+# them unscaled, H100_BUDGET=400 once skipped every step before the op suite).
 limit() {
-  local l=$(( $(left) - $2 ))
+  local reserve=$2
+  [ "$BUDGET" -lt 525 ] && reserve=$(( reserve * BUDGET / 525 ))
+  local l=$(( $(left) - reserve ))
   [ "$l" -gt "$1" ] && l=$1
   [ "$l" -lt 0 ] && l=0
   echo "$l"

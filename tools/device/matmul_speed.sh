@@ -5,15 +5,8 @@
 # (tools/device/h100.sh). Carry [".gl"] (prepare with tools/device/prepare.sh).
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-if command -v nvidia-smi >/dev/null; then
-  for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null 2>&1; done
-  ldconfig
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-fi
-export WGPU_BACKEND=vulkan TENSORMEM_CACHE=memory
-export XDG_RUNTIME_DIR=/tmp/xdg && mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+. tools/device/quick_env.sh
+export TENSORMEM_CACHE=memory
 [ -s .gl/target_tmpdir ] && mkdir -p "$(cat .gl/target_tmpdir)" 2>/dev/null
 SIZES=${SIZES:-1024,2048,4096}
 CI=true timeout 120 .gl/bin/gpu_ops matmul 2>&1 | grep -E '^test |test result' | tee "$OUT/gpu_ops.txt"

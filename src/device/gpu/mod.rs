@@ -72,6 +72,13 @@ pub(crate) struct GpuContext {
     /// Commands recorded but not yet submitted.
     pub(super) encoder: RefCell<Option<wgpu::CommandEncoder>>,
     pub(super) pending_dispatches: Cell<u32>,
+    /// How many pending commands make the next submit: 1 once the GPU is known to be idle (at
+    /// the start, after a wait), doubling with each submit up to `MAX_PENDING_DISPATCHES`.
+    /// Nothing runs until it is submitted: a whole batch recorded after a wait would keep the
+    /// GPU idle while the host records it (on an H200, ~5 us of every op of a large add), and a
+    /// submit per op costs more than it saves (measured: tools/device/SPEED.md). See
+    /// `idle_submit_at`.
+    submit_at: Cell<u32>,
     /// Compiled pipelines by kernel (see `Kernel`: a structural key, binding count included).
     pub(super) pipelines: RefCell<FxHashMap<crate::kernels::Kernel, std::rc::Rc<launch::Pipeline>>>,
     /// Upload and readback buffers (their own pool, like PyTorch's pinned host allocator).
@@ -187,6 +194,7 @@ impl GpuContext {
             encoder: RefCell::new(None),
             pass: RefCell::new(None),
             pending_dispatches: Cell::new(0),
+            submit_at: Cell::new(MAX_PENDING_DISPATCHES),
             pipelines: RefCell::new(FxHashMap::default()),
             retired,
             metadata: RefCell::new(None),
@@ -197,6 +205,7 @@ impl GpuContext {
             #[cfg(not(target_arch = "wasm32"))]
             stuck: Cell::new(false),
         };
+        ctx.submit_at.set(ctx.idle_submit_at());
         Ok((ctx, segments))
     }
 
@@ -250,10 +259,18 @@ impl GpuContext {
         self.count_pending();
     }
 
+    /// `submit_at` once the GPU is idle: 1, except on a software adapter (unless asked to
+    /// behave as a GPU: `GpuOptions::gpu_kernel_shapes`), whose "GPU" is the host's own cores:
+    /// there work submitted early runs beside the recording and slows it.
+    fn idle_submit_at(&self) -> u32 {
+        if self.summary.cpu_kernel_shapes { MAX_PENDING_DISPATCHES } else { 1 }
+    }
+
     fn count_pending(&self) {
         self.pending_dispatches.set(self.pending_dispatches.get() + 1);
-        if self.pending_dispatches.get() >= MAX_PENDING_DISPATCHES {
+        if self.pending_dispatches.get() >= self.submit_at.get() {
             self.submit();
+            self.submit_at.set((self.submit_at.get() * 2).min(MAX_PENDING_DISPATCHES));
         }
     }
 
@@ -366,6 +383,7 @@ impl GpuContext {
         #[cfg(not(target_arch = "wasm32"))]
         self.block_until_done("the work submitted")?;
         receiver.await;
+        self.submit_at.set(self.idle_submit_at());
         Ok(())
     }
 
@@ -386,6 +404,8 @@ impl GpuContext {
         self.record(|e| e.copy_buffer_to_buffer(buffer, start, &staging, 0, padded));
         self.submit();
         let result = self.map_and_copy(&staging, skip, len).await;
+        // Mapped: everything submitted before the copy has run.
+        self.submit_at.set(self.idle_submit_at());
         self.staging.give_back(staging, result.is_ok());
         self.take_error()?;
         result
