@@ -6,7 +6,7 @@
 //! problem a change would fix, and is not reported.
 
 use super::kinds::{Kind, Material, Role};
-use super::what_if::{Outcome, Setup, candidate_settings, each_in_parallel, verified};
+use super::what_if::{Outcome, Setup, as_recorded, candidate_settings, each_in_parallel, verified};
 use super::{DoctorError, FRAGMENTATION, Finding, FindingConfidence, Patient, Verified, size};
 use crate::replay::{self, ReplayOptions};
 use crate::trace::BlockState;
@@ -63,17 +63,16 @@ pub(super) fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
     }
     let (internal, external) = (state.allocated.saturating_sub(state.requested), state.reserved.saturating_sub(state.allocated));
 
-    // The file's own settings first (the before side), then each candidate: independent replays.
-    let config = replay::recorded_config(p.snapshot)?;
-    let settings: Vec<String> = std::iter::once(String::new()).chain(candidate_settings(&config)).collect();
-    let mut outcomes = each_in_parallel(&settings, |setting| -> Result<(Setup, Outcome), DoctorError> {
+    // The file's own settings (the before side, replayed once for every finder), then each
+    // candidate: independent replays.
+    let before = as_recorded(p)?;
+    let settings = candidate_settings(&replay::recorded_config(p.snapshot)?);
+    let outcomes = each_in_parallel(&settings, |setting| -> Result<(Setup, Outcome), DoctorError> {
         let setup = Setup::file_settings_plus(p, setting)?;
         let outcome = setup.replay(p.snapshot, p.device)?;
         Ok((setup, outcome))
-    })
-    .into_iter();
-    let before = outcomes.next().expect("the file's own settings were replayed")?.1;
-    let what_ifs = settings[1..]
+    });
+    let what_ifs = settings
         .iter()
         .zip(outcomes)
         .map(|(setting, outcome)| {

@@ -305,7 +305,7 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
     };
     let timeline = timeline::build_without_bands(snapshot, device)?;
     let what_if_start = what_if_start(&timeline);
-    let patient = Patient { snapshot, device, timeline, what_if_start };
+    let patient = Patient { snapshot, device, timeline, what_if_start, as_recorded: Default::default() };
     let steps = steps::find(&patient);
     let ops = ops::Ops::new(&patient.timeline);
     let exam = kinds::Exam { patient, steps, ops, options };
@@ -363,6 +363,9 @@ pub(crate) struct Patient<'a> {
     timeline: timeline::Timeline,
     /// The start the what-if replays use (see [`what_if_start`]).
     what_if_start: StartMode,
+    /// The trace replayed under its own settings from that start: the before side of every
+    /// what-if, replayed once (`what_if::as_recorded`).
+    as_recorded: std::sync::OnceLock<what_if::Outcome>,
 }
 
 impl Patient<'_> {

@@ -146,12 +146,9 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
             by_inputs += usize::from(inputs);
             // A saved tensor once the next op has read it (after the next allocation); an input
             // once the program makes the next one (after the next allocation outside a forward).
-            let next_allocation = |x: u32, outside: bool| {
-                let from = s.order.partition_point(|&id| a.start[id] <= x);
-                s.order[from..].iter().find(|&&id| !outside || s.phase[id].is_none()).and_then(|&id| steps::trace_index(p, id))
-            };
+            let next_input = steps::allocation_after(p, s, forward_end, |id| s.phase[id].is_none());
             sooner.extend(held.iter().filter_map(|&id| {
-                let after = if inputs { next_allocation(forward_end, true) } else { next_allocation(a.start[id], false) };
+                let after = if inputs { next_input } else { steps::allocation_after(p, s, a.start[id], |_| true) };
                 Some((steps::trace_index(p, id)?, after?))
             }));
         }
@@ -342,14 +339,8 @@ fn earlier_graph_torn_down(p: &Patient, s: &Steps, held: &[usize]) -> Vec<usize>
         let matched: u64 = run
             .iter()
             .map(|&id| steps::bytes(p, id))
-            .filter(|b| {
-                left.get_mut(b).is_some_and(|n| {
-                    *n > 0 && {
-                        *n -= 1;
-                        true
-                    }
-                })
-            })
+            // Each of `held`'s sizes matched once.
+            .filter(|b| left.get_mut(b).and_then(|n| n.checked_sub(1).map(|rest| *n = rest)).is_some())
             .sum();
         if run.len() >= steps::GRAPH_MIN_SURVIVORS && matched * 2 >= held_bytes && matched > best.0 {
             best = (matched, run);

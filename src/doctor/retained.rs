@@ -147,15 +147,13 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     };
     // The fix's figures: each retained tensor freed where its graph would have died, as its own
     // iteration's backward ends (under no_grad, in a loop without one, once the next op has read it).
-    let allocation_before = |x: u32| s.order[..s.order.partition_point(|&id| a.start[id] < x)].last().and_then(|&id| steps::trace_index(p, id));
-    let allocation_after = |x: u32| s.order.get(s.order.partition_point(|&id| a.start[id] <= x)).and_then(|&id| steps::trace_index(p, id));
     let sooner: Vec<(usize, usize)> = retained
         .iter()
         .filter_map(|&id| {
             let i = if feeds[id] > 0 { feeds[id] } else { s.iteration_of(a.start[id]) };
             let after = match s.has_backward {
-                true => allocation_before(backward[i]?.1)?,
-                false => allocation_after(a.start[id])?,
+                true => steps::allocation_before(p, s, backward[i]?.1)?,
+                false => steps::allocation_after(p, s, a.start[id], |_| true)?,
             };
             Some((steps::trace_index(p, id)?, after))
         })

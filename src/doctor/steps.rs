@@ -425,6 +425,19 @@ pub(super) fn nothing_allocated_between(p: &Patient, s: &Steps, x: u32, y: u32) 
 /// Fewer earlier-layer tensors alive at a forward's end than this prove no graph.
 pub(super) const GRAPH_MIN_SURVIVORS: usize = 3;
 
+/// The trace index of the first allocation after position `x` that `keep` accepts.
+pub(super) fn allocation_after(p: &Patient, s: &Steps, x: u32, keep: impl Fn(usize) -> bool) -> Option<usize> {
+    let a = &p.timeline.allocations;
+    let from = s.order.partition_point(|&id| a.start[id] <= x);
+    s.order[from..].iter().copied().find(|&id| keep(id)).and_then(|id| trace_index(p, id))
+}
+
+/// The trace index of the last allocation before position `x`.
+pub(super) fn allocation_before(p: &Patient, s: &Steps, x: u32) -> Option<usize> {
+    let a = &p.timeline.allocations;
+    s.order[..s.order.partition_point(|&id| a.start[id] < x)].last().and_then(|&id| trace_index(p, id))
+}
+
 /// Whether allocation `id` is live at position `x`.
 pub(super) fn live_at(p: &Patient, id: usize, x: u32) -> bool {
     let a = &p.timeline.allocations;

@@ -852,6 +852,7 @@ test('a finding measured on an edited trace shows both figures as text, not a re
   assert.equal(await card.locator('[data-testid=show-fix]').count(), 0);
   const measured = await card.locator('[data-testid=finding-measured]').textContent();
   assert.match(measured, /peak allocated 4\.13 GiB → 3\.95 GiB/);
+  await page.locator('.findings-card, #findings').first().screenshot({ path: join(shots, 'diagnosis-measured.png') });
   assert.deepEqual(page.errors, []);
   await page.close();
 });
