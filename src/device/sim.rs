@@ -36,39 +36,40 @@ const H100: Speed = Speed { bandwidth: 3.35e12, f32_flops: 67e12, half_flops: 98
 /// accumulation), Apple's M2 announcement (100 GB/s, 3.6 TFLOP/s; no separate f16 figure is
 /// published). The H200 is the H100's chip (132 SMs, compute capability 9.0) with 4.8 TB/s of
 /// HBM3e (H200 datasheet; the card lent on 2026-11-28 reported the same SMs and capability).
+/// The cards people rent (memory and SMs: `crate::cards`): leads from NVIDIA's datasheets,
+/// HGX B200 (8 TB/s, 600 TFLOP/s f32 and 36 PFLOP/s sparse bf16 for eight: 75 and 2,250 dense
+/// each), L40S (864 GB/s, 91.6, 362.05 dense bf16), A10 (600 GB/s, 31.2, 125), RTX A6000
+/// (768 GB/s, 38.7, 154.8), and the Ampere GA102 and Blackwell GB202 whitepapers for the RTX
+/// 3090 (936 GB/s, 35.6, 71 with f32 accumulation) and 5090 (1,792 GB/s, 104.8, 209.5); threads
+/// per SM by compute capability (1,536 on 8.6, 8.9 and 12.0, 2,048 on 10.0).
 /// T4 has no bf16 tensor cores: its f16 figure stands in. SM counts from the same
 /// documents; threads per SM from CUDA's compute capability table (2,048 on 8.0 and 9.0, 1,536
 /// on 8.9, 1,024 on 7.5), and each card's compute capability from the same table (it sizes
 /// cuBLAS's workspaces). The M2 runs PyTorch's MPS backend, whose reductions allocate nothing
 /// of this kind; the browser budget models what a GPU device models.
-const CARDS: [(&str, u64, Speed, Option<CudaCard>); 9] = [
+const CARDS: [(&str, u64, Speed, Option<CudaCard>); 15] = [
     (cards::H100_80GB.0, cards::H100_80GB.1, H100, Some(H100_CARD)),
     (cards::H200_141GB.0, cards::H200_141GB.1, Speed { bandwidth: 4.8e12, ..H100 }, Some(H100_CARD)),
     (cards::A100_80GB.0, cards::A100_80GB.1, Speed { bandwidth: 2.039e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
     (cards::A100_40GB.0, cards::A100_40GB.1, Speed { bandwidth: 1.555e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
-    (
-        cards::RTX4090_24GB.0,
-        cards::RTX4090_24GB.1,
-        Speed { bandwidth: 1.008e12, f32_flops: 82.6e12, half_flops: 165.2e12 },
-        Some(CudaCard { multiprocessors: Multiprocessors { count: 128, max_threads_each: 1536 }, capability: (8, 9) }),
-    ),
-    (
-        cards::L4_24GB.0,
-        cards::L4_24GB.1,
-        Speed { bandwidth: 300e9, f32_flops: 30.3e12, half_flops: 121e12 },
-        Some(CudaCard { multiprocessors: Multiprocessors { count: 58, max_threads_each: 1536 }, capability: (8, 9) }),
-    ),
-    (
-        cards::T4_16GB.0,
-        cards::T4_16GB.1,
-        Speed { bandwidth: 320e9, f32_flops: 8.1e12, half_flops: 65e12 },
-        Some(CudaCard { multiprocessors: Multiprocessors { count: 40, max_threads_each: 1024 }, capability: (7, 5) }),
-    ),
+    (cards::RTX4090_24GB.0, cards::RTX4090_24GB.1, Speed { bandwidth: 1.008e12, f32_flops: 82.6e12, half_flops: 165.2e12 }, Some(card(128, 1536, (8, 9)))),
+    (cards::L4_24GB.0, cards::L4_24GB.1, Speed { bandwidth: 300e9, f32_flops: 30.3e12, half_flops: 121e12 }, Some(card(58, 1536, (8, 9)))),
+    (cards::T4_16GB.0, cards::T4_16GB.1, Speed { bandwidth: 320e9, f32_flops: 8.1e12, half_flops: 65e12 }, Some(card(40, 1024, (7, 5)))),
+    (cards::B200_180GB.0, cards::B200_180GB.1, Speed { bandwidth: 8e12, f32_flops: 75e12, half_flops: 2.25e15 }, Some(card(148, 2048, (10, 0)))),
+    (cards::L40S_48GB.0, cards::L40S_48GB.1, Speed { bandwidth: 864e9, f32_flops: 91.6e12, half_flops: 362.05e12 }, Some(card(142, 1536, (8, 9)))),
+    (cards::A10_24GB.0, cards::A10_24GB.1, Speed { bandwidth: 600e9, f32_flops: 31.2e12, half_flops: 125e12 }, Some(card(72, 1536, (8, 6)))),
+    (cards::RTX_A6000_48GB.0, cards::RTX_A6000_48GB.1, Speed { bandwidth: 768e9, f32_flops: 38.7e12, half_flops: 154.8e12 }, Some(card(84, 1536, (8, 6)))),
+    (cards::RTX3090_24GB.0, cards::RTX3090_24GB.1, Speed { bandwidth: 936e9, f32_flops: 35.6e12, half_flops: 71e12 }, Some(card(82, 1536, (8, 6)))),
+    (cards::RTX5090_32GB.0, cards::RTX5090_32GB.1, Speed { bandwidth: 1.792e12, f32_flops: 104.8e12, half_flops: 209.5e12 }, Some(card(170, 1536, (12, 0)))),
     (cards::M2_16GB_UNIFIED.0, cards::M2_16GB_UNIFIED.1, Speed { bandwidth: 100e9, f32_flops: 3.6e12, half_flops: 3.6e12 }, None),
     (cards::BROWSER_2GB.0, cards::BROWSER_2GB.1, H100, Some(H100_CARD)),
 ];
 
-const A100_CARD: CudaCard = CudaCard { multiprocessors: Multiprocessors { count: 108, max_threads_each: 2048 }, capability: (8, 0) };
+const A100_CARD: CudaCard = card(108, 2048, (8, 0));
+
+const fn card(count: u32, max_threads_each: u32, capability: (u32, u32)) -> CudaCard {
+    CudaCard { multiprocessors: Multiprocessors { count, max_threads_each }, capability }
+}
 
 /// The presets' names and memory (the page lists these pairs).
 pub const PRESETS: [(&str, u64); CARDS.len()] = {
