@@ -51,8 +51,9 @@ pub struct BenchReport {
     /// dispatch, the floor under every op of a training step.
     pub dispatch_us: f64,
     /// Microseconds the host spends recording one such op (binding its operands, writing its
-    /// metadata, recording the dispatch), the GPU not waited for: the part of `dispatch_us` the
-    /// engine controls.
+    /// metadata, recording the dispatch) and submitting it, in batches of 200 after a wait (on a
+    /// GPU: submitted after 1, 3, 7 ... 127 of them), the GPU not waited for: the part of
+    /// `dispatch_us` the engine controls.
     pub record_us: f64,
     /// Allocation and free of a 1 MiB tensor through the caching allocator, per second.
     pub alloc_free_per_s: f64,
@@ -197,7 +198,8 @@ pub async fn run(dev: &Device, options: &BenchOptions, progress: &mut dyn FnMut(
     progress("dispatch: in-place adds of 4 elements");
     let (a, b) = (filled(dev, &[4])?, filled(dev, &[4])?);
     let dispatch_us = 1e6 * time_per_call(dev, budget, 100, 256, || a.add_(&b).map(drop).map_err(text)).await?;
-    // Batches of 200, under the 256 dispatches that trigger a submit: recording only.
+    // Batches of 200 after a wait, as a program's ops come after a `.item()`: recorded, and on a
+    // GPU submitted in the batches that double from one (`GpuContext::submit_at`).
     let mut record_s = Vec::new();
     for _ in 0..20 {
         dev.wait().await.map_err(text)?;

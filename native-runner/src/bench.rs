@@ -42,7 +42,10 @@ pub fn print(report: &BenchReport) {
         report.fresh_buffer_op_loop_per_s,
         report.cached_op_loop_per_s / report.fresh_buffer_op_loop_per_s
     );
-    println!("one tiny op (in-place add of 4 elements): {:.1} us, of which recording it on the host {:.1} us", report.dispatch_us, report.record_us);
+    println!(
+        "one tiny op (in-place add of 4 elements): {:.1} us, of which recording and submitting it on the host {:.1} us",
+        report.dispatch_us, report.record_us
+    );
     println!("caching allocator: {:.0} alloc+free of 1 MiB per second", report.alloc_free_per_s);
 }
 

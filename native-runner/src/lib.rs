@@ -361,8 +361,8 @@ fn compare_command(run: &Path, file: &Path, device: i64, json: bool) -> Result<(
 
 /// `tensormem bench`: the engine's speed on the first adapter.
 fn bench_command(sizes: &[usize], elements: usize, json: bool) -> Result<(), Failure> {
-    if elements == 0 || !elements.is_multiple_of(1024) {
-        return Err(Failure(format!("--elements {elements}: the sums run over rows of 1024, so give a positive multiple of 1024"), 2));
+    if elements == 0 || !elements.is_multiple_of(1024) || elements > 1 << 30 {
+        return Err(Failure(format!("--elements {elements}: the sums run over rows of 1024, so give a positive multiple of 1024, at most 2^30"), 2));
     }
     let dev = open_gpu()?;
     // A spinner naming the step on a terminal; nothing under --json or into a pipe.

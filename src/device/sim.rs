@@ -153,3 +153,19 @@ impl SimOptions {
         format!("sim ({})", self.name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every NVIDIA card the doctor may name is a preset `sim:NAME` runs, with the same memory
+    /// and CUDA's properties.
+    #[test]
+    fn every_cuda_card_is_a_preset() {
+        for (name, bytes) in cards::CUDA_CARDS {
+            let sim = SimOptions::find(name).unwrap_or_else(|| panic!("{name} is no preset"));
+            assert_eq!(sim.capacity, bytes, "{name}");
+            assert!(sim.cuda.is_some(), "{name}");
+        }
+    }
+}

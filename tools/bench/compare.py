@@ -53,7 +53,7 @@ def main():
     rows.append(("small op loop (add 64 Ki f32), cached", "k ops/s", tb(tm, "cached_op_loop_per_s"), tb(pt, "cached_op_loop_per_s"), True))
     rows.append(("small op loop, fresh buffer each", "k ops/s", tb(tm, "fresh_buffer_op_loop_per_s"), tb(pt, "fresh_buffer_op_loop_per_s"), True))
     rows.append(("one tiny in-place op (add_ of 4)", "us/op", tm.get("dispatch_us"), pt.get("dispatch_us"), False))
-    rows.append(("  of which tensormem recording it (host)", "us/op", tm.get("record_us"), None, False))
+    rows.append(("  of which tensormem recording and submitting it (host)", "us/op", tm.get("record_us"), None, False))
     rows.append(("alloc+free 1 MiB (caching allocator)", "k/s", tb(tm, "alloc_free_per_s"), tb(pt, "alloc_free_per_s"), True))
 
     # Issue 33's targets on an H100, by figure: tensormem's speed at least this share of PyTorch's.

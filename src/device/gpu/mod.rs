@@ -405,7 +405,9 @@ impl GpuContext {
         self.submit();
         let result = self.map_and_copy(&staging, skip, len).await;
         // Mapped: everything submitted before the copy has run.
-        self.submit_at.set(self.idle_submit_at());
+        if result.is_ok() {
+            self.submit_at.set(self.idle_submit_at());
+        }
         self.staging.give_back(staging, result.is_ok());
         self.take_error()?;
         result
