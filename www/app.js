@@ -330,10 +330,8 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
   $('replay-key').hidden = true;
   $('compare-result').innerHTML = '';
   $('export-other').hidden = true;
-  const diagnosis = ++diagnosisTicket;
-  $('findings').replaceChildren();
-  $('diagnosis').dataset.state = 'pending';
-  $('diagnosis-status').textContent = 'the doctor reads the trace once it is drawn…';
+  clearDiagnosis();
+  const diagnosis = diagnosisTicket;
   // What is live at the cursor (the peak) and the allocator state there (replayed in the
   // worker), then the doctor's findings: after the first paint, which does not wait for them.
   painted.then(() => {
@@ -347,6 +345,15 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
 // ---- diagnosis: the doctor's findings on the device shown (computed in the worker after the
 // first paint), as cards above the timeline; the scenario panel gets its verdict.
 let diagnosisTicket = 0;
+
+// No findings until the doctor has read the device now shown (an answer still coming for the
+// one before is dropped by its ticket).
+function clearDiagnosis() {
+  ++diagnosisTicket;
+  $('findings').replaceChildren();
+  $('diagnosis').dataset.state = 'pending';
+  $('diagnosis-status').textContent = 'the doctor reads the trace once it is drawn…';
+}
 async function diagnose(info, d, ticket) {
   $('diagnosis-status').textContent = 'the doctor is reading the trace…';
   let out;
@@ -470,7 +477,14 @@ $('open-file').addEventListener('change', (e) => {
   e.target.value = '';
 });
 $('device-select').addEventListener('change', (e) => {
-  showDevice(current, Number(e.target.value), ++loadTicket, timeline.data?.colorBy.by).catch((err) => showError(err.message, 'Could not show this device.'));
+  // The findings shown are the previous device's: withdrawn at once, not when the new device's
+  // timeline arrives (seconds on a large trace).
+  clearDiagnosis();
+  showDevice(current, Number(e.target.value), ++loadTicket, timeline.data?.colorBy.by).catch((err) => {
+    showError(err.message, 'Could not show this device.');
+    $('diagnosis').dataset.state = 'failed';
+    $('diagnosis-status').textContent = `The doctor has no timeline of device ${e.target.value} to read.`;
+  });
 });
 // Colour by the trace's own categories, the inferred ones or the stack frame: the worker regroups
 // the bands (inferring the categories the first time); the legend, the panels and the image follow.
