@@ -63,6 +63,29 @@ fn temporary_beside(path: &Path, dir: &Path) -> std::io::Result<PathBuf> {
     Ok(dir.join(format!(".{name}.{}-{write}.tmp", std::process::id())))
 }
 
+/// The folder where tensormem keeps what it can make again (measured matmul kernels, decoded
+/// snapshots): `TENSORMEM_CACHE` when it names a folder, else `TENSORMEM_CACHE_DIR` (its older
+/// name), else `$XDG_CACHE_HOME/tensormem`, else `~/.cache/tensormem` (`%LOCALAPPDATA%\tensormem`
+/// on Windows). None with `TENSORMEM_CACHE=memory` or `off`: nothing is kept on disk (what
+/// `tensormem mcp` runs its tools with).
+pub fn cache_dir() -> Option<PathBuf> {
+    cache_dir_named_by(|name| std::env::var_os(name))
+}
+
+/// [`cache_dir`] as the environment `env` names it.
+pub fn cache_dir_named_by(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    let var = |name: &str| env(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    match var("TENSORMEM_CACHE") {
+        Some(v) if v.as_os_str() == "memory" || v.as_os_str() == "off" => return None,
+        Some(folder) => return Some(folder),
+        None => {}
+    }
+    var("TENSORMEM_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tensormem")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("tensormem")))
+        .or_else(|| var("LOCALAPPDATA").map(|d| d.join("tensormem")))
+}
+
 /// The files this process has read as inputs (snapshots, configs, run summaries), so that a
 /// result is never written over one of them, whatever option named it.
 static INPUTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());

@@ -637,23 +637,44 @@ fn load(path: &Path) -> Result<Snapshot, Failure> {
         return Ok(snapshot);
     }
     // A big file takes seconds: on a terminal, how far reading and decoding have got.
-    let big = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() > 64 << 20);
-    let bar = (big && std::io::stderr().is_terminal()).then(|| {
+    let length = std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len());
+    let bar = (length.is_some_and(|n| n > 64 << 20) && std::io::stderr().is_terminal()).then(|| {
         let bar = ProgressBar::new(0);
-        bar.set_style(ProgressStyle::with_template("reading {bar:40} {bytes}/{total_bytes}, {msg} ({eta})").unwrap());
+        bar.set_style(ProgressStyle::with_template("{prefix} {bar:40} {bytes}/{total_bytes}, {msg} ({eta})").unwrap());
         bar
     });
-    let loaded = trace::load_file_with_progress(path, &mut |p| {
+    let show = |stage: &'static str, p: trace::LoadProgress| {
         if let Some(bar) = &bar {
+            bar.set_prefix(stage);
             bar.set_length(p.total_bytes.unwrap_or(p.bytes_read) as u64);
             bar.set_position(p.bytes_read as u64);
             bar.set_message(format!("{} entries decoded", p.entries_decoded));
         }
-    });
+    };
+    let failed = |e: trace::TraceError| Failure(format!("{}: {e}", path.display()), 1);
+    // A big regular file's decode is kept in the cache folder, keyed by the file's hash: the
+    // next open of the same bytes reads it back instead of decoding again.
+    let cache = length.filter(|&n| n >= trace::cache::WORTH_CACHING).and_then(|_| trace::cache::Folder::from_env());
+    if let Some(folder) = &cache {
+        let key = trace::key_of_file(path, &mut |p| show("hashing", p)).map_err(failed)?;
+        if let Some(snapshot) = folder.get(&key) {
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            return Ok(snapshot);
+        }
+    }
+    let loaded = trace::load_file_keyed(path, &mut |p| show("reading", p));
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    loaded.map_err(|e| Failure(format!("{}: {e}", path.display()), 1))
+    let (snapshot, key) = loaded.map_err(failed)?;
+    if let Some(folder) = cache
+        && let Err(e) = folder.put(&key, &snapshot)
+    {
+        eprintln!("note: could not keep the decoded snapshot in {} (TENSORMEM_CACHE): {e}", folder.dir.display());
+    }
+    Ok(snapshot)
 }
 
 fn replay_with_progress(snapshot: &Snapshot, device: Option<i64>, options: &ReplayOptions, show: bool) -> Result<Vec<DeviceReplay>, Failure> {

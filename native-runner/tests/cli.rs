@@ -10,6 +10,10 @@ fn tensormem(args: &[&str]) -> Output {
 mod common;
 use common::fixture;
 
+#[allow(dead_code)]
+#[path = "../../examples/synth_snapshot.rs"]
+mod synth;
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -67,6 +71,45 @@ fn summary_prints_pytorchs_table_and_trace_peaks() {
     let v: serde_json::Value = serde_json::from_str(stdout(&json).trim()).unwrap();
     assert_eq!(v["memory_stats"]["segment.all.current"], 9);
     assert_eq!(v["trace_peak_reserved_bytes"], 3_781_165_056u64);
+}
+
+#[test]
+fn a_big_file_opens_again_from_its_cached_decode() {
+    use tensormem::trace::{self, cache};
+    let dir = std::env::temp_dir().join(format!("tensormem-cli-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Big enough to be worth caching (a 16 MiB file decodes in a fraction of a second).
+    let big = dir.join("big.pickle");
+    trace::save_file(&synth::synthesize(300_000).0, &big).unwrap();
+    let bytes = std::fs::read(&big).unwrap();
+    assert!(bytes.len() as u64 >= cache::WORTH_CACHING, "{} bytes", bytes.len());
+    let folder = dir.join("cache");
+    let summary = |cache_setting: &std::path::Path| {
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_tensormem")).args(["summary", big.to_str().unwrap()]).env("TENSORMEM_CACHE", cache_setting).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let first = summary(&folder);
+    let cached = folder.join("decoded").join(cache::SourceKey::of(&bytes).file_name());
+    assert!(cached.is_file(), "the decode is kept, under the file's hash");
+    assert_eq!(std::fs::read_dir(cached.parent().unwrap()).unwrap().count(), 1, "nothing else is written there");
+    assert_eq!(summary(&folder), first);
+    // The second open reads the cache: a cache file saying something else under this file's
+    // key is what the summary shows.
+    let other = trace::load_file(&fixture("small-state.pickle").unwrap_or_else(|| "../tests/data/corpus/clean-train.pickle".into())).unwrap();
+    std::fs::write(&cached, cache::encode_to_vec(&other, &cache::SourceKey::of(&bytes))).unwrap();
+    assert_ne!(summary(&folder), first);
+    // A cache file cut short is never used: the file is decoded again and its decode kept whole.
+    let whole = cache::encode_to_vec(&trace::load(&bytes).unwrap(), &cache::SourceKey::of(&bytes));
+    std::fs::write(&cached, &whole[..whole.len() / 2]).unwrap();
+    assert_eq!(summary(&folder), first);
+    assert!(std::fs::read(&cached).unwrap() == whole);
+    // Off: nothing is written (not a folder named "off" either).
+    assert_eq!(summary(std::path::Path::new("off")), first);
+    assert!(!std::path::Path::new("off").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

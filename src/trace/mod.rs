@@ -4,6 +4,7 @@
 //! format is told by the first byte. Writing gives JSON or a protocol-4 pickle, both of which
 //! pytorch.org/memory_viz loads.
 
+pub mod cache;
 mod decode;
 mod model;
 mod node;
@@ -168,25 +169,58 @@ pub struct LoadProgress {
 
 /// [`load_file`], telling `progress` after each chunk read.
 pub fn load_file_with_progress(path: &Path, progress: &mut dyn FnMut(LoadProgress)) -> Result<Snapshot, TraceError> {
+    load_file_keyed(path, progress).map(|(snapshot, _)| snapshot)
+}
+
+/// [`load_file_with_progress`], with the key of the bytes it read (for [`cache::Folder::put`]:
+/// hashed as they were parsed, so a file that changes while it is read is kept under the key
+/// of what was decoded).
+pub fn load_file_keyed(path: &Path, progress: &mut dyn FnMut(LoadProgress)) -> Result<(Snapshot, cache::SourceKey), TraceError> {
+    let mut hasher = cache::SourceHasher::default();
+    let mut loader = None;
+    let total = read_chunks(path, &mut |chunk, total| {
+        let loader = loader.get_or_insert_with(|| Loader::new(total));
+        hasher.update(chunk);
+        loader.feed(chunk)?;
+        progress(LoadProgress { bytes_read: loader.position(), total_bytes: total, entries_decoded: loader.entries_decoded() });
+        Ok(())
+    })?;
+    let loader = loader.unwrap_or_else(|| Loader::new(total));
+    Ok((loader.finish()?, hasher.finish()))
+}
+
+/// The key of a file's bytes (its length and hash), telling `progress` as it reads.
+pub fn key_of_file(path: &Path, progress: &mut dyn FnMut(LoadProgress)) -> Result<cache::SourceKey, TraceError> {
+    let mut hasher = cache::SourceHasher::default();
+    read_chunks(path, &mut |chunk, total| {
+        hasher.update(chunk);
+        progress(LoadProgress { bytes_read: hasher.bytes_hashed() as usize, total_bytes: total, entries_decoded: 0 });
+        Ok(())
+    })?;
+    Ok(hasher.finish())
+}
+
+/// What [`read_chunks`] gives each chunk to, with the file's length.
+type ChunkReader<'a> = dyn FnMut(&[u8], Option<usize>) -> Result<(), TraceError> + 'a;
+
+/// Reads a file (or pipe) a megabyte at a time, giving each chunk and the file's length, when
+/// it has one (a pipe's length is no length), to `each`. Returns that length.
+fn read_chunks(path: &Path, each: &mut ChunkReader) -> Result<Option<usize>, TraceError> {
     use std::io::Read;
     let io = |source| TraceError::Io { path: path.display().to_string(), source };
-    // A pipe's length is no length: only a regular file's bounds what the parser may expect.
     let (mut file, length) = crate::files::open_input(path).map_err(io)?;
     crate::files::note_input(path);
     let total = length.map(|n| n as usize);
-    let mut loader = Loader::new(total);
     let mut chunk = vec![0u8; 1 << 20];
     loop {
         let n = match file.read(&mut chunk) {
-            Ok(0) => break,
+            Ok(0) => return Ok(total),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(io(e)),
         };
-        loader.feed(&chunk[..n])?;
-        progress(LoadProgress { bytes_read: loader.position(), total_bytes: total, entries_decoded: loader.entries_decoded() });
+        each(&chunk[..n], total)?;
     }
-    loader.finish()
 }
 
 /// Writes a snapshot (`.json` as JSON, anything else as a pickle); an existing file is replaced

@@ -78,9 +78,9 @@ impl Tuning {
     }
 }
 
-/// `$TENSORMEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tensormem`, else `~/.cache/tensormem`; none on
-/// the web, where there are no files, nor with `TENSORMEM_CACHE=memory` (the MCP server's tools
-/// write nothing).
+/// `matmul-kernels.json` in the cache folder ([`crate::files::cache_dir`]); none on the web,
+/// where there are no files, nor with `TENSORMEM_CACHE=memory` (the MCP server's tools write
+/// nothing).
 fn default_file() -> Option<PathBuf> {
     if cfg!(target_arch = "wasm32") {
         return None;
@@ -90,14 +90,7 @@ fn default_file() -> Option<PathBuf> {
 
 /// The tuning file the environment `env` names (see [`default_file`]).
 fn file_named_by(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
-    if env("TENSORMEM_CACHE").is_some_and(|v| v == "memory") {
-        return None;
-    }
-    let var = |name: &str| env(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-    let dir = var("TENSORMEM_CACHE_DIR")
-        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tensormem")))
-        .or_else(|| var("HOME").map(|d| d.join(".cache").join("tensormem")))?;
-    Some(dir.join("matmul-kernels.json"))
+    Some(crate::files::cache_dir_named_by(env)?.join("matmul-kernels.json"))
 }
 
 /// The file's contents; None when it is missing, unreadable, of another format or larger than
@@ -126,6 +119,13 @@ mod tests {
         assert_eq!(file_named_by(env(&[("HOME", "/h"), ("TENSORMEM_CACHE_DIR", "/c")])), Some(PathBuf::from("/c/matmul-kernels.json")));
         // What `tensormem mcp` sets for its tool calls: they write nothing.
         assert_eq!(file_named_by(env(&[("HOME", "/h"), ("TENSORMEM_CACHE_DIR", "/c"), ("TENSORMEM_CACHE", "memory")])), None);
+        assert_eq!(file_named_by(env(&[("HOME", "/h"), ("TENSORMEM_CACHE", "off")])), None);
+        // A folder named by TENSORMEM_CACHE comes before the older TENSORMEM_CACHE_DIR.
+        assert_eq!(
+            file_named_by(env(&[("HOME", "/h"), ("TENSORMEM_CACHE_DIR", "/c"), ("TENSORMEM_CACHE", "/d")])),
+            Some(PathBuf::from("/d/matmul-kernels.json"))
+        );
+        assert_eq!(file_named_by(env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])), Some(PathBuf::from("/x/tensormem/matmul-kernels.json")));
     }
 
     #[test]

@@ -1,0 +1,602 @@
+//! Decoded snapshots kept for the next open (issue 51, "open again at once").
+//!
+//! Decoding a 1 GB pickle takes seconds however fast the parser; reading back what it decoded,
+//! in a form made for it, takes a fraction of that. This module writes a decoded [`Snapshot`]
+//! in such a form and reads it back equal, frame-list sharing included (so the pickle writer
+//! memoizes as it did), keyed by a hash of the source file's bytes: an edited file is a new key,
+//! never a stale answer.
+//!
+//! The form: a header (magic, version, the source's length and xxh3-128 hash), then tables of
+//! the strings, frame lists and rarer entry keys, the segments, and the traces with one byte of
+//! action and flags per entry and LEB128 varints for its numbers (times as differences), then a
+//! trailer with the payload's length and xxh3-64 hash. A file cut short, damaged or written by
+//! another version fails these checks and reads as absent, so a cache can never show the wrong
+//! data; the decoder also checks every count and index against what is left, and never panics.
+//!
+//! Natively [`Folder`] keeps these files in the cache folder (`TENSORMEM_CACHE`); the page keeps
+//! the same bytes in IndexedDB.
+
+use super::model::*;
+use rustc_hash::FxHashMap;
+use std::io::Write;
+use std::sync::Arc;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+const MAGIC: &[u8; 8] = b"TMDECODE";
+const END: &[u8; 8] = b"TMDECEND";
+/// Bumped whenever the layout or what decoding produces changes: older files read as absent.
+const VERSION: u32 = 1;
+const HEADER: usize = 8 + 4 + 8 + 16;
+const TRAILER: usize = 8 + 8 + 8;
+
+/// Which file a cached decode belongs to: its length and the xxh3-128 hash of its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SourceKey {
+    pub len: u64,
+    pub hash: u128,
+}
+
+impl SourceKey {
+    pub fn of(bytes: &[u8]) -> SourceKey {
+        let mut h = SourceHasher::default();
+        h.update(bytes);
+        h.finish()
+    }
+
+    /// The cache file's name: the hash and the length, in hex.
+    pub fn file_name(&self) -> String {
+        format!("{:032x}-{:x}.tmdecoded", self.hash, self.len)
+    }
+}
+
+/// Hashes a source as it streams in.
+#[derive(Default, Clone)]
+pub struct SourceHasher {
+    hasher: Xxh3,
+    len: u64,
+}
+
+impl SourceHasher {
+    pub fn update(&mut self, chunk: &[u8]) {
+        self.hasher.update(chunk);
+        self.len += chunk.len() as u64;
+    }
+
+    pub fn bytes_hashed(&self) -> u64 {
+        self.len
+    }
+
+    pub fn finish(&self) -> SourceKey {
+        SourceKey { len: self.len, hash: self.hasher.digest128() }
+    }
+}
+
+/// Writes `snapshot`, decoded from the source `key` names, to `out`.
+pub fn encode(snapshot: &Snapshot, key: &SourceKey, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut header = Vec::with_capacity(HEADER);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&VERSION.to_le_bytes());
+    header.extend_from_slice(&key.len.to_le_bytes());
+    header.extend_from_slice(&key.hash.to_le_bytes());
+    out.write_all(&header)?;
+    let mut w = Writer { buf: Vec::with_capacity(1 << 20), out, hasher: Xxh3::new(), written: 0 };
+    Encoder::new(snapshot).write(snapshot, &mut w)?;
+    w.flush()?;
+    let mut trailer = Vec::with_capacity(TRAILER);
+    trailer.extend_from_slice(&w.written.to_le_bytes());
+    trailer.extend_from_slice(&w.hasher.digest().to_le_bytes());
+    trailer.extend_from_slice(END);
+    w.out.write_all(&trailer)
+}
+
+/// [`encode`] into memory.
+pub fn encode_to_vec(snapshot: &Snapshot, key: &SourceKey) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    encode(snapshot, key, &mut bytes).expect("writing to memory cannot fail");
+    bytes
+}
+
+/// Why cached bytes were not used (each means: decode the source again).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheMiss {
+    #[error("not a decoded snapshot of this version")]
+    Version,
+    #[error("decoded from another file")]
+    OtherSource,
+    #[error("cut short or damaged (length or checksum differs)")]
+    Damaged,
+    #[error("malformed at payload byte {0}")]
+    Malformed(usize),
+}
+
+/// Reads what [`encode`] wrote for the source `key`. Anything else (another source, another
+/// version, a truncated or damaged file) is a [`CacheMiss`], never a wrong snapshot.
+pub fn decode(bytes: &[u8], key: &SourceKey) -> Result<Snapshot, CacheMiss> {
+    if bytes.len() < HEADER + TRAILER || &bytes[..8] != MAGIC || bytes[8..12] != VERSION.to_le_bytes() {
+        return Err(CacheMiss::Version);
+    }
+    let len = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
+    let hash = u128::from_le_bytes(bytes[20..36].try_into().unwrap());
+    if (SourceKey { len, hash }) != *key {
+        return Err(CacheMiss::OtherSource);
+    }
+    let (payload, trailer) = bytes[HEADER..].split_at(bytes.len() - HEADER - TRAILER);
+    let stored_len = u64::from_le_bytes(trailer[..8].try_into().unwrap());
+    let stored_hash = u64::from_le_bytes(trailer[8..16].try_into().unwrap());
+    if &trailer[16..] != END || stored_len != payload.len() as u64 || stored_hash != xxh3_64(payload) {
+        return Err(CacheMiss::Damaged);
+    }
+    let mut r = Reader { bytes: payload, at: 0 };
+    let snapshot = Decoder::read(&mut r).map_err(|_| CacheMiss::Malformed(r.at))?;
+    if r.at != payload.len() {
+        return Err(CacheMiss::Malformed(r.at));
+    }
+    Ok(snapshot)
+}
+
+/// The payload's bytes, flushed to `out` a megabyte at a time and hashed on the way.
+struct Writer<'a> {
+    buf: Vec<u8>,
+    out: &'a mut dyn Write,
+    hasher: Xxh3,
+    written: u64,
+}
+
+impl Writer<'_> {
+    fn byte(&mut self, b: u8) {
+        self.buf.push(b);
+    }
+
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.buf.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        self.buf.push(v as u8);
+    }
+
+    fn signed(&mut self, v: i64) {
+        self.varint(((v << 1) ^ (v >> 63)) as u64);
+    }
+
+    fn str(&mut self, s: &str) {
+        self.varint(s.len() as u64);
+        self.buf.extend_from_slice(s.as_bytes());
+    }
+
+    /// An optional value as JSON text (the small, rarely present, open-ended parts).
+    fn json<T: serde::Serialize>(&mut self, value: &Option<T>) {
+        match value {
+            None => self.byte(0),
+            Some(v) => {
+                self.byte(1);
+                self.str(&serde_json::to_string(v).expect("snapshot parts serialize"));
+            }
+        }
+    }
+
+    fn flush_if_full(&mut self) -> std::io::Result<()> {
+        if self.buf.len() >= 1 << 20 { self.flush() } else { Ok(()) }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.hasher.update(&self.buf);
+        self.written += self.buf.len() as u64;
+        self.out.write_all(&self.buf)?;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// Tables of what many entries share, each item once, in first-seen order.
+struct Encoder<'s> {
+    strings: FxHashMap<&'s str, u32>,
+    string_list: Vec<&'s str>,
+    /// Frame lists by identity (pointer and length), as the snapshot shares them.
+    frames: FxHashMap<(*const Frame, usize), u32>,
+    frame_lists: Vec<&'s Frames>,
+    extras: FxHashMap<*const EntryExtra, u32>,
+    extra_list: Vec<&'s EntryExtra>,
+}
+
+impl<'s> Encoder<'s> {
+    fn new(snapshot: &'s Snapshot) -> Encoder<'s> {
+        let mut e = Encoder {
+            strings: Default::default(),
+            string_list: Vec::new(),
+            frames: Default::default(),
+            frame_lists: Vec::new(),
+            extras: Default::default(),
+            extra_list: Vec::new(),
+        };
+        for s in &snapshot.segments {
+            e.intern_frames(&s.frames);
+            for b in &s.blocks {
+                e.intern_frames(&b.frames);
+            }
+        }
+        for entry in snapshot.device_traces.iter().flatten() {
+            if let Some(f) = &entry.frames {
+                e.intern_frames(f);
+            }
+            if let Some(x) = &entry.extra {
+                let id = Arc::as_ptr(x);
+                if !e.extras.contains_key(&id) {
+                    e.extras.insert(id, e.extra_list.len() as u32);
+                    e.extra_list.push(x);
+                    for s in [&x.compile_context, &x.user_metadata].into_iter().flatten() {
+                        e.intern_str(s);
+                    }
+                }
+            }
+        }
+        e
+    }
+
+    fn intern_str(&mut self, s: &'s str) {
+        if !self.strings.contains_key(s) {
+            self.strings.insert(s, self.string_list.len() as u32);
+            self.string_list.push(s);
+        }
+    }
+
+    fn intern_frames(&mut self, frames: &'s Frames) {
+        let id = (frames.as_ptr(), frames.len());
+        if self.frames.contains_key(&id) {
+            return;
+        }
+        self.frames.insert(id, self.frame_lists.len() as u32);
+        self.frame_lists.push(frames);
+        for f in frames.iter() {
+            self.intern_str(&f.filename);
+            self.intern_str(&f.name);
+        }
+    }
+
+    fn frames_id(&self, frames: &Frames) -> u64 {
+        self.frames[&(frames.as_ptr(), frames.len())] as u64
+    }
+
+    fn write(&self, snapshot: &Snapshot, w: &mut Writer) -> std::io::Result<()> {
+        w.varint(self.string_list.len() as u64);
+        for s in &self.string_list {
+            w.str(s);
+            w.flush_if_full()?;
+        }
+        w.varint(self.frame_lists.len() as u64);
+        for list in &self.frame_lists {
+            w.varint(list.len() as u64);
+            for f in list.iter() {
+                w.varint(self.strings[f.filename.as_str()] as u64);
+                w.varint(f.line);
+                w.varint(self.strings[f.name.as_str()] as u64);
+            }
+            w.flush_if_full()?;
+        }
+        w.varint(self.extra_list.len() as u64);
+        for x in &self.extra_list {
+            let flags = x.device_free.is_some() as u8 | (x.compile_context.is_some() as u8) << 1 | (x.user_metadata.is_some() as u8) << 2;
+            w.byte(flags);
+            if let Some(free) = x.device_free {
+                w.varint(free);
+            }
+            for s in [&x.compile_context, &x.user_metadata].into_iter().flatten() {
+                w.varint(self.strings[&**s] as u64);
+            }
+        }
+        w.varint(snapshot.segments.len() as u64);
+        for s in &snapshot.segments {
+            w.signed(s.device);
+            for v in [s.address, s.total_size, s.allocated_size, s.active_size, s.requested_size] {
+                w.varint(v);
+            }
+            w.signed(s.stream);
+            w.byte(s.segment_type as u8);
+            w.signed(s.segment_pool_id.0);
+            w.signed(s.segment_pool_id.1);
+            w.byte(s.is_expandable as u8);
+            w.varint(self.frames_id(&s.frames));
+            w.varint(s.blocks.len() as u64);
+            for b in &s.blocks {
+                for v in [b.address, b.size, b.requested_size] {
+                    w.varint(v);
+                }
+                w.byte(b.state as u8);
+                w.varint(self.frames_id(&b.frames));
+            }
+            w.flush_if_full()?;
+        }
+        w.varint(snapshot.device_traces.len() as u64);
+        for trace in &snapshot.device_traces {
+            w.varint(trace.len() as u64);
+            let mut last_time = 0i64;
+            for (i, e) in trace.iter().enumerate() {
+                let flags = e.action as u8
+                    | (e.time_us.is_some() as u8) << 4
+                    | (e.frames.is_some() as u8) << 5
+                    | (e.category.is_some() as u8) << 6
+                    | (e.extra.is_some() as u8) << 7;
+                w.byte(flags);
+                w.varint(e.addr);
+                w.varint(e.size);
+                w.signed(e.stream);
+                if let Some(t) = e.time_us {
+                    w.signed(t.wrapping_sub(last_time));
+                    last_time = t;
+                }
+                if let Some(f) = &e.frames {
+                    w.varint(self.frames_id(f));
+                }
+                if let Some(c) = e.category {
+                    w.byte(c as u8);
+                }
+                if let Some(x) = &e.extra {
+                    w.varint(self.extras[&Arc::as_ptr(x)] as u64);
+                }
+                if i % 4096 == 0 {
+                    w.flush_if_full()?;
+                }
+            }
+        }
+        w.json(&snapshot.allocator_settings);
+        w.json(&snapshot.external_annotations);
+        w.json(&snapshot.tensormem);
+        Ok(())
+    }
+}
+
+/// The decoder found the payload malformed (where: [`Reader::at`]).
+struct Malformed;
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn byte(&mut self) -> Result<u8, Malformed> {
+        let b = *self.bytes.get(self.at).ok_or(Malformed)?;
+        self.at += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self) -> Result<u64, Malformed> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= ((b & 0x7f) as u64) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err(Malformed)
+    }
+
+    fn signed(&mut self) -> Result<i64, Malformed> {
+        let v = self.varint()?;
+        Ok((v >> 1) as i64 ^ -((v & 1) as i64))
+    }
+
+    /// A count of items, each at least `min_bytes` long: never more than the bytes left hold,
+    /// so a damaged count cannot size an allocation.
+    fn count(&mut self, min_bytes: usize) -> Result<usize, Malformed> {
+        let n = self.varint()?;
+        if n > ((self.bytes.len() - self.at) / min_bytes.max(1)) as u64 {
+            return Err(Malformed);
+        }
+        Ok(n as usize)
+    }
+
+    fn index<'t, T>(&mut self, table: &'t [T]) -> Result<&'t T, Malformed> {
+        let i = self.varint()?;
+        table.get(usize::try_from(i).map_err(|_| Malformed)?).ok_or(Malformed)
+    }
+
+    fn str(&mut self) -> Result<&str, Malformed> {
+        let len = self.count(1)?;
+        let s = std::str::from_utf8(&self.bytes[self.at..self.at + len]).map_err(|_| Malformed)?;
+        self.at += len;
+        Ok(s)
+    }
+
+    fn json<T: serde::de::DeserializeOwned>(&mut self) -> Result<Option<T>, Malformed> {
+        match self.byte()? {
+            0 => Ok(None),
+            1 => serde_json::from_str(self.str()?).map(Some).map_err(|_| Malformed),
+            _ => Err(Malformed),
+        }
+    }
+}
+
+struct Decoder;
+
+impl Decoder {
+    fn read(r: &mut Reader) -> Result<Snapshot, Malformed> {
+        let strings: Vec<Arc<str>> = (0..r.count(1)?).map(|_| r.str().map(Arc::from)).collect::<Result<_, _>>()?;
+        let mut frame_lists: Vec<Frames> = Vec::with_capacity(r.count(1)?);
+        for _ in 0..frame_lists.capacity() {
+            let n = r.count(3)?;
+            let mut list = Vec::with_capacity(n);
+            for _ in 0..n {
+                let filename = r.index(&strings)?.to_string();
+                let line = r.varint()?;
+                let name = r.index(&strings)?.to_string();
+                list.push(Frame { filename, line, name });
+            }
+            frame_lists.push(Arc::from(list));
+        }
+        let mut extras: Vec<Arc<EntryExtra>> = Vec::with_capacity(r.count(1)?);
+        for _ in 0..extras.capacity() {
+            let flags = r.byte()?;
+            let device_free = if flags & 1 != 0 { Some(r.varint()?) } else { None };
+            let compile_context = if flags & 2 != 0 { Some(r.index(&strings)?.clone()) } else { None };
+            let user_metadata = if flags & 4 != 0 { Some(r.index(&strings)?.clone()) } else { None };
+            extras.push(Arc::new(EntryExtra { device_free, compile_context, user_metadata }));
+        }
+        let mut segments = Vec::with_capacity(r.count(12)?);
+        for _ in 0..segments.capacity() {
+            let device = r.signed()?;
+            let [address, total_size, allocated_size, active_size, requested_size] = [r.varint()?, r.varint()?, r.varint()?, r.varint()?, r.varint()?];
+            let stream = r.signed()?;
+            let segment_type = match r.byte()? {
+                0 => PoolKind::Small,
+                1 => PoolKind::Large,
+                _ => return Err(Malformed),
+            };
+            let segment_pool_id = (r.signed()?, r.signed()?);
+            let is_expandable = r.byte()? != 0;
+            let frames = r.index(&frame_lists)?.clone();
+            let mut blocks = Vec::with_capacity(r.count(5)?);
+            for _ in 0..blocks.capacity() {
+                let [address, size, requested_size] = [r.varint()?, r.varint()?, r.varint()?];
+                let state = match r.byte()? {
+                    0 => BlockState::ActiveAllocated,
+                    1 => BlockState::ActivePendingFree,
+                    2 => BlockState::Inactive,
+                    _ => return Err(Malformed),
+                };
+                let frames = r.index(&frame_lists)?.clone();
+                blocks.push(Block { address, size, requested_size, state, frames });
+            }
+            segments.push(Segment {
+                device,
+                address,
+                total_size,
+                allocated_size,
+                active_size,
+                requested_size,
+                stream,
+                segment_type,
+                segment_pool_id,
+                is_expandable,
+                frames,
+                blocks,
+            });
+        }
+        let mut device_traces = Vec::with_capacity(r.count(1)?);
+        for _ in 0..device_traces.capacity() {
+            let mut trace = Vec::with_capacity(r.count(4)?);
+            let mut last_time = 0i64;
+            for _ in 0..trace.capacity() {
+                let flags = r.byte()?;
+                let action = *Action::ALL.get((flags & 15) as usize).ok_or(Malformed)?;
+                let addr = r.varint()?;
+                let size = r.varint()?;
+                let stream = r.signed()?;
+                let time_us = if flags & 16 != 0 {
+                    last_time = last_time.wrapping_add(r.signed()?);
+                    Some(last_time)
+                } else {
+                    None
+                };
+                let frames = if flags & 32 != 0 { Some(r.index(&frame_lists)?.clone()) } else { None };
+                let category = if flags & 64 != 0 { Some(*Category::ALL.get(r.byte()? as usize).ok_or(Malformed)?) } else { None };
+                let extra = if flags & 128 != 0 { Some(r.index(&extras)?.clone()) } else { None };
+                trace.push(TraceEntry { action, addr, size, stream, time_us, frames, category, extra });
+            }
+            device_traces.push(trace);
+        }
+        Ok(Snapshot { segments, device_traces, allocator_settings: r.json()?, external_annotations: r.json()?, tensormem: r.json()? })
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use folder::{DEFAULT_LIMIT, Folder, WORTH_CACHING};
+
+#[cfg(not(target_arch = "wasm32"))]
+mod folder {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    /// A folder of decoded snapshots, bounded in size: the least recently used go first.
+    #[derive(Debug, Clone)]
+    pub struct Folder {
+        pub dir: PathBuf,
+        /// Bytes the folder's cache files may take together.
+        pub limit: u64,
+    }
+
+    /// Files smaller than this decode in a fraction of a second: not worth a cache file.
+    pub const WORTH_CACHING: u64 = 16 << 20;
+    /// The folder's default bound: room for the decodes of about ten 1 GB snapshots.
+    pub const DEFAULT_LIMIT: u64 = 2 << 30;
+
+    impl Folder {
+        /// `decoded/` in the cache folder ([`crate::files::cache_dir`]: `TENSORMEM_CACHE`,
+        /// `~/.cache/tensormem` by default; none with `TENSORMEM_CACHE=off` or `memory`).
+        /// Never the folder of the file being read.
+        pub fn from_env() -> Option<Folder> {
+            Some(Folder { dir: crate::files::cache_dir()?.join("decoded"), limit: DEFAULT_LIMIT })
+        }
+
+        fn path_of(&self, key: &SourceKey) -> PathBuf {
+            self.dir.join(key.file_name())
+        }
+
+        /// The snapshot decoded from the source `key` names, if this folder holds it whole.
+        /// A damaged file is removed (the next decode writes it again).
+        pub fn get(&self, key: &SourceKey) -> Option<Snapshot> {
+            let path = self.path_of(key);
+            let bytes = std::fs::read(&path).ok()?;
+            match decode(&bytes, key) {
+                Ok(snapshot) => {
+                    // Used now: the last to go when the folder is over its bound.
+                    if let Ok(file) = std::fs::File::options().append(true).open(&path) {
+                        let _ = file.set_modified(std::time::SystemTime::now());
+                    }
+                    Some(snapshot)
+                }
+                Err(_) => {
+                    let _ = std::fs::remove_file(&path);
+                    None
+                }
+            }
+        }
+
+        /// Keeps `snapshot` for the source `key` names: written whole to a temporary name and
+        /// renamed, so a reader never sees part of it; then the oldest files go until the
+        /// folder is within its bound.
+        pub fn put(&self, key: &SourceKey, snapshot: &Snapshot) -> std::io::Result<()> {
+            std::fs::create_dir_all(&self.dir)?;
+            let path = self.path_of(key);
+            let temporary = self.dir.join(format!(".{}.{}.tmp", key.file_name(), std::process::id()));
+            let written = (|| {
+                let mut file = std::io::BufWriter::new(std::fs::File::create_new(&temporary)?);
+                encode(snapshot, key, &mut file)?;
+                file.into_inner().map_err(|e| e.into_error())?;
+                std::fs::rename(&temporary, &path)
+            })();
+            if written.is_err() {
+                let _ = std::fs::remove_file(&temporary);
+            }
+            written?;
+            self.trim(&path)
+        }
+
+        /// Removes the least recently used cache files until the rest fit the bound (`keep`,
+        /// the file just written, last of all: one decode bigger than the bound is not kept).
+        fn trim(&self, keep: &Path) -> std::io::Result<()> {
+            let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
+            for entry in std::fs::read_dir(&self.dir)? {
+                let entry = entry?;
+                let path = entry.path();
+                if path.extension().is_none_or(|e| e != "tmdecoded") {
+                    continue;
+                }
+                let Ok(meta) = entry.metadata() else { continue };
+                let used = if path == keep { std::time::SystemTime::now() + std::time::Duration::from_secs(1 << 20) } else { meta.modified()? };
+                files.push((used, meta.len(), path));
+            }
+            files.sort();
+            let mut total: u64 = files.iter().map(|f| f.1).sum();
+            for (_, len, path) in files {
+                if total <= self.limit {
+                    break;
+                }
+                std::fs::remove_file(&path)?;
+                total -= len;
+            }
+            Ok(())
+        }
+    }
+}
