@@ -81,6 +81,49 @@ impl TraceLoader {
     }
 }
 
+/// Hashes a file as it streams in: the key under which the page keeps its decode (IndexedDB).
+#[wasm_bindgen]
+#[derive(Default)]
+pub struct SourceHasher {
+    hasher: trace::cache::SourceHasher,
+}
+
+#[wasm_bindgen]
+impl SourceHasher {
+    #[wasm_bindgen(constructor)]
+    pub fn new() -> SourceHasher {
+        SourceHasher::default()
+    }
+
+    pub fn update(&mut self, chunk: &[u8]) {
+        self.hasher.update(chunk);
+    }
+
+    /// The key: the bytes' xxh3-128 hash and length (as a cache file's name).
+    pub fn key(&self) -> String {
+        self.hasher.finish().file_name()
+    }
+}
+
+/// Gives each chunk the encoder writes to a JavaScript function, as a new Uint8Array: the kept
+/// decode is assembled outside wasm memory, which never gives memory back.
+struct ToJs<'a>(&'a js_sys::Function);
+
+impl std::io::Write for ToJs<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.call1(&JsValue::NULL, &js_sys::Uint8Array::from(buf)).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn source_key(key: &str) -> Result<trace::cache::SourceKey, JsError> {
+    trace::cache::SourceKey::from_file_name(key).ok_or_else(|| JsError::new(&format!("not a source key: {key}")))
+}
+
 /// A loaded snapshot (a file, or a scenario's recording).
 #[wasm_bindgen]
 pub struct LoadedTrace {
@@ -95,6 +138,19 @@ impl LoadedTrace {
     pub fn parse(bytes: &[u8]) -> Result<LoadedTrace, JsError> {
         let snapshot = trace::load(bytes).map_err(js_error)?;
         Ok(LoadedTrace { snapshot, run_json: None })
+    }
+
+    /// Reads back a decode kept by [`LoadedTrace::keep_decoded`] for the file `key` names
+    /// ([`SourceHasher::key`]); an error if the bytes are not that, whole.
+    pub fn from_decoded(bytes: &[u8], key: &str) -> Result<LoadedTrace, JsError> {
+        let snapshot = trace::cache::decode(bytes, &source_key(key)?).map_err(js_error)?;
+        Ok(LoadedTrace { snapshot, run_json: None })
+    }
+
+    /// This snapshot's decode, to keep for the next open of the file `key` names: given to
+    /// `chunk` a megabyte at a time (Uint8Arrays).
+    pub fn keep_decoded(&self, key: &str, chunk: &js_sys::Function) -> Result<(), JsError> {
+        trace::cache::encode(&self.snapshot, &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
     }
 
     /// Device indices with segments or a trace.

@@ -76,6 +76,8 @@ fn a_cache_file_cut_short_damaged_or_of_another_source_is_a_miss() {
     let encoded = cache::encode_to_vec(&snapshot, &key);
     // Another file (one byte more) and another version.
     let other = SourceKey { len: key.len + 1, ..key };
+    assert_eq!(SourceKey::from_file_name(&key.file_name()), Some(key));
+    assert_eq!(SourceKey::from_file_name(&other.file_name()[1..]), None);
     assert_eq!(cache::decode(&encoded, &other), Err(CacheMiss::OtherSource));
     let mut old = encoded.clone();
     old[8] ^= 1;

@@ -455,7 +455,9 @@ async function load(request, payload) {
     if (!(await showDevice(info, shown, ticket))) return void ask('drop', { trace: info.trace });
     await ask('use', { trace: info.trace, previous: previous?.trace });
     $('source-name').textContent = info.name;
-    $('source-name').title = info.name;
+    // A file opened before is read back from the decode this browser kept of it (same bytes).
+    $('source-name').title = info.reopened ? `${info.name}: read back from the decode this browser kept when the same file was last opened` : info.name;
+    $('source-name').dataset.reopened = String(Boolean(info.reopened));
     $('device-select').innerHTML = info.devices.map((d, k) => `<option value="${d}">${escape(info.deviceLabels[k])}</option>`).join('');
     $('device-select').value = String(shown);
     $('device-box').hidden = info.devices.length < 2;

@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, diagnose, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { Predictor, TraceLoader, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
+import init, { LoadedTrace, Predictor, SourceHasher, TraceLoader, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
@@ -91,8 +91,137 @@ async function loadStream(stream, total, name) {
   }
 }
 
+// ---- Decodes kept for the next open (IndexedDB), keyed by the file's hash and length: opening
+// the same bytes again reads back what was decoded instead of parsing the pickle again.
+// Files under 16 MiB parse in a fraction of a second and are not kept; all kept decodes
+// together stay under KEPT_LIMIT, the least recently used going first. Without IndexedDB (some
+// private windows) or when it fails, files are simply parsed each time.
+const WORTH_KEEPING = 16 << 20;
+const KEPT_LIMIT = 1 << 30;
+let keptDb = null;
+// The last decode being written: a second open of the same file waits for it.
+let keeping = Promise.resolve();
+// A decode to keep once the page has drawn it ({key, t, name}): encoding a 1 GB file's decode
+// takes seconds, which the first paint does not wait for.
+let toKeep = null;
+
+function keepPending() {
+  const pending = toKeep;
+  toKeep = null;
+  // A trace already closed (wasm-bindgen zeroes a freed object's pointer) is not kept.
+  if (!pending || !pending.t.__wbg_ptr) return;
+  progress(`keeping the decode of ${pending.name} for the next open`, 1);
+  keeping = keep(pending.key, pending.t).catch((e) => console.warn(`the decode of ${pending.name} could not be kept (${e.message})`));
+}
+
+function idb(request) {
+  return new Promise((resolve, reject) => {
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  });
+}
+
+function openKept() {
+  if (!keptDb) {
+    const open = indexedDB.open('tensormem', 1);
+    open.onupgradeneeded = () => {
+      open.result.createObjectStore('decoded');
+      // {size, used} by key, so that trimming never reads the decodes themselves.
+      open.result.createObjectStore('decodedUse');
+    };
+    keptDb = idb(open);
+    keptDb.catch(() => { keptDb = null; });
+  }
+  return keptDb;
+}
+
+async function keyOf(file) {
+  const hasher = new SourceHasher();
+  const { read } = chunkReader(file.stream());
+  let hashed = 0;
+  let lastReport = 0;
+  try {
+    for (;;) {
+      const { done, value } = await read();
+      if (done) return hasher.key();
+      hasher.update(value);
+      hashed += value.length;
+      if (hashed - lastReport > file.size / 50) {
+        lastReport = hashed;
+        progress(`checking ${file.name} against the decodes kept (${(hashed / 1048576).toFixed(1)} MB)`, hashed / file.size);
+      }
+    }
+  } finally {
+    hasher.free();
+  }
+}
+
+// The decode kept for `key`, read back; null when none is kept or it cannot be used (then it is
+// removed, and the file parsed as if never opened).
+async function reopen(key, name) {
+  const db = await openKept();
+  const blob = await idb(db.transaction('decoded').objectStore('decoded').get(key));
+  if (!blob) return null;
+  progress(`reading back the decode of ${name} kept by this browser`, 1);
+  try {
+    const t = LoadedTrace.from_decoded(new Uint8Array(await blob.arrayBuffer()), key);
+    db.transaction('decodedUse', 'readwrite').objectStore('decodedUse').put({ size: blob.size, used: Date.now() }, key);
+    return t;
+  } catch (e) {
+    console.warn(`the kept decode of ${name} could not be read back (${e.message}): parsing the file`);
+    const tx = db.transaction(['decoded', 'decodedUse'], 'readwrite');
+    tx.objectStore('decoded').delete(key);
+    tx.objectStore('decodedUse').delete(key);
+    return null;
+  }
+}
+
+// Keeps `t`'s decode under `key`, then removes the least recently used until all fit KEPT_LIMIT.
+async function keep(key, t) {
+  const chunks = [];
+  t.keep_decoded(key, (chunk) => chunks.push(chunk));
+  const blob = new Blob(chunks);
+  if (blob.size > KEPT_LIMIT) return;
+  const db = await openKept();
+  const tx = db.transaction(['decoded', 'decodedUse'], 'readwrite');
+  tx.objectStore('decoded').put(blob, key);
+  tx.objectStore('decodedUse').put({ size: blob.size, used: Date.now() }, key);
+  await new Promise((resolve, reject) => { tx.oncomplete = resolve; tx.onerror = () => reject(tx.error); tx.onabort = () => reject(tx.error); });
+  const uses = db.transaction('decodedUse').objectStore('decodedUse');
+  const [keys, values] = await Promise.all([idb(uses.getAllKeys()), idb(uses.getAll())]);
+  const byAge = keys.map((k, i) => ({ k, ...values[i] })).sort((a, b) => a.used - b.used);
+  let total = byAge.reduce((sum, e) => sum + e.size, 0);
+  const trim = db.transaction(['decoded', 'decodedUse'], 'readwrite');
+  for (const e of byAge) {
+    if (total <= KEPT_LIMIT) break;
+    if (e.k === key) continue;
+    trim.objectStore('decoded').delete(e.k);
+    trim.objectStore('decodedUse').delete(e.k);
+    total -= e.size;
+  }
+}
+
+// Opens a file: from the decode kept by an earlier open of the same bytes when there is one
+// (`reopened` is then set on the trace), else parsed, and its decode kept for the next time.
 async function loadFile(file) {
-  return loadStream(file.stream(), file.size, file.name);
+  let key = null;
+  if (file.size >= WORTH_KEEPING && self.indexedDB) {
+    try {
+      keepPending();
+      await keeping;
+      key = await keyOf(file);
+      const t = await reopen(key, file.name);
+      if (t) {
+        t.reopened = true;
+        return t;
+      }
+    } catch (e) {
+      console.warn(`the decodes kept by this browser cannot be used (${e.message}): parsing the file`);
+    }
+  }
+  const t = await loadStream(file.stream(), file.size, file.name);
+  if (key) toKeep = { key, t, name: file.name };
+  return t;
 }
 
 function close(id) {
@@ -112,6 +241,7 @@ function add(t, name) {
   traces.set(id, t);
   return {
     trace: id, name, devices: Array.from(t.devices()), deviceLabels: t.device_labels(), defaultDevice: t.default_device() ?? null, run: t.run_json() ?? null,
+    reopened: Boolean(t.reopened),
   };
 }
 
@@ -471,6 +601,9 @@ onmessage = async (event) => {
     else postMessage({ id, result: out });
     // Work the answer does not wait for (see timeline()).
     if (out && out.after) out.after();
+    // A new file's decode is kept once it is drawn (after the timeline's answer), or at once
+    // where no timeline follows (a recording for "What fits", a compared file).
+    if (toKeep && type !== 'openFile') setTimeout(keepPending);
   } catch (e) {
     // A panic reaches JavaScript as `unreachable`: say what Rust said, and where.
     const panic = e instanceof WebAssembly.RuntimeError ? take_panic() : undefined;

@@ -47,6 +47,13 @@ impl SourceKey {
     pub fn file_name(&self) -> String {
         format!("{:032x}-{:x}.tmdecoded", self.hash, self.len)
     }
+
+    /// The key a [`SourceKey::file_name`] names.
+    pub fn from_file_name(name: &str) -> Option<SourceKey> {
+        let (hash, len) = name.strip_suffix(".tmdecoded")?.split_once('-')?;
+        let key = SourceKey { len: u64::from_str_radix(len, 16).ok()?, hash: u128::from_str_radix(hash, 16).ok()? };
+        (key.file_name() == name).then_some(key)
+    }
 }
 
 /// Hashes a source as it streams in.

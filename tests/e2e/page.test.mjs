@@ -166,6 +166,45 @@ test('every fixture loads and shows the peaks the CLI reports', async () => {
   await page.close();
 });
 
+test('a big file opened again is read back from the decode the browser kept, with the same peaks; a damaged one is parsed again', async () => {
+  // 16 training steps of the LM scenario: a 19 MB pickle, over the 16 MiB worth keeping.
+  const big = join(scratch, 'lm-train-16-steps.pickle');
+  execFileSync(bin, ['run', 'lm-train', '--set', 'size=medium,steps=16', '--snapshot', big], { stdio: 'ignore' });
+  assert.ok(readFileSync(big).length >= 16 << 20);
+  const expected = cliPeaks(big)[0];
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page, 1);
+  const opened = async (paints) => {
+    await openFile(page, big, paints);
+    assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
+    return page.getAttribute('#source-name', 'data-reopened');
+  };
+  assert.equal(await opened(2), 'false');
+  assert.equal(await opened(3), 'true');
+  assert.match(await page.getAttribute('#source-name', 'title'), /read back from the decode this browser kept/);
+  // Another file between: still kept.
+  await openFile(page, join(fixtures, 'tiny-settings.pickle'), 4);
+  assert.equal(await page.getAttribute('#source-name', 'data-reopened'), 'false');
+  assert.equal(await opened(5), 'true');
+  // A kept decode cut short (a browser killed while writing it) is never used: parsed again.
+  const cut = await page.evaluate(async () => {
+    const db = await new Promise((ok, fail) => { const r = indexedDB.open('tensormem', 1); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); });
+    const store = db.transaction('decoded', 'readwrite').objectStore('decoded');
+    const keys = await new Promise((ok) => { store.getAllKeys().onsuccess = (e) => ok(e.target.result); });
+    const tx = db.transaction('decoded', 'readwrite');
+    for (const k of keys) tx.objectStore('decoded').put(new Blob([new Uint8Array(1000)]), k);
+    await new Promise((ok) => { tx.oncomplete = ok; });
+    db.close();
+    return keys.length;
+  });
+  assert.equal(cut, 1);
+  assert.equal(await opened(6), 'false');
+  assert.equal(await opened(7), 'true');
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
 test('a truncated file and a non-pickle show an error, and the next file still loads', async () => {
   const good = join(fixtures, 'small-state.pickle');
   const bytes = readFileSync(good);
