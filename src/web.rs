@@ -60,6 +60,8 @@ fn js_error(e: impl std::fmt::Display) -> JsError {
 #[wasm_bindgen]
 pub struct TraceLoader {
     loader: Option<trace::Loader>,
+    /// The key of the bytes fed (for the decode the page keeps).
+    hasher: trace::cache::SourceHasher,
 }
 
 #[wasm_bindgen]
@@ -68,11 +70,17 @@ impl TraceLoader {
     #[wasm_bindgen(constructor)]
     pub fn new(total: f64) -> TraceLoader {
         let total = (total > 0.0).then_some(total as usize);
-        TraceLoader { loader: Some(trace::Loader::new(total)) }
+        TraceLoader { loader: Some(trace::Loader::new(total)), hasher: Default::default() }
     }
 
     pub fn feed(&mut self, chunk: &[u8]) -> Result<(), JsError> {
+        self.hasher.update(chunk);
         self.loader.as_mut().ok_or_else(|| JsError::new("the loader has finished"))?.feed(chunk).map_err(js_error)
+    }
+
+    /// The key of the bytes fed so far ([`SourceHasher::key`]).
+    pub fn source_key(&self) -> String {
+        self.hasher.finish().file_name()
     }
 
     pub fn finish(&mut self) -> Result<LoadedTrace, JsError> {

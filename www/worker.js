@@ -65,7 +65,9 @@ function chunkReader(stream) {
 
 // Parses a snapshot as it streams in (a file or a download): each chunk goes straight to the
 // wasm parser, so neither the file's bytes nor its node tree is ever held whole.
-async function loadStream(stream, total, name) {
+// `onKey(key)`, when given, is told the key of the bytes read (see SourceHasher) before the loader
+// is freed.
+async function loadStream(stream, total, name, onKey) {
   const loader = new TraceLoader(total || 0);
   const { reader, read } = chunkReader(stream);
   let received = 0;
@@ -82,6 +84,7 @@ async function loadStream(stream, total, name) {
       }
     }
     progress(`indexing ${name}`, 1);
+    onKey?.(loader.source_key());
     return loader.finish();
   } catch (e) {
     reader.cancel().catch(() => {});
@@ -101,7 +104,7 @@ const KEPT_LIMIT = 1 << 30;
 let keptDb = null;
 // The last decode being written: a second open of the same file waits for it.
 let keeping = Promise.resolve();
-// A decode to keep once the page has drawn it ({key, t, name}): encoding a 1 GB file's decode
+// A decode to keep once the page has drawn it ({key, t, name, file}): encoding a 1 GB file's decode
 // takes seconds, which the first paint does not wait for.
 let toKeep = null;
 
@@ -111,7 +114,7 @@ function keepPending() {
   // A trace already closed (wasm-bindgen zeroes a freed object's pointer) is not kept.
   if (!pending || !pending.t.__wbg_ptr) return;
   progress(`keeping the decode of ${pending.name} for the next open`, 1);
-  keeping = keep(pending.key, pending.t).catch((e) => console.warn(`the decode of ${pending.name} could not be kept (${e.message})`));
+  keeping = keep(pending.key, pending.t, pending.file).catch((e) => console.warn(`the decode of ${pending.name} could not be kept (${e.message})`));
 }
 
 function idb(request) {
@@ -123,11 +126,15 @@ function idb(request) {
 
 function openKept() {
   if (!keptDb) {
-    const open = indexedDB.open('tensormem', 1);
+    const open = indexedDB.open('tensormem', 2);
     open.onupgradeneeded = () => {
-      open.result.createObjectStore('decoded');
+      const db = open.result;
+      if (!db.objectStoreNames.contains('decoded')) db.createObjectStore('decoded');
       // {size, used} by key, so that trimming never reads the decodes themselves.
-      open.result.createObjectStore('decodedUse');
+      if (!db.objectStoreNames.contains('decodedUse')) db.createObjectStore('decodedUse');
+      // The key last kept for a file's name, size and modification time: a file never seen is
+      // parsed (and hashed on the way) without reading it twice first.
+      if (!db.objectStoreNames.contains('decodedNames')) db.createObjectStore('decodedNames');
     };
     keptDb = idb(open);
     keptDb.catch(() => { keptDb = null; });
@@ -176,51 +183,72 @@ async function reopen(key, name) {
   }
 }
 
+const fileSeen = (file) => `${file.name}\u0000${file.size}\u0000${file.lastModified}`;
+
+// Whether a decode was kept for a file of this name, size and modification time (its bytes are
+// then hashed to find it: a file changed in place reads as another).
+async function seenBefore(file) {
+  const db = await openKept();
+  return Boolean(await idb(db.transaction('decodedNames').objectStore('decodedNames').get(fileSeen(file))));
+}
+
 // Keeps `t`'s decode under `key`, then removes the least recently used until all fit KEPT_LIMIT.
-async function keep(key, t) {
+async function keep(key, t, file) {
   const chunks = [];
   t.keep_decoded(key, (chunk) => chunks.push(chunk));
   const blob = new Blob(chunks);
   if (blob.size > KEPT_LIMIT) return;
   const db = await openKept();
-  const tx = db.transaction(['decoded', 'decodedUse'], 'readwrite');
+  const tx = db.transaction(['decoded', 'decodedUse', 'decodedNames'], 'readwrite');
   tx.objectStore('decoded').put(blob, key);
   tx.objectStore('decodedUse').put({ size: blob.size, used: Date.now() }, key);
+  tx.objectStore('decodedNames').put(key, fileSeen(file));
   await new Promise((resolve, reject) => { tx.oncomplete = resolve; tx.onerror = () => reject(tx.error); tx.onabort = () => reject(tx.error); });
   const uses = db.transaction('decodedUse').objectStore('decodedUse');
   const [keys, values] = await Promise.all([idb(uses.getAllKeys()), idb(uses.getAll())]);
   const byAge = keys.map((k, i) => ({ k, ...values[i] })).sort((a, b) => a.used - b.used);
   let total = byAge.reduce((sum, e) => sum + e.size, 0);
-  const trim = db.transaction(['decoded', 'decodedUse'], 'readwrite');
+  const gone = new Set();
   for (const e of byAge) {
     if (total <= KEPT_LIMIT) break;
-    if (e.k === key) continue;
-    trim.objectStore('decoded').delete(e.k);
-    trim.objectStore('decodedUse').delete(e.k);
-    total -= e.size;
+    if (e.k !== key) gone.add(e.k);
+    total -= e.k === key ? 0 : e.size;
   }
+  if (!gone.size) return;
+  const names = db.transaction('decodedNames').objectStore('decodedNames');
+  const [seen, seenKeys] = await Promise.all([idb(names.getAllKeys()), idb(names.getAll())]);
+  const trim = db.transaction(['decoded', 'decodedUse', 'decodedNames'], 'readwrite');
+  for (const k of gone) {
+    trim.objectStore('decoded').delete(k);
+    trim.objectStore('decodedUse').delete(k);
+  }
+  seen.forEach((name, i) => { if (gone.has(seenKeys[i])) trim.objectStore('decodedNames').delete(name); });
 }
 
 // Opens a file: from the decode kept by an earlier open of the same bytes when there is one
 // (`reopened` is then set on the trace), else parsed, and its decode kept for the next time.
+// Only a file seen before (name, size, time) is hashed first; any other is hashed as it parses.
 async function loadFile(file) {
-  let key = null;
+  let keeps = false;
   if (file.size >= WORTH_KEEPING && self.indexedDB) {
     try {
       keepPending();
       await keeping;
-      key = await keyOf(file);
-      const t = await reopen(key, file.name);
-      if (t) {
-        t.reopened = true;
-        return t;
+      keeps = true;
+      if (await seenBefore(file)) {
+        const t = await reopen(await keyOf(file), file.name);
+        if (t) {
+          t.reopened = true;
+          return t;
+        }
       }
     } catch (e) {
       console.warn(`the decodes kept by this browser cannot be used (${e.message}): parsing the file`);
     }
   }
-  const t = await loadStream(file.stream(), file.size, file.name);
-  if (key) toKeep = { key, t, name: file.name };
+  let key = null;
+  const t = await loadStream(file.stream(), file.size, file.name, (k) => { key = k; });
+  if (keeps) toKeep = { key, t, name: file.name, file };
   return t;
 }
 

@@ -189,7 +189,7 @@ test('a big file opened again is read back from the decode the browser kept, wit
   assert.equal(await opened(5), 'true');
   // A kept decode cut short (a browser killed while writing it) is never used: parsed again.
   const cut = await page.evaluate(async () => {
-    const db = await new Promise((ok, fail) => { const r = indexedDB.open('tensormem', 1); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); });
+    const db = await new Promise((ok, fail) => { const r = indexedDB.open('tensormem'); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); });
     const store = db.transaction('decoded', 'readwrite').objectStore('decoded');
     const keys = await new Promise((ok) => { store.getAllKeys().onsuccess = (e) => ok(e.target.result); });
     const tx = db.transaction('decoded', 'readwrite');
