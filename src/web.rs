@@ -78,6 +78,11 @@ impl TraceLoader {
         self.loader.as_mut().ok_or_else(|| JsError::new("the loader has finished"))?.feed(chunk).map_err(js_error)
     }
 
+    /// Trace entries decoded so far (a pickle's, as it streams; a JSON text's at the end).
+    pub fn entries_decoded(&self) -> f64 {
+        self.loader.as_ref().map_or(0, |l| l.entries_decoded()) as f64
+    }
+
     /// The key of the bytes fed so far ([`SourceHasher::key`]).
     pub fn source_key(&self) -> String {
         self.hasher.finish().file_name()

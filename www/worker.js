@@ -80,7 +80,9 @@ async function loadStream(stream, total, name, onKey) {
       received += value.length;
       if (received - lastReport > (total || 1 << 24) / 50) {
         lastReport = received;
-        progress(`reading ${name} (${(received / 1048576).toFixed(1)} MB)`, total ? received / total : 0.5);
+        const mb = (n) => (n / 1048576).toFixed(1);
+        const entries = loader.entries_decoded();
+        progress(`reading ${name}: ${mb(received)}${total ? ` of ${mb(total)}` : ''} MB${entries ? `, ${entries.toLocaleString('en-US')} trace entries decoded` : ''}`, total ? received / total : 0.5);
       }
     }
     progress(`indexing ${name}`, 1);

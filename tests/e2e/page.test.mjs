@@ -180,8 +180,17 @@ test('a big file opened again is read back from the decode the browser kept, wit
     assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
     return page.getAttribute('#source-name', 'data-reopened');
   };
+  // Every progress line shown, to check what a big file's reading says.
+  await page.evaluate(() => {
+    window.__progressTexts = [];
+    new MutationObserver((records) => records.forEach((r) => r.addedNodes.forEach((n) => window.__progressTexts.push(n.textContent))))
+      .observe(document.querySelector('#progress-text'), { childList: true });
+  });
   assert.equal(await opened(2), 'false');
+  const said = await page.evaluate(() => window.__progressTexts);
+  assert.ok(said.some((t) => /^reading lm-train-16-steps\.pickle: [\d.]+ of 1\d\.\d MB, [\d,]+ trace entries decoded$/.test(t)), said.join('\n'));
   assert.equal(await opened(3), 'true');
+  assert.ok((await page.evaluate(() => window.__progressTexts)).some((t) => /^reading back the decode of lm-train-16-steps\.pickle kept by this browser$/.test(t)));
   assert.match(await page.getAttribute('#source-name', 'title'), /read back from the decode this browser kept/);
   // Another file between: still kept.
   await openFile(page, join(fixtures, 'tiny-settings.pickle'), 4);
