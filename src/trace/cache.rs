@@ -420,8 +420,9 @@ struct Decoder;
 impl Decoder {
     fn read(r: &mut Reader) -> Result<Snapshot, Malformed> {
         let strings: Vec<Arc<str>> = (0..r.count(1)?).map(|_| r.str().map(Arc::from)).collect::<Result<_, _>>()?;
-        let mut frame_lists: Vec<Frames> = Vec::with_capacity(r.count(1)?);
-        for _ in 0..frame_lists.capacity() {
+        let n = r.count(1)?;
+        let mut frame_lists: Vec<Frames> = Vec::with_capacity(n);
+        for _ in 0..n {
             let n = r.count(3)?;
             let mut list = Vec::with_capacity(n);
             for _ in 0..n {
@@ -432,16 +433,18 @@ impl Decoder {
             }
             frame_lists.push(Arc::from(list));
         }
-        let mut extras: Vec<Arc<EntryExtra>> = Vec::with_capacity(r.count(1)?);
-        for _ in 0..extras.capacity() {
+        let n = r.count(1)?;
+        let mut extras: Vec<Arc<EntryExtra>> = Vec::with_capacity(n);
+        for _ in 0..n {
             let flags = r.byte()?;
             let device_free = if flags & 1 != 0 { Some(r.varint()?) } else { None };
             let compile_context = if flags & 2 != 0 { Some(r.index(&strings)?.clone()) } else { None };
             let user_metadata = if flags & 4 != 0 { Some(r.index(&strings)?.clone()) } else { None };
             extras.push(Arc::new(EntryExtra { device_free, compile_context, user_metadata }));
         }
-        let mut segments = Vec::with_capacity(r.count(12)?);
-        for _ in 0..segments.capacity() {
+        let n = r.count(12)?;
+        let mut segments = Vec::with_capacity(n);
+        for _ in 0..n {
             let device = r.signed()?;
             let [address, total_size, allocated_size, active_size, requested_size] = [r.varint()?, r.varint()?, r.varint()?, r.varint()?, r.varint()?];
             let stream = r.signed()?;
@@ -453,8 +456,9 @@ impl Decoder {
             let segment_pool_id = (r.signed()?, r.signed()?);
             let is_expandable = r.byte()? != 0;
             let frames = r.index(&frame_lists)?.clone();
-            let mut blocks = Vec::with_capacity(r.count(5)?);
-            for _ in 0..blocks.capacity() {
+            let n = r.count(5)?;
+            let mut blocks = Vec::with_capacity(n);
+            for _ in 0..n {
                 let [address, size, requested_size] = [r.varint()?, r.varint()?, r.varint()?];
                 let state = match r.byte()? {
                     0 => BlockState::ActiveAllocated,
@@ -480,11 +484,13 @@ impl Decoder {
                 blocks,
             });
         }
-        let mut device_traces = Vec::with_capacity(r.count(1)?);
-        for _ in 0..device_traces.capacity() {
-            let mut trace = Vec::with_capacity(r.count(4)?);
+        let n = r.count(1)?;
+        let mut device_traces = Vec::with_capacity(n);
+        for _ in 0..n {
+            let n = r.count(4)?;
+            let mut trace = Vec::with_capacity(n);
             let mut last_time = 0i64;
-            for _ in 0..trace.capacity() {
+            for _ in 0..n {
                 let flags = r.byte()?;
                 let action = *Action::ALL.get((flags & 15) as usize).ok_or(Malformed)?;
                 let addr = r.varint()?;
