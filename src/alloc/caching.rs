@@ -5,8 +5,9 @@
 //! `free` -> `free_block` (coalescing); `release_cached_blocks` = `empty_cache`; expandable
 //! segments map pages into one growing address range per (stream, pool).
 //!
-//! Two parts live in files of their own: `caching/expandable.rs` (mapping and unmapping an
-//! expandable segment's pages) and `caching/state.rs` (snapshot, restore and the invariants).
+//! Three parts live in files of their own: `caching/expandable.rs` (mapping and unmapping an
+//! expandable segment's pages), `caching/pools.rs` (private pools: CUDA graphs and `MemPool`) and
+//! `caching/state.rs` (snapshot, restore and the invariants).
 
 use super::config::AllocatorConfig;
 use super::constants::*;
@@ -20,7 +21,11 @@ use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
 
 mod expandable;
+mod pools;
 mod state;
+
+use pools::MemoryPool;
+pub use pools::{DEFAULT_POOL, PoolFilter, PoolId};
 
 /// A stream, compared as an unsigned pointer like `cudaStream_t` (0 = the default stream).
 pub type Stream = u64;
@@ -76,6 +81,9 @@ struct Block {
     ptr: u64,
     /// Base address of the segment (or expandable reservation) holding the block.
     segment: u64,
+    /// Index into the allocator's `pools` of the memory pool that owns the block's segment
+    /// (0: the default pool). A freed block always goes back there.
+    pool: u32,
     allocated: bool,
     /// False for the unmapped address space of an expandable segment.
     mapped: bool,
@@ -97,7 +105,7 @@ struct Block {
 }
 
 impl Block {
-    fn new(stream: Stream, size: u64, small: bool, ptr: u64, segment: u64) -> Block {
+    fn new(stream: Stream, size: u64, small: bool, ptr: u64, segment: u64, pool: u32) -> Block {
         Block {
             stream,
             size,
@@ -105,6 +113,7 @@ impl Block {
             small,
             ptr,
             segment,
+            pool,
             allocated: false,
             mapped: true,
             prev: NONE,
@@ -217,6 +226,8 @@ struct Params {
     size: u64,
     small: bool,
     alloc_size: u64,
+    /// The memory pool the request goes to (`get_pool`): an index into `pools`.
+    pool: u32,
     block: BlockId,
 }
 
@@ -232,7 +243,21 @@ pub struct CachingAllocator<S: SegmentSource> {
     source: S,
     blocks: Vec<Block>,
     free_ids: Vec<BlockId>,
-    pools: [BlockPool; 2],
+    /// The memory pools, each with its small and large free blocks: the default pool first,
+    /// then private ones in the order they were made (`graph_pools`; an erased one stays as a
+    /// dead slot, so block indices into it never move).
+    pools: Vec<MemoryPool>,
+    /// Pools being allocated to, oldest first, each with the streams it takes (`captures_underway`).
+    captures_underway: Vec<(PoolId, PoolFilter)>,
+    /// The thread the caller runs on, for `PoolFilter::Thread` (`use_mem_pool` routes one thread).
+    current_thread: u32,
+    /// Freed blocks other streams used during a capture: their events wait until no capture is
+    /// underway (`needs_events_deferred_until_no_capture`).
+    deferred_until_no_capture: Vec<BlockId>,
+    /// Streams recorded on a block while a capture was underway (`block_to_cudagraph_stream_uses`).
+    capture_stream_uses: FxHashMap<BlockId, Vec<Stream>>,
+    /// The next ids `new_pool_id` hands out: (user-made, graph-made), both from 1 as in PyTorch.
+    next_pool_ids: (i64, i64),
     /// Blocks handed out and not yet freed, by address (PyTorch's `allocated_blocks`, which lives
     /// a layer above its device allocator). Built on the first call by address, so callers that
     /// free by handle never pay for it.
@@ -304,7 +329,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
             source,
             blocks: Vec::new(),
             free_ids: Vec::new(),
-            pools: [BlockPool::default(), BlockPool::default()],
+            pools: vec![MemoryPool::new(DEFAULT_POOL)],
+            captures_underway: Vec::new(),
+            current_thread: 0,
+            deferred_until_no_capture: Vec::new(),
+            capture_stream_uses: FxHashMap::default(),
+            next_pool_ids: (1, 1),
             pointer_index: None,
             events: BTreeMap::new(),
             expandable: Vec::new(),
@@ -461,7 +491,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     fn pool_insert(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        let pool = &mut self.pools[pool_index(b.small)];
+        let pool = &mut self.pools[b.pool as usize].free[pool_index(b.small)];
         let count = pool.get_free_blocks_call_count;
         let inserted = pool.insert(b.stream, b.size, b.ptr, id);
         debug_assert!(inserted, "block inserted twice into its pool");
@@ -470,17 +500,17 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     fn pool_remove(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        self.pools[pool_index(b.small)].remove(b.stream, b.size, b.ptr);
+        self.pools[b.pool as usize].free[pool_index(b.small)].remove(b.stream, b.size, b.ptr);
     }
 
     fn unmapped_insert(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        self.pools[pool_index(b.small)].unmapped.insert((b.stream, b.ptr), id);
+        self.pools[b.pool as usize].free[pool_index(b.small)].unmapped.insert((b.stream, b.ptr), id);
     }
 
     fn unmapped_remove(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        self.pools[pool_index(b.small)].unmapped.remove(&(b.stream, b.ptr));
+        self.pools[b.pool as usize].free[pool_index(b.small)].unmapped.remove(&(b.stream, b.ptr));
     }
 
     #[inline]
@@ -506,10 +536,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return Err(OutOfMemoryError::more_than_exabyte(self.device).into());
         }
         let ctx = self.keep_state_context(ctx);
-        self.process_events(&ctx);
+        // Events cannot be queried while a graph is being captured: their blocks wait until after.
+        if self.captures_underway.is_empty() {
+            self.process_events(&ctx);
+        }
         let size = round_size(orig_size, &self.config);
         let small = size <= SMALL_SIZE;
-        let mut p = Params { stream, size, small, alloc_size: allocation_size(size), block: NONE };
+        let pool = self.get_pool(stream);
+        let mut p = Params { stream, size, small, alloc_size: allocation_size(size), pool, block: NONE };
 
         if !self.get_free_block(&mut p) {
             self.get_new_block(&mut p, orig_size, &ctx)?;
@@ -526,9 +560,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
             self.garbage_collect_cached_blocks(ctx);
         }
+        // The last resort, freeing every cached segment, is not tried while any pool is being
+        // allocated to (a capture cannot free memory its graph may use).
         let found = self.alloc_block(p, false, ctx)
             || (self.release_available_cached_blocks(p, ctx) && self.alloc_block(p, false, ctx))
-            || (self.release_cached_blocks(ctx) && self.alloc_block(p, true, ctx));
+            || (self.captures_underway.is_empty() && self.release_cached_blocks(ctx, DEFAULT_POOL) && self.alloc_block(p, true, ctx));
         if found {
             return Ok(());
         }
@@ -552,6 +588,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             allowed: self.allowed_memory_maximum,
             allocated: self.stats.allocated_bytes.get(all).current as u64,
             reserved: self.stats.reserved_bytes.get(all).current as u64,
+            in_private_pools: self.free_in_private_pools(),
             expandable_segments: self.config.expandable_segments,
             more_than_exabyte: false,
         })
@@ -566,7 +603,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     fn get_free_block(&mut self, p: &mut Params) -> bool {
         let gc_on = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
-        let pool = &mut self.pools[pool_index(p.small)];
+        let pool = &mut self.pools[p.pool as usize].free[pool_index(p.small)];
         if gc_on {
             pool.get_free_blocks_call_count += 1;
         }
@@ -624,7 +661,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             // The allocated part takes the low addresses; the remainder stays free above it.
             let remaining = id;
             let r = self.b(remaining);
-            let mut block = Block::new(p.stream, p.size, p.small, r.ptr, r.segment);
+            let mut block = Block::new(p.stream, p.size, p.small, r.ptr, r.segment, r.pool);
             block.expandable = r.expandable;
             id = self.insert_before(remaining, block);
             let rem = self.bm(remaining);
@@ -720,7 +757,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         if self.b(id).stream_uses.is_none() {
             self.free_block(id, &ctx);
+        } else if !self.captures_underway.is_empty() {
+            // Events cannot be recorded into a capture: the block waits, active, until none is underway.
+            self.deferred_until_no_capture.push(id);
         } else {
+            self.capture_stream_uses.remove(&id);
             self.insert_events(id);
         }
     }
@@ -746,6 +787,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let uses = b.stream_uses.get_or_insert_with(Default::default);
             if !uses.contains(&stream) {
                 uses.push(stream);
+            }
+            if !self.captures_underway.is_empty() {
+                let during = self.capture_stream_uses.entry(id).or_default();
+                if !during.contains(&stream) {
+                    during.push(stream);
+                }
             }
         }
     }
@@ -794,6 +841,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn process_events(&mut self, ctx: &Option<Frames>) {
+        self.insert_events_deferred_until_no_capture(ctx);
         if self.events.is_empty() {
             return;
         }
@@ -814,6 +862,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn synchronize_and_free_events(&mut self, ctx: &Option<Frames>) {
+        self.insert_events_deferred_until_no_capture(ctx);
         self.stats.num_sync_all_streams += 1;
         for queue in self.events.values_mut() {
             queue.1 = queue.0.len();
@@ -913,7 +962,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return false;
         }
         if self.config.expandable_segments && self.source.supports_expandable() {
-            return match self.try_allocate_expandable_block(p.stream, p.small, p.size, ctx) {
+            return match self.try_allocate_expandable_block(p.pool, p.stream, p.small, p.size, ctx) {
                 Some(id) => {
                     p.block = id;
                     true
@@ -926,9 +975,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let Some(ptr) = self.source.allocate(size) else { return false };
         self.total_allocated_memory += size;
-        let mut block = Block::new(p.stream, size, p.small, ptr, ptr);
+        let mut block = Block::new(p.stream, size, p.small, ptr, ptr, p.pool);
         block.segment_context = ctx.clone();
         p.block = self.new_block(block);
+        self.pools[p.pool as usize].segments += 1;
         let pool = StatType::for_pool(p.small);
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
@@ -951,7 +1001,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return false;
         }
         let key_size_ = p.size.max(max_split);
-        let pool = &self.pools[pool_index(p.small)];
+        let pool = &self.pools[p.pool as usize].free[pool_index(p.small)];
         let blocks = &self.blocks;
         let usable = |id: BlockId| !blocks[id as usize].is_expandable();
         let Some(free) = pool.stream(p.stream) else { return false };
@@ -987,20 +1037,41 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// `empty_cache`: waits for outstanding events, then returns every whole free segment and
-    /// unmaps every free page of expandable segments. Partially used segments stay.
+    /// unmaps every free page of expandable segments. Partially used segments stay. Private pools
+    /// still in use keep theirs; those no graph or scope uses any more give theirs back too.
     pub fn empty_cache(&mut self) {
-        self.release_cached_blocks(&None);
+        self.release_cached_blocks(&None, DEFAULT_POOL);
     }
 
-    fn release_cached_blocks(&mut self, ctx: &Option<Frames>) -> bool {
-        self.synchronize_and_free_events(ctx);
-        self.release_blocks(false, ctx);
-        self.release_blocks(true, ctx);
+    /// `release_cached_blocks(context, mempool_id)`: `DEFAULT_POOL` releases the default pool
+    /// (unless a pool is being allocated to) and every freeable private pool; another id only
+    /// that pool, and only if it is freeable. A freeable pool left with no segment is erased.
+    fn release_cached_blocks(&mut self, ctx: &Option<Frames>, target: PoolId) -> bool {
+        if target == DEFAULT_POOL && self.captures_underway.is_empty() {
+            self.synchronize_and_free_events(ctx);
+            self.release_blocks(0, false, ctx);
+            self.release_blocks(0, true, ctx);
+        }
+        for index in 1..self.pools.len() as u32 {
+            let pool = &self.pools[index as usize];
+            if !pool.is_freeable() || (target != DEFAULT_POOL && pool.id != target) {
+                continue;
+            }
+            if target != DEFAULT_POOL {
+                self.synchronize_and_free_events(ctx);
+            }
+            self.release_blocks(index, false, ctx);
+            self.release_blocks(index, true, ctx);
+            let pool = &mut self.pools[index as usize];
+            if pool.segments == 0 {
+                pool.live = false;
+            }
+        }
         true
     }
 
-    fn release_blocks(&mut self, small: bool, ctx: &Option<Frames>) {
-        let ids: Vec<BlockId> = self.pools[pool_index(small)].ids();
+    fn release_blocks(&mut self, pool: u32, small: bool, ctx: &Option<Frames>) {
+        let ids: Vec<BlockId> = self.pools[pool as usize].free[pool_index(small)].ids();
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.b(id);
@@ -1021,8 +1092,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn release_block(&mut self, id: BlockId, ctx: &Option<Frames>) {
         let b = self.b(id);
         debug_assert!(!b.is_expandable() && !b.is_split());
-        let (ptr, size, stream, small) = (b.ptr, b.size, b.stream, b.small);
+        let (ptr, size, stream, small, pool) = (b.ptr, b.size, b.stream, b.small, b.pool);
         let frames = ctx.clone().or_else(|| b.segment_context.clone());
+        self.pools[pool as usize].segments -= 1;
         self.stats.num_device_free += 1;
         self.record(Action::SegmentFree, ptr, size, stream, frames);
         self.source.free(ptr, size);
@@ -1046,8 +1118,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return;
         }
         let target = self.total_allocated_memory - threshold;
-        let clock = self.pools[LARGE].get_free_blocks_call_count;
-        let freeable = |a: &Self| -> Vec<BlockId> { a.pools[LARGE].ids().into_iter().filter(|&id| !a.b(id).is_split() && !a.b(id).is_expandable()).collect() };
+        // Only the default pool's blocks age and are collected, as in PyTorch.
+        let clock = self.pools[0].free[LARGE].get_free_blocks_call_count;
+        let freeable =
+            |a: &Self| -> Vec<BlockId> { a.pools[0].free[LARGE].ids().into_iter().filter(|&id| !a.b(id).is_split() && !a.b(id).is_expandable()).collect() };
         let age = |a: &Self, id: BlockId| (clock - a.b(id).gc_count_base) as f64;
         let mut candidates = freeable(self);
         let mut total_age: f64 = candidates.iter().map(|&id| age(self, id)).sum();

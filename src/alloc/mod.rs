@@ -13,7 +13,9 @@ mod source;
 mod stats;
 
 pub use crate::units::format_size;
-pub use caching::{AllocError, Allocation, CachingAllocator, Stream, allocation_size, round_size, roundup_power2_next_division};
+pub use caching::{
+    AllocError, Allocation, CachingAllocator, DEFAULT_POOL, PoolFilter, PoolId, Stream, allocation_size, round_size, roundup_power2_next_division,
+};
 pub use config::{AllocatorConfig, ConfigError, ROUNDUP_INTERVALS};
 pub use history::{History, MODELLED_EPOCH_US, RecordContext, TimeSource};
 pub use oom::OutOfMemoryError;

@@ -17,6 +17,9 @@ pub struct OutOfMemoryError {
     pub allowed: Option<u64>,
     pub allocated: u64,
     pub reserved: u64,
+    /// Bytes cached free in private pools (PyTorch's "allocated in private pools (e.g., CUDA
+    /// Graphs)": the pools' free blocks, which the failed request could not use).
+    pub in_private_pools: u64,
     pub expandable_segments: bool,
     pub more_than_exabyte: bool,
 }
@@ -32,6 +35,7 @@ impl OutOfMemoryError {
             allowed: None,
             allocated: 0,
             reserved: 0,
+            in_private_pools: 0,
             expandable_segments: false,
             more_than_exabyte: true,
         })
@@ -56,12 +60,11 @@ impl fmt::Display for OutOfMemoryError {
         if let Some(allowed) = self.allowed {
             write!(f, "{} allowed; ", format_size(allowed))?;
         }
-        write!(
-            f,
-            "Of the allocated memory {} is allocated by tensormem, and {} is reserved by tensormem but unallocated.",
-            format_size(self.allocated),
-            format_size(self.reserved_but_unallocated())
-        )?;
+        write!(f, "Of the allocated memory {} is allocated by tensormem, ", format_size(self.allocated))?;
+        if self.in_private_pools > 0 {
+            write!(f, "with {} allocated in private pools (e.g., CUDA Graphs), ", format_size(self.in_private_pools))?;
+        }
+        write!(f, "and {} is reserved by tensormem but unallocated.", format_size(self.reserved_but_unallocated()))?;
         // PyTorch prints this hint even when the setting is on (issue #173049); we do not.
         if !self.expandable_segments {
             f.write_str(

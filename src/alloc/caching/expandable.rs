@@ -6,7 +6,7 @@ use super::*;
 
 impl<S: SegmentSource> CachingAllocator<S> {
     /// Lowest address with enough free + unmapped room on this stream, or a new segment.
-    fn find_expandable_block(&mut self, stream: Stream, small: bool, size: u64) -> Option<BlockId> {
+    fn find_expandable_block(&mut self, pool: u32, stream: Stream, small: bool, size: u64) -> Option<BlockId> {
         let allocatable = |a: &Self, id: BlockId| {
             id != NONE && {
                 let b = a.b(id);
@@ -22,7 +22,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             bytes >= size
         };
         let unmapped: Vec<BlockId> =
-            self.pools[pool_index(small)].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &id)| id).collect();
+            self.pools[pool as usize].free[pool_index(small)].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &id)| id).collect();
         for mut c in unmapped {
             let prev = self.b(c).prev;
             if allocatable(self, prev) {
@@ -40,7 +40,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let max_pages = (total + total / 8).div_ceil(page_size);
         let base = self.source.reserve(max_pages * page_size)?;
         self.expandable.push(ExpandableSegment { base, page_size, max_pages, mapped: Vec::new(), live: true });
-        let mut block = Block::new(stream, max_pages * page_size, small, base, base);
+        self.pools[pool as usize].segments += 1;
+        let mut block = Block::new(stream, max_pages * page_size, small, base, base, pool);
         block.mapped = false;
         block.expandable = (self.expandable.len() - 1) as BlockId;
         let id = self.new_block(block);
@@ -92,7 +93,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn map_block(&mut self, id: BlockId, size: u64, ctx: &Option<Frames>) -> bool {
         let b = self.b(id);
         debug_assert!(!b.mapped && size <= b.size);
-        let (es, ptr, b_size, stream, small, segment) = (b.expandable, b.ptr, b.size, b.stream, b.small, b.segment);
+        let (es, ptr, b_size, stream, small, segment, pool) = (b.expandable, b.ptr, b.size, b.stream, b.small, b.segment, b.pool);
         let (mapped_ptr, mapped_size) = self.es_map(es, ptr, size);
         if mapped_size == 0 {
             return false;
@@ -100,7 +101,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.unmapped_remove(id);
         self.bm(id).mapped = true;
         if mapped_size < b_size {
-            let mut rest = Block::new(stream, b_size - mapped_size, small, ptr + mapped_size, segment);
+            let mut rest = Block::new(stream, b_size - mapped_size, small, ptr + mapped_size, segment, pool);
             rest.mapped = false;
             rest.expandable = es;
             let rest_id = self.insert_after(id, rest);
@@ -122,8 +123,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         true
     }
 
-    pub(super) fn try_allocate_expandable_block(&mut self, stream: Stream, small: bool, size: u64, ctx: &Option<Frames>) -> Option<BlockId> {
-        let mut candidate = self.find_expandable_block(stream, small, size)?;
+    pub(super) fn try_allocate_expandable_block(&mut self, pool: u32, stream: Stream, small: bool, size: u64, ctx: &Option<Frames>) -> Option<BlockId> {
+        let mut candidate = self.find_expandable_block(pool, stream, small, size)?;
         if !self.b(candidate).mapped {
             let want = self.b(candidate).size.min(size);
             if !self.map_block(candidate, want, ctx) {
@@ -146,7 +147,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     pub(super) fn unmap_block(&mut self, id: BlockId, ctx: &Option<Frames>) {
         let b = self.b(id);
-        let (es, ptr, size, stream, small, segment) = (b.expandable, b.ptr, b.size, b.stream, b.small, b.segment);
+        let (es, ptr, size, stream, small, segment, pool) = (b.expandable, b.ptr, b.size, b.stream, b.small, b.segment, b.pool);
         let (uptr, usize_) = self.es_unmap(es, ptr, size);
         if usize_ == 0 {
             return;
@@ -157,7 +158,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let after = size - (before + usize_);
         for (at, bytes, is_before) in [(ptr, before, true), (uptr + usize_, after, false)] {
             if bytes > 0 {
-                let mut free = Block::new(stream, bytes, small, at, segment);
+                let mut free = Block::new(stream, bytes, small, at, segment, pool);
                 free.expandable = es;
                 let fid = if is_before { self.insert_before(id, free) } else { self.insert_after(id, free) };
                 self.pool_insert(fid);
@@ -180,10 +181,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     pub(super) fn release_expandable_segment(&mut self, id: BlockId) {
         let b = self.b(id);
-        let es = b.expandable;
+        let (es, b_pool) = (b.expandable, b.pool);
         debug_assert!(!b.mapped && b.size == self.expandable[es as usize].size());
         let (base, size) = (self.expandable[es as usize].base, self.expandable[es as usize].size());
         self.unmapped_remove(id);
+        self.pools[b_pool as usize].segments -= 1;
         self.expandable[es as usize].live = false;
         self.source.release_reservation(base, size);
         self.delete_block(id);

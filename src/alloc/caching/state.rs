@@ -51,7 +51,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 requested_size: 0,
                 stream: head.stream as i64,
                 segment_type: if head.small { trace::PoolKind::Small } else { trace::PoolKind::Large },
-                segment_pool_id: (0, 0),
+                segment_pool_id: self.pools[head.pool as usize].id,
                 is_expandable: head.is_expandable(),
                 frames: head.segment_context.clone().unwrap_or_else(trace::no_frames),
                 blocks: Vec::new(),
@@ -91,7 +91,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// The largest cached free block (`cacheInfo`), 0 if none.
     pub fn largest_free_block(&self) -> u64 {
-        self.pools.iter().map(BlockPool::largest).max().unwrap_or(0)
+        self.pools.iter().flat_map(|p| &p.free).map(BlockPool::largest).max().unwrap_or(0)
     }
 
     /// Bytes reserved from the device (all pools).
@@ -110,12 +110,20 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if !self.source.supports_expandable() && segments.iter().any(|s| s.is_expandable) {
             return Err(AllocError::Unsupported("this device cannot map expandable segments".into()));
         }
-        let mut expandable: BTreeMap<(Stream, bool), Vec<&trace::Segment>> = BTreeMap::new();
+        // Each private pool a segment names, made with one user: a state taken from a running
+        // program does not say how many graphs or scopes use a pool, only that it exists.
+        for seg in segments {
+            if seg.segment_pool_id != DEFAULT_POOL && self.pool_slot(seg.segment_pool_id).is_none() {
+                self.create_or_incref_pool(seg.segment_pool_id)?;
+            }
+        }
+        let mut expandable: BTreeMap<(u32, Stream, bool), Vec<&trace::Segment>> = BTreeMap::new();
         let starts: std::collections::BTreeSet<u64> = segments.iter().map(|s| s.address).collect();
         for seg in segments {
             let small = seg.segment_type == trace::PoolKind::Small;
+            let owner = self.pool_slot(seg.segment_pool_id).expect("made above");
             if seg.is_expandable {
-                expandable.entry((seg.stream as Stream, small)).or_default().push(seg);
+                expandable.entry((owner, seg.stream as Stream, small)).or_default().push(seg);
                 continue;
             }
             if !self.source.adopt(seg.address, seg.total_size) {
@@ -129,10 +137,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
             if seg.total_size >= self.config.max_split_size {
                 self.stats.oversize_segments.increase(1);
             }
+            self.pools[owner as usize].segments += 1;
             let chain = seg.blocks.iter().map(Some).collect();
             self.restore_chain(chain, seg, NONE, seg.blocks.len() > 1);
         }
-        for ((_, small), mut ranges) in expandable {
+        for ((pool, _, small), mut ranges) in expandable {
+            self.pools[pool as usize].segments += 1;
             ranges.sort_by_key(|s| s.address);
             let page_size = if small { SMALL_BUFFER } else { LARGE_BUFFER };
             let base = ranges[0].address;
@@ -188,9 +198,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let small = seg.segment_type == trace::PoolKind::Small;
         let stream = seg.stream as Stream;
         let pool = StatType::for_pool(small);
+        let owner = self.pool_slot(seg.segment_pool_id).expect("restore made every segment's pool");
         let mut prev = NONE;
         for blk in chain.into_iter().flatten() {
-            let mut block = Block::new(stream, blk.size, small, blk.address, seg.address);
+            let mut block = Block::new(stream, blk.size, small, blk.address, seg.address, owner);
             block.expandable = expandable;
             block.prev = prev;
             block.requested_size = blk.requested_size;
@@ -263,7 +274,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             if b.next != NONE && (self.b(b.next).prev != id || b.ptr + b.size != self.b(b.next).ptr) {
                 return Err(format!("block {:#x}: broken next link", b.ptr));
             }
-            let pool = &self.pools[pool_index(b.small)];
+            let pool = &self.pools[b.pool as usize].free[pool_index(b.small)];
             let active = b.allocated || b.event_count > 0;
             let in_blocks = pool.get(b.stream, b.size, b.ptr) == Some(id);
             let in_unmapped = pool.unmapped.get(&(b.stream, b.ptr)) == Some(&id);
@@ -303,6 +314,18 @@ impl<S: SegmentSource> CachingAllocator<S> {
             } else if b.is_split() && !b.is_expandable() {
                 expected.inactive_split.increase(t, 1);
                 expected.inactive_split_bytes.increase(t, b.size);
+            }
+        }
+        let mut segments_per_pool = vec![0u32; self.pools.len()];
+        for b in self.blocks.iter().filter(|b| b.live && b.prev == NONE) {
+            segments_per_pool[b.pool as usize] += 1;
+        }
+        for (pool, &count) in self.pools.iter().zip(&segments_per_pool).skip(1) {
+            if pool.segments != count {
+                return Err(format!("pool {:?} counts {} segment(s) but owns {count}", pool.id, pool.segments));
+            }
+            if !pool.live && count > 0 {
+                return Err(format!("erased pool {:?} still owns {count} segment(s)", pool.id));
             }
         }
         if reserved_total != self.total_allocated_memory {
