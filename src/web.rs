@@ -257,7 +257,8 @@ impl LoadedTrace {
 
     /// The allocator's state after the first `position` trace entries, replayed with the file's
     /// own settings: `{events_replayed, segments: [{address, total_size, stream, segment_type,
-    /// is_expandable, blocks: [{address, size, requested_size, state}]}], memory_summary}`.
+    /// segment_pool_id, is_expandable, blocks: [{address, size, requested_size, state}]}],
+    /// memory_summary}`.
     pub fn state_at(&self, device: i32, position: u32) -> Result<String, JsError> {
         let options = ReplayOptions { until: Some(position as usize), ..Default::default() };
         let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
@@ -272,7 +273,7 @@ impl LoadedTrace {
                     .collect();
                 serde_json::json!({
                     "address": s.address, "total_size": s.total_size, "stream": s.stream,
-                    "segment_type": s.segment_type, "is_expandable": s.is_expandable, "blocks": blocks,
+                    "segment_type": s.segment_type, "segment_pool_id": s.segment_pool_id, "is_expandable": s.is_expandable, "blocks": blocks,
                 })
             })
             .collect();

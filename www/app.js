@@ -2,7 +2,7 @@
 // hooks, and the panels around the timeline. Heavy work goes to the worker (worker.js).
 import { Timeline } from './timeline.js';
 import { escapeHtml as escape, formatBytes } from './format.js';
-import { drawSegments, describeState } from './segments.js';
+import { drawSegments, describeState, privatePools, DEFAULT_POOL } from './segments.js';
 import { applyFilter, streamsOf } from './filter.js';
 import { Icicle, buildTree } from './icicle.js';
 import { showComparison } from './compare.js';
@@ -261,8 +261,22 @@ async function showState(position) {
   }
   $('state-title').textContent = `Allocator state ${after(state.events_replayed)}`;
   $('state-figures').innerHTML = describeState(state);
-  drawSegments($('segments'), state, (address) => colors.get(address) || UNKNOWN);
+  const colorOf = (address) => colors.get(address) || UNKNOWN;
+  showPoolFilter(state, () => drawSegments($('segments'), state, colorOf, $('pool-filter').value || null));
+  drawSegments($('segments'), state, colorOf, $('pool-filter').value || null);
   $('summary').textContent = state.memory_summary;
+}
+
+// Where private pools hold segments, a choice of which pool's segments to draw (all by default).
+function showPoolFilter(state, redraw) {
+  const pools = privatePools(state);
+  const select = $('pool-filter');
+  const chosen = select.value;
+  $('pool-filter-label').hidden = pools.length === 0;
+  const options = [['', 'every pool'], [DEFAULT_POOL, 'the default pool'], ...pools.map((p) => [p.pool, `pool (${p.pool})`])];
+  select.innerHTML = options.map(([value, text]) => `<option value="${value}">${text}</option>`).join('');
+  select.value = options.some(([value]) => value === chosen) ? chosen : '';
+  select.onchange = redraw;
 }
 
 // What the legend's groups are: the caption before them.

@@ -280,10 +280,19 @@ fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
     f
 }
 
-/// Segments and blocks agree in address, size, pool, stream and state.
+/// Segments and blocks agree in address, size, pool kind (small or large), owning pool, stream
+/// and state.
 fn same_layout(ours: &[trace::Segment], theirs: &[&trace::Segment]) -> bool {
     let key = |s: &trace::Segment| {
-        (s.address, s.total_size, s.segment_type, s.stream, s.is_expandable, s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect::<Vec<_>>())
+        (
+            s.address,
+            s.total_size,
+            s.segment_type,
+            s.segment_pool_id,
+            s.stream,
+            s.is_expandable,
+            s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect::<Vec<_>>(),
+        )
     };
     let mut theirs: Vec<_> = theirs.iter().map(|s| key(s)).collect();
     theirs.sort_by_key(|k| k.0);

@@ -26,6 +26,9 @@ struct WBlock {
 #[derive(Debug, Clone)]
 struct WSegment {
     stream: i64,
+    /// `segment_pool_id`: the pool owning it (a segment re-created by undoing its free is taken
+    /// to be the default pool's: the trace does not say).
+    pool: (i64, i64),
     small: bool,
     expandable: bool,
     frames: Frames,
@@ -198,6 +201,7 @@ impl Work<'_> {
         let block = free_block(e.size);
         let seg = WSegment {
             stream: e.stream,
+            pool: (0, 0),
             small,
             expandable: e.action == Action::SegmentUnmap,
             frames: e.frames.clone().unwrap_or_else(trace::no_frames),
@@ -278,7 +282,14 @@ pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], con
             .iter()
             .map(|b| (b.address, WBlock { size: b.size, requested: b.requested_size, state: b.state, frames: b.frames.clone(), inferred: false }))
             .collect();
-        let seg = WSegment { stream: s.stream, small: s.segment_type == PoolKind::Small, expandable: s.is_expandable, frames: s.frames.clone(), blocks };
+        let seg = WSegment {
+            stream: s.stream,
+            pool: s.segment_pool_id,
+            small: s.segment_type == PoolKind::Small,
+            expandable: s.is_expandable,
+            frames: s.frames.clone(),
+            blocks,
+        };
         work.segments.insert(s.address, seg);
     }
     for (index, e) in trace.iter().enumerate().rev() {
@@ -303,7 +314,7 @@ pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], con
                 requested_size: blocks.iter().filter(active).map(|b| b.requested_size).sum(),
                 stream: s.stream,
                 segment_type: if s.small { PoolKind::Small } else { PoolKind::Large },
-                segment_pool_id: (0, 0),
+                segment_pool_id: s.pool,
                 is_expandable: s.expandable,
                 frames: s.frames.clone(),
                 blocks,

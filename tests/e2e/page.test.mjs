@@ -523,6 +523,31 @@ const viewOf = async (page) => ({
   x1: Number(await page.getAttribute('#view-range', 'data-x1')),
 });
 
+test('a state with private pools (vLLM\'s, in an RL worker) shows each pool, what it reserves, and draws one pool at a time', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await openFile(page, join(root, 'tests/data/real/verl-mem.pickle'), 2);
+  await page.waitForFunction(() => /Private pools/.test(document.querySelector('#state-figures').textContent));
+  // 68 of the 127 segments are in pools (0,1) and (0,2), as the snapshot's segment_pool_id says.
+  assert.match(await page.textContent('#state-figures'), /^127 segments, 24\.39 GiB reserved: .* Private pools \(CUDA graphs, MemPool\) hold 20\.84 GiB: pool \(0,2\) 20\.30 GiB in 24 segments, pool \(0,1\) 558\.00 MiB in 44 segments \(82\.55 MiB cached free\)\. A pool's free blocks serve only what is allocated into that pool\.$/);
+  assert.equal(await page.isVisible('[data-testid=pool-filter]'), true);
+  const height = () => page.$eval('#segments', (c) => c.getBoundingClientRect().height);
+  const all = await height();
+  await page.selectOption('[data-testid=pool-filter]', '0,2');
+  await page.waitForFunction((h) => document.querySelector('#segments').getBoundingClientRect().height < h, all);
+  // 24 rows of 18 px, and the 4 px margin.
+  assert.equal(await height(), 24 * 18 + 4);
+  await page.locator('#state-card').screenshot({ path: join(shots, 'private-pools.png') });
+  await page.selectOption('[data-testid=pool-filter]', '0,0');
+  await page.waitForFunction(() => document.querySelector('#segments').getBoundingClientRect().height === 59 * 18 + 4);
+  // A file without private pools hides the choice.
+  await openFile(page, join(fixtures, 'gpt-medium-ctx128-training.pickle'), 3);
+  await page.waitForFunction(() => !/Private pools/.test(document.querySelector('#state-figures').textContent) && /segments/.test(document.querySelector('#state-figures').textContent));
+  assert.equal(await page.isVisible('[data-testid=pool-filter]'), false);
+  assert.deepEqual(page.errors, []);
+});
+
 test('the timeline is driven by keyboard: the cursor, the bands at it, zoom and pinning', async () => {
   const page = await newPage();
   await page.goto(baseUrl);
