@@ -11,7 +11,7 @@ use tensormem::scenarios::{self, RunRequest, RunResult};
 use common::taught::TAUGHT;
 
 /// Scenarios left out of the table, and why.
-const LEFT_OUT: [(&str, &str); 8] = [
+const LEFT_OUT: [(&str, &str); 10] = [
     ("grad-accumulation", "a technique that lowers the peak (activations per micro-batch): the peak finding shows it, no problem kind"),
     ("checkpointing", "a technique that lowers the peak (block inputs kept, recomputed in backward): the peak finding shows it"),
     ("mixed-precision", "the mistake (loss outside autocast) costs accuracy, not memory: it holds less"),
@@ -24,6 +24,8 @@ const LEFT_OUT: [(&str, &str); 8] = [
         "a seed whose variants hold the same memory (the lesson: the cache makes the per-iteration buffer cheap, not a leak); both are `intermediates`",
     ),
     ("lm-train", "a prediction of a training step (and gpt2-train): no mistake to find"),
+    ("cuda-graph-step", "modes, not a mistake and its fix, and no H100 twin yet: cuda_graphs_are_diagnosed_private_pools checks it"),
+    ("cuda-graph-pools", "modes, not a mistake and its fix, and no H100 twin yet: cuda_graphs_are_diagnosed_private_pools checks it"),
     ("hf-train", "a prediction of a Hugging Face model's training step: no mistake to find"),
     (
         "hf-generate",
@@ -273,4 +275,33 @@ fn deliberate_gradient_accumulation_is_not_gradients_kept() {
     let (mistake, d) = run("zero-grad", Some("mistake"));
     assert_eq!(mistake.snapshot.external_annotations.as_ref().map_or(0, Vec::len), 2 * 4, "four steps, each a range");
     assert_eq!(rank(&d, doctor::GRADS_KEPT), Some(1));
+}
+
+#[test]
+fn cuda_graphs_are_diagnosed_private_pools() {
+    let finding = |d: &Diagnosis| d.findings.iter().find(|f| f.kind == doctor::PRIVATE_POOLS).cloned();
+    // The captured step: its pool's 128 MiB of free blocks, which releasing the graph returns.
+    let d = diagnose("cuda-graph-step", None);
+    assert_eq!(rank(&d, doctor::PRIVATE_POOLS), Some(1), "{:?}", d.findings.iter().map(|f| &f.kind).collect::<Vec<_>>());
+    let f = finding(&d).unwrap();
+    assert_eq!(f.bytes, 128 << 20);
+    assert_eq!(f.evidence["private_reserved_bytes"], 192u64 << 20);
+    assert_eq!(f.evidence["returned_if_released_bytes"], 128u64 << 20);
+    assert_eq!(f.evidence["pools"][0]["pool"], serde_json::json!([1, 0]));
+    assert!(f.fix.contains("empty_cache() then returns 128.00 MiB"), "{}", f.fix);
+    // The same step eager has no pool to speak of.
+    let eager = run_with("cuda-graph-step", &[("mode", "eager")]);
+    assert!(finding(&eager).is_none());
+    // Graphs for four batch sizes: their own pools hold more free than one shared pool does.
+    let own = finding(&run_with("cuda-graph-pools", &[])).unwrap();
+    let shared = finding(&run_with("cuda-graph-pools", &[("pools", "shared")])).unwrap();
+    assert_eq!((own.bytes, shared.bytes), (64 << 20, 30 << 20));
+    assert_eq!(own.evidence["pools"].as_array().unwrap().len(), 4);
+    assert_eq!(shared.evidence["pools"].as_array().unwrap().len(), 1);
+}
+
+fn run_with(scenario: &str, set: &[(&str, &str)]) -> Diagnosis {
+    let request = RunRequest { scenario: scenario.into(), set: set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..Default::default() };
+    let run = scenarios::run(&request).unwrap_or_else(|e| panic!("{scenario}: {e}"));
+    doctor::diagnose(&run.snapshot, &DoctorOptions::default()).unwrap()
 }

@@ -325,3 +325,64 @@ fn cublas_workspaces_follow_the_card_and_cublas_workspace_config() {
     let bad = RunRequest { scenario: "intermediates".into(), cublas_workspace_config: Some("4096".into()), ..Default::default() };
     assert!(scenarios::run(&bad).unwrap_err().to_string().contains("expected :SIZE:COUNT pairs"));
 }
+
+/// Bytes reserved by segments of `pool` where the run ends.
+fn pool_reserved(r: &RunResult, pool: (i64, i64)) -> u64 {
+    r.snapshot.segments.iter().filter(|s| s.segment_pool_id == pool).map(|s| s.total_size).sum()
+}
+
+#[test]
+fn a_captured_training_step_keeps_its_peak_in_a_pool_that_replays_reuse() {
+    let graph = run("cuda-graph-step", None, &[]);
+    let eager = run("cuda-graph-step", None, &[("mode", "eager")]);
+    // Eager steps settle at 242 MiB reserved; the captured step's pool comes on top of the
+    // warm-up's cache (436 MiB), and empty_cache() returns only the warm-up's share.
+    assert_eq!(step(&eager, "eager step 4").reserved_bytes, 242 * MIB);
+    assert_eq!(step(&graph, "captured").reserved_bytes, 436 * MIB);
+    let emptied = step(&graph, "torch.cuda.empty_cache()");
+    assert_eq!(emptied.reserved_bytes, 312 * MIB);
+    // Replays allocate nothing: every figure stays where the capture left it.
+    let replays: Vec<&Step> = graph.steps.iter().filter(|s| s.label.starts_with("replay")).collect();
+    assert_eq!(replays.len(), 4);
+    for s in replays {
+        assert_eq!(
+            (s.allocated_bytes, s.reserved_bytes, s.max_allocated_bytes),
+            (emptied.allocated_bytes, emptied.reserved_bytes, emptied.allocated_bytes),
+            "{}",
+            s.label
+        );
+    }
+    // The graph made its own pool, (1, 0): 192 MiB, of which the capture stream's two cuBLAS
+    // workspaces (the forward's handle and backward's) are all that outlives the program.
+    assert_eq!(pool_reserved(&graph, (1, 0)), 192 * MIB);
+    let live: Vec<u64> = graph
+        .snapshot
+        .segments
+        .iter()
+        .filter(|s| s.segment_pool_id == (1, 0))
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state.is_active())
+        .map(|b| b.size)
+        .collect();
+    assert_eq!(live, [WORKSPACE, WORKSPACE]);
+    assert!(eager.snapshot.segments.iter().all(|s| s.segment_pool_id == (0, 0)));
+}
+
+#[test]
+fn graphs_for_several_batch_sizes_add_up_in_pools_of_their_own_and_not_in_a_shared_one() {
+    let reserved = |set: &[(&str, &str)]| run("cuda-graph-pools", None, set).steps.iter().map(|s| s.reserved_bytes / MIB).collect::<Vec<_>>();
+    // The model, then a capture for each of batch 8, 4, 2 and 1.
+    assert_eq!(reserved(&[]), [16, 80, 108, 112, 114]);
+    // Sharing one pool, the smaller captures fit in what the first one freed.
+    assert_eq!(reserved(&[("pools", "shared")]), [16, 80, 80, 80, 80]);
+    // Smallest first, each larger capture needs more than the pool has free.
+    assert_eq!(reserved(&[("pools", "shared"), ("batches", "1,2,4,8")]), [16, 52, 56, 80, 82]);
+    let own = run("cuda-graph-pools", None, &[]);
+    let mut pools: Vec<(i64, i64)> = own.snapshot.segments.iter().map(|s| s.segment_pool_id).filter(|&p| p != (0, 0)).collect();
+    pools.dedup();
+    pools.sort();
+    pools.dedup();
+    assert_eq!(pools, [(1, 0), (2, 0), (3, 0), (4, 0)], "a pool per graph, named as graphs name their own");
+    let shared = run("cuda-graph-pools", None, &[("pools", "shared")]);
+    assert_eq!(pool_reserved(&shared, (0, 1)), (80 - 16 - 2) * MIB, "one handle's pool: all but the model and the inputs' segment");
+}

@@ -9,6 +9,7 @@ mod gpu;
 #[cfg(not(feature = "gpu"))]
 #[path = "no_gpu.rs"]
 mod gpu;
+mod graphs;
 mod sim;
 mod tune;
 
@@ -16,6 +17,7 @@ pub use crate::kernels::matmul::MatmulKernel;
 pub use adapter::{AdapterSummary, GpuOptions};
 pub(crate) use bindings::{Arg, Bindings};
 pub use cublas::{BlasWorkspaces, CudaCard};
+pub use graphs::{CudaGraph, GraphCapture, MemPool, MemPoolScope};
 pub use sim::{H100_CARD, H100_MULTIPROCESSORS, Multiprocessors, PRESETS, SimOptions, Speed, parse_capacity};
 pub(crate) use tune::MatmulClass;
 pub use tune::{MatmulChoice, MatmulTuning};

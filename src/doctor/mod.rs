@@ -35,6 +35,7 @@ mod ops;
 mod optimizer;
 mod outside;
 mod peak;
+mod pools;
 mod retained;
 mod steps;
 mod temporaries;
@@ -66,6 +67,8 @@ pub const RETAINED_GRAPH: &str = "retained-graph";
 pub const MISSING_NO_GRAD: &str = "missing-no-grad";
 pub const GRADS_KEPT: &str = "grads-kept";
 pub const OPTIMIZER_STATE: &str = "optimizer-state";
+/// Memory CUDA graphs' and MemPools' own pools hold, which no other allocation can use.
+pub const PRIVATE_POOLS: &str = "private-pools";
 /// Blocks made inside module forwards, alive at the end of a file without history.
 pub const KEPT_ACTIVATIONS: &str = "kept-activations";
 /// Memory at the peak that one expression needs for a moment (an out-of-place op's inputs).
@@ -79,7 +82,7 @@ pub const OUTSIDE_ALLOCATOR: &str = "outside-allocator";
 
 /// The registry: every kind, one row each (see [`kinds`]), those about the training loop first,
 /// then the allocator's, then those about single expressions.
-pub const REGISTRY: [&Kind; 15] = [
+pub const REGISTRY: [&Kind; 16] = [
     &no_history::KIND,
     &peak::KIND,
     &growth::KIND,
@@ -89,6 +92,7 @@ pub const REGISTRY: [&Kind; 15] = [
     &optimizer::KIND,
     &kept::KIND,
     &fragmentation::KIND,
+    &pools::KIND,
     &oom::KIND,
     &truncated::KIND,
     &outside::KIND,

@@ -33,6 +33,7 @@
 use super::kinds::{Kind, Material, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, FindingConfidence, MISSING_NO_GRAD, Patient, StackBytes, size, what_if};
+use crate::timeline::GroupKind;
 use crate::trace::{Category, Frame};
 use serde::Serialize;
 
@@ -300,12 +301,15 @@ fn kept_inputs(p: &Patient, s: &Steps, k: usize, result: usize, by_iteration: &[
     }
     let since = by_iteration[..k].iter().rev().find_map(|made| made.last()).map_or(0, |&id| a.start[id]);
     let freed_with_result = |id: usize| a.end[id] <= events && steps::nothing_allocated_between(p, s, a.end[id], result_end);
+    // What the trace itself calls a parameter is the model, not an input a graph saved (a
+    // program that ends by dropping its model and its results frees them together).
+    let parameter = |id: usize| p.timeline.groups[a.group[id] as usize].kind == GroupKind::Category(Category::Parameter);
     let from = s.order.partition_point(|&id| a.start[id] <= since);
     s.order[from..]
         .iter()
         .copied()
         .take_while(|&id| a.start[id] < a.start[first])
-        .filter(|&id| s.phase[id].is_none() && a.start[id] > 0 && a.end[id] > next_end && freed_with_result(id))
+        .filter(|&id| s.phase[id].is_none() && a.start[id] > 0 && a.end[id] > next_end && !parameter(id) && freed_with_result(id))
         .collect()
 }
 

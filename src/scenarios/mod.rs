@@ -17,6 +17,7 @@ pub mod compare;
 pub mod fit;
 mod fix_variant;
 mod generation;
+mod graphs;
 mod pitfalls;
 mod ranks;
 mod seeds;
@@ -339,6 +340,7 @@ fn all() -> Vec<Scenario> {
     all.extend(seeds::scenarios());
     all.extend(pitfalls::scenarios());
     all.extend(techniques::scenarios());
+    all.extend(graphs::scenarios());
     all.extend(training::scenarios());
     all.push(generation::scenario());
     all

@@ -9,7 +9,7 @@ use crate::tensor::{DType, Result, Tensor};
 
 /// The model every pitfall trains: small enough for any GPU, large enough that its activations
 /// show (4 layers of width 256, 3.7 M parameters).
-fn model_parameters() -> Vec<Parameter> {
+pub(super) fn model_parameters() -> Vec<Parameter> {
     vec![
         Parameter::integer("batch", "8", 1, 4096, "sequences per batch"),
         Parameter::integer("context", "128", 1, 8192, "tokens per sequence"),
@@ -17,10 +17,8 @@ fn model_parameters() -> Vec<Parameter> {
     ]
 }
 
-/// Builds the model and one batch of token ids and next-token targets.
-fn model(rec: &mut Recorder, v: &Values) -> Result<(Transformer, Tensor, Tensor)> {
-    let dev = rec.device.clone();
-    let (batch, context) = (v.int("batch"), v.int("context"));
+/// The pitfalls' model: a Llama of 4 layers of width 256 over a vocabulary of 1000.
+pub(super) fn small_llama(dev: &crate::Device, context: usize) -> Result<Transformer> {
     let config = TransformerConfig {
         architecture: Architecture::Llama,
         vocab: 1000,
@@ -32,7 +30,14 @@ fn model(rec: &mut Recorder, v: &Values) -> Result<(Transformer, Tensor, Tensor)
         dropout: 0.0,
         dtype: DType::F32,
     };
-    let model = Transformer::new(&dev, config)?;
+    Transformer::new(dev, config)
+}
+
+/// Builds the model and one batch of token ids and next-token targets.
+pub(super) fn model(rec: &mut Recorder, v: &Values) -> Result<(Transformer, Tensor, Tensor)> {
+    let dev = rec.device.clone();
+    let (batch, context) = (v.int("batch"), v.int("context"));
+    let model = small_llama(&dev, context)?;
     rec.model_parameters = Some(model.parameter_count());
     let (ids, targets) = token_batch(&dev, batch, context, 1000)?;
     rec.step("model and batch");

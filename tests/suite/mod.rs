@@ -39,7 +39,8 @@ macro_rules! every_check {
             matmul_allocates_what_aten_allocates,
             gradients_match_finite_differences,
             a_training_step_allocates_on_the_gpu_as_on_the_sim_device,
-            autocast_mixed_types_and_the_grad_scaler
+            autocast_mixed_types_and_the_grad_scaler,
+            graphs_and_mem_pools_allocate_from_pools_of_their_own
         );
     };
 }
@@ -1396,4 +1397,48 @@ pub async fn autocast_mixed_types_and_the_grad_scaler(dev: &Device) {
     assert_eq!(scaler.get_scale(), 4.0, "the scale backs off");
     let scale = scaler.scale(&dev.ones(&[], DType::F32).unwrap()).unwrap();
     assert_eq!(read::<f32>(&scale).await, [4.0], "the device's scale follows");
+}
+
+/// A CUDA graph's capture and a MemPool's scope on this device: the kernels run as ever, their
+/// outputs come from the pool (a segment of its own, as PyTorch's `segment_pool_id` shows), and
+/// the pool's memory goes back once nothing uses it and the cache is emptied.
+pub async fn graphs_and_mem_pools_allocate_from_pools_of_their_own(dev: &Device) {
+    let pools = |dev: &Device| {
+        let mut ids: Vec<(i64, i64)> = dev.snapshot().segments.iter().map(|s| s.segment_pool_id).collect();
+        ids.sort();
+        ids
+    };
+    let data: Vec<f32> = (0..256 * 256).map(|i| (i % 97) as f32).collect();
+    let x = dev.from_slice(&data, &[256, 256]).unwrap();
+    drop(x.add(&x).unwrap());
+    let reserved = dev.memory_reserved();
+    assert_eq!(pools(dev), [(0, 0)]);
+    let capture = dev.capture_graph(None).unwrap();
+    let doubled = x.add(&x).unwrap();
+    let graph = capture.end().unwrap();
+    assert_eq!(graph.pool(), (1, 0));
+    assert_eq!(dev.memory_reserved(), reserved + (2 << 20), "a small segment of the graph's own, not the default pool's cached block");
+    assert_eq!(pools(dev), [(0, 0), (1, 0)]);
+    assert_eq!(read::<f32>(&doubled).await, data.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+    assert_eq!(dev.private_pools(), [((1, 0), 1)]);
+    drop(doubled);
+    dev.empty_cache();
+    assert_eq!(dev.memory_reserved(), reserved + (2 << 20), "the graph still uses its pool");
+    drop(graph);
+    dev.empty_cache();
+    assert_eq!(dev.memory_reserved(), reserved);
+    assert!(dev.private_pools().is_empty());
+
+    let pool = dev.mem_pool().unwrap();
+    let squared = {
+        let _scope = dev.use_mem_pool(&pool).unwrap();
+        x.mul(&x).unwrap()
+    };
+    assert_eq!(pool.id(), (0, 1));
+    assert_eq!(pools(dev), [(0, 0), (0, 1)]);
+    assert_eq!(read::<f32>(&squared).await, data.iter().map(|v| v * v).collect::<Vec<_>>());
+    drop(squared);
+    drop(pool);
+    assert_eq!(dev.memory_reserved(), reserved, "dropping a MemPool empties its cache");
+    assert_eq!(pools(dev), [(0, 0)]);
 }
