@@ -510,3 +510,24 @@ fn pytorchs_graph_memory_stats_test() {
         a.check_invariants().unwrap();
     }
 }
+
+#[test]
+fn a_snapshot_with_private_pools_is_written_and_read_back_byte_for_byte() {
+    let mut a = allocator();
+    let (user, graph) = (a.new_pool_id(true), a.new_pool_id(false));
+    a.malloc(MIB, S, None).unwrap();
+    cache_in(&mut a, user, 4 * MIB);
+    capture(&mut a, graph, T);
+    a.malloc(30 * MIB, T, None).unwrap();
+    a.end_allocate_to_pool(graph).unwrap();
+    let snapshot = a.snapshot();
+    let pickle = tensormem::trace::to_pickle(&snapshot);
+    let back = tensormem::trace::load(&pickle).unwrap();
+    let mut ids: Vec<PoolId> = back.segments.iter().map(|s| s.segment_pool_id).collect();
+    ids.sort();
+    assert_eq!(ids, [DEFAULT_POOL, (0, 1), (1, 0)]);
+    assert_eq!(back.segments, snapshot.segments);
+    assert_eq!(tensormem::trace::to_pickle(&back), pickle);
+    let json = tensormem::trace::to_json(&snapshot);
+    assert_eq!(tensormem::trace::load(json.as_bytes()).unwrap().segments, snapshot.segments);
+}
