@@ -38,6 +38,6 @@ pub mod units;
 pub mod web;
 
 pub use device::{CudaCard, Device, DeviceError, GpuOptions, Multiprocessors, SimOptions};
-/// The optimizers live with the layers (`nn::optim`), as DESIGN.md places them.
+/// The optimizers live with the layers (`nn::optim`), as torch.nn and torch.optim sit side by side.
 pub use nn::optim;
 pub use tensor::{DType, Tensor, TensorError};

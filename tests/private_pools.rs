@@ -531,3 +531,45 @@ fn a_snapshot_with_private_pools_is_written_and_read_back_byte_for_byte() {
     let json = tensormem::trace::to_json(&snapshot);
     assert_eq!(tensormem::trace::load(json.as_bytes()).unwrap().segments, snapshot.segments);
 }
+
+#[test]
+fn a_private_pools_entries_name_it() {
+    let mut a = allocator();
+    let p = a.new_pool_id(true);
+    let d = a.malloc(MIB, S, None).unwrap();
+    a.free_allocation(&d, None).unwrap();
+    cache_in(&mut a, p, 4 * MIB);
+    let trace = a.history().entries();
+    let pools: Vec<(tensormem::trace::Action, Option<PoolId>)> = trace.iter().map(|e| (e.action, e.pool_id())).collect();
+    use tensormem::trace::Action::*;
+    assert_eq!(
+        pools,
+        [
+            (SegmentAlloc, None),
+            (Alloc, None),
+            (FreeRequested, None),
+            (FreeCompleted, None),
+            (SegmentAlloc, Some(p)),
+            (Alloc, Some(p)),
+            (FreeRequested, Some(p)),
+            (FreeCompleted, Some(p)),
+        ]
+    );
+}
+
+/// tensormem's own recordings of the graph scenarios, replayed: each entry that names a pool is
+/// allocated into it, and a cache flush that returns a pool's segments releases the pool first,
+/// so every decision and the final state are the recording's.
+#[test]
+fn recordings_that_capture_graphs_replay_decision_for_decision() {
+    use tensormem::replay::{ReplayOptions, replay_device};
+    use tensormem::scenarios::{self, RunRequest};
+    for (scenario, set) in [("cuda-graph-step", vec![]), ("cuda-graph-pools", vec![]), ("cuda-graph-pools", vec![("pools", "shared")])] {
+        let request = RunRequest { scenario: scenario.into(), set: set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..Default::default() };
+        let run = scenarios::run(&request).unwrap();
+        let r = replay_device(&run.snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+        assert_eq!((r.segment_alloc_match, r.address_match), (1.0, 1.0), "{scenario} {set:?}: {:?}", r.first_divergence);
+        assert!(r.final_state_match, "{scenario} {set:?}: {:?}", r.first_divergence);
+        assert!(r.first_divergence.is_none(), "{scenario} {set:?}: {:?}", r.first_divergence);
+    }
+}

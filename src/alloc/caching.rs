@@ -514,12 +514,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     #[inline]
-    fn record(&mut self, action: Action, addr: u64, size: u64, stream: Stream, frames: Option<Frames>) {
+    /// Records an entry about a block of pool `pool` (an index into `pools`): a private pool's
+    /// entries name it (`pool_id`), as newer PyTorch versions write.
+    fn record(&mut self, action: Action, addr: u64, size: u64, stream: Stream, pool: u32, frames: Option<Frames>) {
         if self.history.is_recording() {
             let mut entry = TraceEntry::new(action, addr, size, stream as i64);
             if self.history.context() >= RecordContext::Alloc {
                 entry.frames = frames;
             }
+            entry.extra = self.pools[pool as usize].entry_extra.clone();
             self.history.push(entry);
         }
     }
@@ -570,8 +573,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let device_free = self.device_free();
         if self.history.is_recording() {
-            let mut entry =
-                TraceEntry::new(Action::Oom, 0, p.size, p.stream as i64).with_extra(EntryExtra { device_free: Some(device_free), ..Default::default() });
+            let mut entry = TraceEntry::new(Action::Oom, 0, p.size, p.stream as i64).with_extra(EntryExtra {
+                device_free: Some(device_free),
+                pool_id: self.pools[p.pool as usize].entry_extra.as_ref().and_then(|x| x.pool_id),
+                ..Default::default()
+            });
             if self.history.context() >= RecordContext::Alloc {
                 entry.frames = ctx.clone();
             }
@@ -692,7 +698,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         b.requested_size = orig_size;
         b.context = ctx.clone();
         let (ptr, size, segment) = (b.ptr, b.size, b.segment);
-        self.record(Action::Alloc, ptr, orig_size, p.stream, ctx);
+        self.record(Action::Alloc, ptr, orig_size, p.stream, p.pool, ctx);
         if let Some(index) = &mut self.pointer_index {
             index.insert(ptr, id);
         }
@@ -746,12 +752,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let recording = self.history.is_recording();
         let b = &mut self.blocks[id as usize];
         b.allocated = false;
-        let (ptr, size, requested, stream, small) = (b.ptr, b.size, b.requested_size, b.stream, b.small);
+        let (ptr, size, requested, stream, small, owner) = (b.ptr, b.size, b.requested_size, b.stream, b.small, b.pool);
         let frames = if recording { ctx.clone().or_else(|| b.context.clone()) } else { None };
         let pool = StatType::for_pool(small);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
-        self.record(Action::FreeRequested, ptr, requested, stream, frames);
+        self.record(Action::FreeRequested, ptr, requested, stream, owner, frames);
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
@@ -876,8 +882,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_none());
         let context = b.context.take();
         let frames = if recording { ctx.clone().or(context) } else { None };
-        let (ptr, original_size, requested, stream, small, prev, next) = (b.ptr, b.size, b.requested_size, b.stream, b.small, b.prev, b.next);
-        self.record(Action::FreeCompleted, ptr, requested, stream, frames);
+        let (ptr, original_size, requested, stream, small, prev, next, owner) = (b.ptr, b.size, b.requested_size, b.stream, b.small, b.prev, b.next, b.pool);
+        self.record(Action::FreeCompleted, ptr, requested, stream, owner, frames);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         for candidate in [prev, next] {
@@ -986,7 +992,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
-        self.record(Action::SegmentAlloc, ptr, size, p.stream, ctx.clone());
+        self.record(Action::SegmentAlloc, ptr, size, p.stream, p.pool, ctx.clone());
         true
     }
 
@@ -1096,7 +1102,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let frames = ctx.clone().or_else(|| b.segment_context.clone());
         self.pools[pool as usize].segments -= 1;
         self.stats.num_device_free += 1;
-        self.record(Action::SegmentFree, ptr, size, stream, frames);
+        self.record(Action::SegmentFree, ptr, size, stream, pool, frames);
         self.source.free(ptr, size);
         self.total_allocated_memory -= size;
         let pool = StatType::for_pool(small);

@@ -12,7 +12,7 @@ mod reconstruct;
 
 pub use reconstruct::{StartState, start_state};
 
-use crate::alloc::{AllocError, AllocatorConfig, ConfigError, RecordContext, VirtualAllocator, VirtualSegments};
+use crate::alloc::{AllocError, AllocatorConfig, ConfigError, DEFAULT_POOL, PoolFilter, PoolId, RecordContext, VirtualAllocator, VirtualSegments};
 use crate::report;
 use crate::trace::{self, Action, BlockState, Snapshot, Totals, TraceEntry};
 use rustc_hash::FxHashMap;
@@ -596,6 +596,15 @@ impl<'a> Run<'a> {
             return i;
         }
         let before = self.alloc.history().len();
+        // A private pool whose segments the flush returns had no user left (its graphs deleted,
+        // its MemPool dropped): the trace does not say when, only that it was so by now.
+        let mut released: Vec<PoolId> = self.trace[i..end].iter().filter_map(TraceEntry::pool_id).filter(|&p| p != DEFAULT_POOL).collect();
+        released.dedup();
+        for pool in released {
+            while self.alloc.pool_use_count(pool).is_some_and(|users| users > 0) {
+                let _ = self.alloc.release_pool(pool);
+            }
+        }
         self.alloc.empty_cache();
         let mut ours = self.segment_events_since(before);
         let mut recorded: Vec<(Action, u64, u64)> = self.trace[i..end].iter().map(|e| (e.action, e.addr, e.size)).collect();
@@ -616,7 +625,19 @@ impl<'a> Run<'a> {
         let frames = if self.keep_frames { e.frames.clone() } else { None };
         // The replayed entry says what the memory is for, as the recorded one did.
         self.alloc.history_mut().set_category(e.category);
+        // An entry that names a private pool was allocated while that pool took its stream's
+        // requests (a graph's capture, a use_mem_pool scope): so is its replay.
+        let routed = e.pool_id().filter(|&p| p != DEFAULT_POOL);
+        if let Some(pool) = routed
+            && let Err(err) = self.route_to_pool(pool, e.stream as u64)
+        {
+            self.diverge(i, format!("alloc into pool {pool:?}: {err}"));
+        }
         let result = self.alloc.malloc(e.size, e.stream as u64, frames);
+        if let Some(pool) = routed {
+            let _ = self.alloc.end_allocate_to_pool(pool);
+            let _ = self.alloc.release_pool(pool);
+        }
         self.alloc.history_mut().set_category(None);
         match result {
             Ok(a) => {
@@ -649,6 +670,15 @@ impl<'a> Run<'a> {
         }
         self.alloc.source_mut().clear_hints();
         i + 1
+    }
+
+    /// Sends the next request on `stream` to `pool`, made (with one user, its owner) if this
+    /// replay has not met it yet.
+    fn route_to_pool(&mut self, pool: PoolId, stream: u64) -> Result<(), AllocError> {
+        if self.alloc.pool_use_count(pool).is_none() {
+            self.alloc.create_or_incref_pool(pool)?;
+        }
+        self.alloc.begin_allocate_to_pool(pool, PoolFilter::Streams(vec![stream]))
     }
 
     /// A recorded free_requested: immediate when its free_completed follows at once, else the

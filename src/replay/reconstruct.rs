@@ -26,8 +26,8 @@ struct WBlock {
 #[derive(Debug, Clone)]
 struct WSegment {
     stream: i64,
-    /// `segment_pool_id`: the pool owning it (a segment re-created by undoing its free is taken
-    /// to be the default pool's: the trace does not say).
+    /// `segment_pool_id`: the pool owning it (a segment re-created by undoing its free belongs
+    /// to the pool its entry names, else to the default pool).
     pool: (i64, i64),
     small: bool,
     expandable: bool,
@@ -201,7 +201,7 @@ impl Work<'_> {
         let block = free_block(e.size);
         let seg = WSegment {
             stream: e.stream,
-            pool: (0, 0),
+            pool: e.pool_id().unwrap_or((0, 0)),
             small,
             expandable: e.action == Action::SegmentUnmap,
             frames: e.frames.clone().unwrap_or_else(trace::no_frames),

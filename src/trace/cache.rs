@@ -25,7 +25,7 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 const MAGIC: &[u8; 8] = b"TMDECODE";
 const END: &[u8; 8] = b"TMDECEND";
 /// Bumped whenever the layout or what decoding produces changes: older files read as absent.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEADER: usize = 8 + 4 + 8 + 16;
 const TRAILER: usize = 8 + 8 + 8;
 
@@ -282,13 +282,20 @@ impl<'s> Encoder<'s> {
         }
         w.varint(self.extra_list.len() as u64);
         for x in &self.extra_list {
-            let flags = x.device_free.is_some() as u8 | (x.compile_context.is_some() as u8) << 1 | (x.user_metadata.is_some() as u8) << 2;
+            let flags = x.device_free.is_some() as u8
+                | (x.compile_context.is_some() as u8) << 1
+                | (x.user_metadata.is_some() as u8) << 2
+                | (x.pool_id.is_some() as u8) << 3;
             w.byte(flags);
             if let Some(free) = x.device_free {
                 w.varint(free);
             }
             for s in [&x.compile_context, &x.user_metadata].into_iter().flatten() {
                 w.varint(self.strings[&**s] as u64);
+            }
+            if let Some((a, b)) = x.pool_id {
+                w.signed(a);
+                w.signed(b);
             }
         }
         w.varint(snapshot.segments.len() as u64);
@@ -440,7 +447,8 @@ impl Decoder {
             let device_free = if flags & 1 != 0 { Some(r.varint()?) } else { None };
             let compile_context = if flags & 2 != 0 { Some(r.index(&strings)?.clone()) } else { None };
             let user_metadata = if flags & 4 != 0 { Some(r.index(&strings)?.clone()) } else { None };
-            extras.push(Arc::new(EntryExtra { device_free, compile_context, user_metadata }));
+            let pool_id = if flags & 8 != 0 { Some((r.signed()?, r.signed()?)) } else { None };
+            extras.push(Arc::new(EntryExtra { device_free, compile_context, user_metadata, pool_id }));
         }
         let n = r.count(12)?;
         let mut segments = Vec::with_capacity(n);

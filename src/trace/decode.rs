@@ -162,6 +162,7 @@ struct EntryFields {
     device_free: Option<NodeId>,
     compile_context: Option<NodeId>,
     user_metadata: Option<NodeId>,
+    pool_id: Option<NodeId>,
     category: Option<NodeId>,
 }
 
@@ -191,6 +192,14 @@ impl<'a> Decoder<'a> {
         match self.field(dict, key) {
             Some(v) => Ok(v),
             None => self.fail(&|| format!("{}.{key}", path()), "missing"),
+        }
+    }
+
+    /// A memory pool's id: a pair of integers (a tuple in a pickle, a list in JSON).
+    fn pool_id(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<(i64, i64)> {
+        match self.seq(id, path)? {
+            &[a, b] => Ok((self.int(a, path)?, self.int(b, path)?)),
+            _ => self.fail(path, "expected a pair"),
         }
     }
 
@@ -416,13 +425,7 @@ impl<'a> Decoder<'a> {
             None => PoolKind::Large,
         };
         let pool_id = match self.field(id, "segment_pool_id") {
-            Some(p) => {
-                let pp = || format!("{}.segment_pool_id", path());
-                match self.seq(p, &pp)? {
-                    &[a, b] => (self.int(a, &pp)?, self.int(b, &pp)?),
-                    _ => return self.fail(&pp, "expected a pair"),
-                }
-            }
+            Some(p) => self.pool_id(p, &|| format!("{}.segment_pool_id", path()))?,
             None => (0, 0),
         };
         Ok(Segment {
@@ -470,6 +473,7 @@ impl<'a> Decoder<'a> {
                 "device_free" => &mut f.device_free,
                 "compile_context" => &mut f.compile_context,
                 "user_metadata" => &mut f.user_metadata,
+                "pool_id" => &mut f.pool_id,
                 "category" => &mut f.category,
                 _ => continue,
             };
@@ -500,6 +504,7 @@ impl<'a> Decoder<'a> {
             device_free,
             compile_context: self.opt_shared_str(f.compile_context, "compile_context", path)?,
             user_metadata: self.opt_shared_str(f.user_metadata, "user_metadata", path)?,
+            pool_id: f.pool_id.map(|v| self.pool_id(v, &at("pool_id"))).transpose()?,
         };
         // A failed request may be of any size: PyTorch's 1 EB check is for what it allocates.
         let size: Reader<'a, u64> = if action == Action::Oom { Self::uint } else { Self::bytes };

@@ -196,6 +196,10 @@ pub struct EntryExtra {
     pub compile_context: Option<Arc<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user_metadata: Option<Arc<str>>,
+    /// The memory pool of the block (PyTorch's `pool_id`, newer versions): tensormem writes it on
+    /// the entries of private pools (CUDA graphs, MemPool) only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_id: Option<(i64, i64)>,
 }
 
 impl EntryExtra {
@@ -226,6 +230,11 @@ impl TraceEntry {
 
     pub fn user_metadata(&self) -> Option<&str> {
         self.extra.as_ref()?.user_metadata.as_deref()
+    }
+
+    /// The memory pool the entry names, if it names one (`(0, 0)`: the default pool).
+    pub fn pool_id(&self) -> Option<(i64, i64)> {
+        self.extra.as_ref()?.pool_id
     }
 }
 

@@ -252,6 +252,13 @@ impl PickleWriter {
                 w.str("user_metadata");
                 w.str(m);
             }
+            if let Some((a, b)) = e.pool_id() {
+                w.str("pool_id");
+                w.int(a);
+                w.int(b);
+                w.out.push(0x86);
+                w.memoize();
+            }
             if let Some(c) = e.category {
                 w.str("category");
                 w.str(c.name());

@@ -115,7 +115,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.total_allocated_memory += mapped_size;
         self.stats.reserved_bytes.increase(StatType::for_pool(small), mapped_size);
         self.stats.num_device_alloc += 1;
-        self.record(Action::SegmentMap, mapped_ptr, mapped_size, stream, ctx.clone());
+        self.record(Action::SegmentMap, mapped_ptr, mapped_size, stream, pool, ctx.clone());
         let b = self.bm(id);
         if b.prev == NONE && b.segment_context.is_none() {
             b.segment_context = ctx.clone();
@@ -176,7 +176,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.total_allocated_memory -= usize_;
         self.stats.reserved_bytes.decrease(StatType::for_pool(small), usize_);
         self.stats.num_device_free += 1;
-        self.record(Action::SegmentUnmap, uptr, usize_, stream, frames);
+        self.record(Action::SegmentUnmap, uptr, usize_, stream, pool, frames);
     }
 
     pub(super) fn release_expandable_segment(&mut self, id: BlockId) {

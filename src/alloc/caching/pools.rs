@@ -51,11 +51,14 @@ pub(super) struct MemoryPool {
     pub(super) segments: u32,
     /// False once erased (no user and no segment left).
     pub(super) live: bool,
+    /// What its blocks' trace entries carry: the pool's id (none for the default pool).
+    pub(super) entry_extra: Option<std::sync::Arc<EntryExtra>>,
 }
 
 impl MemoryPool {
     pub(super) fn new(id: PoolId) -> MemoryPool {
-        MemoryPool { id, free: [BlockPool::default(), BlockPool::default()], use_count: 1, segments: 0, live: true }
+        let entry_extra = (id != DEFAULT_POOL).then(|| std::sync::Arc::new(EntryExtra { pool_id: Some(id), ..Default::default() }));
+        MemoryPool { id, free: [BlockPool::default(), BlockPool::default()], use_count: 1, segments: 0, live: true, entry_extra }
     }
 
     /// A private pool nothing uses any more: `empty_cache` may return its segments.

@@ -9,7 +9,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     pub fn snapshot_segments(&mut self) -> Vec<trace::Segment> {
         let segments = self.segments();
         let total_active: u64 = segments.iter().map(|s| s.active_size).sum();
-        self.record(Action::Snapshot, 0, total_active, 0, None);
+        self.record(Action::Snapshot, 0, total_active, 0, 0, None);
         segments
     }
 
