@@ -1,8 +1,6 @@
 //! Malformed input gives a clear error and never a panic: explicit cases, then byte mutations of
 //! real pickles and value mutations of valid JSON, each loaded and (when it loads) replayed.
 
-mod common;
-
 use proptest::prelude::*;
 use tensormem::alloc::AllocatorConfig;
 use tensormem::replay::{ReplayOptions, replay_snapshot};
@@ -142,12 +140,22 @@ fn impossible_layouts_are_refused_by_replay() {
     assert!(err.to_string().contains("blocks cover 512 bytes of 4096"), "{err}");
 }
 
+/// Real PyTorch snapshots the repository carries (a Triton program's, and one recorded for the
+/// doctor's corpus), small enough to cut and mutate often: these tests run wherever the code is.
+const REAL_PICKLES: [&str; 2] = ["tests/data/real/triton-unfold-memory.pickle", "tests/data/corpus/dump-before-backward.pickle"];
+
+fn real_pickle(which: usize) -> Vec<u8> {
+    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(REAL_PICKLES[which])).unwrap()
+}
+
 #[test]
 fn every_truncation_of_a_real_pickle_is_an_error() {
-    let Some(path) = common::fixture("tiny-settings.pickle") else { return };
-    let data = std::fs::read(path).unwrap();
-    for cut in 0..data.len() {
-        assert!(trace::load(&data[..cut]).is_err(), "a pickle cut at {cut} of {} bytes loaded", data.len());
+    for which in 0..REAL_PICKLES.len() {
+        let data = real_pickle(which);
+        assert!(trace::load(&data).is_ok(), "{} loads whole", REAL_PICKLES[which]);
+        for cut in 0..data.len() {
+            assert!(trace::load(&data[..cut]).is_err(), "{} cut at {cut} of {} bytes loaded", REAL_PICKLES[which], data.len());
+        }
     }
 }
 
@@ -167,9 +175,7 @@ proptest! {
         which in 0usize..2,
         edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..4), 1..12),
     ) {
-        let name = ["tiny-settings.pickle", "small-state.pickle"][which];
-        let Some(path) = common::fixture(name) else { return Ok(()) };
-        let mut data = std::fs::read(path).unwrap();
+        let mut data = real_pickle(which);
         for (at, byte, kind) in edits {
             let i = at.index(data.len().max(1));
             match kind {
