@@ -144,17 +144,18 @@ fn impossible_layouts_are_refused_by_replay() {
 /// doctor's corpus), small enough to cut and mutate often: these tests run wherever the code is.
 const REAL_PICKLES: [&str; 2] = ["tests/data/real/triton-unfold-memory.pickle", "tests/data/corpus/dump-before-backward.pickle"];
 
-fn real_pickle(which: usize) -> Vec<u8> {
-    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(REAL_PICKLES[which])).unwrap()
+fn real_pickle(name: &str) -> Vec<u8> {
+    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name)).unwrap()
 }
 
 #[test]
 fn every_truncation_of_a_real_pickle_is_an_error() {
-    for which in 0..REAL_PICKLES.len() {
-        let data = real_pickle(which);
-        assert!(trace::load(&data).is_ok(), "{} loads whole", REAL_PICKLES[which]);
+    // The smaller one: every cut parses up to the cut, so the work grows with the square.
+    for name in &REAL_PICKLES[1..] {
+        let data = real_pickle(name);
+        assert!(trace::load(&data).is_ok(), "{name} loads whole");
         for cut in 0..data.len() {
-            assert!(trace::load(&data[..cut]).is_err(), "{} cut at {cut} of {} bytes loaded", REAL_PICKLES[which], data.len());
+            assert!(trace::load(&data[..cut]).is_err(), "{name} cut at {cut} of {} bytes loaded", data.len());
         }
     }
 }
@@ -175,7 +176,7 @@ proptest! {
         which in 0usize..2,
         edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..4), 1..12),
     ) {
-        let mut data = real_pickle(which);
+        let mut data = real_pickle(REAL_PICKLES[which]);
         for (at, byte, kind) in edits {
             let i = at.index(data.len().max(1));
             match kind {

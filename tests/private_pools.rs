@@ -283,7 +283,13 @@ fn running_out_during_a_capture_frees_no_cache() {
     a.end_allocate_to_pool(q).unwrap();
     let held = a.malloc(20 * MIB, S, None).unwrap();
     let err = a.malloc(20 * MIB, S, None).unwrap_err();
-    assert!(err.to_string().contains("with 20.00 MiB allocated in private pools (e.g., CUDA Graphs), "), "{err}");
+    // PyTorch counts the pools' free blocks as allocated, and not as reserved but unallocated.
+    assert!(
+        err.to_string().contains(
+            "Of the allocated memory 40.00 MiB is allocated by tensormem, with 20.00 MiB allocated in private pools (e.g., CUDA Graphs), and 0 bytes is reserved"
+        ),
+        "{err}"
+    );
     a.free_allocation(&held, None).unwrap();
 }
 
@@ -572,4 +578,55 @@ fn recordings_that_capture_graphs_replay_decision_for_decision() {
         assert!(r.final_state_match, "{scenario} {set:?}: {:?}", r.first_divergence);
         assert!(r.first_divergence.is_none(), "{scenario} {set:?}: {:?}", r.first_divergence);
     }
+}
+
+#[test]
+fn a_use_on_oom_pool_lends_its_free_blocks_before_anything_is_freed_and_others_never_do() {
+    let mut a = allocator();
+    a.set_capacity(Some(70 * MIB));
+    let (lender, plain) = (a.new_pool_id(true), a.new_pool_id(true));
+    for (pool, bytes) in [(lender, 40 * MIB), (plain, 30 * MIB)] {
+        a.create_or_incref_pool(pool).unwrap();
+        a.begin_allocate_to_pool(pool, PoolFilter::Thread(0)).unwrap();
+        let x = a.malloc(bytes, S, None).unwrap();
+        a.free_allocation(&x, None).unwrap();
+        a.end_allocate_to_pool(pool).unwrap();
+        a.release_pool(pool).unwrap();
+    }
+    a.set_use_on_oom(lender, true).unwrap();
+    assert_eq!(reserved(&a), 70 * MIB);
+    // The device is full: the default request takes the lender's free block, split.
+    let x = a.malloc(30 * MIB, S, None).unwrap();
+    let lender_segment = a.segments().into_iter().find(|s| s.segment_pool_id == lender).unwrap();
+    assert_eq!((x.segment, x.size), (lender_segment.address, 30 * MIB));
+    assert_eq!((reserved(&a), a.stats().num_alloc_retries), (70 * MIB, 0));
+    // The lender has 10 MiB left; the plain pool's free 30 MiB is never lent.
+    let err = a.malloc(30 * MIB, S, None).unwrap_err();
+    assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
+    assert_eq!([lender, plain].map(|p| segments_of(&a, p)), [1, 1]);
+    // x went back to the pool it came from.
+    a.free_allocation(&x, None).unwrap();
+    assert_eq!(block_state(&a, lender_segment.address), BlockState::Inactive);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_no_split_pool_holds_one_allocation_per_segment() {
+    // test_mempool_no_split.
+    let mut a = allocator();
+    let p = a.new_pool_id(true);
+    a.create_or_incref_pool(p).unwrap();
+    a.set_no_split(p).unwrap();
+    a.begin_allocate_to_pool(p, PoolFilter::Thread(0)).unwrap();
+    let x = a.malloc(MIB, S, None).unwrap();
+    let y = a.malloc(512, S, None).unwrap();
+    let z = a.malloc(4 * MIB, S, None).unwrap();
+    a.end_allocate_to_pool(p).unwrap();
+    assert_eq!([x.size, y.size, z.size], [2 * MIB, 2 * MIB, 20 * MIB], "each takes its whole segment");
+    assert_eq!(segments_of(&a, p), 3);
+    assert!(a.segments().iter().all(|s| s.blocks.len() == 1));
+    // The default pool still splits.
+    let d = a.malloc(512, S, None).unwrap();
+    assert_eq!(d.size, 512);
+    a.check_invariants().unwrap();
 }

@@ -221,6 +221,7 @@ impl ExpandableSegment {
 }
 
 /// The pieces of a request, like PyTorch's `AllocParams`.
+#[derive(Clone, Copy)]
 struct Params {
     stream: Stream,
     size: u64,
@@ -566,6 +567,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         // The last resort, freeing every cached segment, is not tried while any pool is being
         // allocated to (a capture cannot free memory its graph may use).
         let found = self.alloc_block(p, false, ctx)
+            || self.try_mempool_fallback(p)
             || (self.release_available_cached_blocks(p, ctx) && self.alloc_block(p, false, ctx))
             || (self.captures_underway.is_empty() && self.release_cached_blocks(ctx, DEFAULT_POOL) && self.alloc_block(p, true, ctx));
         if found {
@@ -603,6 +605,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     fn should_split(&self, id: BlockId, size: u64) -> bool {
         let b = self.b(id);
+        if self.pools[b.pool as usize].no_split {
+            return false;
+        }
         let remaining = b.size - size;
         if b.small || self.config.expandable_segments { remaining >= MIN_BLOCK_SIZE } else { size < self.config.max_split_size && remaining > SMALL_SIZE }
     }

@@ -60,11 +60,14 @@ impl fmt::Display for OutOfMemoryError {
         if let Some(allowed) = self.allowed {
             write!(f, "{} allowed; ", format_size(allowed))?;
         }
-        write!(f, "Of the allocated memory {} is allocated by tensormem, ", format_size(self.allocated))?;
+        // As PyTorch words it, the private pools' free blocks count as allocated: no other
+        // request can have them.
+        write!(f, "Of the allocated memory {} is allocated by tensormem, ", format_size(self.allocated + self.in_private_pools))?;
         if self.in_private_pools > 0 {
             write!(f, "with {} allocated in private pools (e.g., CUDA Graphs), ", format_size(self.in_private_pools))?;
         }
-        write!(f, "and {} is reserved by tensormem but unallocated.", format_size(self.reserved_but_unallocated()))?;
+        let unallocated = self.reserved_but_unallocated().saturating_sub(self.in_private_pools);
+        write!(f, "and {} is reserved by tensormem but unallocated.", format_size(unallocated))?;
         // PyTorch prints this hint even when the setting is on (issue #173049); we do not.
         if !self.expandable_segments {
             f.write_str(

@@ -29,9 +29,19 @@ impl Device {
 
     /// `torch.cuda.MemPool()`: a pool of the program's own, alive while the handle is.
     pub fn mem_pool(&self) -> Result<MemPool, DeviceError> {
+        self.mem_pool_with(false, false)
+    }
+
+    /// `torch.cuda.MemPool(use_on_oom=..., no_split=...)`: `use_on_oom` lends the pool's free
+    /// blocks to requests the device refuses; `no_split` keeps one allocation per segment.
+    pub fn mem_pool_with(&self, use_on_oom: bool, no_split: bool) -> Result<MemPool, DeviceError> {
         let mut alloc = self.0.alloc.borrow_mut();
         let id = alloc.new_pool_id(true);
         alloc.create_or_incref_pool(id)?;
+        alloc.set_use_on_oom(id, use_on_oom)?;
+        if no_split {
+            alloc.set_no_split(id)?;
+        }
         Ok(MemPool { device: self.clone(), id })
     }
 
@@ -131,7 +141,11 @@ impl MemPool {
 impl Drop for MemPool {
     /// `del pool`: releases it and empties its cache (nothing, if a graph still uses it).
     fn drop(&mut self) {
-        let _ = self.device.0.alloc.borrow_mut().release_pool(self.id);
+        {
+            let mut alloc = self.device.0.alloc.borrow_mut();
+            let _ = alloc.set_use_on_oom(self.id, false);
+            let _ = alloc.release_pool(self.id);
+        }
         self.device.empty_cache_of_pool(self.id);
     }
 }

@@ -53,12 +53,26 @@ pub(super) struct MemoryPool {
     pub(super) live: bool,
     /// What its blocks' trace entries carry: the pool's id (none for the default pool).
     pub(super) entry_extra: Option<std::sync::Arc<EntryExtra>>,
+    /// `MemPool(use_on_oom=True)`: a default request the device cannot serve may take one of
+    /// its free blocks before anything is freed (`try_mempool_fallback`).
+    pub(super) use_on_oom: bool,
+    /// `MemPool(no_split=True)`: a block is never split, one allocation per segment.
+    pub(super) no_split: bool,
 }
 
 impl MemoryPool {
     pub(super) fn new(id: PoolId) -> MemoryPool {
         let entry_extra = (id != DEFAULT_POOL).then(|| std::sync::Arc::new(EntryExtra { pool_id: Some(id), ..Default::default() }));
-        MemoryPool { id, free: [BlockPool::default(), BlockPool::default()], use_count: 1, segments: 0, live: true, entry_extra }
+        MemoryPool {
+            id,
+            free: [BlockPool::default(), BlockPool::default()],
+            use_count: 1,
+            segments: 0,
+            live: true,
+            entry_extra,
+            use_on_oom: false,
+            no_split: false,
+        }
     }
 
     /// A private pool nothing uses any more: `empty_cache` may return its segments.
@@ -142,13 +156,49 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// `releasePool`: one user of pool `id` is gone (a graph reset, a `MemPool` dropped, a
     /// `use_mem_pool` scope left). With none left the pool is freeable; nothing is freed yet.
     pub fn release_pool(&mut self, id: PoolId) -> Result<(), AllocError> {
-        let index = self.pool_slot(id).filter(|&i| i != 0).ok_or_else(|| AllocError::Unsupported(format!("no private pool {id:?}")))?;
+        let index = self.private_pool(id)?;
         let pool = &mut self.pools[index as usize];
         if pool.use_count == 0 {
             return Err(AllocError::Unsupported(format!("pool {id:?} has no user left to release")));
         }
         pool.use_count -= 1;
         Ok(())
+    }
+
+    /// `setUseOnOOM` (`MemPool(use_on_oom=True)`; its destructor turns it off first).
+    pub fn set_use_on_oom(&mut self, id: PoolId, use_on_oom: bool) -> Result<(), AllocError> {
+        let index = self.private_pool(id)?;
+        self.pools[index as usize].use_on_oom = use_on_oom;
+        Ok(())
+    }
+
+    /// `setNoSplit` (`MemPool(no_split=True)`): the pool's blocks are never split.
+    pub fn set_no_split(&mut self, id: PoolId) -> Result<(), AllocError> {
+        let index = self.private_pool(id)?;
+        self.pools[index as usize].no_split = true;
+        Ok(())
+    }
+
+    fn private_pool(&self, id: PoolId) -> Result<u32, AllocError> {
+        self.pool_slot(id).filter(|&i| i != 0).ok_or_else(|| AllocError::Unsupported(format!("no private pool {id:?}")))
+    }
+
+    /// `try_mempool_fallback`: a default-pool request the device refused takes a free block
+    /// of a `use_on_oom` pool, if one fits (same stream); a request already going to a private
+    /// pool does not. Nothing is allocated from the device for it.
+    pub(super) fn try_mempool_fallback(&mut self, p: &mut Params) -> bool {
+        if p.pool != 0 {
+            return false;
+        }
+        let fallbacks: Vec<u32> = (1..self.pools.len() as u32).filter(|&i| self.pools[i as usize].live && self.pools[i as usize].use_on_oom).collect();
+        for pool in fallbacks {
+            let mut q = Params { pool, block: NONE, ..*p };
+            if self.get_free_block(&mut q) {
+                *p = q;
+                return true;
+            }
+        }
+        false
     }
 
     /// `getPoolUseCount`: the users of pool `id`, or None if there is no such pool (never made,
