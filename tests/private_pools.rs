@@ -630,3 +630,23 @@ fn a_no_split_pool_holds_one_allocation_per_segment() {
     assert_eq!(d.size, 512);
     a.check_invariants().unwrap();
 }
+
+#[test]
+fn dropping_a_mem_pool_replays_as_emptying_only_that_pool() {
+    use tensormem::replay::{ReplayOptions, replay_device};
+    let dev = tensormem::Device::sim(tensormem::SimOptions::preset("H100-80GB"));
+    dev.record_memory_history(true, RecordContext::State, 100_000);
+    // The default pool caches a free segment; a MemPool's scope allocates; dropping it empties it.
+    drop(dev.empty(&[256 * 1024], tensormem::DType::F32).unwrap());
+    let pool = dev.mem_pool().unwrap();
+    {
+        let _scope = dev.use_mem_pool(&pool).unwrap();
+        drop(dev.empty(&[256 * 1024], tensormem::DType::F32).unwrap());
+    }
+    drop(pool);
+    let snapshot = dev.snapshot();
+    let frees = snapshot.device_traces[0].iter().filter(|e| e.action == tensormem::trace::Action::SegmentFree).count();
+    assert_eq!(frees, 1, "only the pool's segment");
+    let r = replay_device(&snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+    assert!(r.final_state_match && r.first_divergence.is_none(), "{:?}", r.first_divergence);
+}

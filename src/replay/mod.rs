@@ -209,7 +209,16 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     let trace = snapshot.trace_of(device);
     let final_segments: Vec<&trace::Segment> = snapshot.segments_of(device).collect();
     // Reconstruct with the rules the trace was recorded under.
-    let start = if options.start == StartMode::Empty { StartState::default() } else { start_state(&final_segments, trace, &recorded_config) };
+    let mut start = if options.start == StartMode::Empty { StartState::default() } else { start_state(&final_segments, trace, &recorded_config) };
+    // Released PyTorch versions write each segment's pool but not each entry's: their
+    // allocations cannot be routed, so such a trace replays with every segment in the default
+    // pool (as it was recorded against none). A trace with no entries has no decision to make.
+    let pools_known = trace.is_empty() || trace.iter().any(|e| e.pool_id().is_some());
+    if !pools_known {
+        for s in &mut start.segments {
+            s.segment_pool_id = DEFAULT_POOL;
+        }
+    }
     let mut warnings = start.warnings.clone();
 
     let (mut run, out_of_memory_at_start) = Run::set_up(trace, &final_segments, &start, &config, device, options, &mut warnings);
@@ -219,7 +228,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
 
     let segments = run.alloc.segments();
     let reached_end = replayed_to >= trace.len();
-    let final_state_match = reached_end && same_layout(&segments, &final_segments);
+    let final_state_match = reached_end && same_layout(&segments, &final_segments, pools_known);
     let mut first_divergence = run.divergence.clone();
     // Stopped early (`until`), the final state is not compared, so nothing diverged there.
     if first_divergence.is_none() && reached_end && !final_state_match {
@@ -282,13 +291,13 @@ fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
 
 /// Segments and blocks agree in address, size, pool kind (small or large), owning pool, stream
 /// and state.
-fn same_layout(ours: &[trace::Segment], theirs: &[&trace::Segment]) -> bool {
+fn same_layout(ours: &[trace::Segment], theirs: &[&trace::Segment], compare_pools: bool) -> bool {
     let key = |s: &trace::Segment| {
         (
             s.address,
             s.total_size,
             s.segment_type,
-            s.segment_pool_id,
+            if compare_pools { s.segment_pool_id } else { DEFAULT_POOL },
             s.stream,
             s.is_expandable,
             s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect::<Vec<_>>(),
@@ -556,7 +565,21 @@ impl<'a> Run<'a> {
         if self.alloc.capacity().is_none() {
             return i + 1;
         }
-        match self.alloc.malloc(e.size, e.stream as u64, None) {
+        // A request into a private pool (during a capture) failed there, without the last resort.
+        let routed = e.pool_id().filter(|&p| p != DEFAULT_POOL);
+        if let Some(pool) = routed
+            && let Err(err) = self.route_to_pool(pool, e.stream as u64)
+        {
+            self.diverge(i, format!("failed request into pool {pool:?}: {err}"));
+        }
+        let e = &self.trace[i];
+        let result = self.alloc.malloc(e.size, e.stream as u64, None);
+        if let Some(pool) = routed {
+            let _ = self.alloc.end_allocate_to_pool(pool);
+            let _ = self.alloc.release_pool(pool);
+        }
+        let e = &self.trace[i];
+        match result {
             Ok(a) => {
                 let _ = self.alloc.free(a.ptr, None);
                 self.diverge(i, format!("PyTorch ran out of memory asking for {} bytes here; at this capacity the replay fits them", e.size));
@@ -599,13 +622,23 @@ impl<'a> Run<'a> {
         // A private pool whose segments the flush returns had no user left (its graphs deleted,
         // its MemPool dropped): the trace does not say when, only that it was so by now.
         let mut released: Vec<PoolId> = self.trace[i..end].iter().filter_map(TraceEntry::pool_id).filter(|&p| p != DEFAULT_POOL).collect();
+        released.sort_unstable();
         released.dedup();
-        for pool in released {
+        for &pool in &released {
             while self.alloc.pool_use_count(pool).is_some_and(|users| users > 0) {
                 let _ = self.alloc.release_pool(pool);
             }
         }
-        self.alloc.empty_cache();
+        // Only private pools' segments: `emptyCache(id)` (a MemPool dropped), which leaves the
+        // default pool's cache alone; otherwise `empty_cache()`.
+        let only_pools = !released.is_empty() && self.trace[i..end].iter().all(|e| e.pool_id().is_some_and(|p| p != DEFAULT_POOL));
+        if only_pools {
+            for &pool in &released {
+                self.alloc.empty_cache_of_pool(pool);
+            }
+        } else {
+            self.alloc.empty_cache();
+        }
         let mut ours = self.segment_events_since(before);
         let mut recorded: Vec<(Action, u64, u64)> = self.trace[i..end].iter().map(|e| (e.action, e.addr, e.size)).collect();
         ours.sort();

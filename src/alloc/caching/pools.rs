@@ -228,8 +228,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// the latest begun whose filter takes the request; otherwise the default pool.
     pub(super) fn get_pool(&self, stream: Stream) -> u32 {
         for (id, filter) in self.captures_underway.iter().rev() {
-            if filter.takes(stream, self.current_thread) {
-                return self.pool_slot(*id).expect("a pool being allocated to exists");
+            // A pool released and emptied while still being allocated to is gone (PyTorch leaves
+            // that undefined): its requests go to the pools below it.
+            if filter.takes(stream, self.current_thread)
+                && let Some(slot) = self.pool_slot(*id)
+            {
+                return slot;
             }
         }
         0

@@ -275,7 +275,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 return Err(format!("block {:#x}: broken next link", b.ptr));
             }
             let pool = &self.pools[b.pool as usize].free[pool_index(b.small)];
-            let active = b.allocated || b.event_count > 0;
+            // Freed during a capture while other streams used it: waiting, not free.
+            let active = b.allocated || b.event_count > 0 || b.stream_uses.is_some();
             let in_blocks = pool.get(b.stream, b.size, b.ptr) == Some(id);
             let in_unmapped = pool.unmapped.get(&(b.stream, b.ptr)) == Some(&id);
             match (b.mapped, active) {
@@ -289,7 +290,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
             if !active && b.mapped {
                 for n in [b.prev, b.next] {
-                    if n != NONE && !self.b(n).allocated && self.b(n).event_count == 0 && self.b(n).mapped {
+                    if n != NONE && !self.b(n).allocated && self.b(n).event_count == 0 && self.b(n).stream_uses.is_none() && self.b(n).mapped {
                         return Err(format!("free blocks {:#x} and {:#x} were not coalesced", b.ptr, self.b(n).ptr));
                     }
                 }
