@@ -202,3 +202,28 @@ fn loading_a_file_tells_how_far_it_has_got() {
     assert_eq!((last.bytes_read, last.total_bytes), (length, Some(length)));
     assert!(last.entries_decoded > 0 && last.entries_decoded <= snap.device_traces.iter().map(Vec::len).sum::<usize>());
 }
+
+#[test]
+fn entries_decoded_from_the_parsers_stack_read_keys_as_a_dict_would() {
+    // A repeated key keeps its last value, an unknown key is ignored, a None value is no value,
+    // and an integer too wide for a BININT (LONG1, 2^40) is read whole.
+    let data = snapshot_pickle(|p| {
+        p.op(b"}q\x0a(").str("action").str("alloc").str("addr").int(1).str("size").int(512);
+        p.str("addr").op(b"\x8a\x06\x00\x00\x00\x00\x00\x01").str("not_a_key").int(7).str("time_us").op(b"N").op(b"u");
+    });
+    let snap = trace::load(&data).unwrap();
+    let e = &snap.device_traces[0][0];
+    assert_eq!((e.action.name(), e.addr, e.size, e.time_us), ("alloc", 1 << 40, 512, None));
+    assert!(load_in_chunks(&data, &[3]).unwrap() == snap);
+}
+
+#[test]
+fn an_entry_extended_after_its_items_were_set_is_a_clear_error() {
+    // A second SETITEM on a complete trace entry: Python writes one SETITEMS per dict of up to
+    // a thousand keys, so this pickle was made by hand; it is refused, not misread.
+    let data = snapshot_pickle(|p| {
+        p.entry("alloc", Some(4096), 512, 10).str("stream").int(1).op(b"s");
+    });
+    let err = trace::load(&data).unwrap_err().to_string();
+    assert!(err.contains("SETITEM on a trace entry"), "{err}");
+}

@@ -308,6 +308,19 @@ fn same_layout(ours: &[trace::Segment], theirs: &[&trace::Segment], compare_pool
     ours.len() == theirs.len() && ours.iter().map(key).eq(theirs)
 }
 
+/// The segment calls an allocator made, as `Figures` counts them, and its device allocations
+/// in order (for `segment_alloc_match`).
+#[derive(Default)]
+struct SegmentCalls {
+    allocs: usize,
+    frees: usize,
+    maps: usize,
+    unmaps: usize,
+    device_allocs: Vec<(Action, u64)>,
+    /// History entries already counted.
+    tallied: usize,
+}
+
 struct Run<'a> {
     alloc: VirtualAllocator,
     trace: &'a [TraceEntry],
@@ -326,12 +339,17 @@ struct Run<'a> {
     /// Recorded segment events since the last alloc, to compare with what our malloc did.
     pending_segment_events: Vec<(Action, u64, u64)>,
     recorded_device_allocs: Vec<(Action, u64)>,
+    /// Our side: the segment calls our allocator made, tallied from its history after each step
+    /// (`tally_history`), which is then cleared unless the replayed snapshot is kept: a long
+    /// trace's history would be a second copy of the trace.
+    ours: SegmentCalls,
     divergence: Option<Divergence>,
     allocs: usize,
     address_hits: usize,
     ooms: usize,
-    /// Pass the recorded stacks to the allocator (for a replayed snapshot).
-    keep_frames: bool,
+    /// A replayed snapshot is asked for: the recorded stacks go to the allocator, and its
+    /// history is kept.
+    keep_snapshot: bool,
     compare_addresses: bool,
     /// Segments are placed by our address model; segment calls are compared by size.
     own_addresses: bool,
@@ -397,11 +415,12 @@ impl<'a> Run<'a> {
             pending_since: None,
             pending_segment_events: Vec::new(),
             recorded_device_allocs: Vec::new(),
+            ours: SegmentCalls::default(),
             divergence: None,
             allocs: 0,
             address_hits: 0,
             ooms: 0,
-            keep_frames: options.keep_snapshot,
+            keep_snapshot: options.keep_snapshot,
             // From a replaced start every address differs by construction.
             compare_addresses: options.start == StartMode::Recorded && !options.own_addresses,
             own_addresses: options.own_addresses,
@@ -452,24 +471,47 @@ impl<'a> Run<'a> {
                 progress(i, end);
             }
             i = self.step(i);
+            self.tally_history();
             sample(&self.alloc, i + 1);
         }
         progress(end, end);
         (i, reserved_curve)
     }
 
+    /// Counts the segment calls recorded since the last tally; the history is then cleared
+    /// unless the replayed snapshot is kept.
+    fn tally_history(&mut self) {
+        let ours = &mut self.ours;
+        for e in self.alloc.history().since(ours.tallied) {
+            match e.action {
+                Action::SegmentAlloc => ours.allocs += 1,
+                Action::SegmentFree => ours.frees += 1,
+                Action::SegmentMap => ours.maps += 1,
+                Action::SegmentUnmap => ours.unmaps += 1,
+                _ => continue,
+            }
+            if matches!(e.action, Action::SegmentAlloc | Action::SegmentMap) {
+                ours.device_allocs.push((e.action, e.size));
+            }
+        }
+        if self.keep_snapshot {
+            ours.tallied = self.alloc.history().len();
+        } else {
+            self.alloc.history_mut().clear();
+            ours.tallied = 0;
+        }
+    }
+
     /// Our side of the comparison: segment calls and peaks from the allocator's own history and
     /// statistics.
     fn replayed(&self) -> Replayed {
-        let history = self.alloc.history().entries();
-        let count = |a: Action| history.iter().filter(|e| e.action == a).count();
         let stats = self.alloc.stats();
         Replayed {
             figures: Figures {
-                segment_allocs: count(Action::SegmentAlloc),
-                segment_frees: count(Action::SegmentFree),
-                segment_maps: count(Action::SegmentMap),
-                segment_unmaps: count(Action::SegmentUnmap),
+                segment_allocs: self.ours.allocs,
+                segment_frees: self.ours.frees,
+                segment_maps: self.ours.maps,
+                segment_unmaps: self.ours.unmaps,
                 peak_reserved_bytes: stats.reserved_bytes.all().peak as u64,
                 peak_allocated_bytes: stats.allocated_bytes.all().peak as u64,
             },
@@ -481,9 +523,7 @@ impl<'a> Run<'a> {
     /// The fraction of recorded device allocations our allocator made in the same order with
     /// the same sizes (up to the first that differs).
     fn segment_alloc_match(&self) -> f64 {
-        let history = self.alloc.history().entries();
-        let ours = history.iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)).map(|e| (e.action, e.size));
-        let matched = self.recorded_device_allocs.iter().zip(ours).take_while(|(r, o)| **r == *o).count();
+        let matched = self.recorded_device_allocs.iter().zip(&self.ours.device_allocs).take_while(|(r, o)| *r == *o).count();
         ratio(matched, self.recorded_device_allocs.len())
     }
 
@@ -496,7 +536,7 @@ impl<'a> Run<'a> {
         blocks.sort_by_key(|(b, _)| b.address);
         let mut oom = None;
         for (b, stream) in blocks {
-            let frames = self.keep_frames.then(|| b.frames.clone());
+            let frames = self.keep_snapshot.then(|| b.frames.clone());
             match self.alloc.malloc(b.requested_size, stream as u64, frames) {
                 Ok(a) => {
                     if a.ptr != b.address {
@@ -655,7 +695,7 @@ impl<'a> Run<'a> {
         let e = &self.trace[i];
         self.allocs += 1;
         let before = self.alloc.history().len();
-        let frames = if self.keep_frames { e.frames.clone() } else { None };
+        let frames = if self.keep_snapshot { e.frames.clone() } else { None };
         // The replayed entry says what the memory is for, as the recorded one did.
         self.alloc.history_mut().set_category(e.category);
         // An entry that names a private pool was allocated while that pool took its stream's

@@ -6,7 +6,7 @@
 
 use super::model::limits;
 use super::model::*;
-use super::node::{Arena, COMPACTED, Node, NodeId, is_compacted};
+use super::node::{Arena, COMPACTED, Node, NodeId, Val, is_compacted};
 use super::pickle::Compact;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -19,7 +19,7 @@ pub struct FieldError {
 
 type Result<T> = std::result::Result<T, FieldError>;
 /// How a field's value is read: `Decoder::bytes`, `Decoder::address`, `Decoder::int`, ...
-type Reader<'d, T> = fn(&Decoder<'d>, NodeId, &dyn Fn() -> String) -> Result<T>;
+type Reader<'d, T> = fn(&Decoder<'d>, Val, &dyn Fn() -> String) -> Result<T>;
 
 /// What decoding remembers across nodes.
 #[derive(Default)]
@@ -40,6 +40,35 @@ struct Caches {
     /// Nodes are never shared and their ids are reused once freed (JSON, read as it streams):
     /// the caches by node id above would answer for another node, so only `by_content` serves.
     unshared: bool,
+    /// Entries decoded from the pickle parser's stack, until their dict reaches its list.
+    decoded: Decoded,
+}
+
+/// Trace entries decoded before their list is known, by the index a `Node::Entry` keeps; a
+/// slot is reused once taken (a few entries wait at a time: the pickle appends entries to
+/// their list in batches of a thousand).
+#[derive(Default)]
+struct Decoded {
+    slots: Vec<Option<TraceEntry>>,
+    free: Vec<u32>,
+}
+
+impl Decoded {
+    fn put(&mut self, entry: TraceEntry) -> Option<u32> {
+        if let Some(k) = self.free.pop() {
+            self.slots[k as usize] = Some(entry);
+            return Some(k);
+        }
+        let k = u32::try_from(self.slots.len()).ok()?;
+        self.slots.push(Some(entry));
+        Some(k)
+    }
+
+    fn take(&mut self, k: u32) -> Option<TraceEntry> {
+        let entry = self.slots.get_mut(k as usize)?.take()?;
+        self.free.push(k);
+        Some(entry)
+    }
 }
 
 impl Caches {
@@ -62,6 +91,8 @@ pub struct EntryCompactor {
     caches: Caches,
     /// Entries by the list they were appended to, in order.
     lists: FxHashMap<NodeId, Chunked>,
+    /// The key node last seen at each position of an entry's items, and which key it is.
+    keys_at: Vec<(NodeId, Option<u8>)>,
 }
 
 /// A growing list of entries. In wasm, in fixed chunks: a grown `Vec` is copied there, so a
@@ -136,34 +167,127 @@ impl EntryCompactor {
 
 impl Compact for EntryCompactor {
     fn compact(&mut self, arena: &Arena, list: NodeId, item: NodeId, lasting: &dyn Fn(NodeId) -> bool, release: &mut Vec<NodeId>) -> Option<u32> {
-        let Node::Dict(fields) = arena.get(item) else { return None };
-        if !matches!(arena.dict_get(item, "action").map(|a| arena.get(a)), Some(Node::Str(_))) {
-            return None;
-        }
-        // A bad entry stays a node: decoding it again at the end names its path.
-        let entry = Decoder { arena, c: &mut self.caches, lasting }.entry(item, &String::new).ok()?;
-        release.push(item);
-        release.extend(fields.iter().map(|&(_, value)| value));
+        let entry = match arena.get(item) {
+            Node::Entry(k) => self.caches.decoded.take(*k)?,
+            Node::Dict(fields) => {
+                let mut decoder = Decoder { arena, c: &mut self.caches, lasting };
+                let f = decoder.entry_fields(item, &String::new).ok()?;
+                if !f.is_entry(arena) {
+                    return None;
+                }
+                // A bad entry stays a node: decoding it again at the end names its path.
+                let entry = decoder.entry(&f, &String::new).ok()?;
+                release.extend(fields.iter().map(|&(_, value)| value));
+                entry
+            }
+            _ => return None,
+        };
+        release.insert(0, item);
         let entries = self.lists.entry(list).or_default();
         entries.push(entry);
         Some((entries.len - 1) as u32)
     }
+
+    fn entry(&mut self, arena: &Arena, items: &[Val], lasting: &dyn Fn(NodeId) -> bool, release: &mut Vec<NodeId>) -> Option<u32> {
+        let mut f = EntryFields::default();
+        for (at, pair) in items.chunks_exact(2).enumerate() {
+            let Val::Node(key) = pair[0] else { return None };
+            // Every entry names its keys with the same memoized strings, in the same order: the
+            // key at each position is matched by name once, then known by its node.
+            let index = match self.keys_at.get(at) {
+                Some(&(known, index)) if known == key => index,
+                _ => {
+                    let index = EntryFields::key_index(arena, key);
+                    if lasting(key) {
+                        if self.keys_at.len() <= at {
+                            self.keys_at.resize(at + 1, (COMPACTED, None));
+                        }
+                        self.keys_at[at] = (key, index);
+                    }
+                    index
+                }
+            };
+            if let Some(index) = index {
+                f.set_at(arena, index, pair[1]);
+            }
+        }
+        if !f.is_entry(arena) {
+            return None;
+        }
+        // A bad entry takes the generic path, whose decoding at the end names its path.
+        let entry = Decoder { arena, c: &mut self.caches, lasting }.entry(&f, &String::new).ok()?;
+        let k = self.caches.decoded.put(entry)?;
+        release.extend(items.chunks_exact(2).filter_map(|pair| match pair[1] {
+            Val::Node(id) => Some(id),
+            Val::Int(_) => None,
+        }));
+        Some(k)
+    }
 }
 
-/// The keys of a trace entry (`Decoder::entry_fields`).
+/// The values of a trace entry's keys, from a dict node (`Decoder::entry_fields`) or straight
+/// from the pickle parser's stack (`EntryCompactor::entry`).
 #[derive(Default)]
 struct EntryFields {
-    action: Option<NodeId>,
-    addr: Option<NodeId>,
-    size: Option<NodeId>,
-    stream: Option<NodeId>,
-    time_us: Option<NodeId>,
-    frames: Option<NodeId>,
-    device_free: Option<NodeId>,
-    compile_context: Option<NodeId>,
-    user_metadata: Option<NodeId>,
-    pool_id: Option<NodeId>,
-    category: Option<NodeId>,
+    action: Option<Val>,
+    addr: Option<Val>,
+    size: Option<Val>,
+    stream: Option<Val>,
+    time_us: Option<Val>,
+    frames: Option<Val>,
+    device_free: Option<Val>,
+    compile_context: Option<Val>,
+    user_metadata: Option<Val>,
+    pool_id: Option<Val>,
+    category: Option<Val>,
+}
+
+impl EntryFields {
+    /// The keys read, in the order `slot` numbers them.
+    const KEYS: [&'static str; 11] =
+        ["action", "addr", "size", "stream", "time_us", "frames", "device_free", "compile_context", "user_metadata", "pool_id", "category"];
+
+    /// Which of `KEYS` a key node is, if any.
+    fn key_index(arena: &Arena, key: NodeId) -> Option<u8> {
+        let Node::Str(key) = arena.get(key) else { return None };
+        Self::KEYS.iter().position(|k| *k == &**key).map(|i| i as u8)
+    }
+
+    fn slot(&mut self, index: u8) -> &mut Option<Val> {
+        match index {
+            0 => &mut self.action,
+            1 => &mut self.addr,
+            2 => &mut self.size,
+            3 => &mut self.stream,
+            4 => &mut self.time_us,
+            5 => &mut self.frames,
+            6 => &mut self.device_free,
+            7 => &mut self.compile_context,
+            8 => &mut self.user_metadata,
+            9 => &mut self.pool_id,
+            _ => &mut self.category,
+        }
+    }
+
+    /// Sets `key`'s value (the last of a repeated key counts, and a None value is no value, as
+    /// `Decoder::field` reads a dict); other keys are ignored.
+    fn set(&mut self, arena: &Arena, key: NodeId, value: Val) {
+        if let Some(index) = Self::key_index(arena, key) {
+            self.set_at(arena, index, value);
+        }
+    }
+
+    fn set_at(&mut self, arena: &Arena, index: u8, value: Val) {
+        *self.slot(index) = match value {
+            Val::Node(id) if matches!(arena.get(id), Node::None) => None,
+            value => Some(value),
+        };
+    }
+
+    /// Whether these are a trace entry's: `action` is a string.
+    fn is_entry(&self, arena: &Arena) -> bool {
+        matches!(self.action, Some(Val::Node(id)) if matches!(arena.get(id), Node::Str(_)))
+    }
 }
 
 struct Decoder<'a> {
@@ -198,12 +322,16 @@ impl<'a> Decoder<'a> {
     /// A memory pool's id: a pair of integers (a tuple in a pickle, a list in JSON).
     fn pool_id(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<(i64, i64)> {
         match self.seq(id, path)? {
-            &[a, b] => Ok((self.int(a, path)?, self.int(b, path)?)),
+            &[a, b] => Ok((self.int(a.into(), path)?, self.int(b.into(), path)?)),
             _ => self.fail(path, "expected a pair"),
         }
     }
 
-    fn wide_int(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<i128> {
+    fn wide_int(&self, value: Val, path: &dyn Fn() -> String) -> Result<i128> {
+        let id = match value {
+            Val::Int(i) => return Ok(i),
+            Val::Node(id) => id,
+        };
         match self.arena.get(id) {
             Node::Int(i) => Ok(*i),
             Node::Bool(b) => Ok(*b as i128),
@@ -211,19 +339,19 @@ impl<'a> Decoder<'a> {
         }
     }
 
-    fn int(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<i64> {
+    fn int(&self, id: Val, path: &dyn Fn() -> String) -> Result<i64> {
         let v = self.wide_int(id, path)?;
         i64::try_from(v).or_else(|_| self.fail(path, format!("integer {v} does not fit this field (a signed 64-bit integer)")))
     }
 
     /// Counts and other non-negative integers.
-    fn uint(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<u64> {
+    fn uint(&self, id: Val, path: &dyn Fn() -> String) -> Result<u64> {
         let v = self.wide_int(id, path)?;
         u64::try_from(v).or_else(|_| self.fail(path, format!("expected a non-negative 64-bit integer, found {v}")))
     }
 
     /// A size in bytes: below the 1 EB PyTorch refuses to allocate.
-    fn bytes(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<u64> {
+    fn bytes(&self, id: Val, path: &dyn Fn() -> String) -> Result<u64> {
         let v = self.uint(id, path)?;
         if v >= limits::ONE_EXABYTE {
             return self.fail(path, format!("{v} bytes cannot be real: PyTorch refuses to allocate 1 EB (2^60 bytes) or more"));
@@ -232,7 +360,7 @@ impl<'a> Decoder<'a> {
     }
 
     /// A device address: inside a 57-bit virtual address space.
-    fn address(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<u64> {
+    fn address(&self, id: Val, path: &dyn Fn() -> String) -> Result<u64> {
         let v = self.uint(id, path)?;
         if v >= limits::ADDRESS_LIMIT {
             return self.fail(path, format!("address {v:#x} cannot be real: no device maps addresses beyond 57 bits"));
@@ -244,7 +372,7 @@ impl<'a> Decoder<'a> {
     fn device(&self, dict: NodeId, key: &str, allow_none: bool, path: &dyn Fn() -> String) -> Result<i64> {
         let p = || format!("{}.{key}", path());
         let Some(id) = self.field(dict, key) else { return Ok(0) };
-        let v = self.int(id, &p)?;
+        let v = self.int(id.into(), &p)?;
         let lowest = if allow_none { -1 } else { 0 };
         if !(lowest..=limits::MAX_DEVICE_INDEX).contains(&v) {
             return self.fail(&p, format!("device {v} cannot be real: PyTorch's device indices are 0 to {} (an int8)", limits::MAX_DEVICE_INDEX));
@@ -253,7 +381,7 @@ impl<'a> Decoder<'a> {
     }
 
     /// Line numbers: PyTorch writes an unknown C++ line as size_t -1 (2^64 - 1); a Python -1 wraps to it too.
-    fn line(&self, id: NodeId, path: &dyn Fn() -> String) -> Result<u64> {
+    fn line(&self, id: Val, path: &dyn Fn() -> String) -> Result<u64> {
         let v = self.wide_int(id, path)?;
         match (u64::try_from(v), i64::try_from(v)) {
             (Ok(u), _) => Ok(u),
@@ -265,17 +393,17 @@ impl<'a> Decoder<'a> {
     /// A required field read by `read` (`Self::bytes`, `Self::address`, ...).
     fn required_with<T>(&self, dict: NodeId, key: &str, read: Reader<'a, T>, path: &dyn Fn() -> String) -> Result<T> {
         let p = || format!("{}.{key}", path());
-        read(self, self.required(dict, key, path)?, &p)
+        read(self, self.required(dict, key, path)?.into(), &p)
     }
 
     fn optional_with<T>(&self, dict: NodeId, key: &str, read: Reader<'a, T>, path: &dyn Fn() -> String) -> Result<Option<T>> {
         let p = || format!("{}.{key}", path());
-        self.field(dict, key).map(|v| read(self, v, &p)).transpose()
+        self.field(dict, key).map(|v| read(self, v.into(), &p)).transpose()
     }
 
     fn opt_int_field(&self, dict: NodeId, key: &str, path: &dyn Fn() -> String) -> Result<Option<i64>> {
         let p = || format!("{}.{key}", path());
-        self.field(dict, key).map(|v| self.int(v, &p)).transpose()
+        self.field(dict, key).map(|v| self.int(v.into(), &p)).transpose()
     }
 
     fn str<'b>(&'b self, id: NodeId, path: &dyn Fn() -> String) -> Result<&'b str> {
@@ -354,7 +482,7 @@ impl<'a> Decoder<'a> {
             let frame = Frame {
                 filename: windows_path_as_posix(self.opt_string_field(f, "filename", &p)?.unwrap_or_default()),
                 line: match self.field(f, "line") {
-                    Some(l) => self.line(l, &|| format!("{}.line", p()))?,
+                    Some(l) => self.line(l.into(), &|| format!("{}.line", p()))?,
                     None => 0,
                 },
                 name: self.opt_string_field(f, "name", &p)?.unwrap_or_default(),
@@ -462,30 +590,37 @@ impl<'a> Decoder<'a> {
         };
         let mut f = EntryFields::default();
         for &(key, value) in entries.iter() {
-            let Node::Str(key) = self.arena.get(key) else { continue };
-            let slot = match &**key {
-                "action" => &mut f.action,
-                "addr" => &mut f.addr,
-                "size" => &mut f.size,
-                "stream" => &mut f.stream,
-                "time_us" => &mut f.time_us,
-                "frames" => &mut f.frames,
-                "device_free" => &mut f.device_free,
-                "compile_context" => &mut f.compile_context,
-                "user_metadata" => &mut f.user_metadata,
-                "pool_id" => &mut f.pool_id,
-                "category" => &mut f.category,
-                _ => continue,
-            };
-            *slot = (!matches!(self.arena.get(value), Node::None)).then_some(value);
+            f.set(self.arena, key, value.into());
         }
         Ok(f)
     }
 
-    fn entry(&mut self, id: NodeId, path: &dyn Fn() -> String) -> Result<TraceEntry> {
+    /// A trace entry from its dict node, or the one decoded when its items were set (`Node::Entry`).
+    fn entry_node(&mut self, id: NodeId, path: &dyn Fn() -> String) -> Result<TraceEntry> {
+        // Still waiting at the end, it was never appended, or it is shared (read again before it
+        // was appended, as Python may write and as `compact` leaves it): each reference gets a copy.
+        if let Node::Entry(k) = self.arena.get(id) {
+            return match self.c.decoded.slots.get(*k as usize) {
+                Some(Some(entry)) => Ok(entry.clone()),
+                _ => self.fail(path, "the same trace entry appears twice"),
+            };
+        }
         let f = self.entry_fields(id, path)?;
+        self.entry(&f, path)
+    }
+
+    /// A value that must be a node (a string, a list): an integer is reported as the node would be.
+    fn node(&self, value: Val, expected: &str, path: &dyn Fn() -> String) -> Result<NodeId> {
+        match value {
+            Val::Node(id) => Ok(id),
+            Val::Int(_) => self.fail(path, format!("expected {expected}, found an integer")),
+        }
+    }
+
+    fn entry(&mut self, f: &EntryFields, path: &dyn Fn() -> String) -> Result<TraceEntry> {
         let at = |key: &'static str| move || format!("{}.{key}", path());
-        let Some(action_id) = f.action else { return self.fail(&at("action"), "missing") };
+        let Some(action) = f.action else { return self.fail(&at("action"), "missing") };
+        let action_id = self.node(action, "a string", &at("action"))?;
         let action_name = self.str(action_id, &at("action"))?;
         let Some(action) = Action::from_name(action_name) else {
             return self.fail(&at("action"), format!("unknown action {action_name:?}"));
@@ -497,14 +632,17 @@ impl<'a> Decoder<'a> {
             (_, None) => return self.fail(&at("addr"), "missing"),
         };
         let frames = match f.frames {
-            Some(v) => Some(self.frames(Some(v), &at("frames"))?),
+            Some(v) => Some(self.frames(Some(self.node(v, "a list", &at("frames"))?), &at("frames"))?),
             None => None,
         };
+        let node = |v: Option<Val>, key: &'static str| v.map(|v| self.node(v, "a string", &at(key))).transpose();
+        let (compile_context, user_metadata, pool_id, category) =
+            (node(f.compile_context, "compile_context")?, node(f.user_metadata, "user_metadata")?, node(f.pool_id, "pool_id")?, node(f.category, "category")?);
         let extra = EntryExtra {
             device_free,
-            compile_context: self.opt_shared_str(f.compile_context, "compile_context", path)?,
-            user_metadata: self.opt_shared_str(f.user_metadata, "user_metadata", path)?,
-            pool_id: f.pool_id.map(|v| self.pool_id(v, &at("pool_id"))).transpose()?,
+            compile_context: self.opt_shared_str(compile_context, "compile_context", path)?,
+            user_metadata: self.opt_shared_str(user_metadata, "user_metadata", path)?,
+            pool_id: pool_id.map(|v| self.pool_id(v, &at("pool_id"))).transpose()?,
         };
         // A failed request may be of any size: PyTorch's 1 EB check is for what it allocates.
         let size: Reader<'a, u64> = if action == Action::Oom { Self::uint } else { Self::bytes };
@@ -516,7 +654,7 @@ impl<'a> Decoder<'a> {
             time_us: f.time_us.map(|v| self.int(v, &at("time_us"))).transpose()?,
             frames,
             extra: (extra != EntryExtra::default()).then(|| self.c.shared_extra(extra)),
-            category: match self.opt_shared_str(f.category, "category", path)? {
+            category: match self.opt_shared_str(category, "category", path)? {
                 None => None,
                 Some(name) => match Category::from_name(&name) {
                     Some(c) => Some(c),
@@ -570,7 +708,7 @@ impl<'a> Decoder<'a> {
                             Some(entry) => entry,
                             None => return self.fail(&p, "the same trace entry appears twice"),
                         },
-                        false => self.entry(e, &p)?,
+                        false => self.entry_node(e, &p)?,
                     });
                 }
                 device_traces.push(trace);
@@ -610,7 +748,7 @@ impl<'a> Decoder<'a> {
 
 /// The typed snapshot of a parsed tree, with the entries `compactor` decoded during the parse.
 pub fn snapshot(arena: &Arena, root: NodeId, compactor: EntryCompactor) -> Result<Snapshot> {
-    let EntryCompactor { mut caches, mut lists } = compactor;
+    let EntryCompactor { mut caches, mut lists, .. } = compactor;
     Decoder { arena, c: &mut caches, lasting: &|_| true }.snapshot(root, &mut lists)
 }
 

@@ -31,6 +31,24 @@ pub enum Node {
     Set(Vec<NodeId>),
     /// What `Arena::get` answers for a compacted list item.
     Compacted,
+    /// A trace-entry dict decoded as soon as its items were set (`pickle::Compact::entry`),
+    /// waiting to be appended to its list: the index of the decoded entry.
+    Entry(u32),
+}
+
+/// A value on the way into a container: a node, or an integer not given a node of its own
+/// (the pickle parser keeps integers on its stack until something needs them as nodes, so the
+/// tens of millions of a large trace's addresses and sizes never become nodes).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Val {
+    Node(NodeId),
+    Int(i128),
+}
+
+impl From<NodeId> for Val {
+    fn from(id: NodeId) -> Val {
+        Val::Node(id)
+    }
 }
 
 impl Node {
@@ -47,7 +65,7 @@ impl Node {
             Node::Tuple(_) => "a tuple",
             Node::Dict(_) => "a dict",
             Node::Set(_) => "a set",
-            Node::Compacted => "a trace entry",
+            Node::Compacted | Node::Entry(_) => "a trace entry",
         }
     }
 }
@@ -132,7 +150,7 @@ impl Arena {
                 (_, Ok(v)) => Value::from(v),
                 _ => return None,
             },
-            Node::BigInt | Node::Bytes(_) | Node::Compacted => return None,
+            Node::BigInt | Node::Bytes(_) | Node::Compacted | Node::Entry(_) => return None,
             Node::Float(f) => serde_json::Number::from_f64(*f).map(Value::Number).unwrap_or(Value::Null),
             Node::Str(s) => Value::String(s.to_string()),
             Node::List(items) | Node::Tuple(items) | Node::Set(items) => {

@@ -5,7 +5,7 @@
 //! entries are node ids, so shared objects stay shared (see `node.rs`). Declared lengths are checked
 //! against the bytes that remain, so a hostile file cannot make us allocate more than it is long.
 
-use super::node::{Arena, COMPACTED, Node, NodeId, is_compacted};
+use super::node::{Arena, COMPACTED, Node, NodeId, Val, is_compacted};
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,8 +42,11 @@ fn forbidden_opcode(op: u8) -> Option<&'static str> {
     })
 }
 
+#[derive(Clone, Copy)]
 enum Slot {
-    Value(NodeId),
+    Node(NodeId),
+    /// An integer that no container or memo entry has needed as a node yet.
+    Int(i128),
     Mark,
 }
 
@@ -58,6 +61,14 @@ pub trait Compact {
     /// reference may read it again and it is never freed): only such nodes may be remembered by
     /// id, as a freed node's id is reused.
     fn compact(&mut self, arena: &Arena, list: NodeId, item: NodeId, lasting: &dyn Fn(NodeId) -> bool, release: &mut Vec<NodeId>) -> Option<u32>;
+
+    /// `items` (keys and values, alternating) are about to be set on an empty dict: if they make
+    /// an item this compactor stores typed (a trace entry), decodes them straight from the
+    /// parser's stack, never as a dict of nodes, and returns the index that `Node::Entry` keeps
+    /// until `compact` receives the dict. `release`: the value nodes it consumed.
+    fn entry(&mut self, _arena: &Arena, _items: &[Val], _lasting: &dyn Fn(NodeId) -> bool, _release: &mut Vec<NodeId>) -> Option<u32> {
+        None
+    }
 }
 
 /// Compacts nothing: the whole file stays a node tree.
@@ -155,6 +166,8 @@ const MEMO_RELEASED: u32 = u32::MAX - 1;
 /// `memo_slot` of a node referenced from more than one place: it is never freed.
 const SHARED: u32 = u32::MAX;
 const NOT_MEMOIZED: u32 = u32::MAX - 1;
+/// A trace entry has at most a dozen keys; a larger SETITEMS is something else.
+const MAX_ENTRY_ITEMS: usize = 2 * 16;
 
 /// A pickle reader fed in chunks (a file read as a stream): each `feed` runs every opcode whose
 /// bytes have arrived and keeps the incomplete tail for the next.
@@ -177,6 +190,8 @@ pub struct Parser {
     /// (BINGET, DUP, a second memo write) refers to it a second time.
     memo_slot: Vec<u32>,
     release: Vec<NodeId>,
+    /// Scratch: the items of a SETITEMS offered to `Compact::entry`.
+    items: Vec<Val>,
     stopped: bool,
 }
 
@@ -196,6 +211,7 @@ impl Parser {
             parked_index: Default::default(),
             memo_slot: Vec::new(),
             release: Vec::new(),
+            items: Vec::new(),
             stopped: false,
         }
     }
@@ -227,7 +243,11 @@ impl Parser {
         self.total = self.base + data.len();
         self.run(&data, true, compact)?;
         match self.stack.as_slice() {
-            [Slot::Value(root)] => Ok((self.arena, *root)),
+            [Slot::Node(root)] => Ok((self.arena, *root)),
+            &[Slot::Int(i)] => {
+                let root = self.arena.push(Node::Int(i));
+                Ok((self.arena, root))
+            }
             _ => Err(PickleError { offset: self.total, message: "STOP with a stack that does not hold exactly one value".into() }),
         }
     }
@@ -267,14 +287,95 @@ impl Parser {
         }
     }
 
-    fn push(&mut self, node: Node) {
+    fn new_node(&mut self, node: Node) -> NodeId {
         let id = self.arena.push(node);
         let i = id as usize;
         if i >= self.memo_slot.len() {
             self.memo_slot.resize(i + 1, NOT_MEMOIZED);
         }
         self.memo_slot[i] = NOT_MEMOIZED;
-        self.stack.push(Slot::Value(id));
+        id
+    }
+
+    fn push(&mut self, node: Node) {
+        let id = self.new_node(node);
+        self.stack.push(Slot::Node(id));
+    }
+
+    /// A value slot's node: an integer kept on the stack gets one now.
+    fn node_of(&mut self, slot: Slot) -> NodeId {
+        match slot {
+            Slot::Node(id) => id,
+            Slot::Int(i) => self.new_node(Node::Int(i)),
+            Slot::Mark => unreachable!("callers pass value slots"),
+        }
+    }
+
+    fn pop_value(&mut self, r: &Reader) -> Result<NodeId, PickleError> {
+        match self.stack.pop() {
+            Some(Slot::Mark) => Err(r.err("found a MARK where a value was expected")),
+            Some(slot) => Ok(self.node_of(slot)),
+            None => Err(r.err("stack underflow")),
+        }
+    }
+
+    /// The top value's node, which stays on the stack (an integer gets its node here, once, so
+    /// that a memo entry and the container it goes into share it).
+    fn top_value(&mut self, r: &Reader) -> Result<NodeId, PickleError> {
+        match self.stack.last().copied() {
+            Some(Slot::Mark) => Err(r.err("found a MARK where a value was expected")),
+            Some(slot) => {
+                let id = self.node_of(slot);
+                *self.stack.last_mut().expect("just read") = Slot::Node(id);
+                Ok(id)
+            }
+            None => Err(r.err("stack underflow")),
+        }
+    }
+
+    /// Where the last MARK is on the stack.
+    fn mark(&self, r: &Reader) -> Result<usize, PickleError> {
+        self.stack.iter().rposition(|s| matches!(s, Slot::Mark)).ok_or_else(|| r.err("no MARK on the stack"))
+    }
+
+    fn pop_to_mark(&mut self, r: &Reader) -> Result<Vec<NodeId>, PickleError> {
+        let mark = self.mark(r)?;
+        let slots: Vec<Slot> = self.stack.drain(mark..).skip(1).collect();
+        Ok(slots.into_iter().map(|slot| self.node_of(slot)).collect())
+    }
+
+    /// SETITEMS of a trace entry's keys and values onto the empty dict below their MARK: the
+    /// compactor decodes them straight from the stack (`Compact::entry`) and the dict becomes a
+    /// `Node::Entry`. False (anything else) leaves the items to the generic path.
+    fn set_items_as_entry(&mut self, mark: usize, compact: &mut dyn Compact) -> bool {
+        let Some(&Slot::Node(dict)) = mark.checked_sub(1).and_then(|i| self.stack.get(i)) else { return false };
+        if !matches!(self.arena.get(dict), Node::Dict(items) if items.is_empty()) || self.memo_slot[dict as usize] == SHARED {
+            return false;
+        }
+        let n = self.stack.len() - mark - 1;
+        if n == 0 || !n.is_multiple_of(2) || n > MAX_ENTRY_ITEMS {
+            return false;
+        }
+        self.items.clear();
+        for slot in &self.stack[mark + 1..] {
+            self.items.push(match *slot {
+                Slot::Node(id) => Val::Node(id),
+                Slot::Int(i) => Val::Int(i),
+                Slot::Mark => return false,
+            });
+        }
+        let mut release = std::mem::take(&mut self.release);
+        release.clear();
+        let memo_slot = &self.memo_slot;
+        let lasting = |id: NodeId| memo_slot.get(id as usize).is_some_and(|&slot| slot != NOT_MEMOIZED);
+        let decoded = compact.entry(&self.arena, &self.items, &lasting, &mut release);
+        if let Some(k) = decoded {
+            *self.arena.get_mut(dict) = Node::Entry(k);
+            self.free_consumed(&release, false);
+            self.stack.truncate(mark);
+        }
+        self.release = release;
+        decoded.is_some()
     }
 
     /// A second reference to `id` exists: it must never be freed.
@@ -283,7 +384,7 @@ impl Parser {
     }
 
     fn memoize(&mut self, idx: usize, r: &Reader) -> Result<(), Halt> {
-        let top = top_value(&self.stack, r)?;
+        let top = self.top_value(r)?;
         if idx >= self.memo.len() {
             self.memo.resize(idx + 1, MEMO_EMPTY);
         }
@@ -312,29 +413,35 @@ impl Parser {
                 if let Node::List(items) = self.arena.get_mut(list) {
                     items[at] = COMPACTED | k;
                 }
-                // The item goes, and whatever of its own no one else can reach: children
-                // never memoized (a memoized child, like a string, may be read again later).
-                for (n, &id) in release.iter().enumerate() {
-                    if is_compacted(id) {
-                        continue;
-                    }
-                    match self.memo_slot[id as usize] {
-                        SHARED => continue,
-                        NOT_MEMOIZED => {}
-                        // A memoized child stays, unless it is a list of nodes that stay (an
-                        // entry's frames): its items are kept for the memo instead.
-                        idx if n > 0 => match self.park(id) {
-                            Some(k) if self.memo[idx as usize] == id => self.memo[idx as usize] = COMPACTED | k,
-                            _ => continue,
-                        },
-                        // Unless a later PUT reused the index for another object.
-                        idx if self.memo[idx as usize] == id => self.memo[idx as usize] = MEMO_RELEASED,
-                        _ => {}
-                    }
-                    self.arena.release(id);
-                }
+                self.free_consumed(&release, true);
             }
             self.release = release;
+        }
+    }
+
+    /// Frees what a compactor consumed (`release`, the item itself first where `with_item`)
+    /// and no one else can reach: nodes never memoized (a memoized child, like a string, may
+    /// be read again later).
+    fn free_consumed(&mut self, release: &[NodeId], with_item: bool) {
+        for (n, &id) in release.iter().enumerate() {
+            if is_compacted(id) {
+                continue;
+            }
+            let child = n > 0 || !with_item;
+            match self.memo_slot[id as usize] {
+                SHARED => continue,
+                NOT_MEMOIZED => {}
+                // A memoized child stays, unless it is a list of nodes that stay (an
+                // entry's frames): its items are kept for the memo instead.
+                idx if child => match self.park(id) {
+                    Some(k) if self.memo[idx as usize] == id => self.memo[idx as usize] = COMPACTED | k,
+                    _ => continue,
+                },
+                // Unless a later PUT reused the index for another object.
+                idx if self.memo[idx as usize] == id => self.memo[idx as usize] = MEMO_RELEASED,
+                _ => {}
+            }
+            self.arena.release(id);
         }
     }
 
@@ -377,35 +484,39 @@ impl Parser {
             b'.' => return Ok(false),
             b'(' => self.stack.push(Slot::Mark),
             b'0' => {
-                pop_value(&mut self.stack, r)?;
+                self.pop_value(r)?;
             }
             b'1' => {
-                pop_to_mark(&mut self.stack, r)?;
+                let mark = self.mark(r)?;
+                self.stack.truncate(mark);
             }
             b'2' => {
-                let top = top_value(&self.stack, r)?;
+                let top = self.top_value(r)?;
                 self.share(top);
-                self.stack.push(Slot::Value(top));
+                self.stack.push(Slot::Node(top));
             }
             b'N' => self.push(Node::None),
             0x88 => self.push(Node::Bool(true)),
             0x89 => self.push(Node::Bool(false)),
             b'J' => {
                 let v = i32::from_le_bytes(r.take(4)?.try_into().unwrap());
-                self.push(Node::Int(v as i128))
+                self.stack.push(Slot::Int(v as i128))
             }
             b'K' => {
                 let v = r.u8()?;
-                self.push(Node::Int(v as i128))
+                self.stack.push(Slot::Int(v as i128))
             }
             b'M' => {
                 let v = r.u16()?;
-                self.push(Node::Int(v as i128))
+                self.stack.push(Slot::Int(v as i128))
             }
             0x8a | 0x8b => {
                 let n = if op == 0x8a { r.u8()? as usize } else { r.u32()? as usize };
                 let bytes = r.take(n)?;
-                self.push(long_from_bytes(bytes))
+                match long_from_bytes(bytes) {
+                    Node::Int(v) => self.stack.push(Slot::Int(v)),
+                    big => self.push(big),
+                }
             }
             b'G' => {
                 let v = f64::from_be_bytes(r.take(8)?.try_into().unwrap());
@@ -440,36 +551,36 @@ impl Parser {
             b')' => self.push(Node::Tuple(Vec::new())),
             0x8f => self.push(Node::Set(Vec::new())),
             b't' => {
-                let items = pop_to_mark(&mut self.stack, r)?;
+                let items = self.pop_to_mark(r)?;
                 self.push(Node::Tuple(items))
             }
             b'l' => {
-                let items = pop_to_mark(&mut self.stack, r)?;
+                let items = self.pop_to_mark(r)?;
                 self.push(Node::List(items));
-                let list = top_value(&self.stack, r)?;
+                let list = self.top_value(r)?;
                 self.appended(list, 0, compact);
             }
             0x91 => {
-                let items = pop_to_mark(&mut self.stack, r)?;
+                let items = self.pop_to_mark(r)?;
                 self.push(Node::Set(items))
             }
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
                 let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
-                    items.push(pop_value(&mut self.stack, r)?);
+                    items.push(self.pop_value(r)?);
                 }
                 items.reverse();
                 self.push(Node::Tuple(items))
             }
             b'd' => {
-                let items = pop_to_mark(&mut self.stack, r)?;
+                let items = self.pop_to_mark(r)?;
                 let entries = pairs(items, r)?;
                 self.push(Node::Dict(entries))
             }
             b'a' | b'e' => {
-                let new_items = if op == b'a' { vec![pop_value(&mut self.stack, r)?] } else { pop_to_mark(&mut self.stack, r)? };
-                let list = top_value(&self.stack, r)?;
+                let new_items = if op == b'a' { vec![self.pop_value(r)?] } else { self.pop_to_mark(r)? };
+                let list = self.top_value(r)?;
                 let from = match self.arena.get_mut(list) {
                     Node::List(items) => {
                         let from = items.len();
@@ -481,23 +592,27 @@ impl Parser {
                 self.appended(list, from, compact);
             }
             0x90 => {
-                let new_items = pop_to_mark(&mut self.stack, r)?;
-                let set = top_value(&self.stack, r)?;
+                let new_items = self.pop_to_mark(r)?;
+                let set = self.top_value(r)?;
                 match self.arena.get_mut(set) {
                     Node::Set(items) => items.extend(new_items),
                     other => return Err(r.err(format!("ADDITEMS to {}", other.kind())).into()),
                 }
             }
             b's' => {
-                let value = pop_value(&mut self.stack, r)?;
-                let key = pop_value(&mut self.stack, r)?;
-                let dict = top_value(&self.stack, r)?;
+                let value = self.pop_value(r)?;
+                let key = self.pop_value(r)?;
+                let dict = self.top_value(r)?;
                 dict_insert(&mut self.arena, dict, vec![(key, value)], r)?;
             }
             b'u' => {
-                let items = pop_to_mark(&mut self.stack, r)?;
+                let mark = self.mark(r)?;
+                if self.set_items_as_entry(mark, compact) {
+                    return Ok(true);
+                }
+                let items = self.pop_to_mark(r)?;
                 let entries = pairs(items, r)?;
-                let dict = top_value(&self.stack, r)?;
+                let dict = self.top_value(r)?;
                 dict_insert(&mut self.arena, dict, entries, r)?;
             }
             0x94 => {
@@ -529,13 +644,13 @@ impl Parser {
                         // A freed list read again: rebuilt from its items, and kept from now on.
                         let items = self.parked[(parked & !COMPACTED) as usize].to_vec();
                         self.push(Node::List(items));
-                        let id = top_value(&self.stack, r)?;
+                        let id = self.top_value(r)?;
                         self.memo[idx] = id;
                         self.share(id);
                     }
                     id => {
                         self.share(id);
-                        self.stack.push(Slot::Value(id));
+                        self.stack.push(Slot::Node(id));
                     }
                 }
             }
@@ -547,35 +662,6 @@ impl Parser {
         }
         Ok(true)
     }
-}
-
-fn pop_value(stack: &mut Vec<Slot>, r: &Reader) -> Result<NodeId, PickleError> {
-    match stack.pop() {
-        Some(Slot::Value(id)) => Ok(id),
-        Some(Slot::Mark) => Err(r.err("found a MARK where a value was expected")),
-        None => Err(r.err("stack underflow")),
-    }
-}
-
-fn top_value(stack: &[Slot], r: &Reader) -> Result<NodeId, PickleError> {
-    match stack.last() {
-        Some(Slot::Value(id)) => Ok(*id),
-        Some(Slot::Mark) => Err(r.err("found a MARK where a value was expected")),
-        None => Err(r.err("stack underflow")),
-    }
-}
-
-fn pop_to_mark(stack: &mut Vec<Slot>, r: &Reader) -> Result<Vec<NodeId>, PickleError> {
-    let mark = stack.iter().rposition(|s| matches!(s, Slot::Mark)).ok_or_else(|| r.err("no MARK on the stack"))?;
-    let items = stack
-        .drain(mark + 1..)
-        .map(|s| match s {
-            Slot::Value(id) => id,
-            Slot::Mark => unreachable!("rposition found the last mark"),
-        })
-        .collect();
-    stack.pop();
-    Ok(items)
 }
 
 fn pairs(items: Vec<NodeId>, r: &Reader) -> Result<Vec<(NodeId, NodeId)>, PickleError> {
