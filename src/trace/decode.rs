@@ -37,6 +37,9 @@ struct Caches {
     strings: FxHashMap<NodeId, Arc<str>>,
     /// Each distinct set of an entry's rarer keys once.
     extras: rustc_hash::FxHashSet<Arc<EntryExtra>>,
+    last_extra: Option<Arc<EntryExtra>>,
+    /// Actions by the string node that names them (memoized, read again by every entry).
+    actions: FxHashMap<NodeId, Action>,
     /// Nodes are never shared and their ids are reused once freed (JSON, read as it streams):
     /// the caches by node id above would answer for another node, so only `by_content` serves.
     unshared: bool,
@@ -73,11 +76,21 @@ impl Decoded {
 
 impl Caches {
     fn shared_extra(&mut self, extra: EntryExtra) -> Arc<EntryExtra> {
-        if let Some(known) = self.extras.get(&extra) {
-            return known.clone();
+        // Entries in a row mostly have the same (a G3 file's "N/A" and "" on every one).
+        if let Some(last) = &self.last_extra
+            && **last == extra
+        {
+            return last.clone();
         }
-        let extra = Arc::new(extra);
-        self.extras.insert(extra.clone());
+        let extra = match self.extras.get(&extra) {
+            Some(known) => known.clone(),
+            None => {
+                let extra = Arc::new(extra);
+                self.extras.insert(extra.clone());
+                extra
+            }
+        };
+        self.last_extra = Some(extra.clone());
         extra
     }
 }
@@ -621,9 +634,18 @@ impl<'a> Decoder<'a> {
         let at = |key: &'static str| move || format!("{}.{key}", path());
         let Some(action) = f.action else { return self.fail(&at("action"), "missing") };
         let action_id = self.node(action, "a string", &at("action"))?;
-        let action_name = self.str(action_id, &at("action"))?;
-        let Some(action) = Action::from_name(action_name) else {
-            return self.fail(&at("action"), format!("unknown action {action_name:?}"));
+        let action = match self.c.actions.get(&action_id) {
+            Some(&known) => known,
+            None => {
+                let action_name = self.str(action_id, &at("action"))?;
+                let Some(action) = Action::from_name(action_name) else {
+                    return self.fail(&at("action"), format!("unknown action {action_name:?}"));
+                };
+                if !self.c.unshared && (self.lasting)(action_id) {
+                    self.c.actions.insert(action_id, action);
+                }
+                action
+            }
         };
         let device_free = f.device_free.map(|v| self.bytes(v, &at("device_free"))).transpose()?;
         let addr = match (action, f.addr) {

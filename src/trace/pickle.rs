@@ -5,6 +5,8 @@
 //! entries are node ids, so shared objects stay shared (see `node.rs`). Declared lengths are checked
 //! against the bytes that remain, so a hostile file cannot make us allocate more than it is long.
 
+mod entry;
+
 use super::node::{Arena, COMPACTED, Node, NodeId, Val, is_compacted};
 use std::fmt;
 
@@ -192,6 +194,11 @@ pub struct Parser {
     release: Vec<NodeId>,
     /// Scratch: the items of a SETITEMS offered to `Compact::entry`.
     items: Vec<Val>,
+    /// Scratch: the items of the frame list `read_entry` met.
+    list_items: Vec<NodeId>,
+    /// Trace entries are read by the fast paths (`read_entry`, `set_items_as_entry`); off, only
+    /// by the generic opcodes and `Compact::compact` (which tests compare them with).
+    fast_entries: bool,
     stopped: bool,
 }
 
@@ -212,6 +219,8 @@ impl Parser {
             memo_slot: Vec::new(),
             release: Vec::new(),
             items: Vec::new(),
+            list_items: Vec::new(),
+            fast_entries: true,
             stopped: false,
         }
     }
@@ -302,6 +311,13 @@ impl Parser {
         self.stack.push(Slot::Node(id));
     }
 
+    fn node_of_val(&mut self, value: Val) -> NodeId {
+        match value {
+            Val::Node(id) => id,
+            Val::Int(i) => self.new_node(Node::Int(i)),
+        }
+    }
+
     /// A value slot's node: an integer kept on the stack gets one now.
     fn node_of(&mut self, slot: Slot) -> NodeId {
         match slot {
@@ -385,13 +401,17 @@ impl Parser {
 
     fn memoize(&mut self, idx: usize, r: &Reader) -> Result<(), Halt> {
         let top = self.top_value(r)?;
+        self.memo_put(idx, top);
+        Ok(())
+    }
+
+    fn memo_put(&mut self, idx: usize, id: NodeId) {
         if idx >= self.memo.len() {
             self.memo.resize(idx + 1, MEMO_EMPTY);
         }
-        self.memo[idx] = top;
-        let slot = &mut self.memo_slot[top as usize];
+        self.memo[idx] = id;
+        let slot = &mut self.memo_slot[id as usize];
         *slot = if *slot == NOT_MEMOIZED { idx as u32 } else { SHARED };
-        Ok(())
     }
 
     /// Items were appended to `list`: offer each to the compactor.
@@ -546,7 +566,11 @@ impl Parser {
                 r.take(n)?;
                 self.push(Node::Bytes(n))
             }
-            b'}' => self.push(Node::Dict(Vec::new())),
+            b'}' => {
+                if !(self.fast_entries && self.read_entry(r, compact)) {
+                    self.push(Node::Dict(Vec::new()))
+                }
+            }
             b']' => self.push(Node::List(Vec::new())),
             b')' => self.push(Node::Tuple(Vec::new())),
             0x8f => self.push(Node::Set(Vec::new())),
@@ -607,7 +631,7 @@ impl Parser {
             }
             b'u' => {
                 let mark = self.mark(r)?;
-                if self.set_items_as_entry(mark, compact) {
+                if self.fast_entries && self.set_items_as_entry(mark, compact) {
                     return Ok(true);
                 }
                 let items = self.pop_to_mark(r)?;
@@ -730,6 +754,42 @@ mod tests {
         let data = b"\x80\x04X\xff\xff\xff\x7fabc.";
         let err = parse(data).unwrap_err();
         assert!(err.message.contains("remain"), "{err}");
+    }
+
+    /// The real pickles the repository carries decode to the same snapshot through the fast
+    /// paths for trace entries as through the generic opcodes alone, fed whole and in chunks
+    /// that cut entries anywhere.
+    #[test]
+    fn the_fast_paths_for_trace_entries_decode_what_the_generic_opcodes_do() {
+        use crate::trace::decode::{EntryCompactor, snapshot};
+        let decode = |data: &[u8], fast: bool, chunk: usize| {
+            let mut parser = Parser::new(Some(data.len()));
+            parser.fast_entries = fast;
+            let mut compactor = EntryCompactor::default();
+            for piece in data.chunks(chunk) {
+                parser.feed(piece, &mut compactor).unwrap();
+            }
+            let (arena, root) = parser.finish(&mut compactor).unwrap();
+            snapshot(&arena, root, compactor).unwrap()
+        };
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/real");
+        let mut read = 0;
+        for file in std::fs::read_dir(&dir).unwrap() {
+            let path = file.unwrap().path();
+            if path.extension().is_none_or(|e| e != "pickle") {
+                continue;
+            }
+            // The smaller ones (20 of them, from a dozen programs): a debug build is slow.
+            if std::fs::metadata(&path).unwrap().len() > 1_500_000 {
+                continue;
+            }
+            let data = std::fs::read(&path).unwrap();
+            let generic = decode(&data, false, data.len().max(1));
+            assert!(decode(&data, true, data.len().max(1)) == generic, "{}", path.display());
+            assert!(decode(&data, true, 997) == generic, "{} in chunks", path.display());
+            read += 1;
+        }
+        assert!(read >= 15, "{read} pickles in {}", dir.display());
     }
 
     #[test]
