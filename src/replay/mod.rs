@@ -562,9 +562,11 @@ impl<'a> Run<'a> {
         oom
     }
 
-    fn diverge(&mut self, event: usize, reason: String) {
+    /// Keeps the first divergence; `reason` is only worded for that one (a trace whose
+    /// addresses never match would word one per alloc).
+    fn diverge(&mut self, event: usize, reason: impl FnOnce() -> String) {
         if self.divergence.is_none() {
-            self.divergence = Some(Divergence { event, reason });
+            self.divergence = Some(Divergence { event, reason: reason() });
         }
     }
 
@@ -610,7 +612,7 @@ impl<'a> Run<'a> {
         if let Some(pool) = routed
             && let Err(err) = self.route_to_pool(pool, e.stream as u64)
         {
-            self.diverge(i, format!("failed request into pool {pool:?}: {err}"));
+            self.diverge(i, || format!("failed request into pool {pool:?}: {err}"));
         }
         let e = &self.trace[i];
         let result = self.alloc.malloc(e.size, e.stream as u64, None);
@@ -622,14 +624,14 @@ impl<'a> Run<'a> {
         match result {
             Ok(a) => {
                 let _ = self.alloc.free(a.ptr, None);
-                self.diverge(i, format!("PyTorch ran out of memory asking for {} bytes here; at this capacity the replay fits them", e.size));
+                self.diverge(i, || format!("PyTorch ran out of memory asking for {} bytes here; at this capacity the replay fits them", e.size));
             }
             Err(AllocError::OutOfMemory(oom)) => {
                 self.ooms += 1;
                 self.first_oom_event.get_or_insert(i);
                 self.first_oom_message.get_or_insert_with(|| oom.to_string());
             }
-            Err(err) => self.diverge(i, format!("the request PyTorch failed to get failed otherwise here: {err}")),
+            Err(err) => self.diverge(i, || format!("the request PyTorch failed to get failed otherwise here: {err}")),
         }
         i + 1
     }
@@ -684,7 +686,7 @@ impl<'a> Run<'a> {
         ours.sort();
         recorded.sort();
         if !self.same_segment_calls(&ours, &recorded) {
-            self.diverge(i, format!("cache release: recorded {} segment release(s), replay made {}", recorded.len(), ours.len()));
+            self.diverge(i, || format!("cache release: recorded {} segment release(s), replay made {}", recorded.len(), ours.len()));
         }
         end
     }
@@ -704,7 +706,7 @@ impl<'a> Run<'a> {
         if let Some(pool) = routed
             && let Err(err) = self.route_to_pool(pool, e.stream as u64)
         {
-            self.diverge(i, format!("alloc into pool {pool:?}: {err}"));
+            self.diverge(i, || format!("alloc into pool {pool:?}: {err}"));
         }
         let result = self.alloc.malloc(e.size, e.stream as u64, frames);
         if let Some(pool) = routed {
@@ -717,7 +719,7 @@ impl<'a> Run<'a> {
                 if a.ptr == e.addr {
                     self.address_hits += 1;
                 } else if self.compare_addresses {
-                    self.diverge(i, format!("alloc of {} bytes: recorded address {:#x}, replay gave {:#x}", e.size, e.addr, a.ptr));
+                    self.diverge(i, || format!("alloc of {} bytes: recorded address {:#x}, replay gave {:#x}", e.size, e.addr, a.ptr));
                 }
                 if a.ptr == e.addr {
                     self.ptrs.remove(&e.addr);
@@ -731,15 +733,15 @@ impl<'a> Run<'a> {
                 self.first_oom_event.get_or_insert(i);
                 self.first_oom_message.get_or_insert_with(|| oom.to_string());
                 self.failed.insert(e.addr);
-                self.diverge(i, format!("alloc of {} bytes ran out of memory in the replay", e.size));
+                self.diverge(i, || format!("alloc of {} bytes ran out of memory in the replay", e.size));
             }
-            Err(err) => self.diverge(i, format!("alloc failed: {err}")),
+            Err(err) => self.diverge(i, || format!("alloc failed: {err}")),
         }
         let ours = self.segment_events_since(before);
         let recorded = std::mem::take(&mut self.pending_segment_events);
         self.pending_since = None;
         if !self.same_segment_calls(&ours, &recorded) {
-            self.diverge(i, format!("alloc of {} bytes: recorded {}; replay made {}", e.size, describe(&recorded), describe(&ours)));
+            self.diverge(i, || format!("alloc of {} bytes: recorded {}; replay made {}", e.size, describe(&recorded), describe(&ours)));
         }
         self.alloc.source_mut().clear_hints();
         i + 1
@@ -775,7 +777,7 @@ impl<'a> Run<'a> {
             let _ = self.alloc.record_stream(ptr, u64::MAX - 1);
         }
         if let Err(err) = self.alloc.free(ptr, None) {
-            self.diverge(i, format!("free: {err}"));
+            self.diverge(i, || format!("free: {err}"));
         }
         if immediate {
             self.ptrs.remove(&e.addr);
@@ -793,7 +795,7 @@ impl<'a> Run<'a> {
         let ptr = self.our_ptr(e.addr);
         self.ptrs.remove(&e.addr);
         if let Err(err) = self.alloc.complete_pending_free(ptr, None) {
-            self.diverge(i, format!("free completion: {err}"));
+            self.diverge(i, || format!("free completion: {err}"));
         }
         i + 1
     }
