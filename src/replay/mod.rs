@@ -502,8 +502,8 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Our side of the comparison: segment calls and peaks from the allocator's own history and
-    /// statistics.
+    /// Our side of the comparison: the segment calls tallied from the allocator's history, and
+    /// peaks from its statistics.
     fn replayed(&self) -> Replayed {
         let stats = self.alloc.stats();
         Replayed {

@@ -168,7 +168,8 @@ const MEMO_RELEASED: u32 = u32::MAX - 1;
 /// `memo_slot` of a node referenced from more than one place: it is never freed.
 const SHARED: u32 = u32::MAX;
 const NOT_MEMOIZED: u32 = u32::MAX - 1;
-/// A trace entry has at most a dozen keys; a larger SETITEMS is something else.
+/// Keys and values of a SETITEMS that may be a trace entry: 16 pairs (an entry has eleven keys
+/// at most); a larger SETITEMS is something else.
 const MAX_ENTRY_ITEMS: usize = 2 * 16;
 
 /// A pickle reader fed in chunks (a file read as a stream): each `feed` runs every opcode whose
@@ -356,6 +357,10 @@ impl Parser {
 
     fn pop_to_mark(&mut self, r: &Reader) -> Result<Vec<NodeId>, PickleError> {
         let mark = self.mark(r)?;
+        // Integers kept on the stack become nodes here, many at once.
+        if self.arena.len() + (self.stack.len() - mark) >= (COMPACTED - 1) as usize {
+            return Err(r.err("more objects than node ids"));
+        }
         let slots: Vec<Slot> = self.stack.drain(mark..).skip(1).collect();
         Ok(slots.into_iter().map(|slot| self.node_of(slot)).collect())
     }
@@ -503,9 +508,11 @@ impl Parser {
             }
             b'.' => return Ok(false),
             b'(' => self.stack.push(Slot::Mark),
-            b'0' => {
-                self.pop_value(r)?;
-            }
+            b'0' => match self.stack.pop() {
+                Some(Slot::Mark) => return Err(r.err("found a MARK where a value was expected").into()),
+                Some(_) => {}
+                None => return Err(r.err("stack underflow").into()),
+            },
             b'1' => {
                 let mark = self.mark(r)?;
                 self.stack.truncate(mark);
@@ -790,6 +797,60 @@ mod tests {
             read += 1;
         }
         assert!(read >= 15, "{read} pickles in {}", dir.display());
+    }
+
+    /// A protocol-2 pickle as Python writes it (`pickle.dumps(snapshot, protocol=2)`: BINPUT for
+    /// every memo entry, all entries appended at the end in one APPENDS, a frame list read again
+    /// before its entry is appended, an `oom` entry with a 2^62-byte request and `device_free`,
+    /// a line of 2^64 - 1) reads the same with and without the fast paths, fed whole or byte by byte.
+    #[test]
+    fn a_protocol_2_pickle_reads_the_same_with_and_without_the_fast_paths() {
+        const DATA: &[u8] = b"\x80\x02\x7d\x71\x00\x28\x58\x08\x00\x00\x00\x73\x65\x67\x6d\x65\x6e\x74\x73\x71\x01\x5d\x71\x02\
+\x58\x0d\x00\x00\x00\x64\x65\x76\x69\x63\x65\x5f\x74\x72\x61\x63\x65\x73\x71\x03\x5d\x71\x04\x5d\
+\x71\x05\x28\x7d\x71\x06\x28\x58\x06\x00\x00\x00\x61\x63\x74\x69\x6f\x6e\x71\x07\x58\x0d\x00\x00\
+\x00\x73\x65\x67\x6d\x65\x6e\x74\x5f\x61\x6c\x6c\x6f\x63\x71\x08\x58\x04\x00\x00\x00\x61\x64\x64\
+\x72\x71\x09\x8a\x06\x00\x00\x00\x00\x00\x01\x58\x04\x00\x00\x00\x73\x69\x7a\x65\x71\x0a\x4a\x00\
+\x00\x20\x00\x58\x06\x00\x00\x00\x73\x74\x72\x65\x61\x6d\x71\x0b\x4b\x00\x58\x07\x00\x00\x00\x74\
+\x69\x6d\x65\x5f\x75\x73\x71\x0c\x8a\x07\x00\x40\x1e\x18\x24\x0b\x06\x58\x06\x00\x00\x00\x66\x72\
+\x61\x6d\x65\x73\x71\x0d\x5d\x71\x0e\x7d\x71\x0f\x28\x58\x08\x00\x00\x00\x66\x69\x6c\x65\x6e\x61\
+\x6d\x65\x71\x10\x58\x08\x00\x00\x00\x74\x72\x61\x69\x6e\x2e\x70\x79\x71\x11\x58\x04\x00\x00\x00\
+\x6c\x69\x6e\x65\x71\x12\x4b\x0c\x58\x04\x00\x00\x00\x6e\x61\x6d\x65\x71\x13\x58\x04\x00\x00\x00\
+\x73\x74\x65\x70\x71\x14\x75\x61\x75\x7d\x71\x15\x28\x68\x07\x58\x05\x00\x00\x00\x61\x6c\x6c\x6f\
+\x63\x71\x16\x68\x09\x8a\x06\x00\x00\x00\x00\x00\x01\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\
+\x8a\x07\x00\x40\x1e\x18\x24\x0b\x06\x68\x0d\x5d\x71\x17\x28\x68\x0f\x7d\x71\x18\x28\x68\x10\x58\
+\x08\x00\x00\x00\x6d\x6f\x64\x65\x6c\x2e\x70\x79\x71\x19\x68\x12\x8a\x09\xff\xff\xff\xff\xff\xff\
+\xff\xff\x00\x68\x13\x58\x07\x00\x00\x00\x66\x6f\x72\x77\x61\x72\x64\x71\x1a\x75\x65\x75\x7d\x71\
+\x1b\x28\x68\x07\x68\x16\x68\x09\x8a\x06\x00\x02\x00\x00\x00\x01\x68\x0a\x4d\x00\x04\x68\x0b\x4b\
+\x00\x68\x0c\x8a\x07\x00\x42\x1e\x18\x24\x0b\x06\x68\x0d\x5d\x71\x1c\x28\x68\x18\x68\x0f\x65\x75\
+\x7d\x71\x1d\x28\x68\x07\x58\x0e\x00\x00\x00\x66\x72\x65\x65\x5f\x72\x65\x71\x75\x65\x73\x74\x65\
+\x64\x71\x1e\x68\x09\x8a\x06\x00\x00\x00\x00\x00\x01\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\
+\x8a\x07\x00\x40\x1e\x18\x24\x0b\x06\x68\x0d\x68\x17\x75\x7d\x71\x1f\x28\x68\x07\x58\x0e\x00\x00\
+\x00\x66\x72\x65\x65\x5f\x63\x6f\x6d\x70\x6c\x65\x74\x65\x64\x71\x20\x68\x09\x8a\x06\x00\x00\x00\
+\x00\x00\x01\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\x8a\x07\x00\x40\x1e\x18\x24\x0b\x06\x68\
+\x0d\x68\x17\x75\x7d\x71\x21\x28\x68\x07\x58\x03\x00\x00\x00\x6f\x6f\x6d\x71\x22\x68\x09\x4b\x00\
+\x68\x0a\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40\x68\x0b\x4b\x00\x68\x0c\x8a\x07\x00\x40\x1e\x18\
+\x24\x0a\x06\x68\x0d\x5d\x71\x23\x58\x0b\x00\x00\x00\x64\x65\x76\x69\x63\x65\x5f\x66\x72\x65\x65\
+\x71\x24\x4b\x03\x75\x65\x61\x75\x2e";
+        let mut decoded = Vec::new();
+        for (fast, chunk) in [(false, DATA.len()), (true, DATA.len()), (true, 1), (false, 1)] {
+            let mut parser = Parser::new(Some(DATA.len()));
+            parser.fast_entries = fast;
+            let mut compactor = crate::trace::decode::EntryCompactor::default();
+            for piece in DATA.chunks(chunk) {
+                parser.feed(piece, &mut compactor).unwrap();
+            }
+            let (arena, root) = parser.finish(&mut compactor).unwrap();
+            decoded.push(crate::trace::decode::snapshot(&arena, root, compactor).unwrap());
+        }
+        assert!(decoded.iter().all(|s| *s == decoded[0]));
+        let trace = &decoded[0].device_traces[0];
+        let actions: Vec<&str> = trace.iter().map(|e| e.action.name()).collect();
+        assert_eq!(actions, ["segment_alloc", "alloc", "alloc", "free_requested", "free_completed", "oom"]);
+        assert_eq!((trace[2].addr, trace[2].size, trace[2].time_us), ((1 << 40) + 512, 1024, Some(1_700_000_000_000_000 + (1 << 40) + 512)));
+        assert_eq!((trace[5].size, trace[5].device_free()), (1 << 62, Some(3)));
+        let frames = trace[1].frames.as_deref().unwrap();
+        assert_eq!((frames[1].name.as_str(), frames[1].line), ("forward", u64::MAX));
+        assert!(std::sync::Arc::ptr_eq(trace[1].frames.as_ref().unwrap(), trace[3].frames.as_ref().unwrap()));
     }
 
     #[test]

@@ -51,12 +51,16 @@ const stats = (xs) => {
   const at = (q) => s[Math.min(s.length - 1, Math.floor(q * s.length))];
   return { median: at(0.5), p95: at(0.95), max: s[s.length - 1], frames: s.length };
 };
+// A figure to one decimal; null where none was measured (no frame drawn while panning).
+const tenths = (v) => (v === undefined ? null : +v.toFixed(1));
 
 const results = [];
 for (const file of files) {
   // A fresh browser per file, so each renderer's peak memory is its own.
   const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: CHROMIUM_ARGS });
   const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+  page.on('crash', () => console.error(`${basename(file)}: the renderer crashed`));
+  page.on('pageerror', (e) => console.error(`${basename(file)}: page error: ${e.message}`));
   await page.goto(url);
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:painted').length >= 1, null, { timeout: 120000 });
   const pids = rendererPids();
@@ -111,8 +115,8 @@ for (const file of files) {
   await browser.close();
   const r = {
     file: basename(file), megabytes: +(statSync(file).size / 1048576).toFixed(1), events,
-    choose_to_painted_ms: Math.round(load), phases_ms: phases, again_ms: again, frame_ms_median: +frames.median.toFixed(1), frame_ms_p95: +frames.p95.toFixed(1),
-    frame_ms_max: +frames.max.toFixed(1), frames: frames.frames, renderer_peak_mb: Math.round(peak / 1048576), renderer_private_peak_mb: Math.round(privatePeak / 1048576), wasm_memory_mb: Math.round(wasmBytes / 1048576), wasm_mb_parsed: Math.round(wasmParsed / 1048576), wasm_mb_laid_out: Math.round(wasmLaidOut / 1048576),
+    choose_to_painted_ms: Math.round(load), phases_ms: phases, again_ms: again, frame_ms_median: tenths(frames.median), frame_ms_p95: tenths(frames.p95),
+    frame_ms_max: tenths(frames.max), frames: frames.frames, renderer_peak_mb: Math.round(peak / 1048576), renderer_private_peak_mb: Math.round(privatePeak / 1048576), wasm_memory_mb: Math.round(wasmBytes / 1048576), wasm_mb_parsed: Math.round(wasmParsed / 1048576), wasm_mb_laid_out: Math.round(wasmLaidOut / 1048576),
   };
   results.push(r);
   console.log(JSON.stringify(r));

@@ -19,6 +19,9 @@
 
 use super::*;
 
+/// A value written once the shape holds (see `read_entry`'s `none_at` and `list_at`).
+const PLACEHOLDER: Val = Val::Int(0);
+
 /// Where the entry's frame list comes from: new in the entry, or a freed one read again.
 #[derive(Clone, Copy)]
 enum ListMemo {
@@ -26,7 +29,8 @@ enum ListMemo {
     Parked(usize),
 }
 
-/// Where a memo index comes from: MEMOIZE takes the next one, BINPUT names it.
+/// Where a memo index comes from: MEMOIZE takes the next one, BINPUT names it. `Some(None)`:
+/// `op` writes no memo entry; None: an index the generic path refuses (the shape does not hold).
 fn memo_index(op: u8, b: &mut Bytes, next: &mut usize, read: usize) -> Option<Option<usize>> {
     let idx = match op {
         0x94 => *next,
@@ -119,6 +123,8 @@ impl Parser {
         // shared once the shape is known to hold. The frame list's place is marked by `list_at`.
         self.items.clear();
         self.list_items.clear();
+        // Where the value is not known until the shape holds (None, the frame list), `items`
+        // holds `PLACEHOLDER` until then.
         let mut list_at = None;
         let mut list_memo = ListMemo::New;
         let mut none_at: u32 = 0;
@@ -148,7 +154,7 @@ impl Parser {
                 },
                 b'N' => {
                     none_at |= 1 << (self.items.len() / 2);
-                    Some(Val::Int(0))
+                    Some(PLACEHOLDER)
                 }
                 b'h' | b'j' => match Self::memo_read(op, &mut b, &pending) {
                     Some(idx) => match self.memo.get(idx).copied() {
@@ -158,7 +164,7 @@ impl Parser {
                             list_at = Some(self.items.len() + 1);
                             self.list_items.extend_from_slice(&self.parked[(parked & !COMPACTED) as usize]);
                             list_memo = ListMemo::Parked(idx);
-                            Some(Val::Int(0))
+                            Some(PLACEHOLDER)
                         }
                         _ => self.memo_node(idx).map(Val::Node),
                     },
@@ -167,7 +173,7 @@ impl Parser {
                 b']' if list_at.is_none() => {
                     list_at = Some(self.items.len() + 1);
                     list_memo = ListMemo::New;
-                    self.scan_list(&mut b, &mut next, &mut pending, read).map(|()| Val::Int(0))
+                    self.scan_list(&mut b, &mut next, &mut pending, read).map(|()| PLACEHOLDER)
                 }
                 _ => None,
             };
@@ -188,9 +194,13 @@ impl Parser {
             match *value {
                 _ if at % 2 == 1 && none_at & (1 << (at / 2)) != 0 => *value = Val::Node(self.new_node(Node::None)),
                 _ if Some(at) == list_at => {
-                    let list_items = self.list_items.clone();
-                    for &item in &list_items {
-                        self.share(item);
+                    let list_items = std::mem::take(&mut self.list_items);
+                    // A new list's items were read with BINGET, which shares them (a rebuilt
+                    // list's items are not read again).
+                    if matches!(list_memo, ListMemo::New) {
+                        for &item in &list_items {
+                            self.share(item);
+                        }
                     }
                     let list = self.new_node(Node::List(list_items));
                     match list_memo {
