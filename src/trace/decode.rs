@@ -342,7 +342,7 @@ impl<'a> Decoder<'a> {
 
     fn wide_int(&self, value: Val, path: &dyn Fn() -> String) -> Result<i128> {
         let id = match value {
-            Val::Int(i) => return Ok(i),
+            Val::Int(i) => return Ok(i as i128),
             Val::Node(id) => id,
         };
         match self.arena.get(id) {

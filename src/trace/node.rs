@@ -42,7 +42,8 @@ pub enum Node {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Val {
     Node(NodeId),
-    Int(i128),
+    /// Every integer of a trace entry fits 64 bits; a wider one (a frame's line 2^64 - 1) gets a node.
+    Int(i64),
 }
 
 impl From<NodeId> for Val {

@@ -47,8 +47,9 @@ fn forbidden_opcode(op: u8) -> Option<&'static str> {
 #[derive(Clone, Copy)]
 enum Slot {
     Node(NodeId),
-    /// An integer that no container or memo entry has needed as a node yet.
-    Int(i128),
+    /// An integer that no container or memo entry has needed as a node yet (64 bits: a wider
+    /// one is a node at once, which keeps a slot small).
+    Int(i64),
     Mark,
 }
 
@@ -255,7 +256,7 @@ impl Parser {
         match self.stack.as_slice() {
             [Slot::Node(root)] => Ok((self.arena, *root)),
             &[Slot::Int(i)] => {
-                let root = self.arena.push(Node::Int(i));
+                let root = self.arena.push(Node::Int(i as i128));
                 Ok((self.arena, root))
             }
             _ => Err(PickleError { offset: self.total, message: "STOP with a stack that does not hold exactly one value".into() }),
@@ -315,7 +316,7 @@ impl Parser {
     fn node_of_val(&mut self, value: Val) -> NodeId {
         match value {
             Val::Node(id) => id,
-            Val::Int(i) => self.new_node(Node::Int(i)),
+            Val::Int(i) => self.new_node(Node::Int(i as i128)),
         }
     }
 
@@ -323,7 +324,7 @@ impl Parser {
     fn node_of(&mut self, slot: Slot) -> NodeId {
         match slot {
             Slot::Node(id) => id,
-            Slot::Int(i) => self.new_node(Node::Int(i)),
+            Slot::Int(i) => self.new_node(Node::Int(i as i128)),
             Slot::Mark => unreachable!("callers pass value slots"),
         }
     }
@@ -527,21 +528,21 @@ impl Parser {
             0x89 => self.push(Node::Bool(false)),
             b'J' => {
                 let v = i32::from_le_bytes(r.take(4)?.try_into().unwrap());
-                self.stack.push(Slot::Int(v as i128))
+                self.stack.push(Slot::Int(v as i64))
             }
             b'K' => {
                 let v = r.u8()?;
-                self.stack.push(Slot::Int(v as i128))
+                self.stack.push(Slot::Int(v as i64))
             }
             b'M' => {
                 let v = r.u16()?;
-                self.stack.push(Slot::Int(v as i128))
+                self.stack.push(Slot::Int(v as i64))
             }
             0x8a | 0x8b => {
                 let n = if op == 0x8a { r.u8()? as usize } else { r.u32()? as usize };
                 let bytes = r.take(n)?;
                 match long_from_bytes(bytes) {
-                    Node::Int(v) => self.stack.push(Slot::Int(v)),
+                    Node::Int(v) if let Ok(v) = i64::try_from(v) => self.stack.push(Slot::Int(v)),
                     big => self.push(big),
                 }
             }

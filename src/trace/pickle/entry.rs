@@ -142,12 +142,12 @@ impl Parser {
             }
             let Some(op) = b.u8() else { return false };
             let value = match op {
-                b'K' => b.u8().map(|v| Val::Int(v as i128)),
-                b'M' => b.u16().map(|v| Val::Int(v as i128)),
-                b'J' => b.take(4).map(|v| Val::Int(i32::from_le_bytes(v.try_into().expect("4 bytes")) as i128)),
+                b'K' => b.u8().map(|v| Val::Int(v as i64)),
+                b'M' => b.u16().map(|v| Val::Int(v as i64)),
+                b'J' => b.take(4).map(|v| Val::Int(i32::from_le_bytes(v.try_into().expect("4 bytes")) as i64)),
                 0x8a => match b.u8() {
                     Some(len @ 0..=8) => b.take(len as usize).and_then(|bytes| match long_from_bytes(bytes) {
-                        Node::Int(v) => Some(Val::Int(v)),
+                        Node::Int(v) => i64::try_from(v).ok().map(Val::Int),
                         _ => None,
                     }),
                     _ => None,
@@ -194,7 +194,7 @@ impl Parser {
             match *value {
                 _ if at % 2 == 1 && none_at & (1 << (at / 2)) != 0 => *value = Val::Node(self.new_node(Node::None)),
                 _ if Some(at) == list_at => {
-                    let list_items = std::mem::take(&mut self.list_items);
+                    let list_items = self.list_items.clone();
                     // A new list's items were read with BINGET, which shares them (a rebuilt
                     // list's items are not read again).
                     if matches!(list_memo, ListMemo::New) {
