@@ -386,15 +386,27 @@ impl Parser {
                 Slot::Mark => return false,
             });
         }
+        let items = std::mem::take(&mut self.items);
+        let decoded = self.decode_entry(dict, &items, compact);
+        self.items = items;
+        if decoded {
+            self.stack.truncate(mark);
+        }
+        decoded
+    }
+
+    /// Offers the keys and values about to be set on the empty `dict` to `Compact::entry`; when
+    /// they make a trace entry, `dict` becomes its `Node::Entry` and the value nodes it consumed
+    /// are freed (where nothing else reaches them). The one step both fast paths end with.
+    fn decode_entry(&mut self, dict: NodeId, items: &[Val], compact: &mut dyn Compact) -> bool {
         let mut release = std::mem::take(&mut self.release);
         release.clear();
         let memo_slot = &self.memo_slot;
         let lasting = |id: NodeId| memo_slot.get(id as usize).is_some_and(|&slot| slot != NOT_MEMOIZED);
-        let decoded = compact.entry(&self.arena, &self.items, &lasting, &mut release);
+        let decoded = compact.entry(&self.arena, items, &lasting, &mut release);
         if let Some(k) = decoded {
             *self.arena.get_mut(dict) = Node::Entry(k);
             self.free_consumed(&release, false);
-            self.stack.truncate(mark);
         }
         self.release = release;
         decoded.is_some()

@@ -222,22 +222,11 @@ impl Parser {
             }
         }
         self.stack.push(Slot::Node(dict));
-        // From here on, what SETITEMS does (`set_items_as_entry`, or a dict of nodes).
-        let mut release = std::mem::take(&mut self.release);
-        release.clear();
-        let memo_slot = &self.memo_slot;
-        let lasting = |id: NodeId| memo_slot.get(id as usize).is_some_and(|&slot| slot != NOT_MEMOIZED);
-        match compact.entry(&self.arena, &items, &lasting, &mut release) {
-            Some(k) => {
-                *self.arena.get_mut(dict) = Node::Entry(k);
-                self.free_consumed(&release, false);
-            }
-            None => {
-                let pairs = items.chunks_exact(2).map(|kv| (self.node_of_val(kv[0]), self.node_of_val(kv[1]))).collect();
-                *self.arena.get_mut(dict) = Node::Dict(pairs);
-            }
+        // From here on, what SETITEMS does: a decoded entry, or else a dict of nodes.
+        if !self.decode_entry(dict, &items, compact) {
+            let pairs = items.chunks_exact(2).map(|kv| (self.node_of_val(kv[0]), self.node_of_val(kv[1]))).collect();
+            *self.arena.get_mut(dict) = Node::Dict(pairs);
         }
-        self.release = release;
         self.items = items;
         true
     }
