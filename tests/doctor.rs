@@ -109,7 +109,7 @@ fn a_recorded_oom_gives_its_request_and_the_smallest_capacity_that_fits() {
 
     // The search's answer fits, one step below does not: replayed here with the request added.
     let with_request = doctor::with_failed_request(&snapshot, 1, 421);
-    let setup = Setup { alloc_conf: "expandable_segments:True".into(), start: StartMode::Recorded, capacity: Some(smallest) };
+    let setup = Setup { alloc_conf: "expandable_segments:True".into(), start: StartMode::Recorded, capacity: Some(smallest), known_start: None };
     assert!(!setup.replay(&with_request, 1).unwrap().out_of_memory);
     let below = setup.with_capacity(Some(smallest - CAPACITY_RESOLUTION)).replay(&with_request, 1).unwrap();
     assert!(below.out_of_memory);
@@ -264,7 +264,7 @@ fn a_capacity_too_small_gives_an_oom_found_by_replay() {
     // With the file's settings the trace needs exactly the peak it reserved.
     let smallest = oom.evidence["smallest_capacity_bytes"].as_u64().unwrap();
     assert_eq!(smallest, 3_781_165_056);
-    let setup = Setup { alloc_conf: String::new(), start: StartMode::Recorded, capacity: Some(smallest) };
+    let setup = Setup { alloc_conf: String::new(), start: StartMode::Recorded, capacity: Some(smallest), known_start: None };
     assert!(!setup.replay(&snapshot, 0).unwrap().out_of_memory);
     assert!(setup.with_capacity(Some(smallest - CAPACITY_RESOLUTION)).replay(&snapshot, 0).unwrap().out_of_memory);
     // The file's own trace: its command reproduces the verified figures.

@@ -4,7 +4,7 @@
 mod common;
 
 use tensormem::alloc::{AllocatorConfig, RecordContext, VirtualAllocator};
-use tensormem::replay::{DeviceReplay, ReplayOptions, replay_device, replay_snapshot};
+use tensormem::replay::{DeviceReplay, KnownStart, ReplayOptions, StartMode, replay_device, replay_snapshot};
 use tensormem::trace::{self, Action};
 
 fn replay(name: &str, options: &ReplayOptions) -> Option<Vec<DeviceReplay>> {
@@ -311,6 +311,39 @@ fn a_replay_counts_its_segment_calls_without_keeping_its_history() {
                 assert_eq!(counted.replayed.figures.segment_unmaps, count(Action::SegmentUnmap), "{name} {conf:?}");
                 assert_eq!(counted.segment_alloc_match, kept.segment_alloc_match, "{name} {conf:?}");
                 assert_eq!(counted.replayed.figures, kept.replayed.figures, "{name} {conf:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_known_start_serves_only_the_trace_it_was_reconstructed_from() {
+    // The doctor reconstructs a trace's start once for all its replays. The replays are those
+    // that reconstruct it themselves; a copy of the snapshot, edited or not, and another device
+    // reconstruct their own.
+    for name in common::FIXTURES {
+        let Some(path) = common::fixture(name) else { return };
+        let snap = trace::load_file(&path).unwrap();
+        for device in snap.devices() {
+            let known = KnownStart::of(&snap, device).unwrap();
+            assert!(known.of_trace(&snap, device).is_some(), "{name}");
+            assert!(known.of_trace(&snap.clone(), device).is_none(), "{name}: a copy is another trace");
+            assert!(snap.devices().iter().filter(|&&d| d != device).all(|&d| known.of_trace(&snap, d).is_none()), "{name}");
+            for start in [StartMode::Recorded, StartMode::Replaced, StartMode::Empty] {
+                let fresh = ReplayOptions { start, config: Some(AllocatorConfig::parse("expandable_segments:True").unwrap()), ..Default::default() };
+                let reusing = ReplayOptions { known_start: Some(known.clone()), ..fresh.clone() };
+                let a = replay_device(&snap, device, &fresh, &mut |_, _| {}).unwrap();
+                let b = replay_device(&snap, device, &reusing, &mut |_, _| {}).unwrap();
+                assert_eq!(serde_json::to_value(&a).unwrap(), serde_json::to_value(&b).unwrap(), "{name} device {device} {start:?}");
+            }
+            // An edited copy (its last entry gone) replayed with the original's known start is
+            // replayed from its own.
+            let mut edited = snap.clone();
+            if edited.device_traces.get_mut(device as usize).and_then(|t| t.pop()).is_some() {
+                let reusing = ReplayOptions { known_start: Some(known.clone()), ..Default::default() };
+                let a = replay_device(&edited, device, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+                let b = replay_device(&edited, device, &reusing, &mut |_, _| {}).unwrap();
+                assert_eq!(serde_json::to_value(&a).unwrap(), serde_json::to_value(&b).unwrap(), "{name} device {device}, edited");
             }
         }
     }

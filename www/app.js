@@ -13,34 +13,101 @@ import { showFindings, allocationsOf, momentOf, verdictRow, verifiedText, isProb
 
 const $ = (id) => document.getElementById(id);
 
-// ---- the worker, as promises
-const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
-let nextId = 1;
-const waiting = new Map();
-worker.onmessage = (event) => {
-  const m = event.data;
-  if (m.type === 'progress') return showProgress(m.phase, m.fraction);
-  if (m.type === 'firstImage') return timeline.acceptFirstImage(m);
-  const w = waiting.get(m.id);
-  if (!w) return;
-  waiting.delete(m.id);
-  if (m.error !== undefined) w.reject(new Error(m.error)); else w.resolve(m.result);
-};
-// The worker itself failed (it could not start, or it died): nothing it was asked will be
-// answered, so every waiting request fails with the reason and the page's buttons come back.
-worker.onerror = (e) => {
-  const reason = `the page's worker failed: ${e.message || 'unknown error'}`;
-  for (const w of waiting.values()) w.reject(new Error(reason));
-  waiting.clear();
-  showError(reason);
-};
-function ask(type, payload = {}) {
-  return new Promise((resolve, reject) => {
+// ---- the workers, as promises
+// `connect(worker, others)`: a function asking `worker` for work (`ask(type, payload)`, a promise
+// of its answer); messages that answer no request go to `others`. When the worker itself fails
+// (it could not start, or it died), nothing it was asked will be answered: every waiting request
+// fails with the reason (a WorkerFailed), and `onFailure(reason)` is told.
+class WorkerFailed extends Error {}
+function connect(w, others, onFailure) {
+  let nextId = 1;
+  const waiting = new Map();
+  w.onmessage = (event) => {
+    const m = event.data;
+    if (m.id === undefined) return others(m);
+    const waiter = waiting.get(m.id);
+    if (!waiter) return;
+    waiting.delete(m.id);
+    if (m.error !== undefined) waiter.reject(new Error(m.error)); else waiter.resolve(m.result);
+  };
+  w.onerror = (e) => {
+    const reason = e.message || 'unknown error';
+    for (const waiter of waiting.values()) waiter.reject(new WorkerFailed(reason));
+    waiting.clear();
+    onFailure(reason);
+  };
+  return (type, payload = {}) => new Promise((resolve, reject) => {
     const id = nextId++;
     waiting.set(id, { resolve, reject });
     // The request's own id and type last: a payload's fields never replace them.
-    worker.postMessage({ ...payload, id, type });
+    w.postMessage({ ...payload, id, type });
   });
+}
+const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+const ask = connect(worker, (m) => {
+  if (m.type === 'progress') return showProgress(m.phase, m.fraction);
+  if (m.type === 'firstImage') return timeline.acceptFirstImage(m);
+}, (reason) => showError(`the page's worker failed: ${reason}`));
+
+// The doctor's own worker, for large files: it opens the same file beside the page's worker and
+// diagnoses it as soon as it has read it, so the page's worker, free once it has drawn the
+// timeline, answers hovering, panning and zooming while the doctor runs (it held them for
+// seconds on a 1 GB file), and the findings come sooner. It also keeps the file's decode for the
+// next open. The price is a second decoded copy of the trace, so a file is diagnosed apart only
+// when both copies fit the memory the browser reports (`navigator.deviceMemory`, Chromium's
+// estimate, at most 8 GB); smaller files are diagnosed by the page's worker, quickly.
+const DOCTOR_APART = { fromBytes: 32 << 20, memoryPerFileByte: 5 };
+let doctorWorker = null;
+let askDoctor = null;
+function doctorApart(file) {
+  const memory = (navigator.deviceMemory || 4) * 2 ** 30;
+  return file.size >= DOCTOR_APART.fromBytes && file.size * DOCTOR_APART.memoryPerFileByte <= memory;
+}
+// Opens `file` in the doctor's worker (started on first use) and starts diagnosing the device the
+// page will show first: {trace, findings: Map(device -> promise of the findings)}, or null when
+// the doctor's worker could not open it (the page's worker then diagnoses it).
+function openForDoctor(file) {
+  if (!doctorWorker) {
+    doctorWorker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module', name: 'doctor' });
+    // A dead doctor's worker is replaced by a fresh one for the next file.
+    askDoctor = connect(doctorWorker, () => {}, (reason) => {
+      console.warn(`the doctor's worker failed (${reason}): the page's worker diagnoses instead`);
+      doctorWorker = null;
+    });
+  }
+  const asking = askDoctor;
+  return asking('openFile', { file }).then((d) => {
+    const findings = new Map();
+    const first = d.devices.includes(d.defaultDevice) ? d.defaultDevice : d.devices[0];
+    const doctor = { trace: d.trace, ask: asking, findings };
+    if (first !== undefined) findingsApart(doctor, first);
+    return doctor;
+  }, (e) => {
+    console.warn(`the doctor's worker could not open ${file.name} (${e.message}): the page's worker diagnoses it`);
+    return null;
+  });
+}
+function findingsApart(doctor, d) {
+  if (!doctor.findings.has(d)) doctor.findings.set(d, doctor.ask('diagnose', { trace: doctor.trace, device: d }));
+  return doctor.findings.get(d);
+}
+// The doctor's findings on device `d` of the trace `info`: from its doctor's worker where it has
+// one (and that worker has not failed), else from the page's.
+async function findingsOf(info, d) {
+  const doctor = info.doctor && (await info.doctor);
+  if (doctor) {
+    try {
+      return { ...(await findingsApart(doctor, d)), apart: true };
+    } catch (e) {
+      if (!(e instanceof WorkerFailed)) throw e;
+      info.doctor = null;
+    }
+  }
+  return ask('diagnose', { trace: info.trace, device: d });
+}
+// Closes the doctor's copy of a trace the page no longer shows.
+function dropDoctor(info) {
+  info?.doctor?.then((doctor) => doctor && doctor.ask('drop', { trace: doctor.trace }).catch(() => {}));
 }
 
 // ---- status: progress and errors
@@ -88,7 +155,8 @@ timeline.backend = {
 timeline.rangeLabel = $('view-range');
 // For the browser benchmark and debugging from the console.
 const icicle = new Icicle($('icicle'), $('icicle-tooltip'));
-window.__tensormem = { timeline, icicle, ask: (type, payload) => ask(type, payload) };
+// `doctorApart`: from what size files are diagnosed in the doctor's own worker (tests lower it).
+window.__tensormem = { timeline, icicle, ask: (type, payload) => ask(type, payload), doctorApart: DOCTOR_APART };
 // The trace on screen: its worker id, name, devices and scenario run ({trace, name, devices, run}),
 // and the device shown. Set only once a trace's timeline has been laid out and drawn.
 let current = null;
@@ -372,7 +440,7 @@ async function diagnose(info, d, ticket) {
   $('diagnosis-status').textContent = 'the doctor is reading the trace…';
   let out;
   try {
-    out = await ask('diagnose', { trace: info.trace, device: d });
+    out = await findingsOf(info, d);
   } catch (e) {
     if (ticket !== diagnosisTicket) return;
     $('diagnosis').dataset.state = 'failed';
@@ -384,6 +452,8 @@ async function diagnose(info, d, ticket) {
   const problems = shown.filter(isProblem).length;
   $('diagnosis-status').textContent = problems ? `${problems} problem${problems > 1 ? 's' : ''} found, device ${d}` : `no problem found beyond the peak, device ${d}`;
   $('diagnosis').dataset.state = 'ready';
+  $('diagnosis').dataset.apart = String(Boolean(out.apart));
+  performance.mark('tensormem:diagnosed');
   if (info.run) await showVerdict(info, out.findings, ticket);
 }
 
@@ -449,6 +519,12 @@ async function showVerdict(info, findings, ticket) {
   }
 }
 
+// Closes a trace the page gave up on, in both workers.
+function drop(info) {
+  ask('drop', { trace: info.trace });
+  dropDoctor(info);
+}
+
 // Opens a trace (a file, a URL or a scenario run) in the worker and shows it; the previous trace
 // stays on screen, and usable, until the new one is drawn.
 async function load(request, payload) {
@@ -458,16 +534,30 @@ async function load(request, payload) {
   showProgress('starting', 0);
   let info = null;
   try {
-    info = await ask(request, payload);
+    // A large file is opened by the doctor's worker too (which then keeps its decode). With
+    // cores to spare it reads the file at once; on fewer than four it starts once the page's
+    // worker has read it, so that the first paint does not share two cores (measured on two:
+    // both reading at once delayed the paint of a 237 MB file by 1.3 to 1.9 s).
+    const apart = request === 'openFile' && doctorApart(payload.file);
+    let doctor = apart && navigator.hardwareConcurrency >= 4 ? openForDoctor(payload.file) : null;
+    try {
+      info = await ask(request, apart ? { ...payload, keep: false } : payload);
+    } catch (e) {
+      dropDoctor({ doctor });
+      throw e;
+    }
+    if (apart && !doctor) doctor = openForDoctor(payload.file);
+    info.doctor = doctor;
     if (request === 'runScenario') info.request = payload.request;
     performance.mark('tensormem:parsed');
-    if (ticket !== loadTicket) return void ask('drop', { trace: info.trace });
+    if (ticket !== loadTicket) return void drop(info);
     if (!info.devices.length) throw new Error('the snapshot has no segments and no trace for any device');
     const previous = current;
     // The device the doctor picks: the one that ran out of memory, else the one that reserved the most.
     const shown = info.devices.includes(info.defaultDevice) ? info.defaultDevice : info.devices[0];
-    if (!(await showDevice(info, shown, ticket))) return void ask('drop', { trace: info.trace });
+    if (!(await showDevice(info, shown, ticket))) return void drop(info);
     await ask('use', { trace: info.trace, previous: previous?.trace });
+    if (previous !== info) dropDoctor(previous);
     $('source-name').textContent = info.name;
     // A file opened before is read back from the decode this browser kept of it (same bytes).
     $('source-name').title = info.reopened ? `${info.name}: read back from the decode this browser kept when the same file was last opened` : info.name;
@@ -477,7 +567,7 @@ async function load(request, payload) {
     $('device-box').hidden = info.devices.length < 2;
     if (info.run) showRun(JSON.parse(info.run));
   } catch (e) {
-    if (info && current !== info) ask('drop', { trace: info.trace });
+    if (info && current !== info) drop(info);
     const name = payload.file?.name || payload.url?.split('/').pop();
     const still = current ? ` Still showing ${current.name}.` : '';
     if (ticket === loadTicket) showError(e.message, request === 'runScenario' ? `The scenario could not run.${still}` : `Could not load ${name || 'this file'}.${still}`);

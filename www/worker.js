@@ -228,9 +228,10 @@ async function keep(key, t, file) {
 }
 
 // Opens a file: from the decode kept by an earlier open of the same bytes when there is one
-// (`reopened` is then set on the trace), else parsed, and its decode kept for the next time.
+// (`reopened` is then set on the trace), else parsed, and its decode kept for the next time
+// unless `keep` is false (the doctor's worker, which opens the same file, keeps it instead).
 // Only a file seen before (name, size, time) is hashed first; any other is hashed as it parses.
-async function loadFile(file) {
+async function loadFile(file, keep = true) {
   let keeps = false;
   if (file.size >= WORTH_KEEPING && self.indexedDB) {
     try {
@@ -250,7 +251,7 @@ async function loadFile(file) {
   }
   let key = null;
   const t = await loadStream(file.stream(), file.size, file.name, (k) => { key = k; });
-  if (keeps) toKeep = { key, t, name: file.name, file };
+  if (keeps && keep) toKeep = { key, t, name: file.name, file };
   return t;
 }
 
@@ -425,8 +426,8 @@ const handlers = {
     // Scenarios run here, so WebGPU must be exposed to this worker (not only to the page).
     return { ...JSON.parse(scenarios_json()), webgpu: 'gpu' in self.navigator };
   },
-  async openFile({ file }) {
-    const t = await loadFile(file);
+  async openFile({ file, keep }) {
+    const t = await loadFile(file, keep);
     wasmAt.parsed = wasm.memory.buffer.byteLength;
     return add(t, file.name);
   },

@@ -152,7 +152,7 @@ fn position_at_peak_reserved(p: &Patient) -> Option<usize> {
 /// The recorded allocator state after `position` events (a replay with the file's settings from
 /// the recorded start, stopped there).
 fn state_at(p: &Patient, position: usize) -> Result<State, DoctorError> {
-    let options = ReplayOptions { until: Some(position), ..Default::default() };
+    let options = ReplayOptions { until: Some(position), known_start: Some(p.known_start.clone()), ..Default::default() };
     let r = replay::replay_device(p.snapshot, p.device, &options, &mut |_, _| {})?;
     let blocks = || r.segments.iter().flat_map(|s| &s.blocks);
     let active = || blocks().filter(|b| b.state.is_active());

@@ -307,9 +307,11 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
         }
         None => default_device(snapshot)?,
     };
-    let timeline = timeline::build_without_bands(snapshot, device)?;
+    // Every replay of the file's own trace starts from the same reconstructed state.
+    let known_start = replay::KnownStart::of(snapshot, device)?;
+    let timeline = timeline::build_without_bands_from(snapshot, device, &known_start)?;
     let what_if_start = what_if_start(&timeline);
-    let patient = Patient { snapshot, device, timeline, what_if_start, as_recorded: Default::default() };
+    let patient = Patient { snapshot, device, timeline, what_if_start, known_start, as_recorded: Default::default() };
     let steps = steps::find(&patient);
     let ops = ops::Ops::new(&patient.timeline);
     let exam = kinds::Exam { patient, steps, ops, options };
@@ -367,6 +369,8 @@ pub(crate) struct Patient<'a> {
     timeline: timeline::Timeline,
     /// The start the what-if replays use (see [`what_if_start`]).
     what_if_start: StartMode,
+    /// The trace's start state, reconstructed once for all its replays.
+    known_start: replay::KnownStart,
     /// The trace replayed under its own settings from that start: the before side of every
     /// what-if, replayed once (`what_if::as_recorded`).
     as_recorded: std::sync::OnceLock<what_if::Outcome>,

@@ -3,7 +3,7 @@
 
 use super::{DoctorError, Patient, Verified};
 use crate::alloc::AllocatorConfig;
-use crate::replay::{self, DeviceReplay, ReplayOptions, StartMode};
+use crate::replay::{self, DeviceReplay, KnownStart, ReplayOptions, StartMode};
 use crate::trace::{Action, Snapshot, TraceEntry};
 
 /// Capacities are searched to this resolution: 2 MiB, the granularity of large segments
@@ -28,6 +28,9 @@ pub struct Setup {
     pub alloc_conf: String,
     pub start: StartMode,
     pub capacity: Option<u64>,
+    /// The patient's start state, for replays of its own trace (an edited one reconstructs its
+    /// own); None: each replay reconstructs it.
+    pub known_start: Option<KnownStart>,
 }
 
 /// One replay's outcome, as the verified figures need it.
@@ -45,7 +48,7 @@ impl Setup {
         let recorded = replay::recorded_config(patient.snapshot)?;
         let base = if recorded.raw.is_empty() { String::new() } else { recorded.raw.clone() };
         let alloc_conf = [base.as_str(), extra].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join(",");
-        Ok(Setup { alloc_conf, start: patient.what_if_start, capacity: None })
+        Ok(Setup { alloc_conf, start: patient.what_if_start, capacity: None, known_start: Some(patient.known_start.clone()) })
     }
 
     pub fn with_capacity(&self, capacity: Option<u64>) -> Setup {
@@ -88,7 +91,14 @@ impl Setup {
     /// Replays under this setup, up to `until` entries (None: the whole trace).
     fn run(&self, snapshot: &Snapshot, device: i64, until: Option<usize>) -> Result<DeviceReplay, DoctorError> {
         let config = AllocatorConfig::parse(&self.alloc_conf)?;
-        let options = ReplayOptions { config: Some(config), capacity: self.capacity, start: self.start, until, ..Default::default() };
+        let options = ReplayOptions {
+            config: Some(config),
+            capacity: self.capacity,
+            start: self.start,
+            until,
+            known_start: self.known_start.clone(),
+            ..Default::default()
+        };
         Ok(replay::replay_device(snapshot, device, &options, &mut |_, _| {})?)
     }
 

@@ -37,6 +37,46 @@ pub struct ReplayOptions {
     /// New segments go where the simulated driver puts them, not at the recorded addresses: the
     /// segment decisions still agreeing is what shows the address model right.
     pub own_addresses: bool,
+    /// The start state already reconstructed for this trace (used only if it is this trace's).
+    pub known_start: Option<KnownStart>,
+}
+
+/// A start state reconstructed once, for the replays of one trace to share: the doctor replays a
+/// trace under many settings, and reconstructing its start costs about a third of each replay.
+/// It stands only for the trace it was made from: the same snapshot in memory and the same device
+/// (an edited copy of the snapshot is another trace, and reconstructs its own).
+#[derive(Debug, Clone)]
+pub struct KnownStart {
+    device: i64,
+    /// Where the trace's entries and the snapshot's segments were, and how many.
+    trace: (usize, usize),
+    segments: (usize, usize),
+    state: std::sync::Arc<StartState>,
+}
+
+impl KnownStart {
+    /// `device`'s start, reconstructed under the settings the snapshot was recorded with.
+    pub fn of(snapshot: &Snapshot, device: i64) -> Result<KnownStart, ReplayError> {
+        check_device(snapshot, device)?;
+        let final_segments: Vec<&trace::Segment> = snapshot.segments_of(device).collect();
+        let state = start_state(&final_segments, snapshot.trace_of(device), &recorded_config(snapshot)?);
+        Ok(KnownStart { device, trace: Self::trace_of(snapshot, device), segments: Self::segments_of(snapshot), state: state.into() })
+    }
+
+    fn trace_of(snapshot: &Snapshot, device: i64) -> (usize, usize) {
+        let trace = snapshot.trace_of(device);
+        (trace.as_ptr() as usize, trace.len())
+    }
+
+    fn segments_of(snapshot: &Snapshot) -> (usize, usize) {
+        (snapshot.segments.as_ptr() as usize, snapshot.segments.len())
+    }
+
+    /// The start state, if this is the start of `snapshot`'s `device`.
+    pub fn of_trace(&self, snapshot: &Snapshot, device: i64) -> Option<&StartState> {
+        let same = self.device == device && self.trace == Self::trace_of(snapshot, device) && self.segments == Self::segments_of(snapshot);
+        same.then_some(&*self.state)
+    }
 }
 
 /// Which state the replay starts from.
@@ -209,7 +249,11 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     let trace = snapshot.trace_of(device);
     let final_segments: Vec<&trace::Segment> = snapshot.segments_of(device).collect();
     // Reconstruct with the rules the trace was recorded under.
-    let mut start = if options.start == StartMode::Empty { StartState::default() } else { start_state(&final_segments, trace, &recorded_config) };
+    let mut start = match options.known_start.as_ref().and_then(|known| known.of_trace(snapshot, device)) {
+        _ if options.start == StartMode::Empty => StartState::default(),
+        Some(known) => known.clone(),
+        None => start_state(&final_segments, trace, &recorded_config),
+    };
     // Released PyTorch versions write each segment's pool but not each entry's: their
     // allocations cannot be routed, so such a trace replays with every segment in the default
     // pool (as it was recorded against none). A trace with no entries has no decision to make.

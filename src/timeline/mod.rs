@@ -348,20 +348,25 @@ impl Timeline {
 }
 
 pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, true, true)
+    build_with(snapshot, device, true, true, None)
 }
 
 /// The timeline without its bands' pieces (each allocation's lifetime, stack and group, the
 /// curves): what the analysis reads, in time and memory linear in the trace whatever the order
 /// of its frees.
 pub fn build_without_bands(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, true, false)
+    build_with(snapshot, device, true, false, None)
+}
+
+/// [`build_without_bands`] from a start state already reconstructed (if it is this trace's).
+pub fn build_without_bands_from(snapshot: &Snapshot, device: i64, start: &replay::KnownStart) -> Result<Timeline, replay::ReplayError> {
+    build_with(snapshot, device, true, false, Some(start))
 }
 
 /// The timeline without its three curves (8 bytes a position each): the page's worker hands them
 /// to JavaScript straight from [`curves`], so that wasm memory never holds them beside the bands.
 pub fn build_without_curves(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, false, true)
+    build_with(snapshot, device, false, true, None)
 }
 
 /// One position of the curves: requested bytes live, bytes reserved, and the time (NaN where
@@ -387,19 +392,26 @@ pub fn curves(trace: &[TraceEntry], start_allocated: u64, start_reserved: u64) -
     })
 }
 
-fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool, bands: bool) -> Result<Timeline, replay::ReplayError> {
+fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool, bands: bool, known: Option<&replay::KnownStart>) -> Result<Timeline, replay::ReplayError> {
     replay::check_device(snapshot, device)?;
     let config = recorded_config(snapshot)?;
     let trace = snapshot.trace_of(device);
-    let final_segments: Vec<_> = snapshot.segments_of(device).collect();
-    let start = start_state(&final_segments, trace, &config);
+    let reconstructed;
+    let start = match known.and_then(|k| k.of_trace(snapshot, device)) {
+        Some(start) => start,
+        None => {
+            let final_segments: Vec<_> = snapshot.segments_of(device).collect();
+            reconstructed = start_state(&final_segments, trace, &config);
+            &reconstructed
+        }
+    };
     let start_totals = Totals::of_segments(&start.segments);
 
-    let mut b = Builder::new(device, trace, &start, keep_curves);
+    let mut b = Builder::new(device, trace, start, keep_curves);
     let curve = b.lay_curves(trace, start_totals, keep_curves);
     let mut warnings = start.warnings.clone();
     let any_frames = b.lay_events(trace, &mut warnings);
-    let lifetimes = b.lay_bands(&start, trace, bands, &mut warnings);
+    let lifetimes = b.lay_bands(start, trace, bands, &mut warnings);
     notes::trace_warnings(&mut warnings, start_totals, trace, &lifetimes, any_frames);
     b.t.spans = spans(snapshot, device, trace);
     b.finish_groups(curve.peak_x);

@@ -1,12 +1,13 @@
 // Browser benchmark of the page (a script, not a test): for each snapshot given, the time from
-// choosing the file to `tensormem:painted`, then frame times while panning and zooming, the
+// choosing the file to `tensormem:painted` and to the doctor's findings, how long a hover waits
+// while the doctor runs, then frame times while panning and zooming, the
 // renderer's peak memory, and the same file opened again (read back from the decode kept). Then "Size a model": Llama-3-70B's training step under FSDP on 64
 // simulated GPUs, its time and the wasm memory it leaves, beside the same step on 8 GPUs (the
 // baseline, in the same run): the ranks are simulated one at a time, so 64 should cost what 8
 // do. Run by scripts/bench-web.sh, which builds everything and generates the synthetic 100 k and
 // 1 M entry snapshots.
 //
-//   node bench.mjs URL FILE...
+//   [DOCTOR_APART=off] node bench.mjs URL FILE...
 import { chromium } from 'playwright-core';
 import { readFileSync, readdirSync, statSync } from 'node:fs';
 import { basename } from 'node:path';
@@ -63,6 +64,8 @@ for (const file of files) {
   page.on('pageerror', (e) => console.error(`${basename(file)}: page error: ${e.message}`));
   await page.goto(url);
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:painted').length >= 1, null, { timeout: 120000 });
+  // DOCTOR_APART=off: every file diagnosed by the page's worker, as before issue 51's second worker.
+  if (process.env.DOCTOR_APART === 'off') await page.evaluate(() => { window.__tensormem.doctorApart.fromBytes = Infinity; });
   const pids = rendererPids();
   let privatePeak = 0;
   const sampler = setInterval(() => { privatePeak = Math.max(privatePeak, rendererPrivate(pids)); }, 20);
@@ -73,6 +76,23 @@ for (const file of files) {
     const painted = performance.getEntriesByName('tensormem:painted').at(-1).startTime;
     return painted - chosen;
   });
+  // While the doctor reads the file (its findings not yet shown), a hover every 50 ms: how
+  // long the page's worker takes to say what is under the pointer.
+  const whileDiagnosing = await page.evaluate(async () => {
+    const t = window.__tensormem.timeline;
+    const p = t.plot;
+    const diagnosed = () => performance.getEntriesByName('tensormem:diagnosed').length >= 2;
+    const waits = [];
+    for (let k = 0; !diagnosed() && k < 2400; k++) {
+      const start = performance.now();
+      await t.hitTest(p.x + ((k * 37) % p.w), p.y + p.h * 0.9);
+      waits.push(performance.now() - start);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    await new Promise((resolve) => { const wait = () => (diagnosed() ? resolve() : setTimeout(wait, 50)); wait(); });
+    const at = (name) => performance.getEntriesByName(`tensormem:${name}`).at(-1).startTime;
+    return { waits, diagnosed: Math.round(at('diagnosed') - at('file-chosen')), apart: document.querySelector('#diagnosis').dataset.apart === 'true' };
+  });
   const events = await page.textContent('#trace-events');
   const { wasmBytes, parsed: wasmParsed, laidOut: wasmLaidOut } = await page.evaluate(() => window.__tensormem.ask('memory'));
   // Where the time went: file chosen -> parsed (worker) -> timeline laid out (worker) -> painted.
@@ -82,9 +102,12 @@ for (const file of files) {
     return { parsed: Math.round(at('parsed') - chosen), laid_out: Math.round(at('timeline-received') - chosen), painted: Math.round(at('painted') - chosen) };
   });
 
+  const hovers = whileDiagnosing.waits.length ? stats(whileDiagnosing.waits) : {};
   clearInterval(sampler);
   // Pan and zoom for a while; the page records how long each frame's drawing took.
   await page.evaluate(() => { window.__frameTimes = []; });
+  // A file with warnings pushes the timeline down: it is scrolled into view to be panned.
+  await page.locator('[data-testid=timeline]').scrollIntoViewIfNeeded();
   const box = await page.locator('[data-testid=timeline]').boundingBox();
   const cx = box.x + box.width / 2;
   const cy = box.y + box.height / 2;
@@ -115,7 +138,8 @@ for (const file of files) {
   await browser.close();
   const r = {
     file: basename(file), megabytes: +(statSync(file).size / 1048576).toFixed(1), events,
-    choose_to_painted_ms: Math.round(load), phases_ms: phases, again_ms: again, frame_ms_median: tenths(frames.median), frame_ms_p95: tenths(frames.p95),
+    choose_to_painted_ms: Math.round(load), phases_ms: phases, diagnosed_ms: whileDiagnosing.diagnosed, doctor_apart: whileDiagnosing.apart,
+    hover_ms_while_diagnosing: { median: tenths(hovers.median), max: tenths(hovers.max), hovers: whileDiagnosing.waits.length }, again_ms: again, frame_ms_median: tenths(frames.median), frame_ms_p95: tenths(frames.p95),
     frame_ms_max: tenths(frames.max), frames: frames.frames, renderer_peak_mb: Math.round(peak / 1048576), renderer_private_peak_mb: Math.round(privatePeak / 1048576), wasm_memory_mb: Math.round(wasmBytes / 1048576), wasm_mb_parsed: Math.round(wasmParsed / 1048576), wasm_mb_laid_out: Math.round(wasmLaidOut / 1048576),
   };
   results.push(r);

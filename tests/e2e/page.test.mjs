@@ -918,6 +918,34 @@ test('a finder that fails is named in a note and the other findings stand (a pan
   await page.close();
 });
 
+test('a large file is diagnosed in the doctor\'s own worker, with the findings the CLI reports on each device; a smaller one by the page\'s worker', async () => {
+  // Issue 51: the doctor held the page's worker for seconds after a 1 GB file was drawn. A large
+  // file is opened by a second worker too, which diagnoses it; "large" is lowered here.
+  const path = join(fixtures, 'expandable-3gpu-oom.pickle');
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  await page.evaluate(() => Object.assign(window.__tensormem.doctorApart, { fromBytes: 0, memoryPerFileByte: 0 }));
+  await openFile(page, path, 2);
+  const expected = cliDoctor([path]);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(expected));
+  assert.equal(await page.getAttribute('[data-testid=diagnosis]', 'data-apart'), 'true');
+  // Another device: diagnosed apart as well, from the copy the doctor's worker holds.
+  const other = expected.find((f) => f.kind === 'oom').evidence.device === 0 ? 1 : 0;
+  await page.selectOption('[data-testid=device-select]', String(other));
+  await painted(page, 3);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(cliDoctor([path, '--device', String(other)])));
+  assert.equal(await page.getAttribute('[data-testid=diagnosis]', 'data-apart'), 'true');
+  // A file below the size (or beyond the memory) stays with the page's worker.
+  await page.evaluate(() => Object.assign(window.__tensormem.doctorApart, { fromBytes: 32 << 20, memoryPerFileByte: 5 }));
+  const small = join(fixtures, 'gpt-ctx128-forward.pickle');
+  await openFile(page, small, 4);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(cliDoctor([small])));
+  assert.equal(await page.getAttribute('[data-testid=diagnosis]', 'data-apart'), 'false');
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
 test('a finding measured on an edited trace shows both figures as text, not a replay it cannot run', async () => {
   // Issue 50: missing-no-grad replays the trace with what the graph saved freed where no_grad
   // frees it. The What if panel replays files, not edited traces: the card says the figures.
