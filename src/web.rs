@@ -3,7 +3,7 @@
 //! run a scenario, diagnose (the doctor), export. Results cross to JavaScript as typed arrays and JSON strings.
 
 use crate::doctor;
-use crate::replay::{self, ReplayOptions, StartMode};
+use crate::replay::{self, KnownStart, ReplayOptions, StartMode};
 use crate::scenarios::{self, RunRequest};
 use crate::timeline::{self, Grouping, Timeline};
 use crate::trace::{self, Snapshot};
@@ -90,7 +90,7 @@ impl TraceLoader {
 
     pub fn finish(&mut self) -> Result<LoadedTrace, JsError> {
         let loader = self.loader.take().ok_or_else(|| JsError::new("the loader has finished"))?;
-        Ok(LoadedTrace { snapshot: loader.finish().map_err(js_error)?, run_json: None })
+        Ok(LoadedTrace::new(loader.finish().map_err(js_error)?, None))
     }
 }
 
@@ -143,6 +143,25 @@ pub struct LoadedTrace {
     snapshot: Snapshot,
     /// `tensormem run --json` of the scenario that recorded it.
     run_json: Option<String>,
+    /// Each device's start state, reconstructed once for its layout, its states at the cursor,
+    /// its what-ifs and its diagnosis (a 1 GB trace's takes about half a second natively).
+    starts: std::cell::RefCell<BTreeMap<i64, KnownStart>>,
+}
+
+impl LoadedTrace {
+    fn new(snapshot: Snapshot, run_json: Option<String>) -> LoadedTrace {
+        LoadedTrace { snapshot, run_json, starts: Default::default() }
+    }
+
+    /// `device`'s start state (reconstructed the first time).
+    fn start_of(&self, device: i64) -> Result<KnownStart, JsError> {
+        if let Some(known) = self.starts.borrow().get(&device) {
+            return Ok(known.clone());
+        }
+        let known = KnownStart::of(&self.snapshot, device).map_err(js_error)?;
+        self.starts.borrow_mut().insert(device, known.clone());
+        Ok(known)
+    }
 }
 
 #[wasm_bindgen]
@@ -150,14 +169,14 @@ impl LoadedTrace {
     /// Parses a pickle (protocols 2-5) or JSON snapshot.
     pub fn parse(bytes: &[u8]) -> Result<LoadedTrace, JsError> {
         let snapshot = trace::load(bytes).map_err(js_error)?;
-        Ok(LoadedTrace { snapshot, run_json: None })
+        Ok(LoadedTrace::new(snapshot, None))
     }
 
     /// Reads back a decode kept by [`LoadedTrace::keep_decoded`] for the file `key` names
     /// ([`SourceHasher::key`]); an error if the bytes are not that, whole.
     pub fn from_decoded(bytes: &[u8], key: &str) -> Result<LoadedTrace, JsError> {
         let snapshot = trace::cache::decode(bytes, &source_key(key)?).map_err(js_error)?;
-        Ok(LoadedTrace { snapshot, run_json: None })
+        Ok(LoadedTrace::new(snapshot, None))
     }
 
     /// This snapshot's decode, to keep for the next open of the file `key` names: given to
@@ -194,7 +213,7 @@ impl LoadedTrace {
     /// Its bands are coloured as the trace groups them: by its own categories where it records
     /// them, else by frame (see [`TimelineArrays::set_color_by`]).
     pub fn timeline(&self, device: i32) -> Result<TimelineArrays, JsError> {
-        let t = timeline::build_without_curves(&self.snapshot, device as i64).map_err(js_error)?;
+        let t = timeline::build_without_curves_from(&self.snapshot, device as i64, &self.start_of(device as i64)?).map_err(js_error)?;
         let base = if t.groups.iter().any(|g| g.category) { RECORDED } else { FRAME };
         Ok(TimelineArrays { t, xs: Vec::new(), hidden: Vec::new(), color: base, base_color: base, base: None, inferred: None })
     }
@@ -237,7 +256,7 @@ impl LoadedTrace {
     /// `tensormem replay --json`'s object plus `reserved_curve` (bytes at every position) and the
     /// `memory_summary` at the end.
     pub fn replay(&self, device: i32, alloc_conf: &str, capacity: &str, start: &str) -> Result<String, JsError> {
-        let options = ReplayOptions { curves: true, ..what_if(alloc_conf, capacity, start)? };
+        let options = ReplayOptions { curves: true, known_start: Some(self.start_of(device as i64)?), ..what_if(alloc_conf, capacity, start)? };
         let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
         serde_json::to_string(&serde_json::json!({
             "replay": r,
@@ -249,10 +268,10 @@ impl LoadedTrace {
 
     /// The same what-if replay, as a trace of its own (to compare with, or to export).
     pub fn replayed(&self, device: i32, alloc_conf: &str, capacity: &str, start: &str) -> Result<LoadedTrace, JsError> {
-        let options = ReplayOptions { keep_snapshot: true, ..what_if(alloc_conf, capacity, start)? };
+        let options = ReplayOptions { keep_snapshot: true, known_start: Some(self.start_of(device as i64)?), ..what_if(alloc_conf, capacity, start)? };
         let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
         let snapshot = r.snapshot.ok_or_else(|| JsError::new("the replay kept no trace"))?;
-        Ok(LoadedTrace { snapshot, run_json: None })
+        Ok(LoadedTrace::new(snapshot, None))
     }
 
     /// The allocator's state after the first `position` trace entries, replayed with the file's
@@ -260,7 +279,7 @@ impl LoadedTrace {
     /// segment_pool_id, is_expandable, blocks: [{address, size, requested_size, state}]}],
     /// memory_summary}`.
     pub fn state_at(&self, device: i32, position: u32) -> Result<String, JsError> {
-        let options = ReplayOptions { until: Some(position as usize), ..Default::default() };
+        let options = ReplayOptions { until: Some(position as usize), known_start: Some(self.start_of(device as i64)?), ..Default::default() };
         let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
         let segments: Vec<_> = r
             .segments
@@ -284,7 +303,7 @@ impl LoadedTrace {
     /// them: `{findings: [{kind, title, bytes, evidence, why, fix, verified, estimate?}]}`, the
     /// `peak` summary first, then the problems, most bytes first.
     pub fn diagnose(&self, device: i32) -> Result<String, JsError> {
-        let options = doctor::DoctorOptions { device: Some(device as i64), capacity: None };
+        let options = doctor::DoctorOptions { device: Some(device as i64), capacity: None, known_start: Some(self.start_of(device as i64)?) };
         let diagnosis = doctor::diagnose(&self.snapshot, &options).map_err(js_error)?;
         serde_json::to_string(&diagnosis).map_err(js_error)
     }
@@ -292,7 +311,7 @@ impl LoadedTrace {
     /// `diagnose` without the finders named in `skip`, each named in a note as failed (the
     /// worker's retry after a finder's panic, which wasm cannot catch: see `finder_running`).
     pub fn diagnose_skipping(&self, device: i32, skip: Vec<String>) -> Result<String, JsError> {
-        let options = doctor::DoctorOptions { device: Some(device as i64), capacity: None };
+        let options = doctor::DoctorOptions { device: Some(device as i64), capacity: None, known_start: Some(self.start_of(device as i64)?) };
         let diagnosis = doctor::diagnose_skipping(&self.snapshot, &options, &skip).map_err(js_error)?;
         serde_json::to_string(&diagnosis).map_err(js_error)
     }
@@ -631,7 +650,7 @@ pub async fn run_scenario(request: String) -> Result<LoadedTrace, JsError> {
     };
     let result = scenarios::run_anywhere(&request).await.map_err(js_error)?;
     let run_json = serde_json::to_string(&result).map_err(js_error)?;
-    Ok(LoadedTrace { snapshot: result.snapshot, run_json: Some(run_json) })
+    Ok(LoadedTrace::new(result.snapshot, Some(run_json)))
 }
 
 /// A device's curves cut to at most `points` buckets of positions, each the largest value in it
@@ -792,7 +811,7 @@ impl Predictor {
 
     /// The last prediction's trace, replayed, as a trace of its own (the timeline shows it).
     pub fn predicted_trace(&self) -> Option<LoadedTrace> {
-        self.predicted.clone().map(|snapshot| LoadedTrace { snapshot, run_json: None })
+        self.predicted.clone().map(|snapshot| LoadedTrace::new(snapshot, None))
     }
 
     /// The last prediction's trace, replayed, as a protocol-4 pickle (pytorch.org/memory_viz

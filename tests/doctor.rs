@@ -16,7 +16,7 @@ fn load(name: &str) -> Option<Snapshot> {
 }
 
 fn diagnose(snapshot: &Snapshot, capacity: Option<u64>) -> Diagnosis {
-    doctor::diagnose(snapshot, &DoctorOptions { device: None, capacity }).unwrap()
+    doctor::diagnose(snapshot, &DoctorOptions { device: None, capacity, ..Default::default() }).unwrap()
 }
 
 fn kinds(d: &Diagnosis) -> Vec<&str> {
@@ -411,7 +411,7 @@ fn an_optimizer_that_makes_new_moments_every_step_is_seen() {
 #[test]
 fn errors_are_values() {
     let Some(snapshot) = load("small-state.pickle") else { return };
-    let err = doctor::diagnose(&snapshot, &DoctorOptions { device: Some(3), capacity: None }).unwrap_err();
+    let err = doctor::diagnose(&snapshot, &DoctorOptions { device: Some(3), capacity: None, ..Default::default() }).unwrap_err();
     assert!(matches!(err, DoctorError::Replay(replay::ReplayError::NoSuchDevice(3, _))), "{err}");
     assert!(err.to_string().contains("devices present: 0"), "{err}");
     assert!(matches!(doctor::diagnose(&Snapshot::default(), &DoctorOptions::default()), Err(DoctorError::Empty)));
@@ -847,4 +847,21 @@ fn retained_graph_figures_come_near_what_the_fix_recorded() {
     assert!(v.before_peak_allocated_bytes - v.after_peak_allocated_bytes >= r.bytes / 2, "{v:?}");
     let (_, allocated) = recorded_peaks(&fix);
     assert!((v.after_peak_allocated_bytes as f64 - allocated as f64).abs() <= 0.03 * allocated as f64, "{} vs {allocated}", v.after_peak_allocated_bytes);
+}
+
+#[test]
+fn a_start_given_to_the_doctor_is_used_only_if_it_is_this_traces() {
+    // The page's worker hands the doctor the start it reconstructed for the layout: the same
+    // findings; another device's start (or another trace's) is not used.
+    let Some(snapshot) = load("expandable-3gpu-oom.pickle") else { return };
+    let json = |d: &Diagnosis| serde_json::to_value(d).unwrap();
+    let devices = snapshot.devices();
+    for &device in &devices {
+        let plain = doctor::diagnose(&snapshot, &DoctorOptions { device: Some(device), ..Default::default() }).unwrap();
+        for &from in &devices {
+            let known = replay::KnownStart::of(&snapshot, from).unwrap();
+            let given = doctor::diagnose(&snapshot, &DoctorOptions { device: Some(device), known_start: Some(known), ..Default::default() }).unwrap();
+            assert_eq!(json(&given), json(&plain), "device {device}, start of device {from}");
+        }
+    }
 }

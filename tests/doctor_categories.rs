@@ -245,7 +245,7 @@ fn the_pages_inferred_colouring_is_what_the_doctor_reports_at_the_peak() {
                 .filter(|&(_, bytes, count)| bytes > 0 || count > 0)
                 .collect();
             shown.sort();
-            let diagnosis = doctor::diagnose(&snapshot, &doctor::DoctorOptions { device: Some(device), capacity: None }).unwrap();
+            let diagnosis = doctor::diagnose(&snapshot, &doctor::DoctorOptions { device: Some(device), capacity: None, ..Default::default() }).unwrap();
             let peak = &diagnosis.findings[0];
             assert_eq!(peak.kind, doctor::PEAK);
             let mut reported: Vec<(String, u64, usize)> = peak.evidence["inferred_categories"]

@@ -246,7 +246,7 @@ struct Check {
 }
 
 fn judge(family: &'static str, file: &str, snapshot: &Snapshot, label: &Value) -> Vec<Check> {
-    let options = doctor::DoctorOptions { device: label["device"].as_i64(), capacity: None };
+    let options = doctor::DoctorOptions { device: label["device"].as_i64(), capacity: None, ..Default::default() };
     let d = doctor::diagnose(snapshot, &options).unwrap_or_else(|e| panic!("{file}: {e}"));
     assert!(d.notes.iter().all(|n| !n.contains("finder failed")), "{file}: {:?}", d.notes);
     let problems = problems(&d);

@@ -36,37 +36,56 @@ function connect(w, others, onFailure) {
     waiting.clear();
     onFailure(reason);
   };
-  return (type, payload = {}) => new Promise((resolve, reject) => {
+  // `transfer`: buffers of the payload moved to the worker, not copied.
+  return (type, payload = {}, transfer = []) => new Promise((resolve, reject) => {
     const id = nextId++;
     waiting.set(id, { resolve, reject });
     // The request's own id and type last: a payload's fields never replace them.
-    w.postMessage({ ...payload, id, type });
+    w.postMessage({ ...payload, id, type }, transfer);
   });
 }
 const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
 const ask = connect(worker, (m) => {
   if (m.type === 'progress') return showProgress(m.phase, m.fraction);
   if (m.type === 'firstImage') return timeline.acceptFirstImage(m);
+  if (m.type === 'decoded') return handedOff(m.trace).arrived(m);
 }, (reason) => showError(`the page's worker failed: ${reason}`));
 
-// The doctor's own worker, for large files: it opens the same file beside the page's worker and
-// diagnoses it as soon as it has read it, so the page's worker, free once it has drawn the
-// timeline, answers hovering, panning and zooming while the doctor runs (it held them for
-// seconds on a 1 GB file), and the findings come sooner. It also keeps the file's decode for the
-// next open. The price is a second decoded copy of the trace, so a file is diagnosed apart only
-// when both copies fit the memory the browser reports (`navigator.deviceMemory`, Chromium's
-// estimate, at most 8 GB); smaller files are diagnosed by the page's worker, quickly.
-const DOCTOR_APART = { fromBytes: 32 << 20, memoryPerFileByte: 5 };
+// The doctor's own worker, for large files, so that the page's worker, free once it has drawn the
+// timeline, answers hovering, panning and zooming while the doctor runs (it held them for seconds
+// on a 1 GB file). With four cores or more the doctor's worker reads the file at once, beside the
+// page's, and keeps its decode for the next open; on fewer, two readers would share the cores and
+// delay the first paint, so the page's worker reads it alone and, once it has drawn it, hands the
+// doctor's worker its decode (the form kept for the next open: read back in a fraction of a
+// parse). A file opened before is read back by both from the decode kept. The price is a second
+// decoded copy of the trace, so a file is diagnosed apart only when both copies fit the memory the
+// browser reports (`navigator.deviceMemory`; 4 GB assumed where it says nothing); smaller files
+// are diagnosed by the page's worker, quickly.
+const DOCTOR_APART = { fromBytes: 32 << 20, memoryPerFileByte: 5, atOnceFromCores: 4 };
 let doctorWorker = null;
 let askDoctor = null;
 function doctorApart(file) {
   const memory = (navigator.deviceMemory || 4) * 2 ** 30;
   return file.size >= DOCTOR_APART.fromBytes && file.size * DOCTOR_APART.memoryPerFileByte <= memory;
 }
-// Opens `file` in the doctor's worker (started on first use) and starts diagnosing the device the
-// page will show first: {trace, findings: Map(device -> promise of the findings)}, or null when
-// the doctor's worker could not open it (the page's worker then diagnoses it).
-function openForDoctor(file) {
+// Decodes the page's worker hands over, by its trace id: a promise of {key, chunks}, settled when
+// the worker's 'decoded' message arrives (`arrived`), whichever comes first.
+const handOffs = new Map();
+function handedOff(trace) {
+  if (!handOffs.has(trace)) {
+    const h = {};
+    h.decoded = new Promise((resolve, reject) => {
+      h.arrived = (m) => (m.error === undefined ? resolve(m) : reject(new Error(m.error)));
+    });
+    handOffs.set(trace, h);
+  }
+  return handOffs.get(trace);
+}
+// Opens a trace in the doctor's worker (started on first use): `open(ask)` asks it to, and gives
+// the promise of its answer. Then the doctor starts on the device the page shows first. A promise
+// of {trace, ask, findings: Map(device -> promise of the findings)}, or of null when the doctor's
+// worker could not open it (the page's worker then diagnoses it).
+function openForDoctor(name, open) {
   if (!doctorWorker) {
     doctorWorker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module', name: 'doctor' });
     // A dead doctor's worker is replaced by a fresh one for the next file.
@@ -76,17 +95,24 @@ function openForDoctor(file) {
     });
   }
   const asking = askDoctor;
-  return asking('openFile', { file }).then((d) => {
+  return open(asking).then((d) => {
     const findings = new Map();
     const first = d.devices.includes(d.defaultDevice) ? d.defaultDevice : d.devices[0];
     const doctor = { trace: d.trace, ask: asking, findings };
     if (first !== undefined) findingsApart(doctor, first);
     return doctor;
   }, (e) => {
-    console.warn(`the doctor's worker could not open ${file.name} (${e.message}): the page's worker diagnoses it`);
+    console.warn(`the doctor's worker could not open ${name} (${e.message}): the page's worker diagnoses it`);
     return null;
   });
 }
+const doctorReads = (file) => openForDoctor(file.name, (a) => a('openFile', { file }));
+// The decode of the page's trace `info`, handed over once drawn, read back by the doctor's worker.
+const doctorReadsBack = (info) => openForDoctor(info.name, async (a) => {
+  const { key, chunks } = await handedOff(info.trace).decoded;
+  handOffs.delete(info.trace);
+  return a('openDecoded', { key, chunks, name: info.name }, chunks.map((c) => c.buffer));
+});
 function findingsApart(doctor, d) {
   if (!doctor.findings.has(d)) doctor.findings.set(d, doctor.ask('diagnose', { trace: doctor.trace, device: d }));
   return doctor.findings.get(d);
@@ -534,19 +560,21 @@ async function load(request, payload) {
   showProgress('starting', 0);
   let info = null;
   try {
-    // A large file is opened by the doctor's worker too (which then keeps its decode). With
-    // cores to spare it reads the file at once; on fewer than four it starts once the page's
-    // worker has read it, so that the first paint does not share two cores (measured on two:
-    // both reading at once delayed the paint of a 237 MB file by 1.3 to 1.9 s).
+    // A large file is opened by the doctor's worker too (see DOCTOR_APART): at once, reading the
+    // file itself and keeping its decode, with four cores or more; on fewer (measured on two:
+    // both reading at once delayed the first paint of a 237 MB file by 1.3 to 1.9 s), from the
+    // decode the page's worker keeps and hands over once it has drawn the file.
     const apart = request === 'openFile' && doctorApart(payload.file);
-    let doctor = apart && navigator.hardwareConcurrency >= 4 ? openForDoctor(payload.file) : null;
+    const atOnce = apart && navigator.hardwareConcurrency >= DOCTOR_APART.atOnceFromCores;
+    let doctor = atOnce ? doctorReads(payload.file) : null;
     try {
-      info = await ask(request, apart ? { ...payload, keep: false } : payload);
+      info = await ask(request, atOnce ? { ...payload, keep: false } : apart ? { ...payload, handOff: true } : payload);
     } catch (e) {
       dropDoctor({ doctor });
       throw e;
     }
-    if (apart && !doctor) doctor = openForDoctor(payload.file);
+    // A file read back from the decode kept is read back by the doctor's worker too.
+    if (apart && !atOnce) doctor = info.reopened ? doctorReads(payload.file) : doctorReadsBack(info);
     info.doctor = doctor;
     if (request === 'runScenario') info.request = payload.request;
     performance.mark('tensormem:parsed');

@@ -471,7 +471,8 @@ struct DoctorRequest {
 fn diagnose(request: DoctorRequest) -> Result<tensormem::doctor::Diagnosis, Failure> {
     let DoctorRequest { file, scenario, variant, set, device, capacity } = request;
     let run = |request: &RunRequest| pollster::block_on(scenarios::run_anywhere(request)).map_err(|e| Failure(e.to_string(), 2));
-    let diagnose = |snapshot: &Snapshot, device| tensormem::doctor::diagnose(snapshot, &tensormem::doctor::DoctorOptions { device, capacity });
+    let diagnose =
+        |snapshot: &Snapshot, device| tensormem::doctor::diagnose(snapshot, &tensormem::doctor::DoctorOptions { device, capacity, ..Default::default() });
     let diagnosis = match (file, scenario) {
         (Some(file), _) => {
             let device =

@@ -245,6 +245,9 @@ pub struct DoctorOptions {
     pub device: Option<i64>,
     /// Device memory to check the trace against (an out-of-memory finding when it does not fit).
     pub capacity: Option<u64>,
+    /// The device's start state, already reconstructed (the page's worker keeps one per device);
+    /// None, or another trace's: reconstructed here.
+    pub known_start: Option<replay::KnownStart>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -308,7 +311,10 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
         None => default_device(snapshot)?,
     };
     // Every replay of the file's own trace starts from the same reconstructed state.
-    let known_start = replay::KnownStart::of(snapshot, device)?;
+    let known_start = match options.known_start.clone().filter(|k| k.of_trace(snapshot, device).is_some()) {
+        Some(known) => known,
+        None => replay::KnownStart::of(snapshot, device)?,
+    };
     let timeline = timeline::build_without_bands_from(snapshot, device, &known_start)?;
     let what_if_start = what_if_start(&timeline);
     let patient = Patient { snapshot, device, timeline, what_if_start, known_start, as_recorded: Default::default() };

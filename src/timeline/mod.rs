@@ -369,6 +369,11 @@ pub fn build_without_curves(snapshot: &Snapshot, device: i64) -> Result<Timeline
     build_with(snapshot, device, false, true, None)
 }
 
+/// [`build_without_curves`] from a start state already reconstructed (if it is this trace's).
+pub fn build_without_curves_from(snapshot: &Snapshot, device: i64, start: &replay::KnownStart) -> Result<Timeline, replay::ReplayError> {
+    build_with(snapshot, device, false, true, Some(start))
+}
+
 /// One position of the curves: requested bytes live, bytes reserved, and the time (NaN where
 /// the trace has none).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -918,7 +918,7 @@ test('a finder that fails is named in a note and the other findings stand (a pan
   await page.close();
 });
 
-test('a large file is diagnosed in the doctor\'s own worker, with the findings the CLI reports on each device; a smaller one by the page\'s worker', async () => {
+test('a large file is diagnosed in the doctor\'s own worker (handed the decode, or reading the file itself), with the findings the CLI reports on each device; a smaller one by the page\'s worker', async () => {
   // Issue 51: the doctor held the page's worker for seconds after a 1 GB file was drawn. A large
   // file is opened by a second worker too, which diagnoses it; "large" is lowered here.
   const path = join(fixtures, 'expandable-3gpu-oom.pickle');
@@ -936,10 +936,17 @@ test('a large file is diagnosed in the doctor\'s own worker, with the findings t
   await painted(page, 3);
   assert.deepEqual(await shownFindings(page), kindsAndBytes(cliDoctor([path, '--device', String(other)])));
   assert.equal(await page.getAttribute('[data-testid=diagnosis]', 'data-apart'), 'true');
+  // On two cores the doctor's worker read the decode the page's worker handed over; with more,
+  // it reads the file itself, at once: the same findings.
+  const cores = await page.evaluate(() => navigator.hardwareConcurrency);
+  await page.evaluate((n) => { window.__tensormem.doctorApart.atOnceFromCores = n; }, cores >= 4 ? 64 : 1);
+  await openFile(page, path, 4);
+  assert.deepEqual(await shownFindings(page), kindsAndBytes(expected));
+  assert.equal(await page.getAttribute('[data-testid=diagnosis]', 'data-apart'), 'true');
   // A file below the size (or beyond the memory) stays with the page's worker.
   await page.evaluate(() => Object.assign(window.__tensormem.doctorApart, { fromBytes: 32 << 20, memoryPerFileByte: 5 }));
   const small = join(fixtures, 'gpt-ctx128-forward.pickle');
-  await openFile(page, small, 4);
+  await openFile(page, small, 5);
   assert.deepEqual(await shownFindings(page), kindsAndBytes(cliDoctor([small])));
   assert.equal(await page.getAttribute('[data-testid=diagnosis]', 'data-apart'), 'false');
   assert.deepEqual(page.errors, []);
