@@ -153,6 +153,13 @@ impl LoadedTrace {
         LoadedTrace { snapshot, run_json, starts: Default::default() }
     }
 
+    /// A what-if replay's options (see [`what_if`]), from this trace's start (but from nothing).
+    fn what_if(&self, device: i32, alloc_conf: &str, capacity: &str, start: &str) -> Result<ReplayOptions, JsError> {
+        let options = what_if(alloc_conf, capacity, start)?;
+        let known_start = if options.start == StartMode::Empty { None } else { Some(self.start_of(device as i64)?) };
+        Ok(ReplayOptions { known_start, ..options })
+    }
+
     /// `device`'s start state (reconstructed the first time).
     fn start_of(&self, device: i64) -> Result<KnownStart, JsError> {
         if let Some(known) = self.starts.borrow().get(&device) {
@@ -256,7 +263,7 @@ impl LoadedTrace {
     /// `tensormem replay --json`'s object plus `reserved_curve` (bytes at every position) and the
     /// `memory_summary` at the end.
     pub fn replay(&self, device: i32, alloc_conf: &str, capacity: &str, start: &str) -> Result<String, JsError> {
-        let options = ReplayOptions { curves: true, known_start: Some(self.start_of(device as i64)?), ..what_if(alloc_conf, capacity, start)? };
+        let options = ReplayOptions { curves: true, ..self.what_if(device, alloc_conf, capacity, start)? };
         let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
         serde_json::to_string(&serde_json::json!({
             "replay": r,
@@ -268,7 +275,7 @@ impl LoadedTrace {
 
     /// The same what-if replay, as a trace of its own (to compare with, or to export).
     pub fn replayed(&self, device: i32, alloc_conf: &str, capacity: &str, start: &str) -> Result<LoadedTrace, JsError> {
-        let options = ReplayOptions { keep_snapshot: true, known_start: Some(self.start_of(device as i64)?), ..what_if(alloc_conf, capacity, start)? };
+        let options = ReplayOptions { keep_snapshot: true, ..self.what_if(device, alloc_conf, capacity, start)? };
         let r = replay::replay_device(&self.snapshot, device as i64, &options, &mut |_, _| {}).map_err(js_error)?;
         let snapshot = r.snapshot.ok_or_else(|| JsError::new("the replay kept no trace"))?;
         Ok(LoadedTrace::new(snapshot, None))
@@ -303,9 +310,7 @@ impl LoadedTrace {
     /// them: `{findings: [{kind, title, bytes, evidence, why, fix, verified, estimate?}]}`, the
     /// `peak` summary first, then the problems, most bytes first.
     pub fn diagnose(&self, device: i32) -> Result<String, JsError> {
-        let options = doctor::DoctorOptions { device: Some(device as i64), capacity: None, known_start: Some(self.start_of(device as i64)?) };
-        let diagnosis = doctor::diagnose(&self.snapshot, &options).map_err(js_error)?;
-        serde_json::to_string(&diagnosis).map_err(js_error)
+        self.diagnose_skipping(device, Vec::new())
     }
 
     /// `diagnose` without the finders named in `skip`, each named in a note as failed (the

@@ -15,13 +15,15 @@ const $ = (id) => document.getElementById(id);
 
 // ---- the workers, as promises
 // `connect(worker, others)`: a function asking `worker` for work (`ask(type, payload)`, a promise
-// of its answer); messages that answer no request go to `others`. When the worker itself fails
-// (it could not start, or it died), nothing it was asked will be answered: every waiting request
-// fails with the reason (a WorkerFailed), and `onFailure(reason)` is told.
+// of its answer); messages that answer no request go to `others`. When the worker reports an
+// error of its own (it could not start, or a script error escaped its handlers), it is not
+// trusted again: every waiting request and every later one fails with the reason (a
+// WorkerFailed), and `onFailure(reason)` is told.
 class WorkerFailed extends Error {}
 function connect(w, others, onFailure) {
   let nextId = 1;
   const waiting = new Map();
+  let failed = null;
   w.onmessage = (event) => {
     const m = event.data;
     if (m.id === undefined) return others(m);
@@ -31,13 +33,14 @@ function connect(w, others, onFailure) {
     if (m.error !== undefined) waiter.reject(new Error(m.error)); else waiter.resolve(m.result);
   };
   w.onerror = (e) => {
-    const reason = e.message || 'unknown error';
-    for (const waiter of waiting.values()) waiter.reject(new WorkerFailed(reason));
+    failed = e.message || 'unknown error';
+    for (const waiter of waiting.values()) waiter.reject(new WorkerFailed(failed));
     waiting.clear();
-    onFailure(reason);
+    onFailure(failed);
   };
   // `transfer`: buffers of the payload moved to the worker, not copied.
   return (type, payload = {}, transfer = []) => new Promise((resolve, reject) => {
+    if (failed) return reject(new WorkerFailed(failed));
     const id = nextId++;
     waiting.set(id, { resolve, reject });
     // The request's own id and type last: a payload's fields never replace them.
@@ -48,92 +51,103 @@ const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'modu
 const ask = connect(worker, (m) => {
   if (m.type === 'progress') return showProgress(m.phase, m.fraction);
   if (m.type === 'firstImage') return timeline.acceptFirstImage(m);
-  if (m.type === 'decoded') return handedOff(m.trace).arrived(m);
+  // A decode handed over for the doctor's worker: dropped if no one waits for it (a stale load).
+  if (m.type === 'decoded') return handOffs.get(m.trace)?.arrived(m);
 }, (reason) => showError(`the page's worker failed: ${reason}`));
 
 // The doctor's own worker, for large files, so that the page's worker, free once it has drawn the
 // timeline, answers hovering, panning and zooming while the doctor runs (it held them for seconds
 // on a 1 GB file). With four cores or more the doctor's worker reads the file at once, beside the
-// page's, and keeps its decode for the next open; on fewer, two readers would share the cores and
-// delay the first paint, so the page's worker reads it alone and, once it has drawn it, hands the
-// doctor's worker its decode (the form kept for the next open: read back in a fraction of a
-// parse). A file opened before is read back by both from the decode kept. The price is a second
-// decoded copy of the trace, so a file is diagnosed apart only when both copies fit the memory the
-// browser reports (`navigator.deviceMemory`; 4 GB assumed where it says nothing); smaller files
-// are diagnosed by the page's worker, quickly.
+// page's. On fewer, two readers would share the cores and delay the first paint, so the page's
+// worker reads it alone and, once it has drawn it, hands the doctor's worker its decode (the
+// form kept for the next open: read back in a fraction of a parse). A file opened before is read
+// back by both from the decode kept; the page's worker keeps it either way. The price is a second
+// decoded copy of the trace, so a file is diagnosed apart only when both copies fit the memory
+// the browser reports (`navigator.deviceMemory`; 4 GB assumed where it says nothing); smaller
+// files are diagnosed by the page's worker, quickly. The doctor's worker ends when it holds no
+// trace (wasm memory never shrinks), and after any failure: the page's worker diagnoses instead.
 const DOCTOR_APART = { fromBytes: 32 << 20, memoryPerFileByte: 5, atOnceFromCores: 4 };
-let doctorWorker = null;
-let askDoctor = null;
+const doctor = { worker: null, ask: null, uses: 0 };
 function doctorApart(file) {
   const memory = (navigator.deviceMemory || 4) * 2 ** 30;
   return file.size >= DOCTOR_APART.fromBytes && file.size * DOCTOR_APART.memoryPerFileByte <= memory;
 }
-// Decodes the page's worker hands over, by its trace id: a promise of {key, chunks}, settled when
-// the worker's 'decoded' message arrives (`arrived`), whichever comes first.
+function endDoctorWorker(w) {
+  w.terminate();
+  if (doctor.worker === w) Object.assign(doctor, { worker: null, ask: null, uses: 0 });
+}
+// One use of the doctor's worker fewer: it ends with the last.
+function doctorUseEnds(w) {
+  if (doctor.worker === w && --doctor.uses <= 0) endDoctorWorker(w);
+}
+// Decodes the page's worker hands over, by its trace id: `decoded`, a promise of {key, chunks},
+// settles when the worker's 'decoded' message arrives (`arrived`).
 const handOffs = new Map();
-function handedOff(trace) {
-  if (!handOffs.has(trace)) {
-    const h = {};
-    h.decoded = new Promise((resolve, reject) => {
-      h.arrived = (m) => (m.error === undefined ? resolve(m) : reject(new Error(m.error)));
-    });
-    handOffs.set(trace, h);
-  }
-  return handOffs.get(trace);
+function awaitHandOff(trace) {
+  const h = {};
+  h.decoded = new Promise((resolve, reject) => {
+    h.arrived = (m) => (m.error === undefined ? resolve(m) : reject(new Error(m.error)));
+  });
+  handOffs.set(trace, h);
+  return h.decoded.finally(() => handOffs.delete(trace));
 }
 // Opens a trace in the doctor's worker (started on first use): `open(ask)` asks it to, and gives
-// the promise of its answer. Then the doctor starts on the device the page shows first. A promise
-// of {trace, ask, findings: Map(device -> promise of the findings)}, or of null when the doctor's
-// worker could not open it (the page's worker then diagnoses it).
-function openForDoctor(name, open) {
-  if (!doctorWorker) {
-    doctorWorker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module', name: 'doctor' });
-    // A dead doctor's worker is replaced by a fresh one for the next file.
-    askDoctor = connect(doctorWorker, () => {}, (reason) => {
+// the promise of its answer. Then, if `wanted()` still, the doctor starts on the device the page
+// shows first. A promise of {trace, ask, worker, findings: Map(device -> promise of the
+// findings)}, or of null when the doctor's worker could not open it (or it is no longer wanted).
+function openForDoctor(name, open, wanted) {
+  if (!doctor.worker) {
+    const w = new Worker(new URL('./worker.js', import.meta.url), { type: 'module', name: 'doctor' });
+    doctor.worker = w;
+    doctor.ask = connect(w, () => {}, (reason) => {
       console.warn(`the doctor's worker failed (${reason}): the page's worker diagnoses instead`);
-      doctorWorker = null;
+      endDoctorWorker(w);
     });
   }
-  const asking = askDoctor;
+  const { worker: w, ask: asking } = doctor;
+  doctor.uses++;
   return open(asking).then((d) => {
-    const findings = new Map();
+    const opened = { trace: d.trace, ask: asking, worker: w, findings: new Map() };
+    if (!wanted()) {
+      closeApart(opened);
+      return null;
+    }
     const first = d.devices.includes(d.defaultDevice) ? d.defaultDevice : d.devices[0];
-    const doctor = { trace: d.trace, ask: asking, findings };
-    if (first !== undefined) findingsApart(doctor, first);
-    return doctor;
+    if (first !== undefined) findingsApart(opened, first);
+    return opened;
   }, (e) => {
-    console.warn(`the doctor's worker could not open ${name} (${e.message}): the page's worker diagnoses it`);
+    if (wanted()) console.warn(`the doctor's worker could not open ${name} (${e.message}): the page's worker diagnoses it`);
+    doctorUseEnds(w);
     return null;
   });
 }
-const doctorReads = (file) => openForDoctor(file.name, (a) => a('openFile', { file }));
-// The decode of the page's trace `info`, handed over once drawn, read back by the doctor's worker.
-const doctorReadsBack = (info) => openForDoctor(info.name, async (a) => {
-  const { key, chunks } = await handedOff(info.trace).decoded;
-  handOffs.delete(info.trace);
-  return a('openDecoded', { key, chunks, name: info.name }, chunks.map((c) => c.buffer));
-});
-function findingsApart(doctor, d) {
-  if (!doctor.findings.has(d)) doctor.findings.set(d, doctor.ask('diagnose', { trace: doctor.trace, device: d }));
-  return doctor.findings.get(d);
+function findingsApart(opened, d) {
+  if (!opened.findings.has(d)) opened.findings.set(d, opened.ask('diagnose', { trace: opened.trace, device: d }));
+  return opened.findings.get(d);
+}
+function closeApart(opened) {
+  opened.ask('drop', { trace: opened.trace }).catch(() => {}).finally(() => doctorUseEnds(opened.worker));
 }
 // The doctor's findings on device `d` of the trace `info`: from its doctor's worker where it has
-// one (and that worker has not failed), else from the page's.
+// one, else, or if that fails in any way (a crash, memory), from the page's.
 async function findingsOf(info, d) {
-  const doctor = info.doctor && (await info.doctor);
-  if (doctor) {
+  const opened = info.doctor && (await info.doctor);
+  if (opened) {
     try {
-      return { ...(await findingsApart(doctor, d)), apart: true };
+      return { ...(await findingsApart(opened, d)), apart: true };
     } catch (e) {
-      if (!(e instanceof WorkerFailed)) throw e;
+      console.warn(`the doctor's worker could not diagnose ${info.name} (${e.message}): the page's worker diagnoses it`);
       info.doctor = null;
+      endDoctorWorker(opened.worker);
     }
   }
   return ask('diagnose', { trace: info.trace, device: d });
 }
 // Closes the doctor's copy of a trace the page no longer shows.
 function dropDoctor(info) {
-  info?.doctor?.then((doctor) => doctor && doctor.ask('drop', { trace: doctor.trace }).catch(() => {}));
+  const opening = info?.doctor;
+  if (info) info.doctor = null;
+  opening?.then((opened) => opened && closeApart(opened));
 }
 
 // ---- status: progress and errors
@@ -188,6 +202,8 @@ window.__tensormem = { timeline, icicle, ask: (type, payload) => ask(type, paylo
 let current = null;
 let device = 0;
 let loadTicket = 0;
+// Loads started (a device shown anew is not one): a doctor's copy of an older one is not wanted.
+let loadsStarted = 0;
 let scenarios = null;
 
 // An allocation's frames from one of the timeline's frame tables (innermost first): its stack,
@@ -561,20 +577,32 @@ async function load(request, payload) {
   let info = null;
   try {
     // A large file is opened by the doctor's worker too (see DOCTOR_APART): at once, reading the
-    // file itself and keeping its decode, with four cores or more; on fewer (measured on two:
-    // both reading at once delayed the first paint of a 237 MB file by 1.3 to 1.9 s), from the
-    // decode the page's worker keeps and hands over once it has drawn the file.
+    // file itself, with four cores or more; on fewer (measured on two: both reading at once
+    // delayed the first paint of a 237 MB file by 1.3 to 1.9 s), from the decode the page's
+    // worker hands over once it has drawn the file. The doctor's copy of the trace on screen
+    // goes first (its other devices are then diagnosed by the page's worker).
     const apart = request === 'openFile' && doctorApart(payload.file);
     const atOnce = apart && navigator.hardwareConcurrency >= DOCTOR_APART.atOnceFromCores;
-    let doctor = atOnce ? doctorReads(payload.file) : null;
+    const number = ++loadsStarted;
+    const wanted = () => number === loadsStarted;
+    if (apart) dropDoctor(current);
+    const doctorReads = () => openForDoctor(payload.file.name, (a) => a('openFile', { file: payload.file, keep: false }), wanted);
+    let doctor = atOnce ? doctorReads() : null;
     try {
-      info = await ask(request, atOnce ? { ...payload, keep: false } : apart ? { ...payload, handOff: true } : payload);
+      info = await ask(request, apart && !atOnce ? { ...payload, handOff: true } : payload);
     } catch (e) {
       dropDoctor({ doctor });
       throw e;
     }
-    // A file read back from the decode kept is read back by the doctor's worker too.
-    if (apart && !atOnce) doctor = info.reopened ? doctorReads(payload.file) : doctorReadsBack(info);
+    if (apart && !atOnce) {
+      // A file read back from the decode kept is read back by the doctor's worker too.
+      const handedOff = info.reopened ? null : awaitHandOff(info.trace);
+      const readBack = (a) => handedOff.then(({ key, chunks }) => {
+        if (!wanted()) throw new Error('a newer load replaced it');
+        return a('openDecoded', { key, chunks, name: info.name }, chunks.map((c) => c.buffer));
+      });
+      doctor = handedOff ? openForDoctor(info.name, readBack, wanted) : doctorReads();
+    }
     info.doctor = doctor;
     if (request === 'runScenario') info.request = payload.request;
     performance.mark('tensormem:parsed');

@@ -106,28 +106,28 @@ const KEPT_LIMIT = 1 << 30;
 let keptDb = null;
 // The last decode being written: a second open of the same file waits for it.
 let keeping = Promise.resolve();
-// A decode to keep once the page has drawn it ({key, t, name, file, store, handOff, trace}):
-// encoding a 1 GB file's decode takes seconds, which the first paint does not wait for. `store`:
-// kept in IndexedDB; `handOff`: also posted to the page ({type: 'decoded', trace, key, chunks}, or
-// {type: 'decoded', trace, error}) for the doctor's worker, which reads it back instead of parsing
-// the file again.
-let toKeep = null;
+// Decodes to keep once the page has drawn them, by trace ({key, t, name, file, store, handOff,
+// trace}): encoding a 1 GB file's decode takes seconds, which the first paint does not wait for.
+// `store`: kept in IndexedDB; `handOff`: also posted to the page ({type: 'decoded', trace, key,
+// chunks}, or {type: 'decoded', trace, error}) for the doctor's worker, which reads it back
+// instead of parsing the file again.
+const toKeep = new Map();
 
 function keepPending() {
-  const pending = toKeep;
-  toKeep = null;
-  if (!pending) return;
-  // A trace already closed (wasm-bindgen zeroes a freed object's pointer) is not kept.
-  if (!pending.t.__wbg_ptr) {
-    if (pending.handOff) postMessage({ type: 'decoded', trace: pending.trace, error: 'the trace was closed before its decode was handed over' });
-    return;
-  }
-  progress(`keeping the decode of ${pending.name} for the next open`, 1);
+  const pending = [...toKeep.values()];
+  toKeep.clear();
+  for (const p of pending) keepOne(p);
+}
+
+function keepOne(pending) {
   const chunks = [];
   try {
+    // A trace already closed (wasm-bindgen zeroes a freed object's pointer) is not kept.
+    if (!pending.t.__wbg_ptr) throw new Error('the trace was closed first');
+    progress(`keeping the decode of ${pending.name} for the next open`, 1);
     pending.t.keep_decoded(pending.key, (chunk) => chunks.push(chunk));
   } catch (e) {
-    console.warn(`the decode of ${pending.name} could not be kept (${e.message})`);
+    if (pending.store) console.warn(`the decode of ${pending.name} could not be kept (${e.message})`);
     if (pending.handOff) postMessage({ type: 'decoded', trace: pending.trace, error: e.message });
     return;
   }
@@ -266,7 +266,7 @@ async function loadFile(file, keep = true, handOff = false) {
   }
   let key = null;
   const t = await loadStream(file.stream(), file.size, file.name, (k) => { key = k; });
-  if ((keeps && keep) || handOff) toKeep = { key, t, name: file.name, file, store: keeps && keep, handOff };
+  if ((keeps && keep) || handOff) toKeep.set(t, { key, t, name: file.name, file, store: keeps && keep, handOff });
   return t;
 }
 
@@ -445,7 +445,7 @@ const handlers = {
     const t = await loadFile(file, keep, handOff);
     wasmAt.parsed = wasm.memory.buffer.byteLength;
     const info = add(t, file.name);
-    if (toKeep?.t === t) toKeep.trace = info.trace;
+    if (toKeep.has(t)) toKeep.get(t).trace = info.trace;
     return info;
   },
   // A decode handed over by the page's worker (see keepPending), for the doctor's worker.
@@ -662,7 +662,7 @@ onmessage = async (event) => {
     if (out && out.after) out.after();
     // A new file's decode is kept once it is drawn (after the timeline's answer), or at once
     // where no timeline follows (a recording for "What fits", a compared file).
-    if (toKeep && type !== 'openFile') setTimeout(keepPending);
+    if (toKeep.size && type !== 'openFile') setTimeout(keepPending);
   } catch (e) {
     // A panic reaches JavaScript as `unreachable`: say what Rust said, and where.
     const panic = e instanceof WebAssembly.RuntimeError ? take_panic() : undefined;

@@ -119,6 +119,7 @@ pub(super) fn find(p: &Patient) -> Finding {
     let mut nccl_frame = None;
     // Entries share their stacks: each stack is read for NCCL once.
     let mut stacks_read: rustc_hash::FxHashSet<*const Frame> = Default::default();
+    let mut workspace_stacks: rustc_hash::FxHashMap<(*const Frame, usize), Option<(String, bool)>> = Default::default();
     for (i, e) in trace.iter().enumerate() {
         let frames: &[Frame] = e.frames.as_deref().unwrap_or_default();
         if nccl_frame.is_none()
@@ -130,15 +131,13 @@ pub(super) fn find(p: &Patient) -> Finding {
         if e.action != Action::Alloc {
             continue;
         }
-        if let Some(f) = frames.iter().take(12).find(|f| crate::pytorch::is_cublas_workspace(f)) {
-            workspaces.push(Workspace {
-                trace_index: i,
-                addr: e.addr,
-                bytes: e.size,
-                stream: e.stream,
-                backward: frames.iter().any(crate::pytorch::is_backward_frame),
-                frame: f.name.clone(),
-            });
+        // Whether a stack makes a workspace (its frame's name, in backward or not): read once.
+        let workspace = workspace_stacks.entry((frames.as_ptr(), frames.len())).or_insert_with(|| {
+            let f = frames.iter().take(12).find(|f| crate::pytorch::is_cublas_workspace(f))?;
+            Some((f.name.clone(), frames.iter().any(crate::pytorch::is_backward_frame)))
+        });
+        if let Some((frame, backward)) = workspace {
+            workspaces.push(Workspace { trace_index: i, addr: e.addr, bytes: e.size, stream: e.stream, backward: *backward, frame: frame.clone() });
         }
     }
     let workspace_bytes: u64 = workspaces.iter().map(|w| w.bytes).sum();

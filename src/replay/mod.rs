@@ -37,14 +37,17 @@ pub struct ReplayOptions {
     /// New segments go where the simulated driver puts them, not at the recorded addresses: the
     /// segment decisions still agreeing is what shows the address model right.
     pub own_addresses: bool,
-    /// The start state already reconstructed for this trace (used only if it is this trace's).
+    /// The start state already reconstructed for this trace; ignored if made for another device
+    /// or another snapshot in memory (see [`KnownStart`]).
     pub known_start: Option<KnownStart>,
 }
 
 /// A start state reconstructed once, for the replays of one trace to share: the doctor replays a
 /// trace under many settings, and reconstructing its start costs about a third of each replay.
-/// It stands only for the trace it was made from: the same snapshot in memory and the same device
-/// (an edited copy of the snapshot is another trace, and reconstructs its own).
+/// It knows its trace by device and by where the snapshot's trace and segments lie in memory: a
+/// copy of the snapshot (edited or not) is another trace and reconstructs its own. The contract
+/// is the holder's: keep it only while that snapshot lives unchanged (the doctor holds it for
+/// one diagnosis of a borrowed snapshot; the page's `LoadedTrace` never changes its snapshot).
 #[derive(Debug, Clone)]
 pub struct KnownStart {
     device: i64,

@@ -943,10 +943,21 @@ test('a large file is diagnosed in the doctor\'s own worker (handed the decode, 
   await openFile(page, path, 4);
   assert.deepEqual(await shownFindings(page), kindsAndBytes(expected));
   assert.equal(await page.getAttribute('[data-testid=diagnosis]', 'data-apart'), 'true');
+  // A file worth keeping: the page's worker keeps its decode while the doctor's works on it
+  // (handed over, or read itself); opened again, both read back the decode kept.
+  const big = join(scratch, 'lm-train-16-steps.pickle');
+  if (!existsSync(big)) execFileSync(bin, ['run', 'lm-train', '--set', 'size=medium,steps=16', '--snapshot', big], { stdio: 'ignore' });
+  const bigFindings = kindsAndBytes(cliDoctor([big]));
+  for (const [paints, reopened] of [[5, 'false'], [6, 'true']]) {
+    await openFile(page, big, paints);
+    assert.equal(await page.getAttribute('#source-name', 'data-reopened'), reopened);
+    assert.deepEqual(await shownFindings(page), bigFindings);
+    assert.equal(await page.getAttribute('[data-testid=diagnosis]', 'data-apart'), 'true');
+  }
   // A file below the size (or beyond the memory) stays with the page's worker.
   await page.evaluate(() => Object.assign(window.__tensormem.doctorApart, { fromBytes: 32 << 20, memoryPerFileByte: 5 }));
   const small = join(fixtures, 'gpt-ctx128-forward.pickle');
-  await openFile(page, small, 5);
+  await openFile(page, small, 7);
   assert.deepEqual(await shownFindings(page), kindsAndBytes(cliDoctor([small])));
   assert.equal(await page.getAttribute('[data-testid=diagnosis]', 'data-apart'), 'false');
   assert.deepEqual(page.errors, []);
