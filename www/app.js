@@ -51,26 +51,26 @@ const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'modu
 const ask = connect(worker, (m) => {
   if (m.type === 'progress') return showProgress(m.phase, m.fraction);
   if (m.type === 'firstImage') return timeline.acceptFirstImage(m);
-  // A decode handed over for the doctor's worker: dropped if no one waits for it (a stale load).
-  if (m.type === 'decoded') return handOffs.get(m.trace)?.arrived(m);
 }, (reason) => showError(`the page's worker failed: ${reason}`));
 
 // The doctor's own worker, for large files, so that the page's worker, free once it has drawn the
 // timeline, answers hovering, panning and zooming while the doctor runs (it held them for seconds
-// on a 1 GB file). With four cores or more the doctor's worker reads the file at once, beside the
-// page's. On fewer, two readers would share the cores and delay the first paint, so the page's
-// worker reads it alone and, once it has drawn it, hands the doctor's worker its decode (the
-// form kept for the next open: read back in a fraction of a parse). A file opened before is read
-// back by both from the decode kept; the page's worker keeps it either way. The price is a second
-// decoded copy of the trace, so a file is diagnosed apart only when both copies fit the memory
-// the browser reports (`navigator.deviceMemory`; 4 GB assumed where it says nothing); smaller
-// files are diagnosed by the page's worker, quickly. The doctor's worker ends when it holds no
-// trace (wasm memory never shrinks), and after any failure: the page's worker diagnoses instead.
-const DOCTOR_APART = { fromBytes: 32 << 20, memoryPerFileByte: 5, atOnceFromCores: 4 };
+// on a 1 GB file). It reads the file at once, beside the page's worker (the page's keeps its
+// decode for the next open). That takes cores to spare: on two, both reading at once delayed the
+// first paint of a 237 MB file by 1.3 to 1.9 s, and a doctor's worker that waited for the page's
+// (reading the file after it, or the decode it handed over) gave the 1 GB file's findings 10 to
+// 15 s later than the page's worker does, which holds hovers for about 4 s; so with fewer than
+// four cores the page's worker diagnoses. The price is a second decoded copy of the trace, so a
+// file is diagnosed apart only when both copies fit the memory the browser reports
+// (`navigator.deviceMemory`; 4 GB assumed where it says nothing); smaller files are diagnosed by
+// the page's worker, quickly. The doctor's worker ends when it holds no trace (wasm memory never
+// shrinks), and after any failure: the page's worker diagnoses instead.
+const DOCTOR_APART = { fromBytes: 32 << 20, memoryPerFileByte: 5, fromCores: 4 };
 const doctor = { worker: null, ask: null, uses: 0 };
 function doctorApart(file) {
   const memory = (navigator.deviceMemory || 4) * 2 ** 30;
-  return file.size >= DOCTOR_APART.fromBytes && file.size * DOCTOR_APART.memoryPerFileByte <= memory;
+  return navigator.hardwareConcurrency >= DOCTOR_APART.fromCores && file.size >= DOCTOR_APART.fromBytes
+    && file.size * DOCTOR_APART.memoryPerFileByte <= memory;
 }
 function endDoctorWorker(w) {
   w.terminate();
@@ -79,17 +79,6 @@ function endDoctorWorker(w) {
 // One use of the doctor's worker fewer: it ends with the last.
 function doctorUseEnds(w) {
   if (doctor.worker === w && --doctor.uses <= 0) endDoctorWorker(w);
-}
-// Decodes the page's worker hands over, by its trace id: `decoded`, a promise of {key, chunks},
-// settles when the worker's 'decoded' message arrives (`arrived`).
-const handOffs = new Map();
-function awaitHandOff(trace) {
-  const h = {};
-  h.decoded = new Promise((resolve, reject) => {
-    h.arrived = (m) => (m.error === undefined ? resolve(m) : reject(new Error(m.error)));
-  });
-  handOffs.set(trace, h);
-  return h.decoded.finally(() => handOffs.delete(trace));
 }
 // Opens a trace in the doctor's worker (started on first use): `open(ask)` asks it to, and gives
 // the promise of its answer. Then, if `wanted()` still, the doctor starts on the device the page
@@ -576,32 +565,18 @@ async function load(request, payload) {
   showProgress('starting', 0);
   let info = null;
   try {
-    // A large file is opened by the doctor's worker too (see DOCTOR_APART): at once, reading the
-    // file itself, with four cores or more; on fewer (measured on two: both reading at once
-    // delayed the first paint of a 237 MB file by 1.3 to 1.9 s), from the decode the page's
-    // worker hands over once it has drawn the file. The doctor's copy of the trace on screen
-    // goes first (its other devices are then diagnosed by the page's worker).
+    // A large file is opened by the doctor's worker too, at once (see DOCTOR_APART). Its copy
+    // of the trace on screen goes first (the other devices are then diagnosed by the page's worker).
     const apart = request === 'openFile' && doctorApart(payload.file);
-    const atOnce = apart && navigator.hardwareConcurrency >= DOCTOR_APART.atOnceFromCores;
     const number = ++loadsStarted;
     const wanted = () => number === loadsStarted;
     if (apart) dropDoctor(current);
-    const doctorReads = () => openForDoctor(payload.file.name, (a) => a('openFile', { file: payload.file, keep: false }), wanted);
-    let doctor = atOnce ? doctorReads() : null;
+    const doctor = apart ? openForDoctor(payload.file.name, (a) => a('openFile', { file: payload.file, keep: false }), wanted) : null;
     try {
-      info = await ask(request, apart && !atOnce ? { ...payload, handOff: true } : payload);
+      info = await ask(request, payload);
     } catch (e) {
       dropDoctor({ doctor });
       throw e;
-    }
-    if (apart && !atOnce) {
-      // A file read back from the decode kept is read back by the doctor's worker too.
-      const handedOff = info.reopened ? null : awaitHandOff(info.trace);
-      const readBack = (a) => handedOff.then(({ key, chunks }) => {
-        if (!wanted()) throw new Error('a newer load replaced it');
-        return a('openDecoded', { key, chunks, name: info.name }, chunks.map((c) => c.buffer));
-      });
-      doctor = handedOff ? openForDoctor(info.name, readBack, wanted) : doctorReads();
     }
     info.doctor = doctor;
     if (request === 'runScenario') info.request = payload.request;

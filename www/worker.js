@@ -106,34 +106,20 @@ const KEPT_LIMIT = 1 << 30;
 let keptDb = null;
 // The last decode being written: a second open of the same file waits for it.
 let keeping = Promise.resolve();
-// Decodes to keep once the page has drawn them, by trace ({key, t, name, file, store, handOff,
-// trace}): encoding a 1 GB file's decode takes seconds, which the first paint does not wait for.
-// `store`: kept in IndexedDB; `handOff`: also posted to the page ({type: 'decoded', trace, key,
-// chunks}, or {type: 'decoded', trace, error}) for the doctor's worker, which reads it back
-// instead of parsing the file again.
+// Decodes to keep once the page has drawn them, by trace ({key, t, name, file}): encoding a 1 GB
+// file's decode takes seconds, which the first paint does not wait for.
 const toKeep = new Map();
 
 function keepPending() {
   const pending = [...toKeep.values()];
   toKeep.clear();
-  for (const p of pending) keepOne(p);
-}
-
-function keepOne(pending) {
-  const chunks = [];
-  try {
+  for (const p of pending) {
     // A trace already closed (wasm-bindgen zeroes a freed object's pointer) is not kept.
-    if (!pending.t.__wbg_ptr) throw new Error('the trace was closed first');
-    progress(`keeping the decode of ${pending.name} for the next open`, 1);
-    pending.t.keep_decoded(pending.key, (chunk) => chunks.push(chunk));
-  } catch (e) {
-    if (pending.store) console.warn(`the decode of ${pending.name} could not be kept (${e.message})`);
-    if (pending.handOff) postMessage({ type: 'decoded', trace: pending.trace, error: e.message });
-    return;
+    if (!p.t.__wbg_ptr) continue;
+    progress(`keeping the decode of ${p.name} for the next open`, 1);
+    const kept = keep(p.key, p.t, p.file).catch((e) => console.warn(`the decode of ${p.name} could not be kept (${e.message})`));
+    keeping = Promise.all([keeping, kept]);
   }
-  // The Blob copies the chunks, which then move to the page without a copy.
-  if (pending.store) keeping = store(pending.key, new Blob(chunks), pending.file).catch((e) => console.warn(`the decode of ${pending.name} could not be kept (${e.message})`));
-  if (pending.handOff) postMessage({ type: 'decoded', trace: pending.trace, key: pending.key, chunks }, chunks.map((c) => c.buffer));
 }
 
 function idb(request) {
@@ -211,8 +197,11 @@ async function seenBefore(file) {
   return Boolean(await idb(db.transaction('decodedNames').objectStore('decodedNames').get(fileSeen(file))));
 }
 
-// Keeps a decode (`blob`) under `key`, then removes the least recently used until all fit KEPT_LIMIT.
-async function store(key, blob, file) {
+// Keeps `t`'s decode under `key`, then removes the least recently used until all fit KEPT_LIMIT.
+async function keep(key, t, file) {
+  const chunks = [];
+  t.keep_decoded(key, (chunk) => chunks.push(chunk));
+  const blob = new Blob(chunks);
   if (blob.size > KEPT_LIMIT) return;
   const db = await openKept();
   const tx = db.transaction(['decoded', 'decodedUse', 'decodedNames'], 'readwrite');
@@ -243,10 +232,9 @@ async function store(key, blob, file) {
 
 // Opens a file: from the decode kept by an earlier open of the same bytes when there is one
 // (`reopened` is then set on the trace), else parsed, and its decode kept for the next time
-// unless `keep` is false (the doctor's worker, which opens the same file, keeps it instead);
-// `handOff`: a parsed file's decode is also handed to the page for the doctor's worker (see toKeep).
+// unless `keep` is false (the doctor's worker: the page's keeps it).
 // Only a file seen before (name, size, time) is hashed first; any other is hashed as it parses.
-async function loadFile(file, keep = true, handOff = false) {
+async function loadFile(file, keep = true) {
   let keeps = false;
   if (file.size >= WORTH_KEEPING && self.indexedDB) {
     try {
@@ -266,7 +254,7 @@ async function loadFile(file, keep = true, handOff = false) {
   }
   let key = null;
   const t = await loadStream(file.stream(), file.size, file.name, (k) => { key = k; });
-  if ((keeps && keep) || handOff) toKeep.set(t, { key, t, name: file.name, file, store: keeps && keep, handOff });
+  if (keeps && keep) toKeep.set(t, { key, t, name: file.name, file });
   return t;
 }
 
@@ -441,23 +429,10 @@ const handlers = {
     // Scenarios run here, so WebGPU must be exposed to this worker (not only to the page).
     return { ...JSON.parse(scenarios_json()), webgpu: 'gpu' in self.navigator };
   },
-  async openFile({ file, keep, handOff }) {
-    const t = await loadFile(file, keep, handOff);
+  async openFile({ file, keep }) {
+    const t = await loadFile(file, keep);
     wasmAt.parsed = wasm.memory.buffer.byteLength;
-    const info = add(t, file.name);
-    if (toKeep.has(t)) toKeep.get(t).trace = info.trace;
-    return info;
-  },
-  // A decode handed over by the page's worker (see keepPending), for the doctor's worker.
-  async openDecoded({ chunks, key, name }) {
-    const bytes = new Uint8Array(chunks.reduce((n, c) => n + c.length, 0));
-    let at = 0;
-    for (const c of chunks) {
-      bytes.set(c, at);
-      at += c.length;
-    }
-    chunks.length = 0;
-    return add(LoadedTrace.from_decoded(bytes, key), name);
+    return add(t, file.name);
   },
   async openUrl({ url }) {
     let response;

@@ -7,7 +7,7 @@
 // do. Run by scripts/bench-web.sh, which builds everything and generates the synthetic 100 k and
 // 1 M entry snapshots.
 //
-//   [DOCTOR_APART=off] node bench.mjs URL FILE...
+//   [DOCTOR_APART=off|always] node bench.mjs URL FILE...
 import { chromium } from 'playwright-core';
 import { readFileSync, readdirSync, statSync } from 'node:fs';
 import { basename } from 'node:path';
@@ -64,8 +64,10 @@ for (const file of files) {
   page.on('pageerror', (e) => console.error(`${basename(file)}: page error: ${e.message}`));
   await page.goto(url);
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:painted').length >= 1, null, { timeout: 120000 });
-  // DOCTOR_APART=off: every file diagnosed by the page's worker, as before issue 51's second worker.
+  // DOCTOR_APART=off: every file diagnosed by the page's worker; =always: large files diagnosed in
+  // the doctor's own worker whatever the cores (by default it takes four).
   if (process.env.DOCTOR_APART === 'off') await page.evaluate(() => { window.__tensormem.doctorApart.fromBytes = Infinity; });
+  if (process.env.DOCTOR_APART === 'always') await page.evaluate(() => { window.__tensormem.doctorApart.fromCores = 0; });
   const pids = rendererPids();
   let privatePeak = 0;
   const sampler = setInterval(() => { privatePeak = Math.max(privatePeak, rendererPrivate(pids)); }, 20);
