@@ -38,13 +38,12 @@ function connect(w, others, onFailure) {
     waiting.clear();
     onFailure(failed);
   };
-  // `transfer`: buffers of the payload moved to the worker, not copied.
-  return (type, payload = {}, transfer = []) => new Promise((resolve, reject) => {
+  return (type, payload = {}) => new Promise((resolve, reject) => {
     if (failed) return reject(new WorkerFailed(failed));
     const id = nextId++;
     waiting.set(id, { resolve, reject });
     // The request's own id and type last: a payload's fields never replace them.
-    w.postMessage({ ...payload, id, type }, transfer);
+    w.postMessage({ ...payload, id, type });
   });
 }
 const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
@@ -80,11 +79,11 @@ function endDoctorWorker(w) {
 function doctorUseEnds(w) {
   if (doctor.worker === w && --doctor.uses <= 0) endDoctorWorker(w);
 }
-// Opens a trace in the doctor's worker (started on first use): `open(ask)` asks it to, and gives
-// the promise of its answer. Then, if `wanted()` still, the doctor starts on the device the page
-// shows first. A promise of {trace, ask, worker, findings: Map(device -> promise of the
-// findings)}, or of null when the doctor's worker could not open it (or it is no longer wanted).
-function openForDoctor(name, open, wanted) {
+// Opens `file` in the doctor's worker (started on first use); then, if `wanted()` still, the
+// doctor starts on the device the page shows first. A promise of {trace, ask, worker, findings:
+// Map(device -> promise of the findings)}, or of null when the doctor's worker could not open it
+// (or it is no longer wanted).
+function openForDoctor(file, wanted) {
   if (!doctor.worker) {
     const w = new Worker(new URL('./worker.js', import.meta.url), { type: 'module', name: 'doctor' });
     doctor.worker = w;
@@ -95,7 +94,8 @@ function openForDoctor(name, open, wanted) {
   }
   const { worker: w, ask: asking } = doctor;
   doctor.uses++;
-  return open(asking).then((d) => {
+  // The page's worker keeps the decode for the next open.
+  return asking('openFile', { file, keep: false }).then((d) => {
     const opened = { trace: d.trace, ask: asking, worker: w, findings: new Map() };
     if (!wanted()) {
       closeApart(opened);
@@ -105,7 +105,7 @@ function openForDoctor(name, open, wanted) {
     if (first !== undefined) findingsApart(opened, first);
     return opened;
   }, (e) => {
-    if (wanted()) console.warn(`the doctor's worker could not open ${name} (${e.message}): the page's worker diagnoses it`);
+    if (wanted()) console.warn(`the doctor's worker could not open ${file.name} (${e.message}): the page's worker diagnoses it`);
     doctorUseEnds(w);
     return null;
   });
@@ -571,7 +571,7 @@ async function load(request, payload) {
     const number = ++loadsStarted;
     const wanted = () => number === loadsStarted;
     if (apart) dropDoctor(current);
-    const doctor = apart ? openForDoctor(payload.file.name, (a) => a('openFile', { file: payload.file, keep: false }), wanted) : null;
+    const doctor = apart ? openForDoctor(payload.file, wanted) : null;
     try {
       info = await ask(request, payload);
     } catch (e) {

@@ -232,9 +232,9 @@ async function keep(key, t, file) {
 
 // Opens a file: from the decode kept by an earlier open of the same bytes when there is one
 // (`reopened` is then set on the trace), else parsed, and its decode kept for the next time
-// unless `keep` is false (the doctor's worker: the page's keeps it).
+// unless `mayKeep` is false (the doctor's worker: the page's keeps it).
 // Only a file seen before (name, size, time) is hashed first; any other is hashed as it parses.
-async function loadFile(file, keep = true) {
+async function loadFile(file, mayKeep = true) {
   let keeps = false;
   if (file.size >= WORTH_KEEPING && self.indexedDB) {
     try {
@@ -254,7 +254,7 @@ async function loadFile(file, keep = true) {
   }
   let key = null;
   const t = await loadStream(file.stream(), file.size, file.name, (k) => { key = k; });
-  if (keeps && keep) toKeep.set(t, { key, t, name: file.name, file });
+  if (keeps && mayKeep) toKeep.set(t, { key, t, name: file.name, file });
   return t;
 }
 
