@@ -72,6 +72,30 @@ pub trait Compact {
     fn entry(&mut self, _arena: &Arena, _items: &[Val], _lasting: &dyn Fn(NodeId) -> bool, _release: &mut Vec<NodeId>) -> Option<u32> {
         None
     }
+
+    /// The bytes of a trace entry in PyTorch's shape were read straight into keys (memoized
+    /// strings) and values (`pickle/entry.rs`): if they make an entry this compactor stores
+    /// typed, stores it and returns the index that `Node::Entry` keeps. None leaves the same
+    /// bytes to the generic opcodes, so this only decodes what it is sure of; nothing it did
+    /// may be visible then. `parked`: the lists and strings `EntryValue` names; `lasting`: as
+    /// for `compact`.
+    fn read_entry(&mut self, _arena: &Arena, _items: &[(NodeId, EntryValue)], _parked: &Parked, _lasting: &dyn Fn(NodeId) -> bool) -> Option<u32> {
+        None
+    }
+}
+
+/// A trace entry's value as the parser's fast path reads it from the bytes, never as a node.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EntryValue {
+    Int(i64),
+    /// `None`, which a field reads as absent.
+    None,
+    /// A memoized object read again (a string, a list a segment's block memoized first).
+    Node(NodeId),
+    /// A frame list of memoized frame dicts: `Parked::lists[k]` holds its items.
+    Frames(u32),
+    /// A string met in the entry (`Parked::strings[s]`).
+    Str(u32),
 }
 
 /// Compacts nothing: the whole file stays a node tree.
@@ -166,6 +190,11 @@ pub fn parse(data: &[u8]) -> Result<(Arena, NodeId), PickleError> {
 const MEMO_EMPTY: u32 = u32::MAX;
 /// The memoized object was compacted and freed; reading it again is refused.
 const MEMO_RELEASED: u32 = u32::MAX - 1;
+/// A parked list (`PARKED_LIST | k`) or string (`PARKED_STRING | s`), `k` and `s` below
+/// `PARKED_MAX` (so that neither reads as the two above).
+const PARKED_LIST: u32 = COMPACTED;
+const PARKED_STRING: u32 = COMPACTED | 1 << 30;
+const PARKED_MAX: u32 = (1 << 30) - 2;
 /// `memo_slot` of a node referenced from more than one place: it is never freed.
 const SHARED: u32 = u32::MAX;
 const NOT_MEMOIZED: u32 = u32::MAX - 1;
@@ -184,12 +213,8 @@ pub struct Parser {
     arena: Arena,
     stack: Vec<Slot>,
     memo: Vec<u32>,
-    /// Lists freed while the memo still names them (`COMPACTED | k` in `memo`): their items, each
-    /// distinct list once. A real snapshot memoizes every trace entry's frame list (a new one
-    /// per entry, of frame dicts memoized once): 11.5 M lists held as nodes were most of the
-    /// memory a 1 GB file took. A later reference rebuilds the list from its items.
-    parked: Vec<Box<[NodeId]>>,
-    parked_index: rustc_hash::FxHashMap<Box<[NodeId]>, u32>,
+    /// What the memo names without a node (see `Parked`).
+    parked: Parked,
     /// Per node: the memo index that refers to it, `NOT_MEMOIZED`, or `SHARED` once anything
     /// (BINGET, DUP, a second memo write) refers to it a second time.
     memo_slot: Vec<u32>,
@@ -198,6 +223,10 @@ pub struct Parser {
     items: Vec<Val>,
     /// Scratch: the items of the frame list `read_entry` met.
     list_items: Vec<NodeId>,
+    /// Scratch: the keys and values `read_entry` read.
+    entry_items: Vec<(NodeId, EntryValue)>,
+    /// Trace entries `read_entry` decoded (the rest took the generic opcodes).
+    read_fast: usize,
     /// Trace entries are read by the fast paths (`read_entry`, `set_items_as_entry`); off, only
     /// by the generic opcodes and `Compact::compact` (which tests compare them with).
     fast_entries: bool,
@@ -216,12 +245,13 @@ impl Parser {
             arena: Arena::with_capacity((total / 4).min(1 << 16)),
             stack: Vec::new(),
             memo: Vec::new(),
-            parked: Vec::new(),
-            parked_index: Default::default(),
+            parked: Parked::default(),
             memo_slot: Vec::new(),
             release: Vec::new(),
             items: Vec::new(),
             list_items: Vec::new(),
+            entry_items: Vec::new(),
+            read_fast: 0,
             fast_entries: true,
             stopped: false,
         }
@@ -311,13 +341,6 @@ impl Parser {
     fn push(&mut self, node: Node) {
         let id = self.new_node(node);
         self.stack.push(Slot::Node(id));
-    }
-
-    fn node_of_val(&mut self, value: Val) -> NodeId {
-        match value {
-            Val::Node(id) => id,
-            Val::Int(i) => self.new_node(Node::Int(i as i128)),
-        }
     }
 
     /// A value slot's node: an integer kept on the stack gets one now.
@@ -472,7 +495,7 @@ impl Parser {
                 // A memoized child stays, unless it is a list of nodes that stay (an
                 // entry's frames): its items are kept for the memo instead.
                 idx if child => match self.park(id) {
-                    Some(k) if self.memo[idx as usize] == id => self.memo[idx as usize] = COMPACTED | k,
+                    Some(k) if self.memo[idx as usize] == id => self.memo[idx as usize] = PARKED_LIST | k,
                     _ => continue,
                 },
                 // Unless a later PUT reused the index for another object.
@@ -490,14 +513,27 @@ impl Parser {
         if !items.iter().all(|&item| !is_compacted(item) && self.memo_slot.get(item as usize).is_some_and(|&slot| slot != NOT_MEMOIZED)) {
             return None;
         }
-        if let Some(&k) = self.parked_index.get(&items[..]) {
-            return Some(k);
+        self.parked.list(items)
+    }
+
+    /// Writes a parked list or string (`PARKED_LIST | k`, `PARKED_STRING | s`) at memo index
+    /// `idx`, where a node would be.
+    fn memo_park(&mut self, idx: usize, parked: u32) {
+        if idx >= self.memo.len() {
+            self.memo.resize(idx + 1, MEMO_EMPTY);
         }
-        let k = u32::try_from(self.parked.len()).ok().filter(|&k| k < MEMO_RELEASED & !COMPACTED)?;
-        let items: Box<[NodeId]> = items.clone().into_boxed_slice();
-        self.parked.push(items.clone());
-        self.parked_index.insert(items, k);
-        Some(k)
+        self.memo[idx] = parked;
+    }
+
+    /// What memo entry `idx` holds.
+    fn memo_at(&self, idx: usize) -> Memo {
+        match self.memo.get(idx).copied().unwrap_or(MEMO_EMPTY) {
+            MEMO_EMPTY => Memo::Empty,
+            MEMO_RELEASED => Memo::Released,
+            v if v & PARKED_STRING == PARKED_STRING => Memo::String(v & !PARKED_STRING),
+            v if is_compacted(v) => Memo::List(v & !PARKED_LIST),
+            id => Memo::Node(id),
+        }
     }
 
     /// Runs one opcode; `Ok(false)` at STOP.
@@ -675,24 +711,28 @@ impl Parser {
             }
             b'h' | b'j' => {
                 let idx = if op == b'h' { r.u8()? as usize } else { r.u32()? as usize };
-                match self.memo.get(idx).copied().unwrap_or(MEMO_EMPTY) {
-                    MEMO_EMPTY => return Err(r.err(format!("memo entry {idx} is read before it is written")).into()),
-                    MEMO_RELEASED => {
+                match self.memo_at(idx) {
+                    Memo::Empty => return Err(r.err(format!("memo entry {idx} is read before it is written")).into()),
+                    Memo::Released => {
                         return Err(r
                             .err(format!(
                                 "memo entry {idx} (a trace entry) is referenced a second time; PyTorch never writes that, and tensormem has already decoded and freed it"
                             ))
                             .into())
                     }
-                    parked if is_compacted(parked) => {
-                        // A freed list read again: rebuilt from its items, and kept from now on.
-                        let items = self.parked[(parked & !COMPACTED) as usize].to_vec();
-                        self.push(Node::List(items));
+                    // A parked list or string read again: a node from now on.
+                    parked @ (Memo::List(_) | Memo::String(_)) => {
+                        let node = match parked {
+                            Memo::List(k) => Node::List(self.parked.lists[k as usize].to_vec()),
+                            Memo::String(s) => Node::Str(self.parked.strings[s as usize].as_ref().into()),
+                            _ => unreachable!("matched above"),
+                        };
+                        self.push(node);
                         let id = self.top_value(r)?;
                         self.memo[idx] = id;
                         self.share(id);
                     }
-                    id => {
+                    Memo::Node(id) => {
                         self.share(id);
                         self.stack.push(Slot::Node(id));
                     }
@@ -706,6 +746,60 @@ impl Parser {
         }
         Ok(true)
     }
+}
+
+/// What the memo names without a node, each distinct value once: lists freed while the memo
+/// still names them, and strings the fast path for trace entries read (`pickle/entry.rs`).
+/// A real snapshot memoizes every trace entry's frame list (a new one per entry, of frame
+/// dicts memoized once): 11.5 M lists held as nodes were most of the memory a 1 GB file took.
+/// A G3 snapshot adds a new memoized `"N/A"` string per entry. A later reference (BINGET)
+/// makes a node of it.
+#[derive(Default)]
+pub struct Parked {
+    /// Items of lists of memoized nodes (`PARKED_LIST | k` in the memo).
+    pub lists: Vec<Box<[NodeId]>>,
+    list_index: rustc_hash::FxHashMap<Box<[NodeId]>, u32>,
+    /// Strings (`PARKED_STRING | s` in the memo).
+    pub strings: Vec<std::sync::Arc<str>>,
+    string_index: rustc_hash::FxHashMap<std::sync::Arc<str>, u32>,
+}
+
+impl Parked {
+    /// The index under which a list of memoized `items` is kept; None when there are too many.
+    fn list(&mut self, items: &[NodeId]) -> Option<u32> {
+        if let Some(&k) = self.list_index.get(items) {
+            return Some(k);
+        }
+        let k = u32::try_from(self.lists.len()).ok().filter(|&k| k < PARKED_MAX)?;
+        let items: Box<[NodeId]> = items.into();
+        self.lists.push(items.clone());
+        self.list_index.insert(items, k);
+        Some(k)
+    }
+
+    /// The index under which string `s` is kept; None when there are too many.
+    fn string(&mut self, s: &str) -> Option<u32> {
+        if let Some(&k) = self.string_index.get(s) {
+            return Some(k);
+        }
+        let k = u32::try_from(self.strings.len()).ok().filter(|&k| k < PARKED_MAX)?;
+        let s: std::sync::Arc<str> = s.into();
+        self.strings.push(s.clone());
+        self.string_index.insert(s, k);
+        Some(k)
+    }
+}
+
+/// What a memo entry holds (`Parser::memo_at`).
+#[derive(Clone, Copy)]
+enum Memo {
+    Empty,
+    Released,
+    Node(NodeId),
+    /// `Parked::lists[k]`.
+    List(u32),
+    /// `Parked::strings[s]`.
+    String(u32),
 }
 
 fn pairs(items: Vec<NodeId>, r: &Reader) -> Result<Vec<(NodeId, NodeId)>, PickleError> {
@@ -776,24 +870,27 @@ mod tests {
         assert!(err.message.contains("remain"), "{err}");
     }
 
+    /// A pickle decoded with or without the fast paths for trace entries, fed in chunks; with
+    /// how many entries `read_entry` read.
+    fn decode(data: &[u8], fast: bool, chunk: usize) -> (crate::trace::Snapshot, usize) {
+        let mut parser = Parser::new(Some(data.len()));
+        parser.fast_entries = fast;
+        let mut compactor = crate::trace::decode::EntryCompactor::default();
+        for piece in data.chunks(chunk) {
+            parser.feed(piece, &mut compactor).unwrap();
+        }
+        let read_fast = parser.read_fast;
+        let (arena, root) = parser.finish(&mut compactor).unwrap();
+        (crate::trace::decode::snapshot(&arena, root, compactor).unwrap(), read_fast)
+    }
+
     /// The real pickles the repository carries decode to the same snapshot through the fast
     /// paths for trace entries as through the generic opcodes alone, fed whole and in chunks
     /// that cut entries anywhere.
     #[test]
     fn the_fast_paths_for_trace_entries_decode_what_the_generic_opcodes_do() {
-        use crate::trace::decode::{EntryCompactor, snapshot};
-        let decode = |data: &[u8], fast: bool, chunk: usize| {
-            let mut parser = Parser::new(Some(data.len()));
-            parser.fast_entries = fast;
-            let mut compactor = EntryCompactor::default();
-            for piece in data.chunks(chunk) {
-                parser.feed(piece, &mut compactor).unwrap();
-            }
-            let (arena, root) = parser.finish(&mut compactor).unwrap();
-            snapshot(&arena, root, compactor).unwrap()
-        };
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/real");
-        let mut read = 0;
+        let (mut read, mut total_fast, mut total) = (0, 0, 0);
         for file in std::fs::read_dir(&dir).unwrap() {
             let path = file.unwrap().path();
             if path.extension().is_none_or(|e| e != "pickle") {
@@ -804,12 +901,18 @@ mod tests {
                 continue;
             }
             let data = std::fs::read(&path).unwrap();
-            let generic = decode(&data, false, data.len().max(1));
-            assert!(decode(&data, true, data.len().max(1)) == generic, "{}", path.display());
-            assert!(decode(&data, true, 997) == generic, "{} in chunks", path.display());
+            let (generic, _) = decode(&data, false, data.len().max(1));
+            let (fast, read_fast) = decode(&data, true, data.len().max(1));
+            assert!(fast == generic, "{}", path.display());
+            assert!(decode(&data, true, 997).0 == generic, "{} in chunks", path.display());
+            // The fast path reads PyTorch's entries, all but those that meet a frame dict or
+            // a key for the first time.
+            let entries: usize = generic.device_traces.iter().map(Vec::len).sum();
+            (total_fast, total) = (total_fast + read_fast, total + entries);
             read += 1;
         }
         assert!(read >= 15, "{read} pickles in {}", dir.display());
+        assert!(total_fast * 100 >= total * 95, "{total_fast} of {total} entries read fast");
     }
 
     /// A protocol-2 pickle as Python writes it (`pickle.dumps(snapshot, protocol=2)`: BINPUT for
@@ -844,17 +947,7 @@ mod tests {
 \x68\x0a\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40\x68\x0b\x4b\x00\x68\x0c\x8a\x07\x00\x40\x1e\x18\
 \x24\x0a\x06\x68\x0d\x5d\x71\x23\x58\x0b\x00\x00\x00\x64\x65\x76\x69\x63\x65\x5f\x66\x72\x65\x65\
 \x71\x24\x4b\x03\x75\x65\x61\x75\x2e";
-        let mut decoded = Vec::new();
-        for (fast, chunk) in [(false, DATA.len()), (true, DATA.len()), (true, 1), (false, 1)] {
-            let mut parser = Parser::new(Some(DATA.len()));
-            parser.fast_entries = fast;
-            let mut compactor = crate::trace::decode::EntryCompactor::default();
-            for piece in DATA.chunks(chunk) {
-                parser.feed(piece, &mut compactor).unwrap();
-            }
-            let (arena, root) = parser.finish(&mut compactor).unwrap();
-            decoded.push(crate::trace::decode::snapshot(&arena, root, compactor).unwrap());
-        }
+        let decoded: Vec<_> = [(false, DATA.len()), (true, DATA.len()), (true, 1), (false, 1)].map(|(fast, chunk)| decode(DATA, fast, chunk).0).into();
         assert!(decoded.iter().all(|s| *s == decoded[0]));
         let trace = &decoded[0].device_traces[0];
         let actions: Vec<&str> = trace.iter().map(|e| e.action.name()).collect();
@@ -864,6 +957,49 @@ mod tests {
         let frames = trace[1].frames.as_deref().unwrap();
         assert_eq!((frames[1].name.as_str(), frames[1].line), ("forward", u64::MAX));
         assert!(std::sync::Arc::ptr_eq(trace[1].frames.as_ref().unwrap(), trace[3].frames.as_ref().unwrap()));
+    }
+
+    /// A frame list and a string met in entries the fast path reads are parked at once; later
+    /// entries the generic opcodes read (a key the fast path does not know, holding a tuple)
+    /// read them back as nodes, and more entries the fast path reads find those nodes: the
+    /// same decode as the generic opcodes alone give, one stack and one string shared.
+    #[test]
+    fn what_the_fast_path_parked_is_read_back_by_the_generic_opcodes() {
+        // pickle.dumps(protocol=4) of seven entries: the first meets its frame dict (generic),
+        // the second has a new list of it (fast), the third an odd key (generic), the fourth
+        // the second's list again (fast), the fifth a new "N/A" (fast), the sixth that string
+        // and an odd key (generic), the seventh that string again (fast).
+        const DATA: &[u8] = b"\x80\x04\x95\x7c\x01\x00\x00\x00\x00\x00\x00\x7d\x94\x28\x8c\x08\x73\x65\x67\x6d\x65\x6e\x74\x73\
+\x94\x5d\x94\x8c\x0d\x64\x65\x76\x69\x63\x65\x5f\x74\x72\x61\x63\x65\x73\x94\x5d\x94\x5d\x94\x28\
+\x7d\x94\x28\x8c\x06\x61\x63\x74\x69\x6f\x6e\x94\x8c\x05\x61\x6c\x6c\x6f\x63\x94\x8c\x04\x61\x64\
+\x64\x72\x94\x4b\x00\x8c\x04\x73\x69\x7a\x65\x94\x4d\x00\x02\x8c\x06\x73\x74\x72\x65\x61\x6d\x94\
+\x4b\x00\x8c\x06\x66\x72\x61\x6d\x65\x73\x94\x5d\x94\x7d\x94\x28\x8c\x08\x66\x69\x6c\x65\x6e\x61\
+\x6d\x65\x94\x8c\x04\x61\x2e\x70\x79\x94\x8c\x04\x6c\x69\x6e\x65\x94\x4b\x01\x8c\x04\x6e\x61\x6d\
+\x65\x94\x8c\x01\x66\x94\x75\x61\x75\x7d\x94\x28\x68\x07\x68\x08\x68\x09\x4d\x00\x04\x68\x0a\x4d\
+\x00\x02\x68\x0b\x4b\x00\x68\x0c\x5d\x94\x68\x0e\x61\x75\x7d\x94\x28\x68\x07\x8c\x0e\x66\x72\x65\
+\x65\x5f\x72\x65\x71\x75\x65\x73\x74\x65\x64\x94\x68\x09\x4d\x00\x04\x68\x0a\x4d\x00\x02\x68\x0b\
+\x4b\x00\x68\x0c\x68\x15\x8c\x0f\x63\x6f\x6d\x70\x69\x6c\x65\x5f\x63\x6f\x6e\x74\x65\x78\x74\x94\
+\x8c\x01\x78\x94\x8c\x03\x6f\x64\x64\x94\x4b\x00\x4b\x01\x86\x94\x75\x7d\x94\x28\x68\x07\x68\x17\
+\x68\x09\x4d\x00\x04\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\x68\x15\x75\x7d\x94\x28\x68\x07\
+\x68\x08\x68\x09\x4d\x00\x08\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\x68\x15\x68\x18\x8c\x03\
+\x4e\x2f\x41\x94\x75\x7d\x94\x28\x68\x07\x68\x08\x68\x09\x4d\x00\x10\x68\x0a\x4d\x00\x02\x68\x0b\
+\x4b\x00\x68\x0c\x68\x15\x68\x18\x68\x1e\x68\x1a\x4b\x00\x4b\x01\x4b\x02\x87\x94\x75\x7d\x94\x28\
+\x68\x07\x68\x08\x68\x09\x4d\x00\x20\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\x68\x15\x68\x18\
+\x68\x1e\x75\x65\x61\x75\x2e";
+        let (generic, _) = decode(DATA, false, DATA.len());
+        let (fast, read_fast) = decode(DATA, true, DATA.len());
+        assert_eq!(read_fast, 4);
+        assert!(fast == generic);
+        assert!(decode(DATA, true, 1).0 == generic);
+        let trace = &fast.device_traces[0];
+        let addrs = [0, 1024, 1024, 1024, 2048, 4096, 8192];
+        assert_eq!(trace.iter().map(|e| e.addr).collect::<Vec<_>>(), addrs);
+        let frames = |i: usize| trace[i].frames.clone().unwrap();
+        assert_eq!((frames(1)[0].filename.as_str(), frames(1)[0].line, frames(1)[0].name.as_str()), ("a.py", 1, "f"));
+        assert!((2..7).all(|i| std::sync::Arc::ptr_eq(&frames(1), &frames(i))));
+        let context = |i: usize| trace[i].extra.as_ref().and_then(|x| x.compile_context.clone());
+        assert_eq!(context(2).as_deref(), Some("x"));
+        assert!((4..7).all(|i| context(i).as_deref() == Some("N/A")));
     }
 
     #[test]

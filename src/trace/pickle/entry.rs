@@ -19,16 +19,6 @@
 
 use super::*;
 
-/// A value written once the shape holds (see `read_entry`'s `none_at` and `list_at`).
-const PLACEHOLDER: Val = Val::Int(0);
-
-/// Where the entry's frame list comes from: new in the entry, or a freed one read again.
-#[derive(Clone, Copy)]
-enum ListMemo {
-    New,
-    Parked(usize),
-}
-
 /// Where a memo index comes from: MEMOIZE takes the next one, BINPUT names it. `Some(None)`:
 /// `op` writes no memo entry; None: an index the generic path refuses (the shape does not hold).
 fn memo_index(op: u8, b: &mut Bytes, next: &mut usize, read: usize) -> Option<Option<usize>> {
@@ -78,173 +68,188 @@ impl Bytes<'_> {
     }
 }
 
+/// The memo entries an entry writes, made once it is decoded: the dict's (its node is made
+/// then) and those of its new frame list and strings, parked (`Parked`).
+#[derive(Default)]
+struct Writes {
+    dict: Option<usize>,
+    parked: [(usize, u32); Writes::MAX_PARKED],
+    len: usize,
+}
+
+impl Writes {
+    /// A frame list and three strings: more is not an entry PyTorch writes.
+    const MAX_PARKED: usize = 4;
+
+    fn writes(&self, idx: usize) -> bool {
+        self.dict == Some(idx) || self.parked[..self.len].iter().any(|&(i, _)| i == idx)
+    }
+
+    /// Memo entry `idx` will name `parked` (`PARKED_LIST | k`, `PARKED_STRING | s`).
+    fn park(&mut self, idx: Option<usize>, parked: u32) -> Option<()> {
+        let Some(idx) = idx else { return Some(()) };
+        if self.len == Self::MAX_PARKED {
+            return None;
+        }
+        self.parked[self.len] = (idx, parked);
+        self.len += 1;
+        Some(())
+    }
+}
+
 impl Parser {
-    /// A node the memo holds at `idx`, if it holds a plain one (not a freed entry, not a parked list).
+    /// A node the memo holds at `idx`, if it holds a plain one (not a freed entry, not a parked value).
     fn memo_node(&self, idx: usize) -> Option<NodeId> {
-        match self.memo.get(idx).copied() {
-            Some(id) if id != MEMO_EMPTY && id != MEMO_RELEASED && !is_compacted(id) => Some(id),
+        match self.memo_at(idx) {
+            Memo::Node(id) => Some(id),
             _ => None,
         }
     }
 
     /// The memo index a BINGET / LONG_BINGET (`op`) reads, unless it is one this entry writes
-    /// itself (`pending`).
-    fn memo_read(op: u8, b: &mut Bytes, pending: &[Option<usize>; 2]) -> Option<usize> {
+    /// itself.
+    fn memo_read(op: u8, b: &mut Bytes, writes: &Writes) -> Option<usize> {
         let idx = match op {
             b'h' => b.u8()? as usize,
             b'j' => b.u32()? as usize,
             _ => return None,
         };
-        (!pending.contains(&Some(idx))).then_some(idx)
+        (!writes.writes(idx)).then_some(idx)
     }
 
     /// A memoized node read by BINGET / LONG_BINGET (`op`).
-    fn got(&self, op: u8, b: &mut Bytes, pending: &[Option<usize>; 2]) -> Option<NodeId> {
-        self.memo_node(Self::memo_read(op, b, pending)?)
+    fn got(&self, op: u8, b: &mut Bytes, writes: &Writes) -> Option<NodeId> {
+        self.memo_node(Self::memo_read(op, b, writes)?)
     }
 
-    /// Reads the trace entry whose EMPTY_DICT opcode ends at `r.pos`, through its SETITEMS, and
-    /// leaves the dict on the stack as `set_items_as_entry` does. False: not in the shape this
-    /// reads (nothing was changed; the generic opcodes take over at the same byte).
+    /// The memo index an optional MEMOIZE / BINPUT after a value writes.
+    fn memoized(b: &mut Bytes, next: &mut usize, read: usize) -> Option<Option<usize>> {
+        match b.peek()? {
+            op @ (0x94 | b'q' | b'r') => {
+                b.u8();
+                memo_index(op, b, next, read)
+            }
+            _ => Some(None),
+        }
+    }
+
+    /// Reads the trace entry whose EMPTY_DICT opcode ends at `r.pos`, through its SETITEMS,
+    /// into keys and values that `Compact::read_entry` decodes, and leaves its `Node::Entry`
+    /// on the stack, as SETITEMS would leave the dict. No node is made for its values: its new
+    /// frame list and strings are parked at once, as the generic path parks the list once the
+    /// entry is decoded. False: not in the shape this reads, or not an entry the compactor is
+    /// sure of (nothing was changed; the generic opcodes take over at the same byte).
     pub(super) fn read_entry(&mut self, r: &mut Reader, compact: &mut dyn Compact) -> bool {
+        let mut items = std::mem::take(&mut self.entry_items);
+        items.clear();
+        let read = self.read_entry_items(r, compact, &mut items).is_some();
+        self.entry_items = items;
+        if read {
+            self.read_fast += 1;
+        }
+        read
+    }
+
+    fn read_entry_items(&mut self, r: &mut Reader, compact: &mut dyn Compact, items: &mut Vec<(NodeId, EntryValue)>) -> Option<()> {
         let mut b = Bytes { data: r.data, pos: r.pos };
         let read = r.base + r.pos;
         let mut next = self.memo.len();
-        // Memo indices this entry writes: the dict's, its frame list's.
-        let mut pending: [Option<usize>; 2] = [None, None];
-        let Some(op) = b.u8() else { return false };
-        let Some(dict_memo) = memo_index(op, &mut b, &mut next, read) else { return false };
-        pending[0] = dict_memo;
-        let mark = if dict_memo.is_some() { b.u8() } else { Some(op) };
-        if mark != Some(b'(') {
-            return false;
-        }
-        // Keys and values as SETITEMS would find them on the stack; nodes read with BINGET are
-        // shared once the shape is known to hold. The frame list's place is marked by `list_at`.
-        self.items.clear();
-        self.list_items.clear();
-        // Where the value is not known until the shape holds (None, the frame list), `items`
-        // holds `PLACEHOLDER` until then.
-        let mut list_at = None;
-        let mut list_memo = ListMemo::New;
-        let mut none_at: u32 = 0;
+        let mut writes = Writes::default();
+        let op = b.u8()?;
+        writes.dict = memo_index(op, &mut b, &mut next, read)?;
+        let mark = if writes.dict.is_some() { b.u8()? } else { op };
+        (mark == b'(').then_some(())?;
+        let mut new_list = false;
         loop {
-            let Some(op) = b.u8() else { return false };
+            let op = b.u8()?;
             if op == b'u' {
                 break;
             }
-            if self.items.len() == MAX_ENTRY_ITEMS {
-                return false;
+            if items.len() == MAX_ENTRY_ITEMS / 2 {
+                return None;
             }
-            let Some(key) = self.got(op, &mut b, &pending) else { return false };
-            if !matches!(self.arena.get(key), Node::Str(_)) {
-                return false;
-            }
-            let Some(op) = b.u8() else { return false };
-            let value = match op {
-                b'K' => b.u8().map(|v| Val::Int(v as i64)),
-                b'M' => b.u16().map(|v| Val::Int(v as i64)),
-                b'J' => b.take(4).map(|v| Val::Int(i32::from_le_bytes(v.try_into().expect("4 bytes")) as i64)),
-                0x8a => match b.u8() {
-                    Some(len @ 0..=8) => b.take(len as usize).and_then(|bytes| match long_from_bytes(bytes) {
-                        Node::Int(v) => i64::try_from(v).ok().map(Val::Int),
-                        _ => None,
-                    }),
-                    _ => None,
-                },
-                b'N' => {
-                    none_at |= 1 << (self.items.len() / 2);
-                    Some(PLACEHOLDER)
-                }
-                b'h' | b'j' => match Self::memo_read(op, &mut b, &pending) {
-                    Some(idx) => match self.memo.get(idx).copied() {
-                        // A frame list freed with the entry that first had it (`park`), read
-                        // again (a free names its alloc's list): rebuilt below, as BINGET does.
-                        Some(parked) if parked != MEMO_EMPTY && parked != MEMO_RELEASED && is_compacted(parked) && list_at.is_none() => {
-                            list_at = Some(self.items.len() + 1);
-                            self.list_items.extend_from_slice(&self.parked[(parked & !COMPACTED) as usize]);
-                            list_memo = ListMemo::Parked(idx);
-                            Some(PLACEHOLDER)
-                        }
-                        _ => self.memo_node(idx).map(Val::Node),
+            let key = self.got(op, &mut b, &writes)?;
+            let value = match b.u8()? {
+                b'K' => EntryValue::Int(b.u8()? as i64),
+                b'M' => EntryValue::Int(b.u16()? as i64),
+                b'J' => EntryValue::Int(i32::from_le_bytes(b.take(4)?.try_into().ok()?) as i64),
+                0x8a => match b.u8()? {
+                    len @ 0..=8 => match long_from_bytes(b.take(len as usize)?) {
+                        Node::Int(v) => EntryValue::Int(i64::try_from(v).ok()?),
+                        _ => return None,
                     },
-                    None => None,
+                    _ => return None,
                 },
-                b']' if list_at.is_none() => {
-                    list_at = Some(self.items.len() + 1);
-                    list_memo = ListMemo::New;
-                    self.scan_list(&mut b, &mut next, &mut pending, read).map(|()| PLACEHOLDER)
+                b'N' => EntryValue::None,
+                op @ (b'h' | b'j') => match self.memo_at(Self::memo_read(op, &mut b, &writes)?) {
+                    // A frame list parked with the entry that first had it, read again (a free
+                    // names its alloc's list).
+                    Memo::List(k) => EntryValue::Frames(k),
+                    Memo::String(s) => EntryValue::Str(s),
+                    Memo::Node(id) => EntryValue::Node(id),
+                    Memo::Empty | Memo::Released => return None,
+                },
+                // A string met here (a G3 snapshot writes a new "N/A" in every entry).
+                op @ (0x8c | b'X') => {
+                    let len = if op == 0x8c { b.u8()? as usize } else { b.u32()? as usize };
+                    let s = self.parked.string(std::str::from_utf8(b.take(len)?).ok()?)?;
+                    writes.park(Self::memoized(&mut b, &mut next, read)?, PARKED_STRING | s)?;
+                    EntryValue::Str(s)
                 }
-                _ => None,
+                b']' if !new_list => {
+                    new_list = true;
+                    let list_memo = Self::memoized(&mut b, &mut next, read)?;
+                    let mut list = std::mem::take(&mut self.list_items);
+                    list.clear();
+                    let k = self.scan_list(&mut b, &writes, list_memo, &mut list).and_then(|()| self.parked.list(&list));
+                    self.list_items = list;
+                    let k = k?;
+                    writes.park(list_memo, PARKED_LIST | k)?;
+                    EntryValue::Frames(k)
+                }
+                _ => return None,
             };
-            let Some(value) = value else { return false };
-            self.items.extend([Val::Node(key), value]);
+            items.push((key, value));
         }
-        if self.items.is_empty() || self.arena.len() + MAX_ENTRY_ITEMS >= (COMPACTED - 1) as usize {
-            return false;
+        if items.is_empty() || self.arena.len() + 1 >= (COMPACTED - 1) as usize {
+            return None;
         }
-        // The shape holds: write what the opcodes would have written.
+        let memo_slot = &self.memo_slot;
+        let lasting = |id: NodeId| memo_slot.get(id as usize).is_some_and(|&slot| slot != NOT_MEMOIZED);
+        let k = compact.read_entry(&self.arena, items, &self.parked, &lasting)?;
+        // Decoded: write what the opcodes would have left.
         r.pos = b.pos;
-        let dict = self.new_node(Node::Dict(Vec::new()));
-        if let Some(idx) = dict_memo {
-            self.memo_put(idx, dict);
+        let entry = self.new_node(Node::Entry(k));
+        if let Some(idx) = writes.dict {
+            self.memo_put(idx, entry);
         }
-        let mut items = std::mem::take(&mut self.items);
-        for (at, value) in items.iter_mut().enumerate() {
-            match *value {
-                _ if at % 2 == 1 && none_at & (1 << (at / 2)) != 0 => *value = Val::Node(self.new_node(Node::None)),
-                _ if Some(at) == list_at => {
-                    let list_items = self.list_items.clone();
-                    // A new list's items were read with BINGET, which shares them (a rebuilt
-                    // list's items are not read again).
-                    if matches!(list_memo, ListMemo::New) {
-                        for &item in &list_items {
-                            self.share(item);
-                        }
-                    }
-                    let list = self.new_node(Node::List(list_items));
-                    match list_memo {
-                        ListMemo::New => {
-                            if let Some(idx) = pending[1] {
-                                self.memo_put(idx, list);
-                            }
-                        }
-                        // Kept from now on, as BINGET keeps a rebuilt list.
-                        ListMemo::Parked(idx) => {
-                            self.memo[idx] = list;
-                            self.share(list);
-                        }
-                    }
-                    *value = Val::Node(list);
-                }
-                Val::Node(id) => self.share(id),
-                Val::Int(_) => {}
+        for &(idx, parked) in &writes.parked[..writes.len] {
+            self.memo_park(idx, parked);
+        }
+        // What BINGET read is referred to twice now: never freed.
+        for &(key, value) in items.iter() {
+            self.share(key);
+            if let EntryValue::Node(id) = value {
+                self.share(id);
             }
         }
-        self.stack.push(Slot::Node(dict));
-        // From here on, what SETITEMS does: a decoded entry, or else a dict of nodes.
-        if !self.decode_entry(dict, &items, compact) {
-            let pairs = items.chunks_exact(2).map(|kv| (self.node_of_val(kv[0]), self.node_of_val(kv[1]))).collect();
-            *self.arena.get_mut(dict) = Node::Dict(pairs);
-        }
-        self.items = items;
-        true
+        self.stack.push(Slot::Node(entry));
+        Some(())
     }
 
-    /// A new list of memoized items after EMPTY_LIST: `[MEMOIZE | BINPUT i]`, then nothing, one
-    /// item and APPEND, or MARK, items and APPENDS. Its items go to `list_items`.
-    fn scan_list(&mut self, b: &mut Bytes, next: &mut usize, pending: &mut [Option<usize>; 2], read: usize) -> Option<()> {
-        let op = b.peek()?;
-        if matches!(op, 0x94 | b'q' | b'r') {
-            b.u8();
-            pending[1] = memo_index(op, b, next, read)?;
-        }
+    /// The items of a new list of memoized items after EMPTY_LIST and its memo write (`own`):
+    /// nothing, one item and APPEND, or MARK, items and APPENDS. Its items go to `list`.
+    fn scan_list(&self, b: &mut Bytes, writes: &Writes, own: Option<usize>, list: &mut Vec<NodeId>) -> Option<()> {
+        let item = |b: &mut Bytes, op: u8| {
+            let idx = Self::memo_read(op, b, writes).filter(|&idx| Some(idx) != own)?;
+            self.memo_node(idx)
+        };
         match b.peek()? {
             b'h' | b'j' => {
                 let op = b.u8()?;
-                let item = self.got(op, b, pending)?;
+                let item = item(b, op)?;
                 (b.u8()? == b'a').then_some(())?;
-                self.list_items.push(item);
+                list.push(item);
             }
             b'(' => {
                 b.u8();
@@ -253,8 +258,8 @@ impl Parser {
                     if op == b'e' {
                         break;
                     }
-                    let item = self.got(op, b, pending)?;
-                    self.list_items.push(item);
+                    let item = item(b, op)?;
+                    list.push(item);
                 }
             }
             _ => {}
