@@ -1,5 +1,5 @@
-//! Times loading a snapshot, laying out device 0's timeline and rasterising it at 1400x440 (the
-//! work the page's worker does), natively: `cargo run --release --example timeline_stats -- FILE`.
+//! Times loading a snapshot, laying out device 0's timeline, rasterising it at 1400x440 and
+//! inferring its allocations' categories (the work the page's worker does), natively: `cargo run --release --example timeline_stats -- FILE`.
 
 fn main() {
     let Some(path) = std::env::args().nth(1) else {
@@ -40,8 +40,11 @@ fn main() {
     };
     let pixels = tensormem::timeline::raster::rasterize(&t, &r);
     let rastered = t0.elapsed();
+    // The categories the page colours a PyTorch trace's bands by (and shows in its details).
+    let inferred = tensormem::doctor::infer(&t).len();
+    let inferring = t0.elapsed() - rastered;
     println!(
-        "load {:?}, layout {:?}, raster {:?} ({} painted pixels); {} events, {} allocations, {} pieces",
+        "load {:?}, layout {:?}, raster {:?} ({} painted pixels), categories inferred {inferring:?} ({inferred}); {} events, {} allocations, {} pieces",
         loaded,
         built - loaded,
         rastered - built,

@@ -112,6 +112,34 @@ fn sampling_step(start: &[u32], end: &[u32], budget: usize) -> u32 {
     total.div_ceil(room).clamp(2, u32::MAX as u64) as u32
 }
 
+/// `ids` in the order of `key`, ties in their order: a radix sort by 16 bits at a time, linear
+/// where a comparison sort of a 1 GB trace's 3.8 M allocations by their end took a third of
+/// laying it out (each comparison reads two keys far apart in memory).
+fn sorted_by_key(mut ids: Vec<u32>, key: impl Fn(u32) -> u32) -> Vec<u32> {
+    let max = ids.iter().map(|&id| key(id)).max().unwrap_or(0);
+    let mut out = vec![0; ids.len()];
+    let mut shift = 0;
+    while shift < 32 && (shift == 0 || max >> shift != 0) {
+        let digit = |id: u32| ((key(id) >> shift) & 0xffff) as usize;
+        let mut at = vec![0usize; 1 << 16];
+        for &id in &ids {
+            at[digit(id)] += 1;
+        }
+        let mut sum = 0;
+        for slot in at.iter_mut() {
+            (*slot, sum) = (sum, sum + *slot);
+        }
+        for &id in &ids {
+            let d = digit(id);
+            out[at[d]] = id;
+            at[d] += 1;
+        }
+        std::mem::swap(&mut ids, &mut out);
+        shift += 16;
+    }
+    ids
+}
+
 /// Called for each piece closed: (allocation, x0, y). Pieces of one allocation come in x order.
 type PieceSink<'a> = dyn FnMut(u32, u32, f64) + 'a;
 
@@ -128,8 +156,8 @@ impl<'a> Walk<'a> {
     fn new(start: &'a [u32], end: &'a [u32], events: usize) -> Walk<'a> {
         let last = events as u32 + 1;
         let lives = |id: u32| start[id as usize] < end[id as usize];
-        let mut by_end: Vec<u32> = (0..end.len() as u32).filter(|&id| lives(id) && end[id as usize] < last).collect();
-        by_end.sort_by_key(|&id| end[id as usize]);
+        let ending: Vec<u32> = (0..end.len() as u32).filter(|&id| lives(id) && end[id as usize] < last).collect();
+        let by_end = sorted_by_key(ending, |id| end[id as usize]);
         Walk { start, end, by_end, events }
     }
 
@@ -270,6 +298,27 @@ impl Stack {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The radix sort orders as a stable comparison sort does, keys of one, two and three
+    /// 16-bit digits, ties in the order given.
+    #[test]
+    fn the_radix_sort_is_a_stable_sort_by_key() {
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for range in [7u32, 1 << 16, 1 << 20, u32::MAX] {
+            let keys: Vec<u32> = (0..5000).map(|_| (next() % range as u64) as u32).collect();
+            let ids: Vec<u32> = (0..5000).rev().collect();
+            let mut expected = ids.clone();
+            expected.sort_by_key(|&id| keys[id as usize]);
+            assert_eq!(sorted_by_key(ids, |id| keys[id as usize]), expected, "keys below {range}");
+        }
+        assert_eq!(sorted_by_key(Vec::new(), |id| id), Vec::<u32>::new());
+    }
 
     /// `n` allocations of sizes 1, 2, 3, ... all live, then freed oldest first (a queue).
     fn queue(n: u32) -> (Vec<f64>, Vec<u32>, Vec<u32>, usize) {
