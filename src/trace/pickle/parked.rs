@@ -1,0 +1,57 @@
+//! Values the pickle's memo names without a node of their own (see `Parked`).
+
+use super::*;
+
+/// What the memo names without a node, each distinct value once: lists freed while the memo
+/// still names them, and strings the fast path for trace entries read (`pickle/entry.rs`).
+/// A real snapshot memoizes every trace entry's frame list (a new one per entry, of frame
+/// dicts memoized once): 11.5 M lists held as nodes were most of the memory a 1 GB file took.
+/// A G3 snapshot adds a new memoized `"N/A"` string per entry. A later reference (BINGET)
+/// makes a node of it.
+#[derive(Default)]
+pub struct Parked {
+    /// Items of lists of memoized nodes (`PARKED_LIST | k` in the memo).
+    pub lists: Vec<Box<[NodeId]>>,
+    list_index: rustc_hash::FxHashMap<Box<[NodeId]>, u32>,
+    /// Strings (`PARKED_STRING | s` in the memo).
+    pub strings: Vec<std::sync::Arc<str>>,
+    string_index: rustc_hash::FxHashMap<std::sync::Arc<str>, u32>,
+}
+
+impl Parked {
+    /// The index under which a list of memoized `items` is kept; None when there are too many.
+    pub(super) fn list(&mut self, items: &[NodeId]) -> Option<u32> {
+        if let Some(&k) = self.list_index.get(items) {
+            return Some(k);
+        }
+        let k = u32::try_from(self.lists.len()).ok().filter(|&k| k < PARKED_MAX)?;
+        let items: Box<[NodeId]> = items.into();
+        self.lists.push(items.clone());
+        self.list_index.insert(items, k);
+        Some(k)
+    }
+
+    /// The index under which string `s` is kept; None when there are too many.
+    pub(super) fn string(&mut self, s: &str) -> Option<u32> {
+        if let Some(&k) = self.string_index.get(s) {
+            return Some(k);
+        }
+        let k = u32::try_from(self.strings.len()).ok().filter(|&k| k < PARKED_MAX)?;
+        let s: std::sync::Arc<str> = s.into();
+        self.strings.push(s.clone());
+        self.string_index.insert(s, k);
+        Some(k)
+    }
+}
+
+/// What a memo entry holds (`Parser::memo_at`).
+#[derive(Clone, Copy)]
+pub(super) enum Memo {
+    Empty,
+    Released,
+    Node(NodeId),
+    /// `Parked::lists[k]`.
+    List(u32),
+    /// `Parked::strings[s]`.
+    String(u32),
+}

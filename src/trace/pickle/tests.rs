@@ -1,0 +1,172 @@
+use super::*;
+
+#[test]
+fn long1_decodes_twos_complement() {
+    assert_eq!(long_from_bytes(&[0xff]), Node::Int(-1));
+    assert_eq!(long_from_bytes(&[0x00, 0x80, 0x5c, 0x1e, 0x5b, 0x7f]), Node::Int(0x7f5b1e5c8000));
+    // 2^64 - 1, as real frames carry for an unknown line
+    assert_eq!(long_from_bytes(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0]), Node::Int(u64::MAX as i128));
+    assert_eq!(long_from_bytes(&[1, 0, 0, 0, 0, 0, 0, 0, 0]), Node::Int(1));
+    assert_eq!(long_from_bytes(&[0; 17]), Node::Int(0));
+    let mut huge = [0u8; 17];
+    huge[16] = 1;
+    assert_eq!(long_from_bytes(&huge), Node::BigInt);
+}
+
+#[test]
+fn refuses_globals() {
+    // pickle.dumps(os.system, protocol=2) starts with PROTO 2, GLOBAL 'posix\nsystem\n'
+    let data = b"\x80\x02cposix\nsystem\nq\x00.";
+    let err = parse(data).unwrap_err();
+    assert!(err.message.contains("GLOBAL"), "{err}");
+    assert_eq!(err.offset, 2);
+}
+
+#[test]
+fn declared_length_beyond_file_is_an_error() {
+    let data = b"\x80\x04X\xff\xff\xff\x7fabc.";
+    let err = parse(data).unwrap_err();
+    assert!(err.message.contains("remain"), "{err}");
+}
+
+/// A pickle decoded with or without the fast paths for trace entries, fed in chunks; with
+/// how many entries `read_entry` read.
+fn decode(data: &[u8], fast: bool, chunk: usize) -> (crate::trace::Snapshot, usize) {
+    let mut parser = Parser::new(Some(data.len()));
+    parser.fast_entries = fast;
+    let mut compactor = crate::trace::decode::EntryCompactor::default();
+    for piece in data.chunks(chunk) {
+        parser.feed(piece, &mut compactor).unwrap();
+    }
+    let read_fast = parser.read_fast;
+    let (arena, root) = parser.finish(&mut compactor).unwrap();
+    (crate::trace::decode::snapshot(&arena, root, compactor).unwrap(), read_fast)
+}
+
+/// The real pickles the repository carries decode to the same snapshot through the fast
+/// paths for trace entries as through the generic opcodes alone, fed whole and in chunks
+/// that cut entries anywhere.
+#[test]
+fn the_fast_paths_for_trace_entries_decode_what_the_generic_opcodes_do() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/real");
+    let (mut read, mut total_fast, mut total) = (0, 0, 0);
+    for file in std::fs::read_dir(&dir).unwrap() {
+        let path = file.unwrap().path();
+        if path.extension().is_none_or(|e| e != "pickle") {
+            continue;
+        }
+        // The smaller ones (20 of them, from a dozen programs): a debug build is slow.
+        if std::fs::metadata(&path).unwrap().len() > 1_500_000 {
+            continue;
+        }
+        let data = std::fs::read(&path).unwrap();
+        let (generic, _) = decode(&data, false, data.len().max(1));
+        let (fast, read_fast) = decode(&data, true, data.len().max(1));
+        assert!(fast == generic, "{}", path.display());
+        assert!(decode(&data, true, 997).0 == generic, "{} in chunks", path.display());
+        // The fast path reads PyTorch's entries, all but those that meet a frame dict or
+        // a key for the first time.
+        let entries: usize = generic.device_traces.iter().map(Vec::len).sum();
+        (total_fast, total) = (total_fast + read_fast, total + entries);
+        read += 1;
+    }
+    assert!(read >= 15, "{read} pickles in {}", dir.display());
+    assert!(total_fast * 100 >= total * 95, "{total_fast} of {total} entries read fast");
+}
+
+/// A protocol-2 pickle as Python writes it (`pickle.dumps(snapshot, protocol=2)`: BINPUT for
+/// every memo entry, all entries appended at the end in one APPENDS, a frame list read again
+/// before its entry is appended, an `oom` entry with a 2^62-byte request and `device_free`,
+/// a line of 2^64 - 1) reads the same with and without the fast paths, fed whole or byte by byte.
+#[test]
+fn a_protocol_2_pickle_reads_the_same_with_and_without_the_fast_paths() {
+    const DATA: &[u8] = b"\x80\x02\x7d\x71\x00\x28\x58\x08\x00\x00\x00\x73\x65\x67\x6d\x65\x6e\x74\x73\x71\x01\x5d\x71\x02\
+\x58\x0d\x00\x00\x00\x64\x65\x76\x69\x63\x65\x5f\x74\x72\x61\x63\x65\x73\x71\x03\x5d\x71\x04\x5d\
+\x71\x05\x28\x7d\x71\x06\x28\x58\x06\x00\x00\x00\x61\x63\x74\x69\x6f\x6e\x71\x07\x58\x0d\x00\x00\
+\x00\x73\x65\x67\x6d\x65\x6e\x74\x5f\x61\x6c\x6c\x6f\x63\x71\x08\x58\x04\x00\x00\x00\x61\x64\x64\
+\x72\x71\x09\x8a\x06\x00\x00\x00\x00\x00\x01\x58\x04\x00\x00\x00\x73\x69\x7a\x65\x71\x0a\x4a\x00\
+\x00\x20\x00\x58\x06\x00\x00\x00\x73\x74\x72\x65\x61\x6d\x71\x0b\x4b\x00\x58\x07\x00\x00\x00\x74\
+\x69\x6d\x65\x5f\x75\x73\x71\x0c\x8a\x07\x00\x40\x1e\x18\x24\x0b\x06\x58\x06\x00\x00\x00\x66\x72\
+\x61\x6d\x65\x73\x71\x0d\x5d\x71\x0e\x7d\x71\x0f\x28\x58\x08\x00\x00\x00\x66\x69\x6c\x65\x6e\x61\
+\x6d\x65\x71\x10\x58\x08\x00\x00\x00\x74\x72\x61\x69\x6e\x2e\x70\x79\x71\x11\x58\x04\x00\x00\x00\
+\x6c\x69\x6e\x65\x71\x12\x4b\x0c\x58\x04\x00\x00\x00\x6e\x61\x6d\x65\x71\x13\x58\x04\x00\x00\x00\
+\x73\x74\x65\x70\x71\x14\x75\x61\x75\x7d\x71\x15\x28\x68\x07\x58\x05\x00\x00\x00\x61\x6c\x6c\x6f\
+\x63\x71\x16\x68\x09\x8a\x06\x00\x00\x00\x00\x00\x01\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\
+\x8a\x07\x00\x40\x1e\x18\x24\x0b\x06\x68\x0d\x5d\x71\x17\x28\x68\x0f\x7d\x71\x18\x28\x68\x10\x58\
+\x08\x00\x00\x00\x6d\x6f\x64\x65\x6c\x2e\x70\x79\x71\x19\x68\x12\x8a\x09\xff\xff\xff\xff\xff\xff\
+\xff\xff\x00\x68\x13\x58\x07\x00\x00\x00\x66\x6f\x72\x77\x61\x72\x64\x71\x1a\x75\x65\x75\x7d\x71\
+\x1b\x28\x68\x07\x68\x16\x68\x09\x8a\x06\x00\x02\x00\x00\x00\x01\x68\x0a\x4d\x00\x04\x68\x0b\x4b\
+\x00\x68\x0c\x8a\x07\x00\x42\x1e\x18\x24\x0b\x06\x68\x0d\x5d\x71\x1c\x28\x68\x18\x68\x0f\x65\x75\
+\x7d\x71\x1d\x28\x68\x07\x58\x0e\x00\x00\x00\x66\x72\x65\x65\x5f\x72\x65\x71\x75\x65\x73\x74\x65\
+\x64\x71\x1e\x68\x09\x8a\x06\x00\x00\x00\x00\x00\x01\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\
+\x8a\x07\x00\x40\x1e\x18\x24\x0b\x06\x68\x0d\x68\x17\x75\x7d\x71\x1f\x28\x68\x07\x58\x0e\x00\x00\
+\x00\x66\x72\x65\x65\x5f\x63\x6f\x6d\x70\x6c\x65\x74\x65\x64\x71\x20\x68\x09\x8a\x06\x00\x00\x00\
+\x00\x00\x01\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\x8a\x07\x00\x40\x1e\x18\x24\x0b\x06\x68\
+\x0d\x68\x17\x75\x7d\x71\x21\x28\x68\x07\x58\x03\x00\x00\x00\x6f\x6f\x6d\x71\x22\x68\x09\x4b\x00\
+\x68\x0a\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40\x68\x0b\x4b\x00\x68\x0c\x8a\x07\x00\x40\x1e\x18\
+\x24\x0a\x06\x68\x0d\x5d\x71\x23\x58\x0b\x00\x00\x00\x64\x65\x76\x69\x63\x65\x5f\x66\x72\x65\x65\
+\x71\x24\x4b\x03\x75\x65\x61\x75\x2e";
+    let decoded: Vec<_> = [(false, DATA.len()), (true, DATA.len()), (true, 1), (false, 1)].map(|(fast, chunk)| decode(DATA, fast, chunk).0).into();
+    assert!(decoded.iter().all(|s| *s == decoded[0]));
+    let trace = &decoded[0].device_traces[0];
+    let actions: Vec<&str> = trace.iter().map(|e| e.action.name()).collect();
+    assert_eq!(actions, ["segment_alloc", "alloc", "alloc", "free_requested", "free_completed", "oom"]);
+    assert_eq!((trace[2].addr, trace[2].size, trace[2].time_us), ((1 << 40) + 512, 1024, Some(1_700_000_000_000_000 + (1 << 40) + 512)));
+    assert_eq!((trace[5].size, trace[5].device_free()), (1 << 62, Some(3)));
+    let frames = trace[1].frames.as_deref().unwrap();
+    assert_eq!((frames[1].name.as_str(), frames[1].line), ("forward", u64::MAX));
+    assert!(std::sync::Arc::ptr_eq(trace[1].frames.as_ref().unwrap(), trace[3].frames.as_ref().unwrap()));
+}
+
+/// A frame list and a string met in entries the fast path reads are parked at once; later
+/// entries the generic opcodes read (a key the fast path does not know, holding a tuple)
+/// read them back as nodes, and more entries the fast path reads find those nodes: the
+/// same decode as the generic opcodes alone give, one stack and one string shared.
+#[test]
+fn what_the_fast_path_parked_is_read_back_by_the_generic_opcodes() {
+    // pickle.dumps(protocol=4) of seven entries: the first meets its frame dict (generic),
+    // the second has a new list of it (fast), the third an odd key (generic), the fourth
+    // the second's list again (fast), the fifth a new "N/A" (fast), the sixth that string
+    // and an odd key (generic), the seventh that string again (fast).
+    const DATA: &[u8] = b"\x80\x04\x95\x7c\x01\x00\x00\x00\x00\x00\x00\x7d\x94\x28\x8c\x08\x73\x65\x67\x6d\x65\x6e\x74\x73\
+\x94\x5d\x94\x8c\x0d\x64\x65\x76\x69\x63\x65\x5f\x74\x72\x61\x63\x65\x73\x94\x5d\x94\x5d\x94\x28\
+\x7d\x94\x28\x8c\x06\x61\x63\x74\x69\x6f\x6e\x94\x8c\x05\x61\x6c\x6c\x6f\x63\x94\x8c\x04\x61\x64\
+\x64\x72\x94\x4b\x00\x8c\x04\x73\x69\x7a\x65\x94\x4d\x00\x02\x8c\x06\x73\x74\x72\x65\x61\x6d\x94\
+\x4b\x00\x8c\x06\x66\x72\x61\x6d\x65\x73\x94\x5d\x94\x7d\x94\x28\x8c\x08\x66\x69\x6c\x65\x6e\x61\
+\x6d\x65\x94\x8c\x04\x61\x2e\x70\x79\x94\x8c\x04\x6c\x69\x6e\x65\x94\x4b\x01\x8c\x04\x6e\x61\x6d\
+\x65\x94\x8c\x01\x66\x94\x75\x61\x75\x7d\x94\x28\x68\x07\x68\x08\x68\x09\x4d\x00\x04\x68\x0a\x4d\
+\x00\x02\x68\x0b\x4b\x00\x68\x0c\x5d\x94\x68\x0e\x61\x75\x7d\x94\x28\x68\x07\x8c\x0e\x66\x72\x65\
+\x65\x5f\x72\x65\x71\x75\x65\x73\x74\x65\x64\x94\x68\x09\x4d\x00\x04\x68\x0a\x4d\x00\x02\x68\x0b\
+\x4b\x00\x68\x0c\x68\x15\x8c\x0f\x63\x6f\x6d\x70\x69\x6c\x65\x5f\x63\x6f\x6e\x74\x65\x78\x74\x94\
+\x8c\x01\x78\x94\x8c\x03\x6f\x64\x64\x94\x4b\x00\x4b\x01\x86\x94\x75\x7d\x94\x28\x68\x07\x68\x17\
+\x68\x09\x4d\x00\x04\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\x68\x15\x75\x7d\x94\x28\x68\x07\
+\x68\x08\x68\x09\x4d\x00\x08\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\x68\x15\x68\x18\x8c\x03\
+\x4e\x2f\x41\x94\x75\x7d\x94\x28\x68\x07\x68\x08\x68\x09\x4d\x00\x10\x68\x0a\x4d\x00\x02\x68\x0b\
+\x4b\x00\x68\x0c\x68\x15\x68\x18\x68\x1e\x68\x1a\x4b\x00\x4b\x01\x4b\x02\x87\x94\x75\x7d\x94\x28\
+\x68\x07\x68\x08\x68\x09\x4d\x00\x20\x68\x0a\x4d\x00\x02\x68\x0b\x4b\x00\x68\x0c\x68\x15\x68\x18\
+\x68\x1e\x75\x65\x61\x75\x2e";
+    let (generic, _) = decode(DATA, false, DATA.len());
+    let (fast, read_fast) = decode(DATA, true, DATA.len());
+    assert_eq!(read_fast, 4);
+    assert!(fast == generic);
+    assert!(decode(DATA, true, 1).0 == generic);
+    let trace = &fast.device_traces[0];
+    let addrs = [0, 1024, 1024, 1024, 2048, 4096, 8192];
+    assert_eq!(trace.iter().map(|e| e.addr).collect::<Vec<_>>(), addrs);
+    let frames = |i: usize| trace[i].frames.clone().unwrap();
+    assert_eq!((frames(1)[0].filename.as_str(), frames(1)[0].line, frames(1)[0].name.as_str()), ("a.py", 1, "f"));
+    assert!((2..7).all(|i| std::sync::Arc::ptr_eq(&frames(1), &frames(i))));
+    let context = |i: usize| trace[i].extra.as_ref().and_then(|x| x.compile_context.clone());
+    assert_eq!(context(2).as_deref(), Some("x"));
+    assert!((4..7).all(|i| context(i).as_deref() == Some("N/A")));
+}
+
+#[test]
+fn memo_sharing_is_kept() {
+    // [d, d] where d = {} is memoized once: pickle.dumps([d, d], protocol=4)
+    let data = b"\x80\x04\x95\x09\x00\x00\x00\x00\x00\x00\x00]\x94(}\x94h\x01e.";
+    let (arena, root) = parse(data).unwrap();
+    let Node::List(items) = arena.get(root) else { panic!() };
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0], items[1]);
+}
