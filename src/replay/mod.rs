@@ -374,9 +374,9 @@ struct Run<'a> {
     /// Recorded address -> our address, for live allocations made during the replay.
     ptrs: FxHashMap<u64, u64>,
     /// Recorded allocations our allocator could not make (smaller capacity): their frees are skipped.
-    failed: std::collections::HashSet<u64>,
+    failed: rustc_hash::FxHashSet<u64>,
     /// Of those, the ones freed on another stream whose completion is still to come.
-    failed_pending: std::collections::HashSet<u64>,
+    failed_pending: rustc_hash::FxHashSet<u64>,
     /// Where to stop (`until`): no event at or after it is replayed, not even half a pair.
     stop: usize,
     /// The stop fell inside a burst of segment releases: the replay ends before the burst.
