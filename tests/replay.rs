@@ -348,3 +348,45 @@ fn a_known_start_serves_only_the_trace_it_was_reconstructed_from() {
         }
     }
 }
+
+/// The doctor skips a `max_split_size_mb` what-if whose limit nothing in the replay reached
+/// (`Outcome::same_under_max_split`): on every real trace the repository carries, under the
+/// file's settings and each limit the doctor tries, where the rule says "the same", the replay
+/// gives the same peaks; and the rule says so for some traces and not for others.
+#[test]
+fn a_max_split_size_above_every_segment_changes_no_decision() {
+    use tensormem::doctor::Setup;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/real");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "pickle")).collect();
+    files.sort();
+    let (mut same, mut replayed) = (0, 0);
+    for path in &files {
+        let snap = trace::load_file(path).unwrap();
+        let own = tensormem::replay::recorded_config(&snap).unwrap();
+        for device in snap.devices() {
+            let setup = |extra: &str| Setup {
+                alloc_conf: [own.raw.as_str(), extra].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join(","),
+                start: StartMode::Recorded,
+                capacity: None,
+                known_start: None,
+            };
+            let before = setup("").replay(&snap, device).unwrap();
+            let own_limit = AllocatorConfig::parse(&setup("").alloc_conf).unwrap().max_split_size;
+            for mb in [128u64, 256, 512] {
+                let name = format!("{} device {device}, max_split_size_mb:{mb}", path.file_name().unwrap().to_string_lossy());
+                if !before.same_under_max_split(mb << 20, own_limit) {
+                    replayed += 1;
+                    continue;
+                }
+                let after = setup(&format!("max_split_size_mb:{mb}")).replay(&snap, device).unwrap();
+                assert_eq!(
+                    (after.peak_reserved, after.peak_allocated, after.out_of_memory, after.largest_segment),
+                    (before.peak_reserved, before.peak_allocated, before.out_of_memory, before.largest_segment),
+                    "{name}"
+                );
+                same += 1;
+            }
+        }
+    }
+    assert!(same >= 20 && replayed >= 10, "{same} limits above every segment, {replayed} below one");
+}

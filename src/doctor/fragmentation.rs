@@ -6,7 +6,7 @@
 //! problem a change would fix, and is not reported.
 
 use super::kinds::{Kind, Material, Role};
-use super::what_if::{Outcome, Setup, as_recorded, candidate_settings, each_in_parallel, verified};
+use super::what_if::{Outcome, as_recorded, candidate_outcome, candidate_settings, each_in_parallel, verified};
 use super::{DoctorError, FRAGMENTATION, Finding, FindingConfidence, Patient, Verified, size};
 use crate::replay::{self, ReplayOptions};
 use crate::trace::BlockState;
@@ -67,11 +67,7 @@ pub(super) fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
     // candidate: independent replays.
     let before = as_recorded(p)?;
     let settings = candidate_settings(&replay::recorded_config(p.snapshot)?);
-    let outcomes = each_in_parallel(&settings, |setting| -> Result<(Setup, Outcome), DoctorError> {
-        let setup = Setup::file_settings_plus(p, setting)?;
-        let outcome = setup.replay(p.snapshot, p.device)?;
-        Ok((setup, outcome))
-    });
+    let outcomes = each_in_parallel(&settings, |setting| candidate_outcome(p, setting, before));
     let what_ifs = settings
         .iter()
         .zip(outcomes)

@@ -40,6 +40,27 @@ pub struct Outcome {
     pub peak_allocated: u64,
     pub out_of_memory: bool,
     pub first_oom_event: Option<usize>,
+    /// The largest segment the replay started with or made (`DeviceReplay::largest_segment_bytes`).
+    pub largest_segment: u64,
+    /// The replay's allocator used expandable segments.
+    pub expandable: bool,
+}
+
+impl Outcome {
+    /// Whether a replay under the same setup with `max_split_size` (bytes) on top decides
+    /// exactly as this one did, so that it needs no replay. PyTorch's allocator
+    /// (`CUDACachingAllocator.cpp`) reads `max_split_size` only against a request or a block
+    /// at least that large: whether a small request may take an oversize block, whether a
+    /// large request may take a much larger one, whether a block is split, which cached
+    /// blocks an out-of-memory request frees first, and the oversize statistics. Without an
+    /// out-of-memory (every request was served from a block, in a segment), a replay whose
+    /// segments all stayed below `max_split_size`, and below the setup's own limit
+    /// (`current_max_split`), met no such request or block; the other replay, deciding the
+    /// same until it meets one, meets none either. Not for expandable segments, whose one
+    /// segment grows by mapping.
+    pub fn same_under_max_split(&self, max_split_size: u64, current_max_split: u64) -> bool {
+        !self.out_of_memory && !self.expandable && self.largest_segment < max_split_size.min(current_max_split)
+    }
 }
 
 impl Setup {
@@ -85,6 +106,8 @@ impl Setup {
             peak_allocated: r.replayed.figures.peak_allocated_bytes,
             out_of_memory: r.replayed.ooms > 0,
             first_oom_event: r.first_oom_event,
+            largest_segment: r.largest_segment_bytes,
+            expandable: r.expandable_segments,
         })
     }
 
@@ -190,6 +213,21 @@ pub(crate) fn with_earlier_frees(snapshot: &Snapshot, device: i64, moves: &[(usi
     let mut snapshot = snapshot.clone();
     snapshot.device_traces[device as usize] = edited;
     Some(snapshot)
+}
+
+/// The outcome of `setting` on top of the file's settings, with its setup: replayed, or
+/// `before` (`as_recorded`) where the setting only sets a `max_split_size` that nothing in the
+/// replay reached (`Outcome::same_under_max_split`: the same decisions, without a replay).
+pub(crate) fn candidate_outcome(p: &Patient, setting: &str, before: Outcome) -> Result<(Setup, Outcome), DoctorError> {
+    let setup = Setup::file_settings_plus(p, setting)?;
+    if setting.starts_with("max_split_size_mb:") {
+        let own = AllocatorConfig::parse(&Setup::file_settings_plus(p, "")?.alloc_conf)?.max_split_size;
+        if before.same_under_max_split(AllocatorConfig::parse(&setup.alloc_conf)?.max_split_size, own) {
+            return Ok((setup, before));
+        }
+    }
+    let outcome = setup.replay(p.snapshot, p.device)?;
+    Ok((setup, outcome))
 }
 
 /// The file's trace replayed under its own settings from the what-if start: the before side of

@@ -218,6 +218,10 @@ pub struct DeviceReplay {
     /// The allocator's segments where the replay stopped.
     #[serde(skip)]
     pub segments: Vec<trace::Segment>,
+    /// The largest segment the replay started with or made (cudaMalloc; an expandable
+    /// segment's maps are not segments): no setting about sizes above it changed a decision.
+    #[serde(skip)]
+    pub largest_segment_bytes: u64,
 }
 
 /// The allocator settings a snapshot was recorded with (defaults for files without them).
@@ -271,7 +275,9 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     let (mut run, out_of_memory_at_start) = Run::set_up(trace, &final_segments, &start, &config, device, options, &mut warnings);
     let start_reserved = run.alloc.reserved();
     let start_allocated = run.alloc.stats().allocated_bytes.all().current as u64;
+    let largest_at_start = run.alloc.segments().iter().map(|s| s.total_size).max().unwrap_or(0);
     let (replayed_to, reserved_curve) = run.play(options.curves, progress);
+    let largest_made = run.ours.device_allocs.iter().filter(|(action, _)| *action == Action::SegmentAlloc).map(|&(_, size)| size).max().unwrap_or(0);
 
     let segments = run.alloc.segments();
     let reached_end = replayed_to >= trace.len();
@@ -308,6 +314,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
         // alloc: stopped in between, the state is the one before the segment event.
         events_replayed: run.pending_since.unwrap_or(replayed_to),
         segments,
+        largest_segment_bytes: largest_at_start.max(largest_made),
     })
 }
 
