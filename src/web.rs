@@ -433,6 +433,9 @@ copy! {
     stack_frames: Uint32Array = stack_frames;
     scope_offsets: Uint32Array = scope_offsets;
     scope_frames: Uint32Array = scope_frames;
+    piece_offsets: Uint32Array = allocations.piece_offsets;
+    piece_x0: Uint32Array = pieces.x0;
+    piece_y: Float32Array = pieces.y;
 }
 
 #[wasm_bindgen]

@@ -1,6 +1,7 @@
 // The page: inputs (file picker, drag and drop, ?file= URL, scenarios), the figures and test
 // hooks, and the panels around the timeline. Heavy work goes to the worker (worker.js).
 import { Timeline } from './timeline.js';
+import { hitTest } from './hit.js';
 import { escapeHtml as escape, formatBytes } from './format.js';
 import { drawSegments, describeState, privatePools, DEFAULT_POOL } from './segments.js';
 import { applyFilter, streamsOf } from './filter.js';
@@ -173,11 +174,12 @@ function bandText(id) {
 
 // ---- state
 const timeline = new Timeline($('timeline'), $('tooltip'));
-// The worker rasterises and hit-tests the timeline on screen (its view id names it).
+// The worker rasterises the timeline on screen (its view id names it); the page hit-tests its
+// bands itself (hit.js), so that a hover never waits for the worker.
 timeline.backend = {
   setAxis: (xs) => ask('setAxis', { view: timeline.data.view, xs }),
   raster: (request) => ask('raster', { view: timeline.data.view, ...request }),
-  hitTest: (request) => ask('hitTest', { view: timeline.data.view, ...request }),
+  hitTest: ({ pos, bytes, slack }) => Promise.resolve(hitTest(timeline.data.arrays, pos, bytes, slack, (id) => timeline.isHidden(id))),
   stackAt: (pos) => ask('stackAt', { view: timeline.data.view, pos }),
   pieces: (alloc) => ask('pieces', { view: timeline.data.view, alloc }),
 };

@@ -228,8 +228,8 @@ export class Timeline {
     return lo;
   }
 
-  // The allocation drawn at canvas point (px, py): the worker holds the bands and answers with
-  // its id or null (allocations hidden in the image on screen are skipped there too).
+  // The allocation drawn at canvas point (px, py): the backend (the page itself, hit.js) answers
+  // with its id or null (allocations drawn as ghosts are skipped).
   hitTest(px, py) {
     const p = this.plot;
     if (!this.data || px < p.x || px > p.x + p.w || py < p.y || py > p.y + p.h) return Promise.resolve(null);

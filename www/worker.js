@@ -328,6 +328,11 @@ function timeline(trace, device, first, colorBy) {
     stackFrames: t.stack_frames(),
     scopeOffsets: t.scope_offsets(),
     scopeFrames: t.scope_frames(),
+    // The bands' rectangles: the page hit-tests them itself (hit.js), answering a hover while
+    // this worker is busy (the doctor, a what-if).
+    pieceOffsets: t.piece_offsets(),
+    pieceX0: t.piece_x0(),
+    pieceY: t.piece_y(),
   };
   const meta = JSON.parse(t.meta_json());
   const transfer = [...Object.values(arrays).map((a) => a.buffer), ...inferredBuffers(inferred)];
@@ -524,6 +529,7 @@ const handlers = {
     return { result: pixels, transfer: [pixels.buffer] };
   },
   // The allocation at a point, or null (wasm answers undefined for none).
+  // The page hit-tests itself (hit.js); this is the reference its test compares it with.
   async hitTest({ view: v, pos, bytes, slack }) {
     return view(v).hit_test(pos, bytes, slack) ?? null;
   },

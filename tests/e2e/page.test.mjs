@@ -677,6 +677,43 @@ test('the timeline is driven by keyboard: the cursor, the bands at it, zoom and 
   await page.close();
 });
 
+test('the page hit-tests the bands itself, answering as the worker does; a band drawn as a ghost is not hit', async () => {
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page);
+  const compared = await page.evaluate(async () => {
+    const t = window.__tensormem.timeline;
+    const p = t.plot;
+    let hits = 0;
+    const differ = [];
+    for (let i = 0; i < 40; i++) {
+      for (let j = 0; j < 24; j++) {
+        const px = p.x + ((i + 0.5) / 40) * p.w;
+        const py = p.y + ((j + 0.5) / 24) * p.h;
+        const request = { pos: t.positionAt(t.xOfPx(px, p)), bytes: ((p.y + p.h - py) / p.h) * t.yMax(), slack: t.yMax() / p.h };
+        const mine = await t.backend.hitTest(request);
+        const worker = await window.__tensormem.ask('hitTest', { view: t.data.view, ...request });
+        if (mine !== worker) differ.push({ ...request, mine, worker });
+        if (mine !== null) hits++;
+      }
+    }
+    // A band hit, its group hidden in the legend: drawn as a ghost, it is not hit any more.
+    const x = p.x + p.w / 2;
+    let at = null;
+    for (let y = p.y + p.h - 1; y > p.y && at === null; y -= 2) {
+      const id = await t.hitTest(x, y);
+      if (id !== null) at = { y, id };
+    }
+    t.toggleGroup(t.data.arrays.allocGroup[at.id]);
+    const hidden = await t.hitTest(x, at.y);
+    t.toggleGroup(t.data.arrays.allocGroup[at.id]);
+    return { hits, differ: differ.slice(0, 5), ghostHit: hidden === at.id, again: await t.hitTest(x, at.y) === at.id };
+  });
+  assert.deepEqual(compared.differ, []);
+  assert.ok(compared.hits >= 100, `${compared.hits} points on a band`);
+  assert.deepEqual([compared.ghostHit, compared.again], [false, true]);
+});
+
 test('names from a snapshot are shown as text, never run as markup', async () => {
   // A trace of tensormem's whose frames are renamed with HTML, and whose categories are dropped
   // so that its bands are grouped, and named, by those frames.
