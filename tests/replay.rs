@@ -350,9 +350,10 @@ fn a_known_start_serves_only_the_trace_it_was_reconstructed_from() {
 }
 
 /// The doctor skips a `max_split_size_mb` what-if whose limit nothing in the replay reached
-/// (`Outcome::same_under_max_split`): on every real trace the repository carries, under the
-/// file's settings and each limit the doctor tries, where the rule says "the same", the replay
-/// gives the same peaks; and the rule says so for some traces and not for others.
+/// (`Outcome::same_under_max_split`): on every real trace the repository carries, from the
+/// recorded start and from the allocations live at the start placed afresh, under the file's
+/// settings and each limit the doctor tries, where the rule says "the same", the replay gives
+/// the same peaks; and the rule says so for some traces and not for others.
 #[test]
 fn a_max_split_size_above_every_segment_changes_no_decision() {
     use tensormem::doctor::Setup;
@@ -363,17 +364,17 @@ fn a_max_split_size_above_every_segment_changes_no_decision() {
     for path in &files {
         let snap = trace::load_file(path).unwrap();
         let own = tensormem::replay::recorded_config(&snap).unwrap();
-        for device in snap.devices() {
+        for (device, start) in snap.devices().into_iter().flat_map(|d| [(d, StartMode::Recorded), (d, StartMode::Replaced)]) {
             let setup = |extra: &str| Setup {
                 alloc_conf: [own.raw.as_str(), extra].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join(","),
-                start: StartMode::Recorded,
+                start,
                 capacity: None,
                 known_start: None,
             };
             let before = setup("").replay(&snap, device).unwrap();
             let own_limit = AllocatorConfig::parse(&setup("").alloc_conf).unwrap().max_split_size;
             for mb in [128u64, 256, 512] {
-                let name = format!("{} device {device}, max_split_size_mb:{mb}", path.file_name().unwrap().to_string_lossy());
+                let name = format!("{} device {device} from the {} start, max_split_size_mb:{mb}", path.file_name().unwrap().to_string_lossy(), start.name());
                 if !before.same_under_max_split(mb << 20, own_limit) {
                     replayed += 1;
                     continue;

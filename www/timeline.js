@@ -879,7 +879,7 @@ export class Timeline {
       this.showTooltip(px, py, `<b>${escapeHtml(span.name)}</b><br>record_function scope, events ${Math.max(0, span.x0 - 1)} to ${Math.max(0, span.x1 - 1)}`);
       return;
     }
-    // One question to the worker at a time; a move while it is out asks again for the newest point.
+    // One hit test at a time; a move while one is out asks again for the newest point.
     if (this.hoverBusy) {
       this.hoverNext = [px, py];
       return;

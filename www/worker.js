@@ -281,8 +281,9 @@ function add(t, name) {
 
 
 // Laid-out timelines by view id ({trace, t}): the newest of each open trace (the device shown),
-// kept to rasterise and hit-test it. Requests name the view they were made for, so one made for
-// a device the page has just left is refused instead of answered from the new one.
+// kept to rasterise it and answer questions about it. Requests name the view they were made
+// for, so one made for a device the page has just left is refused instead of answered from the
+// new one.
 const views = new Map();
 let nextView = 1;
 

@@ -470,7 +470,14 @@ impl<'a> Decoder<'a> {
             let items = self.seq(id, path)?.to_vec();
             return self.frames_by_content(&items, path);
         }
-        let items = self.seq(id, path)?.to_vec();
+        let items = self.seq(id, path)?;
+        // Known (a cache hit, the usual case): no copy of the items.
+        if items.iter().all(|&f| (self.lasting)(f))
+            && let Some(f) = self.c.frame_lists.get(items)
+        {
+            return Ok(f.clone());
+        }
+        let items = items.to_vec();
         self.frames_of_items(&items, path)
     }
 

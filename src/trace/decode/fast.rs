@@ -95,9 +95,10 @@ impl Caches {
                 };
                 let extra = EntryExtra { device_free: bytes(device_free)?, compile_context, user_metadata, pool_id };
                 let extra = (extra != EntryExtra::default()).then(|| self.shared_extra(extra));
-                // Only nodes that outlive this entry identify its values.
+                // Only nodes that outlive this entry, and do not change, identify its values (a
+                // pool id that is a list may be appended to).
                 let lasting_values = extra_values.iter().all(|v| match v {
-                    V::Node(id) => lasting(*id),
+                    V::Node(id) => lasting(*id) && matches!(arena.get(*id), Node::Str(_) | Node::Tuple(_)),
                     _ => true,
                 });
                 if lasting_values {

@@ -8,14 +8,16 @@
 //! ```text
 //! EMPTY_DICT [MEMOIZE | BINPUT i] MARK
 //!     (key: BINGET of a memoized string)
-//!     (value: an integer inline | BINGET | None | a new list of BINGETs: a frame list)
+//!     (value: an integer inline | BINGET | None | a string [MEMOIZE | BINPUT i]
+//!      | a new list of BINGETs [MEMOIZE | BINPUT i]: a frame list)
 //!     ...
 //! SETITEMS
 //! ```
 //!
 //! Anything else (a key or a frame met for the first time, a tuple, a chunk that ends inside
-//! the entry) changes nothing, and the same bytes run through the generic opcodes, which give
-//! the same result; so the fast path only has to be right where it says yes.
+//! the entry) changes nothing the memo shows (at most a string or list is parked that nothing
+//! names), and the same bytes run through the generic opcodes, which give the same result; so
+//! the fast path only has to be right where it says yes.
 
 use super::*;
 
@@ -138,7 +140,8 @@ impl Parser {
     /// on the stack, as SETITEMS would leave the dict. No node is made for its values: its new
     /// frame list and strings are parked at once, as the generic path parks the list once the
     /// entry is decoded. False: not in the shape this reads, or not an entry the compactor is
-    /// sure of (nothing was changed; the generic opcodes take over at the same byte).
+    /// sure of (nothing the memo shows was changed; the generic opcodes take over at the same
+    /// byte).
     pub(super) fn read_entry(&mut self, r: &mut Reader, compact: &mut dyn Compact) -> bool {
         let mut items = std::mem::take(&mut self.entry_items);
         items.clear();
@@ -159,7 +162,8 @@ impl Parser {
         writes.dict = memo_index(op, &mut b, &mut next, read)?;
         let mark = if writes.dict.is_some() { b.u8()? } else { op };
         (mark == b'(').then_some(())?;
-        let mut new_list = false;
+        // The entry's new frame list, parked as `k` (one at most).
+        let mut new_list = None;
         loop {
             let op = b.u8()?;
             if op == b'u' {
@@ -196,8 +200,7 @@ impl Parser {
                     writes.park(Self::memoized(&mut b, &mut next, read)?, PARKED_STRING | s)?;
                     EntryValue::Str(s)
                 }
-                b']' if !new_list => {
-                    new_list = true;
+                b']' if new_list.is_none() => {
                     let list_memo = Self::memoized(&mut b, &mut next, read)?;
                     let mut list = std::mem::take(&mut self.list_items);
                     list.clear();
@@ -205,6 +208,7 @@ impl Parser {
                     self.list_items = list;
                     let k = k?;
                     writes.park(list_memo, PARKED_LIST | k)?;
+                    new_list = Some(k);
                     EntryValue::Frames(k)
                 }
                 _ => return None,
@@ -226,11 +230,17 @@ impl Parser {
         for &(idx, parked) in &writes.parked[..writes.len] {
             self.memo_park(idx, parked);
         }
-        // What BINGET read is referred to twice now: never freed.
+        // What BINGET read is referred to twice now: never freed (a new list's items too: one
+        // of them may be an entry dict still waiting on the stack, which `appended` would free).
         for &(key, value) in items.iter() {
             self.share(key);
             if let EntryValue::Node(id) = value {
                 self.share(id);
+            }
+        }
+        if let Some(k) = new_list {
+            for &item in self.parked.lists[k as usize].iter() {
+                self.memo_slot[item as usize] = SHARED;
             }
         }
         self.stack.push(Slot::Node(entry));

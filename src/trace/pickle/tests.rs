@@ -32,15 +32,104 @@ fn declared_length_beyond_file_is_an_error() {
 /// A pickle decoded with or without the fast paths for trace entries, fed in chunks; with
 /// how many entries `read_entry` read.
 fn decode(data: &[u8], fast: bool, chunk: usize) -> (crate::trace::Snapshot, usize) {
+    let (snapshot, read_fast) = try_decode(data, fast, chunk);
+    (snapshot.unwrap(), read_fast)
+}
+
+/// `decode`, with what went wrong as text.
+fn try_decode(data: &[u8], fast: bool, chunk: usize) -> (Result<crate::trace::Snapshot, String>, usize) {
     let mut parser = Parser::new(Some(data.len()));
     parser.fast_entries = fast;
     let mut compactor = crate::trace::decode::EntryCompactor::default();
     for piece in data.chunks(chunk) {
-        parser.feed(piece, &mut compactor).unwrap();
+        if let Err(e) = parser.feed(piece, &mut compactor) {
+            return (Err(e.to_string()), parser.read_fast);
+        }
     }
     let read_fast = parser.read_fast;
-    let (arena, root) = parser.finish(&mut compactor).unwrap();
-    (crate::trace::decode::snapshot(&arena, root, compactor).unwrap(), read_fast)
+    let decoded = match parser.finish(&mut compactor) {
+        Ok((arena, root)) => crate::trace::decode::snapshot(&arena, root, compactor).map_err(|e| format!("{}: {}", e.path, e.message)),
+        Err(e) => Err(e.to_string()),
+    };
+    (decoded, read_fast)
+}
+
+/// Protocol-2 opcodes for the hand-made pickles below: a string (BINUNICODE), with BINPUT `memo`.
+fn text(s: &str, memo: Option<u8>) -> Vec<u8> {
+    let mut out = vec![b'X'];
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+    out.extend(memo.map(|m| [b'q', m]).into_iter().flatten());
+    out
+}
+
+/// A snapshot whose one trace holds `entries` (opcodes between the trace list's MARK and
+/// APPENDS), with `root` (keys and values) set on the snapshot first.
+fn snapshot_pickle(root: &[u8], entries: &[u8]) -> Vec<u8> {
+    let mut out = b"\x80\x02}q\x00(".to_vec();
+    out.extend_from_slice(root);
+    out.extend(text("segments", Some(1)));
+    out.extend_from_slice(b"]q\x02");
+    out.extend(text("device_traces", Some(3)));
+    out.extend_from_slice(b"]q\x04]q\x05(");
+    out.extend_from_slice(entries);
+    out.extend_from_slice(b"ea");
+    out
+}
+
+/// An entry the generic opcodes read (its keys are new), memoized at 6, its keys at 7 to 11
+/// (`action`, its value `alloc`, `addr`, `size`, and `last`).
+fn first_entry(last: &str) -> Vec<u8> {
+    let mut out = b"}q\x06(".to_vec();
+    for (s, m) in [("action", 7), ("alloc", 8), ("addr", 9)] {
+        out.extend(text(s, Some(m)));
+    }
+    out.extend_from_slice(b"K\x00");
+    out.extend(text("size", Some(10)));
+    out.extend_from_slice(b"K\x01");
+    out.extend(text(last, Some(11)));
+    out.extend_from_slice(b"Nu");
+    out
+}
+
+/// A hostile pickle names an entry dict still waiting to be appended as a frame of the next
+/// entry's new frame list, and the snapshot refers to it again: the fast path leaves it
+/// shared, as BINGET does, so it is neither freed when appended nor read back as another node.
+#[test]
+fn an_entry_named_in_the_next_entrys_frame_list_stays_shared() {
+    let mut entries = first_entry("frames");
+    // The fast path's entry: frames = [the first entry].
+    entries.extend_from_slice(b"}(h\x07h\x08h\x09K\x00h\x0aK\x01h\x0b]h\x06au");
+    let mut data = snapshot_pickle(b"", &entries);
+    data.extend(text("again", None));
+    data.extend_from_slice(b"h\x06u.");
+    let (generic, _) = try_decode(&data, false, data.len());
+    let (fast, read_fast) = try_decode(&data, true, data.len());
+    assert_eq!(read_fast, 1);
+    assert_eq!(fast, generic);
+    assert_eq!(generic.map(|s| s.device_traces[0].len()), Ok(2));
+}
+
+/// A pool id that is a list may change between two entries (APPEND to it): the second entry
+/// reads the list as it is then, never the first one's pool again. (The fast paths read an
+/// entry when its dict is complete, the generic opcodes when it is appended to its trace: a
+/// list changed in between, which PyTorch never writes, is read at different times.)
+#[test]
+fn a_pool_id_list_changed_between_two_entries_is_read_again() {
+    let mut root = text("p", None);
+    root.extend_from_slice(b"]q\x20(K\x01K\x02e");
+    let mut entries = first_entry("pool_id");
+    let fast_entry = b"}(h\x07h\x08h\x09K\x00h\x0aK\x01h\x0bh\x20u";
+    entries.extend_from_slice(fast_entry);
+    entries.extend_from_slice(b"h\x20K\x03a0");
+    entries.extend_from_slice(fast_entry);
+    let mut data = snapshot_pickle(&root, &entries);
+    data.extend_from_slice(b"u.");
+    let (generic, _) = try_decode(&data, false, data.len());
+    let (fast, read_fast) = try_decode(&data, true, data.len());
+    assert_eq!(generic, Err("device_traces[0][1].pool_id: expected a pair".to_string()));
+    assert_eq!(read_fast, 1, "the first entry with the pool id, while it is a pair");
+    assert_eq!(fast, Err("device_traces[0][2].pool_id: expected a pair".to_string()));
 }
 
 /// The real pickles the repository carries decode to the same snapshot through the fast
