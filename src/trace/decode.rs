@@ -643,23 +643,26 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    /// The action a string node names, known by its node once read (where the node lasts).
+    fn action(&mut self, id: NodeId, path: &dyn Fn() -> String) -> Result<Action> {
+        if let Some(&known) = self.c.actions.get(&id) {
+            return Ok(known);
+        }
+        let name = self.str(id, path)?;
+        let Some(action) = Action::from_name(name) else {
+            return self.fail(path, format!("unknown action {name:?}"));
+        };
+        if !self.c.unshared && (self.lasting)(id) {
+            self.c.actions.insert(id, action);
+        }
+        Ok(action)
+    }
+
     fn entry(&mut self, f: &EntryFields, path: &dyn Fn() -> String) -> Result<TraceEntry> {
         let at = |key: &'static str| move || format!("{}.{key}", path());
         let Some(action) = f.action else { return self.fail(&at("action"), "missing") };
         let action_id = self.node(action, "a string", &at("action"))?;
-        let action = match self.c.actions.get(&action_id) {
-            Some(&known) => known,
-            None => {
-                let action_name = self.str(action_id, &at("action"))?;
-                let Some(action) = Action::from_name(action_name) else {
-                    return self.fail(&at("action"), format!("unknown action {action_name:?}"));
-                };
-                if !self.c.unshared && (self.lasting)(action_id) {
-                    self.c.actions.insert(action_id, action);
-                }
-                action
-            }
-        };
+        let action = self.action(action_id, &at("action"))?;
         let device_free = f.device_free.map(|v| self.bytes(v, &at("device_free"))).transpose()?;
         let addr = match (action, f.addr) {
             (_, Some(a)) => self.address(a, &at("addr"))?,

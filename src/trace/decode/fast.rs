@@ -28,17 +28,7 @@ impl Caches {
         };
         let [action, addr, size, stream, time_us, frames, device_free, compile_context, user_metadata, pool_id, category] = *f;
         let action = match action {
-            V::Node(action) => match self.actions.get(&action) {
-                Some(&known) => known,
-                None => {
-                    let Node::Str(name) = arena.get(action) else { return None };
-                    let known = Action::from_name(name)?;
-                    if lasting(action) {
-                        self.actions.insert(action, known);
-                    }
-                    known
-                }
-            },
+            V::Node(action) => Decoder { arena, c: self, lasting }.action(action, &String::new).ok()?,
             V::Str(s) => Action::from_name(parked.strings.get(s as usize)?)?,
             _ => return None,
         };
@@ -61,23 +51,7 @@ impl Caches {
             V::None => None,
             V::Int(_) | V::Str(_) => return None,
         };
-        let mut shared_str = |v: EntryValue| match v {
-            V::None => Some(None),
-            V::Node(id) => match self.strings.get(&id) {
-                Some(s) => Some(Some(s.clone())),
-                None => {
-                    let Node::Str(s) = arena.get(id) else { return None };
-                    let s: Arc<str> = Arc::from(&**s);
-                    if lasting(id) {
-                        self.strings.insert(id, s.clone());
-                    }
-                    Some(Some(s))
-                }
-            },
-            V::Str(s) => Some(Some(parked.strings.get(s as usize)?.clone())),
-            _ => None,
-        };
-        let category = match shared_str(category)? {
+        let category = match self.shared_str(arena, category, parked, lasting)? {
             Some(name) => Some(Category::from_name(&name)?),
             None => None,
         };
@@ -87,7 +61,8 @@ impl Caches {
         let extra = match &self.last_read_extra {
             Some((values, extra)) if *values == extra_values => extra.clone(),
             _ => {
-                let (compile_context, user_metadata) = (shared_str(compile_context)?, shared_str(user_metadata)?);
+                let (compile_context, user_metadata) =
+                    (self.shared_str(arena, compile_context, parked, lasting)?, self.shared_str(arena, user_metadata, parked, lasting)?);
                 let pool_id = match pool_id {
                     V::None => None,
                     V::Node(id) => Some(Decoder { arena, c: self, lasting }.pool_id(id, &String::new).ok()?),
@@ -108,6 +83,16 @@ impl Caches {
             }
         };
         Some(TraceEntry { action, addr, size: size.unwrap_or(0), stream: int(stream)?.unwrap_or(0), time_us: int(time_us)?, frames, category, extra })
+    }
+
+    /// A string field: Some(None) when absent, None when it is not a string.
+    fn shared_str(&mut self, arena: &Arena, v: EntryValue, parked: &Parked, lasting: &dyn Fn(NodeId) -> bool) -> Option<Option<Arc<str>>> {
+        match v {
+            EntryValue::None => Some(None),
+            EntryValue::Node(id) => Decoder { arena, c: self, lasting }.opt_shared_str(Some(id), "", &String::new).ok(),
+            EntryValue::Str(s) => Some(Some(parked.strings.get(s as usize)?.clone())),
+            _ => None,
+        }
     }
 
     /// The frames of parked list `k` (`parked[k]`: memoized frame dicts), decoded once.
