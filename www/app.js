@@ -51,6 +51,7 @@ const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'modu
 const ask = connect(worker, (m) => {
   if (m.type === 'progress') return showProgress(m.phase, m.fraction);
   if (m.type === 'firstImage') return timeline.acceptFirstImage(m);
+  if (m.type === 'preview') return showPreview(m);
 }, (reason) => showError(`the page's worker failed: ${reason}`));
 
 // The doctor's own worker, for large files, so that the page's worker, free once it has drawn the
@@ -404,6 +405,15 @@ function showLegend() {
   }
 }
 
+// A timeline's summary (meta.summary) in the figures above it, and its warnings.
+function showSummary(s) {
+  setPeak($('peak-allocated'), s.peak_allocated_bytes);
+  setPeak($('peak-reserved'), s.peak_reserved_bytes);
+  $('trace-events').textContent = `${s.events.toLocaleString('en-US')} events · ${s.allocations.toLocaleString('en-US')} allocations`;
+  $('trace-settings').textContent = `device ${s.device} · settings ${s.settings}${s.time_source ? ` · time ${s.time_source}` : ''}`;
+  $('warnings').innerHTML = s.warnings.map((w) => `<li>${escape(w)}</li>`).join('');
+}
+
 function setPeak(el, bytes) {
   el.dataset.bytes = String(bytes);
   el.textContent = formatBytes(bytes);
@@ -424,14 +434,12 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
   data.baseGroups = data.meta.base_groups || data.meta.groups;
   performance.mark('tensormem:timeline-received');
   hideProgress();
+  previewOf = null;
+  drawnLoad = ticket;
   current = info;
   device = d;
   const s = data.meta.summary;
-  setPeak($('peak-allocated'), s.peak_allocated_bytes);
-  setPeak($('peak-reserved'), s.peak_reserved_bytes);
-  $('trace-events').textContent = `${s.events.toLocaleString('en-US')} events · ${s.allocations.toLocaleString('en-US')} allocations`;
-  $('trace-settings').textContent = `device ${s.device} · settings ${s.settings}${s.time_source ? ` · time ${s.time_source}` : ''}`;
-  $('warnings').innerHTML = s.warnings.map((w) => `<li>${escape(w)}</li>`).join('');
+  showSummary(s);
   $('axis-select').querySelector('option[value=time]').disabled = !s.has_time;
   timeline.axis = $('axis-select').value;
   const painted = timeline.setData(data, first);
@@ -449,12 +457,75 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
   const diagnosis = diagnosisTicket;
   // What is live at the cursor (the peak) and the allocator state there (replayed in the
   // worker), then the doctor's findings: after the first paint, which does not wait for them.
-  painted.then(() => {
+  info.painted = painted;
+  painted.then(async () => {
     performance.mark('tensormem:painted');
     if (current === info) showLive(timeline.cursor);
+    // A trace read back before its file was hashed is diagnosed once the hash says it is the same.
+    if (info.reopened && !(await sameBytes(info))) return;
     if (diagnosis === diagnosisTicket) diagnose(info, d, diagnosis);
   });
   return true;
+}
+
+// Whether a trace read back from a kept decode is of its file's bytes, hashed by the worker once
+// the trace is drawn; if not, the file is opened again (parsed).
+function sameBytes(info) {
+  info.sameBytes ??= ask('sameBytes', { trace: info.trace }).catch(() => true).then((same) => {
+    if (!same && info.reload) {
+      announce(`${info.name} changed since the decode kept of it: reading it again`);
+      info.reload();
+    }
+    return same;
+  });
+  return info.sameBytes;
+}
+
+// ---- a file opened again: the view the page kept of it, shown until its timeline is laid out.
+// The load (by ticket) it shows, while shown.
+let previewOf = null;
+// The last load whose timeline came: a preview arriving after it is not shown.
+let drawnLoad = 0;
+
+// The worker's 'preview' ({ticket, image: {width, height, pixels}, summary}): the timeline's
+// image as drawn when the same file was last opened, with its peaks, put on screen before the
+// kept decode is read back.
+function showPreview({ ticket, image, summary }) {
+  if (ticket !== loadTicket || drawnLoad === ticket) return;
+  previewOf = ticket;
+  timeline.showPreview(new ImageData(image.pixels, image.width, image.height));
+  showSummary(summary);
+  $('cursor-label').textContent = 'at the cursor';
+  $('cursor-allocated').textContent = '–';
+  $('cursor-reserved').textContent = '';
+  $('legend').replaceChildren();
+  showDetails(null);
+  clearDiagnosis();
+  $('diagnosis-status').textContent = 'as last opened: the trace is being read back…';
+  performance.mark('tensormem:preview');
+}
+
+// A preview whose load failed: the trace shown before comes back, diagnosed again.
+function withdrawPreview() {
+  if (previewOf === null) return;
+  previewOf = null;
+  timeline.clearPreview();
+  if (!current || !timeline.data) return;
+  showSummary(timeline.data.meta.summary);
+  showLive(timeline.cursor);
+  showLegend();
+  clearDiagnosis();
+  diagnose(current, device, diagnosisTicket);
+}
+
+// Keeps what the page shows of a file whose decode is kept (the timeline's pixels, its peaks),
+// for a preview when it is opened again. Raw pixels, not an encoded image: a few MB, and no
+// image codec to wait for.
+function keepView(info) {
+  if (current !== info || !timeline.data) return;
+  const { width, height } = timeline.canvas;
+  const image = { width, height, pixels: timeline.ctx.getImageData(0, 0, width, height).data };
+  ask('keepView', { trace: info.trace, image, summary: timeline.data.meta.summary }).catch(() => {});
 }
 
 // ---- diagnosis: the doctor's findings on the device shown (computed in the worker after the
@@ -575,13 +646,16 @@ async function load(request, payload) {
     if (apart) dropDoctor(current);
     const doctor = apart ? openForDoctor(payload.file, wanted) : null;
     try {
-      info = await ask(request, payload);
+      info = await ask(request, request === 'openFile' ? { ...payload, ticket } : payload);
     } catch (e) {
       dropDoctor({ doctor });
       throw e;
     }
     info.doctor = doctor;
     if (request === 'runScenario') info.request = payload.request;
+    // Read back before the file was hashed (once painted: see sameBytes): opened again if the
+    // hash says it changed.
+    if (info.reopened) info.reload = () => ticket === loadTicket && load(request, payload);
     performance.mark('tensormem:parsed');
     if (ticket !== loadTicket) return void drop(info);
     if (!info.devices.length) throw new Error('the snapshot has no segments and no trace for any device');
@@ -589,6 +663,7 @@ async function load(request, payload) {
     // The device the doctor picks: the one that ran out of memory, else the one that reserved the most.
     const shown = info.devices.includes(info.defaultDevice) ? info.defaultDevice : info.devices[0];
     if (!(await showDevice(info, shown, ticket))) return void drop(info);
+    if (info.keeps) info.painted.then(() => keepView(info));
     await ask('use', { trace: info.trace, previous: previous?.trace });
     if (previous !== info) dropDoctor(previous);
     $('source-name').textContent = info.name;
@@ -601,6 +676,7 @@ async function load(request, payload) {
     if (info.run) showRun(JSON.parse(info.run));
   } catch (e) {
     if (info && current !== info) drop(info);
+    if (previewOf === ticket) withdrawPreview();
     const name = payload.file?.name || payload.url?.split('/').pop();
     const still = current ? ` Still showing ${current.name}.` : '';
     if (ticket === loadTicket) showError(e.message, request === 'runScenario' ? `The scenario could not run.${still}` : `Could not load ${name || 'this file'}.${still}`);

@@ -57,6 +57,8 @@ export class Timeline {
   setData(data, first = null) {
     const { arrays: a, meta } = data;
     this.data = data;
+    this.preview = null;
+    this.beforePreview = null;
     this.positions = a.allocated.length; // events + 1
     this.hidden = new Set();
     this.layer = null;
@@ -92,6 +94,30 @@ export class Timeline {
     this.draw();
     // Resolved once the first image of this trace is on screen at its exact scale.
     return new Promise((resolve) => { this.onPainted = resolve; });
+  }
+
+  // An image of the whole canvas as it was drawn when the same file was last opened (ImageData),
+  // shown until setData: scaled to the canvas, and answering no pointer or key (no data).
+  // clearPreview brings back the trace shown before.
+  showPreview(image) {
+    if (!this.preview) this.beforePreview = this.data;
+    const canvas = document.createElement('canvas');
+    canvas.width = image.width;
+    canvas.height = image.height;
+    canvas.getContext('2d').putImageData(image, 0, 0);
+    this.preview = canvas;
+    this.data = null;
+    this.hover = null;
+    this.tooltip.hidden = true;
+    this.requestDraw();
+  }
+
+  clearPreview() {
+    if (!this.preview) return;
+    this.data = this.beforePreview;
+    this.preview = null;
+    this.beforePreview = null;
+    this.requestDraw();
   }
 
   // Colours the bands by another grouping (the worker's answer to 'colorBy': each allocation's
@@ -274,6 +300,10 @@ export class Timeline {
     const ctx = this.ctx;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, w, h);
+    if (!this.data && this.preview) {
+      ctx.drawImage(this.preview, 0, 0, w, h);
+      return;
+    }
     if (!this.data) {
       ctx.fillStyle = '#98a2b3';
       ctx.font = '14px system-ui, sans-serif';

@@ -131,7 +131,7 @@ function idb(request) {
 
 function openKept() {
   if (!keptDb) {
-    const open = indexedDB.open('tensormem', 2);
+    const open = indexedDB.open('tensormem', 3);
     open.onupgradeneeded = () => {
       const db = open.result;
       if (!db.objectStoreNames.contains('decoded')) db.createObjectStore('decoded');
@@ -140,6 +140,9 @@ function openKept() {
       // The key last kept for a file's name, size and modification time: a file never seen is
       // parsed (and hashed on the way) without reading it twice first.
       if (!db.objectStoreNames.contains('decodedNames')) db.createObjectStore('decodedNames');
+      // What the page showed of a kept decode's file once drawn ({image, summary} by key; see
+      // 'preview'): shown at once when the same file is opened again.
+      if (!db.objectStoreNames.contains('views')) db.createObjectStore('views');
     };
     keptDb = idb(open);
     keptDb.catch(() => { keptDb = null; });
@@ -147,22 +150,17 @@ function openKept() {
   return keptDb;
 }
 
-async function keyOf(file) {
+// The key of `file`'s bytes (see SourceHasher), read in slices: a second stream of a file
+// another worker is reading could stall in Chromium. `report`: whether to show the progress.
+async function keyOf(file, report = true) {
   const hasher = new SourceHasher();
-  const { read } = chunkReader(file.stream());
-  let hashed = 0;
-  let lastReport = 0;
+  const SLICE = 8 << 20;
   try {
-    for (;;) {
-      const { done, value } = await read();
-      if (done) return hasher.key();
-      hasher.update(value);
-      hashed += value.length;
-      if (hashed - lastReport > file.size / 50) {
-        lastReport = hashed;
-        progress(`checking ${file.name} against the decodes kept (${(hashed / 1048576).toFixed(1)} MB)`, hashed / file.size);
-      }
+    for (let at = 0; at < file.size; at += SLICE) {
+      hasher.update(new Uint8Array(await file.slice(at, at + SLICE).arrayBuffer()));
+      if (report) progress(`checking ${file.name} against the decodes kept (${(Math.min(file.size, at + SLICE) / 1048576).toFixed(1)} MB)`, Math.min(1, (at + SLICE) / file.size));
     }
+    return hasher.key();
   } finally {
     hasher.free();
   }
@@ -181,20 +179,44 @@ async function reopen(key, name) {
     return t;
   } catch (e) {
     console.warn(`the kept decode of ${name} could not be read back (${e.message}): parsing the file`);
-    const tx = db.transaction(['decoded', 'decodedUse'], 'readwrite');
-    tx.objectStore('decoded').delete(key);
-    tx.objectStore('decodedUse').delete(key);
+    const tx = db.transaction(['decoded', 'decodedUse', 'views'], 'readwrite');
+    for (const store of ['decoded', 'decodedUse', 'views']) tx.objectStore(store).delete(key);
     return null;
   }
 }
 
 const fileSeen = (file) => `${file.name}\u0000${file.size}\u0000${file.lastModified}`;
 
-// Whether a decode was kept for a file of this name, size and modification time (its bytes are
-// then hashed to find it: a file changed in place reads as another).
+// The key of the decode kept for a file of this name, size and modification time, if any (only
+// its bytes' hash says it is the same file: one changed in place reads as another).
 async function seenBefore(file) {
   const db = await openKept();
-  return Boolean(await idb(db.transaction('decodedNames').objectStore('decodedNames').get(fileSeen(file))));
+  return idb(db.transaction('decodedNames').objectStore('decodedNames').get(fileSeen(file)));
+}
+
+// Posts the view kept for `key` (see keepView), if any, as 'preview' for the page's load `ticket`.
+async function postPreview(key, ticket) {
+  const db = await openKept();
+  const view = await idb(db.transaction('views').objectStore('views').get(key));
+  if (view) postMessage({ type: 'preview', ticket, ...view });
+}
+
+// Whether `file`'s bytes are still those `key` was kept for, hashed after its kept decode was
+// read back (see loadFile); if not, the file is no longer taken for the one seen before.
+async function sameBytes(file, key) {
+  let same = false;
+  try {
+    same = (await keyOf(file, false)) === key;
+  } catch (e) {
+    console.warn(`${file.name} could not be read again to check it against the decode kept (${e.message})`);
+  }
+  if (!same) {
+    const db = await openKept();
+    const tx = db.transaction('decodedNames', 'readwrite');
+    tx.objectStore('decodedNames').delete(fileSeen(file));
+    await new Promise((resolve) => { tx.oncomplete = resolve; tx.onerror = resolve; tx.onabort = resolve; });
+  }
+  return same;
 }
 
 // Keeps `t`'s decode under `key`, then removes the least recently used until all fit KEPT_LIMIT.
@@ -222,29 +244,38 @@ async function keep(key, t, file) {
   if (!gone.size) return;
   const names = db.transaction('decodedNames').objectStore('decodedNames');
   const [seen, seenKeys] = await Promise.all([idb(names.getAllKeys()), idb(names.getAll())]);
-  const trim = db.transaction(['decoded', 'decodedUse', 'decodedNames'], 'readwrite');
+  const trim = db.transaction(['decoded', 'decodedUse', 'decodedNames', 'views'], 'readwrite');
   for (const k of gone) {
-    trim.objectStore('decoded').delete(k);
-    trim.objectStore('decodedUse').delete(k);
+    for (const store of ['decoded', 'decodedUse', 'views']) trim.objectStore(store).delete(k);
   }
   seen.forEach((name, i) => { if (gone.has(seenKeys[i])) trim.objectStore('decodedNames').delete(name); });
 }
 
 // Opens a file: from the decode kept by an earlier open of the same bytes when there is one
 // (`reopened` is then set on the trace), else parsed, and its decode kept for the next time
-// unless `mayKeep` is false (the doctor's worker: the page's keeps it).
+// unless `mayKeep` is false (the doctor's worker: the page's keeps it). A trace whose decode is
+// (or will be) kept carries its key as `key`.
 // Only a file seen before (name, size, time) is hashed first; any other is hashed as it parses.
-async function loadFile(file, mayKeep = true) {
+// `ticket`: the page's load this open is for, which shows the file at once: its view kept by the
+// last open is posted first ('preview'), and its kept decode read back before the file is hashed
+// (1.8 s of a 1 GB file's 6 s). The page asks 'sameBytes' once it has drawn the trace: the file
+// is hashed then, and opened again (parsed) if it is not the one kept.
+async function loadFile(file, mayKeep = true, ticket = null) {
   let keeps = false;
   if (file.size >= WORTH_KEEPING && self.indexedDB) {
     try {
       keepPending();
       await keeping;
       keeps = true;
-      if (await seenBefore(file)) {
-        const t = await reopen(await keyOf(file), file.name);
+      const seen = await seenBefore(file);
+      if (seen) {
+        const early = mayKeep && ticket !== null;
+        if (early) await postPreview(seen, ticket);
+        const key = early ? seen : await keyOf(file);
+        const t = await reopen(key, file.name);
         if (t) {
-          t.reopened = true;
+          Object.assign(t, { reopened: true, key });
+          if (early) t.checkBytes = () => sameBytes(file, key);
           return t;
         }
       }
@@ -254,7 +285,10 @@ async function loadFile(file, mayKeep = true) {
   }
   let key = null;
   const t = await loadStream(file.stream(), file.size, file.name, (k) => { key = k; });
-  if (keeps && mayKeep) toKeep.set(t, { key, t, name: file.name, file });
+  if (keeps && mayKeep) {
+    toKeep.set(t, { key, t, name: file.name, file });
+    t.key = key;
+  }
   return t;
 }
 
@@ -276,6 +310,8 @@ function add(t, name) {
   return {
     trace: id, name, devices: Array.from(t.devices()), deviceLabels: t.device_labels(), defaultDevice: t.default_device() ?? null, run: t.run_json() ?? null,
     reopened: Boolean(t.reopened),
+    // Its decode is kept, and the page's view of it may be (see keepView).
+    keeps: Boolean(t.key),
   };
 }
 
@@ -435,8 +471,8 @@ const handlers = {
     // Scenarios run here, so WebGPU must be exposed to this worker (not only to the page).
     return { ...JSON.parse(scenarios_json()), webgpu: 'gpu' in self.navigator };
   },
-  async openFile({ file, keep }) {
-    const t = await loadFile(file, keep);
+  async openFile({ file, keep, ticket }) {
+    const t = await loadFile(file, keep, ticket ?? null);
     wasmAt.parsed = wasm.memory.buffer.byteLength;
     return add(t, file.name);
   },
@@ -517,6 +553,27 @@ const handlers = {
     if (previous !== undefined && previous !== trace) close(previous);
     // The page clears its comparison with a new trace.
     replaceOther(null);
+  },
+  // Whether a trace read back before its file was hashed is of the same bytes (see loadFile):
+  // if not, the page opens the file again, then parsed.
+  async sameBytes({ trace }) {
+    const t = get(trace);
+    if (!t.checkBytes) return true;
+    t.sameBytes ??= t.checkBytes();
+    return t.sameBytes;
+  },
+  // What the page shows of a trace whose decode is kept ({image: the timeline's pixels
+  // ({width, height, pixels}), summary}), once it is drawn: posted as 'preview' when the same file is opened again. Kept
+  // only beside its decode, after that is written.
+  async keepView({ trace, image, summary }) {
+    const key = get(trace).key;
+    if (!key) return;
+    keepPending();
+    await keeping;
+    const db = await openKept();
+    const tx = db.transaction(['decodedUse', 'views'], 'readwrite');
+    const kept = await idb(tx.objectStore('decodedUse').getKey(key));
+    if (kept !== undefined) tx.objectStore('views').put({ image, summary }, key);
   },
   // A candidate the page gave up on (a newer load won, or it could not be shown).
   async drop({ trace }) {

@@ -132,10 +132,19 @@ for (const file of files) {
   // The same file again: read back from the decode the page kept (files of 16 MiB or more).
   await page.setInputFiles('[data-testid=open-file]', file);
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:painted').length >= 3, null, { timeout: 600000 });
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 3, null, { timeout: 600000 });
   const again = await page.evaluate(() => {
     const at = (name) => performance.getEntriesByName(`tensormem:${name}`).at(-1).startTime;
     const chosen = at('file-chosen');
-    return { reopened: document.querySelector('#source-name').dataset.reopened === 'true', parsed: Math.round(at('parsed') - chosen), painted: Math.round(at('painted') - chosen) };
+    const preview = performance.getEntriesByName('tensormem:preview').at(-1);
+    return {
+      reopened: document.querySelector('#source-name').dataset.reopened === 'true',
+      // The view kept by the first open, shown before the timeline is laid out.
+      preview: preview && preview.startTime > chosen ? Math.round(preview.startTime - chosen) : null,
+      parsed: Math.round(at('parsed') - chosen),
+      painted: Math.round(at('painted') - chosen),
+      diagnosed: Math.round(at('diagnosed') - chosen),
+    };
   });
   await browser.close();
   const r = {

@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdirSync, readdirSync, readFileSync, writeFileSync, existsSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync, existsSync, utimesSync } from 'node:fs';
 import { join, resolve, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
@@ -210,6 +210,69 @@ test('a big file opened again is read back from the decode the browser kept, wit
   assert.equal(cut, 1);
   assert.equal(await opened(6), 'false');
   assert.equal(await opened(7), 'true');
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('a big file opened again shows its last view at once, and one changed in place (same name, size and time) is parsed again', async () => {
+  const big = join(scratch, 'lm-train-16-steps.pickle');
+  if (!existsSync(big)) execFileSync(bin, ['run', 'lm-train', '--set', 'size=medium,steps=16', '--snapshot', big], { stdio: 'ignore' });
+  const changing = join(scratch, 'changed-in-place.pickle');
+  writeFileSync(changing, readFileSync(big));
+  // A whole second: the time the browser reads back is the same after each edit below.
+  const seconds = Math.floor(Date.now() / 1000) - 60;
+  utimesSync(changing, seconds, seconds);
+  const expected = cliPeaks(big)[0];
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page, 1);
+  const marks = (name) => page.evaluate((n) => performance.getEntriesByName(`tensormem:${n}`).length, name);
+  await openFile(page, changing, 2);
+  assert.equal(await marks('preview'), 0);
+  // The view kept once drawn: the second open shows it before the kept decode is read back.
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 2, null, { timeout: 60000 });
+  await openFile(page, changing, 3);
+  assert.equal(await marks('preview'), 1);
+  assert.equal(await page.getAttribute('#source-name', 'data-reopened'), 'true');
+  assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 3, null, { timeout: 60000 });
+  // The same file edited in place, its size and modification time kept: read back at first (only
+  // its hash tells), then found changed once hashed, and parsed again.
+  const bytes = readFileSync(changing);
+  const at = bytes.indexOf('src/nn/lm.rs');
+  assert.ok(at > 0);
+  bytes[at + 'src/nn/l'.length] = 'x'.charCodeAt(0);
+  writeFileSync(changing, bytes);
+  utimesSync(changing, seconds, seconds);
+  await openFile(page, changing, 5);
+  assert.equal(await page.getAttribute('#source-name', 'data-reopened'), 'false');
+  assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 4, null, { timeout: 60000 });
+  assert.match(await page.textContent('#diagnosis-status'), /problem|no problem/);
+  // Parsed, its decode kept anew: the next open reads it back, the hash agreeing.
+  await openFile(page, changing, 6);
+  assert.equal(await page.getAttribute('#source-name', 'data-reopened'), 'true');
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 5, null, { timeout: 60000 });
+  // Its kept decode damaged and the file itself broken in place: the preview is shown, then
+  // withdrawn when neither can be read, and the trace shown before comes back.
+  await page.evaluate(async () => {
+    const db = await new Promise((ok, fail) => { const r = indexedDB.open('tensormem'); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); });
+    const keys = await new Promise((ok) => { db.transaction('decoded').objectStore('decoded').getAllKeys().onsuccess = (e) => ok(e.target.result); });
+    const tx = db.transaction('decoded', 'readwrite');
+    for (const k of keys) tx.objectStore('decoded').put(new Blob([new Uint8Array(1000)]), k);
+    await new Promise((ok) => { tx.oncomplete = ok; });
+    db.close();
+  });
+  const previews = await marks('preview');
+  writeFileSync(changing, Buffer.alloc(bytes.length));
+  utimesSync(changing, seconds, seconds);
+  await page.setInputFiles('[data-testid=open-file]', changing);
+  await page.waitForSelector('[data-testid=error]:not([hidden])', { timeout: 60000 });
+  assert.equal(await marks('preview'), previews + 1);
+  assert.match(await page.textContent('[data-testid=error]'), /Still showing changed-in-place\.pickle/);
+  assert.ok(await page.evaluate(() => window.__tensormem.timeline.data !== null && !window.__tensormem.timeline.preview));
+  assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 6, null, { timeout: 60000 });
   assert.deepEqual(page.errors, []);
   await page.close();
 });
