@@ -470,11 +470,13 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
 
 // Whether a trace read back from a kept decode is of its file's bytes, hashed by the worker once
 // the trace is drawn; if not, the file is opened again (parsed).
+// If a newer load is running, that load reopens it when it ends without replacing it.
 function sameBytes(info) {
   info.sameBytes ??= ask('sameBytes', { trace: info.trace }).catch(() => true).then((same) => {
     if (!same && info.reload) {
+      info.changed = true;
       announce(`${info.name} changed since the decode kept of it: reading it again`);
-      info.reload();
+      if (current === info && !(newestLoad.running && newestLoad.ticket !== info.ticket)) info.reload();
     }
     return same;
   });
@@ -486,6 +488,10 @@ function sameBytes(info) {
 let previewOf = null;
 // The last load whose timeline came: a preview arriving after it is not shown.
 let drawnLoad = 0;
+// The last load that showed a preview (its view is not kept again).
+let previewed = 0;
+// The newest load started ({ticket, running}).
+let newestLoad = { ticket: 0, running: false };
 
 // The worker's 'preview' ({ticket, image: {width, height, pixels}, summary}): the timeline's
 // image as drawn when the same file was last opened, with its peaks, put on screen before the
@@ -493,6 +499,7 @@ let drawnLoad = 0;
 function showPreview({ ticket, image, summary }) {
   if (ticket !== loadTicket || drawnLoad === ticket) return;
   previewOf = ticket;
+  previewed = ticket;
   timeline.showPreview(new ImageData(image.pixels, image.width, image.height));
   showSummary(summary);
   $('cursor-label').textContent = 'at the cursor';
@@ -506,7 +513,7 @@ function showPreview({ ticket, image, summary }) {
 }
 
 // A preview whose load failed: the trace shown before comes back, diagnosed again.
-function withdrawPreview() {
+async function withdrawPreview() {
   if (previewOf === null) return;
   previewOf = null;
   timeline.clearPreview();
@@ -515,7 +522,12 @@ function withdrawPreview() {
   showLive(timeline.cursor);
   showLegend();
   clearDiagnosis();
-  diagnose(current, device, diagnosisTicket);
+  const ticket = diagnosisTicket;
+  const [shown, d] = [current, device];
+  // Read back before its file was hashed: diagnosed once the hash agrees (see sameBytes).
+  if (!shown.reopened || await sameBytes(shown)) {
+    if (ticket === diagnosisTicket) diagnose(shown, d, ticket);
+  }
 }
 
 // Keeps what the page shows of a file whose decode is kept (the timeline's pixels, its peaks),
@@ -634,6 +646,7 @@ function drop(info) {
 async function load(request, payload) {
   performance.mark('tensormem:file-chosen');
   const ticket = ++loadTicket;
+  newestLoad = { ticket, running: true };
   clearError();
   showProgress('starting', 0);
   let info = null;
@@ -655,7 +668,13 @@ async function load(request, payload) {
     if (request === 'runScenario') info.request = payload.request;
     // Read back before the file was hashed (once painted: see sameBytes): opened again if the
     // hash says it changed.
-    if (info.reopened) info.reload = () => ticket === loadTicket && load(request, payload);
+    info.ticket = ticket;
+    if (info.reopened) {
+      info.reload = () => {
+        info.reload = null; // once: a file that cannot be read again stays as shown, with the error
+        load(request, payload);
+      };
+    }
     performance.mark('tensormem:parsed');
     if (ticket !== loadTicket) return void drop(info);
     if (!info.devices.length) throw new Error('the snapshot has no segments and no trace for any device');
@@ -663,9 +682,8 @@ async function load(request, payload) {
     // The device the doctor picks: the one that ran out of memory, else the one that reserved the most.
     const shown = info.devices.includes(info.defaultDevice) ? info.defaultDevice : info.devices[0];
     if (!(await showDevice(info, shown, ticket))) return void drop(info);
-    if (info.keeps) info.painted.then(() => keepView(info));
-    await ask('use', { trace: info.trace, previous: previous?.trace });
-    if (previous !== info) dropDoctor(previous);
+    // Its view is kept once drawn, unless this open showed the view kept before.
+    if (info.keeps && previewed !== ticket) info.painted.then(() => keepView(info));
     $('source-name').textContent = info.name;
     // A file opened before is read back from the decode this browser kept of it (same bytes).
     $('source-name').title = info.reopened ? `${info.name}: read back from the decode this browser kept when the same file was last opened` : info.name;
@@ -674,6 +692,8 @@ async function load(request, payload) {
     $('device-select').value = String(shown);
     $('device-box').hidden = info.devices.length < 2;
     if (info.run) showRun(JSON.parse(info.run));
+    await ask('use', { trace: info.trace, previous: previous?.trace });
+    if (previous !== info) dropDoctor(previous);
   } catch (e) {
     if (info && current !== info) drop(info);
     if (previewOf === ticket) withdrawPreview();
@@ -682,6 +702,13 @@ async function load(request, payload) {
     if (ticket === loadTicket) showError(e.message, request === 'runScenario' ? `The scenario could not run.${still}` : `Could not load ${name || 'this file'}.${still}`);
   } finally {
     if (ticket === loadTicket) hideProgress();
+    // A preview this load showed and did not replace (it failed, or a newer load won).
+    if (previewOf === ticket && drawnLoad !== ticket) withdrawPreview();
+    if (newestLoad.ticket === ticket) {
+      newestLoad.running = false;
+      // The trace on screen was found changed while this load ran, and this one did not replace it.
+      if (current?.changed && current.reload) current.reload();
+    }
   }
 }
 

@@ -572,8 +572,11 @@ const handlers = {
     await keeping;
     const db = await openKept();
     const tx = db.transaction(['decodedUse', 'views'], 'readwrite');
-    const kept = await idb(tx.objectStore('decodedUse').getKey(key));
-    if (kept !== undefined) tx.objectStore('views').put({ image, summary }, key);
+    // Put from the request's own callback, while the transaction is surely active.
+    tx.objectStore('decodedUse').getKey(key).onsuccess = (e) => {
+      if (e.target.result !== undefined) tx.objectStore('views').put({ image, summary }, key);
+    };
+    await new Promise((resolve, reject) => { tx.oncomplete = resolve; tx.onerror = () => reject(tx.error); tx.onabort = () => reject(tx.error); });
   },
   // A candidate the page gave up on (a newer load won, or it could not be shown).
   async drop({ trace }) {

@@ -159,9 +159,8 @@ fn replay_file(
     progress: bool,
 ) -> Result<Vec<DeviceReplay>, Failure> {
     let config = alloc_conf.map(|c| AllocatorConfig::parse(c).map_err(|e| Failure(e.to_string(), 2))).transpose()?;
-    let snapshot = load(file)?;
     let options = ReplayOptions { config, capacity, start, keep_snapshot, ..Default::default() };
-    replay_with_progress(&snapshot, device, &options, progress)
+    with_loaded(file, |snapshot| replay_with_progress(snapshot, device, &options, progress))
 }
 
 /// The JSON line that a subcommand's `--json` prints for one value; `tensormem mcp`'s tools
@@ -346,8 +345,7 @@ fn compare_command(run: &Path, file: &Path, device: i64, json: bool) -> Result<(
     // A run's JSON: its steps and ranks, never near this bound.
     let text = tensormem::files::read_small(run, 64 << 20, "a run's JSON (tensormem run --json)").map_err(|e| Failure(e, 1))?;
     let run_json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure(format!("{}: not a run's JSON: {e}", run.display()), 1))?;
-    let snapshot = load(file)?;
-    let phases = scenarios::compare::compare(&run_json, &snapshot, device).map_err(|e| Failure(e, 1))?;
+    let phases = with_loaded(file, |snapshot| scenarios::compare::compare(&run_json, snapshot, device).map_err(|e| Failure(e, 1)))?;
     if json {
         println!("{}", serde_json::to_string(&phases)?);
     } else {
@@ -435,7 +433,7 @@ pub(crate) fn predict_files(
     for (path, _) in &parsed {
         refuse_overwriting_input(out, Path::new(path))?;
     }
-    let snapshots: Vec<Snapshot> = parsed.iter().map(|(path, _)| load(Path::new(path))).collect::<Result<_, _>>()?;
+    let snapshots: Vec<Snapshot> = parsed.iter().map(|(path, _)| load_kept(Path::new(path))).collect::<Result<_, _>>()?;
     let recordings: Vec<predict::Recording> =
         parsed.iter().zip(&snapshots).map(|((path, values), snapshot)| predict::Recording { label: path.clone(), snapshot, values: values.clone() }).collect();
     let prediction = predict::predict_or_fit(&recordings, &target, fit, &options).map_err(|e| match e {
@@ -477,7 +475,7 @@ fn diagnose(request: DoctorRequest) -> Result<tensormem::doctor::Diagnosis, Fail
         (Some(file), _) => {
             let device =
                 device.map(|d| d.parse::<i64>().map_err(|_| Failure(format!("--device expects a device index for a file, got {d:?}"), 2))).transpose()?;
-            diagnose(&load(&file)?, device)?
+            with_loaded(&file, |snapshot| Ok(diagnose(snapshot, device)?))?
         }
         (None, Some(scenario)) => {
             if device.as_deref().is_some_and(|d| !d.starts_with("sim:")) {
@@ -631,11 +629,53 @@ impl Drop for GivenSnapshot {
     }
 }
 
-fn load(path: &Path) -> Result<Snapshot, Failure> {
+/// A decode to keep in the cache folder for the next open of the same bytes.
+struct ToKeep {
+    folder: trace::cache::Folder,
+    key: trace::cache::SourceKey,
+    path: PathBuf,
+}
+
+impl ToKeep {
+    fn write(&self, snapshot: &Snapshot) {
+        if let Err(e) = self.folder.put(&self.key, snapshot).and_then(|()| self.folder.note_seen(&self.path)) {
+            eprintln!("note: could not keep the decoded snapshot in {} (TENSORMEM_CACHE): {e}", self.folder.dir.display());
+        }
+    }
+}
+
+/// Loads the snapshot at `path` (see [`load`]) for `work`. A decode to keep for the next open is
+/// written meanwhile, on another thread (for a 1 GB file, about a second that `work` does not wait
+/// for), and the decode kept whole before this returns.
+fn with_loaded<R>(path: &Path, work: impl FnOnce(&Snapshot) -> Result<R, Failure>) -> Result<R, Failure> {
+    let (snapshot, to_keep) = load(path)?;
+    let Some(to_keep) = to_keep else { return work(&snapshot) };
+    std::thread::scope(|scope| {
+        let keeping = scope.spawn(|| to_keep.write(&snapshot));
+        let result = work(&snapshot);
+        if keeping.join().is_err() {
+            eprintln!("note: could not keep the decoded snapshot in {} (TENSORMEM_CACHE)", to_keep.folder.dir.display());
+        }
+        result
+    })
+}
+
+/// [`load`], its decode kept before it returns (for work on several files).
+fn load_kept(path: &Path) -> Result<Snapshot, Failure> {
+    let (snapshot, to_keep) = load(path)?;
+    if let Some(to_keep) = to_keep {
+        to_keep.write(&snapshot);
+    }
+    Ok(snapshot)
+}
+
+/// The snapshot at `path` (or the one a tool call was given in its place), and its decode to keep
+/// when it was decoded from a file worth keeping.
+fn load(path: &Path) -> Result<(Snapshot, Option<ToKeep>), Failure> {
     if path == Path::new(GIVEN_FILE)
         && let Some(snapshot) = GIVEN_SNAPSHOT.with(|given| given.borrow_mut().take())
     {
-        return Ok(snapshot);
+        return Ok((snapshot, None));
     }
     // A big file takes seconds: on a terminal, how far reading and decoding have got.
     let length = std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len());
@@ -654,15 +694,16 @@ fn load(path: &Path) -> Result<Snapshot, Failure> {
     };
     let failed = |e: trace::TraceError| Failure(format!("{}: {e}", path.display()), 1);
     // A big regular file's decode is kept in the cache folder, keyed by the file's hash: the
-    // next open of the same bytes reads it back instead of decoding again.
+    // next open of the same bytes reads it back instead of decoding again. Only a file seen
+    // before is hashed first to look for it.
     let cache = length.filter(|&n| n >= trace::cache::WORTH_CACHING).and_then(|_| trace::cache::Folder::from_env());
-    if let Some(folder) = &cache {
+    if let Some(folder) = cache.as_ref().filter(|folder| folder.seen(path)) {
         let key = trace::key_of_file(path, &mut |p| show("hashing", p)).map_err(failed)?;
         if let Some(snapshot) = folder.get(&key) {
             if let Some(bar) = &bar {
                 bar.finish_and_clear();
             }
-            return Ok(snapshot);
+            return Ok((snapshot, None));
         }
     }
     let loaded = trace::load_file_keyed(path, &mut |p| show("reading", p));
@@ -670,12 +711,7 @@ fn load(path: &Path) -> Result<Snapshot, Failure> {
         bar.finish_and_clear();
     }
     let (snapshot, key) = loaded.map_err(failed)?;
-    if let Some(folder) = cache
-        && let Err(e) = folder.put(&key, &snapshot)
-    {
-        eprintln!("note: could not keep the decoded snapshot in {} (TENSORMEM_CACHE): {e}", folder.dir.display());
-    }
-    Ok(snapshot)
+    Ok((snapshot, cache.map(|folder| ToKeep { folder, key, path: path.to_path_buf() })))
 }
 
 fn replay_with_progress(snapshot: &Snapshot, device: Option<i64>, options: &ReplayOptions, show: bool) -> Result<Vec<DeviceReplay>, Failure> {
@@ -716,7 +752,7 @@ fn demo(out: &Path) -> Result<(), Failure> {
     let snapshot = tensormem::scenarios::variable_batch_inference(AllocatorConfig::default(), None)?;
     save(&snapshot, out)?;
     println!("wrote {} ({} trace events); pytorch.org/memory_viz opens it too\n", out.display(), snapshot.device_traces[0].len());
-    let reloaded = load(out)?;
+    let reloaded = load_kept(out)?;
     let mut expandable = None;
     for (title, conf) in [("as recorded (default settings)", None), ("what if: expandable_segments:True", Some("expandable_segments:True"))] {
         println!("== replay {title}");

@@ -101,6 +101,13 @@ fn a_big_file_opens_again_from_its_cached_decode() {
     let other = trace::load_file(&fixture("small-state.pickle").unwrap_or_else(|| "../tests/data/corpus/clean-train.pickle".into())).unwrap();
     std::fs::write(&cached, cache::encode_to_vec(&other, &cache::SourceKey::of(&bytes))).unwrap();
     assert_ne!(summary(&folder), first);
+    // Only a file seen before (its path, length and time) is hashed to look for its decode: the
+    // same bytes under another name are decoded at once, and their decode kept over that one.
+    let copy = dir.join("copy.pickle");
+    std::fs::copy(&big, &copy).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tensormem")).args(["summary", copy.to_str().unwrap()]).env("TENSORMEM_CACHE", &folder).output().unwrap();
+    assert_eq!(stdout(&out), first);
+    assert_eq!(summary(&folder), first, "the decode kept for the copy is the same bytes'");
     // A cache file cut short is never used: the file is decoded again and its decode kept whole.
     let whole = cache::encode_to_vec(&trace::load(&bytes).unwrap(), &cache::SourceKey::of(&bytes));
     std::fs::write(&cached, &whole[..whole.len() / 2]).unwrap();

@@ -541,6 +541,8 @@ mod folder {
     pub const WORTH_CACHING: u64 = 16 << 20;
     /// The folder's default bound: room for the decodes of about ten 1 GB snapshots.
     pub const DEFAULT_LIMIT: u64 = 2 << 30;
+    /// Notes of files seen (see [`Folder::seen`]) kept at most: the oldest go first.
+    const SEEN_LIMIT: usize = 4096;
 
     impl Folder {
         /// `decoded/` in the cache folder ([`crate::files::cache_dir`]: `TENSORMEM_CACHE`,
@@ -552,6 +554,51 @@ mod folder {
 
         fn path_of(&self, key: &SourceKey) -> PathBuf {
             self.dir.join(key.file_name())
+        }
+
+        /// Where the files seen are noted: `seen/` beside the decodes.
+        fn seen_dir(&self) -> PathBuf {
+            self.dir.with_file_name("seen")
+        }
+
+        /// The note of the file at `path` as it is now: its canonical path, length and
+        /// modification time, hashed.
+        fn seen_note(&self, path: &Path) -> Option<PathBuf> {
+            let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+            let modified = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+            let canonical = std::fs::canonicalize(path).ok()?;
+            let id = xxh3_64(format!("{}\0{}\0{}", canonical.display(), meta.len(), modified.as_nanos()).as_bytes());
+            Some(self.seen_dir().join(format!("{id:016x}")))
+        }
+
+        /// Whether a decode was kept when the file at `path`, as it is now (the same path,
+        /// length and modification time), was last read. Only such a file is hashed before it is
+        /// decoded, to look for its decode: any other is decoded at once and hashed on the way
+        /// (a first open of a 1 GB file read it twice). The hash still decides: a file changed
+        /// in place with its time kept is another key.
+        pub fn seen(&self, path: &Path) -> bool {
+            self.seen_note(path).is_some_and(|note| note.is_file())
+        }
+
+        /// Notes that the decode of the file at `path`, as it is now, is kept (see
+        /// [`Folder::seen`]); past `SEEN_LIMIT` notes, the oldest go.
+        pub fn note_seen(&self, path: &Path) -> std::io::Result<()> {
+            let Some(note) = self.seen_note(path) else { return Ok(()) };
+            std::fs::create_dir_all(self.seen_dir())?;
+            std::fs::write(&note, b"")?;
+            let mut notes: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(self.seen_dir())?
+                .filter_map(|entry| {
+                    let entry = entry.ok()?;
+                    Some((entry.metadata().ok()?.modified().ok()?, entry.path()))
+                })
+                .collect();
+            if notes.len() > SEEN_LIMIT {
+                notes.sort();
+                for (_, old) in &notes[..notes.len() - SEEN_LIMIT] {
+                    let _ = std::fs::remove_file(old);
+                }
+            }
+            Ok(())
         }
 
         /// The snapshot decoded from the source `key` names, if this folder holds it whole.

@@ -249,6 +249,8 @@ test('a big file opened again shows its last view at once, and one changed in pl
   assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 4, null, { timeout: 60000 });
   assert.match(await page.textContent('#diagnosis-status'), /problem|no problem/);
+  // The trace read back from the old bytes was drawn (the 4th paint) but never diagnosed.
+  assert.equal(await marks('diagnosed'), 4);
   // Parsed, its decode kept anew: the next open reads it back, the hash agreeing.
   await openFile(page, changing, 6);
   assert.equal(await page.getAttribute('#source-name', 'data-reopened'), 'true');
@@ -273,6 +275,19 @@ test('a big file opened again shows its last view at once, and one changed in pl
   assert.ok(await page.evaluate(() => window.__tensormem.timeline.data !== null && !window.__tensormem.timeline.preview));
   assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 6, null, { timeout: 60000 });
+  // A preview abandoned for a newer file that fails: withdrawn all the same.
+  writeFileSync(changing, readFileSync(big));
+  utimesSync(changing, seconds, seconds);
+  await openFile(page, changing, 7);
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 7, null, { timeout: 60000 });
+  const notes = join(scratch, 'not-a-snapshot.txt');
+  writeFileSync(notes, 'these are my notes, not a snapshot\n');
+  await page.setInputFiles('[data-testid=open-file]', changing);
+  await page.waitForFunction((n) => performance.getEntriesByName('tensormem:preview').length >= n, previews + 2, { timeout: 60000 });
+  await page.setInputFiles('[data-testid=open-file]', notes);
+  await page.waitForSelector('[data-testid=error]:not([hidden])', { timeout: 60000 });
+  await page.waitForFunction(() => window.__tensormem.timeline.data !== null && !window.__tensormem.timeline.preview, null, { timeout: 60000 });
+  assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
   assert.deepEqual(page.errors, []);
   await page.close();
 });
