@@ -66,7 +66,7 @@ pub fn fit(recordings: &[Recording], others: &Values, variable: &str, capacity: 
     let found = largest(&base)?;
     let found_expandable = largest(&expandable)?;
     let farthest = found.max(found_expandable).unwrap_or(0);
-    let warning = (farthest as f64 > super::FAR_BEYOND * start as f64).then(|| {
+    let warning = (farthest as f64 > super::how_sure::FAR_BEYOND * start as f64).then(|| {
         format!(
             "{variable}={farthest} lies {:.1}x beyond the largest recorded {variable} ({start}): the laws are checked only where the \
              program was recorded; record nearer the values found to be sure",
