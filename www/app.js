@@ -317,7 +317,6 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
   performance.mark('tensormem:timeline-received');
   hideProgress();
   previewOf = null;
-  drawnLoad = ticket;
   current = info;
   device = d;
   const s = data.meta.summary;
@@ -340,14 +339,19 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
   // What is live at the cursor (the peak) and the allocator state there (replayed in the
   // worker), then the doctor's findings: after the first paint, which does not wait for them.
   info.painted = painted;
-  painted.then(async () => {
+  painted.then(() => {
     performance.mark('tensormem:painted');
     if (current === info) showLive(timeline.cursor);
-    // A trace read back before its file was hashed is diagnosed once the hash says it is the same.
-    if (info.reopened && !(await sameBytes(info))) return;
-    if (diagnosis === diagnosisTicket) diagnose(info, d, diagnosis);
+    diagnoseOnceSame(info, d, diagnosis);
   });
   return true;
+}
+
+// Diagnoses device `d` of `info` unless the diagnosis `ticket` is stale by then; a trace read back
+// before its file was hashed, once the hash says it is the same.
+async function diagnoseOnceSame(info, d, ticket) {
+  if (info.reopened && !(await sameBytes(info))) return;
+  if (ticket === diagnosisTicket) diagnose(info, d, ticket);
 }
 
 // Whether a trace read back from a kept decode is of its file's bytes, hashed by the worker once
@@ -368,8 +372,6 @@ function sameBytes(info) {
 // ---- a file opened again: the view the page kept of it, shown until its timeline is laid out.
 // The load (by ticket) it shows, while shown.
 let previewOf = null;
-// The last load whose timeline came: a preview arriving after it is not shown.
-let drawnLoad = 0;
 // The last load that showed a preview (its view is not kept again).
 let previewed = 0;
 // The newest load started ({ticket, running}).
@@ -378,8 +380,9 @@ let newestLoad = { ticket: 0, running: false };
 // The worker's 'preview' ({ticket, image: {width, height, pixels}, summary}): the timeline's
 // image as drawn when the same file was last opened, with its peaks, put on screen before the
 // kept decode is read back.
+// It comes before the load's answer (the worker posts it first), so never after its timeline.
 function showPreview({ ticket, image, summary }) {
-  if (ticket !== loadTicket || drawnLoad === ticket) return;
+  if (ticket !== loadTicket) return;
   previewOf = ticket;
   previewed = ticket;
   timeline.showPreview(new ImageData(image.pixels, image.width, image.height));
@@ -395,7 +398,7 @@ function showPreview({ ticket, image, summary }) {
 }
 
 // A preview whose load failed: the trace shown before comes back, diagnosed again.
-async function withdrawPreview() {
+function withdrawPreview() {
   if (previewOf === null) return;
   previewOf = null;
   timeline.clearPreview();
@@ -404,12 +407,7 @@ async function withdrawPreview() {
   showLive(timeline.cursor);
   showLegend();
   clearDiagnosis();
-  const ticket = diagnosisTicket;
-  const [shown, d] = [current, device];
-  // Read back before its file was hashed: diagnosed once the hash agrees (see sameBytes).
-  if (!shown.reopened || await sameBytes(shown)) {
-    if (ticket === diagnosisTicket) diagnose(shown, d, ticket);
-  }
+  diagnoseOnceSame(current, device, diagnosisTicket);
 }
 
 // Keeps what the page shows of a file whose decode is kept (the timeline's pixels, its peaks),
@@ -578,14 +576,13 @@ async function load(request, payload) {
     if (previous !== info) dropDoctor(previous);
   } catch (e) {
     if (info && current !== info) drop(info);
-    if (previewOf === ticket) withdrawPreview();
     const name = payload.file?.name || payload.url?.split('/').pop();
     const still = current ? ` Still showing ${current.name}.` : '';
     if (ticket === loadTicket) showError(e.message, request === 'runScenario' ? `The scenario could not run.${still}` : `Could not load ${name || 'this file'}.${still}`);
   } finally {
     if (ticket === loadTicket) hideProgress();
     // A preview this load showed and did not replace (it failed, or a newer load won).
-    if (previewOf === ticket && drawnLoad !== ticket) withdrawPreview();
+    if (previewOf === ticket) withdrawPreview();
     if (newestLoad.ticket === ticket) {
       newestLoad.running = false;
       // The trace on screen was found changed while this load ran, and this one did not replace it.

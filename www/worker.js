@@ -129,6 +129,15 @@ function idb(request) {
   });
 }
 
+// Resolves once `tx` has committed; rejects if it fails or is aborted.
+function committed(tx) {
+  return new Promise((resolve, reject) => {
+    tx.oncomplete = resolve;
+    tx.onerror = () => reject(tx.error);
+    tx.onabort = () => reject(tx.error);
+  });
+}
+
 function openKept() {
   if (!keptDb) {
     const open = indexedDB.open('tensormem', 3);
@@ -214,7 +223,7 @@ async function sameBytes(file, key) {
     const db = await openKept();
     const tx = db.transaction('decodedNames', 'readwrite');
     tx.objectStore('decodedNames').delete(fileSeen(file));
-    await new Promise((resolve) => { tx.oncomplete = resolve; tx.onerror = resolve; tx.onabort = resolve; });
+    await committed(tx).catch(() => {});
   }
   return same;
 }
@@ -230,7 +239,7 @@ async function keep(key, t, file) {
   tx.objectStore('decoded').put(blob, key);
   tx.objectStore('decodedUse').put({ size: blob.size, used: Date.now() }, key);
   tx.objectStore('decodedNames').put(key, fileSeen(file));
-  await new Promise((resolve, reject) => { tx.oncomplete = resolve; tx.onerror = () => reject(tx.error); tx.onabort = () => reject(tx.error); });
+  await committed(tx);
   const uses = db.transaction('decodedUse').objectStore('decodedUse');
   const [keys, values] = await Promise.all([idb(uses.getAllKeys()), idb(uses.getAll())]);
   const byAge = keys.map((k, i) => ({ k, ...values[i] })).sort((a, b) => a.used - b.used);
@@ -562,9 +571,9 @@ const handlers = {
     t.sameBytes ??= t.checkBytes();
     return t.sameBytes;
   },
-  // What the page shows of a trace whose decode is kept ({image: the timeline's pixels
-  // ({width, height, pixels}), summary}), once it is drawn: posted as 'preview' when the same file is opened again. Kept
-  // only beside its decode, after that is written.
+  // What the page shows of a trace whose decode is kept, once it is drawn ({image: the
+  // timeline's pixels as {width, height, pixels}, summary}): posted as 'preview' when the same
+  // file is opened again. Kept only beside its decode, after that is written.
   async keepView({ trace, image, summary }) {
     const key = get(trace).key;
     if (!key) return;
@@ -576,7 +585,7 @@ const handlers = {
     tx.objectStore('decodedUse').getKey(key).onsuccess = (e) => {
       if (e.target.result !== undefined) tx.objectStore('views').put({ image, summary }, key);
     };
-    await new Promise((resolve, reject) => { tx.oncomplete = resolve; tx.onerror = () => reject(tx.error); tx.onabort = () => reject(tx.error); });
+    await committed(tx);
   },
   // A candidate the page gave up on (a newer load won, or it could not be shown).
   async drop({ trace }) {

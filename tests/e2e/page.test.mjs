@@ -272,6 +272,7 @@ test('a big file opened again shows its last view at once, and one changed in pl
   await page.waitForSelector('[data-testid=error]:not([hidden])', { timeout: 60000 });
   assert.equal(await marks('preview'), previews + 1);
   assert.match(await page.textContent('[data-testid=error]'), /Still showing changed-in-place\.pickle/);
+  await page.screenshot({ path: join(shots, 'reopen-preview-withdrawn.png') });
   assert.ok(await page.evaluate(() => window.__tensormem.timeline.data !== null && !window.__tensormem.timeline.preview));
   assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 6, null, { timeout: 60000 });
