@@ -37,6 +37,12 @@ pub const RTX3090_24GB: (&str, u64) = ("RTX3090-24GB", 25_447_170_048);
 /// RTX 5090: deviceQuery `32120 MBytes (33680457728 bytes)`, 170 SMs, 12.0
 /// (github.com/NVIDIA/nccl/issues/1637).
 pub const RTX5090_32GB: (&str, u64) = ("RTX5090-32GB", 33_680_457_728);
+/// AMD Instinct MI300X (ROCm, which runs the same caching allocator): repr
+/// `total_memory=196592MB, multi_processor_count=304`, `gcnArchName='gfx942:sramecc+:xnack-'`,
+/// major 9, minor 4, with PyTorch 2.6 (github.com/ROCm/ROCm/issues/4203); rocminfo's GPU
+/// pool `201310208(0xbffc000) KB` is the same 196,592 MiB (github.com/ROCm/rocm-examples/issues/187,
+/// github.com/ROCm/rocprofiler-sdk/issues/76).
+pub const MI300X_192GB: (&str, u64) = ("MI300X-192GB", 196_592 << 20);
 /// Apple's M2 with 16 GB of unified memory (PyTorch's MPS backend).
 pub const M2_16GB_UNIFIED: (&str, u64) = ("M2-16GB-unified", 17_179_869_184);
 /// Not a card: what a browser tab may give WebGPU.

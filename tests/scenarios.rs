@@ -318,12 +318,32 @@ fn cublas_workspaces_follow_the_card_and_cublas_workspace_config() {
     // A size is a card like the H100; Apple's M2 runs MPS, which has no cuBLAS.
     assert_eq!(workspace("sim:24GiB", None), 32 * MIB);
     assert_eq!(workspace("sim:M2-16GB-unified", None), 0);
+    // ROCm on an MI300X (gfx942): hipBLAS's 128 MiB; HIPBLAS_WORKSPACE_CONFIG's pairs as CUDA's.
+    assert_eq!(workspace("sim:MI300X-192GB", None), 128 * MIB);
+    assert_eq!(workspace("sim:MI300X-192GB", Some(":4096:2:16:8")), 8_519_680);
     // CUBLAS_WORKSPACE_CONFIG sums its :SIZE:COUNT pairs (KiB); :0:0 allocates nothing.
     assert_eq!(workspace("sim:H100-80GB", Some(":4096:2:16:8")), 8_519_680);
     assert_eq!(workspace("sim:A100-80GB", Some(":4096:8")), 32 * MIB);
     assert_eq!(workspace("sim:H100-80GB", Some(":0:0")), 0);
     let bad = RunRequest { scenario: "intermediates".into(), cublas_workspace_config: Some("4096".into()), ..Default::default() };
     assert!(scenarios::run(&bad).unwrap_err().to_string().contains("expected :SIZE:COUNT pairs"));
+}
+
+#[test]
+fn an_mi300x_linear_with_a_bias_gets_hipblaslt_s_own_76_mib() {
+    use tensormem::nn::Linear;
+    use tensormem::{DType, Device, SimOptions};
+    let dev = Device::sim(SimOptions::preset("MI300X-192GB"));
+    assert_eq!(dev.capacity(), Some(196_592 * MIB));
+    let linear = Linear::new(&dev, "fc", 256, 512, true, DType::F32).unwrap();
+    let x = dev.randn(&[64, 256], DType::F32).unwrap();
+    let from = dev.snapshot().device_traces[0].len();
+    let _y = linear.forward(&x).unwrap();
+    let snapshot = dev.snapshot();
+    let made: Vec<(&str, u64)> =
+        snapshot.device_traces[0][from..].iter().filter(|e| e.action == Action::Alloc).map(|e| (e.frames.as_ref().unwrap()[0].name.as_str(), e.size)).collect();
+    // The output, then the thread's hipBLAS workspace and hipBLASLt's (never shared on ROCm).
+    assert_eq!(made, [("addmm", 64 * 512 * 4), ("at::cuda::getNewWorkspace", 128 * MIB), ("at::cuda::getCUDABlasLtWorkspace", 76 * MIB)]);
 }
 
 /// Bytes reserved by segments of `pool` where the run ends.

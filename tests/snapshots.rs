@@ -121,7 +121,7 @@ fn split_reductions_allocate_what_the_recorded_ones_did() {
     // card with 144 blocks of 512 threads in flight (72 SMs of 1,024 threads, as a Turing
     // Quadro RTX 8000): 576 bytes. An H100 would split it over 240 blocks.
     let card = SimOptions {
-        cuda: Some(CudaCard { multiprocessors: Multiprocessors { count: 72, max_threads_each: 1024 }, capability: (7, 5) }),
+        cuda: Some(CudaCard { multiprocessors: Multiprocessors { count: 72, max_threads_each: 1024, warp_size: 32 }, capability: (7, 5), rocm: false }),
         ..SimOptions::preset("H100-80GB")
     };
     let dev = Device::sim(card);

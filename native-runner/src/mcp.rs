@@ -577,7 +577,7 @@ fn tools() -> Vec<Value> {
                     (
                         "cards",
                         json!({ "type": "array", "items": { "type": "string" },
-                            "description": "Cards: simulator presets (B200-180GB, H200-141GB, H100-80GB, A100-80GB, RTX-A6000-48GB, L40S-48GB, A100-40GB, RTX5090-32GB, RTX3090-24GB, RTX4090-24GB, A10-24GB, L4-24GB, T4-16GB) or sizes such as 24GiB (default H100-80GB, A100-40GB, RTX4090-24GB)." }),
+                            "description": "Cards: simulator presets (MI300X-192GB, B200-180GB, H200-141GB, H100-80GB, A100-80GB, RTX-A6000-48GB, L40S-48GB, A100-40GB, RTX5090-32GB, RTX3090-24GB, RTX4090-24GB, A10-24GB, L4-24GB, T4-16GB) or sizes such as 24GiB (default H100-80GB, A100-40GB, RTX4090-24GB)." }),
                     ),
                 ],
                 &["name"],

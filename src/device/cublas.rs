@@ -7,21 +7,34 @@
 //! engine runs backward on a thread of its own, so a training step holds two: the main thread's
 //! and autograd's. A matmul that goes through cuBLASLt (addmm with a bias, `F.linear`) also gets
 //! the Lt workspace of that pair, after the cuBLAS one.
+//!
+//! A ROCm build (an AMD card) does the same through hipBLAS and hipBLASLt, with its own defaults
+//! (`parseChosenWorkspaceSize` and `parseCUDABlasLtWorkspaceSize` under `USE_ROCM`, pytorch/pytorch
+//! at 26a3905): 128 MiB for gfx94x and gfx95x (MI300, MI350), 32 MiB on older cards, and 76 MiB
+//! for hipBLASLt, which never shares hipBLAS's.
 
 /// What ATen reads from `cudaDeviceProp` that decides what it allocates: how long reductions are
 /// split, and the size of cuBLAS's workspace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaCard {
     pub multiprocessors: super::Multiprocessors,
-    /// Compute capability (`major`, `minor`): 9.0 for the H100.
+    /// Compute capability (`major`, `minor`): 9.0 for the H100; on ROCm the `gfx` version
+    /// (9.4 for the MI300X's gfx942).
     pub capability: (u32, u32),
+    /// An AMD card under PyTorch's ROCm build (HIP): hipBLAS's and hipBLASLt's workspaces.
+    pub rocm: bool,
 }
 
 impl CudaCard {
     /// The workspaces PyTorch 2.11 gives each handle on this card, `CUBLAS_WORKSPACE_CONFIG`
-    /// (a size per handle, in bytes) overriding the default.
+    /// (a size per handle, in bytes; `HIPBLAS_WORKSPACE_CONFIG` on ROCm) overriding the default.
     pub fn workspaces(&self, cublas_override: Option<u64>) -> BlasWorkspaces {
-        BlasWorkspaces { cublas: cublas_override.unwrap_or_else(|| default_cublas_workspace(self.capability)), cublaslt: CUBLASLT_WORKSPACE }
+        let (default, cublaslt) = if self.rocm {
+            (default_hipblas_workspace(self.capability), HIPBLASLT_WORKSPACE)
+        } else {
+            (default_cublas_workspace(self.capability), CUBLASLT_WORKSPACE)
+        };
+        BlasWorkspaces { cublas: cublas_override.unwrap_or(default), cublaslt }
     }
 }
 
@@ -42,6 +55,15 @@ pub fn default_cublas_workspace(capability: (u32, u32)) -> u64 {
 
 /// `CUBLASLT_WORKSPACE_SIZE`'s default, 1,024 KiB.
 pub const CUBLASLT_WORKSPACE: u64 = 1024 * 1024;
+
+/// ROCm's `parseChosenWorkspaceSize` default: 128 MiB where `isGPUArch({"gfx94", "gfx95"})`
+/// (MI300X, MI325X, MI350), 32 MiB elsewhere.
+pub fn default_hipblas_workspace(gfx: (u32, u32)) -> u64 {
+    if gfx.0 == 9 && matches!(gfx.1, 4 | 5) { 128 << 20 } else { 32 << 20 }
+}
+
+/// ROCm's `HIPBLASLT_WORKSPACE_SIZE` default, 76 MiB (`76*1024` KiB).
+pub const HIPBLASLT_WORKSPACE: u64 = 76 << 20;
 
 /// `CUBLAS_WORKSPACE_CONFIG` as PyTorch reads it: every `:SIZE:COUNT` pair (SIZE in KiB) adds
 /// SIZE x COUNT KiB, so `:4096:8` is 32 MiB and `:4096:2:16:8` 8,519,680 bytes. Where PyTorch
@@ -95,5 +117,18 @@ mod tests {
         assert_eq!(default_cublas_workspace((8, 0)), 8_519_680);
         assert_eq!(default_cublas_workspace((8, 9)), 8_519_680);
         assert_eq!(default_cublas_workspace((7, 5)), 8_519_680);
+    }
+
+    #[test]
+    fn rocm_cards_take_hipblas_defaults() {
+        let mi300x =
+            CudaCard { multiprocessors: super::super::Multiprocessors { count: 304, max_threads_each: 2048, warp_size: 64 }, capability: (9, 4), rocm: true };
+        assert_eq!(mi300x.workspaces(None), BlasWorkspaces { cublas: 134_217_728, cublaslt: 79_691_776 });
+        assert_eq!(mi300x.workspaces(Some(8_519_680)).cublas, 8_519_680);
+        // An MI250X (gfx90a) keeps the older 32 MiB.
+        assert_eq!(default_hipblas_workspace((9, 0)), 32 << 20);
+        // The same figures under CUDA's rules: 32 MiB from major 9, and 1 MiB for cuBLASLt.
+        let nvidia = CudaCard { rocm: false, ..mi300x };
+        assert_eq!(nvidia.workspaces(None), BlasWorkspaces { cublas: 32 << 20, cublaslt: 1 << 20 });
     }
 }

@@ -146,8 +146,9 @@ struct DeviceInner {
     /// Parameters made now get no memory (`torch.device("meta")`, deferred initialisation):
     /// a sharding strategy gives them their memory itself.
     deferred_parameters: Cell<bool>,
-    /// The CUDA card whose reduction launches this device models (None: no split reductions).
-    multiprocessors: Option<Multiprocessors>,
+    /// The CUDA (or ROCm) card whose reduction launches this device models (None: no split
+    /// reductions).
+    cuda: Option<CudaCard>,
     /// The size of each cuBLAS handle's workspaces (None: a card without cuBLAS).
     blas_workspaces: Option<BlasWorkspaces>,
     /// The workspaces made so far: kept to the end, as PyTorch keeps them.
@@ -235,7 +236,7 @@ impl Device {
             uncached: Cell::new(false),
             stream: Cell::new(0),
             deferred_parameters: Cell::new(false),
-            multiprocessors: cuda.map(|card| card.multiprocessors),
+            cuda,
             blas_workspaces: cuda.map(|card| card.workspaces(cublas_workspace)),
             blas_made: RefCell::new(Vec::new()),
             on_autograd_thread: Cell::new(false),
@@ -265,9 +266,10 @@ impl Device {
         }
     }
 
-    /// The CUDA card whose reduction launches this device models (None: no split reductions).
-    pub(crate) fn multiprocessors(&self) -> Option<Multiprocessors> {
-        self.0.multiprocessors
+    /// The CUDA (or ROCm) card whose kernel launches this device models (None: no split
+    /// reductions, no sorting kernels' scratch).
+    pub(crate) fn cuda_card(&self) -> Option<CudaCard> {
+        self.0.cuda
     }
 
     /// `torch.manual_seed`: the same seed gives the same random tensors.

@@ -47,7 +47,10 @@ const H100: Speed = Speed { bandwidth: 3.35e12, f32_flops: 67e12, half_flops: 98
 /// on 8.9, 1,024 on 7.5), and each card's compute capability from the same table (it sizes
 /// cuBLAS's workspaces). The M2 runs PyTorch's MPS backend, whose reductions allocate nothing
 /// of this kind; the browser budget models what a GPU device models.
-const CARDS: [(&str, u64, Speed, Option<CudaCard>); 15] = [
+/// The MI300X (AMD's datasheet: 5.3 TB/s, 81.7 TFLOP/s f32 vector, 1,307.4 dense bf16) is a
+/// ROCm card: gfx942 (9.4), 304 compute units of 2,048 work-items, wavefronts of 64 (rocminfo
+/// in github.com/ROCm/rocprofiler-sdk/issues/76), hipBLAS's workspaces.
+const CARDS: [(&str, u64, Speed, Option<CudaCard>); 16] = [
     (cards::H100_80GB.0, cards::H100_80GB.1, H100, Some(H100_CARD)),
     (cards::H200_141GB.0, cards::H200_141GB.1, Speed { bandwidth: 4.8e12, ..H100 }, Some(H100_CARD)),
     (cards::A100_80GB.0, cards::A100_80GB.1, Speed { bandwidth: 2.039e12, f32_flops: 19.5e12, half_flops: 312e12 }, Some(A100_CARD)),
@@ -61,14 +64,19 @@ const CARDS: [(&str, u64, Speed, Option<CudaCard>); 15] = [
     (cards::RTX_A6000_48GB.0, cards::RTX_A6000_48GB.1, Speed { bandwidth: 768e9, f32_flops: 38.7e12, half_flops: 154.8e12 }, Some(card(84, 1536, (8, 6)))),
     (cards::RTX3090_24GB.0, cards::RTX3090_24GB.1, Speed { bandwidth: 936e9, f32_flops: 35.6e12, half_flops: 71e12 }, Some(card(82, 1536, (8, 6)))),
     (cards::RTX5090_32GB.0, cards::RTX5090_32GB.1, Speed { bandwidth: 1.792e12, f32_flops: 104.8e12, half_flops: 209.5e12 }, Some(card(170, 1536, (12, 0)))),
+    (cards::MI300X_192GB.0, cards::MI300X_192GB.1, Speed { bandwidth: 5.3e12, f32_flops: 81.7e12, half_flops: 1307.4e12 }, Some(MI300X_CARD)),
     (cards::M2_16GB_UNIFIED.0, cards::M2_16GB_UNIFIED.1, Speed { bandwidth: 100e9, f32_flops: 3.6e12, half_flops: 3.6e12 }, None),
     (cards::BROWSER_2GB.0, cards::BROWSER_2GB.1, H100, Some(H100_CARD)),
 ];
 
 const A100_CARD: CudaCard = card(108, 2048, (8, 0));
 
+const MI300X_CARD: CudaCard =
+    CudaCard { multiprocessors: Multiprocessors { count: 304, max_threads_each: 32 * 64, warp_size: 64 }, capability: (9, 4), rocm: true };
+
+/// An NVIDIA card: warps of 32 threads.
 const fn card(count: u32, max_threads_each: u32, capability: (u32, u32)) -> CudaCard {
-    CudaCard { multiprocessors: Multiprocessors { count, max_threads_each }, capability }
+    CudaCard { multiprocessors: Multiprocessors { count, max_threads_each, warp_size: 32 }, capability, rocm: false }
 }
 
 /// The presets' names and memory (the page lists these pairs).
@@ -105,13 +113,15 @@ pub struct Multiprocessors {
     pub count: u32,
     /// `maxThreadsPerMultiProcessor`.
     pub max_threads_each: u32,
+    /// `warpSize`: 32 on NVIDIA cards, 64 (a wavefront) on AMD's CDNA cards.
+    pub warp_size: u32,
 }
 
 /// The H100 SXM5's 132 SMs of 2,048 threads: also what GPU devices model by default.
-pub const H100_MULTIPROCESSORS: Multiprocessors = Multiprocessors { count: 132, max_threads_each: 2048 };
+pub const H100_MULTIPROCESSORS: Multiprocessors = Multiprocessors { count: 132, max_threads_each: 2048, warp_size: 32 };
 
 /// The H100 SXM5 as ATen sees it: 132 SMs, compute capability 9.0.
-pub const H100_CARD: CudaCard = CudaCard { multiprocessors: H100_MULTIPROCESSORS, capability: (9, 0) };
+pub const H100_CARD: CudaCard = CudaCard { multiprocessors: H100_MULTIPROCESSORS, capability: (9, 0), rocm: false };
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimOptions {

@@ -6,10 +6,15 @@
 //! both devices make the same two allocations, and the GPU device's split kernel keeps its
 //! partial results in that buffer.
 //!
-//! How many blocks depends on the card (`multiProcessorCount`, `maxThreadsPerMultiProcessor`)
-//! and on how ATen's TensorIterator orders and merges the dimensions, which is modelled here too.
+//! How many blocks depends on the card (`multiProcessorCount`, `maxThreadsPerMultiProcessor`,
+//! `warpSize`) and on how ATen's TensorIterator orders and merges the dimensions, which is
+//! modelled here too. PyTorch's ROCm build adjusts three things under `USE_ROCM` (followed from
+//! PyTorch 2.6's `setReduceConfig`, as a walkthrough of `Reduce.cuh` quotes it; not checked on an
+//! AMD card): two-dimensional reductions on small cards split outputs rather than inputs, the
+//! threads counted per multiprocessor depend on the iterator's dimensions, and the blocks per
+//! output are rounded to the multiprocessors.
 
-use crate::device::Multiprocessors;
+use crate::device::CudaCard;
 
 /// A reduction as ATen sees it: the input's shape and strides (elements), which dimensions are
 /// reduced, where the input starts (its address over its element size: vector loads need
@@ -30,11 +35,10 @@ pub(crate) struct GlobalReduce {
     pub semaphore_bytes: u64,
 }
 
-/// ATen's `ReduceConfig::MAX_NUM_THREADS` (all but complex double), the warp, the vector width
+/// ATen's `ReduceConfig::MAX_NUM_THREADS` (all but complex double), the vector width
 /// of loads (`input_vec_size`, and the widest `output_vec_size`; every reduction modelled has
 /// `vt0` 4, so input vectors are allowed), and the values a thread should keep.
 const MAX_NUM_THREADS: i64 = 512;
-const WARP_SIZE: i64 = 32;
 const VEC_SIZE: i64 = 4;
 const MIN_VALUES_PER_THREAD: i64 = 16;
 const MAX_VALUES_PER_THREAD: i64 = 256;
@@ -140,7 +144,8 @@ fn output_vec_size(dims: &[IterDim], output_index: usize, input_index: u64) -> i
 
 /// Whether ATen splits this reduction across blocks on a card with these multiprocessors, and
 /// what it then allocates. None: one block per output (group), nothing allocated.
-pub(crate) fn global_reduce(launch: &ReductionLaunch, mp: Multiprocessors) -> Option<GlobalReduce> {
+pub(crate) fn global_reduce(launch: &ReductionLaunch, card: CudaCard) -> Option<GlobalReduce> {
+    let mp = card.multiprocessors;
     let dims = iterator_dims(launch.shape, launch.strides, launch.reduced);
     let num_outputs: i64 = dims.iter().filter(|d| d.out != 0).map(|d| d.size).product();
     let numel: i64 = dims.iter().map(|d| d.size).product();
@@ -169,7 +174,7 @@ pub(crate) fn global_reduce(launch: &ReductionLaunch, mp: Multiprocessors) -> Op
     let max_threads = MAX_NUM_THREADS / out_vec;
     let pow2 = |n: i64| if n < max_threads { last_pow2(n) } else { max_threads };
     let (dim0_pow2, dim1_pow2) = (pow2(dim0), pow2(dim1));
-    let block_height = dim1_pow2.min(max_threads / dim0_pow2.min(WARP_SIZE));
+    let block_height = dim1_pow2.min(max_threads / dim0_pow2.min(mp.warp_size as i64));
     let block_width = dim0_pow2.min(max_threads / block_height);
     let num_threads = block_width * block_height;
     // Lanes split the input (reducing along the fastest dimension) or the outputs; then warps
@@ -182,20 +187,41 @@ pub(crate) fn global_reduce(launch: &ReductionLaunch, mp: Multiprocessors) -> Op
         step_output *= block_width;
     }
     let values_per_thread = |step_input: i64| div_up(inputs_per_output, step_input);
-    let block_y_reduce = values_per_thread(step_input) >= (block_height * 16).min(MAX_VALUES_PER_THREAD);
+    let ndim = dims.len();
+    let rocm_splits_outputs = card.rocm && ndim == 2 && on_fastest && values_per_thread(step_input) < 1024 && mp.count < 100;
+    let block_y_reduce = !rocm_splits_outputs && values_per_thread(step_input) >= (block_height * 16).min(MAX_VALUES_PER_THREAD);
     if block_y_reduce {
         step_input *= block_height;
     } else {
         step_output *= block_height;
     }
-    let blocks_per_sm = mp.max_threads_each as i64 / num_threads;
-    let target_grid = mp.count as i64 * blocks_per_sm;
+    let threads_per_mp = match (card.rocm, ndim) {
+        (true, 1) => 512,
+        (true, 2) => 256,
+        _ => mp.max_threads_each as i64,
+    };
+    let blocks_per_sm = threads_per_mp / num_threads;
+    let num_mp = mp.count as i64;
+    let target_grid = num_mp * blocks_per_sm;
     let grid_x = div_up(num_outputs / out_vec, step_output);
     let vpt = values_per_thread(step_input);
     if !block_y_reduce || vpt < MAX_VALUES_PER_THREAD || grid_x > target_grid {
         return None;
     }
-    let ctas = div_up(target_grid, grid_x).min(div_up(vpt, MIN_VALUES_PER_THREAD)).max(div_up(vpt, MAX_VALUES_PER_THREAD));
+    let mut ctas = div_up(target_grid, grid_x).min(div_up(vpt, MIN_VALUES_PER_THREAD)).max(div_up(vpt, MAX_VALUES_PER_THREAD));
+    if card.rocm {
+        // At most the multiprocessors (two or four times as many on a card with fewer than
+        // 128), half of them for middling splits, and none below 16 blocks.
+        ctas = if ctas > num_mp {
+            if num_mp < 128 { num_mp * if ctas > 512 { 4 } else { 2 } } else { num_mp }
+        } else if ctas > div_up(num_mp, 2) {
+            div_up(num_mp, 2)
+        } else if ctas < 16 {
+            1
+        } else {
+            ctas
+        };
+    }
     if ctas <= 1 {
         return None;
     }
@@ -210,8 +236,13 @@ pub(crate) fn global_reduce(launch: &ReductionLaunch, mp: Multiprocessors) -> Op
 mod tests {
     use super::*;
 
-    const H100: Multiprocessors = Multiprocessors { count: 132, max_threads_each: 2048 };
-    const A100: Multiprocessors = Multiprocessors { count: 108, max_threads_each: 2048 };
+    use crate::device::Multiprocessors;
+
+    const fn nvidia(count: u32, max_threads_each: u32) -> CudaCard {
+        CudaCard { multiprocessors: Multiprocessors { count, max_threads_each, warp_size: 32 }, capability: (8, 0), rocm: false }
+    }
+    const H100: CudaCard = nvidia(132, 2048);
+    const A100: CudaCard = nvidia(108, 2048);
 
     fn contiguous(shape: &[usize]) -> Vec<usize> {
         let mut strides = vec![1; shape.len()];
@@ -221,10 +252,10 @@ mod tests {
         strides
     }
 
-    fn f32_reduction(shape: &[usize], reduced: &[usize], mp: Multiprocessors) -> Option<GlobalReduce> {
+    fn f32_reduction(shape: &[usize], reduced: &[usize], card: CudaCard) -> Option<GlobalReduce> {
         let strides = contiguous(shape);
         let mask: Vec<bool> = (0..shape.len()).map(|d| reduced.contains(&d)).collect();
-        global_reduce(&ReductionLaunch { shape, strides: &strides, reduced: &mask, input_index: 0, acc_size: 4 }, mp)
+        global_reduce(&ReductionLaunch { shape, strides: &strides, reduced: &mask, input_index: 0, acc_size: 4 }, card)
     }
 
     #[test]
@@ -233,10 +264,28 @@ mod tests {
         assert_eq!(f32_reduction(&[512, 1024], &[0, 1], H100), Some(GlobalReduce { ctas_per_output: 64, buffer_bytes: 256, semaphore_bytes: 4 }));
         // eor-nn-legacy: `.mean()` of 1,966,080 floats allocates 576 then 4 on its card, whose
         // 144 blocks in flight (e.g. 72 SMs of 1,024 threads) cap the split.
-        let card = Multiprocessors { count: 72, max_threads_each: 1024 };
+        let card = nvidia(72, 1024);
         assert_eq!(f32_reduction(&[10, 3, 256, 256], &[0, 1, 2, 3], card), Some(GlobalReduce { ctas_per_output: 144, buffer_bytes: 576, semaphore_bytes: 4 }));
         // 16 M floats on an A100: 108 SMs x 4 blocks of 512 threads.
         assert_eq!(f32_reduction(&[1 << 24], &[0], A100), Some(GlobalReduce { ctas_per_output: 432, buffer_bytes: 1728, semaphore_bytes: 4 }));
+    }
+
+    #[test]
+    fn rocm_counts_threads_by_dimensions_and_rounds_blocks_to_the_multiprocessors() {
+        let mi300x = CudaCard { multiprocessors: Multiprocessors { count: 304, max_threads_each: 2048, warp_size: 64 }, capability: (9, 4), rocm: true };
+        // A whole-tensor sum: 512 threads per compute unit on ROCm, 64 blocks as on the H100.
+        assert_eq!(f32_reduction(&[512, 1024], &[0, 1], mi300x), Some(GlobalReduce { ctas_per_output: 64, buffer_bytes: 256, semaphore_bytes: 4 }));
+        // 16 M floats: 304 blocks wanted, more than half the compute units, so 152. Counted as
+        // CUDA counts (2,048 threads each), the same card would split 1,216 ways.
+        assert_eq!(f32_reduction(&[1 << 24], &[0], mi300x), Some(GlobalReduce { ctas_per_output: 152, buffer_bytes: 608, semaphore_bytes: 4 }));
+        let as_cuda = CudaCard { rocm: false, ..mi300x };
+        assert_eq!(f32_reduction(&[1 << 24], &[0], as_cuda).unwrap().ctas_per_output, 1216);
+        // Column sums: wavefronts of 64 lanes (3 column blocks, not 6), 256 threads per compute
+        // unit for a two-dimensional iterator, 203 blocks wanted, 152 taken.
+        assert_eq!(
+            f32_reduction(&[8192, 768], &[0], mi300x),
+            Some(GlobalReduce { ctas_per_output: 152, buffer_bytes: 4 * 768 * 152 * 64 * 4, semaphore_bytes: 12 })
+        );
     }
 
     #[test]

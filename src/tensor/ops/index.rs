@@ -246,7 +246,7 @@ impl Tensor {
         const OP: &str = "embedding_dense_backward";
         let n = ids.numel();
         let device = self.device();
-        if device.multiprocessors().is_none() || n <= cuda_embedding::UNSORTED_IDS {
+        if device.cuda_card().is_none() || n <= cuda_embedding::UNSORTED_IDS {
             return self.scatter_add_to_zeros(OP, 0, &ids.spread(0, self.shape()), shape);
         }
         // (No closures: they would hide the caller's location from the trace.) Locals drop in

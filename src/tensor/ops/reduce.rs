@@ -2,7 +2,7 @@
 
 use super::cuda_reduce::{GlobalReduce, ReductionLaunch, global_reduce};
 use super::{bind, check_u32, shape_meta, strided, values};
-use crate::device::Multiprocessors;
+use crate::device::CudaCard;
 use crate::kernels::{Family, Grid, Kernel, ReduceMeta, WORKGROUP, WgslScalar};
 use crate::tensor::autocast as amp;
 use crate::tensor::grad::not_differentiated_yet;
@@ -101,7 +101,7 @@ impl Tensor {
         } else {
             // PyTorch splits a long reduction over several blocks per output on a big enough
             // card, with a buffer and semaphores from the caching allocator, on both devices.
-            let split = device.multiprocessors().filter(|_| inside.is_none()).and_then(|mp| self.cuda_split(&dims, op, mp));
+            let split = device.cuda_card().filter(|_| inside.is_none()).and_then(|card| self.cuda_split(&dims, op, card));
             // (No closures: they would hide the caller's location from the trace.)
             let scratch = match split {
                 Some(s) => Some((
@@ -132,9 +132,9 @@ impl Tensor {
         Ok(out.reshaped_result(Layout { shape: shape.clone(), strides: Layout::contiguous(&shape).strides, offset: out.layout.offset }))
     }
 
-    /// How PyTorch would split this reduction on a card with these multiprocessors (see
-    /// `cuda_reduce`), None when it runs one block per output.
-    fn cuda_split(&self, dims: &[usize], op: Reduction, mp: Multiprocessors) -> Option<GlobalReduce> {
+    /// How PyTorch would split this reduction on this card (see `cuda_reduce`), None when it
+    /// runs one block per output.
+    fn cuda_split(&self, dims: &[usize], op: Reduction, card: CudaCard) -> Option<GlobalReduce> {
         let reduced: Vec<bool> = (0..self.ndim()).map(|d| dims.contains(&d)).collect();
         let element = self.dtype.size() as u64;
         // ATen's accumulator (`arg_t`): float for floating sums, means and norms (double for
@@ -146,7 +146,7 @@ impl Tensor {
         };
         let address = self.storage.block.map_or(0, |b| b.ptr) + self.layout.offset as u64 * element;
         let launch = ReductionLaunch { shape: self.shape(), strides: self.strides(), reduced: &reduced, input_index: address / element, acc_size };
-        global_reduce(&launch, mp)
+        global_reduce(&launch, card)
     }
 
     /// Runs the kernel of a reduction of `n` elements per output into `out`: a thread per
