@@ -1,6 +1,7 @@
 //! What PyTorch's frames say about a trace, as a reader of it would tell: which phase of a
 //! training step an event belongs to, which thread made it, whether it ran inside a module's
-//! forward, and the names Hugging Face's KV cache allocates under. The analysis (timeline,
+//! forward, and the names Hugging Face's KV cache allocates under; where a stack sits among
+//! module calls, which frame is the user's, and what a band is grouped by. The analysis (timeline,
 //! doctor, predict) and the scenarios' comparisons ask here, so that this knowledge of
 //! PyTorch's files lives in one place.
 //!
@@ -185,4 +186,104 @@ pub fn is_backward_frame(f: &Frame) -> bool {
         || f.name.contains("torch::autograd::generated::")
         || (f.name.contains("Backward") && f.name.ends_with(')'))
         || f.filename.ends_with("autograd/engine.rs")
+}
+
+/// Where a stack sits among `nn.Module` calls, outermost first, as indices into `frames`
+/// (innermost first): for each module call, the Python line that called the module
+/// (`self.attn(x)`), then the line inside the innermost module's `forward` that allocated.
+/// Empty outside any module (an optimizer step, backward on the autograd thread). A snapshot
+/// names no module classes; these lines are what identifies a module instance.
+///
+/// tensormem's own stacks are the op's frame, then (inside a module) one frame naming the
+/// module's path (`layers.0.attention.q_proj`, no file): their scope is that path, then the op.
+pub fn module_scope(frames: &[Frame]) -> Vec<usize> {
+    if let [_, path] = frames
+        && path.filename.is_empty()
+        && path.line == 0
+        && !path.name.is_empty()
+    {
+        return vec![1, 0];
+    }
+    // Python frames only: with context='all' the interpreter's C++ frames sit between them.
+    let py: Vec<usize> = (0..frames.len()).filter(|&i| frames[i].filename.ends_with(".py")).collect();
+    let in_module_py = |k: usize| in_module_file(&frames[py[k]]);
+    let mut scope = Vec::new();
+    let mut leaf = None;
+    let mut k = 0;
+    while k < py.len() {
+        if in_module_py(k) && frames[py[k]].name.ends_with("_call_impl") {
+            if leaf.is_none() && k > 0 {
+                leaf = Some(py[k - 1]);
+            }
+            // Past `_call_impl` and `_wrapped_call_impl`: the caller of the module.
+            let mut j = k;
+            while j < py.len() && in_module_py(j) {
+                j += 1;
+            }
+            if j < py.len() {
+                scope.push(py[j]);
+            }
+            k = j;
+        } else {
+            k += 1;
+        }
+    }
+    scope.reverse();
+    scope.extend(leaf);
+    scope
+}
+
+/// The frame a user would recognise as theirs: the first Python frame outside torch itself, else
+/// the first Python frame, else the first frame with a name.
+pub fn user_frame(frames: &[Frame]) -> Option<&Frame> {
+    let python = |f: &&Frame| f.filename.ends_with(".py");
+    frames
+        .iter()
+        .filter(python)
+        .find(|f| !f.filename.contains("/torch/") && !f.filename.starts_with("<frozen"))
+        .or_else(|| frames.iter().find(python))
+        .or_else(|| frames.iter().find(|f| !f.name.is_empty()))
+}
+
+/// What a band is coloured and grouped by: the user's Python frame; for stacks without one (the
+/// autograd engine runs backward on its own C++ thread) the autograd node or the ATen op.
+pub fn group_name(frames: &[Frame]) -> Option<String> {
+    if let Some(f) = user_frame(frames).filter(|f| f.filename.ends_with(".py")) {
+        return Some(format!("{} ({}:{})", f.name, short_path(&f.filename), f.line));
+    }
+    // tensormem's engine: the op and the line of the program that called it, as a Python
+    // stack names the line of `forward` (the module path is in the stack, as its scope).
+    if let Some(f) = frames.first().filter(|f| f.filename.ends_with(".rs")) {
+        return Some(format!("{} ({}:{})", f.name, short_path(&f.filename), f.line));
+    }
+    let between = |name: &str, start: &str, end: &str| -> Option<String> {
+        let rest = &name[name.find(start)? + start.len()..];
+        Some(rest[..rest.find(end)?].to_string())
+    };
+    if let Some(node) = frames.iter().find_map(|f| between(&f.name, "torch::autograd::generated::", "::apply(")) {
+        return Some(format!("{node} (autograd backward)"));
+    }
+    if let Some(op) = frames.iter().find_map(|f| f.name.strip_prefix("at::_ops::").and_then(|r| r.split("::").next().map(str::to_string))) {
+        return Some(format!("aten::{op}"));
+    }
+    frames.iter().find(|f| !f.name.is_empty() && !is_plumbing(f)).map(|f| f.name.clone())
+}
+
+/// A C++ frame of the recording itself or of the allocator (the unwinder, the caching
+/// allocator, c10's storage): in every stack, naming nothing of the user's.
+pub fn is_plumbing(frame: &Frame) -> bool {
+    const PLUMBING: [&str; 4] = ["torch::unwind", "torch::CapturedTraceback", "torch::cuda::", "c10::"];
+    PLUMBING.iter().any(|p| frame.name.starts_with(p))
+}
+
+/// The last two components of a path: enough to recognise a file.
+pub fn short_path(path: &str) -> &str {
+    let mut cut = path.len();
+    for _ in 0..2 {
+        match path[..cut].rfind('/') {
+            Some(i) => cut = i,
+            None => return path,
+        }
+    }
+    &path[cut + 1..]
 }

@@ -200,7 +200,7 @@ impl LoadedTrace {
     /// The device the page opens on: the doctor's choice (the one with an out-of-memory entry,
     /// else the one that reserved the most); `undefined` for a snapshot without devices.
     pub fn default_device(&self) -> Option<i32> {
-        doctor::pick_device(&self.snapshot).map(|d| d as i32)
+        self.snapshot.pick_device().map(|d| d as i32)
     }
 
     /// A label per device for the device selector: `cuda:1 · out of memory` where its trace
@@ -693,7 +693,7 @@ impl LoadedTrace {
     /// The curves of the device `tensormem predict` reads (the doctor's pick), for the "What
     /// fits" view; see `overview`.
     pub fn overview_json(&self) -> Result<String, JsError> {
-        let device = crate::doctor::pick_device(&self.snapshot).ok_or_else(|| JsError::new("the snapshot has no segments and no trace"))?;
+        let device = crate::self.snapshot.pick_device().ok_or_else(|| JsError::new("the snapshot has no segments and no trace"))?;
         Ok(overview(&self.snapshot, device, OVERVIEW_POINTS)?.to_string())
     }
 }

@@ -4,7 +4,8 @@
 //! costs nothing; a copy costs its whole size. dtype casts (`.to()`, autocast) are not counted,
 //! nor are the copies backward and the optimizer make (the autograd engine's, not the program's).
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::ops::{OpKind, Ops};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, COPIES, Finding, Patient, StackBytes, size};

@@ -5,7 +5,8 @@
 //! what the best setting recovers: a gap no setting closes is cache the program reuses, not a
 //! problem a change would fix, and is not reported.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::what_if::{Outcome, as_recorded, candidate_outcome, candidate_settings, each_in_parallel, verified};
 use super::{DoctorError, FRAGMENTATION, Finding, FindingConfidence, Patient, Verified, size};
 use crate::replay::{self, ReplayOptions};

@@ -14,7 +14,8 @@
 //! backward. It is `medium`: a recording that begins between two micro-batches of a deliberate
 //! accumulation looks the same.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, FindingConfidence, GRADS_KEPT, Patient, StackBytes, size};
 use serde::Serialize;

@@ -5,7 +5,8 @@
 //! A PyTorch loop without backward keeps its results and its cache on purpose: there only what
 //! the forwards keep counts.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::steps::{self, Steps};
 use super::{AllocationRef, Finding, FindingConfidence, GROWTH, Patient, StackBytes, size};
 use rustc_hash::FxHashSet;

@@ -5,7 +5,8 @@
 //! matmul makes once. The stacks must name ops (tensormem's, or PyTorch's C++ frames);
 //! Python-only stacks give no finding.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::ops::{OpKind, Ops};
 use super::steps;
 use super::{AllocationRef, Finding, INTERMEDIATES, Patient, size};

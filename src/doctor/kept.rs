@@ -15,7 +15,8 @@
 //! categories come from the blocks' frames (`categories::infer`), never from their lifetime,
 //! which the file does not hold.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::{AllocationRef, Finding, FindingConfidence, KEPT_ACTIVATIONS, Patient, StackBytes, categories, size, steps};
 use crate::trace::Category;
 use serde::Serialize;

@@ -3,7 +3,7 @@
 //! pass). `diagnose` runs the rows, `KINDS`, the page's labels (each finding carries its own)
 //! and the MCP tool's description read them: a new kind is its module and one row.
 
-use super::{DoctorError, DoctorOptions, Finding, Patient, ops::Ops, steps::Steps};
+use super::{DoctorError, DoctorOptions, Finding, Material, Patient, ops::Ops, steps::Steps};
 
 /// Where a kind's findings go in the diagnosis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,24 +16,6 @@ pub enum Role {
     WhenNoProblem,
     /// Information always given, last.
     Last,
-}
-
-/// Bytes worth a finding: at least `min_bytes`, and `share` of the whole they are part of (each
-/// finder says which whole: the peak of the program's own memory, the peak reserved...).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Material {
-    pub share: f64,
-    pub min_bytes: u64,
-}
-
-impl Material {
-    /// For kinds that report whatever they find.
-    pub const ANY: Material = Material { share: 0.0, min_bytes: 0 };
-
-    /// The one threshold test.
-    pub fn holds(&self, bytes: u64, whole: u64) -> bool {
-        bytes >= self.min_bytes && bytes as f64 >= self.share * whole as f64
-    }
 }
 
 /// What every finder looks at: the device's trace laid out once, its training loop, the op of

@@ -2,7 +2,8 @@
 //! has one, else the user's line at the top of the stack), the stacks holding the most, and the
 //! largest allocations by trace index and address. The peak and out-of-memory findings show it.
 
-use crate::timeline::{self, Timeline};
+use crate::pytorch::{is_plumbing, short_path};
+use crate::timeline::Timeline;
 use crate::trace::Frame;
 use serde::{Deserialize, Serialize};
 
@@ -119,7 +120,7 @@ pub fn frames_shown<'a>(frames: impl Iterator<Item = &'a Frame>) -> Vec<String> 
     shown
         .into_iter()
         .take(FRAMES_SHOWN)
-        .map(|f| if f.filename.is_empty() { f.name.clone() } else { format!("{} ({}:{})", f.name, timeline::short_path(&f.filename), f.line) })
+        .map(|f| if f.filename.is_empty() { f.name.clone() } else { format!("{} ({}:{})", f.name, short_path(&f.filename), f.line) })
         .collect()
 }
 
@@ -127,7 +128,7 @@ pub fn frames_shown<'a>(frames: impl Iterator<Item = &'a Frame>) -> Vec<String> 
 /// memory was obtained (the allocator, the recording, ATen's empty-tensor helpers).
 fn names_the_work(f: &Frame) -> bool {
     let aten_internals = (f.name.starts_with("at::") && !f.name.starts_with("at::_ops::")) || f.name.contains(" at::detail::");
-    !f.name.is_empty() && !timeline::is_plumbing(f) && !aten_internals
+    !f.name.is_empty() && !is_plumbing(f) && !aten_internals
 }
 
 impl Live {

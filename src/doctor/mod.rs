@@ -16,8 +16,8 @@
 //! inputs at the peak), `copies` (clone, contiguous at the peak) and, when nothing else is
 //! found, `intermediates` (the peak by op); `outside` (`outside-allocator`, always last) says
 //! what nvidia-smi shows beyond reserved. `live` describes what is live at a position;
-//! `what_if` runs the replays. The doctor sits above scenarios: it diagnoses their snapshots as
-//! it does a user's file.
+//! `what_if` runs the replays. The doctor sits below scenarios (docs/layers.md): it knows only
+//! snapshots, and diagnoses a scenario's as it does a user's file.
 
 mod categories;
 mod copies;
@@ -43,7 +43,7 @@ mod truncated;
 mod what_if;
 
 pub use categories::{CATEGORIES, Confidence, Inferred, InferredAllocation, UNKNOWN, grouping, infer, infer_categories};
-pub use kinds::{Kind, Material, Role};
+pub use kinds::{Kind, Role};
 pub use live::{AllocationRef, GroupBytes, Live, StackBytes, frames_shown};
 pub use oom::{smallest_fitting_capacity, with_failed_request};
 pub use steps::entry_phase;
@@ -52,7 +52,7 @@ pub use what_if::{CAPACITY_RESOLUTION, Outcome, Setup};
 use crate::alloc::ConfigError;
 use crate::replay::{self, ReplayError, StartMode};
 use crate::timeline;
-use crate::trace::{Action, Snapshot};
+use crate::trace::Snapshot;
 use serde::{Deserialize, Serialize};
 
 /// Kinds of finding (a contract: the page and outside checks read them).
@@ -390,25 +390,28 @@ impl Patient<'_> {
     }
 }
 
+/// Bytes worth a finding: at least `min_bytes`, and `share` of the whole they are part of (each
+/// finder says which whole: the peak of the program's own memory, the peak reserved...).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Material {
+    pub share: f64,
+    pub min_bytes: u64,
+}
+
+impl Material {
+    /// For kinds that report whatever they find.
+    pub const ANY: Material = Material { share: 0.0, min_bytes: 0 };
+
+    /// The one threshold test.
+    pub fn holds(&self, bytes: u64, whole: u64) -> bool {
+        bytes >= self.min_bytes && bytes as f64 >= self.share * whole as f64
+    }
+}
+
 /// The device with an out-of-memory entry (the one the user is asking about), else the one whose
 /// trace reserved the most.
 fn default_device(snapshot: &Snapshot) -> Result<i64, DoctorError> {
-    pick_device(snapshot).ok_or(DoctorError::Empty)
-}
-
-/// The device a file is about (the one the doctor diagnoses and the page opens unless told):
-/// the one with an out-of-memory entry, else the one whose trace reserved the most; None when the snapshot has no segments and no trace.
-pub fn pick_device(snapshot: &Snapshot) -> Option<i64> {
-    let devices = snapshot.devices();
-    if let Some(&d) = devices.iter().find(|&&d| snapshot.trace_of(d).iter().any(|e| e.action == Action::Oom)) {
-        return Some(d);
-    }
-    let reserved = |d: i64| -> u64 {
-        let at_end: u64 = snapshot.segments_of(d).map(|s| s.total_size).sum();
-        let mapped: u64 = snapshot.trace_of(d).iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)).map(|e| e.size).sum();
-        at_end.max(mapped)
-    };
-    devices.iter().copied().max_by_key(|&d| (reserved(d), -d))
+    snapshot.pick_device().ok_or(DoctorError::Empty)
 }
 
 /// A trace that starts with memory already reserved starts, replayed as recorded, with every

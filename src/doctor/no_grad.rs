@@ -30,7 +30,8 @@
 //! (`what_if::freed_sooner`). On shreyansh26's `Linear` run, that gives the peaks its no_grad
 //! twin recorded (tests/doctor.rs).
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, FindingConfidence, MISSING_NO_GRAD, Patient, StackBytes, size, what_if};
 use crate::timeline::GroupKind;

@@ -4,7 +4,8 @@
 //! peak. The pattern no recorded program makes: a recording has at least its own events, or
 //! (PyTorch 2.0/2.1's `_record_memory_history(True)`) stacks on its blocks.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::{Finding, NO_HISTORY, Patient, size};
 use crate::trace::BlockState;
 use serde::Serialize;

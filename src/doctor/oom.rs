@@ -2,7 +2,8 @@
 //! card of `--capacity`: the request, what was live, the smallest capacity that fits (searched
 //! by replay) and whether expandable segments avoid it.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::what_if::{CAPACITY_RESOLUTION, Outcome, Setup, candidate_settings, verified};
 use super::{DoctorError, Finding, OOM, Patient, Verified, live, size};
 use crate::replay;

@@ -4,7 +4,8 @@
 //! after the new ones exist). The state is what an optimizer pass allocates and leaves live when
 //! it ends; "anew" is memory made before the step (or before the trace) that the step frees.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, OPTIMIZER_STATE, Patient, StackBytes, size};
 use crate::timeline::GroupKind;

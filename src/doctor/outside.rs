@@ -21,7 +21,8 @@
 //! - NCCL (when frames show `nccl`, `ProcessGroupNCCL` or `c10d`) keeps its buffers outside the
 //!   allocator: an estimate too.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::{Finding, OUTSIDE_ALLOCATOR, Patient, size};
 use crate::timeline::GroupKind;
 use crate::trace::{Action, Frame};

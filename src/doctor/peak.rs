@@ -1,6 +1,7 @@
 //! `peak`: when allocated memory peaks, in which phase, and what is live then.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::steps::Steps;
 use super::{Finding, PEAK, Patient, categories, live, size};
 use serde::Serialize;

@@ -8,7 +8,8 @@
 //! allocation outside the pool can get. What deleting the pools' owners would give back is
 //! measured by the allocator: the state restored, every pool released, `empty_cache()`.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::{DoctorError, Finding, PRIVATE_POOLS, Patient, size};
 use crate::alloc::{DEFAULT_POOL, PoolId, VirtualAllocator};
 use crate::replay;

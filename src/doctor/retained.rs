@@ -19,7 +19,8 @@
 //! it). On the H100 twin of an RNN whose hidden state is never detached, that comes within 3% of
 //! the peak its fix recorded.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, Patient, RETAINED_GRAPH, StackBytes, size, what_if};
 use serde::Serialize;

@@ -16,8 +16,7 @@
 //! stack that recurs only after a whole forward marks each iteration. (PyTorch's
 //! Python stacks repeat across the layers of one forward: splitting there would find layers.)
 
-use super::kinds::Material;
-use super::{AllocationRef, Patient, StackBytes};
+use super::{AllocationRef, Material, Patient, StackBytes};
 use crate::trace::{Category, Frame, TraceEntry};
 use serde::Serialize;
 

@@ -13,7 +13,8 @@
 //! autograd engine's, the optimizer's are the `optimizer-state` finding's. Copies in another
 //! layout (`clone`, `contiguous`) are the `copies` finding's.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::ops::{OpKind, Ops};
 use super::steps::{self, Phase, Steps, is_library_buffer};
 use super::{AllocationRef, Finding, Patient, StackBytes, TEMPORARIES, size};

@@ -1,7 +1,8 @@
 //! `truncated-trace`: the trace starts with memory already reserved, so part of what the device
 //! holds has no recorded origin.
 
-use super::kinds::{Kind, Material, Role};
+use super::Material;
+use super::kinds::{Kind, Role};
 use super::{Finding, Patient, TRUNCATED_TRACE, size};
 use crate::timeline::GroupKind;
 use serde::Serialize;

@@ -314,8 +314,7 @@ impl<'r, 'a> Model<'r, 'a> {
         for r in recordings {
             let device = match options.device {
                 Some(d) => d,
-                None => crate::doctor::pick_device(r.snapshot)
-                    .ok_or_else(|| PredictError::Input(format!("{}: the snapshot has no segments and no trace", r.label)))?,
+                None => r.snapshot.pick_device().ok_or_else(|| PredictError::Input(format!("{}: the snapshot has no segments and no trace", r.label)))?,
             };
             replay::check_device(r.snapshot, device).map_err(|e| PredictError::Replay(r.label.clone(), e))?;
             let config = replay::recorded_config(r.snapshot).map_err(|e| PredictError::Settings(r.label.clone(), e))?;
@@ -805,7 +804,7 @@ fn peak_phase(snapshot: &Snapshot, device: i64, at_start: usize) -> Option<Strin
 
 /// A stack in one line, as the page's groups name it.
 fn stack_name(frames: &[trace::Frame]) -> String {
-    crate::timeline::group_name(frames).unwrap_or_else(|| "(no stack)".into())
+    crate::pytorch::group_name(frames).unwrap_or_else(|| "(no stack)".into())
 }
 
 #[cfg(test)]

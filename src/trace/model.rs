@@ -331,6 +331,22 @@ impl Snapshot {
         devices
     }
 
+    /// The device a file is about (the one the doctor diagnoses and the page opens unless told):
+    /// the one with an out-of-memory entry, else the one whose trace reserved the most; None
+    /// when the snapshot has no segments and no trace.
+    pub fn pick_device(&self) -> Option<i64> {
+        let devices = self.devices();
+        if let Some(&d) = devices.iter().find(|&&d| self.trace_of(d).iter().any(|e| e.action == Action::Oom)) {
+            return Some(d);
+        }
+        let reserved = |d: i64| -> u64 {
+            let at_end: u64 = self.segments_of(d).map(|s| s.total_size).sum();
+            let mapped: u64 = self.trace_of(d).iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)).map(|e| e.size).sum();
+            at_end.max(mapped)
+        };
+        devices.iter().copied().max_by_key(|&d| (reserved(d), -d))
+    }
+
     pub fn segments_of(&self, device: i64) -> impl Iterator<Item = &Segment> {
         self.segments.iter().filter(move |s| s.device == device)
     }
