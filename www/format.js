@@ -31,3 +31,11 @@ export function ticks(lo, hi, count, binary) {
   for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(v);
   return out;
 }
+
+// Microseconds as the time axis labels them: µs, ms or s.
+export function formatTime(us) {
+  const a = Math.abs(us);
+  if (a >= 1e6) return `${(us / 1e6).toFixed(a >= 1e7 ? 1 : 2)} s`;
+  if (a >= 1e3) return `${(us / 1e3).toFixed(a >= 1e4 ? 0 : 1)} ms`;
+  return `${Math.round(us)} µs`;
+}
