@@ -12,6 +12,9 @@ import { setUpFits } from './fits.js';
 import { setUpSize } from './size.js';
 import { showFindings, allocationsOf, momentOf, verdictRow, verifiedText, isProblem } from './diagnosis.js';
 import { connect, DOCTOR_APART, doctorApart, openForDoctor, findingsOf, dropDoctor } from './workers.js';
+import { setUpScenarios } from './scenarios-panel.js';
+import { whatIfReport, whatIfSettings } from './whatif.js';
+import { download } from './download.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -79,6 +82,8 @@ let loadTicket = 0;
 // Loads started (a device shown anew is not one): a doctor's copy of an older one is not wanted.
 let loadsStarted = 0;
 let scenarios = null;
+// The scenarios panel (scenarios-panel.js): runScenario, showRun, showRequestInScenarios.
+let panel = null;
 
 // An allocation's frames from one of the timeline's frame tables (innermost first): its stack,
 // or its nn.Module scope (the lines that called each module, then the line that allocated; see
@@ -571,7 +576,7 @@ async function load(request, payload) {
     $('device-select').innerHTML = info.devices.map((d, k) => `<option value="${d}">${escape(info.deviceLabels[k])}</option>`).join('');
     $('device-select').value = String(shown);
     $('device-box').hidden = info.devices.length < 2;
-    if (info.run) showRun(JSON.parse(info.run));
+    if (info.run) panel?.showRun(JSON.parse(info.run));
     await ask('use', { trace: info.trace, previous: previous?.trace });
     if (previous !== info) dropDoctor(previous);
   } catch (e) {
@@ -704,16 +709,6 @@ function resetFilters(data) {
 }
 
 // ---- export
-function download(data, name, format) {
-  const blob = new Blob([data], { type: format === 'json' ? 'application/json' : 'application/octet-stream' });
-  const a = document.createElement('a');
-  a.href = URL.createObjectURL(blob);
-  a.download = `${name.replace(/(\.tensormem)?\.(pickle|pkl|json)$/i, '').replace(/[^\w.-]+/g, '_')}.tensormem.${format === 'json' ? 'json' : 'pickle'}`;
-  document.body.appendChild(a);
-  a.click();
-  a.remove();
-  setTimeout(() => URL.revokeObjectURL(a.href), 10000);
-}
 async function exportTrace(format) {
   if (!current) return;
   try {
@@ -752,9 +747,7 @@ $('compare-file').addEventListener('change', (e) => {
   if (file) compare('compareFile', { file });
   e.target.value = '';
 });
-$('compare-whatif').onclick = () => compare('compareWhatIf', {
-  allocConf: $('whatif-conf').value, capacity: $('whatif-capacity').value, start: $('whatif-start').value,
-});
+$('compare-whatif').onclick = () => compare('compareWhatIf', whatIfSettings());
 $('export-other').onclick = async () => {
   try {
     download(await ask('exportOther', { format: 'pickle' }), compared ? compared.name : 'what-if', 'pickle');
@@ -771,34 +764,12 @@ async function runWhatIf() {
   clearError();
   $('whatif-run').disabled = true;
   try {
-    const out = await ask('replay', {
-      trace: current.trace, device, allocConf: $('whatif-conf').value, capacity: $('whatif-capacity').value, start: $('whatif-start').value,
-    });
-    const r = out.replay;
-    const divergence = r.first_divergence;
-    const recordedPeak = r.recorded.peak_reserved_bytes;
-    const replayedPeak = r.replayed.peak_reserved_bytes;
-    let oomPosition = null;
-    if (r.out_of_memory_at_start) oomPosition = 0;
-    else if (r.first_oom_event != null) oomPosition = r.first_oom_event + 1;
+    const out = await ask('replay', { trace: current.trace, device, ...whatIfSettings() });
+    const { html, oomPosition } = whatIfReport(out);
     timeline.setReplay({ reserved_curve: out.reserved_curve, oomPosition });
     $('replay-key').hidden = false;
-    const diff = replayedPeak - recordedPeak;
-    $('whatif-result').innerHTML = `
-      <p class="result-line">Settings <b>${escape(r.settings)}</b>, capacity <b>${r.capacity == null ? 'unlimited' : formatBytes(r.capacity)}</b>, start <b>${escape(r.start)}</b>.</p>
-      <table>
-        <tr><th></th><th class="num">recorded</th><th class="num">what if</th></tr>
-        <tr><td>peak reserved</td><td class="num">${formatBytes(recordedPeak)}</td><td class="num" data-testid="whatif-peak-reserved" data-bytes="${replayedPeak}">${formatBytes(replayedPeak)}</td></tr>
-        <tr><td>segment allocations</td><td class="num">${r.recorded.segment_allocs + r.recorded.segment_maps}</td><td class="num">${r.replayed.segment_allocs + r.replayed.segment_maps}</td></tr>
-        <tr><td>out of memory</td><td class="num">–</td><td class="num">${r.replayed.ooms}</td></tr>
-      </table>
-      ${r.replayed.ooms || r.out_of_memory_at_start ? '' : `<p class="result-line">${diff === 0 ? 'Same peak reserved as recorded.' : `Peak reserved ${diff < 0 ? 'falls' : 'rises'} by <b>${formatBytes(Math.abs(diff))}</b>.`}</p>`}
-      ${r.out_of_memory_at_start ? `<p class="result-line oom">Out of memory at the start: ${escape(r.out_of_memory_at_start)}</p>` : ''}
-      ${!r.out_of_memory_at_start && r.replayed.ooms ? `<p class="result-line oom">PyTorch would have stopped with "CUDA out of memory" at event ${r.first_oom_event} (marked on the timeline). The replay went on without the ${r.replayed.ooms} allocation(s) that did not fit, so the figures after that point are not a run that could happen.</p>` : ''}
-      <details><summary>memory_summary() at the end of the what-if run</summary><pre class="summary">${escape(out.memory_summary)}</pre></details>
-      ${divergence ? `<details><summary>Where the replay first decided differently from the recording</summary><p class="result-line muted">Event ${divergence.event}: ${escape(divergence.reason)}</p></details>`
-    : `<p class="result-line muted">${r.start === 'replaced' ? 'Same device memory calls as recorded (addresses differ: the start was replaced).' : 'The replay made exactly PyTorch\'s decisions.'}</p>`}`;
-    return r;
+    $('whatif-result').innerHTML = html;
+    return out.replay;
   } catch (e) {
     showError(e.message, 'The what-if replay failed.');
     return null;
@@ -809,110 +780,19 @@ async function runWhatIf() {
 }
 $('whatif-run').onclick = runWhatIf;
 
-// ---- scenarios
-function selectedScenario() {
-  return scenarios.scenarios.find((s) => s.name === $('scenario-select').value);
-}
-
-// A parameter's control: a list for a choice, true/false for a flag, a text field otherwise.
-// Each carries data-param; its value is the text the library parses.
-function parameterInput(p) {
-  const name = escape(p.name);
-  const options = p.kind.type === 'choice' ? p.kind.options : p.kind.type === 'flag' ? ['true', 'false'] : null;
-  const control = options
-    ? `<select data-param="${name}">${options.map((o) => `<option${o === p.default ? ' selected' : ''}>${escape(o)}</option>`).join('')}</select>`
-    : `<input data-param="${name}" value="${escape(p.default)}" size="${Math.max(4, Math.min(30, p.default.length + 2))}">`;
-  return `<label title="${escape(p.help)}">${name} ${control}</label>`;
-}
-
-function showScenarioForm() {
-  const s = selectedScenario();
-  // Names from the wasm side go in as text (new Option), never as markup.
-  $('variant-select').replaceChildren(...(s.variants.length ? s.variants.map((v) => new Option(v, v)) : [new Option('–', '')]));
-  $('variant-select').disabled = !s.variants.length;
-  $('scenario-params').innerHTML = s.parameters.map(parameterInput).join('');
-  $('scenario-explanation').textContent = s.explanation;
-}
-
-function scenarioRequest() {
-  const set = {};
-  const s = selectedScenario();
-  for (const input of $('scenario-params').querySelectorAll('[data-param]')) {
-    const p = s.parameters.find((q) => q.name === input.dataset.param);
-    if (input.value.trim() !== p.default) set[p.name] = input.value.trim();
-  }
-  const card = $('card-select').value;
-  return {
-    scenario: s.name,
-    variant: $('variant-select').value || null,
-    set,
-    device: card === 'gpu' ? 'gpu' : card === 'custom' ? `sim:${$('custom-card').value.trim()}` : `sim:${card}`,
-  };
-}
-
-function showRun(run) {
-  const rows = run.steps.map((s) => `<tr><td>${escape(s.label)}</td><td class="num">${formatBytes(s.allocated_bytes)}</td><td class="num">${formatBytes(s.reserved_bytes)}</td><td class="num">${formatBytes(s.max_allocated_bytes)}</td></tr>`).join('');
-  $('scenario-result').innerHTML = `
-    <p class="result-line">${escape(run.scenario)}${run.variant ? ` (${escape(run.variant)})` : ''} on ${escape(run.device)} (${formatBytes(run.capacity_bytes)}), settings ${escape(run.settings)}</p>
-    <p class="result-line">max_memory_allocated <b data-testid="scenario-peak-allocated" data-bytes="${run.peak_allocated_bytes}">${formatBytes(run.peak_allocated_bytes)}</b>
-      · max_memory_reserved <b data-testid="scenario-peak-reserved" data-bytes="${run.peak_reserved_bytes}">${formatBytes(run.peak_reserved_bytes)}</b></p>
-    ${run.out_of_memory ? `<p class="result-line oom">${escape(run.out_of_memory)}</p>` : ''}
-    <table data-testid="scenario-steps"><tr><th>step</th><th class="num">allocated</th><th class="num">reserved</th><th class="num">max allocated</th></tr>${rows}</table>`;
-  $('scenario-result').dataset.run = JSON.stringify(run);
-}
-
-async function runScenario() {
-  await load('runScenario', { request: scenarioRequest() });
-}
-
-// The scenarios panel set to a request run from elsewhere (a rank opened by Size a model), so
-// that its Run button runs it again.
-function showRequestInScenarios(request) {
-  if (!scenarios?.scenarios.some((s) => s.name === request.scenario)) return;
-  $('scenario-select').value = request.scenario;
-  showScenarioForm();
-  for (const [name, value] of Object.entries(request.set || {})) {
-    const input = $('scenario-params').querySelector(`[data-param="${CSS.escape(name)}"]`);
-    if (input) input.value = value;
-  }
-  const card = (request.device || '').replace(/^sim:/, '');
-  const preset = scenarios.presets.some((p) => p.name === card);
-  $('card-select').value = preset ? card : 'custom';
-  if (!preset) $('custom-card').value = card;
-  $('custom-card-box').hidden = preset;
-}
-
-async function setUpScenarios() {
-  scenarios = await ask('scenarios');
-  $('scenario-select').replaceChildren(...scenarios.scenarios.map((s) => new Option(`${s.name}: ${s.title}`, s.name)));
-  // The worker reports whether it has WebGPU (the scenario runs there); without it the option
-  // is still listed, disabled, to say why.
-  const { webgpu } = scenarios;
-  const gpuOption = new Option(`this browser's GPU (WebGPU${webgpu ? ', real kernels' : ': not available here'})`, 'gpu');
-  gpuOption.disabled = !webgpu;
-  $('card-select').replaceChildren(
-    ...scenarios.presets.map((p) => new Option(`simulated ${p.name} (${formatBytes(p.bytes)})`, p.name)),
-    new Option('simulated card of custom size…', 'custom'),
-    gpuOption,
-  );
-  $('scenario-select').onchange = showScenarioForm;
-  $('card-select').onchange = () => { $('custom-card-box').hidden = $('card-select').value !== 'custom'; };
-  $('run-scenario').onclick = runScenario;
-  showScenarioForm();
-}
-
 // ---- start: a snapshot named in the URL (tensormem serve FILE), else the default scenario
 async function start() {
   try {
-    await setUpScenarios();
+    panel = await setUpScenarios({ ask, load });
+    scenarios = panel.scenarios;
     setUpFits({ ask, load, presets: scenarios.presets, showProgress, hideProgress, download });
-    setUpSize({ ask, load, scenarios, showProgress, hideProgress, showRequestInScenarios });
+    setUpSize({ ask, load, scenarios, showProgress, hideProgress, showRequestInScenarios: panel.showRequestInScenarios });
   } catch (e) {
     showError(`the page could not start its wasm: ${e.message}`);
     return;
   }
   const file = new URLSearchParams(location.search).get('file');
   if (file) await load('openUrl', { url: file });
-  else await runScenario();
+  else await panel.runScenario();
 }
 start();
