@@ -18,7 +18,8 @@ export TENSORMEM_FIXTURES="${TENSORMEM_FIXTURES:-$(cd .. && pwd)/shared/fixtures
 echo "== page tests in headless Chromium"
 # node's TAP-like summary is turned into the cargo-style line scripts/test.sh counts.
 set +e
-(cd tests/e2e && node --test --test-reporter=spec page.test.mjs) 2>&1 | tee target/e2e.log
+# One file at a time: each starts its own server and Chromium.
+(cd tests/e2e && node --test --test-concurrency=1 --test-reporter=spec page.test.mjs diagnosis.test.mjs size.test.mjs) 2>&1 | tee target/e2e.log
 status=${PIPESTATUS[0]}
 set -e
 # A run that died before its summary counts as one failure.
