@@ -468,14 +468,12 @@ struct DoctorRequest {
 /// tool of `tensormem mcp` give them.
 fn diagnose(request: DoctorRequest) -> Result<tensormem::doctor::Diagnosis, Failure> {
     let DoctorRequest { file, scenario, variant, set, device, capacity } = request;
-    let run = |request: &RunRequest| pollster::block_on(scenarios::run_anywhere(request)).map_err(|e| Failure(e.to_string(), 2));
-    let diagnose =
-        |snapshot: &Snapshot, device| tensormem::doctor::diagnose(snapshot, &tensormem::doctor::DoctorOptions { device, capacity, ..Default::default() });
     let diagnosis = match (file, scenario) {
         (Some(file), _) => {
             let device =
                 device.map(|d| d.parse::<i64>().map_err(|_| Failure(format!("--device expects a device index for a file, got {d:?}"), 2))).transpose()?;
-            with_loaded(&file, |snapshot| Ok(diagnose(snapshot, device)?))?
+            let options = tensormem::doctor::DoctorOptions { device, capacity, ..Default::default() };
+            with_loaded(&file, |snapshot| Ok(tensormem::doctor::diagnose(snapshot, &options)?))?
         }
         (None, Some(scenario)) => {
             if device.as_deref().is_some_and(|d| !d.starts_with("sim:")) {
@@ -483,17 +481,13 @@ fn diagnose(request: DoctorRequest) -> Result<tensormem::doctor::Diagnosis, Fail
             }
             let values = parse_set(&set)?;
             let request = RunRequest { scenario, variant, set: values, device: device.or(Some("sim:H100-80GB".into())), ..Default::default() };
-            let result = run(&request)?;
-            let mut diagnosis = diagnose(&result.snapshot, None)?;
-            // A mistake's findings that its fix variant no longer shows: verified by running the fix.
-            if result.variant.as_deref() == Some("mistake") {
-                let fix_request = RunRequest { variant: Some("fix".into()), ..request.clone() };
-                let fix = run(&fix_request)?;
-                let sets: String = fix_request.set.iter().map(|(k, v)| format!(" --set {k}={v}")).collect();
-                let command = format!("tensormem run {} --variant fix{sets} --device {} --json", fix.scenario, fix.device);
-                tensormem::scenarios::verify_by_fix(&mut diagnosis, &result, &fix, &diagnose(&fix.snapshot, None)?, &command);
-            }
-            diagnosis
+            let options = tensormem::doctor::DoctorOptions { capacity, ..Default::default() };
+            scenarios::diagnose(&request, &options)
+                .map_err(|e| match e {
+                    scenarios::DiagnoseError::Scenario(e) => Failure(e.to_string(), 2),
+                    scenarios::DiagnoseError::Doctor(e) => e.into(),
+                })?
+                .diagnosis
         }
         (None, None) => return Err(Failure("doctor needs a FILE or --scenario NAME".into(), 2)),
     };

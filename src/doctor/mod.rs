@@ -217,7 +217,7 @@ impl Finding {
 /// A fix measured by replaying the trace: the same figures `tensormem replay` reports for the
 /// same settings (`command` reproduces the after side, when the replayed trace is the file's);
 /// or, for a scenario's mistake (`doctor --scenario`), by running its fix variant: the figures
-/// `tensormem run` reports, `command` its line (`scenarios::verify_by_fix`).
+/// `tensormem run` reports, `command` its line (`scenarios::diagnose`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verified {
     /// In words: "replay with expandable_segments:True".

@@ -1,15 +1,50 @@
-//! A scenario's mistake, verified by running its fix variant: the findings the fix no longer
-//! shows get the two runs' peaks as their `verified` (where no replay of the file itself already
-//! measured one).
-//! The doctor reads the mistake's trace alone; this only adds what running the fix measured.
+//! A scenario diagnosed: its run's findings, and for a mistake its fix run too, the mistake's
+//! findings the fix no longer shows getting the two runs' peaks as their `verified` (where no
+//! replay of the file itself already measured one). The command line, the MCP tool and the tests
+//! ask here. The doctor reads the mistake's trace alone; this only adds what running the fix
+//! measured.
 
-use super::RunResult;
+use super::{RunRequest, RunResult, ScenarioError};
 use crate::alloc::AllocatorConfig;
-use crate::doctor::{Diagnosis, PEAK, Verified};
+use crate::doctor::{self, Diagnosis, DoctorError, DoctorOptions, PEAK, Verified};
+
+/// A scenario's run and its diagnosis; for a mistake, its fix's run and diagnosis as well.
+pub struct Diagnosed {
+    pub run: RunResult,
+    pub diagnosis: Diagnosis,
+    pub fix: Option<(RunResult, Diagnosis)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiagnoseError {
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+    #[error(transparent)]
+    Doctor(#[from] DoctorError),
+}
+
+/// Runs `request` on its simulated card and diagnoses the run (`options`: the doctor's); a
+/// mistake's fix variant is run and diagnosed too, and verifies the findings it removes, naming
+/// the `tensormem run` command that repeats it.
+pub fn diagnose(request: &RunRequest, options: &DoctorOptions) -> Result<Diagnosed, DiagnoseError> {
+    let run = super::run(request)?;
+    let mut diagnosis = doctor::diagnose(&run.snapshot, options)?;
+    let mut fix = None;
+    if run.variant.as_deref() == Some("mistake") {
+        let fix_request = RunRequest { variant: Some("fix".into()), ..request.clone() };
+        let fix_run = super::run(&fix_request)?;
+        let fixed = doctor::diagnose(&fix_run.snapshot, options)?;
+        let sets: String = fix_request.set.iter().map(|(k, v)| format!(" --set {k}={v}")).collect();
+        let command = format!("tensormem run {} --variant fix{sets} --device {} --json", fix_run.scenario, fix_run.device);
+        verify_by_fix(&mut diagnosis, &run, &fix_run, &fixed, &command);
+        fix = Some((fix_run, fixed));
+    }
+    Ok(Diagnosed { run, diagnosis, fix })
+}
 
 /// Adds the fix run's effect to each problem of `diagnosis` (the mistake's) that `fixed` (the
 /// fix's diagnosis) does not report. `command` is the `tensormem run` line of the fix.
-pub fn verify_by_fix(diagnosis: &mut Diagnosis, mistake: &RunResult, fix: &RunResult, fixed: &Diagnosis, command: &str) {
+fn verify_by_fix(diagnosis: &mut Diagnosis, mistake: &RunResult, fix: &RunResult, fixed: &Diagnosis, command: &str) {
     let remains = |kind: &str| fixed.findings.iter().any(|f| f.kind == kind);
     // A run of the fix outranks a replay of an edited trace (a verification without a command).
     let replaceable = |v: &Option<Verified>| v.as_ref().is_none_or(|v| v.command.is_none());
