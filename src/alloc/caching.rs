@@ -30,8 +30,58 @@ pub use pools::{DEFAULT_POOL, PoolFilter, PoolId};
 /// A stream, compared as an unsigned pointer like `cudaStream_t` (0 = the default stream).
 pub type Stream = u64;
 
-type BlockId = u32;
-const NONE: BlockId = BlockId::MAX;
+/// An index into one of the allocator's vectors, stored as one more than itself so that `None`
+/// costs no space: `Option<BlockId>` is four bytes, as the index is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Slot(std::num::NonZeroU32);
+
+impl Slot {
+    fn at(index: usize) -> Slot {
+        let raw = u32::try_from(index + 1).ok().and_then(std::num::NonZeroU32::new);
+        Slot(raw.expect("fewer than 2^32 - 1 entries"))
+    }
+
+    fn index(self) -> usize {
+        self.0.get() as usize - 1
+    }
+}
+
+/// A block's place in the allocator's `blocks` (where PyTorch holds a `Block*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct BlockId(Slot);
+
+impl BlockId {
+    fn at(index: usize) -> BlockId {
+        BlockId(Slot::at(index))
+    }
+
+    fn index(self) -> usize {
+        self.0.index()
+    }
+
+    /// As the free-block index stores it.
+    fn raw(self) -> u32 {
+        self.0.0.get()
+    }
+
+    fn from_raw(raw: u32) -> BlockId {
+        BlockId(Slot(std::num::NonZeroU32::new(raw).expect("a stored block id")))
+    }
+}
+
+/// An expandable segment's place in the allocator's `expandable`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ExpandableId(Slot);
+
+impl ExpandableId {
+    fn at(index: usize) -> ExpandableId {
+        ExpandableId(Slot::at(index))
+    }
+
+    fn index(self) -> usize {
+        self.0.index()
+    }
+}
 
 /// What `malloc` hands out: where the tensor's bytes live. It is also the handle that frees
 /// them (`free_allocation`), as PyTorch's device allocator frees a `Block*`.
@@ -43,7 +93,8 @@ pub struct Allocation {
     pub size: u64,
     /// Base address of the segment that holds it; `ptr - segment` is the offset in that segment.
     pub segment: u64,
-    block: BlockId,
+    /// None: taken straight from the device ([`Allocation::uncached`]).
+    block: Option<BlockId>,
     /// Which handing-out of the block this is: a stale copy (the block was freed and given to
     /// another tensor since) no longer matches, so freeing it fails instead of freeing the new
     /// owner's memory.
@@ -54,11 +105,11 @@ impl Allocation {
     /// Memory taken straight from the device, bypassing the cache (as PyTorch's allocator does
     /// under `PYTORCH_NO_CUDA_MEMORY_CACHING=1`): its own segment, given back on free.
     pub fn uncached(segment: u64, size: u64) -> Allocation {
-        Allocation { ptr: segment, size, segment, block: NONE, generation: 0 }
+        Allocation { ptr: segment, size, segment, block: None, generation: 0 }
     }
 
     pub fn is_uncached(&self) -> bool {
-        self.block == NONE
+        self.block.is_none()
     }
 }
 
@@ -87,13 +138,13 @@ struct Block {
     allocated: bool,
     /// False for the unmapped address space of an expandable segment.
     mapped: bool,
-    prev: BlockId,
-    next: BlockId,
+    prev: Option<BlockId>,
+    next: Option<BlockId>,
     /// Outstanding cross-stream uses that must finish before the block is reusable.
     event_count: u32,
     gc_count_base: i64,
-    /// Index into `expandable`, or NONE.
-    expandable: BlockId,
+    /// The expandable segment holding the block, if it is one's.
+    expandable: Option<ExpandableId>,
     /// Other streams that used the block (`record_stream`); rare, so boxed to keep blocks small.
     #[allow(clippy::box_collection)]
     stream_uses: Option<Box<Vec<Stream>>>,
@@ -116,11 +167,11 @@ impl Block {
             pool,
             allocated: false,
             mapped: true,
-            prev: NONE,
-            next: NONE,
+            prev: None,
+            next: None,
             event_count: 0,
             gc_count_base: 0,
-            expandable: NONE,
+            expandable: None,
             stream_uses: None,
             context: None,
             segment_context: None,
@@ -130,11 +181,11 @@ impl Block {
     }
 
     fn is_split(&self) -> bool {
-        self.prev != NONE || self.next != NONE
+        self.prev.is_some() || self.next.is_some()
     }
 
     fn is_expandable(&self) -> bool {
-        self.expandable != NONE
+        self.expandable.is_some()
     }
 }
 
@@ -169,7 +220,7 @@ impl BlockPool {
     }
 
     fn insert(&mut self, stream: Stream, size: u64, ptr: u64, id: BlockId) -> bool {
-        self.stream_mut(stream).insert(key(size, ptr), id)
+        self.stream_mut(stream).insert(key(size, ptr), id.raw())
     }
 
     fn remove(&mut self, stream: Stream, size: u64, ptr: u64) {
@@ -179,12 +230,12 @@ impl BlockPool {
     }
 
     fn get(&self, stream: Stream, size: u64, ptr: u64) -> Option<BlockId> {
-        self.stream(stream)?.get(key(size, ptr))
+        self.stream(stream)?.get(key(size, ptr)).map(BlockId::from_raw)
     }
 
     /// Every free block in (stream, size, address) order.
     fn ids(&self) -> Vec<BlockId> {
-        self.streams.iter().flat_map(|(_, m)| m.entries().into_iter().map(|(_, id)| id)).collect()
+        self.streams.iter().flat_map(|(_, m)| m.entries().into_iter().map(|(_, id)| BlockId::from_raw(id))).collect()
     }
 
     fn largest(&self) -> u64 {
@@ -229,7 +280,8 @@ struct Params {
     alloc_size: u64,
     /// The memory pool the request goes to (`get_pool`): an index into `pools`.
     pool: u32,
-    block: BlockId,
+    /// The block found or made for the request (None until then).
+    block: Option<BlockId>,
 }
 
 /// One device's caching allocator.
@@ -436,22 +488,22 @@ impl<S: SegmentSource> CachingAllocator<S> {
     // ---------------------------------------------------------------- block storage
 
     fn b(&self, id: BlockId) -> &Block {
-        &self.blocks[id as usize]
+        &self.blocks[id.index()]
     }
 
     fn bm(&mut self, id: BlockId) -> &mut Block {
-        &mut self.blocks[id as usize]
+        &mut self.blocks[id.index()]
     }
 
     fn new_block(&mut self, block: Block) -> BlockId {
         match self.free_ids.pop() {
             Some(id) => {
-                self.blocks[id as usize] = block;
+                self.blocks[id.index()] = block;
                 id
             }
             None => {
                 self.blocks.push(block);
-                (self.blocks.len() - 1) as BlockId
+                BlockId::at(self.blocks.len() - 1)
             }
         }
     }
@@ -459,13 +511,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Links a new block right after `id` in its segment (PyTorch's `Block::splice`).
     fn insert_after(&mut self, id: BlockId, mut block: Block) -> BlockId {
         let next = self.b(id).next;
-        block.prev = id;
+        block.prev = Some(id);
         block.next = next;
         let new = self.new_block(block);
-        if next != NONE {
-            self.bm(next).prev = new;
+        if let Some(next) = next {
+            self.bm(next).prev = Some(new);
         }
-        self.bm(id).next = new;
+        self.bm(id).next = Some(new);
         new
     }
 
@@ -473,12 +525,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn insert_before(&mut self, id: BlockId, mut block: Block) -> BlockId {
         let prev = self.b(id).prev;
         block.prev = prev;
-        block.next = id;
+        block.next = Some(id);
         let new = self.new_block(block);
-        if prev != NONE {
-            self.bm(prev).next = new;
+        if let Some(prev) = prev {
+            self.bm(prev).next = Some(new);
         }
-        self.bm(id).prev = new;
+        self.bm(id).prev = Some(new);
         new
     }
 
@@ -491,26 +543,26 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn pool_insert(&mut self, id: BlockId) {
-        let b = &self.blocks[id as usize];
+        let b = &self.blocks[id.index()];
         let pool = &mut self.pools[b.pool as usize].free[pool_index(b.small)];
         let count = pool.get_free_blocks_call_count;
         let inserted = pool.insert(b.stream, b.size, b.ptr, id);
         debug_assert!(inserted, "block inserted twice into its pool");
-        self.blocks[id as usize].gc_count_base = count;
+        self.blocks[id.index()].gc_count_base = count;
     }
 
     fn pool_remove(&mut self, id: BlockId) {
-        let b = &self.blocks[id as usize];
+        let b = &self.blocks[id.index()];
         self.pools[b.pool as usize].free[pool_index(b.small)].remove(b.stream, b.size, b.ptr);
     }
 
     fn unmapped_insert(&mut self, id: BlockId) {
-        let b = &self.blocks[id as usize];
+        let b = &self.blocks[id.index()];
         self.pools[b.pool as usize].free[pool_index(b.small)].unmapped.insert((b.stream, b.ptr), id);
     }
 
     fn unmapped_remove(&mut self, id: BlockId) {
-        let b = &self.blocks[id as usize];
+        let b = &self.blocks[id.index()];
         self.pools[b.pool as usize].free[pool_index(b.small)].unmapped.remove(&(b.stream, b.ptr));
     }
 
@@ -547,12 +599,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let size = round_size(orig_size, &self.config);
         let small = size <= SMALL_SIZE;
         let pool = self.get_pool(stream);
-        let mut p = Params { stream, size, small, alloc_size: allocation_size(size), pool, block: NONE };
+        let mut p = Params { stream, size, small, alloc_size: allocation_size(size), pool, block: None };
 
         if !self.get_free_block(&mut p) {
             self.get_new_block(&mut p, orig_size, &ctx)?;
         }
-        let split = self.should_split(p.block, p.size);
+        let block = p.block.expect("a block was found or made");
+        let split = self.should_split(block, p.size);
         Ok(self.alloc_found_block(&p, orig_size, ctx, split))
     }
 
@@ -619,18 +672,20 @@ impl<S: SegmentSource> CachingAllocator<S> {
             pool.get_free_blocks_call_count += 1;
         }
         let Some(free) = pool.stream(p.stream) else { return false };
-        let Some((mut k, mut id)) = free.lower_bound(key(p.size, 0)) else { return false };
+        let Some((mut k, raw)) = free.lower_bound(key(p.size, 0)) else { return false };
+        let mut id = BlockId::from_raw(raw);
         let blocks = &self.blocks;
-        if blocks[id as usize].is_expandable() {
+        if blocks[id.index()].is_expandable() {
             if self.config.expandable_segments {
                 // Best fit counts the unmapped space right after a block as part of it.
                 let expandable_size = |id: BlockId| {
-                    let b = &blocks[id as usize];
-                    let next_unmapped = b.next != NONE && !blocks[b.next as usize].mapped;
-                    b.size + if next_unmapped { blocks[b.next as usize].size } else { 0 }
+                    let b = &blocks[id.index()];
+                    let unmapped_after = b.next.map(|next| &blocks[next.index()]).filter(|next| !next.mapped);
+                    b.size + unmapped_after.map_or(0, |next| next.size)
                 };
                 while let Some((nk, next)) = free.next_after(k) {
-                    if blocks[id as usize].is_expandable() && expandable_size(next) < expandable_size(id) {
+                    let next = BlockId::from_raw(next);
+                    if blocks[id.index()].is_expandable() && expandable_size(next) < expandable_size(id) {
                         (k, id) = (nk, next);
                     } else {
                         break;
@@ -640,16 +695,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 // Expandable segments were turned off: leave their blocks alone.
                 loop {
                     match free.next_after(k) {
-                        Some((nk, next)) => (k, id) = (nk, next),
+                        Some((nk, next)) => (k, id) = (nk, BlockId::from_raw(next)),
                         None => return false,
                     }
-                    if !blocks[id as usize].is_expandable() {
+                    if !blocks[id.index()].is_expandable() {
                         break;
                     }
                 }
             }
         }
-        let block_size = blocks[id as usize].size;
+        let block_size = blocks[id.index()].size;
         let max_split = self.config.max_split_size;
         // An oversize block never serves a request that could split, nor one far smaller than itself.
         if p.size < max_split && block_size >= max_split {
@@ -659,13 +714,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return false;
         }
         self.pool_remove(id);
-        p.block = id;
+        p.block = Some(id);
         true
     }
 
     fn alloc_found_block(&mut self, p: &Params, orig_size: u64, ctx: Option<Frames>, split: bool) -> Allocation {
         let pool = StatType::for_pool(p.small);
-        let mut id = p.block;
+        let mut id = p.block.expect("a block was found or made");
         let already_split = self.b(id).is_split();
         let expandable = self.b(id).is_expandable();
         if split {
@@ -716,20 +771,22 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if size >= self.config.max_split_size {
             s.oversize_allocations.increase(1);
         }
-        Allocation { ptr, size, segment, block: id, generation }
+        Allocation { ptr, size, segment, block: Some(id), generation }
     }
 
     // ---------------------------------------------------------------- free
 
     fn pointer_index(&mut self) -> &mut FxHashMap<u64, BlockId> {
         let blocks = &self.blocks;
-        self.pointer_index.get_or_insert_with(|| blocks.iter().enumerate().filter(|(_, b)| b.live && b.allocated).map(|(i, b)| (b.ptr, i as BlockId)).collect())
+        self.pointer_index
+            .get_or_insert_with(|| blocks.iter().enumerate().filter(|(_, b)| b.live && b.allocated).map(|(i, b)| (b.ptr, BlockId::at(i))).collect())
     }
 
     /// The allocated block an `Allocation` names, if it is still allocated.
     fn allocated_block(&self, a: &Allocation) -> Result<BlockId, AllocError> {
-        match self.blocks.get(a.block as usize) {
-            Some(b) if b.live && b.allocated && b.ptr == a.ptr && b.generation == a.generation => Ok(a.block),
+        // `get`: an allocation from another allocator may name no block of this one.
+        match a.block.and_then(|id| Some((id, self.blocks.get(id.index())?))) {
+            Some((id, b)) if b.live && b.allocated && b.ptr == a.ptr && b.generation == a.generation => Ok(id),
             _ => Err(AllocError::InvalidPointer(a.ptr)),
         }
     }
@@ -755,7 +812,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn free_block_id(&mut self, id: BlockId, ctx: Option<Frames>) {
         let ctx = if self.history.context() >= RecordContext::All { ctx } else { None };
         let recording = self.history.is_recording();
-        let b = &mut self.blocks[id as usize];
+        let b = &mut self.blocks[id.index()];
         b.allocated = false;
         let (ptr, size, requested, stream, small, owner) = (b.ptr, b.size, b.requested_size, b.stream, b.small, b.pool);
         let frames = if recording { ctx.clone().or_else(|| b.context.clone()) } else { None };
@@ -883,7 +940,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     fn free_block(&mut self, id: BlockId, ctx: &Option<Frames>) {
         let recording = self.history.is_recording();
-        let b = &mut self.blocks[id as usize];
+        let b = &mut self.blocks[id.index()];
         debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_none());
         let context = b.context.take();
         let frames = if recording { ctx.clone().or(context) } else { None };
@@ -908,7 +965,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let s = &mut self.stats;
         // Fully free pages of expandable segments can always be returned, so they never count
         // as inactive_split (as in PyTorch).
-        if !self.blocks[id as usize].is_expandable() {
+        if !self.blocks[id.index()].is_expandable() {
             if net_blocks > 0 {
                 s.inactive_split.increase(pool, net_blocks as u64);
             } else if net_blocks < 0 {
@@ -926,10 +983,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// Merges free neighbour `src` into `dst`; returns the bytes subsumed (0: no merge).
-    fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> u64 {
-        if src == NONE {
-            return 0;
-        }
+    fn try_merge_blocks(&mut self, dst: BlockId, src: Option<BlockId>) -> u64 {
+        let Some(src) = src else { return 0 };
         let s = self.b(src);
         if s.allocated || s.event_count > 0 || s.stream_uses.is_some() || s.mapped != self.b(dst).mapped {
             return 0;
@@ -940,19 +995,19 @@ impl<S: SegmentSource> CachingAllocator<S> {
         } else {
             self.unmapped_remove(src);
         }
-        if self.b(dst).prev == src {
+        if self.b(dst).prev == Some(src) {
             let seg_ctx = self.bm(src).segment_context.take();
             let d = self.bm(dst);
             d.ptr = s_ptr;
             d.prev = s_prev;
             d.segment_context = seg_ctx;
-            if s_prev != NONE {
-                self.bm(s_prev).next = dst;
+            if let Some(s_prev) = s_prev {
+                self.bm(s_prev).next = Some(dst);
             }
         } else {
             self.bm(dst).next = s_next;
-            if s_next != NONE {
-                self.bm(s_next).prev = dst;
+            if let Some(s_next) = s_next {
+                self.bm(s_next).prev = Some(dst);
             }
         }
         self.bm(dst).size += s_size;
@@ -975,7 +1030,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if self.config.expandable_segments && self.source.supports_expandable() {
             return match self.try_allocate_expandable_block(p.pool, p.stream, p.small, p.size, ctx) {
                 Some(id) => {
-                    p.block = id;
+                    p.block = Some(id);
                     true
                 }
                 None => false,
@@ -988,7 +1043,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.total_allocated_memory += size;
         let mut block = Block::new(p.stream, size, p.small, ptr, ptr, p.pool);
         block.segment_context = ctx.clone();
-        p.block = self.new_block(block);
+        p.block = Some(self.new_block(block));
         self.pools[p.pool as usize].segments += 1;
         let pool = StatType::for_pool(p.small);
         self.stats.segment.increase(pool, 1);
@@ -1014,24 +1069,25 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let key_size_ = p.size.max(max_split);
         let pool = &self.pools[p.pool as usize].free[pool_index(p.small)];
         let blocks = &self.blocks;
-        let usable = |id: BlockId| !blocks[id as usize].is_expandable();
+        let usable = |id: BlockId| !blocks[id.index()].is_expandable();
         let Some(free) = pool.stream(p.stream) else { return false };
         let mut single = free.lower_bound(key(key_size_, 0));
         while let Some((k, id)) = single {
-            if usable(id) {
+            if usable(BlockId::from_raw(id)) {
                 break;
             }
             single = free.next_after(k);
         }
         if let Some((_, id)) = single {
-            self.release_block(id, ctx);
+            self.release_block(BlockId::from_raw(id), ctx);
             return true;
         }
         // No single block is large enough: free oversize blocks from the largest down.
         let mut victims = Vec::new();
         let mut released = 0;
         let mut below = free.prev_before(key(key_size_, 0));
-        while let Some((k, id)) = below {
+        while let Some((k, raw)) = below {
+            let id = BlockId::from_raw(raw);
             if released >= key_size_ || key_size(k) < max_split {
                 break;
             }

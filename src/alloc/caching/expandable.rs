@@ -8,24 +8,21 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Lowest address with enough free + unmapped room on this stream, or a new segment.
     fn find_expandable_block(&mut self, pool: u32, stream: Stream, small: bool, size: u64) -> Option<BlockId> {
         let allocatable = |a: &Self, id: BlockId| {
-            id != NONE && {
-                let b = a.b(id);
-                !b.allocated && b.event_count == 0 && b.stream_uses.is_none()
-            }
+            let b = a.b(id);
+            !b.allocated && b.event_count == 0 && b.stream_uses.is_none()
         };
-        let has_room = |a: &Self, mut id: BlockId| {
-            let mut bytes = 0;
-            while bytes < size && allocatable(a, id) {
+        let has_room = |a: &Self, from: BlockId| {
+            let (mut bytes, mut at) = (0, Some(from));
+            while let Some(id) = at.filter(|&id| bytes < size && allocatable(a, id)) {
                 bytes += a.b(id).size;
-                id = a.b(id).next;
+                at = a.b(id).next;
             }
             bytes >= size
         };
         let unmapped: Vec<BlockId> =
             self.pools[pool as usize].free[pool_index(small)].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &id)| id).collect();
         for mut c in unmapped {
-            let prev = self.b(c).prev;
-            if allocatable(self, prev) {
+            if let Some(prev) = self.b(c).prev.filter(|&prev| allocatable(self, prev)) {
                 c = prev;
             }
             if has_room(self, c) {
@@ -43,15 +40,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.pools[pool as usize].segments += 1;
         let mut block = Block::new(stream, max_pages * page_size, small, base, base, pool);
         block.mapped = false;
-        block.expandable = (self.expandable.len() - 1) as BlockId;
+        block.expandable = Some(ExpandableId::at(self.expandable.len() - 1));
         let id = self.new_block(block);
         self.unmapped_insert(id);
         Some(id)
     }
 
     /// Maps pages covering `[ptr, ptr + size)`; returns the mapped range (size 0: refused).
-    fn es_map(&mut self, es: BlockId, ptr: u64, size: u64) -> (u64, u64) {
-        let seg = &self.expandable[es as usize];
+    fn es_map(&mut self, es: ExpandableId, ptr: u64, size: u64) -> (u64, u64) {
+        let seg = &self.expandable[es.index()];
         let (begin, end) = (seg.page_left(ptr), seg.page_right(ptr + size));
         debug_assert_eq!(seg.base + begin * seg.page_size, ptr);
         let page = seg.page_size;
@@ -63,7 +60,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if !self.device_has_room(bytes) || !self.source.map(start, bytes) {
             return (start, 0);
         }
-        let seg = &mut self.expandable[es as usize];
+        let seg = &mut self.expandable[es.index()];
         if seg.mapped.len() < end as usize {
             seg.mapped.resize(end as usize, false);
         }
@@ -75,8 +72,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// Unmaps the whole pages inside `[ptr, ptr + size)`; returns the unmapped range.
-    fn es_unmap(&mut self, es: BlockId, ptr: u64, size: u64) -> (u64, u64) {
-        let seg = &mut self.expandable[es as usize];
+    fn es_unmap(&mut self, es: ExpandableId, ptr: u64, size: u64) -> (u64, u64) {
+        let seg = &mut self.expandable[es.index()];
         let (begin, end) = (seg.page_right(ptr), seg.page_left(ptr + size));
         if begin >= end {
             return (ptr, 0);
@@ -94,7 +91,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let b = self.b(id);
         debug_assert!(!b.mapped && size <= b.size);
         let (es, ptr, b_size, stream, small, segment, pool) = (b.expandable, b.ptr, b.size, b.stream, b.small, b.segment, b.pool);
-        let (mapped_ptr, mapped_size) = self.es_map(es, ptr, size);
+        let (mapped_ptr, mapped_size) = self.es_map(es.expect("an unmapped block is an expandable segment's"), ptr, size);
         if mapped_size == 0 {
             return false;
         }
@@ -117,7 +114,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.num_device_alloc += 1;
         self.record(Action::SegmentMap, mapped_ptr, mapped_size, stream, pool, ctx.clone());
         let b = self.bm(id);
-        if b.prev == NONE && b.segment_context.is_none() {
+        if b.prev.is_none() && b.segment_context.is_none() {
             b.segment_context = ctx.clone();
         }
         true
@@ -134,7 +131,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         while self.b(candidate).size < size {
             // candidate is free and followed by unmapped space: map some and merge.
             let remaining = size - self.b(candidate).size;
-            let next = self.b(candidate).next;
+            let next = self.b(candidate).next.expect("a block short of its size is followed by unmapped space");
             let want = remaining.min(self.b(next).size);
             if !self.map_block(next, want, ctx) {
                 return None;
@@ -148,7 +145,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     pub(super) fn unmap_block(&mut self, id: BlockId, ctx: &Option<Frames>) {
         let b = self.b(id);
         let (es, ptr, size, stream, small, segment, pool) = (b.expandable, b.ptr, b.size, b.stream, b.small, b.segment, b.pool);
-        let (uptr, usize_) = self.es_unmap(es, ptr, size);
+        let (uptr, usize_) = self.es_unmap(es.expect("only an expandable segment's block is unmapped"), ptr, size);
         if usize_ == 0 {
             return;
         }
@@ -181,12 +178,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     pub(super) fn release_expandable_segment(&mut self, id: BlockId) {
         let b = self.b(id);
-        let (es, b_pool) = (b.expandable, b.pool);
-        debug_assert!(!b.mapped && b.size == self.expandable[es as usize].size());
-        let (base, size) = (self.expandable[es as usize].base, self.expandable[es as usize].size());
+        let (es, b_pool) = (b.expandable.expect("an expandable segment's block").index(), b.pool);
+        debug_assert!(!b.mapped && b.size == self.expandable[es].size());
+        let (base, size) = (self.expandable[es].base, self.expandable[es].size());
         self.unmapped_remove(id);
         self.pools[b_pool as usize].segments -= 1;
-        self.expandable[es as usize].live = false;
+        self.expandable[es].live = false;
         self.source.release_reservation(base, size);
         self.delete_block(id);
     }

@@ -192,7 +192,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let fallbacks: Vec<u32> = (1..self.pools.len() as u32).filter(|&i| self.pools[i as usize].live && self.pools[i as usize].use_on_oom).collect();
         for pool in fallbacks {
-            let mut q = Params { pool, block: NONE, ..*p };
+            let mut q = Params { pool, block: None, ..*p };
             if self.get_free_block(&mut q) {
                 *p = q;
                 return true;
@@ -215,7 +215,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Bytes cached free in private pools: what an out-of-memory message says they hold.
     pub(super) fn free_in_private_pools(&self) -> u64 {
         let blocks = &self.blocks;
-        self.pools.iter().skip(1).filter(|p| p.live).flat_map(|p| &p.free).flat_map(BlockPool::ids).map(|id| blocks[id as usize].size).sum()
+        self.pools.iter().skip(1).filter(|p| p.live).flat_map(|p| &p.free).flat_map(BlockPool::ids).map(|id| blocks[id.index()].size).sum()
     }
 
     /// `emptyCache(mempool_id)` for one private pool: returns its whole free segments if it is

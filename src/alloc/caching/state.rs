@@ -39,7 +39,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     pub fn segments(&self) -> Vec<trace::Segment> {
         let mut out = Vec::new();
         for (i, head) in self.blocks.iter().enumerate() {
-            if !head.live || !head.mapped || (head.prev != NONE && self.b(head.prev).mapped) {
+            if !head.live || !head.mapped || head.prev.is_some_and(|prev| self.b(prev).mapped) {
                 continue;
             }
             let mut seg = trace::Segment {
@@ -56,8 +56,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 frames: head.segment_context.clone().unwrap_or_else(trace::no_frames),
                 blocks: Vec::new(),
             };
-            let mut id = i as BlockId;
-            while id != NONE && self.b(id).mapped {
+            let mut at = Some(BlockId::at(i));
+            while let Some(id) = at.filter(|&id| self.b(id).mapped) {
                 let b = self.b(id);
                 let active = b.allocated || b.event_count > 0 || b.stream_uses.is_some();
                 seg.total_size += b.size;
@@ -81,7 +81,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     },
                     frames: b.context.clone().unwrap_or_else(trace::no_frames),
                 });
-                id = b.next;
+                at = b.next;
             }
             out.push(seg);
         }
@@ -139,7 +139,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
             self.pools[owner as usize].segments += 1;
             let chain = seg.blocks.iter().map(Some).collect();
-            self.restore_chain(chain, seg, NONE, seg.blocks.len() > 1);
+            self.restore_chain(chain, seg, None, seg.blocks.len() > 1);
         }
         for ((pool, _, small), mut ranges) in expandable {
             self.pools[pool as usize].segments += 1;
@@ -182,10 +182,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
             gaps.push(unmapped(at, base + max_pages * page_size - at));
             chain.push(None);
             self.expandable.push(es);
-            let index = (self.expandable.len() - 1) as BlockId;
+            let index = ExpandableId::at(self.expandable.len() - 1);
             let mut gaps = gaps.iter();
             let chain = chain.into_iter().map(|b| b.or_else(|| gaps.next())).collect();
-            self.restore_chain(chain, ranges[0], index, true);
+            self.restore_chain(chain, ranges[0], Some(index), true);
         }
         self.stats.reset_accumulated();
         self.stats.reset_peak();
@@ -194,31 +194,31 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// Links one segment's blocks in address order. In an expandable chain, blocks on unmapped
     /// pages are the address space between (and after) the mapped ranges.
-    fn restore_chain(&mut self, chain: Vec<Option<&trace::Block>>, seg: &trace::Segment, expandable: BlockId, split: bool) {
+    fn restore_chain(&mut self, chain: Vec<Option<&trace::Block>>, seg: &trace::Segment, expandable: Option<ExpandableId>, split: bool) {
         let small = seg.segment_type == trace::PoolKind::Small;
         let stream = seg.stream as Stream;
         let pool = StatType::for_pool(small);
         let owner = self.pool_slot(seg.segment_pool_id).expect("restore made every segment's pool");
-        let mut prev = NONE;
+        let mut prev: Option<BlockId> = None;
         for blk in chain.into_iter().flatten() {
             let mut block = Block::new(stream, blk.size, small, blk.address, seg.address, owner);
             block.expandable = expandable;
             block.prev = prev;
             block.requested_size = blk.requested_size;
             block.context = Some(blk.frames.clone()).filter(|f| !f.is_empty());
-            if expandable != NONE {
-                let es = &self.expandable[expandable as usize];
+            if let Some(expandable) = expandable {
+                let es = &self.expandable[expandable.index()];
                 block.mapped = es.mapped.get(es.page_left(blk.address) as usize).copied().unwrap_or(false);
             }
-            if prev == NONE {
+            if prev.is_none() {
                 block.segment_context = Some(seg.frames.clone()).filter(|f| !f.is_empty());
             }
             let mapped = block.mapped;
             let id = self.new_block(block);
-            if prev != NONE {
-                self.bm(prev).next = id;
+            if let Some(prev) = prev {
+                self.bm(prev).next = Some(id);
             }
-            prev = id;
+            prev = Some(id);
             if !mapped {
                 self.unmapped_insert(id);
                 continue;
@@ -228,7 +228,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             match blk.state {
                 trace::BlockState::Inactive => {
                     self.pool_insert(id);
-                    if split && expandable == NONE {
+                    if split && expandable.is_none() {
                         self.stats.inactive_split.increase(pool, 1);
                         self.stats.inactive_split_bytes.increase(pool, blk.size);
                     }
@@ -239,7 +239,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     s.active_bytes.increase(pool, blk.size);
                     s.requested_bytes.increase(pool, blk.requested_size);
                     if state == trace::BlockState::ActiveAllocated {
-                        self.blocks[id as usize].allocated = true;
+                        self.blocks[id.index()].allocated = true;
                         if let Some(index) = &mut self.pointer_index {
                             index.insert(blk.address, id);
                         }
@@ -250,7 +250,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                         }
                     } else {
                         // Pending free: one outstanding event on an unknown stream.
-                        self.blocks[id as usize].event_count = 1;
+                        self.blocks[id.index()].event_count = 1;
                         self.events.entry(Stream::MAX).or_default().0.push_back(id);
                     }
                 }
@@ -264,14 +264,18 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let mut expected = DeviceStats::default();
         let mut reserved_total = 0;
         for (i, b) in self.blocks.iter().enumerate() {
-            let id = i as BlockId;
+            let id = BlockId::at(i);
             if !b.live {
                 continue;
             }
-            if b.prev != NONE && (self.b(b.prev).next != id || self.b(b.prev).ptr + self.b(b.prev).size != b.ptr) {
+            if let Some(prev) = b.prev.map(|prev| self.b(prev))
+                && (prev.next != Some(id) || prev.ptr + prev.size != b.ptr)
+            {
                 return Err(format!("block {:#x}: broken prev link", b.ptr));
             }
-            if b.next != NONE && (self.b(b.next).prev != id || b.ptr + b.size != self.b(b.next).ptr) {
+            if let Some(next) = b.next.map(|next| self.b(next))
+                && (next.prev != Some(id) || b.ptr + b.size != next.ptr)
+            {
                 return Err(format!("block {:#x}: broken next link", b.ptr));
             }
             let pool = &self.pools[b.pool as usize].free[pool_index(b.small)];
@@ -289,9 +293,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 return Err(format!("block {:#x}: allocated flag disagrees with the address map", b.ptr));
             }
             if !active && b.mapped {
-                for n in [b.prev, b.next] {
-                    if n != NONE && !self.b(n).allocated && self.b(n).event_count == 0 && self.b(n).stream_uses.is_none() && self.b(n).mapped {
-                        return Err(format!("free blocks {:#x} and {:#x} were not coalesced", b.ptr, self.b(n).ptr));
+                for n in [b.prev, b.next].into_iter().flatten().map(|n| self.b(n)) {
+                    if !n.allocated && n.event_count == 0 && n.stream_uses.is_none() && n.mapped {
+                        return Err(format!("free blocks {:#x} and {:#x} were not coalesced", b.ptr, n.ptr));
                     }
                 }
             }
@@ -301,7 +305,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let t = StatType::for_pool(b.small);
             reserved_total += b.size;
             expected.reserved_bytes.increase(t, b.size);
-            if b.prev == NONE && !b.is_expandable() {
+            if b.prev.is_none() && !b.is_expandable() {
                 expected.segment.increase(t, 1);
             }
             if b.allocated {
@@ -318,7 +322,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
         }
         let mut segments_per_pool = vec![0u32; self.pools.len()];
-        for b in self.blocks.iter().filter(|b| b.live && b.prev == NONE) {
+        for b in self.blocks.iter().filter(|b| b.live && b.prev.is_none()) {
             segments_per_pool[b.pool as usize] += 1;
         }
         for (pool, &count) in self.pools.iter().zip(&segments_per_pool).skip(1) {
