@@ -24,6 +24,7 @@ mod expandable;
 mod pools;
 mod state;
 
+use expandable::ExpandableSegment;
 use pools::MemoryPool;
 pub use pools::{DEFAULT_POOL, PoolFilter, PoolId};
 
@@ -240,34 +241,6 @@ impl BlockPool {
 
     fn largest(&self) -> u64 {
         self.streams.iter().filter_map(|(_, m)| m.prev_before(Key::MAX)).map(|(k, _)| key_size(k)).max().unwrap_or(0)
-    }
-}
-
-/// One growing address range of an expandable segment, mapped in pages.
-#[derive(Debug, Clone)]
-struct ExpandableSegment {
-    base: u64,
-    page_size: u64,
-    max_pages: u64,
-    /// Which pages are backed; trailing unmapped pages are trimmed like PyTorch's handle list.
-    mapped: Vec<bool>,
-    live: bool,
-}
-
-impl ExpandableSegment {
-    fn size(&self) -> u64 {
-        self.max_pages * self.page_size
-    }
-    fn page_left(&self, p: u64) -> u64 {
-        (p - self.base) / self.page_size
-    }
-    fn page_right(&self, p: u64) -> u64 {
-        (p - self.base).div_ceil(self.page_size)
-    }
-    fn trim(&mut self) {
-        while self.mapped.last() == Some(&false) {
-            self.mapped.pop();
-        }
     }
 }
 

@@ -1,8 +1,82 @@
 //! Expandable segments (`expandable_segments:True`): one growing address range per (stream,
-//! pool) whose pages are mapped as blocks need them and unmapped when released, as
-//! `ExpandableSegment` and the allocator's `map_block` / `unmap_block` do in PyTorch.
+//! pool) whose pages are mapped as blocks need them and unmapped when released. As in PyTorch,
+//! the segment (`ExpandableSegment`) owns its pages and maps them through the device; the
+//! allocator (`map_block` / `unmap_block`) decides which blocks need them.
 
 use super::*;
+
+/// One growing address range of an expandable segment, mapped in pages (PyTorch's
+/// `ExpandableSegment`: `map`, `unmap`, `size`).
+#[derive(Debug, Clone)]
+pub(super) struct ExpandableSegment {
+    pub(super) base: u64,
+    pub(super) page_size: u64,
+    pub(super) max_pages: u64,
+    /// Which pages are backed; trailing unmapped pages are trimmed like PyTorch's handle list.
+    pub(super) mapped: Vec<bool>,
+    pub(super) live: bool,
+}
+
+impl ExpandableSegment {
+    pub(super) fn size(&self) -> u64 {
+        self.max_pages * self.page_size
+    }
+
+    pub(super) fn page_left(&self, p: u64) -> u64 {
+        (p - self.base) / self.page_size
+    }
+
+    fn page_right(&self, p: u64) -> u64 {
+        (p - self.base).div_ceil(self.page_size)
+    }
+
+    /// The pages `[ptr, ptr + size)` needs mapped, as an address range: (start, bytes).
+    fn covering(&self, ptr: u64, size: u64) -> (u64, u64) {
+        let (begin, end) = (self.page_left(ptr), self.page_right(ptr + size));
+        (self.base + begin * self.page_size, (end - begin) * self.page_size)
+    }
+
+    /// Maps the pages covering `[ptr, ptr + size)` through the device; false if it refuses.
+    fn map(&mut self, source: &mut impl SegmentSource, ptr: u64, size: u64) -> bool {
+        let (start, bytes) = self.covering(ptr, size);
+        if !source.map(start, bytes) {
+            return false;
+        }
+        let (begin, end) = (self.page_left(start), self.page_left(start + bytes));
+        if self.mapped.len() < end as usize {
+            self.mapped.resize(end as usize, false);
+        }
+        for i in begin..end {
+            debug_assert!(!self.mapped[i as usize]);
+            self.mapped[i as usize] = true;
+        }
+        true
+    }
+
+    /// Unmaps the whole pages inside `[ptr, ptr + size)`; returns the unmapped range.
+    fn unmap(&mut self, source: &mut impl SegmentSource, ptr: u64, size: u64) -> (u64, u64) {
+        let (begin, end) = (self.page_right(ptr), self.page_left(ptr + size));
+        if begin >= end {
+            return (ptr, 0);
+        }
+        for i in begin..end {
+            self.mapped[i as usize] = false;
+        }
+        // Trailing unmapped pages go, as PyTorch's handle list shrinks.
+        while self.mapped.last() == Some(&false) {
+            self.mapped.pop();
+        }
+        let (start, bytes) = (self.base + begin * self.page_size, (end - begin) * self.page_size);
+        source.unmap(start, bytes);
+        (start, bytes)
+    }
+
+    /// Gives the whole address range back to the device; the segment is gone.
+    fn release(&mut self, source: &mut impl SegmentSource) {
+        source.release_reservation(self.base, self.size());
+        self.live = false;
+    }
+}
 
 impl<S: SegmentSource> CachingAllocator<S> {
     /// Lowest address with enough free + unmapped room on this stream, or a new segment.
@@ -46,44 +120,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
         Some(id)
     }
 
-    /// Maps pages covering `[ptr, ptr + size)`; returns the mapped range (size 0: refused).
+    /// Maps pages covering `[ptr, ptr + size)` if the device has room; returns the mapped range
+    /// (size 0: nothing to map, or refused).
     fn es_map(&mut self, es: ExpandableId, ptr: u64, size: u64) -> (u64, u64) {
-        let seg = &self.expandable[es.index()];
-        let (begin, end) = (seg.page_left(ptr), seg.page_right(ptr + size));
-        debug_assert_eq!(seg.base + begin * seg.page_size, ptr);
-        let page = seg.page_size;
-        let range = |b: u64, e: u64| (seg.base + b * page, (e - b) * page);
-        if begin == end {
-            return range(begin, end);
-        }
-        let (start, bytes) = range(begin, end);
-        if !self.device_has_room(bytes) || !self.source.map(start, bytes) {
+        let (start, bytes) = self.expandable[es.index()].covering(ptr, size);
+        debug_assert_eq!(start, ptr);
+        if bytes == 0 || !self.device_has_room(bytes) || !self.expandable[es.index()].map(&mut self.source, ptr, size) {
             return (start, 0);
         }
-        let seg = &mut self.expandable[es.index()];
-        if seg.mapped.len() < end as usize {
-            seg.mapped.resize(end as usize, false);
-        }
-        for i in begin..end {
-            debug_assert!(!seg.mapped[i as usize]);
-            seg.mapped[i as usize] = true;
-        }
-        (start, bytes)
-    }
-
-    /// Unmaps the whole pages inside `[ptr, ptr + size)`; returns the unmapped range.
-    fn es_unmap(&mut self, es: ExpandableId, ptr: u64, size: u64) -> (u64, u64) {
-        let seg = &mut self.expandable[es.index()];
-        let (begin, end) = (seg.page_right(ptr), seg.page_left(ptr + size));
-        if begin >= end {
-            return (ptr, 0);
-        }
-        for i in begin..end {
-            seg.mapped[i as usize] = false;
-        }
-        seg.trim();
-        let (start, bytes) = (seg.base + begin * seg.page_size, (end - begin) * seg.page_size);
-        self.source.unmap(start, bytes);
         (start, bytes)
     }
 
@@ -145,7 +189,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
     pub(super) fn unmap_block(&mut self, id: BlockId, ctx: &Option<Frames>) {
         let b = self.b(id);
         let (es, ptr, size, stream, small, segment, pool) = (b.expandable, b.ptr, b.size, b.stream, b.small, b.segment, b.pool);
-        let (uptr, usize_) = self.es_unmap(es.expect("only an expandable segment's block is unmapped"), ptr, size);
+        let es = es.expect("only an expandable segment's block is unmapped");
+        let (uptr, usize_) = self.expandable[es.index()].unmap(&mut self.source, ptr, size);
         if usize_ == 0 {
             return;
         }
@@ -156,7 +201,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         for (at, bytes, is_before) in [(ptr, before, true), (uptr + usize_, after, false)] {
             if bytes > 0 {
                 let mut free = Block::new(stream, bytes, small, at, segment, pool);
-                free.expandable = es;
+                free.expandable = Some(es);
                 let fid = if is_before { self.insert_before(id, free) } else { self.insert_after(id, free) };
                 self.pool_insert(fid);
             }
@@ -180,11 +225,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let b = self.b(id);
         let (es, b_pool) = (b.expandable.expect("an expandable segment's block").index(), b.pool);
         debug_assert!(!b.mapped && b.size == self.expandable[es].size());
-        let (base, size) = (self.expandable[es].base, self.expandable[es].size());
         self.unmapped_remove(id);
         self.pools[b_pool as usize].segments -= 1;
-        self.expandable[es].live = false;
-        self.source.release_reservation(base, size);
+        self.expandable[es].release(&mut self.source);
         self.delete_block(id);
     }
 }
