@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, diagnose, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { LoadedTrace, Predictor, SourceHasher, TraceLoader, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
+import init, { LoadedTrace, Predictor, SourceHasher, TraceLoader, diagnose_scenario, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
@@ -662,16 +662,11 @@ const handlers = {
   },
   // A scenario run only to be diagnosed (the other variant of the run on screen): its findings
   // and peaks; the trace is not kept.
+  // A scenario's other variant, diagnosed as `tensormem doctor --scenario` diagnoses it (a
+  // mistake's findings verified by running its fix), on its simulated card.
   async diagnoseScenario({ request }) {
-    const t = await run_scenario(JSON.stringify(request));
-    try {
-      const run = JSON.parse(t.run_json());
-      const devices = Array.from(t.devices());
-      const { findings } = diagnoseSurviving(t, devices.length ? devices[0] : 0);
-      return { findings, variant: run.variant, peakAllocated: run.peak_allocated_bytes, peakReserved: run.peak_reserved_bytes };
-    } finally {
-      t.free();
-    }
+    const d = surviving((skip) => diagnose_scenario(JSON.stringify(request), skip));
+    return { findings: d.findings, variant: d.variant, peakAllocated: d.peak_allocated_bytes, peakReserved: d.peak_reserved_bytes };
   },
   async stateAt({ trace, device, position }) {
     return JSON.parse(get(trace).state_at(device, position));
@@ -688,10 +683,16 @@ const handlers = {
 // which finder was running, and the diagnosis runs again without it, the others reporting and a
 // note naming it.
 function diagnoseSurviving(t, device) {
+  return surviving((skip) => (skip.length ? t.diagnose_skipping(device, skip) : t.diagnose(device)));
+}
+
+// Runs `diagnose(skip)` (a diagnosis as JSON, without the finders in `skip`) again without each
+// finder that panics, until one runs through.
+function surviving(diagnose) {
   const skip = [];
   for (;;) {
     try {
-      return JSON.parse(skip.length ? t.diagnose_skipping(device, skip) : t.diagnose(device));
+      return JSON.parse(diagnose(skip));
     } catch (e) {
       const failed = e instanceof WebAssembly.RuntimeError ? finder_running() : undefined;
       if (!failed || skip.includes(failed)) throw e;

@@ -27,13 +27,19 @@ pub enum DiagnoseError {
 /// mistake's fix variant is run and diagnosed too, and verifies the findings it removes, naming
 /// the `tensormem run` command that repeats it.
 pub fn diagnose(request: &RunRequest, options: &DoctorOptions) -> Result<Diagnosed, DiagnoseError> {
+    diagnose_skipping(request, options, &[])
+}
+
+/// [`diagnose`] without the finders named in `skip` (`doctor::diagnose_skipping`: the page's
+/// retry after a finder's panic).
+pub fn diagnose_skipping(request: &RunRequest, options: &DoctorOptions, skip: &[String]) -> Result<Diagnosed, DiagnoseError> {
     let run = super::run(request)?;
-    let mut diagnosis = doctor::diagnose(&run.snapshot, options)?;
+    let mut diagnosis = doctor::diagnose_skipping(&run.snapshot, options, skip)?;
     let mut fix = None;
     if run.variant.as_deref() == Some("mistake") {
         let fix_request = RunRequest { variant: Some("fix".into()), ..request.clone() };
         let fix_run = super::run(&fix_request)?;
-        let fixed = doctor::diagnose(&fix_run.snapshot, options)?;
+        let fixed = doctor::diagnose_skipping(&fix_run.snapshot, options, skip)?;
         let sets: String = fix_request.set.iter().map(|(k, v)| format!(" --set {k}={v}")).collect();
         let command = format!("tensormem run {} --variant fix{sets} --device {} --json", fix_run.scenario, fix_run.device);
         verify_by_fix(&mut diagnosis, &run, &fix_run, &fixed, &command);

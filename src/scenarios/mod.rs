@@ -25,7 +25,7 @@ mod techniques;
 mod training;
 mod variable_batch;
 
-pub use fix_variant::{DiagnoseError, Diagnosed, diagnose};
+pub use fix_variant::{DiagnoseError, Diagnosed, diagnose, diagnose_skipping};
 pub use ranks::RankResult;
 use std::collections::BTreeMap;
 pub use variable_batch::variable_batch_inference;

@@ -404,6 +404,31 @@ pub fn fit_table(request: &str, progress: &js_sys::Function) -> Result<String, J
 /// device?: "sim:H100-80GB" | "gpu", capacity?: "24GiB", alloc_conf?: "..."}`.
 #[wasm_bindgen]
 pub async fn run_scenario(request: String) -> Result<LoadedTrace, JsError> {
+    let result = scenarios::run_anywhere(&run_request(&request)?).await.map_err(js_error)?;
+    let run_json = serde_json::to_string(&result).map_err(js_error)?;
+    Ok(LoadedTrace::new(result.snapshot, Some(run_json)))
+}
+
+/// A scenario run diagnosed as `tensormem doctor --scenario` diagnoses it
+/// (`scenarios::diagnose`: a mistake's findings that its fix removes are verified by running
+/// the fix), on its simulated card, without the finders named in `skip` (see
+/// `LoadedTrace::diagnose_skipping`). JSON: `{findings, notes, variant, peak_allocated_bytes,
+/// peak_reserved_bytes}`.
+#[wasm_bindgen]
+pub fn diagnose_scenario(request: &str, skip: Vec<String>) -> Result<String, JsError> {
+    let d = scenarios::diagnose_skipping(&run_request(request)?, &doctor::DoctorOptions::default(), &skip).map_err(js_error)?;
+    let answer = serde_json::json!({
+        "findings": d.diagnosis.findings,
+        "notes": d.diagnosis.notes,
+        "variant": d.run.variant,
+        "peak_allocated_bytes": d.run.peak_allocated_bytes,
+        "peak_reserved_bytes": d.run.peak_reserved_bytes,
+    });
+    Ok(answer.to_string())
+}
+
+/// A scenario request as the page sends it (`tensormem run`'s options; empty texts are unset).
+fn run_request(request: &str) -> Result<RunRequest, JsError> {
     #[derive(serde::Deserialize)]
     struct Request {
         scenario: String,
@@ -414,9 +439,9 @@ pub async fn run_scenario(request: String) -> Result<LoadedTrace, JsError> {
         capacity: Option<String>,
         alloc_conf: Option<String>,
     }
-    let r: Request = serde_json::from_str(&request).map_err(js_error)?;
+    let r: Request = serde_json::from_str(request).map_err(js_error)?;
     let capacity = r.capacity.filter(|c| !c.trim().is_empty()).map(|c| crate::report::parse_size(&c)).transpose().map_err(js_error)?;
-    let request = RunRequest {
+    Ok(RunRequest {
         scenario: r.scenario,
         variant: r.variant.filter(|v| !v.is_empty()),
         set: r.set,
@@ -424,10 +449,7 @@ pub async fn run_scenario(request: String) -> Result<LoadedTrace, JsError> {
         capacity,
         alloc_conf: r.alloc_conf.filter(|c| !c.trim().is_empty()),
         ..Default::default()
-    };
-    let result = scenarios::run_anywhere(&request).await.map_err(js_error)?;
-    let run_json = serde_json::to_string(&result).map_err(js_error)?;
-    Ok(LoadedTrace::new(result.snapshot, Some(run_json)))
+    })
 }
 
 /// A device's curves cut to at most `points` buckets of positions, each the largest value in it
