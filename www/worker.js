@@ -184,7 +184,7 @@ async function reopen(key, name) {
   progress(`reading back the decode of ${name} kept by this browser`, 1);
   try {
     const t = LoadedTrace.from_decoded(new Uint8Array(await blob.arrayBuffer()), key);
-    db.transaction('decodedUse', 'readwrite').objectStore('decodedUse').put({ size: blob.size, used: Date.now() }, key);
+    touch(db, key);
     return t;
   } catch (e) {
     console.warn(`the kept decode of ${name} could not be read back (${e.message}): parsing the file`);
@@ -210,19 +210,31 @@ async function postPreview(key, ticket) {
   if (view) postMessage({ type: 'preview', ticket, ...view });
 }
 
+// Marks `key`'s decode as used now (for the least-recently-used trimming), its sizes kept.
+function touch(db, key) {
+  const uses = db.transaction('decodedUse', 'readwrite').objectStore('decodedUse');
+  uses.get(key).onsuccess = (e) => {
+    if (e.target.result !== undefined) uses.put({ ...e.target.result, used: Date.now() }, key);
+  };
+}
+
 // Whether `file`'s bytes are still those `key` was kept for, hashed after its kept decode was
-// read back (see loadFile); if not, the file is no longer taken for the one seen before.
+// read back (see loadFile); if not, the file is no longer taken for the one seen before, and
+// the decode and view kept of its old bytes go (a file changed in place rarely changes back).
 async function sameBytes(file, key) {
-  let same = false;
+  let now = null;
   try {
-    same = (await keyOf(file, false)) === key;
+    now = await keyOf(file, false);
   } catch (e) {
     console.warn(`${file.name} could not be read again to check it against the decode kept (${e.message})`);
   }
+  const same = now === key;
   if (!same) {
     const db = await openKept();
-    const tx = db.transaction('decodedNames', 'readwrite');
+    const stale = now !== null ? ['decoded', 'decodedUse', 'views'] : [];
+    const tx = db.transaction(['decodedNames', ...stale], 'readwrite');
     tx.objectStore('decodedNames').delete(fileSeen(file));
+    for (const store of stale) tx.objectStore(store).delete(key);
     await committed(tx).catch(() => {});
   }
   return same;
@@ -573,7 +585,8 @@ const handlers = {
   },
   // What the page shows of a trace whose decode is kept, once it is drawn ({image: the
   // timeline's pixels as {width, height, pixels}, summary}): posted as 'preview' when the same
-  // file is opened again. Kept only beside its decode, after that is written.
+  // file is opened again. Kept only beside its decode, after that is written; its pixels count
+  // in the decode's size, so that KEPT_LIMIT bounds both.
   async keepView({ trace, image, summary }) {
     const key = get(trace).key;
     if (!key) return;
@@ -581,9 +594,14 @@ const handlers = {
     await keeping;
     const db = await openKept();
     const tx = db.transaction(['decodedUse', 'views'], 'readwrite');
+    const uses = tx.objectStore('decodedUse');
     // Put from the request's own callback, while the transaction is surely active.
-    tx.objectStore('decodedUse').getKey(key).onsuccess = (e) => {
-      if (e.target.result !== undefined) tx.objectStore('views').put({ image, summary }, key);
+    uses.get(key).onsuccess = (e) => {
+      const use = e.target.result;
+      if (use === undefined) return;
+      const viewSize = image.pixels.byteLength ?? image.pixels.length;
+      tx.objectStore('views').put({ image, summary }, key);
+      uses.put({ ...use, size: use.size - (use.viewSize || 0) + viewSize, viewSize }, key);
     };
     await committed(tx);
   },

@@ -156,6 +156,22 @@ test('a big file opened again shows its last view at once, and one changed in pl
   assert.equal(await page.getAttribute('#source-name', 'data-reopened'), 'true');
   assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 3, null, { timeout: 60000 });
+  // One decode kept, with its view, whose pixels count in the decode's size (the 1 GiB bound).
+  const kept = () => page.evaluate(async () => {
+    const db = await new Promise((ok, fail) => { const r = indexedDB.open('tensormem'); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); });
+    const all = (store) => new Promise((ok) => {
+      const s = db.transaction(store).objectStore(store);
+      const keys = s.getAllKeys();
+      const values = s.getAll();
+      values.onsuccess = () => ok(keys.result.map((k, i) => [k, values.result[i]]));
+    });
+    const out = { uses: await all('decodedUse'), views: await all('views') };
+    db.close();
+    return out.uses.map(([k, use]) => ({ k, use, view: out.views.find(([v]) => v === k)?.[1]?.image.pixels.byteLength }));
+  });
+  const first = await kept();
+  assert.equal(first.length, 1);
+  assert.ok(first[0].view > 0 && first[0].use.viewSize === first[0].view && first[0].use.size > first[0].view, JSON.stringify(first));
   // The same file edited in place, its size and modification time kept: read back at first (only
   // its hash tells), then found changed once hashed, and parsed again.
   const bytes = readFileSync(changing);
@@ -169,8 +185,10 @@ test('a big file opened again shows its last view at once, and one changed in pl
   assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 4, null, { timeout: 60000 });
   assert.match(await page.textContent('#diagnosis-status'), /problem|no problem/);
-  // The trace read back from the old bytes was drawn (the 4th paint) but never diagnosed.
+  // The trace read back from the old bytes was drawn (the 4th paint) but never diagnosed, and
+  // the decode and view kept of the old bytes are gone.
   assert.equal(await marks('diagnosed'), 4);
+  assert.ok(!(await kept()).some((e) => e.k === first[0].k));
   // Parsed, its decode kept anew: the next open reads it back, the hash agreeing.
   await openFile(page, changing, 6);
   assert.equal(await page.getAttribute('#source-name', 'data-reopened'), 'true');
