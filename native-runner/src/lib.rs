@@ -632,7 +632,7 @@ struct ToKeep {
 
 impl ToKeep {
     fn write(&self, snapshot: &Snapshot) {
-        if let Err(e) = self.folder.put(&self.key, snapshot).and_then(|()| self.folder.note_seen(&self.path)) {
+        if let Err(e) = self.folder.put(&self.key, snapshot).and_then(|()| self.folder.note_seen(&self.path, &self.key)) {
             eprintln!("note: could not keep the decoded snapshot in {} (TENSORMEM_CACHE): {e}", self.folder.dir.display());
         }
     }
@@ -692,8 +692,20 @@ fn load(path: &Path) -> Result<(Snapshot, Option<ToKeep>), Failure> {
     // before is hashed first to look for it.
     let cache = length.filter(|&n| n >= trace::cache::WORTH_CACHING).and_then(|_| trace::cache::Folder::from_env());
     if let Some(folder) = cache.as_ref().filter(|folder| folder.seen(path)) {
-        let key = trace::key_of_file(path, &mut |p| show("hashing", p)).map_err(failed)?;
-        if let Some(snapshot) = folder.get(&key) {
+        // The decode its note names is read back on a second thread while the file is hashed;
+        // it serves only if the hash agrees.
+        let noted = folder.noted_key(path);
+        let (key, read_back) = std::thread::scope(|scope| {
+            let reading = noted.map(|noted| scope.spawn(move || folder.get(&noted)));
+            let key = trace::key_of_file(path, &mut |p| show("hashing", p));
+            (key, reading.and_then(|r| r.join().ok()))
+        });
+        let key = key.map_err(failed)?;
+        let kept = match read_back {
+            Some(snapshot) if noted == Some(key) => snapshot,
+            _ => folder.get(&key),
+        };
+        if let Some(snapshot) = kept {
             if let Some(bar) = &bar {
                 bar.finish_and_clear();
             }

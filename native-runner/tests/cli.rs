@@ -101,6 +101,19 @@ fn a_big_file_opens_again_from_its_cached_decode() {
     let other = trace::load_file(&fixture("small-state.pickle").unwrap_or_else(|| "../tests/data/corpus/clean-train.pickle".into())).unwrap();
     std::fs::write(&cached, cache::encode_to_vec(&other, &cache::SourceKey::of(&bytes))).unwrap();
     assert_ne!(summary(&folder), first);
+    // A seen file changed in place, its length and time kept: its note names the decode above,
+    // read back while the file is hashed, but the hashes differ, so the new bytes are decoded
+    // (their summary is the first's: only a file name in a stack changed).
+    let modified = std::fs::metadata(&big).unwrap().modified().unwrap();
+    let set_time = || std::fs::File::options().append(true).open(&big).unwrap().set_modified(modified).unwrap();
+    let mut edited = bytes.clone();
+    let at = edited.windows(8).position(|w| w == b"train.py").expect("a stack names train.py");
+    edited[at + 2] = b'e';
+    std::fs::write(&big, &edited).unwrap();
+    set_time();
+    assert_eq!(summary(&folder), first);
+    std::fs::write(&big, &bytes).unwrap();
+    set_time();
     // Only a file seen before (its path, length and time) is hashed to look for its decode: the
     // same bytes under another name are decoded at once, and their decode kept over that one.
     let copy = dir.join("copy.pickle");

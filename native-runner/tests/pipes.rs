@@ -69,6 +69,32 @@ fn a_snapshot_through_a_slow_pipe_reads_as_the_same_file() {
     assert!(stderr(&cut).contains("truncated"), "{}", stderr(&cut));
 }
 
+/// A pipe whose first bytes are not a snapshot is refused while its writer still holds it open
+/// and writes nothing more: the reading thread does not hold the answer back.
+#[test]
+fn bad_bytes_from_a_pipe_still_open_are_refused_at_once() {
+    let mut child = exe().args(["summary", "/dev/stdin"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"\x80\x04\xff not a snapshot").unwrap();
+    stdin.flush().unwrap();
+    // The pipe stays open (`stdin` lives) until the command has answered, or a minute passed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(status.is_some(), "the command waited for the pipe's writer: {}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("unknown opcode 0xff"), "{}", stderr(&out));
+}
+
 fn mkfifo(path: &Path) {
     let status = Command::new("mkfifo").arg(path).status().expect("mkfifo runs");
     assert!(status.success());

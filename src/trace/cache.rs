@@ -580,12 +580,20 @@ mod folder {
             self.seen_note(path).is_some_and(|note| note.is_file())
         }
 
-        /// Notes that the decode of the file at `path`, as it is now, is kept (see
+        /// The key the decode of the file at `path`, as it is now, was kept under, as its note
+        /// says (a note written before notes named it says nothing). Only the file's hash tells
+        /// whether its bytes are still those.
+        pub fn noted_key(&self, path: &Path) -> Option<SourceKey> {
+            let name = std::fs::read_to_string(self.seen_note(path)?).ok()?;
+            SourceKey::from_file_name(name.trim())
+        }
+
+        /// Notes that the decode of the file at `path`, as it is now, is kept under `key` (see
         /// [`Folder::seen`]); past `SEEN_LIMIT` notes, the oldest go.
-        pub fn note_seen(&self, path: &Path) -> std::io::Result<()> {
+        pub fn note_seen(&self, path: &Path, key: &SourceKey) -> std::io::Result<()> {
             let Some(note) = self.seen_note(path) else { return Ok(()) };
             std::fs::create_dir_all(self.seen_dir())?;
-            std::fs::write(&note, b"")?;
+            crate::files::write_atomically(&note, key.file_name().as_bytes())?;
             let mut notes: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(self.seen_dir())?
                 .filter_map(|entry| {
                     let entry = entry.ok()?;

@@ -253,40 +253,32 @@ fn read_chunks_keyed(path: &Path, each: &mut ChunkReader) -> Result<(Option<usiz
     {
         use std::sync::mpsc;
         let (mut file, total) = open_chunks(path)?;
-        std::thread::scope(|scope| {
-            // A few chunks ahead at most; the decoder sends emptied buffers back for reuse.
-            let (read_tx, read_rx) = mpsc::sync_channel::<Vec<u8>>(4);
-            let (spent_tx, spent_rx) = mpsc::channel::<Vec<u8>>();
-            let reader = scope.spawn(move || -> Result<cache::SourceKey, TraceError> {
-                let mut hasher = cache::SourceHasher::default();
-                loop {
-                    let mut chunk = spent_rx.try_recv().unwrap_or_default();
-                    chunk.resize(CHUNK, 0);
-                    let n = read_some(&mut file, &mut chunk, path)?;
-                    if n == 0 {
-                        return Ok(hasher.finish());
-                    }
-                    chunk.truncate(n);
-                    hasher.update(&chunk);
-                    if read_tx.send(chunk).is_err() {
-                        // The decoder stopped; its error is the one to tell.
-                        return Ok(hasher.finish());
-                    }
+        // A few chunks ahead at most; the decoder sends spent buffers back for reuse.
+        let (read_tx, read_rx) = mpsc::sync_channel::<(Vec<u8>, usize)>(4);
+        let (spent_tx, spent_rx) = mpsc::channel::<Vec<u8>>();
+        let owned = path.to_path_buf();
+        // Not scoped: a decoder that refuses a chunk returns at once, even while the reader waits
+        // on a silent pipe; the reader ends at its next chunk (its send fails) or the pipe's end.
+        let reader = std::thread::spawn(move || -> Result<cache::SourceKey, TraceError> {
+            let mut hasher = cache::SourceHasher::default();
+            loop {
+                let mut chunk = spent_rx.try_recv().unwrap_or_else(|_| vec![0u8; CHUNK]);
+                let n = read_some(&mut file, &mut chunk, &owned)?;
+                if n == 0 {
+                    return Ok(hasher.finish());
                 }
-            });
-            let mut decoded = Ok(());
-            for chunk in read_rx.iter() {
-                decoded = each(&chunk, total);
-                if decoded.is_err() {
-                    break;
+                hasher.update(&chunk[..n]);
+                if read_tx.send((chunk, n)).is_err() {
+                    return Ok(hasher.finish());
                 }
-                let _ = spent_tx.send(chunk);
             }
-            drop(read_rx);
-            let key = reader.join().expect("the reading thread does not panic");
-            decoded?;
-            Ok((total, key?))
-        })
+        });
+        for (chunk, n) in read_rx.iter() {
+            each(&chunk[..n], total)?;
+            let _ = spent_tx.send(chunk);
+        }
+        let key = reader.join().expect("the reading thread does not panic")?;
+        Ok((total, key))
     }
 }
 
