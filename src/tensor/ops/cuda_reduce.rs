@@ -8,11 +8,13 @@
 //!
 //! How many blocks depends on the card (`multiProcessorCount`, `maxThreadsPerMultiProcessor`,
 //! `warpSize`) and on how ATen's TensorIterator orders and merges the dimensions, which is
-//! modelled here too. PyTorch's ROCm build adjusts three things under `USE_ROCM` (followed from
-//! PyTorch 2.6's `setReduceConfig`, as a walkthrough of `Reduce.cuh` quotes it; not checked on an
-//! AMD card): two-dimensional reductions on small cards split outputs rather than inputs, the
-//! threads counted per multiprocessor depend on the iterator's dimensions, and the blocks per
-//! output are rounded to the multiprocessors.
+//! modelled here too. PyTorch's ROCm build adjusts `setReduceConfig` under `USE_ROCM` (followed
+//! from github.com/ROCm/pytorch at ee51720, the ROCm team's tree; not checked on an AMD card):
+//! input vectors from 128 elements on, two-dimensional reductions on small cards split outputs
+//! rather than inputs, the threads counted per multiprocessor depend on the iterator's dimensions
+//! (unless the grid is one block wide), the blocks per output are rounded to the
+//! multiprocessors, and a three-dimensional reduction across the slow dimensions takes four
+//! blocks per output or more.
 
 use crate::device::CudaCard;
 
@@ -163,7 +165,8 @@ pub(crate) fn global_reduce(launch: &ReductionLaunch, card: CudaCard) -> Option<
     // Vector loads along the reduced dimension, or along the outputs.
     let mut out_vec = 1;
     if fastest_stride == 1 {
-        if on_fastest && dim0 > 128 && reduce_dims == 1 {
+        let long_enough = if card.rocm { dim0 >= 128 } else { dim0 > 128 };
+        if on_fastest && long_enough && reduce_dims == 1 {
             dim0 /= VEC_SIZE;
         } else if !on_fastest {
             out_vec = output_vec_size(&dims, reduce_dims, launch.input_index);
@@ -195,15 +198,17 @@ pub(crate) fn global_reduce(launch: &ReductionLaunch, card: CudaCard) -> Option<
     } else {
         step_output *= block_height;
     }
-    let threads_per_mp = match (card.rocm, ndim) {
-        (true, 1) => 512,
+    let grid_x = div_up(num_outputs / out_vec, step_output);
+    // (ROCm's test, `grid().x == grid().y == grid().z == 1` in C++, holds when x is 1.)
+    let single_block = grid_x == 1;
+    let threads_per_mp = match (card.rocm && !single_block, ndim) {
+        (true, 1 | 3) => 512,
         (true, 2) => 256,
         _ => mp.max_threads_each as i64,
     };
     let blocks_per_sm = threads_per_mp / num_threads;
     let num_mp = mp.count as i64;
     let target_grid = num_mp * blocks_per_sm;
-    let grid_x = div_up(num_outputs / out_vec, step_output);
     let vpt = values_per_thread(step_input);
     if !block_y_reduce || vpt < MAX_VALUES_PER_THREAD || grid_x > target_grid {
         return None;
@@ -221,6 +226,16 @@ pub(crate) fn global_reduce(launch: &ReductionLaunch, card: CudaCard) -> Option<
         } else {
             ctas
         };
+        // Across the slower dimensions of a three-dimensional iterator (not channels-last):
+        // four blocks per output, doubled while a thread would keep 2,048 values or more.
+        if ndim == 3 && !on_fastest && !channels_last(launch.shape, launch.strides) {
+            ctas = 4;
+            let mut kept = vpt;
+            while kept >= 2048 {
+                ctas *= 2;
+                kept = values_per_thread(step_input * ctas);
+            }
+        }
     }
     if ctas <= 1 {
         return None;
@@ -230,6 +245,24 @@ pub(crate) fn global_reduce(launch: &ReductionLaunch, card: CudaCard) -> Option<
         buffer *= block_width * out_vec;
     }
     Some(GlobalReduce { ctas_per_output: ctas as u64, buffer_bytes: buffer as u64, semaphore_bytes: 4 * grid_x as u64 })
+}
+
+/// `is_contiguous(at::MemoryFormat::ChannelsLast)`: a 4-d tensor laid out as NHWC (dimensions
+/// of size 1 take any stride).
+fn channels_last(shape: &[usize], strides: &[usize]) -> bool {
+    if shape.len() != 4 {
+        return false;
+    }
+    let mut expected = 1;
+    for d in [1, 3, 2, 0] {
+        if shape[d] != 1 {
+            if strides[d] != expected {
+                return false;
+            }
+            expected *= shape[d];
+        }
+    }
+    true
 }
 
 #[cfg(test)]
@@ -275,11 +308,19 @@ mod tests {
         let mi300x = CudaCard { multiprocessors: Multiprocessors { count: 304, max_threads_each: 2048, warp_size: 64 }, capability: (9, 4), rocm: true };
         // A whole-tensor sum: 512 threads per compute unit on ROCm, 64 blocks as on the H100.
         assert_eq!(f32_reduction(&[512, 1024], &[0, 1], mi300x), Some(GlobalReduce { ctas_per_output: 64, buffer_bytes: 256, semaphore_bytes: 4 }));
-        // 16 M floats: 304 blocks wanted, more than half the compute units, so 152. Counted as
-        // CUDA counts (2,048 threads each), the same card would split 1,216 ways.
-        assert_eq!(f32_reduction(&[1 << 24], &[0], mi300x), Some(GlobalReduce { ctas_per_output: 152, buffer_bytes: 608, semaphore_bytes: 4 }));
+        // 16 M floats, a grid one block wide: all 2,048 threads counted, 1,216 blocks wanted,
+        // rounded down to the 304 compute units (CUDA's rules would keep 1,216).
+        assert_eq!(f32_reduction(&[1 << 24], &[0], mi300x), Some(GlobalReduce { ctas_per_output: 304, buffer_bytes: 1216, semaphore_bytes: 4 }));
         let as_cuda = CudaCard { rocm: false, ..mi300x };
         assert_eq!(f32_reduction(&[1 << 24], &[0], as_cuda).unwrap().ctas_per_output, 1216);
+        // A three-dimensional reduction across the slow dimensions ([8, 2048, 64].sum(1): two
+        // column blocks of 64 lanes x 4 outputs, 512 threads per unit): four blocks per output
+        // instead of 64; eight once a thread would keep 2,048 values or more.
+        assert_eq!(
+            f32_reduction(&[8, 2048, 64], &[1], mi300x),
+            Some(GlobalReduce { ctas_per_output: 4, buffer_bytes: 4 * 512 * 4 * 64 * 4, semaphore_bytes: 8 })
+        );
+        assert_eq!(f32_reduction(&[8, 16384, 64], &[1], mi300x).unwrap().ctas_per_output, 8);
         // Column sums: wavefronts of 64 lanes (3 column blocks, not 6), 256 threads per compute
         // unit for a two-dimensional iterator, 203 blocks wanted, 152 taken.
         assert_eq!(
