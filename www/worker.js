@@ -184,7 +184,7 @@ async function reopen(key, name) {
   progress(`reading back the decode of ${name} kept by this browser`, 1);
   try {
     const t = LoadedTrace.from_decoded(new Uint8Array(await blob.arrayBuffer()), key);
-    touch(db, key);
+    touch(db, key, blob.size);
     return t;
   } catch (e) {
     console.warn(`the kept decode of ${name} could not be read back (${e.message}): parsing the file`);
@@ -210,12 +210,11 @@ async function postPreview(key, ticket) {
   if (view) postMessage({ type: 'preview', ticket, ...view });
 }
 
-// Marks `key`'s decode as used now (for the least-recently-used trimming), its sizes kept.
-function touch(db, key) {
+// Marks `key`'s decode (of `size` bytes) as used now, for the least-recently-used trimming; the
+// size its view adds is kept.
+function touch(db, key, size) {
   const uses = db.transaction('decodedUse', 'readwrite').objectStore('decodedUse');
-  uses.get(key).onsuccess = (e) => {
-    if (e.target.result !== undefined) uses.put({ ...e.target.result, used: Date.now() }, key);
-  };
+  uses.get(key).onsuccess = (e) => uses.put({ size, ...e.target.result, used: Date.now() }, key);
 }
 
 // Whether `file`'s bytes are still those `key` was kept for, hashed after its kept decode was
