@@ -169,13 +169,13 @@ pub(super) fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     x.mul(cos)?.add(&rotated.mul(sin)?)
 }
 
-impl Module for CausalSelfAttention {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = match &self.projections {
-            Projections::Separate { q, k, v } => [q, k, v].iter().flat_map(|l| l.named_parameters()).collect(),
-            Projections::Fused(c_attn) => c_attn.named_parameters(),
-        };
-        out.extend(self.out.named_parameters());
-        out
+impl Module for Projections {
+    fn visit_parameters(&self, visit: &mut dyn FnMut(String, &Tensor)) {
+        match self {
+            Projections::Separate { q, k, v } => [q, k, v].iter().for_each(|l| l.visit_parameters(visit)),
+            Projections::Fused(c_attn) => c_attn.visit_parameters(visit),
+        }
     }
 }
+
+parameters!(CausalSelfAttention { projections, out });

@@ -9,7 +9,7 @@
 
 use super::attention::rotary_angles;
 use super::parallel::{Hooks, run_block};
-use super::{Embedding, Init, Linear, Module, RmsNorm, child};
+use super::{Embedding, Init, Linear, RmsNorm, child};
 use crate::autograd::{self, checkpoint};
 use crate::device::Device;
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -305,24 +305,7 @@ fn rope_tables(device: &Device, context: usize, head_size: usize, dtype: DType) 
     Ok((angles.cos()?.to(dtype)?, angles.sin()?.to(dtype)?))
 }
 
-impl Module for LmBlock {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        // The run's optimizer order: attention, feed-forward, then the norms.
-        [&self.wq, &self.wk, &self.wv, &self.wo, &self.w1, &self.w2, &self.w3]
-            .into_iter()
-            .flat_map(Linear::named_parameters)
-            .chain(self.attention_norm.named_parameters())
-            .chain(self.ffn_norm.named_parameters())
-            .collect()
-    }
-}
+// The run's optimizer order: attention, feed-forward, then the norms.
+parameters!(LmBlock { wq, wk, wv, wo, w1, w2, w3, attention_norm, ffn_norm });
 
-impl Module for Lm {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = self.tok_embeddings.named_parameters();
-        out.extend(self.blocks.iter().flat_map(|b| b.named_parameters()));
-        out.extend(self.norm.named_parameters());
-        out.extend(self.output.named_parameters());
-        out
-    }
-}
+parameters!(Lm { tok_embeddings, blocks, norm, output });

@@ -3,6 +3,9 @@
 //! by its path in the model as `named_parameters()` names it (`h.3.attn.q_proj`), so that every
 //! allocation it causes, backward included, carries that name in its frames.
 
+#[macro_use]
+mod parameters;
+
 mod attention;
 pub mod bnb;
 mod hf;
@@ -21,25 +24,11 @@ pub use hf::{
 pub use lm::{LM_SIZE_NAMES, LM_SIZES, Lm, LmBlock, LmConfig};
 pub use loss::{cross_entropy, mse_loss};
 pub use model::{Architecture, Transformer, TransformerConfig};
+pub use parameters::{Field, Module, child};
 
 use crate::device::Device;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 use crate::trace::Category;
-
-/// Something with parameters.
-pub trait Module {
-    /// Every parameter with its dotted path, in registration order (`named_parameters()`).
-    fn named_parameters(&self) -> Vec<(String, Tensor)>;
-
-    fn parameters(&self) -> Vec<Tensor> {
-        self.named_parameters().into_iter().map(|(_, p)| p).collect()
-    }
-
-    /// The number of parameter elements.
-    fn parameter_count(&self) -> u64 {
-        self.named_parameters().iter().map(|(_, p)| p.numel() as u64).sum()
-    }
-}
 
 /// How a parameter starts: what its PyTorch module's `reset_parameters` draws.
 #[derive(Debug, Clone, Copy)]
@@ -74,11 +63,6 @@ pub fn parameter(device: &Device, shape: &[usize], dtype: DType, init: Init) -> 
     };
     p.requires_grad_(true)?;
     Ok(p)
-}
-
-/// A child's path: `prefix.name`, or `name` at the top.
-pub fn child(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") }
 }
 
 /// `nn.Linear`: y = x @ weight.T + bias, weight [out, in].
@@ -117,13 +101,7 @@ impl Linear {
     }
 }
 
-impl Module for Linear {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = vec![(child(&self.name, "weight"), self.weight.share())];
-        out.extend(self.bias.iter().map(|b| (child(&self.name, "bias"), b.share())));
-        out
-    }
-}
+parameters!(Linear in name { weight, bias });
 
 /// `nn.Embedding`: rows of a [count, dim] table picked by int64 ids.
 pub struct Embedding {
@@ -144,11 +122,7 @@ impl Embedding {
     }
 }
 
-impl Module for Embedding {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![(child(&self.name, "weight"), self.weight.share())]
-    }
-}
+parameters!(Embedding in name { weight });
 
 /// `nn.LayerNorm` over the last dimension, with weight (ones) and bias (zeros).
 pub struct LayerNorm {
@@ -173,11 +147,7 @@ impl LayerNorm {
     }
 }
 
-impl Module for LayerNorm {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![(child(&self.name, "weight"), self.weight.share()), (child(&self.name, "bias"), self.bias.share())]
-    }
-}
+parameters!(LayerNorm in name { weight, bias });
 
 /// `nn.RMSNorm` over the last dimension, as PyTorch's `F.rms_norm` composes it:
 /// `x * rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps)) * weight`.
@@ -210,11 +180,7 @@ impl RmsNorm {
     }
 }
 
-impl Module for RmsNorm {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![(child(&self.name, "weight"), self.weight.share())]
-    }
-}
+parameters!(RmsNorm in name { weight });
 
 /// The feed-forward half of a transformer block.
 pub enum Mlp {
@@ -274,10 +240,10 @@ impl Mlp {
 }
 
 impl Module for Mlp {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+    fn visit_parameters(&self, visit: &mut dyn FnMut(String, &Tensor)) {
         match self {
-            Mlp::Plain { fc, proj, .. } => [fc, proj].iter().flat_map(|l| l.named_parameters()).collect(),
-            Mlp::SwiGlu { w1, w2, w3 } => [w1, w2, w3].iter().flat_map(|l| l.named_parameters()).collect(),
+            Mlp::Plain { fc, proj, .. } => [fc, proj].iter().for_each(|l| l.visit_parameters(visit)),
+            Mlp::SwiGlu { w1, w2, w3 } => [w1, w2, w3].iter().for_each(|l| l.visit_parameters(visit)),
         }
     }
 }
@@ -299,10 +265,10 @@ impl Norm {
 }
 
 impl Module for Norm {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+    fn visit_parameters(&self, visit: &mut dyn FnMut(String, &Tensor)) {
         match self {
-            Norm::Layer(n) => n.named_parameters(),
-            Norm::Rms(n) => n.named_parameters(),
+            Norm::Layer(n) => n.visit_parameters(visit),
+            Norm::Rms(n) => n.visit_parameters(visit),
         }
     }
 }
@@ -336,15 +302,7 @@ impl Block {
     }
 }
 
-impl Module for Block {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = self.norm1.named_parameters();
-        out.extend(self.attn.named_parameters());
-        out.extend(self.norm2.named_parameters());
-        out.extend(self.mlp.named_parameters());
-        out
-    }
-}
+parameters!(Block { norm1, attn, norm2, mlp });
 
 /// `nn.LSTMCell`: one step of an LSTM, `(h, c) = cell(x, (h, c))`. Carrying `h` and `c` from
 /// step to step without `detach()` keeps every step's graph alive: the hidden-state pitfall.
@@ -377,10 +335,4 @@ impl LstmCell {
     }
 }
 
-impl Module for LstmCell {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = self.input.named_parameters();
-        out.extend(self.hidden.named_parameters());
-        out
-    }
-}
+parameters!(LstmCell { input, hidden });

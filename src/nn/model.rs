@@ -3,7 +3,7 @@
 //! one (RoPE, RMSNorm, SwiGLU, no biases, untied head).
 
 use super::parallel::{Hooks, run_block};
-use super::{Activation, Block, CausalSelfAttention, Embedding, Init, LayerNorm, Linear, Mlp, Module, Norm, PositionEncoding, RmsNorm, child, cross_entropy};
+use super::{Activation, Block, CausalSelfAttention, Embedding, Init, LayerNorm, Linear, Mlp, Norm, PositionEncoding, RmsNorm, child, cross_entropy};
 use crate::autograd::{self, checkpoint};
 use crate::device::Device;
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -172,13 +172,4 @@ impl Transformer {
     }
 }
 
-impl Module for Transformer {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = self.wte.named_parameters();
-        out.extend(self.wpe.iter().flat_map(Module::named_parameters));
-        out.extend(self.blocks.iter().flat_map(|b| b.named_parameters()));
-        out.extend(self.norm.named_parameters());
-        out.extend(self.head.iter().flat_map(Module::named_parameters));
-        out
-    }
-}
+parameters!(Transformer { wte, wpe, blocks, norm, head });

@@ -39,11 +39,7 @@ impl HfRmsNorm {
     }
 }
 
-impl Module for HfRmsNorm {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        vec![(child(&self.name, "weight"), self.weight.share())]
-    }
-}
+parameters!(HfRmsNorm in name { weight });
 
 /// One `LlamaDecoderLayer`.
 pub struct LlamaDecoderLayer {
@@ -558,23 +554,6 @@ fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
     x.unsqueeze(2)?.expand(&[b, kv, n_rep, t, d])?.reshape(&[b as isize, (kv * n_rep) as isize, t as isize, d as isize])
 }
 
-impl Module for LlamaDecoderLayer {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj, &self.gate_proj, &self.up_proj, &self.down_proj]
-            .into_iter()
-            .flat_map(Projection::named_parameters)
-            .chain(self.input_layernorm.named_parameters())
-            .chain(self.post_attention_layernorm.named_parameters())
-            .collect()
-    }
-}
+parameters!(LlamaDecoderLayer { q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, input_layernorm, post_attention_layernorm });
 
-impl Module for LlamaForCausalLM {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = self.embed_tokens.named_parameters();
-        out.extend(self.layers.iter().flat_map(|l| l.named_parameters()));
-        out.extend(self.norm.named_parameters());
-        out.extend(self.lm_head.iter().flat_map(Module::named_parameters));
-        out
-    }
-}
+parameters!(LlamaForCausalLM { embed_tokens, layers, norm, lm_head });

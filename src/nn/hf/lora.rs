@@ -187,13 +187,5 @@ fn float32_adapter(dtype: DType) -> DType {
     }
 }
 
-impl Module for Projection {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = self.base.named_parameters();
-        if let Some(lora) = &self.lora {
-            out.extend(lora.a.named_parameters());
-            out.extend(lora.b.named_parameters());
-        }
-        out
-    }
-}
+parameters!(LoraAdapter { a, b });
+parameters!(Projection { base, lora });

@@ -162,10 +162,10 @@ impl HfModel {
 }
 
 impl Module for HfModel {
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+    fn visit_parameters(&self, visit: &mut dyn FnMut(String, &Tensor)) {
         match self {
-            HfModel::Llama(m) => m.named_parameters(),
-            HfModel::Gpt2(m) => m.named_parameters(),
+            HfModel::Llama(m) => m.visit_parameters(visit),
+            HfModel::Gpt2(m) => m.visit_parameters(visit),
         }
     }
 }
