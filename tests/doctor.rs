@@ -6,7 +6,7 @@ mod common;
 use common::doctor::{assert_replay_agrees, assert_well_formed, diagnose, finding, kinds, load};
 
 use std::collections::BTreeMap;
-use tensormem::doctor::{self, CAPACITY_RESOLUTION, DoctorError, DoctorOptions, FindingConfidence, Setup, Verified};
+use tensormem::doctor::{self, CAPACITY_RESOLUTION, DoctorError, DoctorOptions, Evidence, FindingConfidence, Setup, Verified};
 use tensormem::replay::{self, ReplayOptions, StartMode};
 use tensormem::scenarios::{self, RunRequest};
 use tensormem::trace::{self, Snapshot};
@@ -18,13 +18,13 @@ fn a_recorded_oom_gives_its_request_and_the_smallest_capacity_that_fits() {
     assert_eq!(kinds(&d), ["peak", "oom", "outside-allocator"]);
     // Device 1 is the one that failed: its trace entry 421 is PyTorch's oom entry.
     let peak = &d.findings[0];
-    assert_eq!(peak.evidence["device"], 1);
-    assert_eq!(peak.evidence["event"], 420);
-    assert_eq!(peak.evidence["phase"], "forward");
+    assert_eq!(peak.evidence.json()["device"], 1);
+    assert_eq!(peak.evidence.json()["event"], 420);
+    assert_eq!(peak.evidence.json()["phase"], "forward");
     assert_eq!(peak.bytes, 84_063_351_764, "the trace's own peak, as tensormem replay counts it");
 
     let oom = finding(&d, doctor::OOM);
-    let e = &oom.evidence;
+    let e = &oom.evidence.json();
     assert_eq!(oom.bytes, 5_308_694_528, "the oom entry's size");
     assert_eq!((e["event"].as_u64(), e["source"].as_str()), (Some(421), Some("recorded")));
     assert_eq!(e["device_free_bytes"], 95_682_560u64);
@@ -69,17 +69,17 @@ fn a_trace_that_starts_mid_run_is_truncated() {
     // Everything it reserves predates the trace (it maps no segment of its own).
     assert_eq!(t.bytes, r.start_reserved_bytes);
     assert_eq!(t.bytes, 7_235_174_400);
-    assert_eq!(t.evidence["start_allocated_bytes"], 5_095_321_600u64, "requested bytes of the 664 blocks live at the start");
-    assert_eq!(t.evidence["start_allocations"], 664);
-    assert_eq!(t.evidence["events"], 19_136);
-    assert_eq!(t.evidence["suggested_max_entries"], 50_000, "2 x 19,136 + 3 x 664, rounded up");
+    assert_eq!(t.evidence.json()["start_allocated_bytes"], 5_095_321_600u64, "requested bytes of the 664 blocks live at the start");
+    assert_eq!(t.evidence.json()["start_allocations"], 664);
+    assert_eq!(t.evidence.json()["events"], 19_136);
+    assert_eq!(t.evidence.json()["suggested_max_entries"], 50_000, "2 x 19,136 + 3 x 664, rounded up");
     assert!(t.fix.contains("_record_memory_history(max_entries=50000)"), "{}", t.fix);
     assert!(t.estimate.is_some());
 
     let peak = &d.findings[0];
-    assert_eq!((peak.bytes, peak.evidence["event"].as_u64()), (7_013_335_044, Some(9966)));
+    assert_eq!((peak.bytes, peak.evidence.json()["event"].as_u64()), (7_013_335_044, Some(9966)));
     assert_eq!(peak.bytes, r.recorded.peak_allocated_bytes);
-    assert_eq!(peak.evidence["phase"], "optimizer step");
+    assert_eq!(peak.evidence.json()["phase"], "optimizer step");
 }
 
 #[test]
@@ -133,7 +133,7 @@ fn fragmentation_is_split_and_each_setting_verified_by_replay() {
     let d = diagnose(&snapshot, None);
     assert_eq!(kinds(&d), ["peak", "fragmentation", "outside-allocator"]);
     let f = finding(&d, doctor::FRAGMENTATION);
-    let e = &f.evidence;
+    let e = &f.evidence.json();
     // At the peak of reserved (3.52 GiB): 5 cached free blocks, and 1016 bytes of rounding.
     assert_eq!(e["reserved_bytes"], 3_781_165_056u64);
     assert_eq!(e["requested_bytes"], 3_249_143_816u64);
@@ -179,7 +179,7 @@ fn a_trace_that_starts_with_memory_reserved_is_verified_from_a_replaced_start() 
     // Figures from another start than the recorded one: medium, and said why.
     assert_eq!(f.confidence, FindingConfidence::Medium);
     assert!(f.confidence_reason.as_deref().is_some_and(|r| r.contains("mid-run")));
-    for w in serde_json::from_value::<Vec<Verified>>(f.evidence["what_ifs"].clone()).unwrap() {
+    for w in serde_json::from_value::<Vec<Verified>>(f.evidence.json()["what_ifs"].clone()).unwrap() {
         assert_replay_agrees(&snapshot, 0, &w);
     }
 }
@@ -189,16 +189,16 @@ fn a_capacity_too_small_gives_an_oom_found_by_replay() {
     let Some(snapshot) = load("small-state.pickle") else { return };
     let d = diagnose(&snapshot, Some(3 << 30));
     let oom = finding(&d, doctor::OOM);
-    assert_eq!(oom.evidence["source"], "replayed");
-    assert_eq!(oom.evidence["capacity_bytes"], 3u64 << 30);
+    assert_eq!(oom.evidence.json()["source"], "replayed");
+    assert_eq!(oom.evidence.json()["capacity_bytes"], 3u64 << 30);
     // As `tensormem replay --capacity 3GiB` reports: its first out-of-memory is at event 50, with
     // 2,707,423,232 bytes reserved (its peak).
-    assert_eq!(oom.evidence["event"], 50);
-    assert_eq!(oom.evidence["reserved_bytes"], 2_707_423_232u64);
+    assert_eq!(oom.evidence.json()["event"], 50);
+    assert_eq!(oom.evidence.json()["reserved_bytes"], 2_707_423_232u64);
     assert_eq!(oom.bytes, snapshot.trace_of(0)[50].size, "the request is the alloc that failed");
     assert_eq!(oom.bytes, 512 << 20);
     // With the file's settings the trace needs exactly the peak it reserved.
-    let smallest = oom.evidence["smallest_capacity_bytes"].as_u64().unwrap();
+    let smallest = oom.evidence.json()["smallest_capacity_bytes"].as_u64().unwrap();
     assert_eq!(smallest, 3_781_165_056);
     let setup = Setup { alloc_conf: String::new(), start: StartMode::Recorded, capacity: Some(smallest), known_start: None };
     assert!(!setup.replay(&snapshot, 0).unwrap().out_of_memory);
@@ -267,8 +267,8 @@ fn scenarios_are_diagnosed_from_their_trace_alone() {
     // for the activation made from it: the same in both variants.
     let temporaries = finding(&d, doctor::TEMPORARIES);
     assert_eq!(temporaries.bytes, 40 * 128 * 4 * 1024 * 4);
-    assert_eq!(temporaries.evidence["temporary_bytes"], 40 * 128 * 4 * 1024 * 4);
-    assert_eq!(d.findings[0].evidence["live"]["by_group"][0]["kind"], "parameter", "tensormem's traces carry categories");
+    assert_eq!(temporaries.evidence.json()["temporary_bytes"], 40 * 128 * 4 * 1024 * 4);
+    assert_eq!(d.findings[0].evidence.json()["live"]["by_group"][0]["kind"], "parameter", "tensormem's traces carry categories");
     let v = finding(&d, doctor::FRAGMENTATION).verified.as_ref().unwrap();
     assert_eq!(v.alloc_conf, "expandable_segments:True");
     assert!(v.after_peak_reserved_bytes < v.before_peak_reserved_bytes);
@@ -286,7 +286,7 @@ fn scenarios_are_diagnosed_from_their_trace_alone() {
     let oom = finding(&d, doctor::OOM);
     assert_eq!(oom.bytes, 172 << 20);
     assert!(oom_run.out_of_memory.as_deref().is_some_and(|e| e.contains("Tried to allocate 172.00 MiB")));
-    assert_eq!(oom.evidence["capacity_bytes"], oom_run.capacity_bytes, "reserved plus device_free is the whole card");
+    assert_eq!(oom.evidence.json()["capacity_bytes"], oom_run.capacity_bytes, "reserved plus device_free is the whole card");
 }
 
 #[test]
@@ -294,7 +294,7 @@ fn a_forward_with_grad_on_and_no_backward_is_missing_no_grad() {
     let Some(snapshot) = load("gpt-ctx128-forward.pickle") else { return };
     let d = diagnose(&snapshot, None);
     let m = finding(&d, doctor::MISSING_NO_GRAD);
-    let e = &m.evidence;
+    let e = &m.evidence.json();
     // A torch.compile'd forward run as an autograd.Function (its training graph, which returns
     // the tensors saved for backward): everything the trace made is still live at its end; all
     // of it is held but the last allocation (the logits, 20,480,000 bytes) and cuBLAS's workspace.
@@ -329,7 +329,7 @@ fn an_optimizer_that_makes_new_moments_every_step_is_seen() {
     let Some(snapshot) = load("gpt-medium-ctx128-training.pickle") else { return };
     let d = diagnose(&snapshot, None);
     let o = finding(&d, doctor::OPTIMIZER_STATE);
-    let e = &o.evidence;
+    let e = &o.evidence.json();
     // cs336's AdamW computes m and v out of place: the step makes 3.15 GiB of state and frees
     // 3.08 GiB made before the trace (the previous step's moments).
     assert_eq!(e["state_bytes"], 3_385_466_880u64);
@@ -341,7 +341,7 @@ fn an_optimizer_that_makes_new_moments_every_step_is_seen() {
     // A whole first step (the 2.7B model from the start): the state is made, not replaced.
     let Some(snapshot) = load("lm2.7b-ctx128-fullstep.pickle") else { return };
     let o = finding(&diagnose(&snapshot, None), doctor::OPTIMIZER_STATE).clone();
-    assert_eq!((o.evidence["made_anew_each_step"].as_bool(), o.evidence["state_bytes"].as_u64()), (Some(false), Some(27_254_476_800)));
+    assert_eq!((o.evidence.json()["made_anew_each_step"].as_bool(), o.evidence.json()["state_bytes"].as_u64()), (Some(false), Some(27_254_476_800)));
 }
 
 #[test]
@@ -361,7 +361,7 @@ fn what_nvidia_smi_shows_beyond_reserved_is_estimated_and_the_cublas_workspaces_
     let f = finding(&d, doctor::OUTSIDE_ALLOCATOR);
     assert!(f.bytes > 0 && f.estimate.as_deref().is_some_and(|e| e.contains("CUDA context")), "{f:?}");
     assert!(f.title.starts_with("nvidia-smi will show about ") && f.title.contains("CUDA context"), "{}", f.title);
-    let e = &f.evidence;
+    let e = &f.evidence.json();
     assert_eq!(e["outside_bytes"], f.bytes);
     assert!(e["cuda_context"]["low_bytes"].as_u64() < e["cuda_context"]["high_bytes"].as_u64());
     let workspaces: Vec<(u64, u64, bool)> = e["cublas_workspaces"]
@@ -383,7 +383,7 @@ fn what_nvidia_smi_shows_beyond_reserved_is_estimated_and_the_cublas_workspaces_
     // A trace recorded from the start shows its workspaces' own `alloc` entries.
     let Some(snapshot) = load("eor-nn-legacy-with-snapshots.pickle") else { return };
     let d = diagnose(&snapshot, None);
-    let e = &finding(&d, doctor::OUTSIDE_ALLOCATOR).evidence;
+    let e = &finding(&d, doctor::OUTSIDE_ALLOCATOR).evidence.json();
     let workspaces: Vec<(u64, u64, bool)> = e["cublas_workspaces"]
         .as_array()
         .unwrap()
@@ -404,11 +404,11 @@ fn a_tensormem_scenario_shows_its_cublas_workspace_as_pytorch_records_it() {
     // its stack, as PyTorch records `at::cuda::getNewWorkspace`.
     let d = diagnose(&run("variable-batch", Some("mistake")).snapshot, None);
     let f = finding(&d, doctor::OUTSIDE_ALLOCATOR);
-    let workspaces = f.evidence["cublas_workspaces"].as_array().unwrap();
-    assert_eq!(workspaces.len(), 1);
-    assert_eq!((workspaces[0]["bytes"].as_u64(), workspaces[0]["backward"].as_bool()), (Some(32 << 20), Some(false)));
-    assert_eq!(f.evidence["cublas_workspace_bytes"], 32 << 20);
-    assert_eq!(f.evidence["likely_cublas_workspaces_before_trace"].as_array().map(Vec::len), Some(0));
+    let Evidence::OutsideAllocator(e) = &f.evidence else { panic!("{:?}", f.evidence) };
+    assert_eq!(e.cublas_workspaces.len(), 1);
+    assert_eq!((e.cublas_workspaces[0].bytes, e.cublas_workspaces[0].backward), (32 << 20, false));
+    assert_eq!(e.cublas_workspace_bytes, 32 << 20);
+    assert!(e.likely_cublas_workspaces_before_trace.is_empty());
     assert!(f.bytes > 0 && f.estimate.is_some() && f.title.contains("cuBLAS"), "{}", f.title);
 }
 

@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use tensormem::doctor;
+use tensormem::doctor::{self, Evidence, Finding, evidence::CategoryBytes};
 use tensormem::scenarios::{self, RunRequest};
 use tensormem::trace::{self, Category, Snapshot};
 
@@ -128,17 +128,8 @@ fn inferred_at_peak(name: &str) -> Option<(String, Vec<Row>)> {
     let d = doctor::diagnose(&snapshot, &doctor::DoctorOptions::default()).unwrap();
     let peak = &d.findings[0];
     assert_eq!(peak.kind, doctor::PEAK, "{name}: the first finding is the peak");
-    let by = peak.evidence["inferred_categories"].as_array().unwrap_or_else(|| panic!("{name}: the peak has no inferred categories"));
-    let rows = by
-        .iter()
-        .map(|c| {
-            (
-                c["category"].as_str().unwrap().to_string(),
-                c["bytes"].as_u64().unwrap(),
-                format!("{} ({})", c["confidence"].as_str().unwrap(), c["reason"].as_str().unwrap()),
-            )
-        })
-        .collect();
+    let by = inferred_categories(peak).unwrap_or_else(|| panic!("{name}: the peak has no inferred categories"));
+    let rows = by.iter().map(|c| (c.category.to_string(), c.bytes, format!("{} ({})", c.confidence.name(), c.reason))).collect();
     Some((peak.title.clone(), rows))
 }
 
@@ -159,25 +150,32 @@ fn every_fixture_peak_splits_into_inferred_categories() {
         let peak = d.findings.iter().find(|f| f.kind == doctor::PEAK).unwrap();
         if d.findings[0].kind == doctor::NO_HISTORY {
             // No lifetime, phase or stack to infer a category from (issue 50, cause 4).
-            let rows = peak.evidence["inferred_categories"].as_array().unwrap();
-            assert!(rows.iter().all(|c| c["category"] == doctor::UNKNOWN), "{name}: {}", peak.title);
+            let rows = inferred_categories(peak).unwrap();
+            assert!(rows.iter().all(|c| c.category == doctor::UNKNOWN), "{name}: {}", peak.title);
             continue;
         }
-        let rows = peak.evidence["inferred_categories"].as_array().unwrap_or_else(|| panic!("{name}: no inferred categories"));
+        let rows = inferred_categories(peak).unwrap_or_else(|| panic!("{name}: no inferred categories"));
         assert!(!rows.is_empty(), "{name}: the peak holds something");
         eprintln!("{name}: {}", peak.title);
         let mut total = 0;
         for c in rows {
-            let (category, bytes) = (c["category"].as_str().unwrap(), c["bytes"].as_u64().unwrap());
+            let (category, bytes) = (&*c.category, c.bytes);
             assert!(doctor::CATEGORIES.contains(&category), "{name}: unknown category {category}");
-            assert!(["high", "medium", "low"].contains(&c["confidence"].as_str().unwrap()), "{name}: {c}");
-            let split: u64 = ["high_bytes", "medium_bytes", "low_bytes"].iter().map(|k| c[*k].as_u64().unwrap()).sum();
-            assert_eq!(split, bytes, "{name}: {category}'s confidence split");
-            eprintln!("  {category:<16} {:>12.1} MiB  {} ({})", bytes as f64 / (1 << 20) as f64, c["confidence"], c["reason"]);
+            assert_eq!(c.high_bytes + c.medium_bytes + c.low_bytes, bytes, "{name}: {category}'s confidence split");
+            eprintln!("  {category:<16} {:>12.1} MiB  {} ({})", bytes as f64 / (1 << 20) as f64, c.confidence.name(), c.reason);
             total += bytes;
         }
-        let peak_allocated = peak.evidence["peak_allocated_bytes"].as_u64().unwrap();
+        let Evidence::Peak(e) = &peak.evidence else { unreachable!() };
+        let peak_allocated = e.peak_allocated_bytes;
         assert!(total <= peak_allocated && total as f64 >= 0.9 * peak_allocated as f64, "{name}: categories {total} of a peak of {peak_allocated}");
+    }
+}
+
+/// The peak's live bytes by inferred category.
+fn inferred_categories(peak: &Finding) -> Option<&[CategoryBytes]> {
+    match &peak.evidence {
+        Evidence::Peak(e) => e.inferred_categories.as_deref(),
+        other => panic!("not a peak's evidence: {other:?}"),
     }
 }
 
@@ -248,11 +246,10 @@ fn the_pages_inferred_colouring_is_what_the_doctor_reports_at_the_peak() {
             let diagnosis = doctor::diagnose(&snapshot, &doctor::DoctorOptions { device: Some(device), capacity: None, ..Default::default() }).unwrap();
             let peak = &diagnosis.findings[0];
             assert_eq!(peak.kind, doctor::PEAK);
-            let mut reported: Vec<(String, u64, usize)> = peak.evidence["inferred_categories"]
-                .as_array()
+            let mut reported: Vec<(String, u64, usize)> = inferred_categories(peak)
                 .unwrap_or_else(|| panic!("{name}: the peak reports inferred categories"))
                 .iter()
-                .map(|c| (c["category"].as_str().unwrap().to_string(), c["bytes"].as_u64().unwrap(), c["allocations"].as_u64().unwrap() as usize))
+                .map(|c| (c.category.to_string(), c.bytes, c.allocations))
                 .collect();
             reported.sort();
             assert_eq!(shown, reported, "{name} device {device}");

@@ -80,8 +80,8 @@ fn parameters_a_hand_written_step_makes_anew_are_not_state() {
     });
     let d = diagnose(&momentum, None);
     let o = finding(&d, doctor::OPTIMIZER_STATE);
-    assert_eq!(o.evidence["state_bytes"], 16 * MIB);
-    assert_eq!(o.evidence["parameters_remade"], 0);
+    assert_eq!(o.evidence.json()["state_bytes"], 16 * MIB);
+    assert_eq!(o.evidence.json()["parameters_remade"], 0);
     // Its step is its own code: no torch.optim option to name.
     assert!(o.fix.contains("its own expressions") && !o.fix.contains("foreach=False"), "{}", o.fix);
 }
@@ -133,8 +133,8 @@ fn a_forward_stopped_by_an_out_of_memory_is_not_a_missing_no_grad() {
     // Its backward never had its chance: no finding, not even an inconclusive one, blames grad mode.
     assert_eq!(kinds(&d), ["peak", "oom", "temporaries", "outside-allocator"]);
     let oom = finding(&d, "oom");
-    assert_eq!((oom.evidence["event"].as_u64(), oom.evidence["request_bytes"].as_u64()), (Some(79), Some(8 << 30)));
-    assert_eq!(oom.evidence["reproduced_by_replay"], true);
+    assert_eq!((oom.evidence.json()["event"].as_u64(), oom.evidence.json()["request_bytes"].as_u64()), (Some(79), Some(8 << 30)));
+    assert_eq!(oom.evidence.json()["reproduced_by_replay"], true);
     let peak = finding(&d, "peak");
     assert!(peak.fix.contains("ran out of memory before any backward"), "{}", peak.fix);
     assert!(!peak.fix.contains("with no backward in the trace"), "{}", peak.fix);
@@ -173,7 +173,7 @@ fn blocks_before_the_trace(blocks: u64, size: u64) -> Snapshot {
 /// on a stream); 128 blocks of 32 MiB made before the trace are a KV cache, not workspaces.
 #[test]
 fn blocks_of_a_workspaces_size_are_named_workspaces_only_as_many_as_a_stream_has_handles() {
-    let likely = |d: &Diagnosis| finding(d, doctor::OUTSIDE_ALLOCATOR).evidence["likely_cublas_workspaces_before_trace"].as_array().unwrap().len();
+    let likely = |d: &Diagnosis| finding(d, doctor::OUTSIDE_ALLOCATOR).evidence.json()["likely_cublas_workspaces_before_trace"].as_array().unwrap().len();
     let cache = diagnose(&blocks_before_the_trace(128, 32 << 20), None);
     let f = finding(&cache, doctor::OUTSIDE_ALLOCATOR);
     assert_eq!(likely(&cache), 0, "{}", f.title);
@@ -199,8 +199,8 @@ fn a_snapshot_without_history_says_so_and_how_to_record_one() {
     let f = finding(&d, doctor::NO_HISTORY);
     assert!(f.title.starts_with("No memory history is in this file"), "{}", f.title);
     assert!(f.title.contains("4 segments, 62.00 MiB reserved, 60.00 MiB allocated"), "{}", f.title);
-    assert_eq!(f.evidence["cached_free_bytes"], 2 << 20);
-    assert_eq!(f.evidence["largest_free_block_bytes"], 2 << 20);
+    assert_eq!(f.evidence.json()["cached_free_bytes"], 2 << 20);
+    assert_eq!(f.evidence.json()["largest_free_block_bytes"], 2 << 20);
     assert!(f.fix.contains("torch.cuda.memory._record_memory_history(max_entries=100000)"), "{}", f.fix);
     assert!(f.fix.contains("torch.cuda.memory._dump_snapshot("), "{}", f.fix);
     let peak = finding(&d, doctor::PEAK);
@@ -233,7 +233,7 @@ fn an_end_state_file_takes_its_categories_from_the_blocks_frames_and_names_kept_
     // A correct program dumped between a forward and its backward leaves the same file: named,
     // not claimed.
     assert_eq!(kept.confidence, FindingConfidence::Inconclusive);
-    assert!(kept.evidence["top_stacks"][0]["frames"].as_array().is_some_and(|f| !f.is_empty()));
+    assert!(kept.evidence.json()["top_stacks"][0]["frames"].as_array().is_some_and(|f| !f.is_empty()));
     // The same file with its history says nothing of the kind: the trace shows the forward.
     assert!(!kinds(&diagnose(&trace::load_file(&path).unwrap(), None)).contains(&doctor::KEPT_ACTIVATIONS));
 }
@@ -303,7 +303,7 @@ fn an_earlier_graph_freed_unused_makes_a_held_forward_a_claim() {
     let d = diagnose(&snapshot, None);
     let m = finding(&d, doctor::MISSING_NO_GRAD);
     assert_eq!(m.confidence, FindingConfidence::Medium);
-    let g = &m.evidence["earlier_graph"];
+    let g = &m.evidence.json()["earlier_graph"];
     assert_eq!(g["allocations"], 773);
     assert!((5.2e9..5.7e9).contains(&g["bytes"].as_f64().unwrap()), "{g}");
     let mut cut = snapshot.clone();
@@ -312,7 +312,7 @@ fn an_earlier_graph_freed_unused_makes_a_held_forward_a_claim() {
     let d = diagnose(&cut, None);
     let m = finding(&d, doctor::MISSING_NO_GRAD);
     assert_eq!(m.confidence, FindingConfidence::Inconclusive);
-    assert!(m.evidence["earlier_graph"].is_null());
+    assert!(m.evidence.json()["earlier_graph"].is_null());
 }
 
 /// Issue 50, cause 6: PyTorch's trace of an SGD loop that never calls zero_grad(). Plain SGD's

@@ -85,14 +85,14 @@ fn random_program(seed: u64) -> Result<Snapshot> {
 fn check(name: &str, snapshot: &Snapshot) {
     let Ok(d) = doctor::diagnose(snapshot, &doctor::DoctorOptions::default()) else { return };
     assert!(d.notes.iter().all(|n| !n.contains("finder failed")), "{name}: {:?}", d.notes);
-    let device = d.findings.iter().find_map(|f| f.evidence["device"].as_i64()).unwrap_or(0);
+    let device = d.findings.iter().find_map(|f| f.evidence.json()["device"].as_i64()).unwrap_or(0);
     let Ok(t) = timeline::build_without_bands(snapshot, device) else { return };
     let a = &t.allocations;
     for f in d.findings.iter().filter(|f| !f.is_inconclusive()) {
         if ![doctor::RETAINED_GRAPH, doctor::MISSING_NO_GRAD, doctor::GRADS_KEPT].contains(&f.kind.as_str()) {
             continue;
         }
-        let Some(x) = f.evidence["position"].as_u64() else { continue };
+        let Some(x) = f.evidence.json()["position"].as_u64() else { continue };
         let x = x as u32;
         let live: f64 = (0..a.start.len()).filter(|&id| a.start[id] <= x && x < a.end[id]).map(|id| a.size[id]).sum();
         assert!(f.bytes as f64 <= live, "{name}: {} claims {} B at position {x}, where {live} B are allocated", f.kind, f.bytes);

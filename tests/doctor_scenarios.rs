@@ -125,11 +125,11 @@ fn a_flat_loop_shows_no_growth_and_steady_optimizer_state_is_not_growth() {
     let d = diagnose("optimizer-state", None);
     let f = d.findings.iter().find(|f| f.kind == doctor::OPTIMIZER_STATE).unwrap();
     // Adam: two moments, each the size of the parameters, made once (in place after that).
-    assert_eq!(f.evidence["state_bytes"], 2 * f.evidence["parameter_bytes"].as_u64().unwrap());
-    assert_eq!(f.evidence["made_anew_each_step"], false);
+    assert_eq!(f.evidence.json()["state_bytes"], 2 * f.evidence.json()["parameter_bytes"].as_u64().unwrap());
+    assert_eq!(f.evidence.json()["made_anew_each_step"], false);
     let momentum = diagnose_with("optimizer-state", None, "optimizer", "momentum");
     let f = momentum.findings.iter().find(|f| f.kind == doctor::OPTIMIZER_STATE).unwrap();
-    assert_eq!(f.evidence["state_bytes"], f.evidence["parameter_bytes"]);
+    assert_eq!(f.evidence.json()["state_bytes"], f.evidence.json()["parameter_bytes"]);
     let sgd = diagnose_with("optimizer-state", None, "optimizer", "sgd");
     assert!(rank(&sgd, doctor::OPTIMIZER_STATE).is_none(), "plain SGD keeps nothing");
 
@@ -148,7 +148,7 @@ fn the_variants_parameters_move_the_verdict() {
     assert_eq!(rank(&d, doctor::GRADS_KEPT), Some(1));
     assert_eq!(
         d.findings[1].bytes,
-        d.findings[0].evidence["live"]["by_group"].as_array().unwrap().iter().find(|g| g["kind"] == "parameter").unwrap()["bytes"].as_u64().unwrap(),
+        d.findings[0].evidence.json()["live"]["by_group"].as_array().unwrap().iter().find(|g| g["kind"] == "parameter").unwrap()["bytes"].as_u64().unwrap(),
         "one gradient per parameter"
     );
     // inference_mode keeps no graph either: what remains is what no_grad leaves, byte for byte.
@@ -183,7 +183,7 @@ fn growth_gives_its_rate_and_when_the_card_runs_out() {
     // grad-fn-history keeps one forward's graph per step: the rate is one graph, the same stacks.
     let d = diagnose("grad-fn-history", Some("mistake"));
     let g = d.findings.iter().find(|f| f.kind == doctor::GROWTH).unwrap();
-    let e = &g.evidence;
+    let e = &g.evidence.json();
     assert_eq!(e["iterations"], 4);
     let kept: Vec<u64> = serde_json::from_value(e["kept_per_iteration"].clone()).unwrap();
     assert!(kept.windows(2).all(|w| w[0] == w[1]), "{kept:?}");
@@ -228,19 +228,19 @@ fn the_seeds_findings_name_their_bytes() {
     let d = diagnose("seed-basics", None);
     let copies = finding(&d, doctor::COPIES);
     assert_eq!(copies.bytes, 4 * 1000 * 1000 * 1000);
-    assert_eq!(copies.evidence["at_peak_by_op"][0]["op"], "clone");
-    assert_eq!(copies.evidence["allocations"][0]["trace_index"], 3, "the copy is the trace's second allocation (after randn's segment)");
+    assert_eq!(copies.evidence.json()["at_peak_by_op"][0]["op"], "clone");
+    assert_eq!(copies.evidence.json()["allocations"][0]["trace_index"], 3, "the copy is the trace's second allocation (after randn's segment)");
     // clone(), t().reshape(-1) and t().contiguous() of a 2048 x 2048 tensor: three copies; the
     // views and contiguous() of a contiguous tensor add nothing.
     let d = diagnose("views-vs-copies", None);
     let copies = finding(&d, doctor::COPIES);
     assert_eq!(copies.bytes, 3 * 2048 * 2048 * 4);
-    assert_eq!(copies.evidence["made_by_op"][0]["allocations"], 3);
+    assert_eq!(copies.evidence.json()["made_by_op"][0]["allocations"], 3);
     // x = x + 1 on 1000 x 1000: the old x (4 MB) is kept while the new one is made.
     let d = diagnose("inplace-chain", Some("mistake"));
     let t = finding(&d, doctor::TEMPORARIES);
-    assert_eq!((t.bytes, t.evidence["replaced_bytes"].as_u64(), t.evidence["temporary_bytes"].as_u64()), (4_000_000, Some(4_000_000), Some(0)));
-    assert_eq!(t.evidence["allocations"][0]["group"], "randn (scenarios/seeds.rs:171)");
+    assert_eq!((t.bytes, t.evidence.json()["replaced_bytes"].as_u64(), t.evidence.json()["temporary_bytes"].as_u64()), (4_000_000, Some(4_000_000), Some(0)));
+    assert_eq!(t.evidence.json()["allocations"][0]["group"], "randn (scenarios/seeds.rs:171)");
     // y.expand_as(x).contiguous() on 1000 x 1000 x 100: one full-size copy before the add.
     let d = diagnose("broadcast-temporaries", Some("mistake"));
     assert_eq!(finding(&d, doctor::COPIES).bytes, 1000 * 1000 * 100 * 4);
@@ -250,8 +250,8 @@ fn the_seeds_findings_name_their_bytes() {
     assert_eq!(d.findings.iter().map(|f| f.kind.as_str()).collect::<Vec<_>>(), [doctor::PEAK, doctor::INTERMEDIATES, doctor::OUTSIDE_ALLOCATOR]);
     let i = finding(&d, doctor::INTERMEDIATES);
     assert_eq!(i.bytes, 1000 * 500 * 4);
-    assert_eq!(i.evidence["outputs_by_op"], serde_json::json!([["matmul", 2_000_000]]));
-    assert_eq!(i.evidence["data_by_op"], serde_json::json!([["randn", 12_000_000]]));
+    assert_eq!(i.evidence.json()["outputs_by_op"], serde_json::json!([["matmul", 2_000_000]]));
+    assert_eq!(i.evidence.json()["data_by_op"], serde_json::json!([["randn", 12_000_000]]));
     // In place, or broadcasting, there is nothing to find.
     for (scenario, kind) in [("inplace-chain", doctor::TEMPORARIES), ("broadcast-temporaries", doctor::COPIES)] {
         let d = diagnose(scenario, Some("fix"));
@@ -286,9 +286,9 @@ fn cuda_graphs_are_diagnosed_private_pools() {
     assert_eq!(rank(&d, doctor::PRIVATE_POOLS), Some(1), "{:?}", d.findings.iter().map(|f| &f.kind).collect::<Vec<_>>());
     let f = finding(&d).unwrap();
     assert_eq!(f.bytes, 128 << 20);
-    assert_eq!(f.evidence["private_reserved_bytes"], 192u64 << 20);
-    assert_eq!(f.evidence["returned_if_released_bytes"], 128u64 << 20);
-    assert_eq!(f.evidence["pools"][0]["pool"], serde_json::json!([1, 0]));
+    assert_eq!(f.evidence.json()["private_reserved_bytes"], 192u64 << 20);
+    assert_eq!(f.evidence.json()["returned_if_released_bytes"], 128u64 << 20);
+    assert_eq!(f.evidence.json()["pools"][0]["pool"], serde_json::json!([1, 0]));
     assert!(f.fix.contains("empty_cache() then returns 128.00 MiB"), "{}", f.fix);
     // The same step eager has no pool to speak of.
     let eager = run_with("cuda-graph-step", &[("mode", "eager")]);
@@ -297,8 +297,8 @@ fn cuda_graphs_are_diagnosed_private_pools() {
     let own = finding(&run_with("cuda-graph-pools", &[])).unwrap();
     let shared = finding(&run_with("cuda-graph-pools", &[("pools", "shared")])).unwrap();
     assert_eq!((own.bytes, shared.bytes), (64 << 20, 30 << 20));
-    assert_eq!(own.evidence["pools"].as_array().unwrap().len(), 4);
-    assert_eq!(shared.evidence["pools"].as_array().unwrap().len(), 1);
+    assert_eq!(own.evidence.json()["pools"].as_array().unwrap().len(), 4);
+    assert_eq!(shared.evidence.json()["pools"].as_array().unwrap().len(), 1);
 }
 
 fn run_with(scenario: &str, set: &[(&str, &str)]) -> Diagnosis {

@@ -49,38 +49,32 @@ fn print_verified(v: &Verified) {
     }
 }
 
-/// The evidence's figures, the live groups, and the largest stack, where the finding has them.
+/// The evidence's figures (every kind's byte counts and positions, by name), the live groups,
+/// the largest stack and the settings tried.
 fn print_evidence(f: &Finding) {
-    let Some(e) = f.evidence.as_object() else { return };
-    let figures: Vec<String> = e
-        .iter()
+    let json = f.evidence.json();
+    let figures: Vec<String> = json
+        .as_object()
+        .into_iter()
+        .flatten()
         .filter(|(k, v)| v.is_u64() && (k.contains("bytes") || ["event", "position", "device", "iterations"].contains(&k.as_str())))
         .map(|(k, v)| if k.contains("bytes") { format!("{k} {}", format_size(v.as_u64().unwrap_or(0))) } else { format!("{k} {v}") })
         .collect();
     if !figures.is_empty() {
         println!("  evidence: {}", figures.join(", "));
     }
-    if let Some(live) = e.get("live") {
-        for g in live["by_group"].as_array().into_iter().flatten().take(5) {
-            let count = g["allocations"].as_u64().unwrap_or(0);
-            let plural = if count == 1 { "" } else { "s" };
-            println!("    {:>12}  {} ({count} allocation{plural})", format_size(g["bytes"].as_u64().unwrap_or(0)), g["name"].as_str().unwrap_or(""));
-        }
+    for g in f.evidence.live().map_or(&[][..], |live| &live.by_group).iter().take(5) {
+        let plural = if g.allocations == 1 { "" } else { "s" };
+        println!("    {:>12}  {} ({} allocation{plural})", format_size(g.bytes), g.name, g.allocations);
     }
-    // The stack holding the most: of what was live (peak, oom), or of what the finding names.
-    let stacks = e.get("live").map_or(e.get("top_stacks"), |live| live.get("top_stacks"));
-    if let Some(stack) = stacks.and_then(|s| s.as_array()).and_then(|s| s.first()) {
-        println!("    largest stack, {}:", format_size(stack["bytes"].as_u64().unwrap_or(0)));
-        for frame in stack["frames"].as_array().into_iter().flatten().filter_map(|f| f.as_str()) {
+    // The stack holding the most: of what the finding names, or of what was live (peak, oom).
+    if let Some(stack) = f.evidence.top_stacks().first() {
+        println!("    largest stack, {}:", format_size(stack.bytes));
+        for frame in &stack.frames {
             println!("      {frame}");
         }
     }
-    for w in e.get("what_ifs").and_then(|w| w.as_array()).into_iter().flatten() {
-        println!(
-            "    what if {}: peak reserved {} -> {}",
-            w["alloc_conf"].as_str().unwrap_or(""),
-            format_size(w["before_peak_reserved_bytes"].as_u64().unwrap_or(0)),
-            format_size(w["after_peak_reserved_bytes"].as_u64().unwrap_or(0))
-        );
+    for w in f.evidence.what_ifs() {
+        println!("    what if {}: peak reserved {} -> {}", w.alloc_conf, format_size(w.before_peak_reserved_bytes), format_size(w.after_peak_reserved_bytes));
     }
 }

@@ -25,10 +25,11 @@
 
 use crate::timeline::{Group, GroupKind, Grouping, Timeline};
 use crate::trace::{Category, Frame, Snapshot};
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
+use std::borrow::Cow;
 
 /// How sure an inferred category is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Confidence {
     Low,
@@ -374,10 +375,10 @@ pub fn infer(t: &Timeline) -> Vec<Inferred> {
 }
 
 /// The bytes of one inferred category live at a position.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CategoryBytes {
     /// `parameter`, ..., `unknown`.
-    pub category: &'static str,
+    pub category: Cow<'static, str>,
     pub bytes: u64,
     pub allocations: usize,
     /// The confidence that holds most of the bytes.
@@ -386,7 +387,7 @@ pub struct CategoryBytes {
     pub medium_bytes: u64,
     pub low_bytes: u64,
     /// The rule that gave the most bytes.
-    pub reason: &'static str,
+    pub reason: Cow<'static, str>,
 }
 
 /// What is live at `position`, by inferred category, most bytes first.
@@ -401,14 +402,14 @@ pub(super) fn live_by_category(t: &Timeline, inferred: &[Inferred], position: us
             Some(s) => s,
             None => {
                 let empty = CategoryBytes {
-                    category: i.name(),
+                    category: i.name().into(),
                     bytes: 0,
                     allocations: 0,
                     confidence: Confidence::Low,
                     high_bytes: 0,
                     medium_bytes: 0,
                     low_bytes: 0,
-                    reason: "",
+                    reason: "".into(),
                 };
                 by.push((empty, Vec::new()));
                 by.len() - 1
@@ -434,10 +435,10 @@ pub(super) fn live_by_category(t: &Timeline, inferred: &[Inferred], position: us
                 .into_iter()
                 .max_by_key(|&(b, conf)| (b, conf))
                 .map_or(Confidence::Low, |(_, conf)| conf);
-            c.reason = reasons.into_iter().max_by_key(|&(r, b)| (b, std::cmp::Reverse(r))).map_or("", |(r, _)| r);
+            c.reason = reasons.into_iter().max_by_key(|&(r, b)| (b, std::cmp::Reverse(r))).map_or("", |(r, _)| r).into();
             c
         })
         .collect();
-    out.sort_by(|p, q| q.bytes.cmp(&p.bytes).then(p.category.cmp(q.category)));
+    out.sort_by(|p, q| q.bytes.cmp(&p.bytes).then(p.category.cmp(&q.category)));
     out
 }

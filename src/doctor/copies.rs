@@ -9,27 +9,27 @@ use super::kinds::{Kind, Role};
 use super::ops::{OpKind, Ops};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, COPIES, Finding, Patient, StackBytes, size};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CopiesEvidence {
+    pub device: i64,
     /// The peak (the state after this many trace entries).
-    position: u32,
-    peak_allocated_bytes: u64,
+    pub position: u32,
+    pub peak_allocated_bytes: u64,
     /// Copies live at the peak, by op.
-    at_peak_by_op: Vec<OpBytes>,
+    pub at_peak_by_op: Vec<OpBytes>,
     /// Every copy the trace made, by op.
-    made_by_op: Vec<OpBytes>,
-    top_stacks: Vec<StackBytes>,
-    allocations: Vec<AllocationRef>,
+    pub made_by_op: Vec<OpBytes>,
+    pub top_stacks: Vec<StackBytes>,
+    pub allocations: Vec<AllocationRef>,
 }
 
-#[derive(Serialize)]
-struct OpBytes {
-    op: String,
-    bytes: u64,
-    allocations: usize,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpBytes {
+    pub op: String,
+    pub bytes: u64,
+    pub allocations: usize,
 }
 
 fn by_op(p: &Patient, ops: &Ops, ids: &[usize]) -> Vec<OpBytes> {
@@ -92,7 +92,7 @@ pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
                y with stride 0), drop a clone() whose original is not modified afterwards, use view()/transpose() and let \
                the consuming op read the strides, and free the original (del x) as soon as a needed copy exists."
         .to_string();
-    let evidence = Evidence {
+    let evidence = CopiesEvidence {
         device: p.device,
         position: peak,
         peak_allocated_bytes: peak_bytes,
@@ -101,5 +101,5 @@ pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
         top_stacks: steps::top_stacks(p, &at_peak, 3),
         allocations: steps::largest(p, &at_peak, 5),
     };
-    Some(Finding::new(COPIES, title, bytes, evidence, why, fix))
+    Some(Finding::new(title, bytes, evidence, why, fix))
 }

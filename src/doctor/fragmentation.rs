@@ -11,27 +11,27 @@ use super::what_if::{Outcome, as_recorded, candidate_outcome, candidate_settings
 use super::{DoctorError, FRAGMENTATION, Finding, FindingConfidence, Patient, Verified, size};
 use crate::replay::{self, ReplayOptions};
 use crate::trace::BlockState;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FragmentationEvidence {
+    pub device: i64,
     /// The position examined: among those at the peak of reserved, the one with the most
     /// allocated (the gap no moment at that peak closes).
-    position: usize,
-    reserved_bytes: u64,
+    pub position: usize,
+    pub reserved_bytes: u64,
     /// Whole blocks of live allocations (`memory_allocated()`).
-    allocated_bytes: u64,
+    pub allocated_bytes: u64,
     /// What the live tensors asked for.
-    requested_bytes: u64,
+    pub requested_bytes: u64,
     /// Rounding inside live blocks: block size minus requested size.
-    internal_bytes: u64,
+    pub internal_bytes: u64,
     /// Free blocks cached in reserved segments.
-    external_bytes: u64,
-    free_blocks: usize,
-    largest_free_block_bytes: u64,
+    pub external_bytes: u64,
+    pub free_blocks: usize,
+    pub largest_free_block_bytes: u64,
     /// Every setting tried, by replay.
-    what_ifs: Vec<Verified>,
+    pub what_ifs: Vec<Verified>,
 }
 
 /// The allocator's state at one position, from a replay stopped there.
@@ -106,7 +106,7 @@ fn finding(p: &Patient, position: usize, state: &State, internal: u64, external:
         size(state.largest_free_block),
         size(internal)
     );
-    let evidence = Evidence {
+    let evidence = FragmentationEvidence {
         device: p.device,
         position,
         reserved_bytes: state.reserved,
@@ -126,7 +126,7 @@ fn finding(p: &Patient, position: usize, state: &State, internal: u64, external:
             size(before.peak_reserved)
         )
     });
-    let finding = Finding::new(FRAGMENTATION, title, recovered, evidence, why, fix).verified(Some(best));
+    let finding = Finding::new(title, recovered, evidence, why, fix).verified(Some(best));
     match estimate {
         // The replays cannot start from the recorded state: their figures are another start's.
         Some(e) => finding

@@ -18,20 +18,20 @@ use super::Material;
 use super::kinds::{Kind, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, FindingConfidence, GRADS_KEPT, Patient, StackBytes, size};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Serialize)]
-struct Evidence {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GradsKeptEvidence {
     #[serde(flatten)]
-    iterations: steps::IterationsEvidence,
+    pub iterations: steps::IterationsEvidence,
     /// Whether an optimizer step shows in the trace (else any later forward counts).
-    optimizer_steps_seen: bool,
+    pub optimizer_steps_seen: bool,
     /// At each iteration's start (from the second): gradient bytes kept from earlier backwards.
-    kept_per_iteration: Vec<u64>,
-    worst_iteration: usize,
-    position: u32,
-    top_stacks: Vec<StackBytes>,
-    allocations: Vec<AllocationRef>,
+    pub kept_per_iteration: Vec<u64>,
+    pub worst_iteration: usize,
+    pub position: u32,
+    pub top_stacks: Vec<StackBytes>,
+    pub allocations: Vec<AllocationRef>,
 }
 
 /// Kept bytes worth reporting: this share of the peak...
@@ -88,7 +88,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
          at a later forward counts. If the loop accumulates gradients over micro-batches on purpose, that is expected."
             .to_string()
     });
-    let evidence = Evidence {
+    let evidence = GradsKeptEvidence {
         iterations: s.evidence(p),
         optimizer_steps_seen: s.has_optimizer,
         kept_per_iteration: per_iteration,
@@ -97,7 +97,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         top_stacks: steps::top_stacks(p, &kept, 3),
         allocations: steps::largest(p, &kept, 5),
     };
-    let finding = Finding::new(GRADS_KEPT, title, bytes, evidence, why, fix).estimate(estimate);
+    let finding = Finding::new(title, bytes, evidence, why, fix).estimate(estimate);
     Some(match s.has_optimizer {
         true => finding,
         false => finding.confidence(FindingConfidence::Medium, "no optimizer step shows in the trace: the gradients may be accumulating on purpose".into()),
@@ -152,7 +152,7 @@ fn added_into(p: &Patient, s: &Steps) -> Option<Finding> {
     let fix = "Call optimizer.zero_grad() (set_to_none=True, the default since PyTorch 2.0), or model.zero_grad() where \
                there is no optimizer, before the forward: the gradients' memory is free during the forward."
         .to_string();
-    let evidence = Evidence {
+    let evidence = GradsKeptEvidence {
         iterations: s.evidence(p),
         optimizer_steps_seen: s.has_optimizer,
         kept_per_iteration: vec![bytes],
@@ -162,7 +162,7 @@ fn added_into(p: &Patient, s: &Steps) -> Option<Finding> {
         allocations: steps::largest(p, &gradients, 5),
     };
     Some(
-        Finding::new(GRADS_KEPT, title, bytes, evidence, why, fix).confidence(
+        Finding::new(title, bytes, evidence, why, fix).confidence(
             FindingConfidence::Medium,
             "one backward adds into existing gradients: a recording that begins between two micro-batches of a deliberate \
          accumulation would look the same"

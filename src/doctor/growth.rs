@@ -10,7 +10,7 @@ use super::kinds::{Kind, Role};
 use super::steps::{self, Steps};
 use super::{AllocationRef, Finding, FindingConfidence, GROWTH, Patient, StackBytes, size};
 use rustc_hash::FxHashSet;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The card assumed when no capacity is given: tensormem's `sim:H100-80GB` preset.
 const DEFAULT_CARD: (&str, u64) = crate::cards::H100_80GB;
@@ -18,23 +18,23 @@ const DEFAULT_CARD: (&str, u64) = crate::cards::H100_80GB;
 /// examined).
 const MIN_ITERATIONS: usize = 4;
 
-#[derive(Serialize)]
-struct Evidence {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GrowthEvidence {
     #[serde(flatten)]
-    iterations: steps::IterationsEvidence,
+    pub iterations: steps::IterationsEvidence,
     /// The position examined: the trace's last allocation.
-    position: u32,
+    pub position: u32,
     /// For iterations 2 to n - 2: bytes they made, from the growing stacks, still live there.
-    kept_per_iteration: Vec<u64>,
-    bytes_per_iteration: u64,
-    allocations_per_iteration: usize,
-    top_stacks: Vec<StackBytes>,
-    allocations: Vec<AllocationRef>,
-    capacity_bytes: u64,
+    pub kept_per_iteration: Vec<u64>,
+    pub bytes_per_iteration: u64,
+    pub allocations_per_iteration: usize,
+    pub top_stacks: Vec<StackBytes>,
+    pub allocations: Vec<AllocationRef>,
+    pub capacity_bytes: u64,
     /// `given` (--capacity) or the card assumed.
-    capacity_source: String,
+    pub capacity_source: String,
     /// The iteration whose peak would no longer fit, at this rate; None: it does not fit now.
-    runs_out_at_iteration: Option<u64>,
+    pub runs_out_at_iteration: Option<u64>,
 }
 
 /// Whether growth counts allocation `id`. A PyTorch loop without backward (evaluation,
@@ -116,7 +116,7 @@ pub(super) fn find(p: &Patient, s: &Steps, capacity: Option<u64>) -> Option<Find
                losses.append(loss.item()) instead of losses.append(loss), outputs.append(out.detach().cpu()), \
                hidden = hidden.detach() at each batch start."
         .to_string();
-    let evidence = Evidence {
+    let evidence = GrowthEvidence {
         iterations: s.evidence(p),
         position: examined_at,
         kept_per_iteration: per_iteration,
@@ -128,7 +128,7 @@ pub(super) fn find(p: &Patient, s: &Steps, capacity: Option<u64>) -> Option<Find
         capacity_source,
         runs_out_at_iteration,
     };
-    let finding = Finding::new(GROWTH, title, rate * (n as u64 - 3), evidence, why, fix).estimate(Some(format!(
+    let finding = Finding::new(title, rate * (n as u64 - 3), evidence, why, fix).estimate(Some(format!(
         "The iteration at which the card runs out assumes every later iteration keeps {} more than the peak so far ({}); \
              the bytes at stake are what iterations 2 to {} kept by the end.",
         size(rate),

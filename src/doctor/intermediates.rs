@@ -10,26 +10,26 @@ use super::kinds::{Kind, Role};
 use super::ops::{OpKind, Ops};
 use super::steps;
 use super::{AllocationRef, Finding, INTERMEDIATES, Patient, size};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Ops named in the title at most.
 const NAMED: usize = 3;
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IntermediatesEvidence {
+    pub device: i64,
     /// The peak (the state after this many trace entries).
-    position: u32,
-    peak_allocated_bytes: u64,
+    pub position: u32,
+    pub peak_allocated_bytes: u64,
     /// Operations' outputs live at the peak, by op.
-    outputs_by_op: Vec<(String, u64)>,
+    pub outputs_by_op: Vec<(String, u64)>,
     /// Tensors the program made (factories, and memory from before the trace), by op.
-    data_by_op: Vec<(String, u64)>,
+    pub data_by_op: Vec<(String, u64)>,
     /// Live at the peak, made by no op the stacks name.
-    unnamed_bytes: u64,
+    pub unnamed_bytes: u64,
     /// cuBLAS's (and cuBLASLt's) workspaces live at the peak: made once per thread, not tensors.
-    workspace_bytes: u64,
-    allocations: Vec<AllocationRef>,
+    pub workspace_bytes: u64,
+    pub allocations: Vec<AllocationRef>,
 }
 
 fn add(groups: &mut Vec<(String, u64)>, op: &str, bytes: u64) {
@@ -95,7 +95,7 @@ pub(super) fn find(p: &Patient, ops: &Ops) -> Option<Finding> {
     let fix = "Nothing is wrong here. To lower the peak, release results you no longer need (del, or let them go out of \
                scope) before the next large op, and use in-place ops where autograd allows them."
         .to_string();
-    let evidence = Evidence {
+    let evidence = IntermediatesEvidence {
         device: p.device,
         position: peak,
         peak_allocated_bytes: t.summary.peak_allocated_bytes,
@@ -105,5 +105,5 @@ pub(super) fn find(p: &Patient, ops: &Ops) -> Option<Finding> {
         workspace_bytes,
         allocations: steps::largest(p, &live, 5),
     };
-    Some(Finding::new(INTERMEDIATES, title, output_bytes, evidence, why, fix))
+    Some(Finding::new(title, output_bytes, evidence, why, fix))
 }

@@ -19,19 +19,19 @@ use super::Material;
 use super::kinds::{Kind, Role};
 use super::{AllocationRef, Finding, FindingConfidence, KEPT_ACTIVATIONS, Patient, StackBytes, categories, size, steps};
 use crate::trace::Category;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeptActivationsEvidence {
+    pub device: i64,
     /// Blocks made inside a module's forward, alive at the end, and their bytes.
-    blocks: usize,
+    pub blocks: usize,
     /// Everything allocated at the end, for scale.
-    allocated_bytes: u64,
+    pub allocated_bytes: u64,
     /// The position it is measured at: the trace's end.
-    position: u32,
-    top_stacks: Vec<StackBytes>,
-    allocations: Vec<AllocationRef>,
+    pub position: u32,
+    pub top_stacks: Vec<StackBytes>,
+    pub allocations: Vec<AllocationRef>,
 }
 
 pub(super) const KIND: Kind = Kind {
@@ -83,10 +83,16 @@ fn find(p: &Patient) -> Option<Finding> {
                store outputs with .detach().cpu() or .item(), and run evaluation under torch.no_grad(). To see when they pile \
                up, record a history: torch.cuda.memory._record_memory_history(max_entries=100000) before the loop."
         .to_string();
-    let evidence =
-        Evidence { device: p.device, blocks: kept.len(), allocated_bytes: allocated, position: end, allocations: steps::largest(p, &kept, 5), top_stacks };
+    let evidence = KeptActivationsEvidence {
+        device: p.device,
+        blocks: kept.len(),
+        allocated_bytes: allocated,
+        position: end,
+        allocations: steps::largest(p, &kept, 5),
+        top_stacks,
+    };
     Some(
-        Finding::new(KEPT_ACTIVATIONS, title, bytes, evidence, why, fix).confidence(
+        Finding::new(title, bytes, evidence, why, fix).confidence(
             FindingConfidence::Inconclusive,
             "a file without history: a snapshot taken between a forward and its backward holds the same blocks; a recorded \
                  history (_record_memory_history before the loop) shows whether they pile up across forwards"

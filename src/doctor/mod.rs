@@ -21,6 +21,7 @@
 
 mod categories;
 mod copies;
+pub mod evidence;
 mod fragmentation;
 mod grads;
 mod growth;
@@ -43,6 +44,7 @@ mod truncated;
 mod what_if;
 
 pub use categories::{CATEGORIES, Confidence, Inferred, InferredAllocation, UNKNOWN, grouping, infer, infer_categories};
+pub use evidence::Evidence;
 pub use kinds::{Kind, Role};
 pub use live::{AllocationRef, GroupBytes, Live, StackBytes, frames_shown};
 pub use oom::{smallest_fitting_capacity, with_failed_request};
@@ -130,7 +132,7 @@ pub struct Diagnosis {
     pub notes: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Finding {
     /// A stable name: one of [`KINDS`].
     pub kind: String,
@@ -141,9 +143,9 @@ pub struct Finding {
     pub title: String,
     /// Bytes at stake.
     pub bytes: u64,
-    /// What the finding rests on: trace positions, addresses, stacks, bytes per group; its keys
-    /// depend on the kind.
-    pub evidence: serde_json::Value,
+    /// What the finding rests on: trace positions, addresses, stacks, bytes per group; its
+    /// kind's type (see [`evidence`]).
+    pub evidence: Evidence,
     /// Two or three sentences a learner understands.
     pub why: String,
     /// The code or setting to change.
@@ -161,6 +163,36 @@ pub struct Finding {
     pub confidence_reason: Option<String>,
 }
 
+impl<'de> Deserialize<'de> for Finding {
+    /// As `doctor --json` writes it: the evidence is read as its kind's type.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Finding, D::Error> {
+        use serde::de::{DeserializeOwned, Error};
+        let mut json = serde_json::Map::deserialize(deserializer)?;
+        // A field absent (or null) is its default where it has one: as the derive's `default`.
+        let mut field = |name: &str| json.remove(name).unwrap_or_default();
+        fn read<T: DeserializeOwned, E: Error>(name: &str, value: serde_json::Value) -> Result<T, E> {
+            serde_json::from_value(value).map_err(|e| E::custom(format!("a finding's {name}: {e}")))
+        }
+        fn or_default<T: DeserializeOwned + Default, E: Error>(name: &str, value: serde_json::Value) -> Result<T, E> {
+            if value.is_null() { Ok(T::default()) } else { read(name, value) }
+        }
+        let kind: String = read("kind", field("kind"))?;
+        Ok(Finding {
+            evidence: Evidence::from_json(&kind, field("evidence")).map_err(D::Error::custom)?,
+            kind,
+            label: or_default("label", field("label"))?,
+            title: read("title", field("title"))?,
+            bytes: read("bytes", field("bytes"))?,
+            why: read("why", field("why"))?,
+            fix: read("fix", field("fix"))?,
+            verified: read("verified", field("verified"))?,
+            estimate: read("estimate", field("estimate"))?,
+            confidence: or_default("confidence", field("confidence"))?,
+            confidence_reason: read("confidence_reason", field("confidence_reason"))?,
+        })
+    }
+}
+
 /// How sure a finding is (a contract: `high`, `medium`, `inconclusive`). An inconclusive finding
 /// says what the trace cannot tell; it is listed apart, after the problems, and never ranked
 /// among them.
@@ -175,13 +207,15 @@ pub enum FindingConfidence {
 
 impl Finding {
     /// The one way findings are made: what every kind has; the rest is added by the methods below.
-    pub(crate) fn new(kind: &str, title: String, bytes: u64, evidence: impl Serialize, why: String, fix: String) -> Finding {
+    pub(crate) fn new(title: String, bytes: u64, evidence: impl Into<Evidence>, why: String, fix: String) -> Finding {
+        let evidence = evidence.into();
+        let kind = evidence.kind();
         Finding {
             kind: kind.to_string(),
             label: self::kind(kind).map_or(kind, |k| k.label).to_string(),
             title,
             bytes,
-            evidence: serde_json::to_value(evidence).unwrap_or_default(),
+            evidence,
             why,
             fix,
             verified: None,

@@ -36,36 +36,36 @@ use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, FindingConfidence, MISSING_NO_GRAD, Patient, StackBytes, size, what_if};
 use crate::timeline::GroupKind;
 use crate::trace::{Category, Frame};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Serialize)]
-struct Evidence {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MissingNoGradEvidence {
     #[serde(flatten)]
-    iterations: steps::IterationsEvidence,
+    pub iterations: steps::IterationsEvidence,
     /// What tells that autograd was on, in words.
-    grad_mode_evidence: String,
+    pub grad_mode_evidence: String,
     /// Forwards whose held tensors were freed together later (a graph torn down when its
     /// result died), and forwards whose held tensors are still live where the trace ends.
-    forwards_torn_down: usize,
-    forwards_held_to_the_end: usize,
+    pub forwards_torn_down: usize,
+    pub forwards_held_to_the_end: usize,
     /// A graph made before the trace and freed in it with no backward (None: none seen).
-    earlier_graph: Option<EarlierGraph>,
+    pub earlier_graph: Option<EarlierGraph>,
     /// Per forward: bytes it still holds when the next one starts (or the trace ends).
-    held_per_iteration: Vec<u64>,
+    pub held_per_iteration: Vec<u64>,
     /// The forward holding the most, and the position it is measured at.
-    worst_iteration: usize,
-    position: u32,
-    top_stacks: Vec<StackBytes>,
-    allocations: Vec<AllocationRef>,
+    pub worst_iteration: usize,
+    pub position: u32,
+    pub top_stacks: Vec<StackBytes>,
+    pub allocations: Vec<AllocationRef>,
 }
 
 /// Allocations made before the trace, freed together in it, sized as a forward's graph.
-#[derive(Serialize)]
-struct EarlierGraph {
-    bytes: u64,
-    allocations: usize,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EarlierGraph {
+    pub bytes: u64,
+    pub allocations: usize,
     /// The position of the first of their frees.
-    freed_at: u32,
+    pub freed_at: u32,
 }
 
 /// What became of what one forward held past its end.
@@ -256,7 +256,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
     let fix = "Run evaluation and inference under `with torch.no_grad():` (or `torch.inference_mode()`, or decorate the \
                function with @torch.no_grad()); model.eval() alone does not turn autograd off."
         .to_string();
-    let evidence = Evidence {
+    let evidence = MissingNoGradEvidence {
         iterations: s.evidence(p),
         grad_mode_evidence,
         forwards_torn_down: torn_down,
@@ -269,7 +269,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         top_stacks,
     };
     Some(
-        Finding::new(MISSING_NO_GRAD, title, bytes, evidence, why, fix)
+        Finding::new(title, bytes, evidence, why, fix)
             .verified(verified)
             .estimate(Some(
                 "What no_grad would not hold rests on the forward's last allocation being its result (kept either way) and \

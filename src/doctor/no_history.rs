@@ -8,17 +8,17 @@ use super::Material;
 use super::kinds::{Kind, Role};
 use super::{Finding, NO_HISTORY, Patient, size};
 use crate::trace::BlockState;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
-    segments: usize,
-    reserved_bytes: u64,
-    allocated_bytes: u64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NoHistoryEvidence {
+    pub device: i64,
+    pub segments: usize,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
     /// Reserved but not allocated: cached free blocks at the moment the file was taken.
-    cached_free_bytes: u64,
-    largest_free_block_bytes: u64,
+    pub cached_free_bytes: u64,
+    pub largest_free_block_bytes: u64,
 }
 
 pub(super) const KIND: Kind = Kind {
@@ -63,7 +63,7 @@ fn find(p: &Patient) -> Option<Finding> {
                torch.cuda.memory._dump_snapshot(\"snapshot.pickle\") after the step to look at (or where \
                torch.cuda.OutOfMemoryError is caught). `with tensormem.watch():` around the script does both."
         .to_string();
-    let evidence = Evidence {
+    let evidence = NoHistoryEvidence {
         device: p.device,
         segments: segments.len(),
         reserved_bytes: reserved,
@@ -71,5 +71,5 @@ fn find(p: &Patient) -> Option<Finding> {
         cached_free_bytes: reserved.saturating_sub(allocated),
         largest_free_block_bytes: largest_free,
     };
-    Some(Finding::new(NO_HISTORY, title, reserved, evidence, why, fix))
+    Some(Finding::new(title, reserved, evidence, why, fix))
 }

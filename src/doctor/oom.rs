@@ -8,30 +8,31 @@ use super::what_if::{CAPACITY_RESOLUTION, Outcome, Setup, candidate_settings, ve
 use super::{DoctorError, Finding, OOM, Patient, Verified, live, size};
 use crate::replay;
 use crate::trace::{Action, Snapshot, TraceEntry};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OomEvidence {
+    pub device: i64,
     /// The trace entry that failed: the `oom` entry, or the `alloc` that failed in the replay
     /// (None: the allocations live at the start alone did not fit).
-    event: Option<usize>,
+    pub event: Option<usize>,
     /// `recorded` (the file has an `oom` entry) or `replayed` (at the capacity asked for).
-    source: &'static str,
-    request_bytes: u64,
+    pub source: Cow<'static, str>,
+    pub request_bytes: u64,
     /// Only for a recorded OOM: what cudaMemGetInfo reported free.
-    device_free_bytes: Option<u64>,
+    pub device_free_bytes: Option<u64>,
     /// PyTorch's reserved bytes just before the failure: as recorded, or in the replay at the
     /// capacity.
-    reserved_bytes: u64,
+    pub reserved_bytes: u64,
     /// The capacity checked: given, or estimated (see the finding's `estimate`).
-    capacity_bytes: Option<u64>,
-    capacity_estimated: bool,
+    pub capacity_bytes: Option<u64>,
+    pub capacity_estimated: bool,
     /// The replay at that capacity runs out of memory too.
-    reproduced_by_replay: Option<bool>,
-    smallest_capacity_bytes: u64,
-    capacity_resolution_bytes: u64,
-    live: live::Live,
+    pub reproduced_by_replay: Option<bool>,
+    pub smallest_capacity_bytes: u64,
+    pub capacity_resolution_bytes: u64,
+    pub live: live::Live,
 }
 
 pub(super) const KIND: Kind = Kind {
@@ -195,10 +196,10 @@ impl Facts {
                 )
             }
         };
-        let evidence = Evidence {
+        let evidence = OomEvidence {
             device: p.device,
             event: self.event,
-            source: self.source,
+            source: self.source.into(),
             request_bytes: self.request,
             device_free_bytes: self.device_free,
             reserved_bytes: self.reserved,
@@ -209,7 +210,7 @@ impl Facts {
             capacity_resolution_bytes: CAPACITY_RESOLUTION,
             live,
         };
-        Ok(Finding::new(OOM, title, self.request, evidence, why, fix).verified(verified).estimate(estimate))
+        Ok(Finding::new(title, self.request, evidence, why, fix).verified(verified).estimate(estimate))
     }
 
     /// The fix measured at the capacity that failed: the setting (of those the doctor tries)

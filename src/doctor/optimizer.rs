@@ -10,30 +10,30 @@ use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, OPTIMIZER_STATE, Patient, StackBytes, size};
 use crate::timeline::GroupKind;
 use crate::trace::Category;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
-    optimizer_steps: usize,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerStateEvidence {
+    pub device: i64,
+    pub optimizer_steps: usize,
     /// Where the step that made the most state starts.
-    position: u32,
+    pub position: u32,
     /// Per step: bytes it made and left live.
-    state_per_step: Vec<u64>,
-    state_bytes: u64,
+    pub state_per_step: Vec<u64>,
+    pub state_bytes: u64,
     /// The most the step's own short-lived allocations held at once.
-    temporaries_peak_bytes: u64,
+    pub temporaries_peak_bytes: u64,
     /// Per step: bytes made before it that it freed (old state replaced by new).
-    replaced_per_step: Vec<u64>,
-    made_anew_each_step: bool,
+    pub replaced_per_step: Vec<u64>,
+    pub made_anew_each_step: bool,
     /// Parameters a step made anew (`p.data = p.data - ...`), not counted as state.
-    parameters_remade: usize,
+    pub parameters_remade: usize,
     /// The parameters' bytes, where the trace names them (tensormem's categories).
-    parameter_bytes: Option<u64>,
+    pub parameter_bytes: Option<u64>,
     /// state / parameters: about 2 for Adam, 1 for momentum.
-    state_per_parameter_byte: Option<f64>,
-    top_stacks: Vec<StackBytes>,
-    allocations: Vec<AllocationRef>,
+    pub state_per_parameter_byte: Option<f64>,
+    pub top_stacks: Vec<StackBytes>,
+    pub allocations: Vec<AllocationRef>,
 }
 
 /// State worth reporting: this share of the peak...
@@ -183,7 +183,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         size(state_bytes),
         if steps_count > 1 { "s" } else { "" }
     );
-    let evidence = Evidence {
+    let evidence = OptimizerStateEvidence {
         device: p.device,
         optimizer_steps: steps_count,
         position,
@@ -198,7 +198,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         top_stacks: steps::top_stacks(p, &state_ids, 3),
         allocations: steps::largest(p, &state_ids, 5),
     };
-    Some(Finding::new(OPTIMIZER_STATE, title, at_stake, evidence, why, fix).estimate(parameter_bytes.is_none().then(|| {
+    Some(Finding::new(title, at_stake, evidence, why, fix).estimate(parameter_bytes.is_none().then(|| {
         "The trace does not say which allocations are parameters: what a leaner optimizer saves is read from the state's \
              size alone."
             .to_string()

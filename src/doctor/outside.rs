@@ -26,7 +26,7 @@ use super::kinds::{Kind, Role};
 use super::{Finding, OUTSIDE_ALLOCATOR, Patient, size};
 use crate::timeline::GroupKind;
 use crate::trace::{Action, Frame};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 const MIB: u64 = 1 << 20;
 /// The CUDA context on a data-center card with lazy loading, with the kernels a program loads:
@@ -43,17 +43,17 @@ const NCCL_LOW: u64 = 256 * MIB;
 const NCCL_HIGH: u64 = 1024 * MIB;
 const NCCL_TYPICAL: u64 = 512 * MIB;
 
-#[derive(Serialize)]
-struct Workspace {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workspace {
     /// Position of its `alloc` entry in the device's trace.
-    trace_index: usize,
-    addr: u64,
-    bytes: u64,
-    stream: i64,
+    pub trace_index: usize,
+    pub addr: u64,
+    pub bytes: u64,
+    pub stream: i64,
     /// Made inside backward (autograd's thread: a handle, and a workspace, of its own).
-    backward: bool,
+    pub backward: bool,
     /// The frame that names it.
-    frame: String,
+    pub frame: String,
 }
 
 /// PyTorch's default cuBLAS workspace per handle (no CUBLAS_WORKSPACE_CONFIG): before Hopper,
@@ -66,38 +66,38 @@ const DEFAULT_WORKSPACES: [u64; 2] = [4096 * 1024 * 2 + 16 * 1024 * 8, 4096 * 8 
 const HANDLES_PER_STREAM: usize = 2;
 
 /// A block live at the trace's start, without a stack, of a default workspace's size.
-#[derive(Serialize)]
-struct LikelyWorkspace {
-    addr: u64,
-    bytes: u64,
-    stream: i64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LikelyWorkspace {
+    pub addr: u64,
+    pub bytes: u64,
+    pub stream: i64,
 }
 
-#[derive(Serialize)]
-struct Range {
-    low_bytes: u64,
-    high_bytes: u64,
-    typical_bytes: u64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Range {
+    pub low_bytes: u64,
+    pub high_bytes: u64,
+    pub typical_bytes: u64,
 }
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
-    peak_reserved_bytes: u64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutsideAllocatorEvidence {
+    pub device: i64,
+    pub peak_reserved_bytes: u64,
     /// Estimated bytes `nvidia-smi` shows beyond reserved (the finding's bytes).
-    outside_bytes: u64,
-    cuda_context: Range,
+    pub outside_bytes: u64,
+    pub cuda_context: Range,
     /// Inside reserved (and allocated), but not tensors.
-    cublas_workspaces: Vec<Workspace>,
-    cublas_workspace_bytes: u64,
+    pub cublas_workspaces: Vec<Workspace>,
+    pub cublas_workspace_bytes: u64,
     /// Blocks that predate the trace, without a stack, of exactly PyTorch's default workspace
     /// size: likely cuBLAS workspaces made before recording started (inferred by size).
-    likely_cublas_workspaces_before_trace: Vec<LikelyWorkspace>,
+    pub likely_cublas_workspaces_before_trace: Vec<LikelyWorkspace>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    nccl: Option<Range>,
+    pub nccl: Option<Range>,
     /// The frame that shows NCCL, when one does.
     #[serde(skip_serializing_if = "Option::is_none")]
-    nccl_frame: Option<String>,
+    pub nccl_frame: Option<String>,
 }
 
 fn is_nccl(name: &str, filename: &str) -> bool {
@@ -243,10 +243,9 @@ pub(super) fn find(p: &Patient) -> Finding {
         ));
     }
     Finding::new(
-        OUTSIDE_ALLOCATOR,
         title,
         outside,
-        serde_json::to_value(Evidence {
+        OutsideAllocatorEvidence {
             device: p.device,
             peak_reserved_bytes: reserved,
             outside_bytes: outside,
@@ -256,8 +255,7 @@ pub(super) fn find(p: &Patient) -> Finding {
             likely_cublas_workspaces_before_trace: likely,
             nccl,
             nccl_frame,
-        })
-        .unwrap_or_default(),
+        },
         why,
         fix,
     )

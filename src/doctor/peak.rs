@@ -4,23 +4,24 @@ use super::Material;
 use super::kinds::{Kind, Role};
 use super::steps::Steps;
 use super::{Finding, PEAK, Patient, categories, live, size};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
-    devices: Vec<i64>,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeakEvidence {
+    pub device: i64,
+    pub devices: Vec<i64>,
     /// The trace entry that reached the peak (None: the peak is the start state).
-    event: Option<usize>,
+    pub event: Option<usize>,
     /// forward, loss, backward, optimizer step; None when neither frames nor annotations say.
-    phase: Option<&'static str>,
-    peak_allocated_bytes: u64,
-    peak_reserved_bytes: u64,
-    live: live::Live,
+    pub phase: Option<Cow<'static, str>>,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub live: live::Live,
     /// Where the trace records no categories (PyTorch's own): what is live by inferred category,
     /// with how sure.
     #[serde(skip_serializing_if = "Option::is_none")]
-    inferred_categories: Option<Vec<categories::CategoryBytes>>,
+    pub inferred_categories: Option<Vec<categories::CategoryBytes>>,
 }
 
 pub(super) const KIND: Kind = Kind {
@@ -94,20 +95,18 @@ pub(super) fn find(p: &Patient, steps: &Steps) -> Finding {
         None => "Shrink what is live at the peak: start with the largest group and stack above.",
     };
     Finding::new(
-        PEAK,
         title,
         summary.peak_allocated_bytes,
-        serde_json::to_value(Evidence {
+        PeakEvidence {
             device: p.device,
             devices: p.snapshot.devices(),
             event,
-            phase,
+            phase: phase.map(Cow::from),
             peak_allocated_bytes: summary.peak_allocated_bytes,
             peak_reserved_bytes: summary.peak_reserved_bytes,
             live,
             inferred_categories: inferred,
-        })
-        .unwrap_or_default(),
+        },
         why,
         fix.into(),
     )

@@ -14,7 +14,7 @@ use super::{DoctorError, Finding, PRIVATE_POOLS, Patient, size};
 use crate::alloc::{DEFAULT_POOL, PoolId, VirtualAllocator};
 use crate::replay;
 use crate::trace::Segment;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub(super) const KIND: Kind = Kind {
     name: PRIVATE_POOLS,
@@ -25,30 +25,30 @@ pub(super) const KIND: Kind = Kind {
     material: Material { share: 0.05, min_bytes: 20 << 20 },
 };
 
-#[derive(Serialize)]
-struct Pool {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pool {
     /// `segment_pool_id`: `(0, N)` a pool the program made (`graph_pool_handle()`, `MemPool()`),
     /// `(N, 0)` one a CUDA graph made for itself.
-    pool: PoolId,
-    segments: usize,
-    reserved_bytes: u64,
+    pub pool: PoolId,
+    pub segments: usize,
+    pub reserved_bytes: u64,
     /// Blocks of live tensors, and of tensors freed but waiting on another stream.
-    active_bytes: u64,
+    pub active_bytes: u64,
     /// Cached free blocks: only allocations into this pool can use them.
-    free_bytes: u64,
+    pub free_bytes: u64,
 }
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrivatePoolsEvidence {
+    pub device: i64,
     /// Every device segment's bytes, and the private pools' share.
-    reserved_bytes: u64,
-    private_reserved_bytes: u64,
-    private_free_bytes: u64,
+    pub reserved_bytes: u64,
+    pub private_reserved_bytes: u64,
+    pub private_free_bytes: u64,
     /// What `empty_cache()` returns once nothing uses the pools (their graphs deleted, their
     /// MemPools dropped), by the allocator on the restored state; None if it could not restore it.
-    returned_if_released_bytes: Option<u64>,
-    pools: Vec<Pool>,
+    pub returned_if_released_bytes: Option<u64>,
+    pub pools: Vec<Pool>,
 }
 
 fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
@@ -104,7 +104,7 @@ fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
          pool=torch.cuda.graph_pool_handle()), or pool=g1.pool()), capturing the largest batch first so the smaller ones \
          reuse what it freed; capture fewer sizes; keep use_mem_pool scopes to the allocations that need them."
     );
-    let evidence = Evidence {
+    let evidence = PrivatePoolsEvidence {
         device: p.device,
         reserved_bytes: reserved,
         private_reserved_bytes: private,
@@ -112,7 +112,7 @@ fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
         returned_if_released_bytes: returned,
         pools,
     };
-    Ok(Some(Finding::new(PRIVATE_POOLS, title, free, evidence, why, fix)))
+    Ok(Some(Finding::new(title, free, evidence, why, fix)))
 }
 
 /// Reserved bytes `empty_cache()` returns once every private pool is released, from the

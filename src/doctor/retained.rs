@@ -23,23 +23,23 @@ use super::Material;
 use super::kinds::{Kind, Role};
 use super::steps::{self, Phase, Steps};
 use super::{AllocationRef, Finding, Patient, RETAINED_GRAPH, StackBytes, size, what_if};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Serialize)]
-struct Evidence {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RetainedGraphEvidence {
     #[serde(flatten)]
-    iterations: steps::IterationsEvidence,
+    pub iterations: steps::IterationsEvidence,
     /// Whether the trace has a backward pass (else the graphs are never used).
-    backward: bool,
+    pub backward: bool,
     /// At each iteration's start (from the second): the bytes of earlier forwards still live.
-    retained_per_iteration: Vec<u64>,
+    pub retained_per_iteration: Vec<u64>,
     /// The iteration where the most is retained, and its start position.
-    worst_iteration: usize,
-    position: u32,
+    pub worst_iteration: usize,
+    pub position: u32,
     /// The iterations the retained tensors were made in.
-    made_in_iterations: Vec<usize>,
-    top_stacks: Vec<StackBytes>,
-    allocations: Vec<AllocationRef>,
+    pub made_in_iterations: Vec<usize>,
+    pub top_stacks: Vec<StackBytes>,
+    pub allocations: Vec<AllocationRef>,
 }
 
 /// Retained bytes worth reporting: this share of the peak...
@@ -136,7 +136,7 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
                a loop that never calls backward runs under torch.no_grad(); `del out, loss` after optimizer.step() frees \
                the last step's results before the next forward."
         .to_string();
-    let evidence = Evidence {
+    let evidence = RetainedGraphEvidence {
         iterations: s.evidence(p),
         backward: s.has_backward,
         retained_per_iteration: per_iteration,
@@ -163,5 +163,5 @@ pub(super) fn find(p: &Patient, s: &Steps) -> Option<Finding> {
         true => "replay the trace with each retained tensor freed as its own iteration's backward ends, as without the reference that keeps it",
         false => "replay the trace with each retained tensor freed once the next op has read it, as under torch.no_grad()",
     };
-    Some(Finding::new(RETAINED_GRAPH, title, bytes, evidence, why, fix).verified(what_if::freed_sooner(p, &sooner, how)))
+    Some(Finding::new(title, bytes, evidence, why, fix).verified(what_if::freed_sooner(p, &sooner, how)))
 }

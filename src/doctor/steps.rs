@@ -18,7 +18,8 @@
 
 use super::{AllocationRef, Material, Patient, StackBytes};
 use crate::trace::{Category, Frame, TraceEntry};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
@@ -503,18 +504,23 @@ pub(super) fn is_kv_cache(p: &Patient, id: usize) -> bool {
 }
 
 /// The iterations, as every training-loop finding's evidence gives them (flattened into it).
-#[derive(Serialize)]
-pub(super) struct IterationsEvidence {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IterationsEvidence {
     pub device: i64,
     pub iterations: usize,
     /// Positions where the iterations start.
     pub iteration_starts: Vec<u32>,
-    pub iterations_found_by: &'static str,
+    pub iterations_found_by: Cow<'static, str>,
 }
 
 impl Steps {
     pub fn evidence(&self, p: &Patient) -> IterationsEvidence {
-        IterationsEvidence { device: p.device, iterations: self.iterations.len(), iteration_starts: self.iterations.clone(), iterations_found_by: self.how }
+        IterationsEvidence {
+            device: p.device,
+            iterations: self.iterations.len(),
+            iteration_starts: self.iterations.clone(),
+            iterations_found_by: self.how.into(),
+        }
     }
 
     /// For each iteration k from the second, the `candidates` live where it starts (position

@@ -18,23 +18,23 @@ use super::kinds::{Kind, Role};
 use super::ops::{OpKind, Ops};
 use super::steps::{self, Phase, Steps, is_library_buffer};
 use super::{AllocationRef, Finding, Patient, StackBytes, TEMPORARIES, size};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A temporary is freed after at most this many further allocations.
 const SHORT_LIFE: usize = 3;
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemporariesEvidence {
+    pub device: i64,
     /// The peak (the state after this many trace entries).
-    position: u32,
-    peak_allocated_bytes: u64,
+    pub position: u32,
+    pub peak_allocated_bytes: u64,
     /// Short-lived temporaries live at the peak.
-    temporary_bytes: u64,
+    pub temporary_bytes: u64,
     /// Inputs of an out-of-place op, freed as its output replaced them.
-    replaced_bytes: u64,
-    top_stacks: Vec<StackBytes>,
-    allocations: Vec<AllocationRef>,
+    pub replaced_bytes: u64,
+    pub top_stacks: Vec<StackBytes>,
+    pub allocations: Vec<AllocationRef>,
 }
 
 /// Bytes worth reporting: this share of the peak...
@@ -106,7 +106,7 @@ pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
                expression (torch.compile, or a fused op such as torch.addcmul), or split the work into chunks so that each \
                temporary is smaller. In-place ops are refused on leaves that require grad and on tensors saved for backward."
         .to_string();
-    let evidence = Evidence {
+    let evidence = TemporariesEvidence {
         device: p.device,
         position: peak,
         peak_allocated_bytes: peak_bytes,
@@ -116,7 +116,7 @@ pub(super) fn find(p: &Patient, s: &Steps, ops: &Ops) -> Option<Finding> {
         allocations: steps::largest(p, &all, 5),
     };
     Some(
-        Finding::new(TEMPORARIES, title, bytes, evidence, why, fix).estimate(Some(
+        Finding::new(title, bytes, evidence, why, fix).estimate(Some(
             "The bytes are what these temporaries hold at the peak; removing them lowers the peak by at most that much \
              (another moment may then be the peak)."
                 .into(),

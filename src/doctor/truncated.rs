@@ -5,19 +5,19 @@ use super::Material;
 use super::kinds::{Kind, Role};
 use super::{Finding, Patient, TRUNCATED_TRACE, size};
 use crate::timeline::GroupKind;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Serialize)]
-struct Evidence {
-    device: i64,
-    events: usize,
-    start_reserved_bytes: u64,
-    start_allocated_bytes: u64,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TruncatedTraceEvidence {
+    pub device: i64,
+    pub events: usize,
+    pub start_reserved_bytes: u64,
+    pub start_allocated_bytes: u64,
     /// Allocations live at the start (their `alloc` entries are not in the trace).
-    start_allocations: usize,
+    pub start_allocations: usize,
     /// Of those, the ones whose blocks carry no stack (nothing says where they came from).
-    start_allocations_without_stack: usize,
-    suggested_max_entries: u64,
+    pub start_allocations_without_stack: usize,
+    pub suggested_max_entries: u64,
 }
 
 pub(super) const KIND: Kind = Kind {
@@ -61,10 +61,9 @@ pub(super) fn find(p: &Patient) -> Option<Finding> {
     let fix = format!("Start recording before the model is built, with room for the whole run: {call} (this trace has {} entries)", s.events);
     Some(
         Finding::new(
-            TRUNCATED_TRACE,
             title,
             s.start_reserved_bytes,
-            serde_json::to_value(Evidence {
+            TruncatedTraceEvidence {
                 device: p.device,
                 events: s.events,
                 start_reserved_bytes: s.start_reserved_bytes,
@@ -72,8 +71,7 @@ pub(super) fn find(p: &Patient) -> Option<Finding> {
                 start_allocations: at_start.len(),
                 start_allocations_without_stack: without_stack,
                 suggested_max_entries: suggested,
-            })
-            .unwrap_or_default(),
+            },
             why,
             fix,
         )
