@@ -9,6 +9,6 @@ export CHROMEDRIVER=/usr/bin/chromedriver
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner
 export WASM_BINDGEN_TEST_TIMEOUT=900
 log=$(mktemp)
-cargo test --locked --release --target wasm32-unknown-unknown --test web_bench -- --nocapture 2>&1 | tee "$log" | grep --line-buffered -v BENCH_JSON >&2
+cargo bench --locked --target wasm32-unknown-unknown --bench web_gpu -- --nocapture 2>&1 | tee "$log" | grep --line-buffered -v BENCH_JSON >&2
 sed -n 's/.*BENCH_JSON //p' "$log"
 rm -f "$log"
