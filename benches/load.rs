@@ -1,14 +1,15 @@
 //! `cargo bench --bench load`: opening a snapshot, phase by phase, against a baseline measured in
 //! the same run: a plain read of the file's bytes (issue 51). Phases: decoding the file into a
 //! `Snapshot`, opening it again from the kept decode (hashing the file, reading the cache file
-//! back), the page's timeline layout, and one replay (what `tensormem summary` adds). On
+//! back), the page's timeline layout, and one replay (what `tensormem summary` adds), the second
+//! time from the start state kept beside the decode. On
 //! generated training-loop snapshots of 100 k and 1 M entries (about 10 and 100 MB), and on
 //! `TENSORMEM_BIG` when it names a file (`python3 ../shared/tools/gen_big_snapshot.py 11500000
 //! big.pickle` writes the issue's 1.04 GB one). Goal for the 1 GB file: `summary` within 4 s.
 
 use std::path::Path;
 use std::time::Instant;
-use tensormem::replay::{ReplayOptions, replay_device};
+use tensormem::replay::{KnownStart, ReplayOptions, replay_device};
 use tensormem::trace;
 
 #[allow(dead_code)]
@@ -30,14 +31,18 @@ fn phases(name: &str, path: &Path) {
     let events = snapshot.trace_of(0).len();
     // The second open: the decode kept (issue 51's cache), written and read back.
     let (hash, key) = timed(|| trace::key_of_file(path, &mut |_| {}).unwrap());
-    let (keep, kept) = timed(|| trace::cache::encode_to_vec(&snapshot, &key));
-    let (reopen, again) = timed(|| trace::cache::decode(&kept, &key).unwrap());
-    assert!(again == snapshot);
-    drop(again);
+    let (start, known) = timed(|| KnownStart::of(&snapshot, 0).unwrap());
+    let (keep, kept) = timed(|| trace::cache::encode_to_vec(&snapshot, &[known.to_kept()], &key));
+    let (reopen, again) = timed(|| trace::cache::decode_with_starts(&kept, &key).unwrap());
+    assert!(again.snapshot == snapshot);
     let (layout, _) = timed(|| tensormem::timeline::build(&snapshot, 0).unwrap());
     let (replay, _) = timed(|| replay_device(&snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap());
+    let known_again = KnownStart::all_kept(&again.snapshot, again.starts).pop();
+    let (replay_again, _) =
+        timed(|| replay_device(&again.snapshot, 0, &ReplayOptions { known_start: known_again, ..Default::default() }, &mut |_, _| {}).unwrap());
+    drop(again.snapshot);
     println!(
-        "{name}: {:.1} MB, {events} entries; read {:.2} s; decode {:.2} s = {:.1}x the read; again from the cache: hash {:.2} s ({:.1}x) + read back {:.2} s ({:.1}x) of {:.1} MB kept in {:.2} s; layout {:.2} s ({:.1}x); replay {:.2} s ({:.1}x)",
+        "{name}: {:.1} MB, {events} entries; read {:.2} s; decode {:.2} s = {:.1}x the read; again from the cache: hash {:.2} s ({:.1}x) + read back {:.2} s ({:.1}x) of {:.1} MB kept in {:.2} s; layout {:.2} s ({:.1}x); replay {:.2} s ({:.1}x), of which its start {:.2} s; from the start kept {:.2} s ({:.1}x)",
         size as f64 / 1e6,
         read,
         load,
@@ -51,7 +56,10 @@ fn phases(name: &str, path: &Path) {
         layout,
         layout / read,
         replay,
-        replay / read
+        replay / read,
+        start,
+        replay_again,
+        replay_again / read
     );
 }
 

@@ -4,7 +4,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use tensormem::trace::cache::{self, CacheMiss, Folder, SourceKey};
+use tensormem::replay::{self, KnownStart, ReplayOptions};
+use tensormem::trace::cache::{self, CacheMiss, Decoded, Folder, KeptStart, SourceKey};
 use tensormem::trace::{self, Snapshot};
 
 /// Every real snapshot we hold: the files of tests/data (real programs, the doctor's corpus)
@@ -22,11 +23,18 @@ fn real_files() -> Vec<PathBuf> {
     files
 }
 
+/// Each device's start state, as the replay reconstructs it, to keep.
+fn starts_of(snapshot: &Snapshot) -> Vec<KeptStart> {
+    snapshot.devices().into_iter().filter_map(|d| KnownStart::of(snapshot, d).ok()).map(|k| k.to_kept()).collect()
+}
+
 fn round_trip(name: &str, bytes: &[u8], snapshot: &Snapshot) {
     let key = SourceKey::of(bytes);
-    let encoded = cache::encode_to_vec(snapshot, &key);
-    let decoded = cache::decode(&encoded, &key).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let starts = starts_of(snapshot);
+    let encoded = cache::encode_to_vec(snapshot, &starts, &key);
+    let Decoded { snapshot: decoded, starts: kept } = cache::decode_with_starts(&encoded, &key).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(decoded == *snapshot, "{name}: the cached decode differs from the decode");
+    assert!(kept == starts, "{name}: the start states kept differ from those reconstructed");
     // Frame lists are shared as they were: the pickle writer memoizes them the same way.
     assert!(trace::to_pickle(&decoded) == trace::to_pickle(snapshot), "{name}: written back, the cached decode differs");
 }
@@ -73,7 +81,7 @@ fn sample() -> (Vec<u8>, Snapshot) {
 fn a_cache_file_cut_short_damaged_or_of_another_source_is_a_miss() {
     let (bytes, snapshot) = sample();
     let key = SourceKey::of(&bytes);
-    let encoded = cache::encode_to_vec(&snapshot, &key);
+    let encoded = cache::encode_to_vec(&snapshot, &[], &key);
     // Another file (one byte more) and another version.
     let other = SourceKey { len: key.len + 1, ..key };
     assert_eq!(SourceKey::from_file_name(&key.file_name()), Some(key));
@@ -100,7 +108,7 @@ fn the_payload_reader_refuses_what_it_cannot_hold_without_panicking() {
     // than the bytes left, an index past its table): a miss, not a panic or a huge allocation.
     let key = SourceKey::of(b"x");
     let forge = |payload: &[u8]| {
-        let mut bytes = cache::encode_to_vec(&Snapshot::default(), &key);
+        let mut bytes = cache::encode_to_vec(&Snapshot::default(), &[], &key);
         let header = bytes[..36].to_vec();
         bytes.clear();
         bytes.extend_from_slice(&header);
@@ -110,14 +118,16 @@ fn the_payload_reader_refuses_what_it_cannot_hold_without_panicking() {
         bytes.extend_from_slice(b"TMDECEND");
         cache::decode(&bytes, &key)
     };
-    assert_eq!(forge(&[0, 0, 0, 0, 0, 0, 0, 0]).unwrap(), Snapshot::default());
+    assert_eq!(forge(&[0, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap(), Snapshot::default());
+    // A start state with a segment naming frame list 3 of none.
+    assert!(matches!(forge(&[0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 7, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0]), Err(CacheMiss::Malformed(_))));
     // 2^63 strings.
     assert!(matches!(forge(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]), Err(CacheMiss::Malformed(_))));
     // A frame list naming string 5 of none.
     assert!(matches!(forge(&[0, 1, 1, 5, 0, 0, 0, 0, 0, 0, 0]), Err(CacheMiss::Malformed(_))));
     // A trace entry with action 12, and one after the end of the payload.
     assert!(matches!(forge(&[0, 0, 0, 0, 1, 1, 12, 0, 0, 0, 0, 0, 0]), Err(CacheMiss::Malformed(_))));
-    assert!(matches!(forge(&[0, 0, 0, 0, 0, 0, 0, 0, 9]), Err(CacheMiss::Malformed(_))));
+    assert!(matches!(forge(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 9]), Err(CacheMiss::Malformed(_))));
 }
 
 #[test]
@@ -125,19 +135,19 @@ fn a_folder_keeps_the_most_recently_used_within_its_bound() {
     let dir = std::env::temp_dir().join(format!("tensormem-cache-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (bytes, snapshot) = sample();
-    let size = cache::encode_to_vec(&snapshot, &SourceKey::of(&bytes)).len() as u64;
+    let size = cache::encode_to_vec(&snapshot, &[], &SourceKey::of(&bytes)).len() as u64;
     // Room for two.
     let folder = Folder { dir: dir.join("made/on/first/use"), limit: 2 * size + size / 2 };
     let keys: Vec<SourceKey> = (0..3u8).map(|i| SourceKey::of(&[&bytes[..], &[i]].concat())).collect();
     assert!(folder.get(&keys[0]).is_none());
-    folder.put(&keys[0], &snapshot).unwrap();
+    folder.put(&keys[0], &snapshot, &[]).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));
-    folder.put(&keys[1], &snapshot).unwrap();
+    folder.put(&keys[1], &snapshot, &[]).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));
     // Reading the first makes it the most recent: the second goes when the third arrives.
-    assert!(folder.get(&keys[0]).unwrap() == snapshot);
+    assert!(folder.get(&keys[0]).unwrap().snapshot == snapshot);
     std::thread::sleep(std::time::Duration::from_millis(20));
-    folder.put(&keys[2], &snapshot).unwrap();
+    folder.put(&keys[2], &snapshot, &[]).unwrap();
     let kept = |k: &SourceKey| folder.dir.join(k.file_name()).is_file();
     assert_eq!(keys.iter().map(kept).collect::<Vec<_>>(), [true, false, true]);
     // No temporary file is left, and only cache files were counted or removed.
@@ -151,7 +161,34 @@ fn a_folder_keeps_the_most_recently_used_within_its_bound() {
     assert!(!path.exists());
     // One decode larger than the bound is not kept at all.
     let tiny = Folder { dir: dir.join("tiny"), limit: size / 2 };
-    tiny.put(&keys[0], &snapshot).unwrap();
+    tiny.put(&keys[0], &snapshot, &[]).unwrap();
     assert!(tiny.get(&keys[0]).is_none());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_start_kept_beside_the_decode_replays_as_one_reconstructed_and_only_its_own_is_used() {
+    let (bytes, snapshot) = sample();
+    let key = SourceKey::of(&bytes);
+    let starts = starts_of(&snapshot);
+    assert!(!starts.is_empty() && starts.iter().any(|s| !s.segments.is_empty()), "the sample starts with memory reserved");
+    let Decoded { snapshot: read_back, starts: kept } = cache::decode_with_starts(&cache::encode_to_vec(&snapshot, &starts, &key), &key).unwrap();
+    let known = KnownStart::all_kept(&read_back, kept.clone());
+    assert_eq!(known.len(), starts.len());
+    for k in &known {
+        let d = k.device();
+        assert!(k.of_trace(&read_back, d).is_some(), "the kept start is the read-back trace's");
+        let fresh = replay::replay_device(&snapshot, d, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+        let from_kept = replay::replay_device(&read_back, d, &ReplayOptions { known_start: Some(k.clone()), ..Default::default() }, &mut |_, _| {}).unwrap();
+        assert_eq!(serde_json::to_value(&from_kept).unwrap(), serde_json::to_value(&fresh).unwrap(), "device {d}");
+        // Another snapshot in memory (a copy) reconstructs its own.
+        assert!(k.of_trace(&snapshot, d).is_none());
+    }
+    // A start made by other rules, or for a device the snapshot lacks, is not used.
+    let mut other_rules = kept[0].clone();
+    other_rules.rules ^= 1;
+    assert!(KnownStart::from_kept(&read_back, other_rules).is_none());
+    let mut other_device = kept[0].clone();
+    other_device.device = 99;
+    assert!(KnownStart::from_kept(&read_back, other_device).is_none());
 }

@@ -21,7 +21,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use tensormem::alloc::{AllocatorConfig, format_size};
 use tensormem::predict::{self, PredictOptions};
-use tensormem::replay::{self, DeviceReplay, ReplayOptions, StartMode};
+use tensormem::replay::{self, DeviceReplay, KnownStart, ReplayOptions, StartMode};
 use tensormem::scenarios::{self, RunRequest, RunResult};
 use tensormem::trace::{self, Snapshot};
 
@@ -160,7 +160,7 @@ fn replay_file(
 ) -> Result<Vec<DeviceReplay>, Failure> {
     let config = alloc_conf.map(|c| AllocatorConfig::parse(c).map_err(|e| Failure(e.to_string(), 2))).transpose()?;
     let options = ReplayOptions { config, capacity, start, keep_snapshot, ..Default::default() };
-    with_loaded(file, |snapshot| replay_with_progress(snapshot, device, &options, progress))
+    with_loaded(file, |snapshot, starts| replay_with_progress(snapshot, device, &options, starts, progress))
 }
 
 /// The JSON line that a subcommand's `--json` prints for one value; `tensormem mcp`'s tools
@@ -345,7 +345,7 @@ fn compare_command(run: &Path, file: &Path, device: i64, json: bool) -> Result<(
     // A run's JSON: its steps and ranks, never near this bound.
     let text = tensormem::files::read_small(run, 64 << 20, "a run's JSON (tensormem run --json)").map_err(|e| Failure(e, 1))?;
     let run_json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure(format!("{}: not a run's JSON: {e}", run.display()), 1))?;
-    let phases = with_loaded(file, |snapshot| scenarios::compare::compare(&run_json, snapshot, device).map_err(|e| Failure(e, 1)))?;
+    let phases = with_loaded(file, |snapshot, _| scenarios::compare::compare(&run_json, snapshot, device).map_err(|e| Failure(e, 1)))?;
     if json {
         println!("{}", serde_json::to_string(&phases)?);
     } else {
@@ -473,7 +473,12 @@ fn diagnose(request: DoctorRequest) -> Result<tensormem::doctor::Diagnosis, Fail
             let device =
                 device.map(|d| d.parse::<i64>().map_err(|_| Failure(format!("--device expects a device index for a file, got {d:?}"), 2))).transpose()?;
             let options = tensormem::doctor::DoctorOptions { device, capacity, ..Default::default() };
-            with_loaded(&file, |snapshot| Ok(tensormem::doctor::diagnose(snapshot, &options)?))?
+            with_loaded(&file, |snapshot, starts| {
+                // The device the doctor will examine, from its start if it was kept.
+                let device = options.device.or_else(|| snapshot.pick_device());
+                let known_start = starts.iter().find(|k| Some(k.device()) == device).cloned();
+                Ok(tensormem::doctor::diagnose(snapshot, &tensormem::doctor::DoctorOptions { known_start, ..options.clone() })?)
+            })?
         }
         (None, Some(scenario)) => {
             if device.as_deref().is_some_and(|d| !d.starts_with("sim:")) {
@@ -631,22 +636,26 @@ struct ToKeep {
 }
 
 impl ToKeep {
+    /// Keeps the decode, and each device's start state (reconstructed here, on the keeping
+    /// thread, while the command does its work).
     fn write(&self, snapshot: &Snapshot) {
-        if let Err(e) = self.folder.put(&self.key, snapshot).and_then(|()| self.folder.note_seen(&self.path, &self.key)) {
+        let starts: Vec<_> = snapshot.devices().into_iter().filter_map(|d| KnownStart::of(snapshot, d).ok()).map(|k| k.to_kept()).collect();
+        if let Err(e) = self.folder.put(&self.key, snapshot, &starts).and_then(|()| self.folder.note_seen(&self.path, &self.key)) {
             eprintln!("note: could not keep the decoded snapshot in {} (TENSORMEM_CACHE): {e}", self.folder.dir.display());
         }
     }
 }
 
-/// Loads the snapshot at `path` (see [`load`]) for `work`. A decode to keep for the next open is
-/// written meanwhile, on another thread (for a 1 GB file, about a second that `work` does not wait
-/// for), and the decode kept whole before this returns.
-fn with_loaded<R>(path: &Path, work: impl FnOnce(&Snapshot) -> Result<R, Failure>) -> Result<R, Failure> {
-    let (snapshot, to_keep) = load(path)?;
-    let Some(to_keep) = to_keep else { return work(&snapshot) };
+/// Loads the snapshot at `path` (see [`load`]) for `work`, with the start states kept beside its
+/// decode when it was read back. A decode to keep for the next open is written meanwhile, on
+/// another thread (for a 1 GB file, about a second that `work` does not wait for), and the
+/// decode kept whole before this returns.
+fn with_loaded<R>(path: &Path, work: impl FnOnce(&Snapshot, &[KnownStart]) -> Result<R, Failure>) -> Result<R, Failure> {
+    let (snapshot, starts, to_keep) = load(path)?;
+    let Some(to_keep) = to_keep else { return work(&snapshot, &starts) };
     std::thread::scope(|scope| {
         let keeping = scope.spawn(|| to_keep.write(&snapshot));
-        let result = work(&snapshot);
+        let result = work(&snapshot, &starts);
         if keeping.join().is_err() {
             eprintln!("note: could not keep the decoded snapshot in {} (TENSORMEM_CACHE)", to_keep.folder.dir.display());
         }
@@ -656,20 +665,21 @@ fn with_loaded<R>(path: &Path, work: impl FnOnce(&Snapshot) -> Result<R, Failure
 
 /// [`load`], its decode kept before it returns (for work on several files).
 fn load_kept(path: &Path) -> Result<Snapshot, Failure> {
-    let (snapshot, to_keep) = load(path)?;
+    let (snapshot, _, to_keep) = load(path)?;
     if let Some(to_keep) = to_keep {
         to_keep.write(&snapshot);
     }
     Ok(snapshot)
 }
 
-/// The snapshot at `path` (or the one a tool call was given in its place), and its decode to keep
-/// when it was decoded from a file worth keeping.
-fn load(path: &Path) -> Result<(Snapshot, Option<ToKeep>), Failure> {
+/// The snapshot at `path` (or the one a tool call was given in its place); the start states
+/// kept beside its decode when it was read back, or its decode to keep when it was decoded from
+/// a file worth keeping.
+fn load(path: &Path) -> Result<(Snapshot, Vec<KnownStart>, Option<ToKeep>), Failure> {
     if path == Path::new(GIVEN_FILE)
         && let Some(snapshot) = GIVEN_SNAPSHOT.with(|given| given.borrow_mut().take())
     {
-        return Ok((snapshot, None));
+        return Ok((snapshot, Vec::new(), None));
     }
     // A big file takes seconds: on a terminal, how far reading and decoding have got.
     let length = std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len());
@@ -702,14 +712,15 @@ fn load(path: &Path) -> Result<(Snapshot, Option<ToKeep>), Failure> {
         });
         let key = key.map_err(failed)?;
         let kept = match read_back {
-            Some(snapshot) if noted == Some(key) => snapshot,
+            Some(decoded) if noted == Some(key) => decoded,
             _ => folder.get(&key),
         };
-        if let Some(snapshot) = kept {
+        if let Some(decoded) = kept {
             if let Some(bar) = &bar {
                 bar.finish_and_clear();
             }
-            return Ok((snapshot, None));
+            let starts = KnownStart::all_kept(&decoded.snapshot, decoded.starts);
+            return Ok((decoded.snapshot, starts, None));
         }
     }
     let loaded = trace::load_file_keyed(path, &mut |p| show("reading", p));
@@ -717,10 +728,18 @@ fn load(path: &Path) -> Result<(Snapshot, Option<ToKeep>), Failure> {
         bar.finish_and_clear();
     }
     let (snapshot, key) = loaded.map_err(failed)?;
-    Ok((snapshot, cache.map(|folder| ToKeep { folder, key, path: path.to_path_buf() })))
+    Ok((snapshot, Vec::new(), cache.map(|folder| ToKeep { folder, key, path: path.to_path_buf() })))
 }
 
-fn replay_with_progress(snapshot: &Snapshot, device: Option<i64>, options: &ReplayOptions, show: bool) -> Result<Vec<DeviceReplay>, Failure> {
+/// Replays each device (or `device`) of `snapshot`, from its start in `starts` where it is
+/// there (kept beside the snapshot's decode), with a progress bar on a terminal.
+fn replay_with_progress(
+    snapshot: &Snapshot,
+    device: Option<i64>,
+    options: &ReplayOptions,
+    starts: &[KnownStart],
+    show: bool,
+) -> Result<Vec<DeviceReplay>, Failure> {
     let devices = match device {
         Some(d) => vec![d],
         None => snapshot.devices(),
@@ -744,7 +763,9 @@ fn replay_with_progress(snapshot: &Snapshot, device: Option<i64>, options: &Repl
                 b.set_position((done_before + done) as u64);
             }
         };
-        results.push(replay::replay_device(snapshot, d, options, &mut tick)?);
+        let known_start = starts.iter().find(|k| k.device() == d).cloned();
+        let options = ReplayOptions { known_start: known_start.or_else(|| options.known_start.clone()), ..options.clone() };
+        results.push(replay::replay_device(snapshot, d, &options, &mut tick)?);
         done_before += snapshot.trace_of(d).len();
     }
     if let Some(b) = bar {

@@ -99,7 +99,7 @@ fn a_big_file_opens_again_from_its_cached_decode() {
     // The second open reads the cache: a cache file saying something else under this file's
     // key is what the summary shows.
     let other = trace::load_file(&fixture("small-state.pickle").unwrap_or_else(|| "../tests/data/corpus/clean-train.pickle".into())).unwrap();
-    std::fs::write(&cached, cache::encode_to_vec(&other, &cache::SourceKey::of(&bytes))).unwrap();
+    std::fs::write(&cached, cache::encode_to_vec(&other, &[], &cache::SourceKey::of(&bytes))).unwrap();
     assert_ne!(summary(&folder), first);
     // A seen file changed in place, its length and time kept: its note names the decode above,
     // read back while the file is hashed, but the hashes differ, so the new bytes are decoded
@@ -121,8 +121,12 @@ fn a_big_file_opens_again_from_its_cached_decode() {
     let out = Command::new(env!("CARGO_BIN_EXE_tensormem")).args(["summary", copy.to_str().unwrap()]).env("TENSORMEM_CACHE", &folder).output().unwrap();
     assert_eq!(stdout(&out), first);
     assert_eq!(summary(&folder), first, "the decode kept for the copy is the same bytes'");
-    // A cache file cut short is never used: the file is decoded again and its decode kept whole.
-    let whole = cache::encode_to_vec(&trace::load(&bytes).unwrap(), &cache::SourceKey::of(&bytes));
+    // A cache file cut short is never used: the file is decoded again and its decode kept whole,
+    // with each device's start state.
+    let snapshot = trace::load(&bytes).unwrap();
+    let starts: Vec<cache::KeptStart> = snapshot.devices().into_iter().map(|d| tensormem::replay::KnownStart::of(&snapshot, d).unwrap().to_kept()).collect();
+    assert!(!starts.is_empty());
+    let whole = cache::encode_to_vec(&snapshot, &starts, &cache::SourceKey::of(&bytes));
     std::fs::write(&cached, &whole[..whole.len() / 2]).unwrap();
     assert_eq!(summary(&folder), first);
     assert!(std::fs::read(&cached).unwrap() == whole);

@@ -58,6 +58,21 @@ pub struct KnownStart {
     state: std::sync::Arc<StartState>,
 }
 
+/// Which reconstruction made a start kept beside a decode ([`trace::cache::KeptStart`]): a hash
+/// of `reconstruct.rs` as compiled, so that a start kept by another version of its rules is
+/// reconstructed again rather than trusted.
+pub const START_RULES: u64 = {
+    let source = include_bytes!("reconstruct.rs");
+    // FNV-1a, in a const block.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < source.len() {
+        hash = (hash ^ source[i] as u64).wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
+};
+
 impl KnownStart {
     /// `device`'s start, reconstructed under the settings the snapshot was recorded with.
     pub fn of(snapshot: &Snapshot, device: i64) -> Result<KnownStart, ReplayError> {
@@ -74,6 +89,33 @@ impl KnownStart {
 
     fn segments_of(snapshot: &Snapshot) -> (usize, usize) {
         (snapshot.segments.as_ptr() as usize, snapshot.segments.len())
+    }
+
+    /// A start kept beside `snapshot`'s decode, if it is one of its devices' and made by these
+    /// rules (see [`START_RULES`]).
+    pub fn from_kept(snapshot: &Snapshot, kept: trace::cache::KeptStart) -> Option<KnownStart> {
+        let ours = kept.rules == START_RULES && snapshot.devices().contains(&kept.device);
+        ours.then(|| KnownStart {
+            device: kept.device,
+            trace: Self::trace_of(snapshot, kept.device),
+            segments: Self::segments_of(snapshot),
+            state: StartState { segments: kept.segments, warnings: kept.warnings }.into(),
+        })
+    }
+
+    /// This start, to keep beside its snapshot's decode.
+    pub fn to_kept(&self) -> trace::cache::KeptStart {
+        trace::cache::KeptStart { device: self.device, rules: START_RULES, segments: self.state.segments.clone(), warnings: self.state.warnings.clone() }
+    }
+
+    /// Each device's start, as kept beside `snapshot`'s decode (those made by other rules left
+    /// out: they are reconstructed when asked for).
+    pub fn all_kept(snapshot: &Snapshot, kept: Vec<trace::cache::KeptStart>) -> Vec<KnownStart> {
+        kept.into_iter().filter_map(|k| KnownStart::from_kept(snapshot, k)).collect()
+    }
+
+    pub fn device(&self) -> i64 {
+        self.device
     }
 
     /// The start state, if this is the start of `snapshot`'s `device`.

@@ -8,7 +8,8 @@
 //!
 //! The form: a header (magic, version, the source's length and xxh3-128 hash), then tables of
 //! the strings, frame lists and rarer entry keys, the segments, and the traces with one byte of
-//! action and flags per entry and LEB128 varints for its numbers (times as differences), then a
+//! action and flags per entry and LEB128 varints for its numbers (times as differences), then
+//! each device's start state as the replay reconstructed it (see [`KeptStart`]), then a
 //! trailer with the payload's length and xxh3-64 hash. A file cut short, damaged or written by
 //! another version fails these checks and reads as absent, so a cache can never show the wrong
 //! data; the decoder also checks every count and index against what is left, and never panics.
@@ -25,7 +26,7 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 const MAGIC: &[u8; 8] = b"TMDECODE";
 const END: &[u8; 8] = b"TMDECEND";
 /// Bumped whenever the layout or what decoding produces changes: older files read as absent.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 const HEADER: usize = 8 + 4 + 8 + 16;
 const TRAILER: usize = 8 + 8 + 8;
 
@@ -78,8 +79,28 @@ impl SourceHasher {
     }
 }
 
-/// Writes `snapshot`, decoded from the source `key` names, to `out`.
-pub fn encode(snapshot: &Snapshot, key: &SourceKey, out: &mut dyn Write) -> std::io::Result<()> {
+/// A device's start state as the replay reconstructs it (its segments and blocks before the
+/// trace's first entry, and what did not add up), kept beside the decode: walking a 1 GB trace
+/// backwards again takes a third of a replay. `rules` names the reconstruction that made it (the
+/// replay's `START_RULES`): a start made by other rules is not used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeptStart {
+    pub device: i64,
+    pub rules: u64,
+    pub segments: Vec<Segment>,
+    pub warnings: Vec<String>,
+}
+
+/// What [`decode_with_starts`] reads back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    pub snapshot: Snapshot,
+    pub starts: Vec<KeptStart>,
+}
+
+/// Writes `snapshot`, decoded from the source `key` names, and the start states reconstructed
+/// for it, to `out`.
+pub fn encode(snapshot: &Snapshot, starts: &[KeptStart], key: &SourceKey, out: &mut dyn Write) -> std::io::Result<()> {
     let mut header = Vec::with_capacity(HEADER);
     header.extend_from_slice(MAGIC);
     header.extend_from_slice(&VERSION.to_le_bytes());
@@ -87,7 +108,7 @@ pub fn encode(snapshot: &Snapshot, key: &SourceKey, out: &mut dyn Write) -> std:
     header.extend_from_slice(&key.hash.to_le_bytes());
     out.write_all(&header)?;
     let mut w = Writer { buf: Vec::with_capacity(1 << 20), out, hasher: Xxh3::new(), written: 0 };
-    Encoder::new(snapshot).write(snapshot, &mut w)?;
+    Encoder::new(snapshot, starts).write(snapshot, starts, &mut w)?;
     w.flush()?;
     let mut trailer = Vec::with_capacity(TRAILER);
     trailer.extend_from_slice(&w.written.to_le_bytes());
@@ -97,9 +118,9 @@ pub fn encode(snapshot: &Snapshot, key: &SourceKey, out: &mut dyn Write) -> std:
 }
 
 /// [`encode`] into memory.
-pub fn encode_to_vec(snapshot: &Snapshot, key: &SourceKey) -> Vec<u8> {
+pub fn encode_to_vec(snapshot: &Snapshot, starts: &[KeptStart], key: &SourceKey) -> Vec<u8> {
     let mut bytes = Vec::new();
-    encode(snapshot, key, &mut bytes).expect("writing to memory cannot fail");
+    encode(snapshot, starts, key, &mut bytes).expect("writing to memory cannot fail");
     bytes
 }
 
@@ -116,9 +137,14 @@ pub enum CacheMiss {
     Malformed(usize),
 }
 
+/// The snapshot [`encode`] wrote for the source `key` (see [`decode_with_starts`]).
+pub fn decode(bytes: &[u8], key: &SourceKey) -> Result<Snapshot, CacheMiss> {
+    decode_with_starts(bytes, key).map(|d| d.snapshot)
+}
+
 /// Reads what [`encode`] wrote for the source `key`. Anything else (another source, another
 /// version, a truncated or damaged file) is a [`CacheMiss`], never a wrong snapshot.
-pub fn decode(bytes: &[u8], key: &SourceKey) -> Result<Snapshot, CacheMiss> {
+pub fn decode_with_starts(bytes: &[u8], key: &SourceKey) -> Result<Decoded, CacheMiss> {
     if bytes.len() < HEADER + TRAILER || &bytes[..8] != MAGIC || bytes[8..12] != VERSION.to_le_bytes() {
         return Err(CacheMiss::Version);
     }
@@ -134,11 +160,11 @@ pub fn decode(bytes: &[u8], key: &SourceKey) -> Result<Snapshot, CacheMiss> {
         return Err(CacheMiss::Damaged);
     }
     let mut r = Reader { bytes: payload, at: 0 };
-    let snapshot = Decoder::read(&mut r).map_err(|_| CacheMiss::Malformed(r.at))?;
+    let decoded = Decoder::read(&mut r).map_err(|_| CacheMiss::Malformed(r.at))?;
     if r.at != payload.len() {
         return Err(CacheMiss::Malformed(r.at));
     }
-    Ok(snapshot)
+    Ok(decoded)
 }
 
 /// The payload's bytes, flushed to `out` a megabyte at a time and hashed on the way.
@@ -207,7 +233,7 @@ struct Encoder<'s> {
 }
 
 impl<'s> Encoder<'s> {
-    fn new(snapshot: &'s Snapshot) -> Encoder<'s> {
+    fn new(snapshot: &'s Snapshot, starts: &'s [KeptStart]) -> Encoder<'s> {
         let mut e = Encoder {
             strings: Default::default(),
             string_list: Vec::new(),
@@ -216,7 +242,7 @@ impl<'s> Encoder<'s> {
             extras: Default::default(),
             extra_list: Vec::new(),
         };
-        for s in &snapshot.segments {
+        for s in snapshot.segments.iter().chain(starts.iter().flat_map(|start| &start.segments)) {
             e.intern_frames(&s.frames);
             for b in &s.blocks {
                 e.intern_frames(&b.frames);
@@ -264,7 +290,7 @@ impl<'s> Encoder<'s> {
         self.frames[&(frames.as_ptr(), frames.len())] as u64
     }
 
-    fn write(&self, snapshot: &Snapshot, w: &mut Writer) -> std::io::Result<()> {
+    fn write(&self, snapshot: &Snapshot, starts: &[KeptStart], w: &mut Writer) -> std::io::Result<()> {
         w.varint(self.string_list.len() as u64);
         for s in &self.string_list {
             w.str(s);
@@ -298,28 +324,7 @@ impl<'s> Encoder<'s> {
                 w.signed(b);
             }
         }
-        w.varint(snapshot.segments.len() as u64);
-        for s in &snapshot.segments {
-            w.signed(s.device);
-            for v in [s.address, s.total_size, s.allocated_size, s.active_size, s.requested_size] {
-                w.varint(v);
-            }
-            w.signed(s.stream);
-            w.byte(s.segment_type as u8);
-            w.signed(s.segment_pool_id.0);
-            w.signed(s.segment_pool_id.1);
-            w.byte(s.is_expandable as u8);
-            w.varint(self.frames_id(&s.frames));
-            w.varint(s.blocks.len() as u64);
-            for b in &s.blocks {
-                for v in [b.address, b.size, b.requested_size] {
-                    w.varint(v);
-                }
-                w.byte(b.state as u8);
-                w.varint(self.frames_id(&b.frames));
-            }
-            w.flush_if_full()?;
-        }
+        self.write_segments(&snapshot.segments, w)?;
         w.varint(snapshot.device_traces.len() as u64);
         for trace in &snapshot.device_traces {
             w.varint(trace.len() as u64);
@@ -355,6 +360,42 @@ impl<'s> Encoder<'s> {
         w.json(&snapshot.allocator_settings);
         w.json(&snapshot.external_annotations);
         w.json(&snapshot.tensormem);
+        w.varint(starts.len() as u64);
+        for start in starts {
+            w.signed(start.device);
+            w.varint(start.rules);
+            self.write_segments(&start.segments, w)?;
+            w.varint(start.warnings.len() as u64);
+            for warning in &start.warnings {
+                w.str(warning);
+            }
+        }
+        Ok(())
+    }
+
+    fn write_segments(&self, segments: &[Segment], w: &mut Writer) -> std::io::Result<()> {
+        w.varint(segments.len() as u64);
+        for s in segments {
+            w.signed(s.device);
+            for v in [s.address, s.total_size, s.allocated_size, s.active_size, s.requested_size] {
+                w.varint(v);
+            }
+            w.signed(s.stream);
+            w.byte(s.segment_type as u8);
+            w.signed(s.segment_pool_id.0);
+            w.signed(s.segment_pool_id.1);
+            w.byte(s.is_expandable as u8);
+            w.varint(self.frames_id(&s.frames));
+            w.varint(s.blocks.len() as u64);
+            for b in &s.blocks {
+                for v in [b.address, b.size, b.requested_size] {
+                    w.varint(v);
+                }
+                w.byte(b.state as u8);
+                w.varint(self.frames_id(&b.frames));
+            }
+            w.flush_if_full()?;
+        }
         Ok(())
     }
 }
@@ -425,7 +466,7 @@ impl Reader<'_> {
 struct Decoder;
 
 impl Decoder {
-    fn read(r: &mut Reader) -> Result<Snapshot, Malformed> {
+    fn read(r: &mut Reader) -> Result<Decoded, Malformed> {
         let strings: Vec<Arc<str>> = (0..r.count(1)?).map(|_| r.str().map(Arc::from)).collect::<Result<_, _>>()?;
         let n = r.count(1)?;
         let mut frame_lists: Vec<Frames> = Vec::with_capacity(n);
@@ -450,48 +491,7 @@ impl Decoder {
             let pool_id = if flags & 8 != 0 { Some((r.signed()?, r.signed()?)) } else { None };
             extras.push(Arc::new(EntryExtra { device_free, compile_context, user_metadata, pool_id }));
         }
-        let n = r.count(12)?;
-        let mut segments = Vec::with_capacity(n);
-        for _ in 0..n {
-            let device = r.signed()?;
-            let [address, total_size, allocated_size, active_size, requested_size] = [r.varint()?, r.varint()?, r.varint()?, r.varint()?, r.varint()?];
-            let stream = r.signed()?;
-            let segment_type = match r.byte()? {
-                0 => PoolKind::Small,
-                1 => PoolKind::Large,
-                _ => return Err(Malformed),
-            };
-            let segment_pool_id = (r.signed()?, r.signed()?);
-            let is_expandable = r.byte()? != 0;
-            let frames = r.index(&frame_lists)?.clone();
-            let n = r.count(5)?;
-            let mut blocks = Vec::with_capacity(n);
-            for _ in 0..n {
-                let [address, size, requested_size] = [r.varint()?, r.varint()?, r.varint()?];
-                let state = match r.byte()? {
-                    0 => BlockState::ActiveAllocated,
-                    1 => BlockState::ActivePendingFree,
-                    2 => BlockState::Inactive,
-                    _ => return Err(Malformed),
-                };
-                let frames = r.index(&frame_lists)?.clone();
-                blocks.push(Block { address, size, requested_size, state, frames });
-            }
-            segments.push(Segment {
-                device,
-                address,
-                total_size,
-                allocated_size,
-                active_size,
-                requested_size,
-                stream,
-                segment_type,
-                segment_pool_id,
-                is_expandable,
-                frames,
-                blocks,
-            });
-        }
+        let segments = Self::segments(r, &frame_lists)?;
         let n = r.count(1)?;
         let mut device_traces = Vec::with_capacity(n);
         for _ in 0..n {
@@ -517,7 +517,61 @@ impl Decoder {
             }
             device_traces.push(trace);
         }
-        Ok(Snapshot { segments, device_traces, allocator_settings: r.json()?, external_annotations: r.json()?, tensormem: r.json()? })
+        let snapshot = Snapshot { segments, device_traces, allocator_settings: r.json()?, external_annotations: r.json()?, tensormem: r.json()? };
+        let n = r.count(3)?;
+        let mut starts = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (device, rules, segments) = (r.signed()?, r.varint()?, Self::segments(r, &frame_lists)?);
+            let warnings = (0..r.count(1)?).map(|_| r.str().map(str::to_string)).collect::<Result<_, _>>()?;
+            starts.push(KeptStart { device, rules, segments, warnings });
+        }
+        Ok(Decoded { snapshot, starts })
+    }
+
+    fn segments(r: &mut Reader, frame_lists: &[Frames]) -> Result<Vec<Segment>, Malformed> {
+        let n = r.count(12)?;
+        let mut segments = Vec::with_capacity(n);
+        for _ in 0..n {
+            let device = r.signed()?;
+            let [address, total_size, allocated_size, active_size, requested_size] = [r.varint()?, r.varint()?, r.varint()?, r.varint()?, r.varint()?];
+            let stream = r.signed()?;
+            let segment_type = match r.byte()? {
+                0 => PoolKind::Small,
+                1 => PoolKind::Large,
+                _ => return Err(Malformed),
+            };
+            let segment_pool_id = (r.signed()?, r.signed()?);
+            let is_expandable = r.byte()? != 0;
+            let frames = r.index(frame_lists)?.clone();
+            let n = r.count(5)?;
+            let mut blocks = Vec::with_capacity(n);
+            for _ in 0..n {
+                let [address, size, requested_size] = [r.varint()?, r.varint()?, r.varint()?];
+                let state = match r.byte()? {
+                    0 => BlockState::ActiveAllocated,
+                    1 => BlockState::ActivePendingFree,
+                    2 => BlockState::Inactive,
+                    _ => return Err(Malformed),
+                };
+                let frames = r.index(frame_lists)?.clone();
+                blocks.push(Block { address, size, requested_size, state, frames });
+            }
+            segments.push(Segment {
+                device,
+                address,
+                total_size,
+                allocated_size,
+                active_size,
+                requested_size,
+                stream,
+                segment_type,
+                segment_pool_id,
+                is_expandable,
+                frames,
+                blocks,
+            });
+        }
+        Ok(segments)
     }
 }
 
@@ -611,16 +665,16 @@ mod folder {
 
         /// The snapshot decoded from the source `key` names, if this folder holds it whole.
         /// A damaged file is removed (the next decode writes it again).
-        pub fn get(&self, key: &SourceKey) -> Option<Snapshot> {
+        pub fn get(&self, key: &SourceKey) -> Option<Decoded> {
             let path = self.path_of(key);
             let bytes = std::fs::read(&path).ok()?;
-            match decode(&bytes, key) {
-                Ok(snapshot) => {
+            match decode_with_starts(&bytes, key) {
+                Ok(decoded) => {
                     // Used now: the last to go when the folder is over its bound.
                     if let Ok(file) = std::fs::File::options().append(true).open(&path) {
                         let _ = file.set_modified(std::time::SystemTime::now());
                     }
-                    Some(snapshot)
+                    Some(decoded)
                 }
                 Err(_) => {
                     let _ = std::fs::remove_file(&path);
@@ -629,16 +683,16 @@ mod folder {
             }
         }
 
-        /// Keeps `snapshot` for the source `key` names: written whole to a temporary name and
+        /// Keeps `snapshot` (and its `starts`) for the source `key` names: written whole to a temporary name and
         /// renamed, so a reader never sees part of it; then the oldest files go until the
         /// folder is within its bound.
-        pub fn put(&self, key: &SourceKey, snapshot: &Snapshot) -> std::io::Result<()> {
+        pub fn put(&self, key: &SourceKey, snapshot: &Snapshot, starts: &[KeptStart]) -> std::io::Result<()> {
             std::fs::create_dir_all(&self.dir)?;
             let path = self.path_of(key);
             let temporary = self.dir.join(format!(".{}.{}.tmp", key.file_name(), std::process::id()));
             let written = (|| {
                 let mut file = std::io::BufWriter::new(std::fs::File::create_new(&temporary)?);
-                encode(snapshot, key, &mut file)?;
+                encode(snapshot, starts, key, &mut file)?;
                 file.into_inner().map_err(|e| e.into_error())?;
                 std::fs::rename(&temporary, &path)
             })();

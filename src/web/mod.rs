@@ -184,15 +184,20 @@ impl LoadedTrace {
 
     /// Reads back a decode kept by [`LoadedTrace::keep_decoded`] for the file `key` names
     /// ([`SourceHasher::key`]); an error if the bytes are not that, whole.
+    /// The start states kept with it are used, not reconstructed again.
     pub fn from_decoded(bytes: &[u8], key: &str) -> Result<LoadedTrace, JsError> {
-        let snapshot = trace::cache::decode(bytes, &source_key(key)?).map_err(js_error)?;
-        Ok(LoadedTrace::new(snapshot, None))
+        let decoded = trace::cache::decode_with_starts(bytes, &source_key(key)?).map_err(js_error)?;
+        let starts = KnownStart::all_kept(&decoded.snapshot, decoded.starts);
+        let trace = LoadedTrace::new(decoded.snapshot, None);
+        trace.starts.borrow_mut().extend(starts.into_iter().map(|k| (k.device(), k)));
+        Ok(trace)
     }
 
-    /// This snapshot's decode, to keep for the next open of the file `key` names: given to
-    /// `chunk` a megabyte at a time (Uint8Arrays).
+    /// This snapshot's decode, to keep for the next open of the file `key` names, with the
+    /// start states reconstructed so far: given to `chunk` a megabyte at a time (Uint8Arrays).
     pub fn keep_decoded(&self, key: &str, chunk: &js_sys::Function) -> Result<(), JsError> {
-        trace::cache::encode(&self.snapshot, &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
+        let starts: Vec<_> = self.starts.borrow().values().map(KnownStart::to_kept).collect();
+        trace::cache::encode(&self.snapshot, &starts, &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
     }
 
     /// Device indices with segments or a trace.
