@@ -1,9 +1,11 @@
-//! The evidence keys the page (`www/diagnosis.js`) reads are keys the finders write: renamed on
-//! one side, a key fails here instead of leaving a line blank on a user's screen. (The terminal
-//! printer, `native-runner/src/doctor_print.rs`, reads the evidence's Rust types,
-//! `tensormem::doctor::evidence`, so the compiler checks it.) `READ` lists what the page reads:
-//! every key it reads off a finding's evidence must be listed, and every entry must be written
-//! by some finding on the snapshots the repository carries.
+//! The evidence keys the page (`www/diagnosis.js`) and `tensormem.watch()`
+//! (`python/tensormem/_watch.py`) read are keys the finders write: renamed on one side, a key
+//! fails here instead of leaving a line blank on a user's screen. (The terminal printer,
+//! `native-runner/src/doctor_print.rs`, reads the evidence's Rust types,
+//! `tensormem::doctor::evidence`: the compiler checks its field names.) `READ` lists what they
+//! read: every key the page reads straight off a finding's evidence must be listed (found by a
+//! scan of its code; what it reads off a list's elements is listed by hand), and every entry must
+//! be written by some finding on the snapshots the repository carries.
 
 use serde_json::Value;
 use std::path::Path;
@@ -37,6 +39,8 @@ const READ: &[(&str, &str)] = &[
     ("oom", "smallest_capacity_bytes"),
     ("oom", "request_bytes"),
     ("oom", "reserved_bytes"),
+    // `tensormem.watch()` (python/tensormem/_watch.py) names the replay of a recorded OOM.
+    ("oom", "capacity_bytes"),
 ];
 
 /// Whether `value` holds `path` (`a.b[].c`): every step present, a list's elements each tried.
@@ -55,16 +59,26 @@ fn root() -> &'static Path {
 #[test]
 fn every_key_listed_is_read_by_the_page_and_every_key_it_reads_is_listed() {
     let page = std::fs::read_to_string(root().join("www/diagnosis.js")).unwrap();
+    let watch = std::fs::read_to_string(root().join("python/tensormem/_watch.py")).unwrap();
     for (kind, path) in READ {
         let key = path.rsplit('.').next().unwrap().trim_end_matches("[]");
-        assert!(page.contains(key), "{kind}: {path}: the page does not read {key:?} (take it off READ, or it is read under another name)");
+        let read = page.contains(key) || watch.contains(&format!("\"{key}\""));
+        assert!(read, "{kind}: {path}: neither the page nor watch() reads {key:?} (take it off READ, or it is read under another name)");
     }
-    // What the page reads straight off the evidence (`e.x.y`, `evidence?.x?.y`): the first two
-    // steps of a path listed. (What it reads off a list's elements is listed by hand.)
+    // What the page reads straight off the evidence (`e.x.y` where `e` is a finding's evidence,
+    // `evidence.x`, `evidence?.x?.y`, in code or in a template string): the first two steps of
+    // a path listed. (What it reads off a list's elements is listed by hand.)
     let listed: Vec<String> = READ.iter().map(|(_, p)| p.replace("[]", "")).collect();
+    let code: String = page.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+    let ident = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.');
     let mut read = Vec::new();
-    for (at, _) in page.match_indices("evidence?.").chain(page.match_indices(" e.")).chain(page.match_indices("(e.")) {
-        let rest = page[at..].split_once('.').unwrap().1;
+    for (at, _) in code.match_indices("e.").chain(code.match_indices("evidence?.")) {
+        let word_start = code[..at].chars().next_back().is_none_or(|c| !ident(c));
+        let evidence = code[..at].ends_with("evidenc") || code[at..].starts_with("evidence");
+        if !(word_start || evidence) || code[at..].starts_with("e.g") {
+            continue;
+        }
+        let rest = code[at..].split_once('.').unwrap().1;
         let path: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '?')).collect();
         let steps: Vec<&str> = path.split('.').map(|s| s.trim_end_matches('?')).filter(|s| !s.is_empty()).take(2).collect();
         read.push(steps.join("."));

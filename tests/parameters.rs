@@ -1,5 +1,5 @@
-//! Every model names its parameters as its PyTorch counterpart's `named_parameters()` does, in
-//! the same order (the optimizer's order, so the order its state is allocated in): one visitor,
+//! Every Hugging Face model names its parameters as transformers' (and PEFT's)
+//! `named_parameters()` does, in the same order (the optimizer's order, so the order its state is allocated in): one visitor,
 //! written by `parameters!` from each struct's fields.
 
 use tensormem::device::SimOptions;
@@ -82,6 +82,8 @@ fn the_repository_models_and_an_lstm_cell() {
     config.layers = 1;
     assert_eq!(Transformer::new(&dev, config).unwrap().parameter_count(), 124_439_808 - 11 * 7_087_872, "GPT-2 small less 11 of its 12 blocks");
 
+    // The repository's own cell, two linears: PyTorch's nn.LSTMCell names and orders its four
+    // tensors weight_ih, weight_hh, bias_ih, bias_hh (a difference left as it is).
     let cell = LstmCell::new(&dev, "lstm", 8, 16, DType::F32).unwrap();
     assert_eq!(names(&cell, ""), ["lstm.ih.weight", "lstm.ih.bias", "lstm.hh.weight", "lstm.hh.bias"]);
     let counts: Vec<usize> = cell.parameters().iter().map(|p| p.numel()).collect();

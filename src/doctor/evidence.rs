@@ -88,16 +88,32 @@ evidence! {
 }
 
 impl Evidence {
+    // `live` and `top_stacks` name every kind (no `_` arm): a new kind must say what it has.
+
     /// What was live at the moment the finding is about (the peak, the failed request).
     pub fn live(&self) -> Option<&Live> {
         match self {
             Evidence::Peak(e) => Some(&e.live),
             Evidence::Oom(e) => Some(&e.live),
-            _ => None,
+            Evidence::NoHistory(_)
+            | Evidence::TruncatedTrace(_)
+            | Evidence::Fragmentation(_)
+            | Evidence::Growth(_)
+            | Evidence::RetainedGraph(_)
+            | Evidence::MissingNoGrad(_)
+            | Evidence::GradsKept(_)
+            | Evidence::OptimizerState(_)
+            | Evidence::PrivatePools(_)
+            | Evidence::KeptActivations(_)
+            | Evidence::Temporaries(_)
+            | Evidence::Copies(_)
+            | Evidence::Intermediates(_)
+            | Evidence::OutsideAllocator(_) => None,
         }
     }
 
-    /// The stacks holding the bytes the finding names, most first.
+    /// The stacks holding the bytes the finding names (or, for the peak and an oom, what was
+    /// live), most first.
     pub fn top_stacks(&self) -> &[StackBytes] {
         match self {
             Evidence::Growth(e) => &e.top_stacks,
@@ -108,7 +124,13 @@ impl Evidence {
             Evidence::KeptActivations(e) => &e.top_stacks,
             Evidence::Temporaries(e) => &e.top_stacks,
             Evidence::Copies(e) => &e.top_stacks,
-            _ => self.live().map_or(&[], |live| &live.top_stacks),
+            Evidence::Peak(PeakEvidence { live, .. }) | Evidence::Oom(OomEvidence { live, .. }) => &live.top_stacks,
+            Evidence::NoHistory(_)
+            | Evidence::TruncatedTrace(_)
+            | Evidence::Fragmentation(_)
+            | Evidence::PrivatePools(_)
+            | Evidence::Intermediates(_)
+            | Evidence::OutsideAllocator(_) => &[],
         }
     }
 

@@ -137,7 +137,6 @@ pub struct Finding {
     /// A stable name: one of [`KINDS`].
     pub kind: String,
     /// Its label, as the page shows it (the registry's).
-    #[serde(default)]
     pub label: String,
     /// One line in plain words, with the figure.
     pub title: String,
@@ -153,18 +152,19 @@ pub struct Finding {
     /// The fix's effect, measured by replay.
     pub verified: Option<Verified>,
     /// Which figures are estimates, and what they rest on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub estimate: Option<String>,
     /// How sure the doctor is that the finding holds (see [`FindingConfidence`]).
-    #[serde(default)]
     pub confidence: FindingConfidence,
     /// Why it is not `high`: what the trace lacks to tell.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub confidence_reason: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for Finding {
-    /// As `doctor --json` writes it: the evidence is read as its kind's type.
+    /// As `doctor --json` writes it: the evidence is read as its kind's type (so a kind this
+    /// version does not know is an error). A field absent or null is its default where the
+    /// field has one (the label, the confidence, the options): what is written here decides.
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Finding, D::Error> {
         use serde::de::{DeserializeOwned, Error};
         let mut json = serde_json::Map::deserialize(deserializer)?;

@@ -70,10 +70,12 @@ impl<F: Field> Field for Rc<F> {
     }
 }
 
+/// A list: its tensors named by index, as `nn.ParameterList` names them (`field.0`, `field.1`);
+/// its modules name their own.
 impl<F: Field> Field for Vec<F> {
     fn visit_field(&self, module: &str, field: &str, visit: &mut dyn FnMut(String, &Tensor)) {
-        for f in self {
-            f.visit_field(module, field, visit);
+        for (i, f) in self.iter().enumerate() {
+            f.visit_field(module, &format!("{field}.{i}"), visit);
         }
     }
 }
@@ -97,4 +99,30 @@ macro_rules! parameters {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, SimOptions};
+    use crate::tensor::DType;
+
+    struct Mixture {
+        name: String,
+        scale: Tensor,
+        experts: Vec<Tensor>,
+        gate: Option<Tensor>,
+    }
+
+    parameters!(Mixture in name { scale, experts, gate });
+
+    #[test]
+    fn a_list_of_tensors_is_named_by_index_and_an_absent_one_not_at_all() {
+        let dev = Device::sim(SimOptions::preset("H100-80GB"));
+        let t = |n| dev.zeros(&[n], DType::F32).unwrap();
+        let m = Mixture { name: "moe".into(), scale: t(1), experts: vec![t(2), t(3)], gate: None };
+        let named: Vec<(String, usize)> = m.named_parameters().into_iter().map(|(n, p)| (n, p.numel())).collect();
+        assert_eq!(named, [("moe.scale".to_string(), 1), ("moe.experts.0".to_string(), 2), ("moe.experts.1".to_string(), 3)]);
+        assert_eq!(m.parameter_count(), 6);
+    }
 }
