@@ -210,8 +210,11 @@ fn every_scenario_and_variant_gives_the_peak_first_then_known_kinds_by_bytes() {
             assert!(d.findings[1..].iter().all(|f| f.kind != doctor::PEAK && doctor::KINDS.contains(&f.kind.as_str())), "{name}");
             // `outside-allocator` is information, ranked last whatever its (estimated) bytes.
             assert_eq!(d.findings.last().map(|f| f.kind.as_str()), Some(doctor::OUTSIDE_ALLOCATOR), "{name}");
-            // Problems by bytes, an out-of-memory error first whatever its request.
-            let problems: Vec<&doctor::Finding> = d.findings[1..d.findings.len() - 1].iter().filter(|f| f.kind != doctor::OOM).collect();
+            // Problems by bytes, an out-of-memory error first whatever its request (information
+            // and inconclusive findings are not ranked).
+            let ranked =
+                |f: &&doctor::Finding| f.kind != doctor::OOM && !f.is_inconclusive() && doctor::kind(&f.kind).is_some_and(|k| k.role == doctor::Role::Problem);
+            let problems: Vec<&doctor::Finding> = d.findings[1..].iter().filter(ranked).collect();
             assert!(problems.windows(2).all(|w| w[0].bytes >= w[1].bytes), "{name}: not ranked by bytes");
             assert!(d.findings.iter().position(|f| f.kind == doctor::OOM).is_none_or(|i| i == 1), "{name}: the oom first");
             let json = serde_json::to_string(&d).unwrap();
