@@ -543,7 +543,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Records an entry about a block of pool `pool` (an index into `pools`): a private pool's
     /// entries name it (`pool_id`), as newer PyTorch versions write.
     fn record(&mut self, action: Action, addr: u64, size: u64, stream: Stream, pool: u32, frames: Option<Frames>) {
-        if self.history.is_recording() {
+        if self.history.records(action) {
             let mut entry = TraceEntry::new(action, addr, size, stream as i64);
             if self.history.context() >= RecordContext::Alloc {
                 entry.frames = frames;
@@ -600,7 +600,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return Ok(());
         }
         let device_free = self.device_free();
-        if self.history.is_recording() {
+        if self.history.records(Action::Oom) {
             let mut entry = TraceEntry::new(Action::Oom, 0, p.size, p.stream as i64).with_extra(EntryExtra {
                 device_free: Some(device_free),
                 pool_id: self.pools[p.pool as usize].entry_extra.as_ref().and_then(|x| x.pool_id),

@@ -81,6 +81,9 @@ pub struct History {
     time: TimeSource,
     /// The category stamped on new `alloc` entries (what the engine is allocating for).
     category: Option<Category>,
+    /// Only device calls are recorded ([`Action::is_segment_call`]): what a replay that keeps no
+    /// snapshot counts, without an entry made for every alloc and free.
+    segment_calls_only: bool,
     /// `record_function` ranges, as PyTorch keeps them beside the trace (its
     /// `external_annotations`): an optimizer's step. A ring of `max_entries` too, as PyTorch's
     /// `annotation_buffer` is.
@@ -130,6 +133,16 @@ impl History {
 
     pub fn is_recording(&self) -> bool {
         self.enabled
+    }
+
+    /// Records only device calls from now on (or everything again).
+    pub fn record_segment_calls_only(&mut self, only: bool) {
+        self.segment_calls_only = only;
+    }
+
+    /// Whether an entry of `action` would be recorded now.
+    pub fn records(&self, action: Action) -> bool {
+        self.enabled && (!self.segment_calls_only || action.is_segment_call())
     }
 
     pub fn context(&self) -> RecordContext {

@@ -80,6 +80,9 @@ impl<'a> Run<'a> {
         };
         let mut run = Run::new(trace, allocator(highest.max(crate::alloc::VIRTUAL_BASE).saturating_add(1 << 30)), options);
         let context = if options.keep_snapshot { RecordContext::All } else { RecordContext::Never };
+        // Without a snapshot to keep, the history is only counted for device calls: the other
+        // entries need not be made.
+        run.alloc.history_mut().record_segment_calls_only(!options.keep_snapshot);
         let out_of_memory_at_start = match options.start {
             StartMode::Recorded | StartMode::Empty => {
                 let oom = run.restore_start(&start.segments, options.capacity, warnings, || allocator(highest.saturating_add(1 << 30)));
@@ -515,7 +518,7 @@ impl<'a> Run<'a> {
     /// The segment calls (alloc, free, map, unmap) our allocator recorded since history entry
     /// `before`, as (action, address, size).
     fn segment_events_since(&self, before: usize) -> Vec<(Action, u64, u64)> {
-        self.alloc.history().since(before).iter().filter(|e| is_segment_event(e.action)).map(|e| (e.action, e.addr, e.size)).collect()
+        self.alloc.history().since(before).iter().filter(|e| e.action.is_segment_call()).map(|e| (e.action, e.addr, e.size)).collect()
     }
 }
 
@@ -530,8 +533,4 @@ fn describe(events: &[(Action, u64, u64)]) -> String {
         parts.push(format!("and {} more", events.len() - 3));
     }
     parts.join(", ")
-}
-
-fn is_segment_event(a: Action) -> bool {
-    matches!(a, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
 }

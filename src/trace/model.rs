@@ -142,6 +142,11 @@ impl Action {
         Action::Annotate,
     ];
 
+    /// A call to the device (cudaMalloc, cudaFree, or an expandable segment's map or unmap).
+    pub fn is_segment_call(self) -> bool {
+        matches!(self, Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Action::Alloc => "alloc",
