@@ -59,16 +59,27 @@ pub struct KnownStart {
 }
 
 /// Which reconstruction made a start kept beside a decode ([`trace::cache::KeptStart`]): a hash
-/// of `reconstruct.rs` as compiled, so that a start kept by another version of its rules is
+/// of the sources its rules come from as compiled (the undoing, the recorded settings, the
+/// allocator's rounding and constants), so that a start kept by another version of them is
 /// reconstructed again rather than trusted.
 pub const START_RULES: u64 = {
-    let source = include_bytes!("reconstruct.rs");
+    let sources: [&[u8]; 5] = [
+        include_bytes!("reconstruct.rs"),
+        include_bytes!("mod.rs"),
+        include_bytes!("../alloc/caching.rs"),
+        include_bytes!("../alloc/config.rs"),
+        include_bytes!("../alloc/constants.rs"),
+    ];
     // FNV-1a, in a const block.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut i = 0;
-    while i < source.len() {
-        hash = (hash ^ source[i] as u64).wrapping_mul(0x0100_0000_01b3);
-        i += 1;
+    let mut s = 0;
+    while s < sources.len() {
+        let mut i = 0;
+        while i < sources[s].len() {
+            hash = (hash ^ sources[s][i] as u64).wrapping_mul(0x0100_0000_01b3);
+            i += 1;
+        }
+        s += 1;
     }
     hash
 };
