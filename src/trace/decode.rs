@@ -211,7 +211,7 @@ impl Compact for EntryCompactor {
         let mut f = EntryFields::default();
         for (at, pair) in items.chunks_exact(2).enumerate() {
             let Val::Node(key) = pair[0] else { return None };
-            if let Some(index) = self.key_at(arena, at, key, lasting(key)) {
+            if let Some(index) = self.key_at(arena, at, key, lasting) {
                 f.set_at(arena, index, pair[1]);
             }
         }
@@ -232,7 +232,7 @@ impl Compact for EntryCompactor {
         // By `EntryFields::KEYS`; the last of a repeated key counts, and None is no value.
         let mut f = [EntryValue::None; EntryFields::KEYS.len()];
         for (at, &(key, value)) in items.iter().enumerate() {
-            if let Some(index) = self.key_at(arena, at, key, lasting(key)) {
+            if let Some(index) = self.key_at(arena, at, key, lasting) {
                 f[index as usize] = value;
             }
         }

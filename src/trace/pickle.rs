@@ -770,8 +770,8 @@ fn dict_insert(arena: &mut Arena, dict: NodeId, entries: Vec<(NodeId, NodeId)>, 
 }
 
 fn long_from_bytes(bytes: &[u8]) -> Node {
-    if bytes.is_empty() {
-        return Node::Int(0);
+    if bytes.len() <= 8 {
+        return Node::Int(le_i64(bytes) as i128);
     }
     let negative = bytes[bytes.len() - 1] & 0x80 != 0;
     let pad = if negative { 0xff } else { 0 };
@@ -784,6 +784,19 @@ fn long_from_bytes(bytes: &[u8]) -> Node {
     let n = bytes.len().min(16);
     buf[..n].copy_from_slice(&bytes[..n]);
     Node::Int(i128::from_le_bytes(buf))
+}
+
+/// A little-endian two's-complement integer of at most 8 bytes, sign-extended (0 for none).
+/// Built in a register: copying the bytes into a padded buffer and loading it back stalled
+/// the load on every address and time of a trace (store forwarding fails on such a copy).
+fn le_i64(bytes: &[u8]) -> i64 {
+    debug_assert!(bytes.len() <= 8);
+    if bytes.is_empty() {
+        return 0;
+    }
+    let v = bytes.iter().rev().fold(0u64, |v, &b| v << 8 | b as u64);
+    let unused = 64 - 8 * bytes.len() as u32;
+    ((v << unused) as i64) >> unused
 }
 
 #[cfg(test)]

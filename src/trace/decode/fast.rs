@@ -114,12 +114,14 @@ impl EntryCompactor {
     /// Which of `EntryFields::KEYS` the key node at position `at` of an entry is. Every entry
     /// names its keys with the same memoized strings, in the same order: the key at each
     /// position is matched by name once, then known by its node (only a `lasting` one).
-    pub(super) fn key_at(&mut self, arena: &Arena, at: usize, key: NodeId, lasting: bool) -> Option<u8> {
+    /// (`lasting` is asked only of a key not known at `at`: reading its memo slot for every
+    /// key of every entry cost more than matching them.)
+    pub(super) fn key_at(&mut self, arena: &Arena, at: usize, key: NodeId, lasting: &dyn Fn(NodeId) -> bool) -> Option<u8> {
         match self.keys_at.get(at) {
             Some(&(known, index)) if known == key => index,
             _ => {
                 let index = EntryFields::key_index(arena, key);
-                if lasting {
+                if lasting(key) {
                     if self.keys_at.len() <= at {
                         self.keys_at.resize(at + 1, (COMPACTED, None));
                     }

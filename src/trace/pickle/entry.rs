@@ -178,10 +178,7 @@ impl Parser {
                 b'M' => EntryValue::Int(b.u16()? as i64),
                 b'J' => EntryValue::Int(i32::from_le_bytes(b.take(4)?.try_into().ok()?) as i64),
                 0x8a => match b.u8()? {
-                    len @ 0..=8 => match long_from_bytes(b.take(len as usize)?) {
-                        Node::Int(v) => EntryValue::Int(i64::try_from(v).ok()?),
-                        _ => return None,
-                    },
+                    len @ 0..=8 => EntryValue::Int(le_i64(b.take(len as usize)?)),
                     _ => return None,
                 },
                 b'N' => EntryValue::None,

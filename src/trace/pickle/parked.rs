@@ -12,7 +12,11 @@ use super::*;
 pub struct Parked {
     /// Items of lists of memoized nodes (`PARKED_LIST | k` in the memo).
     pub lists: Vec<Box<[NodeId]>>,
-    list_index: rustc_hash::FxHashMap<Box<[NodeId]>, u32>,
+    /// The first list kept with each hash of its items (a list is not held twice: one entry
+    /// per alloc made that copy the most frequent allocation of the decode)...
+    list_by_hash: rustc_hash::FxHashMap<u64, u32>,
+    /// ...and the rare list whose hash an other list has.
+    list_collided: rustc_hash::FxHashMap<Box<[NodeId]>, u32>,
     /// Strings (`PARKED_STRING | s` in the memo).
     pub strings: Vec<std::sync::Arc<str>>,
     string_index: rustc_hash::FxHashMap<std::sync::Arc<str>, u32>,
@@ -21,13 +25,23 @@ pub struct Parked {
 impl Parked {
     /// The index under which a list of memoized `items` is kept; None when there are too many.
     pub(super) fn list(&mut self, items: &[NodeId]) -> Option<u32> {
-        if let Some(&k) = self.list_index.get(items) {
-            return Some(k);
+        use std::hash::BuildHasher;
+        let hash = rustc_hash::FxBuildHasher.hash_one(items);
+        let first = self.list_by_hash.get(&hash).copied();
+        if let Some(k) = first {
+            if *self.lists[k as usize] == *items {
+                return Some(k);
+            }
+            if let Some(&k) = self.list_collided.get(items) {
+                return Some(k);
+            }
         }
         let k = u32::try_from(self.lists.len()).ok().filter(|&k| k < PARKED_MAX)?;
-        let items: Box<[NodeId]> = items.into();
-        self.lists.push(items.clone());
-        self.list_index.insert(items, k);
+        self.lists.push(items.into());
+        match first {
+            None => self.list_by_hash.insert(hash, k),
+            Some(_) => self.list_collided.insert(items.into(), k),
+        };
         Some(k)
     }
 
@@ -54,4 +68,26 @@ pub(super) enum Memo {
     List(u32),
     /// `Parked::strings[s]`.
     String(u32),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::BuildHasher;
+
+    #[test]
+    fn a_list_is_kept_once_even_when_its_hash_is_another_lists() {
+        let mut parked = Parked::default();
+        assert_eq!(parked.list(&[1, 2]), Some(0));
+        assert_eq!(parked.list(&[1, 2]), Some(0));
+        // Make [3] collide with [1, 2]: the index's first list for its hash is list 0.
+        let hash = rustc_hash::FxBuildHasher.hash_one(&[3u32][..]);
+        parked.list_by_hash.insert(hash, 0);
+        assert_eq!(parked.list(&[3]), Some(1));
+        assert_eq!(parked.list(&[3]), Some(1));
+        assert_eq!(parked.list(&[1, 2]), Some(0));
+        assert_eq!(parked.list(&[]), Some(2));
+        assert_eq!(parked.lists.len(), 3);
+        assert_eq!(&*parked.lists[1], &[3]);
+    }
 }

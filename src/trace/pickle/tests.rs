@@ -14,6 +14,24 @@ fn long1_decodes_twos_complement() {
 }
 
 #[test]
+fn long1_of_eight_bytes_or_fewer_is_sign_extended_in_a_register() {
+    assert_eq!(le_i64(&[]), 0);
+    assert_eq!(le_i64(&[0x80]), -128);
+    assert_eq!(le_i64(&[0xff, 0x7f]), 32767);
+    assert_eq!(le_i64(&[0, 0, 0, 0, 0, 0, 0, 0x80]), i64::MIN);
+    // Every length against the 16-byte sign extension of the general path.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..2000 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let bytes = seed.to_le_bytes();
+        let len = (seed >> 61) as usize + (seed >> 60 & 1) as usize;
+        let mut wide = [if len > 0 && bytes[len - 1] & 0x80 != 0 { 0xff } else { 0 }; 16];
+        wide[..len].copy_from_slice(&bytes[..len]);
+        assert_eq!(le_i64(&bytes[..len]) as i128, i128::from_le_bytes(wide), "{:?}", &bytes[..len]);
+    }
+}
+
+#[test]
 fn refuses_globals() {
     // pickle.dumps(os.system, protocol=2) starts with PROTO 2, GLOBAL 'posix\nsystem\n'
     let data = b"\x80\x02cposix\nsystem\nq\x00.";
