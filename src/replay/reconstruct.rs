@@ -38,7 +38,7 @@ impl BlockFrames {
     fn get(&self, trace: &[TraceEntry]) -> Frames {
         match self {
             BlockFrames::Read(frames) => frames.clone(),
-            BlockFrames::OfEntry(i) => trace[*i].frames.clone().unwrap_or_else(trace::no_frames),
+            BlockFrames::OfEntry(i) => frames_of(&trace[*i]),
             BlockFrames::None => trace::no_frames(),
         }
     }
@@ -58,7 +58,7 @@ struct WSegment {
 
 impl WSegment {
     fn end(&self) -> u64 {
-        self.blocks.iter().next_back().map_or(0, |(a, b)| a + b.size)
+        self.blocks.last_key_value().map_or(0, |(a, b)| a + b.size)
     }
 }
 
@@ -75,9 +75,12 @@ struct Work<'a> {
     warnings: Vec<String>,
     /// Events that could not be undone, beyond those named in `warnings`.
     unexplained: usize,
-    /// The extent of the segment `segment_at` found last (None once a segment event is undone:
-    /// only those change segments).
+    /// The extent of the segment `segment_at` found last. None once a segment event is undone
+    /// (only those add, cut or join segments), and always None for final segments that overlap
+    /// or whose blocks leave gaps (no allocator writes them): only contiguous blocks keep a
+    /// segment's end where it was.
     last_segment: Option<(u64, u64)>,
+    tiled: bool,
 }
 
 /// The events that do not add up named one by one; the rest are counted in one line (a file
@@ -102,8 +105,26 @@ impl Work<'_> {
         }
         let (&base, seg) = self.segments.range_mut(..=addr).next_back()?;
         let end = seg.end();
-        self.last_segment = Some((base, end));
+        if self.tiled {
+            self.last_segment = Some((base, end));
+        }
         (addr < end).then_some((base, seg))
+    }
+
+    /// Whether the segments are disjoint and each is its blocks end to end from its address.
+    fn tiled(&self) -> bool {
+        let mut segments_end = 0;
+        self.segments.iter().all(|(&base, s)| {
+            let mut end = base;
+            let contiguous = s.blocks.iter().all(|(&a, b)| {
+                let next = a == end;
+                end = a.saturating_add(b.size);
+                next
+            });
+            let disjoint = base >= segments_end;
+            segments_end = end;
+            contiguous && disjoint
+        })
     }
 
     fn undo(&mut self, index: usize, e: &TraceEntry) {
@@ -177,7 +198,7 @@ impl Work<'_> {
         };
         let freed =
             WBlock { size: block_end - e.addr, requested: e.size, state: BlockState::ActivePendingFree, frames: BlockFrames::OfEntry(index), inferred: true };
-        // A free gap of at most 1 MiB left before it, after an inferred active block, is that block's.
+        // A free gap of at most 1 MiB left before it is the inferred block's before (see above).
         let gap = e.addr - start;
         let absorbed = !exact
             && gap > 0
@@ -259,7 +280,7 @@ impl Work<'_> {
             pool: e.pool_id().unwrap_or((0, 0)),
             small,
             expandable: e.action == Action::SegmentUnmap,
-            frames: e.frames.clone().unwrap_or_else(trace::no_frames),
+            frames: frames_of(e),
             blocks: BTreeMap::from([(e.addr, block)]),
         };
         self.segments.insert(e.addr, seg);
@@ -294,6 +315,10 @@ impl Work<'_> {
     }
 }
 
+fn frames_of(e: &TraceEntry) -> Frames {
+    e.frames.clone().unwrap_or_else(trace::no_frames)
+}
+
 fn free_block(size: u64) -> WBlock {
     WBlock { size, requested: 0, state: BlockState::Inactive, frames: BlockFrames::None, inferred: false }
 }
@@ -315,7 +340,8 @@ fn coalesce(seg: &mut WSegment, addr: u64) {
         _ => (addr, size),
     };
     let end = addr + size;
-    if let Some(next) = seg.blocks.get(&end).filter(|n| n.state == BlockState::Inactive) {
+    // (A block of no bytes would find itself as its neighbour.)
+    if let Some(next) = seg.blocks.get(&end).filter(|n| end != addr && n.state == BlockState::Inactive) {
         let next_size = next.size;
         seg.blocks.remove(&end);
         seg.blocks.get_mut(&addr).expect("the block being merged").size += next_size;
@@ -324,7 +350,7 @@ fn coalesce(seg: &mut WSegment, addr: u64) {
 
 /// Undoes `trace` from `final_segments` (one device's) back to the trace's first event.
 pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], config: &AllocatorConfig) -> StartState {
-    let mut work = Work { config, segments: BTreeMap::new(), warnings: Vec::new(), unexplained: 0, last_segment: None };
+    let mut work = Work { config, segments: BTreeMap::new(), warnings: Vec::new(), unexplained: 0, last_segment: None, tiled: false };
     for s in final_segments {
         let blocks = s
             .blocks
@@ -343,6 +369,7 @@ pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], con
         };
         work.segments.insert(s.address, seg);
     }
+    work.tiled = work.tiled();
     for (index, e) in trace.iter().enumerate().rev() {
         work.undo(index, e);
     }
@@ -380,4 +407,74 @@ pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], con
         ));
     }
     StartState { segments, warnings }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Snapshots no allocator writes (segments that overlap, blocks with gaps or of no bytes):
+    //! the reconstruction must neither panic nor answer from a segment it looked up earlier.
+    use super::*;
+    use BlockState::*;
+
+    fn segment(address: u64, expandable: bool, blocks: &[(u64, u64, BlockState)]) -> trace::Segment {
+        trace::Segment {
+            device: 0,
+            address,
+            total_size: blocks.iter().map(|b| b.1).sum(),
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: PoolKind::Large,
+            segment_pool_id: (0, 0),
+            is_expandable: expandable,
+            frames: trace::no_frames(),
+            blocks: blocks
+                .iter()
+                .map(|&(address, size, state)| trace::Block { address, size, requested_size: size, state, frames: trace::no_frames() })
+                .collect(),
+        }
+    }
+
+    fn undo(segments: &[trace::Segment], trace: &[TraceEntry]) -> StartState {
+        start_state(&segments.iter().collect::<Vec<_>>(), trace, &AllocatorConfig::default())
+    }
+
+    fn states(s: &StartState) -> Vec<(u64, u64, BlockState)> {
+        s.segments.iter().flat_map(|s| s.blocks.iter().map(|b| (b.address, b.size, b.state))).collect()
+    }
+
+    #[test]
+    fn an_address_in_a_segment_that_overlaps_the_last_one_found_is_looked_up_again() {
+        // Segment A (0, 4096) overlaps segment B at 0x400: 0x400 is B's (the last segment
+        // starting at or below it), even right after A was found for address 0.
+        let segments = [segment(0, false, &[(0, 4096, ActiveAllocated)]), segment(0x400, false, &[(0x400, 512, ActiveAllocated)])];
+        let trace = [TraceEntry::new(Action::Alloc, 0x400, 512, 0), TraceEntry::new(Action::Alloc, 0, 4096, 0)];
+        let start = undo(&segments, &trace);
+        assert_eq!(start.warnings, Vec::<String>::new());
+        assert_eq!(states(&start), [(0, 4096, Inactive), (0x400, 512, Inactive)]);
+        // And the other way round: 0 after 0x400.
+        let start = undo(&segments, &[TraceEntry::new(Action::Alloc, 0, 4096, 0), TraceEntry::new(Action::Alloc, 0x400, 512, 0)]);
+        assert_eq!(start.warnings, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_segment_whose_end_moved_is_measured_again() {
+        // Undoing the alloc at 0x800 merges its block into the free one at 0 (0 to 1024: the
+        // gap is lost), so the segment ends at 1024 and 0x600 is in no segment any more.
+        let segments = [segment(0, false, &[(0, 512, Inactive), (2048, 512, ActiveAllocated)])];
+        let start = undo(&segments, &[TraceEntry::new(Action::Alloc, 0x600, 512, 0), TraceEntry::new(Action::Alloc, 0x800, 512, 0)]);
+        assert_eq!(start.warnings, ["event 0 (alloc at 0x600): no segment holds it"]);
+    }
+
+    #[test]
+    fn blocks_of_no_bytes_and_expandable_neighbours_without_a_first_block_do_not_panic() {
+        let segments = [segment(0, false, &[(0, 512, ActiveAllocated), (512, 0, ActiveAllocated), (1024, 512, ActiveAllocated)])];
+        let start = undo(&segments, &[TraceEntry::new(Action::Alloc, 512, 0, 0)]);
+        assert_eq!(start.warnings, Vec::<String>::new());
+        assert_eq!(states(&start), [(0, 512, ActiveAllocated), (512, 0, Inactive), (1024, 512, ActiveAllocated)]);
+        let segments = [segment(0x20_0000, true, &[(0x20_0200, 0x1f_fe00, Inactive)])];
+        let start = undo(&segments, &[TraceEntry::new(Action::SegmentUnmap, 0, 0x20_0000, 0)]);
+        assert_eq!(start.segments.len(), 1, "the unmapped range joins its expandable neighbour");
+    }
 }
