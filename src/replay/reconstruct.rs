@@ -80,6 +80,7 @@ struct Work<'a> {
     /// or whose blocks leave gaps (no allocator writes them): only contiguous blocks keep a
     /// segment's end where it was.
     last_segment: Option<(u64, u64)>,
+    /// The final segments are disjoint and tiled by their blocks (`Work::tiled`).
     tiled: bool,
 }
 
@@ -198,7 +199,8 @@ impl Work<'_> {
         };
         let freed =
             WBlock { size: block_end - e.addr, requested: e.size, state: BlockState::ActivePendingFree, frames: BlockFrames::OfEntry(index), inferred: true };
-        // A free gap of at most 1 MiB left before it is the inferred block's before (see above).
+        // A free gap of at most 1 MiB left before it belongs to an inferred active block just
+        // before the gap (the module's comment says why).
         let gap = e.addr - start;
         let absorbed = !exact
             && gap > 0

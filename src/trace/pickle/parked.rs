@@ -12,10 +12,10 @@ use super::*;
 pub struct Parked {
     /// Items of lists of memoized nodes (`PARKED_LIST | k` in the memo).
     pub lists: Vec<Box<[NodeId]>>,
-    /// The first list kept with each hash of its items (a list is not held twice: one entry
-    /// per alloc made that copy the most frequent allocation of the decode)...
+    /// The first list kept with each hash of its items, found by the hash alone: a map keyed by
+    /// the items held a second boxed copy of every list, an allocation per trace entry...
     list_by_hash: rustc_hash::FxHashMap<u64, u32>,
-    /// ...and the rare list whose hash an other list has.
+    /// ...and the rare list whose hash another list already has.
     list_collided: rustc_hash::FxHashMap<Box<[NodeId]>, u32>,
     /// Strings (`PARKED_STRING | s` in the memo).
     pub strings: Vec<std::sync::Arc<str>>,
