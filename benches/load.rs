@@ -1,7 +1,7 @@
 //! `cargo bench --bench load`: opening a snapshot, phase by phase, against a baseline measured in
 //! the same run: a plain read of the file's bytes (issue 51). Phases: decoding the file into a
 //! `Snapshot`, opening it again from the kept decode (hashing the file, reading the cache file
-//! back), the page's timeline layout, and one replay (what `tensormem summary` adds), the second
+//! back), the page's timeline layout and its first image, and one replay (what `tensormem summary` adds), the second
 //! time from the start state kept beside the decode. On
 //! generated training-loop snapshots of 100 k and 1 M entries (about 10 and 100 MB), and on
 //! `TENSORMEM_BIG` when it names a file (`python3 ../shared/tools/gen_big_snapshot.py 11500000
@@ -35,14 +35,16 @@ fn phases(name: &str, path: &Path) {
     let (keep, kept) = timed(|| trace::cache::encode_to_vec(&snapshot, &[known.to_kept()], &key));
     let (reopen, again) = timed(|| trace::cache::decode_with_starts(&kept, &key).unwrap());
     assert!(again.snapshot == snapshot);
-    let (layout, _) = timed(|| tensormem::timeline::build(&snapshot, 0).unwrap());
+    let (layout, timeline) = timed(|| tensormem::timeline::build(&snapshot, 0).unwrap());
+    let (image, _) = timed(|| first_image(&timeline));
+    drop(timeline);
     let (replay, _) = timed(|| replay_device(&snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap());
     let known_again = KnownStart::all_kept(&again.snapshot, again.starts).pop();
     let (replay_again, _) =
         timed(|| replay_device(&again.snapshot, 0, &ReplayOptions { known_start: known_again, ..Default::default() }, &mut |_, _| {}).unwrap());
     drop(again.snapshot);
     println!(
-        "{name}: {:.1} MB, {events} entries; read {:.2} s; decode {:.2} s = {:.1}x the read; again from the cache: hash {:.2} s ({:.1}x) + read back {:.2} s ({:.1}x) of {:.1} MB kept in {:.2} s; layout {:.2} s ({:.1}x); replay {:.2} s ({:.1}x), of which its start {:.2} s; from the start kept {:.2} s ({:.1}x)",
+        "{name}: {:.1} MB, {events} entries; read {:.2} s; decode {:.2} s = {:.1}x the read; again from the cache: hash {:.2} s ({:.1}x) + read back {:.2} s ({:.1}x) of {:.1} MB kept in {:.2} s; layout {:.2} s ({:.1}x); its first image {:.2} s; replay {:.2} s ({:.1}x), of which its start {:.2} s; from the start kept {:.2} s ({:.1}x)",
         size as f64 / 1e6,
         read,
         load,
@@ -55,12 +57,33 @@ fn phases(name: &str, path: &Path) {
         keep,
         layout,
         layout / read,
+        image,
         replay,
         replay / read,
         start,
         replay_again,
         replay_again / read
     );
+}
+
+/// The page's first image of a timeline: the whole trace, 1400 x 400 pixels, groups in order.
+fn first_image(t: &tensormem::timeline::Timeline) -> Vec<u32> {
+    let order: Vec<u32> = (0..t.groups.len() as u32).collect();
+    let colors: Vec<u32> = order.iter().map(|g| 0xff00_0000 | (g.wrapping_mul(0x9e37_79b9) >> 8)).collect();
+    let ymax = t.summary.peak_reserved_bytes.max(1) as f64;
+    let r = tensormem::timeline::raster::Raster {
+        xs: &[],
+        x0: 0.0,
+        x1: (t.events + 1) as f64,
+        width: 1400,
+        height: 400,
+        ymax,
+        group_order: &order,
+        group_color: &colors,
+        hidden: &[],
+        ghost: 0,
+    };
+    tensormem::timeline::raster::rasterize(t, &r)
 }
 
 fn main() {

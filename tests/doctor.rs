@@ -427,3 +427,46 @@ fn the_doctor_answers_on_queues_windows_and_shared_deep_stacks() {
         assert_eq!((first.kind.as_str(), first.bytes), ("peak", peak), "{name}: {}", first.title);
     }
 }
+
+/// The page's worker hands the doctor the timeline it drew (bands laid out, no curves) instead of
+/// letting it lay the trace out again: the findings are the same, byte for byte, on every real
+/// snapshot and on a scenario grouped by its recorded categories. A timeline of another
+/// snapshot or device is not used.
+#[test]
+fn the_doctor_reading_the_pages_timeline_finds_what_it_finds_alone() {
+    let mut snapshots: Vec<(String, Snapshot)> = Vec::new();
+    if let Some(dir) = common::fixtures_dir() {
+        let mut names: Vec<_> =
+            std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".pickle")).collect();
+        names.sort();
+        snapshots.extend(names.into_iter().map(|n| (n.clone(), trace::load_file(&dir.join(&n)).unwrap())));
+    }
+    let lm = common::run_scenario("lm-train", &[("steps", "3")]);
+    snapshots.push(("lm-train".into(), lm.snapshot.clone()));
+    let other = common::run_scenario("zero-grad", &[]).snapshot;
+    for (name, snapshot) in &snapshots {
+        let Some(device) = snapshot.pick_device() else { continue };
+        let known = replay::KnownStart::of(snapshot, device).unwrap();
+        let options = DoctorOptions { device: Some(device), capacity: None, known_start: Some(known.clone()) };
+        let alone = serde_json::to_string(&doctor::diagnose(snapshot, &options).unwrap()).unwrap();
+        let drawn = tensormem::timeline::build_without_curves_from(snapshot, device, &known).unwrap();
+        assert!(drawn.allocated.is_empty(), "{name}: the page's timeline has no curves");
+        let reading = doctor::diagnose_laid_out(snapshot, &options, &[], Some(&drawn)).unwrap();
+        assert_eq!(serde_json::to_string(&reading).unwrap(), alone, "{name}");
+        // It is the timeline read: groups renamed in it are named in the findings.
+        let mut renamed = drawn.clone();
+        renamed.groups.iter_mut().for_each(|g| g.name.insert_str(0, "renamed "));
+        let reading = serde_json::to_string(&doctor::diagnose_laid_out(snapshot, &options, &[], Some(&renamed)).unwrap()).unwrap();
+        if name == "lm-train" {
+            assert!(reading.contains("renamed ") && !alone.contains("renamed "), "{reading}");
+        }
+        // Another snapshot's timeline (a different trace) is laid aside.
+        let Some(other_device) = other.pick_device() else { continue };
+        let foreign = tensormem::timeline::build_without_curves(&other, other_device).unwrap();
+        if foreign.events != snapshot.trace_of(device).len() {
+            let reading = doctor::diagnose_laid_out(snapshot, &options, &[], Some(&foreign)).unwrap();
+            assert_eq!(serde_json::to_string(&reading).unwrap(), alone, "{name}, with another trace's timeline");
+        }
+    }
+    assert!(snapshots.len() > 1);
+}

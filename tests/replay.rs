@@ -336,6 +336,11 @@ fn a_known_start_serves_only_the_trace_it_was_reconstructed_from() {
                 let b = replay_device(&snap, device, &reusing, &mut |_, _| {}).unwrap();
                 assert_eq!(serde_json::to_value(&a).unwrap(), serde_json::to_value(&b).unwrap(), "{name} device {device} {start:?}");
             }
+            // The recorded figures, counted once per known start, are the whole trace's whatever
+            // the replay: one stopped half way gives those of one that reads it all.
+            let half = ReplayOptions { until: Some(snap.trace_of(device).len() / 2), known_start: Some(known.clone()), ..Default::default() };
+            let alone = replay_device(&snap, device, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+            assert_eq!(replay_device(&snap, device, &half, &mut |_, _| {}).unwrap().recorded, alone.recorded, "{name} device {device}");
             // An edited copy (its last entry gone) replayed with the original's known start is
             // replayed from its own.
             let mut edited = snap.clone();

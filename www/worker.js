@@ -106,13 +106,16 @@ const KEPT_LIMIT = 1 << 30;
 let keptDb = null;
 // The last decode being written: a second open of the same file waits for it.
 let keeping = Promise.resolve();
-// Decodes to keep once the page has drawn them, by trace ({key, t, name, file}): encoding a 1 GB
-// file's decode takes seconds, which the first paint does not wait for.
+// Decodes to keep, by trace ({key, t, name, file, byPage}): encoding a 1 GB file's decode takes
+// seconds, which neither the first paint nor the doctor's findings wait for. A trace the page
+// draws (`byPage`, set by its timeline) is kept when the page sends its view (keepView, once the
+// doctor has read it); any other (a recording for "What fits", a compared file) after the
+// request that follows its opening; every one before another file is opened.
 const toKeep = new Map();
 
-function keepPending() {
-  const pending = [...toKeep.values()];
-  toKeep.clear();
+function keepPending(which = () => true) {
+  const pending = [...toKeep.values()].filter(which);
+  for (const p of pending) toKeep.delete(p.t);
   for (const p of pending) {
     // A trace already closed (wasm-bindgen zeroes a freed object's pointer) is not kept.
     if (!p.t.__wbg_ptr) continue;
@@ -361,6 +364,8 @@ const inferredBuffers = (inferred) => (inferred ? [inferred.category.buffer, inf
 function timeline(trace, device, first, colorBy) {
   progress('laying out the timeline', 1);
   const loaded = get(trace);
+  const pending = toKeep.get(loaded);
+  if (pending) pending.byPage = true;
   const t = loaded.timeline(device);
   const options = t.color_options();
   const by = options.includes(colorBy) ? colorBy : options[0];
@@ -590,19 +595,23 @@ const handlers = {
     const key = get(trace).key;
     if (!key) return;
     keepPending();
-    await keeping;
-    const db = await openKept();
-    const tx = db.transaction(['decodedUse', 'views'], 'readwrite');
-    const uses = tx.objectStore('decodedUse');
-    // Put from the request's own callback, while the transaction is surely active.
-    uses.get(key).onsuccess = (e) => {
-      const use = e.target.result;
-      if (use === undefined) return;
-      const viewSize = image.pixels.byteLength ?? image.pixels.length;
-      tx.objectStore('views').put({ image, summary }, key);
-      uses.put({ ...use, size: use.size - (use.viewSize || 0) + viewSize, viewSize }, key);
-    };
-    await committed(tx);
+    const written = keeping.then(async () => {
+      const db = await openKept();
+      const tx = db.transaction(['decodedUse', 'views'], 'readwrite');
+      const uses = tx.objectStore('decodedUse');
+      // Put from the request's own callback, while the transaction is surely active.
+      uses.get(key).onsuccess = (e) => {
+        const use = e.target.result;
+        if (use === undefined) return;
+        const viewSize = image.pixels.byteLength ?? image.pixels.length;
+        tx.objectStore('views').put({ image, summary }, key);
+        uses.put({ ...use, size: use.size - (use.viewSize || 0) + viewSize, viewSize }, key);
+      };
+      await committed(tx);
+    });
+    // The next open of a file waits for its view too.
+    keeping = Promise.all([keeping, written.catch(() => {})]);
+    await written;
   },
   // A candidate the page gave up on (a newer load won, or it could not be shown).
   async drop({ trace }) {
@@ -699,8 +708,11 @@ const handlers = {
 // it: the call ends in `unreachable`) is a bug, not the end of the diagnosis: the doctor says
 // which finder was running, and the diagnosis runs again without it, the others reporting and a
 // note naming it.
+// The doctor reads the timeline the page shows of that trace (when of that device: wasm checks),
+// instead of laying it out again.
 function diagnoseSurviving(t, device) {
-  return surviving((skip) => (skip.length ? t.diagnose_skipping(device, skip) : t.diagnose(device)));
+  const shown = [...views.values()].find((v) => v.trace !== undefined && traces.get(v.trace) === t);
+  return surviving((skip) => t.diagnose_laid_out(device, shown?.t.laid_out(), skip));
 }
 
 // Runs `diagnose(skip)` (a diagnosis as JSON, without the finders in `skip`) again without each
@@ -729,9 +741,8 @@ onmessage = async (event) => {
     else postMessage({ id, result: out });
     // Work the answer does not wait for (see timeline()).
     if (out && out.after) out.after();
-    // A new file's decode is kept once it is drawn (after the timeline's answer), or at once
-    // where no timeline follows (a recording for "What fits", a compared file).
-    if (toKeep.size && type !== 'openFile') setTimeout(keepPending);
+    // A new file's decode is kept at once where the page does not draw it (see toKeep).
+    if (toKeep.size && type !== 'openFile') setTimeout(() => keepPending((p) => !p.byPage));
   } catch (e) {
     // A panic reaches JavaScript as `unreachable`: say what Rust said, and where.
     const panic = e instanceof WebAssembly.RuntimeError ? take_panic() : undefined;

@@ -137,13 +137,16 @@ fn finding(p: &Patient, position: usize, state: &State, internal: u64, external:
 }
 
 /// Among the positions where reserved is at its peak, the one with the most allocated.
+/// The first such position where several hold as much.
 fn position_at_peak_reserved(p: &Patient) -> Option<usize> {
-    let t = &p.timeline;
-    let peak = t.reserved.iter().copied().fold(0.0, f64::max);
-    if peak <= 0.0 {
-        return None;
+    let trace = p.snapshot.trace_of(p.device);
+    let mut best: Option<(usize, u64, u64)> = None;
+    for (x, at) in p.timeline.curves(trace).enumerate() {
+        if best.is_none_or(|(_, reserved, allocated)| (at.reserved, at.allocated) > (reserved, allocated)) {
+            best = Some((x, at.reserved, at.allocated));
+        }
     }
-    (0..t.reserved.len()).filter(|&x| t.reserved[x] == peak).max_by(|&a, &b| t.allocated[a].total_cmp(&t.allocated[b]).then(b.cmp(&a)))
+    best.filter(|&(_, reserved, _)| reserved > 0).map(|(x, _, _)| x)
 }
 
 /// The recorded allocator state after `position` events (a replay with the file's settings from

@@ -56,6 +56,7 @@ use crate::replay::{self, ReplayError, StartMode};
 use crate::timeline;
 use crate::trace::Snapshot;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// Kinds of finding (a contract: the page and outside checks read them).
 pub const PEAK: &str = "peak";
@@ -298,15 +299,27 @@ pub enum DoctorError {
 
 /// Diagnoses one device of a snapshot.
 pub fn diagnose(snapshot: &Snapshot, options: &DoctorOptions) -> Result<Diagnosis, DoctorError> {
-    diagnose_with(snapshot, options, &REGISTRY)
+    diagnose_with(snapshot, options, &REGISTRY, None)
 }
 
 /// [`diagnose`] without the finders of `skip` (each named in a note as failed): where a panic
 /// cannot be caught (the page's wasm), the caller asks [`finder_running`] which finder stopped
 /// the diagnosis and runs it again without that one.
 pub fn diagnose_skipping(snapshot: &Snapshot, options: &DoctorOptions, skip: &[String]) -> Result<Diagnosis, DoctorError> {
+    diagnose_laid_out(snapshot, options, skip, None)
+}
+
+/// [`diagnose_skipping`] reading `laid_out`, the device's timeline already built (the page's,
+/// with or without its bands and curves, grouped as the trace groups them, from the start state
+/// in `options`), instead of building it again. One of another device or trace is not used.
+pub fn diagnose_laid_out(
+    snapshot: &Snapshot,
+    options: &DoctorOptions,
+    skip: &[String],
+    laid_out: Option<&timeline::Timeline>,
+) -> Result<Diagnosis, DoctorError> {
     let registry: Vec<&Kind> = REGISTRY.into_iter().filter(|k| !skip.iter().any(|s| s == k.name)).collect();
-    let mut d = diagnose_with(snapshot, options, &registry)?;
+    let mut d = diagnose_with(snapshot, options, &registry, laid_out)?;
     d.notes.extend(REGISTRY.iter().filter(|k| skip.iter().any(|s| s == k.name)).map(|k| failed_note(k.name)));
     Ok(d)
 }
@@ -336,7 +349,7 @@ fn failed_note(name: &str) -> String {
 }
 
 /// Diagnoses with the kinds of `registry` (the registry, or a test's).
-fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind]) -> Result<Diagnosis, DoctorError> {
+fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind], laid_out: Option<&timeline::Timeline>) -> Result<Diagnosis, DoctorError> {
     let device = match options.device {
         Some(d) => {
             replay::check_device(snapshot, d)?;
@@ -349,7 +362,10 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
         Some(known) => known,
         None => replay::KnownStart::of(snapshot, device)?,
     };
-    let timeline = timeline::build_without_bands_from(snapshot, device, &known_start)?;
+    let timeline = match laid_out.filter(|t| t.device == device && t.events == snapshot.trace_of(device).len()) {
+        Some(t) => Cow::Borrowed(t),
+        None => Cow::Owned(timeline::build_lifetimes_from(snapshot, device, &known_start)?),
+    };
     let what_if_start = what_if_start(&timeline);
     let patient = Patient { snapshot, device, timeline, what_if_start, known_start, as_recorded: Default::default() };
     let steps = steps::find(&patient);
@@ -406,7 +422,9 @@ fn diagnose_with(snapshot: &Snapshot, options: &DoctorOptions, registry: &[&Kind
 pub(crate) struct Patient<'a> {
     snapshot: &'a Snapshot,
     device: i64,
-    timeline: timeline::Timeline,
+    /// Built without its bands and curves ([`timeline::build_lifetimes_from`]), or the page's
+    /// (see [`diagnose_laid_out`]): the doctor reads neither (`timeline.curves` walks the curves).
+    timeline: Cow<'a, timeline::Timeline>,
     /// The start the what-if replays use (see [`what_if_start`]).
     what_if_start: StartMode,
     /// The trace's start state, reconstructed once for all its replays.
@@ -485,7 +503,7 @@ mod tests {
         let snapshot = crate::trace::load(text.as_bytes()).unwrap();
         let whole = diagnose(&snapshot, &DoctorOptions::default()).unwrap();
         let registry: Vec<&Kind> = REGISTRY.iter().map(|&k| if k.name == GROWTH { &BROKEN } else { k }).collect();
-        let diagnosis = diagnose_with(&snapshot, &DoctorOptions::default(), &registry).unwrap();
+        let diagnosis = diagnose_with(&snapshot, &DoctorOptions::default(), &registry, None).unwrap();
         let others: Vec<&Finding> = whole.findings.iter().filter(|f| f.kind != GROWTH).collect();
         assert_eq!(diagnosis.findings.iter().collect::<Vec<_>>(), others, "every other finding, as without the bug");
         assert!(diagnosis.notes.iter().any(|n| n.starts_with("the growth finder failed on this trace")), "{:?}", diagnosis.notes);

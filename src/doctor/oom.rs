@@ -58,7 +58,8 @@ pub(super) fn find(p: &Patient, capacity: Option<u64>) -> Result<Option<Finding>
 /// replays that look for a capacity replay the trace with it added.
 fn recorded(p: &Patient, k: usize, capacity: Option<u64>) -> Result<Finding, DoctorError> {
     let entry = &p.snapshot.trace_of(p.device)[k];
-    let reserved = p.timeline.reserved.get(k).map_or(0, |&r| r as u64);
+    // Reserved at position k: after the entries before the OOM.
+    let reserved = p.timeline.curves(p.snapshot.trace_of(p.device)).nth(k).map_or(0, |at| at.reserved);
     let device_free = entry.device_free();
     let estimated = capacity.is_none();
     let capacity = capacity.or(device_free.map(|free| reserved.saturating_add(free)));

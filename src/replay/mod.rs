@@ -56,6 +56,9 @@ pub struct KnownStart {
     trace: (usize, usize),
     segments: (usize, usize),
     state: std::sync::Arc<StartState>,
+    /// The trace's recorded figures from this start, once a replay has counted them: the same
+    /// for every replay of the trace (a diagnosis replays it several times).
+    recorded: std::sync::Arc<std::sync::OnceLock<Figures>>,
 }
 
 /// Which reconstruction made a start kept beside a decode ([`trace::cache::KeptStart`]): a hash
@@ -90,7 +93,13 @@ impl KnownStart {
         check_device(snapshot, device)?;
         let final_segments: Vec<&trace::Segment> = snapshot.segments_of(device).collect();
         let state = start_state(&final_segments, snapshot.trace_of(device), &recorded_config(snapshot)?);
-        Ok(KnownStart { device, trace: Self::trace_of(snapshot, device), segments: Self::segments_of(snapshot), state: state.into() })
+        Ok(KnownStart {
+            device,
+            trace: Self::trace_of(snapshot, device),
+            segments: Self::segments_of(snapshot),
+            state: state.into(),
+            recorded: Default::default(),
+        })
     }
 
     fn trace_of(snapshot: &Snapshot, device: i64) -> (usize, usize) {
@@ -111,6 +120,7 @@ impl KnownStart {
             trace: Self::trace_of(snapshot, kept.device),
             segments: Self::segments_of(snapshot),
             state: StartState { segments: kept.segments, warnings: kept.warnings }.into(),
+            recorded: Default::default(),
         })
     }
 
@@ -310,10 +320,15 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     let trace = snapshot.trace_of(device);
     let final_segments: Vec<&trace::Segment> = snapshot.segments_of(device).collect();
     // Reconstruct with the rules the trace was recorded under.
-    let mut start = match options.known_start.as_ref().and_then(|known| known.of_trace(snapshot, device)) {
+    let known = options.known_start.as_ref().filter(|known| options.start != StartMode::Empty && known.of_trace(snapshot, device).is_some());
+    let mut start = match known {
         _ if options.start == StartMode::Empty => StartState::default(),
-        Some(known) => known.clone(),
+        Some(known) => (*known.state).clone(),
         None => start_state(&final_segments, trace, &recorded_config),
+    };
+    let recorded = match known {
+        Some(known) => known.recorded.get_or_init(|| recorded_figures(trace, &start)).clone(),
+        None => recorded_figures(trace, &start),
     };
     // Released PyTorch versions write each segment's pool but not each entry's: their
     // allocations cannot be routed, so such a trace replays with every segment in the default
@@ -349,7 +364,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
         capacity: options.capacity,
         start_reserved_bytes: start_reserved,
         start_allocated_bytes: start_allocated,
-        recorded: recorded_figures(trace, &start),
+        recorded,
         replayed: run.replayed(),
         segment_alloc_match: run.segment_alloc_match(),
         address_match: ratio(run.address_hits, run.allocs),
@@ -379,8 +394,11 @@ fn ratio(a: usize, b: usize) -> f64 {
 /// What the trace alone shows: segment events and peaks, from the reconstructed start. Allocated
 /// bytes here are requested sizes (as MemoryViz's timeline draws them), counted as the page's
 /// curves count them ([`trace::running_totals`]).
+/// One pass over the trace (64 bytes an entry): a 4 M entry trace's two passes took a tenth of
+/// each replay.
 fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
-    let mut f = Figures::default();
+    let mut at = Totals::of_segments(&start.segments);
+    let mut f = Figures { peak_reserved_bytes: at.reserved, peak_allocated_bytes: at.allocated, ..Figures::default() };
     for e in trace {
         match e.action {
             Action::SegmentAlloc => f.segment_allocs += 1,
@@ -389,8 +407,7 @@ fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
             Action::SegmentUnmap => f.segment_unmaps += 1,
             _ => {}
         }
-    }
-    for at in trace::running_totals(trace, Totals::of_segments(&start.segments)) {
+        at.apply(e);
         f.peak_reserved_bytes = f.peak_reserved_bytes.max(at.reserved);
         f.peak_allocated_bytes = f.peak_allocated_bytes.max(at.allocated);
     }

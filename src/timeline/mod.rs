@@ -254,6 +254,12 @@ impl Timeline {
         bands
     }
 
+    /// The curves of `trace` (this timeline's) at every position, from the totals at its start:
+    /// what `allocated`, `reserved` and `time_us` hold when kept.
+    pub fn curves<'t>(&self, trace: &'t [TraceEntry]) -> impl Iterator<Item = CurvePoint> + 't {
+        curves(trace, self.summary.start_allocated_bytes, self.summary.start_reserved_bytes)
+    }
+
     /// Where allocation `id`'s pieces are in `pieces` (empty for an id the timeline lacks).
     pub fn piece_range(&self, id: usize) -> std::ops::Range<usize> {
         match self.allocations.piece_offsets.get(id..id + 2) {
@@ -362,6 +368,13 @@ pub fn build_without_bands(snapshot: &Snapshot, device: i64) -> Result<Timeline,
 /// [`build_without_bands`] from a start state already reconstructed (if it is this trace's).
 pub fn build_without_bands_from(snapshot: &Snapshot, device: i64, start: &replay::KnownStart) -> Result<Timeline, replay::ReplayError> {
     build_with(snapshot, device, true, false, Some(start))
+}
+
+/// The timeline with neither its bands nor its curves, from a start state already reconstructed
+/// (if it is this trace's): what the doctor reads (it walks the curves where it needs them, with
+/// [`Timeline::curves`]), without holding 24 bytes a position.
+pub fn build_lifetimes_from(snapshot: &Snapshot, device: i64, start: &replay::KnownStart) -> Result<Timeline, replay::ReplayError> {
+    build_with(snapshot, device, false, false, Some(start))
 }
 
 /// The timeline without its three curves (8 bytes a position each): the page's worker hands them

@@ -340,16 +340,25 @@ impl Snapshot {
     /// the one with an out-of-memory entry, else the one whose trace reserved the most; None
     /// when the snapshot has no segments and no trace.
     pub fn pick_device(&self) -> Option<i64> {
-        let devices = self.devices();
-        if let Some(&d) = devices.iter().find(|&&d| self.trace_of(d).iter().any(|e| e.action == Action::Oom)) {
+        // One pass over each trace: whether it ran out of memory, and the bytes it mapped.
+        let read = |d: i64| -> (bool, u64) {
+            let mut oom = false;
+            let mut mapped = 0u64;
+            for e in self.trace_of(d) {
+                match e.action {
+                    Action::Oom => oom = true,
+                    Action::SegmentAlloc | Action::SegmentMap => mapped += e.size,
+                    _ => {}
+                }
+            }
+            let at_end: u64 = self.segments_of(d).map(|s| s.total_size).sum();
+            (oom, at_end.max(mapped))
+        };
+        let devices: Vec<(i64, (bool, u64))> = self.devices().into_iter().map(|d| (d, read(d))).collect();
+        if let Some(&(d, _)) = devices.iter().find(|(_, (oom, _))| *oom) {
             return Some(d);
         }
-        let reserved = |d: i64| -> u64 {
-            let at_end: u64 = self.segments_of(d).map(|s| s.total_size).sum();
-            let mapped: u64 = self.trace_of(d).iter().filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)).map(|e| e.size).sum();
-            at_end.max(mapped)
-        };
-        devices.iter().copied().max_by_key(|&d| (reserved(d), -d))
+        devices.iter().max_by_key(|&&(d, (_, reserved))| (reserved, -d)).map(|&(d, _)| d)
     }
 
     pub fn segments_of(&self, device: i64) -> impl Iterator<Item = &Segment> {

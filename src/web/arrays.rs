@@ -3,11 +3,16 @@
 
 use crate::doctor;
 use crate::timeline::{Grouping, Timeline};
+use crate::trace::Snapshot;
+use std::rc::Rc;
 use wasm_bindgen::prelude::*;
 
 #[wasm_bindgen]
 pub struct TimelineArrays {
-    t: Timeline,
+    /// Shared with the doctor while it reads the trace ([`TimelineArrays::laid_out`]).
+    t: Rc<Timeline>,
+    /// The snapshot it was laid out from (compared, never read: see [`LaidOut`]).
+    of: *const Snapshot,
     /// Axis coordinate of every position (microseconds), set by the page; empty for the event axis.
     xs: Vec<f64>,
     /// The last image's hidden allocations (1 = hidden), for `hit_test`.
@@ -20,6 +25,22 @@ pub struct TimelineArrays {
     base: Option<Grouping>,
     /// Each allocation's inferred category, once inferred.
     inferred: Option<InferredCodes>,
+}
+
+/// A laid-out timeline handed to the doctor (see [`TimelineArrays::laid_out`]). Passed by value,
+/// so that no borrow of the page's timeline outlives a finder's panic.
+#[wasm_bindgen]
+pub struct LaidOut {
+    t: Rc<Timeline>,
+    of: *const Snapshot,
+}
+
+impl LaidOut {
+    /// The timeline, if it was laid out from `snapshot` (the page names views by trace; this
+    /// holds whatever it names).
+    pub(super) fn timeline_of(&self, snapshot: &Snapshot) -> Option<&Timeline> {
+        std::ptr::eq(self.of, snapshot).then_some(&*self.t)
+    }
 }
 
 /// The bands coloured by the categories the trace records (tensormem's own traces).
@@ -208,12 +229,21 @@ impl TimelineArrays {
             FRAME => (FRAME, self.t.frame_grouping()),
             _ => return Err(JsError::new(&format!("the bands cannot be coloured by {by}: {}", self.color_options().join(", ")))),
         };
-        let old = self.t.set_grouping(grouping);
+        // Cloned only while the doctor still holds it (after a finder's panic, which wasm does
+        // not unwind, it holds it for good).
+        let old = Rc::make_mut(&mut self.t).set_grouping(grouping);
         if self.color == self.base_color {
             self.base = Some(old);
         }
         self.color = by;
         Ok(())
+    }
+
+    /// The timeline for the doctor to read (`Trace::diagnose_laid_out`) instead of laying it out
+    /// again; undefined while the bands are coloured other than as the trace groups them (the
+    /// doctor reads its own grouping).
+    pub fn laid_out(&self) -> Option<LaidOut> {
+        (self.color == self.base_color).then(|| LaidOut { t: Rc::clone(&self.t), of: self.of })
     }
 
     /// Each allocation's inferred category (inferred the first time), as three Uint8Arrays by
@@ -235,9 +265,9 @@ impl TimelineArrays {
 impl TimelineArrays {
     /// The bands coloured as the trace groups them: by its own categories where it records
     /// them, else by frame.
-    pub(super) fn new(t: Timeline) -> TimelineArrays {
+    pub(super) fn new(t: Timeline, of: &Snapshot) -> TimelineArrays {
         let base = if t.groups.iter().any(|g| g.category) { RECORDED } else { FRAME };
-        TimelineArrays { t, xs: Vec::new(), hidden: Vec::new(), color: base, base_color: base, base: None, inferred: None }
+        TimelineArrays { t: Rc::new(t), of, xs: Vec::new(), hidden: Vec::new(), color: base, base_color: base, base: None, inferred: None }
     }
 
     pub(super) fn timeline(&self) -> &Timeline {

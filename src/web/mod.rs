@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use wasm_bindgen::prelude::*;
 
 mod arrays;
-pub use arrays::TimelineArrays;
+pub use arrays::{LaidOut, TimelineArrays};
 
 #[wasm_bindgen]
 extern "C" {
@@ -229,7 +229,7 @@ impl LoadedTrace {
     /// them, else by frame (see [`TimelineArrays::set_color_by`]).
     pub fn timeline(&self, device: i32) -> Result<TimelineArrays, JsError> {
         let t = timeline::build_without_curves_from(&self.snapshot, device as i64, &self.start_of(device as i64)?).map_err(js_error)?;
-        Ok(TimelineArrays::new(t))
+        Ok(TimelineArrays::new(t, &self.snapshot))
     }
 
     /// The curves of `view` (a timeline of this trace) as three new Float64Arrays, `[allocated,
@@ -323,8 +323,15 @@ impl LoadedTrace {
     /// `diagnose` without the finders named in `skip`, each named in a note as failed (the
     /// worker's retry after a finder's panic, which wasm cannot catch: see `finder_running`).
     pub fn diagnose_skipping(&self, device: i32, skip: Vec<String>) -> Result<String, JsError> {
+        self.diagnose_laid_out(device, None, skip)
+    }
+
+    /// `diagnose_skipping` reading the page's timeline of this trace's `device` (its view's
+    /// `laid_out`), which it would otherwise lay out again: seconds on a 1 GB trace.
+    pub fn diagnose_laid_out(&self, device: i32, laid_out: Option<LaidOut>, skip: Vec<String>) -> Result<String, JsError> {
         let options = doctor::DoctorOptions { device: Some(device as i64), capacity: None, known_start: Some(self.start_of(device as i64)?) };
-        let diagnosis = doctor::diagnose_skipping(&self.snapshot, &options, &skip).map_err(js_error)?;
+        let laid_out = laid_out.as_ref().and_then(|l| l.timeline_of(&self.snapshot));
+        let diagnosis = doctor::diagnose_laid_out(&self.snapshot, &options, &skip, laid_out).map_err(js_error)?;
         serde_json::to_string(&diagnosis).map_err(js_error)
     }
 
