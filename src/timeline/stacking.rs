@@ -171,8 +171,8 @@ impl<'a> Walk<'a> {
         for x in 0..=self.events as u32 {
             while let Some(&id) = self.by_end.get(next_end).filter(|&&id| self.end[id as usize] == x) {
                 match step {
-                    None => stack.remove_exact(x, id, size, piece),
-                    Some(_) => stack.remove_lazy(x, id, size, piece),
+                    None => stack.remove_exact(x, id, piece),
+                    Some(_) => stack.remove_lazy(x, id, piece),
                 }
                 next_end += 1;
             }
@@ -184,7 +184,7 @@ impl<'a> Walk<'a> {
                 next_start += 1;
             }
             if step.is_some_and(|s| x % s == 0) {
-                stack.resample(x, size, piece);
+                stack.resample(x, piece);
             }
             if stack.closed > limit {
                 return false;
@@ -197,101 +197,102 @@ impl<'a> Walk<'a> {
 
 /// The live allocations, bottom first, with each one's current piece.
 struct Stack {
-    /// Live ids in the order they were made; sampled walks leave freed ones in place (`dead`)
-    /// until they outnumber the living.
-    live: Vec<u32>,
-    dead: Vec<bool>,
+    /// In the order they were made; sampled walks leave freed ones in place (dead) until they
+    /// outnumber the living. Each band's record is here rather than in arrays by id, so that
+    /// resampling reads the stack front to back (it visits every live band at every sample).
+    live: Vec<Band>,
     dead_count: usize,
-    /// Position of each allocation in `live` (exact walks only).
+    /// Where each allocation is in `live`, while it is there.
     position: Vec<u32>,
-    piece_start: Vec<u32>,
-    offset: Vec<f64>,
     top: f64,
     closed: usize,
 }
 
+/// A band on the stack: its allocation, size, the height its current piece lies at, and where
+/// that piece starts (`DEAD` once its allocation is freed, in a sampled walk).
+#[derive(Clone, Copy)]
+struct Band {
+    id: u32,
+    piece_start: u32,
+    offset: f64,
+    size: f64,
+}
+
+const DEAD: u32 = u32::MAX;
+
+impl Band {
+    fn dead(&self) -> bool {
+        self.piece_start == DEAD
+    }
+
+    /// Closes the current piece at `x` (if it has any width): a new one starts there.
+    fn close_piece(&mut self, x: u32, closed: &mut usize, piece: &mut PieceSink) {
+        if x > self.piece_start {
+            piece(self.id, self.piece_start, self.offset);
+            *closed += 1;
+        }
+        self.piece_start = x;
+    }
+}
+
 impl Stack {
     fn new(allocations: usize) -> Stack {
-        Stack {
-            live: Vec::new(),
-            dead: vec![false; allocations],
-            dead_count: 0,
-            position: vec![0; allocations],
-            piece_start: vec![0; allocations],
-            offset: vec![0.0; allocations],
-            top: 0.0,
-            closed: 0,
-        }
+        Stack { live: Vec::new(), dead_count: 0, position: vec![0; allocations], top: 0.0, closed: 0 }
     }
 
     fn push(&mut self, x: u32, id: u32, size: &[f64]) {
         self.position[id as usize] = self.live.len() as u32;
-        self.piece_start[id as usize] = x;
-        self.offset[id as usize] = self.top;
-        self.live.push(id);
-        self.top += size[id as usize];
+        let size = size[id as usize];
+        self.live.push(Band { id, piece_start: x, offset: self.top, size });
+        self.top += size;
     }
 
     /// Ends `id` at `x`; everything above it drops by its size (a new piece each).
-    fn remove_exact(&mut self, x: u32, id: u32, size: &[f64], piece: &mut PieceSink) {
+    fn remove_exact(&mut self, x: u32, id: u32, piece: &mut PieceSink) {
         let p = self.position[id as usize] as usize;
-        self.close_piece(x, id, piece);
-        let size = size[id as usize];
-        self.live.remove(p);
+        let mut gone = self.live.remove(p);
+        gone.close_piece(x, &mut self.closed, piece);
         for q in p..self.live.len() {
-            let above = self.live[q];
-            self.close_piece(x, above, piece);
-            self.position[above as usize] = q as u32;
-            self.offset[above as usize] -= size;
+            let above = &mut self.live[q];
+            above.close_piece(x, &mut self.closed, piece);
+            above.offset -= gone.size;
+            self.position[above.id as usize] = q as u32;
         }
-        self.top -= size;
+        self.top -= gone.size;
     }
 
     /// Ends `id` at `x`, leaving the bands above where they are until the next sample.
-    fn remove_lazy(&mut self, x: u32, id: u32, size: &[f64], piece: &mut PieceSink) {
-        self.close_piece(x, id, piece);
-        self.dead[id as usize] = true;
+    fn remove_lazy(&mut self, x: u32, id: u32, piece: &mut PieceSink) {
+        let band = &mut self.live[self.position[id as usize] as usize];
+        band.close_piece(x, &mut self.closed, piece);
+        band.piece_start = DEAD;
+        self.top -= band.size;
         self.dead_count += 1;
-        self.top -= size[id as usize];
         if self.dead_count * 2 > self.live.len() {
-            let dead = &self.dead;
-            self.live.retain(|&id| !dead[id as usize]);
+            self.live.retain(|b| !b.dead());
+            for (q, b) in self.live.iter().enumerate() {
+                self.position[b.id as usize] = q as u32;
+            }
             self.dead_count = 0;
         }
     }
 
     /// Sets every live band to its true height at `x`, closing a piece where it moved.
-    fn resample(&mut self, x: u32, size: &[f64], piece: &mut PieceSink) {
+    fn resample(&mut self, x: u32, piece: &mut PieceSink) {
         let mut below = 0.0;
-        for q in 0..self.live.len() {
-            let id = self.live[q];
-            if self.dead[id as usize] {
-                continue;
+        for band in self.live.iter_mut().filter(|b| !b.dead()) {
+            if band.offset != below {
+                band.close_piece(x, &mut self.closed, piece);
+                band.offset = below;
             }
-            if self.offset[id as usize] != below {
-                self.close_piece(x, id, piece);
-                self.offset[id as usize] = below;
-            }
-            below += size[id as usize];
+            below += band.size;
         }
     }
 
     fn close_all(&mut self, x: u32, piece: &mut PieceSink) {
-        for q in 0..self.live.len() {
-            let id = self.live[q];
-            if !self.dead[id as usize] {
-                self.close_piece(x, id, piece);
-            }
+        for band in self.live.iter_mut().filter(|b| !b.dead()) {
+            band.close_piece(x, &mut self.closed, piece);
         }
-    }
-
-    fn close_piece(&mut self, x: u32, id: u32, piece: &mut PieceSink) {
-        let start = self.piece_start[id as usize];
-        if x > start {
-            piece(id, start, self.offset[id as usize]);
-            self.closed += 1;
-        }
-        self.piece_start[id as usize] = x;
     }
 }
 
