@@ -158,6 +158,36 @@ fn the_page_colours_by_inferred_categories_and_opens_the_doctors_device() {
     assert_eq!(two.default_device(), Some(1));
 }
 
+/// The page's worker hands the doctor the timeline it shows (`laid_out`), grouped as the trace
+/// groups its allocations meanwhile: the findings are those of the doctor laying it out alone; a
+/// view coloured otherwise hands nothing, and one of another trace is laid aside.
+#[wasm_bindgen_test]
+fn the_doctor_reads_the_timeline_the_page_shows() {
+    use tensormem::scenarios::{self, RunRequest};
+    use tensormem::trace::to_pickle;
+    use tensormem::web::LoadedTrace;
+    let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
+    let mut stripped = run.snapshot.clone();
+    for e in stripped.device_traces.iter_mut().flatten() {
+        e.category = None;
+    }
+    let loaded = LoadedTrace::parse(&to_pickle(&stripped)).unwrap();
+    let alone = loaded.diagnose(0).unwrap();
+    let mut view = loaded.timeline(0).unwrap();
+    view.set_color_by("inferred").unwrap();
+    let shown = view.groups_json();
+    assert!(view.laid_out().is_none(), "coloured by inferred categories, not the trace's own grouping");
+    view.set_color_by(&view.own_color_by()).unwrap();
+    assert_eq!(loaded.diagnose_laid_out(0, view.laid_out(), Vec::new()).unwrap(), alone);
+    view.set_color_by("inferred").unwrap();
+    assert_eq!(view.groups_json(), shown);
+    // Another trace's view (the same run with its categories) is laid aside.
+    let other = LoadedTrace::parse(&to_pickle(&run.snapshot)).unwrap();
+    let other_view = other.timeline(0).unwrap();
+    assert!(other_view.laid_out().is_some());
+    assert_eq!(loaded.diagnose_laid_out(0, other_view.laid_out(), Vec::new()).unwrap(), alone);
+}
+
 mod suite;
 
 macro_rules! in_browser {

@@ -344,10 +344,10 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
   // What is live at the cursor (the peak) and the allocator state there (replayed in the
   // worker), then the doctor's findings: after the first paint, which does not wait for them.
   info.painted = painted;
-  info.diagnosed = painted.then(() => {
+  painted.then(() => {
     performance.mark('tensormem:painted');
     if (current === info) showLive(timeline.cursor);
-    return diagnoseOnceSame(info, d, diagnosis);
+    diagnoseOnceSame(info, d, diagnosis);
   });
   return true;
 }
@@ -418,18 +418,15 @@ function withdrawPreview() {
 // Keeps what the page shows of a file whose decode is kept (the timeline's pixels, its peaks),
 // for a preview when it is opened again. Raw pixels, not an encoded image: a few MB, and no
 // image codec to wait for.
-// The view of `info` on screen, to keep beside its decode: {image, summary}, or null when
-// another trace is shown.
-function viewOf(info) {
-  if (current !== info || !timeline.data) return null;
-  const { width, height } = timeline.canvas;
-  return { image: { width, height, pixels: timeline.ctx.getImageData(0, 0, width, height).data }, summary: timeline.data.meta.summary };
-}
-
-// Keeps `view` (viewOf) beside the decode of `info` once `after` settles.
-function keepView(info, view, after) {
-  if (!view) return;
-  after.catch(() => {}).then(() => ask('keepView', { trace: info.trace, ...view })).catch(() => {});
+// Keeps the decode of `info` and, `withImage`, the view on screen beside it.
+function keepView(info, withImage) {
+  if (current !== info) return;
+  let view = {};
+  if (withImage && timeline.data) {
+    const { width, height } = timeline.canvas;
+    view = { image: { width, height, pixels: timeline.ctx.getImageData(0, 0, width, height).data }, summary: timeline.data.meta.summary };
+  }
+  ask('keepView', { trace: info.trace, ...view }).catch(() => {});
 }
 
 // ---- diagnosis: the doctor's findings on the device shown (computed in the worker after the
@@ -574,10 +571,10 @@ async function load(request, payload) {
     // The device the doctor picks: the one that ran out of memory, else the one that reserved the most.
     const shown = info.devices.includes(info.defaultDevice) ? info.defaultDevice : info.devices[0];
     if (!(await showDevice(info, shown, ticket))) return void drop(info);
-    // Its view is kept as first drawn, unless this open showed the view kept before; with its
-    // decode, once the doctor has read it (keeping a 1 GB file's decode takes seconds of the
-    // worker's, which the findings do not wait for).
-    if (info.keeps && previewed !== ticket) info.painted.then(() => keepView(info, viewOf(info), info.diagnosed));
+    // Its view is kept as first drawn (unless this open showed the view kept before), beside its
+    // decode. Asked after the doctor (posted first, when the page's worker diagnoses): keeping a
+    // 1 GB file's decode takes the worker seconds, which the findings do not wait for.
+    if (info.keeps) info.painted.then(() => keepView(info, previewed !== ticket));
     $('source-name').textContent = info.name;
     // A file opened before is read back from the decode this browser kept of it (same bytes).
     $('source-name').title = info.reopened ? `${info.name}: read back from the decode this browser kept when the same file was last opened` : info.name;

@@ -107,10 +107,11 @@ let keptDb = null;
 // The last decode being written: a second open of the same file waits for it.
 let keeping = Promise.resolve();
 // Decodes to keep, by trace ({key, t, name, file, byPage}): encoding a 1 GB file's decode takes
-// seconds, which neither the first paint nor the doctor's findings wait for. A trace the page
-// draws (`byPage`, set by its timeline) is kept when the page sends its view (keepView, once the
-// doctor has read it); any other (a recording for "What fits", a compared file) after the
-// request that follows its opening; every one before another file is opened.
+// seconds, which neither the first paint nor the doctor's findings wait for. A file the page
+// opens to draw (`byPage`) is kept when the page asks (keepView, after its first paint and its
+// diagnosis) or once this worker has diagnosed it; any other (a recording for "What fits", a
+// compared file) after the request that follows its opening; every one before another file is
+// opened.
 const toKeep = new Map();
 
 function keepPending(which = () => true) {
@@ -364,8 +365,6 @@ const inferredBuffers = (inferred) => (inferred ? [inferred.category.buffer, inf
 function timeline(trace, device, first, colorBy) {
   progress('laying out the timeline', 1);
   const loaded = get(trace);
-  const pending = toKeep.get(loaded);
-  if (pending) pending.byPage = true;
   const t = loaded.timeline(device);
   const options = t.color_options();
   const by = options.includes(colorBy) ? colorBy : options[0];
@@ -498,6 +497,8 @@ const handlers = {
   },
   async openFile({ file, keep, ticket }) {
     const t = await loadFile(file, keep, ticket ?? null);
+    const pending = toKeep.get(t);
+    if (pending) pending.byPage = true;
     wasmAt.parsed = wasm.memory.buffer.byteLength;
     return add(t, file.name);
   },
@@ -592,9 +593,11 @@ const handlers = {
   // file is opened again. Kept only beside its decode, after that is written; its pixels count
   // in the decode's size, so that KEPT_LIMIT bounds both.
   async keepView({ trace, image, summary }) {
-    const key = get(trace).key;
-    if (!key) return;
-    keepPending();
+    const t = get(trace);
+    if (!t.key) return;
+    keepPending((p) => p.t === t);
+    if (!image) return;
+    const key = t.key;
     const written = keeping.then(async () => {
       const db = await openKept();
       const tx = db.transaction(['decodedUse', 'views'], 'readwrite');
@@ -709,10 +712,18 @@ const handlers = {
 // which finder was running, and the diagnosis runs again without it, the others reporting and a
 // note naming it.
 // The doctor reads the timeline the page shows of that trace (when of that device: wasm checks),
-// instead of laying it out again.
+// instead of laying it out again; grouped as the trace groups its allocations meanwhile (the
+// doctor reads its own grouping), then as shown again. (After a finder's panic the doctor
+// keeps its share of the timeline, so that colouring it again copies it.)
 function diagnoseSurviving(t, device) {
-  const shown = [...views.values()].find((v) => v.trace !== undefined && traces.get(v.trace) === t);
-  return surviving((skip) => t.diagnose_laid_out(device, shown?.t.laid_out(), skip));
+  const v = [...views.values()].find((shown) => traces.get(shown.trace) === t)?.t;
+  const shownBy = v?.color_by();
+  v?.set_color_by(v.own_color_by());
+  try {
+    return surviving((skip) => t.diagnose_laid_out(device, v?.laid_out(), skip));
+  } finally {
+    if (v && v.color_by() !== shownBy) v.set_color_by(shownBy);
+  }
 }
 
 // Runs `diagnose(skip)` (a diagnosis as JSON, without the finders in `skip`) again without each
@@ -741,8 +752,12 @@ onmessage = async (event) => {
     else postMessage({ id, result: out });
     // Work the answer does not wait for (see timeline()).
     if (out && out.after) out.after();
-    // A new file's decode is kept at once where the page does not draw it (see toKeep).
-    if (toKeep.size && type !== 'openFile') setTimeout(() => keepPending((p) => !p.byPage));
+    // A new file's decode is kept at once where the page does not draw it, and once diagnosed
+    // where it does (see toKeep).
+    if (toKeep.size && type !== 'openFile') {
+      const diagnosed = type === 'diagnose' ? traces.get(event.data.trace) : undefined;
+      setTimeout(() => keepPending((p) => !p.byPage || p.t === diagnosed));
+    }
   } catch (e) {
     // A panic reaches JavaScript as `unreachable`: say what Rust said, and where.
     const panic = e instanceof WebAssembly.RuntimeError ? take_panic() : undefined;

@@ -310,8 +310,10 @@ pub fn diagnose_skipping(snapshot: &Snapshot, options: &DoctorOptions, skip: &[S
 }
 
 /// [`diagnose_skipping`] reading `laid_out`, the device's timeline already built (the page's,
-/// with or without its bands and curves, grouped as the trace groups them, from the start state
-/// in `options`), instead of building it again. One of another device or trace is not used.
+/// with or without its bands and curves), instead of building it again. It must have been laid
+/// out from this snapshot, from the start state in `options`, grouped as the trace groups its
+/// allocations: the caller's word, checked only so far as one of another device or length is
+/// not used.
 pub fn diagnose_laid_out(
     snapshot: &Snapshot,
     options: &DoctorOptions,
