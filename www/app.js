@@ -426,7 +426,7 @@ function keepView(info, withImage) {
     const { width, height } = timeline.canvas;
     view = { image: { width, height, pixels: timeline.ctx.getImageData(0, 0, width, height).data }, summary: timeline.data.meta.summary };
   }
-  ask('keepView', { trace: info.trace, ...view }).catch(() => {});
+  ask('keepView', { trace: info.trace, ...view }).then(() => performance.mark('tensormem:kept'), () => {});
 }
 
 // ---- diagnosis: the doctor's findings on the device shown (computed in the worker after the

@@ -596,7 +596,10 @@ const handlers = {
     const t = get(trace);
     if (!t.key) return;
     keepPending((p) => p.t === t);
-    if (!image) return;
+    if (!image) {
+      await keeping;
+      return;
+    }
     const key = t.key;
     const written = keeping.then(async () => {
       const db = await openKept();
