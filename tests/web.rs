@@ -158,8 +158,8 @@ fn the_page_colours_by_inferred_categories_and_opens_the_doctors_device() {
     assert_eq!(two.default_device(), Some(1));
 }
 
-/// The page's worker hands the doctor the timeline it shows (`laid_out`), grouped as the trace
-/// groups its allocations meanwhile: the findings are those of the doctor laying it out alone; a
+/// The page's worker hands the doctor the timeline it shows (`laid_out`) while it is grouped as
+/// the trace groups its allocations: the findings are those of the doctor laying it out alone; a
 /// view coloured otherwise hands nothing, and one of another trace is laid aside.
 #[wasm_bindgen_test]
 fn the_doctor_reads_the_timeline_the_page_shows() {
@@ -177,7 +177,7 @@ fn the_doctor_reads_the_timeline_the_page_shows() {
     view.set_color_by("inferred").unwrap();
     let shown = view.groups_json();
     assert!(view.laid_out().is_none(), "coloured by inferred categories, not the trace's own grouping");
-    view.set_color_by(&view.own_color_by()).unwrap();
+    view.set_color_by("frame").unwrap();
     assert_eq!(loaded.diagnose_laid_out(0, view.laid_out(), Vec::new()).unwrap(), alone);
     view.set_color_by("inferred").unwrap();
     assert_eq!(view.groups_json(), shown);

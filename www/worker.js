@@ -714,19 +714,14 @@ const handlers = {
 // it: the call ends in `unreachable`) is a bug, not the end of the diagnosis: the doctor says
 // which finder was running, and the diagnosis runs again without it, the others reporting and a
 // note naming it.
-// The doctor reads the timeline the page shows of that trace (when of that device: wasm checks),
-// instead of laying it out again; grouped as the trace groups its allocations meanwhile (the
-// doctor reads its own grouping), then as shown again. (After a finder's panic the doctor
-// keeps its share of the timeline, so that colouring it again copies it.)
+// The doctor reads the timeline the page shows of that trace (when of that device, and grouped
+// as the trace groups its allocations: wasm checks) instead of laying it out again. A PyTorch
+// snapshot, coloured by inferred categories, is laid out again for the doctor: grouping the view
+// as the trace does while the doctor read it made the next open of a 1 GB file 1 to 2.5 s slower
+// (three runs each way; why was not found).
 function diagnoseSurviving(t, device) {
   const v = [...views.values()].find((shown) => traces.get(shown.trace) === t)?.t;
-  const shownBy = v?.color_by();
-  v?.set_color_by(v.own_color_by());
-  try {
-    return surviving((skip) => t.diagnose_laid_out(device, v?.laid_out(), skip));
-  } finally {
-    if (v && v.color_by() !== shownBy) v.set_color_by(shownBy);
-  }
+  return surviving((skip) => t.diagnose_laid_out(device, v?.laid_out(), skip));
 }
 
 // Runs `diagnose(skip)` (a diagnosis as JSON, without the finders in `skip`) again without each

@@ -217,12 +217,6 @@ impl TimelineArrays {
         self.color.to_string()
     }
 
-    /// How the trace itself groups its allocations (`recorded` or `frame`): what the doctor
-    /// reads (see [`TimelineArrays::laid_out`]).
-    pub fn own_color_by(&self) -> String {
-        self.base_color.to_string()
-    }
-
     /// Colours the bands by `by` (one of [`TimelineArrays::color_options`]): the groups and
     /// `alloc_group` change (read them again); inferring the categories the first time.
     pub fn set_color_by(&mut self, by: &str) -> Result<(), JsError> {
@@ -247,7 +241,7 @@ impl TimelineArrays {
 
     /// The timeline for the doctor to read (`LoadedTrace::diagnose_laid_out`) instead of laying
     /// it out again; undefined while the bands are coloured other than as the trace groups them
-    /// ([`TimelineArrays::own_color_by`]: the doctor reads its own grouping).
+    /// (recorded categories, or frames: the doctor reads its own grouping).
     pub fn laid_out(&self) -> Option<LaidOut> {
         (self.color == self.base_color).then(|| LaidOut { t: Rc::clone(&self.t), of: self.of })
     }
