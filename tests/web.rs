@@ -92,20 +92,27 @@ fn the_page_hit_tests_and_steps_through_bands_across_the_boundary() {
     assert_eq!(view.stack_at(end), vec![1.0, 0.0, 2.0, 3000.0]);
 }
 
-/// The page colours a PyTorch snapshot (no categories) by the doctor's inferred categories and a
-/// trace of tensormem's by its own, and either by frame; the inferred codes that cross the
-/// boundary are the doctor's, and the page opens on the device the doctor picks.
-#[wasm_bindgen_test]
-fn the_page_colours_by_inferred_categories_and_opens_the_doctors_device() {
+/// The `variable-batch` scenario's trace, with the categories tensormem records, and without
+/// them as a PyTorch snapshot is.
+fn variable_batch_recorded_and_stripped() -> (tensormem::trace::Snapshot, tensormem::trace::Snapshot) {
     use tensormem::scenarios::{self, RunRequest};
-    use tensormem::trace::{Action, to_pickle};
-    use tensormem::web::LoadedTrace;
-    use tensormem::{doctor, timeline};
     let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
     let mut stripped = run.snapshot.clone();
     for e in stripped.device_traces.iter_mut().flatten() {
         e.category = None;
     }
+    (run.snapshot, stripped)
+}
+
+/// The page colours a PyTorch snapshot (no categories) by the doctor's inferred categories and a
+/// trace of tensormem's by its own, and either by frame; the inferred codes that cross the
+/// boundary are the doctor's, and the page opens on the device the doctor picks.
+#[wasm_bindgen_test]
+fn the_page_colours_by_inferred_categories_and_opens_the_doctors_device() {
+    use tensormem::trace::{Action, to_pickle};
+    use tensormem::web::LoadedTrace;
+    use tensormem::{doctor, timeline};
+    let (recorded, stripped) = variable_batch_recorded_and_stripped();
     let loaded = LoadedTrace::parse(&to_pickle(&stripped)).unwrap();
     let mut view = loaded.timeline(0).unwrap();
     assert_eq!(view.color_options(), ["inferred", "frame"]);
@@ -140,7 +147,7 @@ fn the_page_colours_by_inferred_categories_and_opens_the_doctors_device() {
     assert!(view.set_color_by("recorded").is_err());
 
     // tensormem's own trace: its recorded categories first.
-    let recorded = LoadedTrace::parse(&to_pickle(&run.snapshot)).unwrap();
+    let recorded = LoadedTrace::parse(&to_pickle(&recorded)).unwrap();
     let mut view = recorded.timeline(0).unwrap();
     assert_eq!(view.color_options(), ["recorded", "inferred", "frame"]);
     assert_eq!(view.color_by(), "recorded");
@@ -163,14 +170,9 @@ fn the_page_colours_by_inferred_categories_and_opens_the_doctors_device() {
 /// view coloured otherwise hands nothing, and one of another trace is laid aside.
 #[wasm_bindgen_test]
 fn the_doctor_reads_the_timeline_the_page_shows() {
-    use tensormem::scenarios::{self, RunRequest};
     use tensormem::trace::to_pickle;
     use tensormem::web::LoadedTrace;
-    let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
-    let mut stripped = run.snapshot.clone();
-    for e in stripped.device_traces.iter_mut().flatten() {
-        e.category = None;
-    }
+    let (recorded, stripped) = variable_batch_recorded_and_stripped();
     let loaded = LoadedTrace::parse(&to_pickle(&stripped)).unwrap();
     let alone = loaded.diagnose(0).unwrap();
     let mut view = loaded.timeline(0).unwrap();
@@ -182,7 +184,7 @@ fn the_doctor_reads_the_timeline_the_page_shows() {
     view.set_color_by("inferred").unwrap();
     assert_eq!(view.groups_json(), shown);
     // Another trace's view (the same run with its categories) is laid aside.
-    let other = LoadedTrace::parse(&to_pickle(&run.snapshot)).unwrap();
+    let other = LoadedTrace::parse(&to_pickle(&recorded)).unwrap();
     let other_view = other.timeline(0).unwrap();
     assert!(other_view.laid_out().is_some());
     assert_eq!(loaded.diagnose_laid_out(0, other_view.laid_out(), Vec::new()).unwrap(), alone);

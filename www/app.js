@@ -415,10 +415,9 @@ function withdrawPreview() {
   diagnoseOnceSame(current, device, diagnosisTicket);
 }
 
-// Keeps what the page shows of a file whose decode is kept (the timeline's pixels, its peaks),
-// for a preview when it is opened again. Raw pixels, not an encoded image: a few MB, and no
-// image codec to wait for.
-// Keeps the decode of `info` and, `withImage`, the view on screen beside it.
+// Keeps the decode of `info` and, `withImage`, what the page shows of it (the timeline's pixels,
+// its peaks) for a preview when the file is opened again. Raw pixels, not an encoded image: a
+// few MB, and no image codec to wait for.
 function keepView(info, withImage) {
   if (current !== info) return;
   let view = {};
@@ -571,9 +570,9 @@ async function load(request, payload) {
     // The device the doctor picks: the one that ran out of memory, else the one that reserved the most.
     const shown = info.devices.includes(info.defaultDevice) ? info.defaultDevice : info.devices[0];
     if (!(await showDevice(info, shown, ticket))) return void drop(info);
-    // Its view is kept as first drawn (unless this open showed the view kept before), beside its
-    // decode. Asked after the doctor (posted first, when the page's worker diagnoses): keeping a
-    // 1 GB file's decode takes the worker seconds, which the findings do not wait for.
+    // Its decode is kept, and its view as first drawn (unless this open showed the view kept
+    // before). Asked once painted, after the doctor: the page's worker, diagnosing, was asked
+    // first, and keeping a 1 GB file's decode takes it seconds the findings do not wait for.
     if (info.keeps) info.painted.then(() => keepView(info, previewed !== ticket));
     $('source-name').textContent = info.name;
     // A file opened before is read back from the decode this browser kept of it (same bytes).

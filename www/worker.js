@@ -714,11 +714,12 @@ const handlers = {
 // it: the call ends in `unreachable`) is a bug, not the end of the diagnosis: the doctor says
 // which finder was running, and the diagnosis runs again without it, the others reporting and a
 // note naming it.
+//
 // The doctor reads the timeline the page shows of that trace (when of that device, and grouped
 // as the trace groups its allocations: wasm checks) instead of laying it out again. A PyTorch
 // snapshot, coloured by inferred categories, is laid out again for the doctor: grouping the view
-// as the trace does while the doctor read it made the next open of a 1 GB file 1 to 2.5 s slower
-// (three runs each way; why was not found).
+// as the trace does while the doctor read it, then back, made the next open of a 1 GB file 1 to
+// 2.5 s slower to draw in three runs (why was not found).
 function diagnoseSurviving(t, device) {
   const v = [...views.values()].find((shown) => traces.get(shown.trace) === t)?.t;
   return surviving((skip) => t.diagnose_laid_out(device, v?.laid_out(), skip));

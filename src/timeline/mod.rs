@@ -365,11 +365,6 @@ pub fn build_without_bands(snapshot: &Snapshot, device: i64) -> Result<Timeline,
     build_with(snapshot, device, true, false, None)
 }
 
-/// [`build_without_bands`] from a start state already reconstructed (if it is this trace's).
-pub fn build_without_bands_from(snapshot: &Snapshot, device: i64, start: &replay::KnownStart) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, true, false, Some(start))
-}
-
 /// The timeline with neither its bands nor its curves, from a start state already reconstructed
 /// (if it is this trace's): what the doctor reads (it walks the curves where it needs them, with
 /// [`Timeline::curves`]), without holding 24 bytes a position.
