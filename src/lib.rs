@@ -25,6 +25,7 @@ pub mod files;
 #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
 pub(crate) mod kernels;
 pub mod nn;
+mod parallel;
 pub mod predict;
 pub mod pytorch;
 pub mod replay;

@@ -227,3 +227,37 @@ fn an_entry_extended_after_its_items_were_set_is_a_clear_error() {
     let err = trace::load(&data).unwrap_err().to_string();
     assert!(err.contains("SETITEM on a trace entry"), "{err}");
 }
+
+/// Traces long enough that their entries are kept by a second thread while the parse goes on
+/// (past 65,536 entries in a list), beside a short one, on three devices: loaded whole and in
+/// odd chunks, they are the entries written, in order, and the progress counts every one.
+#[test]
+fn long_traces_load_as_written() {
+    use std::sync::Arc;
+    use tensormem::trace::{Action, Frame, TraceEntry};
+    let stacks: Vec<trace::Frames> = (0..5)
+        .map(|s| (0..=s).map(|i| Frame { filename: format!("model_{i}.py"), line: 10 + i as u64, name: format!("layer{s}") }).collect::<Vec<_>>().into())
+        .collect();
+    let trace_of = |n: usize, base: u64| -> Vec<TraceEntry> {
+        (0..n)
+            .map(|i| {
+                let action = [Action::Alloc, Action::FreeRequested, Action::FreeCompleted][i % 3];
+                let addr = base + ((i / 3) % 4096) as u64 * 512;
+                let frames = (i % 7 != 0).then(|| stacks[i % stacks.len()].clone());
+                TraceEntry { action, addr, size: 512 + (i % 11) as u64, stream: 0, time_us: Some(i as i64), frames, category: None, extra: None }
+            })
+            .collect()
+    };
+    let written = Snapshot { device_traces: vec![trace_of(100_003, 1 << 30), trace_of(10, 2 << 30), trace_of(70_001, 3 << 30)], ..Snapshot::default() };
+    let data = trace::to_pickle(&written);
+    let whole = trace::load(&data).unwrap();
+    assert_eq!(whole.device_traces.iter().map(Vec::len).collect::<Vec<_>>(), [100_003, 10, 70_001]);
+    assert!(whole == written, "the long traces read back differ from those written");
+    assert!(whole.device_traces[0].iter().filter_map(|e| e.frames.as_ref()).all(|f| stacks.iter().any(|s| Arc::ptr_eq(s, f) || **s == **f)));
+    let mut loader = Loader::new(Some(data.len()));
+    for chunk in data.chunks(333_333) {
+        loader.feed(chunk).unwrap();
+    }
+    assert_eq!(loader.entries_decoded(), 170_014);
+    assert!(loader.finish().unwrap() == written);
+}

@@ -250,21 +250,3 @@ pub(crate) fn freed_sooner(p: &Patient, moves: &[(usize, usize)], how: &str) -> 
     let (before, after) = (as_recorded(p).ok()?, setup.replay(&edited, p.device).ok()?);
     Some(verified(how.to_string(), &setup, p.device, before, after, false))
 }
-
-/// `f` over each of `items`, in order: natively each on a thread of its own (the what-if replays
-/// are independent, and a 1 M-entry trace takes a quarter of a second each); in the browser's
-/// worker, one after the other.
-pub(crate) fn each_in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        std::thread::scope(|scope| {
-            let f = &f;
-            let running: Vec<_> = items.iter().map(|item| scope.spawn(move || f(item))).collect();
-            running.into_iter().map(|r| r.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
-        })
-    }
-    #[cfg(target_arch = "wasm32")]
-    {
-        items.iter().map(f).collect()
-    }
-}

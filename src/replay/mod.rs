@@ -321,19 +321,18 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     let final_segments: Vec<&trace::Segment> = snapshot.segments_of(device).collect();
     // Reconstruct with the rules the trace was recorded under.
     let known = options.known_start.as_ref().filter(|known| options.start != StartMode::Empty && known.of_trace(snapshot, device).is_some());
-    let mut start = match known {
+    // Released PyTorch versions write each segment's pool but not each entry's: their
+    // allocations cannot be routed, so such a trace replays with every segment in the default
+    // pool (as it was recorded against none). A trace with no entries has no decision to make.
+    // (Looked for while the start is reconstructed: a pass over the trace of its own.)
+    let pools_known = || trace.is_empty() || trace.iter().any(|e| e.pool_id().is_some());
+    let start = || match known {
         _ if options.start == StartMode::Empty => StartState::default(),
         Some(known) => (*known.state).clone(),
         None => start_state(&final_segments, trace, &recorded_config),
     };
-    let recorded = match known {
-        Some(known) => known.recorded.get_or_init(|| recorded_figures(trace, &start)).clone(),
-        None => recorded_figures(trace, &start),
-    };
-    // Released PyTorch versions write each segment's pool but not each entry's: their
-    // allocations cannot be routed, so such a trace replays with every segment in the default
-    // pool (as it was recorded against none). A trace with no entries has no decision to make.
-    let pools_known = trace.is_empty() || trace.iter().any(|e| e.pool_id().is_some());
+    let (mut start, pools_known) = crate::parallel::join(start, pools_known);
+    let start_totals = Totals::of_segments(&start.segments);
     if !pools_known {
         for s in &mut start.segments {
             s.segment_pool_id = DEFAULT_POOL;
@@ -345,7 +344,12 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     let start_reserved = run.alloc.reserved();
     let start_allocated = run.alloc.stats().allocated_bytes.all().current as u64;
     let largest_at_start = run.alloc.segments().iter().map(|s| s.total_size).max().unwrap_or(0);
-    let (replayed_to, reserved_curve) = run.play(options.curves, progress);
+    // What the trace alone shows is counted while it is replayed (a pass of its own).
+    let recorded = || match known {
+        Some(known) => known.recorded.get_or_init(|| recorded_figures(trace, start_totals)).clone(),
+        None => recorded_figures(trace, start_totals),
+    };
+    let ((replayed_to, reserved_curve), recorded) = crate::parallel::join(|| run.play(options.curves, progress), recorded);
     let largest_made = run.ours.device_allocs.iter().filter(|(action, _)| *action == Action::SegmentAlloc).map(|&(_, size)| size).max().unwrap_or(0);
 
     let segments = run.alloc.segments();
@@ -396,8 +400,8 @@ fn ratio(a: usize, b: usize) -> f64 {
 /// curves count them ([`trace::running_totals`]).
 /// One pass over the trace (64 bytes an entry): a 4 M entry trace's two passes took a tenth of
 /// each replay.
-fn recorded_figures(trace: &[TraceEntry], start: &StartState) -> Figures {
-    let mut at = Totals::of_segments(&start.segments);
+fn recorded_figures(trace: &[TraceEntry], start: Totals) -> Figures {
+    let mut at = start;
     let mut f = Figures { peak_reserved_bytes: at.reserved, peak_allocated_bytes: at.allocated, ..Figures::default() };
     for e in trace {
         match e.action {

@@ -12,6 +12,9 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 mod fast;
+mod lists;
+
+use lists::{Chunked, Lists};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
@@ -109,71 +112,15 @@ impl Caches {
 pub struct EntryCompactor {
     caches: Caches,
     /// Entries by the list they were appended to, in order.
-    lists: FxHashMap<NodeId, Chunked>,
+    lists: Lists,
     /// The key node last seen at each position of an entry's items, and which key it is.
     keys_at: Vec<(NodeId, Option<u8>)>,
-}
-
-/// A growing list of entries. In wasm, in fixed chunks: a grown `Vec` is copied there, so a
-/// doubling one of 1 M entries would briefly hold 1.5 times their size; `into_vec` frees chunk
-/// by chunk. Natively, one `Vec`: growing a large one moves no bytes (the system allocator
-/// remaps its pages) and `into_vec` reuses its buffer, where copying out of chunks wrote the
-/// 1 GB file's 0.8 GB of entries a second time.
-#[derive(Default)]
-struct Chunked {
-    #[cfg(target_arch = "wasm32")]
-    chunks: Vec<Vec<Option<TraceEntry>>>,
-    #[cfg(not(target_arch = "wasm32"))]
-    entries: Vec<Option<TraceEntry>>,
-    len: usize,
-}
-
-impl Chunked {
-    #[cfg(target_arch = "wasm32")]
-    const CHUNK: usize = 1 << 15;
-
-    fn push(&mut self, entry: TraceEntry) {
-        #[cfg(target_arch = "wasm32")]
-        {
-            if self.len.is_multiple_of(Self::CHUNK) {
-                self.chunks.push(Vec::with_capacity(Self::CHUNK));
-            }
-            self.chunks.last_mut().expect("a chunk was just made").push(Some(entry));
-        }
-        #[cfg(not(target_arch = "wasm32"))]
-        self.entries.push(Some(entry));
-        self.len += 1;
-    }
-
-    fn take(&mut self, i: usize) -> Option<TraceEntry> {
-        #[cfg(target_arch = "wasm32")]
-        return self.chunks.get_mut(i / Self::CHUNK)?.get_mut(i % Self::CHUNK)?.take();
-        #[cfg(not(target_arch = "wasm32"))]
-        self.entries.get_mut(i)?.take()
-    }
-
-    /// Every entry, in order (each is taken once, so all are there).
-    fn into_vec(self) -> Vec<TraceEntry> {
-        #[cfg(target_arch = "wasm32")]
-        {
-            let mut out = Vec::with_capacity(self.len);
-            for chunk in self.chunks {
-                out.extend(chunk.into_iter().flatten());
-            }
-            out
-        }
-        // Collected in place (an `Option<TraceEntry>` is a `TraceEntry`'s size; `filter_map` keeps
-        // the buffer where `flatten` makes a new one: 16 s against 19 s for the 1 GB file).
-        #[cfg(not(target_arch = "wasm32"))]
-        #[allow(clippy::filter_map_identity)]
-        self.entries.into_iter().filter_map(|entry| entry).collect()
-    }
 }
 
 impl EntryCompactor {
     /// Trace entries decoded so far.
     pub fn entries(&self) -> usize {
-        self.lists.values().map(|l| l.len).sum()
+        self.lists.entries()
     }
 
     /// For input whose nodes are never shared and are freed as it streams (JSON).
@@ -202,9 +149,7 @@ impl Compact for EntryCompactor {
             _ => return None,
         };
         release.insert(0, item);
-        let entries = self.lists.entry(list).or_default();
-        entries.push(entry);
-        Some((entries.len - 1) as u32)
+        Some(self.lists.push(list, entry) as u32)
     }
 
     fn entry(&mut self, arena: &Arena, items: &[Val], lasting: &dyn Fn(NodeId) -> bool, release: &mut Vec<NodeId>) -> Option<u32> {
@@ -786,8 +731,8 @@ impl<'a> Decoder<'a> {
 
 /// The typed snapshot of a parsed tree, with the entries `compactor` decoded during the parse.
 pub fn snapshot(arena: &Arena, root: NodeId, compactor: EntryCompactor) -> Result<Snapshot> {
-    let EntryCompactor { mut caches, mut lists, .. } = compactor;
-    Decoder { arena, c: &mut caches, lasting: &|_| true }.snapshot(root, &mut lists)
+    let EntryCompactor { mut caches, lists, .. } = compactor;
+    Decoder { arena, c: &mut caches, lasting: &|_| true }.snapshot(root, &mut lists.finish())
 }
 
 /// A Windows path (`C:\...\torch\functional.py`) with forward slashes, as Windows also

@@ -1,0 +1,34 @@
+//! Work on more than one core natively, one thing after another in the browser's worker (wasm
+//! has no threads there).
+
+/// `a` and `b`, natively at once (`b` on a thread of its own, `a` on this one).
+pub(crate) fn join<A, B: Send>(a: impl FnOnce() -> A, b: impl FnOnce() -> B + Send) -> (A, B) {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::thread::scope(|scope| {
+            let b = scope.spawn(b);
+            let a = a();
+            (a, b.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+        })
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        (a(), b())
+    }
+}
+
+/// `f` over each of `items`, in order: natively each on a thread of its own.
+pub(crate) fn each<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::thread::scope(|scope| {
+            let f = &f;
+            let running: Vec<_> = items.iter().map(|item| scope.spawn(move || f(item))).collect();
+            running.into_iter().map(|r| r.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        })
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        items.iter().map(f).collect()
+    }
+}

@@ -1,0 +1,238 @@
+//! Where decoded trace entries are kept, by the list the pickle appended them to. Natively a
+//! second thread keeps them once a list proves long: moving 0.8 GB of entries into fresh
+//! memory (its page faults, the growing lists) was a seventh of decoding the 1 GB file, on the
+//! one thread that parses. The parser's thread counts what each list holds, so that it answers
+//! as if it kept them itself.
+
+use super::*;
+
+/// The entries by list.
+#[derive(Default)]
+struct Kept {
+    lists: FxHashMap<NodeId, Chunked>,
+    /// The list appended to last, out of `lists` (entries come a list at a time).
+    current: Option<(NodeId, Chunked)>,
+}
+
+impl Kept {
+    fn append(&mut self, list: NodeId, entry: TraceEntry) {
+        match &mut self.current {
+            Some((current, entries)) if *current == list => entries.push(entry),
+            _ => {
+                if let Some((current, entries)) = self.current.take() {
+                    self.lists.insert(current, entries);
+                }
+                let mut entries = self.lists.remove(&list).unwrap_or_default();
+                entries.push(entry);
+                self.current = Some((list, entries));
+            }
+        }
+    }
+
+    fn finish(mut self) -> FxHashMap<NodeId, Chunked> {
+        if let Some((current, entries)) = self.current.take() {
+            self.lists.insert(current, entries);
+        }
+        self.lists
+    }
+}
+
+/// The parser's side: how long each list is, and where the entries are kept (here, or by the
+/// second thread).
+#[derive(Default)]
+pub(super) struct Lists {
+    lens: FxHashMap<NodeId, usize>,
+    /// The list appended to last, and its length.
+    last: Option<(NodeId, usize)>,
+    /// The entries, while they are kept on this thread: always in wasm, natively until a list
+    /// is long enough for the second thread to be worth starting.
+    kept: Kept,
+    #[cfg(not(target_arch = "wasm32"))]
+    keeper: Option<keeper::Keeper>,
+}
+
+impl Lists {
+    /// Entries appended to lists so far.
+    pub(super) fn entries(&self) -> usize {
+        let last = self.last.map_or(0, |(list, len)| len - self.lens.get(&list).copied().unwrap_or(0));
+        self.lens.values().sum::<usize>() + last
+    }
+
+    /// Appends `entry` to `list`: its index there.
+    pub(super) fn push(&mut self, list: NodeId, entry: TraceEntry) -> usize {
+        let index = match &mut self.last {
+            Some((last, len)) if *last == list => {
+                *len += 1;
+                *len - 1
+            }
+            _ => {
+                if let Some((last, len)) = self.last {
+                    self.lens.insert(last, len);
+                }
+                let len = self.lens.get(&list).copied().unwrap_or(0);
+                self.last = Some((list, len + 1));
+                len
+            }
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            if self.keeper.is_none() && index >= keeper::FROM {
+                self.keeper = Some(keeper::Keeper::start(std::mem::take(&mut self.kept)));
+            }
+            if let Some(keeper) = &mut self.keeper {
+                keeper.append(list, entry);
+                return index;
+            }
+        }
+        self.kept.append(list, entry);
+        index
+    }
+
+    /// Every list's entries, once all are kept.
+    pub(super) fn finish(self) -> FxHashMap<NodeId, Chunked> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(keeper) = self.keeper {
+            return keeper.finish();
+        }
+        self.kept.finish()
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+mod keeper {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A list this long has its entries kept by a second thread (one for every short file
+    /// would cost more than it saves).
+    pub(super) const FROM: usize = 1 << 16;
+    /// Entries handed over at a time.
+    const BATCH: usize = 1 << 12;
+
+    type Batch = Vec<(NodeId, TraceEntry)>;
+
+    /// The thread that keeps the entries, and the batch being filled for it.
+    pub(super) struct Keeper {
+        batch: Batch,
+        /// At most a few batches wait (a megabyte or two); spent ones come back to be refilled.
+        full: mpsc::SyncSender<Batch>,
+        spent: mpsc::Receiver<Batch>,
+        thread: std::thread::JoinHandle<Kept>,
+    }
+
+    impl Keeper {
+        /// Goes on keeping after what `kept` holds.
+        pub(super) fn start(mut kept: Kept) -> Keeper {
+            let (full, batches) = mpsc::sync_channel::<Batch>(4);
+            let (spent_tx, spent) = mpsc::channel();
+            // A parse that fails drops the sender: the thread ends, and frees what it kept.
+            let thread = std::thread::spawn(move || {
+                for mut batch in batches {
+                    for (list, entry) in batch.drain(..) {
+                        kept.append(list, entry);
+                    }
+                    let _ = spent_tx.send(batch);
+                }
+                kept
+            });
+            Keeper { batch: Vec::with_capacity(BATCH), full, spent, thread }
+        }
+
+        pub(super) fn append(&mut self, list: NodeId, entry: TraceEntry) {
+            self.batch.push((list, entry));
+            if self.batch.len() == BATCH {
+                self.send();
+            }
+        }
+
+        fn send(&mut self) {
+            let next = self.spent.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH));
+            let batch = std::mem::replace(&mut self.batch, next);
+            // Only a panic ends the thread before this sender is dropped: `finish` says so.
+            let _ = self.full.send(batch);
+        }
+
+        pub(super) fn finish(mut self) -> FxHashMap<NodeId, Chunked> {
+            if !self.batch.is_empty() {
+                self.send();
+            }
+            drop(self.full);
+            match self.thread.join() {
+                Ok(kept) => kept.finish(),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+    }
+}
+
+/// A growing list of entries. In wasm, in fixed chunks: a grown `Vec` is copied there, so a
+/// doubling one of 1 M entries would briefly hold 1.5 times their size; `into_vec` frees chunk
+/// by chunk. Natively, one `Vec`: growing a large one moves no bytes (the system allocator
+/// remaps its pages) and `into_vec` hands over its buffer as it is (the 1 GB file's 0.8 GB of
+/// entries are never written a second time).
+#[derive(Default)]
+pub(super) struct Chunked {
+    #[cfg(target_arch = "wasm32")]
+    chunks: Vec<Vec<Option<TraceEntry>>>,
+    #[cfg(not(target_arch = "wasm32"))]
+    entries: Vec<TraceEntry>,
+    /// Which entries `take` took, once it took any (a list the pickle wrote out of order).
+    #[cfg(not(target_arch = "wasm32"))]
+    taken: Vec<bool>,
+    pub(super) len: usize,
+}
+
+impl Chunked {
+    #[cfg(target_arch = "wasm32")]
+    const CHUNK: usize = 1 << 15;
+
+    pub(super) fn push(&mut self, entry: TraceEntry) {
+        #[cfg(target_arch = "wasm32")]
+        {
+            if self.len.is_multiple_of(Self::CHUNK) {
+                self.chunks.push(Vec::with_capacity(Self::CHUNK));
+            }
+            self.chunks.last_mut().expect("a chunk was just made").push(Some(entry));
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        self.entries.push(entry);
+        self.len += 1;
+    }
+
+    /// Entry `i`, unless it was taken already.
+    pub(super) fn take(&mut self, i: usize) -> Option<TraceEntry> {
+        #[cfg(target_arch = "wasm32")]
+        return self.chunks.get_mut(i / Self::CHUNK)?.get_mut(i % Self::CHUNK)?.take();
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            if self.taken.is_empty() {
+                self.taken = vec![false; self.entries.len()];
+            }
+            let taken = self.taken.get_mut(i)?;
+            if std::mem::replace(taken, true) {
+                return None;
+            }
+            // What stays behind is never read: `into_vec` is for lists none of whose entries
+            // were taken.
+            let placeholder = TraceEntry { action: Action::Snapshot, addr: 0, size: 0, stream: 0, time_us: None, frames: None, category: None, extra: None };
+            Some(std::mem::replace(&mut self.entries[i], placeholder))
+        }
+    }
+
+    /// Every entry, in order, of a list none of whose entries were taken.
+    pub(super) fn into_vec(self) -> Vec<TraceEntry> {
+        #[cfg(target_arch = "wasm32")]
+        {
+            let mut out = Vec::with_capacity(self.len);
+            for chunk in self.chunks {
+                out.extend(chunk.into_iter().flatten());
+            }
+            out
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            debug_assert!(self.taken.is_empty(), "into_vec after take");
+            self.entries
+        }
+    }
+}
