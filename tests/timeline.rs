@@ -634,3 +634,48 @@ fn a_trace_without_its_segments_warns_in_a_few_lines() {
     // 3,001 events (the segment, 1,000 allocs, 1,000 pairs of frees) cannot be undone; 5 named.
     assert!(about_events[5].starts_with("2996 more events like these"), "{}", about_events[5]);
 }
+
+/// A long trace's first image is drawn from bands laid out a sample per pixel column: at each
+/// sample they lie exactly where the full layout puts them, nothing else of the timeline differs,
+/// and laying them out fully afterwards gives the full layout itself.
+#[test]
+fn bands_laid_out_for_a_first_image_are_the_full_ones_at_each_column() {
+    let Some(dir) = common::fixtures_dir() else { return };
+    let lm = scenarios::run(&RunRequest { scenario: "lm-train".into(), ..Default::default() }).unwrap().snapshot;
+    let fixtures = common::FIXTURES.iter().map(|name| (name.to_string(), trace::load_file(&dir.join(name)).unwrap()));
+    for (name, snap) in fixtures.chain([("lm-train".to_string(), lm)]) {
+        for device in snap.devices() {
+            let known = tensormem::replay::KnownStart::of(&snap, device).unwrap();
+            let full = timeline::build_without_curves_from(&snap, device, &known).unwrap();
+            let width = 37;
+            let mut first = timeline::build_for_first_image_from(&snap, device, &known, width).unwrap();
+            assert_eq!(first.bands_for_width, Some(width));
+            assert_eq!(full.bands_for_width, None);
+            let (a, b) = (&first.allocations, &full.allocations);
+            assert_eq!((&a.start, &a.end, &a.group, &a.stack), (&b.start, &b.end, &b.group, &b.stack), "{name}");
+            assert_eq!(serde_json::to_string(&first.summary).unwrap(), serde_json::to_string(&full.summary).unwrap(), "{name}");
+            assert_eq!(first.groups.len(), full.groups.len(), "{name}");
+            let step = (first.events as u32 + 1).div_ceil(width).max(2);
+            let height_at = |t: &Timeline, id: usize, x: u32| t.pieces(id as u32).find(|p| p.x0 <= x && x < p.x1).map(|p| p.y);
+            for id in 0..a.size.len() {
+                let pieces: Vec<_> = first.pieces(id as u32).collect();
+                if a.start[id] == a.end[id] {
+                    assert!(pieces.is_empty(), "{name}: allocation {id} lives nowhere but has pieces");
+                    continue;
+                }
+                assert_eq!((pieces[0].x0, pieces.last().unwrap().x1), (a.start[id], a.end[id]), "{name}: allocation {id}");
+                for x in (a.start[id]..a.end[id]).filter(|x| x % step == 0) {
+                    assert_eq!(height_at(&first, id, x), height_at(&full, id, x), "{name}: allocation {id} at sample {x}");
+                }
+            }
+            first.lay_full_bands();
+            assert_eq!(first.bands_for_width, None);
+            assert_eq!(
+                (&first.allocations.piece_offsets, &first.pieces.x0, &first.pieces.y),
+                (&full.allocations.piece_offsets, &full.pieces.x0, &full.pieces.y),
+                "{name}"
+            );
+            assert_eq!(first.summary.warnings, full.summary.warnings, "{name}");
+        }
+    }
+}

@@ -92,6 +92,30 @@ fn the_page_hit_tests_and_steps_through_bands_across_the_boundary() {
     assert_eq!(view.stack_at(end), vec![1.0, 0.0, 2.0, 3000.0]);
 }
 
+/// A long trace's first view: its bands laid out a sample per pixel column, then fully when the
+/// page asks, after which its pieces and warnings are the full layout's, across the boundary.
+#[wasm_bindgen_test]
+fn the_page_lays_the_bands_out_fully_after_the_first_image() {
+    let (recorded, _) = variable_batch_recorded_and_stripped();
+    let loaded = tensormem::web::LoadedTrace::parse(&tensormem::trace::to_pickle(&recorded)).unwrap();
+    assert_eq!(loaded.events_of(0) as usize, recorded.device_traces[0].len());
+    assert_eq!(loaded.events_of(7), 0);
+    let full = loaded.timeline(0).unwrap();
+    assert!(!full.bands_for_first_image());
+    let mut view = loaded.timeline_for_first_image(0, 40).unwrap();
+    assert!(view.bands_for_first_image());
+    assert!(view.piece_x0().length() < full.piece_x0().length(), "a sample per column lays fewer pieces");
+    assert_eq!(view.alloc_end().to_vec(), full.alloc_end().to_vec());
+    assert!(view.lay_full_bands());
+    assert!(!view.bands_for_first_image());
+    assert_eq!(view.piece_offsets().to_vec(), full.piece_offsets().to_vec());
+    assert_eq!(view.piece_x0().to_vec(), full.piece_x0().to_vec());
+    assert_eq!(view.piece_y().to_vec(), full.piece_y().to_vec());
+    let meta: serde_json::Value = serde_json::from_str(&full.meta_json()).unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&view.summary_warnings_json()).unwrap(), meta["summary"]["warnings"]);
+    assert!(!view.lay_full_bands(), "laid out fully once");
+}
+
 /// The `variable-batch` scenario's trace, with the categories tensormem records, and without
 /// them as a PyTorch snapshot is.
 fn variable_batch_recorded_and_stripped() -> (tensormem::trace::Snapshot, tensormem::trace::Snapshot) {

@@ -311,10 +311,11 @@ function setPeak(el, bytes) {
 // no-op: the newest load always wins. `colorBy`: what colours the bands (null: the trace's
 // default, its recorded categories or else the inferred ones).
 async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
-  // By event index, the worker draws the first image with the layout (one round trip less).
+  // By event index, the worker draws the first image with the layout (one round trip less); for
+  // a long trace, from bands laid out for that image alone (see worker.js).
   const p = timeline.plot;
   const dpr = window.devicePixelRatio || 1;
-  const first = $('axis-select').value === 'event' ? { width: Math.round(p.w * dpr), height: Math.round(p.h * dpr) } : null;
+  const first = $('axis-select').value === 'event' ? { width: Math.round(p.w * dpr), height: Math.round(p.h * dpr), alone: FIRST_IMAGE_ALONE } : null;
   const data = await ask('timeline', { trace: info.trace, device: d, first, colorBy });
   if (ticket !== loadTicket) return false;
   // The trace's own grouping, which a comparison attributes by, whatever colours the bands.
@@ -348,8 +349,29 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
     performance.mark('tensormem:painted');
     if (current === info) showLive(timeline.cursor);
     diagnoseOnceSame(info, d, diagnosis);
+    if (data.bandsForFirstImage) layFullBands(data);
   });
   return true;
+}
+
+// A trace this long (events) has its first image drawn before its bands are laid out fully;
+// `?first-image-alone=N` sets another length (the page's tests use it on short traces).
+const FIRST_IMAGE_ALONE = Number(new URLSearchParams(location.search).get('first-image-alone') ?? 1 << 20);
+
+// The full layout of the bands of `data` (a view drawn from bands laid out for its first image),
+// asked for after the diagnosis: the hover, zoom and image then use it.
+async function layFullBands(data) {
+  let full;
+  try {
+    full = await ask('fullBands', { view: data.view });
+  } catch {
+    return; // the view is no longer shown
+  }
+  if (!full || timeline.data !== data) return;
+  timeline.setPieces(full.arrays);
+  data.meta.summary.warnings = full.warnings;
+  showSummary(data.meta.summary);
+  performance.mark('tensormem:full-bands');
 }
 
 // Diagnoses device `d` of `info` unless the diagnosis `ticket` is stale by then; a trace read back

@@ -91,6 +91,17 @@ export class Timeline {
     return new Promise((resolve) => { this.onPainted = resolve; });
   }
 
+  // The bands' pieces laid out again (fully, where the first image came from a layout for it
+  // alone): hovering reads them at once, and the image is drawn again from them.
+  // The image on screen stays until the new one arrives.
+  setPieces({ pieceOffsets, pieceX0, pieceY }) {
+    Object.assign(this.data.arrays, { pieceOffsets, pieceX0, pieceY });
+    this.pieceCache = new Map();
+    this.stackCache = null;
+    this.piecesVersion = (this.piecesVersion || 0) + 1;
+    this.requestDraw();
+  }
+
   // An image of the whole canvas as it was drawn when the same file was last opened (ImageData),
   // shown until setData: scaled to the canvas, and answering no pointer or key (no data).
   // clearPreview brings back the trace shown before.
@@ -421,7 +432,7 @@ export class Timeline {
 
   // What a layer depends on besides the view.
   layerKey(p, ymax, dpr) {
-    return `${p.w}x${p.h}@${dpr}|${ymax}|${[...this.hidden].join(',')}|${this.maskVersion}|${this.axis}|${this.replayVersion || 0}|${this.groupingVersion || 0}`;
+    return `${p.w}x${p.h}@${dpr}|${ymax}|${[...this.hidden].join(',')}|${this.maskVersion}|${this.axis}|${this.replayVersion || 0}|${this.groupingVersion || 0}|${this.piecesVersion || 0}`;
   }
 
   // Asks the worker for the bands of the view plus one view-width each side, at the view's

@@ -362,10 +362,15 @@ const inferredBuffers = (inferred) => (inferred ? [inferred.category.buffer, inf
 // trace's default: its own categories where it records them (tensormem's traces), else the
 // categories the doctor infers. A trace without categories of its own gets the inferred ones
 // whatever colours it (the page shows an allocation's in its details).
+//
+// A trace of `first.alone` events or more has its first image drawn from bands laid out a sample
+// per pixel column (a fraction of the full layout's time): the page asks for the full layout
+// ('fullBands') once it has asked for the diagnosis, so that the findings come first.
 function timeline(trace, device, first, colorBy) {
   progress('laying out the timeline', 1);
   const loaded = get(trace);
-  const t = loaded.timeline(device);
+  const alone = first && loaded.events_of(device) >= first.alone;
+  const t = alone ? loaded.timeline_for_first_image(device, first.width) : loaded.timeline(device);
   const options = t.color_options();
   const by = options.includes(colorBy) ? colorBy : options[0];
   t.set_color_by(by);
@@ -409,7 +414,8 @@ function timeline(trace, device, first, colorBy) {
       postMessage({ type: 'firstImage', view: viewId, pixels: null });
     }
   });
-  return { result: { view: viewId, device, arrays, meta, colorBy: { by, options }, inferred }, transfer, after };
+  const bandsForFirstImage = t.bands_for_first_image();
+  return { result: { view: viewId, device, arrays, meta, colorBy: { by, options }, inferred, bandsForFirstImage }, transfer, after };
 }
 
 function view(id) {
@@ -651,6 +657,15 @@ const handlers = {
     const allocGroup = t.alloc_group();
     const inferred = withInferred && by === 'inferred' ? inferredOf(t) : null;
     return { result: { allocGroup, groups: JSON.parse(t.groups_json()), by, inferred }, transfer: [allocGroup.buffer, ...inferredBuffers(inferred)] };
+  },
+  // The bands of a view laid out for its first image only, laid out fully: their pieces and the
+  // summary's warnings; null when they were laid out fully already.
+  async fullBands({ view: v }) {
+    const t = view(v);
+    if (!t.lay_full_bands()) return null;
+    const arrays = { pieceOffsets: t.piece_offsets(), pieceX0: t.piece_x0(), pieceY: t.piece_y() };
+    const warnings = JSON.parse(t.summary_warnings_json());
+    return { result: { view: v, arrays, warnings }, transfer: Object.values(arrays).map((a) => a.buffer) };
   },
   async timeline({ trace, device, first, colorBy }) {
     const out = timeline(trace, device, first, colorBy);

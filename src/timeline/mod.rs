@@ -49,6 +49,9 @@ pub struct Timeline {
     /// `record_function` ranges (the snapshot's external annotations) placed on the positions.
     pub spans: Vec<Span>,
     pub summary: TimelineSummary,
+    /// The bands were laid out a sample per pixel column of an image this wide, for a first image
+    /// sooner ([`build_for_first_image_from`]); [`Timeline::lay_full_bands`] lays them out fully.
+    pub bands_for_width: Option<u32>,
 }
 
 /// A named range of positions: a `record_function` scope from START to END, nested `depth` deep.
@@ -354,33 +357,51 @@ impl Timeline {
     }
 }
 
+/// How finely the bands are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bands {
+    /// Not at all: each allocation's lifetime only.
+    None,
+    /// Exactly, or sampled where that would pass [`stacking::PIECE_BUDGET`].
+    Full,
+    /// A sample per pixel column of an image this wide.
+    ForWidth(u32),
+}
+
 pub fn build(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, true, true, None)
+    build_with(snapshot, device, true, Bands::Full, None)
 }
 
 /// The timeline without its bands' pieces (each allocation's lifetime, stack and group, the
 /// curves): what the analysis reads, in time and memory linear in the trace whatever the order
 /// of its frees.
 pub fn build_without_bands(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, true, false, None)
+    build_with(snapshot, device, true, Bands::None, None)
 }
 
 /// The timeline with neither its bands nor its curves, from a start state already reconstructed
 /// (if it is this trace's): what the doctor reads (it walks the curves where it needs them, with
 /// [`Timeline::curves`]), without holding 24 bytes a position.
 pub fn build_lifetimes_from(snapshot: &Snapshot, device: i64, start: &replay::KnownStart) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, false, false, Some(start))
+    build_with(snapshot, device, false, Bands::None, Some(start))
 }
 
 /// The timeline without its three curves (8 bytes a position each): the page's worker hands them
 /// to JavaScript straight from [`curves`], so that wasm memory never holds them beside the bands.
 pub fn build_without_curves(snapshot: &Snapshot, device: i64) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, false, true, None)
+    build_with(snapshot, device, false, Bands::Full, None)
 }
 
 /// [`build_without_curves`] from a start state already reconstructed (if it is this trace's).
 pub fn build_without_curves_from(snapshot: &Snapshot, device: i64, start: &replay::KnownStart) -> Result<Timeline, replay::ReplayError> {
-    build_with(snapshot, device, false, true, Some(start))
+    build_with(snapshot, device, false, Bands::Full, Some(start))
+}
+
+/// [`build_without_curves_from`] with the bands sampled once per pixel column of an image
+/// `width` pixels wide: the first image of a long trace, drawn before the full layout (which
+/// [`Timeline::lay_full_bands`] adds). Everything but the bands' pieces is as laid out fully.
+pub fn build_for_first_image_from(snapshot: &Snapshot, device: i64, start: &replay::KnownStart, width: u32) -> Result<Timeline, replay::ReplayError> {
+    build_with(snapshot, device, false, Bands::ForWidth(width.max(1)), Some(start))
 }
 
 /// One position of the curves: requested bytes live, bytes reserved, and the time (NaN where
@@ -406,7 +427,7 @@ pub fn curves(trace: &[TraceEntry], start_allocated: u64, start_reserved: u64) -
     })
 }
 
-fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool, bands: bool, known: Option<&replay::KnownStart>) -> Result<Timeline, replay::ReplayError> {
+fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool, bands: Bands, known: Option<&replay::KnownStart>) -> Result<Timeline, replay::ReplayError> {
     replay::check_device(snapshot, device)?;
     let config = recorded_config(snapshot)?;
     let trace = snapshot.trace_of(device);
@@ -425,7 +446,7 @@ fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool, bands: bool, 
     let curve = b.lay_curves(trace, start_totals, keep_curves);
     let mut warnings = start.warnings.clone();
     let any_frames = b.lay_events(trace, &mut warnings);
-    let lifetimes = b.lay_bands(start, trace, bands, &mut warnings);
+    let lifetimes = b.lay_lifetimes(start, trace);
     notes::trace_warnings(&mut warnings, start_totals, trace, &lifetimes, any_frames);
     b.t.spans = spans(snapshot, device, trace);
     b.finish_groups(curve.peak_x);
@@ -448,7 +469,36 @@ fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool, bands: bool, 
         settings: config.to_string(),
         warnings,
     };
+    match bands {
+        Bands::None => b.t.allocations.piece_offsets = vec![0; b.t.allocations.size.len() + 1],
+        Bands::Full => b.t.lay_full_bands(),
+        Bands::ForWidth(width) => {
+            let a = &b.t.allocations;
+            let laid = stacking::lay_every(&a.size, &a.start, &a.end, trace.len(), (trace.len() as u32 + 1).div_ceil(width));
+            b.t.set_bands(laid);
+            b.t.bands_for_width = Some(width);
+        }
+    }
     Ok(b.t)
+}
+
+impl Timeline {
+    /// Lays the bands out fully, exactly or sampled past [`stacking::PIECE_BUDGET`] pieces (a
+    /// warning then says so), where they were laid out for a first image or not at all.
+    pub fn lay_full_bands(&mut self) {
+        let a = &self.allocations;
+        let laid = stacking::lay(&a.size, &a.start, &a.end, self.events, stacking::PIECE_BUDGET);
+        if let Some(step) = laid.sampled_every {
+            self.summary.warnings.push(notes::sampled_bands(step));
+        }
+        self.set_bands(laid);
+        self.bands_for_width = None;
+    }
+
+    fn set_bands(&mut self, laid: stacking::Bands) {
+        self.allocations.piece_offsets = laid.offsets;
+        self.pieces = laid.pieces;
+    }
 }
 
 /// What walking the curves found: each one's peak (the allocated one first reached at
@@ -581,20 +631,10 @@ impl Builder {
 
     /// Each allocation's end, then its pieces unless `bands` is false (the analysis reads only
     /// the lifetimes): a warning says when they were sampled rather than exact.
-    fn lay_bands(&mut self, start: &StartState, trace: &[TraceEntry], bands: bool, warnings: &mut Vec<String>) -> stacking::Lifetimes {
-        let a = &mut self.t.allocations;
-        let mut lifetimes = stacking::lifetimes(start, trace, a.size.len());
-        a.end = std::mem::take(&mut lifetimes.end);
-        if !bands {
-            a.piece_offsets = vec![0; a.size.len() + 1];
-            return lifetimes;
-        }
-        let laid = stacking::lay(&a.size, &a.start, &a.end, trace.len(), stacking::PIECE_BUDGET);
-        a.piece_offsets = laid.offsets;
-        self.t.pieces = laid.pieces;
-        if let Some(step) = laid.sampled_every {
-            warnings.push(notes::sampled_bands(step));
-        }
+    /// Each allocation's end (see [`stacking::lifetimes`]).
+    fn lay_lifetimes(&mut self, start: &StartState, trace: &[TraceEntry]) -> stacking::Lifetimes {
+        let mut lifetimes = stacking::lifetimes(start, trace, self.t.allocations.size.len());
+        self.t.allocations.end = std::mem::take(&mut lifetimes.end);
         lifetimes
     }
 

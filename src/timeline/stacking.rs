@@ -77,31 +77,16 @@ pub(super) struct Bands {
 pub(super) fn lay(size: &[f64], start: &[u32], end: &[u32], events: usize, budget: usize) -> Bands {
     let walk = Walk::new(start, end, events);
     let mut count = vec![0u32; size.len()];
-    let exact = walk.run(size, None, budget, &mut |id, _, _| count[id as usize] += 1);
-    let sampled_every = (!exact).then(|| {
-        count.fill(0);
-        let step = sampling_step(start, end, budget);
-        walk.run(size, Some(step), usize::MAX, &mut |id, _, _| count[id as usize] += 1);
-        step
-    });
-    let mut offsets = Vec::with_capacity(count.len() + 1);
-    let mut total = 0u32;
-    for &c in &count {
-        offsets.push(total);
-        total += c;
+    if walk.run(size, None, budget, &mut |id, _, _| count[id as usize] += 1) {
+        return walk.write(size, None, count);
     }
-    offsets.push(total);
-    drop(count);
+    walk.sampled(size, sampling_step(start, end, budget))
+}
 
-    let mut pieces = Pieces { x0: vec![0; total as usize], y: vec![0.0; total as usize] };
-    let mut next = offsets.clone();
-    walk.run(size, sampled_every, usize::MAX, &mut |id, x0, y| {
-        let k = next[id as usize] as usize;
-        next[id as usize] += 1;
-        pieces.x0[k] = x0;
-        pieces.y[k] = y as f32;
-    });
-    Bands { offsets, pieces, sampled_every }
+/// Lays the bands sampled every `step` positions (at least 2): what a first image needs, a
+/// sample per pixel column, in time linear in the allocations whatever the order of their frees.
+pub(super) fn lay_every(size: &[f64], start: &[u32], end: &[u32], events: usize, step: u32) -> Bands {
+    Walk::new(start, end, events).sampled(size, step.max(2))
 }
 
 /// The step at which sampling every live band keeps the pieces near `budget`: the bands' total
@@ -153,6 +138,36 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
+    /// The bands sampled every `step` positions: their pieces counted, then written.
+    fn sampled(&self, size: &[f64], step: u32) -> Bands {
+        let mut count = vec![0u32; size.len()];
+        self.run(size, Some(step), usize::MAX, &mut |id, _, _| count[id as usize] += 1);
+        self.write(size, Some(step), count)
+    }
+
+    /// Writes the pieces of a walk (exact, or sampled every `step`) whose pieces per allocation
+    /// were counted.
+    fn write(&self, size: &[f64], step: Option<u32>, count: Vec<u32>) -> Bands {
+        let mut offsets = Vec::with_capacity(count.len() + 1);
+        let mut total = 0u32;
+        for &c in &count {
+            offsets.push(total);
+            total += c;
+        }
+        offsets.push(total);
+        drop(count);
+
+        let mut pieces = Pieces { x0: vec![0; total as usize], y: vec![0.0; total as usize] };
+        let mut next = offsets.clone();
+        self.run(size, step, usize::MAX, &mut |id, x0, y| {
+            let k = next[id as usize] as usize;
+            next[id as usize] += 1;
+            pieces.x0[k] = x0;
+            pieces.y[k] = y as f32;
+        });
+        Bands { offsets, pieces, sampled_every: step }
+    }
+
     fn new(start: &'a [u32], end: &'a [u32], events: usize) -> Walk<'a> {
         let last = events as u32 + 1;
         let lives = |id: u32| start[id as usize] < end[id as usize];

@@ -201,6 +201,30 @@ impl TimelineArrays {
         .to_string()
     }
 
+    /// Whether the bands were laid out for a first image only (a sample per pixel column); see
+    /// [`TimelineArrays::lay_full_bands`].
+    pub fn bands_for_first_image(&self) -> bool {
+        self.t.bands_for_width.is_some()
+    }
+
+    /// Lays the bands out fully where they were laid out for a first image: the pieces
+    /// (`piece_*`) and the warnings (`summary_warnings_json`) change. False when they were
+    /// laid out fully already.
+    pub fn lay_full_bands(&mut self) -> bool {
+        if self.t.bands_for_width.is_none() {
+            return false;
+        }
+        // The doctor's share of the timeline is given back when it is done (after a finder's
+        // panic it never is, and this copies the timeline once: see `laid_out`).
+        Rc::make_mut(&mut self.t).lay_full_bands();
+        true
+    }
+
+    /// The summary's warnings (as in `meta_json`).
+    pub fn summary_warnings_json(&self) -> String {
+        serde_json::to_string(&self.t.summary.warnings).unwrap_or_default()
+    }
+
     /// The groups colouring the bands now (as in `meta_json`), after [`TimelineArrays::set_color_by`].
     pub fn groups_json(&self) -> String {
         serde_json::to_string(&self.t.groups).unwrap_or_default()

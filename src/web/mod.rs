@@ -200,6 +200,11 @@ impl LoadedTrace {
         trace::cache::encode(&self.snapshot, &starts, &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
     }
 
+    /// The number of entries in `device`'s trace (0 for a device without one).
+    pub fn events_of(&self, device: i32) -> u32 {
+        self.snapshot.trace_of(device as i64).len() as u32
+    }
+
     /// Device indices with segments or a trace.
     pub fn devices(&self) -> Vec<i32> {
         self.snapshot.devices().into_iter().map(|d| d as i32).collect()
@@ -229,6 +234,14 @@ impl LoadedTrace {
     /// them, else by frame (see [`TimelineArrays::set_color_by`]).
     pub fn timeline(&self, device: i32) -> Result<TimelineArrays, JsError> {
         let t = timeline::build_without_curves_from(&self.snapshot, device as i64, &self.start_of(device as i64)?).map_err(js_error)?;
+        Ok(TimelineArrays::new(t, &self.snapshot))
+    }
+
+    /// [`LoadedTrace::timeline`] with its bands laid out a sample per pixel column of an image
+    /// `width` pixels wide, for the first image of a long trace; the full layout follows with
+    /// [`TimelineArrays::lay_full_bands`].
+    pub fn timeline_for_first_image(&self, device: i32, width: u32) -> Result<TimelineArrays, JsError> {
+        let t = timeline::build_for_first_image_from(&self.snapshot, device as i64, &self.start_of(device as i64)?, width).map_err(js_error)?;
         Ok(TimelineArrays::new(t, &self.snapshot))
     }
 

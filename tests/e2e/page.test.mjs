@@ -715,6 +715,62 @@ test('the page hit-tests the bands itself, answering as the worker does; a band 
   assert.deepEqual([compared.ghostHit, compared.again], [false, true]);
 });
 
+test('a long trace is drawn first from bands laid out for its first image, then laid out fully (here any trace, by ?first-image-alone=0)', async () => {
+  const file = join(fixtures, 'gpt-medium-ctx128-training.pickle');
+  const pieces = async (page) => page.evaluate(() => {
+    const a = window.__tensormem.timeline.data.arrays;
+    return { offsets: Array.from(a.pieceOffsets), x0: a.pieceX0.length, y: a.pieceY.length };
+  });
+  const fullBands = (page, n) => page.waitForFunction((k) => performance.getEntriesByName('tensormem:full-bands').length === k, n, { timeout: 30000 });
+  const full = await newPage();
+  await full.goto(baseUrl);
+  await painted(full);
+  await openFile(full, file, 2);
+  const expected = await pieces(full);
+  await full.close();
+
+  const page = await newPage();
+  await page.goto(`${baseUrl}?first-image-alone=0`);
+  await painted(page);
+  await fullBands(page, 1);
+  // How many pieces the first image's layout had, seen as the full layout replaces it.
+  await page.evaluate(() => {
+    const t = window.__tensormem.timeline;
+    const setPieces = t.setPieces;
+    t.setPieces = function (arrays) {
+      window.firstPieces = this.data.arrays.pieceX0.length;
+      return setPieces.call(this, arrays);
+    };
+  });
+  await openFile(page, file, 2);
+  assert.ok(await inkedFraction(page) > 0.1, 'the first image has bands');
+  await fullBands(page, 2);
+  const first = await page.evaluate(() => window.firstPieces);
+  assert.ok(first < expected.x0, `the first image's layout has fewer pieces (${first} against ${expected.x0})`);
+  const marks = await page.evaluate(() => ['painted', 'full-bands'].map((m) => performance.getEntriesByName(`tensormem:${m}`)[1].startTime));
+  assert.ok(marks[0] < marks[1], 'painted before the full layout');
+  assert.deepEqual(await pieces(page), expected, 'laid out fully, the pieces are those of a page that laid them out at once');
+  // The page's hit test reads the new pieces, and answers as the worker does.
+  const differ = await page.evaluate(async () => {
+    const t = window.__tensormem.timeline;
+    const p = t.plot;
+    const out = [];
+    for (let i = 0; i < 20; i++) {
+      const request = { pos: t.positionAt(t.xOfPx(p.x + ((i + 0.5) / 20) * p.w, p)), bytes: t.yMax() * (0.05 + (i % 10) / 12), slack: t.yMax() / p.h };
+      const mine = await t.backend.hitTest(request);
+      const worker = await window.__tensormem.ask('hitTest', { view: t.data.view, ...request });
+      if (mine !== worker) out.push({ ...request, mine, worker });
+    }
+    return out;
+  });
+  assert.deepEqual(differ, []);
+  await frame(page);
+  assert.ok(await inkedFraction(page) > 0.1, 'the image drawn again from the full layout has bands');
+  await page.locator('[data-testid=timeline]').screenshot({ path: join(shots, 'first-image-then-full-bands.png') });
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
 test('names from a snapshot are shown as text, never run as markup', async () => {
   // A trace of tensormem's whose frames are renamed with HTML, and whose categories are dropped
   // so that its bands are grouped, and named, by those frames.
