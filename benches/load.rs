@@ -1,8 +1,9 @@
 //! `cargo bench --bench load`: opening a snapshot, phase by phase, against a baseline measured in
 //! the same run: a plain read of the file's bytes (issue 51). Phases: decoding the file into a
 //! `Snapshot`, opening it again from the kept decode (hashing the file, reading the cache file
-//! back), the page's timeline layout and its first image, and one replay (what `tensormem summary` adds), the second
-//! time from the start state kept beside the decode. On
+//! back), the page's timeline layout and its first image (and the same image from bands laid
+//! out for it alone, as the page draws a long trace first), and one replay (what `tensormem
+//! summary` adds), the second time from the start state kept beside the decode. On
 //! generated training-loop snapshots of 100 k and 1 M entries (about 10 and 100 MB), and on
 //! `TENSORMEM_BIG` when it names a file (`python3 ../shared/tools/gen_big_snapshot.py 11500000
 //! big.pickle` writes the issue's 1.04 GB one). Goal for the 1 GB file: `summary` within 4 s.
@@ -38,13 +39,19 @@ fn phases(name: &str, path: &Path) {
     let (layout, timeline) = timed(|| tensormem::timeline::build(&snapshot, 0).unwrap());
     let (image, _) = timed(|| first_image(&timeline));
     drop(timeline);
+    // The page's first image of a long trace: its bands laid out for it alone (a sample per
+    // pixel column), from the start state the page reconstructed first.
+    let (alone, _) = timed(|| {
+        let t = tensormem::timeline::build_for_first_image_from(&snapshot, 0, &known, 1400).unwrap();
+        first_image(&t)
+    });
     let (replay, _) = timed(|| replay_device(&snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap());
     let known_again = KnownStart::all_kept(&again.snapshot, again.starts).pop();
     let (replay_again, _) =
         timed(|| replay_device(&again.snapshot, 0, &ReplayOptions { known_start: known_again, ..Default::default() }, &mut |_, _| {}).unwrap());
     drop(again.snapshot);
     println!(
-        "{name}: {:.1} MB, {events} entries; read {:.2} s; decode {:.2} s = {:.1}x the read; again from the cache: hash {:.2} s ({:.1}x) + read back {:.2} s ({:.1}x) of {:.1} MB kept in {:.2} s; layout {:.2} s ({:.1}x); its first image {:.2} s; replay {:.2} s ({:.1}x), of which its start {:.2} s; from the start kept {:.2} s ({:.1}x)",
+        "{name}: {:.1} MB, {events} entries; read {:.2} s; decode {:.2} s = {:.1}x the read; again from the cache: hash {:.2} s ({:.1}x) + read back {:.2} s ({:.1}x) of {:.1} MB kept in {:.2} s; layout {:.2} s ({:.1}x); its first image {:.2} s; or, with bands laid out for it alone, both {:.2} s after the start; replay {:.2} s ({:.1}x), of which its start {:.2} s; from the start kept {:.2} s ({:.1}x)",
         size as f64 / 1e6,
         read,
         load,
@@ -58,6 +65,7 @@ fn phases(name: &str, path: &Path) {
         layout,
         layout / read,
         image,
+        alone,
         replay,
         replay / read,
         start,

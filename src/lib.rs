@@ -25,13 +25,13 @@ pub mod files;
 #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
 pub(crate) mod kernels;
 pub mod nn;
-mod parallel;
 pub mod predict;
 pub mod pytorch;
 pub mod replay;
 pub mod report;
 pub mod scenarios;
 pub mod tensor;
+mod threads;
 pub mod timeline;
 pub mod trace;
 pub mod units;

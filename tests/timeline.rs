@@ -640,10 +640,10 @@ fn a_trace_without_its_segments_warns_in_a_few_lines() {
 /// and laying them out fully afterwards gives the full layout itself.
 #[test]
 fn bands_laid_out_for_a_first_image_are_the_full_ones_at_each_column() {
-    let Some(dir) = common::fixtures_dir() else { return };
     let lm = scenarios::run(&RunRequest { scenario: "lm-train".into(), ..Default::default() }).unwrap().snapshot;
-    let fixtures = common::FIXTURES.iter().map(|name| (name.to_string(), trace::load_file(&dir.join(name)).unwrap()));
-    for (name, snap) in fixtures.chain([("lm-train".to_string(), lm)]) {
+    let dir = common::fixtures_dir();
+    let fixtures = dir.iter().flat_map(|dir| common::FIXTURES.iter().map(move |name| (name.to_string(), trace::load_file(&dir.join(name)).unwrap())));
+    for (name, snap) in [("lm-train".to_string(), lm)].into_iter().chain(fixtures) {
         for device in snap.devices() {
             let known = tensormem::replay::KnownStart::of(&snap, device).unwrap();
             let full = timeline::build_without_curves_from(&snap, device, &known).unwrap();

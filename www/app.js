@@ -345,10 +345,12 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
   // What is live at the cursor (the peak) and the allocator state there (replayed in the
   // worker), then the doctor's findings: after the first paint, which does not wait for them.
   info.painted = painted;
-  painted.then(() => {
+  painted.then(async () => {
     performance.mark('tensormem:painted');
     if (current === info) showLive(timeline.cursor);
-    diagnoseOnceSame(info, d, diagnosis);
+    // The full layout is asked for once the diagnosis is (a file read back from its kept decode
+    // is diagnosed once it is hashed again), so that the page's worker gives the findings first.
+    await diagnoseOnceSame(info, d, diagnosis);
     if (data.bandsForFirstImage) layFullBands(data);
   });
   return true;
@@ -358,19 +360,22 @@ async function showDevice(info, d, ticket = loadTicket, colorBy = null) {
 // `?first-image-alone=N` sets another length (the page's tests use it on short traces).
 const FIRST_IMAGE_ALONE = Number(new URLSearchParams(location.search).get('first-image-alone') ?? 1 << 20);
 
-// The full layout of the bands of `data` (a view drawn from bands laid out for its first image),
-// asked for after the diagnosis: the hover, zoom and image then use it.
+// The full layout of the bands of `data` (a view drawn from bands laid out for its first image):
+// the hover, zoom and image then use it. Kept in `data` even while it is not on screen (a preview
+// of a file opened again may be), since the worker's view has it from then on.
 async function layFullBands(data) {
   let full;
   try {
     full = await ask('fullBands', { view: data.view });
-  } catch {
-    return; // the view is no longer shown
+  } catch (e) {
+    if (!/no longer shown/.test(e.message)) showError(`The bands could not be laid out fully: ${e.message}`);
+    return;
   }
-  if (!full || timeline.data !== data) return;
-  timeline.setPieces(full.arrays);
+  if (!full) return;
+  data.bandsForFirstImage = false;
   data.meta.summary.warnings = full.warnings;
-  showSummary(data.meta.summary);
+  timeline.setPieces(data, full.arrays);
+  if (timeline.data === data) showSummary(data.meta.summary);
   performance.mark('tensormem:full-bands');
 }
 

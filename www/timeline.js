@@ -91,11 +91,11 @@ export class Timeline {
     return new Promise((resolve) => { this.onPainted = resolve; });
   }
 
-  // The bands' pieces laid out again (fully, where the first image came from a layout for it
-  // alone): hovering reads them at once, and the image is drawn again from them.
-  // The image on screen stays until the new one arrives.
-  setPieces({ pieceOffsets, pieceX0, pieceY }) {
-    Object.assign(this.data.arrays, { pieceOffsets, pieceX0, pieceY });
+  // The bands' pieces of `data` laid out again (fully, where the first image came from a layout
+  // for it alone), whether or not it is on screen now (a preview may be): hovering reads them at
+  // once, and the image is drawn again from them; the one on screen stays until then.
+  setPieces(data, { pieceOffsets, pieceX0, pieceY }) {
+    Object.assign(data.arrays, { pieceOffsets, pieceX0, pieceY });
     this.pieceCache = new Map();
     this.stackCache = null;
     this.piecesVersion = (this.piecesVersion || 0) + 1;

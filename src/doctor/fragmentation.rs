@@ -69,7 +69,7 @@ pub(super) fn find(p: &Patient) -> Result<Option<Finding>, DoctorError> {
     let before = as_recorded(p)?;
     let settings = candidate_settings(&replay::recorded_config(p.snapshot)?);
     // Natively on a thread each (a 1 M-entry trace takes a quarter of a second a replay).
-    let outcomes = crate::parallel::each(&settings, |setting| candidate_outcome(p, setting, before));
+    let outcomes = crate::threads::each(&settings, |setting| candidate_outcome(p, setting, before));
     let what_ifs = settings
         .iter()
         .zip(outcomes)

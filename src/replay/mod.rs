@@ -331,7 +331,9 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
         Some(known) => (*known.state).clone(),
         None => start_state(&final_segments, trace, &recorded_config),
     };
-    let (mut start, pools_known) = crate::parallel::join(start, pools_known);
+    // Two passes over a long trace at once (a thread costs more than a short one's passes).
+    let long = trace.len() >= 1 << 16;
+    let (mut start, pools_known) = crate::threads::join(long, start, pools_known);
     let start_totals = Totals::of_segments(&start.segments);
     if !pools_known {
         for s in &mut start.segments {
@@ -349,7 +351,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
         Some(known) => known.recorded.get_or_init(|| recorded_figures(trace, start_totals)).clone(),
         None => recorded_figures(trace, start_totals),
     };
-    let ((replayed_to, reserved_curve), recorded) = crate::parallel::join(|| run.play(options.curves, progress), recorded);
+    let ((replayed_to, reserved_curve), recorded) = crate::threads::join(long, || run.play(options.curves, progress), recorded);
     let largest_made = run.ours.device_allocs.iter().filter(|(action, _)| *action == Action::SegmentAlloc).map(|&(_, size)| size).max().unwrap_or(0);
 
     let segments = run.alloc.segments();

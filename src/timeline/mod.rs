@@ -399,7 +399,8 @@ pub fn build_without_curves_from(snapshot: &Snapshot, device: i64, start: &repla
 
 /// [`build_without_curves_from`] with the bands sampled once per pixel column of an image
 /// `width` pixels wide: the first image of a long trace, drawn before the full layout (which
-/// [`Timeline::lay_full_bands`] adds). Everything but the bands' pieces is as laid out fully.
+/// [`Timeline::lay_full_bands`] adds). Everything but the bands' pieces is as laid out fully
+/// (and the warning that the full layout adds where it samples the bands past its budget).
 pub fn build_for_first_image_from(snapshot: &Snapshot, device: i64, start: &replay::KnownStart, width: u32) -> Result<Timeline, replay::ReplayError> {
     build_with(snapshot, device, false, Bands::ForWidth(width.max(1)), Some(start))
 }

@@ -737,9 +737,9 @@ test('a long trace is drawn first from bands laid out for its first image, then 
   await page.evaluate(() => {
     const t = window.__tensormem.timeline;
     const setPieces = t.setPieces;
-    t.setPieces = function (arrays) {
-      window.firstPieces = this.data.arrays.pieceX0.length;
-      return setPieces.call(this, arrays);
+    t.setPieces = function (data, arrays) {
+      window.firstPieces = data.arrays.pieceX0.length;
+      return setPieces.call(this, data, arrays);
     };
   });
   await openFile(page, file, 2);

@@ -76,8 +76,12 @@ impl Lists {
         };
         #[cfg(not(target_arch = "wasm32"))]
         {
-            if self.keeper.is_none() && index >= keeper::FROM {
-                self.keeper = Some(keeper::Keeper::start(std::mem::take(&mut self.kept)));
+            if self.keeper.is_none() && index == keeper::FROM {
+                // Where the system gives no thread, the entries stay kept here.
+                match keeper::Keeper::start(std::mem::take(&mut self.kept)) {
+                    Ok(keeper) => self.keeper = Some(keeper),
+                    Err(kept) => self.kept = kept,
+                }
             }
             if let Some(keeper) = &mut self.keeper {
                 keeper.append(list, entry);
@@ -121,12 +125,16 @@ mod keeper {
     }
 
     impl Keeper {
-        /// Goes on keeping after what `kept` holds.
-        pub(super) fn start(mut kept: Kept) -> Keeper {
+        /// Goes on keeping after what `kept` holds; gives it back if no thread can be started.
+        pub(super) fn start(kept: Kept) -> std::result::Result<Keeper, Kept> {
             let (full, batches) = mpsc::sync_channel::<Batch>(4);
             let (spent_tx, spent) = mpsc::channel();
+            // Handed to the thread through a slot, so that it comes back if none starts.
+            let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(kept)));
+            let handed = slot.clone();
             // A parse that fails drops the sender: the thread ends, and frees what it kept.
-            let thread = std::thread::spawn(move || {
+            let started = std::thread::Builder::new().name("tensormem-keep-entries".into()).spawn(move || {
+                let mut kept = handed.lock().expect("taken once").take().expect("handed over");
                 for mut batch in batches {
                     for (list, entry) in batch.drain(..) {
                         kept.append(list, entry);
@@ -135,7 +143,10 @@ mod keeper {
                 }
                 kept
             });
-            Keeper { batch: Vec::with_capacity(BATCH), full, spent, thread }
+            match started {
+                Ok(thread) => Ok(Keeper { batch: Vec::with_capacity(BATCH), full, spent, thread }),
+                Err(_) => Err(slot.lock().expect("no thread holds it").take().expect("never handed over")),
+            }
         }
 
         pub(super) fn append(&mut self, list: NodeId, entry: TraceEntry) {

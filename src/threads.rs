@@ -1,20 +1,19 @@
 //! Work on more than one core natively, one thing after another in the browser's worker (wasm
 //! has no threads there).
 
-/// `a` and `b`, natively at once (`b` on a thread of its own, `a` on this one).
-pub(crate) fn join<A, B: Send>(a: impl FnOnce() -> A, b: impl FnOnce() -> B + Send) -> (A, B) {
+/// `a` and `b`, natively at once (`b` on a thread of its own, `a` on this one) when `worth_it`
+/// (a thread costs tens of microseconds: work on a short trace is done sooner on one).
+pub(crate) fn join<A, B: Send>(worth_it: bool, a: impl FnOnce() -> A, b: impl FnOnce() -> B + Send) -> (A, B) {
     #[cfg(not(target_arch = "wasm32"))]
-    {
-        std::thread::scope(|scope| {
+    if worth_it {
+        return std::thread::scope(|scope| {
             let b = scope.spawn(b);
             let a = a();
             (a, b.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-        })
+        });
     }
-    #[cfg(target_arch = "wasm32")]
-    {
-        (a(), b())
-    }
+    let _ = worth_it;
+    (a(), b())
 }
 
 /// `f` over each of `items`, in order: natively each on a thread of its own.
