@@ -324,8 +324,16 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     // Released PyTorch versions write each segment's pool but not each entry's: their
     // allocations cannot be routed, so such a trace replays with every segment in the default
     // pool (as it was recorded against none). A trace with no entries has no decision to make.
-    // (Looked for while the start is reconstructed: a pass over the trace of its own.)
-    let pools_known = || trace.is_empty() || trace.iter().any(|e| e.pool_id().is_some());
+    // Looked for, with the highest address the trace names (the replay's own segments go above
+    // it), while the start is reconstructed: a pass over the trace of its own.
+    let trace_facts = || {
+        let (mut pools, mut highest) = (false, 0u64);
+        for e in trace {
+            pools |= e.pool_id().is_some();
+            highest = highest.max(e.addr.saturating_add(e.size));
+        }
+        (trace.is_empty() || pools, highest)
+    };
     let start = || match known {
         _ if options.start == StartMode::Empty => StartState::default(),
         Some(known) => (*known.state).clone(),
@@ -333,7 +341,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     };
     // Two passes over a long trace at once (a thread costs more than a short one's passes).
     let long = trace.len() >= 1 << 16;
-    let (mut start, pools_known) = crate::threads::join(long, start, pools_known);
+    let (mut start, (pools_known, highest)) = crate::threads::join(long, start, trace_facts);
     let start_totals = Totals::of_segments(&start.segments);
     if !pools_known {
         for s in &mut start.segments {
@@ -342,7 +350,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     }
     let mut warnings = start.warnings.clone();
 
-    let (mut run, out_of_memory_at_start) = Run::set_up(trace, &final_segments, &start, &config, device, options, &mut warnings);
+    let (mut run, out_of_memory_at_start) = Run::set_up(trace, highest, &final_segments, &start, &config, device, options, &mut warnings);
     let start_reserved = run.alloc.reserved();
     let start_allocated = run.alloc.stats().allocated_bytes.all().current as u64;
     let largest_at_start = run.alloc.segments().iter().map(|s| s.total_size).max().unwrap_or(0);

@@ -61,8 +61,11 @@ impl<'a> Run<'a> {
     /// The run's allocator, under `config`, holding the trace's start state as `options.start`
     /// asks: the recorded segments and blocks, or the live allocations placed afresh. Also
     /// returns, when the start state alone does not fit the capacity, what ran out.
+    /// `highest`: the end of the highest range (address plus size) an entry of the trace names.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn set_up(
         trace: &'a [TraceEntry],
+        highest: u64,
         final_segments: &[&trace::Segment],
         start: &StartState,
         config: &AllocatorConfig,
@@ -71,8 +74,7 @@ impl<'a> Run<'a> {
         warnings: &mut Vec<String>,
     ) -> (Run<'a>, Option<String>) {
         // Fresh virtual addresses start above everything the file mentions, so they never collide.
-        let highest =
-            final_segments.iter().map(|s| s.address.saturating_add(s.total_size)).chain(trace.iter().map(|e| e.addr.saturating_add(e.size))).max().unwrap_or(0);
+        let highest = final_segments.iter().map(|s| s.address.saturating_add(s.total_size)).fold(highest, u64::max);
         let allocator = |base: u64| {
             let mut alloc = VirtualAllocator::new(config.clone(), VirtualSegments::starting_at(base)).with_device(device);
             alloc.set_capacity(options.capacity);
