@@ -7,9 +7,9 @@ use std::path::Path;
 
 /// Bottom to top. Within the analysis and the engine a module may use the ones before it.
 #[rustfmt::skip]
-const ORDER: [&str; 22] = [
-    // Plain data and files.
-    "clock", "units", "files", "dtype", "cards", "trace",
+const ORDER: [&str; 23] = [
+    // Plain data and files, and work on more than one core.
+    "clock", "units", "files", "threads", "dtype", "cards", "trace",
     // PyTorch's caching allocator, and what is read from it.
     "alloc", "report", "replay",
     // The analysis of a trace: no tensors, no GPU (`pytorch`: what PyTorch's frames say).
