@@ -3,6 +3,7 @@
 
 /// `a` and `b`, natively at once (`b` on a thread of its own, `a` on this one) when `worth_it`
 /// (a thread costs tens of microseconds: work on a short trace is done sooner on one).
+#[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
 pub(crate) fn join<A, B: Send>(worth_it: bool, a: impl FnOnce() -> A, b: impl FnOnce() -> B + Send) -> (A, B) {
     #[cfg(not(target_arch = "wasm32"))]
     if worth_it {
@@ -12,7 +13,6 @@ pub(crate) fn join<A, B: Send>(worth_it: bool, a: impl FnOnce() -> A, b: impl Fn
             (a, b.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
         });
     }
-    let _ = worth_it;
     (a(), b())
 }
 

@@ -630,8 +630,6 @@ impl Builder {
         a.group.push(group);
     }
 
-    /// Each allocation's end, then its pieces unless `bands` is false (the analysis reads only
-    /// the lifetimes): a warning says when they were sampled rather than exact.
     /// Each allocation's end (see [`stacking::lifetimes`]).
     fn lay_lifetimes(&mut self, start: &StartState, trace: &[TraceEntry]) -> stacking::Lifetimes {
         let mut lifetimes = stacking::lifetimes(start, trace, self.t.allocations.size.len());

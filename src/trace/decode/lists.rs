@@ -1,49 +1,55 @@
 //! Where decoded trace entries are kept, by the list the pickle appended them to. Natively a
 //! second thread keeps them once a list proves long: moving 0.8 GB of entries into fresh
-//! memory (its page faults, the growing lists) was a seventh of decoding the 1 GB file, on the
-//! one thread that parses. The parser's thread counts what each list holds, so that it answers
+//! memory (its page faults, the growing lists) was about a tenth of decoding the 1 GB file, on
+//! the one thread that parses. The parser's thread counts what each list holds, so that it answers
 //! as if it kept them itself.
 
 use super::*;
 
-/// The entries by list.
-#[derive(Default)]
-struct Kept {
-    lists: FxHashMap<NodeId, Chunked>,
-    /// The list appended to last, out of `lists` (entries come a list at a time).
-    current: Option<(NodeId, Chunked)>,
+/// A value per list, the one used last held apart: entries come a list at a time, so most
+/// appends look nothing up.
+struct ByList<T> {
+    others: FxHashMap<NodeId, T>,
+    last: Option<(NodeId, T)>,
 }
 
-impl Kept {
-    fn append(&mut self, list: NodeId, entry: TraceEntry) {
-        match &mut self.current {
-            Some((current, entries)) if *current == list => entries.push(entry),
-            _ => {
-                if let Some((current, entries)) = self.current.take() {
-                    self.lists.insert(current, entries);
-                }
-                let mut entries = self.lists.remove(&list).unwrap_or_default();
-                entries.push(entry);
-                self.current = Some((list, entries));
+impl<T> Default for ByList<T> {
+    fn default() -> Self {
+        ByList { others: FxHashMap::default(), last: None }
+    }
+}
+
+impl<T: Default> ByList<T> {
+    fn of(&mut self, list: NodeId) -> &mut T {
+        if self.last.as_ref().is_none_or(|(last, _)| *last != list) {
+            if let Some((last, value)) = self.last.take() {
+                self.others.insert(last, value);
             }
+            self.last = Some((list, self.others.remove(&list).unwrap_or_default()));
         }
+        &mut self.last.as_mut().expect("just set").1
     }
 
-    fn finish(mut self) -> FxHashMap<NodeId, Chunked> {
-        if let Some((current, entries)) = self.current.take() {
-            self.lists.insert(current, entries);
+    fn values(&self) -> impl Iterator<Item = &T> {
+        self.others.values().chain(self.last.iter().map(|(_, value)| value))
+    }
+
+    fn into_map(mut self) -> FxHashMap<NodeId, T> {
+        if let Some((last, value)) = self.last.take() {
+            self.others.insert(last, value);
         }
-        self.lists
+        self.others
     }
 }
+
+/// The entries by list.
+type Kept = ByList<Chunked>;
 
 /// The parser's side: how long each list is, and where the entries are kept (here, or by the
 /// second thread).
 #[derive(Default)]
 pub(super) struct Lists {
-    lens: FxHashMap<NodeId, usize>,
-    /// The list appended to last, and its length.
-    last: Option<(NodeId, usize)>,
+    lens: ByList<usize>,
     /// The entries, while they are kept on this thread: always in wasm, natively until a list
     /// is long enough for the second thread to be worth starting.
     kept: Kept,
@@ -54,26 +60,14 @@ pub(super) struct Lists {
 impl Lists {
     /// Entries appended to lists so far.
     pub(super) fn entries(&self) -> usize {
-        let last = self.last.map_or(0, |(list, len)| len - self.lens.get(&list).copied().unwrap_or(0));
-        self.lens.values().sum::<usize>() + last
+        self.lens.values().sum()
     }
 
     /// Appends `entry` to `list`: its index there.
     pub(super) fn push(&mut self, list: NodeId, entry: TraceEntry) -> usize {
-        let index = match &mut self.last {
-            Some((last, len)) if *last == list => {
-                *len += 1;
-                *len - 1
-            }
-            _ => {
-                if let Some((last, len)) = self.last {
-                    self.lens.insert(last, len);
-                }
-                let len = self.lens.get(&list).copied().unwrap_or(0);
-                self.last = Some((list, len + 1));
-                len
-            }
-        };
+        let len = self.lens.of(list);
+        let index = *len;
+        *len += 1;
         #[cfg(not(target_arch = "wasm32"))]
         {
             if self.keeper.is_none() && index == keeper::FROM {
@@ -88,7 +82,7 @@ impl Lists {
                 return index;
             }
         }
-        self.kept.append(list, entry);
+        self.kept.of(list).push(entry);
         index
     }
 
@@ -98,7 +92,7 @@ impl Lists {
         if let Some(keeper) = self.keeper {
             return keeper.finish();
         }
-        self.kept.finish()
+        self.kept.into_map()
     }
 }
 
@@ -137,7 +131,7 @@ mod keeper {
                 let mut kept = handed.lock().expect("taken once").take().expect("handed over");
                 for mut batch in batches {
                     for (list, entry) in batch.drain(..) {
-                        kept.append(list, entry);
+                        kept.of(list).push(entry);
                     }
                     let _ = spent_tx.send(batch);
                 }
@@ -169,7 +163,7 @@ mod keeper {
             }
             drop(self.full);
             match self.thread.join() {
-                Ok(kept) => kept.finish(),
+                Ok(kept) => kept.into_map(),
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         }
