@@ -22,6 +22,8 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR:-}" ]; then
   export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/tensormem-xdg-$(id -u)"
   mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 fi
+# A clean clone builds once: incremental state would only take disk (1.6 GB of it).
+if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL=0; fi
 log=$(mktemp)
 durations=$(mktemp)
 trap 'rm -f "$log" "$durations"' EXIT
