@@ -659,7 +659,10 @@ fn with_loaded<R>(path: &Path, work: impl FnOnce(&Snapshot, &[KnownStart]) -> Re
     let result = match &to_keep {
         None => work(&snapshot, &starts),
         Some(to_keep) => std::thread::scope(|scope| {
-            let keeping = scope.spawn(|| to_keep.write(&snapshot));
+            let keeping = scope.spawn(|| {
+                yield_to_the_work();
+                to_keep.write(&snapshot)
+            });
             let result = work(&snapshot, &starts);
             if keeping.join().is_err() {
                 eprintln!("note: could not keep the decoded snapshot in {} (TENSORMEM_CACHE)", to_keep.folder.dir.display());
@@ -669,6 +672,18 @@ fn with_loaded<R>(path: &Path, work: impl FnOnce(&Snapshot, &[KnownStart]) -> Re
     };
     std::thread::spawn(move || drop(snapshot));
     result
+}
+
+/// Lowers the calling thread's priority: the decode kept for the next open is written while
+/// this open's work (a replay and its own second thread) runs, and on two cores three threads
+/// at one priority took a tenth of a second from the 1 GB summary. Linux only (elsewhere the
+/// call would lower the whole process); a refusal changes nothing.
+fn yield_to_the_work() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority reads no memory of ours; `who` 0 is the calling thread on Linux.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+    }
 }
 
 /// [`load`], its decode kept before it returns (for work on several files).
