@@ -487,10 +487,15 @@ impl Timeline {
     /// Lays the bands out fully, exactly or sampled past [`stacking::PIECE_BUDGET`] pieces (a
     /// warning then says so), where they were laid out for a first image or not at all.
     pub fn lay_full_bands(&mut self) {
+        self.lay_full_bands_within(stacking::PIECE_BUDGET);
+    }
+
+    fn lay_full_bands_within(&mut self, budget: usize) {
         let a = &self.allocations;
-        let laid = stacking::lay(&a.size, &a.start, &a.end, self.events, stacking::PIECE_BUDGET);
-        if let Some(step) = laid.sampled_every {
-            self.summary.warnings.push(notes::sampled_bands(step));
+        let laid = stacking::lay(&a.size, &a.start, &a.end, self.events, budget);
+        // Laid out again (a second call), the sampling is said once.
+        if let Some(warning) = laid.sampled_every.map(notes::sampled_bands).filter(|w| !self.summary.warnings.contains(w)) {
+            self.summary.warnings.push(warning);
         }
         self.set_bands(laid);
         self.bands_for_width = None;
@@ -746,4 +751,25 @@ fn spans(snapshot: &Snapshot, device: i64, trace: &[TraceEntry]) -> Vec<Span> {
     }
     out.sort_by_key(|s| (s.x0, s.depth));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bands_laid_out_fully_twice_say_once_that_they_are_sampled() {
+        // A queue of 400 allocations, each overlapping the next 399: 80,200 exact pieces.
+        let n = 400u32;
+        let mut t = Timeline { events: 2 * n as usize, ..Default::default() };
+        t.allocations.size = vec![1.0; n as usize];
+        t.allocations.start = (0..n).collect();
+        t.allocations.end = (0..n).map(|i| n + i).collect();
+        t.lay_full_bands_within(2_000);
+        assert_eq!(t.summary.warnings.len(), 1, "{:?}", t.summary.warnings);
+        let pieces = t.pieces.x0.clone();
+        t.lay_full_bands_within(2_000);
+        assert_eq!(t.summary.warnings.len(), 1, "{:?}", t.summary.warnings);
+        assert_eq!(t.pieces.x0, pieces);
+    }
 }
