@@ -62,6 +62,73 @@ impl WSegment {
     }
 }
 
+/// The segments by base address: the bases sorted, each with the slot its segment lives in
+/// while it exists. Finding the segment that holds an address is a binary search of the bases
+/// (events in a step touch segment after segment, so the one found last rarely serves: a
+/// search of a map was a third of the reconstruction), and segments are added or removed
+/// only by segment events, which are few.
+#[derive(Default)]
+struct Segments {
+    bases: Vec<u64>,
+    /// `slot_of[i]`: the slot of the segment at `bases[i]`.
+    slot_of: Vec<usize>,
+    slots: Vec<Option<WSegment>>,
+    free_slots: Vec<usize>,
+}
+
+impl Segments {
+    /// Adds the segment at `base`, in place of any there.
+    fn insert(&mut self, base: u64, seg: WSegment) {
+        match self.bases.binary_search(&base) {
+            Ok(i) => self.slots[self.slot_of[i]] = Some(seg),
+            Err(i) => {
+                let slot = match self.free_slots.pop() {
+                    Some(slot) => {
+                        self.slots[slot] = Some(seg);
+                        slot
+                    }
+                    None => {
+                        self.slots.push(Some(seg));
+                        self.slots.len() - 1
+                    }
+                };
+                self.bases.insert(i, base);
+                self.slot_of.insert(i, slot);
+            }
+        }
+    }
+
+    fn remove(&mut self, base: u64) -> Option<WSegment> {
+        let i = self.bases.binary_search(&base).ok()?;
+        self.bases.remove(i);
+        let slot = self.slot_of.remove(i);
+        self.free_slots.push(slot);
+        self.slots[slot].take()
+    }
+
+    fn slot(&mut self, slot: usize) -> &mut WSegment {
+        self.slots[slot].as_mut().expect("a listed slot holds its segment")
+    }
+
+    fn get_mut(&mut self, base: u64) -> Option<&mut WSegment> {
+        let i = self.bases.binary_search(&base).ok()?;
+        Some(self.slot(self.slot_of[i]))
+    }
+
+    /// The last segment starting at or before `addr` (`inclusive`) or before it, with its base
+    /// and slot.
+    fn last_before(&self, addr: u64, inclusive: bool) -> Option<(u64, usize, &WSegment)> {
+        let n = self.bases.partition_point(|&b| b < addr || (inclusive && b == addr));
+        let i = n.checked_sub(1)?;
+        let slot = self.slot_of[i];
+        Some((self.bases[i], slot, self.slots[slot].as_ref().expect("a listed slot holds its segment")))
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, &WSegment)> {
+        self.bases.iter().zip(&self.slot_of).map(|(&base, &slot)| (base, self.slots[slot].as_ref().expect("a listed slot holds its segment")))
+    }
+}
+
 /// The state at the start of the trace, plus what did not add up.
 #[derive(Debug, Clone, Default)]
 pub struct StartState {
@@ -71,18 +138,23 @@ pub struct StartState {
 
 struct Work<'a> {
     config: &'a AllocatorConfig,
-    segments: BTreeMap<u64, WSegment>,
+    segments: Segments,
     warnings: Vec<String>,
     /// Events that could not be undone, beyond those named in `warnings`.
     unexplained: usize,
-    /// The extent of the segment `segment_at` found last. None once a segment event is undone
-    /// (only those add, cut or join segments), and always None for final segments that overlap
-    /// or whose blocks leave gaps (no allocator writes them): only contiguous blocks keep a
-    /// segment's end where it was.
-    last_segment: Option<(u64, u64)>,
+    /// Segments `segment_at` found lately (base, end and slot), one for each 2 MiB of address
+    /// space modulo `RECENT` (the last found there): events in a step touch segment after
+    /// segment, and most come back to one found before. Forgotten once a segment event is
+    /// undone (only those add, cut or join segments), and never kept for final segments that
+    /// overlap or whose blocks leave gaps (no allocator writes them): only contiguous blocks
+    /// keep a segment's end where it was.
+    recent: Box<[Option<(u64, u64, usize)>; RECENT]>,
     /// The final segments are disjoint and tiled by their blocks (`Work::tiled`).
     tiled: bool,
 }
+
+/// Ways of `Work::recent`.
+const RECENT: usize = 256;
 
 /// The events that do not add up named one by one; the rest are counted in one line (a file
 /// without its final segments would otherwise name every event of its trace).
@@ -98,24 +170,24 @@ impl Work<'_> {
     }
 
     fn segment_at(&mut self, addr: u64) -> Option<(u64, &mut WSegment)> {
-        // Events in a row mostly touch one segment: a key lookup is half a range's cost.
-        if let Some((base, end)) = self.last_segment
+        let way = (addr >> 21) as usize % RECENT;
+        if let Some((base, end, slot)) = self.recent[way]
             && (base..end).contains(&addr)
         {
-            return Some((base, self.segments.get_mut(&base).expect("the segment last found")));
+            return Some((base, self.segments.slot(slot)));
         }
-        let (&base, seg) = self.segments.range_mut(..=addr).next_back()?;
+        let (base, slot, seg) = self.segments.last_before(addr, true)?;
         let end = seg.end();
         if self.tiled {
-            self.last_segment = Some((base, end));
+            self.recent[way] = Some((base, end, slot));
         }
-        (addr < end).then_some((base, seg))
+        (addr < end).then_some((base, self.segments.slot(slot)))
     }
 
     /// Whether the segments are disjoint and each is its blocks end to end from its address.
     fn tiled(&self) -> bool {
         let mut segments_end = 0;
-        self.segments.iter().all(|(&base, s)| {
+        self.segments.iter().all(|(base, s)| {
             let mut end = base;
             let contiguous = s.blocks.iter().all(|(&a, b)| {
                 let next = a == end;
@@ -145,11 +217,11 @@ impl Work<'_> {
             Action::FreeCompleted => self.undo_free(index, e),
             Action::SegmentAlloc | Action::SegmentMap => {
                 self.undo_segment_alloc(index, e);
-                self.last_segment = None;
+                self.recent.fill(None);
             }
             Action::SegmentFree | Action::SegmentUnmap => {
                 self.undo_segment_free(index, e);
-                self.last_segment = None;
+                self.recent.fill(None);
             }
             Action::Snapshot | Action::Oom | Action::Annotate => {}
         }
@@ -237,7 +309,7 @@ impl Work<'_> {
             return self.warn(index, e, "the segment is not free at that point");
         }
         // Cut [addr, end) out; an expandable range may leave a left and a right part.
-        let seg = self.segments.remove(&base).unwrap();
+        let seg = self.segments.remove(base).expect("the segment just found");
         let (mut left, mut right) = (BTreeMap::new(), BTreeMap::new());
         for (a, b) in seg.blocks.iter() {
             let b_end = a + b.size;
@@ -266,7 +338,7 @@ impl Work<'_> {
         let Some(end) = e.addr.checked_add(e.size).filter(|_| e.size > 0) else {
             return self.warn(index, e, "impossible range");
         };
-        let overlaps = self.segments.range(..end).next_back().is_some_and(|(_, s)| s.end() > e.addr);
+        let overlaps = self.segments.last_before(end, false).is_some_and(|(_, _, s)| s.end() > e.addr);
         if overlaps {
             return self.warn(index, e, "the range overlaps a segment that exists at that point");
         }
@@ -294,20 +366,20 @@ impl Work<'_> {
     /// Mapped ranges of one expandable segment that touch are one snapshot segment.
     fn merge_expandable_neighbours(&mut self, addr: u64) {
         let mut base = addr;
-        if let Some((&prev, p)) = self.segments.range(..addr).next_back()
+        if let Some((prev, prev_slot, p)) = self.segments.last_before(addr, false)
             && p.expandable
             && p.end() == addr
         {
-            let seg = self.segments.remove(&addr).unwrap();
-            let p = self.segments.get_mut(&prev).unwrap();
+            let seg = self.segments.remove(addr).expect("the segment just added");
+            let p = self.segments.slot(prev_slot);
             p.blocks.extend(seg.blocks);
             coalesce(p, addr);
             base = prev;
         }
-        let end = self.segments[&base].end();
-        if let Some(next) = self.segments.remove(&end) {
+        let end = self.segments.get_mut(base).expect("the segment just added or joined").end();
+        if let Some(next) = self.segments.remove(end) {
             if next.expandable {
-                let seg = self.segments.get_mut(&base).unwrap();
+                let seg = self.segments.get_mut(base).expect("the segment just added or joined");
                 seg.blocks.extend(next.blocks);
                 coalesce(seg, end);
             } else {
@@ -352,7 +424,7 @@ fn coalesce(seg: &mut WSegment, addr: u64) {
 
 /// Undoes `trace` from `final_segments` (one device's) back to the trace's first event.
 pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], config: &AllocatorConfig) -> StartState {
-    let mut work = Work { config, segments: BTreeMap::new(), warnings: Vec::new(), unexplained: 0, last_segment: None, tiled: false };
+    let mut work = Work { config, segments: Segments::default(), warnings: Vec::new(), unexplained: 0, recent: Box::new([None; RECENT]), tiled: false };
     for s in final_segments {
         let blocks = s
             .blocks
@@ -378,7 +450,7 @@ pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], con
     let segments = work
         .segments
         .iter()
-        .map(|(&address, s)| {
+        .map(|(address, s)| {
             let blocks: Vec<trace::Block> = s
                 .blocks
                 .iter()
