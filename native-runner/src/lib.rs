@@ -676,7 +676,8 @@ fn with_loaded<R>(path: &Path, work: impl FnOnce(&Snapshot, &[KnownStart]) -> Re
 
 /// Lowers the calling thread's priority: the decode kept for the next open is written while
 /// this open's work (a replay and its own second thread) runs, and on two cores three threads
-/// at one priority took a tenth of a second from the 1 GB summary. Linux only (elsewhere the
+/// at one priority took a tenth of a second from the 1 GB summary. The command still waits for
+/// the file, so on a machine busy with other work it may end later. Linux only (elsewhere the
 /// call would lower the whole process); a refusal changes nothing.
 fn yield_to_the_work() {
     #[cfg(target_os = "linux")]

@@ -110,9 +110,13 @@ impl Segments {
         self.slots[slot].as_mut().expect("a listed slot holds its segment")
     }
 
+    fn slot_of_base(&self, base: u64) -> Option<usize> {
+        Some(self.slot_of[self.bases.binary_search(&base).ok()?])
+    }
+
     fn get_mut(&mut self, base: u64) -> Option<&mut WSegment> {
-        let i = self.bases.binary_search(&base).ok()?;
-        Some(self.slot(self.slot_of[i]))
+        let slot = self.slot_of_base(base)?;
+        Some(self.slot(slot))
     }
 
     /// The last segment starting at or before `addr` (`inclusive`) or before it, with its base
@@ -143,7 +147,8 @@ struct Work<'a> {
     /// Events that could not be undone, beyond those named in `warnings`.
     unexplained: usize,
     /// Segments `segment_at` found lately (base, end and slot), one for each 2 MiB of address
-    /// space modulo `RECENT` (the last found there): events in a step touch segment after
+    /// space modulo `RECENT` (the last one searched for there, which may end before the address
+    /// searched: it then serves no one): events in a step touch segment after
     /// segment, and most come back to one found before. Forgotten once a segment event is
     /// undone (only those add, cut or join segments), and never kept for final segments that
     /// overlap or whose blocks leave gaps (no allocator writes them): only contiguous blocks
@@ -174,6 +179,7 @@ impl Work<'_> {
         if let Some((base, end, slot)) = self.recent[way]
             && (base..end).contains(&addr)
         {
+            debug_assert_eq!(self.segments.slot_of_base(base), Some(slot), "a segment remembered after a segment event");
             return Some((base, self.segments.slot(slot)));
         }
         let (base, slot, seg) = self.segments.last_before(addr, true)?;

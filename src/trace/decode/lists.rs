@@ -170,9 +170,9 @@ mod keeper {
     }
 }
 
-/// A growing list of entries. In wasm, in fixed chunks: a grown `Vec` is copied there, so a
-/// doubling one of 1 M entries would briefly hold 1.5 times their size; `into_vec` frees chunk
-/// by chunk. Natively, one `Vec`: growing a large one moves no bytes (the system allocator
+/// A growing list of entries. In wasm, in chunks of `CHUNK` entries (the first grows to it): a
+/// grown `Vec` is copied there, so a doubling one of 1 M entries would briefly hold 1.5 times
+/// their size; `into_vec` frees chunk by chunk. Natively, one `Vec`: growing a large one moves no bytes (the system allocator
 /// remaps its pages) and `into_vec` hands over its buffer as it is (the 1 GB file's 0.8 GB of
 /// entries are never written a second time).
 #[derive(Default)]
