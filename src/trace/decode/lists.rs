@@ -171,10 +171,11 @@ mod keeper {
 }
 
 /// A growing list of entries. In wasm, in chunks of `CHUNK` entries (the first grows to it): a
-/// grown `Vec` is copied there, so a doubling one of 1 M entries would briefly hold 1.5 times
-/// their size; `into_vec` frees chunk by chunk. Natively, one `Vec`: growing a large one moves no bytes (the system allocator
-/// remaps its pages) and `into_vec` hands over its buffer as it is (the 1 GB file's 0.8 GB of
-/// entries are never written a second time).
+/// grown `Vec` is copied there, and a doubling one's last growth can hold three times the
+/// entries' size; `into_vec` copies the chunks into one `Vec` (twice their size, briefly).
+/// Natively, one `Vec`: growing a large one moves no bytes (the system allocator remaps its
+/// pages) and `into_vec` hands over its buffer as it is (the 1 GB file's 0.8 GB of entries are
+/// never written a second time).
 #[derive(Default)]
 pub(super) struct Chunked {
     #[cfg(target_arch = "wasm32")]
@@ -224,8 +225,7 @@ impl Chunked {
             }
             // What stays behind is never read: `into_vec` is for lists none of whose entries
             // were taken.
-            let placeholder = TraceEntry { action: Action::Snapshot, addr: 0, size: 0, stream: 0, time_us: None, frames: None, category: None, extra: None };
-            Some(std::mem::replace(&mut self.entries[i], placeholder))
+            Some(std::mem::replace(&mut self.entries[i], TraceEntry::new(Action::Snapshot, 0, 0, 0)))
         }
     }
 
