@@ -3,25 +3,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tensormem::replay::{self, KnownStart, ReplayOptions};
 use tensormem::trace::cache::{self, CacheMiss, Decoded, Folder, KeptStart, SourceKey};
 use tensormem::trace::{self, Snapshot};
-
-/// Every real snapshot we hold: the files of tests/data (real programs, the doctor's corpus)
-/// and the fixture folder.
-fn real_files() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut dirs = vec![root.join("tests/data/real"), root.join("tests/data/corpus")];
-    dirs.extend(common::fixtures_dir());
-    let mut files: Vec<PathBuf> = dirs
-        .iter()
-        .flat_map(|d| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
-        .collect();
-    files.sort();
-    files
-}
 
 /// Each device's start state, as the replay reconstructs it, to keep.
 fn starts_of(snapshot: &Snapshot) -> Vec<KeptStart> {
@@ -41,7 +26,7 @@ fn round_trip(name: &str, bytes: &[u8], snapshot: &Snapshot) {
 
 #[test]
 fn every_real_snapshot_reads_back_equal() {
-    let files = real_files();
+    let files = common::real_snapshot_files();
     assert!(files.len() > 40, "{} files", files.len());
     for path in files {
         let bytes = std::fs::read(&path).unwrap();

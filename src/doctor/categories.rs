@@ -23,6 +23,7 @@
 //! - anything else (alive past its backward, allocated before the trace without a stack, cuBLAS's
 //!   workspace) → `unknown`.
 
+use crate::timeline::kept::InferredCategories;
 use crate::timeline::{Group, GroupKind, Grouping, Timeline};
 use crate::trace::{Category, Frame, Snapshot};
 use serde::{Deserialize, Serialize, Serializer};
@@ -230,6 +231,28 @@ impl Cursor {
         }
         self.0
     }
+}
+
+/// [`infer`] as the page colours by it (and keeps it: `timeline::kept`): a byte per
+/// allocation each for the category, the confidence and the rule (an index in `reasons`).
+pub fn infer_codes(t: &Timeline) -> InferredCategories {
+    let inferred = infer(t);
+    let mut codes = InferredCategories {
+        category: Vec::with_capacity(inferred.len()),
+        confidence: Vec::with_capacity(inferred.len()),
+        reason: Vec::with_capacity(inferred.len()),
+        reasons: Vec::new(),
+    };
+    for i in inferred {
+        let reason = codes.reasons.iter().position(|r| r == i.reason).unwrap_or_else(|| {
+            codes.reasons.push(i.reason.to_string());
+            codes.reasons.len() - 1
+        });
+        codes.category.push(i.index() as u8);
+        codes.confidence.push(i.confidence as u8);
+        codes.reason.push(reason as u8);
+    }
+    codes
 }
 
 /// The inferred category of each allocation of `t`, by allocation id.

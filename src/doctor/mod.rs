@@ -43,7 +43,7 @@ mod temporaries;
 mod truncated;
 mod what_if;
 
-pub use categories::{CATEGORIES, Confidence, Inferred, InferredAllocation, UNKNOWN, grouping, infer, infer_categories};
+pub use categories::{CATEGORIES, Confidence, Inferred, InferredAllocation, UNKNOWN, grouping, infer, infer_categories, infer_codes};
 pub use evidence::Evidence;
 pub use kinds::{Kind, Role};
 pub use live::{AllocationRef, GroupBytes, Live, StackBytes, frames_shown};

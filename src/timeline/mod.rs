@@ -9,6 +9,7 @@
 //! height it held. The top of the stack is the allocated curve, in requested bytes as MemoryViz
 //! and `tensormem replay`'s recorded figures count them.
 
+pub mod kept;
 mod notes;
 pub mod raster;
 mod stacking;
@@ -17,7 +18,7 @@ use crate::pytorch::{group_name, module_scope};
 use crate::replay::{self, StartState, recorded_config, start_state};
 use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot, Totals, TraceEntry, running_totals};
 use rustc_hash::FxHashMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One device's trace, laid out for drawing.
 #[derive(Debug, Clone, Default)]
@@ -55,7 +56,7 @@ pub struct Timeline {
 }
 
 /// A named range of positions: a `record_function` scope from START to END, nested `depth` deep.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Span {
     pub x0: u32,
     pub x1: u32,
@@ -167,13 +168,13 @@ impl Serialize for GroupKind {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Marker {
     pub x: u32,
     pub text: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TimelineSummary {
     pub device: i64,
     pub events: usize,

@@ -101,20 +101,65 @@ pub struct Decoded {
 /// Writes `snapshot`, decoded from the source `key` names, and the start states reconstructed
 /// for it, to `out`.
 pub fn encode(snapshot: &Snapshot, starts: &[KeptStart], key: &SourceKey, out: &mut dyn Write) -> std::io::Result<()> {
+    write_framed(MAGIC, VERSION, key, out, |w| Encoder::new(snapshot, starts).write(snapshot, starts, w))
+}
+
+/// Writes a kept file: a header (`magic`, `version`, the source's key), the payload `write`
+/// gives, and a trailer with the payload's length and hash. The frame every kept form shares
+/// (this decode, a laid-out timeline: `timeline::kept`), read by [`read_framed`].
+pub(crate) fn write_framed(
+    magic: &[u8; 8],
+    version: u32,
+    key: &SourceKey,
+    out: &mut dyn Write,
+    write: impl FnOnce(&mut Writer) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let mut header = Vec::with_capacity(HEADER);
-    header.extend_from_slice(MAGIC);
-    header.extend_from_slice(&VERSION.to_le_bytes());
+    header.extend_from_slice(magic);
+    header.extend_from_slice(&version.to_le_bytes());
     header.extend_from_slice(&key.len.to_le_bytes());
     header.extend_from_slice(&key.hash.to_le_bytes());
     out.write_all(&header)?;
     let mut w = Writer { buf: Vec::with_capacity(1 << 20), out, hasher: Xxh3::new(), written: 0 };
-    Encoder::new(snapshot, starts).write(snapshot, starts, &mut w)?;
+    write(&mut w)?;
     w.flush()?;
     let mut trailer = Vec::with_capacity(TRAILER);
     trailer.extend_from_slice(&w.written.to_le_bytes());
     trailer.extend_from_slice(&w.hasher.digest().to_le_bytes());
     trailer.extend_from_slice(END);
     w.out.write_all(&trailer)
+}
+
+/// Reads what [`write_framed`] wrote with `magic` and `version` for the source `key`: `read`
+/// gets the payload, and must read all of it. Anything else (another source, another version, a
+/// truncated or damaged file, a malformed payload) is a [`CacheMiss`].
+pub(crate) fn read_framed<T>(
+    magic: &[u8; 8],
+    version: u32,
+    key: &SourceKey,
+    bytes: &[u8],
+    read: impl FnOnce(&mut Reader) -> Result<T, Malformed>,
+) -> Result<T, CacheMiss> {
+    if bytes.len() < HEADER + TRAILER || &bytes[..8] != magic || bytes[8..12] != version.to_le_bytes() {
+        return Err(CacheMiss::Version);
+    }
+    let len = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
+    let hash = u128::from_le_bytes(bytes[20..36].try_into().unwrap());
+    if (SourceKey { len, hash }) != *key {
+        return Err(CacheMiss::OtherSource);
+    }
+    let (payload, trailer) = bytes[HEADER..].split_at(bytes.len() - HEADER - TRAILER);
+    let stored_len = u64::from_le_bytes(trailer[..8].try_into().unwrap());
+    let stored_hash = u64::from_le_bytes(trailer[8..16].try_into().unwrap());
+    if &trailer[16..] != END || stored_len != payload.len() as u64 || stored_hash != xxh3_64(payload) {
+        return Err(CacheMiss::Damaged);
+    }
+    let mut r = Reader { bytes: payload, at: 0 };
+    let value = read(&mut r).map_err(|_| CacheMiss::Malformed(r.at))?;
+    if r.at != payload.len() {
+        return Err(CacheMiss::Malformed(r.at));
+    }
+    Ok(value)
 }
 
 /// [`encode`] into memory.
@@ -145,30 +190,11 @@ pub fn decode(bytes: &[u8], key: &SourceKey) -> Result<Snapshot, CacheMiss> {
 /// Reads what [`encode`] wrote for the source `key`. Anything else (another source, another
 /// version, a truncated or damaged file) is a [`CacheMiss`], never a wrong snapshot.
 pub fn decode_with_starts(bytes: &[u8], key: &SourceKey) -> Result<Decoded, CacheMiss> {
-    if bytes.len() < HEADER + TRAILER || &bytes[..8] != MAGIC || bytes[8..12] != VERSION.to_le_bytes() {
-        return Err(CacheMiss::Version);
-    }
-    let len = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
-    let hash = u128::from_le_bytes(bytes[20..36].try_into().unwrap());
-    if (SourceKey { len, hash }) != *key {
-        return Err(CacheMiss::OtherSource);
-    }
-    let (payload, trailer) = bytes[HEADER..].split_at(bytes.len() - HEADER - TRAILER);
-    let stored_len = u64::from_le_bytes(trailer[..8].try_into().unwrap());
-    let stored_hash = u64::from_le_bytes(trailer[8..16].try_into().unwrap());
-    if &trailer[16..] != END || stored_len != payload.len() as u64 || stored_hash != xxh3_64(payload) {
-        return Err(CacheMiss::Damaged);
-    }
-    let mut r = Reader { bytes: payload, at: 0 };
-    let decoded = Decoder::read(&mut r).map_err(|_| CacheMiss::Malformed(r.at))?;
-    if r.at != payload.len() {
-        return Err(CacheMiss::Malformed(r.at));
-    }
-    Ok(decoded)
+    read_framed(MAGIC, VERSION, key, bytes, Decoder::read)
 }
 
 /// The payload's bytes, flushed to `out` a megabyte at a time and hashed on the way.
-struct Writer<'a> {
+pub(crate) struct Writer<'a> {
     buf: Vec<u8>,
     out: &'a mut dyn Write,
     hasher: Xxh3,
@@ -176,11 +202,11 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
-    fn byte(&mut self, b: u8) {
+    pub(crate) fn byte(&mut self, b: u8) {
         self.buf.push(b);
     }
 
-    fn varint(&mut self, mut v: u64) {
+    pub(crate) fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.buf.push(v as u8 | 0x80);
             v >>= 7;
@@ -188,17 +214,22 @@ impl Writer<'_> {
         self.buf.push(v as u8);
     }
 
-    fn signed(&mut self, v: i64) {
+    pub(crate) fn signed(&mut self, v: i64) {
         self.varint(((v << 1) ^ (v >> 63)) as u64);
     }
 
-    fn str(&mut self, s: &str) {
+    /// Bytes as they are (numbers that do not pack as varints: heights, times).
+    pub(crate) fn raw(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    pub(crate) fn str(&mut self, s: &str) {
         self.varint(s.len() as u64);
         self.buf.extend_from_slice(s.as_bytes());
     }
 
     /// An optional value as JSON text (the small, rarely present, open-ended parts).
-    fn json<T: serde::Serialize>(&mut self, value: &Option<T>) {
+    pub(crate) fn json<T: serde::Serialize>(&mut self, value: &Option<T>) {
         match value {
             None => self.byte(0),
             Some(v) => {
@@ -208,7 +239,7 @@ impl Writer<'_> {
         }
     }
 
-    fn flush_if_full(&mut self) -> std::io::Result<()> {
+    pub(crate) fn flush_if_full(&mut self) -> std::io::Result<()> {
         if self.buf.len() >= 1 << 20 { self.flush() } else { Ok(()) }
     }
 
@@ -401,21 +432,21 @@ impl<'s> Encoder<'s> {
 }
 
 /// The decoder found the payload malformed (where: [`Reader::at`]).
-struct Malformed;
+pub(crate) struct Malformed;
 
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
 impl Reader<'_> {
-    fn byte(&mut self) -> Result<u8, Malformed> {
+    pub(crate) fn byte(&mut self) -> Result<u8, Malformed> {
         let b = *self.bytes.get(self.at).ok_or(Malformed)?;
         self.at += 1;
         Ok(b)
     }
 
-    fn varint(&mut self) -> Result<u64, Malformed> {
+    pub(crate) fn varint(&mut self) -> Result<u64, Malformed> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
@@ -427,14 +458,14 @@ impl Reader<'_> {
         Err(Malformed)
     }
 
-    fn signed(&mut self) -> Result<i64, Malformed> {
+    pub(crate) fn signed(&mut self) -> Result<i64, Malformed> {
         let v = self.varint()?;
         Ok((v >> 1) as i64 ^ -((v & 1) as i64))
     }
 
     /// A count of items, each at least `min_bytes` long: never more than the bytes left hold,
     /// so a damaged count cannot size an allocation.
-    fn count(&mut self, min_bytes: usize) -> Result<usize, Malformed> {
+    pub(crate) fn count(&mut self, min_bytes: usize) -> Result<usize, Malformed> {
         let n = self.varint()?;
         if n > ((self.bytes.len() - self.at) / min_bytes.max(1)) as u64 {
             return Err(Malformed);
@@ -442,19 +473,27 @@ impl Reader<'_> {
         Ok(n as usize)
     }
 
-    fn index<'t, T>(&mut self, table: &'t [T]) -> Result<&'t T, Malformed> {
+    pub(crate) fn index<'t, T>(&mut self, table: &'t [T]) -> Result<&'t T, Malformed> {
         let i = self.varint()?;
         table.get(usize::try_from(i).map_err(|_| Malformed)?).ok_or(Malformed)
     }
 
-    fn str(&mut self) -> Result<&str, Malformed> {
+    /// The next `len` bytes as they are.
+    pub(crate) fn raw(&mut self, len: usize) -> Result<&[u8], Malformed> {
+        let end = self.at.checked_add(len).filter(|&end| end <= self.bytes.len()).ok_or(Malformed)?;
+        let bytes = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(bytes)
+    }
+
+    pub(crate) fn str(&mut self) -> Result<&str, Malformed> {
         let len = self.count(1)?;
         let s = std::str::from_utf8(&self.bytes[self.at..self.at + len]).map_err(|_| Malformed)?;
         self.at += len;
         Ok(s)
     }
 
-    fn json<T: serde::de::DeserializeOwned>(&mut self) -> Result<Option<T>, Malformed> {
+    pub(crate) fn json<T: serde::de::DeserializeOwned>(&mut self) -> Result<Option<T>, Malformed> {
         match self.byte()? {
             0 => Ok(None),
             1 => serde_json::from_str(self.str()?).map(Some).map_err(|_| Malformed),

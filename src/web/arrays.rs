@@ -2,6 +2,7 @@
 //! hit test, and the bands' colouring by recorded or inferred category or by frame.
 
 use crate::doctor;
+use crate::timeline::kept::{self, InferredCategories};
 use crate::timeline::{Grouping, Timeline};
 use crate::trace::Snapshot;
 use std::rc::Rc;
@@ -24,7 +25,7 @@ pub struct TimelineArrays {
     /// The trace's own grouping while another is shown.
     base: Option<Grouping>,
     /// Each allocation's inferred category, once inferred.
-    inferred: Option<InferredCodes>,
+    inferred: Option<InferredCategories>,
 }
 
 /// A laid-out timeline handed to the doctor (see [`TimelineArrays::laid_out`]). Passed by value,
@@ -49,40 +50,6 @@ const RECORDED: &str = "recorded";
 const INFERRED: &str = "inferred";
 /// By the top user frame of each allocation's stack.
 const FRAME: &str = "frame";
-
-/// Inferred categories, a byte per allocation: the category's index in `doctor::CATEGORIES`,
-/// the confidence (0 low, 1 medium, 2 high) and the rule (an index in `reasons`).
-struct InferredCodes {
-    category: Vec<u8>,
-    confidence: Vec<u8>,
-    reason: Vec<u8>,
-    reasons: Vec<&'static str>,
-}
-
-impl InferredCodes {
-    fn of(t: &Timeline) -> InferredCodes {
-        let inferred = doctor::infer(t);
-        let mut codes = InferredCodes {
-            category: Vec::with_capacity(inferred.len()),
-            confidence: Vec::with_capacity(inferred.len()),
-            reason: Vec::with_capacity(inferred.len()),
-            reasons: Vec::new(),
-        };
-        for i in inferred {
-            let reason = match codes.reasons.iter().position(|&r| r == i.reason) {
-                Some(k) => k,
-                None => {
-                    codes.reasons.push(i.reason);
-                    codes.reasons.len() - 1
-                }
-            };
-            codes.category.push(i.index() as u8);
-            codes.confidence.push(i.confidence as u8);
-            codes.reason.push(reason as u8);
-        }
-        codes
-    }
-}
 
 // Each array goes straight from wasm memory into a new JS typed array (no Rust-side copy: a
 // 1 M-event trace has millions of pieces).
@@ -277,6 +244,13 @@ impl TimelineArrays {
         [&codes.category, &codes.confidence, &codes.reason].into_iter().map(|v| js_sys::Uint8Array::from(&v[..])).collect()
     }
 
+    /// This view's layout, for the next open of the file `key` names
+    /// (`LoadedTrace::timeline_from_kept`): grouped as the trace groups it, with the categories
+    /// inferred so far, given to `chunk` a megabyte at a time (Uint8Arrays).
+    pub fn keep_layout(&self, key: &str, chunk: &js_sys::Function) -> Result<(), JsError> {
+        kept::encode(&self.t, self.base.as_ref(), self.inferred.as_ref(), &super::source_key(key)?, &mut super::ToJs(chunk)).map_err(super::js_error)
+    }
+
     /// `{categories: ["parameter", ..., "unknown"], confidences: ["low", "medium", "high"],
     /// reasons: [...]}`: what `inferred`'s codes stand for (reasons once inferred).
     pub fn inferred_names_json(&self) -> String {
@@ -294,11 +268,17 @@ impl TimelineArrays {
         TimelineArrays { t: Rc::new(t), of, xs: Vec::new(), hidden: Vec::new(), color: base, base_color: base, base: None, inferred: None }
     }
 
+    /// A timeline read back from its kept layout (see [`TimelineArrays::keep_layout`]), coloured
+    /// as the trace groups it.
+    pub(super) fn from_kept(kept: kept::KeptLayout, of: &Snapshot) -> TimelineArrays {
+        TimelineArrays { inferred: kept.inferred, ..TimelineArrays::new(kept.timeline, of) }
+    }
+
     pub(super) fn timeline(&self) -> &Timeline {
         &self.t
     }
 
-    fn inferred_codes(&mut self) -> &InferredCodes {
-        self.inferred.get_or_insert_with(|| InferredCodes::of(&self.t))
+    fn inferred_codes(&mut self) -> &InferredCategories {
+        self.inferred.get_or_insert_with(|| doctor::infer_codes(&self.t))
     }
 }

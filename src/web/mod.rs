@@ -200,6 +200,24 @@ impl LoadedTrace {
         trace::cache::encode(&self.snapshot, &starts, &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
     }
 
+    /// The timeline of `device` read back from a layout kept of it
+    /// ([`TimelineArrays::keep_layout`]) for the file `key` names; an error if the bytes are not
+    /// that, whole, or not of this trace's device.
+    pub fn timeline_from_kept(&self, device: i32, bytes: &[u8], key: &str) -> Result<TimelineArrays, JsError> {
+        let kept = crate::timeline::kept::decode(bytes, &source_key(key)?).map_err(js_error)?;
+        let (t, n) = (&kept.timeline, self.snapshot.trace_of(device as i64).len());
+        let inferred_ok = kept.inferred.as_ref().is_none_or(|i| {
+            i.category.len() == t.allocations.size.len()
+                && i.category.iter().all(|&c| (c as usize) < crate::doctor::CATEGORIES.len())
+                && i.confidence.iter().all(|&c| c < 3)
+                && i.reason.iter().all(|&r| (r as usize) < i.reasons.len())
+        });
+        if t.device != device as i64 || t.events != n || !inferred_ok {
+            return Err(JsError::new("the layout kept is not of this device's trace"));
+        }
+        Ok(TimelineArrays::from_kept(kept, &self.snapshot))
+    }
+
     /// The number of entries in `device`'s trace (0 for a device without one).
     pub fn events_of(&self, device: i32) -> u32 {
         self.snapshot.trace_of(device as i64).len() as u32

@@ -34,6 +34,21 @@ pub fn skip(reason: impl std::fmt::Display) {
     let _ = std::io::stderr().write_all(format!("SKIPPED {name}: {reason}\n").as_bytes());
 }
 
+/// Every real snapshot we hold: the files of tests/data (real programs, the doctor's corpus)
+/// and the fixture folder, in order.
+pub fn real_snapshot_files() -> Vec<PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut dirs = vec![root.join("tests/data/real"), root.join("tests/data/corpus")];
+    dirs.extend(fixtures_dir());
+    let mut files: Vec<PathBuf> = dirs
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
+        .collect();
+    files.sort();
+    files
+}
+
 pub fn fixture(name: &str) -> Option<PathBuf> {
     fixtures_dir().map(|d| d.join(name))
 }

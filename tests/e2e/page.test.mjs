@@ -147,14 +147,31 @@ test('a big file opened again shows its last view at once, and one changed in pl
   await page.goto(baseUrl);
   await painted(page, 1);
   const marks = (name) => page.evaluate((n) => performance.getEntriesByName(`tensormem:${n}`).length, name);
+  // What the timeline shows: its groups and every allocation's band, summed.
+  const laidOut = () => page.evaluate(() => {
+    const { arrays, meta } = window.__tensormem.timeline.data;
+    const sum = (a) => a.reduce((s, v, i) => (s + v * ((i % 7) + 1)) % 1e12, 0);
+    const bands = ['allocSize', 'allocAddr', 'allocStart', 'allocEnd', 'allocStack', 'allocGroup', 'pieceOffsets', 'pieceX0', 'pieceY', 'stackFrames'];
+    return { groups: meta.groups.map((g) => `${g.name} ${g.bytes_at_peak}`), ...Object.fromEntries(bands.map((k) => [k, [arrays[k].length, sum(arrays[k])]])) };
+  });
   await openFile(page, changing, 2);
   assert.equal(await marks('preview'), 0);
-  // The view kept once drawn: the second open shows it before the kept decode is read back.
+  const drawn = await laidOut();
+  // The view kept once drawn: the second open shows it before the kept decode is read back,
+  // and draws the timeline from the layout kept with it, not laid out again.
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 2, null, { timeout: 60000 });
+  await page.evaluate(() => {
+    window.__progressTexts = [];
+    new MutationObserver((records) => records.forEach((r) => r.addedNodes.forEach((n) => window.__progressTexts.push(n.textContent))))
+      .observe(document.querySelector('#progress-text'), { childList: true });
+  });
   await openFile(page, changing, 3);
   assert.equal(await marks('preview'), 1);
   assert.equal(await page.getAttribute('#source-name', 'data-reopened'), 'true');
   assert.deepEqual(await peaks(page), { allocated: expected.allocated, reserved: expected.reserved });
+  const said = await page.evaluate(() => window.__progressTexts);
+  assert.ok(said.includes('reading back the timeline kept by this browser') && !said.includes('laying out the timeline'), said.join('\n'));
+  assert.deepEqual(await laidOut(), drawn);
   await page.waitForFunction(() => performance.getEntriesByName('tensormem:diagnosed').length >= 3, null, { timeout: 60000 });
   // One decode kept, with its view, whose pixels count in the decode's size (the 1 GiB bound).
   const kept = () => page.evaluate(async () => {
@@ -167,11 +184,16 @@ test('a big file opened again shows its last view at once, and one changed in pl
     });
     const out = { uses: await all('decodedUse'), views: await all('views') };
     db.close();
-    return out.uses.map(([k, use]) => ({ k, use, view: out.views.find(([v]) => v === k)?.[1]?.image.pixels.byteLength }));
+    return out.uses.map(([k, use]) => {
+      const view = out.views.find(([v]) => v === k)?.[1];
+      return { k, use, view: view?.image.pixels.byteLength, layout: view?.layout && view.layout.bytes.size + view.layout.pixels.byteLength };
+    });
   });
   const first = await kept();
   assert.equal(first.length, 1);
-  assert.ok(first[0].view > 0 && first[0].use.viewSize === first[0].view && first[0].use.size > first[0].view, JSON.stringify(first));
+  // The view's size counts its image, and the layout kept with it (its bytes and first image).
+  assert.ok(first[0].view > 0 && first[0].layout > first[0].view, JSON.stringify(first));
+  assert.ok(first[0].use.viewSize === first[0].view + first[0].layout && first[0].use.size > first[0].use.viewSize, JSON.stringify(first));
   // The same file edited in place, its size and modification time kept: read back at first (only
   // its hash tells), then found changed once hashed, and parsed again.
   const bytes = readFileSync(changing);
