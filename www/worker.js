@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, diagnose, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { LoadedTrace, Predictor, SourceHasher, TraceLoader, diagnose_scenario, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
+import init, { LoadedTrace, Predictor, TimelineArrays, SourceHasher, TraceLoader, diagnose_scenario, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
@@ -179,16 +179,20 @@ async function keyOf(file, report = true) {
   }
 }
 
-// The decode kept for `key`, read back; null when none is kept or it cannot be used (then it is
-// removed, and the file parsed as if never opened).
-async function reopen(key, name) {
+// The decode kept for `key`, as bytes; null when none is kept.
+async function keptDecode(key) {
   const db = await openKept();
   const blob = await idb(db.transaction('decoded').objectStore('decoded').get(key));
-  if (!blob) return null;
-  progress(`reading back the decode of ${name} kept by this browser`, 1);
+  return blob ? new Uint8Array(await blob.arrayBuffer()) : null;
+}
+
+// Reads back `bytes`, the decode kept for `key`; null if it cannot be used (then it is removed,
+// and the file parsed as if never opened).
+async function readBack(bytes, key, name) {
+  const db = await openKept();
   try {
-    const t = LoadedTrace.from_decoded(new Uint8Array(await blob.arrayBuffer()), key);
-    touch(db, key, blob.size);
+    const t = LoadedTrace.from_decoded(bytes, key);
+    touch(db, key, bytes.length);
     return t;
   } catch (e) {
     console.warn(`the kept decode of ${name} could not be read back (${e.message}): parsing the file`);
@@ -196,6 +200,14 @@ async function reopen(key, name) {
     for (const store of ['decoded', 'decodedUse', 'views']) tx.objectStore(store).delete(key);
     return null;
   }
+}
+
+// The decode kept for `key`, read back; null when none is kept or it cannot be used.
+async function reopen(key, name) {
+  const bytes = await keptDecode(key);
+  if (!bytes) return null;
+  progress(`reading back the decode of ${name} kept by this browser`, 1);
+  return readBack(bytes, key, name);
 }
 
 const fileSeen = (file) => `${file.name}\u0000${file.size}\u0000${file.lastModified}`;
@@ -208,26 +220,28 @@ async function seenBefore(file) {
 }
 
 // Posts the view kept for `key` (see keepView), if any, as 'preview' for the page's load
-// `ticket` (null: none); returns its layout kept, if any.
+// `ticket`; returns what was kept with it to draw the file before its decode is read back
+// ({layout, page}), or null.
 async function postPreview(key, ticket) {
   const db = await openKept();
   const view = await idb(db.transaction('views').objectStore('views').get(key));
   if (!view) return null;
-  const { layout, ...shown } = view;
-  if (ticket !== null) postMessage({ type: 'preview', ticket, ...shown });
-  return layout ?? null;
+  const { layout, page, ...shown } = view;
+  postMessage({ type: 'preview', ticket, ...shown });
+  return layout && page ? { layout, page } : null;
 }
 
-// The layout of the view of `trace` the page shows, as first drawn, to keep beside its decode
-// under `key` ({device, by, width, height, pixels, bytes: a Blob}; see timeline()): the next
-// open reads it back instead of laying the trace out and inferring its categories again (0.8
-// and 0.2 s of a 1 GB file's). Null when the view shown has no first image of its own.
-function keptLayoutOf(trace, key) {
+// The layout of the view of `trace` (`t`, a LoadedTrace) the page shows, as first drawn, with
+// its curves, to keep beside its decode under `key` ({device, by, width, height, pixels, bytes:
+// a Blob}; see timeline()): the next open draws the file from it before its decode is read back,
+// instead of after, then laying it out and inferring its categories again (1.0, 0.8 and 0.2 s of
+// a 1 GB file's). Null when the view shown has no first image of its own.
+function keptLayoutOf(trace, t, key) {
   const v = [...views.values()].find((shown) => shown.trace === trace && shown.firstImage);
   if (!v) return null;
   const chunks = [];
   try {
-    v.t.keep_layout(key, (chunk) => chunks.push(chunk));
+    t.keep_layout(v.t, key, (chunk) => chunks.push(chunk));
   } catch (e) {
     console.warn(`the timeline could not be kept (${e.message})`);
     return null;
@@ -237,10 +251,10 @@ function keptLayoutOf(trace, key) {
 }
 
 // The layout kept with `key`'s view, read (see keptLayoutOf); null if none or unreadable.
-async function readLayout(layout) {
+async function readLayout(layout, key) {
   if (!layout) return null;
   try {
-    return { ...layout, bytes: new Uint8Array(await layout.bytes.arrayBuffer()) };
+    return { ...layout, key, bytes: new Uint8Array(await layout.bytes.arrayBuffer()) };
   } catch (e) {
     console.warn(`the timeline kept could not be read (${e.message}): laying it out`);
     return null;
@@ -327,13 +341,21 @@ async function loadFile(file, mayKeep = true, ticket = null) {
       const seen = await seenBefore(file);
       if (seen) {
         const early = mayKeep && ticket !== null;
-        const layout = early ? await postPreview(seen, ticket) : null;
+        const drawn = early ? await postPreview(seen, ticket) : null;
         const key = early ? seen : await keyOf(file);
-        // Read while the decode is read back.
-        const layoutRead = readLayout(layout);
+        // Drawn from the layout kept, its decode (checked whole first) read back after.
+        if (drawn) {
+          const layout = readLayout(drawn.layout, key);
+          const bytes = await keptDecode(key);
+          if (bytes && LoadedTrace.decoded_is_whole(bytes, key)) {
+            const checkBytes = () => sameBytes(file, key);
+            const read = async () => (await readBack(bytes, key, file.name)) ?? parse(file, true, true);
+            return new Pending(drawn.page, key, layout, checkBytes, read);
+          }
+        }
         const t = await reopen(key, file.name);
         if (t) {
-          Object.assign(t, { reopened: true, key, keptLayout: await layoutRead });
+          Object.assign(t, { reopened: true, key });
           if (early) t.checkBytes = () => sameBytes(file, key);
           return t;
         }
@@ -342,13 +364,51 @@ async function loadFile(file, mayKeep = true, ticket = null) {
       console.warn(`the decodes kept by this browser cannot be used (${e.message}): parsing the file`);
     }
   }
+  return parse(file, keeps && mayKeep);
+}
+
+// Parses `file`; its decode kept for the next open if `keep` (see toKeep; `byPage`: the page
+// draws it).
+async function parse(file, keep, byPage = false) {
   let key = null;
   const t = await loadStream(file.stream(), file.size, file.name, (k) => { key = k; });
-  if (keeps && mayKeep) {
-    toKeep.set(t, { key, t, name: file.name, file });
+  if (keep) {
+    toKeep.set(t, { key, t, name: file.name, file, byPage });
     t.key = key;
   }
   return t;
+}
+
+// A file opened again, drawn before its trace is read back (see loadFile): the page learns its
+// devices from the view kept, its first timeline is read back from the layout kept with it
+// (`keptLayout`, a promise), and its trace is read back once that is drawn, or as soon as a
+// request needs it (`trace()`), then stands in its place in `traces`.
+class Pending {
+  constructor(page, key, keptLayout, checkBytes, readBack) {
+    Object.assign(this, { page, key, keptLayout, checkBytes, readBack, reopened: true, id: null, promise: null, closed: false });
+  }
+
+  // The trace, read back once.
+  trace() {
+    this.promise ??= this.readBack().then((t) => {
+      if (this.closed) {
+        t.free();
+        throw new Error('this trace is no longer open');
+      }
+      Object.assign(t, { reopened: true, key: this.key, checkBytes: this.checkBytes, sameBytes: this.sameBytes });
+      traces.set(this.id, t);
+      // Its timelines read its trace from now on (the doctor reads them instead of laying it out).
+      for (const v of views.values()) {
+        if (v.trace === this.id && !v.t.attach(t)) console.warn('a timeline kept is not of its trace as read back: the doctor lays it out again');
+      }
+      return t;
+    });
+    return this.promise;
+  }
+
+  free() {
+    this.closed = true;
+  }
 }
 
 function close(id) {
@@ -357,17 +417,30 @@ function close(id) {
   for (const [v, { trace, t }] of views) if (trace === id) { t.free(); views.delete(v); }
 }
 
+// The trace `id` names: a LoadedTrace, or a Pending one (see loadedTrace).
 function get(id) {
   const t = traces.get(id);
   if (!t) throw new Error('this trace is no longer open');
   return t;
 }
 
+// The LoadedTrace `id` names, read back first if it is still Pending.
+async function loadedTrace(id) {
+  const t = get(id);
+  return t instanceof Pending ? t.trace() : t;
+}
+
+// What the page learns of a trace when it opens (and keeps with its view: see keepView).
+function pageInfo(t) {
+  return { devices: Array.from(t.devices()), deviceLabels: t.device_labels(), defaultDevice: t.default_device() ?? null, run: t.run_json() ?? null };
+}
+
 function add(t, name) {
   const id = nextTrace++;
   traces.set(id, t);
+  if (t instanceof Pending) t.id = id;
   return {
-    trace: id, name, devices: Array.from(t.devices()), deviceLabels: t.device_labels(), defaultDevice: t.default_device() ?? null, run: t.run_json() ?? null,
+    trace: id, name, ...(t instanceof Pending ? t.page : pageInfo(t)),
     reopened: Boolean(t.reopened),
     // Its decode is kept, and the page's view of it may be (see keepView).
     keeps: Boolean(t.key),
@@ -401,19 +474,24 @@ const inferredBuffers = (inferred) => (inferred ? [inferred.category.buffer, inf
 // A trace of `first.alone` events or more has its first image drawn from bands laid out a sample
 // per pixel column (a fraction of the full layout's time): the page asks for the full layout
 // ('fullBands') once it has asked for the diagnosis, so that the findings come first.
-function timeline(trace, device, first, colorBy) {
-  const loaded = get(trace);
-  // A reopened file's first timeline is read back from its layout kept (see keepView) where
-  // there is one of this device: no layout, no inference, and its first image as drawn then.
-  const kept = first && loaded.keptLayout?.device === device ? loaded.keptLayout : null;
-  loaded.keptLayout = null;
+//
+// `loaded`: the LoadedTrace, or null for a Pending one drawn from `kept`, the layout kept with
+// its view (see keptLayoutOf); then null is returned if that cannot be read back.
+function timeline(trace, device, first, colorBy, loaded, kept = null) {
   let t = null;
+  let curves = null;
   if (kept) {
     progress('reading back the timeline kept by this browser', 1);
     try {
-      t = loaded.timeline_from_kept(device, kept.bytes, loaded.key);
+      t = TimelineArrays.from_kept(device, kept.bytes, kept.key);
+      curves = t.take_kept_curves() ?? (loaded && loaded.curves(t));
     } catch (e) {
       console.warn(`the timeline kept could not be read back (${e.message}): laying it out`);
+    }
+    if (!curves) {
+      t?.free();
+      t = null;
+      if (!loaded) return null;
     }
   }
   if (!t) {
@@ -428,7 +506,7 @@ function timeline(trace, device, first, colorBy) {
   for (const [v, old] of views) if (old.trace === trace) { old.t.free(); views.delete(v); }
   const viewId = nextView++;
   views.set(viewId, { trace, t, device });
-  const [allocated, reserved, timeUs] = loaded.curves(t);
+  const [allocated, reserved, timeUs] = curves ?? loaded.curves(t);
   const arrays = {
     allocated,
     reserved,
@@ -465,7 +543,7 @@ function timeline(trace, device, first, colorBy) {
         pixels = t.raster(0, t.events() + 1, width, height, topBytes(meta.summary), order, colors, new Uint8Array(0), GHOST);
         // A trace whose decode is kept keeps this image with its layout (see keepView).
         const shown = views.get(viewId);
-        if (loaded.key && shown) shown.firstImage = { width, height, by, pixels: pixels.slice() };
+        if (loaded?.key && shown) shown.firstImage = { width, height, by, pixels: pixels.slice() };
       }
       postMessage({ type: 'firstImage', view: viewId, pixels, width, height }, [pixels.buffer]);
     } catch {
@@ -657,15 +735,17 @@ const handlers = {
   // file is opened again. Kept only beside its decode, after that is written; its pixels count
   // in the decode's size, so that KEPT_LIMIT bounds both.
   async keepView({ trace, image, summary }) {
-    const t = get(trace);
-    if (!t.key) return;
-    keepPending((p) => p.t === t);
+    if (!get(trace).key) return;
     if (!image) {
+      keepPending((p) => p.t === traces.get(trace));
       await keeping;
       return;
     }
+    const t = await loadedTrace(trace);
+    keepPending((p) => p.t === t);
     const key = t.key;
-    const layout = keptLayoutOf(trace, key);
+    const layout = keptLayoutOf(trace, t, key);
+    const page = pageInfo(t);
     const written = keeping.then(async () => {
       const db = await openKept();
       const tx = db.transaction(['decodedUse', 'views'], 'readwrite');
@@ -675,7 +755,7 @@ const handlers = {
         const use = e.target.result;
         if (use === undefined) return;
         const viewSize = (image.pixels.byteLength ?? image.pixels.length) + (layout ? layout.bytes.size + layout.pixels.byteLength : 0);
-        tx.objectStore('views').put({ image, summary, layout }, key);
+        tx.objectStore('views').put({ image, summary, layout, page }, key);
         uses.put({ ...use, size: use.size - (use.viewSize || 0) + viewSize, viewSize }, key);
       };
       await committed(tx);
@@ -727,13 +807,27 @@ const handlers = {
     return { result: { view: v, arrays, warnings }, transfer: Object.values(arrays).map((a) => a.buffer) };
   },
   async timeline({ trace, device, first, colorBy }) {
-    const out = timeline(trace, device, first, colorBy);
+    const entry = get(trace);
+    const pending = entry instanceof Pending ? entry : null;
+    // A file opened again is drawn from the layout kept of this device, if any, before its
+    // trace is read back (see Pending), which starts once the timeline is posted.
+    const kept = pending && first ? await pending.keptLayout : null;
+    if (pending) pending.keptLayout = Promise.resolve(null);
+    let out = kept?.device === device ? timeline(trace, device, first, colorBy, null, kept) : null;
+    out ??= timeline(trace, device, first, colorBy, await loadedTrace(trace));
     wasmAt.laidOut = wasm.memory.buffer.byteLength;
+    if (pending) {
+      const after = out.after;
+      out.after = () => {
+        after?.();
+        pending.trace().catch((e) => pending.closed || console.warn(`the file could not be read back (${e.message})`));
+      };
+    }
     return out;
   },
   async replay({ trace, device, allocConf, capacity, start }) {
     progress('replaying through the allocator', 1);
-    return JSON.parse(get(trace).replay(device, allocConf, capacity, start));
+    return JSON.parse((await loadedTrace(trace)).replay(device, allocConf, capacity, start));
   },
   async compareFile({ file, device }) {
     replaceOther(await loadFile(file));
@@ -741,7 +835,7 @@ const handlers = {
   },
   async compareWhatIf({ trace, device, allocConf, capacity, start }) {
     progress('replaying through the allocator', 1);
-    replaceOther(get(trace).replayed(device, allocConf, capacity, start));
+    replaceOther((await loadedTrace(trace)).replayed(device, allocConf, capacity, start));
     return describeOther(`what if ${allocConf || 'the same settings'}${capacity ? ` on ${capacity}` : ''} (${start} start)`, device);
   },
   async exportOther({ format }) {
@@ -760,7 +854,7 @@ const handlers = {
   },
   // The doctor's findings on one device of a trace (`tensormem doctor FILE --device N --json`).
   async diagnose({ trace, device }) {
-    return diagnoseSurviving(get(trace), device);
+    return diagnoseSurviving(await loadedTrace(trace), device);
   },
   // For the page's tests: one finder made to panic whenever it runs (null: none).
   async makeFinderFailForTests({ kind }) {
@@ -775,11 +869,12 @@ const handlers = {
     return { findings: d.findings, variant: d.variant, peakAllocated: d.peak_allocated_bytes, peakReserved: d.peak_reserved_bytes };
   },
   async stateAt({ trace, device, position }) {
-    return JSON.parse(get(trace).state_at(device, position));
+    return JSON.parse((await loadedTrace(trace)).state_at(device, position));
   },
   async exportTrace({ trace, format }) {
-    if (format === 'json') return get(trace).to_json();
-    const bytes = get(trace).to_pickle();
+    const t = await loadedTrace(trace);
+    if (format === 'json') return t.to_json();
+    const bytes = t.to_pickle();
     return { result: bytes, transfer: [bytes.buffer] };
   },
 };

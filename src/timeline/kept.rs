@@ -13,14 +13,14 @@
 //! layout, and `kept_layout_is_pinned` (below) fails when a change lays a fixture out otherwise,
 //! so that a stale layout can never be shown.
 
-use super::{Allocations, Group, GroupKind, Grouping, Marker, Pieces, Span, Timeline, TimelineSummary};
+use super::{Allocations, CurvePoint, Group, GroupKind, Grouping, Marker, Pieces, Span, Timeline, TimelineSummary};
 use crate::trace::cache::{CacheMiss, Malformed, Reader, SourceKey, Writer, read_framed, write_framed};
 use crate::trace::{Category, Frame};
 use std::io::Write;
 
 const MAGIC: &[u8; 8] = b"TMLAYOUT";
 /// Bumped whenever laying out gives other timelines (and the pin below is updated with it).
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Each allocation's category as the doctor infers it, a byte per allocation (indices into the
 /// doctor's categories, its confidences, and `reasons`): what the page colours by.
@@ -37,12 +37,69 @@ pub struct InferredCategories {
 pub struct KeptLayout {
     pub timeline: Timeline,
     pub inferred: Option<InferredCategories>,
+    /// The curves at every position, where they were kept: drawn before the trace is read back.
+    pub curves: Option<KeptCurves>,
 }
 
-/// Writes `t` (laid out from the source `key` names) to `out`, grouped by `base` where given
-/// instead of its own groups (the page keeps the grouping the trace lays out, whatever it
-/// colours by now), with the categories inferred for it if any.
-pub fn encode(t: &Timeline, base: Option<&Grouping>, inferred: Option<&InferredCategories>, key: &SourceKey, out: &mut dyn Write) -> std::io::Result<()> {
+/// The curves as kept (allocated and reserved bytes, and times, as differences from one
+/// position to the next), read a point at a time ([`KeptCurves::points`]): a 1 GB trace's
+/// curves take 60 MB so, 276 MB as numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeptCurves {
+    points: usize,
+    bytes: Vec<u8>,
+}
+
+impl KeptCurves {
+    /// Positions (the timeline's events + 1).
+    pub fn len(&self) -> usize {
+        self.points
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.points == 0
+    }
+
+    /// The points in order; an error where the bytes do not hold them all (the checksum makes
+    /// that a bug's, never a damaged file's).
+    pub fn points(&self) -> impl Iterator<Item = Result<CurvePoint, CacheMiss>> + '_ {
+        let mut r = Reader::new(&self.bytes);
+        let (mut allocated, mut reserved, mut time) = (0i64, 0i64, 0i64);
+        (0..self.points).map(move |_| {
+            let malformed = |r: &Reader| CacheMiss::Malformed(r.at());
+            allocated = allocated.wrapping_add(r.signed().map_err(|_| malformed(&r))?);
+            reserved = reserved.wrapping_add(r.signed().map_err(|_| malformed(&r))?);
+            let t = r.varint().map_err(|_| malformed(&r))?;
+            let time_us = if t == 0 {
+                f64::NAN
+            } else {
+                time = time.wrapping_add(zigzag_decode(t - 1));
+                time as f64
+            };
+            Ok(CurvePoint { allocated: allocated as u64, reserved: reserved as u64, time_us })
+        })
+    }
+}
+
+fn zigzag_decode(v: u64) -> i64 {
+    (v >> 1) as i64 ^ -((v & 1) as i64)
+}
+
+/// What [`encode`] keeps beside a timeline.
+#[derive(Default)]
+pub struct Keep<'k> {
+    /// The trace's own grouping, where the timeline is coloured otherwise now (the page keeps
+    /// the grouping the trace lays out, whatever it colours by).
+    pub base: Option<&'k Grouping>,
+    /// The categories inferred for its allocations, if any.
+    pub inferred: Option<&'k InferredCategories>,
+    /// Its curves, one point per position ([`Timeline::curves`]), if they are to be kept.
+    pub curves: Option<Box<dyn Iterator<Item = CurvePoint> + 'k>>,
+}
+
+/// Writes `t` (laid out from the source `key` names) to `out`, with what `keep` gives.
+pub fn encode(t: &Timeline, keep: Keep, key: &SourceKey, out: &mut dyn Write) -> std::io::Result<()> {
+    let Keep { base, inferred, curves } = keep;
     let (groups, group) = match base {
         Some(b) => (&b.groups, &b.group),
         None => (&t.groups, &t.allocations.group),
@@ -125,15 +182,43 @@ pub fn encode(t: &Timeline, base: Option<&Grouping>, inferred: Option<&InferredC
                 }
             }
         }
+        // Last: read back, the curves are the rest of the payload.
+        match curves {
+            None => w.byte(0),
+            Some(points) => {
+                w.byte(1);
+                w.varint(t.events as u64 + 1);
+                let (mut last, mut written) = ((0i64, 0i64, 0i64), 0);
+                for p in points {
+                    let (allocated, reserved) = (p.allocated as i64, p.reserved as i64);
+                    w.signed(allocated.wrapping_sub(last.0));
+                    w.signed(reserved.wrapping_sub(last.1));
+                    if p.time_us.is_nan() {
+                        w.varint(0);
+                    } else {
+                        let time = p.time_us as i64;
+                        let delta = time.wrapping_sub(last.2);
+                        w.varint(((delta << 1) ^ (delta >> 63)) as u64 + 1);
+                        last.2 = time;
+                    }
+                    (last.0, last.1) = (allocated, reserved);
+                    written += 1;
+                    w.flush_if_full()?;
+                }
+                if written != t.events + 1 {
+                    return Err(std::io::Error::other(format!("{written} curve points for {} positions", t.events + 1)));
+                }
+            }
+        }
         Ok(())
     })
 }
 
 /// [`encode`] into memory.
-pub fn encode_to_vec(t: &Timeline, base: Option<&Grouping>, inferred: Option<&InferredCategories>, key: &SourceKey) -> Vec<u8> {
+pub fn encode_to_vec(t: &Timeline, keep: Keep, key: &SourceKey) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    encode(t, base, inferred, key, &mut bytes).expect("writing to memory cannot fail");
-    bytes
+    encode(t, keep, key, &mut bytes)?;
+    Ok(bytes)
 }
 
 /// Reads back what [`encode`] wrote for the source `key`; anything else is a [`CacheMiss`]. The
@@ -238,6 +323,19 @@ fn read(r: &mut Reader) -> Result<KeptLayout, Malformed> {
         }
         _ => return Err(Malformed),
     };
+    let curves = match r.byte()? {
+        0 => None,
+        1 => {
+            let points = usize::try_from(r.varint()?).map_err(|_| Malformed)?;
+            let bytes = r.rest();
+            // Three bytes a point at least.
+            if points != events + 1 || bytes.len() / 3 < points {
+                return Err(Malformed);
+            }
+            Some(KeptCurves { points, bytes: bytes.to_vec() })
+        }
+        _ => return Err(Malformed),
+    };
     let t = Timeline {
         device,
         events,
@@ -260,7 +358,7 @@ fn read(r: &mut Reader) -> Result<KeptLayout, Malformed> {
     check(&t)?;
     let mut timeline = t;
     timeline.index_groups(timeline.summary.peak_x);
-    Ok(KeptLayout { timeline, inferred })
+    Ok(KeptLayout { timeline, inferred, curves })
 }
 
 /// What drawing and indexing a timeline index by must be in range: a damaged layout that passed

@@ -140,6 +140,17 @@ pub(crate) fn read_framed<T>(
     bytes: &[u8],
     read: impl FnOnce(&mut Reader) -> Result<T, Malformed>,
 ) -> Result<T, CacheMiss> {
+    let mut r = Reader { bytes: payload(magic, version, key, bytes)?, at: 0 };
+    let value = read(&mut r).map_err(|_| CacheMiss::Malformed(r.at))?;
+    if r.at != r.bytes.len() {
+        return Err(CacheMiss::Malformed(r.at));
+    }
+    Ok(value)
+}
+
+/// The payload of what [`write_framed`] wrote with `magic` and `version` for the source `key`,
+/// if whole (its length and hash as written).
+fn payload<'b>(magic: &[u8; 8], version: u32, key: &SourceKey, bytes: &'b [u8]) -> Result<&'b [u8], CacheMiss> {
     if bytes.len() < HEADER + TRAILER || &bytes[..8] != magic || bytes[8..12] != version.to_le_bytes() {
         return Err(CacheMiss::Version);
     }
@@ -154,12 +165,13 @@ pub(crate) fn read_framed<T>(
     if &trailer[16..] != END || stored_len != payload.len() as u64 || stored_hash != xxh3_64(payload) {
         return Err(CacheMiss::Damaged);
     }
-    let mut r = Reader { bytes: payload, at: 0 };
-    let value = read(&mut r).map_err(|_| CacheMiss::Malformed(r.at))?;
-    if r.at != payload.len() {
-        return Err(CacheMiss::Malformed(r.at));
-    }
-    Ok(value)
+    Ok(payload)
+}
+
+/// Whether `bytes` are a decode [`encode`] wrote for the source `key`, whole (as written, by
+/// this version): what [`decode_with_starts`] checks first, in a tenth of its time.
+pub fn is_whole(bytes: &[u8], key: &SourceKey) -> bool {
+    payload(MAGIC, VERSION, key, bytes).is_ok()
 }
 
 /// [`encode`] into memory.
@@ -439,7 +451,24 @@ pub(crate) struct Reader<'a> {
     at: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// A reader of `bytes` (a part of a payload [`read_framed`] checked, kept to read later).
+    pub(crate) fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader { bytes, at: 0 }
+    }
+
+    /// Bytes read so far.
+    pub(crate) fn at(&self) -> usize {
+        self.at
+    }
+
+    /// The bytes left, all read.
+    pub(crate) fn rest(&mut self) -> &'a [u8] {
+        let rest = &self.bytes[self.at..];
+        self.at = self.bytes.len();
+        rest
+    }
+
     pub(crate) fn byte(&mut self) -> Result<u8, Malformed> {
         let b = *self.bytes.get(self.at).ok_or(Malformed)?;
         self.at += 1;

@@ -26,6 +26,8 @@ pub struct TimelineArrays {
     base: Option<Grouping>,
     /// Each allocation's inferred category, once inferred.
     inferred: Option<InferredCategories>,
+    /// The curves kept with its layout (see [`TimelineArrays::from_kept`]), until handed over.
+    kept_curves: Option<kept::KeptCurves>,
 }
 
 /// A laid-out timeline handed to the doctor (see [`TimelineArrays::laid_out`]). Passed by value,
@@ -244,11 +246,43 @@ impl TimelineArrays {
         [&codes.category, &codes.confidence, &codes.reason].into_iter().map(|v| js_sys::Uint8Array::from(&v[..])).collect()
     }
 
-    /// This view's layout, for the next open of the file `key` names
-    /// (`LoadedTrace::timeline_from_kept`): grouped as the trace groups it, with the categories
-    /// inferred so far, given to `chunk` a megabyte at a time (Uint8Arrays).
-    pub fn keep_layout(&self, key: &str, chunk: &js_sys::Function) -> Result<(), JsError> {
-        kept::encode(&self.t, self.base.as_ref(), self.inferred.as_ref(), &super::source_key(key)?, &mut super::ToJs(chunk)).map_err(super::js_error)
+    /// A timeline of `device` read back from a layout kept by `LoadedTrace::keep_layout` for
+    /// the file `key` names, before that file's trace is read back: it draws and answers
+    /// hovers, and reads its trace once [`TimelineArrays::attach`]ed to it. An error if the bytes
+    /// are not that, whole, or not of that device.
+    pub fn from_kept(device: i32, bytes: &[u8], key: &str) -> Result<TimelineArrays, JsError> {
+        let kept = kept::decode(bytes, &super::source_key(key)?).map_err(super::js_error)?;
+        let t = &kept.timeline;
+        let inferred_ok = kept.inferred.as_ref().is_none_or(|i| {
+            i.category.len() == t.allocations.size.len()
+                && i.category.iter().all(|&c| (c as usize) < doctor::CATEGORIES.len())
+                && i.confidence.iter().all(|&c| c < 3)
+                && i.reason.iter().all(|&r| (r as usize) < i.reasons.len())
+        });
+        if t.device != device as i64 || !inferred_ok {
+            return Err(JsError::new("the layout kept is not of this device"));
+        }
+        let (inferred, kept_curves) = (kept.inferred, kept.curves);
+        Ok(TimelineArrays { inferred, kept_curves, ..TimelineArrays::new(kept.timeline, std::ptr::null()) })
+    }
+
+    /// Ties a timeline read back from its layout kept to the trace it was laid out from, once
+    /// read back (the doctor then reads this timeline instead of laying the trace out again).
+    /// False, and left untied, if `trace` is not of its length.
+    pub fn attach(&mut self, trace: &super::LoadedTrace) -> bool {
+        let snapshot = &trace.snapshot;
+        let fits = snapshot.trace_of(self.t.device).len() == self.t.events;
+        if fits {
+            self.of = snapshot;
+        }
+        fits
+    }
+
+    /// The curves kept with this timeline's layout, `[allocated, reserved, time_us]` as
+    /// `LoadedTrace::curves` gives them, once (undefined when none were kept, or after).
+    pub fn take_kept_curves(&mut self) -> Result<Option<js_sys::Array>, JsError> {
+        let Some(curves) = self.kept_curves.take() else { return Ok(None) };
+        super::curves_to_js(curves.len(), curves.points()).map(Some).map_err(super::js_error)
     }
 
     /// `{categories: ["parameter", ..., "unknown"], confidences: ["low", "medium", "high"],
@@ -263,15 +297,15 @@ impl TimelineArrays {
 impl TimelineArrays {
     /// The bands coloured as the trace groups them: by its own categories where it records
     /// them, else by frame.
-    pub(super) fn new(t: Timeline, of: &Snapshot) -> TimelineArrays {
+    pub(super) fn new(t: Timeline, of: *const Snapshot) -> TimelineArrays {
         let base = if t.groups.iter().any(|g| g.category) { RECORDED } else { FRAME };
-        TimelineArrays { t: Rc::new(t), of, xs: Vec::new(), hidden: Vec::new(), color: base, base_color: base, base: None, inferred: None }
+        TimelineArrays { t: Rc::new(t), of, xs: Vec::new(), hidden: Vec::new(), color: base, base_color: base, base: None, inferred: None, kept_curves: None }
     }
 
-    /// A timeline read back from its kept layout (see [`TimelineArrays::keep_layout`]), coloured
-    /// as the trace groups it.
-    pub(super) fn from_kept(kept: kept::KeptLayout, of: &Snapshot) -> TimelineArrays {
-        TimelineArrays { inferred: kept.inferred, ..TimelineArrays::new(kept.timeline, of) }
+    /// What `LoadedTrace::keep_layout` keeps of this view beside its curves: the trace's own
+    /// grouping and the categories inferred so far.
+    pub(super) fn to_keep(&self) -> kept::Keep<'_> {
+        kept::Keep { base: self.base.as_ref(), inferred: self.inferred.as_ref(), curves: None }
     }
 
     pub(super) fn timeline(&self) -> &Timeline {

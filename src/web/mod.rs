@@ -136,6 +136,35 @@ impl std::io::Write for ToJs<'_> {
     }
 }
 
+/// `n` curve points as three new Float64Arrays, `[allocated, reserved, time_us]`, filled a chunk
+/// at a time, so that wasm memory never holds them whole (24 MB for a 1 M event trace, beside
+/// its bands). The first error, if any, stops it.
+fn curves_to_js<E>(n: usize, points: impl Iterator<Item = Result<timeline::CurvePoint, E>>) -> Result<js_sys::Array, E> {
+    let out: [js_sys::Float64Array; 3] = std::array::from_fn(|_| js_sys::Float64Array::new_with_length(n as u32));
+    const CHUNK: usize = 1 << 16;
+    let mut chunk: [Vec<f64>; 3] = std::array::from_fn(|_| Vec::with_capacity(CHUNK));
+    let mut at = 0u32;
+    let flush = |chunk: &mut [Vec<f64>; 3], at: &mut u32| {
+        let end = *at + chunk[0].len() as u32;
+        for (array, values) in out.iter().zip(chunk.iter_mut()) {
+            array.subarray(*at, end).copy_from(values);
+            values.clear();
+        }
+        *at = end;
+    };
+    for p in points {
+        let p = p?;
+        chunk[0].push(p.allocated as f64);
+        chunk[1].push(p.reserved as f64);
+        chunk[2].push(p.time_us);
+        if chunk[0].len() == CHUNK {
+            flush(&mut chunk, &mut at);
+        }
+    }
+    flush(&mut chunk, &mut at);
+    Ok(out.into_iter().collect())
+}
+
 fn source_key(key: &str) -> Result<trace::cache::SourceKey, JsError> {
     trace::cache::SourceKey::from_file_name(key).ok_or_else(|| JsError::new(&format!("not a source key: {key}")))
 }
@@ -193,6 +222,13 @@ impl LoadedTrace {
         Ok(trace)
     }
 
+    /// Whether `bytes` are a decode kept by [`LoadedTrace::keep_decoded`] for the file `key`
+    /// names, whole: checked before the page draws that file from its layout kept, so that
+    /// reading it back after cannot fail but by a bug.
+    pub fn decoded_is_whole(bytes: &[u8], key: &str) -> Result<bool, JsError> {
+        Ok(trace::cache::is_whole(bytes, &source_key(key)?))
+    }
+
     /// This snapshot's decode, to keep for the next open of the file `key` names, with the
     /// start states reconstructed so far: given to `chunk` a megabyte at a time (Uint8Arrays).
     pub fn keep_decoded(&self, key: &str, chunk: &js_sys::Function) -> Result<(), JsError> {
@@ -200,22 +236,17 @@ impl LoadedTrace {
         trace::cache::encode(&self.snapshot, &starts, &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
     }
 
-    /// The timeline of `device` read back from a layout kept of it
-    /// ([`TimelineArrays::keep_layout`]) for the file `key` names; an error if the bytes are not
-    /// that, whole, or not of this trace's device.
-    pub fn timeline_from_kept(&self, device: i32, bytes: &[u8], key: &str) -> Result<TimelineArrays, JsError> {
-        let kept = crate::timeline::kept::decode(bytes, &source_key(key)?).map_err(js_error)?;
-        let (t, n) = (&kept.timeline, self.snapshot.trace_of(device as i64).len());
-        let inferred_ok = kept.inferred.as_ref().is_none_or(|i| {
-            i.category.len() == t.allocations.size.len()
-                && i.category.iter().all(|&c| (c as usize) < crate::doctor::CATEGORIES.len())
-                && i.confidence.iter().all(|&c| c < 3)
-                && i.reason.iter().all(|&r| (r as usize) < i.reasons.len())
-        });
-        if t.device != device as i64 || t.events != n || !inferred_ok {
-            return Err(JsError::new("the layout kept is not of this device's trace"));
+    /// The layout of `view` (a timeline of this trace), with its curves, to keep for the next
+    /// open of the file `key` names (read back by `TimelineArrays::from_kept`): given to `chunk`
+    /// a megabyte at a time (Uint8Arrays).
+    pub fn keep_layout(&self, view: &TimelineArrays, key: &str, chunk: &js_sys::Function) -> Result<(), JsError> {
+        let t = view.timeline();
+        let trace = self.snapshot.trace_of(t.device);
+        if trace.len() != t.events {
+            return Err(JsError::new("this timeline was not laid out from this trace"));
         }
-        Ok(TimelineArrays::from_kept(kept, &self.snapshot))
+        let keep = crate::timeline::kept::Keep { curves: Some(Box::new(t.curves(trace))), ..view.to_keep() };
+        crate::timeline::kept::encode(t, keep, &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
     }
 
     /// The number of entries in `device`'s trace (0 for a device without one).
@@ -267,34 +298,12 @@ impl LoadedTrace {
     /// reserved, time_us]`, one value a position. Filled a chunk at a time, so that wasm memory
     /// never holds them whole (24 MB for a 1 M event trace, beside its bands).
     pub fn curves(&self, view: &TimelineArrays) -> Result<js_sys::Array, JsError> {
-        let (t, s) = (view.timeline(), &view.timeline().summary);
+        let t = view.timeline();
         let trace = self.snapshot.trace_of(t.device);
         if trace.len() != t.events {
             return Err(JsError::new("this timeline was not laid out from this trace"));
         }
-        let n = trace.len() + 1;
-        let out: [js_sys::Float64Array; 3] = std::array::from_fn(|_| js_sys::Float64Array::new_with_length(n as u32));
-        const CHUNK: usize = 1 << 16;
-        let mut chunk: [Vec<f64>; 3] = std::array::from_fn(|_| Vec::with_capacity(CHUNK));
-        let mut at = 0u32;
-        let flush = |chunk: &mut [Vec<f64>; 3], at: &mut u32| {
-            let end = *at + chunk[0].len() as u32;
-            for (array, values) in out.iter().zip(chunk.iter_mut()) {
-                array.subarray(*at, end).copy_from(values);
-                values.clear();
-            }
-            *at = end;
-        };
-        for p in timeline::curves(trace, s.start_allocated_bytes, s.start_reserved_bytes) {
-            chunk[0].push(p.allocated as f64);
-            chunk[1].push(p.reserved as f64);
-            chunk[2].push(p.time_us);
-            if chunk[0].len() == CHUNK {
-                flush(&mut chunk, &mut at);
-            }
-        }
-        flush(&mut chunk, &mut at);
-        Ok(out.into_iter().collect())
+        curves_to_js(trace.len() + 1, t.curves(trace).map(Ok::<_, std::convert::Infallible>)).map_err(js_error)
     }
 
     /// Replays one device under other settings; `start` is `recorded` or `replaced`. Returns
