@@ -124,7 +124,7 @@ fn a_whole_layout_whose_indices_are_out_of_range_is_refused_without_panicking() 
     let good = first_layout(&snapshot, 0);
     assert!(good.allocations.size.len() > 2 && !good.groups.is_empty() && good.stack_offsets.len() > 1);
     type Break = (&'static str, fn(&mut Timeline));
-    let breaks: [Break; 6] = [
+    let breaks: [Break; 8] = [
         ("a group past the groups", |t| t.allocations.group[1] = t.groups.len() as u32),
         ("a stack past the stacks", |t| t.allocations.stack[1] = (t.stack_offsets.len() - 1) as u32),
         ("an allocation ending before it starts", |t| t.allocations.end[1] = t.allocations.start[1].wrapping_sub(1)),
@@ -134,6 +134,13 @@ fn a_whole_layout_whose_indices_are_out_of_range_is_refused_without_panicking() 
             t.pieces.y.push(0.0);
         }),
         ("a frame past the frames", |t| *t.stack_frames.last_mut().unwrap() = t.frames.len() as u32),
+        ("a piece past its allocation's end", |t| {
+            let last = t.piece_range(1).end - 1;
+            t.pieces.x0[last] = t.allocations.end[1] + 1;
+        }),
+        ("stacks without their scopes", |t| {
+            t.scope_offsets.pop();
+        }),
     ];
     for (what, make) in breaks {
         let mut t = good.clone();
@@ -141,6 +148,12 @@ fn a_whole_layout_whose_indices_are_out_of_range_is_refused_without_panicking() 
         let bytes = encoded(&t, None, None);
         assert!(matches!(kept::decode(&bytes, &KEY), Err(CacheMiss::Malformed(_))), "{what}: read back");
     }
+    // Sizes that are not whole numbers (a hand-made trace's) are kept as they are.
+    let mut fractional = good.clone();
+    fractional.allocations.size[0] = 0.5;
+    fractional.allocations.addr[1] = f64::NAN;
+    let back = read_back(&fractional, None, None).timeline.allocations;
+    assert!(back.size[0] == 0.5 && back.addr[1].is_nan() && back.size[1..] == fractional.allocations.size[1..]);
     // A timeline without allocations is whole.
     let empty = Timeline { allocations: Allocations { piece_offsets: vec![0], group_start: vec![0], ..Default::default() }, ..Default::default() };
     assert!(same(&read_back(&empty, None, None).timeline, &empty));

@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, diagnose, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { LoadedTrace, Predictor, TimelineArrays, SourceHasher, TraceLoader, diagnose_scenario, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
+import init, { DecodedCheck, LoadedTrace, Predictor, TimelineArrays, SourceHasher, TraceLoader, diagnose_scenario, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
@@ -165,9 +165,9 @@ function openKept() {
 
 // The key of `file`'s bytes (see SourceHasher), read in slices: a second stream of a file
 // another worker is reading could stall in Chromium. `report`: whether to show the progress.
+const SLICE = 8 << 20;
 async function keyOf(file, report = true) {
   const hasher = new SourceHasher();
-  const SLICE = 8 << 20;
   try {
     for (let at = 0; at < file.size; at += SLICE) {
       hasher.update(new Uint8Array(await file.slice(at, at + SLICE).arrayBuffer()));
@@ -179,20 +179,33 @@ async function keyOf(file, report = true) {
   }
 }
 
-// The decode kept for `key`, as bytes; null when none is kept.
+// The decode kept for `key` (a Blob); null when none is kept.
 async function keptDecode(key) {
   const db = await openKept();
-  const blob = await idb(db.transaction('decoded').objectStore('decoded').get(key));
-  return blob ? new Uint8Array(await blob.arrayBuffer()) : null;
+  return (await idb(db.transaction('decoded').objectStore('decoded').get(key))) ?? null;
 }
 
-// Reads back `bytes`, the decode kept for `key`; null if it cannot be used (then it is removed,
-// and the file parsed as if never opened).
-async function readBack(bytes, key, name) {
+// Whether `blob`, the decode kept for `key`, is whole, read a slice at a time (see DecodedCheck).
+async function decodeWhole(blob, key) {
+  const check = new DecodedCheck(key, blob.size);
+  try {
+    for (let at = 0; at < blob.size; at += SLICE) check.update(new Uint8Array(await blob.slice(at, at + SLICE).arrayBuffer()));
+    return check.whole();
+  } finally {
+    check.free();
+  }
+}
+
+// The decode kept for `key`, read back; null when none is kept or it cannot be used (then it is
+// removed, and the file parsed as if never opened). `report`: whether to show the progress.
+async function reopen(key, name, report = true) {
+  const blob = await keptDecode(key);
+  if (!blob) return null;
+  if (report) progress(`reading back the decode of ${name} kept by this browser`, 1);
   const db = await openKept();
   try {
-    const t = LoadedTrace.from_decoded(bytes, key);
-    touch(db, key, bytes.length);
+    const t = LoadedTrace.from_decoded(new Uint8Array(await blob.arrayBuffer()), key);
+    touch(db, key, blob.size);
     return t;
   } catch (e) {
     console.warn(`the kept decode of ${name} could not be read back (${e.message}): parsing the file`);
@@ -200,14 +213,6 @@ async function readBack(bytes, key, name) {
     for (const store of ['decoded', 'decodedUse', 'views']) tx.objectStore(store).delete(key);
     return null;
   }
-}
-
-// The decode kept for `key`, read back; null when none is kept or it cannot be used.
-async function reopen(key, name) {
-  const bytes = await keptDecode(key);
-  if (!bytes) return null;
-  progress(`reading back the decode of ${name} kept by this browser`, 1);
-  return readBack(bytes, key, name);
 }
 
 const fileSeen = (file) => `${file.name}\u0000${file.size}\u0000${file.lastModified}`;
@@ -221,14 +226,14 @@ async function seenBefore(file) {
 
 // Posts the view kept for `key` (see keepView), if any, as 'preview' for the page's load
 // `ticket`; returns what was kept with it to draw the file before its decode is read back
-// ({layout, page}), or null.
+// ({layout, page}: both absent where a view was kept without them), or null without a view.
 async function postPreview(key, ticket) {
   const db = await openKept();
   const view = await idb(db.transaction('views').objectStore('views').get(key));
   if (!view) return null;
   const { layout, page, ...shown } = view;
   postMessage({ type: 'preview', ticket, ...shown });
-  return layout && page ? { layout, page } : null;
+  return layout && page ? { layout, page } : {};
 }
 
 // The layout of the view of `trace` (`t`, a LoadedTrace) the page shows, as first drawn, with
@@ -247,6 +252,7 @@ function keptLayoutOf(trace, t, key) {
     return null;
   }
   const { width, height, by, pixels } = v.firstImage;
+  v.firstImage = null;
   return { device: v.device, by, width, height, pixels, bytes: new Blob(chunks) };
 }
 
@@ -290,7 +296,7 @@ async function sameBytes(file, key) {
   return same;
 }
 
-// Keeps `t`'s decode under `key`, then removes the least recently used until all fit KEPT_LIMIT.
+// Keeps `t`'s decode under `key`, then trims the others to fit KEPT_LIMIT.
 async function keep(key, t, file) {
   const chunks = [];
   t.keep_decoded(key, (chunk) => chunks.push(chunk));
@@ -302,6 +308,11 @@ async function keep(key, t, file) {
   tx.objectStore('decodedUse').put({ size: blob.size, used: Date.now() }, key);
   tx.objectStore('decodedNames').put(key, fileSeen(file));
   await committed(tx);
+  await trim(db, key);
+}
+
+// Removes the least recently used decodes (and their views) but `key`'s until all fit KEPT_LIMIT.
+async function trim(db, key) {
   const uses = db.transaction('decodedUse').objectStore('decodedUse');
   const [keys, values] = await Promise.all([idb(uses.getAllKeys()), idb(uses.getAll())]);
   const byAge = keys.map((k, i) => ({ k, ...values[i] })).sort((a, b) => a.used - b.used);
@@ -315,11 +326,12 @@ async function keep(key, t, file) {
   if (!gone.size) return;
   const names = db.transaction('decodedNames').objectStore('decodedNames');
   const [seen, seenKeys] = await Promise.all([idb(names.getAllKeys()), idb(names.getAll())]);
-  const trim = db.transaction(['decoded', 'decodedUse', 'decodedNames', 'views'], 'readwrite');
+  const tx = db.transaction(['decoded', 'decodedUse', 'decodedNames', 'views'], 'readwrite');
   for (const k of gone) {
-    for (const store of ['decoded', 'decodedUse', 'views']) trim.objectStore(store).delete(k);
+    for (const store of ['decoded', 'decodedUse', 'views']) tx.objectStore(store).delete(k);
   }
-  seen.forEach((name, i) => { if (gone.has(seenKeys[i])) trim.objectStore('decodedNames').delete(name); });
+  seen.forEach((name, i) => { if (gone.has(seenKeys[i])) tx.objectStore('decodedNames').delete(name); });
+  await committed(tx);
 }
 
 // Opens a file: from the decode kept by an earlier open of the same bytes when there is one
@@ -344,18 +356,19 @@ async function loadFile(file, mayKeep = true, ticket = null) {
         const drawn = early ? await postPreview(seen, ticket) : null;
         const key = early ? seen : await keyOf(file);
         // Drawn from the layout kept, its decode (checked whole first) read back after.
-        if (drawn) {
+        if (drawn?.layout) {
           const layout = readLayout(drawn.layout, key);
-          const bytes = await keptDecode(key);
-          if (bytes && LoadedTrace.decoded_is_whole(bytes, key)) {
+          const blob = await keptDecode(key);
+          if (blob && (await decodeWhole(blob, key))) {
             const checkBytes = () => sameBytes(file, key);
-            const read = async () => (await readBack(bytes, key, file.name)) ?? parse(file, true, true);
+            const read = async () => (await reopen(key, file.name, false)) ?? parse(file, true, true);
             return new Pending(drawn.page, key, layout, checkBytes, read);
           }
         }
         const t = await reopen(key, file.name);
         if (t) {
-          Object.assign(t, { reopened: true, key });
+          // A view kept before layouts were (or without one) gets its layout when next drawn.
+          Object.assign(t, { reopened: true, key, layoutMissing: Boolean(drawn && !drawn.layout) });
           if (early) t.checkBytes = () => sameBytes(file, key);
           return t;
         }
@@ -388,14 +401,17 @@ class Pending {
     Object.assign(this, { page, key, keptLayout, checkBytes, readBack, reopened: true, id: null, promise: null, closed: false });
   }
 
-  // The trace, read back once.
+  // The trace, read back once (never once closed).
   trace() {
+    if (this.closed && !this.promise) return Promise.reject(new Error('this trace is no longer open'));
     this.promise ??= this.readBack().then((t) => {
       if (this.closed) {
         t.free();
         throw new Error('this trace is no longer open');
       }
-      Object.assign(t, { reopened: true, key: this.key, checkBytes: this.checkBytes, sameBytes: this.sameBytes });
+      // Parsed instead (its kept decode could not be read back), it has a key of its own.
+      t.key ??= this.key;
+      Object.assign(t, { reopened: true, checkBytes: this.checkBytes, sameBytes: this.sameBytes });
       traces.set(this.id, t);
       // Its timelines read its trace from now on (the doctor reads them instead of laying it out).
       for (const v of views.values()) {
@@ -543,7 +559,7 @@ function timeline(trace, device, first, colorBy, loaded, kept = null) {
         pixels = t.raster(0, t.events() + 1, width, height, topBytes(meta.summary), order, colors, new Uint8Array(0), GHOST);
         // A trace whose decode is kept keeps this image with its layout (see keepView).
         const shown = views.get(viewId);
-        if (loaded?.key && shown) shown.firstImage = { width, height, by, pixels: pixels.slice() };
+        if (loaded?.key && (!loaded.reopened || loaded.layoutMissing) && shown) shown.firstImage = { width, height, by, pixels: pixels.slice() };
       }
       postMessage({ type: 'firstImage', view: viewId, pixels, width, height }, [pixels.buffer]);
     } catch {
@@ -736,8 +752,9 @@ const handlers = {
   // in the decode's size, so that KEPT_LIMIT bounds both.
   async keepView({ trace, image, summary }) {
     if (!get(trace).key) return;
-    if (!image) {
-      keepPending((p) => p.t === traces.get(trace));
+    const reopened = traces.get(trace);
+    if (!image && !reopened.layoutMissing) {
+      keepPending((p) => p.t === reopened);
       await keeping;
       return;
     }
@@ -746,6 +763,7 @@ const handlers = {
     const key = t.key;
     const layout = keptLayoutOf(trace, t, key);
     const page = pageInfo(t);
+    t.layoutMissing = false;
     const written = keeping.then(async () => {
       const db = await openKept();
       const tx = db.transaction(['decodedUse', 'views'], 'readwrite');
@@ -754,11 +772,18 @@ const handlers = {
       uses.get(key).onsuccess = (e) => {
         const use = e.target.result;
         if (use === undefined) return;
-        const viewSize = (image.pixels.byteLength ?? image.pixels.length) + (layout ? layout.bytes.size + layout.pixels.byteLength : 0);
-        tx.objectStore('views').put({ image, summary, layout, page }, key);
-        uses.put({ ...use, size: use.size - (use.viewSize || 0) + viewSize, viewSize }, key);
+        const views = tx.objectStore('views');
+        // Without an image, the view kept gets the layout it lacked.
+        views.get(key).onsuccess = (got) => {
+          const view = image ? { image, summary } : got.target.result;
+          if (!view || (!image && !layout)) return;
+          const viewSize = (view.image.pixels.byteLength ?? view.image.pixels.length) + (layout ? layout.bytes.size + layout.pixels.byteLength : 0);
+          views.put({ ...view, layout, page }, key);
+          uses.put({ ...use, size: use.size - (use.viewSize || 0) + viewSize, viewSize }, key);
+        };
       };
       await committed(tx);
+      await trim(db, key);
     });
     // The next open of a file waits for its view too.
     keeping = Promise.all([keeping, written.catch(() => {})]);
@@ -813,9 +838,12 @@ const handlers = {
     // trace is read back (see Pending), which starts once the timeline is posted.
     const kept = pending && first ? await pending.keptLayout : null;
     if (pending) pending.keptLayout = Promise.resolve(null);
+    get(trace); // still open
     let out = kept?.device === device ? timeline(trace, device, first, colorBy, null, kept) : null;
     out ??= timeline(trace, device, first, colorBy, await loadedTrace(trace));
     wasmAt.laidOut = wasm.memory.buffer.byteLength;
+    // Read back already (a request needed it while this was drawn): tied to it now.
+    if (pending?.promise) pending.promise.then((t) => views.get(out.result.view)?.t.attach(t), () => {});
     if (pending) {
       const after = out.after;
       out.after = () => {

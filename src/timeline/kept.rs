@@ -198,7 +198,11 @@ pub fn encode(t: &Timeline, keep: Keep, key: &SourceKey, out: &mut dyn Write) ->
                     } else {
                         let time = p.time_us as i64;
                         let delta = time.wrapping_sub(last.2);
-                        w.varint(((delta << 1) ^ (delta >> 63)) as u64 + 1);
+                        // 0 stands for NaN: the one difference that cannot be written is refused.
+                        let Some(coded) = (((delta << 1) ^ (delta >> 63)) as u64).checked_add(1) else {
+                            return Err(std::io::Error::other("a time 2^63 microseconds from the one before"));
+                        };
+                        w.varint(coded);
                         last.2 = time;
                     }
                     (last.0, last.1) = (allocated, reserved);
@@ -256,7 +260,8 @@ fn deltas(w: &mut Writer, column: &[u32]) -> std::io::Result<()> {
 
 fn read(r: &mut Reader) -> Result<KeptLayout, Malformed> {
     let device = r.signed()?;
-    let events = usize::try_from(r.varint()?).map_err(|_| Malformed)?;
+    // Positions (events + 1) are u32s.
+    let events = usize::try_from(r.varint()?).ok().filter(|&e| e < u32::MAX as usize).ok_or(Malformed)?;
     let mut curves = Vec::with_capacity(3);
     for _ in 0..3 {
         let n = r.count(8)?;
@@ -268,7 +273,7 @@ fn read(r: &mut Reader) -> Result<KeptLayout, Malformed> {
     let start = read_deltas(r, n)?;
     let mut end = Vec::with_capacity(n);
     for &s in &start {
-        end.push(position(s as i64 + r.signed()?)?);
+        end.push(position((s as i64).checked_add(r.signed()?).ok_or(Malformed)?)?);
     }
     let mut stack_and_group = [Vec::with_capacity(n), Vec::with_capacity(n)];
     for column in &mut stack_and_group {
@@ -377,10 +382,22 @@ fn check(t: &Timeline) -> Result<(), Malformed> {
         && a.stack.iter().all(|&s| s == super::NO_STACK || (s as usize) + 1 < t.stack_offsets.len())
         && offsets_ok(&t.stack_offsets, t.stack_frames.len())
         && offsets_ok(&t.scope_offsets, t.scope_frames.len())
+        && t.scope_offsets.len() == t.stack_offsets.len()
+        && pieces_ok(t)
         && t.stack_frames.iter().chain(&t.scope_frames).all(|&f| (f as usize) < t.frames.len())
         && (t.summary.peak_x as usize) <= t.events
         && [&t.allocated, &t.reserved, &t.time_us].iter().all(|c| c.is_empty() || c.len() == t.events + 1);
     if ok { Ok(()) } else { Err(Malformed) }
+}
+
+/// Each allocation's pieces start in order within its lifetime (the raster indexes the axis by
+/// them). Called once the offsets are checked.
+fn pieces_ok(t: &Timeline) -> bool {
+    let a = &t.allocations;
+    (0..a.size.len()).all(|id| {
+        let x0 = &t.pieces.x0[t.piece_range(id)];
+        x0.windows(2).all(|w| w[0] <= w[1]) && x0.iter().all(|&x| a.start[id] <= x && x <= a.end[id])
+    })
 }
 
 fn floats(bytes: &[u8]) -> Vec<f64> {
@@ -399,7 +416,7 @@ fn read_deltas(r: &mut Reader, n: usize) -> Result<Vec<u32>, Malformed> {
     let mut last = 0i64;
     let mut column = Vec::with_capacity(n);
     for _ in 0..n {
-        last += r.signed()?;
+        last = last.checked_add(r.signed()?).ok_or(Malformed)?;
         column.push(position(last)?);
     }
     Ok(column)

@@ -171,7 +171,58 @@ fn payload<'b>(magic: &[u8; 8], version: u32, key: &SourceKey, bytes: &'b [u8]) 
 /// Whether `bytes` are a decode [`encode`] wrote for the source `key`, whole (as written, by
 /// this version): what [`decode_with_starts`] checks first, in a tenth of its time.
 pub fn is_whole(bytes: &[u8], key: &SourceKey) -> bool {
-    payload(MAGIC, VERSION, key, bytes).is_ok()
+    let mut check = WholeCheck::new(key, bytes.len() as u64);
+    check.update(bytes);
+    check.is_whole()
+}
+
+/// [`is_whole`] a chunk at a time, in order, of a kept decode `len` bytes long, never holding it
+/// (the page checks the one it will read back before drawing the file from its layout kept).
+#[derive(Clone)]
+pub struct WholeCheck {
+    key: SourceKey,
+    len: u64,
+    seen: u64,
+    header: Vec<u8>,
+    trailer: Vec<u8>,
+    hasher: Xxh3,
+}
+
+impl WholeCheck {
+    pub fn new(key: &SourceKey, len: u64) -> WholeCheck {
+        WholeCheck { key: *key, len, seen: 0, header: Vec::with_capacity(HEADER), trailer: Vec::with_capacity(TRAILER), hasher: Xxh3::new() }
+    }
+
+    /// The next bytes (those past the length given are counted, and make it not whole).
+    pub fn update(&mut self, chunk: &[u8]) {
+        let (start, end) = (self.seen, self.seen + chunk.len() as u64);
+        let payload_end = self.len.saturating_sub(TRAILER as u64).max(HEADER as u64);
+        // The part of `chunk` in [from, to) of the whole.
+        let part = |from: u64, to: u64| {
+            let a = from.clamp(start, end);
+            let b = to.clamp(start, end).max(a);
+            &chunk[(a - start) as usize..(b - start) as usize]
+        };
+        self.header.extend_from_slice(part(0, HEADER as u64));
+        self.hasher.update(part(HEADER as u64, payload_end));
+        self.trailer.extend_from_slice(part(payload_end, self.len));
+        self.seen = end;
+    }
+
+    pub fn is_whole(&self) -> bool {
+        let ok = self.seen == self.len && self.len >= (HEADER + TRAILER) as u64 && self.header.len() == HEADER && self.trailer.len() == TRAILER;
+        if !ok || &self.header[..8] != MAGIC || self.header[8..12] != VERSION.to_le_bytes() {
+            return false;
+        }
+        let len = u64::from_le_bytes(self.header[12..20].try_into().unwrap());
+        let hash = u128::from_le_bytes(self.header[20..36].try_into().unwrap());
+        let stored_len = u64::from_le_bytes(self.trailer[..8].try_into().unwrap());
+        let stored_hash = u64::from_le_bytes(self.trailer[8..16].try_into().unwrap());
+        SourceKey { len, hash } == self.key
+            && stored_len == self.len - (HEADER + TRAILER) as u64
+            && stored_hash == self.hasher.digest()
+            && &self.trailer[16..] == END
+    }
 }
 
 /// [`encode`] into memory.

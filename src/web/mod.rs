@@ -165,6 +165,29 @@ fn curves_to_js<E>(n: usize, points: impl Iterator<Item = Result<timeline::Curve
     Ok(out.into_iter().collect())
 }
 
+/// Whether a decode kept by [`LoadedTrace::keep_decoded`] for the file `key` names is whole, read
+/// a slice at a time: checked before the page draws that file from its layout kept, so that
+/// reading it back after cannot fail but by a bug.
+#[wasm_bindgen]
+pub struct DecodedCheck(trace::cache::WholeCheck);
+
+#[wasm_bindgen]
+impl DecodedCheck {
+    /// For a kept decode `len` bytes long.
+    #[wasm_bindgen(constructor)]
+    pub fn new(key: &str, len: f64) -> Result<DecodedCheck, JsError> {
+        Ok(DecodedCheck(trace::cache::WholeCheck::new(&source_key(key)?, len as u64)))
+    }
+
+    pub fn update(&mut self, chunk: &[u8]) {
+        self.0.update(chunk);
+    }
+
+    pub fn whole(&self) -> bool {
+        self.0.is_whole()
+    }
+}
+
 fn source_key(key: &str) -> Result<trace::cache::SourceKey, JsError> {
     trace::cache::SourceKey::from_file_name(key).ok_or_else(|| JsError::new(&format!("not a source key: {key}")))
 }
@@ -220,13 +243,6 @@ impl LoadedTrace {
         let trace = LoadedTrace::new(decoded.snapshot, None);
         trace.starts.borrow_mut().extend(starts.into_iter().map(|k| (k.device(), k)));
         Ok(trace)
-    }
-
-    /// Whether `bytes` are a decode kept by [`LoadedTrace::keep_decoded`] for the file `key`
-    /// names, whole: checked before the page draws that file from its layout kept, so that
-    /// reading it back after cannot fail but by a bug.
-    pub fn decoded_is_whole(bytes: &[u8], key: &str) -> Result<bool, JsError> {
-        Ok(trace::cache::is_whole(bytes, &source_key(key)?))
     }
 
     /// This snapshot's decode, to keep for the next open of the file `key` names, with the

@@ -254,6 +254,46 @@ test('a big file opened again shows its last view at once, and one changed in pl
   await page.close();
 });
 
+test('a view kept without its layout (by an older version) gets one when next drawn, and the file is then drawn from it', async () => {
+  const big = join(scratch, 'lm-train-16-steps.pickle');
+  if (!existsSync(big)) execFileSync(bin, ['run', 'lm-train', '--set', 'size=medium,steps=16', '--snapshot', big], { stdio: 'ignore' });
+  const page = await newPage();
+  await page.goto(baseUrl);
+  await painted(page, 1);
+  const marks = (name) => page.evaluate((n) => performance.getEntriesByName(`tensormem:${n}`).length, name);
+  const said = () => page.evaluate(() => window.__progressTexts.splice(0));
+  await page.evaluate(() => {
+    window.__progressTexts = [];
+    new MutationObserver((records) => records.forEach((r) => r.addedNodes.forEach((n) => window.__progressTexts.push(n.textContent))))
+      .observe(document.querySelector('#progress-text'), { childList: true });
+  });
+  // The views kept, without their layouts: as an older version kept them.
+  const stripLayouts = () => page.evaluate(async () => {
+    const db = await new Promise((ok, fail) => { const r = indexedDB.open('tensormem'); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); });
+    const store = db.transaction('views').objectStore('views');
+    const [keys, views] = await Promise.all([store.getAllKeys(), store.getAll()].map((q) => new Promise((ok) => { q.onsuccess = () => ok(q.result); })));
+    const tx = db.transaction('views', 'readwrite');
+    keys.forEach((k, i) => { const { layout, page: info, ...older } = views[i]; tx.objectStore('views').put(older, k); });
+    await new Promise((ok) => { tx.oncomplete = ok; });
+    db.close();
+    return views.map((v) => Boolean(v.layout && v.page));
+  });
+  await openFile(page, big, 2);
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:kept').length >= 1, null, { timeout: 60000 });
+  assert.deepEqual(await stripLayouts(), [true]);
+  await said();
+  await openFile(page, big, 3);
+  assert.ok((await said()).includes('laying out the timeline'));
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:kept').length >= 2, null, { timeout: 60000 });
+  assert.equal(await page.getAttribute('#source-name', 'data-reopened'), 'true');
+  await openFile(page, big, 4);
+  const texts = await said();
+  assert.ok(texts.includes('reading back the timeline kept by this browser') && !texts.includes('laying out the timeline'), texts.join('\n'));
+  assert.equal(await marks('preview'), 2);
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
 test('a truncated file and a non-pickle show an error, and the next file still loads', async () => {
   const good = join(fixtures, 'small-state.pickle');
   const bytes = readFileSync(good);
