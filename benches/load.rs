@@ -2,8 +2,8 @@
 //! the same run: a plain read of the file's bytes (issue 51). Phases: decoding the file into a
 //! `Snapshot`, opening it again from the kept decode (hashing the file, reading the cache file
 //! back), the page's timeline layout and its first image (and the same image from bands laid
-//! out for it alone, as the page draws a long trace first; that layout kept with its curves and
-//! read back, as the page's second open draws it), and one replay (what `tensormem
+//! out for it alone, as the page draws a long trace first; that layout kept and read back, as
+//! the page's second open draws it), and one replay (what `tensormem
 //! summary` adds), the second time from the start state kept beside the decode. On
 //! generated training-loop snapshots of 100 k and 1 M entries (about 10 and 100 MB), and on
 //! `TENSORMEM_BIG` when it names a file (`python3 ../shared/tools/gen_big_snapshot.py 11500000
@@ -48,14 +48,10 @@ fn phases(name: &str, path: &Path) {
         first_image(&t);
         t
     });
-    // The page's second open draws from that layout kept with its curves, before the decode is
-    // read back (`timeline::kept`).
-    let with_curves = || kept::Keep { curves: Some(Box::new(first.curves(snapshot.trace_of(0)))), ..Default::default() };
-    let (keep_layout, layout_kept) = timed(|| kept::encode_to_vec(&first, with_curves(), &key).unwrap());
-    let (layout_again, _) = timed(|| {
-        let back = kept::decode(&layout_kept, &key).unwrap();
-        back.curves.unwrap().points().map(|p| p.unwrap().allocated).max()
-    });
+    // The page's second open draws from that layout kept (`timeline::kept`; its curves are
+    // kept as numbers, read back without decoding).
+    let (keep_layout, layout_kept) = timed(|| kept::encode_to_vec(&first, kept::Keep::default(), &key).unwrap());
+    let (layout_again, _) = timed(|| kept::decode(&layout_kept, &key).unwrap());
     drop(first);
     let (replay, _) = timed(|| replay_device(&snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap());
     let known_again = KnownStart::all_kept(&again.snapshot, again.starts).pop();
@@ -63,7 +59,7 @@ fn phases(name: &str, path: &Path) {
         timed(|| replay_device(&again.snapshot, 0, &ReplayOptions { known_start: known_again, ..Default::default() }, &mut |_, _| {}).unwrap());
     drop(again.snapshot);
     println!(
-        "{name}: {:.1} MB, {events} entries; read {:.2} s; decode {:.2} s = {:.1}x the read; again from the cache: hash {:.2} s ({:.1}x) + read back {:.2} s ({:.1}x) of {:.1} MB kept in {:.2} s; layout {:.2} s ({:.1}x); its first image {:.2} s; or, with bands laid out for it alone, both {:.2} s after the start, kept ({:.1} MB with its curves, in {:.2} s) and read back in {:.2} s ({:.1}x); replay {:.2} s ({:.1}x), of which its start {:.2} s; from the start kept {:.2} s ({:.1}x)",
+        "{name}: {:.1} MB, {events} entries; read {:.2} s; decode {:.2} s = {:.1}x the read; again from the cache: hash {:.2} s ({:.1}x) + read back {:.2} s ({:.1}x) of {:.1} MB kept in {:.2} s; layout {:.2} s ({:.1}x); its first image {:.2} s; or, with bands laid out for it alone, both {:.2} s after the start, kept ({:.1} MB, in {:.2} s) and read back in {:.2} s ({:.1}x); replay {:.2} s ({:.1}x), of which its start {:.2} s; from the start kept {:.2} s ({:.1}x)",
         size as f64 / 1e6,
         read,
         load,

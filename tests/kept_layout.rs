@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use tensormem::doctor;
 use tensormem::replay::KnownStart;
-use tensormem::timeline::kept::{self, InferredCategories, Keep, KeptCurves, KeptLayout};
+use tensormem::timeline::kept::{self, InferredCategories, Keep, KeptLayout};
 use tensormem::timeline::{self, Allocations, Timeline};
 use tensormem::trace::cache::{CacheMiss, SourceKey};
 use tensormem::trace::{self, Snapshot};
@@ -26,24 +26,11 @@ fn same(a: &Timeline, b: &Timeline) -> bool {
 }
 
 fn encoded(t: &Timeline, base: Option<&timeline::Grouping>, inferred: Option<&InferredCategories>) -> Vec<u8> {
-    kept::encode_to_vec(t, Keep { base, inferred, curves: None }, &KEY).unwrap()
+    kept::encode_to_vec(t, Keep { base, inferred }, &KEY).unwrap()
 }
 
 fn read_back(t: &Timeline, base: Option<&timeline::Grouping>, inferred: Option<&InferredCategories>) -> KeptLayout {
     kept::decode(&encoded(t, base, inferred), &KEY).unwrap()
-}
-
-/// `t` kept with the curves of `trace` (its own), read back.
-fn read_back_with_curves(t: &Timeline, trace: &[trace::TraceEntry]) -> KeptLayout {
-    let bytes = kept::encode_to_vec(t, Keep { curves: Some(Box::new(t.curves(trace))), ..Default::default() }, &KEY).unwrap();
-    kept::decode(&bytes, &KEY).unwrap()
-}
-
-/// The curves as kept, compared point by point with those of the trace (NaN times equal).
-fn same_curves(kept: &KeptCurves, t: &Timeline, trace: &[trace::TraceEntry]) -> bool {
-    let points: Vec<_> = kept.points().collect::<Result<_, _>>().unwrap();
-    let expected: Vec<_> = t.curves(trace).collect();
-    format!("{points:?}") == format!("{expected:?}")
 }
 
 #[test]
@@ -59,15 +46,9 @@ fn every_real_snapshot_s_layouts_read_back_equal() {
         for _ in 0..2 {
             let back = read_back(&t, None, None);
             assert!(same(&back.timeline, &t), "{name}: the kept layout differs from the layout");
-            assert!(back.inferred.is_none() && back.curves.is_none());
+            assert!(back.inferred.is_none());
             t.lay_full_bands();
         }
-        let trace = snapshot.trace_of(device);
-        let back = read_back_with_curves(&t, trace);
-        assert!(same(&back.timeline, &t), "{name}: with its curves, the kept layout differs from the layout");
-        let curves = back.curves.as_ref().unwrap();
-        assert_eq!(curves.len(), trace.len() + 1);
-        assert!(same_curves(curves, &t, trace), "{name}: the curves kept differ from the trace's");
     }
 }
 
@@ -85,7 +66,7 @@ fn a_view_coloured_otherwise_keeps_the_trace_s_grouping_and_its_inferred_categor
     let back = read_back(&shown, Some(&base), Some(&codes));
     assert!(same(&back.timeline, &laid), "kept in the grouping the trace lays out");
     assert_eq!(back.inferred.as_ref(), Some(&codes));
-    // The curves, when laid out with them (NaN times included), read back too.
+    // The curves, when laid out with them, read back too.
     assert!(!laid.allocated.is_empty());
 }
 
@@ -106,16 +87,6 @@ fn a_layout_cut_short_damaged_of_another_file_or_not_a_layout_is_a_miss() {
     let decode = trace::cache::encode_to_vec(&snapshot, &[], &KEY);
     assert_eq!(kept::decode(&decode, &KEY).unwrap_err(), CacheMiss::Version);
     assert_eq!(kept::decode(&[], &KEY).unwrap_err(), CacheMiss::Version);
-}
-
-#[test]
-fn curves_of_another_length_are_not_kept() {
-    let snapshot = common::run_scenario("oom", &[]).snapshot;
-    let t = first_layout(&snapshot, 0);
-    let trace = snapshot.trace_of(0);
-    let short = Keep { curves: Some(Box::new(t.curves(&trace[1..]))), ..Default::default() };
-    assert!(kept::encode_to_vec(&t, short, &KEY).is_err());
-    assert!(same_curves(read_back_with_curves(&t, trace).curves.as_ref().unwrap(), &t, trace));
 }
 
 #[test]
@@ -164,13 +135,13 @@ fn a_whole_layout_whose_indices_are_out_of_range_is_refused_without_panicking() 
 /// as the current one. When it fails on purpose, bump `VERSION` and put the new hash here.
 #[test]
 fn kept_layout_is_pinned() {
-    const PINNED: (u32, u64) = (2, 9249472724442286861);
+    const PINNED: (u32, u64) = (3, 4231618373072578680);
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/real/gpt-2.7b-forward.pickle");
     let snapshot = trace::load_file(&path).unwrap();
     let mut t = first_layout(&snapshot, 0);
     let sampled = encoded(&t, None, Some(&doctor::infer_codes(&t)));
     t.lay_full_bands();
-    let full = kept::encode_to_vec(&t, Keep { curves: Some(Box::new(t.curves(snapshot.trace_of(0)))), ..Default::default() }, &KEY).unwrap();
+    let full = encoded(&t, None, None);
     let run = common::run_scenario("oom", &[]).snapshot;
     let scenario = encoded(&first_layout(&run, 0), None, None);
     let hash = xxhash_rust::xxh3::xxh3_64(&[sampled, full, scenario].concat());

@@ -1,7 +1,7 @@
 // The page's worker: all heavy work (read, parse, lay out, replay, diagnose, scenario runs, export) runs
 // here in tensormem's wasm so the page stays responsive. Messages in: {id, type, ...}; out: the
 // same id with a result or {error}, plus {type: 'progress'} while reading and parsing.
-import init, { DecodedCheck, LoadedTrace, Predictor, TimelineArrays, SourceHasher, TraceLoader, diagnose_scenario, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
+import init, { LoadedTrace, Predictor, TimelineArrays, SourceHasher, TraceLoader, diagnose_scenario, finder_running, fit_table, make_finder_fail_for_tests, parse_size, run_scenario, scenarios_json, take_panic } from './pkg/tensormem.js';
 import { colorGroups, topBytes, GHOST } from './palette.js';
 
 // Once the wasm is instantiated, run the decode and layout paths once on a small trace of our
@@ -165,9 +165,9 @@ function openKept() {
 
 // The key of `file`'s bytes (see SourceHasher), read in slices: a second stream of a file
 // another worker is reading could stall in Chromium. `report`: whether to show the progress.
-const SLICE = 8 << 20;
 async function keyOf(file, report = true) {
   const hasher = new SourceHasher();
+  const SLICE = 8 << 20;
   try {
     for (let at = 0; at < file.size; at += SLICE) {
       hasher.update(new Uint8Array(await file.slice(at, at + SLICE).arrayBuffer()));
@@ -185,15 +185,13 @@ async function keptDecode(key) {
   return (await idb(db.transaction('decoded').objectStore('decoded').get(key))) ?? null;
 }
 
-// Whether `blob`, the decode kept for `key`, is whole, read a slice at a time (see DecodedCheck).
-async function decodeWhole(blob, key) {
-  const check = new DecodedCheck(key, blob.size);
-  try {
-    for (let at = 0; at < blob.size; at += SLICE) check.update(new Uint8Array(await blob.slice(at, at + SLICE).arrayBuffer()));
-    return check.whole();
-  } finally {
-    check.free();
-  }
+// Whether the ends of `blob`, the decode kept for `key`, say it is whole (see
+// LoadedTrace.decoded_ends_agree: what lies between is checked when it is read back).
+async function decodeEndsAgree(blob, key) {
+  const [head, tail] = LoadedTrace.decoded_ends();
+  if (blob.size < head + tail) return false;
+  const [h, t] = await Promise.all([blob.slice(0, head).arrayBuffer(), blob.slice(blob.size - tail).arrayBuffer()]);
+  return LoadedTrace.decoded_ends_agree(new Uint8Array(h), new Uint8Array(t), blob.size, key);
 }
 
 // The decode kept for `key`, read back; null when none is kept or it cannot be used (then it is
@@ -236,31 +234,35 @@ async function postPreview(key, ticket) {
   return layout && page ? { layout, page } : {};
 }
 
-// The layout of the view of `trace` (`t`, a LoadedTrace) the page shows, as first drawn, with
-// its curves, to keep beside its decode under `key` ({device, by, width, height, pixels, bytes:
-// a Blob}; see timeline()): the next open draws the file from it before its decode is read back,
-// instead of after, then laying it out and inferring its categories again (1.0, 0.8 and 0.2 s of
-// a 1 GB file's). Null when the view shown has no first image of its own.
+// The layout of the view of `trace` (`t`, a LoadedTrace) the page shows, as first drawn, to keep
+// beside its decode under `key` ({device, by, width, height, pixels, bytes: a Blob, curves: its
+// curves as numbers, read back without decoding: a Blob}; see timeline()): the next open draws
+// the file from it before its decode is read back, instead of after, then laying it out and
+// inferring its categories again (1.0, 0.8 and 0.2 s of a 1 GB file's). Null when the view
+// shown has no first image of its own.
 function keptLayoutOf(trace, t, key) {
   const v = [...views.values()].find((shown) => shown.trace === trace && shown.firstImage);
   if (!v) return null;
   const chunks = [];
+  let curves;
   try {
     t.keep_layout(v.t, key, (chunk) => chunks.push(chunk));
+    curves = new Blob(t.curves(v.t));
   } catch (e) {
     console.warn(`the timeline could not be kept (${e.message})`);
     return null;
   }
   const { width, height, by, pixels } = v.firstImage;
   v.firstImage = null;
-  return { device: v.device, by, width, height, pixels, bytes: new Blob(chunks) };
+  return { device: v.device, by, width, height, pixels, bytes: new Blob(chunks), curves };
 }
 
 // The layout kept with `key`'s view, read (see keptLayoutOf); null if none or unreadable.
 async function readLayout(layout, key) {
   if (!layout) return null;
   try {
-    return { ...layout, key, bytes: new Uint8Array(await layout.bytes.arrayBuffer()) };
+    const [bytes, curves] = await Promise.all([layout.bytes.arrayBuffer(), layout.curves.arrayBuffer()]);
+    return { ...layout, key, bytes: new Uint8Array(bytes), curves };
   } catch (e) {
     console.warn(`the timeline kept could not be read (${e.message}): laying it out`);
     return null;
@@ -355,11 +357,12 @@ async function loadFile(file, mayKeep = true, ticket = null) {
         const early = mayKeep && ticket !== null;
         const drawn = early ? await postPreview(seen, ticket) : null;
         const key = early ? seen : await keyOf(file);
-        // Drawn from the layout kept, its decode (checked whole first) read back after.
+        // Drawn from the layout kept, its decode read back after (or, if it cannot be, the file
+        // parsed: the drawing is of the same bytes). One cut short is not used at all.
         if (drawn?.layout) {
           const layout = readLayout(drawn.layout, key);
           const blob = await keptDecode(key);
-          if (blob && (await decodeWhole(blob, key))) {
+          if (blob && (await decodeEndsAgree(blob, key))) {
             const checkBytes = () => sameBytes(file, key);
             const read = async () => (await reopen(key, file.name, false)) ?? parse(file, true, true);
             return new Pending(drawn.page, key, layout, checkBytes, read);
@@ -500,7 +503,9 @@ function timeline(trace, device, first, colorBy, loaded, kept = null) {
     progress('reading back the timeline kept by this browser', 1);
     try {
       t = TimelineArrays.from_kept(device, kept.bytes, kept.key);
-      curves = t.take_kept_curves() ?? (loaded && loaded.curves(t));
+      // [allocated, reserved, time_us], one after the other.
+      const n = t.events() + 1;
+      curves = kept.curves.byteLength === 3 * n * 8 ? [0, 1, 2].map((k) => new Float64Array(kept.curves, k * n * 8, n)) : loaded?.curves(t);
     } catch (e) {
       console.warn(`the timeline kept could not be read back (${e.message}): laying it out`);
     }
@@ -545,7 +550,8 @@ function timeline(trace, device, first, colorBy, loaded, kept = null) {
     pieceY: t.piece_y(),
   };
   const meta = JSON.parse(t.meta_json());
-  const transfer = [...Object.values(arrays).map((a) => a.buffer), ...inferredBuffers(inferred)];
+  // Curves kept share one buffer.
+  const transfer = [...new Set([...Object.values(arrays).map((a) => a.buffer), ...inferredBuffers(inferred)])];
   // The first image is drawn after the timeline is posted, so that the page sets itself up
   // while this worker draws (two cores at work), and posted on its own as 'firstImage'.
   // Without it (an error) the page asks for the image itself.
@@ -777,7 +783,7 @@ const handlers = {
         views.get(key).onsuccess = (got) => {
           const view = image ? { image, summary } : got.target.result;
           if (!view || (!image && !layout)) return;
-          const viewSize = (view.image.pixels.byteLength ?? view.image.pixels.length) + (layout ? layout.bytes.size + layout.pixels.byteLength : 0);
+          const viewSize = (view.image.pixels.byteLength ?? view.image.pixels.length) + (layout ? layout.bytes.size + layout.curves.size + layout.pixels.byteLength : 0);
           views.put({ ...view, layout, page }, key);
           uses.put({ ...use, size: use.size - (use.viewSize || 0) + viewSize, viewSize }, key);
         };

@@ -13,14 +13,14 @@
 //! layout, and `kept_layout_is_pinned` (below) fails when a change lays a fixture out otherwise,
 //! so that a stale layout can never be shown.
 
-use super::{Allocations, CurvePoint, Group, GroupKind, Grouping, Marker, Pieces, Span, Timeline, TimelineSummary};
+use super::{Allocations, Group, GroupKind, Grouping, Marker, Pieces, Span, Timeline, TimelineSummary};
 use crate::trace::cache::{CacheMiss, Malformed, Reader, SourceKey, Writer, read_framed, write_framed};
 use crate::trace::{Category, Frame};
 use std::io::Write;
 
 const MAGIC: &[u8; 8] = b"TMLAYOUT";
 /// Bumped whenever laying out gives other timelines (and the pin below is updated with it).
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Each allocation's category as the doctor infers it, a byte per allocation (indices into the
 /// doctor's categories, its confidences, and `reasons`): what the page colours by.
@@ -37,52 +37,6 @@ pub struct InferredCategories {
 pub struct KeptLayout {
     pub timeline: Timeline,
     pub inferred: Option<InferredCategories>,
-    /// The curves at every position, where they were kept: drawn before the trace is read back.
-    pub curves: Option<KeptCurves>,
-}
-
-/// The curves as kept (allocated and reserved bytes, and times, as differences from one
-/// position to the next), read a point at a time ([`KeptCurves::points`]): a 1 GB trace's
-/// curves take 60 MB so, 276 MB as numbers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct KeptCurves {
-    points: usize,
-    bytes: Vec<u8>,
-}
-
-impl KeptCurves {
-    /// Positions (the timeline's events + 1).
-    pub fn len(&self) -> usize {
-        self.points
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.points == 0
-    }
-
-    /// The points in order; an error where the bytes do not hold them all (the checksum makes
-    /// that a bug's, never a damaged file's).
-    pub fn points(&self) -> impl Iterator<Item = Result<CurvePoint, CacheMiss>> + '_ {
-        let mut r = Reader::new(&self.bytes);
-        let (mut allocated, mut reserved, mut time) = (0i64, 0i64, 0i64);
-        (0..self.points).map(move |_| {
-            let malformed = |r: &Reader| CacheMiss::Malformed(r.at());
-            allocated = allocated.wrapping_add(r.signed().map_err(|_| malformed(&r))?);
-            reserved = reserved.wrapping_add(r.signed().map_err(|_| malformed(&r))?);
-            let t = r.varint().map_err(|_| malformed(&r))?;
-            let time_us = if t == 0 {
-                f64::NAN
-            } else {
-                time = time.wrapping_add(zigzag_decode(t - 1));
-                time as f64
-            };
-            Ok(CurvePoint { allocated: allocated as u64, reserved: reserved as u64, time_us })
-        })
-    }
-}
-
-fn zigzag_decode(v: u64) -> i64 {
-    (v >> 1) as i64 ^ -((v & 1) as i64)
 }
 
 /// What [`encode`] keeps beside a timeline.
@@ -93,13 +47,13 @@ pub struct Keep<'k> {
     pub base: Option<&'k Grouping>,
     /// The categories inferred for its allocations, if any.
     pub inferred: Option<&'k InferredCategories>,
-    /// Its curves, one point per position ([`Timeline::curves`]), if they are to be kept.
-    pub curves: Option<Box<dyn Iterator<Item = CurvePoint> + 'k>>,
 }
 
-/// Writes `t` (laid out from the source `key` names) to `out`, with what `keep` gives.
+/// Writes `t` (laid out from the source `key` names) to `out`, with what `keep` gives. Its
+/// curves, if any, are kept as they are (the page keeps them apart, as numbers it reads back
+/// without decoding).
 pub fn encode(t: &Timeline, keep: Keep, key: &SourceKey, out: &mut dyn Write) -> std::io::Result<()> {
-    let Keep { base, inferred, curves } = keep;
+    let Keep { base, inferred } = keep;
     let (groups, group) = match base {
         Some(b) => (&b.groups, &b.group),
         None => (&t.groups, &t.allocations.group),
@@ -179,38 +133,6 @@ pub fn encode(t: &Timeline, keep: Keep, key: &SourceKey, out: &mut dyn Write) ->
                 w.varint(i.reasons.len() as u64);
                 for r in &i.reasons {
                     w.str(r);
-                }
-            }
-        }
-        // Last: read back, the curves are the rest of the payload.
-        match curves {
-            None => w.byte(0),
-            Some(points) => {
-                w.byte(1);
-                w.varint(t.events as u64 + 1);
-                let (mut last, mut written) = ((0i64, 0i64, 0i64), 0);
-                for p in points {
-                    let (allocated, reserved) = (p.allocated as i64, p.reserved as i64);
-                    w.signed(allocated.wrapping_sub(last.0));
-                    w.signed(reserved.wrapping_sub(last.1));
-                    if p.time_us.is_nan() {
-                        w.varint(0);
-                    } else {
-                        let time = p.time_us as i64;
-                        let delta = time.wrapping_sub(last.2);
-                        // 0 stands for NaN: the one difference that cannot be written is refused.
-                        let Some(coded) = (((delta << 1) ^ (delta >> 63)) as u64).checked_add(1) else {
-                            return Err(std::io::Error::other("a time 2^63 microseconds from the one before"));
-                        };
-                        w.varint(coded);
-                        last.2 = time;
-                    }
-                    (last.0, last.1) = (allocated, reserved);
-                    written += 1;
-                    w.flush_if_full()?;
-                }
-                if written != t.events + 1 {
-                    return Err(std::io::Error::other(format!("{written} curve points for {} positions", t.events + 1)));
                 }
             }
         }
@@ -328,19 +250,6 @@ fn read(r: &mut Reader) -> Result<KeptLayout, Malformed> {
         }
         _ => return Err(Malformed),
     };
-    let curves = match r.byte()? {
-        0 => None,
-        1 => {
-            let points = usize::try_from(r.varint()?).map_err(|_| Malformed)?;
-            let bytes = r.rest();
-            // Three bytes a point at least.
-            if points != events + 1 || bytes.len() / 3 < points {
-                return Err(Malformed);
-            }
-            Some(KeptCurves { points, bytes: bytes.to_vec() })
-        }
-        _ => return Err(Malformed),
-    };
     let t = Timeline {
         device,
         events,
@@ -363,7 +272,7 @@ fn read(r: &mut Reader) -> Result<KeptLayout, Malformed> {
     check(&t)?;
     let mut timeline = t;
     timeline.index_groups(timeline.summary.peak_x);
-    Ok(KeptLayout { timeline, inferred, curves })
+    Ok(KeptLayout { timeline, inferred })
 }
 
 /// What drawing and indexing a timeline index by must be in range: a damaged layout that passed

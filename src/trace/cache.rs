@@ -168,62 +168,22 @@ fn payload<'b>(magic: &[u8; 8], version: u32, key: &SourceKey, bytes: &'b [u8]) 
     Ok(payload)
 }
 
-/// Whether `bytes` are a decode [`encode`] wrote for the source `key`, whole (as written, by
-/// this version): what [`decode_with_starts`] checks first, in a tenth of its time.
-pub fn is_whole(bytes: &[u8], key: &SourceKey) -> bool {
-    let mut check = WholeCheck::new(key, bytes.len() as u64);
-    check.update(bytes);
-    check.is_whole()
+/// Whether the ends of a kept decode `len` bytes long (its first [`HEAD`] and last [`TAIL`]
+/// bytes) say it is one [`encode`] wrote for the source `key`, by this version, and as long as
+/// written: a file cut short or replaced never agrees. What lies between is checked against its
+/// hash when read back. The page checks this much before it draws a file from its layout kept.
+pub fn ends_agree(head: &[u8], tail: &[u8], len: u64, key: &SourceKey) -> bool {
+    if head.len() != HEADER || tail.len() != TRAILER || len < (HEADER + TRAILER) as u64 {
+        return false;
+    }
+    let stored_key = SourceKey { len: u64::from_le_bytes(head[12..20].try_into().unwrap()), hash: u128::from_le_bytes(head[20..36].try_into().unwrap()) };
+    let stored_len = u64::from_le_bytes(tail[..8].try_into().unwrap());
+    &head[..8] == MAGIC && head[8..12] == VERSION.to_le_bytes() && stored_key == *key && stored_len == len - (HEADER + TRAILER) as u64 && &tail[16..] == END
 }
 
-/// [`is_whole`] a chunk at a time, in order, of a kept decode `len` bytes long, never holding it
-/// (the page checks the one it will read back before drawing the file from its layout kept).
-#[derive(Clone)]
-pub struct WholeCheck {
-    key: SourceKey,
-    len: u64,
-    seen: u64,
-    header: Vec<u8>,
-    trailer: Vec<u8>,
-    hasher: Xxh3,
-}
-
-impl WholeCheck {
-    pub fn new(key: &SourceKey, len: u64) -> WholeCheck {
-        WholeCheck { key: *key, len, seen: 0, header: Vec::with_capacity(HEADER), trailer: Vec::with_capacity(TRAILER), hasher: Xxh3::new() }
-    }
-
-    /// The next bytes (those past the length given are counted, and make it not whole).
-    pub fn update(&mut self, chunk: &[u8]) {
-        let (start, end) = (self.seen, self.seen + chunk.len() as u64);
-        let payload_end = self.len.saturating_sub(TRAILER as u64).max(HEADER as u64);
-        // The part of `chunk` in [from, to) of the whole.
-        let part = |from: u64, to: u64| {
-            let a = from.clamp(start, end);
-            let b = to.clamp(start, end).max(a);
-            &chunk[(a - start) as usize..(b - start) as usize]
-        };
-        self.header.extend_from_slice(part(0, HEADER as u64));
-        self.hasher.update(part(HEADER as u64, payload_end));
-        self.trailer.extend_from_slice(part(payload_end, self.len));
-        self.seen = end;
-    }
-
-    pub fn is_whole(&self) -> bool {
-        let ok = self.seen == self.len && self.len >= (HEADER + TRAILER) as u64 && self.header.len() == HEADER && self.trailer.len() == TRAILER;
-        if !ok || &self.header[..8] != MAGIC || self.header[8..12] != VERSION.to_le_bytes() {
-            return false;
-        }
-        let len = u64::from_le_bytes(self.header[12..20].try_into().unwrap());
-        let hash = u128::from_le_bytes(self.header[20..36].try_into().unwrap());
-        let stored_len = u64::from_le_bytes(self.trailer[..8].try_into().unwrap());
-        let stored_hash = u64::from_le_bytes(self.trailer[8..16].try_into().unwrap());
-        SourceKey { len, hash } == self.key
-            && stored_len == self.len - (HEADER + TRAILER) as u64
-            && stored_hash == self.hasher.digest()
-            && &self.trailer[16..] == END
-    }
-}
+/// How many bytes of a kept decode's start and end [`ends_agree`] reads.
+pub const HEAD: usize = HEADER;
+pub const TAIL: usize = TRAILER;
 
 /// [`encode`] into memory.
 pub fn encode_to_vec(snapshot: &Snapshot, starts: &[KeptStart], key: &SourceKey) -> Vec<u8> {
@@ -502,24 +462,7 @@ pub(crate) struct Reader<'a> {
     at: usize,
 }
 
-impl<'a> Reader<'a> {
-    /// A reader of `bytes` (a part of a payload [`read_framed`] checked, kept to read later).
-    pub(crate) fn new(bytes: &'a [u8]) -> Reader<'a> {
-        Reader { bytes, at: 0 }
-    }
-
-    /// Bytes read so far.
-    pub(crate) fn at(&self) -> usize {
-        self.at
-    }
-
-    /// The bytes left, all read.
-    pub(crate) fn rest(&mut self) -> &'a [u8] {
-        let rest = &self.bytes[self.at..];
-        self.at = self.bytes.len();
-        rest
-    }
-
+impl Reader<'_> {
     pub(crate) fn byte(&mut self) -> Result<u8, Malformed> {
         let b = *self.bytes.get(self.at).ok_or(Malformed)?;
         self.at += 1;

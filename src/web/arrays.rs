@@ -26,8 +26,6 @@ pub struct TimelineArrays {
     base: Option<Grouping>,
     /// Each allocation's inferred category, once inferred.
     inferred: Option<InferredCategories>,
-    /// The curves kept with its layout (see [`TimelineArrays::from_kept`]), until handed over.
-    kept_curves: Option<kept::KeptCurves>,
 }
 
 /// A laid-out timeline handed to the doctor (see [`TimelineArrays::laid_out`]). Passed by value,
@@ -262,8 +260,7 @@ impl TimelineArrays {
         if t.device != device as i64 || !inferred_ok {
             return Err(JsError::new("the layout kept is not of this device"));
         }
-        let (inferred, kept_curves) = (kept.inferred, kept.curves);
-        Ok(TimelineArrays { inferred, kept_curves, ..TimelineArrays::new(kept.timeline, std::ptr::null()) })
+        Ok(TimelineArrays { inferred: kept.inferred, ..TimelineArrays::new(kept.timeline, std::ptr::null()) })
     }
 
     /// Ties a timeline read back from its layout kept to the trace it was laid out from, once
@@ -276,13 +273,6 @@ impl TimelineArrays {
             self.of = snapshot;
         }
         fits
-    }
-
-    /// The curves kept with this timeline's layout, `[allocated, reserved, time_us]` as
-    /// `LoadedTrace::curves` gives them, once (undefined when none were kept, or after).
-    pub fn take_kept_curves(&mut self) -> Result<Option<js_sys::Array>, JsError> {
-        let Some(curves) = self.kept_curves.take() else { return Ok(None) };
-        super::curves_to_js(curves.len(), curves.points()).map(Some).map_err(super::js_error)
     }
 
     /// `{categories: ["parameter", ..., "unknown"], confidences: ["low", "medium", "high"],
@@ -299,13 +289,13 @@ impl TimelineArrays {
     /// them, else by frame.
     pub(super) fn new(t: Timeline, of: *const Snapshot) -> TimelineArrays {
         let base = if t.groups.iter().any(|g| g.category) { RECORDED } else { FRAME };
-        TimelineArrays { t: Rc::new(t), of, xs: Vec::new(), hidden: Vec::new(), color: base, base_color: base, base: None, inferred: None, kept_curves: None }
+        TimelineArrays { t: Rc::new(t), of, xs: Vec::new(), hidden: Vec::new(), color: base, base_color: base, base: None, inferred: None }
     }
 
-    /// What `LoadedTrace::keep_layout` keeps of this view beside its curves: the trace's own
+    /// What `LoadedTrace::keep_layout` keeps of this view beside its layout: the trace's own
     /// grouping and the categories inferred so far.
     pub(super) fn to_keep(&self) -> kept::Keep<'_> {
-        kept::Keep { base: self.base.as_ref(), inferred: self.inferred.as_ref(), curves: None }
+        kept::Keep { base: self.base.as_ref(), inferred: self.inferred.as_ref() }
     }
 
     pub(super) fn timeline(&self) -> &Timeline {

@@ -138,8 +138,8 @@ impl std::io::Write for ToJs<'_> {
 
 /// `n` curve points as three new Float64Arrays, `[allocated, reserved, time_us]`, filled a chunk
 /// at a time, so that wasm memory never holds them whole (24 MB for a 1 M event trace, beside
-/// its bands). The first error, if any, stops it.
-fn curves_to_js<E>(n: usize, points: impl Iterator<Item = Result<timeline::CurvePoint, E>>) -> Result<js_sys::Array, E> {
+/// its bands).
+fn curves_to_js(n: usize, points: impl Iterator<Item = timeline::CurvePoint>) -> js_sys::Array {
     let out: [js_sys::Float64Array; 3] = std::array::from_fn(|_| js_sys::Float64Array::new_with_length(n as u32));
     const CHUNK: usize = 1 << 16;
     let mut chunk: [Vec<f64>; 3] = std::array::from_fn(|_| Vec::with_capacity(CHUNK));
@@ -153,7 +153,6 @@ fn curves_to_js<E>(n: usize, points: impl Iterator<Item = Result<timeline::Curve
         *at = end;
     };
     for p in points {
-        let p = p?;
         chunk[0].push(p.allocated as f64);
         chunk[1].push(p.reserved as f64);
         chunk[2].push(p.time_us);
@@ -162,30 +161,7 @@ fn curves_to_js<E>(n: usize, points: impl Iterator<Item = Result<timeline::Curve
         }
     }
     flush(&mut chunk, &mut at);
-    Ok(out.into_iter().collect())
-}
-
-/// Whether a decode kept by [`LoadedTrace::keep_decoded`] for the file `key` names is whole, read
-/// a slice at a time: checked before the page draws that file from its layout kept, so that
-/// reading it back after cannot fail but by a bug.
-#[wasm_bindgen]
-pub struct DecodedCheck(trace::cache::WholeCheck);
-
-#[wasm_bindgen]
-impl DecodedCheck {
-    /// For a kept decode `len` bytes long.
-    #[wasm_bindgen(constructor)]
-    pub fn new(key: &str, len: f64) -> Result<DecodedCheck, JsError> {
-        Ok(DecodedCheck(trace::cache::WholeCheck::new(&source_key(key)?, len as u64)))
-    }
-
-    pub fn update(&mut self, chunk: &[u8]) {
-        self.0.update(chunk);
-    }
-
-    pub fn whole(&self) -> bool {
-        self.0.is_whole()
-    }
+    out.into_iter().collect()
 }
 
 fn source_key(key: &str) -> Result<trace::cache::SourceKey, JsError> {
@@ -245,6 +221,19 @@ impl LoadedTrace {
         Ok(trace)
     }
 
+    /// Whether `head` and `tail`, the first and last bytes of a decode kept by
+    /// [`LoadedTrace::keep_decoded`] (`decoded_ends()` of each) `len` bytes long, say it is
+    /// one kept for the file `key` names, as long as written (see `trace::cache::ends_agree`):
+    /// checked before the page draws that file from its layout kept.
+    pub fn decoded_ends_agree(head: &[u8], tail: &[u8], len: f64, key: &str) -> Result<bool, JsError> {
+        Ok(trace::cache::ends_agree(head, tail, len as u64, &source_key(key)?))
+    }
+
+    /// How many bytes of a kept decode's start and end `decoded_ends_agree` reads.
+    pub fn decoded_ends() -> Vec<u32> {
+        vec![trace::cache::HEAD as u32, trace::cache::TAIL as u32]
+    }
+
     /// This snapshot's decode, to keep for the next open of the file `key` names, with the
     /// start states reconstructed so far: given to `chunk` a megabyte at a time (Uint8Arrays).
     pub fn keep_decoded(&self, key: &str, chunk: &js_sys::Function) -> Result<(), JsError> {
@@ -252,17 +241,15 @@ impl LoadedTrace {
         trace::cache::encode(&self.snapshot, &starts, &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
     }
 
-    /// The layout of `view` (a timeline of this trace), with its curves, to keep for the next
-    /// open of the file `key` names (read back by `TimelineArrays::from_kept`): given to `chunk`
-    /// a megabyte at a time (Uint8Arrays).
+    /// The layout of `view` (a timeline of this trace) to keep for the next open of the file `key`
+    /// names (read back by `TimelineArrays::from_kept`): given to `chunk` a megabyte at a time
+    /// (Uint8Arrays).
     pub fn keep_layout(&self, view: &TimelineArrays, key: &str, chunk: &js_sys::Function) -> Result<(), JsError> {
         let t = view.timeline();
-        let trace = self.snapshot.trace_of(t.device);
-        if trace.len() != t.events {
+        if self.snapshot.trace_of(t.device).len() != t.events {
             return Err(JsError::new("this timeline was not laid out from this trace"));
         }
-        let keep = crate::timeline::kept::Keep { curves: Some(Box::new(t.curves(trace))), ..view.to_keep() };
-        crate::timeline::kept::encode(t, keep, &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
+        crate::timeline::kept::encode(t, view.to_keep(), &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
     }
 
     /// The number of entries in `device`'s trace (0 for a device without one).
@@ -319,7 +306,7 @@ impl LoadedTrace {
         if trace.len() != t.events {
             return Err(JsError::new("this timeline was not laid out from this trace"));
         }
-        curves_to_js(trace.len() + 1, t.curves(trace).map(Ok::<_, std::convert::Infallible>)).map_err(js_error)
+        Ok(curves_to_js(trace.len() + 1, t.curves(trace)))
     }
 
     /// Replays one device under other settings; `start` is `recorded` or `replaced`. Returns

@@ -187,7 +187,7 @@ test('a big file opened again shows its last view at once, and one changed in pl
     db.close();
     return out.uses.map(([k, use]) => {
       const view = out.views.find(([v]) => v === k)?.[1];
-      return { k, use, view: view?.image.pixels.byteLength, layout: view?.layout && view.layout.bytes.size + view.layout.pixels.byteLength };
+      return { k, use, view: view?.image.pixels.byteLength, layout: view?.layout && view.layout.bytes.size + view.layout.curves.size + view.layout.pixels.byteLength };
     });
   });
   const first = await kept();
