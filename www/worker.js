@@ -360,18 +360,17 @@ async function loadFile(file, mayKeep = true, ticket = null) {
         // Drawn from the layout kept, its decode read back after (or, if it cannot be, the file
         // parsed: the drawing is of the same bytes). One cut short is not used at all.
         if (drawn?.layout) {
-          const layout = readLayout(drawn.layout, key);
           const blob = await keptDecode(key);
           if (blob && (await decodeEndsAgree(blob, key))) {
             const checkBytes = () => sameBytes(file, key);
             const read = async () => (await reopen(key, file.name, false)) ?? parse(file, true, true);
-            return new Pending(drawn.page, key, layout, checkBytes, read);
+            return new Pending(drawn.page, key, readLayout(drawn.layout, key), checkBytes, read);
           }
         }
         const t = await reopen(key, file.name);
         if (t) {
           // A view kept before layouts were (or without one) gets its layout when next drawn.
-          Object.assign(t, { reopened: true, key, layoutMissing: Boolean(drawn && !drawn.layout) });
+          Object.assign(t, { reopened: true, key, layoutMissing: early && !drawn?.layout });
           if (early) t.checkBytes = () => sameBytes(file, key);
           return t;
         }
@@ -503,9 +502,12 @@ function timeline(trace, device, first, colorBy, loaded, kept = null) {
     progress('reading back the timeline kept by this browser', 1);
     try {
       t = TimelineArrays.from_kept(device, kept.bytes, kept.key);
-      // [allocated, reserved, time_us], one after the other.
+      // [allocated, reserved, time_us], one after the other, where they agree with the layout's
+      // figures (the layout has a hash; the curves, as numbers, only these).
       const n = t.events() + 1;
-      curves = kept.curves.byteLength === 3 * n * 8 ? [0, 1, 2].map((k) => new Float64Array(kept.curves, k * n * 8, n)) : loaded?.curves(t);
+      const read = kept.curves.byteLength === 3 * n * 8 ? [0, 1, 2].map((k) => new Float64Array(kept.curves, k * n * 8, n)) : null;
+      if (read && curvesAgree(t, read)) curves = read;
+      else console.warn('the curves kept do not agree with their timeline: laying it out');
     } catch (e) {
       console.warn(`the timeline kept could not be read back (${e.message}): laying it out`);
     }
@@ -580,6 +582,15 @@ function view(id) {
   const v = views.get(id);
   if (!v) throw new Error('this timeline is no longer shown');
   return v.t;
+}
+
+// Whether `curves` ([allocated, reserved, time_us]) agree with `t`'s figures at the start, the
+// peak and the end.
+function curvesAgree(t, [allocated, reserved]) {
+  const [peakX, peakAllocated, startAllocated, startReserved, finalAllocated, finalReserved] = t.curve_figures();
+  const n = allocated.length;
+  return allocated[peakX] === peakAllocated && allocated[0] === startAllocated && reserved[0] === startReserved
+    && allocated[n - 1] === finalAllocated && reserved[n - 1] === finalReserved;
 }
 
 // The second trace of a comparison: its curves and who held memory at its peak.
@@ -781,10 +792,13 @@ const handlers = {
         const views = tx.objectStore('views');
         // Without an image, the view kept gets the layout it lacked.
         views.get(key).onsuccess = (got) => {
-          const view = image ? { image, summary } : got.target.result;
+          const stored = got.target.result;
+          const view = image ? { image, summary, layout: stored?.layout, page: stored?.page } : stored;
           if (!view || (!image && !layout)) return;
-          const viewSize = (view.image.pixels.byteLength ?? view.image.pixels.length) + (layout ? layout.bytes.size + layout.curves.size + layout.pixels.byteLength : 0);
-          views.put({ ...view, layout, page }, key);
+          const kept = layout ? { ...view, layout, page } : view;
+          const l = kept.layout;
+          const viewSize = (view.image.pixels.byteLength ?? view.image.pixels.length) + (l ? l.bytes.size + (l.curves?.size ?? 0) + l.pixels.byteLength : 0);
+          views.put(kept, key);
           uses.put({ ...use, size: use.size - (use.viewSize || 0) + viewSize, viewSize }, key);
         };
       };
@@ -846,7 +860,12 @@ const handlers = {
     if (pending) pending.keptLayout = Promise.resolve(null);
     get(trace); // still open
     let out = kept?.device === device ? timeline(trace, device, first, colorBy, null, kept) : null;
-    out ??= timeline(trace, device, first, colorBy, await loadedTrace(trace));
+    if (!out) {
+      const loaded = await loadedTrace(trace);
+      // A layout kept that could not be used (or none, for this device) is kept anew once drawn.
+      if (pending && first && kept) loaded.layoutMissing = true;
+      out = timeline(trace, device, first, colorBy, loaded);
+    }
     wasmAt.laidOut = wasm.memory.buffer.byteLength;
     // Read back already (a request needed it while this was drawn): tied to it now.
     if (pending?.promise) pending.promise.then((t) => views.get(out.result.view)?.t.attach(t), () => {});

@@ -263,6 +263,15 @@ impl TimelineArrays {
         Ok(TimelineArrays { inferred: kept.inferred, ..TimelineArrays::new(kept.timeline, std::ptr::null()) })
     }
 
+    /// `[peak_x, peak_allocated, start_allocated, start_reserved, final_allocated,
+    /// final_reserved]` (bytes) from its summary: what its curves must show where it says.
+    pub fn curve_figures(&self) -> Vec<f64> {
+        let s = &self.t.summary;
+        [s.peak_x as u64, s.peak_allocated_bytes, s.start_allocated_bytes, s.start_reserved_bytes, s.final_allocated_bytes, s.final_reserved_bytes]
+            .map(|v| v as f64)
+            .to_vec()
+    }
+
     /// Ties a timeline read back from its layout kept to the trace it was laid out from, once
     /// read back (the doctor then reads this timeline instead of laying the trace out again).
     /// False, and left untied, if `trace` is not of its length.

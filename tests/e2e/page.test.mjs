@@ -254,7 +254,7 @@ test('a big file opened again shows its last view at once, and one changed in pl
   await page.close();
 });
 
-test('a view kept without its layout (by an older version) gets one when next drawn, and the file is then drawn from it', async () => {
+test('a view kept without its layout (by an older version), or with one that cannot be read back, gets one when next drawn, and the file is then drawn from it', async () => {
   const big = join(scratch, 'lm-train-16-steps.pickle');
   if (!existsSync(big)) execFileSync(bin, ['run', 'lm-train', '--set', 'size=medium,steps=16', '--snapshot', big], { stdio: 'ignore' });
   const page = await newPage();
@@ -290,6 +290,23 @@ test('a view kept without its layout (by an older version) gets one when next dr
   const texts = await said();
   assert.ok(texts.includes('reading back the timeline kept by this browser') && !texts.includes('laying out the timeline'), texts.join('\n'));
   assert.equal(await marks('preview'), 2);
+  // A layout kept that cannot be read back (damaged, or kept by another version) is laid out
+  // again, and kept anew for the next open.
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:kept').length >= 3, null, { timeout: 60000 });
+  await page.evaluate(async () => {
+    const db = await new Promise((ok, fail) => { const r = indexedDB.open('tensormem'); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); });
+    const store = db.transaction('views').objectStore('views');
+    const [keys, views] = await Promise.all([store.getAllKeys(), store.getAll()].map((q) => new Promise((ok) => { q.onsuccess = () => ok(q.result); })));
+    const tx = db.transaction('views', 'readwrite');
+    keys.forEach((k, i) => tx.objectStore('views').put({ ...views[i], layout: { ...views[i].layout, bytes: new Blob([new Uint8Array(100)]) } }, k));
+    await new Promise((ok) => { tx.oncomplete = ok; });
+    db.close();
+  });
+  await openFile(page, big, 5);
+  assert.ok((await said()).includes('laying out the timeline'));
+  await page.waitForFunction(() => performance.getEntriesByName('tensormem:kept').length >= 4, null, { timeout: 60000 });
+  await openFile(page, big, 6);
+  assert.ok((await said()).includes('reading back the timeline kept by this browser'));
   assert.deepEqual(page.errors, []);
   await page.close();
 });
