@@ -179,6 +179,15 @@ async function keyOf(file, report = true) {
   }
 }
 
+// Reads of what this browser kept (IndexedDB blobs) still in flight: a file's stream started
+// meanwhile could stall for good in Chromium (its reader with its own buffer: a page test saw it
+// about one run in four), so a file is parsed once they are done (see parse).
+let keptReads = Promise.resolve();
+function readingKept(promise) {
+  keptReads = Promise.all([keptReads, promise.catch(() => {})]);
+  return promise;
+}
+
 // The decode kept for `key` (a Blob); null when none is kept.
 async function keptDecode(key) {
   const db = await openKept();
@@ -190,7 +199,7 @@ async function keptDecode(key) {
 async function decodeEndsAgree(blob, key) {
   const [head, tail] = LoadedTrace.decoded_ends();
   if (blob.size < head + tail) return false;
-  const [h, t] = await Promise.all([blob.slice(0, head).arrayBuffer(), blob.slice(blob.size - tail).arrayBuffer()]);
+  const [h, t] = await readingKept(Promise.all([blob.slice(0, head).arrayBuffer(), blob.slice(blob.size - tail).arrayBuffer()]));
   return LoadedTrace.decoded_ends_agree(new Uint8Array(h), new Uint8Array(t), blob.size, key);
 }
 
@@ -202,7 +211,7 @@ async function reopen(key, name, report = true) {
   if (report) progress(`reading back the decode of ${name} kept by this browser`, 1);
   const db = await openKept();
   try {
-    const t = LoadedTrace.from_decoded(new Uint8Array(await blob.arrayBuffer()), key);
+    const t = LoadedTrace.from_decoded(new Uint8Array(await readingKept(blob.arrayBuffer())), key);
     touch(db, key, blob.size);
     return t;
   } catch (e) {
@@ -243,25 +252,25 @@ async function postPreview(key, ticket) {
 function keptLayoutOf(trace, t, key) {
   const v = [...views.values()].find((shown) => shown.trace === trace && shown.firstImage);
   if (!v) return null;
-  const chunks = [];
-  let curves;
+  const bytes = blobBuilder();
+  const curves = blobBuilder();
   try {
-    t.keep_layout(v.t, key, (chunk) => chunks.push(chunk));
-    curves = new Blob(t.curves(v.t));
+    t.keep_layout(v.t, key, bytes.add);
+    t.keep_curves(v.t, curves.add);
   } catch (e) {
     console.warn(`the timeline could not be kept (${e.message})`);
     return null;
   }
   const { width, height, by, pixels } = v.firstImage;
   v.firstImage = null;
-  return { device: v.device, by, width, height, pixels, bytes: new Blob(chunks), curves };
+  return { device: v.device, by, width, height, pixels, bytes: bytes.blob(), curves: curves.blob() };
 }
 
 // The layout kept with `key`'s view, read (see keptLayoutOf); null if none or unreadable.
 async function readLayout(layout, key) {
   if (!layout) return null;
   try {
-    const [bytes, curves] = await Promise.all([layout.bytes.arrayBuffer(), layout.curves.arrayBuffer()]);
+    const [bytes, curves] = await readingKept(Promise.all([layout.bytes.arrayBuffer(), layout.curves.arrayBuffer()]));
     return { ...layout, key, bytes: new Uint8Array(bytes), curves };
   } catch (e) {
     console.warn(`the timeline kept could not be read (${e.message}): laying it out`);
@@ -298,11 +307,36 @@ async function sameBytes(file, key) {
   return same;
 }
 
+// A Blob built from chunks (Uint8Arrays) as they come, handed to the browser's blob store 32 MB at
+// a time, so that the worker never holds what it keeps whole (a 1 GB file's decode and curves:
+// 464 MB; the renderer's peak in the page benchmark went from 3.06 to 2.61 GB).
+function blobBuilder() {
+  const parts = [];
+  let chunks = [];
+  let size = 0;
+  const seal = () => {
+    if (chunks.length) parts.push(new Blob(chunks));
+    chunks = [];
+    size = 0;
+  };
+  return {
+    add: (chunk) => {
+      chunks.push(chunk);
+      size += chunk.length;
+      if (size >= 32 << 20) seal();
+    },
+    blob: () => {
+      seal();
+      return new Blob(parts);
+    },
+  };
+}
+
 // Keeps `t`'s decode under `key`, then trims the others to fit KEPT_LIMIT.
 async function keep(key, t, file) {
-  const chunks = [];
-  t.keep_decoded(key, (chunk) => chunks.push(chunk));
-  const blob = new Blob(chunks);
+  const chunks = blobBuilder();
+  t.keep_decoded(key, chunks.add);
+  const blob = chunks.blob();
   if (blob.size > KEPT_LIMIT) return;
   const db = await openKept();
   const tx = db.transaction(['decoded', 'decodedUse', 'decodedNames'], 'readwrite');
@@ -385,6 +419,7 @@ async function loadFile(file, mayKeep = true, ticket = null) {
 // Parses `file`; its decode kept for the next open if `keep` (see toKeep; `byPage`: the page
 // draws it).
 async function parse(file, keep, byPage = false) {
+  await keptReads;
   let key = null;
   const t = await loadStream(file.stream(), file.size, file.name, (k) => { key = k; });
   if (keep) {
@@ -396,8 +431,8 @@ async function parse(file, keep, byPage = false) {
 
 // A file opened again, drawn before its trace is read back (see loadFile): the page learns its
 // devices from the view kept, its first timeline is read back from the layout kept with it
-// (`keptLayout`, a promise), and its trace is read back once that is drawn, or as soon as a
-// request needs it (`trace()`), then stands in its place in `traces`.
+// (`keptLayout`, a promise), and its trace is read back once the page shows it ('use'), or as
+// soon as a request needs it (`trace()`), then stands in its place in `traces`.
 class Pending {
   constructor(page, key, keptLayout, checkBytes, readBack) {
     Object.assign(this, { page, key, keptLayout, checkBytes, readBack, reopened: true, id: null, promise: null, closed: false });
@@ -752,6 +787,10 @@ const handlers = {
   // 'use' or 'drop'.
   async use({ trace, previous }) {
     if (previous !== undefined && previous !== trace) close(previous);
+    // A file drawn from its layout kept is read back once the page shows it (never one it gave
+    // up for a newer file).
+    const t = traces.get(trace);
+    if (t instanceof Pending) t.trace().catch((e) => t.closed || console.warn(`the file could not be read back (${e.message})`));
     // The page clears its comparison with a new trace.
     replaceOther(null);
   },
@@ -855,7 +894,7 @@ const handlers = {
     const entry = get(trace);
     const pending = entry instanceof Pending ? entry : null;
     // A file opened again is drawn from the layout kept of this device, if any, before its
-    // trace is read back (see Pending), which starts once the timeline is posted.
+    // trace is read back (see Pending), which starts once the page shows it.
     const kept = pending && first ? await pending.keptLayout : null;
     if (pending) pending.keptLayout = Promise.resolve(null);
     get(trace); // still open
@@ -869,13 +908,6 @@ const handlers = {
     wasmAt.laidOut = wasm.memory.buffer.byteLength;
     // Read back already (a request needed it while this was drawn): tied to it now.
     if (pending?.promise) pending.promise.then((t) => views.get(out.result.view)?.t.attach(t), () => {});
-    if (pending) {
-      const after = out.after;
-      out.after = () => {
-        after?.();
-        pending.trace().catch((e) => pending.closed || console.warn(`the file could not be read back (${e.message})`));
-      };
-    }
     return out;
   },
   async replay({ trace, device, allocConf, capacity, start }) {

@@ -252,6 +252,27 @@ impl LoadedTrace {
         crate::timeline::kept::encode(t, view.to_keep(), &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
     }
 
+    /// The curves of `view` (a timeline of this trace) as numbers to keep beside its layout:
+    /// `[allocated..., reserved..., time_us...]` as `curves` gives them (f64, little-endian),
+    /// given to `chunk` a megabyte at a time (Uint8Arrays), so that neither wasm nor JavaScript
+    /// holds them whole again (276 MB for 11.5 M events).
+    pub fn keep_curves(&self, view: &TimelineArrays, chunk: &js_sys::Function) -> Result<(), JsError> {
+        use std::io::Write;
+        let t = view.timeline();
+        let trace = self.snapshot.trace_of(t.device);
+        if trace.len() != t.events {
+            return Err(JsError::new("this timeline was not laid out from this trace"));
+        }
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, ToJs(chunk));
+        let fields: [fn(&timeline::CurvePoint) -> f64; 3] = [|p| p.allocated as f64, |p| p.reserved as f64, |p| p.time_us];
+        for field in fields {
+            for p in t.curves(trace) {
+                out.write_all(&field(&p).to_le_bytes()).map_err(js_error)?;
+            }
+        }
+        out.flush().map_err(js_error)
+    }
+
     /// The number of entries in `device`'s trace (0 for a device without one).
     pub fn events_of(&self, device: i32) -> u32 {
         self.snapshot.trace_of(device as i64).len() as u32
