@@ -79,7 +79,7 @@ fn a_cache_file_cut_short_damaged_or_of_another_source_is_a_miss() {
     // `ends_agree` (what the page checks before it draws a file from the layout kept with it,
     // reading only the ends) refuses another source, another version and any file cut short.
     let ends = |bytes: &[u8], key: &SourceKey| {
-        let (head, tail) = (&bytes[..cache::HEAD.min(bytes.len())], &bytes[bytes.len().saturating_sub(cache::TAIL)..]);
+        let (head, tail) = (&bytes[..cache::HEADER.min(bytes.len())], &bytes[bytes.len().saturating_sub(cache::TRAILER)..]);
         cache::ends_agree(head, tail, bytes.len() as u64, key)
     };
     assert!(ends(&encoded, &key) && !ends(&encoded, &other) && !ends(&old, &key));

@@ -63,6 +63,43 @@ function chunkReader(stream) {
   };
 }
 
+// A file's bytes as a stream: Chromium's own, read with one buffer (see chunkReader), started
+// again where it stopped, without that buffer, if a read takes longer than STALLED_MS: that
+// stream could stall for good while blobs kept by the page were read (the page tests saw it in a
+// file opened beside one drawn from its layout kept, in the page's worker and in the doctor's).
+const STALLED_MS = 5000;
+function fileStream(file) {
+  let at = 0;
+  let source = chunkReader(file.stream());
+  return new ReadableStream({
+    async pull(controller) {
+      for (;;) {
+        let timer;
+        const stalled = new Promise((resolve) => { timer = setTimeout(() => resolve(null), STALLED_MS); });
+        const got = await Promise.race([source.read(), stalled]);
+        clearTimeout(timer);
+        if (got) {
+          if (got.done) controller.close();
+          else {
+            at += got.value.length;
+            controller.enqueue(got.value);
+          }
+          return;
+        }
+        console.warn(`reading ${file.name} stalled at byte ${at}: reading on from there`);
+        source.reader.cancel().catch(() => {});
+        const reader = file.slice(at).stream().getReader();
+        source = { reader, read: () => reader.read() };
+      }
+    },
+    cancel() {
+      return source.reader.cancel();
+    },
+    // A chunk is read only when asked for: the one buffer is handed back to the file's stream
+    // only once the chunk read into it was parsed.
+  }, { highWaterMark: 0 });
+}
+
 // Parses a snapshot as it streams in (a file or a download): each chunk goes straight to the
 // wasm parser, so neither the file's bytes nor its node tree is ever held whole.
 // `onKey(key)`, when given, is told the key of the bytes read (see SourceHasher) before the loader
@@ -421,7 +458,7 @@ async function loadFile(file, mayKeep = true, ticket = null) {
 async function parse(file, keep, byPage = false) {
   await keptReads;
   let key = null;
-  const t = await loadStream(file.stream(), file.size, file.name, (k) => { key = k; });
+  const t = await loadStream(fileStream(file), file.size, file.name, (k) => { key = k; });
   if (keep) {
     toKeep.set(t, { key, t, name: file.name, file, byPage });
     t.key = key;
@@ -528,8 +565,8 @@ const inferredBuffers = (inferred) => (inferred ? [inferred.category.buffer, inf
 // per pixel column (a fraction of the full layout's time): the page asks for the full layout
 // ('fullBands') once it has asked for the diagnosis, so that the findings come first.
 //
-// `loaded`: the LoadedTrace, or null for a Pending one drawn from `kept`, the layout kept with
-// its view (see keptLayoutOf); then null is returned if that cannot be read back.
+// `loaded`: the LoadedTrace; or, for a Pending one, null and `kept`, the layout kept with its
+// view (see keptLayoutOf): then null is returned if that cannot be read back.
 function timeline(trace, device, first, colorBy, loaded, kept = null) {
   let t = null;
   let curves = null;
@@ -548,11 +585,9 @@ function timeline(trace, device, first, colorBy, loaded, kept = null) {
     }
     if (!curves) {
       t?.free();
-      t = null;
-      if (!loaded) return null;
+      return null;
     }
-  }
-  if (!t) {
+  } else {
     progress('laying out the timeline', 1);
     const alone = first && loaded.events_of(device) >= first.alone;
     t = alone ? loaded.timeline_for_first_image(device, first.width) : loaded.timeline(device);
@@ -595,7 +630,7 @@ function timeline(trace, device, first, colorBy, loaded, kept = null) {
   const after = first && (() => {
     try {
       const { width, height } = first;
-      const same = kept && t && kept.width === width && kept.height === height && kept.by === by;
+      const same = kept && kept.width === width && kept.height === height && kept.by === by;
       let pixels = same ? kept.pixels : null;
       if (!pixels) {
         const { order, pixels: colors } = colorGroups(meta.groups);

@@ -27,8 +27,10 @@ const MAGIC: &[u8; 8] = b"TMDECODE";
 const END: &[u8; 8] = b"TMDECEND";
 /// Bumped whenever the layout or what decoding produces changes: older files read as absent.
 const VERSION: u32 = 3;
-const HEADER: usize = 8 + 4 + 8 + 16;
-const TRAILER: usize = 8 + 8 + 8;
+/// A kept file's header (magic, version, the source's key) and trailer (the payload's length
+/// and hash, the end mark), in bytes: what [`ends_agree`] reads of a kept decode.
+pub const HEADER: usize = 8 + 4 + 8 + 16;
+pub const TRAILER: usize = 8 + 8 + 8;
 
 /// Which file a cached decode belongs to: its length and the xxh3-128 hash of its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -168,7 +170,7 @@ fn payload<'b>(magic: &[u8; 8], version: u32, key: &SourceKey, bytes: &'b [u8]) 
     Ok(payload)
 }
 
-/// Whether the ends of a kept decode `len` bytes long (its first [`HEAD`] and last [`TAIL`]
+/// Whether the ends of a kept decode `len` bytes long (its first [`HEADER`] and last [`TRAILER`]
 /// bytes) say it is one [`encode`] wrote for the source `key`, by this version, and as long as
 /// written: a file cut short or replaced never agrees. What lies between is checked against its
 /// hash when read back. The page checks this much before it draws a file from its layout kept.
@@ -180,10 +182,6 @@ pub fn ends_agree(head: &[u8], tail: &[u8], len: u64, key: &SourceKey) -> bool {
     let stored_len = u64::from_le_bytes(tail[..8].try_into().unwrap());
     &head[..8] == MAGIC && head[8..12] == VERSION.to_le_bytes() && stored_key == *key && stored_len == len - (HEADER + TRAILER) as u64 && &tail[16..] == END
 }
-
-/// How many bytes of a kept decode's start and end [`ends_agree`] reads.
-pub const HEAD: usize = HEADER;
-pub const TAIL: usize = TRAILER;
 
 /// [`encode`] into memory.
 pub fn encode_to_vec(snapshot: &Snapshot, starts: &[KeptStart], key: &SourceKey) -> Vec<u8> {

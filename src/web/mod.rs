@@ -136,34 +136,6 @@ impl std::io::Write for ToJs<'_> {
     }
 }
 
-/// `n` curve points as three new Float64Arrays, `[allocated, reserved, time_us]`, filled a chunk
-/// at a time, so that wasm memory never holds them whole (24 MB for a 1 M event trace, beside
-/// its bands).
-fn curves_to_js(n: usize, points: impl Iterator<Item = timeline::CurvePoint>) -> js_sys::Array {
-    let out: [js_sys::Float64Array; 3] = std::array::from_fn(|_| js_sys::Float64Array::new_with_length(n as u32));
-    const CHUNK: usize = 1 << 16;
-    let mut chunk: [Vec<f64>; 3] = std::array::from_fn(|_| Vec::with_capacity(CHUNK));
-    let mut at = 0u32;
-    let flush = |chunk: &mut [Vec<f64>; 3], at: &mut u32| {
-        let end = *at + chunk[0].len() as u32;
-        for (array, values) in out.iter().zip(chunk.iter_mut()) {
-            array.subarray(*at, end).copy_from(values);
-            values.clear();
-        }
-        *at = end;
-    };
-    for p in points {
-        chunk[0].push(p.allocated as f64);
-        chunk[1].push(p.reserved as f64);
-        chunk[2].push(p.time_us);
-        if chunk[0].len() == CHUNK {
-            flush(&mut chunk, &mut at);
-        }
-    }
-    flush(&mut chunk, &mut at);
-    out.into_iter().collect()
-}
-
 fn source_key(key: &str) -> Result<trace::cache::SourceKey, JsError> {
     trace::cache::SourceKey::from_file_name(key).ok_or_else(|| JsError::new(&format!("not a source key: {key}")))
 }
@@ -231,7 +203,7 @@ impl LoadedTrace {
 
     /// How many bytes of a kept decode's start and end `decoded_ends_agree` reads.
     pub fn decoded_ends() -> Vec<u32> {
-        vec![trace::cache::HEAD as u32, trace::cache::TAIL as u32]
+        vec![trace::cache::HEADER as u32, trace::cache::TRAILER as u32]
     }
 
     /// This snapshot's decode, to keep for the next open of the file `key` names, with the
@@ -245,11 +217,8 @@ impl LoadedTrace {
     /// names (read back by `TimelineArrays::from_kept`): given to `chunk` a megabyte at a time
     /// (Uint8Arrays).
     pub fn keep_layout(&self, view: &TimelineArrays, key: &str, chunk: &js_sys::Function) -> Result<(), JsError> {
-        let t = view.timeline();
-        if self.snapshot.trace_of(t.device).len() != t.events {
-            return Err(JsError::new("this timeline was not laid out from this trace"));
-        }
-        crate::timeline::kept::encode(t, view.to_keep(), &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
+        self.trace_laid_out(view)?;
+        crate::timeline::kept::encode(view.timeline(), view.to_keep(), &source_key(key)?, &mut ToJs(chunk)).map_err(js_error)
     }
 
     /// The curves of `view` (a timeline of this trace) as numbers to keep beside its layout:
@@ -258,11 +227,7 @@ impl LoadedTrace {
     /// holds them whole again (276 MB for 11.5 M events).
     pub fn keep_curves(&self, view: &TimelineArrays, chunk: &js_sys::Function) -> Result<(), JsError> {
         use std::io::Write;
-        let t = view.timeline();
-        let trace = self.snapshot.trace_of(t.device);
-        if trace.len() != t.events {
-            return Err(JsError::new("this timeline was not laid out from this trace"));
-        }
+        let (t, trace) = (view.timeline(), self.trace_laid_out(view)?);
         let mut out = std::io::BufWriter::with_capacity(1 << 20, ToJs(chunk));
         let fields: [fn(&timeline::CurvePoint) -> f64; 3] = [|p| p.allocated as f64, |p| p.reserved as f64, |p| p.time_us];
         for field in fields {
@@ -322,12 +287,39 @@ impl LoadedTrace {
     /// reserved, time_us]`, one value a position. Filled a chunk at a time, so that wasm memory
     /// never holds them whole (24 MB for a 1 M event trace, beside its bands).
     pub fn curves(&self, view: &TimelineArrays) -> Result<js_sys::Array, JsError> {
-        let t = view.timeline();
-        let trace = self.snapshot.trace_of(t.device);
-        if trace.len() != t.events {
+        let (t, trace) = (view.timeline(), self.trace_laid_out(view)?);
+        let n = trace.len() + 1;
+        let out: [js_sys::Float64Array; 3] = std::array::from_fn(|_| js_sys::Float64Array::new_with_length(n as u32));
+        const CHUNK: usize = 1 << 16;
+        let mut chunk: [Vec<f64>; 3] = std::array::from_fn(|_| Vec::with_capacity(CHUNK));
+        let mut at = 0u32;
+        let flush = |chunk: &mut [Vec<f64>; 3], at: &mut u32| {
+            let end = *at + chunk[0].len() as u32;
+            for (array, values) in out.iter().zip(chunk.iter_mut()) {
+                array.subarray(*at, end).copy_from(values);
+                values.clear();
+            }
+            *at = end;
+        };
+        for p in t.curves(trace) {
+            chunk[0].push(p.allocated as f64);
+            chunk[1].push(p.reserved as f64);
+            chunk[2].push(p.time_us);
+            if chunk[0].len() == CHUNK {
+                flush(&mut chunk, &mut at);
+            }
+        }
+        flush(&mut chunk, &mut at);
+        Ok(out.into_iter().collect())
+    }
+
+    /// The trace `view` was laid out from: this trace's of its device, or an error.
+    fn trace_laid_out(&self, view: &TimelineArrays) -> Result<&[trace::TraceEntry], JsError> {
+        let trace = self.snapshot.trace_of(view.timeline().device);
+        if trace.len() != view.timeline().events {
             return Err(JsError::new("this timeline was not laid out from this trace"));
         }
-        Ok(curves_to_js(trace.len() + 1, t.curves(trace)))
+        Ok(trace)
     }
 
     /// Replays one device under other settings; `start` is `recorded` or `replaced`. Returns
