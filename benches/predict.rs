@@ -28,7 +28,7 @@ fn bench(name: &str, snapshots: &[Snapshot; 2], at: [u64; 2], target: u64) {
         Recording { label: "a".into(), snapshot: &snapshots[0], values: values(at[0]) },
         Recording { label: "b".into(), snapshot: &snapshots[1], values: values(at[1]) },
     ];
-    let events: Vec<usize> = snapshots.iter().map(|s| s.device_traces.iter().map(Vec::len).sum()).collect();
+    let events: Vec<usize> = snapshots.iter().map(|s| s.device_traces.iter().map(|t| t.len()).sum()).collect();
     let mut peak = 0;
     let seconds = median_seconds(|| {
         let p = predict::predict(&recordings, &values(target), &PredictOptions::default()).unwrap();

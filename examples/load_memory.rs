@@ -53,7 +53,7 @@ fn main() {
         mb(model),
         mb(layout_peak),
         mb(timeline),
-        snap.device_traces.iter().map(Vec::len).sum::<usize>(),
+        snap.device_traces.iter().map(|t| t.len()).sum::<usize>(),
         t.pieces.x0.len()
     );
 }

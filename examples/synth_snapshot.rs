@@ -40,7 +40,7 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     });
-    let n = snapshot.device_traces.iter().map(Vec::len).sum::<usize>();
+    let n = snapshot.device_traces.iter().map(|t| t.len()).sum::<usize>();
     println!("wrote {out}: {n} trace entries, {steps} training steps");
 }
 

@@ -11,7 +11,7 @@
 //! annotation or the trace; the forward pass ends after the last allocation made inside a module
 //! call (`torch/nn/modules/module.py`) before backward, and the loss where backward starts.
 
-use crate::trace::{Action, Frame, PerStack, Snapshot, TraceEntry};
+use crate::trace::{Action, Entry, Frame, PerStack, Snapshot};
 use serde::Serialize;
 
 /// The scopes a KV cache's allocations are made in, named as transformers' methods that make
@@ -44,7 +44,7 @@ const MODULE_FILE: &str = "torch/nn/modules/module.py";
 /// Function's backward, a checkpoint's recomputation), the optimizer step, or a module's
 /// forward (a module *call*: `model.to()`, `_apply` and `load_state_dict` also run in
 /// module.py, and are setup, not a forward). None when its frames do not say.
-pub fn event_phase(e: &TraceEntry) -> Option<&'static str> {
+pub fn event_phase(e: Entry<'_>) -> Option<&'static str> {
     frames_phase(e.frames.as_deref().unwrap_or_default())
 }
 
@@ -117,7 +117,7 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
     let mut per_stack = PerStack::default();
     let marks: Vec<[bool; 3]> = trace
         .iter()
-        .map(|e| per_stack.get(&e.frames, |frames| [BACKWARD_FILE, OPTIMIZER_FILE, MODULE_FILE].map(|file| frames_under(frames, &[file]))))
+        .map(|e| per_stack.get(e.frames, |frames| [BACKWARD_FILE, OPTIMIZER_FILE, MODULE_FILE].map(|file| frames_under(frames, &[file]))))
         .collect();
     let marks = &marks;
     let [backward, optimizer, module] = [0, 1, 2].map(|k| move |i: usize| marks[i][k]);
@@ -125,7 +125,7 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
         .position(backward)
         .ok_or("the trace has no event under loss.backward() (torch/autograd/__init__.py): record a whole training step, with Python stacks")?;
     // The optimizer step's record_function range, on this device and after backward started.
-    let started = trace[..=backward_start].iter().rev().find_map(|e| e.time_us);
+    let started = trace.range(..=backward_start).rev().find_map(|e| e.time_us);
     let annotation = |stage: &str| {
         snapshot
             .external_annotations
@@ -137,7 +137,7 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
     };
     let (step_start, step_end) = (annotation("START"), annotation("END"));
     let optimizer_start = (backward_start..trace.len())
-        .position(|i| optimizer(i) || step_start.zip(trace[i].time_us).is_some_and(|(start, t)| t >= start))
+        .position(|i| optimizer(i) || step_start.zip(trace.at(i).time_us).is_some_and(|(start, t)| t >= start))
         .map(|i| backward_start + i)
         .ok_or("the trace has no optimizer step after backward (torch/optim/optimizer.py)")?;
     // The step ends where the optimizer's range ends, else where the trace does; a second
@@ -151,7 +151,7 @@ pub fn trace_phases(snapshot: &Snapshot, device: i64) -> Result<TracePhases, Str
     }
     let forward_end = (0..backward_start)
         .rev()
-        .find(|&i| trace[i].action == Action::Alloc && module(i))
+        .find(|&i| trace.at(i).action == Action::Alloc && module(i))
         .map(|i| i + 1)
         .ok_or("the trace has no allocation inside a module's forward before backward")?;
     Ok(TracePhases { forward_end, backward_start, optimizer_start, end })

@@ -68,9 +68,9 @@ fn segment_sizes() {
     assert_eq!(cur(&a.stats().reserved_bytes), 20 * MIB as i64);
     assert_eq!(a.stats().segment.get(StatType::LargePool).current, 1);
     let trace = a.history().entries();
-    assert_eq!(trace[0].action, Action::SegmentAlloc);
-    assert_eq!(trace[0].size, 20 * MIB);
-    assert_eq!((trace[1].action, trace[1].size), (Action::Alloc, 5_000_000));
+    assert_eq!(trace.at(0).action, Action::SegmentAlloc);
+    assert_eq!(trace.at(0).size, 20 * MIB);
+    assert_eq!((trace.at(1).action, trace.at(1).size), (Action::Alloc, 5_000_000));
     check(&a);
 }
 
@@ -190,7 +190,7 @@ fn empty_cache_frees_only_whole_free_segments() {
     assert_eq!(cur(&a.stats().allocated_bytes), 5 * MIB as i64);
     assert_eq!(a.stats().num_device_free, 1);
     assert_eq!(a.stats().num_sync_all_streams, 1);
-    let frees: Vec<_> = a.history().entries().into_iter().filter(|e| e.action == Action::SegmentFree).collect();
+    let frees: Vec<_> = a.history().entries().to_vec().into_iter().filter(|e| e.action == Action::SegmentFree).collect();
     assert_eq!(frees.len(), 1);
     assert_eq!((frees[0].addr, frees[0].size), (z.ptr, 30 * MIB));
     check(&a);
@@ -220,7 +220,7 @@ fn out_of_memory_frees_the_cache_retries_then_fails_with_pytorchs_facts() {
     );
     assert_eq!(a.stats().num_ooms, 1);
     assert_eq!(a.stats().num_alloc_retries, 2);
-    let oom = a.history().entries().into_iter().find(|e| e.action == Action::Oom).unwrap();
+    let oom = a.history().entries().to_vec().into_iter().find(|e| e.action == Action::Oom).unwrap();
     assert_eq!((oom.size, oom.device_free()), (40 * MIB, Some(30 * MIB)));
     // A small request still fits: "Tried to allocate" names the segment, 2 MiB.
     a.malloc(100, 0, None).unwrap();

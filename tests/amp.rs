@@ -23,7 +23,7 @@ const CUBLASLT_WORKSPACE: u64 = 1 << 20;
 /// The (op, size) of every allocation from trace entry `from` on.
 fn allocations(dev: &Device, from: usize) -> Vec<(String, u64)> {
     let snapshot = dev.snapshot();
-    snapshot.device_traces[0][from..].iter().filter(|e| e.action == Action::Alloc).map(|e| (e.frames.as_ref().unwrap()[0].name.clone(), e.size)).collect()
+    snapshot.device_traces[0].range(from..).filter(|e| e.action == Action::Alloc).map(|e| (e.frames.as_ref().unwrap()[0].name.clone(), e.size)).collect()
 }
 
 fn trace_len(dev: &Device) -> usize {

@@ -235,8 +235,8 @@ fn backward_allocations_carry_the_forward_ops_call_site_and_scope() {
     let before = dev.snapshot().device_traces[0].len();
     loss.backward().unwrap();
     let trace = dev.snapshot().device_traces[0].clone();
-    let stacks: Vec<Vec<(String, u64, String)>> = trace[before..]
-        .iter()
+    let stacks: Vec<Vec<(String, u64, String)>> = trace
+        .range(before..)
         .filter(|e| e.action == Action::Alloc)
         .map(|e| e.frames.as_ref().unwrap().iter().map(|f| (f.filename.clone(), f.line, f.name.clone())).collect())
         .collect();

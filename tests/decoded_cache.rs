@@ -50,7 +50,7 @@ fn the_keys_only_tensormem_and_newer_pytorch_write_read_back_equal() {
         "allocator_settings": {"expandable_segments": true, "garbage_collection_threshold": 0.8},
         "external_annotations": [{"name": "step", "stage": "START", "device": 0, "time_us": 5}]}"#;
     let snapshot = trace::load(text.as_bytes()).unwrap();
-    assert_eq!(snapshot.device_traces[0][1].device_free(), Some(77));
+    assert_eq!(snapshot.device_traces[0].at(1).device_free(), Some(77));
     round_trip("json text", text.as_bytes(), &snapshot);
 }
 

@@ -114,11 +114,11 @@ fn windows_stacks_are_read_as_linux_ones() {
     let mut snapshot = trace::load_file(&corpus.join("discarded-forward-mistake.pickle")).unwrap();
     let windows = |f: &trace::Frame| trace::Frame { filename: format!("C:{}", f.filename.replace('/', "\\")), ..f.clone() };
     for entries in &mut snapshot.device_traces {
-        for e in entries.iter_mut() {
+        entries.edit(|e| {
             if let Some(frames) = &e.frames {
                 e.frames = Some(frames.iter().map(windows).collect::<Vec<_>>().into());
             }
-        }
+        });
     }
     let read = trace::load(&trace::to_pickle(&snapshot)).unwrap();
     let frame = read.trace_of(0).iter().find_map(|e| e.frames.as_ref().and_then(|f| f.first().cloned())).unwrap();
@@ -195,7 +195,7 @@ fn a_capacity_too_small_gives_an_oom_found_by_replay() {
     // 2,707,423,232 bytes reserved (its peak).
     assert_eq!(oom.evidence.json()["event"], 50);
     assert_eq!(oom.evidence.json()["reserved_bytes"], 2_707_423_232u64);
-    assert_eq!(oom.bytes, snapshot.trace_of(0)[50].size, "the request is the alloc that failed");
+    assert_eq!(oom.bytes, snapshot.trace_of(0).at(50).size, "the request is the alloc that failed");
     assert_eq!(oom.bytes, 512 << 20);
     // With the file's settings the trace needs exactly the peak it reserved.
     let smallest = oom.evidence.json()["smallest_capacity_bytes"].as_u64().unwrap();

@@ -39,9 +39,7 @@ fn inferred_categories_agree_with_the_recorded_ones_over_the_scenario_library() 
             let recorded = run(info.name, variant);
             let mut stripped = recorded.clone();
             for t in &mut stripped.device_traces {
-                for e in t.iter_mut() {
-                    e.category = None;
-                }
+                t.edit(|e| e.category = None);
             }
             runs += 1;
             for device in recorded.devices() {
@@ -50,7 +48,7 @@ fn inferred_categories_agree_with_the_recorded_ones_over_the_scenario_library() 
                     let Some(i) = a.trace_index else { continue };
                     all += 1;
                     all_bytes += a.bytes;
-                    let Some(c) = trace[i].category else {
+                    let Some(c) = trace.at(i).category else {
                         let t = unscored.entry(a.inferred.name()).or_default();
                         t.count += 1;
                         t.bytes += a.bytes;
@@ -61,7 +59,7 @@ fn inferred_categories_agree_with_the_recorded_ones_over_the_scenario_library() 
                     tally.bytes += a.bytes;
                     let key = format!("{name} {} {}", c.name(), a.inferred.name());
                     if a.inferred.category != Some(c) && seen.insert(key) {
-                        let top = trace[i].frames.as_ref().map(|f| f.iter().map(|f| format!("{} {}", f.name, f.filename)).collect::<Vec<_>>().join(" / "));
+                        let top = trace.at(i).frames.as_ref().map(|f| f.iter().map(|f| format!("{} {}", f.name, f.filename)).collect::<Vec<_>>().join(" / "));
                         misses.push(format!(
                             "{name} #{i}/{} end {:?} {} recorded {} inferred {} ({}) {top:?}",
                             trace.len(),

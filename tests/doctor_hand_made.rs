@@ -193,7 +193,7 @@ fn blocks_of_a_workspaces_size_are_named_workspaces_only_as_many_as_a_stream_has
 #[test]
 fn a_snapshot_without_history_says_so_and_how_to_record_one() {
     let mut snapshot = blocks_before_the_trace(3, 20 << 20);
-    snapshot.device_traces = vec![Vec::new()];
+    snapshot.device_traces = vec![Default::default()];
     let d = diagnose(&snapshot, None);
     assert_eq!(kinds(&d), ["no-history", "peak", "outside-allocator"]);
     let f = finding(&d, doctor::NO_HISTORY);

@@ -130,7 +130,7 @@ fn mutate(snapshot: &Snapshot, rng: &mut Rng) -> Snapshot {
     for trace in &mut s.device_traces {
         let start = rng.below(trace.len().saturating_sub(1000) as u64 + 1) as usize;
         let end = (start + 1000).min(trace.len());
-        let mut cut: Vec<TraceEntry> = trace[start..end].to_vec();
+        let mut cut: Vec<TraceEntry> = trace.range(start..end).map(|e| e.owned()).collect::<Vec<_>>();
         for _ in 0..1 + rng.below(8) {
             if cut.is_empty() {
                 break;
@@ -145,7 +145,7 @@ fn mutate(snapshot: &Snapshot, rng: &mut Rng) -> Snapshot {
                 _ => cut[i].action = [Action::Alloc, Action::FreeRequested, Action::FreeCompleted][rng.below(3) as usize],
             }
         }
-        *trace = cut;
+        *trace = cut.into();
     }
     s
 }

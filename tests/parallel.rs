@@ -336,8 +336,7 @@ fn ddp_rebuilds_its_buckets_at_the_second_forward_in_gradient_order() {
     let r = run("lm-train", &[("size", "small"), ("batch", "2"), ("context", "64"), ("optimizer", "sgd"), ("world", "2")]);
     let p = r.model_parameters.unwrap() * 4;
     let trace = &r.snapshot.device_traces[0];
-    let is_reducer =
-        |e: &tensormem::trace::TraceEntry| e.frames.as_ref().is_some_and(|f| f.iter().any(|f| f.name.ends_with("DistributedDataParallel.reducer")));
+    let is_reducer = |e: &tensormem::trace::Entry<'_>| e.frames.as_ref().is_some_and(|f| f.iter().any(|f| f.name.ends_with("DistributedDataParallel.reducer")));
     let allocs: Vec<(usize, u64)> =
         trace.iter().enumerate().filter(|(_, e)| e.action == tensormem::trace::Action::Alloc && is_reducer(e)).map(|(i, e)| (i, e.size)).collect();
     let reducer: Vec<u64> = allocs.iter().map(|a| a.1).collect();
@@ -348,9 +347,9 @@ fn ddp_rebuilds_its_buckets_at_the_second_forward_in_gradient_order() {
     assert_eq!(rebuilt[0], 10_000 * 768 * 4, "the first bucket closes at 1 MiB, with the output layer alone");
     assert!(rebuilt[1..rebuilt.len() - 1].iter().all(|&b| b >= 25 * MIB), "then 25 MiB ones: {rebuilt:?}");
     // The first bucket is released before the rebuilt ones are made.
-    let first = trace[allocs[0].0].addr;
+    let first = trace.at(allocs[0].0).addr;
     let freed = allocs[0].0
-        + trace[allocs[0].0..].iter().position(|e| e.action == tensormem::trace::Action::FreeCompleted && e.addr == first).expect("the first bucket freed");
+        + trace.range(allocs[0].0..).position(|e| e.action == tensormem::trace::Action::FreeCompleted && e.addr == first).expect("the first bucket freed");
     assert!(freed < allocs[1].0);
 }
 

@@ -361,19 +361,21 @@ fn kernels_compiled_for_each_size_still_align() {
     let compiled = trace::load_file(&path).unwrap();
     let mut recompiled = compiled.clone();
     let mut renamed: std::collections::HashMap<*const trace::Frame, trace::Frames> = Default::default();
-    for e in recompiled.device_traces.iter_mut().flatten() {
-        if let Some(frames) = &e.frames {
-            let frames = renamed.entry(frames.as_ptr()).or_insert_with(|| {
-                frames
-                    .iter()
-                    .map(|f| trace::Frame {
-                        filename: f.filename.replace("/torchinductor_c-kaitwang/z3/cz3v", "/torchinductor_c-kaitwang/q7/cq7x"),
-                        ..f.clone()
-                    })
-                    .collect()
-            });
-            e.frames = Some(frames.clone());
-        }
+    for t in &mut recompiled.device_traces {
+        t.edit(|e| {
+            if let Some(frames) = &e.frames {
+                let frames = renamed.entry(frames.as_ptr()).or_insert_with(|| {
+                    frames
+                        .iter()
+                        .map(|f| trace::Frame {
+                            filename: f.filename.replace("/torchinductor_c-kaitwang/z3/cz3v", "/torchinductor_c-kaitwang/q7/cq7x"),
+                            ..f.clone()
+                        })
+                        .collect()
+                });
+                e.frames = Some(frames.clone());
+            }
+        });
     }
     assert_ne!(compiled, recompiled, "the fixture's forward runs generated code");
     let recordings = [recording("128", &compiled, &[("context", 128)]), recording("256", &recompiled, &[("context", 256)])];

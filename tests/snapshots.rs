@@ -35,10 +35,10 @@ fn gpt_forward_matches_python_counts() {
     assert_eq!(count(Action::Alloc), 3113);
     assert_eq!(count(Action::FreeRequested), 2468);
     assert_eq!(count(Action::SegmentAlloc), 178);
-    assert_eq!(trace[0].addr, 140036741822464);
-    assert_eq!(trace[0].size, 4);
-    assert_eq!(trace[0].time_us, Some(1748329299514852));
-    let frames = trace[0].frames.as_ref().unwrap();
+    assert_eq!(trace.at(0).addr, 140036741822464);
+    assert_eq!(trace.at(0).size, 4);
+    assert_eq!(trace.at(0).time_us, Some(1748329299514852));
+    let frames = trace.at(0).frames.as_ref().unwrap();
     assert_eq!(frames[0].name, "torch::unwind::unwind()");
     assert_eq!(frames[0].filename, "??");
     // Frames shared in the file are shared in memory: 9,233 frame lists hold 761 distinct stacks.
@@ -96,13 +96,13 @@ fn split_reductions_allocate_what_the_recorded_ones_did() {
     let Some(dir) = common::fixtures_dir() else { return };
     let recorded = |name: &str, events: std::ops::RangeInclusive<usize>| -> Vec<(Action, u64)> {
         let snap = trace::load_file(&dir.join(name)).unwrap();
-        snap.device_traces[0][events].iter().filter(|e| matches!(e.action, Action::Alloc | Action::FreeRequested)).map(|e| (e.action, e.size)).collect()
+        snap.device_traces[0].range(events).filter(|e| matches!(e.action, Action::Alloc | Action::FreeRequested)).map(|e| (e.action, e.size)).collect()
     };
     let ours = |dev: &Device, op: &dyn Fn() -> tensormem::Tensor| -> Vec<(Action, u64)> {
         let before = dev.snapshot().device_traces[0].len();
         let _result = op();
-        dev.snapshot().device_traces[0][before..]
-            .iter()
+        dev.snapshot().device_traces[0]
+            .range(before..)
             .filter(|e| matches!(e.action, Action::Alloc | Action::FreeRequested))
             .map(|e| (e.action, e.size))
             .collect()

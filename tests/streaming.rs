@@ -200,7 +200,7 @@ fn loading_a_file_tells_how_far_it_has_got() {
     assert!(seen.windows(2).all(|w| w[0].bytes_read < w[1].bytes_read && w[0].entries_decoded <= w[1].entries_decoded));
     let last = seen.last().unwrap();
     assert_eq!((last.bytes_read, last.total_bytes), (length, Some(length)));
-    assert!(last.entries_decoded > 0 && last.entries_decoded <= snap.device_traces.iter().map(Vec::len).sum::<usize>());
+    assert!(last.entries_decoded > 0 && last.entries_decoded <= snap.device_traces.iter().map(|t| t.len()).sum::<usize>());
 }
 
 #[test]
@@ -212,7 +212,7 @@ fn entries_decoded_from_the_parsers_stack_read_keys_as_a_dict_would() {
         p.str("addr").op(b"\x8a\x06\x00\x00\x00\x00\x00\x01").str("not_a_key").int(7).str("time_us").op(b"N").op(b"u");
     });
     let snap = trace::load(&data).unwrap();
-    let e = &snap.device_traces[0][0];
+    let e = &snap.device_traces[0].at(0);
     assert_eq!((e.action.name(), e.addr, e.size, e.time_us), ("alloc", 1 << 40, 512, None));
     assert!(load_in_chunks(&data, &[3]).unwrap() == snap);
 }
@@ -248,10 +248,13 @@ fn long_traces_load_as_written() {
             })
             .collect()
     };
-    let written = Snapshot { device_traces: vec![trace_of(100_003, 1 << 30), trace_of(10, 2 << 30), trace_of(70_001, 3 << 30)], ..Snapshot::default() };
+    let written = Snapshot {
+        device_traces: vec![trace_of(100_003, 1 << 30).into(), trace_of(10, 2 << 30).into(), trace_of(70_001, 3 << 30).into()],
+        ..Snapshot::default()
+    };
     let data = trace::to_pickle(&written);
     let whole = trace::load(&data).unwrap();
-    assert_eq!(whole.device_traces.iter().map(Vec::len).collect::<Vec<_>>(), [100_003, 10, 70_001]);
+    assert_eq!(whole.device_traces.iter().map(|t| t.len()).collect::<Vec<_>>(), [100_003, 10, 70_001]);
     assert!(whole == written, "the long traces read back differ from those written");
     assert!(whole.device_traces[0].iter().filter_map(|e| e.frames.as_ref()).all(|f| stacks.iter().any(|s| Arc::ptr_eq(s, f) || **s == **f)));
     let mut loader = Loader::new(Some(data.len()));

@@ -66,7 +66,7 @@ fn the_variable_batch_scenario_runs_on_modelled_time_and_categories_that_survive
         assert_eq!(back.tensormem, recording);
         let back_times: Vec<i64> = back.device_traces[0].iter().filter_map(|e| e.time_us).collect();
         assert_eq!(back_times, times);
-        let categories = |t: &[trace::TraceEntry]| t.iter().map(|e| e.category).collect::<Vec<_>>();
+        let categories = |t: &trace::Trace| t.iter().map(|e| e.category).collect::<Vec<_>>();
         assert_eq!(categories(&back.device_traces[0]), categories(trace), "categories survive the file");
     }
 }

@@ -574,8 +574,8 @@ fn a_timeline_can_be_regrouped_and_grouped_by_frame_whatever_it_records() {
     let frames = t.frame_grouping();
     // As the builder groups the trace without its categories.
     let mut stripped = run.snapshot.clone();
-    for e in stripped.device_traces.iter_mut().flatten() {
-        e.category = None;
+    for t in &mut stripped.device_traces {
+        t.edit(|e| e.category = None);
     }
     let plain = timeline::build(&stripped, 0).unwrap();
     let names = |groups: &[timeline::Group], group: &[u32]| -> Vec<(String, timeline::GroupKind)> {

@@ -133,8 +133,8 @@ fn single_tensor_adam_holds_one_parameter_s_temporaries_beside_the_previous_deno
                 assert_eq!(dev.memory_allocated(), before, "{what}, foreach={foreach}: nothing stays after the first step");
                 let above = dev.max_memory_allocated() - before;
                 let snapshot = dev.snapshot();
-                let made: Vec<(&str, u64)> = snapshot.device_traces[0][start..]
-                    .iter()
+                let made: Vec<(&str, u64)> = snapshot.device_traces[0]
+                    .range(start..)
                     .filter(|e| e.action == Action::Alloc)
                     .map(|e| (e.frames.as_ref().unwrap()[0].name.as_str(), e.size))
                     .collect();
@@ -202,16 +202,16 @@ fn every_allocation_of_a_step_names_the_module_that_caused_it() {
     loss.backward().unwrap();
     let snapshot = dev.snapshot();
     let trace = &snapshot.device_traces[0];
-    let scopes = |i: usize| trace[i].frames.as_ref().unwrap().iter().skip(1).map(|f| f.name.clone()).collect::<Vec<_>>();
-    let allocs: Vec<usize> = (start..trace.len()).filter(|&i| trace[i].action == Action::Alloc).collect();
-    let top = |i: usize| trace[i].frames.as_ref().unwrap()[0].name.clone();
+    let scopes = |i: usize| trace.at(i).frames.as_ref().unwrap().iter().skip(1).map(|f| f.name.clone()).collect::<Vec<_>>();
+    let allocs: Vec<usize> = (start..trace.len()).filter(|&i| trace.at(i).action == Action::Alloc).collect();
+    let top = |i: usize| trace.at(i).frames.as_ref().unwrap()[0].name.clone();
     // The seed gradient is made by backward() itself, outside every module (PyTorch's _make_grads).
     for &i in allocs.iter().filter(|&&i| top(i) != "ones_like") {
         let s = scopes(i);
         assert!(
             s.iter().any(|n| n.starts_with("layers.") || ["tok_embeddings", "norm", "output", "loss"].contains(&n.as_str())),
             "allocation {i} ({}) has no module scope: {s:?}",
-            trace[i].frames.as_ref().unwrap()[0].name
+            trace.at(i).frames.as_ref().unwrap()[0].name
         );
     }
     let named = |i: &usize| scopes(*i).contains(&"layers.1.attention.q_proj".to_string());

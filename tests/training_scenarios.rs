@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use tensormem::scenarios::{self, RunRequest, RunResult, Step, compare};
-use tensormem::trace::{self, Action, Category, TraceEntry};
+use tensormem::trace::{self, Action, Category, Entry};
 
 const FIXTURE: &str = "gpt-medium-ctx128-training.pickle";
 
@@ -21,7 +21,7 @@ fn fixture_config() -> RunResult {
 }
 
 /// The op and the innermost module scope of a tensormem trace entry (frames: op, then scopes).
-fn op_and_scope(e: &TraceEntry) -> (&str, &str) {
+fn op_and_scope<'a>(e: &Entry<'a>) -> (&'a str, &'a str) {
     let frames = e.frames.as_deref().unwrap_or(&[]);
     (frames.first().map_or("", |f| f.name.as_str()), frames.get(1).map_or("", |f| f.name.as_str()))
 }
@@ -51,12 +51,12 @@ fn lm_train_predicts_the_recorded_pytorch_run_phase_by_phase() {
 fn each_block_allocates_what_the_recorded_block_allocates_in_its_order() {
     let Some(path) = common::fixture(FIXTURE) else { return };
     let recorded = trace::load_file(&path).unwrap();
-    let theirs: Vec<u64> = recorded.device_traces[0][576..=690].iter().filter(|e| e.action == Action::Alloc).map(|e| e.size).collect();
+    let theirs: Vec<u64> = recorded.device_traces[0].range(576..=690).filter(|e| e.action == Action::Alloc).map(|e| e.size).collect();
     assert_eq!((theirs.len(), theirs.iter().sum::<u64>()), (53, 117_601_284));
     let result = fixture_config();
     let trace = &result.snapshot.device_traces[0];
     // The recorded step's forward of block 5: after the warm-up step's optimizer.
-    let forward: Vec<&TraceEntry> = trace
+    let forward: Vec<Entry<'_>> = trace
         .iter()
         .filter(|e| e.action == Action::Alloc)
         .filter(|e| {
@@ -74,8 +74,8 @@ fn the_handwritten_adamw_allocates_fourteen_times_each_parameter_per_step() {
     let result = fixture_config();
     let trace = &result.snapshot.device_traces[0];
     // After the recorded backward's last allocation, only the optimizer allocates.
-    let last_backward = trace.iter().rposition(|e| e.action == Action::Alloc && op_and_scope(e).0.contains("Backward")).unwrap();
-    let optimizer: Vec<&TraceEntry> = trace[last_backward + 1..].iter().filter(|e| e.action == Action::Alloc).collect();
+    let last_backward = trace.iter().rposition(|e| e.action == Action::Alloc && op_and_scope(&e).0.contains("Backward")).unwrap();
+    let optimizer: Vec<Entry<'_>> = trace.range(last_backward + 1..).filter(|e| e.action == Action::Alloc).collect();
     let parameter_bytes = 423_183_360u64 * 4;
     // As the recorded run (events 9938-19134): 14 x 219 allocations, 14 x the parameters' bytes.
     assert_eq!((optimizer.len(), optimizer.iter().map(|e| e.size).sum::<u64>()), (14 * 219, 14 * parameter_bytes));
@@ -170,7 +170,7 @@ fn peak_requested(r: &RunResult) -> u64 {
     r.steps.iter().map(|s| s.max_requested_bytes).max().unwrap()
 }
 
-fn allocations(r: &RunResult) -> impl Iterator<Item = (usize, &TraceEntry)> {
+fn allocations(r: &RunResult) -> impl Iterator<Item = (usize, Entry<'_>)> {
     r.snapshot.device_traces[0].iter().enumerate().filter(|(_, e)| e.action == Action::Alloc)
 }
 
@@ -335,7 +335,7 @@ fn allocation_difference(a: &RunResult, b: &RunResult) -> BTreeMap<(String, u64)
     let mut counts = BTreeMap::new();
     for (r, sign) in [(a, 1), (b, -1)] {
         for (_, e) in allocations(r) {
-            *counts.entry((op_and_scope(e).0.to_string(), e.size)).or_insert(0) += sign;
+            *counts.entry((op_and_scope(&e).0.to_string(), e.size)).or_insert(0) += sign;
         }
     }
     counts.retain(|_, n| *n != 0);

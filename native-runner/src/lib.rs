@@ -570,7 +570,7 @@ fn merge_snapshots(parts: impl Iterator<Item = Snapshot>) -> Snapshot {
     for part in parts {
         merged.segments.extend(part.segments);
         if merged.device_traces.len() < part.device_traces.len() {
-            merged.device_traces.resize(part.device_traces.len(), Vec::new());
+            merged.device_traces.resize(part.device_traces.len(), Default::default());
         }
         for (d, t) in part.device_traces.into_iter().enumerate() {
             if !t.is_empty() {

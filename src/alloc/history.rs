@@ -1,6 +1,6 @@
 //! Allocation history: PyTorch's `_record_memory_history` ring buffer of trace entries.
 
-use crate::trace::{Action, Annotation, Category, TraceEntry};
+use crate::trace::{Action, Annotation, Category, Trace, TraceEntry};
 
 /// Where modelled clocks start: 2026-01-01T00:00:00Z in microseconds since the Unix epoch, so
 /// viewers show a plausible date rather than 1970.
@@ -96,9 +96,8 @@ impl History {
         self.context = if enabled { context } else { RecordContext::Never };
         let max_entries = max_entries.max(1);
         if max_entries != self.max_entries {
-            let entries = self.entries();
-            let keep = entries.len().saturating_sub(max_entries);
-            self.entries = entries[keep..].to_vec();
+            let keep = self.entries.len().saturating_sub(max_entries);
+            self.entries = self.entries[self.next..].iter().chain(&self.entries[..self.next]).skip(keep).cloned().collect();
             self.next = 0;
             self.max_entries = max_entries;
             let over = self.annotations.len().saturating_sub(max_entries);
@@ -180,11 +179,8 @@ impl History {
     }
 
     /// Entries oldest first.
-    pub fn entries(&self) -> Vec<TraceEntry> {
-        let mut out = Vec::with_capacity(self.entries.len());
-        out.extend_from_slice(&self.entries[self.next..]);
-        out.extend_from_slice(&self.entries[..self.next]);
-        out
+    pub fn entries(&self) -> Trace {
+        self.entries[self.next..].iter().chain(&self.entries[..self.next]).cloned().collect()
     }
 
     pub fn len(&self) -> usize {

@@ -57,7 +57,7 @@ pub(super) fn find(p: &Patient, capacity: Option<u64>) -> Result<Option<Finding>
 /// The file records an OOM at entry `k`. Its request never became an `alloc` entry, so the
 /// replays that look for a capacity replay the trace with it added.
 fn recorded(p: &Patient, k: usize, capacity: Option<u64>) -> Result<Finding, DoctorError> {
-    let entry = &p.snapshot.trace_of(p.device)[k];
+    let entry = p.snapshot.trace_of(p.device).at(k);
     // Reserved at position k: after the entries before the OOM.
     let reserved = p.timeline.curves(p.snapshot.trace_of(p.device)).nth(k).map_or(0, |at| at.reserved);
     let device_free = entry.device_free();
@@ -107,7 +107,7 @@ fn replayed(p: &Patient, capacity: u64) -> Result<Option<Finding>, DoctorError> 
     let trace = p.snapshot.trace_of(p.device);
     let event = outcome.first_oom_event;
     let request = match event {
-        Some(i) => trace[i].size,
+        Some(i) => trace.at(i).size,
         None => p.timeline.summary.start_allocated_bytes,
     };
     let facts = Facts {
@@ -179,7 +179,7 @@ impl Facts {
         let capacity = self.capacity.map(size).unwrap_or_else(|| "the card".into());
         // A trace that ends at the failure cannot say whether the rest of the run would fit.
         let trace = p.snapshot.trace_of(p.device);
-        let ends_there = self.event.is_some_and(|k| !trace[k..].iter().any(|e| e.action == Action::Alloc));
+        let ends_there = self.event.is_some_and(|k| !trace.range(k..).any(|e| e.action == Action::Alloc));
         let rest = if ends_there { " (the trace ends at the failure: whether the rest of the run fits is not recorded)" } else { "" };
         let fix = match &avoided_by {
             Some(setting) => format!("Set PYTORCH_CUDA_ALLOC_CONF={setting}: replayed with it, the trace fits in {capacity}{rest}."),
@@ -262,7 +262,7 @@ fn smallest_card(bytes: u64) -> String {
 pub fn with_failed_request(snapshot: &Snapshot, device: i64, oom_index: usize) -> Snapshot {
     let mut copy = snapshot.clone();
     let Some(trace) = usize::try_from(device).ok().and_then(|d| copy.device_traces.get_mut(d)) else { return copy };
-    let Some(oom) = trace.get(oom_index).cloned() else { return copy };
+    let Some(oom) = trace.get(oom_index).map(|e| e.owned()) else { return copy };
     // An address no segment or entry of the file uses, so the replay never confuses it.
     let highest = snapshot
         .segments
@@ -276,7 +276,7 @@ pub fn with_failed_request(snapshot: &Snapshot, device: i64, oom_index: usize) -
         |action| TraceEntry { action, addr, size: oom.size, stream: oom.stream, time_us: oom.time_us, frames: oom.frames.clone(), category: None, extra: None };
     let made = [entry(Action::Alloc), entry(Action::FreeRequested), entry(Action::FreeCompleted)];
     // In place of the oom entry, which a replay at a capacity would ask for a second time.
-    trace.splice(oom_index..oom_index + 1, made);
+    *trace = trace.range(..oom_index).map(|e| e.owned()).chain(made).chain(trace.range(oom_index + 1..).map(|e| e.owned())).collect();
     copy
 }
 

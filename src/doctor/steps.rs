@@ -17,7 +17,7 @@
 //! Python stacks repeat across the layers of one forward: splitting there would find layers.)
 
 use super::{AllocationRef, Material, Patient, StackBytes};
-use crate::trace::{Category, Frame, TraceEntry};
+use crate::trace::{Category, Entry, Frame};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
@@ -174,7 +174,7 @@ pub(super) fn find(p: &Patient) -> Steps {
     Steps { order, phase, passes, iterations, how, tensormem, has_backward, has_optimizer, made_once, made_once_bytes }
 }
 
-fn has_frames(e: &TraceEntry) -> bool {
+fn has_frames(e: Entry<'_>) -> bool {
     e.frames.as_ref().is_some_and(|f| !f.is_empty())
 }
 
@@ -353,7 +353,7 @@ fn by_calls(p: &Patient, order: &[usize], phase: &[Option<Phase>]) -> Vec<u32> {
 
 /// One allocation's phase in words (`forward`, `backward`, `optimizer step`), from its own
 /// entry as the doctor reads it; `tensormem`: the trace is tensormem's own (its allocations carry categories).
-pub fn entry_phase(e: &TraceEntry, tensormem: bool) -> Option<&'static str> {
+pub fn entry_phase(e: Entry<'_>, tensormem: bool) -> Option<&'static str> {
     phase_of(e, tensormem).map(|p| match p {
         Phase::Forward => "forward",
         Phase::Backward => "backward",
@@ -362,12 +362,12 @@ pub fn entry_phase(e: &TraceEntry, tensormem: bool) -> Option<&'static str> {
 }
 
 /// One allocation's phase, from its own entry.
-fn phase_of(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
+fn phase_of(e: Entry<'_>, tensormem: bool) -> Option<Phase> {
     frames_phase(e).or_else(|| category_phase(e, tensormem))
 }
 
 /// The phase an entry's frames name, if they name one.
-fn frames_phase(e: &TraceEntry) -> Option<Phase> {
+fn frames_phase(e: Entry<'_>) -> Option<Phase> {
     match crate::pytorch::event_phase(e) {
         Some("backward") => return Some(Phase::Backward),
         Some("optimizer step") => return Some(Phase::Optimizer),
@@ -385,7 +385,7 @@ fn frames_phase(e: &TraceEntry) -> Option<Phase> {
 }
 
 /// The phase of an entry whose frames name none: from tensormem's category.
-fn category_phase(e: &TraceEntry, tensormem: bool) -> Option<Phase> {
+fn category_phase(e: Entry<'_>, tensormem: bool) -> Option<Phase> {
     let frames = || e.frames.iter().flat_map(|f| f.iter());
     match e.category {
         Some(Category::Gradient) => Some(Phase::Backward),

@@ -4,7 +4,7 @@
 use super::{DoctorError, Patient, Verified};
 use crate::alloc::AllocatorConfig;
 use crate::replay::{self, DeviceReplay, KnownStart, ReplayOptions, StartMode};
-use crate::trace::{Action, Snapshot, TraceEntry};
+use crate::trace::{Action, Snapshot, Trace, TraceEntry};
 
 /// Capacities are searched to this resolution: 2 MiB, the granularity of large segments
 /// (PyTorch's kRoundLarge).
@@ -200,13 +200,13 @@ pub(crate) fn with_earlier_frees(snapshot: &Snapshot, device: i64, moves: &[(usi
     }
     // The frees after one entry in trace order, whatever the maps' order.
     moved_after.values_mut().for_each(|allocs| allocs.sort_unstable());
-    let mut edited: Vec<TraceEntry> = Vec::with_capacity(trace.len());
+    let mut edited = Trace::new();
     for (j, e) in trace.iter().enumerate() {
         if !dropped[j] {
-            edited.push(e.clone());
+            edited.push(e.owned());
         }
         for &alloc in moved_after.get(&j).into_iter().flatten() {
-            let free = |action| TraceEntry { action, time_us: e.time_us, frames: None, category: None, extra: None, ..trace[alloc].clone() };
+            let free = |action| TraceEntry { action, time_us: e.time_us, frames: None, category: None, extra: None, ..trace.at(alloc).owned() };
             edited.extend([free(Action::FreeRequested), free(Action::FreeCompleted)]);
         }
     }

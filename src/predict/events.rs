@@ -7,7 +7,7 @@
 
 use crate::alloc::AllocatorConfig;
 use crate::replay;
-use crate::trace::{Action, BlockState, Frame, Frames, Snapshot, TraceEntry};
+use crate::trace::{Action, BlockState, Entry, Frame, Frames, Snapshot, TraceEntry};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
@@ -166,13 +166,13 @@ pub fn program(snapshot: &Snapshot, device: i64, config: &AllocatorConfig, stack
 
     let mut i = 0;
     while i < trace.len() {
-        let e = &trace[i];
+        let e = trace.at(i);
         match e.action {
             Action::Alloc => {
                 let stack = stacks.id(e.frames.as_ref());
                 let at = p.entries.len();
                 live.insert(e.addr, at);
-                p.push(e.clone(), stack, at, Some(i));
+                p.push(e.owned(), stack, at, Some(i));
             }
             Action::FreeRequested | Action::FreeCompleted => {
                 let alloc = live.get(&e.addr).copied();
@@ -183,13 +183,13 @@ pub fn program(snapshot: &Snapshot, device: i64, config: &AllocatorConfig, stack
                 if e.action == Action::FreeCompleted {
                     live.remove(&e.addr);
                 }
-                p.push(e.clone(), stack, alloc.unwrap_or(NO_ALLOC), Some(i));
+                p.push(e.owned(), stack, alloc.unwrap_or(NO_ALLOC), Some(i));
             }
             Action::SegmentFree | Action::SegmentUnmap => {
-                let end = trace[i..].iter().position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)).map_or(trace.len(), |n| i + n);
+                let end = trace.range(i..).position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)).map_or(trace.len(), |n| i + n);
                 if asked_for(e, trace.get(end)) {
                     // One entry stands for the burst: the replay empties the cache once.
-                    p.push(TraceEntry { addr: 0, size: 0, ..e.clone() }, 0, NO_ALLOC, Some(i));
+                    p.push(TraceEntry { addr: 0, size: 0, ..e.owned() }, 0, NO_ALLOC, Some(i));
                 }
                 i = end;
                 continue;
@@ -203,7 +203,7 @@ pub fn program(snapshot: &Snapshot, device: i64, config: &AllocatorConfig, stack
 
 /// A burst of segment releases the program asked for (`torch.cuda.empty_cache()`), rather than
 /// the allocator's flush before retrying a cudaMalloc that failed, which a segment_alloc follows.
-fn asked_for(first: &TraceEntry, after: Option<&TraceEntry>) -> bool {
+fn asked_for(first: Entry<'_>, after: Option<Entry<'_>>) -> bool {
     let named = first.frames.iter().flat_map(|f| f.iter()).any(|f| f.name.contains("emptyCache") || f.name.contains("empty_cache"));
     named || !after.is_some_and(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
 }

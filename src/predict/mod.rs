@@ -436,7 +436,7 @@ fn peak_phase(snapshot: &Snapshot, device: i64, at_start: usize) -> Option<Strin
         return Some(phase.into());
     }
     let tensormem = trace.iter().any(|e| e.category.is_some());
-    crate::doctor::entry_phase(&trace[position - 1], tensormem).map(str::to_string)
+    crate::doctor::entry_phase(trace.at(position - 1), tensormem).map(str::to_string)
 }
 
 /// A stack in one line, as the page's groups name it.

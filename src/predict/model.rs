@@ -8,7 +8,7 @@ use super::{
     falling_memory, first_difference, nearest, peak_phase, refuse_beyond_any_card, refuse_same_run, stack_name, values_text, variables,
 };
 use crate::replay::{self, ReplayOptions, StartMode};
-use crate::trace::{Action, Category, Snapshot, TraceEntry};
+use crate::trace::{Action, Category, Snapshot, Trace, TraceEntry};
 use rustc_hash::FxHashMap;
 
 /// The recordings made ready for predictions: aligned to the one nearest a target, each of its
@@ -310,8 +310,8 @@ impl<'r, 'a> Model<'r, 'a> {
         };
         let device = self.devices[self.reference];
         let mut synthesized = Snapshot { allocator_settings: self.recordings[self.reference].snapshot.allocator_settings.clone(), ..Default::default() };
-        synthesized.device_traces = vec![Vec::new(); device as usize + 1];
-        synthesized.device_traces[device as usize] = entries;
+        synthesized.device_traces = vec![Trace::new(); device as usize + 1];
+        synthesized.device_traces[device as usize] = Trace::from(entries);
         let replay_options = ReplayOptions {
             config: options.config.clone(),
             capacity: options.capacity,

@@ -16,7 +16,7 @@ pub use reconstruct::{StartState, start_state};
 
 use crate::alloc::{AllocatorConfig, ConfigError, DEFAULT_POOL};
 use crate::report;
-use crate::trace::{self, Action, Snapshot, Totals, TraceEntry};
+use crate::trace::{self, Action, Snapshot, Totals, Trace};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -104,7 +104,7 @@ impl KnownStart {
 
     fn trace_of(snapshot: &Snapshot, device: i64) -> (usize, usize) {
         let trace = snapshot.trace_of(device);
-        (trace.as_ptr() as usize, trace.len())
+        (trace.actions().as_ptr() as usize, trace.len())
     }
 
     fn segments_of(snapshot: &Snapshot) -> (usize, usize) {
@@ -410,7 +410,7 @@ fn ratio(a: usize, b: usize) -> f64 {
 /// curves count them ([`trace::running_totals`]).
 /// One pass over the trace (64 bytes an entry): a 4 M entry trace's two passes took a tenth of
 /// each replay.
-fn recorded_figures(trace: &[TraceEntry], start: Totals) -> Figures {
+fn recorded_figures(trace: &Trace, start: Totals) -> Figures {
     let mut at = start;
     let mut f = Figures { peak_reserved_bytes: at.reserved, peak_allocated_bytes: at.allocated, ..Figures::default() };
     for e in trace {
@@ -421,7 +421,7 @@ fn recorded_figures(trace: &[TraceEntry], start: Totals) -> Figures {
             Action::SegmentUnmap => f.segment_unmaps += 1,
             _ => {}
         }
-        at.apply(e);
+        at.apply(e.action, e.size);
         f.peak_reserved_bytes = f.peak_reserved_bytes.max(at.reserved);
         f.peak_allocated_bytes = f.peak_allocated_bytes.max(at.allocated);
     }

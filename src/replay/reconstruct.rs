@@ -10,7 +10,7 @@
 
 use crate::alloc::constants::{SMALL_BUFFER, SMALL_SIZE};
 use crate::alloc::{AllocatorConfig, round_size};
-use crate::trace::{self, Action, BlockState, Frames, PoolKind, TraceEntry};
+use crate::trace::{self, Action, BlockState, Entry, Frames, PoolKind, Trace};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone)]
@@ -35,10 +35,10 @@ enum BlockFrames {
 }
 
 impl BlockFrames {
-    fn get(&self, trace: &[TraceEntry]) -> Frames {
+    fn get(&self, trace: &Trace) -> Frames {
         match self {
             BlockFrames::Read(frames) => frames.clone(),
-            BlockFrames::OfEntry(i) => frames_of(&trace[*i]),
+            BlockFrames::OfEntry(i) => frames_of(trace.at(*i)),
             BlockFrames::None => trace::no_frames(),
         }
     }
@@ -166,7 +166,7 @@ const RECENT: usize = 256;
 const NAMED_WARNINGS: usize = 5;
 
 impl Work<'_> {
-    fn warn(&mut self, index: usize, e: &TraceEntry, what: &str) {
+    fn warn(&mut self, index: usize, e: Entry<'_>, what: &str) {
         if self.warnings.len() < NAMED_WARNINGS {
             self.warnings.push(format!("event {index} ({} at {:#x}): {what}", e.action.name(), e.addr));
         } else {
@@ -206,7 +206,7 @@ impl Work<'_> {
         })
     }
 
-    fn undo(&mut self, index: usize, e: &TraceEntry) {
+    fn undo(&mut self, index: usize, e: Entry<'_>) {
         match e.action {
             Action::Alloc => self.undo_alloc(index, e),
             Action::FreeRequested => {
@@ -233,7 +233,7 @@ impl Work<'_> {
         }
     }
 
-    fn undo_alloc(&mut self, index: usize, e: &TraceEntry) {
+    fn undo_alloc(&mut self, index: usize, e: Entry<'_>) {
         let Some((_, seg)) = self.segment_at(e.addr) else {
             return self.warn(index, e, "no segment holds it");
         };
@@ -247,7 +247,7 @@ impl Work<'_> {
         }
     }
 
-    fn undo_free(&mut self, index: usize, e: &TraceEntry) {
+    fn undo_free(&mut self, index: usize, e: Entry<'_>) {
         let size = round_size(e.size, self.config);
         let max_split = self.config.max_split_size;
         let tolerance = self.config.max_non_split_rounding_size;
@@ -305,7 +305,7 @@ impl Work<'_> {
         }
     }
 
-    fn undo_segment_alloc(&mut self, index: usize, e: &TraceEntry) {
+    fn undo_segment_alloc(&mut self, index: usize, e: Entry<'_>) {
         let Some((base, seg)) = self.segment_at(e.addr) else {
             return self.warn(index, e, "no segment there");
         };
@@ -340,7 +340,7 @@ impl Work<'_> {
         }
     }
 
-    fn undo_segment_free(&mut self, index: usize, e: &TraceEntry) {
+    fn undo_segment_free(&mut self, index: usize, e: Entry<'_>) {
         let Some(end) = e.addr.checked_add(e.size).filter(|_| e.size > 0) else {
             return self.warn(index, e, "impossible range");
         };
@@ -395,7 +395,7 @@ impl Work<'_> {
     }
 }
 
-fn frames_of(e: &TraceEntry) -> Frames {
+fn frames_of(e: Entry<'_>) -> Frames {
     e.frames.clone().unwrap_or_else(trace::no_frames)
 }
 
@@ -429,7 +429,7 @@ fn coalesce(seg: &mut WSegment, addr: u64) {
 }
 
 /// Undoes `trace` from `final_segments` (one device's) back to the trace's first event.
-pub fn start_state(final_segments: &[&trace::Segment], trace: &[TraceEntry], config: &AllocatorConfig) -> StartState {
+pub fn start_state(final_segments: &[&trace::Segment], trace: &Trace, config: &AllocatorConfig) -> StartState {
     let mut work = Work { config, segments: Segments::default(), warnings: Vec::new(), unexplained: 0, recent: Box::new([None; RECENT]), tiled: false };
     for s in final_segments {
         let blocks = s
@@ -494,6 +494,7 @@ mod tests {
     //! Snapshots no allocator writes (segments that overlap, blocks with gaps or of no bytes):
     //! the reconstruction must neither panic nor answer from a segment it looked up earlier.
     use super::*;
+    use crate::trace::TraceEntry;
     use BlockState::*;
 
     fn segment(address: u64, expandable: bool, blocks: &[(u64, u64, BlockState)]) -> trace::Segment {
@@ -517,7 +518,7 @@ mod tests {
     }
 
     fn undo(segments: &[trace::Segment], trace: &[TraceEntry]) -> StartState {
-        start_state(&segments.iter().collect::<Vec<_>>(), trace, &AllocatorConfig::default())
+        start_state(&segments.iter().collect::<Vec<_>>(), &trace.iter().cloned().collect(), &AllocatorConfig::default())
     }
 
     fn states(s: &StartState) -> Vec<(u64, u64, BlockState)> {

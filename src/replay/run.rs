@@ -4,7 +4,7 @@
 use super::{Divergence, Figures, RecordedOom, ReplayOptions, Replayed, StartMode, StartState, ratio};
 use crate::alloc::{AllocError, AllocatorConfig, DEFAULT_POOL, PoolFilter, PoolId, RecordContext, VirtualAllocator, VirtualSegments};
 use crate::report;
-use crate::trace::{self, Action, BlockState, TraceEntry};
+use crate::trace::{self, Action, BlockState, Trace};
 use rustc_hash::FxHashMap;
 
 /// The segment calls an allocator made, as `Figures` counts them, and its device allocations
@@ -22,7 +22,7 @@ pub(super) struct SegmentCalls {
 
 pub(super) struct Run<'a> {
     pub(super) alloc: VirtualAllocator,
-    trace: &'a [TraceEntry],
+    trace: &'a Trace,
     /// Recorded address -> our address, for live allocations made during the replay.
     ptrs: FxHashMap<u64, u64>,
     /// Recorded allocations our allocator could not make (smaller capacity): their frees are skipped.
@@ -64,7 +64,7 @@ impl<'a> Run<'a> {
     /// `highest`: the end of the highest range (address plus size) an entry of the trace names.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn set_up(
-        trace: &'a [TraceEntry],
+        trace: &'a Trace,
         highest: u64,
         final_segments: &[&trace::Segment],
         start: &StartState,
@@ -107,7 +107,7 @@ impl<'a> Run<'a> {
     }
 
     /// A run of `trace` on `alloc`, nothing replayed yet.
-    fn new(trace: &'a [TraceEntry], alloc: VirtualAllocator, options: &ReplayOptions) -> Run<'a> {
+    fn new(trace: &'a Trace, alloc: VirtualAllocator, options: &ReplayOptions) -> Run<'a> {
         Run {
             alloc,
             trace,
@@ -280,7 +280,7 @@ impl<'a> Run<'a> {
 
     /// Handles the event at `i`; returns the index of the next one.
     fn step(&mut self, i: usize) -> usize {
-        match self.trace[i].action {
+        match self.trace.at(i).action {
             Action::SegmentAlloc | Action::SegmentMap => self.segment_made(i),
             Action::SegmentFree | Action::SegmentUnmap => self.cache_release(i),
             Action::Alloc => self.malloc(i),
@@ -298,7 +298,7 @@ impl<'a> Run<'a> {
     /// as the program never held it. An unlimited card (no capacity) is not asked: everything
     /// fits there.
     fn failed_request(&mut self, i: usize) -> usize {
-        let e = &self.trace[i];
+        let e = self.trace.at(i);
         let device_free = e.device_free();
         let reserved = self.alloc.reserved();
         self.recorded_oom.get_or_insert(RecordedOom {
@@ -318,13 +318,13 @@ impl<'a> Run<'a> {
         {
             self.diverge(i, || format!("failed request into pool {pool:?}: {err}"));
         }
-        let e = &self.trace[i];
+        let e = self.trace.at(i);
         let result = self.alloc.malloc(e.size, e.stream as u64, None);
         if let Some(pool) = routed {
             let _ = self.alloc.end_allocate_to_pool(pool);
             let _ = self.alloc.release_pool(pool);
         }
-        let e = &self.trace[i];
+        let e = self.trace.at(i);
         match result {
             Ok(a) => {
                 let _ = self.alloc.free(a.ptr, None);
@@ -343,7 +343,7 @@ impl<'a> Run<'a> {
     /// A recorded segment_alloc / segment_map: PyTorch records it before the alloc that caused
     /// it, so it waits for that alloc, and our source is told the recorded address to hand out.
     fn segment_made(&mut self, i: usize) -> usize {
-        let e = &self.trace[i];
+        let e = self.trace.at(i);
         self.pending_since.get_or_insert(i);
         self.recorded_device_allocs.push((e.action, e.size));
         self.pending_segment_events.push((e.action, e.addr, e.size));
@@ -358,7 +358,7 @@ impl<'a> Run<'a> {
 
     /// A burst of segment_free / segment_unmap starting at `i`: one cache flush.
     fn cache_release(&mut self, i: usize) -> usize {
-        let end = self.trace[i..].iter().position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)).map_or(self.trace.len(), |n| i + n);
+        let end = self.trace.range(i..).position(|e| !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)).map_or(self.trace.len(), |n| i + n);
         if end > self.stop {
             // Half a cache flush cannot be replayed: the state is the one before it.
             self.halted = true;
@@ -367,7 +367,7 @@ impl<'a> Run<'a> {
         let before = self.alloc.history().len();
         // A private pool whose segments the flush returns had no user left (its graphs deleted,
         // its MemPool dropped): the trace does not say when, only that it was so by now.
-        let mut released: Vec<PoolId> = self.trace[i..end].iter().filter_map(TraceEntry::pool_id).filter(|&p| p != DEFAULT_POOL).collect();
+        let mut released: Vec<PoolId> = self.trace.range(i..end).filter_map(|e| e.pool_id()).filter(|&p| p != DEFAULT_POOL).collect();
         released.sort_unstable();
         released.dedup();
         for &pool in &released {
@@ -377,7 +377,7 @@ impl<'a> Run<'a> {
         }
         // Only private pools' segments: `emptyCache(id)` (a MemPool dropped), which leaves the
         // default pool's cache alone; otherwise `empty_cache()`.
-        let only_pools = !released.is_empty() && self.trace[i..end].iter().all(|e| e.pool_id().is_some_and(|p| p != DEFAULT_POOL));
+        let only_pools = !released.is_empty() && self.trace.range(i..end).all(|e| e.pool_id().is_some_and(|p| p != DEFAULT_POOL));
         if only_pools {
             for &pool in &released {
                 self.alloc.empty_cache_of_pool(pool);
@@ -386,7 +386,7 @@ impl<'a> Run<'a> {
             self.alloc.empty_cache();
         }
         let mut ours = self.segment_events_since(before);
-        let mut recorded: Vec<(Action, u64, u64)> = self.trace[i..end].iter().map(|e| (e.action, e.addr, e.size)).collect();
+        let mut recorded: Vec<(Action, u64, u64)> = self.trace.range(i..end).map(|e| (e.action, e.addr, e.size)).collect();
         ours.sort();
         recorded.sort();
         if !self.same_segment_calls(&ours, &recorded) {
@@ -398,7 +398,7 @@ impl<'a> Run<'a> {
     /// A recorded alloc: ours should get the recorded address and make the segment calls
     /// recorded since the last alloc.
     fn malloc(&mut self, i: usize) -> usize {
-        let e = &self.trace[i];
+        let e = self.trace.at(i);
         self.allocs += 1;
         let before = self.alloc.history().len();
         let frames = if self.keep_snapshot { e.frames.clone() } else { None };
@@ -463,7 +463,7 @@ impl<'a> Run<'a> {
     /// A recorded free_requested: immediate when its free_completed follows at once, else the
     /// block stays pending (used on another stream) until the trace says it completed.
     fn free_requested(&mut self, i: usize) -> usize {
-        let e = &self.trace[i];
+        let e = self.trace.at(i);
         let completes_next = self.trace.get(i + 1).is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
         if self.failed.remove(&e.addr) {
             // Never allocated in this replay: skip its free and, later, its completion.
@@ -492,7 +492,7 @@ impl<'a> Run<'a> {
 
     /// A recorded free_completed of a pending free.
     fn free_completed(&mut self, i: usize) -> usize {
-        let e = &self.trace[i];
+        let e = self.trace.at(i);
         if self.failed_pending.remove(&e.addr) {
             return i + 1;
         }

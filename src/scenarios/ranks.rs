@@ -35,7 +35,7 @@ const TEMPORARY: &str = "temporary";
 pub(crate) fn summarize(rec: &mut Recorder, rank: usize, out_of_memory: Option<String>) -> RankResult {
     rec.fold_peaks();
     let snapshot = rec.device.snapshot();
-    let trace = snapshot.device_traces.first().map(Vec::as_slice).unwrap_or_default();
+    let trace = snapshot.trace_of(0);
     // A step's label for each trace position: the first step recorded after it. (The ring
     // buffer holds a whole training run; were it to wrap, positions would shift and phases
     // default to temporary.)

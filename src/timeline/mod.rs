@@ -16,7 +16,7 @@ mod stacking;
 
 use crate::pytorch::{group_name, module_scope};
 use crate::replay::{self, StartState, recorded_config, start_state};
-use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot, Totals, TraceEntry, running_totals};
+use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot, Totals, Trace, running_totals};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
@@ -260,7 +260,7 @@ impl Timeline {
 
     /// The curves of `trace` (this timeline's) at every position, from the totals at its start:
     /// what `allocated`, `reserved` and `time_us` hold when kept.
-    pub fn curves<'t>(&self, trace: &'t [TraceEntry]) -> impl Iterator<Item = CurvePoint> + 't {
+    pub fn curves<'t>(&self, trace: &'t Trace) -> impl Iterator<Item = CurvePoint> + 't {
         curves(trace, self.summary.start_allocated_bytes, self.summary.start_reserved_bytes)
     }
 
@@ -418,7 +418,7 @@ pub struct CurvePoint {
 /// The curves at every position of `trace` (`trace.len() + 1` points), from the state at its
 /// start: the running sums `tensormem replay` counts as recorded ([`running_totals`]). Position 0
 /// takes the first time in the trace.
-pub fn curves(trace: &[TraceEntry], start_allocated: u64, start_reserved: u64) -> impl Iterator<Item = CurvePoint> + '_ {
+pub fn curves(trace: &Trace, start_allocated: u64, start_reserved: u64) -> impl Iterator<Item = CurvePoint> + '_ {
     let first_time = trace.iter().find_map(|e| e.time_us);
     let times = std::iter::once(first_time).chain(trace.iter().map(|e| e.time_us));
     let start = Totals { allocated: start_allocated, reserved: start_reserved };
@@ -537,7 +537,7 @@ struct Builder {
 
 impl Builder {
     /// A builder for `trace`, holding the allocations live at `start` (in address order).
-    fn new(device: i64, trace: &[TraceEntry], start: &StartState, keep_curves: bool) -> Builder {
+    fn new(device: i64, trace: &Trace, start: &StartState, keep_curves: bool) -> Builder {
         let mut b = Builder::default();
         b.t.device = device;
         b.t.events = trace.len();
@@ -553,7 +553,7 @@ impl Builder {
     /// Walks the curves, keeping them if asked: the peaks (counted as `tensormem replay` counts
     /// them as recorded, by the same [`running_totals`]) and the first position at the allocated
     /// peak.
-    fn lay_curves(&mut self, trace: &[TraceEntry], start: Totals, keep: bool) -> CurveFacts {
+    fn lay_curves(&mut self, trace: &Trace, start: Totals, keep: bool) -> CurveFacts {
         let mut facts = CurveFacts { peak: start, peak_x: 0, last: start, has_time: false };
         for (x, at) in curves(trace, start.allocated, start.reserved).enumerate() {
             if keep {
@@ -574,7 +574,7 @@ impl Builder {
     /// The trace's allocations, and its markers: annotations, out-of-memory errors (each also
     /// a warning) and the `user_metadata` each time it changes. Returns whether any entry has
     /// stack frames.
-    fn lay_events(&mut self, trace: &[TraceEntry], warnings: &mut Vec<String>) -> bool {
+    fn lay_events(&mut self, trace: &Trace, warnings: &mut Vec<String>) -> bool {
         let mut last_metadata: Option<&str> = None;
         let mut any_frames = false;
         for (i, e) in trace.iter().enumerate() {
@@ -637,7 +637,7 @@ impl Builder {
     }
 
     /// Each allocation's end (see [`stacking::lifetimes`]).
-    fn lay_lifetimes(&mut self, start: &StartState, trace: &[TraceEntry]) -> stacking::Lifetimes {
+    fn lay_lifetimes(&mut self, start: &StartState, trace: &Trace) -> stacking::Lifetimes {
         let mut lifetimes = stacking::lifetimes(start, trace, self.t.allocations.size.len());
         self.t.allocations.end = std::mem::take(&mut lifetimes.end);
         lifetimes
@@ -729,7 +729,7 @@ impl Builder {
 /// The snapshot's `record_function` annotations for `device` as position ranges: each START is
 /// matched with the next END of the same name (nested scopes nest), a time falls at the first
 /// position recorded at or after it, and a scope never closed runs to the end.
-fn spans(snapshot: &Snapshot, device: i64, trace: &[TraceEntry]) -> Vec<Span> {
+fn spans(snapshot: &Snapshot, device: i64, trace: &Trace) -> Vec<Span> {
     let Some(annotations) = &snapshot.external_annotations else { return Vec::new() };
     let time_us: Vec<f64> = curves(trace, 0, 0).map(|p| p.time_us).collect();
     let end = time_us.len() as u32;

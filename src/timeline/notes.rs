@@ -3,10 +3,10 @@
 
 use super::stacking::Lifetimes;
 use crate::alloc::format_size;
-use crate::trace::{Totals, TraceEntry};
+use crate::trace::{Entry, Totals, Trace};
 
 /// An out-of-memory entry (event `i`): its marker's text, and the warning that points at it.
-pub(super) fn out_of_memory(i: usize, e: &TraceEntry) -> (String, String) {
+pub(super) fn out_of_memory(i: usize, e: Entry<'_>) -> (String, String) {
     let free = e.device_free().map(|f| format!(" with {} free on the device", format_size(f))).unwrap_or_default();
     let text = format!("out of memory: {} requested{free}", format_size(e.size));
     let warning = format!("This trace records an out-of-memory error at event {i}: {text}. The marker on the timeline shows where.");
@@ -16,7 +16,7 @@ pub(super) fn out_of_memory(i: usize, e: &TraceEntry) -> (String, String) {
 /// Adds the warnings about the trace as a whole to those found while laying it out (the start
 /// state's and the out-of-memory errors): first whether it starts mid-run, then whether it adds
 /// up, then what it lacks.
-pub(super) fn trace_warnings(warnings: &mut Vec<String>, start: Totals, trace: &[TraceEntry], stacked: &Lifetimes, any_frames: bool) {
+pub(super) fn trace_warnings(warnings: &mut Vec<String>, start: Totals, trace: &Trace, stacked: &Lifetimes, any_frames: bool) {
     if start.reserved > 0 && !trace.is_empty() {
         warnings.insert(
             0,

@@ -11,7 +11,7 @@
 
 use super::Pieces;
 use crate::replay::StartState;
-use crate::trace::{Action, BlockState, TraceEntry};
+use crate::trace::{Action, BlockState, Trace};
 use rustc_hash::FxHashMap;
 
 /// The most pieces laid exactly (8 bytes each: 128 MiB). Real traces stay far below it.
@@ -29,7 +29,7 @@ pub(super) struct Lifetimes {
 
 /// The lifetimes of the blocks live at `start` (in address order, at position 0), then of the
 /// trace's allocations: one pass with a map from address to live allocation.
-pub(super) fn lifetimes(start: &StartState, trace: &[TraceEntry], allocations: usize) -> Lifetimes {
+pub(super) fn lifetimes(start: &StartState, trace: &Trace, allocations: usize) -> Lifetimes {
     let last = trace.len() as u32 + 1;
     let mut l = Lifetimes { end: vec![last; allocations], reused_without_free: 0, unknown_frees: 0 };
     let mut by_addr: FxHashMap<u64, u32> = FxHashMap::default();

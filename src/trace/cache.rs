@@ -18,6 +18,7 @@
 //! the same bytes in IndexedDB.
 
 use super::model::*;
+use super::{StackId, Trace};
 use rustc_hash::FxHashMap;
 use std::io::Write;
 use std::sync::Arc;
@@ -556,7 +557,10 @@ impl Decoder {
         let mut device_traces = Vec::with_capacity(n);
         for _ in 0..n {
             let n = r.count(4)?;
-            let mut trace = Vec::with_capacity(n);
+            let mut trace = Trace::new();
+            trace.reserve(n);
+            // Each kept stack's id in this trace, once it is met: no entry looks it up again.
+            let mut stack_ids: Vec<Option<StackId>> = vec![None; frame_lists.len()];
             let mut last_time = 0i64;
             for _ in 0..n {
                 let flags = r.byte()?;
@@ -570,10 +574,18 @@ impl Decoder {
                 } else {
                     None
                 };
-                let frames = if flags & 32 != 0 { Some(r.index(&frame_lists)?.clone()) } else { None };
+                let stack = if flags & 32 != 0 {
+                    let k = usize::try_from(r.varint()?).map_err(|_| Malformed)?;
+                    match stack_ids.get(k).ok_or(Malformed)? {
+                        Some(id) => *id,
+                        None => *stack_ids[k].insert(trace.intern_stack(&Some(frame_lists[k].clone()))),
+                    }
+                } else {
+                    0
+                };
                 let category = if flags & 64 != 0 { Some(*Category::ALL.get(r.byte()? as usize).ok_or(Malformed)?) } else { None };
                 let extra = if flags & 128 != 0 { Some(r.index(&extras)?.clone()) } else { None };
-                trace.push(TraceEntry { action, addr, size, stream, time_us, frames, category, extra });
+                trace.push_with_stack(TraceEntry { action, addr, size, stream, time_us, frames: None, category, extra }, stack);
             }
             device_traces.push(trace);
         }

@@ -4,6 +4,7 @@
 //! (allocator_settings, external_annotations), G3 (compile_context, user_metadata), the very old
 //! block `history` list, and a bare list of segments (`torch.cuda.memory_snapshot()`).
 
+use super::Trace;
 use super::model::limits;
 use super::model::*;
 use super::node::{Arena, COMPACTED, Node, NodeId, Val, is_compacted};
@@ -14,7 +15,7 @@ use std::sync::Arc;
 mod fast;
 mod lists;
 
-use lists::{Chunked, Lists};
+use lists::{Growing, Lists};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
@@ -661,7 +662,7 @@ impl<'a> Decoder<'a> {
         ids.into_iter().enumerate().map(|(i, s)| self.segment(s, &|| format!("segments[{i}]"))).collect()
     }
 
-    fn snapshot(&mut self, root: NodeId, compacted: &mut FxHashMap<NodeId, Chunked>) -> Result<Snapshot> {
+    fn snapshot(&mut self, root: NodeId, compacted: &mut FxHashMap<NodeId, Growing>) -> Result<Snapshot> {
         if let Node::List(_) = self.arena.get(root) {
             return Ok(Snapshot { segments: self.segments(root)?, ..Snapshot::default() });
         }
@@ -679,11 +680,12 @@ impl<'a> Decoder<'a> {
                 let mut done = compacted.remove(&t).unwrap_or_default();
                 // The usual case: every entry was decoded while parsing, in order.
                 if done.len == items.len() && items.iter().enumerate().all(|(i, &e)| e == COMPACTED | i as u32) {
-                    device_traces.push(done.into_vec());
+                    device_traces.push(done.into_trace());
                     continue;
                 }
                 let items = items.to_vec();
-                let mut trace = Vec::with_capacity(items.len());
+                let mut trace = Trace::new();
+                trace.reserve(items.len());
                 for (i, e) in items.into_iter().enumerate() {
                     let p = || format!("device_traces[{d}][{i}]");
                     trace.push(match is_compacted(e) {

@@ -5,6 +5,7 @@
 //! pytorch.org/memory_viz loads.
 
 pub mod cache;
+mod columns;
 mod decode;
 mod model;
 mod node;
@@ -12,6 +13,7 @@ mod pickle;
 mod totals;
 mod write;
 
+pub use columns::{Entry, Iter, StackId, Trace};
 pub use model::*;
 pub use pickle::PickleError;
 pub use totals::{Totals, running_totals};

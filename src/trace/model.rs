@@ -4,6 +4,7 @@
 //! Optional fields are `Option`s: they are absent in older generations (G1 has no `time_us`,
 //! G1/G1t have no `allocator_settings`, G3 adds `compile_context` and `user_metadata`).
 
+use super::Trace;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -36,7 +37,7 @@ pub type Frames = Arc<[Frame]>;
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Snapshot {
     pub segments: Vec<Segment>,
-    pub device_traces: Vec<Vec<TraceEntry>>,
+    pub device_traces: Vec<Trace>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocator_settings: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,8 +168,9 @@ impl Action {
     }
 }
 
-/// One entry of a device's trace ring buffer. Kept small (56 bytes on wasm32): a page holds a
-/// million of them, so the keys most entries lack live apart, in a shared [`EntryExtra`].
+/// One entry of a device's trace ring buffer, as a row of its own: what a recorder or a decoder
+/// pushes onto a [`Trace`], and what an edit of one works on. A trace keeps its entries as
+/// columns, and reads them back as [`super::Entry`]s.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TraceEntry {
     pub action: Action,
@@ -370,8 +372,9 @@ impl Snapshot {
         self.segments.iter().filter(move |s| s.device == device)
     }
 
-    pub fn trace_of(&self, device: i64) -> &[TraceEntry] {
-        usize::try_from(device).ok().and_then(|d| self.device_traces.get(d)).map(Vec::as_slice).unwrap_or(&[])
+    pub fn trace_of(&self, device: i64) -> &Trace {
+        static NONE: std::sync::LazyLock<Trace> = std::sync::LazyLock::new(Trace::default);
+        usize::try_from(device).ok().and_then(|d| self.device_traces.get(d)).unwrap_or(&NONE)
     }
 }
 

@@ -2,7 +2,7 @@
 //! and bytes reserved in segments. `tensormem replay`'s recorded figures and the page's curves
 //! both count them here, so the two always agree.
 
-use super::{Action, BlockState, Segment, TraceEntry};
+use super::{Action, BlockState, Segment, Trace};
 
 /// Bytes live at one position of a trace.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,12 +31,12 @@ impl Totals {
     /// The totals after `e`: `alloc` and `free_requested` move allocated bytes, segment events
     /// reserved ones. The sums saturate: an edited or truncated trace may free what it never
     /// showed allocated.
-    pub fn apply(&mut self, e: &TraceEntry) {
-        match e.action {
-            Action::Alloc => self.allocated = self.allocated.saturating_add(e.size),
-            Action::FreeRequested => self.allocated = self.allocated.saturating_sub(e.size),
-            Action::SegmentAlloc | Action::SegmentMap => self.reserved = self.reserved.saturating_add(e.size),
-            Action::SegmentFree | Action::SegmentUnmap => self.reserved = self.reserved.saturating_sub(e.size),
+    pub fn apply(&mut self, action: Action, size: u64) {
+        match action {
+            Action::Alloc => self.allocated = self.allocated.saturating_add(size),
+            Action::FreeRequested => self.allocated = self.allocated.saturating_sub(size),
+            Action::SegmentAlloc | Action::SegmentMap => self.reserved = self.reserved.saturating_add(size),
+            Action::SegmentFree | Action::SegmentUnmap => self.reserved = self.reserved.saturating_sub(size),
             Action::FreeCompleted | Action::Snapshot | Action::Oom | Action::Annotate => {}
         }
     }
@@ -44,9 +44,10 @@ impl Totals {
 
 /// The totals at every position of `trace`: `start` (position 0), then after each entry
 /// (position i + 1 after entry i), `trace.len() + 1` in all.
-pub fn running_totals(trace: &[TraceEntry], start: Totals) -> impl Iterator<Item = Totals> + '_ {
-    std::iter::once(start).chain(trace.iter().scan(start, |at, e| {
-        at.apply(e);
+pub fn running_totals(trace: &Trace, start: Totals) -> impl Iterator<Item = Totals> + '_ {
+    // Two columns are all the totals read.
+    std::iter::once(start).chain(trace.actions().iter().zip(trace.sizes()).scan(start, |at, (&action, &size)| {
+        at.apply(action, size);
         Some(*at)
     }))
 }
@@ -54,6 +55,7 @@ pub fn running_totals(trace: &[TraceEntry], start: Totals) -> impl Iterator<Item
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::TraceEntry;
 
     fn entry(action: Action, size: u64) -> TraceEntry {
         TraceEntry { action, addr: 0, size, stream: 0, time_us: None, frames: None, category: None, extra: None }
@@ -76,7 +78,7 @@ mod tests {
             entry(SegmentFree, 2 << 20),
         ];
         let start = Totals { allocated: 512, reserved: 4096 };
-        let got: Vec<(u64, u64)> = running_totals(&trace, start).map(|t| (t.allocated, t.reserved)).collect();
+        let got: Vec<(u64, u64)> = running_totals(&Trace::from(trace), start).map(|t| (t.allocated, t.reserved)).collect();
         let r = 4096 + (2 << 20);
         let expected =
             [(512, 4096), (512, r), (1512, r), (1536, r), (536, r), (536, r), (536, r + (20 << 20)), (536, r + (20 << 20)), (536, r), (512, r), (512, 4096)];
@@ -86,7 +88,7 @@ mod tests {
     #[test]
     fn frees_of_more_than_the_trace_shows_stop_at_zero() {
         let trace = [entry(Action::FreeRequested, 100), entry(Action::SegmentFree, 100), entry(Action::Alloc, 7)];
-        let got: Vec<Totals> = running_totals(&trace, Totals { allocated: 40, reserved: 60 }).collect();
+        let got: Vec<Totals> = running_totals(&Trace::from(trace), Totals { allocated: 40, reserved: 60 }).collect();
         assert_eq!(got.last(), Some(&Totals { allocated: 7, reserved: 0 }));
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! The pickle memoizes every shared frame list once, as PyTorch's own dumps do, so files stay small.
 
+use super::Entry;
 use super::model::*;
 use std::collections::HashMap;
 
@@ -116,11 +117,16 @@ impl PickleWriter {
     }
 
     fn list<T>(&mut self, items: &[T], mut each: impl FnMut(&mut Self, &T)) {
+        self.list_of(items.iter(), |w, item| each(w, item));
+    }
+
+    /// A list, appended 1,000 items at a time as `pickle` does.
+    fn list_of<I: ExactSizeIterator>(&mut self, mut items: I, mut each: impl FnMut(&mut Self, I::Item)) {
         self.out.push(b']');
         self.memoize();
-        for chunk in items.chunks(1000) {
+        while items.len() > 0 {
             self.out.push(b'(');
-            for item in chunk {
+            for item in items.by_ref().take(1000) {
                 each(self, item);
             }
             self.out.push(b'e');
@@ -225,7 +231,7 @@ impl PickleWriter {
         });
     }
 
-    fn entry(&mut self, e: &TraceEntry) {
+    fn entry(&mut self, e: Entry<'_>) {
         self.dict(|w| {
             w.str("action");
             w.str(e.action.name());
@@ -275,7 +281,7 @@ impl PickleWriter {
             w.str("segments");
             w.list(&s.segments, |w, seg| w.segment(seg));
             w.str("device_traces");
-            w.list(&s.device_traces, |w, t| w.list(t, |w, e| w.entry(e)));
+            w.list(&s.device_traces, |w, t| w.list_of(t.iter(), |w, e| w.entry(e)));
             if let Some(settings) = &s.allocator_settings {
                 w.str("allocator_settings");
                 w.json(&serde_json::Value::Object(settings.clone()));

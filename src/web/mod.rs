@@ -314,7 +314,7 @@ impl LoadedTrace {
     }
 
     /// The trace `view` was laid out from: this trace's of its device, or an error.
-    fn trace_laid_out(&self, view: &TimelineArrays) -> Result<&[trace::TraceEntry], JsError> {
+    fn trace_laid_out(&self, view: &TimelineArrays) -> Result<&trace::Trace, JsError> {
         let trace = self.snapshot.trace_of(view.timeline().device);
         if trace.len() != view.timeline().events {
             return Err(JsError::new("this timeline was not laid out from this trace"));

@@ -27,7 +27,7 @@ pub fn queue(n: u64, fifo: bool) -> Snapshot {
         let k = if fifo { j } else { n - 1 - j };
         free(&mut trace, BASE + 512 * k, (n + j) as i64, &none);
     }
-    Snapshot { device_traces: vec![trace], ..Default::default() }
+    Snapshot { device_traces: vec![trace.into()], ..Default::default() }
 }
 
 /// A sliding window: `n` allocations, each new one freeing the oldest once `w` are live.
@@ -44,7 +44,7 @@ pub fn window(n: u64, w: u64) -> Snapshot {
             free(&mut trace, slot(k - w), t, &none);
         }
     }
-    Snapshot { device_traces: vec![trace], ..Default::default() }
+    Snapshot { device_traces: vec![trace.into()], ..Default::default() }
 }
 
 /// `n` allocations (each freed at once) sharing one stack of `depth` frames, as a pickle's memo
@@ -56,5 +56,5 @@ pub fn shared_stack(n: u64, depth: usize) -> Snapshot {
         trace.push(entry(Action::Alloc, BASE, 512, 2 * k as i64, &frames));
         free(&mut trace, BASE, 2 * k as i64 + 1, &frames);
     }
-    Snapshot { device_traces: vec![trace], ..Default::default() }
+    Snapshot { device_traces: vec![trace.into()], ..Default::default() }
 }

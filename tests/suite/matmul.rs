@@ -176,7 +176,7 @@ pub async fn matmul_variants_match_the_reference(dev: &Device) {
     let broadcast = row.unsqueeze(0).unwrap().expand(&[16, 32]).unwrap().t().unwrap();
     let events_before = dev.snapshot().device_traces[0].len();
     let y = x.matmul(&broadcast).unwrap();
-    let trace = dev.snapshot().device_traces[0][events_before..].to_vec();
+    let trace = dev.snapshot().device_traces[0].range(events_before..).map(|e| e.owned()).collect::<Vec<_>>();
     let allocs: Vec<(u64, String)> =
         trace.iter().filter(|e| e.action == tensormem::trace::Action::Alloc).map(|e| (e.size, e.frames.as_ref().unwrap()[0].name.clone())).collect();
     assert_eq!(allocs, vec![(2048, "clone".to_string()), (4096, "matmul".to_string())], "the copy, then the output");

@@ -108,10 +108,10 @@ pub async fn the_sim_device_records_the_same_trace_as_the_gpu(gpu_dev: &Device) 
         make_cublas_workspaces(&sim_dev);
         let before = gpu_dev.snapshot().device_traces[0].len();
         program(gpu_dev);
-        let on_gpu: Vec<_> = gpu_dev.snapshot().device_traces[0][before..].iter().map(|e| (e.action, e.size)).collect();
+        let on_gpu: Vec<_> = gpu_dev.snapshot().device_traces[0].range(before..).map(|e| (e.action, e.size)).collect();
         let before = sim_dev.snapshot().device_traces[0].len();
         program(&sim_dev);
-        let on_sim: Vec<_> = sim_dev.snapshot().device_traces[0][before..].iter().map(|e| (e.action, e.size)).collect();
+        let on_sim: Vec<_> = sim_dev.snapshot().device_traces[0].range(before..).map(|e| (e.action, e.size)).collect();
         // The sim device starts empty, so it may allocate segments the GPU device had cached:
         // compare the tensor allocations and frees, which are the program's own.
         let tensors = |t: &[(tensormem::trace::Action, u64)]| {
@@ -294,8 +294,8 @@ pub async fn the_sim_device_answers_as_the_gpu(dev: &Device) {
     for d in [dev, &sim] {
         let before = d.snapshot().device_traces[0].len();
         let t = d.from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
-        let entries: Vec<_> = d.snapshot().device_traces[0][before..]
-            .iter()
+        let entries: Vec<_> = d.snapshot().device_traces[0]
+            .range(before..)
             .map(|e| (e.action, e.size))
             .filter(|(a, _)| *a == tensormem::trace::Action::Alloc || *a == tensormem::trace::Action::FreeRequested)
             .collect();

@@ -150,7 +150,7 @@ fn make_cublas_workspaces(dev: &Device) {
 fn allocations_during<T>(dev: &Device, f: impl FnOnce() -> T) -> (T, Vec<u64>) {
     let before = dev.snapshot().device_traces[0].len();
     let out = f();
-    let sizes = dev.snapshot().device_traces[0][before..].iter().filter(|e| e.action == tensormem::trace::Action::Alloc).map(|e| e.size).collect();
+    let sizes = dev.snapshot().device_traces[0].range(before..).filter(|e| e.action == tensormem::trace::Action::Alloc).map(|e| e.size).collect();
     (out, sizes)
 }
 

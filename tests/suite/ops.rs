@@ -282,8 +282,8 @@ pub async fn long_reductions_split_as_pytorch_splits_them(dev: &Device) {
     let events = |f: &dyn Fn() -> Tensor| {
         let before = dev.snapshot().device_traces[0].len();
         let out = f();
-        let trace = dev.snapshot().device_traces[0][before..]
-            .iter()
+        let trace = dev.snapshot().device_traces[0]
+            .range(before..)
             .filter(|e| matches!(e.action, Action::Alloc | Action::FreeRequested))
             .map(|e| (e.action, e.size))
             .collect::<Vec<_>>();

@@ -186,8 +186,8 @@ pub async fn a_training_step_allocates_on_the_gpu_as_on_the_sim_device(dev: &Dev
                 assert!(losses.iter().all(|l| l.is_finite()) && losses[2] < losses[0], "{what}: the loss falls: {losses:?}");
             }
             let snapshot = d.snapshot();
-            let events: Vec<_> = snapshot.device_traces[0][start..]
-                .iter()
+            let events: Vec<_> = snapshot.device_traces[0]
+                .range(start..)
                 .filter(|e| matches!(e.action, Action::Alloc | Action::FreeRequested))
                 .map(|e| {
                     let frames = e.frames.as_ref().map(|f| f.iter().map(|f| f.name.clone()).collect::<Vec<_>>());

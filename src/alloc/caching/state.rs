@@ -16,7 +16,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// `torch.cuda.memory._snapshot()` of this one device: segments, its trace, and the settings.
     pub fn snapshot(&mut self) -> trace::Snapshot {
         let segments = self.snapshot_segments();
-        let mut device_traces = vec![Vec::new(); self.device.max(0) as usize];
+        let mut device_traces = vec![trace::Trace::new(); self.device.max(0) as usize];
         device_traces.push(self.history.entries());
         trace::Snapshot {
             segments,

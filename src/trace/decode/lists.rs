@@ -43,7 +43,7 @@ impl<T: Default> ByList<T> {
 }
 
 /// The entries by list.
-type Kept = ByList<Chunked>;
+type Kept = ByList<Growing>;
 
 /// The parser's side: how long each list is, and where the entries are kept (here, or by the
 /// second thread).
@@ -74,7 +74,7 @@ impl Lists {
                 // Where the system gives no thread, the entries stay kept here.
                 match keeper::Keeper::start(std::mem::take(&mut self.kept)) {
                     Ok(keeper) => self.keeper = Some(keeper),
-                    Err(kept) => self.kept = kept,
+                    Err(kept) => self.kept = *kept,
                 }
             }
             if let Some(keeper) = &mut self.keeper {
@@ -87,7 +87,7 @@ impl Lists {
     }
 
     /// Every list's entries, once all are kept.
-    pub(super) fn finish(self) -> FxHashMap<NodeId, Chunked> {
+    pub(super) fn finish(self) -> FxHashMap<NodeId, Growing> {
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(keeper) = self.keeper {
             return keeper.finish();
@@ -120,7 +120,7 @@ mod keeper {
 
     impl Keeper {
         /// Goes on keeping after what `kept` holds; gives it back if no thread can be started.
-        pub(super) fn start(kept: Kept) -> std::result::Result<Keeper, Kept> {
+        pub(super) fn start(kept: Kept) -> std::result::Result<Keeper, Box<Kept>> {
             let (full, batches) = mpsc::sync_channel::<Batch>(4);
             let (spent_tx, spent) = mpsc::channel();
             // Handed to the thread through a slot, so that it comes back if none starts.
@@ -139,7 +139,7 @@ mod keeper {
             });
             match started {
                 Ok(thread) => Ok(Keeper { batch: Vec::with_capacity(BATCH), full, spent, thread }),
-                Err(_) => Err(slot.lock().expect("no thread holds it").take().expect("never handed over")),
+                Err(_) => Err(Box::new(slot.lock().expect("no thread holds it").take().expect("never handed over"))),
             }
         }
 
@@ -157,7 +157,7 @@ mod keeper {
             let _ = self.full.send(batch);
         }
 
-        pub(super) fn finish(mut self) -> FxHashMap<NodeId, Chunked> {
+        pub(super) fn finish(mut self) -> FxHashMap<NodeId, Growing> {
             if !self.batch.is_empty() {
                 self.send();
             }
@@ -170,79 +170,39 @@ mod keeper {
     }
 }
 
-/// A growing list of entries. In wasm, in chunks of `CHUNK` entries (the first grows to it): a
-/// grown `Vec` is copied there, and a doubling one's last growth can hold three times the
-/// entries' size; `into_vec` copies the chunks into one `Vec` (twice their size, briefly).
-/// Natively, one `Vec`: growing a large one moves no bytes (the system allocator remaps its
-/// pages) and `into_vec` hands over its buffer as it is (the 1 GB file's 0.8 GB of entries are
-/// never written a second time).
+/// A growing list of entries, as the columns of a [`Trace`]: each column grows on its own, so
+/// growing copies a column at a time (in wasm, where a grown buffer is copied) instead of the
+/// whole trace, and `into_trace` hands the columns over as they are.
 #[derive(Default)]
-pub(super) struct Chunked {
-    #[cfg(target_arch = "wasm32")]
-    chunks: Vec<Vec<Option<TraceEntry>>>,
-    #[cfg(not(target_arch = "wasm32"))]
-    entries: Vec<TraceEntry>,
+pub(super) struct Growing {
+    trace: Trace,
     /// Which entries `take` took, once it took any (a list the pickle wrote out of order).
-    #[cfg(not(target_arch = "wasm32"))]
     taken: Vec<bool>,
     pub(super) len: usize,
 }
 
-impl Chunked {
-    /// Entries a chunk holds (14.7 MB in wasm). Each new chunk grows the wasm memory, which
-    /// costs the browser about a millisecond however little it adds: chunks of 32,768 entries
-    /// took 8% of a 248 MB file's parse.
-    #[cfg(target_arch = "wasm32")]
-    const CHUNK: usize = 1 << 18;
-
+impl Growing {
     pub(super) fn push(&mut self, entry: TraceEntry) {
-        #[cfg(target_arch = "wasm32")]
-        {
-            if self.len.is_multiple_of(Self::CHUNK) {
-                // The first chunk grows as it fills (a short trace takes what it needs); the
-                // next ones are made whole.
-                self.chunks.push(if self.len == 0 { Vec::new() } else { Vec::with_capacity(Self::CHUNK) });
-            }
-            self.chunks.last_mut().expect("a chunk was just made").push(Some(entry));
-        }
-        #[cfg(not(target_arch = "wasm32"))]
-        self.entries.push(entry);
+        self.trace.push(entry);
         self.len += 1;
     }
 
     /// Entry `i`, unless it was taken already.
     pub(super) fn take(&mut self, i: usize) -> Option<TraceEntry> {
-        #[cfg(target_arch = "wasm32")]
-        return self.chunks.get_mut(i / Self::CHUNK)?.get_mut(i % Self::CHUNK)?.take();
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            if self.taken.is_empty() {
-                self.taken = vec![false; self.entries.len()];
-            }
-            let taken = self.taken.get_mut(i)?;
-            if std::mem::replace(taken, true) {
-                return None;
-            }
-            // What stays behind is never read: `into_vec` is for lists none of whose entries
-            // were taken.
-            Some(std::mem::replace(&mut self.entries[i], TraceEntry::new(Action::Snapshot, 0, 0, 0)))
+        if self.taken.is_empty() {
+            self.taken = vec![false; self.len];
         }
+        let taken = self.taken.get_mut(i)?;
+        if std::mem::replace(taken, true) {
+            return None;
+        }
+        Some(self.trace.at(i).owned())
     }
 
     /// Every entry, in order, of a list none of whose entries were taken.
-    pub(super) fn into_vec(self) -> Vec<TraceEntry> {
-        #[cfg(target_arch = "wasm32")]
-        {
-            let mut out = Vec::with_capacity(self.len);
-            for chunk in self.chunks {
-                out.extend(chunk.into_iter().flatten());
-            }
-            out
-        }
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            debug_assert!(self.taken.is_empty(), "into_vec after take");
-            self.entries
-        }
+    pub(super) fn into_trace(mut self) -> Trace {
+        debug_assert!(self.taken.is_empty(), "into_trace after take");
+        self.trace.shrink_to_fit();
+        self.trace
     }
 }

@@ -173,7 +173,7 @@ fn the_fast_paths_for_trace_entries_decode_what_the_generic_opcodes_do() {
         assert!(decode(&data, true, 997).0 == generic, "{} in chunks", path.display());
         // The fast path reads PyTorch's entries, all but those that meet a frame dict or
         // a key for the first time.
-        let entries: usize = generic.device_traces.iter().map(Vec::len).sum();
+        let entries: usize = generic.device_traces.iter().map(|t| t.len()).sum();
         (total_fast, total) = (total_fast + read_fast, total + entries);
         read += 1;
     }
@@ -218,11 +218,11 @@ fn a_protocol_2_pickle_reads_the_same_with_and_without_the_fast_paths() {
     let trace = &decoded[0].device_traces[0];
     let actions: Vec<&str> = trace.iter().map(|e| e.action.name()).collect();
     assert_eq!(actions, ["segment_alloc", "alloc", "alloc", "free_requested", "free_completed", "oom"]);
-    assert_eq!((trace[2].addr, trace[2].size, trace[2].time_us), ((1 << 40) + 512, 1024, Some(1_700_000_000_000_000 + (1 << 40) + 512)));
-    assert_eq!((trace[5].size, trace[5].device_free()), (1 << 62, Some(3)));
-    let frames = trace[1].frames.as_deref().unwrap();
+    assert_eq!((trace.at(2).addr, trace.at(2).size, trace.at(2).time_us), ((1 << 40) + 512, 1024, Some(1_700_000_000_000_000 + (1 << 40) + 512)));
+    assert_eq!((trace.at(5).size, trace.at(5).device_free()), (1 << 62, Some(3)));
+    let frames = trace.at(1).frames.as_deref().unwrap();
     assert_eq!((frames[1].name.as_str(), frames[1].line), ("forward", u64::MAX));
-    assert!(std::sync::Arc::ptr_eq(trace[1].frames.as_ref().unwrap(), trace[3].frames.as_ref().unwrap()));
+    assert!(std::sync::Arc::ptr_eq(trace.at(1).frames.as_ref().unwrap(), trace.at(3).frames.as_ref().unwrap()));
 }
 
 /// A frame list and a string met in entries the fast path reads are parked at once; later
@@ -260,10 +260,10 @@ fn what_the_fast_path_parked_is_read_back_by_the_generic_opcodes() {
     let trace = &fast.device_traces[0];
     let addrs = [0, 1024, 1024, 1024, 2048, 4096, 8192];
     assert_eq!(trace.iter().map(|e| e.addr).collect::<Vec<_>>(), addrs);
-    let frames = |i: usize| trace[i].frames.clone().unwrap();
+    let frames = |i: usize| trace.at(i).frames.clone().unwrap();
     assert_eq!((frames(1)[0].filename.as_str(), frames(1)[0].line, frames(1)[0].name.as_str()), ("a.py", 1, "f"));
     assert!((2..7).all(|i| std::sync::Arc::ptr_eq(&frames(1), &frames(i))));
-    let context = |i: usize| trace[i].extra.as_ref().and_then(|x| x.compile_context.clone());
+    let context = |i: usize| trace.at(i).extra.as_ref().and_then(|x| x.compile_context.clone());
     assert_eq!(context(2).as_deref(), Some("x"));
     assert!((4..7).all(|i| context(i).as_deref() == Some("N/A")));
 }

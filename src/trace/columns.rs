@@ -1,0 +1,505 @@
+//! A device's trace as columns: one array per key of a trace entry, with each distinct stack and
+//! each distinct set of rarer keys stored once and named by a small index.
+//!
+//! A million-entry trace is read far more often than it is built, and most reads look at one or
+//! two keys (the curves read actions and sizes only). Columns keep those reads dense, and an
+//! entry costs 42 bytes instead of 72 natively (56 in wasm) as a row of [`TraceEntry`].
+//! [`Entry`] is one entry read back from the columns: the keys as fields, the stack and the
+//! rarer keys by reference into the trace's tables.
+
+use super::model::{Action, Category, EntryExtra, Frames, TraceEntry};
+use rustc_hash::FxHashMap;
+use serde::{Serialize, Serializer};
+use std::sync::Arc;
+
+/// Index of a stack in a trace's table of stacks: 0 for an entry without frames.
+pub type StackId = u32;
+
+/// One device's trace ring buffer, oldest entry first.
+#[derive(Clone, Default)]
+pub struct Trace {
+    action: Vec<Action>,
+    addr: Vec<u64>,
+    size: Vec<u64>,
+    stream: Vec<i64>,
+    /// `time_us`, where `timed` has the entry's bit set (older snapshots have none).
+    time_us: Vec<i64>,
+    timed: Vec<u64>,
+    category: Vec<Option<Category>>,
+    stack: Vec<StackId>,
+    extra: Vec<u32>,
+    /// Entry 0 of both tables is "none".
+    stacks: Vec<Option<Frames>>,
+    extras: Vec<Option<Arc<EntryExtra>>>,
+    /// Where each table's values are, by the address of what they share: a decoder gives every
+    /// entry of one stack the same list, so looking one up costs no comparison of frames.
+    stack_ids: FxHashMap<(usize, usize), StackId>,
+    extra_ids: FxHashMap<usize, u32>,
+}
+
+/// One entry of a [`Trace`], read from its columns.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Entry<'a> {
+    pub action: Action,
+    /// Address; 0 for `snapshot`. PyTorch omits it for `oom`, where `device_free` stands instead.
+    pub addr: u64,
+    pub size: u64,
+    pub stream: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_us: Option<i64>,
+    #[serde(skip_serializing_if = "is_none")]
+    pub frames: &'a Option<Frames>,
+    /// tensormem's own key (see [`TraceEntry::category`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub category: Option<Category>,
+    #[serde(flatten, skip_serializing_if = "is_none")]
+    pub extra: &'a Option<Arc<EntryExtra>>,
+    /// The entry's stack in its trace's table: entries with equal ids have the same frames.
+    #[serde(skip)]
+    pub stack: StackId,
+}
+
+fn is_none<T>(value: &&Option<T>) -> bool {
+    value.is_none()
+}
+
+impl<'a> Entry<'a> {
+    /// Only on `oom`: bytes the device reported free.
+    pub fn device_free(&self) -> Option<u64> {
+        self.extra.as_ref()?.device_free
+    }
+
+    pub fn compile_context(&self) -> Option<&'a str> {
+        self.extra.as_ref()?.compile_context.as_deref()
+    }
+
+    pub fn user_metadata(&self) -> Option<&'a str> {
+        self.extra.as_ref()?.user_metadata.as_deref()
+    }
+
+    /// The memory pool the entry names, if it names one (`(0, 0)`: the default pool).
+    pub fn pool_id(&self) -> Option<(i64, i64)> {
+        self.extra.as_ref()?.pool_id
+    }
+
+    /// The entry as a row of its own, to edit or to push onto another trace.
+    pub fn owned(&self) -> TraceEntry {
+        TraceEntry {
+            action: self.action,
+            addr: self.addr,
+            size: self.size,
+            stream: self.stream,
+            time_us: self.time_us,
+            frames: self.frames.clone(),
+            category: self.category,
+            extra: self.extra.clone(),
+        }
+    }
+}
+
+impl TraceEntry {
+    /// The row read as an entry of a trace would be (its stack id is 0: it is in no table).
+    pub fn view(&self) -> Entry<'_> {
+        Entry {
+            action: self.action,
+            addr: self.addr,
+            size: self.size,
+            stream: self.stream,
+            time_us: self.time_us,
+            frames: &self.frames,
+            category: self.category,
+            extra: &self.extra,
+            stack: 0,
+        }
+    }
+}
+
+impl Trace {
+    pub fn new() -> Trace {
+        Trace { stacks: vec![None], extras: vec![None], ..Default::default() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.action.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.action.is_empty()
+    }
+
+    /// Entry `i`; panics past the end, as indexing a slice does.
+    pub fn at(&self, i: usize) -> Entry<'_> {
+        let stack = self.stack[i];
+        Entry {
+            action: self.action[i],
+            addr: self.addr[i],
+            size: self.size[i],
+            stream: self.stream[i],
+            time_us: self.has_time(i).then(|| self.time_us[i]),
+            frames: &self.stacks[stack as usize],
+            category: self.category[i],
+            extra: &self.extras[self.extra[i] as usize],
+            stack,
+        }
+    }
+
+    pub fn get(&self, i: usize) -> Option<Entry<'_>> {
+        (i < self.len()).then(|| self.at(i))
+    }
+
+    pub fn first(&self) -> Option<Entry<'_>> {
+        self.get(0)
+    }
+
+    pub fn last(&self) -> Option<Entry<'_>> {
+        self.len().checked_sub(1).map(|i| self.at(i))
+    }
+
+    pub fn iter(&self) -> Iter<'_> {
+        self.range(0..self.len())
+    }
+
+    /// The entries of `range`, in order; panics if it reaches past the end, as slicing does.
+    pub fn range(&self, range: impl std::ops::RangeBounds<usize>) -> Iter<'_> {
+        use std::ops::Bound;
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i + 1,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i + 1,
+            Bound::Excluded(&i) => i,
+            Bound::Unbounded => self.len(),
+        };
+        let range = start..end;
+        assert!(range.start <= range.end && range.end <= self.len(), "entries {range:?} of a trace of {}", self.len());
+        Iter { trace: self, range }
+    }
+
+    /// The first position whose entry `before` is false for, in a trace where it is true of a
+    /// first part and false of the rest (as `slice::partition_point`).
+    pub fn partition_point(&self, mut before: impl FnMut(Entry<'_>) -> bool) -> usize {
+        let (mut low, mut high) = (0, self.len());
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if before(self.at(mid)) {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        low
+    }
+
+    /// Every entry's action, for scans that need nothing else.
+    pub fn actions(&self) -> &[Action] {
+        &self.action
+    }
+
+    /// Every entry's size.
+    pub fn sizes(&self) -> &[u64] {
+        &self.size
+    }
+
+    /// The table of stacks the entries' `stack` ids name (0: none).
+    pub fn stacks(&self) -> &[Option<Frames>] {
+        &self.stacks
+    }
+
+    fn has_time(&self, i: usize) -> bool {
+        self.timed[i / 64] >> (i % 64) & 1 == 1
+    }
+
+    /// The id of `frames` in this trace's table, adding it if it is new. Lists are told apart by
+    /// address: entries that share one list share one id.
+    pub fn intern_stack(&mut self, frames: &Option<Frames>) -> StackId {
+        if self.stacks.is_empty() {
+            self.stacks.push(None);
+        }
+        let Some(list) = frames else { return 0 };
+        let key = (list.as_ptr() as usize, list.len());
+        let next = self.stacks.len();
+        *self.stack_ids.entry(key).or_insert_with(|| {
+            self.stacks.push(Some(list.clone()));
+            StackId::try_from(next).expect("fewer distinct stacks than entries")
+        })
+    }
+
+    fn intern_extra(&mut self, extra: &Option<Arc<EntryExtra>>) -> u32 {
+        if self.extras.is_empty() {
+            self.extras.push(None);
+        }
+        let Some(shared) = extra else { return 0 };
+        let next = self.extras.len();
+        *self.extra_ids.entry(Arc::as_ptr(shared) as usize).or_insert_with(|| {
+            self.extras.push(Some(shared.clone()));
+            u32::try_from(next).expect("fewer distinct extras than entries")
+        })
+    }
+
+    pub fn push(&mut self, entry: TraceEntry) {
+        let stack = self.intern_stack(&entry.frames);
+        self.push_with_stack(entry, stack);
+    }
+
+    /// Pushes `entry` whose frames the caller interned already as `stack` (its `frames` are
+    /// not read).
+    pub fn push_with_stack(&mut self, entry: TraceEntry, stack: StackId) {
+        let extra = self.intern_extra(&entry.extra);
+        let i = self.len();
+        if i.is_multiple_of(64) {
+            self.timed.push(0);
+        }
+        if let Some(time) = entry.time_us {
+            self.timed[i / 64] |= 1 << (i % 64);
+            self.time_us.push(time);
+        } else {
+            self.time_us.push(0);
+        }
+        self.action.push(entry.action);
+        self.addr.push(entry.addr);
+        self.size.push(entry.size);
+        self.stream.push(entry.stream);
+        self.category.push(entry.category);
+        self.stack.push(stack);
+        self.extra.push(extra);
+    }
+
+    /// Keeps the first `len` entries (the tables keep every value they hold).
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len() {
+            return;
+        }
+        self.action.truncate(len);
+        self.addr.truncate(len);
+        self.size.truncate(len);
+        self.stream.truncate(len);
+        self.time_us.truncate(len);
+        self.timed.truncate(len.div_ceil(64));
+        if !len.is_multiple_of(64) {
+            self.timed[len / 64] &= (1 << (len % 64)) - 1;
+        }
+        self.category.truncate(len);
+        self.stack.truncate(len);
+        self.extra.truncate(len);
+    }
+
+    pub fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Removes the last entry.
+    pub fn pop(&mut self) -> Option<TraceEntry> {
+        let last = self.last()?.owned();
+        self.truncate(self.len() - 1);
+        Some(last)
+    }
+
+    /// Every entry as a row of its own.
+    pub fn to_vec(&self) -> Vec<TraceEntry> {
+        self.iter().map(|e| e.owned()).collect()
+    }
+
+    /// Keeps the entries `keep` is true of.
+    pub fn retain(&mut self, mut keep: impl FnMut(Entry<'_>) -> bool) {
+        *self = self.iter().filter(|&e| keep(e)).map(|e| e.owned()).collect();
+    }
+
+    /// Edits every entry as a row (the trace is built anew).
+    pub fn edit(&mut self, mut edit: impl FnMut(&mut TraceEntry)) {
+        *self = self
+            .iter()
+            .map(|e| {
+                let mut row = e.owned();
+                edit(&mut row);
+                row
+            })
+            .collect();
+    }
+
+    /// Room for `more` entries without growing a column.
+    pub fn reserve(&mut self, more: usize) {
+        self.action.reserve(more);
+        self.addr.reserve(more);
+        self.size.reserve(more);
+        self.stream.reserve(more);
+        self.time_us.reserve(more);
+        self.timed.reserve(more.div_ceil(64));
+        self.category.reserve(more);
+        self.stack.reserve(more);
+        self.extra.reserve(more);
+    }
+
+    /// Bytes the columns and the interning hold (the stacks' frames are not counted: entries
+    /// only share them).
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.action.capacity() * size_of::<Action>()
+            + (self.addr.capacity() + self.size.capacity() + self.stream.capacity() + self.time_us.capacity() + self.timed.capacity()) * 8
+            + self.category.capacity() * size_of::<Option<Category>>()
+            + (self.stack.capacity() + self.extra.capacity()) * 4
+            + (self.stacks.capacity() + self.extras.capacity()) * size_of::<Option<Frames>>()
+            + (self.stack_ids.capacity() + self.extra_ids.capacity()) * 24
+    }
+
+    /// Drops the lookups that only pushing needs, and the columns' room to grow.
+    pub fn shrink_to_fit(&mut self) {
+        self.stack_ids = FxHashMap::default();
+        self.extra_ids = FxHashMap::default();
+        self.action.shrink_to_fit();
+        self.addr.shrink_to_fit();
+        self.size.shrink_to_fit();
+        self.stream.shrink_to_fit();
+        self.time_us.shrink_to_fit();
+        self.timed.shrink_to_fit();
+        self.category.shrink_to_fit();
+        self.stack.shrink_to_fit();
+        self.extra.shrink_to_fit();
+    }
+}
+
+/// Entries of a trace, in order.
+#[derive(Clone)]
+pub struct Iter<'a> {
+    trace: &'a Trace,
+    range: std::ops::Range<usize>,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = Entry<'a>;
+
+    fn next(&mut self) -> Option<Entry<'a>> {
+        self.range.next().map(|i| self.trace.at(i))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.range.size_hint()
+    }
+
+    fn nth(&mut self, n: usize) -> Option<Entry<'a>> {
+        self.range.nth(n).map(|i| self.trace.at(i))
+    }
+}
+
+impl DoubleEndedIterator for Iter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.range.next_back().map(|i| self.trace.at(i))
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+impl<'a> IntoIterator for &'a Trace {
+    type Item = Entry<'a>;
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}
+
+impl FromIterator<TraceEntry> for Trace {
+    fn from_iter<I: IntoIterator<Item = TraceEntry>>(entries: I) -> Trace {
+        let mut trace = Trace::new();
+        trace.extend(entries);
+        trace
+    }
+}
+
+impl Extend<TraceEntry> for Trace {
+    fn extend<I: IntoIterator<Item = TraceEntry>>(&mut self, entries: I) {
+        let entries = entries.into_iter();
+        self.reserve(entries.size_hint().0);
+        for entry in entries {
+            self.push(entry);
+        }
+    }
+}
+
+impl From<Vec<TraceEntry>> for Trace {
+    fn from(entries: Vec<TraceEntry>) -> Trace {
+        entries.into_iter().collect()
+    }
+}
+
+impl<const N: usize> From<[TraceEntry; N]> for Trace {
+    fn from(entries: [TraceEntry; N]) -> Trace {
+        entries.into_iter().collect()
+    }
+}
+
+/// Equal entries in the same order, however the tables were filled.
+impl PartialEq for Trace {
+    fn eq(&self, other: &Trace) -> bool {
+        self.len() == other.len() && self.iter().zip(other).all(|(a, b)| Entry { stack: 0, ..a } == Entry { stack: 0, ..b })
+    }
+}
+
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// As the list of entries PyTorch writes.
+impl Serialize for Trace {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::Frame;
+
+    fn frames(name: &str) -> Frames {
+        Arc::from(vec![Frame { filename: "f.py".into(), line: 1, name: name.into() }])
+    }
+
+    #[test]
+    fn entries_read_back_as_pushed() {
+        let a = frames("a");
+        let extra = Arc::new(EntryExtra { device_free: Some(7), ..Default::default() });
+        let rows: Vec<TraceEntry> = (0..200u64)
+            .map(|i| TraceEntry {
+                time_us: (i % 3 != 0).then_some(i as i64 * 10),
+                frames: (i % 2 == 0).then(|| a.clone()),
+                category: (i % 5 == 0).then_some(Category::Activation),
+                extra: (i == 150).then(|| extra.clone()),
+                ..TraceEntry::new(Action::ALL[i as usize % 10], i * 512, i + 1, i as i64 % 2)
+            })
+            .collect();
+        let trace = Trace::from(rows.clone());
+        assert_eq!(trace.len(), 200);
+        assert_eq!(trace.iter().map(|e| e.owned()).collect::<Vec<_>>(), rows);
+        assert_eq!(trace.iter().rev().map(|e| e.owned()).collect::<Vec<_>>(), rows.iter().rev().cloned().collect::<Vec<_>>());
+        // One list of frames and one set of rare keys, each stored once.
+        assert_eq!(trace.stacks().len(), 2);
+        assert_eq!(trace.at(0).stack, trace.at(198).stack);
+        assert_eq!(trace.at(150).device_free(), Some(7));
+        assert_eq!(trace.range(190..200).len(), 10);
+        let mut cut = trace.clone();
+        cut.truncate(130);
+        assert_eq!(cut.iter().map(|e| e.owned()).collect::<Vec<_>>(), rows[..130]);
+        cut.push(rows[131].clone());
+        assert_eq!(cut.last().map(|e| e.owned()), Some(rows[131].clone()));
+        assert_eq!(cut.at(130).time_us, rows[131].time_us);
+        // Serialized as the rows are.
+        assert_eq!(serde_json::to_string(&trace).unwrap(), serde_json::to_string(&rows).unwrap());
+    }
+
+    #[test]
+    fn equal_entries_are_equal_traces_however_interned() {
+        let rows = vec![TraceEntry { frames: Some(frames("a")), ..TraceEntry::new(Action::Alloc, 0, 1, 0) }, TraceEntry::new(Action::Alloc, 0, 1, 0)];
+        let forward = Trace::from(rows.clone());
+        let mut backward = Trace::new();
+        backward.intern_stack(&None);
+        let b = frames("b");
+        backward.intern_stack(&Some(b));
+        backward.extend(rows);
+        assert_eq!(forward, backward);
+        assert_ne!(forward.at(0).stack, backward.at(0).stack);
+    }
+}
