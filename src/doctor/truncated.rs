@@ -49,7 +49,7 @@ pub(super) fn find(p: &Patient) -> Option<Finding> {
         .to_string();
     // PyTorch 2.0 and 2.1 wrote files without times or settings, and took the size under an
     // older keyword (later versions read it too).
-    let old = p.snapshot.allocator_settings.is_none() && p.snapshot.trace_of(p.device).iter().all(|e| e.time_us.is_none());
+    let old = p.snapshot.allocator_settings.is_none() && p.snapshot.trace_of(p.device).times().all(|t| t.is_none());
     let call = if old {
         format!(
             "torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries={suggested}, trace_alloc_record_context=True) \

@@ -407,9 +407,8 @@ fn ratio(a: usize, b: usize) -> f64 {
 
 /// What the trace alone shows: segment events and peaks, from the reconstructed start. Allocated
 /// bytes here are requested sizes (as MemoryViz's timeline draws them), counted as the page's
-/// curves count them ([`trace::running_totals`]).
-/// One pass over the trace (64 bytes an entry): a 4 M entry trace's two passes took a tenth of
-/// each replay.
+/// curves count them ([`Totals::apply`]).
+/// One pass over the trace: a 4 M entry trace's two passes took a tenth of each replay.
 fn recorded_figures(trace: &Trace, start: Totals) -> Figures {
     let mut at = start;
     let mut f = Figures { peak_reserved_bytes: at.reserved, peak_allocated_bytes: at.allocated, ..Figures::default() };

@@ -16,7 +16,7 @@ mod stacking;
 
 use crate::pytorch::{group_name, module_scope};
 use crate::replay::{self, StartState, recorded_config, start_state};
-use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot, Totals, Trace, running_totals};
+use crate::trace::{Action, BlockState, Category, Frame, Frames, Snapshot, Totals, Trace};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
@@ -416,17 +416,28 @@ pub struct CurvePoint {
 }
 
 /// The curves at every position of `trace` (`trace.len() + 1` points), from the state at its
-/// start: the running sums `tensormem replay` counts as recorded ([`running_totals`]). Position 0
+/// start: the running sums `tensormem replay` counts as recorded ([`Totals::apply`]). Position 0
 /// takes the first time in the trace.
 pub fn curves(trace: &Trace, start_allocated: u64, start_reserved: u64) -> impl Iterator<Item = CurvePoint> + '_ {
-    let first_time = trace.iter().find_map(|e| e.time_us);
-    let times = std::iter::once(first_time).chain(trace.iter().map(|e| e.time_us));
-    let start = Totals { allocated: start_allocated, reserved: start_reserved };
-    running_totals(trace, start).zip(times).map(|(at, time)| CurvePoint {
-        allocated: at.allocated,
-        reserved: at.reserved,
-        time_us: time.map_or(f64::NAN, |t| t as f64),
-    })
+    let first_time = trace.times().flatten().next();
+    let (actions, sizes) = (trace.actions(), trace.sizes());
+    let mut at = Totals { allocated: start_allocated, reserved: start_reserved };
+    // One index over the columns (not iterators zipped: in wasm their `next` stayed a call per
+    // point, a tenth of the first image's layout). The running totals make the points valid in
+    // order only: read them front to back.
+    (0..trace.len() + 1).map(
+        #[inline(always)]
+        move |x| {
+            let time = match x.checked_sub(1) {
+                None => first_time,
+                Some(i) => {
+                    at.apply(actions[i], sizes[i]);
+                    trace.time_at(i)
+                }
+            };
+            CurvePoint { allocated: at.allocated, reserved: at.reserved, time_us: time.map_or(f64::NAN, |t| t as f64) }
+        },
+    )
 }
 
 fn build_with(snapshot: &Snapshot, device: i64, keep_curves: bool, bands: Bands, known: Option<&replay::KnownStart>) -> Result<Timeline, replay::ReplayError> {
@@ -551,7 +562,7 @@ impl Builder {
     }
 
     /// Walks the curves, keeping them if asked: the peaks (counted as `tensormem replay` counts
-    /// them as recorded, by the same [`running_totals`]) and the first position at the allocated
+    /// them as recorded, by the same [`Totals::apply`]) and the first position at the allocated
     /// peak.
     fn lay_curves(&mut self, trace: &Trace, start: Totals, keep: bool) -> CurveFacts {
         let mut facts = CurveFacts { peak: start, peak_x: 0, last: start, has_time: false };

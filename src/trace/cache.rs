@@ -301,11 +301,12 @@ impl<'s> Encoder<'s> {
                 e.intern_frames(&b.frames);
             }
         }
-        for entry in snapshot.device_traces.iter().flatten() {
-            if let Some(f) = &entry.frames {
+        // Each trace's tables hold its distinct stacks and rarer keys: no entry is read here.
+        for trace in &snapshot.device_traces {
+            for f in trace.stacks().iter().flatten() {
                 e.intern_frames(f);
             }
-            if let Some(x) = &entry.extra {
+            for x in trace.extras().iter().flatten() {
                 let id = Arc::as_ptr(x);
                 if !e.extras.contains_key(&id) {
                     e.extras.insert(id, e.extra_list.len() as u32);
@@ -381,6 +382,8 @@ impl<'s> Encoder<'s> {
         w.varint(snapshot.device_traces.len() as u64);
         for trace in &snapshot.device_traces {
             w.varint(trace.len() as u64);
+            // The kept list of each stack in the trace's table, by its id.
+            let stack_lists: Vec<u64> = trace.stacks().iter().map(|f| f.as_ref().map_or(0, |f| self.frames_id(f))).collect();
             let mut last_time = 0i64;
             for (i, e) in trace.iter().enumerate() {
                 let flags = e.action as u8
@@ -396,8 +399,8 @@ impl<'s> Encoder<'s> {
                     w.signed(t.wrapping_sub(last_time));
                     last_time = t;
                 }
-                if let Some(f) = &e.frames {
-                    w.varint(self.frames_id(f));
+                if e.frames.is_some() {
+                    w.varint(stack_lists[e.stack as usize]);
                 }
                 if let Some(c) = e.category {
                     w.byte(c as u8);

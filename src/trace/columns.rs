@@ -16,7 +16,7 @@ use std::sync::Arc;
 pub type StackId = u32;
 
 /// One device's trace ring buffer, oldest entry first.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Trace {
     action: Vec<Action>,
     addr: Vec<u64>,
@@ -37,8 +37,9 @@ pub struct Trace {
     extra_ids: FxHashMap<usize, u32>,
 }
 
-/// One entry of a [`Trace`], read from its columns.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// One entry of a [`Trace`], read from its columns. Two entries are equal when their keys are
+/// (their `stack` ids, which only name a row of their own trace's table, are not compared).
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct Entry<'a> {
     pub action: Action,
     /// Address; 0 for `snapshot`. PyTorch omits it for `oom`, where `device_free` stands instead.
@@ -57,6 +58,13 @@ pub struct Entry<'a> {
     /// The entry's stack in its trace's table: entries with equal ids have the same frames.
     #[serde(skip)]
     pub stack: StackId,
+}
+
+impl PartialEq for Entry<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.action, self.addr, self.size, self.stream, self.time_us, self.frames, self.category, self.extra)
+            == (other.action, other.addr, other.size, other.stream, other.time_us, other.frames, other.category, other.extra)
+    }
 }
 
 fn is_none<T>(value: &&Option<T>) -> bool {
@@ -97,26 +105,29 @@ impl<'a> Entry<'a> {
     }
 }
 
-impl TraceEntry {
-    /// The row read as an entry of a trace would be (its stack id is 0: it is in no table).
-    pub fn view(&self) -> Entry<'_> {
-        Entry {
-            action: self.action,
-            addr: self.addr,
-            size: self.size,
-            stream: self.stream,
-            time_us: self.time_us,
-            frames: &self.frames,
-            category: self.category,
-            extra: &self.extra,
-            stack: 0,
-        }
+impl Default for Trace {
+    fn default() -> Trace {
+        Trace::new()
     }
 }
 
 impl Trace {
     pub fn new() -> Trace {
-        Trace { stacks: vec![None], extras: vec![None], ..Default::default() }
+        Trace {
+            action: Vec::new(),
+            addr: Vec::new(),
+            size: Vec::new(),
+            stream: Vec::new(),
+            time_us: Vec::new(),
+            timed: Vec::new(),
+            category: Vec::new(),
+            stack: Vec::new(),
+            extra: Vec::new(),
+            stacks: vec![None],
+            extras: vec![None],
+            stack_ids: FxHashMap::default(),
+            extra_ids: FxHashMap::default(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -128,18 +139,30 @@ impl Trace {
     }
 
     /// Entry `i`; panics past the end, as indexing a slice does.
+    #[inline]
     pub fn at(&self, i: usize) -> Entry<'_> {
-        let stack = self.stack[i];
-        Entry {
-            action: self.action[i],
-            addr: self.addr[i],
-            size: self.size[i],
-            stream: self.stream[i],
-            time_us: self.has_time(i).then(|| self.time_us[i]),
-            frames: &self.stacks[stack as usize],
-            category: self.category[i],
-            extra: &self.extras[self.extra[i] as usize],
-            stack,
+        assert!(i < self.len(), "entry {i} of a trace of {}", self.len());
+        // SAFETY: every column holds `len()` values and `timed` a bit for each: `push_with_stack`
+        // grows them together (`action`, which `len()` reads, last) and `truncate` cuts them
+        // together; `retain`, `edit` and the constructors build a trace by pushing, `reserve`
+        // and `shrink_to_fit` change capacities only. Every id in `stack` and `extra` names a row
+        // of its table: tables start with row 0 (`new`), only grow, and `push_with_stack`
+        // checks the stack id it is given and interns the extra itself. One check instead of one per column lets a reader that uses
+        // two keys load only those two (in wasm, checking each made reads a third slower).
+        unsafe {
+            let stack = *self.stack.get_unchecked(i);
+            let timed = *self.timed.get_unchecked(i / 64) >> (i % 64) & 1 == 1;
+            Entry {
+                action: *self.action.get_unchecked(i),
+                addr: *self.addr.get_unchecked(i),
+                size: *self.size.get_unchecked(i),
+                stream: *self.stream.get_unchecked(i),
+                time_us: timed.then(|| *self.time_us.get_unchecked(i)),
+                frames: self.stacks.get_unchecked(stack as usize),
+                category: *self.category.get_unchecked(i),
+                extra: self.extras.get_unchecked(*self.extra.get_unchecked(i) as usize),
+                stack,
+            }
         }
     }
 
@@ -164,11 +187,11 @@ impl Trace {
         use std::ops::Bound;
         let start = match range.start_bound() {
             Bound::Included(&i) => i,
-            Bound::Excluded(&i) => i + 1,
+            Bound::Excluded(&i) => i.checked_add(1).expect("a range of entries starting past usize::MAX"),
             Bound::Unbounded => 0,
         };
         let end = match range.end_bound() {
-            Bound::Included(&i) => i + 1,
+            Bound::Included(&i) => i.checked_add(1).expect("a range of entries ending past usize::MAX"),
             Bound::Excluded(&i) => i,
             Bound::Unbounded => self.len(),
         };
@@ -192,6 +215,19 @@ impl Trace {
         low
     }
 
+    /// Every entry's `time_us`, in order: the one column and its presence bits, for scans that
+    /// need nothing else.
+    pub fn times(&self) -> impl DoubleEndedIterator<Item = Option<i64>> + ExactSizeIterator + Clone + '_ {
+        (0..self.len()).map(|i| self.time_at(i))
+    }
+
+    /// Entry `i`'s `time_us` alone.
+    #[inline]
+    pub fn time_at(&self, i: usize) -> Option<i64> {
+        let time = self.time_us[i];
+        (self.timed[i / 64] >> (i % 64) & 1 == 1).then_some(time)
+    }
+
     /// Every entry's action, for scans that need nothing else.
     pub fn actions(&self) -> &[Action] {
         &self.action
@@ -207,34 +243,30 @@ impl Trace {
         &self.stacks
     }
 
-    fn has_time(&self, i: usize) -> bool {
-        self.timed[i / 64] >> (i % 64) & 1 == 1
+    /// The table of the rarer keys' sets the entries share (entry 0: none).
+    pub fn extras(&self) -> &[Option<Arc<EntryExtra>>] {
+        &self.extras
     }
 
     /// The id of `frames` in this trace's table, adding it if it is new. Lists are told apart by
     /// address: entries that share one list share one id.
     pub fn intern_stack(&mut self, frames: &Option<Frames>) -> StackId {
-        if self.stacks.is_empty() {
-            self.stacks.push(None);
-        }
         let Some(list) = frames else { return 0 };
         let key = (list.as_ptr() as usize, list.len());
         let next = self.stacks.len();
         *self.stack_ids.entry(key).or_insert_with(|| {
             self.stacks.push(Some(list.clone()));
-            StackId::try_from(next).expect("fewer distinct stacks than entries")
+            StackId::try_from(next).expect("at most u32::MAX distinct stacks")
         })
     }
 
+    #[inline]
     fn intern_extra(&mut self, extra: &Option<Arc<EntryExtra>>) -> u32 {
-        if self.extras.is_empty() {
-            self.extras.push(None);
-        }
         let Some(shared) = extra else { return 0 };
         let next = self.extras.len();
         *self.extra_ids.entry(Arc::as_ptr(shared) as usize).or_insert_with(|| {
             self.extras.push(Some(shared.clone()));
-            u32::try_from(next).expect("fewer distinct extras than entries")
+            u32::try_from(next).expect("at most u32::MAX distinct sets of rarer keys")
         })
     }
 
@@ -245,7 +277,9 @@ impl Trace {
 
     /// Pushes `entry` whose frames the caller interned already as `stack` (its `frames` are
     /// not read).
+    #[inline]
     pub fn push_with_stack(&mut self, entry: TraceEntry, stack: StackId) {
+        assert!((stack as usize) < self.stacks.len(), "stack {stack} is not in this trace's table of {}", self.stacks.len());
         let extra = self.intern_extra(&entry.extra);
         let i = self.len();
         if i.is_multiple_of(64) {
@@ -257,13 +291,14 @@ impl Trace {
         } else {
             self.time_us.push(0);
         }
-        self.action.push(entry.action);
         self.addr.push(entry.addr);
         self.size.push(entry.size);
         self.stream.push(entry.stream);
         self.category.push(entry.category);
         self.stack.push(stack);
         self.extra.push(extra);
+        // Last: `len()` reads this column (see `at`).
+        self.action.push(entry.action);
     }
 
     /// Keeps the first `len` entries (the tables keep every value they hold).
@@ -271,18 +306,13 @@ impl Trace {
         if len >= self.len() {
             return;
         }
-        self.action.truncate(len);
-        self.addr.truncate(len);
-        self.size.truncate(len);
-        self.stream.truncate(len);
-        self.time_us.truncate(len);
+        for column in self.columns_mut() {
+            column.truncate_to(len);
+        }
         self.timed.truncate(len.div_ceil(64));
         if !len.is_multiple_of(64) {
             self.timed[len / 64] &= (1 << (len % 64)) - 1;
         }
-        self.category.truncate(len);
-        self.stack.truncate(len);
-        self.extra.truncate(len);
     }
 
     pub fn clear(&mut self) {
@@ -320,42 +350,71 @@ impl Trace {
 
     /// Room for `more` entries without growing a column.
     pub fn reserve(&mut self, more: usize) {
-        self.action.reserve(more);
-        self.addr.reserve(more);
-        self.size.reserve(more);
-        self.stream.reserve(more);
-        self.time_us.reserve(more);
+        for column in self.columns_mut() {
+            column.reserve_more(more);
+        }
         self.timed.reserve(more.div_ceil(64));
-        self.category.reserve(more);
-        self.stack.reserve(more);
-        self.extra.reserve(more);
     }
 
     /// Bytes the columns and the interning hold (the stacks' frames are not counted: entries
     /// only share them).
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        self.action.capacity() * size_of::<Action>()
-            + (self.addr.capacity() + self.size.capacity() + self.stream.capacity() + self.time_us.capacity() + self.timed.capacity()) * 8
-            + self.category.capacity() * size_of::<Option<Category>>()
-            + (self.stack.capacity() + self.extra.capacity()) * 4
-            + (self.stacks.capacity() + self.extras.capacity()) * size_of::<Option<Frames>>()
-            + (self.stack_ids.capacity() + self.extra_ids.capacity()) * 24
+        let columns: usize = self.columns().iter().map(|c| c.bytes_held()).sum();
+        columns
+            + self.timed.capacity() * 8
+            + self.stacks.capacity() * size_of::<Option<Frames>>()
+            + self.extras.capacity() * size_of::<Option<Arc<EntryExtra>>>()
+            + self.stack_ids.capacity() * size_of::<((usize, usize), StackId)>()
+            + self.extra_ids.capacity() * size_of::<(usize, u32)>()
     }
 
-    /// Drops the lookups that only pushing needs, and the columns' room to grow.
+    /// Drops the lookups that only pushing needs, and the columns' room to grow. (Pushing
+    /// afterwards still works: a stack pushed again gets a row of its own.)
     pub fn shrink_to_fit(&mut self) {
         self.stack_ids = FxHashMap::default();
         self.extra_ids = FxHashMap::default();
-        self.action.shrink_to_fit();
-        self.addr.shrink_to_fit();
-        self.size.shrink_to_fit();
-        self.stream.shrink_to_fit();
-        self.time_us.shrink_to_fit();
+        for column in self.columns_mut() {
+            column.shrink();
+        }
         self.timed.shrink_to_fit();
-        self.category.shrink_to_fit();
-        self.stack.shrink_to_fit();
-        self.extra.shrink_to_fit();
+        self.stacks.shrink_to_fit();
+        self.extras.shrink_to_fit();
+    }
+
+    /// The columns with one value per entry.
+    fn columns(&self) -> [&dyn Column; 8] {
+        [&self.action, &self.addr, &self.size, &self.stream, &self.time_us, &self.category, &self.stack, &self.extra]
+    }
+
+    fn columns_mut(&mut self) -> [&mut dyn Column; 8] {
+        [&mut self.action, &mut self.addr, &mut self.size, &mut self.stream, &mut self.time_us, &mut self.category, &mut self.stack, &mut self.extra]
+    }
+}
+
+/// What `Trace` does to each of its columns alike.
+trait Column {
+    fn truncate_to(&mut self, len: usize);
+    fn reserve_more(&mut self, more: usize);
+    fn shrink(&mut self);
+    fn bytes_held(&self) -> usize;
+}
+
+impl<T> Column for Vec<T> {
+    fn truncate_to(&mut self, len: usize) {
+        self.truncate(len);
+    }
+
+    fn reserve_more(&mut self, more: usize) {
+        self.reserve(more);
+    }
+
+    fn shrink(&mut self) {
+        self.shrink_to_fit();
+    }
+
+    fn bytes_held(&self) -> usize {
+        self.capacity() * std::mem::size_of::<T>()
     }
 }
 
@@ -369,20 +428,24 @@ pub struct Iter<'a> {
 impl<'a> Iterator for Iter<'a> {
     type Item = Entry<'a>;
 
+    #[inline]
     fn next(&mut self) -> Option<Entry<'a>> {
         self.range.next().map(|i| self.trace.at(i))
     }
 
+    #[inline]
     fn size_hint(&self) -> (usize, Option<usize>) {
         self.range.size_hint()
     }
 
+    #[inline]
     fn nth(&mut self, n: usize) -> Option<Entry<'a>> {
         self.range.nth(n).map(|i| self.trace.at(i))
     }
 }
 
 impl DoubleEndedIterator for Iter<'_> {
+    #[inline]
     fn next_back(&mut self) -> Option<Self::Item> {
         self.range.next_back().map(|i| self.trace.at(i))
     }
@@ -432,7 +495,7 @@ impl<const N: usize> From<[TraceEntry; N]> for Trace {
 /// Equal entries in the same order, however the tables were filled.
 impl PartialEq for Trace {
     fn eq(&self, other: &Trace) -> bool {
-        self.len() == other.len() && self.iter().zip(other).all(|(a, b)| Entry { stack: 0, ..a } == Entry { stack: 0, ..b })
+        self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
@@ -491,8 +554,34 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_costs_42_bytes_and_a_stack_is_kept_once() {
+        let a = frames("a");
+        let mut trace: Trace = (0..10_000u64).map(|i| TraceEntry { frames: Some(a.clone()), ..TraceEntry::new(Action::Alloc, i, i, 0) }).collect();
+        trace.shrink_to_fit();
+        let per_entry = 1 + 8 + 8 + 8 + 8 + 1 + 4 + 4;
+        assert_eq!(per_entry, 42);
+        // The columns, the presence bits of the times, a table of two stacks (none, and `a`)
+        // and one of rarer keys (none).
+        assert_eq!(trace.heap_bytes(), 10_000 * per_entry + 10_000usize.div_ceil(64) * 8 + 2 * 16 + 8);
+        assert!(std::mem::size_of::<TraceEntry>() >= 56, "a row is larger: {}", std::mem::size_of::<TraceEntry>());
+    }
+
+    #[test]
+    #[should_panic(expected = "is not in this trace's table")]
+    fn a_stack_id_the_trace_never_made_is_refused() {
+        Trace::new().push_with_stack(TraceEntry::new(Action::Alloc, 0, 1, 0), 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "entry 3 of a trace of 3")]
+    fn reading_past_the_end_panics() {
+        Trace::from(vec![TraceEntry::new(Action::Alloc, 0, 1, 0); 3]).at(3);
+    }
+
+    #[test]
     fn equal_entries_are_equal_traces_however_interned() {
         let rows = vec![TraceEntry { frames: Some(frames("a")), ..TraceEntry::new(Action::Alloc, 0, 1, 0) }, TraceEntry::new(Action::Alloc, 0, 1, 0)];
+        assert!(Trace::new().range(..).next().is_none() && Trace::default().stacks().len() == 1);
         let forward = Trace::from(rows.clone());
         let mut backward = Trace::new();
         backward.intern_stack(&None);

@@ -106,9 +106,9 @@ impl Caches {
 }
 
 /// Decodes trace entries while the pickle is parsed (`pickle::Compact`): each entry dict becomes a
-/// `TraceEntry` as soon as it is appended to its list, and its nodes are freed, so a 1 M entry
-/// snapshot never exists as a node tree (peak heap while loading one: 296 MB before, 221 MB
-/// now, of which 107 MB are the entries themselves; `examples/load_memory.rs` measures it).
+/// `TraceEntry` as soon as it is appended to its list, pushed onto that list's columns, and its
+/// nodes are freed, so a 1 M entry snapshot never exists as a node tree
+/// (`examples/load_memory.rs` measures the peak heap while loading one).
 #[derive(Default)]
 pub struct EntryCompactor {
     caches: Caches,
@@ -696,6 +696,7 @@ impl<'a> Decoder<'a> {
                         false => self.entry_node(e, &p)?,
                     });
                 }
+                trace.shrink_to_fit();
                 device_traces.push(trace);
             }
         }

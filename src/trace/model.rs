@@ -417,8 +417,8 @@ impl Snapshot {
 mod tests {
     use super::*;
 
-    /// The page holds a million entries: 56 bytes each on wasm32 (72 natively), where the rarer
-    /// keys inline made 88.
+    /// A row, as recorders, decoders and edits make them: 56 bytes on wasm32 (72 natively),
+    /// where the rarer keys inline made 88. (A trace keeps its entries in 42 bytes of columns.)
     #[test]
     fn a_trace_entry_stays_small() {
         let expected = if cfg!(target_pointer_width = "64") { 72 } else { 56 };
