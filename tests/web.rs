@@ -32,7 +32,7 @@ fn the_sim_device_runs_in_the_browser() {
 async fn gpu_entries_carry_the_browsers_wall_time() {
     let dev = gpu().await;
     let _x = dev.ones(&[16], DType::F32).unwrap();
-    let t = dev.snapshot().device_traces[0][0].time_us.unwrap();
+    let t = dev.snapshot().device_traces[0].at(0).time_us.unwrap();
     // Between 2024 and 2100: the browser's clock, in microseconds rather than milliseconds.
     assert!((1_704_067_200_000_000..4_102_444_800_000_000).contains(&t), "{t}");
 }
@@ -122,8 +122,8 @@ fn variable_batch_recorded_and_stripped() -> (tensormem::trace::Snapshot, tensor
     use tensormem::scenarios::{self, RunRequest};
     let run = scenarios::run(&RunRequest { scenario: "variable-batch".into(), ..Default::default() }).unwrap();
     let mut stripped = run.snapshot.clone();
-    for e in stripped.device_traces.iter_mut().flatten() {
-        e.category = None;
+    for t in &mut stripped.device_traces {
+        t.edit(|e| e.category = None);
     }
     (run.snapshot, stripped)
 }
@@ -181,9 +181,9 @@ fn the_page_colours_by_inferred_categories_and_opens_the_doctors_device() {
     // A second device whose trace records an out-of-memory error: the page opens on it.
     assert_eq!(loaded.default_device(), Some(0));
     let mut two = stripped.clone();
-    let mut oom = two.device_traces[0][0].clone();
+    let mut oom = two.device_traces[0].at(0).owned();
     (oom.action, oom.addr, oom.frames) = (Action::Oom, 0, None);
-    two.device_traces.push(vec![oom]);
+    two.device_traces.push(vec![oom].into());
     let two = LoadedTrace::parse(&to_pickle(&two)).unwrap();
     assert_eq!(two.devices(), vec![0, 1]);
     assert_eq!(two.default_device(), Some(1));
