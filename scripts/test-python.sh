@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package's tests (tests/python/): builds the wheel once (scripts/build-wheel.sh),
 # installs it into a fresh virtual environment, and compares its command and API with the
-# cargo-built command line.
+# cargo-built command line; then PyTorch's own reader of snapshots on the files tensormem writes
+# (tests/python/test_memory_viz.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheel=$(bash scripts/build-wheel.sh | tail -n 1)
@@ -16,6 +17,31 @@ venv=target/python-test-venv
 rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q "$wheel"
+# PyTorch's own reader of snapshots (torch/cuda/_memory_viz.py), one file out of the torch
+# wheel that tests/python/memory-viz-requirements.txt pins by hash; kept between runs.
+memory_viz=target/pytorch-memory-viz/_memory_viz.py
+if [ ! -f "$memory_viz" ]; then
+  echo "== fetching torch/cuda/_memory_viz.py from PyPI's torch wheel"
+  download=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: --platform macosx_11_0_arm64 \
+      --python-version 3.11 -r tests/python/memory-viz-requirements.txt -d "$download"; then
+    python3 - "$download" "$memory_viz" <<'PY'
+import glob, os, sys, zipfile
+(wheel,) = glob.glob(os.path.join(sys.argv[1], "torch-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    text = z.read("torch/cuda/_memory_viz.py")
+os.makedirs(os.path.dirname(sys.argv[2]), exist_ok=True)
+with open(sys.argv[2] + ".part", "wb") as f:
+    f.write(text)
+os.replace(sys.argv[2] + ".part", sys.argv[2])
+PY
+  else
+    echo "could not fetch it: its tests are skipped (and fail under CI=true)" >&2
+  fi
+  rm -rf "$download"
+fi
 # Run from elsewhere, so that `import tensormem` finds the installed package, not python/.
 cd target
 TENSORMEM_CLI="$PWD/release/tensormem" "python-test-venv/bin/python" ../tests/python/test_package.py
+TENSORMEM_CLI="$PWD/release/tensormem" MEMORY_VIZ="$PWD/pytorch-memory-viz/_memory_viz.py" \
+  "python-test-venv/bin/python" ../tests/python/test_memory_viz.py

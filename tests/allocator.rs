@@ -433,6 +433,30 @@ fn snapshot_segments_describe_blocks_and_record_a_snapshot_entry() {
     assert_eq!((last.action, last.size), (Action::Snapshot, 3 * KIB));
 }
 
+/// PyTorch's `_snapshot()` takes each device's trace before its segments, and the segments
+/// record the `snapshot` entry: a file's trace shows earlier snapshots, never its own.
+#[test]
+fn a_snapshots_trace_ends_before_its_own_snapshot_entry() {
+    let mut a = allocator("");
+    a.record_memory_history(true, RecordContext::Alloc, 100);
+    let x = a.malloc(3 * KIB, 0, None).unwrap();
+    let first = a.snapshot();
+    let actions = |s: &tensormem::trace::Snapshot| s.trace_of(0).iter().map(|e| (e.action, e.size)).collect::<Vec<_>>();
+    assert_eq!(actions(&first), [(Action::SegmentAlloc, 2 * MIB), (Action::Alloc, 3 * KIB)]);
+    a.free_allocation(&x, None).unwrap();
+    let second = a.snapshot();
+    assert_eq!(
+        actions(&second),
+        [
+            (Action::SegmentAlloc, 2 * MIB),
+            (Action::Alloc, 3 * KIB),
+            (Action::Snapshot, 3 * KIB),
+            (Action::FreeRequested, 3 * KIB),
+            (Action::FreeCompleted, 3 * KIB)
+        ]
+    );
+}
+
 #[test]
 fn restore_rebuilds_a_recorded_state() {
     let mut a = allocator("");

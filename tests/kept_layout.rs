@@ -132,10 +132,12 @@ fn a_whole_layout_whose_indices_are_out_of_range_is_refused_without_panicking() 
 
 /// The hash of a fixture's kept layout, pinned with [`kept::VERSION`]: laying out otherwise makes
 /// this fail, so that the version is bumped and the page never shows a layout made by other code
-/// as the current one. When it fails on purpose, bump `VERSION` and put the new hash here.
+/// as the current one. When it fails on purpose, bump `VERSION` and put the new hash here. A
+/// change to the `oom` scenario's recording changes the hash without a new layout: then only the
+/// hash is pinned anew (a kept layout is found by its file's content, which changed with it).
 #[test]
 fn kept_layout_is_pinned() {
-    const PINNED: (u32, u64) = (3, 4231618373072578680);
+    const PINNED: (u32, u64) = (3, 7496149931498265554);
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/real/gpt-2.7b-forward.pickle");
     let snapshot = trace::load_file(&path).unwrap();
     let mut t = first_layout(&snapshot, 0);

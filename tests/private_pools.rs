@@ -565,7 +565,8 @@ fn a_private_pools_entries_name_it() {
 
 /// tensormem's own recordings of the graph scenarios, replayed: each entry that names a pool is
 /// allocated into it, and a cache flush that returns a pool's segments releases the pool first,
-/// so every decision and the final state are the recording's.
+/// so every decision and the final state are the recording's. Without the entries' pool ids
+/// (released PyTorch versions), the final segments' pools route the allocations made in them.
 #[test]
 fn recordings_that_capture_graphs_replay_decision_for_decision() {
     use tensormem::replay::{ReplayOptions, replay_device};
@@ -577,6 +578,22 @@ fn recordings_that_capture_graphs_replay_decision_for_decision() {
         assert_eq!((r.segment_alloc_match, r.address_match), (1.0, 1.0), "{scenario} {set:?}: {:?}", r.first_divergence);
         assert!(r.final_state_match, "{scenario} {set:?}: {:?}", r.first_divergence);
         assert!(r.first_divergence.is_none(), "{scenario} {set:?}: {:?}", r.first_divergence);
+
+        // As PyTorch 2.11 and earlier write it: the segments name their pools, the entries do
+        // not. The pools of the segments alive at the end route the allocations made in them.
+        let mut released = run.snapshot.clone();
+        let named = released.device_traces[0].iter().filter(|e| e.pool_id().is_some()).count();
+        assert!(named > 1000, "{scenario} {set:?}: {named} entries name a pool");
+        released.device_traces[0].edit(|e| {
+            if let Some(extra) = e.extra.as_mut() {
+                std::sync::Arc::make_mut(extra).pool_id = None;
+            }
+        });
+        assert!(released.device_traces[0].iter().all(|e| e.pool_id().is_none()));
+        let r = replay_device(&released, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
+        assert_eq!((r.segment_alloc_match, r.address_match), (1.0, 1.0), "{scenario} {set:?} without pool_id: {:?}", r.first_divergence);
+        assert!(r.final_state_match, "{scenario} {set:?} without pool_id: {:?}", r.first_divergence);
+        assert!(r.first_divergence.is_none(), "{scenario} {set:?} without pool_id: {:?}", r.first_divergence);
     }
 }
 

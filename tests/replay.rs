@@ -255,6 +255,64 @@ fn a_replayed_trace_can_be_saved_and_reloaded() {
     assert_eq!(again.trace_of(0).iter().filter(|e| e.action == Action::Alloc).count(), snap.trace_of(0).iter().filter(|e| e.action == Action::Alloc).count());
 }
 
+/// Where the program took a snapshot (`torch.cuda.memory_snapshot()`), the replayed trace marks
+/// it too, with the bytes active at that point of the replay; annotations are carried as written.
+#[test]
+fn a_replayed_trace_marks_the_programs_snapshots() {
+    let Some(path) = common::fixture("eor-nn-legacy-with-snapshots.pickle") else { return };
+    let snap = trace::load_file(&path).unwrap();
+    let options = ReplayOptions { keep_snapshot: true, ..Default::default() };
+    let r = replay_device(&snap, 0, &options, &mut |_, _| {}).unwrap();
+    let marks = |t: &trace::Trace| t.iter().enumerate().filter(|(_, e)| e.action == Action::Snapshot).map(|(i, e)| (i, e.size)).collect::<Vec<_>>();
+    let recorded = marks(snap.trace_of(0));
+    assert_eq!(recorded.len(), 9);
+    assert_eq!(marks(r.snapshot.as_ref().unwrap().trace_of(0)), recorded);
+    // Under other settings the marks stay where the program took them, with the replay's bytes.
+    let rounded = ReplayOptions { config: Some(AllocatorConfig::parse("roundup_power2_divisions:4").unwrap()), keep_snapshot: true, ..Default::default() };
+    let r = replay_device(&snap, 0, &rounded, &mut |_, _| {}).unwrap();
+    let ours = marks(r.snapshot.as_ref().unwrap().trace_of(0));
+    assert_eq!(ours.len(), 9);
+    assert!(ours.iter().zip(&recorded).all(|(o, r)| o.1 >= r.1), "{ours:?} {recorded:?}");
+}
+
+/// A replay that makes every decision of the recording writes its trace back: each entry's
+/// action, address, size, stream and stack (the free's own stack where PyTorch kept one), the
+/// program's snapshots included. Files with a recorded oom are left out: an unlimited card is
+/// not refused where the program was.
+#[test]
+fn an_exact_replay_writes_the_recorded_trace_back() {
+    let Some(dir) = common::fixtures_dir() else { return };
+    let mut files: Vec<_> =
+        std::fs::read_dir(&dir).unwrap().filter_map(|e| Some(e.ok()?.path())).filter(|p| p.extension().is_some_and(|x| x == "pickle")).collect();
+    files.sort();
+    let options = ReplayOptions { keep_snapshot: true, ..Default::default() };
+    let mut compared = 0;
+    for path in files {
+        let snap = trace::load_file(&path).unwrap();
+        for device in snap.devices() {
+            let recorded = snap.trace_of(device);
+            if recorded.iter().any(|e| e.action == Action::Oom) {
+                continue;
+            }
+            let r = replay_device(&snap, device, &options, &mut |_, _| {}).unwrap();
+            let replayed = r.snapshot.as_ref().unwrap();
+            let key = |e: trace::Entry| (e.action, e.addr, e.size, e.stream, e.frames.clone());
+            let ours: Vec<_> = replayed.trace_of(device).iter().map(key).collect();
+            let theirs: Vec<_> = recorded.iter().map(key).collect();
+            let first = ours.iter().zip(&theirs).position(|(a, b)| a != b);
+            assert!(
+                ours.len() == theirs.len() && first.is_none(),
+                "{} device {device}: {} entries against {}, first differing {first:?}",
+                path.display(),
+                ours.len(),
+                theirs.len()
+            );
+            compared += theirs.len();
+        }
+    }
+    assert!(compared > 50_000, "{compared} entries compared");
+}
+
 #[test]
 fn the_driver_address_model_reproduces_every_decision_of_every_recorded_trace() {
     // The caching allocator ranks equal free blocks by address, so where the driver puts each new

@@ -133,3 +133,46 @@ fn split_reductions_allocate_what_the_recorded_ones_did() {
     let image = h100.zeros(&[10, 3, 256, 256], DType::F32).unwrap();
     assert_eq!(ours(&h100, &|| image.mean(&[], false).unwrap())[1], (Action::Alloc, 960));
 }
+
+/// PyTorch names an allocation of no known category `unknown` (`_profile_to_snapshot`, behind
+/// `torch.cuda._memory_viz.profile_plot`), and MemoryViz, given any category, fails on a
+/// snapshot whose categories lack it (its `annotate_snapshot` pushes onto a misspelt list). So
+/// `unknown` reads as no category, and a trace with categories is written with `unknown` on its
+/// other allocations, in pickles and JSON alike; a trace with none is written with none.
+#[test]
+fn allocations_of_no_known_category_are_unknown() {
+    use tensormem::trace::{Category, Snapshot, Trace, TraceEntry};
+    let text = br#"{"segments": [], "device_traces": [[
+        {"action": "alloc", "addr": 0, "size": 512, "stream": 0, "category": "unknown"},
+        {"action": "alloc", "addr": 512, "size": 512, "stream": 0, "category": "parameter"},
+        {"action": "free_requested", "addr": 0, "size": 512, "stream": 0}]]}"#;
+    let snap = trace::load(text).unwrap();
+    let read = |s: &Snapshot| s.trace_of(0).iter().map(|e| e.category).collect::<Vec<_>>();
+    assert_eq!(read(&snap), [None, Some(Category::Parameter), None]);
+    let pickle = trace::to_pickle(&snap);
+    assert_eq!(read(&trace::load(&pickle).unwrap()), read(&snap));
+    assert_eq!(trace::to_pickle(&trace::load(&pickle).unwrap()), pickle, "written and read back byte for byte");
+    // As Python reads them: `unknown` on the allocation without one, nothing on the free.
+    let json: serde_json::Value = serde_json::from_str(&trace::to_json(&snap)).unwrap();
+    let written: Vec<Option<&str>> = json["device_traces"][0].as_array().unwrap().iter().map(|e| e["category"].as_str()).collect();
+    assert_eq!(written, [Some("unknown"), Some("parameter"), None]);
+    assert_eq!(pickle.windows(7).filter(|w| w == b"unknown").count(), 1);
+    // Every allocation has one: the first other entry carries `unknown`, for MemoryViz.
+    let all = trace::load(
+        br#"{"segments": [], "device_traces": [[
+        {"action": "alloc", "addr": 0, "size": 512, "stream": 0, "category": "input"},
+        {"action": "free_requested", "addr": 0, "size": 512, "stream": 0},
+        {"action": "free_completed", "addr": 0, "size": 512, "stream": 0}]]}"#,
+    )
+    .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&trace::to_json(&all)).unwrap();
+    let written: Vec<Option<&str>> = json["device_traces"][0].as_array().unwrap().iter().map(|e| e["category"].as_str()).collect();
+    assert_eq!(written, [Some("input"), Some("unknown"), None]);
+    let pickle = trace::to_pickle(&all);
+    assert_eq!(read(&trace::load(&pickle).unwrap()), [Some(Category::Input), None, None]);
+    assert_eq!(trace::to_pickle(&trace::load(&pickle).unwrap()), pickle);
+    // No category anywhere: none written.
+    let plain = Snapshot { device_traces: vec![Trace::from(vec![TraceEntry::new(Action::Alloc, 0, 512, 0)])], ..Default::default() };
+    assert!(!trace::to_json(&plain).contains("category"));
+    assert!(!trace::to_pickle(&plain).windows(8).any(|w| w == b"category"));
+}

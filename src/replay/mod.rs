@@ -8,13 +8,14 @@
 //! the sizes agree; and a burst of segment_free (or segment_unmap) is a full cache release (a
 //! user's empty_cache and the flush after a failed cudaMalloc look alike), replayed as one.
 
+mod pools;
 mod reconstruct;
 mod run;
 use run::Run;
 
 pub use reconstruct::{StartState, start_state};
 
-use crate::alloc::{AllocatorConfig, ConfigError, DEFAULT_POOL};
+use crate::alloc::{AllocatorConfig, ConfigError};
 use crate::report;
 use crate::trace::{self, Action, Snapshot, Totals, Trace};
 use serde::Serialize;
@@ -321,18 +322,16 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     let final_segments: Vec<&trace::Segment> = snapshot.segments_of(device).collect();
     // Reconstruct with the rules the trace was recorded under.
     let known = options.known_start.as_ref().filter(|known| options.start != StartMode::Empty && known.of_trace(snapshot, device).is_some());
-    // Released PyTorch versions write each segment's pool but not each entry's: their
-    // allocations cannot be routed, so such a trace replays with every segment in the default
-    // pool (as it was recorded against none). A trace with no entries has no decision to make.
-    // Looked for, with the highest address the trace names (the replay's own segments go above
-    // it), while the start is reconstructed: a pass over the trace of its own.
+    // Whether the entries name their pools (newer PyTorch) and the highest address the trace
+    // names (the replay's own segments go above it): looked for while the start is
+    // reconstructed, a pass over the trace of its own.
     let trace_facts = || {
         let (mut pools, mut highest) = (false, 0u64);
         for e in trace {
             pools |= e.pool_id().is_some();
             highest = highest.max(e.addr.saturating_add(e.size));
         }
-        (trace.is_empty() || pools, highest)
+        (pools, highest)
     };
     let start = || match known {
         _ if options.start == StartMode::Empty => StartState::default(),
@@ -341,16 +340,14 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     };
     // Two passes over a long trace at once (a thread costs more than a short one's passes).
     let long = trace.len() >= 1 << 16;
-    let (mut start, (pools_known, highest)) = crate::threads::join(long, start, trace_facts);
+    let (start, (pools_named, highest)) = crate::threads::join(long, start, trace_facts);
     let start_totals = Totals::of_segments(&start.segments);
-    if !pools_known {
-        for s in &mut start.segments {
-            s.segment_pool_id = DEFAULT_POOL;
-        }
-    }
     let mut warnings = start.warnings.clone();
+    // Where the entries do not name their pools, the final segments tell those of many.
+    let inferred_pools = if pools_named { Default::default() } else { pools::allocs_in_private_pools(trace, &final_segments) };
 
     let (mut run, out_of_memory_at_start) = Run::set_up(trace, highest, &final_segments, &start, &config, device, options, &mut warnings);
+    run.inferred_pools = inferred_pools;
     let start_reserved = run.alloc.reserved();
     let start_allocated = run.alloc.stats().allocated_bytes.all().current as u64;
     let largest_at_start = run.alloc.segments().iter().map(|s| s.total_size).max().unwrap_or(0);
@@ -364,7 +361,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
 
     let segments = run.alloc.segments();
     let reached_end = replayed_to >= trace.len();
-    let final_state_match = reached_end && same_layout(&segments, &final_segments, pools_known);
+    let final_state_match = reached_end && same_layout(&segments, &final_segments);
     let mut first_divergence = run.divergence.clone();
     // Stopped early (`until`), the final state is not compared, so nothing diverged there.
     if first_divergence.is_none() && reached_end && !final_state_match {
@@ -429,13 +426,13 @@ fn recorded_figures(trace: &Trace, start: Totals) -> Figures {
 
 /// Segments and blocks agree in address, size, pool kind (small or large), owning pool, stream
 /// and state.
-fn same_layout(ours: &[trace::Segment], theirs: &[&trace::Segment], compare_pools: bool) -> bool {
+fn same_layout(ours: &[trace::Segment], theirs: &[&trace::Segment]) -> bool {
     let key = |s: &trace::Segment| {
         (
             s.address,
             s.total_size,
             s.segment_type,
-            if compare_pools { s.segment_pool_id } else { DEFAULT_POOL },
+            s.segment_pool_id,
             s.stream,
             s.is_expandable,
             s.blocks.iter().map(|b| (b.address, b.size, b.state)).collect::<Vec<_>>(),

@@ -55,6 +55,9 @@ pub(super) struct Run<'a> {
     pub(super) first_oom_event: Option<usize>,
     pub(super) first_oom_message: Option<String>,
     pub(super) recorded_oom: Option<RecordedOom>,
+    /// The private pool of each alloc the final segments place in one, where the entries name
+    /// none (`pools::allocs_in_private_pools`).
+    pub(super) inferred_pools: FxHashMap<usize, PoolId>,
 }
 
 impl<'a> Run<'a> {
@@ -131,7 +134,13 @@ impl<'a> Run<'a> {
             first_oom_event: None,
             first_oom_message: None,
             recorded_oom: None,
+            inferred_pools: FxHashMap::default(),
         }
+    }
+
+    /// The private pool the entry at `i` was allocated in: as it names it, else as inferred.
+    fn private_pool_of(&self, i: usize) -> Option<PoolId> {
+        self.trace.at(i).pool_id().or_else(|| self.inferred_pools.get(&i).copied()).filter(|&p| p != DEFAULT_POOL)
     }
 
     /// Restores the recorded segments and blocks; where the allocator refuses them, the run
@@ -287,7 +296,18 @@ impl<'a> Run<'a> {
             Action::FreeRequested => self.free_requested(i),
             Action::FreeCompleted => self.free_completed(i),
             Action::Oom => self.failed_request(i),
-            Action::Snapshot | Action::Annotate => i + 1,
+            Action::Snapshot => {
+                // The program took a snapshot here: the replayed trace marks it too, with the
+                // replayed active bytes.
+                self.alloc.record_snapshot_entry();
+                i + 1
+            }
+            Action::Annotate => {
+                if self.alloc.history().records(Action::Annotate) {
+                    self.alloc.history_mut().push(self.trace.at(i).owned());
+                }
+                i + 1
+            }
         }
     }
 
@@ -406,7 +426,7 @@ impl<'a> Run<'a> {
         self.alloc.history_mut().set_category(e.category);
         // An entry that names a private pool was allocated while that pool took its stream's
         // requests (a graph's capture, a use_mem_pool scope): so is its replay.
-        let routed = e.pool_id().filter(|&p| p != DEFAULT_POOL);
+        let routed = self.private_pool_of(i);
         if let Some(pool) = routed
             && let Err(err) = self.route_to_pool(pool, e.stream as u64)
         {
@@ -480,7 +500,9 @@ impl<'a> Run<'a> {
             // Used on another stream: stays active until the trace says it completed.
             let _ = self.alloc.record_stream(ptr, u64::MAX - 1);
         }
-        if let Err(err) = self.alloc.free(ptr, None) {
+        // The recorded stack of the free (PyTorch's, or the allocation's when it kept no other).
+        let frames = if self.keep_snapshot { e.frames.clone() } else { None };
+        if let Err(err) = self.alloc.free(ptr, frames) {
             self.diverge(i, || format!("free: {err}"));
         }
         if immediate {
@@ -498,7 +520,8 @@ impl<'a> Run<'a> {
         }
         let ptr = self.our_ptr(e.addr);
         self.ptrs.remove(&e.addr);
-        if let Err(err) = self.alloc.complete_pending_free(ptr, None) {
+        let frames = if self.keep_snapshot { e.frames.clone() } else { None };
+        if let Err(err) = self.alloc.complete_pending_free(ptr, frames) {
             self.diverge(i, || format!("free completion: {err}"));
         }
         i + 1

@@ -72,6 +72,11 @@ fn is_none<T>(value: &&Option<T>) -> bool {
 }
 
 impl<'a> Entry<'a> {
+    /// An allocation that does not say what it is for.
+    pub fn is_uncategorized_alloc(&self) -> bool {
+        self.action == Action::Alloc && self.category.is_none()
+    }
+
     /// Only on `oom`: bytes the device reported free.
     pub fn device_free(&self) -> Option<u64> {
         self.extra.as_ref()?.device_free
@@ -236,6 +241,20 @@ impl Trace {
     /// Every entry's size.
     pub fn sizes(&self) -> &[u64] {
         &self.size
+    }
+
+    /// Which entries a writer names `unknown` ([`Category::UNKNOWN`]): none where no entry has a
+    /// category; else the allocations without one, or, where every allocation has one, the
+    /// first other entry (MemoryViz needs `unknown` among the categories of any trace that has
+    /// some).
+    pub fn unknown_categories(&self) -> UnknownCategories {
+        if self.category.iter().all(Option::is_none) {
+            UnknownCategories::Nowhere
+        } else if self.iter().any(|e| e.is_uncategorized_alloc()) {
+            UnknownCategories::OnUncategorizedAllocs
+        } else {
+            self.action.iter().position(|&a| a != Action::Alloc).map_or(UnknownCategories::Nowhere, UnknownCategories::OnEntry)
+        }
     }
 
     /// The table of stacks the entries' `stack` ids name (0: none).
@@ -505,10 +524,40 @@ impl std::fmt::Debug for Trace {
     }
 }
 
-/// As the list of entries PyTorch writes.
+/// Where a trace's writer puts `category: "unknown"` ([`Trace::unknown_categories`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownCategories {
+    Nowhere,
+    OnUncategorizedAllocs,
+    OnEntry(usize),
+}
+
+impl UnknownCategories {
+    /// Whether entry `i` is written `unknown`.
+    pub fn on(self, i: usize, e: &Entry) -> bool {
+        match self {
+            UnknownCategories::Nowhere => false,
+            UnknownCategories::OnUncategorizedAllocs => e.is_uncategorized_alloc(),
+            UnknownCategories::OnEntry(at) => i == at,
+        }
+    }
+}
+
+/// As the list of entries PyTorch writes, `unknown` where [`Trace::unknown_categories`] says.
 impl Serialize for Trace {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.iter())
+        #[derive(Serialize)]
+        struct Written<'a> {
+            #[serde(flatten)]
+            entry: Entry<'a>,
+            #[serde(rename = "category", skip_serializing_if = "Option::is_none")]
+            unknown: Option<&'static str>,
+        }
+        let unknown = self.unknown_categories();
+        if unknown == UnknownCategories::Nowhere {
+            return serializer.collect_seq(self.iter());
+        }
+        serializer.collect_seq(self.iter().enumerate().map(|(i, entry)| Written { unknown: unknown.on(i, &entry).then_some(Category::UNKNOWN), entry }))
     }
 }
 
@@ -529,7 +578,7 @@ mod tests {
             .map(|i| TraceEntry {
                 time_us: (i % 3 != 0).then_some(i as i64 * 10),
                 frames: (i % 2 == 0).then(|| a.clone()),
-                category: (i % 5 == 0).then_some(Category::Activation),
+                category: (i % 20 == 0).then_some(Category::Activation),
                 extra: (i == 150).then(|| extra.clone()),
                 ..TraceEntry::new(Action::ALL[i as usize % 10], i * 512, i + 1, i as i64 % 2)
             })
@@ -549,8 +598,15 @@ mod tests {
         cut.push(rows[131].clone());
         assert_eq!(cut.last().map(|e| e.owned()), Some(rows[131].clone()));
         assert_eq!(cut.at(130).time_us, rows[131].time_us);
-        // Serialized as the rows are.
-        assert_eq!(serde_json::to_string(&trace).unwrap(), serde_json::to_string(&rows).unwrap());
+        // Serialized as the rows are, `unknown` on the allocations without a category (some
+        // have one).
+        let mut expected: Vec<serde_json::Value> = rows.iter().map(|r| serde_json::to_value(r).unwrap()).collect();
+        for (row, value) in rows.iter().zip(&mut expected) {
+            if row.action == Action::Alloc && row.category.is_none() {
+                value["category"] = Category::UNKNOWN.into();
+            }
+        }
+        assert_eq!(serde_json::to_value(&trace).unwrap(), serde_json::Value::Array(expected));
     }
 
     #[test]

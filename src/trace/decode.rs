@@ -640,8 +640,8 @@ impl<'a> Decoder<'a> {
             extra: (extra != EntryExtra::default()).then(|| self.c.shared_extra(extra)),
             category: match self.opt_shared_str(category, "category", path)? {
                 None => None,
-                Some(name) => match Category::from_name(&name) {
-                    Some(c) => Some(c),
+                Some(name) => match Category::parse(&name) {
+                    Some(c) => c,
                     None => return self.fail(&at("category"), format!("unknown category {name:?}")),
                 },
             },

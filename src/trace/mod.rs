@@ -13,7 +13,7 @@ mod pickle;
 mod totals;
 mod write;
 
-pub use columns::{Entry, Iter, StackId, Trace};
+pub use columns::{Entry, Iter, StackId, Trace, UnknownCategories};
 pub use model::*;
 pub use pickle::PickleError;
 pub use totals::{Totals, running_totals};

@@ -287,6 +287,18 @@ impl Category {
         Category::ALL.into_iter().find(|c| c.name() == name)
     }
 
+    /// How PyTorch names an allocation of no known category: `_profile_to_snapshot` writes it on
+    /// every allocation the profiler could not classify, and MemoryViz, given any category,
+    /// needs it among them (its `annotate_snapshot` fails on a snapshot whose categories lack
+    /// it). Read as no category; written on the allocations that have none, beside others that do.
+    pub const UNKNOWN: &'static str = "unknown";
+
+    /// A category key as written: `Some` of a category or of none (`unknown`); `None` if the
+    /// name is not one.
+    pub fn parse(name: &str) -> Option<Option<Category>> {
+        if name == Category::UNKNOWN { Some(None) } else { Category::from_name(name).map(Some) }
+    }
+
     /// As a person reads it: `optimizer state`.
     pub fn label(self) -> String {
         self.name().replace('_', " ")

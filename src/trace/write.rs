@@ -231,7 +231,8 @@ impl PickleWriter {
         });
     }
 
-    fn entry(&mut self, e: Entry<'_>) {
+    /// One trace entry; `unknown_category`: written `unknown` ([`Trace::unknown_categories`]).
+    fn entry(&mut self, e: Entry<'_>, unknown_category: bool) {
         self.dict(|w| {
             w.str("action");
             w.str(e.action.name());
@@ -268,6 +269,9 @@ impl PickleWriter {
             if let Some(c) = e.category {
                 w.str("category");
                 w.str(c.name());
+            } else if unknown_category {
+                w.str("category");
+                w.str(Category::UNKNOWN);
             }
             if let Some(f) = &e.frames {
                 w.str("frames");
@@ -281,7 +285,10 @@ impl PickleWriter {
             w.str("segments");
             w.list(&s.segments, |w, seg| w.segment(seg));
             w.str("device_traces");
-            w.list(&s.device_traces, |w, t| w.list_of(t.iter(), |w, e| w.entry(e)));
+            w.list(&s.device_traces, |w, t| {
+                let unknown = t.unknown_categories();
+                w.list_of(t.iter().enumerate(), |w, (i, e)| w.entry(e, unknown.on(i, &e)))
+            });
             if let Some(settings) = &s.allocator_settings {
                 w.str("allocator_settings");
                 w.json(&serde_json::Value::Object(settings.clone()));

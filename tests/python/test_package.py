@@ -21,6 +21,7 @@ import urllib.request
 from contextlib import redirect_stderr
 from pathlib import Path
 
+import counting
 import tensormem
 
 FIXTURES = Path(os.environ.get("TENSORMEM_FIXTURES", Path(__file__).resolve().parents[3] / "shared/fixtures/pytorch-snapshots"))
@@ -603,20 +604,7 @@ class Robust(unittest.TestCase):
             urllib.request.urlopen(url, timeout=5)
 
 
-class CountingResult(unittest.TextTestResult):
-    """Prints `SKIPPED name: reason` for each skip, which scripts/test.sh counts apart."""
-
-    def addSkip(self, test, reason):
-        super().addSkip(test, reason)
-        print(f"SKIPPED python_{test.id().split('.')[-1]}: {reason}", flush=True)
-
-
 if __name__ == "__main__":
     if os.environ.get("CI") == "true":
         snapshots()  # a missing fixture folder fails under CI
-    runner = unittest.TextTestRunner(verbosity=2, resultclass=CountingResult, stream=sys.stdout)
-    result = runner.run(unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__]))
-    failed = len(result.failures) + len(result.errors)
-    passed = result.testsRun - failed
-    print(f"test result: {'ok' if failed == 0 else 'FAILED'}. {passed} passed; {failed} failed (Python package)")
-    sys.exit(1 if failed else 0)
+    counting.run(sys.modules[__name__], "python", "Python package")

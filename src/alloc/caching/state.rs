@@ -13,11 +13,22 @@ impl<S: SegmentSource> CachingAllocator<S> {
         segments
     }
 
+    /// The `snapshot` trace entry that `snapshot_segments` records, without making the segments:
+    /// the bytes of active blocks are the stats' (a replay marks where the program took one).
+    pub fn record_snapshot_entry(&mut self) {
+        let total_active = self.stats.active_bytes.all().current.max(0) as u64;
+        self.record(Action::Snapshot, 0, total_active, 0, 0, None);
+    }
+
     /// `torch.cuda.memory._snapshot()` of this one device: segments, its trace, and the settings.
+    /// As in PyTorch (`NativeCachingAllocator::snapshot` takes each device's `trace()` before its
+    /// `snapshot()`), the trace ends before the `snapshot` entry this call records: a file shows
+    /// the entries of earlier snapshots only.
     pub fn snapshot(&mut self) -> trace::Snapshot {
+        let trace = self.history.entries();
         let segments = self.snapshot_segments();
         let mut device_traces = vec![trace::Trace::new(); self.device.max(0) as usize];
-        device_traces.push(self.history.entries());
+        device_traces.push(trace);
         trace::Snapshot {
             segments,
             device_traces,

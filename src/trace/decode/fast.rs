@@ -52,7 +52,7 @@ impl Caches {
             V::Int(_) | V::Str(_) => return None,
         };
         let category = match self.shared_str(arena, category, parked, lasting)? {
-            Some(name) => Some(Category::from_name(&name)?),
+            Some(name) => Category::parse(&name)?,
             None => None,
         };
         // Entries in a row mostly have the same rarer keys (a G3 file's "N/A" and "" on
