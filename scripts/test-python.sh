@@ -18,13 +18,17 @@ rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q "$wheel"
 # PyTorch's own reader of snapshots (torch/cuda/_memory_viz.py), one file out of the torch
-# wheel that tests/python/memory-viz-requirements.txt pins by hash; kept between runs.
-memory_viz=target/pytorch-memory-viz/_memory_viz.py
+# wheel that tests/python/memory-viz-requirements.txt pins by hash; kept between runs, under
+# that file's hash (a new pin fetches anew).
+pin=$(sha256sum tests/python/memory-viz-requirements.txt | cut -c1-16)
+memory_viz="target/pytorch-memory-viz/$pin/_memory_viz.py"
 if [ ! -f "$memory_viz" ]; then
   echo "== fetching torch/cuda/_memory_viz.py from PyPI's torch wheel"
   download=$(mktemp -d)
-  if python3 -m pip download -q --no-deps --only-binary=:all: --platform macosx_11_0_arm64 \
-      --python-version 3.11 -r tests/python/memory-viz-requirements.txt -d "$download"; then
+  trap 'rm -rf "$download"' EXIT
+  if "$venv/bin/python" -m pip download -q --timeout 20 --retries 1 --no-deps --only-binary=:all: \
+      --platform macosx_11_0_arm64 --python-version 3.11 -r tests/python/memory-viz-requirements.txt \
+      -d "$download"; then
     python3 - "$download" "$memory_viz" <<'PY'
 import glob, os, sys, zipfile
 (wheel,) = glob.glob(os.path.join(sys.argv[1], "torch-*.whl"))
@@ -40,8 +44,11 @@ PY
   fi
   rm -rf "$download"
 fi
-# Run from elsewhere, so that `import tensormem` finds the installed package, not python/.
+# Run from elsewhere, so that `import tensormem` finds the installed package, not python/. Both
+# files run, whatever the first's result.
 cd target
-TENSORMEM_CLI="$PWD/release/tensormem" "python-test-venv/bin/python" ../tests/python/test_package.py
-TENSORMEM_CLI="$PWD/release/tensormem" MEMORY_VIZ="$PWD/pytorch-memory-viz/_memory_viz.py" \
-  "python-test-venv/bin/python" ../tests/python/test_memory_viz.py
+status=0
+TENSORMEM_CLI="$PWD/release/tensormem" "python-test-venv/bin/python" ../tests/python/test_package.py || status=1
+TENSORMEM_CLI="$PWD/release/tensormem" MEMORY_VIZ="$PWD/pytorch-memory-viz/$pin/_memory_viz.py" \
+  "python-test-venv/bin/python" ../tests/python/test_memory_viz.py || status=1
+exit $status

@@ -344,7 +344,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64, options: &ReplayOptions, 
     let start_totals = Totals::of_segments(&start.segments);
     let mut warnings = start.warnings.clone();
     // Where the entries do not name their pools, the final segments tell those of many.
-    let inferred_pools = if pools_named { Default::default() } else { pools::allocs_in_private_pools(trace, &final_segments) };
+    let inferred_pools = if pools_named { Default::default() } else { pools::PrivateRanges::of(trace, &final_segments) };
 
     let (mut run, out_of_memory_at_start) = Run::set_up(trace, highest, &final_segments, &start, &config, device, options, &mut warnings);
     run.inferred_pools = inferred_pools;

@@ -55,9 +55,9 @@ pub(super) struct Run<'a> {
     pub(super) first_oom_event: Option<usize>,
     pub(super) first_oom_message: Option<String>,
     pub(super) recorded_oom: Option<RecordedOom>,
-    /// The private pool of each alloc the final segments place in one, where the entries name
-    /// none (`pools::allocs_in_private_pools`).
-    pub(super) inferred_pools: FxHashMap<usize, PoolId>,
+    /// Where the entries name no pool: the final segments' private pools, each from the entry
+    /// that mapped it.
+    pub(super) inferred_pools: super::pools::PrivateRanges,
 }
 
 impl<'a> Run<'a> {
@@ -134,13 +134,14 @@ impl<'a> Run<'a> {
             first_oom_event: None,
             first_oom_message: None,
             recorded_oom: None,
-            inferred_pools: FxHashMap::default(),
+            inferred_pools: Default::default(),
         }
     }
 
     /// The private pool the entry at `i` was allocated in: as it names it, else as inferred.
     fn private_pool_of(&self, i: usize) -> Option<PoolId> {
-        self.trace.at(i).pool_id().or_else(|| self.inferred_pools.get(&i).copied()).filter(|&p| p != DEFAULT_POOL)
+        let e = self.trace.at(i);
+        e.pool_id().or_else(|| self.inferred_pools.pool_of(i, e.addr)).filter(|&p| p != DEFAULT_POOL)
     }
 
     /// Restores the recorded segments and blocks; where the allocator refuses them, the run
@@ -304,7 +305,9 @@ impl<'a> Run<'a> {
             }
             Action::Annotate => {
                 if self.alloc.history().records(Action::Annotate) {
-                    self.alloc.history_mut().push(self.trace.at(i).owned());
+                    // Without its time, as every replayed entry: the replay has no clock.
+                    let annotation = trace::TraceEntry { time_us: None, ..self.trace.at(i).owned() };
+                    self.alloc.history_mut().push(annotation);
                 }
                 i + 1
             }

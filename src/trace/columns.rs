@@ -245,15 +245,15 @@ impl Trace {
 
     /// Which entries a writer names `unknown` ([`Category::UNKNOWN`]): none where no entry has a
     /// category; else the allocations without one, or, where every allocation has one, the
-    /// first other entry (MemoryViz needs `unknown` among the categories of any trace that has
-    /// some).
+    /// first entry without (MemoryViz needs `unknown` among the categories of a snapshot that
+    /// has some). A trace whose every entry has a category gets none.
     pub fn unknown_categories(&self) -> UnknownCategories {
         if self.category.iter().all(Option::is_none) {
             UnknownCategories::Nowhere
-        } else if self.iter().any(|e| e.is_uncategorized_alloc()) {
+        } else if self.action.iter().zip(&self.category).any(|(&a, c)| a == Action::Alloc && c.is_none()) {
             UnknownCategories::OnUncategorizedAllocs
         } else {
-            self.action.iter().position(|&a| a != Action::Alloc).map_or(UnknownCategories::Nowhere, UnknownCategories::OnEntry)
+            self.category.iter().position(Option::is_none).map_or(UnknownCategories::Nowhere, UnknownCategories::OnEntry)
         }
     }
 

@@ -182,8 +182,9 @@ pub struct TraceEntry {
     pub time_us: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frames: Option<Frames>,
-    /// tensormem's own key, on `alloc` entries the engine could classify: what the memory is
-    /// for, in torch.profiler's memory-timeline categories. PyTorch's snapshots never carry it.
+    /// On `alloc` entries the engine could classify: what the memory is for, in torch.profiler's
+    /// memory-timeline categories. PyTorch's allocator never writes it; its `_profile_to_snapshot`
+    /// (a snapshot made from a profile) does, `unknown` where it could not classify.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub category: Option<Category>,
     /// `device_free`, `compile_context`, `user_metadata`, where the entry has any.
