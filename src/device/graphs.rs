@@ -20,11 +20,38 @@ impl Device {
     /// `with torch.cuda.graph(g, pool=pool):` entered on the current stream: until
     /// [`GraphCapture::end`], every allocation on that stream goes to the graph's pool (`pool`, or
     /// a new one of its own). Allocations on other streams do not.
+    ///
+    /// As PyTorch's context manager does, it first synchronizes and empties the cache ("free as
+    /// much memory as we can for the graph", `torch.cuda.graph.__enter__`). Then
+    /// `CUDAGraph::capture_begin` registers the random generator with the graph: the first graph
+    /// alive makes its seed and offset tensors (8 bytes each, on the capture stream, in the
+    /// default pool: before `beginAllocateToPool`), kept until the last graph is gone
+    /// (`CUDAGeneratorState::register_graph`; PyTorch 2.11 still does it eagerly).
+    #[track_caller]
     pub fn capture_graph(&self, pool: Option<PoolId>) -> Result<GraphCapture, DeviceError> {
+        self.synchronize();
+        self.empty_cache();
+        if self.0.graphs.get() == 0 {
+            let made = [self.allocate(8, "at::CUDAGeneratorState::register_graph")?, self.allocate(8, "at::CUDAGeneratorState::register_graph")?];
+            self.0.graph_rng_state.borrow_mut().extend(made);
+        }
+        self.0.graphs.set(self.0.graphs.get() + 1);
         let mut alloc = self.0.alloc.borrow_mut();
         let pool = pool.unwrap_or_else(|| alloc.new_pool_id(false));
         alloc.begin_allocate_to_pool(pool, PoolFilter::Streams(vec![self.0.stream.get()]))?;
         Ok(GraphCapture { device: self.clone(), pool, ended: false })
+    }
+
+    /// A graph gone (`CUDAGeneratorState::unregister_graph`): the last one frees the
+    /// generator's seed and offset.
+    fn graph_gone(&self) {
+        let left = self.0.graphs.get().saturating_sub(1);
+        self.0.graphs.set(left);
+        if left == 0 {
+            for block in self.0.graph_rng_state.take() {
+                self.release(&block);
+            }
+        }
     }
 
     /// `torch.cuda.MemPool()`: a pool of the program's own, alive while the handle is.
@@ -95,9 +122,12 @@ impl Drop for GraphCapture {
     /// the context manager's exit, and the graph it made goes at once.
     fn drop(&mut self) {
         if !self.ended {
-            let mut alloc = self.device.0.alloc.borrow_mut();
-            let _ = alloc.end_allocate_to_pool(self.pool);
-            let _ = alloc.release_pool(self.pool);
+            {
+                let mut alloc = self.device.0.alloc.borrow_mut();
+                let _ = alloc.end_allocate_to_pool(self.pool);
+                let _ = alloc.release_pool(self.pool);
+            }
+            self.device.graph_gone();
         }
     }
 }
@@ -123,6 +153,7 @@ impl Drop for CudaGraph {
     /// `g.reset()`: one user of the pool fewer; `empty_cache()` frees the pool once none is left.
     fn drop(&mut self) {
         let _ = self.device.0.alloc.borrow_mut().release_pool(self.pool);
+        self.device.graph_gone();
     }
 }
 

@@ -129,6 +129,10 @@ struct DeviceInner {
     /// The CUDA (or ROCm) card whose reduction launches this device models (None: no split
     /// reductions).
     cuda: Option<CudaCard>,
+    /// CUDA graphs alive, and the random generator's seed and offset tensors they share, made
+    /// when the first is captured (`graphs.rs`).
+    graphs: Cell<usize>,
+    graph_rng_state: RefCell<Vec<Allocation>>,
 }
 
 /// A device handle; cheap to clone (tensors keep one).
@@ -203,6 +207,8 @@ impl Device {
             stream: Cell::new(0),
             deferred_parameters: Cell::new(false),
             cuda,
+            graphs: Cell::new(0),
+            graph_rng_state: RefCell::new(Vec::new()),
         }))
     }
 

@@ -26,8 +26,9 @@ pub(super) fn scenarios() -> Vec<Scenario> {
                               ends holding the step's peak, and it stays reserved while the graph lives: replays write into that \
                               same memory and allocate nothing. The pool's free blocks serve no other allocation, and \
                               torch.cuda.empty_cache() cannot return them while the graph exists. The warm-up steps PyTorch \
-                              asks for before a capture run eagerly on a side stream and leave their own cached blocks behind \
-                              (empty_cache() returns those). Compare reserved after the capture with the eager steps.",
+                              asks for before a capture run eagerly on a side stream and leave their own cached blocks behind; \
+                              torch.cuda.graph empties the cache as it begins, which returns those (so a later empty_cache() \
+                              has nothing left to return). Compare reserved after the capture with the eager steps.",
                 parameters: model_parameters()
                     .into_iter()
                     .chain([Parameter::choice("mode", "graph", &["graph", "eager"], "capture the step into a graph, or run it eagerly")])

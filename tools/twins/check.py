@@ -51,6 +51,8 @@ CPU_SETTINGS = {
     "grad-fn-history": ["batch=2,context=16,steps=2"],
     "rnn-hidden": ["batch=4,timesteps=3,hidden=16,steps=2"],
     "cached-graph": ["batch=4,width=32,steps=2"],
+    "cuda-graph-step": ["batch=2,context=16,steps=2", "mode=eager,batch=2,context=16,steps=2"],
+    "cuda-graph-pools": ["context=16,batches=2,1", "context=16,batches=2,1,pools=shared"],
     "optimizer-state": ["batch=2,context=16,steps=2", "optimizer=sgd,batch=2,context=16,steps=2", "optimizer=momentum,batch=2,context=16,steps=2",
                         "foreach=false,batch=2,context=16,steps=2"],
     "grad-accumulation": ["batch=5,micro_batches=2,context=16,steps=1"],

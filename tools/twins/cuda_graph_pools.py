@@ -35,7 +35,9 @@ def program(rec, v):
     graphs = []
     with torch.no_grad(), torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         for batch in v.ints("batches"):
-            ids, _ = models._token_batch(rec.device, batch, context, 1000)
+            # Only the ids kept: the targets go at once, as `let (ids, _) = ...` drops them in Rust
+            # (`ids, _ = ...` would keep them until the next batch).
+            ids = models._token_batch(rec.device, batch, context, 1000)[0]
             graph = torch.cuda.CUDAGraph() if rec.cuda else None
             with torch.cuda.graph(graph, pool=shared, stream=stream) if graph is not None else contextlib.nullcontext():
                 logits = net(ids, False)

@@ -3,7 +3,8 @@
 
     python3 tools/twins/run_all.py [--only NAME ...] [--tensormem PATH] [--device sim:H100-80GB]
 
-For each scenario of `tensormem scenarios --json` and each of its variants:
+For each scenario of `tensormem scenarios --json`, each of its variants and each setting
+OTHER_SETTINGS names for it (the eager step, the shared pool):
   1. the twin runs on the GPU and writes its snapshot, target/twins/<name>[-<variant>].pickle,
      and its summary (.json: steps and peaks, as `tensormem run --json`);
   2. `tensormem run NAME [--variant V] --device sim:H100-80GB --json` simulates it (its trace
@@ -148,15 +149,22 @@ def ran_out_of_memory(sim):
     return summary if summary.get("out_of_memory") else None
 
 
+# Settings recorded besides each scenario's defaults: the other side of a comparison its
+# scenario teaches, where that side is a parameter rather than a variant.
+OTHER_SETTINGS = {"cuda-graph-step": ["mode=eager"], "cuda-graph-pools": ["pools=shared"]}
+
+
 def run_scenarios(args, scenarios, tensormem, has_doctor, gpu, rows):
     failures = 0
     for s in scenarios:
         name = s["name"]
-        for variant in [v for v in (s["variants"] or [None]) if args.variant in (None, v) or v is None]:
-            stem = os.path.join(args.out_dir, name + (f"-{variant}" if variant else ""))
-            vargs = ["--variant", variant] if variant else []
-            label = name + (f" --variant {variant}" if variant else "")
-            row = {"scenario": name, "variant": variant, "snapshot": stem + ".pickle"}
+        variants = [v for v in (s["variants"] or [None]) if args.variant in (None, v) or v is None]
+        others = [(None, setting) for setting in OTHER_SETTINGS.get(name, []) if args.variant is None]
+        for variant, setting in [(v, None) for v in variants] + others:
+            stem = os.path.join(args.out_dir, name + (f"-{variant}" if variant else "") + (f"-{setting.replace('=', '-')}" if setting else ""))
+            vargs = (["--variant", variant] if variant else []) + (["--set", setting] if setting else [])
+            label = " ".join([name] + vargs)
+            row = {"scenario": name, "variant": variant, "setting": setting, "snapshot": stem + ".pickle"}
             save_report(args, gpu, rows)
             rows.append(row)
             print(f"== {label}", flush=True)
@@ -215,10 +223,10 @@ def print_table(rows, out_dir):
         oom = lambda x: " OOM" if x.get("out_of_memory") else ""
         kinds = lambda d: "-" if not d else ("error" if "error" in d else ",".join(k for k in d["kinds"] if k != "peak") or "(peak only)")
         if "error" in r:
-            table.append([r["scenario"], r["variant"] or "", "ERROR: " + r["error"].splitlines()[0][:80]] + [""] * (len(header) - 3))
+            table.append([r["scenario"], r["variant"] or r.get("setting") or "", "ERROR: " + r["error"].splitlines()[0][:80]] + [""] * (len(header) - 3))
             continue
         table.append([
-            r["scenario"], r["variant"] or "",
+            r["scenario"], r["variant"] or r.get("setting") or "",
             mib(pt.get("peak_allocated_bytes")) + oom(pt), mib(pt.get("peak_reserved_bytes")),
             mib(tm.get("peak_allocated_bytes")) + oom(tm), mib(tm.get("peak_reserved_bytes")),
             diff(pt.get("peak_allocated_bytes"), tm.get("peak_allocated_bytes")), diff(pt.get("peak_reserved_bytes"), tm.get("peak_reserved_bytes")),
