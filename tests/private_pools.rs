@@ -667,3 +667,26 @@ fn dropping_a_mem_pool_replays_as_emptying_only_that_pool() {
     let r = replay_device(&snapshot, 0, &ReplayOptions::default(), &mut |_, _| {}).unwrap();
     assert!(r.final_state_match && r.first_divergence.is_none(), "{:?}", r.first_divergence);
 }
+
+/// `torch.cuda.graph` empties the cache as it begins; the first graph alive makes the random
+/// generator's seed and offset (8 bytes each, default pool), which the last graph gone frees. A
+/// capture refused (its pool already taking another capture's allocations) leaves nothing held.
+#[test]
+fn a_graph_capture_empties_the_cache_and_holds_the_generators_state_while_graphs_live() {
+    let dev = tensormem::Device::sim(tensormem::SimOptions::preset("H100-80GB"));
+    let allocated = || dev.memory_stats()["allocated_bytes.all.current"];
+    let reserved = || dev.memory_stats()["reserved_bytes.all.current"];
+    drop(dev.empty(&[256 * 1024], tensormem::DType::F32).unwrap());
+    assert_eq!((allocated(), reserved()), (0, 2 * MIB as i64), "a cached segment");
+    let handle = dev.graph_pool_handle();
+    let first = dev.capture_graph(Some(handle)).unwrap();
+    assert_eq!((allocated(), reserved()), (1024, 2 * MIB as i64), "the cache emptied, then two 512-byte blocks in a new segment");
+    assert!(dev.capture_graph(Some(handle)).is_err(), "the pool already takes this capture's allocations");
+    let first = first.end().unwrap();
+    let second = dev.capture_graph(None).unwrap().end().unwrap();
+    assert_eq!(allocated(), 1024, "made once for every graph");
+    drop(first);
+    assert_eq!(allocated(), 1024);
+    drop(second);
+    assert_eq!(allocated(), 0, "the last graph gone frees them");
+}

@@ -36,10 +36,20 @@ impl Device {
             self.0.graph_rng_state.borrow_mut().extend(made);
         }
         self.0.graphs.set(self.0.graphs.get() + 1);
-        let mut alloc = self.0.alloc.borrow_mut();
-        let pool = pool.unwrap_or_else(|| alloc.new_pool_id(false));
-        alloc.begin_allocate_to_pool(pool, PoolFilter::Streams(vec![self.0.stream.get()]))?;
-        Ok(GraphCapture { device: self.clone(), pool, ended: false })
+        let begun = {
+            let mut alloc = self.0.alloc.borrow_mut();
+            let pool = pool.unwrap_or_else(|| alloc.new_pool_id(false));
+            alloc.begin_allocate_to_pool(pool, PoolFilter::Streams(vec![self.0.stream.get()])).map(|()| pool)
+        };
+        match begun {
+            Ok(pool) => Ok(GraphCapture { device: self.clone(), pool, ended: false }),
+            // No graph was made (the pool already taking a capture's allocations): it lets go of
+            // the generator's state as a graph gone would.
+            Err(e) => {
+                self.graph_gone();
+                Err(e.into())
+            }
+        }
     }
 
     /// A graph gone (`CUDAGeneratorState::unregister_graph`): the last one frees the

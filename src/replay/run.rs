@@ -138,9 +138,9 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// The private pool the entry at `i` was allocated in: as it names it, else as inferred.
-    fn private_pool_of(&self, i: usize) -> Option<PoolId> {
-        let e = self.trace.at(i);
+    /// The private pool that `e`, the entry at `i`, was allocated in: as it names it, else as
+    /// inferred.
+    fn private_pool_of(&self, i: usize, e: &trace::Entry) -> Option<PoolId> {
         e.pool_id().or_else(|| self.inferred_pools.pool_of(i, e.addr)).filter(|&p| p != DEFAULT_POOL)
     }
 
@@ -429,7 +429,7 @@ impl<'a> Run<'a> {
         self.alloc.history_mut().set_category(e.category);
         // An entry that names a private pool was allocated while that pool took its stream's
         // requests (a graph's capture, a use_mem_pool scope): so is its replay.
-        let routed = self.private_pool_of(i);
+        let routed = self.private_pool_of(i, &e);
         if let Some(pool) = routed
             && let Err(err) = self.route_to_pool(pool, e.stream as u64)
         {

@@ -8,13 +8,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// contiguous mapped range. Like PyTorch it records a `snapshot` trace entry.
     pub fn snapshot_segments(&mut self) -> Vec<trace::Segment> {
         let segments = self.segments();
-        let total_active: u64 = segments.iter().map(|s| s.active_size).sum();
-        self.record(Action::Snapshot, 0, total_active, 0, 0, None);
+        self.record_snapshot_entry();
         segments
     }
 
-    /// The `snapshot` trace entry that `snapshot_segments` records, without making the segments:
-    /// the bytes of active blocks are the stats' (a replay marks where the program took one).
+    /// The `snapshot` trace entry that `snapshot_segments` records: its size is the bytes in
+    /// active blocks, the segments' `active_size` summed, which the stats keep (a replay marks
+    /// with it where the program took a snapshot, without making the segments).
     pub fn record_snapshot_entry(&mut self) {
         let total_active = self.stats.active_bytes.all().current.max(0) as u64;
         self.record(Action::Snapshot, 0, total_active, 0, 0, None);
